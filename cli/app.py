@@ -1,0 +1,58 @@
+"""`dflash-trt`: the command-line face of trtllm-dflash.
+
+Each command lives in its own module and registers itself here. User errors (DFlashError)
+print one line naming the problem and the fix, and exit with status 2; nothing is half-written.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from trtllm_dflash.cli import generate
+from trtllm_dflash.errors import DFlashError
+
+app = typer.Typer(
+    name="dflash-trt",
+    help=(
+        "Build, verify and serve DFlash speculative decoding: a target LLM plus its block-diffusion "
+        "drafter, from Hugging Face checkpoints to TensorRT engines behind Triton Inference Server."
+    ),
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+@app.callback()
+def root(
+    version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True),
+) -> None:
+    """DFlash speculative decoding: plan, build, serve, generate, benchmark."""
+    if version:
+        from trtllm_dflash import __version__
+
+        print(__version__)
+        raise typer.Exit()
+
+
+app.command("generate")(generate.generate)
+
+err_console = Console(stderr=True, highlight=False)
+
+
+def main() -> None:
+    try:
+        app()
+    except DFlashError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err_console.print("[yellow]interrupted[/]")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

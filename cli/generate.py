@@ -1,0 +1,74 @@
+"""`dflash-trt generate`: decode prompts with DFlash (or autoregressively without a drafter)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from trtllm_dflash.cli.common import quiet_libraries, read_prompts
+from trtllm_dflash.errors import DFlashError
+
+
+def generate(
+    target: Optional[str] = typer.Option(None, "--target", help="Target model directory (Hugging Face layout) or 'demo'."),
+    drafter: Optional[str] = typer.Option(
+        None, "--drafter", help="DFlash drafter directory (z-lab layout) or 'demo'. Without it: autoregressive decoding."
+    ),
+    prompt: Optional[list[str]] = typer.Option(None, "--prompt", "-p", help="Prompt text; repeat for a batch."),
+    prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="One prompt per line, or JSONL with 'prompt'."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Tokens to generate per prompt (> 0)."),
+    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy; > 0 samples (lossless)."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1]."),
+    top_k: int = typer.Option(0, "--top-k", help="Keep the k most likely tokens (0 = off)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Per-request sampling seed (reproducible on every runtime)."),
+    block_size: Optional[int] = typer.Option(None, "--block-size", "-b", help="Draft block size (default: the drafter's)."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    max_context: Optional[int] = typer.Option(None, "--max-context", help="Prompt + generated tokens limit."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per prompt, one per line."),
+) -> None:
+    """Generate text for one or more prompts; prints tokens, acceptance lengths and speed."""
+    if target is None:
+        raise DFlashError("no model to run", "pass --target DIR (and --drafter DIR), or --target demo --drafter demo")
+    if device not in ("cpu", "cuda"):
+        raise DFlashError(f"unknown device {device!r}", "use --device cpu or --device cuda")
+    if max_new_tokens <= 0:
+        raise DFlashError(f"--max-new-tokens must be > 0, got {max_new_tokens}", "pass a positive number")
+    if temperature < 0:
+        raise DFlashError(f"--temperature must be >= 0, got {temperature}", "use 0 for greedy decoding")
+    if not 0 < top_p <= 1:
+        raise DFlashError(f"--top-p must be in (0, 1], got {top_p}", "use 1 to disable nucleus sampling")
+    if top_k < 0:
+        raise DFlashError(f"--top-k must be >= 0, got {top_k}", "use 0 to disable top-k")
+    if block_size is not None and block_size < 2:
+        raise DFlashError(f"--block-size must be >= 2, got {block_size}", "use the drafter's block size")
+    prompts = read_prompts(prompt, prompt_file)
+
+    quiet_libraries()
+    from trtllm_dflash.api import DFlashPipeline
+
+    pipe = DFlashPipeline.load(target, drafter, device=device, max_context=max_context)
+    outputs = pipe.generate(
+        prompts,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        block_size=block_size,
+    )
+    if as_json:
+        for prompt_text, out in zip(prompts, outputs):
+            print(json.dumps({"prompt": prompt_text, **out.to_json()}), flush=True)
+        return
+    console = Console(highlight=False)
+    for prompt_text, out in zip(prompts, outputs):
+        console.print(f"[bold]{prompt_text}[/]{out.text}")
+        mode = f"tau {out.mean_acceptance_length:.2f}" if pipe.speculative else "autoregressive"
+        console.print(
+            f"[dim]{len(out.token_ids)} tokens, {mode}, {out.num_target_forwards} target forwards, "
+            f"{out.tokens_per_second:.1f} tok/s, finish: {out.finish_reason}[/]\n"
+        )

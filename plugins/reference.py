@@ -1,0 +1,228 @@
+"""Plain-torch reference implementations of the two DFlash plugins.
+
+These define the semantics. The Triton kernels, the TensorRT plugins and the ONNX node
+evaluators are all checked against them, and the torch runtime runs them wherever a kernel
+is not available (CPU). Tensor layouts are token-major, like flash-attention's KV cache:
+queries/keys/values are `[batch, tokens, heads, head_dim]` and a KV cache is
+`[batch, capacity, kv_heads, head_dim]` with slot == absolute token position.
+
+Sampling semantics (shared with the verification kernel):
+- temperature 0 is greedy (argmax; the first index wins ties);
+- otherwise probs = softmax(logits / T), then top-k keeps tokens with fewer than k logits
+  strictly greater than their own (k = 0: off), then top-p keeps tokens whose strictly-more-probable
+  mass is below p (p = 1: off), then renormalise. Ties are kept together, so the result does not
+  depend on a sort order;
+- a categorical sample is the exponential race argmax_v(prob_v / -log u_v) with u_v from the
+  counter RNG keyed by (seed, absolute position, stream).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from trtllm_dflash.plugins import rng
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def process_logits(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """Sampling distribution for logits `[b, ..., V]` with per-row parameters `[b]` (float32).
+
+    Rows with temperature 0 get the one-hot distribution of their argmax, which makes greedy
+    decoding a special case of the rejection-sampling formulas.
+    """
+    batch, vocab = logits.shape[0], logits.shape[-1]
+    extra = logits.dim() - 2
+    shape = (batch,) + (1,) * (extra + 1)
+    logits = logits.float()
+    temperature = temperature.float().view(shape)
+    greedy = temperature <= 0
+    scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)
+
+    keep = torch.ones_like(scaled, dtype=torch.bool)
+    k = top_k.to(torch.int64).view(shape)
+    if bool((k > 0).any()):
+        ascending = scaled.sort(dim=-1).values
+        n_greater = vocab - torch.searchsorted(ascending.contiguous(), scaled.contiguous(), right=True)
+        keep &= (k <= 0) | (n_greater < k)
+    probs = torch.softmax(scaled.masked_fill(~keep, float("-inf")), dim=-1)
+
+    p = top_p.float().view(shape)
+    if bool((p < 1).any()):
+        ascending, _ = probs.sort(dim=-1)
+        cumulative = ascending.cumsum(dim=-1)
+        n_less_equal = torch.searchsorted(ascending.contiguous(), probs.contiguous(), right=True)
+        mass_greater = cumulative[..., -1:] - cumulative.gather(-1, (n_less_equal - 1).clamp_min(0))
+        keep_p = (p >= 1) | (mass_greater < p)
+        probs = probs * keep_p
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+
+    if bool(greedy.any()):
+        one_hot = F.one_hot(logits.argmax(dim=-1), vocab).to(probs.dtype)
+        probs = torch.where(greedy, one_hot, probs)
+    return probs
+
+
+def sample_from_probs(probs: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """Exponential-race sample per row of `probs [..., V]` with counter keys `key [...]`."""
+    vocab = probs.shape[-1]
+    index = torch.arange(vocab, dtype=torch.int64, device=probs.device)
+    u = rng.uniform_from_key(key.unsqueeze(-1), index)
+    race = probs / -torch.log(u)
+    return race.argmax(dim=-1)
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    seed: torch.Tensor,
+    positions: torch.Tensor,
+    stream: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per position of `logits [b, T, V]`; returns (tokens [b, T], probs).
+
+    `positions [b, T]` are the absolute positions of the tokens being sampled.
+    """
+    probs = process_logits(logits, temperature, top_k, top_p)
+    key = rng.counter_key(seed.view(-1, 1), positions, stream)
+    tokens = sample_from_probs(probs, key)
+    greedy = (temperature <= 0).view(-1, 1)
+    if bool(greedy.any()):
+        tokens = torch.where(greedy, logits.argmax(dim=-1), tokens)
+    return tokens, probs
+
+
+# ----------------------------------------------------------------------------- verification
+
+
+def verify_block(
+    target_logits: torch.Tensor,
+    block_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    seed: torch.Tensor,
+    start: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tree-free block verification for one decoding step.
+
+    target_logits: `[b, B, V]`, the target's logits at block positions start .. start+B-1;
+    block_tokens: `[b, B]`, the anchor followed by B-1 draft tokens;
+    draft_probs: `[b, B-1, V]`, the drafter's processed distribution at positions 1..B-1
+    (needed only for rows with temperature > 0).
+    Returns (accepted drafts `[b]` in 0..B-1, bonus token `[b]`). The tokens committed this step
+    are `block_tokens[1 : 1+accepted]` followed by the bonus token.
+    """
+    batch, block, vocab = target_logits.shape
+    drafts = block_tokens[:, 1:]
+    greedy = temperature <= 0
+    posterior = target_logits.argmax(dim=-1)  # [b, B]
+
+    if block > 1:
+        accepted = drafts == posterior[:, :-1]
+        if not bool(greedy.all()):
+            target_probs = process_logits(target_logits, temperature, top_k, top_p)
+            p = target_probs[:, :-1].gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
+            q = draft_probs.gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
+            positions = start.view(-1, 1) + torch.arange(1, block, device=start.device)
+            u = rng.uniform(seed.view(-1, 1), positions, rng.STREAM_ACCEPT)
+            sampled_accept = u * q < p  # u < min(1, p/q) without dividing
+            accepted = torch.where(greedy.view(-1, 1), accepted, sampled_accept)
+        num_accepted = accepted.to(torch.int64).cumprod(dim=-1).sum(dim=-1)
+    else:
+        num_accepted = torch.zeros(batch, dtype=torch.int64, device=target_logits.device)
+
+    bonus = posterior.gather(-1, num_accepted.view(-1, 1)).squeeze(-1)
+    if not bool(greedy.all()):
+        rows = torch.arange(batch, device=target_logits.device)
+        p = process_logits(target_logits[rows, num_accepted], temperature, top_k, top_p)
+        if block > 1:
+            rejected = num_accepted < block - 1
+            q = draft_probs[rows, num_accepted.clamp_max(block - 2)]
+            residual = (p - q).clamp_min(0)
+            mass = residual.sum(dim=-1, keepdim=True)
+            residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p)
+            p = torch.where(rejected.view(-1, 1), residual, p)
+        key = rng.counter_key(seed, start + num_accepted + 1, rng.STREAM_BONUS)
+        sampled_bonus = sample_from_probs(p, key)
+        bonus = torch.where(greedy, bonus, sampled_bonus)
+    return num_accepted, bonus
+
+
+# ----------------------------------------------------------------------------- block attention
+
+
+def append_context(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_lens: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    new_counts: torch.Tensor,
+) -> None:
+    """Write the first `new_counts[r]` rows of `k_new/v_new [b, n, Hkv, D]` at slot cache_lens[r]."""
+    n = k_new.shape[1]
+    if n == 0:
+        return
+    offsets = torch.arange(n, device=k_new.device)
+    valid = offsets.view(1, -1) < new_counts.view(-1, 1)
+    rows = torch.arange(k_new.shape[0], device=k_new.device).view(-1, 1).expand(-1, n)[valid]
+    slots = (cache_lens.view(-1, 1) + offsets.view(1, -1))[valid]
+    k_cache[rows, slots] = k_new[valid].to(k_cache.dtype)
+    v_cache[rows, slots] = v_new[valid].to(v_cache.dtype)
+
+
+def block_attention(
+    q: torch.Tensor,
+    k_block: torch.Tensor,
+    v_block: torch.Tensor,
+    k_ctx_new: torch.Tensor,
+    v_ctx_new: torch.Tensor,
+    new_counts: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_lens: torch.Tensor,
+    scale: float,
+    window: int = 0,
+) -> torch.Tensor:
+    """KV-injected block attention of one draft layer (appends the new context to the cache).
+
+    q `[b, B, Hq, D]` and k/v_block `[b, B, Hkv, D]` come from the block tokens (after norm and
+    RoPE), k/v_ctx_new `[b, n, Hkv, D]` from the new context rows (first new_counts[r] valid).
+    After the append, row r has context length `L_r = cache_lens[r] + new_counts[r]`, and the block
+    sits at positions L_r .. L_r+B-1. With window == 0 the block attends to all L_r context
+    slots and bidirectionally to itself; with window > 0 (sliding layers) a query at position p
+    sees keys at positions j with p - window < j <= p. Returns `[b, B, Hq, D]` in q's dtype.
+    """
+    append_context(k_cache, v_cache, cache_lens, k_ctx_new, v_ctx_new, new_counts)
+    batch, block, num_heads, head_dim = q.shape
+    ctx_lens = cache_lens + new_counts
+    span = int(ctx_lens.max()) if batch else 0
+    keys = torch.cat([k_cache[:, :span].float(), k_block.float()], dim=1)
+    values = torch.cat([v_cache[:, :span].float(), v_block.float()], dim=1)
+
+    key_pos = torch.arange(span + block, device=q.device).view(1, 1, -1)
+    is_ctx = key_pos < span
+    # context slot j has position j; block key t has position L_r + t
+    key_pos = torch.where(is_ctx, key_pos, ctx_lens.view(-1, 1, 1) + key_pos - span)
+    query_pos = ctx_lens.view(-1, 1, 1) + torch.arange(block, device=q.device).view(1, -1, 1)
+    visible = torch.where(is_ctx, key_pos < ctx_lens.view(-1, 1, 1), torch.ones_like(is_ctx))
+    if window > 0:
+        visible = visible & (key_pos <= query_pos) & (key_pos > query_pos - window)
+
+    out = F.scaled_dot_product_attention(
+        q.float().transpose(1, 2),
+        keys.transpose(1, 2),
+        values.transpose(1, 2),
+        attn_mask=visible.unsqueeze(1),
+        scale=scale,
+        enable_gqa=num_heads != keys.shape[2],
+    )
+    return out.transpose(1, 2).to(q.dtype)

@@ -1,0 +1,52 @@
+"""Shared fixtures: tiny random checkpoints written to disk in the real layouts."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", default=False, help="also run tests marked slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--runslow"):
+        return
+    skip_slow = pytest.mark.skip(reason="slow test: run with --runslow (make test-all)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip_slow)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _quiet_transformers():
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory):
+    from trtllm_dflash.testing import make_tiny_target
+
+    return make_tiny_target(tmp_path_factory.mktemp("qwen3-target"), "qwen3", seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    from trtllm_dflash.testing import make_tiny_target
+
+    return make_tiny_target(tmp_path_factory.mktemp("llama-target"), "llama", seed=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_drafter(tmp_path_factory, tiny_qwen3):
+    from trtllm_dflash.testing import make_tiny_drafter
+
+    return make_tiny_drafter(tmp_path_factory.mktemp("qwen3-drafter"), tiny_qwen3, seed=3, block_size=8)

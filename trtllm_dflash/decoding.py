@@ -1,0 +1,362 @@
+"""The decoding loop: prefill, draft, verify, commit, roll back. Written once, for every runtime.
+
+Per step and for the whole batch: the drafter proposes a block from `[anchor, MASK, ...]`, the
+target scores the block in one pass, verification (on the device) returns how many drafts each
+row accepts and its bonus token, and the host reads that one small tensor. Rows then advance by
+different amounts; their caches need no rollback because slots past a row's length are simply
+overwritten next step (see runtime/base.py). Rows that finish leave between steps and new
+requests join between steps (in-flight batching).
+
+Without a drafter the same loop decodes autoregressively: the block is just the anchor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import secrets
+import time
+from collections import deque
+from typing import Any, Iterable
+
+import torch
+
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.plugins import reference, rng
+from trtllm_dflash.runtime.base import Runtime, SamplingTensors
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How one request is decoded."""
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+    def validate(self) -> None:
+        if self.max_new_tokens <= 0:
+            raise DFlashError(f"max_new_tokens must be > 0, got {self.max_new_tokens}", "pass a positive number")
+        if self.temperature < 0:
+            raise DFlashError(f"temperature must be >= 0, got {self.temperature}", "use 0 for greedy decoding")
+        if not 0 < self.top_p <= 1:
+            raise DFlashError(f"top_p must be in (0, 1], got {self.top_p}", "use 1 to disable nucleus sampling")
+        if self.top_k < 0:
+            raise DFlashError(f"top_k must be >= 0, got {self.top_k}", "use 0 to disable top-k")
+
+
+@dataclasses.dataclass
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams = SamplingParams()
+    request_id: Any = None
+    arrival: float = 0.0  # set by Decoder.submit; time to first token counts from here
+
+
+@dataclasses.dataclass
+class SequenceResult:
+    """What one request produced."""
+
+    request_id: Any
+    prompt_ids: list[int]
+    token_ids: list[int] = dataclasses.field(default_factory=list)
+    acceptance_lengths: list[int] = dataclasses.field(default_factory=list)
+    finish_reason: str | None = None  # "stop", "length" (max_new_tokens) or "context"
+    num_target_forwards: int = 0
+    time_to_first_token: float = 0.0
+    elapsed: float = 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return sum(self.acceptance_lengths) / len(self.acceptance_lengths) if self.acceptance_lengths else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.token_ids) / self.elapsed if self.elapsed > 0 else 0.0
+
+
+@dataclasses.dataclass
+class StepEvent:
+    """Tokens committed for one request in one step (for streaming)."""
+
+    request_id: Any
+    new_token_ids: list[int]
+    finished: bool
+    result: SequenceResult
+
+
+@dataclasses.dataclass
+class StepStats:
+    """One decoding step of the whole batch."""
+
+    batch_size: int
+    draft_seconds: float
+    verify_seconds: float
+    committed: int
+
+
+class _Live:
+    """Host-side state of a live row."""
+
+    def __init__(self, request: Request, result: SequenceResult) -> None:
+        self.request = request
+        self.result = result
+        self.started = request.arrival
+        self.start = len(request.prompt_ids)  # position of the anchor == committed target length
+
+
+class Decoder:
+    """Batched DFlash speculative decoding (or autoregressive decoding without a drafter).
+
+    `max_context` bounds prompt + generated tokens per sequence; `block_size` defaults to the
+    drafter's. Call `submit` to queue requests and `step` to advance every live request by one
+    verify pass; `generate` does both until everything is finished.
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        max_batch: int = 8,
+        max_context: int = 2048,
+        block_size: int | None = None,
+        profile: bool = False,
+    ) -> None:
+        self.runtime = runtime
+        self.speculative = runtime.has_drafter
+        if self.speculative:
+            config = runtime.drafter_config
+            self.block_size = int(block_size or config.block_size)
+            if self.block_size < 2:
+                raise DFlashError(f"block size must be >= 2, got {self.block_size}", "use the drafter's block size")
+            self.mask_token_id = config.mask_token_id
+        else:
+            self.block_size = 1
+        self.max_batch = max_batch
+        self.max_context = max_context
+        self.profile = profile
+        self.device = runtime.device
+        runtime.allocate(max_batch, max_context + self.block_size)
+        self.waiting: deque[Request] = deque()
+        self.live: list[_Live] = []
+        self.stats: list[StepStats] = []
+        self._ids = itertools.count()
+        # device state of the live rows, row i <-> self.live[i]
+        self.anchor = torch.zeros(0, dtype=torch.long, device=self.device)
+        self.starts = torch.zeros(0, dtype=torch.long, device=self.device)
+        self.ctx_features: torch.Tensor | None = None
+        self.ctx_counts = torch.zeros(0, dtype=torch.long, device=self.device)
+        self.sampling: SamplingTensors | None = None
+
+    # ------------------------------------------------------------------ public
+
+    def submit(self, request: Request) -> Any:
+        """Queue a request; it joins the batch at the next step. Returns its request id."""
+        self.check(request)
+        if request.request_id is None:
+            request.request_id = next(self._ids)
+        request.arrival = time.perf_counter()
+        self.waiting.append(request)
+        return request.request_id
+
+    def check(self, request: Request) -> None:
+        """Raise DFlashError if the request cannot be decoded (before it is queued)."""
+        request.params.validate()
+        if not request.prompt_ids:
+            raise DFlashError("empty prompt", "give at least one prompt token")
+        if len(request.prompt_ids) >= self.max_context:
+            raise DFlashError(
+                f"prompt of {len(request.prompt_ids)} tokens does not fit the maximum context of {self.max_context}",
+                "shorten the prompt or raise the maximum context length",
+            )
+        vocab = self.runtime.vocab_size
+        if min(request.prompt_ids) < 0 or max(request.prompt_ids) >= vocab:
+            raise DFlashError(f"prompt token ids must be in [0, {vocab})", "tokenize with the target's tokenizer")
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.live)
+
+    def step(self) -> list[StepEvent]:
+        """Admit waiting requests, then one draft + verify pass over all live rows."""
+        events = self._admit()
+        if self.live:
+            events += self._decode_step()
+        return events
+
+    def generate(self, requests: Iterable[Request]) -> list[SequenceResult]:
+        """Run requests to completion; results in submission order."""
+        requests = list(requests)
+        for request in requests:
+            self.check(request)
+        ids = [self.submit(r) for r in requests]
+        done: dict[Any, SequenceResult] = {}
+        while self.has_work:
+            for event in self.step():
+                if event.finished:
+                    done[event.request_id] = event.result
+        return [done[i] for i in ids]
+
+    # ------------------------------------------------------------------ admission (prefill)
+
+    def _admit(self) -> list[StepEvent]:
+        free = self.max_batch - len(self.live)
+        if not self.waiting or free <= 0:
+            return []
+        joining = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
+        first, count = len(self.live), len(joining)
+        rows = slice(first, first + count)
+        lengths = [len(r.prompt_ids) for r in joining]
+        span = max(lengths)
+        tokens = torch.zeros(count, span, dtype=torch.long)
+        for i, request in enumerate(joining):
+            tokens[i, : lengths[i]] = torch.tensor(request.prompt_ids)
+        tokens = tokens.to(self.device)
+        length_t = torch.tensor(lengths, device=self.device)
+        sampling = _sampling_tensors([r.params for r in joining], self.device)
+
+        out = self.runtime.target_forward(rows, tokens, torch.zeros_like(length_t), span, logits_at=length_t - 1)
+        # the first token is a block of one: no drafts, bonus sampled at position len(prompt)
+        _, first_token = self.runtime.verify(out.logits, tokens[:, :1], None, sampling, length_t - 1)
+        first_host = first_token.tolist()
+
+        self.anchor = torch.cat([self.anchor, first_token])
+        self.starts = torch.cat([self.starts, length_t])
+        self.sampling = sampling if self.sampling is None else SamplingTensors.cat([self.sampling, sampling])
+        if self.speculative:
+            self.ctx_features = _cat_padded(self.ctx_features, out.features)
+            self.ctx_counts = torch.cat([self.ctx_counts, length_t])
+
+        events, finished = [], []
+        for i, request in enumerate(joining):
+            result = SequenceResult(request.request_id, list(request.prompt_ids), num_target_forwards=1)
+            live = _Live(request, result)
+            result.time_to_first_token = time.perf_counter() - request.arrival
+            self.live.append(live)
+            new = self._commit(live, [first_host[i]])
+            events.append(StepEvent(request.request_id, new, result.finish_reason is not None, result))
+            if result.finish_reason is not None:
+                finished.append(first + i)
+        self._drop(finished)
+        return events
+
+    # ------------------------------------------------------------------ one speculative step
+
+    def _decode_step(self) -> list[StepEvent]:
+        n, block_size = len(self.live), self.block_size
+        rows = slice(0, n)
+        span = max(live.start for live in self.live) + block_size
+
+        started = time.perf_counter()
+        draft_probs = None
+        if self.speculative:
+            block = torch.full((n, block_size), self.mask_token_id, dtype=torch.long, device=self.device)
+            block[:, 0] = self.anchor
+            draft_logits = self.runtime.draft_forward(
+                rows, block, self.ctx_features, self.ctx_counts, self.starts - self.ctx_counts
+            )
+            block[:, 1:], draft_probs = self._sample_drafts(draft_logits)
+        else:
+            block = self.anchor.view(-1, 1)
+        if self.profile:
+            _synchronize(self.device)
+        drafted = time.perf_counter()
+
+        out = self.runtime.target_forward(rows, block, self.starts, span)
+        accepted, bonus = self.runtime.verify(out.logits, block, draft_probs, self.sampling, self.starts)
+        # the one host read of the step: drafts, accepted count and bonus of every row
+        packed = torch.cat([block[:, 1:], accepted.view(-1, 1), bonus.view(-1, 1)], dim=1).tolist()
+        verified = time.perf_counter()
+
+        self.anchor = bonus
+        self.starts = self.starts + accepted + 1
+        if self.speculative:
+            self.ctx_features = out.features  # verify features of anchor + accepted drafts
+            self.ctx_counts = accepted + 1
+
+        events, finished, committed = [], [], 0
+        for i, live in enumerate(self.live):
+            num_accepted = packed[i][block_size - 1]
+            tokens = packed[i][:num_accepted] + [packed[i][block_size]]
+            live.start += num_accepted + 1
+            live.result.num_target_forwards += 1
+            new = self._commit(live, tokens)
+            live.result.acceptance_lengths.append(len(new))
+            committed += len(new)
+            events.append(StepEvent(live.request.request_id, new, live.result.finish_reason is not None, live.result))
+            if live.result.finish_reason is not None:
+                finished.append(i)
+        self.stats.append(StepStats(n, drafted - started, verified - drafted, committed))
+        self._drop(finished)
+        return events
+
+    def _sample_drafts(self, draft_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft tokens at block positions 1..B-1 (argmax, or sampled from the processed q)."""
+        if self.sampling.all_greedy:
+            return draft_logits.argmax(dim=-1), None
+        positions = self.starts.view(-1, 1) + torch.arange(1, self.block_size, device=self.device)
+        s = self.sampling
+        return reference.sample_tokens(draft_logits, s.temperature, s.top_k, s.top_p, s.seed, positions, rng.STREAM_DRAFT)
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _commit(self, live: _Live, tokens: list[int]) -> list[int]:
+        """Append this step's tokens to a sequence, cutting at a stop token or a length limit."""
+        result, params = live.result, live.request.params
+        room = min(params.max_new_tokens - len(result.token_ids), self.max_context - len(result.prompt_ids) - len(result.token_ids))
+        new = tokens[: max(room, 0)]
+        for k, token in enumerate(new):
+            if token in params.stop_token_ids:
+                new = new[: k + 1]
+                result.finish_reason = "stop"
+                break
+        result.token_ids.extend(new)
+        if result.finish_reason is None:
+            if len(result.token_ids) >= params.max_new_tokens:
+                result.finish_reason = "length"
+            elif len(result.prompt_ids) + len(result.token_ids) >= self.max_context:
+                result.finish_reason = "context"
+        if result.finish_reason is not None:
+            result.elapsed = time.perf_counter() - live.started
+        return new
+
+    def _drop(self, finished: list[int]) -> None:
+        if not finished:
+            return
+        keep = [i for i in range(len(self.live)) if i not in set(finished)]
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        self.live = [self.live[i] for i in keep]
+        self.anchor = self.anchor.index_select(0, index)
+        self.starts = self.starts.index_select(0, index)
+        self.sampling = self.sampling.select(index)
+        if self.speculative:
+            self.ctx_features = self.ctx_features.index_select(0, index)
+            self.ctx_counts = self.ctx_counts.index_select(0, index)
+        if keep:
+            self.runtime.keep_rows(index)
+
+
+def _sampling_tensors(params: list[SamplingParams], device: torch.device) -> SamplingTensors:
+    seeds = [p.seed if p.seed is not None else secrets.randbits(31) for p in params]
+    return SamplingTensors(
+        temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
+        top_k=torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
+        top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+        seed=torch.tensor(seeds, dtype=torch.long, device=device),
+    )
+
+
+def _cat_padded(existing: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+    """Concatenate `[b, n, F]` tensors along rows, zero-padding the token axis to the longer one."""
+    if existing is None or existing.shape[0] == 0:
+        return new
+    width = max(existing.shape[1], new.shape[1])
+    pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[1]))  # noqa: E731
+    return torch.cat([pad(existing), pad(new)])
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,204 @@
+"""The DFlash block-diffusion drafter in PyTorch (z-lab `DFlashDraftModel` layout).
+
+A stack of Qwen3-style decoder layers whose attention keys/values are prefixed, in EVERY layer,
+with the layer's own projection of the target's context feature (KV injection). The drafter has
+no embedding or LM head: the runtime embeds the block with the target's embedding and scores
+the output with the target's LM head (`DFlashDrafter.logits`).
+
+Two entry points share the weights:
+- `step`: one decoding step with a KV cache (new context rows appended, block not cached);
+- `forward_train`: many blocks against a whole sequence's context with an explicit mask.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import Qwen3Config
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
+
+from trtllm_dflash.config import DrafterConfig
+from trtllm_dflash.modeling.kv_cache import LayerCache
+from trtllm_dflash.plugins import ops
+
+
+def hf_config(config: DrafterConfig) -> Qwen3Config:
+    """The transformers config that drives the shared RMSNorm, MLP and RoPE modules."""
+    return Qwen3Config(
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        rms_norm_eps=config.rms_norm_eps,
+        rope_theta=config.rope_theta,
+        rope_scaling=config.rope_scaling,
+        max_position_embeddings=config.max_position_embeddings,
+        hidden_act=config.hidden_act,
+        attention_bias=config.attention_bias,
+        vocab_size=config.vocab_size or 1,
+    )
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on `[b, T, heads, D]` with cos/sin `[b, T, D]`."""
+    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+    return (x * cos + rotate_half(x) * sin).to(x.dtype)
+
+
+class DFlashAttention(nn.Module):
+    def __init__(self, config: DrafterConfig, layer: int) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.scale = self.head_dim**-0.5
+        self.window = config.window_of(layer)
+        bias = config.attention_bias
+        hidden = config.hidden_size
+        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
+        self.q_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+
+    def project_keys_values(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
+        """Keys (normed, rotated) and values `[b, T, Hkv, D]` of block or context rows."""
+        shape = (*h.shape[:-1], self.num_kv_heads, self.head_dim)
+        k = apply_rope(self.k_norm(self.k_proj(h).view(shape)), *rope)
+        v = self.v_proj(h).view(shape)
+        return k, v
+
+    def project_queries(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        shape = (*h.shape[:-1], self.num_heads, self.head_dim)
+        return apply_rope(self.q_norm(self.q_proj(h).view(shape)), *rope)
+
+    def step(self, h, block_rope, ctx_hidden, ctx_rope, new_counts, cache: LayerCache, cache_lens):
+        q = self.project_queries(h, block_rope)
+        k, v = self.project_keys_values(h, block_rope)
+        k_ctx, v_ctx = self.project_keys_values(ctx_hidden, ctx_rope)
+        out = ops.block_attention(
+            q, k, v, k_ctx, v_ctx, new_counts, cache.keys, cache.values, cache_lens, self.scale, self.window
+        )
+        return self.o_proj(out.flatten(-2))
+
+    def forward_train(self, h, block_rope, ctx_hidden, ctx_rope, mask):
+        q = self.project_queries(h, block_rope)
+        k, v = self.project_keys_values(h, block_rope)
+        k_ctx, v_ctx = self.project_keys_values(ctx_hidden, ctx_rope)
+        keys = torch.cat([k_ctx, k], dim=1).transpose(1, 2)
+        values = torch.cat([v_ctx, v], dim=1).transpose(1, 2)
+        out = nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), keys, values, attn_mask=mask, scale=self.scale,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )
+        return self.o_proj(out.transpose(1, 2).flatten(-2))
+
+
+class DFlashDecoderLayer(nn.Module):
+    def __init__(self, config: DrafterConfig, layer: int, shared: Qwen3Config) -> None:
+        super().__init__()
+        self.self_attn = DFlashAttention(config, layer)
+        self.mlp = Qwen3MLP(shared)
+        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def _finish(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        x = x + attn_out
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(nn.Module):
+    """Weights and forward passes of a DFlash drafter; tensor names match z-lab checkpoints."""
+
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        self.config = config
+        shared = hf_config(config)
+        self.layers = nn.ModuleList(DFlashDecoderLayer(config, i, shared) for i in range(config.num_hidden_layers))
+        self.fc = nn.Linear(config.num_taps * config.hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = Qwen3RotaryEmbedding(config=shared)
+
+    def context_hidden(self, target_features: torch.Tensor) -> torch.Tensor:
+        """`hidden_norm(fc(concat of tapped target hidden states))`."""
+        return self.hidden_norm(self.fc(target_features))
+
+    def rope(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rotary_emb(x, positions)
+
+    def step(
+        self,
+        block_embeds: torch.Tensor,
+        ctx_features: torch.Tensor,
+        new_counts: torch.Tensor,
+        cache_lens: torch.Tensor,
+        caches: list[LayerCache],
+    ) -> torch.Tensor:
+        """One drafting step for a batch; returns the final-normed block hidden states.
+
+        block_embeds `[b, B, H]`: embedded `[anchor, MASK, ...]`; ctx_features `[b, n, taps*H]`:
+        the new context rows (first new_counts[r] valid) at positions cache_lens[r] + i; the block
+        sits at cache_lens + new_counts. `caches[i]` is layer i's cache, a view of this batch's
+        rows; the caller advances cache_lens by new_counts afterwards.
+        """
+        n, block = ctx_features.shape[1], block_embeds.shape[1]
+        ctx_positions = cache_lens.view(-1, 1) + torch.arange(n, device=cache_lens.device)
+        block_positions = (cache_lens + new_counts).view(-1, 1) + torch.arange(block, device=cache_lens.device)
+        ctx_hidden = self.context_hidden(ctx_features)
+        ctx_rope = self.rope(ctx_hidden, ctx_positions)
+        block_rope = self.rope(block_embeds, block_positions)
+        x = block_embeds
+        for layer, cache in zip(self.layers, caches):
+            attn = layer.self_attn.step(
+                layer.input_layernorm(x), block_rope, ctx_hidden, ctx_rope, new_counts, cache, cache_lens
+            )
+            x = layer._finish(x, attn)
+        return self.norm(x)
+
+    def forward_train(
+        self,
+        block_embeds: torch.Tensor,
+        block_positions: torch.Tensor,
+        ctx_features: torch.Tensor,
+        ctx_positions: torch.Tensor,
+        mask: torch.Tensor | dict[int, torch.Tensor],
+    ) -> torch.Tensor:
+        """Uncached forward of many blocks at once (training).
+
+        mask `[b, 1, Q, S + Q]` (True = visible), or one mask per sliding window (0 = full layers).
+        """
+        ctx_hidden = self.context_hidden(ctx_features)
+        ctx_rope = self.rope(ctx_hidden, ctx_positions)
+        block_rope = self.rope(block_embeds, block_positions)
+        x = block_embeds
+        for layer in self.layers:
+            layer_mask = mask[layer.self_attn.window] if isinstance(mask, dict) else mask
+            attn = layer.self_attn.forward_train(layer.input_layernorm(x), block_rope, ctx_hidden, ctx_rope, layer_mask)
+            x = layer._finish(x, attn)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """Draft logits through the target's LM head, with the optional output scalings."""
+        logits = lm_head(hidden)
+        if self.config.output_multiplier is not None:
+            logits = logits * self.config.output_multiplier
+        if self.config.final_logit_softcapping is not None:
+            cap = self.config.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def embed(self, tokens: torch.Tensor, embedding: nn.Module) -> torch.Tensor:
+        """Block embedding through the target's embedding, scaled if the checkpoint says so."""
+        embeds = embedding(tokens)
+        if self.config.input_embedding_scale is not None:
+            embeds = embeds * self.config.input_embedding_scale
+        return embeds

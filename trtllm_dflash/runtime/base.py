@@ -1,0 +1,121 @@
+"""The interface between the decoding loop and the thing that runs forward passes.
+
+A runtime owns the weights and the KV caches of the target and the drafter for up to
+`max_batch` sequences (rows). The decoding loop owns everything else: which rows are live,
+their lengths, their tokens. Every call works on a contiguous slice of rows; caches are indexed
+by absolute position, so the loop rolls back rejected tokens simply by not advancing lengths.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+
+import torch
+
+from trtllm_dflash.config import DrafterConfig
+from trtllm_dflash.plugins import ops
+
+
+@dataclasses.dataclass
+class TargetOutput:
+    """Logits `[b, T, V]` (or `[b, 1, V]` when only one position per row was asked for) and the
+    tapped hidden states `[b, T, taps * H]` (None without a drafter)."""
+
+    logits: torch.Tensor
+    features: torch.Tensor | None
+
+
+class Runtime(abc.ABC):
+    """Forward passes of a target (and optionally a DFlash drafter) over a batch of rows."""
+
+    device: torch.device
+    vocab_size: int
+    drafter_config: DrafterConfig | None
+    max_batch: int = 0
+    capacity: int = 0
+
+    @property
+    def has_drafter(self) -> bool:
+        return self.drafter_config is not None
+
+    @abc.abstractmethod
+    def allocate(self, max_batch: int, capacity: int) -> None:
+        """(Re)allocate caches for `max_batch` rows of `capacity` token slots each."""
+
+    @abc.abstractmethod
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Compact the caches: rows `index` (device tensor) become rows 0..len(index)-1."""
+
+    @abc.abstractmethod
+    def target_forward(
+        self,
+        rows: slice,
+        tokens: torch.Tensor,
+        starts: torch.Tensor,
+        span: int,
+        logits_at: torch.Tensor | None = None,
+    ) -> TargetOutput:
+        """Run the target on `tokens [b, T]` at positions starts[r] + t, writing their K/V.
+
+        Queries see keys at positions <= their own (slots before starts[r] hold the committed
+        prefix). `span` bounds the positions touched (max over rows of starts + T), so the
+        runtime need not read the lengths back from the device. With `logits_at [b]`, logits are
+        computed only at that index of each row (prefill).
+        """
+
+    @abc.abstractmethod
+    def draft_forward(
+        self,
+        rows: slice,
+        block: torch.Tensor,
+        ctx_features: torch.Tensor,
+        new_counts: torch.Tensor,
+        cache_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        """One drafter pass over `block [b, B]` (anchor + masks); returns logits `[b, B-1, V]`.
+
+        The first new_counts[r] rows of `ctx_features [b, n, F]` are appended to the draft cache
+        at positions cache_lens[r]...; the block's own keys/values are not kept.
+        """
+
+    def verify(
+        self,
+        target_logits: torch.Tensor,
+        block: torch.Tensor,
+        draft_probs: torch.Tensor | None,
+        sampling: "SamplingTensors",
+        starts: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Accepted draft count and bonus token per row (on the device)."""
+        return ops.verify_block(
+            target_logits, block, draft_probs, sampling.temperature, sampling.top_k, sampling.top_p,
+            sampling.seed, starts,
+        )
+
+
+@dataclasses.dataclass
+class SamplingTensors:
+    """Per-row sampling parameters on the runtime's device."""
+
+    temperature: torch.Tensor  # float32 [b]; 0 = greedy
+    top_k: torch.Tensor  # int64 [b]; 0 = off
+    top_p: torch.Tensor  # float32 [b]; 1 = off
+    seed: torch.Tensor  # int64 [b]
+
+    @property
+    def all_greedy(self) -> bool:
+        return bool((self.temperature <= 0).all())
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return tuple(getattr(self, field.name) for field in dataclasses.fields(self))
+
+    def select(self, index: torch.Tensor) -> "SamplingTensors":
+        return SamplingTensors(*(t.index_select(0, index) for t in self.tensors()))
+
+    def slice(self, rows: slice) -> "SamplingTensors":
+        return SamplingTensors(*(t[rows] for t in self.tensors()))
+
+    @staticmethod
+    def cat(parts: list["SamplingTensors"]) -> "SamplingTensors":
+        return SamplingTensors(*(torch.cat(ts) for ts in zip(*(p.tensors() for p in parts))))

@@ -1,0 +1,97 @@
+"""Tiny random checkpoints, written to disk in the real layouts, for tests and CI.
+
+Nothing is downloaded: targets are transformers Qwen3 / Llama models with random weights saved
+with `save_pretrained` (safetensors), drafters are random DFlashDrafters saved in the z-lab layout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from trtllm_dflash.checkpoints import save_drafter
+from trtllm_dflash.config import DrafterConfig
+from trtllm_dflash.modeling.drafter import DFlashDrafter
+
+
+def tiny_target_config(family: str = "qwen3", vocab_size: int = 96, num_layers: int = 4, hidden_size: int = 64):
+    from transformers import LlamaConfig, Qwen3Config
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden_size // 4,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    if family == "qwen3":
+        return Qwen3Config(**common, rope_theta=10000.0, tie_word_embeddings=True, architectures=["Qwen3ForCausalLM"])
+    if family == "llama":
+        return LlamaConfig(**common, rope_theta=10000.0, tie_word_embeddings=False, architectures=["LlamaForCausalLM"])
+    raise ValueError(f"unknown tiny family {family!r}")
+
+
+def make_tiny_target(path: str | Path, family: str = "qwen3", seed: int = 0, **config_kwargs) -> Path:
+    """A random causal LM of `family` saved with `save_pretrained` (safetensors)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = tiny_target_config(family, **config_kwargs)
+    model = AutoModelForCausalLM.from_config(config)
+    _spread_logits(model)
+    path = Path(path)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def _spread_logits(model) -> None:
+    """Scale the LM head so random models have peaked, well-separated next-token distributions."""
+    with torch.no_grad():
+        head = model.get_output_embeddings()
+        if head.weight is not model.get_input_embeddings().weight:
+            head.weight.mul_(4.0)
+
+
+def tiny_drafter_config(
+    target_config,
+    num_layers: int = 2,
+    block_size: int = 8,
+    mask_token_id: int | None = None,
+    target_layer_ids: tuple[int, ...] | None = None,
+    **overrides,
+) -> DrafterConfig:
+    layers = int(target_config.num_hidden_layers)
+    values = dict(
+        hidden_size=int(target_config.hidden_size),
+        intermediate_size=2 * int(target_config.hidden_size),
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=int(target_config.hidden_size) // 4,
+        num_target_layers=layers,
+        target_layer_ids=tuple(target_layer_ids) if target_layer_ids is not None else tuple(range(min(num_layers, layers))),
+        mask_token_id=int(target_config.vocab_size) - 1 if mask_token_id is None else mask_token_id,
+        block_size=block_size,
+        vocab_size=int(target_config.vocab_size),
+        rope_theta=10000.0,
+        max_position_embeddings=1024,
+    )
+    values.update(overrides)
+    return DrafterConfig(**values)
+
+
+def make_tiny_drafter(path: str | Path, target_path: str | Path, seed: int = 0, **kwargs) -> Path:
+    """A random DFlash drafter for the target at `target_path`, saved in the z-lab layout."""
+    from transformers import AutoConfig
+
+    torch.manual_seed(seed)
+    config = tiny_drafter_config(AutoConfig.from_pretrained(target_path), **kwargs)
+    return save_drafter(DFlashDrafter(config), path)

@@ -1,0 +1,103 @@
+"""Distilling a DFlash drafter from a frozen target (the optimisation loop).
+
+Only the draft layers, `fc`, `hidden_norm` and `norm` are trained; the target (and with it the
+embedding and LM head the drafter borrows) stays frozen. AdamW, linear warmup + cosine decay,
+gradient clipping, as in the paper.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterator
+
+import torch
+
+from trtllm_dflash.modeling.drafter import DFlashDrafter
+from trtllm_dflash.modeling.taps import HiddenTaps
+from trtllm_dflash.training.objective import cosine_lr, dflash_loss, make_block_batch, sample_anchors
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    steps: int = 1000
+    lr: float = 6e-4
+    warmup_fraction: float = 0.04
+    grad_clip: float = 1.0
+    weight_decay: float = 0.0
+    num_anchors: int = 512
+    block_size: int | None = None  # default: the drafter config's
+    gamma: float | None = None
+    seed: int = 0
+
+
+@dataclasses.dataclass
+class TrainState:
+    step: int
+    optimizer: torch.optim.Optimizer
+    losses: list[float]
+
+
+Batch = tuple[torch.Tensor, torch.Tensor]  # input_ids [b, S], loss_mask [b, S] (1 = trained position)
+
+
+class DrafterTrainer:
+    """One optimizer over a drafter, stepping on batches of target-annotated sequences."""
+
+    def __init__(self, target: torch.nn.Module, drafter: DFlashDrafter, config: TrainConfig) -> None:
+        self.target = target.eval().requires_grad_(False)
+        self.drafter = drafter.train()
+        self.config = config
+        self.block_size = config.block_size or drafter.config.block_size
+        decoder = target.get_decoder()
+        self.taps = HiddenTaps(decoder.layers, drafter.config.target_layer_ids)
+        self.decoder = decoder
+        self.embedding = target.get_input_embeddings()
+        self.lm_head = target.get_output_embeddings()
+        self.windows = sorted({drafter.config.window_of(i) for i in range(drafter.config.num_hidden_layers)})
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in drafter.parameters() if p.requires_grad], lr=config.lr, weight_decay=config.weight_decay
+        )
+        self.step_index = 0
+
+    @torch.no_grad()
+    def target_features(self, input_ids: torch.Tensor) -> torch.Tensor:
+        self.decoder(input_ids=input_ids, use_cache=False)
+        return self.taps.features().detach()
+
+    def train_step(self, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> dict:
+        config = self.config
+        features = self.target_features(input_ids).to(next(self.drafter.parameters()).dtype)
+        eligible = loss_mask.bool().clone()
+        eligible[:, 0] = False  # a block needs some context before its anchor
+        eligible[:, -1] = False  # and at least one position after it
+        anchors = sample_anchors(eligible.cpu(), config.num_anchors, self.generator).to(input_ids.device)
+        batch = make_block_batch(
+            input_ids, anchors, loss_mask, self.block_size, self.drafter.config.mask_token_id, self.windows, config.gamma
+        )
+        lr = cosine_lr(self.step_index, config.steps, config.lr, config.warmup_fraction)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss, metrics = dflash_loss(self.drafter, self.embedding, self.lm_head, features, batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), config.grad_clip))
+        self.optimizer.step()
+        self.step_index += 1
+        metrics["lr"] = lr
+        metrics["step"] = self.step_index
+        return metrics
+
+    def train(self, batches: Iterator[Batch], on_step: Callable[[dict], None] | None = None) -> list[dict]:
+        history = []
+        while self.step_index < self.config.steps:
+            input_ids, loss_mask = next(batches)
+            metrics = self.train_step(input_ids, loss_mask)
+            history.append(metrics)
+            if on_step is not None:
+                on_step(metrics)
+        self.drafter.eval()
+        return history
+
+    def close(self) -> None:
+        self.taps.remove()
