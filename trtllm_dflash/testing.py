@@ -15,7 +15,28 @@ from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 
 
-def tiny_target_config(family: str = "qwen3", vocab_size: int = 96, num_layers: int = 4, hidden_size: int = 64):
+TINY_SPECIALS = ("<unk>", "<eos>", "<mask>")
+TINY_CHARS = [chr(c) for c in range(32, 127)] + ["\n", "\t"]
+
+
+def make_tiny_tokenizer(path: str | Path) -> Path:
+    """A character-level fast tokenizer (ids 0..99: 3 specials, printable ASCII, newline, tab)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(list(TINY_SPECIALS) + TINY_CHARS)}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", eos_token="<eos>", mask_token="<mask>")
+    fast.save_pretrained(path)
+    return Path(path)
+
+
+TINY_VOCAB = len(TINY_SPECIALS) + len(TINY_CHARS)
+
+
+def tiny_target_config(family: str = "qwen3", vocab_size: int = 128, num_layers: int = 4, hidden_size: int = 64):
     from transformers import LlamaConfig, Qwen3Config
 
     common = dict(
@@ -39,8 +60,14 @@ def tiny_target_config(family: str = "qwen3", vocab_size: int = 96, num_layers: 
     raise ValueError(f"unknown tiny family {family!r}")
 
 
-def make_tiny_target(path: str | Path, family: str = "qwen3", seed: int = 0, **config_kwargs) -> Path:
-    """A random causal LM of `family` saved with `save_pretrained` (safetensors)."""
+def make_tiny_target(
+    path: str | Path, family: str = "qwen3", seed: int = 0, tokenizer: bool = False, **config_kwargs
+) -> Path:
+    """A random causal LM of `family` saved with `save_pretrained` (safetensors).
+
+    With `tokenizer=True` a character-level tokenizer is saved next to it (its vocabulary fits
+    the default vocab_size of 128; the eos id is 1 and the mask id 2).
+    """
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -49,6 +76,8 @@ def make_tiny_target(path: str | Path, family: str = "qwen3", seed: int = 0, **c
     _spread_logits(model)
     path = Path(path)
     model.save_pretrained(path, safe_serialization=True)
+    if tokenizer:
+        make_tiny_tokenizer(path)
     return path
 
 
