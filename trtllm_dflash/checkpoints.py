@@ -97,7 +97,7 @@ def load_target(
     path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None, require_tokenizer: bool = False
 ) -> Target:
     """Load a Hugging Face causal LM (and its tokenizer) from a local directory."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     path = resolve_checkpoint(path, "target")
     if not (path / "config.json").is_file():
@@ -112,6 +112,12 @@ def load_target(
             "upgrade transformers or use a Qwen3/Llama-family checkpoint",
         ) from None
     dtype = dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
+    if (getattr(config, "quantization_config", None) or {}).get("quant_method") == "modelopt":
+        # ModelOpt FP8 output of `dflash-trt build` (transformers has no loader for it)
+        from trtllm_dflash.builder.quantize import load_modelopt_model
+
+        model = load_modelopt_model(path, device, dtype)
+        return Target(model=model, tokenizer=_load_tokenizer(path, require_tokenizer), path=path)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path,
@@ -125,12 +131,17 @@ def load_target(
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"cannot load target weights from {path} ({str(exc).splitlines()[0]})", "check the checkpoint files") from None
     model.to(device).eval()
-    tokenizer = None
+    return Target(model=model, tokenizer=_load_tokenizer(path, require_tokenizer), path=path)
+
+
+def _load_tokenizer(path: Path, required: bool):
+    from transformers import AutoTokenizer
+
     if any((path / name).is_file() for name in TOKENIZER_FILES):
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-    elif require_tokenizer:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    if required:
         raise CheckpointError(f"target {path} has no tokenizer", "save the tokenizer next to the model (tokenizer.save_pretrained(dir))")
-    return Target(model=model, tokenizer=tokenizer, path=path)
+    return None
 
 
 def read_drafter_weights(path: Path) -> dict[str, torch.Tensor]:

@@ -1,0 +1,120 @@
+"""`dflash-trt build`: plan and run the build of one model for one GPU type.
+
+Exit status: 0 when every stage finished (or was unchanged), 2 on bad input (one line), 3 when
+the build stopped cleanly before a stage this machine cannot run (no GPU, no TensorRT): the
+finished stages stay valid and the same command on a suitable machine continues from there.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+EXIT_STOPPED = 3
+
+
+class RichReporter:
+    """Stage progress for the terminal (a spinner with the current step) and plain lines in CI logs."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._status = None
+        self._started = 0.0
+
+    def stage_started(self, stage) -> None:
+        self._started = time.perf_counter()
+        self.console.print(f"[bold]▶ {stage.name}[/]: {stage.title}")
+        self._status = self.console.status(f"{stage.name}: starting")
+        self._status.start()
+
+    def _stop(self) -> float:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+        return time.perf_counter() - self._started
+
+    def status(self, text: str) -> None:
+        if self._status is not None:
+            self._status.update(escape(text))
+        if not self.console.is_terminal:
+            self.console.print(f"  [dim]{escape(text)}[/]")
+
+    def stage_skipped(self, stage, record) -> None:
+        self.console.print(f"[green]= {stage.name}[/]: unchanged since {record['finished']}, skipped")
+
+    def stage_finished(self, stage, record) -> None:
+        seconds = self._stop()
+        self.console.print(f"[green]✓ {stage.name}[/] ({seconds:.1f} s){escape(_short(record['summary']))}")
+
+    def stage_blocked(self, stage, error) -> None:
+        self._stop()
+        self.console.print(f"[yellow]■ {stage.name}[/]: cannot run here: {escape(error.problem)}")
+
+    def stage_failed(self, stage, error) -> None:
+        self._stop()
+        self.console.print(f"[red]✗ {stage.name}[/] failed")
+
+
+def _short(summary: dict) -> str:
+    keys = [k for k in ("quant", "dtype", "variants", "status", "flavour", "file", "note") if k in summary]
+    if not keys:
+        return ""
+    return ": " + ", ".join(f"{k} {summary[k]}" for k in keys[:3])
+
+
+def build(
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name from the catalog (e.g. demo, qwen3-8b, gpt-oss-120b) or a target checkpoint directory."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", "-g", help="GPU type to build for (e.g. rtx-pro-6000, h100, b300)."),
+    drafter: Optional[str] = typer.Option(None, "--drafter", help="DFlash drafter directory (z-lab layout); default: the catalog's drafter."),
+    recipe: Optional[Path] = typer.Option(None, "--recipe", help="Recipe YAML (keys in docs/build.md); flags override it."),
+    quant: Optional[str] = typer.Option(None, "--quant", "-q", help="bf16, fp16, fp8 or nvfp4 (default: the recipe's)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: out/<model>-<gpu>)."),
+    calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration text for FP8/NVFP4: .txt (a sample per line) or .jsonl with 'text'."),
+    max_batch: Optional[int] = typer.Option(None, "--max-batch", help="Largest batch the engines accept."),
+    max_input_len: Optional[int] = typer.Option(None, "--max-input-len", help="Longest prompt (prefill) in tokens."),
+    max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="Longest prompt + output in tokens."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (stages, where they run, sizes) and stop."),
+    force: bool = typer.Option(False, "--force", help="Rebuild every stage even if its inputs are unchanged."),
+    as_json: bool = typer.Option(False, "--json", help="With --dry-run: print the plan as JSON."),
+) -> None:
+    """Build a DFlash deployment: checkpoints -> quantize -> ONNX -> validate -> engines -> repository."""
+    from trtllm_dflash.builder.spec import resolve_spec
+
+    spec = resolve_spec(
+        model, gpu, recipe, quant, drafter,
+        max_batch=max_batch, max_input_len=max_input_len, max_seq_len=max_seq_len, calibration=calibration,
+    )
+    console = Console(highlight=False)
+    from trtllm_dflash.builder.plan import make_plan, render
+
+    plan = make_plan(spec)
+    if dry_run:
+        if as_json:
+            print(json.dumps(plan.to_dict(), indent=2, default=str))
+        else:
+            render(plan, console)
+        return
+    render(plan, console)
+    out_dir = out or Path("out") / f"{spec.model}-{spec.gpu.name}"
+
+    from trtllm_dflash.builder.pipeline import run_build
+    from trtllm_dflash.cli.common import quiet_libraries
+
+    quiet_libraries()
+    result = run_build(spec, out_dir, force=force, reporter=RichReporter(console))
+    manifest = Path(out_dir) / "manifest.json"
+    if result.complete:
+        console.print(f"[bold green]build complete[/]: {manifest}")
+        return
+    blocked = result.blocked
+    console.print(
+        f"[bold yellow]build stopped before {result.blocked_stage}[/]: {escape(blocked.problem)}; {escape(blocked.fix)}\n"
+        f"finished stages are kept and recorded in {manifest}"
+    )
+    raise typer.Exit(EXIT_STOPPED)

@@ -1,0 +1,221 @@
+"""Stage directories that are either complete or absent.
+
+Each stage writes into a hidden temporary directory next to its final place, writes its
+`stage.json` (inputs key, outputs with digests) last, and is renamed into place in one step.
+Ctrl-C, a crash or an exception removes the temporary directory (and a killed process leaves
+only a hidden `.name.tmp-*` directory that no later run trusts and the next run deletes), so
+a stage directory with a `stage.json` whose key matches is always a finished stage. A stage whose
+key (recipe fields + upstream output digests + tool versions) is unchanged is skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from trtllm_dflash.builder.manifest import files_digest, now, read_json, sha256_json, write_json_atomic
+from trtllm_dflash.errors import DFlashError, MissingDependencyError
+
+STAGE_FILE = "stage.json"
+
+
+class StageBlocked(MissingDependencyError):
+    """A stage that cannot run on this machine (no GPU, no TensorRT): the build stops cleanly here."""
+
+
+class Reporter(Protocol):
+    """What the runner tells the user (the CLI implements it with rich)."""
+
+    def stage_started(self, stage: "Stage") -> None: ...
+    def stage_skipped(self, stage: "Stage", record: dict) -> None: ...
+    def stage_finished(self, stage: "Stage", record: dict) -> None: ...
+    def stage_blocked(self, stage: "Stage", error: StageBlocked) -> None: ...
+    def stage_failed(self, stage: "Stage", error: BaseException) -> None: ...
+    def status(self, text: str) -> None: ...
+
+
+class SilentReporter:
+    def stage_started(self, stage):
+        pass
+
+    def stage_skipped(self, stage, record):
+        pass
+
+    def stage_finished(self, stage, record):
+        pass
+
+    def stage_blocked(self, stage, error):
+        pass
+
+    def stage_failed(self, stage, error):
+        pass
+
+    def status(self, text):
+        pass
+
+
+@dataclasses.dataclass
+class StageContext:
+    """What a running stage sees: its (temporary) directory and the finished upstream stages."""
+
+    workdir: Path
+    out: Path
+    upstream: dict[str, dict]
+    reporter: Reporter
+
+    def upstream_dir(self, name: str) -> Path:
+        return self.out / name
+
+    def status(self, text: str) -> None:
+        self.reporter.status(text)
+
+
+@dataclasses.dataclass
+class Stage:
+    """One step of the build. `run` fills ctx.workdir and returns a JSON-able summary."""
+
+    name: str
+    title: str
+    run: Callable[[StageContext], dict[str, Any] | None]
+    inputs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    depends: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass
+class BuildResult:
+    records: dict[str, dict]
+    blocked: StageBlocked | None = None
+    blocked_stage: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.blocked is None
+
+
+def prepare_out_dir(out: Path) -> Path:
+    """Create the output directory, refusing files and read-only locations with one line."""
+    out = Path(out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise DFlashError(f"--out {out} is a file, not a directory", "pass a directory path (it is created if missing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{uuid.uuid4().hex[:8]}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise DFlashError(
+            f"cannot write to the output directory {out} ({exc.strerror or exc})",
+            "choose a writable --out location",
+        ) from None
+    return out.resolve()
+
+
+class StageRunner:
+    """Runs stages in order into `out`, skipping the unchanged ones."""
+
+    def __init__(self, out: Path, reporter: Reporter | None = None, force: bool = False) -> None:
+        self.out = prepare_out_dir(out)
+        self.reporter = reporter or SilentReporter()
+        self.force = force
+        self._lock_handle = None
+
+    # ------------------------------------------------------------------ locking and cleanup
+
+    def __enter__(self) -> "StageRunner":
+        self._lock_handle = open(self.out / ".build.lock", "w")
+        try:
+            fcntl.flock(self._lock_handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_handle.close()
+            raise DFlashError(f"another build is writing to {self.out}", "wait for it to finish or use another --out") from None
+        for leftover in list(self.out.glob(".*.tmp-*")) + list(self.out.glob(".*.old-*")):
+            shutil.rmtree(leftover, ignore_errors=True)  # from a killed run; never trusted
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._lock_handle is not None:
+            fcntl.flock(self._lock_handle, fcntl.LOCK_UN)
+            self._lock_handle.close()
+
+    # ------------------------------------------------------------------ stages
+
+    def key(self, stage: Stage, records: dict[str, dict]) -> str:
+        upstream = {name: records[name]["outputs_sha256"] for name in stage.depends}
+        return sha256_json({"stage": stage.name, "inputs": stage.inputs, "upstream": upstream})
+
+    def completed(self, name: str, key: str | None = None) -> dict | None:
+        """The record of a finished stage directory (with a matching key, if given)."""
+        record = read_json(self.out / name / STAGE_FILE)
+        if not isinstance(record, dict) or (key is not None and record.get("key") != key):
+            return None
+        for rel, info in record.get("files", {}).items():
+            path = self.out / name / rel
+            if not path.is_file() or path.stat().st_size != info["bytes"]:
+                return None
+        return record
+
+    def run_stage(self, stage: Stage, records: dict[str, dict]) -> dict:
+        key = self.key(stage, records)
+        if not self.force:
+            record = self.completed(stage.name, key)
+            if record is not None:
+                self.reporter.stage_skipped(stage, record)
+                return record
+        self.reporter.stage_started(stage)
+        workdir = self.out / f".{stage.name}.tmp-{uuid.uuid4().hex[:8]}"
+        workdir.mkdir()
+        started = now()
+        try:
+            ctx = StageContext(workdir, self.out, {n: records[n] for n in stage.depends}, self.reporter)
+            summary = stage.run(ctx) or {}
+            files = files_digest(workdir)
+            record = {
+                "stage": stage.name,
+                "key": key,
+                "inputs": stage.inputs,
+                "upstream": {n: records[n]["outputs_sha256"] for n in stage.depends},
+                "summary": summary,
+                "files": files,
+                "outputs_sha256": sha256_json({"files": files, "summary": summary}),
+                "started": started,
+                "finished": now(),
+            }
+            write_json_atomic(workdir / STAGE_FILE, record)
+            self._swap_into_place(workdir, self.out / stage.name)
+        except BaseException as exc:
+            shutil.rmtree(workdir, ignore_errors=True)
+            if isinstance(exc, StageBlocked):
+                self.reporter.stage_blocked(stage, exc)
+            else:
+                self.reporter.stage_failed(stage, exc)
+            raise
+        self.reporter.stage_finished(stage, record)
+        return record
+
+    def _swap_into_place(self, workdir: Path, final: Path) -> None:
+        old = None
+        if final.exists():
+            old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+            os.rename(final, old)
+        os.rename(workdir, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def run(self, stages: list[Stage], on_record: Callable[[dict[str, dict], StageBlocked | None, str | None], None] | None = None) -> BuildResult:
+        """Run stages in order; stop cleanly at the first one that cannot run here."""
+        records: dict[str, dict] = {}
+        for stage in stages:
+            try:
+                records[stage.name] = self.run_stage(stage, records)
+            except StageBlocked as blocked:
+                if on_record is not None:
+                    on_record(records, blocked, stage.name)
+                return BuildResult(records, blocked, stage.name)
+            if on_record is not None:
+                on_record(records, None, None)
+        return BuildResult(records)

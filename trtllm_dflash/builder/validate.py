@@ -1,0 +1,117 @@
+"""Do the exported graphs compute what the torch runtime computes? Checked on CPU before any engine.
+
+Both runtimes get the same calls through the `Runtime` interface: a ragged prefill, a verify
+step on top of the filled cache, and two drafter steps (the second with a non-empty draft cache).
+Logits, hidden-state taps, draft logits and the KV caches written by each runtime are compared;
+then a short greedy speculative decode must give the same tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.runtime.base import Runtime
+
+# Relative tolerance (max |a - b| / max |b|) per evaluation precision of the graph.
+TOLERANCE = {"fp32": 1e-4, "bf16": 1e-4, "fp16": 3e-2, "fp8": 1e-4}
+
+
+class ValidationError(DFlashError):
+    """The exported graphs disagree with the torch runtime."""
+
+
+@dataclasses.dataclass
+class Comparison:
+    name: str
+    max_abs: float
+    rel: float
+    argmax_agree: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (round(v, 8) if isinstance(v, float) else v) for k, v in dataclasses.asdict(self).items()}
+
+
+def compare(name: str, candidate: torch.Tensor, reference: torch.Tensor, logits: bool = False) -> Comparison:
+    candidate, reference = candidate.float(), reference.float()
+    if candidate.shape != reference.shape:
+        raise ValidationError(f"{name}: shape {tuple(candidate.shape)} != reference {tuple(reference.shape)}", "re-export the graphs")
+    diff = float((candidate - reference).abs().max()) if reference.numel() else 0.0
+    scale = float(reference.abs().max()) if reference.numel() else 1.0
+    agree = float((candidate.argmax(-1) == reference.argmax(-1)).float().mean()) if logits else None
+    return Comparison(name, diff, diff / max(scale, 1e-12), agree)
+
+
+def compare_runtimes(
+    candidate: Runtime, reference: Runtime, block_size: int, prompt_lengths: tuple[int, int] = (7, 4), seed: int = 0
+) -> list[Comparison]:
+    """Drive both runtimes through prefill, verify and two draft steps; compare every output."""
+    generator = torch.Generator().manual_seed(seed)
+    vocab = reference.vocab_size
+    lengths = torch.tensor(prompt_lengths)
+    span = int(lengths.max())
+    capacity = span + 3 * block_size + 4
+    for runtime in (candidate, reference):
+        runtime.allocate(2, capacity)
+    rows = slice(0, 2)
+    results: list[Comparison] = []
+
+    prompt = torch.randint(3, vocab, (2, span), generator=generator)
+    outs = [rt.target_forward(rows, prompt, torch.zeros(2, dtype=torch.long), span, logits_at=lengths - 1) for rt in (candidate, reference)]
+    results.append(compare("prefill.logits", outs[0].logits, outs[1].logits, logits=True))
+    if outs[1].features is not None:
+        results.append(compare("prefill.features", outs[0].features, outs[1].features))
+    prefill_features = outs[1].features
+
+    block = torch.randint(3, vocab, (2, block_size), generator=generator)
+    verify = [rt.target_forward(rows, block, lengths, span + block_size) for rt in (candidate, reference)]
+    results.append(compare("verify.logits", verify[0].logits, verify[1].logits, logits=True))
+    if verify[1].features is not None:
+        results.append(compare("verify.features", verify[0].features, verify[1].features))
+
+    if reference.has_drafter and candidate.has_drafter:
+        mask = reference.drafter_config.mask_token_id
+        draft_block = torch.full((2, block_size), mask, dtype=torch.long)
+        draft_block[:, 0] = block[:, 0]
+        first = [rt.draft_forward(rows, draft_block, prefill_features, lengths, torch.zeros(2, dtype=torch.long)) for rt in (candidate, reference)]
+        results.append(compare("draft.logits (empty draft cache)", first[0], first[1], logits=True))
+        accepted = torch.tensor([min(2, block_size - 1), 0])
+        second = [
+            rt.draft_forward(rows, draft_block, verify[1].features, accepted + 1, lengths) for rt in (candidate, reference)
+        ]
+        results.append(compare("draft.logits (filled draft cache)", second[0], second[1], logits=True))
+
+    written = int(lengths.max()) + block_size
+    for label, cand_cache, ref_cache in _caches(candidate, reference):
+        for i, (a, b) in enumerate(zip(cand_cache.layers, ref_cache.layers)):
+            results.append(compare(f"{label}.key[{i}]", a.keys[:, :written], b.keys[:, :written]))
+    return results
+
+
+def _caches(candidate: Runtime, reference: Runtime):
+    for label in ("target_cache", "draft_cache"):
+        a, b = getattr(candidate, label, None), getattr(reference, label, None)
+        if a is not None and b is not None:
+            yield label, a, b
+
+
+def check(results: list[Comparison], tolerance: float) -> None:
+    worst = max(results, key=lambda c: c.rel)
+    if worst.rel > tolerance:
+        raise ValidationError(
+            f"ONNX graph output {worst.name} differs from the torch runtime (relative error {worst.rel:.2e} > {tolerance:.0e})",
+            "this is a bug in the export; report it with the build's manifest.json",
+        )
+
+
+def greedy_tokens(runtime: Runtime, prompts: list[list[int]], max_new_tokens: int, block_size: int | None = None) -> list[list[int]]:
+    """Greedy speculative decode through the decoding loop (the losslessness check)."""
+    from trtllm_dflash.decoding import Decoder, Request, SamplingParams
+
+    context = max(len(p) for p in prompts) + max_new_tokens + 1
+    decoder = Decoder(runtime, max_batch=len(prompts), max_context=context, block_size=block_size)
+    results = decoder.generate([Request(list(p), SamplingParams(max_new_tokens=max_new_tokens)) for p in prompts])
+    return [r.token_ids for r in results]

@@ -1,0 +1,188 @@
+"""A runtime over the exported ONNX graphs, evaluated on CPU.
+
+This is how CI shows that the graphs a TensorRT engine is built from compute the same thing as
+the torch runtime: the same decoding loop drives them, token for token. The KV caches live
+here (torch CPU tensors, slot == position); the graphs return the new K/V of each call and this
+runtime writes them into place, exactly as the TensorRT runtime does on the GPU.
+
+Backends: onnxruntime (fast; plain ONNX ops), or onnx's reference evaluator with the CPU
+evaluators of the DFlash plugin nodes (slow; for graphs with plugin nodes).
+BF16 graphs are evaluated as an FP32 copy (onnxruntime has no BF16 kernels on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from trtllm_dflash.config import DrafterConfig
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.modeling.kv_cache import StaticKVCache
+from trtllm_dflash.plugins import reference
+from trtllm_dflash.runtime.base import Runtime, TargetOutput
+
+NUMPY = {"fp32": np.float32, "fp16": np.float16}
+TORCH = {"fp32": torch.float32, "fp16": torch.float16}
+
+
+def upcast_bf16(model) -> Any:
+    """An FP32 copy of a BF16 ONNX model (initializers, I/O types, casts, constants)."""
+    import onnx
+    from onnx import numpy_helper
+
+    bf16, f32 = onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT
+
+    def tensor(t: onnx.TensorProto) -> onnx.TensorProto:
+        if t.data_type != bf16:
+            return t
+        return numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name)
+
+    def retype(value_info) -> None:
+        if value_info.type.tensor_type.elem_type == bf16:
+            value_info.type.tensor_type.elem_type = f32
+
+    def graph(g) -> None:
+        for i, init in enumerate(g.initializer):
+            if init.data_type == bf16:
+                g.initializer[i].CopyFrom(tensor(init))
+        for value_info in list(g.input) + list(g.output) + list(g.value_info):
+            retype(value_info)
+        for node in g.node:
+            for attr in node.attribute:
+                if node.op_type == "Cast" and attr.name == "to" and attr.i == bf16:
+                    attr.i = f32
+                if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == bf16:
+                    attr.t.CopyFrom(tensor(attr.t))
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    graph(attr.g)
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph(out.graph)
+    return out
+
+
+class GraphSession:
+    """One ONNX graph behind `run(feed) -> {name: array}`, on onnxruntime or the reference evaluator."""
+
+    def __init__(self, path: Path, backend: str = "onnxruntime", custom_ops: Sequence[type] = ()) -> None:
+        import onnx
+
+        model = onnx.load(str(path))
+        self.bf16 = any(i.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16 for i in model.graph.input)
+        if self.bf16:
+            model = upcast_bf16(model)
+        self.output_names = [o.name for o in model.graph.output]
+        if backend == "onnxruntime":
+            import onnxruntime as ort
+
+            options = ort.SessionOptions()
+            options.log_severity_level = 3
+            self._session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        elif backend == "reference":
+            from onnx.reference import ReferenceEvaluator
+
+            self._session = ReferenceEvaluator(model, new_ops=list(custom_ops))
+        else:
+            raise DFlashError(f"unknown ONNX backend {backend!r}", "use onnxruntime or reference")
+
+    def run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(self.output_names, self._session.run(None, feed)))
+
+
+def _numpy(t: torch.Tensor, dtype=None) -> np.ndarray:
+    array = t.detach().cpu()
+    if dtype is not None:
+        array = array.to(dtype)
+    return np.ascontiguousarray(array.numpy())
+
+
+class OnnxRuntime(Runtime):
+    """Runs an export directory's target and drafter graphs with the decoding loop's interface."""
+
+    def __init__(self, export_dir: str | Path, variant: str = "native", backend: str = "onnxruntime", custom_ops: Sequence[type] = ()) -> None:
+        export_dir = Path(export_dir)
+        info_file = export_dir / "graphs.json"
+        if not info_file.is_file():
+            raise DFlashError(f"{export_dir} has no graphs.json", "point at the export/ directory of a `dflash-trt build`")
+        info = json.loads(info_file.read_text())
+        if variant not in info["variants"]:
+            raise DFlashError(f"{export_dir} has no '{variant}' graphs", f"use one of: {', '.join(info['variants'])}")
+        graphs = info["variants"][variant]
+        self.info = info
+        self.device = torch.device("cpu")
+        self.vocab_size = int(info["vocab_size"])
+        self.target = graphs["target"]
+        self.target_session = GraphSession(export_dir / variant / self.target["file"], backend, custom_ops)
+        self.drafter = graphs.get("drafter")
+        self.drafter_session = None
+        self.drafter_config = None
+        if self.drafter is not None:
+            self.drafter_config = DrafterConfig.from_dir(export_dir / "drafter")
+            self.drafter_session = GraphSession(export_dir / variant / self.drafter["file"], backend, custom_ops)
+        dtype = self.target["dtype"]
+        self.cache_dtype = TORCH.get(dtype, torch.float32)  # bf16 graphs run as fp32 copies
+        self.target_cache: StaticKVCache | None = None
+        self.draft_cache: StaticKVCache | None = None
+
+    def allocate(self, max_batch: int, capacity: int) -> None:
+        t = self.target
+        self.target_cache = StaticKVCache(t["num_layers"], max_batch, capacity, t["kv_heads"], t["head_dim"], self.cache_dtype, self.device)
+        if self.drafter is not None:
+            d = self.drafter
+            self.draft_cache = StaticKVCache(d["num_layers"], max_batch, capacity, d["kv_heads"], d["head_dim"], self.cache_dtype, self.device)
+        self.max_batch, self.capacity = max_batch, capacity
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        self.target_cache.keep_rows(index)
+        if self.draft_cache is not None:
+            self.draft_cache.keep_rows(index)
+
+    def _cache_feed(self, layers, past_len: int) -> dict[str, np.ndarray]:
+        feed = {}
+        for i, layer in enumerate(layers):
+            feed[f"past_key_{i}"] = _numpy(layer.keys[:, :past_len])
+            feed[f"past_value_{i}"] = _numpy(layer.values[:, :past_len])
+        return feed
+
+    @torch.inference_mode()
+    def target_forward(self, rows, tokens, starts, span, logits_at=None) -> TargetOutput:
+        batch, count = tokens.shape
+        past_len = max(span - count, 1)
+        layers = self.target_cache.rows(rows)
+        if logits_at is not None:
+            index = logits_at.view(-1, 1)
+        else:
+            index = torch.arange(count).expand(batch, -1)
+        feed = {"input_ids": _numpy(tokens, torch.int64), "starts": _numpy(starts, torch.int64), "logit_index": _numpy(index, torch.int64)}
+        feed.update(self._cache_feed(layers, past_len))
+        out = self.target_session.run(feed)
+        positions = starts.view(-1, 1) + torch.arange(count)
+        row_index = torch.arange(batch).view(-1, 1)
+        for i, layer in enumerate(layers):
+            layer.keys[row_index, positions] = torch.from_numpy(out[f"new_key_{i}"]).to(layer.keys.dtype)
+            layer.values[row_index, positions] = torch.from_numpy(out[f"new_value_{i}"]).to(layer.values.dtype)
+        return TargetOutput(logits=torch.from_numpy(out["logits"]).float(), features=torch.from_numpy(out["features"]))
+
+    @torch.inference_mode()
+    def draft_forward(self, rows, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:
+        layers = self.draft_cache.rows(rows)
+        past_len = max(int(cache_lens.max()), 1)
+        feed = {
+            "block_ids": _numpy(block, torch.int64),
+            "ctx_features": _numpy(ctx_features, self.cache_dtype),
+            "new_counts": _numpy(new_counts, torch.int64),
+            "cache_lens": _numpy(cache_lens, torch.int64),
+        }
+        feed.update(self._cache_feed(layers, past_len))
+        out = self.drafter_session.run(feed)
+        for i, layer in enumerate(layers):
+            reference.append_context(
+                layer.keys, layer.values, cache_lens,
+                torch.from_numpy(out[f"new_key_{i}"]), torch.from_numpy(out[f"new_value_{i}"]), new_counts,
+            )
+        return torch.from_numpy(out["logits"]).float()
