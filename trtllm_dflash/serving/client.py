@@ -19,6 +19,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.serving.protocol import INPUTS, request_body
 
 
 class ServerError(DFlashError):
@@ -75,31 +76,6 @@ class Completion:
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def request_body(
-    prompt: str,
-    max_tokens: int | None = None,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int | None = None,
-    stop: Sequence[str] = (),
-    streaming: bool = False,
-) -> dict[str, Any]:
-    """The LLM-API style inputs of one request (JSON body of the generate endpoints)."""
-    body: dict[str, Any] = {"text_input": prompt, "streaming": streaming, "sampling_param_temperature": temperature}
-    if max_tokens is not None:
-        body["sampling_param_max_tokens"] = max_tokens
-    if top_k:
-        body["sampling_param_top_k"] = top_k
-    if top_p != 1.0:
-        body["sampling_param_top_p"] = top_p
-    if seed is not None:
-        body["sampling_param_seed"] = seed
-    if stop:
-        body["sampling_param_stop"] = list(stop)
-    return body
 
 
 class DFlashClient:
@@ -222,8 +198,6 @@ class DFlashClient:
 def grpc_inputs(body: dict[str, Any]) -> list:
     """tritonclient InferInputs for a request body (types as in the model's config.pbtxt)."""
     import tritonclient.grpc as grpcclient
-
-    from trtllm_dflash.serving.engine import INPUTS
 
     inputs = []
     for name, value in body.items():

@@ -30,7 +30,7 @@ class ServingConfig(BaseModel):
     max_batch: int = Field(16, ge=1, description="Requests decoded together in one step (in-flight batching).")
     max_context: int = Field(2048, ge=2, description="Prompt + generated tokens per request.")
     max_tokens: int = Field(1024, ge=1, description="Largest sampling_param_max_tokens a request may ask for.")
-    default_max_tokens: int = Field(128, ge=1, description="Tokens generated when a request does not say.")
+    default_max_tokens: Optional[int] = Field(None, ge=1, description="Tokens generated when a request does not say (default: min(128, max_tokens)).")
     block_size: Optional[int] = Field(None, ge=2, description="Draft block size (default: the drafter's).")
     num_threads: int = Field(0, ge=0, description="torch CPU threads per model (0 = torch's default).")
 
@@ -38,7 +38,7 @@ class ServingConfig(BaseModel):
     def _check(self) -> "ServingConfig":
         if self.runtime == "trt" and not self.engines:
             raise ValueError("runtime 'trt' needs 'engines' (a build directory)")
-        if self.default_max_tokens > self.max_tokens:
+        if self.default_max_tokens is not None and self.default_max_tokens > self.max_tokens:
             raise ValueError(f"default_max_tokens {self.default_max_tokens} is above max_tokens {self.max_tokens}")
         return self
 

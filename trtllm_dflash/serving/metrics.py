@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import urllib.request
+from typing import TYPE_CHECKING
 
-from trtllm_dflash.decoding import SequenceResult
+if TYPE_CHECKING:
+    from trtllm_dflash.decoding import SequenceResult
 
 PREFIX = "dflash_"
 ACCEPTANCE_BUCKETS = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32]

@@ -16,7 +16,8 @@ import triton_python_backend_utils as pb_utils
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.serving.config import ServingConfig
-from trtllm_dflash.serving.engine import INPUTS, ServingEngine, parse_inputs
+from trtllm_dflash.serving.engine import ServingEngine
+from trtllm_dflash.serving.protocol import INPUTS, parse_inputs
 from trtllm_dflash.serving.metrics import TritonMetrics
 
 

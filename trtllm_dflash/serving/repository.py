@@ -22,7 +22,7 @@ from typing import Iterator, Sequence
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.serving.config import ServingConfig
-from trtllm_dflash.serving.engine import INPUTS, OUTPUTS
+from trtllm_dflash.serving.protocol import INPUTS, OUTPUTS
 
 MANIFEST = "dflash_repository.json"
 PYTHONPATH_ENV = "DFLASH_TRT_PYTHONPATH"
@@ -164,3 +164,58 @@ def model_names(repo: str | Path) -> list[str]:
     """The models of a repository (folders with a config.pbtxt), sorted."""
     repo = Path(repo)
     return sorted(p.parent.name for p in repo.glob("*/config.pbtxt"))
+
+
+def check_checkpoints(target: str, drafter: str | None) -> tuple[str, str | None]:
+    """Check (cheaply, from config files) that the pair can be served; return the paths to record.
+
+    `demo` stays `demo` (resolved where the server runs); directories become absolute paths.
+    """
+    from transformers import AutoConfig
+
+    from trtllm_dflash.checkpoints import TOKENIZER_FILES, resolve_checkpoint, validate_pair
+    from trtllm_dflash.config import DrafterConfig
+
+    target_dir = resolve_checkpoint(target, "target")
+    if not (target_dir / "config.json").is_file():
+        raise DFlashError(f"target {target_dir} has no config.json", "point --model at a Hugging Face model directory")
+    if not any((target_dir / name).is_file() for name in TOKENIZER_FILES):
+        raise DFlashError(f"target {target_dir} has no tokenizer", "save the tokenizer next to the model; the server takes text")
+    if drafter is not None:
+        drafter_dir = resolve_checkpoint(drafter, "drafter")
+        target_config = AutoConfig.from_pretrained(target_dir, local_files_only=True, trust_remote_code=False)
+        validate_pair(target_config.get_text_config(), DrafterConfig.from_dir(drafter_dir))
+    record = lambda name, path: "demo" if name == "demo" else str(path.resolve())  # noqa: E731
+    return record(target, target_dir), (record(drafter, drafter_dir) if drafter is not None else None)
+
+
+def models_from_build(build_dir: str | Path) -> list[tuple[str, ServingConfig]]:
+    """The models of a `dflash-trt build` output: its checkpoints, and its engines when built.
+
+    Reads `manifest.json` of the build (issue 4): `recipe` (a '<model>/<gpu>' name or a recipe
+    mapping), `checkpoints.target` / `checkpoints.drafter` (local directories) and `engines`
+    (a folder of the build holding TensorRT engines, absent when no GPU was there to build them).
+    """
+    build_dir = Path(build_dir).expanduser().resolve()
+    manifest_path = build_dir / "manifest.json"
+    if not manifest_path.is_file():
+        raise DFlashError(f"{build_dir} has no manifest.json, so it is not a finished build", "run `dflash-trt build ... --out DIR` first")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        checkpoints = manifest["checkpoints"]
+        target, drafter = checkpoints["target"], checkpoints.get("drafter")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DFlashError(f"{manifest_path} does not name the checkpoints ({exc})", "rebuild with this version of dflash-trt") from None
+    engines = manifest.get("engines")
+    limits = manifest.get("serving", {})
+    config = dict(
+        target=target if target == "demo" else str((build_dir / target).resolve()),
+        drafter=None if drafter is None else drafter if drafter == "demo" else str((build_dir / drafter).resolve()),
+        **{k: v for k, v in limits.items() if k in ServingConfig.model_fields},
+    )
+    if engines:
+        config.update(runtime="trt", engines=str((build_dir / engines).resolve()))
+    models = [("dflash", ServingConfig(**config))]
+    if drafter is not None:
+        models.append(("ar", ServingConfig(**{**config, "drafter": None, "block_size": None})))
+    return models
