@@ -1,0 +1,165 @@
+"""Serving benchmark: DFlash vs autoregressive through a real tritonserver, side by side.
+
+Drives the `dflash` and `ar` models of one repository (the same target, with and without the
+drafter) at several concurrencies, interleaved in ONE run, and reports throughput (generated
+tokens/s over all users) and per-user tokens/s, the speedup of DFlash over AR for both, time to
+first token and mean acceptance length (tau). Greedy outputs of both models are compared
+(lossless: they must be equal).
+
+    python benchmarks/bench_serving.py --model demo                      # writes a repository, starts a server
+    python benchmarks/bench_serving.py --repo REPO                       # serves an existing repository
+    python benchmarks/bench_serving.py --url http://host:8000 --grpc-url host:8001   # a running server
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import queue
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+# Built-in prompts (code, as the demo pair was trained on Python source); no download.
+PROMPTS = [
+    "def fibonacci(n):\n",
+    "import os\n\n\ndef list_files(path):\n",
+    "class Stack:\n    def __init__(self):\n",
+    "def read_json(path):\n    with open(path) as handle:\n",
+    "for index, value in enumerate(values):\n",
+    "def is_prime(number):\n",
+    "    def __repr__(self):\n",
+    "def merge_sorted(left, right):\n    result = []\n",
+]
+
+
+def run_level(client, prompts: list[str], concurrency: int, requests: int, max_tokens: int, protocol: str) -> dict:
+    """`requests` requests through `concurrency` users (each sends its next request when its last one ends)."""
+    jobs: queue.Queue = queue.Queue()
+    for i in range(requests):
+        jobs.put(prompts[i % len(prompts)])
+    results, errors = [], []
+    lock = threading.Lock()
+
+    def user() -> None:
+        while True:
+            try:
+                prompt = jobs.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                completion = client.complete(prompt, protocol=protocol, max_tokens=max_tokens)
+            except Exception as exc:  # noqa: BLE001
+                with lock:
+                    errors.append(str(exc))
+                continue
+            with lock:
+                results.append((prompt, completion))
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=user) for _ in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    if errors:
+        raise SystemExit(f"{len(errors)} request(s) failed, e.g. {errors[0]}")
+    tokens = sum(len(c.token_ids) for _, c in results)
+    taus = [c.mean_acceptance_length for _, c in results if c.acceptance_lengths]
+    return {
+        "wall_s": wall,
+        "tokens": tokens,
+        "throughput": tokens / wall,
+        "per_user": statistics.mean(len(c.token_ids) / c.latency for _, c in results),
+        "ttft_ms": 1000 * statistics.median(c.client_time_to_first_token for _, c in results),
+        "tau": statistics.mean(taus) if taus else 1.0,
+        "outputs": {prompt: c.token_ids for prompt, c in results},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--model", default="demo", help="'demo' or a target directory (with --drafter): a repository is written")
+    source.add_argument("--repo", type=Path, help="serve this repository (it must hold 'dflash' and 'ar')")
+    source.add_argument("--url", help="use a running server's HTTP endpoint")
+    parser.add_argument("--drafter", help="drafter directory when --model is a directory")
+    parser.add_argument("--grpc-url", help="gRPC endpoint of a running server (with --url)")
+    parser.add_argument("--concurrency", default="1,4,16", help="comma-separated concurrency levels")
+    parser.add_argument("--requests", type=int, default=0, help="requests per level and model (default: max(2 x concurrency, 8))")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per served model (0 = torch's default)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+
+    from trtllm_dflash.serving.client import DFlashClient
+    from trtllm_dflash.serving.server import TritonServer, free_port
+
+    console = Console(highlight=False, width=max(Console().width, 150))
+    server = None
+    if args.url:
+        http, grpc = args.url, args.grpc_url
+    else:
+        repo = args.repo
+        if repo is None:
+            from typer.testing import CliRunner
+
+            from trtllm_dflash.cli.app import app
+
+            repo = Path(tempfile.mkdtemp(prefix="bench-serving-")) / "repo"
+            model = ["--model", args.model] + (["--drafter", args.drafter] if args.drafter else [])
+            result = CliRunner().invoke(app, ["repo", *model, "--out", str(repo), "--max-batch", str(max(levels)), "--threads", str(args.threads)])
+            if result.exit_code != 0:
+                raise SystemExit(f"dflash-trt repo failed: {result.exception or result.output}")
+        console.print(f"starting tritonserver on {repo} ...")
+        server = TritonServer(repo, free_port(), free_port(), free_port(), host="127.0.0.1")
+        server.start()
+        http, grpc = server.endpoints.http, server.endpoints.grpc
+    try:
+        clients = {name: DFlashClient(http, model=name, grpc_url=grpc, timeout=1800) for name in ("dflash", "ar")}
+        for client in clients.values():  # warm up both models (first-call allocations)
+            client.complete(PROMPTS[0], protocol=args.protocol, max_tokens=8)
+        rows = []
+        for level in levels:
+            requests = args.requests or max(2 * level, 8)
+            order = ("dflash", "ar") if level % 2 else ("ar", "dflash")  # interleaved, alternating order
+            measured = {}
+            for name in order:
+                console.print(f"  concurrency {level:>3}: {name:<6} {requests} requests x {args.max_tokens} tokens ...")
+                measured[name] = run_level(clients[name], PROMPTS, level, requests, args.max_tokens, args.protocol)
+            lossless = all(measured["dflash"]["outputs"][p] == measured["ar"]["outputs"][p] for p in measured["ar"]["outputs"])
+            rows.append({"concurrency": level, "requests": requests, "lossless": lossless,
+                         **{f"{name}_{k}": v for name, m in measured.items() for k, v in m.items() if k != "outputs"}})
+    finally:
+        if server is not None:
+            server.stop()
+
+    table = Table(title=f"DFlash vs autoregressive through tritonserver ({args.protocol}, {args.max_tokens} tokens per request)")
+    for column in ("concurrency", "AR tok/s", "DFlash tok/s", "speedup", "AR tok/s/user", "DFlash tok/s/user",
+                   "speedup/user", "tau", "TTFT AR/DFlash ms", "lossless"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(
+            str(row["concurrency"]),
+            f"{row['ar_throughput']:.1f}", f"{row['dflash_throughput']:.1f}", f"{row['dflash_throughput'] / row['ar_throughput']:.2f}x",
+            f"{row['ar_per_user']:.1f}", f"{row['dflash_per_user']:.1f}", f"{row['dflash_per_user'] / row['ar_per_user']:.2f}x",
+            f"{row['dflash_tau']:.2f}", f"{row['ar_ttft_ms']:.0f} / {row['dflash_ttft_ms']:.0f}", "yes" if row["lossless"] else "NO",
+        )
+    console.print(table)
+    console.print(f"[dim]{platform.node()} {platform.machine()}, Python {sys.version.split()[0]}, {time.strftime('%Y-%m-%d')}[/]")
+    if args.json:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
