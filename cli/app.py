@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from trtllm_dflash.cli import build, generate, recipes, repo, serve
+from trtllm_dflash.cli import build, doctor, generate, plan, recipes, repo, serve
 from trtllm_dflash.errors import DFlashError
 
 app = typer.Typer(
@@ -43,6 +43,8 @@ app.command("generate")(generate.generate)
 app.add_typer(recipes.app, name="recipes")
 app.command("repo")(repo.repo)
 app.command("serve")(serve.serve)
+app.command("plan")(plan.plan)
+app.command("doctor")(doctor.doctor)
 app.command("build")(build.build)
 
 err_console = Console(stderr=True, highlight=False)
