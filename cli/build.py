@@ -72,8 +72,8 @@ def build(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name from the catalog (e.g. demo, qwen3-8b, gpt-oss-120b) or a target checkpoint directory."),
     gpu: Optional[str] = typer.Option(None, "--gpu", "-g", help="GPU type to build for (e.g. rtx-pro-6000, h100, b300)."),
     drafter: Optional[str] = typer.Option(None, "--drafter", help="DFlash drafter directory (z-lab layout); default: the catalog's drafter."),
-    recipe: Optional[Path] = typer.Option(None, "--recipe", help="Recipe YAML (keys in docs/build.md); flags override it."),
-    quant: Optional[str] = typer.Option(None, "--quant", "-q", help="bf16, fp16, fp8 or nvfp4 (default: the recipe's)."),
+    recipe: Optional[str] = typer.Option(None, "--recipe", help="Recipe YAML file or '<model>/<gpu>' name (docs/recipes.md); flags override it."),
+    quant: Optional[str] = typer.Option(None, "--quant", "-q", help="bf16, fp16, fp8 or nvfp4 (gpt-oss: the experts, mxfp4 as shipped); default: the recipe's."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: out/<model>-<gpu>)."),
     calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration text for FP8/NVFP4: .txt (a sample per line) or .jsonl with 'text'."),
     max_batch: Optional[int] = typer.Option(None, "--max-batch", help="Largest batch the engines accept."),
@@ -84,6 +84,7 @@ def build(
     as_json: bool = typer.Option(False, "--json", help="With --dry-run: print the plan as JSON."),
 ) -> None:
     """Build a DFlash deployment: checkpoints -> quantize -> ONNX -> validate -> engines -> repository."""
+    from trtllm_dflash.builder.plan import make_build_plan, render
     from trtllm_dflash.builder.spec import resolve_spec
 
     spec = resolve_spec(
@@ -91,9 +92,7 @@ def build(
         max_batch=max_batch, max_input_len=max_input_len, max_seq_len=max_seq_len, calibration=calibration,
     )
     console = Console(highlight=False)
-    from trtllm_dflash.builder.plan import make_plan, render
-
-    plan = make_plan(spec)
+    plan = make_build_plan(spec)
     if dry_run:
         if as_json:
             print(json.dumps(plan.to_dict(), indent=2, default=str))
@@ -110,11 +109,11 @@ def build(
     result = run_build(spec, out_dir, force=force, reporter=RichReporter(console))
     manifest = Path(out_dir) / "manifest.json"
     if result.complete:
-        console.print(f"[bold green]build complete[/]: {manifest}")
+        console.print(f"[bold green]build complete[/]: {escape(str(manifest))}")
         return
-    blocked = result.blocked
-    console.print(
-        f"[bold yellow]build stopped before {result.blocked_stage}[/]: {escape(blocked.problem)}; {escape(blocked.fix)}\n"
-        f"finished stages are kept and recorded in {manifest}"
-    )
+    for stage, blocked in result.blocked.items():
+        console.print(f"[bold yellow]{stage} cannot run here[/]: {escape(blocked.problem)}; {escape(blocked.fix)}")
+    for stage, needs in result.not_run.items():
+        console.print(f"[yellow]{stage} not run[/]: it needs {needs}")
+    console.print(f"the build stopped cleanly; finished stages are kept and recorded in {escape(str(manifest))}")
     raise typer.Exit(EXIT_STOPPED)

@@ -155,6 +155,7 @@ def build_engine(
     graph_profiles: list[dict[str, tuple[int, int, int]]],
     compute_capability: tuple[int, int],
     timing_cache: Path | None = None,
+    optimization_level: int = 3,
 ) -> dict[str, Any]:
     """Parse an ONNX graph and build one serialized engine; returns what the manifest records."""
     trt = flavour.trt
@@ -167,6 +168,7 @@ def build_engine(
         errors = [parser.get_error(i).desc() for i in range(parser.num_errors)]
         raise EngineBuildError(f"TensorRT could not parse {onnx_path.name}: {'; '.join(errors) or log.errors}", "re-export the graph")
     config = builder.create_builder_config()
+    config.builder_optimization_level = optimization_level
     if flavour.aot:
         config.num_compute_capabilities = 1
         config.set_compute_capability(_compute_capability_enum(trt, compute_capability), 0)

@@ -1,8 +1,9 @@
-"""What a build will do, where each stage can run, and how big its outputs will be.
+"""What a build will do on THIS machine: each stage, whether it runs here, and its output size.
 
-Computed from the resolved spec and cheap probes of this machine (installed packages by their
-metadata, a CUDA driver through ctypes), without importing torch or downloading anything, so
-`dflash-trt build --dry-run` answers instantly on any machine.
+The deployment plan (memory per GPU, concurrency, refusals) is the planner's (`trtllm_dflash.
+planning`, printed by `dflash-trt plan`); this adds the build's view: where each stage can run
+(probing installed packages by metadata and the CUDA driver through ctypes, never importing
+torch) and how big its outputs will be. Nothing is downloaded, so `--dry-run` is instant.
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import importlib.util
-import json
 import os
 from pathlib import Path
 
-from trtllm_dflash.builder import catalog
-from trtllm_dflash.builder.spec import BuildSpec, _local_shape
+from trtllm_dflash.builder.spec import BuildSpec
 
-BYTES_PER_PARAM = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nvfp4": 0.5625, "mxfp4": 0.5625}
+BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nvfp4": 4.5 / 8, "mxfp4": 4.25 / 8}
+# Above this many target parameters the CPU check of the graphs is skipped (and recorded): the
+# float32 reference and the graph together need several times the weights in RAM.
+CPU_VALIDATION_MAX_PARAMS = 3e9
 
 
 @dataclasses.dataclass
@@ -27,24 +29,25 @@ class StagePlan:
     where: str
     runs_here: bool
     output: str
+    optional: bool = False  # a stage whose absence does not stop the build (the repository)
 
 
 @dataclasses.dataclass
-class Plan:
+class BuildPlan:
     spec: BuildSpec
-    facts: list[tuple[str, str]]
     stages: list[StagePlan]
     notes: list[str]
 
     @property
-    def runs_fully_here(self) -> bool:
-        return all(s.runs_here for s in self.stages)
+    def stops_before(self) -> str | None:
+        return next((s.name for s in self.stages if not s.runs_here and not s.optional), None)
 
     def to_dict(self) -> dict:
         return {
             "recipe": self.spec.to_dict(),
-            "facts": dict(self.facts),
+            "deployment": self.spec.plan.to_dict(),
             "stages": [dataclasses.asdict(s) for s in self.stages],
+            "stops_before": self.stops_before,
             "notes": self.notes,
         }
 
@@ -68,171 +71,129 @@ def cuda_devices() -> int:
         return 0
 
 
-def gb(value: float) -> str:
+def size(value: float) -> str:
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if value >= scale:
             return f"{value / scale:.1f} {unit}"
     return f"{value:.0f} B"
 
 
-def _hf_cached(repo: str) -> bool:
+def hf_cached(repo: str) -> bool:
     hub = os.environ.get("HF_HUB_CACHE") or os.path.join(os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub")
     return Path(hub, "models--" + repo.replace("/", "--")).is_dir()
 
 
-def _drafter_shape(spec: BuildSpec) -> tuple[float, int | None, int | None, int | None]:
-    """(params, layers, kv_heads, head_dim) of the drafter, from its files when local."""
-    path = _local_dir(spec.drafter)
-    if path is not None and (path / "config.json").is_file():
-        raw = json.loads((path / "config.json").read_text())
-        params = 0
-        for file in path.glob("*.safetensors"):
-            with open(file, "rb") as handle:
-                header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
-            for name, info in header.items():
-                if name != "__metadata__":
-                    n = 1
-                    for d in info["shape"]:
-                        n *= d
-                    params += n
-        heads = raw.get("num_attention_heads", 1)
-        return params, raw.get("num_hidden_layers"), raw.get("num_key_value_heads", heads), raw.get("head_dim")
-    model = catalog.find_model(spec.model)
-    return (model.drafter_params_b * 1e9 if model else 0.0), None, None, None
+def _checkpoint_where(spec: BuildSpec, params) -> tuple[str, bool]:
+    missing = []
+    for role, name in (("target", spec.target), ("drafter", spec.drafter)):
+        if name == "demo":
+            from trtllm_dflash.demo import DEMO_DIR
+
+            if not (DEMO_DIR / role / "config.json").is_file():
+                return "missing: the embedded demo pair is not installed in this trtllm-dflash", False
+        elif not Path(name).expanduser().is_dir() and not hf_cached(name):
+            missing.append(name)
+    if not missing:
+        return "here (local files)", True
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+    model = spec.recipe.model_spec()
+    total = size(model.published_checkpoint_gib * 1024**3) if model.published_checkpoint_gib else size(params.total * 2)
+    if offline:
+        return f"needs {', '.join(missing)} downloaded (offline here: `hf download NAME --local-dir DIR`)", False
+    return f"here, after downloading {', '.join(missing)} from Hugging Face (target ~{total})", True
 
 
-def _local_dir(name: str | None) -> Path | None:
-    if not name:
-        return None
-    if name == "demo":
-        return None  # see _demo_dir
-    path = Path(name).expanduser()
-    return path if path.is_dir() else None
+def make_build_plan(spec: BuildSpec) -> BuildPlan:
+    from trtllm_dflash.builder.pipeline import repository_writer
 
-
-def _demo_dir(role: str) -> Path | None:
-    from trtllm_dflash.demo import DEMO_DIR
-
-    path = DEMO_DIR / role
-    return path if (path / "config.json").is_file() else None
-
-
-def make_plan(spec: BuildSpec) -> Plan:
-    target_local = _demo_dir("target") if spec.target == "demo" else _local_dir(spec.target)
-    drafter_local = _demo_dir("drafter") if spec.drafter == "demo" else _local_dir(spec.drafter)
-    shape = spec.shape or (_local_shape(target_local) if target_local else None)
-    if drafter_local is not None:
-        spec_for_drafter = dataclasses.replace(spec, drafter=str(drafter_local))
-    else:
-        spec_for_drafter = spec
-    drafter_params, d_layers, d_kv, d_head = _drafter_shape(spec_for_drafter)
+    deployment = spec.plan
+    model = spec.recipe.model_spec()
+    params = model.params()
     gpus = cuda_devices()
-    facts: list[tuple[str, str]] = []
+    stages: list[StagePlan] = []
     notes: list[str] = []
 
-    facts.append(("model", f"{spec.model}: target {spec.target}, drafter {spec.drafter}"))
-    facts.append(("GPU", f"{spec.num_gpus} x {spec.gpu.label} (SM {spec.gpu.cc_text}, {spec.gpu.memory_gib:g} GB)"))
-    runtime = "TensorRT engines (trt runtime)" if spec.runtime == "trt" else "TensorRT-LLM PyTorch backend with native DFlash (trtllm runtime)"
-    facts.append(("runtime", runtime))
-    weights = f"target {spec.quant.upper()}" + (" (published MXFP4 MoE experts)" if spec.quant == "mxfp4" else "")
-    facts.append(("precision", f"{weights}; drafter {spec.drafter_dtype.upper()}; KV cache {'FP8' if spec.kv_cache_dtype == 'fp8' else spec.compute_dtype.upper()}"))
-    facts.append(("limits", f"max batch {spec.max_batch}, max input {spec.max_input_len}, max sequence {spec.max_seq_len}, block size {spec.block_size or 'from the drafter'}"))
-    if spec.runtime == "trt":
-        facts.append(("engine builder", f"{spec.trt_flavour} " + ("(ahead of time, no GPU needed)" if spec.trt_flavour == "tensorrt-rtx" else f"(on a {spec.gpu.name})")))
-    else:
-        facts.append(("parallelism", ", ".join(f"{k} {v}" for k, v in spec.trtllm) or f"{spec.num_gpus} GPUs"))
+    where, here = _checkpoint_where(spec, params)
+    stages.append(StagePlan("checkpoints", "validate the target/drafter pair; check and hash every safetensors file", where, here, "digests"))
 
-    params = shape.params_b * 1e9 if shape else 0.0
-    checkpoint_bytes = shape.checkpoint_gb * 1e9 if shape else 0.0
-    weight_bytes = params * BYTES_PER_PARAM.get(spec.quant, 2.0)
-    if spec.quant == "mxfp4" and shape:
-        weight_bytes = checkpoint_bytes
-    if shape:
-        kv_token = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * (1 if spec.kv_cache_dtype == "fp8" else 2)
-        kv_total = kv_token * spec.max_batch * spec.max_seq_len
-        per_gpu = (weight_bytes + kv_total) / spec.num_gpus
-        facts.append(("memory per GPU", f"~{gb(weight_bytes / spec.num_gpus)} target weights + ~{gb(kv_total / spec.num_gpus)} KV cache at max batch x max sequence ({gb(kv_token)} per token) = ~{gb(per_gpu)} of {spec.gpu.memory_gib:g} GB"))
-        if per_gpu > spec.gpu.memory_gib * 1e9 * 0.9:
-            notes.append(f"does not fit: ~{gb(per_gpu)} per GPU exceeds 90% of {spec.gpu.memory_gib:g} GB; lower max_batch or max_seq_len")
-
-    stages: list[StagePlan] = []
-    if target_local is not None:
-        where, here = "here (local files)", True
-    elif spec.target == "demo":
-        where, here = "missing: the embedded demo pair is not installed", False
-    else:
-        cached = _hf_cached(spec.target)
-        where = "here (Hugging Face cache)" if cached else f"here; downloads {spec.target} ({gb(checkpoint_bytes)}) and {spec.drafter} first"
-        here = True
-    stages.append(StagePlan("checkpoints", "validate the pair, check and hash every safetensors file", where, here, f"digests only (reads {gb(checkpoint_bytes) if checkpoint_bytes else 'the checkpoint'})"))
-
-    if spec.quant in ("fp32", "bf16", "fp16"):
-        stages.append(StagePlan("quantize", f"nothing to do ({spec.quant.upper()} weights are cast at export)", "here", True, "none"))
-    elif spec.quant == "mxfp4":
-        stages.append(StagePlan("quantize", "nothing to do: TensorRT-LLM runs the published MXFP4 experts natively", "here", True, "none"))
-    elif spec.quant == "fp8":
-        where = "here (GPU)" if gpus else "here on CPU (ModelOpt FP8 PTQ works on CPU; a GPU is much faster for large models)"
-        stages.append(StagePlan("quantize", f"ModelOpt FP8 PTQ on {spec.calibration.dataset} calibration text ({spec.calibration.num_samples} samples)" + (", FP8 KV cache" if spec.kv_cache_dtype == "fp8" else ""), where, has_module("modelopt"), f"~{gb(weight_bytes)} FP8 checkpoint"))
-    else:
+    weights = deployment.budget.target_weights * deployment.layout.tp
+    if not spec.quantized and spec.experts not in ("nvfp4",):
+        what = "nothing to do" + (f" ({spec.quant} weights are cast at export)" if spec.runtime == "trt" else " (TensorRT-LLM loads the checkpoint)")
+        stages.append(StagePlan("quantize", what, "here", True, "none"))
+    elif model.native_expert_precision == "mxfp4" and spec.experts == "nvfp4" and not spec.quantized:
+        stages.append(StagePlan(
+            "quantize", "convert the published MXFP4 experts to NVFP4",
+            "not implemented in this build: serve the MXFP4 experts as published with --quant mxfp4 (TensorRT-LLM runs them natively)",
+            False, f"~{size(weights)} NVFP4 checkpoint",
+        ))
+    elif "nvfp4" in (spec.quant, spec.experts):
         here = gpus > 0 and has_module("modelopt")
-        where = "here (GPU)" if here else "needs a CUDA GPU: ModelOpt's NVFP4 calibration runs CUDA kernels (the build stops before this stage here)"
-        stages.append(StagePlan("quantize", f"ModelOpt NVFP4 PTQ on {spec.calibration.dataset} calibration text", where, here, f"~{gb(weight_bytes)} NVFP4 checkpoint"))
+        where = "here (CUDA GPU)" if here else "needs a CUDA GPU: ModelOpt's NVFP4 calibration runs CUDA kernels"
+        stages.append(StagePlan("quantize", f"ModelOpt NVFP4 PTQ ({spec.calibration.num_samples} samples of {spec.calibration.dataset} text)", where, here, f"~{size(weights)} NVFP4 checkpoint"))
+    else:
+        where = "here (GPU)" if gpus else "here on CPU (ModelOpt FP8 PTQ runs on CPU; a GPU is much faster for large models)"
+        kv = ", FP8 KV-cache scales" if spec.kv_cache_dtype == "fp8" else ""
+        stages.append(StagePlan("quantize", f"ModelOpt FP8 PTQ ({spec.calibration.num_samples} samples of {spec.calibration.dataset} text{kv})", where, has_module("modelopt"), f"~{size(weights)} FP8 checkpoint"))
 
     if spec.runtime == "trtllm":
-        stages.append(StagePlan("trtllm", "write llm_api.yaml (speculative_config: DFlash, parallelism, KV cache, CUDA graphs, MoE backend) and check it", "here", True, "a few KB"))
-        notes.append("no TensorRT engines: TensorRT-LLM's PyTorch backend loads the checkpoints directly (its engine flow has no DFlash)")
+        stages.append(StagePlan("trtllm", "write llm_api.yaml (DFlash speculative_config, parallel layout, KV cache, CUDA graphs, MoE backend) and check every key", "here", True, "a few KB"))
+        notes.append("no TensorRT engines: TensorRT-LLM's PyTorch backend runs the checkpoints (its engine flow has no DFlash)")
     else:
-        graph_bytes = (spec.compute_dtype == "fp32" and 4 or 2)
-        target_graph = params * graph_bytes
-        drafter_graph = drafter_params * graph_bytes + (2 * shape.vocab_size * shape.hidden_size * graph_bytes if shape else 0)
+        from trtllm_dflash.builder.spec import export_support
+
+        graph_bytes = BYTES[spec.compute_dtype]
+        target_graph = params.total * graph_bytes if spec.quant in ("fp32", "bf16", "fp16") else weights
+        drafter_params = model.drafter.num_params() if model.drafter else 0
+        drafter_graph = (drafter_params + params.embedding + params.lm_head) * graph_bytes
         variants = list(spec.graphs)
-        export_ok = spec.quant not in ("fp8", "nvfp4")
+        blocked = export_support(spec)
         stages.append(StagePlan(
-            "export", f"ONNX graphs ({', '.join(variants)}): target prefill/verify with KV-cache I/O + hidden taps; drafter block step",
-            "here (CPU)" if export_ok else f"not yet: {spec.quant} Q/DQ export is not implemented (use --quant bf16, or runtime trtllm)",
-            export_ok, f"~{gb((target_graph + drafter_graph) * len(variants))}",
+            "export", f"ONNX graphs ({', '.join(variants)}): target prefill/verify with KV-cache I/O and hidden taps {list(model.drafter.target_layer_ids) if model.drafter else []}; drafter block step",
+            "here (CPU)" if blocked is None else f"not supported: {blocked}", blocked is None, f"~{size((target_graph + drafter_graph) * len(variants))}",
         ))
-        too_big = params > 3e9
-        stages.append(StagePlan("validate", "evaluate the graphs with onnxruntime on CPU against the torch runtime (prefill, verify, draft, greedy decode)",
-                                "skipped: target too large for a CPU check (the GPU gate checks the engines)" if too_big else "here (CPU)", True, "report.json"))
-        if spec.trt_flavour == "tensorrt-rtx":
+        too_big = params.total > CPU_VALIDATION_MAX_PARAMS
+        stages.append(StagePlan(
+            "validate", "evaluate the graphs with onnxruntime on CPU against the torch runtime (prefill, verify, draft, greedy decode)",
+            "recorded as skipped: target too large for a CPU check (the GPU gate in docs/build.md checks the engines)" if too_big else "here (CPU)",
+            True, "report.json",
+        ))
+        flavour = spec.trt_flavour
+        if flavour == "tensorrt-rtx":
             here = has_module("tensorrt_rtx_bindings")
-            where = "here (TensorRT-RTX builds ahead of time without a GPU)" if here else "needs TensorRT-RTX: pip install 'trtllm-dflash[rtx]'"
+            where = "here (TensorRT-RTX builds ahead of time, no GPU needed)" if here else "needs TensorRT-RTX: pip install 'trtllm-dflash[rtx]'"
         else:
             here = has_module("tensorrt") and gpus > 0
             if not has_module("tensorrt"):
-                where = f"needs full TensorRT and a {spec.gpu.name}: pip install 'trtllm-dflash[trt]' on the GPU machine (or NVIDIA's TensorRT container)"
+                where = f"needs full TensorRT and a {spec.gpu.name}: pip install 'trtllm-dflash[trt]' on the GPU machine, or NVIDIA's TensorRT container"
             elif gpus == 0:
-                where = f"needs a {spec.gpu.name} GPU (full TensorRT builds on the GPU it targets)"
+                where = f"needs a {spec.gpu.name} (full TensorRT builds on the GPU it targets)"
             else:
                 where = "here (GPU)"
-        stages.append(StagePlan("engines", f"{spec.trt_flavour} engines for SM {spec.gpu.cc_text}: target (verify + prefill profiles), drafter", where, here, f"~{gb(target_graph + drafter_graph)} (native variant)"))
+        stages.append(StagePlan("engines", f"{flavour} engines for SM {spec.gpu.compute_capability_str}: target (verify + prefill profiles) and drafter, batch <= {spec.max_batch}, sequence <= {spec.max_seq_len}", where, here, f"~{size(target_graph + drafter_graph)} per variant"))
         if "plugin" in variants:
-            notes.append("plugin graph variant: exported when the DFlash plugin nodes are installed; TensorRT-RTX engines are built from the native graphs only")
+            notes.append("plugin graphs: exported when the DFlash plugin nodes are installed; TensorRT-RTX builds the plugin-free ones (a Python plugin aborts its builder)")
+        if spec.kv_cache_dtype == "fp8":
+            notes.append("FP8 KV cache: the engines keep K/V in the graph's dtype (the FP8 KV cache is implemented for the trtllm runtime)")
+    writer = repository_writer()
+    stages.append(StagePlan(
+        "repository", "Triton model repository (Python backend over the engines, or the tensorrt_llm model)",
+        "here" if writer else "not installed (serving part of the toolkit)", writer is not None, "a few KB", optional=True,
+    ))
+    return BuildPlan(spec, stages, notes)
 
-    from trtllm_dflash.builder.pipeline import repository_writer  # light: imports no torch
 
-    has_repo = repository_writer() is not None
-    stages.append(StagePlan("repository", "Triton model repository", "here" if has_repo else "not installed (serving part): `dflash-trt repo --build OUT` later", has_repo, "a few KB + links"))
-    return Plan(spec, facts, stages, notes)
-
-
-def render(plan: Plan, console) -> None:
+def render(plan: BuildPlan, console) -> None:
     from rich.markup import escape
 
-    console.print(f"[bold]Build plan[/] ({plan.spec.source})")
-    for key, value in plan.facts:
-        console.print(f"  [cyan]{key:15}[/] {escape(value)}")
-    console.print("[bold]Stages[/]")
+    from trtllm_dflash.cli.plan import print_plan
+
+    print_plan(plan.spec.plan, console)
+    console.print(f"[bold]On this machine[/] ({escape(plan.spec.source)}):")
     for stage in plan.stages:
-        if stage.name == "repository" and not stage.runs_here:
-            mark = "[dim]-[/]"
-        else:
-            mark = "[green]✓[/]" if stage.runs_here else "[yellow]✗[/]"
+        mark = "[green]✓[/]" if stage.runs_here else ("[dim]-[/]" if stage.optional else "[yellow]✗[/]")
         console.print(f"  {mark} [bold]{stage.name:12}[/] {escape(stage.action)}")
-        console.print(f"    {'':12} where: {escape(stage.where)}; output: {escape(stage.output)}")
+        console.print(f"    {'':12} [dim]where:[/] {escape(stage.where)}; [dim]output:[/] {escape(stage.output)}")
     for note in plan.notes:
         console.print(f"  [dim]note:[/] {escape(note)}")
-    blocked = [s.name for s in plan.stages if not s.runs_here and s.name != "repository"]
-    if blocked:
-        console.print(f"  [yellow]on this machine the build stops before: {blocked[0]}[/]")
+    if plan.stops_before:
+        console.print(f"  [yellow]here the build stops before: {plan.stops_before} (finished stages are kept)[/]")

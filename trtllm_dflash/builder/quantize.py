@@ -19,7 +19,6 @@ from typing import Any, Callable
 
 import torch
 
-from trtllm_dflash.builder.spec import Calibration
 from trtllm_dflash.builder.stages import StageBlocked
 from trtllm_dflash.errors import CheckpointError, DFlashError
 
@@ -27,7 +26,7 @@ BUILTIN_CALIBRATION = Path(__file__).with_name("calibration.txt")
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 
-def calibration_texts(calibration: Calibration) -> list[str]:
+def calibration_texts(calibration) -> list[str]:
     """The calibration samples: the built-in mixed set (code, math, chat, prose) or a user file."""
     if calibration.dataset == "builtin":
         lines = BUILTIN_CALIBRATION.read_text().splitlines()
@@ -79,7 +78,7 @@ def quantize_target(
     out_dir: Path,
     quant: str,
     kv_cache_dtype: str,
-    calibration: Calibration,
+    calibration,
     progress: Callable[[str], None] = lambda text: None,
 ) -> dict[str, Any]:
     """Calibrate the target with ModelOpt and export it as a quantized Hugging Face checkpoint."""
@@ -99,7 +98,7 @@ def quantize_target(
         raise CheckpointError(f"target {target_dir} has no tokenizer, so it cannot be calibrated", "save the tokenizer next to the model")
     texts = calibration_texts(calibration)
     batches = [
-        target.tokenizer(text, return_tensors="pt", truncation=True, max_length=calibration.max_length)["input_ids"].to(device)
+        target.tokenizer(text, return_tensors="pt", truncation=True, max_length=calibration.max_seq_len)["input_ids"].to(device)
         for text in texts
     ]
 

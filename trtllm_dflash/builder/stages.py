@@ -83,18 +83,23 @@ class Stage:
     title: str
     run: Callable[[StageContext], dict[str, Any] | None]
     inputs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    depends: tuple[str, ...] = ()
+    depends: tuple[str, ...] = ()  # must be complete; their outputs enter this stage's key
+    uses: tuple[str, ...] = ()  # read when complete (and then part of the key), else done without
 
 
 @dataclasses.dataclass
 class BuildResult:
     records: dict[str, dict]
-    blocked: StageBlocked | None = None
-    blocked_stage: str | None = None
+    blocked: dict[str, StageBlocked] = dataclasses.field(default_factory=dict)
+    not_run: dict[str, str] = dataclasses.field(default_factory=dict)  # stage -> the unfinished stage it needs
 
     @property
     def complete(self) -> bool:
-        return self.blocked is None
+        return not self.blocked and not self.not_run
+
+    @property
+    def first_blocked(self) -> tuple[str, StageBlocked] | None:
+        return next(iter(self.blocked.items()), None)
 
 
 def prepare_out_dir(out: Path) -> Path:
@@ -144,9 +149,13 @@ class StageRunner:
 
     # ------------------------------------------------------------------ stages
 
+    @staticmethod
+    def upstream(stage: Stage, records: dict[str, dict]) -> dict[str, str]:
+        names = list(stage.depends) + [n for n in stage.uses if n in records]
+        return {name: records[name]["outputs_sha256"] for name in names}
+
     def key(self, stage: Stage, records: dict[str, dict]) -> str:
-        upstream = {name: records[name]["outputs_sha256"] for name in stage.depends}
-        return sha256_json({"stage": stage.name, "inputs": stage.inputs, "upstream": upstream})
+        return sha256_json({"stage": stage.name, "inputs": stage.inputs, "upstream": self.upstream(stage, records)})
 
     def completed(self, name: str, key: str | None = None) -> dict | None:
         """The record of a finished stage directory (with a matching key, if given)."""
@@ -171,14 +180,15 @@ class StageRunner:
         workdir.mkdir()
         started = now()
         try:
-            ctx = StageContext(workdir, self.out, {n: records[n] for n in stage.depends}, self.reporter)
+            upstream = self.upstream(stage, records)
+            ctx = StageContext(workdir, self.out, {n: records[n] for n in upstream}, self.reporter)
             summary = stage.run(ctx) or {}
             files = files_digest(workdir)
             record = {
                 "stage": stage.name,
                 "key": key,
                 "inputs": stage.inputs,
-                "upstream": {n: records[n]["outputs_sha256"] for n in stage.depends},
+                "upstream": upstream,
                 "summary": summary,
                 "files": files,
                 "outputs_sha256": sha256_json({"files": files, "summary": summary}),
@@ -206,16 +216,19 @@ class StageRunner:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
 
-    def run(self, stages: list[Stage], on_record: Callable[[dict[str, dict], StageBlocked | None, str | None], None] | None = None) -> BuildResult:
-        """Run stages in order; stop cleanly at the first one that cannot run here."""
-        records: dict[str, dict] = {}
+    def run(self, stages: list[Stage], on_change: Callable[["BuildResult"], None] | None = None) -> BuildResult:
+        """Run stages in order. A stage this machine cannot run is recorded as blocked and the
+        build goes on with the stages that do not need it, then stops cleanly."""
+        result = BuildResult({})
         for stage in stages:
+            missing = [name for name in stage.depends if name not in result.records]
+            if missing:
+                result.not_run[stage.name] = missing[0]
+                continue
             try:
-                records[stage.name] = self.run_stage(stage, records)
+                result.records[stage.name] = self.run_stage(stage, result.records)
             except StageBlocked as blocked:
-                if on_record is not None:
-                    on_record(records, blocked, stage.name)
-                return BuildResult(records, blocked, stage.name)
-            if on_record is not None:
-                on_record(records, None, None)
-        return BuildResult(records)
+                result.blocked[stage.name] = blocked
+            if on_change is not None:
+                on_change(result)
+        return result

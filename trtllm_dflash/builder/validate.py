@@ -16,8 +16,9 @@ import torch
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.base import Runtime
 
-# Relative tolerance (max |a - b| / max |b|) per evaluation precision of the graph.
-TOLERANCE = {"fp32": 1e-4, "bf16": 1e-4, "fp16": 3e-2, "fp8": 1e-4}
+# Relative tolerance (max |a - b| / max |b|). Graphs are evaluated in float32 (16-bit graphs as a
+# float32 copy with the same rounded weights), so only the order of float32 operations differs.
+TOLERANCE = 1e-4
 
 
 class ValidationError(DFlashError):
