@@ -101,6 +101,9 @@ def build(
         return
     render(plan, console)
     out_dir = out or Path("out") / f"{spec.model}-{spec.gpu.name}"
+    from trtllm_dflash.builder.stages import prepare_out_dir
+
+    prepare_out_dir(out_dir)  # a file or a read-only place fails here, before anything is loaded
 
     from trtllm_dflash.builder.pipeline import run_build
     from trtllm_dflash.cli.common import quiet_libraries

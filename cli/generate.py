@@ -34,6 +34,8 @@ def generate(
     stream: bool = typer.Option(False, "--stream", help="With --url: print tokens as the server streams them."),
     protocol: str = typer.Option("http", "--protocol", help="With --url --stream: http (server-sent events) or grpc."),
     grpc_url: Optional[str] = typer.Option(None, "--grpc-url", help="With --protocol grpc: host:port (default: --url's host, port 8001)."),
+    engines: Optional[Path] = typer.Option(None, "--engines", help="Run the TensorRT engines of a build (its engines/ folder or --out directory; GPU)."),
+    onnx: Optional[Path] = typer.Option(None, "--onnx", help="Run a build's ONNX graphs on CPU with onnxruntime (its --out directory)."),
 ) -> None:
     """Generate text for one or more prompts; prints tokens, acceptance lengths and speed."""
     if url is not None:  # through a server: the client does the rest
@@ -42,8 +44,10 @@ def generate(
         prompts = read_prompts(prompt, prompt_file)
         sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         return generate_remote(url, model_name, prompts, sampling, stream, protocol, grpc_url, as_json)
-    if target is None:
-        raise DFlashError("no model to run", "pass --target DIR (and --drafter DIR), or --target demo --drafter demo")
+    if sum(x is not None for x in (target, engines, onnx)) > 1:
+        raise DFlashError("name one model source: --target, --engines or --onnx", "drop the others")
+    if target is None and engines is None and onnx is None:
+        raise DFlashError("no model to run", "pass --target DIR (and --drafter DIR), --target demo --drafter demo, --engines BUILD or --onnx BUILD")
     if device not in ("cpu", "cuda"):
         raise DFlashError(f"unknown device {device!r}", "use --device cpu or --device cuda")
     if max_new_tokens <= 0:
@@ -59,9 +63,20 @@ def generate(
     prompts = read_prompts(prompt, prompt_file)
 
     quiet_libraries()
-    from trtllm_dflash.api import DFlashPipeline
+    if engines is not None:  # the TensorRT engines of a build (GPU)
+        from trtllm_dflash.runtime.trt_runtime import load_engine_pipeline
 
-    pipe = DFlashPipeline.load(target, drafter, device=device, max_context=max_context)
+        folder = engines / "engines" if (engines / "engines" / "engines.json").is_file() else engines
+        pipe = load_engine_pipeline(folder, device="cuda", max_context=max_context)
+    elif onnx is not None:  # the exported graphs on CPU (what the engines were built from)
+        from trtllm_dflash.runtime.artifacts import load_onnx_pipeline
+
+        pipe = load_onnx_pipeline(onnx, max_context=max_context)
+        Console(stderr=True, highlight=False).print("[dim]running the build's ONNX graphs on CPU with onnxruntime[/]")
+    else:
+        from trtllm_dflash.api import DFlashPipeline
+
+        pipe = DFlashPipeline.load(target, drafter, device=device, max_context=max_context)
     outputs = pipe.generate(
         prompts,
         max_new_tokens=max_new_tokens,

@@ -293,9 +293,23 @@ def normalize(program) -> None:
 
 
 def _export(module: nn.Module, args: tuple, dynamic_shapes: tuple, input_names: list[str], output_names: list[str], path: Path, translations: dict | None):
+    import warnings
+
     import torch.onnx
 
-    program = torch.onnx.export(
+    with warnings.catch_warnings():  # the exporter's notes on axis names and torchvision are noise here
+        warnings.simplefilter("ignore", UserWarning)
+        program = _export_program(module, args, dynamic_shapes, input_names, output_names, translations)
+    normalize(program)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    program.save(str(path), external_data=_needs_external_data(module))
+    return program
+
+
+def _export_program(module, args, dynamic_shapes, input_names, output_names, translations):
+    import torch.onnx
+
+    return torch.onnx.export(
         module,
         args,
         dynamo=True,
@@ -307,10 +321,6 @@ def _export(module: nn.Module, args: tuple, dynamic_shapes: tuple, input_names: 
         optimize=True,
         verbose=False,
     )
-    normalize(program)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    program.save(str(path), external_data=_needs_external_data(module))
-    return program
 
 
 def _needs_external_data(module: nn.Module) -> bool:

@@ -1,0 +1,54 @@
+"""Pipelines over what `dflash-trt build` wrote: the ONNX graphs (CPU) and the engines (GPU).
+
+A build directory carries everything a runtime needs besides the weights' graphs: the drafter's
+config.json and the target's tokenizer, generation config and config.json (no weights).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from trtllm_dflash.errors import DFlashError
+
+
+def tokenizer_and_stops(directory: Path) -> tuple[object | None, tuple[int, ...]]:
+    """The tokenizer saved in `directory` and the end-of-sequence ids of the target."""
+    from transformers import AutoTokenizer
+
+    from trtllm_dflash.checkpoints import TOKENIZER_FILES
+
+    tokenizer = None
+    if any((directory / name).is_file() for name in TOKENIZER_FILES):
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True, trust_remote_code=False)
+    stops: set[int] = set()
+    for name in ("generation_config.json", "config.json"):
+        try:
+            value = json.loads((directory / name).read_text()).get("eos_token_id")
+        except (OSError, json.JSONDecodeError):
+            continue
+        stops.update([value] if isinstance(value, int) else [int(v) for v in value or []])
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        stops.add(int(tokenizer.eos_token_id))
+    return tokenizer, tuple(sorted(stops))
+
+
+def export_dir_of(path: str | Path) -> Path:
+    """The export/ folder of a build directory (or the folder itself if it is one)."""
+    path = Path(path).expanduser()
+    for candidate in (path, path / "export"):
+        if (candidate / "graphs.json").is_file():
+            return candidate
+    raise DFlashError(f"{path} holds no exported graphs (graphs.json)", "pass the --out directory of a `dflash-trt build` whose export stage finished")
+
+
+def load_onnx_pipeline(build_dir: str | Path, max_context: int | None = None, variant: str = "native"):
+    """A DFlashPipeline that runs a build's ONNX graphs on CPU with onnxruntime."""
+    from trtllm_dflash.api import DFlashPipeline
+    from trtllm_dflash.runtime.onnx_runtime import OnnxRuntime
+
+    export_dir = export_dir_of(build_dir)
+    runtime = OnnxRuntime(export_dir, variant)
+    tokenizer, stops = tokenizer_and_stops(export_dir / "tokenizer")
+    limit = int(runtime.info["bounds"]["max_seq_len"])
+    return DFlashPipeline(runtime, tokenizer, stops, max_context=min(max_context or limit, limit))

@@ -1,0 +1,227 @@
+"""The TensorRT runtime: the engines of `dflash-trt build` behind the decoding loop's interface.
+
+One engine for the target (two optimization profiles: verify steps and prefill, one execution
+context each) and one for the drafter. The KV caches are torch CUDA tensors `[batch, capacity,
+kv_heads, head_dim]` with slot == position, exactly as in the torch runtime: the engines read a
+row's whole cache (slots past its length are masked inside the graph) and return the new K/V,
+which are written into place with torch on the same CUDA stream. Every call is enqueued with
+`execute_async_v3` on torch's current stream, so the decoding loop's one host read per step is
+the only synchronisation.
+
+Engines are tied to the TensorRT version and GPU architecture that built them; both are checked
+against engines.json before anything is loaded, with a message naming what to do.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trtllm_dflash.config import DrafterConfig
+from trtllm_dflash.errors import DFlashError, MissingDependencyError
+from trtllm_dflash.modeling.kv_cache import StaticKVCache
+from trtllm_dflash.runtime.base import Runtime, TargetOutput
+
+
+def _torch_dtype(trt, dtype) -> torch.dtype:
+    table = {
+        trt.float32: torch.float32,
+        trt.float16: torch.float16,
+        trt.bfloat16: torch.bfloat16,
+        trt.int64: torch.int64,
+        trt.int32: torch.int32,
+        trt.bool: torch.bool,
+    }
+    if hasattr(trt, "fp8"):
+        table[trt.fp8] = torch.float8_e4m3fn
+    return table[dtype]
+
+
+class EngineGraph:
+    """One deserialized engine with an execution context per optimization profile."""
+
+    def __init__(self, trt, runtime, path: Path) -> None:
+        self.trt = trt
+        self.engine = runtime.deserialize_cuda_engine(path.read_bytes())
+        if self.engine is None:
+            raise DFlashError(
+                f"TensorRT could not load {path} (built by another TensorRT version or for another GPU)",
+                "rebuild the engines on this machine with `dflash-trt build --force`",
+            )
+        stream = torch.cuda.current_stream().cuda_stream
+        self.contexts = []
+        for profile in range(self.engine.num_optimization_profiles):
+            context = self.engine.create_execution_context()
+            context.set_optimization_profile_async(profile, stream)
+            self.contexts.append(context)
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        self.outputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+        self.dtypes = {n: _torch_dtype(trt, self.engine.get_tensor_dtype(n)) for n in names}
+
+    def max_shape(self, name: str, profile: int = 0) -> tuple[int, ...]:
+        return tuple(self.engine.get_tensor_profile_shape(name, profile)[2])
+
+    def run(self, profile: int, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Enqueue one inference on torch's current CUDA stream; returns the output tensors."""
+        context = self.contexts[profile]
+        keep = []
+        for name in self.inputs:
+            tensor = feed[name].to(self.dtypes[name]).contiguous()
+            keep.append(tensor)
+            context.set_input_shape(name, tuple(tensor.shape))
+            context.set_tensor_address(name, tensor.data_ptr())
+        outputs = {}
+        for name in self.outputs:
+            shape = tuple(context.get_tensor_shape(name))
+            outputs[name] = torch.empty(shape, dtype=self.dtypes[name], device="cuda")
+            context.set_tensor_address(name, outputs[name].data_ptr())
+        if not context.execute_async_v3(torch.cuda.current_stream().cuda_stream):
+            raise DFlashError("TensorRT failed to run an engine", "check the shapes against the recipe's limits")
+        return outputs
+
+
+class TrtRuntime(Runtime):
+    """Target and drafter TensorRT engines of one build, on the current CUDA device."""
+
+    def __init__(self, engines_dir: str | Path, variant: str = "native") -> None:
+        engines_dir = Path(engines_dir)
+        info_file = engines_dir / "engines.json"
+        if not info_file.is_file():
+            raise DFlashError(f"{engines_dir} has no engines.json", "point --engines at the engines/ folder of a `dflash-trt build`")
+        info = json.loads(info_file.read_text())
+        if variant not in info["engines"]:
+            raise DFlashError(f"{engines_dir} has no {variant} engines (built: {', '.join(info['engines'])})", "pick a built variant")
+        self.info = info
+        trt = _import_flavour(info["flavour"], info["tensorrt_version"])
+        if not torch.cuda.is_available():
+            raise MissingDependencyError("the TensorRT runtime needs a CUDA GPU and none is visible", "run on the GPU the engines were built for")
+        major, minor = torch.cuda.get_device_capability()
+        built = tuple(int(x) for x in info["compute_capability"].split("."))
+        if (major, minor) != built and not (info["aot"] and major == built[0]):
+            raise MissingDependencyError(
+                f"these engines are for SM {info['compute_capability']} ({info['gpu']}); this GPU is SM {major}.{minor}",
+                "rebuild for this GPU (`dflash-trt build --gpu ...`) or run on the GPU they were built for",
+            )
+        self.trt = trt
+        self._runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        engines = info["engines"][variant]
+        self.target_engine = EngineGraph(trt, self._runtime, engines_dir / variant / engines["target"]["file"])
+        self.drafter_engine = EngineGraph(trt, self._runtime, engines_dir / variant / engines["drafter"]["file"]) if "drafter" in engines else None
+        graphs = info["graphs"]["variants"][variant]
+        self.target = graphs["target"]
+        self.drafter = graphs.get("drafter")
+        self.drafter_config = DrafterConfig.from_dir(engines_dir / "drafter") if self.drafter_engine is not None else None
+        self.vocab_size = int(info["graphs"]["vocab_size"])
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.block_size = int(info["block_size"])
+        self.cache_dtype = self.target_engine.dtypes["past_key_0"]
+        self.target_cache: StaticKVCache | None = None
+        self.draft_cache: StaticKVCache | None = None
+
+    # ------------------------------------------------------------------ caches
+
+    def allocate(self, max_batch: int, capacity: int) -> None:
+        max_batch_engine = self.target_engine.max_shape("input_ids", 0)[0]
+        max_slots = self.target_engine.max_shape("past_key_0", 0)[1]
+        if max_batch > max_batch_engine or capacity > max_slots:
+            raise DFlashError(
+                f"asked for {max_batch} rows of {capacity} slots; the engines take at most {max_batch_engine} rows of {max_slots}",
+                "lower the batch or the context, or rebuild with larger limits in the recipe",
+            )
+        t = self.target
+        self.target_cache = StaticKVCache(t["num_layers"], max_batch, capacity, t["kv_heads"], t["head_dim"], self.cache_dtype, self.device)
+        if self.drafter_engine is not None:
+            d = self.drafter
+            self.draft_cache = StaticKVCache(d["num_layers"], max_batch, capacity, d["kv_heads"], d["head_dim"], self.cache_dtype, self.device)
+        self.max_batch, self.capacity = max_batch, capacity
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        self.target_cache.keep_rows(index)
+        if self.draft_cache is not None:
+            self.draft_cache.keep_rows(index)
+
+    @staticmethod
+    def _cache_feed(layers) -> dict[str, torch.Tensor]:
+        """A row slice of the cache is contiguous; the engine reads all its slots (masked past each length)."""
+        feed = {}
+        for i, layer in enumerate(layers):
+            feed[f"past_key_{i}"] = layer.keys
+            feed[f"past_value_{i}"] = layer.values
+        return feed
+
+    # ------------------------------------------------------------------ forward passes
+
+    @torch.inference_mode()
+    def target_forward(self, rows, tokens, starts, span, logits_at=None) -> TargetOutput:
+        batch, count = tokens.shape
+        layers = self.target_cache.rows(rows)
+        index = logits_at.view(-1, 1) if logits_at is not None else torch.arange(count, device=self.device).expand(batch, -1)
+        profile = 0 if count <= self.target_engine.max_shape("input_ids", 0)[1] else 1
+        feed = {"input_ids": tokens, "starts": starts, "logit_index": index, **self._cache_feed(layers)}
+        out = self.target_engine.run(profile, feed)
+        positions = starts.view(-1, 1) + torch.arange(count, device=self.device)
+        row_index = torch.arange(batch, device=self.device).view(-1, 1)
+        for i, layer in enumerate(layers):
+            layer.keys[row_index, positions] = out[f"new_key_{i}"]
+            layer.values[row_index, positions] = out[f"new_value_{i}"]
+        return TargetOutput(logits=out["logits"], features=out["features"])
+
+    @torch.inference_mode()
+    def draft_forward(self, rows, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:
+        layers = self.draft_cache.rows(rows)
+        feed = {"block_ids": block, "ctx_features": ctx_features, "new_counts": new_counts, "cache_lens": cache_lens, **self._cache_feed(layers)}
+        out = self.drafter_engine.run(0, feed)
+        for i, layer in enumerate(layers):
+            append_rows(layer.keys, cache_lens, out[f"new_key_{i}"], new_counts)
+            append_rows(layer.values, cache_lens, out[f"new_value_{i}"], new_counts)
+        return out["logits"]
+
+
+def append_rows(cache: torch.Tensor, lengths: torch.Tensor, new: torch.Tensor, counts: torch.Tensor) -> None:
+    """Write the first counts[r] rows of new[r] at slots lengths[r]... without a host sync."""
+    rows, n = new.shape[:2]
+    steps = torch.arange(n, device=new.device).view(1, -1)
+    slots = (lengths.view(-1, 1) + steps).clamp(max=cache.shape[1] - 1)
+    row_index = torch.arange(rows, device=new.device).view(-1, 1)
+    valid = (steps < counts.view(-1, 1)).view(rows, n, *([1] * (new.dim() - 2)))
+    cache[row_index, slots] = torch.where(valid, new.to(cache.dtype), cache[row_index, slots])
+
+
+def _import_flavour(flavour: str, built_version: str):
+    try:
+        if flavour == "tensorrt-rtx":
+            import tensorrt_rtx_bindings as trt
+        else:
+            import tensorrt as trt
+    except ImportError:
+        from trtllm_dflash.builder.engines import INSTALL_HINT
+
+        raise MissingDependencyError(f"the engines were built with {flavour} {built_version}, which is not installed", INSTALL_HINT[flavour]) from None
+    if trt.__version__ != built_version:
+        raise MissingDependencyError(
+            f"the engines were built with {flavour} {built_version}, but {trt.__version__} is installed (engines do not load across versions)",
+            f"install {flavour}=={built_version}, or rebuild with `dflash-trt build --force`",
+        )
+    return trt
+
+
+def load_engine_pipeline(engines_dir: str | Path, device: str = "cuda", max_context: int | None = None, variant: str = "native"):
+    """A DFlashPipeline over the engines of a build (the serving model and `generate --engines` use it)."""
+    from trtllm_dflash.api import DFlashPipeline
+    from trtllm_dflash.runtime.artifacts import tokenizer_and_stops
+
+    if device == "cpu":
+        raise MissingDependencyError("TensorRT engines run on a GPU, not on the CPU", "use --device cuda, or `generate --onnx BUILD` on CPU")
+    engines_dir = Path(engines_dir)
+    runtime = TrtRuntime(engines_dir, variant)
+    tokenizer, stops = tokenizer_and_stops(engines_dir / "tokenizer")
+    limit = int(runtime.info["bounds"]["max_seq_len"])
+    return DFlashPipeline(runtime, tokenizer, stops, max_context=min(max_context or limit, limit))
+
+
+def engine_summary(engines_dir: str | Path) -> dict[str, Any]:
+    return json.loads((Path(engines_dir) / "engines.json").read_text())
