@@ -58,8 +58,10 @@ def process_logits(
         n_less_equal = torch.searchsorted(ascending.contiguous(), probs.contiguous(), right=True)
         mass_greater = cumulative[..., -1:] - cumulative.gather(-1, (n_less_equal - 1).clamp_min(0))
         keep_p = (p >= 1) | (mass_greater < p)
-        probs = probs * keep_p
-        probs = probs / probs.sum(dim=-1, keepdim=True)
+        kept = probs * keep_p
+        # renormalise only the rows that use top-p, so a row's distribution (and its samples)
+        # does not depend on the other rows of the batch
+        probs = torch.where(p < 1, kept / kept.sum(dim=-1, keepdim=True), probs)
 
     if bool(greedy.any()):
         one_hot = F.one_hot(logits.argmax(dim=-1), vocab).to(probs.dtype)
@@ -156,6 +158,43 @@ def verify_block(
     return num_accepted, bonus
 
 
+VERIFY_RESULT_COLUMNS = ("accepted", "bonus", "next_start", "committed", "stopped")
+
+
+def verify_block_packed(
+    target_logits: torch.Tensor,
+    block_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    seed: torch.Tensor,
+    start: torch.Tensor,
+    stop_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`verify_block` plus the bookkeeping a device-resident loop needs, in one int64 `[b, 5]`.
+
+    Columns (`VERIFY_RESULT_COLUMNS`): accepted drafts; bonus token (the next anchor); next start
+    (`start + accepted + 1`, the position of the next anchor); committed tokens this step (the
+    accepted drafts and the bonus, cut after the first stop token); stopped (1 if a stop token
+    was committed). `stop_ids [b, S]` lists each row's stop tokens, -1 for unused entries.
+    """
+    accepted, bonus = verify_block(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start)
+    batch, block = block_tokens.shape
+    committed, stopped = accepted + 1, torch.zeros_like(accepted)
+    if stop_ids is not None and stop_ids.numel():
+        index = torch.arange(block, device=block_tokens.device)
+        tokens = torch.cat([block_tokens[:, 1:], bonus.view(-1, 1)], dim=1)  # token i is committed i-th
+        tokens = torch.where(index < accepted.view(-1, 1), tokens, bonus.view(-1, 1))
+        is_stop = ((tokens.unsqueeze(-1) == stop_ids.unsqueeze(1)) & (stop_ids.unsqueeze(1) >= 0)).any(-1)
+        is_stop &= index <= accepted.view(-1, 1)
+        first = torch.where(is_stop, index, block).min(dim=1).values
+        stopped = (first <= accepted).to(torch.int64)
+        committed = torch.where(stopped.bool(), first + 1, committed)
+    next_start = start.to(torch.int64) + accepted + 1
+    return torch.stack([accepted, bonus, next_start, committed, stopped], dim=1).to(torch.int64)
+
+
 # ----------------------------------------------------------------------------- block attention
 
 
@@ -226,3 +265,75 @@ def block_attention(
         enable_gqa=num_heads != keys.shape[2],
     )
     return out.transpose(1, 2).to(q.dtype)
+
+
+def block_attention_partials(
+    q: torch.Tensor,
+    k_block: torch.Tensor,
+    v_block: torch.Tensor,
+    k_ctx_new: torch.Tensor,
+    v_ctx_new: torch.Tensor,
+    new_counts: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_lens: torch.Tensor,
+    scale: float,
+    window: int,
+    splits: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split (flash-decoding) form of `block_attention`: per-split outputs and log-sum-exps.
+
+    Row r's visible context `[lo, L_r)` (lo = 0, or L_r - window + 1 for sliding layers) is cut
+    into `splits` chunks of ceil((L_r - lo) / splits) slots; the last split also holds the block's
+    own keys. Returns `partial_out [b, Hkv, splits, B*g, D]` (float32, normalised within the split,
+    0 where it sees no key) and `partial_lse [b, Hkv, splits, B*g]` (natural log, -inf where it
+    sees no key); query row m of KV head h is block position m // g, query head h*g + m % g.
+    `merge_partials` turns them into `block_attention`'s output. Appends like `block_attention`.
+    """
+    append_context(k_cache, v_cache, cache_lens, k_ctx_new, v_ctx_new, new_counts)
+    batch, block, num_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
+    group = num_heads // kv_heads
+    ctx_lens = (cache_lens + new_counts).tolist()
+    out = torch.zeros(batch, kv_heads, splits, block * group, head_dim, dtype=torch.float32, device=q.device)
+    lse = torch.full((batch, kv_heads, splits, block * group), float("-inf"), dtype=torch.float32, device=q.device)
+    t = torch.arange(block, device=q.device)
+    for r, length in enumerate(ctx_lens):
+        lo = max(length - window + 1, 0) if window > 0 else 0
+        chunk = -(-(length - lo) // splits)
+        # queries [Hkv, B*g, D]: row m = (t, j)
+        queries = q[r].float().view(block, kv_heads, group, head_dim).permute(1, 0, 2, 3).reshape(kv_heads, block * group, head_dim)
+        q_pos = length + t.repeat_interleave(group)
+        for s in range(splits):
+            begin, end = lo + s * chunk, min(lo + (s + 1) * chunk, length)
+            keys = [k_cache[r, begin:end].float()]
+            values = [v_cache[r, begin:end].float()]
+            key_pos = [torch.arange(begin, max(end, begin), device=q.device)]
+            if s == splits - 1:
+                keys.append(k_block[r].float())
+                values.append(v_block[r].float())
+                key_pos.append(length + t)
+            keys, values, key_pos = torch.cat(keys), torch.cat(values), torch.cat(key_pos)
+            if keys.shape[0] == 0:
+                continue
+            visible = torch.ones(q_pos.shape[0], key_pos.shape[0], dtype=torch.bool, device=q.device)
+            if window > 0:
+                visible = (key_pos.view(1, -1) <= q_pos.view(-1, 1)) & (key_pos.view(1, -1) > q_pos.view(-1, 1) - window)
+            scores = torch.einsum("hmd,nhd->hmn", queries, keys) * scale
+            scores = scores.masked_fill(~visible, float("-inf"))
+            row_lse = torch.logsumexp(scores, dim=-1)
+            seen = row_lse > float("-inf")
+            weights = torch.where(seen.unsqueeze(-1), torch.exp(scores - row_lse.unsqueeze(-1)), torch.zeros_like(scores))
+            out[r, :, s] = torch.einsum("hmn,nhd->hmd", weights, values)
+            lse[r, :, s] = row_lse
+    return out, lse
+
+
+def merge_partials(partial_out: torch.Tensor, partial_lse: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Combine `block_attention_partials` into `[b, B, Hq, D]` with `like`'s shape and dtype."""
+    batch, block, num_heads, head_dim = like.shape
+    kv_heads = partial_out.shape[1]
+    weights = torch.softmax(partial_lse, dim=2).nan_to_num(0.0)  # over splits
+    merged = (weights.unsqueeze(-1) * partial_out).sum(dim=2)  # [b, Hkv, B*g, D]
+    merged = merged.view(batch, kv_heads, block, num_heads // kv_heads, head_dim).permute(0, 2, 1, 3, 4)
+    return merged.reshape(batch, block, num_heads, head_dim).to(like.dtype)
