@@ -180,6 +180,10 @@ def verify_block_packed(
     was committed). `stop_ids [b, S]` lists each row's stop tokens, -1 for unused entries.
     """
     accepted, bonus = verify_block(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start)
+    return _commit(block_tokens, accepted, bonus, start, stop_ids)
+
+
+def _commit(block_tokens, accepted, bonus, start, stop_ids) -> torch.Tensor:
     batch, block = block_tokens.shape
     committed, stopped = accepted + 1, torch.zeros_like(accepted)
     if stop_ids is not None and stop_ids.numel():
@@ -193,6 +197,61 @@ def verify_block_packed(
         committed = torch.where(stopped.bool(), first + 1, committed)
     next_start = start.to(torch.int64) + accepted + 1
     return torch.stack([accepted, bonus, next_start, committed, stopped], dim=1).to(torch.int64)
+
+
+def verify_positions(
+    target_logits: torch.Tensor,
+    block_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    seed: torch.Tensor,
+    start: torch.Tensor,
+) -> torch.Tensor:
+    """The per-position form of `verify_block` (what the parallel kernel computes first).
+
+    Returns int32 `[b, B, 2]`: at block position t, [..., 0] says whether draft token t+1 is
+    accepted (0 at t = B-1), and [..., 1] is the token to emit if the accepted run ends at t: the
+    argmax for greedy rows; for sampled rows a sample of normalize(max(0, p_t - q_t)) (of p_t when
+    the residual has no mass, at t = B-1, or without draft probabilities). `verify_commit` turns
+    it into `verify_block_packed`'s result.
+    """
+    batch, block, vocab = target_logits.shape
+    greedy = (temperature <= 0).view(-1, 1)
+    drafts = block_tokens[:, 1:]
+    posterior = target_logits.argmax(dim=-1)
+    accept = torch.zeros(batch, block, dtype=torch.bool, device=target_logits.device)
+    accept[:, :-1] = drafts == posterior[:, :-1]
+    emit = posterior
+    if not bool(greedy.all()):
+        p = process_logits(target_logits, temperature, top_k, top_p)
+        positions = start.view(-1, 1) + torch.arange(1, block + 1, device=start.device)  # position t + 1
+        dist = p
+        if block > 1:
+            q = draft_probs if draft_probs is not None else torch.zeros_like(p[:, :-1])
+            p_draft = p[:, :-1].gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
+            q_draft = q.gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
+            u = rng.uniform(seed.view(-1, 1), positions[:, :-1], rng.STREAM_ACCEPT)
+            accept[:, :-1] = torch.where(greedy, accept[:, :-1], u * q_draft < p_draft)
+            if draft_probs is not None:
+                residual = (p[:, :-1] - q).clamp_min(0)
+                mass = residual.sum(dim=-1, keepdim=True)
+                residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p[:, :-1])
+                dist = torch.cat([residual, p[:, -1:]], dim=1)
+        sampled = sample_from_probs(dist, rng.counter_key(seed.view(-1, 1), positions, rng.STREAM_BONUS))
+        emit = torch.where(greedy, posterior, sampled)
+    return torch.stack([accept.to(torch.int32), emit.to(torch.int32)], dim=-1)
+
+
+def verify_commit(
+    decisions: torch.Tensor, block_tokens: torch.Tensor, start: torch.Tensor, stop_ids: torch.Tensor | None = None
+) -> torch.Tensor:
+    """From `verify_positions`' decisions to `verify_block_packed`'s `[b, 5]` result."""
+    accept = decisions[..., 0].to(torch.int64)
+    accepted = accept[:, :-1].cumprod(dim=-1).sum(dim=-1)
+    bonus = decisions[..., 1].to(torch.int64).gather(1, accepted.view(-1, 1)).squeeze(1)
+    return _commit(block_tokens, accepted, bonus, start, stop_ids)
 
 
 # ----------------------------------------------------------------------------- block attention

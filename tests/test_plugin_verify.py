@@ -44,9 +44,19 @@ def compare(logits, tokens, draft_probs, temperature, top_k, top_p, seed=None, s
     seed = torch.arange(batch) * 7919 - 3 if seed is None else seed
     start = torch.arange(batch) * 13 + 5 if start is None else start
     args = (logits, tokens, draft_probs, temperature, top_k, top_p, seed, start, stop_ids)
-    got = launch.verify_block(*args, block_v=block_v)
+    decisions = launch.verify_positions(*args[:-1], block_v=block_v)
+    got = launch.verify_commit(decisions, tokens, start, stop_ids)
     expected = reference.verify_block_packed(*args)
     assert torch.equal(got, expected), f"kernel\n{got}\nreference\n{expected}"
+    # the per-position form agrees where it is used: accept flags up to the end of the accepted
+    # run, the emitted token at its end (elsewhere a residual of q == p is 0/0, decided by rounding)
+    position = torch.arange(tokens.shape[1])
+    ref_decisions = reference.verify_positions(*args[:-1])
+    flags_used = position <= expected[:, :1]
+    assert torch.equal(decisions[..., 0][flags_used], ref_decisions[..., 0][flags_used])
+    emit_used = position == expected[:, :1]
+    assert torch.equal(decisions[..., 1][emit_used], ref_decisions[..., 1][emit_used])
+    assert torch.equal(reference.verify_commit(decisions, tokens, start, stop_ids), expected)
     return got
 
 

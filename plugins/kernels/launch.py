@@ -148,6 +148,62 @@ def block_attention(
     return out
 
 
+def verify_positions(
+    target_logits: torch.Tensor,
+    block_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    seed: torch.Tensor,
+    start: torch.Tensor,
+    block_v: int = VERIFY_BLOCK_V,
+) -> torch.Tensor:
+    """The per-position kernel: int32 `[b, B, 2]` decisions (`reference.verify_positions`)."""
+    batch, block, vocab = target_logits.shape
+    device = target_logits.device
+    if tuple(block_tokens.shape) != (batch, block):
+        raise DFlashError(f"block_tokens has shape {tuple(block_tokens.shape)}, expected {(batch, block)}")
+    if draft_probs is not None and tuple(draft_probs.shape) != (batch, block - 1, vocab):
+        raise DFlashError(f"draft_probs has shape {tuple(draft_probs.shape)}, expected {(batch, block - 1, vocab)}")
+    if not 1 <= block <= MAX_BLOCK:
+        raise DFlashError(f"verification supports blocks of 1..{MAX_BLOCK} tokens, not {block}")
+    decisions = torch.empty(batch, block, 2, dtype=torch.int32, device=device)
+    if batch == 0:
+        return decisions
+    has_draft = draft_probs is not None and block > 1
+    if not has_draft:
+        draft_probs = torch.zeros(1, dtype=torch.float32, device=device)
+    kernels.for_tensor_device("verify", device).verify_positions_kernel[(block, batch)](
+        target_logits.contiguous(), block_tokens.to(torch.int64).contiguous(), draft_probs.contiguous(),
+        temperature.to(torch.float32).contiguous(), top_k.to(torch.int64).contiguous(),
+        top_p.to(torch.float32).contiguous(), seed.to(torch.int64).contiguous(), start.to(torch.int64).contiguous(),
+        block, vocab, int(has_draft), decisions,
+        BLOCK_V=block_v, **_launch_options(device, 4, 1, fp_fusion=False),
+    )
+    return decisions
+
+
+def verify_commit(
+    decisions: torch.Tensor, block_tokens: torch.Tensor, start: torch.Tensor, stop_ids: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The per-sequence kernel: int64 `[b, 5]` (`reference.verify_commit`)."""
+    batch, block = block_tokens.shape
+    device = block_tokens.device
+    result = torch.empty(batch, 5, dtype=torch.int64, device=device)
+    if batch == 0:
+        return result
+    num_stop = 0 if stop_ids is None else stop_ids.shape[1]
+    if num_stop == 0:
+        stop_ids = torch.full((1, 1), -1, dtype=torch.int64, device=device)
+    kernels.for_tensor_device("verify", device).verify_commit_kernel[(batch,)](
+        decisions.contiguous(), block_tokens.to(torch.int64).contiguous(), start.to(torch.int64).contiguous(),
+        stop_ids.to(torch.int64).contiguous(), block, num_stop, result,
+        BLOCK_T=MAX_BLOCK, BLOCK_S=COMMIT_BLOCK_S, **_launch_options(device, 1, 1),
+    )
+    return result
+
+
 def verify_block(
     target_logits: torch.Tensor,
     block_tokens: torch.Tensor,
@@ -160,39 +216,9 @@ def verify_block(
     stop_ids: torch.Tensor | None = None,
     block_v: int = VERIFY_BLOCK_V,
 ) -> torch.Tensor:
-    """Run the verification kernels; returns the packed `[b, 5]` int64 result (`reference.VERIFY_RESULT_COLUMNS`)."""
-    batch, block, vocab = target_logits.shape
-    device = target_logits.device
-    if tuple(block_tokens.shape) != (batch, block):
-        raise DFlashError(f"block_tokens has shape {tuple(block_tokens.shape)}, expected {(batch, block)}")
-    if draft_probs is not None and tuple(draft_probs.shape) != (batch, block - 1, vocab):
-        raise DFlashError(f"draft_probs has shape {tuple(draft_probs.shape)}, expected {(batch, block - 1, vocab)}")
-    if not 1 <= block <= MAX_BLOCK:
-        raise DFlashError(f"verification supports blocks of 1..{MAX_BLOCK} tokens, not {block}")
-    result = torch.empty(batch, 5, dtype=torch.int64, device=device)
-    if batch == 0:
-        return result
-    module = kernels.for_tensor_device("verify", device)
-    has_draft = draft_probs is not None and block > 1
-    if not has_draft:
-        draft_probs = torch.zeros(1, dtype=torch.float32, device=device)
-    num_stop = 0 if stop_ids is None else stop_ids.shape[1]
-    if num_stop == 0:
-        stop_ids = torch.full((1, 1), -1, dtype=torch.int64, device=device)
-    decisions = torch.empty(batch, block, 2, dtype=torch.int32, device=device)
-    module.verify_positions_kernel[(block, batch)](
-        target_logits.contiguous(), block_tokens.to(torch.int64).contiguous(), draft_probs.contiguous(),
-        temperature.to(torch.float32).contiguous(), top_k.to(torch.int64).contiguous(),
-        top_p.to(torch.float32).contiguous(), seed.to(torch.int64).contiguous(), start.to(torch.int64).contiguous(),
-        block, vocab, int(has_draft), decisions,
-        BLOCK_V=block_v, **_launch_options(device, 4, 1, fp_fusion=False),
-    )
-    module.verify_commit_kernel[(batch,)](
-        decisions, block_tokens.to(torch.int64).contiguous(), start.to(torch.int64).contiguous(),
-        stop_ids.to(torch.int64).contiguous(), block, num_stop, result,
-        BLOCK_T=MAX_BLOCK, BLOCK_S=COMMIT_BLOCK_S, **_launch_options(device, 1, 1),
-    )
-    return result
+    """Both verification kernels; returns the packed `[b, 5]` int64 result (`reference.VERIFY_RESULT_COLUMNS`)."""
+    decisions = verify_positions(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, block_v)
+    return verify_commit(decisions, block_tokens, start, stop_ids)
 
 
 def _launch_options(device: torch.device, num_warps: int, num_stages: int, fp_fusion: bool = True) -> dict:
