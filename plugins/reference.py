@@ -118,7 +118,8 @@ def verify_block(
     target_logits: `[b, B, V]`, the target's logits at block positions start .. start+B-1;
     block_tokens: `[b, B]`, the anchor followed by B-1 draft tokens;
     draft_probs: `[b, B-1, V]`, the drafter's processed distribution at positions 1..B-1
-    (needed only for rows with temperature > 0).
+    (needed only for rows with temperature > 0; None reads as q = 0: accept any draft the target
+    can emit, sample the bonus from p).
     Returns (accepted drafts `[b]` in 0..B-1, bonus token `[b]`). The tokens committed this step
     are `block_tokens[1 : 1+accepted]` followed by the bonus token.
     """
@@ -132,7 +133,7 @@ def verify_block(
         if not bool(greedy.all()):
             target_probs = process_logits(target_logits, temperature, top_k, top_p)
             p = target_probs[:, :-1].gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
-            q = draft_probs.gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
+            q = draft_probs.gather(-1, drafts.unsqueeze(-1)).squeeze(-1) if draft_probs is not None else torch.zeros_like(p)
             positions = start.view(-1, 1) + torch.arange(1, block, device=start.device)
             u = rng.uniform(seed.view(-1, 1), positions, rng.STREAM_ACCEPT)
             sampled_accept = u * q < p  # u < min(1, p/q) without dividing
@@ -145,7 +146,7 @@ def verify_block(
     if not bool(greedy.all()):
         rows = torch.arange(batch, device=target_logits.device)
         p = process_logits(target_logits[rows, num_accepted], temperature, top_k, top_p)
-        if block > 1:
+        if block > 1 and draft_probs is not None:  # without q there is no residual: sample p
             rejected = num_accepted < block - 1
             q = draft_probs[rows, num_accepted.clamp_max(block - 2)]
             residual = (p - q).clamp_min(0)
