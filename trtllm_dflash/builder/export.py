@@ -191,14 +191,20 @@ def native_block_attention(q, keys, values, mask, scale: float) -> torch.Tensor:
 
 
 class DrafterGraph(nn.Module):
-    """One DFlash drafting step with the draft cache as inputs/outputs (KV injection, non-causal)."""
+    """One DFlash drafting step with the draft cache as inputs/outputs (KV injection, non-causal).
 
-    def __init__(self, drafter: DFlashDrafter, embedding: nn.Module, lm_head: nn.Module, attention: Callable = native_block_attention) -> None:
+    `plugin=False`: attention over [past cache; new context; block] with plain ops and a mask.
+    `plugin=True`: the DFlash block-attention plugin op (`dflash::block_attention_functional`),
+    which appends the new context to the cache itself (in place inside an engine); the new
+    context K/V are graph outputs in both variants, so a runtime treats them the same.
+    """
+
+    def __init__(self, drafter: DFlashDrafter, embedding: nn.Module, lm_head: nn.Module, plugin: bool = False) -> None:
         super().__init__()
         self.drafter = drafter
         self.embedding = embedding
         self.lm_head = lm_head
-        self.attention = attention
+        self.plugin = plugin
 
     def forward(self, block_ids, ctx_features, new_counts, cache_lens, past_keys: tuple, past_values: tuple):
         drafter = self.drafter
@@ -216,7 +222,7 @@ class DrafterGraph(nn.Module):
             dim=1,
         )
         windows = sorted({layer.self_attn.window for layer in drafter.layers})
-        masks = {w: visibility(key_positions, key_valid, block_positions, w, False) for w in windows}
+        masks = {} if self.plugin else {w: visibility(key_positions, key_valid, block_positions, w, False) for w in windows}
 
         embeds = drafter.embed(block_ids, self.embedding)
         ctx_hidden = drafter.context_hidden(ctx_features)
@@ -230,9 +236,14 @@ class DrafterGraph(nn.Module):
             q = attn.project_queries(h, block_rope)
             k_block, v_block = attn.project_keys_values(h, block_rope)
             k_ctx, v_ctx = attn.project_keys_values(ctx_hidden, ctx_rope)
-            keys = torch.cat([past_k.to(k_block.dtype), k_ctx, k_block], dim=1)
-            values = torch.cat([past_v.to(v_block.dtype), v_ctx, v_block], dim=1)
-            out = self.attention(q, keys, values, masks[attn.window], attn.scale)
+            if self.plugin:
+                out, _, _ = torch.ops.dflash.block_attention_functional(
+                    q, k_block, v_block, k_ctx, v_ctx, new_counts, past_k, past_v, cache_lens, float(attn.scale), int(attn.window)
+                )
+            else:
+                keys = torch.cat([past_k.to(k_block.dtype), k_ctx, k_block], dim=1)
+                values = torch.cat([past_v.to(v_block.dtype), v_ctx, v_block], dim=1)
+                out = native_block_attention(q, keys, values, masks[attn.window], attn.scale)
             x = layer._finish(x, attn.o_proj(out.flatten(-2)))
             new_keys.append(k_ctx)
             new_values.append(v_ctx)
@@ -256,6 +267,7 @@ class GraphInfo:
     head_dim: int
     dtype: str
     variant: str = "native"
+    dir: str = ""  # folder of the file under the export directory (default: the variant's)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -293,16 +305,25 @@ def normalize(program) -> None:
 
 
 def _export(module: nn.Module, args: tuple, dynamic_shapes: tuple, input_names: list[str], output_names: list[str], path: Path, translations: dict | None):
+    import logging
     import warnings
 
-    import torch.onnx
-
-    with warnings.catch_warnings():  # the exporter's notes on axis names and torchvision are noise here
-        warnings.simplefilter("ignore", UserWarning)
-        program = _export_program(module, args, dynamic_shapes, input_names, output_names, translations)
-    normalize(program)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    program.save(str(path), external_data=_needs_external_data(module))
+    # the exporter's notes on axis names, torchvision, and the (unused, untyped) cache outputs of
+    # plugin nodes are noise here
+    quiet = [logging.getLogger(name) for name in ("onnx_ir", "onnxscript", "torch.onnx")]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            program = _export_program(module, args, dynamic_shapes, input_names, output_names, translations)
+        normalize(program)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        program.save(str(path), external_data=_needs_external_data(module))
+    finally:
+        for logger, level in zip(quiet, levels):
+            logger.setLevel(level)
     return program
 
 
@@ -391,7 +412,7 @@ def export_drafter(
     dtype: str,
     bounds: Bounds,
     variant: str = "native",
-    attention: Callable = native_block_attention,
+    plugin: bool = False,
     translations: dict | None = None,
 ) -> GraphInfo:
     """Export one drafting step (see the module docstring for its I/O)."""
@@ -406,7 +427,7 @@ def export_drafter(
         cast_parameters(drafter, torch_dtype).eval(),
         cast_parameters(copy.deepcopy(embedding), torch_dtype),
         cast_parameters(copy.deepcopy(lm_head), torch_dtype),
-        attention,
+        plugin,
     ).eval()
     if lm_head.weight is embedding.weight:  # tied: export one table
         graph.lm_head.weight = graph.embedding.weight
@@ -447,6 +468,7 @@ def export_drafter(
         head_dim=config.head_dim,
         dtype=dtype,
         variant=variant,
+        dir=variant,
     )
 
 
@@ -487,13 +509,17 @@ def export_pair(
     embedding, lm_head = target_model.get_input_embeddings(), target_model.get_output_embeddings()
     for variant in variants:
         graphs: dict[str, Any] = {}
-        progress(f"exporting the {variant} target graph")
-        graphs["target"] = export_target(target_model, layer_ids, out_dir / variant / "target.onnx", dtype, bounds, variant).to_dict()
+        if variant == "native":
+            progress("exporting the target graph")
+            graphs["target"] = export_target(target_model, layer_ids, out_dir / "native" / "target.onnx", dtype, bounds).to_dict()
+            graphs["target"]["dir"] = "native"
+        else:  # the target has no plugin node: every variant shares the native target graph
+            graphs["target"] = {**info["variants"]["native"]["target"], "variant": variant}
         if drafter is not None:
             progress(f"exporting the {variant} drafter graph")
-            attention, translations = plugin_graphs.drafter_attention(variant)
+            plugin, translations = plugin_graphs.export_options(variant)
             graphs["drafter"] = export_drafter(
-                drafter, embedding, lm_head, out_dir / variant / "drafter.onnx", dtype, bounds, variant, attention, translations
+                drafter, embedding, lm_head, out_dir / variant / "drafter.onnx", dtype, bounds, variant, plugin, translations
             ).to_dict()
         info["variants"][variant] = graphs
     if drafter is not None:

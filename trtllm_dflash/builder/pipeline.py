@@ -204,8 +204,7 @@ def run_validate(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     report: dict[str, Any] = {"dtype": dtype, "evaluated_in": "float32", "variants": {}}
     for variant in export["variants"]:
         ctx.status(f"evaluating the {variant} graphs on CPU")
-        backend = "onnxruntime" if variant == "native" else "reference"
-        candidate = OnnxRuntime(ctx.upstream_dir("export"), variant, backend, plugin_graphs.cpu_evaluators(variant))
+        candidate = OnnxRuntime(ctx.upstream_dir("export"), variant, plugin_graphs.backend_for(variant), plugin_graphs.cpu_evaluators(variant))
         results = validate.compare_runtimes(candidate, reference, export["block_size"])
         validate.check(results, validate.TOLERANCE)
         prompts = [[(5 + i) % reference.vocab_size for i in range(9)], [(40 + 3 * i) % reference.vocab_size for i in range(4)]]
@@ -252,12 +251,16 @@ def run_engines(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
             plugin_graphs.register_tensorrt_plugins(flavour.trt)
         built[variant] = {}
         for graph in ("target", "drafter"):
+            graph_info = info["variants"][variant][graph]
+            if graph_info.get("dir", variant) != variant:  # a graph shared with another variant: one engine
+                built[variant][graph] = {**built[graph_info["dir"]][graph], "dir": graph_info["dir"]}
+                continue
             ctx.status(f"building the {variant} {graph} engine ({flavour.name} {flavour.version}, SM {spec.gpu.compute_capability_str})")
             built[variant][graph] = engines.build_engine(
                 flavour,
                 export_dir / variant / f"{graph}.onnx",
                 ctx.workdir / variant / f"{graph}.engine",
-                info["variants"][variant][graph],
+                graph_info,
                 engines.profiles(graph, bounds),
                 spec.gpu.compute_capability,
                 timing_cache,

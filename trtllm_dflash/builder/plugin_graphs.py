@@ -1,39 +1,57 @@
 """The `plugin` graph variant: the drafter's block attention as the DFlash plugin node.
 
-The plugins issue defines the node (op type, `plugin_namespace`, `plugin_version`, attributes),
-the torch custom op that stands for it during export, its onnxscript translation, and its CPU
-evaluator for `onnx.reference`. This module is the one place the build looks for them; when they
-are not installed, the plugin variant is reported as unavailable and only the `native` graphs
-(plain ONNX ops) are exported.
+The plugins part of the toolkit (`trtllm_dflash.plugins.onnx_nodes`) defines the node
+(`DFlashBlockAttention`, domain `dflash`, with `plugin_namespace`/`plugin_version`/`aot`), the
+torch op that stands for it during export (`dflash::block_attention_functional`), its onnxscript
+translation and its CPU evaluator for `onnx.reference`. The target has no plugin node (its
+attention is ordinary causal attention), so the plugin variant reuses the native target graph.
+
+Where each variant is evaluated or built:
+- native graphs: onnxruntime on CPU; TensorRT and TensorRT-RTX engines;
+- plugin graphs: onnx's reference evaluator with the nodes' CPU evaluators (onnxruntime has no
+  kernel for a custom domain); full TensorRT engines once the plugins are registered with it;
+  never TensorRT-RTX (a Python-implemented plugin aborts its builder, PLATFORM.md).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import importlib.util
 
 from trtllm_dflash.errors import MissingDependencyError
 
 
 def plugin_support() -> str | None:
-    """None when plugin graphs can be exported here, else why not."""
-    return "the DFlash plugin ONNX nodes (plugins issue) are not part of this build of trtllm-dflash"
+    """None when plugin graphs can be exported and evaluated here, else why not."""
+    try:
+        from trtllm_dflash.plugins import onnx_nodes  # noqa: F401
+    except ImportError as exc:
+        return f"the DFlash plugin ONNX nodes are not available ({exc})"
+    return None
 
 
-def drafter_attention(variant: str) -> tuple[Callable, dict | None]:
-    """(attention function, custom translation table) for a graph variant."""
-    from trtllm_dflash.builder.export import native_block_attention
-
+def export_options(variant: str) -> tuple[bool, dict | None]:
+    """(use the plugin op, custom translation table) for exporting the drafter of a variant."""
     if variant == "native":
-        return native_block_attention, None
+        return False, None
     reason = plugin_support()
-    raise MissingDependencyError(f"cannot export the plugin graph variant: {reason}", "build with graphs: [native]")
+    if reason is not None:
+        raise MissingDependencyError(f"cannot export the plugin graph variant: {reason}", "build with the native graphs only")
+    from trtllm_dflash.plugins import onnx_nodes
+
+    return True, onnx_nodes.custom_translation_table(kv_splits=1)
 
 
 def cpu_evaluators(variant: str) -> list[type]:
     """`onnx.reference` OpRun classes for the plugin nodes of a graph variant (none for native)."""
     if variant == "native":
         return []
-    raise MissingDependencyError(f"no CPU evaluators for the {variant} graphs: {plugin_support()}", "validate the native graphs")
+    from trtllm_dflash.plugins import onnx_nodes
+
+    return onnx_nodes.evaluators()
+
+
+def backend_for(variant: str) -> str:
+    return "onnxruntime" if variant == "native" else "reference"
 
 
 def engine_support(variant: str, flavour: str) -> str | None:
@@ -41,11 +59,14 @@ def engine_support(variant: str, flavour: str) -> str | None:
     if variant == "native":
         return None
     if flavour == "tensorrt-rtx":
-        # PLATFORM.md: a Python IPluginV3 registered in TensorRT-RTX aborts the process during the build
-        return "TensorRT-RTX aborts on Python-implemented plugins; the native graphs are built instead"
-    return plugin_support()
+        return "TensorRT-RTX aborts on Python-implemented plugins (PLATFORM.md); its engines use the native graphs"
+    if importlib.util.find_spec("trtllm_dflash.plugins.tensorrt_plugins") is None:
+        return "the DFlash TensorRT plugin registration (plugins/tensorrt_plugins.py) is not installed"
+    return None
 
 
 def register_tensorrt_plugins(trt) -> None:
     """Register the DFlash plugins with TensorRT before parsing plugin graphs."""
-    raise MissingDependencyError(f"cannot register the DFlash TensorRT plugins: {plugin_support()}", "build the native graphs")
+    from trtllm_dflash.plugins import tensorrt_plugins  # type: ignore[attr-defined]
+
+    tensorrt_plugins.register(trt)

@@ -92,6 +92,10 @@ class GraphSession:
         return dict(zip(self.output_names, self._session.run(None, feed)))
 
 
+def _graph_file(export_dir: Path, variant: str, graph: dict) -> Path:
+    return export_dir / (graph.get("dir") or variant) / graph["file"]
+
+
 def _numpy(t: torch.Tensor, dtype=None) -> np.ndarray:
     array = t.detach().cpu()
     if dtype is not None:
@@ -115,13 +119,13 @@ class OnnxRuntime(Runtime):
         self.device = torch.device("cpu")
         self.vocab_size = int(info["vocab_size"])
         self.target = graphs["target"]
-        self.target_session = GraphSession(export_dir / variant / self.target["file"], backend, custom_ops)
+        self.target_session = GraphSession(_graph_file(export_dir, variant, self.target), backend, custom_ops)
         self.drafter = graphs.get("drafter")
         self.drafter_session = None
         self.drafter_config = None
         if self.drafter is not None:
             self.drafter_config = DrafterConfig.from_dir(export_dir / "drafter")
-            self.drafter_session = GraphSession(export_dir / variant / self.drafter["file"], backend, custom_ops)
+            self.drafter_session = GraphSession(_graph_file(export_dir, variant, self.drafter), backend, custom_ops)
         self.cache_dtype = torch.float32  # 16-bit graphs run as float32 copies
         self.target_cache: StaticKVCache | None = None
         self.draft_cache: StaticKVCache | None = None
@@ -168,7 +172,8 @@ class OnnxRuntime(Runtime):
     @torch.inference_mode()
     def draft_forward(self, rows, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:
         layers = self.draft_cache.rows(rows)
-        past_len = max(int(cache_lens.max()), 1)
+        # room for the new context too: plugin nodes append it to the cache they are given
+        past_len = max(int((cache_lens + new_counts).max()), 1)
         feed = {
             "block_ids": _numpy(block, torch.int64),
             "ctx_features": _numpy(ctx_features, self.cache_dtype),

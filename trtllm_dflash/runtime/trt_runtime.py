@@ -109,8 +109,11 @@ class TrtRuntime(Runtime):
         self.trt = trt
         self._runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
         engines = info["engines"][variant]
-        self.target_engine = EngineGraph(trt, self._runtime, engines_dir / variant / engines["target"]["file"])
-        self.drafter_engine = EngineGraph(trt, self._runtime, engines_dir / variant / engines["drafter"]["file"]) if "drafter" in engines else None
+        def path(graph: str) -> Path:
+            return engines_dir / engines[graph].get("dir", variant) / engines[graph]["file"]
+
+        self.target_engine = EngineGraph(trt, self._runtime, path("target"))
+        self.drafter_engine = EngineGraph(trt, self._runtime, path("drafter")) if "drafter" in engines else None
         graphs = info["graphs"]["variants"][variant]
         self.target = graphs["target"]
         self.drafter = graphs.get("drafter")
