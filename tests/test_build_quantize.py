@@ -74,3 +74,39 @@ def test_calibration_text_builtin_and_user_file(tmp_path):
     assert calibration_texts(CalibrationSection(dataset=str(user), num_samples=1)) == ["first"]
     with pytest.raises(DFlashError, match="does not exist"):
         calibration_texts(CalibrationSection(dataset=str(tmp_path / "missing.txt")))
+
+
+def test_fp8_target_exports_as_q_dq_graph_that_matches_torch_and_builds_with_tensorrt_rtx(fp8_checkpoint, tmp_path):
+    """FP8 weights stay FP8 in the graph (DequantizeLinear), inputs are rounded by Q/DQ pairs."""
+    import onnx
+    from collections import Counter
+
+    from trtllm_dflash.builder import engines
+    from trtllm_dflash.builder.export import Bounds, TargetGraph, export_target
+    from trtllm_dflash.builder.quantize import load_modelopt_model
+    from trtllm_dflash.runtime.onnx_runtime import GraphSession
+
+    _, out, _ = fp8_checkpoint
+    bounds = Bounds(max_batch=2, max_input_len=16, max_seq_len=32, block_size=4)
+    model = load_modelopt_model(out, "cpu", torch.float32, fp8_modules=True)
+    info = export_target(model, [0, 1], tmp_path / "target.onnx", "fp32", bounds)
+    graph = onnx.load(str(tmp_path / "target.onnx"))
+    ops = Counter(node.op_type for node in graph.graph.node)
+    fp8_weights = [i for i in graph.graph.initializer if i.data_type == onnx.TensorProto.FLOAT8E4M3FN and len(i.dims) == 2]
+    assert len(fp8_weights) == 14 and ops["DequantizeLinear"] >= 14 + ops["QuantizeLinear"] and ops["QuantizeLinear"] >= 4
+
+    past = tuple(torch.zeros(2, 3, info.kv_heads, info.head_dim) for _ in range(2))
+    feed = (torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]]), torch.tensor([0, 0]), torch.tensor([[3], [2]]), past, past)
+    with torch.no_grad():
+        expected = TargetGraph(model, [0, 1])(*feed)
+    names = {"input_ids": feed[0], "starts": feed[1], "logit_index": feed[2]}
+    for i in range(2):
+        names[f"past_key_{i}"] = names[f"past_value_{i}"] = past[i]
+    got = GraphSession(tmp_path / "target.onnx").run({k: v.numpy() for k, v in names.items()})
+    assert torch.allclose(torch.from_numpy(got["logits"]), expected[0], rtol=1e-4, atol=1e-5)
+    assert torch.allclose(torch.from_numpy(got["features"]), expected[1], rtol=1e-4, atol=1e-5)
+
+    flavour = engines.load_flavour("tensorrt-rtx")  # FP8 Q/DQ graph -> a real engine for SM 12.0, ahead of time
+    built = engines.build_engine(flavour, tmp_path / "target.onnx", tmp_path / "target.engine", info.to_dict(),
+                                 engines.profiles("target", bounds), (12, 0))
+    assert built["bytes"] > 0 and (tmp_path / "target.engine").stat().st_size == built["bytes"]

@@ -385,8 +385,11 @@ def export_target(
     new_k, new_v = _cache_names(num_layers, "new")
     input_names = ["input_ids", "starts", "logit_index", *past_k, *past_v]
     output_names = ["logits", "features", *new_k, *new_v]
+    from trtllm_dflash.builder import fp8
+
+    translations = fp8.translation_table() if fp8.has_fp8(graph) else None  # FP8 layers -> Q/DQ
     with torch.no_grad():
-        _export(graph, args, dynamic, input_names, output_names, path, None)
+        _export(graph, args, dynamic, input_names, output_names, path, translations)
     cache = ["batch", "past", kv_heads, head_dim]
     return GraphInfo(
         file=path.name,

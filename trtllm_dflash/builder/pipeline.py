@@ -137,6 +137,18 @@ def run_quantize(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     return {**summary, "target_dir": "target"}
 
 
+def load_graph_target(spec: BuildSpec, source: Path, dtype: str):
+    """The target as the graphs hold it: FP8 layers (Q/DQ) for an FP8 checkpoint, else cast to dtype."""
+    from trtllm_dflash.builder.export import DTYPES
+    from trtllm_dflash.checkpoints import Target, load_target
+
+    if spec.quant == "fp8":
+        from trtllm_dflash.builder.quantize import load_modelopt_model
+
+        return Target(load_modelopt_model(source, "cpu", DTYPES[dtype], fp8_modules=True), None, source)
+    return load_target(source, dtype=DTYPES[dtype])
+
+
 def bounds_of(spec: BuildSpec, block_size: int):
     from trtllm_dflash.builder.export import Bounds
 
@@ -147,8 +159,8 @@ def run_export(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     import torch
 
     from trtllm_dflash.builder import plugin_graphs
-    from trtllm_dflash.builder.export import DTYPES, export_pair
-    from trtllm_dflash.checkpoints import load_drafter, load_target
+    from trtllm_dflash.builder.export import export_pair
+    from trtllm_dflash.checkpoints import load_drafter
 
     reason = export_support(spec)
     if reason is not None:
@@ -158,7 +170,7 @@ def run_export(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     block_size = spec.block_size or checkpoints["drafter"]["block_size"]
     dtype = spec.compute_dtype
     ctx.status("loading the checkpoints")
-    target = load_target(source, dtype=DTYPES[dtype])
+    target = load_graph_target(spec, source, dtype)
     drafter = load_drafter(checkpoints["drafter"]["path"], target)
     variants, unavailable = ["native"], {}
     if "plugin" in spec.graphs:
@@ -181,8 +193,7 @@ def run_validate(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     import torch
 
     from trtllm_dflash.builder import plugin_graphs, validate
-    from trtllm_dflash.builder.export import DTYPES
-    from trtllm_dflash.checkpoints import load_drafter, load_target
+    from trtllm_dflash.checkpoints import load_drafter
     from trtllm_dflash.runtime.onnx_runtime import OnnxRuntime
     from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 
@@ -196,7 +207,7 @@ def run_validate(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
         return {"status": "skipped", "note": note}
     dtype = export["dtype"]
     ctx.status("loading the torch reference")
-    target = load_target(_target_source(ctx), dtype=DTYPES[dtype])
+    target = load_graph_target(spec, _target_source(ctx), dtype)
     drafter = load_drafter(checkpoints["drafter"]["path"], target)
     target.model.float()
     drafter.float()  # the graph's rounded weights, float32 arithmetic (the graphs are evaluated in float32 too)
@@ -279,7 +290,8 @@ def run_engines(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
         "gpu": spec.gpu.name,
         "aot": flavour.aot,
         "dtype": export["dtype"],
-        "precision": f"{export['dtype']}, strongly typed (precision follows the graph)",
+        "precision": f"{spec.quant} weights (FP8 as Q/DQ), {export['dtype']} activations; strongly typed" if spec.quant == "fp8"
+        else f"{export['dtype']}, strongly typed (precision follows the graph)",
         "engines": built,
         "skipped_variants": skipped,
         "block_size": export["block_size"],

@@ -149,12 +149,13 @@ def fake_quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (q.float() * scale).to(x.dtype)
 
 
-def load_modelopt_model(path: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+def load_modelopt_model(path: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, fp8_modules: bool = False):
     """Load a ModelOpt FP8 checkpoint into a transformers model that computes like the FP8 engine.
 
     Weights are dequantized exactly (FP8 value x weight_scale); each quantized Linear rounds its
-    input to FP8 with the calibrated input_scale before the matmul. transformers itself has no
-    loader for `quant_method: modelopt`.
+    input to FP8 with the calibrated input_scale before the matmul. With `fp8_modules` the
+    quantized layers become `fp8.FP8Linear` (FP8 weights kept, exported as Q/DQ ONNX) instead.
+    transformers itself has no loader for `quant_method: modelopt`.
     """
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -186,8 +187,24 @@ def load_modelopt_model(path: Path, device: str | torch.device = "cpu", dtype: t
             if f"{module}.input_scale" in state:
                 input_scales[module] = state[f"{module}.input_scale"].float()
         weights[name] = tensor.to(dtype)
+    fp8_layers = {name[: -len(".weight")] for name, t in state.items() if t.dtype == torch.float8_e4m3fn}
+    if fp8_modules:
+        from trtllm_dflash.builder.fp8 import FP8Linear
+
+        for name in sorted(fp8_layers):
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name)
+            bias = getattr(getattr(parent, child), "bias", None)
+            layer = FP8Linear(state[f"{name}.weight"], state[f"{name}.weight_scale"], state.get(f"{name}.input_scale"),
+                              None if bias is None else weights.get(f"{name}.bias"))
+            setattr(parent, child, layer)
+            weights.pop(f"{name}.weight", None)
+            weights.pop(f"{name}.bias", None)
+        input_scales = {}
     missing, unexpected = model.load_state_dict(weights, strict=False)
     missing = [m for m in missing if not (m == "lm_head.weight" and getattr(config, "tie_word_embeddings", False))]
+    if fp8_modules:  # the FP8 layers hold their weights already
+        missing = [m for m in missing if m.rpartition(".")[0] not in fp8_layers]
     if missing or unexpected:
         raise CheckpointError(f"{path} does not match its config ({len(missing)} missing, {len(unexpected)} unexpected tensors)", "re-run the quantize stage")
     if getattr(config, "tie_word_embeddings", False):
@@ -195,4 +212,8 @@ def load_modelopt_model(path: Path, device: str | torch.device = "cpu", dtype: t
     modules = dict(model.named_modules())
     for name, scale in input_scales.items():
         modules[name].register_forward_pre_hook(lambda module, args, scale=scale: (fake_quantize_fp8(args[0], scale.to(args[0].device)),))
+    if fp8_modules:
+        from trtllm_dflash.builder.export import cast_parameters
+
+        return cast_parameters(model, dtype).to(device).eval()
     return model.to(device).eval()

@@ -259,6 +259,4 @@ def export_support(spec: BuildSpec) -> str | None:
     """None when the target's graphs can be exported at this precision, else why not."""
     if spec.quant == "nvfp4":
         return "NVFP4 graphs (FP4 Q/DQ) are not exported by this build; deploy NVFP4 with runtime: trtllm, or use --quant fp8/bf16"
-    if spec.quant == "fp8":
-        return "FP8 graphs (explicit Q/DQ) are not exported by this build yet; use --quant bf16/fp16, or runtime: trtllm"
     return None

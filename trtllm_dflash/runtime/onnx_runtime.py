@@ -80,6 +80,9 @@ class GraphSession:
 
             options = ort.SessionOptions()
             options.log_severity_level = 3
+            if any(init.data_type == onnx.TensorProto.FLOAT8E4M3FN for init in model.graph.initializer):
+                # onnxruntime's CPU fusions turn FP8 Q/DQ + MatMul into integer kernels that reject FP8
+                options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
             self._session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         elif backend == "reference":
             from onnx.reference import ReferenceEvaluator
