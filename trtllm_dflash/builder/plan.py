@@ -171,7 +171,11 @@ def make_build_plan(spec: BuildSpec) -> BuildPlan:
                 where = "here (GPU)"
         stages.append(StagePlan("engines", f"{flavour} engines for SM {spec.gpu.compute_capability_str}: target (verify + prefill profiles) and drafter, batch <= {spec.max_batch}, sequence <= {spec.max_seq_len}", where, here, f"~{size(target_graph + drafter_graph)} per variant"))
         if "plugin" in variants:
-            notes.append("plugin graphs: exported when the DFlash plugin nodes are installed; TensorRT-RTX builds the plugin-free ones (a Python plugin aborts its builder)")
+            from trtllm_dflash.builder.plugin_graphs import engine_support
+
+            reason = engine_support("plugin", flavour)
+            engines_note = "engines from them too" if reason is None else f"engines from the native graphs only ({reason})"
+            notes.append(f"plugin graphs: the drafter with the DFlash block-attention plugin node, checked on CPU; {engines_note}")
         if spec.kv_cache_dtype == "fp8":
             notes.append("FP8 KV cache: the engines keep K/V in the graph's dtype (the FP8 KV cache is implemented for the trtllm runtime)")
     writer = repository_writer()
