@@ -11,7 +11,7 @@ import sys
 import typer
 from rich.console import Console
 
-from trtllm_dflash.cli import generate
+from trtllm_dflash.cli import bench, generate, train
 from trtllm_dflash.errors import DFlashError
 
 app = typer.Typer(
@@ -39,6 +39,8 @@ def root(
 
 
 app.command("generate")(generate.generate)
+app.command("train-drafter")(train.train_drafter)
+app.command("bench")(bench.bench)
 
 err_console = Console(stderr=True, highlight=False)
 
