@@ -97,13 +97,13 @@ def onnx_runtime(build):
 
 
 def test_graphs_reproduce_logits_and_taps_for_prefill_verify_and_draft(onnx_runtime, reference, manifest):
-    from trtllm_dflash.builder.validate import compare_runtimes
+    from trtllm_dflash.builder.validate import TOLERANCE, compare_runtimes
 
     block = manifest["stages"]["export"]["summary"]["block_size"]
     results = {r.name: r for r in compare_runtimes(onnx_runtime, reference, block, prompt_lengths=(9, 5), seed=1)}
     for name in ("prefill.logits", "prefill.features", "verify.logits", "verify.features",
                  "draft.logits (empty draft cache)", "draft.logits (filled draft cache)", "target_cache.key[0]", "draft_cache.key[0]"):
-        assert results[name].rel < 1e-4, (name, results[name])
+        assert results[name].rel < TOLERANCE, (name, results[name])
     for name in ("prefill.logits", "verify.logits", "draft.logits (filled draft cache)"):
         assert results[name].argmax_agree == 1.0
     # taps are the outputs of the drafter's target_layer_ids: [b, T, taps * hidden]
@@ -147,6 +147,71 @@ def test_native_graphs_use_only_standard_onnx_ops(build):
         model = onnx.load(str(build / "export" / "native" / f"{name}.onnx"), load_external_data=False)
         domains = {node.domain for node in model.graph.node}
         assert domains <= {"", "ai.onnx"}, domains
+
+
+# ----------------------------------------------------------------------------- the plugin variant, determinism
+
+
+@pytest.fixture(scope="module")
+def plugin_export(build, pair, tmp_path_factory) -> Path:
+    """The build's export plus the plugin variant of the drafter (the demo recipe builds plugin-free engines)."""
+    from trtllm_dflash.builder import plugin_graphs
+    from trtllm_dflash.builder.export import DTYPES, Bounds, export_drafter, write_graphs_json
+    from trtllm_dflash.checkpoints import load_drafter, load_target
+
+    root = tmp_path_factory.mktemp("plugin") / "export"
+    shutil.copytree(build / "export", root)
+    info = json.loads((root / "graphs.json").read_text())
+    target = load_target(pair["target"], dtype=DTYPES[info["dtype"]])
+    drafter = load_drafter(pair["drafter"], target)
+    plugin, translations = plugin_graphs.export_options("plugin")
+    model = target.model
+    graph = export_drafter(drafter, model.get_input_embeddings(), model.get_output_embeddings(), root / "plugin" / "drafter.onnx",
+                           info["dtype"], Bounds(**info["bounds"]), "plugin", plugin, translations)
+    info["variants"]["plugin"] = {"target": {**info["variants"]["native"]["target"], "dir": "native"}, "drafter": graph.to_dict()}
+    write_graphs_json(root, info)
+    return root
+
+
+def test_plugin_graph_holds_the_tensorrt_plugin_node(plugin_export, reference):
+    import onnx
+
+    from trtllm_dflash.plugins import onnx_nodes
+
+    model = onnx.load(str(plugin_export / "plugin" / "drafter.onnx"))
+    nodes = [n for n in model.graph.node if n.domain == onnx_nodes.DOMAIN]
+    assert [n.op_type for n in nodes] == ["DFlashBlockAttention"] * reference.drafter_config.num_hidden_layers
+    attributes = {a.name: onnx.helper.get_attribute_value(a) for a in nodes[0].attribute}
+    assert attributes["plugin_namespace"] == b"dflash" and attributes["plugin_version"] == b"1" and attributes["aot"] == 1
+    assert attributes["scale"] == pytest.approx(reference.drafter_config.head_dim ** -0.5)
+
+
+def test_plugin_graphs_evaluated_with_the_nodes_cpu_evaluators_match_torch(plugin_export, reference, manifest):
+    from trtllm_dflash.builder.validate import TOLERANCE, compare_runtimes, greedy_tokens
+    from trtllm_dflash.runtime.onnx_runtime import OnnxRuntime
+
+    plugin = OnnxRuntime(plugin_export, "plugin")  # the drafter on onnx.reference + the plugin evaluator
+    assert plugin.drafter_session.backend == "reference" and plugin.target_session.backend == "onnxruntime"
+    block = manifest["stages"]["export"]["summary"]["block_size"]
+    results = {r.name: r for r in compare_runtimes(plugin, reference, block, prompt_lengths=(6, 3), seed=3)}
+    for name in ("draft.logits (empty draft cache)", "draft.logits (filled draft cache)", "draft_cache.key[0]"):
+        assert results[name].rel < TOLERANCE, results[name]
+    prompts = PROMPTS[:2]
+    assert greedy_tokens(plugin, prompts, 12) == greedy_tokens(reference, prompts, 12)
+
+
+def test_export_is_deterministic(build, pair, tmp_path):
+    from trtllm_dflash.builder.export import DTYPES, Bounds, export_drafter
+    from trtllm_dflash.checkpoints import load_drafter, load_target
+
+    info = json.loads((build / "export" / "graphs.json").read_text())
+    target = load_target(pair["target"], dtype=DTYPES[info["dtype"]])
+    drafter = load_drafter(pair["drafter"], target)
+    torch.manual_seed(123)  # the exporter's example inputs must not leak into the graph
+    export_drafter(drafter, target.model.get_input_embeddings(), target.model.get_output_embeddings(),
+                   tmp_path / "drafter.onnx", info["dtype"], Bounds(**info["bounds"]))
+    first = (build / "export" / "native" / "drafter.onnx").read_bytes()
+    assert hashlib.sha256((tmp_path / "drafter.onnx").read_bytes()).hexdigest() == hashlib.sha256(first).hexdigest()
 
 
 # ----------------------------------------------------------------------------- engines and manifest

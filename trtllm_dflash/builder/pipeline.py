@@ -192,7 +192,7 @@ def run_export(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
 def run_validate(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     import torch
 
-    from trtllm_dflash.builder import plugin_graphs, validate
+    from trtllm_dflash.builder import validate
     from trtllm_dflash.checkpoints import load_drafter
     from trtllm_dflash.runtime.onnx_runtime import OnnxRuntime
     from trtllm_dflash.runtime.torch_runtime import TorchRuntime
@@ -215,7 +215,7 @@ def run_validate(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     report: dict[str, Any] = {"dtype": dtype, "evaluated_in": "float32", "variants": {}}
     for variant in export["variants"]:
         ctx.status(f"evaluating the {variant} graphs on CPU")
-        candidate = OnnxRuntime(ctx.upstream_dir("export"), variant, plugin_graphs.backend_for(variant), plugin_graphs.cpu_evaluators(variant))
+        candidate = OnnxRuntime(ctx.upstream_dir("export"), variant)  # plugin nodes: onnx.reference + their CPU evaluators
         results = validate.compare_runtimes(candidate, reference, export["block_size"])
         validate.check(results, validate.TOLERANCE)
         prompts = [[(5 + i) % reference.vocab_size for i in range(9)], [(40 + 3 * i) % reference.vocab_size for i in range(4)]]

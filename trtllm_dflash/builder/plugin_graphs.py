@@ -50,10 +50,6 @@ def cpu_evaluators(variant: str) -> list[type]:
     return onnx_nodes.evaluators()
 
 
-def backend_for(variant: str) -> str:
-    return "onnxruntime" if variant == "native" else "reference"
-
-
 def engine_support(variant: str, flavour: str) -> str | None:
     """None when `flavour` can build engines of this variant here, else why not."""
     if variant == "native":

@@ -17,8 +17,10 @@ from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.base import Runtime
 
 # Relative tolerance (max |a - b| / max |b|). Graphs are evaluated in float32 (16-bit graphs as a
-# float32 copy with the same rounded weights), so only the order of float32 operations differs.
-TOLERANCE = 1e-4
+# float32 copy with the same rounded weights), so only the order of float32 operations (and
+# onnxruntime's fused kernels) differs: about 1e-4 after 8 layers of the trained demo target,
+# whose hidden states reach a few hundred. A wrong mask, position or tap is off by far more.
+TOLERANCE = 1e-3
 
 
 class ValidationError(DFlashError):

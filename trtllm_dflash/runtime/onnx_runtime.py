@@ -5,8 +5,8 @@ the torch runtime: the same decoding loop drives them, token for token. The KV c
 here (torch CPU tensors, slot == position); the graphs return the new K/V of each call and this
 runtime writes them into place, exactly as the TensorRT runtime does on the GPU.
 
-Backends: onnxruntime (fast; plain ONNX ops), or onnx's reference evaluator with the CPU
-evaluators of the DFlash plugin nodes (slow; for graphs with plugin nodes).
+Backends, per graph: onnxruntime (fast; plain ONNX ops), or onnx's reference evaluator with the
+CPU evaluators of the DFlash plugin nodes (slow; for graphs that hold plugin nodes).
 16-bit graphs are evaluated as a float32 copy with the same rounded weights: onnxruntime has no
 BF16 kernels on CPU, and float32 makes the comparison with the torch runtime exact up to the order
 of operations (16-bit arithmetic on the GPU is what the engine check of docs/build.md covers).
@@ -70,11 +70,15 @@ def upcast_to_float32(model) -> Any:
 class GraphSession:
     """One ONNX graph behind `run(feed) -> {name: array}`, on onnxruntime or the reference evaluator."""
 
-    def __init__(self, path: Path, backend: str = "onnxruntime", custom_ops: Sequence[type] = ()) -> None:
+    def __init__(self, path: Path, backend: str = "auto", custom_ops: Sequence[type] = ()) -> None:
         import onnx
 
         model = upcast_to_float32(onnx.load(str(path)))
         self.output_names = [o.name for o in model.graph.output]
+        if backend == "auto":  # onnxruntime has no kernels for custom-domain (plugin) nodes
+            plugin_nodes = any(node.domain not in ("", "ai.onnx") for node in model.graph.node)
+            backend = "reference" if plugin_nodes else "onnxruntime"
+        self.backend = backend
         if backend == "onnxruntime":
             import onnxruntime as ort
 
@@ -109,7 +113,7 @@ def _numpy(t: torch.Tensor, dtype=None) -> np.ndarray:
 class OnnxRuntime(Runtime):
     """Runs an export directory's target and drafter graphs with the decoding loop's interface."""
 
-    def __init__(self, export_dir: str | Path, variant: str = "native", backend: str = "onnxruntime", custom_ops: Sequence[type] = ()) -> None:
+    def __init__(self, export_dir: str | Path, variant: str = "native", backend: str = "auto", custom_ops: Sequence[type] | None = None) -> None:
         export_dir = Path(export_dir)
         info_file = export_dir / "graphs.json"
         if not info_file.is_file():
@@ -118,6 +122,10 @@ class OnnxRuntime(Runtime):
         if variant not in info["variants"]:
             raise DFlashError(f"{export_dir} has no '{variant}' graphs", f"use one of: {', '.join(info['variants'])}")
         graphs = info["variants"][variant]
+        if custom_ops is None:  # the plugin nodes' CPU evaluators, when the graphs have plugin nodes
+            from trtllm_dflash.builder.plugin_graphs import cpu_evaluators
+
+            custom_ops = cpu_evaluators(variant)
         self.info = info
         self.device = torch.device("cpu")
         self.vocab_size = int(info["vocab_size"])
