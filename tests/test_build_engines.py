@@ -326,3 +326,31 @@ def test_append_rows_matches_the_reference_append():
     got = cache.clone()
     append_rows(got, lengths, new, counts)
     assert torch.equal(got, expected_k)
+
+
+def test_trtllm_recipe_writes_and_checks_the_tensorrt_llm_configuration(pair, tmp_path):
+    """runtime: trtllm builds no engines: checked LLM-API options and the tensorrt_llm repository."""
+    import yaml
+
+    recipe = tmp_path / "trtllm.yaml"
+    recipe.write_text(
+        f"model: {{name: {pair['target'].resolve()}, checkpoint: {pair['target'].resolve()}}}\n"
+        f"drafter: {{checkpoint: {pair['drafter'].resolve()}, block_size: 4}}\n"
+        "gpu: b300\nruntime: trtllm\nquantization: {weights: bf16, kv_cache: fp8}\n"
+        "limits: {max_batch_size: 16, max_input_len: 256, max_seq_len: 512}\ntriton: {max_batch_size: 16}\n"
+        "trtllm: {moe_backend: TRTLLM}\n"
+    )
+    out = tmp_path / "out"
+    result = invoke("build", "--recipe", str(recipe), "--out", str(out))
+    assert result.exit_code == 0, (result.output, result.exception)
+    options = yaml.safe_load((out / "trtllm" / "llm_api.yaml").read_text())
+    from trtllm_dflash.config import DrafterConfig
+
+    drafter = DrafterConfig.from_dir(pair["drafter"])
+    spec = options["speculative_config"]
+    assert spec["decoding_type"] == "DFlash" and spec["max_draft_len"] == 3
+    assert spec["mask_token_id"] == drafter.mask_token_id and spec["target_layer_ids"] == list(drafter.target_layer_ids)
+    assert options["kv_cache_config"]["dtype"] == "fp8" and options["moe_config"] == {"backend": "TRTLLM"}
+    assert (out / "repository" / "triton" / "tensorrt_llm" / "1" / "model.yaml").is_file()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert set(manifest["stages"]) == {"checkpoints", "quantize", "trtllm", "repository"} and manifest["complete"]

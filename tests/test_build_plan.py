@@ -203,3 +203,18 @@ def test_corrupted_file_in_a_stage_is_not_trusted(tmp_path):
         key = runner.run([_stage("a", good)]).records["a"]["key"]
         (tmp_path / "a" / "weights.bin").write_bytes(b"0123")  # truncated behind our back
         assert runner.completed("a", key) is None
+
+
+def test_dry_run_imports_no_torch():
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from trtllm_dflash.cli.app import app\n"
+        "result = CliRunner().invoke(app, ['build', '--model', 'gpt-oss-120b', '--gpu', 'b300', '--dry-run'])\n"
+        "assert result.exit_code == 0, result.output\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'onnx', 'tensorrt_rtx_bindings', 'modelopt') if m in sys.modules)\n"
+        "print(heavy)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"

@@ -1,19 +1,21 @@
 """`dflash-trt build`: from checkpoints to ONNX graphs, TensorRT engines and a Triton repository.
 
 The build is a chain of stages (stages.py), each reading the previous stage's directory and
-writing its own under the output directory, with a manifest (manifest.py). Every module here
-imports torch, ModelOpt, ONNX or TensorRT lazily, inside the stage that needs it, so planning a
-build (`--dry-run`) is instant on any machine.
+writing its own under the output directory, with a manifest (manifest.py). spec, plan, stages,
+manifest and pipeline import no torch; the modules of the stages (quantize, fp8, export,
+validate, engines) are imported only when their stage runs, so planning a build (`--dry-run`)
+is instant on any machine.
 
-    spec.py       the resolved recipe: model x GPU x precision, with plan-time refusals
-    catalog.py    the GPUs and models the planner knows (until the recipes issue provides them)
-    plan.py       what will run, where, and how big it is
-    stages.py     atomic, skippable stage directories
-    manifest.py   hashes and tool versions
-    pipeline.py   the stages of a build, in order
-    quantize.py   ModelOpt FP8 / NVFP4
-    export.py     ONNX graphs of the target and the drafter
-    validate.py   the graphs evaluated on CPU against the torch runtime
-    engines.py    TensorRT / TensorRT-RTX engines
-    trtllm.py     the TensorRT-LLM configuration for the `trtllm` runtime
+    spec.py           the recipe (trtllm_dflash.recipes) with command-line overrides, planner-checked
+    plan.py           what runs on this machine, and output sizes (no torch import)
+    stages.py         atomic, skippable stage directories
+    manifest.py       hashes, tool versions, atomic JSON
+    pipeline.py       the stages of a build, in order, and manifest.json
+    quantize.py       ModelOpt FP8 / NVFP4, and loading ModelOpt FP8 checkpoints
+    fp8.py            FP8 linear layers that export as Q/DQ ONNX
+    export.py         ONNX graphs of the target and the drafter
+    plugin_graphs.py  the plugin graph variant (the plugins part's ONNX nodes)
+    validate.py       the graphs on CPU against the torch runtime
+    engines.py        TensorRT / TensorRT-RTX engines
+    gate.py           the GPU CI losslessness gate over built engines
 """

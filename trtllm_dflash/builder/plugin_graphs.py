@@ -23,7 +23,7 @@ from trtllm_dflash.errors import MissingDependencyError
 def plugin_support() -> str | None:
     """None when plugin graphs can be exported and evaluated here, else why not."""
     try:
-        from trtllm_dflash.plugins import onnx_nodes  # noqa: F401
+        importlib.import_module("trtllm_dflash.plugins.onnx_nodes")
     except ImportError as exc:
         return f"the DFlash plugin ONNX nodes are not available ({exc})"
     return None
