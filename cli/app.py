@@ -11,7 +11,7 @@ import sys
 import typer
 from rich.console import Console
 
-from trtllm_dflash.cli import generate
+from trtllm_dflash.cli import generate, plugins
 from trtllm_dflash.errors import DFlashError
 
 app = typer.Typer(
@@ -39,6 +39,7 @@ def root(
 
 
 app.command("generate")(generate.generate)
+app.add_typer(plugins.app, name="plugins")
 
 err_console = Console(stderr=True, highlight=False)
 
