@@ -106,6 +106,22 @@ def default_kv_splits(batch: int, num_kv_heads: int, m_tiles: int, capacity: int
     return int(max(1, min(wanted, cdiv(capacity, 512), 64)))
 
 
+def attention_supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the attention kernel covers these inputs (else callers use the reference)."""
+    return (
+        q.dtype in (torch.float16, torch.bfloat16, torch.float32)
+        and k_cache.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
+        and q.shape[-1] in ATTENTION_HEAD_DIMS
+        and 1 <= q.shape[1] <= MAX_BLOCK
+        and k_cache.is_contiguous()
+    )
+
+
+def verify_supported(target_logits: torch.Tensor) -> bool:
+    """Whether the verification kernels cover these logits (else callers use the reference)."""
+    return target_logits.dtype in (torch.float16, torch.bfloat16, torch.float32) and 1 <= target_logits.shape[1] <= MAX_BLOCK
+
+
 def _check_attention_inputs(q, k_block, v_block, k_ctx, v_ctx, new_counts, k_cache, v_cache, cache_lens) -> None:
     batch, block, num_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
