@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from trtllm_dflash.cli import bench, build, doctor, generate, plan, recipes, repo, serve, train
+from trtllm_dflash.cli import bench, build, doctor, generate, plan, plugins, recipes, repo, serve, train
 from trtllm_dflash.errors import DFlashError
 
 app = typer.Typer(
@@ -47,6 +47,7 @@ app.command("plan")(plan.plan)
 app.command("doctor")(doctor.doctor)
 app.command("train-drafter")(train.train_drafter)
 app.command("bench")(bench.bench)
+app.add_typer(plugins.app, name="plugins")
 app.command("build")(build.build)
 
 err_console = Console(stderr=True, highlight=False)

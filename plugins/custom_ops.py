@@ -5,7 +5,9 @@ ONNX exporter maps it to the plugin's ONNX node, see `onnx_nodes.custom_translat
 each op has a fake implementation for shape propagation. At run time an op runs:
 - the compiled Triton kernels on CUDA tensors;
 - the same kernels through Triton's CPU interpreter when `TRITON_INTERPRET=1`;
-- otherwise the torch reference (`reference.py`), which defines the semantics.
+- otherwise, or for inputs the kernels do not cover (float64 models, head dims that are not a
+  power of two in 16..256, blocks over 16), the torch reference (`reference.py`), which defines
+  the semantics.
 
 `dflash::block_attention` appends the new context rows to the caches in place (what a runtime
 wants). Mutating ops cannot be exported, so `dflash::block_attention_functional` returns the
@@ -29,7 +31,7 @@ def kernels_enabled(device: torch.device) -> bool:
 
 
 def _attention(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, scale, window):
-    if kernels_enabled(q.device):
+    if kernels_enabled(q.device) and launch.attention_supported(q, k_cache):
         return launch.block_attention(
             q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, scale, window
         )
@@ -99,7 +101,7 @@ def verify_block(
     stop_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Tree-free block verification; returns int64 `[b, 5]` (`reference.VERIFY_RESULT_COLUMNS`)."""
-    if kernels_enabled(target_logits.device):
+    if kernels_enabled(target_logits.device) and launch.verify_supported(target_logits):
         return launch.verify_block(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, stop_ids)
     return reference.verify_block_packed(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, stop_ids)
 

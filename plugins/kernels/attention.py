@@ -51,36 +51,50 @@ def _online_update(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr
 @triton.jit
 def block_attention_kernel(
     # inputs
-    q_ptr,
-    k_block_ptr,
-    v_block_ptr,
-    k_ctx_ptr,
-    v_ctx_ptr,
-    new_counts_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    cache_lens_ptr,
+    q_ptr, k_block_ptr, v_block_ptr, k_ctx_ptr, v_ctx_ptr, new_counts_ptr, k_cache_ptr, v_cache_ptr, cache_lens_ptr,
     # scalars (int32: TensorRT passes plugin scalars as integers, so the scale travels as its bits)
-    block,
-    num_new,
-    capacity,
-    num_kv_heads,
-    group,
-    window,
-    scale_bits,
-    num_splits,
-    # outputs
-    out_ptr,
-    lse_ptr,
-    k_cache_out_ptr,
-    v_cache_out_ptr,
+    block, num_new, capacity, num_kv_heads, group, window, scale_bits, num_splits,
+    # outputs (the caches alias the cache inputs)
+    out_ptr, k_cache_out_ptr, v_cache_out_ptr,
     # compile-time configuration
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    SPLIT: tl.constexpr,
-    IEEE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, IEEE: tl.constexpr,
+):
+    """Node DFlashBlockAttention: the whole context in one program per (query tile, KV head, row)."""
+    _block_attention(
+        q_ptr, k_block_ptr, v_block_ptr, k_ctx_ptr, v_ctx_ptr, new_counts_ptr, k_cache_ptr, v_cache_ptr, cache_lens_ptr,
+        block, num_new, capacity, num_kv_heads, group, window, scale_bits, 1,
+        out_ptr, out_ptr, k_cache_out_ptr, v_cache_out_ptr,
+        HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_T, False, IEEE,
+    )
+
+
+@triton.jit
+def block_attention_split_kernel(
+    # inputs
+    q_ptr, k_block_ptr, v_block_ptr, k_ctx_ptr, v_ctx_ptr, new_counts_ptr, k_cache_ptr, v_cache_ptr, cache_lens_ptr,
+    # scalars
+    block, num_new, capacity, num_kv_heads, group, window, scale_bits, num_splits,
+    # outputs
+    partial_out_ptr, partial_lse_ptr, k_cache_out_ptr, v_cache_out_ptr,
+    # compile-time configuration
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, IEEE: tl.constexpr,
+):
+    """Node DFlashBlockAttentionSplit: one program per (query tile x split, KV head, row)."""
+    _block_attention(
+        q_ptr, k_block_ptr, v_block_ptr, k_ctx_ptr, v_ctx_ptr, new_counts_ptr, k_cache_ptr, v_cache_ptr, cache_lens_ptr,
+        block, num_new, capacity, num_kv_heads, group, window, scale_bits, num_splits,
+        partial_out_ptr, partial_lse_ptr, k_cache_out_ptr, v_cache_out_ptr,
+        HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_T, True, IEEE,
+    )
+
+
+@triton.jit
+def _block_attention(
+    q_ptr, k_block_ptr, v_block_ptr, k_ctx_ptr, v_ctx_ptr, new_counts_ptr, k_cache_ptr, v_cache_ptr, cache_lens_ptr,
+    block, num_new, capacity, num_kv_heads, group, window, scale_bits, num_splits,
+    out_ptr, lse_ptr, k_cache_out_ptr, v_cache_out_ptr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+    SPLIT: tl.constexpr, IEEE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = pid % num_splits

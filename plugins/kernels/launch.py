@@ -53,15 +53,47 @@ class AttentionConfig:
 
 def attention_config(head_dim: int, block: int = MAX_BLOCK, group: int = 1) -> AttentionConfig:
     """Tile sizes for a KV head's packed query rows (block x group) and a head dimension."""
-    if head_dim not in ATTENTION_HEAD_DIMS:
-        raise DFlashError(f"block attention supports head_dim {ATTENTION_HEAD_DIMS}, not {head_dim}", "use a supported drafter")
     if not 1 <= block <= MAX_BLOCK:
         raise DFlashError(f"block attention supports blocks of 1..{MAX_BLOCK} tokens, not {block}", "use a smaller block size")
     cap = 128 if head_dim <= 128 else 64
-    block_m = min(max(16, next_power_of_2(block * group)), cap)
+    return attention_config_for_tile(head_dim, min(max(16, next_power_of_2(block * group)), cap))
+
+
+def attention_config_for_tile(head_dim: int, block_m: int) -> AttentionConfig:
+    """The rest of the configuration follows from the head dimension and the query tile."""
+    if head_dim not in ATTENTION_HEAD_DIMS:
+        raise DFlashError(f"block attention supports head_dim {ATTENTION_HEAD_DIMS}, not {head_dim}", "use a supported drafter")
     block_n = 64 if head_dim <= 128 else 32
     num_warps = 4 if block_m * head_dim <= 64 * 128 else 8
     return AttentionConfig(head_dim, block_m, block_n, MAX_BLOCK, num_warps, 2)
+
+
+# Grids and int32 scalars of every kernel, shared by the torch launches below and the TensorRT
+# plugins (where the sizes are symbolic shape expressions).
+
+
+def attention_grid(batch, block, kv_heads, group: int, block_m: int, splits):
+    return (cdiv(block * group, block_m) * splits, kv_heads, batch)
+
+
+def attention_scalars(block, num_new, capacity, kv_heads, group: int, window: int, scale: float, splits):
+    return (block, num_new, capacity, kv_heads, group, int(window), float_bits(scale), splits)
+
+
+def merge_grid(batch, block, kv_heads, group: int, block_m: int):
+    return (cdiv(block * group, block_m), kv_heads, batch)
+
+
+def merge_scalars(block, kv_heads, group: int, splits):
+    return (block, kv_heads, group, splits)
+
+
+def verify_positions_grid(batch, block):
+    return (block, batch, 1)
+
+
+def verify_commit_grid(batch):
+    return (batch, 1, 1)
 
 
 def default_kv_splits(batch: int, num_kv_heads: int, m_tiles: int, capacity: int, device: torch.device) -> int:
@@ -72,6 +104,22 @@ def default_kv_splits(batch: int, num_kv_heads: int, m_tiles: int, capacity: int
     programs = max(batch * num_kv_heads * m_tiles, 1)
     wanted = cdiv(2 * sms, programs)
     return int(max(1, min(wanted, cdiv(capacity, 512), 64)))
+
+
+def attention_supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the attention kernel covers these inputs (else callers use the reference)."""
+    return (
+        q.dtype in (torch.float16, torch.bfloat16, torch.float32)
+        and k_cache.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
+        and q.shape[-1] in ATTENTION_HEAD_DIMS
+        and 1 <= q.shape[1] <= MAX_BLOCK
+        and k_cache.is_contiguous()
+    )
+
+
+def verify_supported(target_logits: torch.Tensor) -> bool:
+    """Whether the verification kernels cover these logits (else callers use the reference)."""
+    return target_logits.dtype in (torch.float16, torch.bfloat16, torch.float32) and 1 <= target_logits.shape[1] <= MAX_BLOCK
 
 
 def _check_attention_inputs(q, k_block, v_block, k_ctx, v_ctx, new_counts, k_cache, v_cache, cache_lens) -> None:
@@ -126,23 +174,21 @@ def block_attention(
         v_ctx_new = v_ctx_new.new_zeros(batch, 1, kv_heads, head_dim)
     inputs = (
         q.contiguous(), k_block.contiguous(), v_block.contiguous(), k_ctx_new.contiguous(), v_ctx_new.contiguous(),
-        new_counts.to(torch.int32).contiguous(), k_cache, v_cache, cache_lens.to(torch.int32).contiguous(),
+        new_counts.to(torch.int64).contiguous(), k_cache, v_cache, cache_lens.to(torch.int64).contiguous(),
     )
-    scalars = (block, num_new, capacity, kv_heads, group, int(window), float_bits(scale))
     constants = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_T=config.block_t, IEEE=q.dtype == torch.float32)
     options = _launch_options(q.device, config.num_warps, config.num_stages)
-    grid = (m_tiles * splits, kv_heads, batch)
+    grid = attention_grid(batch, block, kv_heads, group, config.block_m, splits)
+    scalars = attention_scalars(block, num_new, capacity, kv_heads, group, window, scale, splits)
     if splits == 1:
-        module.block_attention_kernel[grid](*inputs, *scalars, 1, out, out, k_cache, v_cache, SPLIT=False, **constants, **options)
+        module.block_attention_kernel[grid](*inputs, *scalars, out, k_cache, v_cache, **constants, **options)
         return out
     rows = block * group
     partial_out = torch.empty(batch, kv_heads, splits, rows, head_dim, dtype=torch.float32, device=q.device)
     partial_lse = torch.empty(batch, kv_heads, splits, rows, dtype=torch.float32, device=q.device)
-    module.block_attention_kernel[grid](
-        *inputs, *scalars, splits, partial_out, partial_lse, k_cache, v_cache, SPLIT=True, **constants, **options
-    )
-    module.merge_kernel[(m_tiles, kv_heads, batch)](
-        partial_out, partial_lse, q, block, kv_heads, group, splits, out,
+    module.block_attention_split_kernel[grid](*inputs, *scalars, partial_out, partial_lse, k_cache, v_cache, **constants, **options)
+    module.merge_kernel[merge_grid(batch, block, kv_heads, group, config.block_m)](
+        partial_out, partial_lse, q, *merge_scalars(block, kv_heads, group, splits), out,
         HEAD_DIM=head_dim, BLOCK_M=config.block_m, **_launch_options(q.device, 4, 1),
     )
     return out
@@ -172,9 +218,8 @@ def verify_positions(
     if batch == 0:
         return decisions
     has_draft = draft_probs is not None and block > 1
-    if not has_draft:
-        draft_probs = torch.zeros(1, dtype=torch.float32, device=device)
-    kernels.for_tensor_device("verify", device).verify_positions_kernel[(block, batch)](
+    draft_probs = draft_probs.to(torch.float32) if has_draft else torch.zeros(1, dtype=torch.float32, device=device)
+    kernels.for_tensor_device("verify", device).verify_positions_kernel[verify_positions_grid(batch, block)](
         target_logits.contiguous(), block_tokens.to(torch.int64).contiguous(), draft_probs.contiguous(),
         temperature.to(torch.float32).contiguous(), top_k.to(torch.int64).contiguous(),
         top_p.to(torch.float32).contiguous(), seed.to(torch.int64).contiguous(), start.to(torch.int64).contiguous(),
@@ -196,7 +241,7 @@ def verify_commit(
     num_stop = 0 if stop_ids is None else stop_ids.shape[1]
     if num_stop == 0:
         stop_ids = torch.full((1, 1), -1, dtype=torch.int64, device=device)
-    kernels.for_tensor_device("verify", device).verify_commit_kernel[(batch,)](
+    kernels.for_tensor_device("verify", device).verify_commit_kernel[verify_commit_grid(batch)](
         decisions.contiguous(), block_tokens.to(torch.int64).contiguous(), start.to(torch.int64).contiguous(),
         stop_ids.to(torch.int64).contiguous(), block, num_stop, result,
         BLOCK_T=MAX_BLOCK, BLOCK_S=COMMIT_BLOCK_S, **_launch_options(device, 1, 1),

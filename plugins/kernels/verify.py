@@ -82,7 +82,7 @@ def _kth_largest_key(row_ptr, vocab, temperature, k, BLOCK_V: tl.constexpr):
     bins = tl.arange(0, 16)
     prefix = tl.full((), 0, tl.int64)
     remaining = k.to(tl.int64)
-    for rnd in tl.static_range(8):
+    for rnd in range(8):  # not unrolled: keeps the kernel small
         shift = 28 - 4 * rnd
         hist = tl.full([16], 0, tl.int32)
         for v0 in range(0, vocab, BLOCK_V):
@@ -118,7 +118,7 @@ def _top_p_key(row_ptr, vocab, temperature, row_max, z_k, top_k_key, top_p, BLOC
     prefix = tl.full((), 0, tl.int64)
     remaining = top_p
     found = tl.full((), 1, tl.int32)
-    for rnd in tl.static_range(8):
+    for rnd in range(8):  # not unrolled: keeps the kernel small
         shift = 28 - 4 * rnd
         weight = tl.full([16], 0.0, tl.float32)
         for v0 in range(0, vocab, BLOCK_V):
