@@ -118,27 +118,17 @@ def tool_versions() -> dict[str, str | None]:
     return versions
 
 
-PTX_ARCHS = (90, 100, 103, 120)
+def ptx_isa_versions() -> dict[str, dict[str, str]]:
+    """PTX ISA (and the oldest driver that can JIT it) per architecture of the plugin kernels.
 
-
-def ptx_isa_versions(archs: tuple[int, ...] = PTX_ARCHS) -> dict[str, str | None]:
-    """PTX ISA that Triton emits per architecture with its bundled ptxas (see PLATFORM.md).
-
-    A driver older than the PTX ISA cannot JIT the plugin kernels, so the manifest records it.
+    The plugins pin the PTX ISA per target (`plugins/aot.py`) because a PTX newer than the driver
+    fails when TensorRT loads the kernel; the manifest records the choice per deployment arch.
     """
     try:
-        from triton.backends.nvidia import compiler
-    except Exception:  # noqa: BLE001 - Triton absent or without the NVIDIA backend
-        return {f"sm_{a}": None for a in archs}
-    out: dict[str, str | None] = {}
-    for arch in archs:
-        suffix = "a" if arch >= 90 else ""
-        try:
-            version = compiler.ptx_get_version(compiler.get_ptxas(arch).version)
-            out[f"sm_{arch}{suffix}"] = f"{version // 10}.{version % 10}"
-        except Exception:  # noqa: BLE001 - ptxas missing or unparsable
-            out[f"sm_{arch}{suffix}"] = None
-    return out
+        from trtllm_dflash.plugins import aot
+    except Exception:  # noqa: BLE001 - the plugins part (or Triton) is not installed
+        return {}
+    return {a.name: {"ptx_isa": a.ptx_isa_text, "min_driver": a.min_driver, "cuda": a.cuda} for a in aot.ARCHES.values()}
 
 
 def read_json(path: Path) -> Any:

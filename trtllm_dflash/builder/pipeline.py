@@ -253,13 +253,14 @@ def run_engines(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
         timing_cache = ctx.out / ".cache" / "timing" / f"{flavour.name}-{flavour.version}-sm{spec.gpu.sm}.cache"
     built: dict[str, Any] = {}
     skipped: dict[str, str] = {}
+    plugins: dict[str, list[str]] = {}
     for variant in export["variants"]:
         reason = plugin_graphs.engine_support(variant, flavour.name)
         if reason is not None:
             skipped[variant] = reason
             continue
         if variant != "native":
-            plugin_graphs.register_tensorrt_plugins(flavour.trt)
+            plugins[variant] = plugin_graphs.register_tensorrt_plugins(spec.gpu.sm_arch)
         built[variant] = {}
         for graph in ("target", "drafter"):
             graph_info = info["variants"][variant][graph]
@@ -294,6 +295,7 @@ def run_engines(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
         else f"{export['dtype']}, strongly typed (precision follows the graph)",
         "engines": built,
         "skipped_variants": skipped,
+        "plugins": plugins,
         "block_size": export["block_size"],
         "bounds": export["bounds"],
     }

@@ -61,8 +61,8 @@ def engine_support(variant: str, flavour: str) -> str | None:
     return None
 
 
-def register_tensorrt_plugins(trt) -> None:
-    """Register the DFlash plugins with TensorRT before parsing plugin graphs."""
-    from trtllm_dflash.plugins import tensorrt_plugins  # type: ignore[attr-defined]
+def register_tensorrt_plugins(arch: str) -> list[str]:
+    """Register the DFlash plugins (kernels compiled ahead of time for `arch`) before parsing plugin graphs."""
+    from trtllm_dflash.plugins import tensorrt_plugins
 
-    tensorrt_plugins.register(trt)
+    return tensorrt_plugins.register_plugins(arch=arch)
