@@ -129,6 +129,10 @@ def main() -> None:
         clients = {name: DFlashClient(http, model=name, grpc_url=grpc, timeout=1800) for name in ("dflash", "ar")}
         for client in clients.values():  # warm up both models (first-call allocations)
             client.complete(PROMPTS[0], protocol=args.protocol, max_tokens=8)
+        sample = clients["dflash"].generate(PROMPTS[0], max_tokens=args.max_tokens)
+        console.print(f"[bold]{PROMPTS[0]}[/]{sample.text}")
+        console.print(f"[dim]one request to dflash: {sample.num_output_tokens} tokens, tau {sample.mean_acceptance_length:.2f}, "
+                      f"TTFT {1000 * sample.time_to_first_token:.0f} ms[/]")
         rows = []
         for level in levels:
             requests = args.requests or max(2 * level, 8)

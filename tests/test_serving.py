@@ -75,10 +75,10 @@ def client(server):
     return DFlashClient(server.endpoints.http, model="dflash", grpc_url=server.endpoints.grpc, timeout=300)
 
 
-def offline(pair, prompts: list[str], max_tokens: int, drafter: bool = True) -> list[dict]:
+def offline(pair, prompts: list[str], max_tokens: int, drafter: bool = True, sampling: tuple[str, ...] = ()) -> list[dict]:
     """`dflash-trt generate --json` for the same prompts: the reference the server must match."""
     target, draft = pair
-    args = ["generate", "--target", target, "--json", "-n", str(max_tokens)]
+    args = ["generate", "--target", target, "--json", "-n", str(max_tokens), *sampling]
     if drafter:
         args += ["--drafter", draft]
     for prompt in prompts:
@@ -142,6 +142,14 @@ def test_grpc_streaming_matches_offline(client, reference):
         assert completion.text == expected["text"]
         assert completion.acceptance_lengths == expected["acceptance_lengths"]
         assert completion.mean_acceptance_length == pytest.approx(expected["mean_acceptance_length"], abs=1e-3)
+
+
+def test_seeded_sampling_matches_offline(client, pair):
+    """Temperature > 0 with a seed: the counter-based RNG gives the offline tokens in any batch."""
+    expected = offline(pair, PROMPTS[:2], 24, sampling=("--temperature", "0.8", "--top-p", "0.95", "--seed", "7"))
+    for prompt, reference in zip(PROMPTS[:2], expected):
+        completion = client.complete(prompt, protocol="grpc", max_tokens=24, temperature=0.8, top_p=0.95, seed=7)
+        assert completion.token_ids == reference["token_ids"]
 
 
 def test_autoregressive_baseline_model_gives_the_same_tokens(server, reference):
