@@ -138,7 +138,7 @@ def test_llm_api_schema_rejects_unknown_keys_and_wrong_types(tmp_path):
     from trtllm_dflash.serving.trtllm import llm_api_options, model_yaml, validate_model_yaml
 
     recipe = find_recipe("gpt-oss-120b", "b300")
-    good = model_yaml(recipe, llm_api_options(recipe)[0])
+    good = model_yaml(recipe.model.checkpoint, llm_api_options(recipe)[0])
     cases = [
         ({**good, "tensor_parallel": 8}, "tensor_parallel: unknown LLM-API key"),
         ({**good, "speculative_config": {**good["speculative_config"], "max_draft_length": 9}}, "speculative_config.max_draft_length: unknown"),
@@ -260,3 +260,42 @@ def test_engine_streams_and_drops_a_client_that_went_away(tiny_pair):
     assert len(leaves.responses) == 1 and not leaves.responses[0][1] and leaves.errors == ["request cancelled"]
     assert not engine.jobs
     json.dumps([r[0]["finish_reason"][0].decode() for r in stays.responses])
+
+
+def test_repo_from_a_build_uses_its_engines_when_built_else_its_checkpoints(tiny_pair, tmp_path):
+    """The manifest format of `dflash-trt build` (issue 4): complete stages with their summaries."""
+    from trtllm_dflash.serving.config import ServingConfig
+
+    target, drafter = tiny_pair
+    build = tmp_path / "build"
+    build.mkdir()
+    manifest = {
+        "format": 1,
+        "recipe": {"runtime": "trt", "max_batch": 8, "max_input_len": 200, "max_seq_len": 512, "block_size": 4},
+        "stages": {
+            "checkpoints": {"status": "complete", "dir": "checkpoints",
+                            "summary": {"target": {"path": str(target)}, "drafter": {"path": str(drafter)}}},
+            "engines": {"status": "blocked", "missing": "a GPU", "how_to_get_it": "run on a GPU machine"},
+        },
+    }
+    (build / "manifest.json").write_text(json.dumps(manifest))
+
+    def served(repo):
+        return {
+            name: ServingConfig.from_parameters({k: v.string_value for k, v in _parse_pbtxt(repo / name / "config.pbtxt").parameters.items()})
+            for name in ("dflash", "ar")
+        }
+
+    result = _cli("repo", "--build", str(build), "--out", str(tmp_path / "repo"))
+    assert result.exit_code == 0, result.output
+    configs = served(tmp_path / "repo")
+    assert configs["dflash"].runtime == "torch" and configs["dflash"].drafter == str(drafter)
+    assert (configs["dflash"].max_batch, configs["dflash"].max_context, configs["dflash"].max_tokens, configs["dflash"].block_size) == (8, 512, 312, 4)
+    assert configs["ar"].drafter is None
+    manifest["stages"]["engines"] = {"status": "complete", "dir": "engines", "summary": {}}
+    (build / "manifest.json").write_text(json.dumps(manifest))
+    from trtllm_dflash.serving.repository import write_build_repository
+
+    configs = served(write_build_repository(build))
+    assert configs["dflash"].runtime == "trt" and configs["dflash"].engines == str(build / "engines")
+    _fails(_cli("repo", "--build", str(tmp_path), "--out", str(tmp_path / "r2")), "no manifest.json")

@@ -288,7 +288,7 @@ def load_pipeline(config: ServingConfig):
                 f"this repository serves TensorRT engines from {config.engines}, but this trtllm-dflash has no engine runtime",
                 "install a trtllm-dflash with the TensorRT runtime and `pip install tensorrt`, on a GPU machine",
             ) from None
-        return load_engine_pipeline(config.engines, device=device, max_context=config.max_context)
+        return load_engine_pipeline(config.engines, drafter=config.speculative, device=device, max_context=config.max_context)
     return DFlashPipeline.load(config.target, config.drafter, device=device, max_context=config.max_context)
 
 
