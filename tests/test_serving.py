@@ -212,7 +212,10 @@ def test_sixteen_concurrent_streams_complete_correctly_and_are_batched(server, c
 
 
 def test_metrics_expose_acceptance_ttft_and_tokens_per_second(server, client):
+    from trtllm_dflash.serving.client import DFlashClient
+
     client.generate(PROMPTS[1], max_tokens=16)
+    DFlashClient(server.endpoints.http, model="ar").generate(PROMPTS[1], max_tokens=16)
     metrics = _metrics(server)
     assert metrics["acceptance_length"].count > 0 and metrics["acceptance_length"].mean >= 1.0
     assert metrics["time_to_first_token_seconds"].count > 0
