@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from trtllm_dflash.cli import generate, recipes, repo, serve
+from trtllm_dflash.cli import doctor, generate, plan, recipes, repo, serve
 from trtllm_dflash.errors import DFlashError
 
 app = typer.Typer(
@@ -41,6 +41,8 @@ def root(
 
 app.command("generate")(generate.generate)
 app.add_typer(recipes.app, name="recipes")
+app.command("plan")(plan.plan)
+app.command("doctor")(doctor.doctor)
 app.command("repo")(repo.repo)
 app.command("serve")(serve.serve)
 

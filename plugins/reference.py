@@ -205,8 +205,9 @@ def block_attention(
     batch, block, num_heads, head_dim = q.shape
     ctx_lens = cache_lens + new_counts
     span = int(ctx_lens.max()) if batch else 0
-    keys = torch.cat([k_cache[:, :span].float(), k_block.float()], dim=1)
-    values = torch.cat([v_cache[:, :span].float(), v_block.float()], dim=1)
+    compute = torch.promote_types(q.dtype, torch.float32)  # fp32 accumulation, fp64 stays fp64
+    keys = torch.cat([k_cache[:, :span].to(compute), k_block.to(compute)], dim=1)
+    values = torch.cat([v_cache[:, :span].to(compute), v_block.to(compute)], dim=1)
 
     key_pos = torch.arange(span + block, device=q.device).view(1, 1, -1)
     is_ctx = key_pos < span
@@ -218,7 +219,7 @@ def block_attention(
         visible = visible & (key_pos <= query_pos) & (key_pos > query_pos - window)
 
     out = F.scaled_dot_product_attention(
-        q.float().transpose(1, 2),
+        q.to(compute).transpose(1, 2),
         keys.transpose(1, 2),
         values.transpose(1, 2),
         attn_mask=visible.unsqueeze(1),
