@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from trtllm_dflash.cli import doctor, generate, plan, recipes, repo, serve
+from trtllm_dflash.cli import bench, doctor, generate, plan, recipes, repo, serve, train
 from trtllm_dflash.errors import DFlashError
 
 app = typer.Typer(
@@ -45,6 +45,8 @@ app.command("plan")(plan.plan)
 app.command("doctor")(doctor.doctor)
 app.command("repo")(repo.repo)
 app.command("serve")(serve.serve)
+app.command("train-drafter")(train.train_drafter)
+app.command("bench")(bench.bench)
 
 err_console = Console(stderr=True, highlight=False)
 

@@ -65,9 +65,12 @@ class DrafterTrainer:
         self.decoder(input_ids=input_ids, use_cache=False)
         return self.taps.features().detach()
 
-    def train_step(self, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> dict:
+    def train_step(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, features: torch.Tensor | None = None) -> dict:
+        """One optimizer step; `features` are the tapped target states (computed here when None)."""
         config = self.config
-        features = self.target_features(input_ids).to(next(self.drafter.parameters()).dtype)
+        if features is None:
+            features = self.target_features(input_ids)
+        features = features.to(next(self.drafter.parameters()).dtype)
         eligible = loss_mask.bool().clone()
         eligible[:, 0] = False  # a block needs some context before its anchor
         eligible[:, -1] = False  # and at least one position after it

@@ -1,0 +1,86 @@
+"""`dflash-trt bench`: autoregressive vs DFlash, side by side in one run; table, JSON and plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from trtllm_dflash.cli.common import quiet_libraries
+from trtllm_dflash.errors import DFlashError
+
+
+def _int_list(text: Optional[str], option: str) -> Optional[list[int]]:
+    if not text:
+        return None
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise DFlashError(f"{option} {text!r} is not a comma-separated list of integers", f"e.g. {option} 1,2,4") from None
+
+
+def bench(
+    model: Optional[str] = typer.Option(None, "--model", help="'demo': the embedded target/drafter pair."),
+    target: Optional[str] = typer.Option(None, "--target", help="Target model directory (Hugging Face layout)."),
+    drafter: Optional[str] = typer.Option(None, "--drafter", help="DFlash drafter directory (z-lab layout)."),
+    build: Optional[Path] = typer.Option(None, "--build", help="A `dflash-trt build` output directory (engines; issue 4)."),
+    url: Optional[str] = typer.Option(None, "--url", help="A running DFlash Triton server (serving; issue 5)."),
+    prompts: str = typer.Option("code", "--prompts", help="Prompt set: code, math, chat, stdlib (demo held-out), or a JSONL file."),
+    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Use only the first N prompts of the set."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Tokens generated per prompt."),
+    block_size: Optional[int] = typer.Option(None, "--block-size", "-b", help="Headline block size (default: the drafter's)."),
+    block_sizes: Optional[str] = typer.Option(None, "--block-sizes", help="Block-size sweep, e.g. 4,8,16 (default: 2,4,.. up to the drafter's)."),
+    concurrency: str = typer.Option("1,2,4,8", "--concurrency", help="Concurrency sweep levels."),
+    repeats: int = typer.Option(1, "--repeats", help="Passes over the prompt set in the main comparison."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Directory for bench.json and the PNG plots."),
+    no_plots: bool = typer.Option(False, "--no-plots", help="Skip the PNG plots."),
+) -> None:
+    """Measure tokens/s, speedup, tau, step times and sweeps of DFlash vs autoregressive decoding."""
+    if device not in ("cpu", "cuda"):
+        raise DFlashError(f"unknown device {device!r}", "use --device cpu or --device cuda")
+    if repeats < 1:
+        raise DFlashError(f"--repeats must be >= 1, got {repeats}", "pass a positive number")
+    if num_prompts is not None and num_prompts < 1:
+        raise DFlashError(f"--num-prompts must be >= 1, got {num_prompts}", "pass a positive number")
+    if out is not None and out.exists() and not out.is_dir():
+        raise DFlashError(f"--out {out} is a file", "pass a directory")
+    from trtllm_dflash.bench.measure import BenchConfig, run_bench
+    from trtllm_dflash.bench.prompts import load_prompt_set
+
+    config = BenchConfig(
+        max_new_tokens=max_new_tokens, block_size=block_size, block_sizes=_int_list(block_sizes, "--block-sizes"),
+        concurrency=_int_list(concurrency, "--concurrency") or [1], repeats=repeats,
+    )
+    prompt_texts = load_prompt_set(prompts, num_prompts)
+    quiet_libraries()
+    import torch
+
+    from trtllm_dflash.bench.backends import open_backend
+    from trtllm_dflash.bench.report import print_report, write_json, write_plots
+
+    if threads:
+        torch.set_num_threads(threads)
+    backend = open_backend(model=model, target=target, drafter=drafter, build=build, url=url, device=device)
+    console = Console(highlight=False)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(phase, total=total)
+            bar.update(tasks[phase], completed=done)
+
+        report = run_bench(backend, prompt_texts, config, progress)
+    report["settings"]["prompt_set"] = prompts
+    print_report(report, console)
+    if out is not None:
+        written = [write_json(report, out / "bench.json")]
+        if not no_plots:
+            written += write_plots(report, out)
+        console.print("wrote " + ", ".join(str(p) for p in written))

@@ -1,0 +1,132 @@
+"""Presenting a bench report: rich tables, a JSON file and PNG plots (matplotlib, Agg)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def print_report(report: dict, console: Console) -> None:
+    s, system = report["summary"], report["system"]
+    settings = report["settings"]
+    console.print(
+        f"[bold]{system['backend']}[/] on {system['device']}: {settings['prompts']} prompts x {settings['repeats']}, "
+        f"{settings['max_new_tokens']} new tokens, temperature 0, block size {settings['block_size']}"
+    )
+    head = Table(title="autoregressive vs DFlash (same run, interleaved)")
+    for column in ("AR tok/s", "DFlash tok/s", "speedup", "tau", "tau-ideal speedup", "AR step ms", "draft ms", "verify ms", "lossless"):
+        head.add_column(column, justify="right")
+    head.add_row(
+        f"{s['ar_tokens_per_second']:.1f}", f"{s['dflash_tokens_per_second']:.1f}", f"{s['speedup']:.2f}x",
+        f"{s['tau']:.2f}", f"{s['tau_ideal_speedup']:.2f}x", _ms(s["ar_step_ms"]), _ms(s["draft_ms"]), _ms(s["verify_ms"]),
+        "[green]yes[/]" if s["lossless"] else f"[red]NO ({s['mismatched_prompts']} prompts differ)[/]",
+    )
+    console.print(head)
+
+    hist = s["tau_histogram"]
+    total = max(1, sum(hist.values()))
+    console.print("tau histogram (tokens per verify step): " + "  ".join(f"{k}:{100 * v / total:.0f}%" for k, v in hist.items()))
+
+    blocks = Table(title="block-size sweep")
+    for column in ("block", "tau", "tok/s", "speedup", "tau-ideal", "draft ms", "verify ms", "lossless"):
+        blocks.add_column(column, justify="right")
+    for row in report["block_sizes"]:
+        blocks.add_row(
+            str(row["block_size"]), f"{row['tau']:.2f}", f"{row['tokens_per_second']:.1f}", f"{row['speedup']:.2f}x",
+            f"{row['tau_ideal_speedup']:.2f}x", _ms(row["draft_ms"]), _ms(row["verify_ms"]), "yes" if row["lossless"] else "NO",
+        )
+    console.print(blocks)
+
+    conc = Table(title="concurrency sweep (throughput vs per-user speed)")
+    for column in ("concurrency", "AR tok/s", "AR tok/s/user", "DFlash tok/s", "DFlash tok/s/user", "speedup", "tau", "identical"):
+        conc.add_column(column, justify="right")
+    for row in report["concurrency"]:
+        conc.add_row(
+            str(row["concurrency"]), f"{row['ar']['throughput']:.1f}", f"{row['ar']['per_user_tokens_per_second']:.1f}",
+            f"{row['dflash']['throughput']:.1f}", f"{row['dflash']['per_user_tokens_per_second']:.1f}",
+            f"{row['speedup']:.2f}x", f"{row['dflash']['tau']:.2f}", f"{row['identical_outputs']}/{row['requests']}",
+        )
+    console.print(conc)
+
+
+def write_json(report: dict, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return path
+
+
+def write_plots(report: dict, out_dir: Path) -> list[Path]:
+    """Four PNGs: Pareto curve, tau histogram, block-size sweep, step times."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    title = f"{report['system']['backend']} on {report['system']['device']}"
+
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for key, label, marker in (("ar", "autoregressive", "o"), ("dflash", "DFlash", "s")):
+        xs = [row[key]["per_user_tokens_per_second"] for row in report["concurrency"]]
+        ys = [row[key]["throughput"] for row in report["concurrency"]]
+        ax.plot(xs, ys, marker=marker, label=label)
+        for row, x, y in zip(report["concurrency"], xs, ys):
+            ax.annotate(f"c={row['concurrency']}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xlabel("per-user tokens/s (interactivity)")
+    ax.set_ylabel("throughput, tokens/s")
+    ax.set_title(f"throughput vs interactivity ({title})")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    written.append(_save(fig, out_dir / "pareto.png"))
+
+    hist = report["summary"]["tau_histogram"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.bar([int(k) for k in hist], list(hist.values()))
+    ax.axvline(report["summary"]["tau"], color="red", linestyle="--", label=f"mean tau {report['summary']['tau']:.2f}")
+    ax.set_xlabel("tokens committed per verify step (tau)")
+    ax.set_ylabel("steps")
+    ax.set_title(f"acceptance, block size {report['settings']['block_size']}")
+    ax.legend()
+    written.append(_save(fig, out_dir / "tau_histogram.png"))
+
+    rows = report["block_sizes"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    sizes = [r["block_size"] for r in rows]
+    ax.plot(sizes, [r["speedup"] for r in rows], marker="o", label="measured speedup")
+    ax.plot(sizes, [r["tau_ideal_speedup"] for r in rows], marker="^", linestyle="--", label="tau-ideal speedup")
+    ax.plot(sizes, [r["tau"] for r in rows], marker="s", label="tau")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(s) for s in sizes])
+    ax.set_xlabel("block size")
+    ax.set_title("block-size sweep")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    written.append(_save(fig, out_dir / "block_sweep.png"))
+
+    s = report["summary"]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.barh(["autoregressive step"], [s["ar_step_ms"] or 0], color="tab:blue")
+    ax.barh(["DFlash step"], [s["draft_ms"] or 0], color="tab:orange", label="draft")
+    ax.barh(["DFlash step"], [s["verify_ms"] or 0], left=[s["draft_ms"] or 0], color="tab:green", label="verify")
+    ax.set_xlabel("ms per step")
+    ax.set_title(f"time per step (one AR step = 1 token, one DFlash step = {s['tau']:.2f} tokens)")
+    ax.legend()
+    written.append(_save(fig, out_dir / "step_times.png"))
+    return written
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
