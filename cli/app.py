@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from trtllm_dflash.cli import bench, doctor, generate, plan, recipes, repo, serve, train
+from trtllm_dflash.cli import bench, doctor, generate, plan, plugins, recipes, repo, serve, train
 from trtllm_dflash.errors import DFlashError
 
 app = typer.Typer(
@@ -43,6 +43,7 @@ app.command("generate")(generate.generate)
 app.add_typer(recipes.app, name="recipes")
 app.command("plan")(plan.plan)
 app.command("doctor")(doctor.doctor)
+app.add_typer(plugins.app, name="plugins")
 app.command("repo")(repo.repo)
 app.command("serve")(serve.serve)
 app.command("train-drafter")(train.train_drafter)
