@@ -74,7 +74,8 @@ def repo(
     target, draft = repository.check_checkpoints(target, draft)
     options = {"device": device, "num_threads": threads}
     overrides = {"max_batch": max_batch, "max_context": max_context, "max_tokens": max_tokens, "block_size": block_size}
-    options.update({k: v for k, v in {**limits, **overrides}.items() if v is not None})
+    options.update(limits)
+    options.update({k: v for k, v in overrides.items() if v is not None})  # flags override the recipe
     if options.get("max_tokens") and options.get("max_context"):
         options["max_tokens"] = min(options["max_tokens"], options["max_context"] - 1)
     models = [(name, _config(ServingConfig, target=target, drafter=draft, **options))]
