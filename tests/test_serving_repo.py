@@ -299,3 +299,22 @@ def test_repo_from_a_build_uses_its_engines_when_built_else_its_checkpoints(tiny
     configs = served(write_build_repository(build))
     assert configs["dflash"].runtime == "trt" and configs["dflash"].engines == str(build / "engines")
     _fails(_cli("repo", "--build", str(tmp_path), "--out", str(tmp_path / "r2")), "no manifest.json")
+
+
+def test_repo_for_the_demo_takes_its_limits_from_the_demo_recipe(tmp_path):
+    from trtllm_dflash.demo import DEMO_DIR
+    from trtllm_dflash.recipes import find_recipe
+    from trtllm_dflash.serving.config import ServingConfig
+
+    if not (DEMO_DIR / "target" / "config.json").is_file():
+        pytest.skip("the embedded demo pair is not in this checkout")
+    recipe = find_recipe("demo", "cpu")
+    result = _cli("repo", "--model", "demo", "--out", str(tmp_path / "repo"), "--max-batch", "4")
+    assert result.exit_code == 0, result.output
+    parameters = _parse_pbtxt(tmp_path / "repo" / "dflash" / "config.pbtxt").parameters
+    config = ServingConfig.from_parameters({k: v.string_value for k, v in parameters.items()})
+    assert (config.target, config.drafter) == ("demo", "demo")
+    assert config.max_context == recipe.limits.max_seq_len
+    assert config.max_tokens == recipe.limits.max_seq_len - recipe.limits.max_input_len
+    assert config.block_size == recipe.drafter.block_size
+    assert config.max_batch == 4  # a flag overrides the recipe
