@@ -27,18 +27,6 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-# Built-in prompts (code, as the demo pair was trained on Python source); no download.
-PROMPTS = [
-    "def fibonacci(n):\n",
-    "import os\n\n\ndef list_files(path):\n",
-    "class Stack:\n    def __init__(self):\n",
-    "def read_json(path):\n    with open(path) as handle:\n",
-    "for index, value in enumerate(values):\n",
-    "def is_prime(number):\n",
-    "    def __repr__(self):\n",
-    "def merge_sorted(left, right):\n    result = []\n",
-]
-
 
 def run_level(client, prompts: list[str], concurrency: int, requests: int, max_tokens: int, protocol: str) -> dict:
     """`requests` requests through `concurrency` users (each sends its next request when its last one ends)."""
@@ -72,13 +60,20 @@ def run_level(client, prompts: list[str], concurrency: int, requests: int, max_t
     wall = time.perf_counter() - started
     if errors:
         raise SystemExit(f"{len(errors)} request(s) failed, e.g. {errors[0]}")
+    return {"wall": wall, "results": results}
+
+
+def summarise(runs: list[dict]) -> dict:
+    """Totals over the rounds of one model at one concurrency (ratios of sums, not means of ratios)."""
+    results = [item for run in runs for item in run["results"]]
     tokens = sum(len(c.token_ids) for _, c in results)
     taus = [c.mean_acceptance_length for _, c in results if c.acceptance_lengths]
     return {
-        "wall_s": wall,
+        "requests": len(results),
+        "wall_s": sum(run["wall"] for run in runs),
         "tokens": tokens,
-        "throughput": tokens / wall,
-        "per_user": statistics.mean(len(c.token_ids) / c.latency for _, c in results),
+        "throughput": tokens / sum(run["wall"] for run in runs),
+        "per_user": tokens / sum(c.latency for _, c in results),  # tokens/s a user sees while waiting
         "ttft_ms": 1000 * statistics.median(c.client_time_to_first_token for _, c in results),
         "tau": statistics.mean(taus) if taus else 1.0,
         "outputs": {prompt: c.token_ids for prompt, c in results},
@@ -94,7 +89,10 @@ def main() -> None:
     parser.add_argument("--drafter", help="drafter directory when --model is a directory")
     parser.add_argument("--grpc-url", help="gRPC endpoint of a running server (with --url)")
     parser.add_argument("--concurrency", default="1,4,16", help="comma-separated concurrency levels")
-    parser.add_argument("--requests", type=int, default=0, help="requests per level and model (default: max(2 x concurrency, 8))")
+    parser.add_argument("--requests", type=int, default=0, help="requests per round, level and model (default: max(4 x concurrency, 16))")
+    parser.add_argument("--rounds", type=int, default=3, help="AR / DFlash alternations per level (noise on shared machines)")
+    parser.add_argument("--prompts", default="stdlib", help="prompt set of `dflash-trt bench` (code, math, chat, stdlib) or a JSONL file")
+    parser.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts of the set")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per served model (0 = torch's default)")
@@ -102,8 +100,11 @@ def main() -> None:
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
 
+    from trtllm_dflash.bench.prompts import load_prompt_set
     from trtllm_dflash.serving.client import DFlashClient
     from trtllm_dflash.serving.server import TritonServer, free_port
+
+    prompts = load_prompt_set(args.prompts, args.num_prompts)
 
     console = Console(highlight=False, width=max(Console().width, 150))
     server = None
@@ -128,15 +129,20 @@ def main() -> None:
     try:
         clients = {name: DFlashClient(http, model=name, grpc_url=grpc, timeout=1800) for name in ("dflash", "ar")}
         for client in clients.values():  # warm up both models (first-call allocations)
-            client.complete(PROMPTS[0], protocol=args.protocol, max_tokens=8)
+            client.complete(prompts[0], protocol=args.protocol, max_tokens=8)
+        sample = clients["dflash"].generate(prompts[0], max_tokens=args.max_tokens)
+        console.print(f"[bold]{prompts[0]}[/]{sample.text}")
+        console.print(f"[dim]one request to dflash: {sample.num_output_tokens} tokens, tau {sample.mean_acceptance_length:.2f}, "
+                      f"TTFT {1000 * sample.time_to_first_token:.0f} ms[/]")
         rows = []
         for level in levels:
-            requests = args.requests or max(2 * level, 8)
-            order = ("dflash", "ar") if level % 2 else ("ar", "dflash")  # interleaved, alternating order
-            measured = {}
-            for name in order:
-                console.print(f"  concurrency {level:>3}: {name:<6} {requests} requests x {args.max_tokens} tokens ...")
-                measured[name] = run_level(clients[name], PROMPTS, level, requests, args.max_tokens, args.protocol)
+            requests = args.requests or max(4 * level, 16)
+            runs: dict[str, list] = {"dflash": [], "ar": []}
+            console.print(f"  concurrency {level:>3}: {args.rounds} rounds x (AR, DFlash) x {requests} requests x {args.max_tokens} tokens ...")
+            for round_ in range(args.rounds):  # interleaved, alternating which goes first
+                for name in (("ar", "dflash") if round_ % 2 == 0 else ("dflash", "ar")):
+                    runs[name].append(run_level(clients[name], prompts, level, requests, args.max_tokens, args.protocol))
+            measured = {name: summarise(model_runs) for name, model_runs in runs.items()}
             lossless = all(measured["dflash"]["outputs"][p] == measured["ar"]["outputs"][p] for p in measured["ar"]["outputs"])
             rows.append({"concurrency": level, "requests": requests, "lossless": lossless,
                          **{f"{name}_{k}": v for name, m in measured.items() for k, v in m.items() if k != "outputs"}})
@@ -144,7 +150,8 @@ def main() -> None:
         if server is not None:
             server.stop()
 
-    table = Table(title=f"DFlash vs autoregressive through tritonserver ({args.protocol}, {args.max_tokens} tokens per request)")
+    title = f"DFlash vs autoregressive through tritonserver ({args.protocol}, prompts: {args.prompts}, {args.max_tokens} tokens per request)"
+    table = Table(title=title)
     for column in ("concurrency", "AR tok/s", "DFlash tok/s", "speedup", "AR tok/s/user", "DFlash tok/s/user",
                    "speedup/user", "tau", "TTFT AR/DFlash ms", "lossless"):
         table.add_column(column, justify="right")

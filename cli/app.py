@@ -41,13 +41,13 @@ def root(
 
 app.command("generate")(generate.generate)
 app.add_typer(recipes.app, name="recipes")
-app.command("repo")(repo.repo)
-app.command("serve")(serve.serve)
 app.command("plan")(plan.plan)
 app.command("doctor")(doctor.doctor)
+app.add_typer(plugins.app, name="plugins")
+app.command("repo")(repo.repo)
+app.command("serve")(serve.serve)
 app.command("train-drafter")(train.train_drafter)
 app.command("bench")(bench.bench)
-app.add_typer(plugins.app, name="plugins")
 app.command("build")(build.build)
 
 err_console = Console(stderr=True, highlight=False)

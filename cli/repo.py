@@ -45,42 +45,43 @@ def repo(
     console = Console(highlight=False)
     limits: dict = {}
     if build is not None:
-        models = repository.models_from_build(build)
-        source = {"build": str(build.resolve())}
-    else:
-        found = _recipe_for(model, gpu, recipe)
-        if found is not None and found.runtime == "trtllm":
-            from trtllm_dflash.serving.trtllm import write_trtllm_repository
+        path = repository.write_build_repository(build, out, force=force)
+        console.print(f"wrote {escape(str(path))} from the build in {escape(str(build))}; serve it with `dflash-trt serve {escape(str(path))}`")
+        return
+    found = _recipe_for(model, gpu, recipe)
+    if found is not None and found.runtime == "trtllm":
+        from trtllm_dflash.serving.trtllm import write_trtllm_repository
 
-            path, notes = write_trtllm_repository(out, found, drafter_dir=drafter, force=force)
-            console.print(f"wrote the TensorRT-LLM LLM-API repository for [bold]{escape(found.name)}[/] to {escape(str(path))}")
-            for note in notes:
-                console.print(f"[yellow]note:[/] {escape(note)}")
-            console.print("serve it in NVIDIA's Triton TensorRT-LLM container: tritonserver --model-repository " + escape(str(path)))
-            return
-        if found is not None and found.runtime == "trt":
-            raise DFlashError(
-                f"recipe {found.name} serves TensorRT engines, which must be built first",
-                f"run `dflash-trt build --recipe {found.name} --out BUILD` on a GPU machine, then `dflash-trt repo --build BUILD --out {out}`",
-            )
-        if found is not None:
-            target, draft = found.model.checkpoint, found.drafter.checkpoint
-            limits = {"max_batch": found.triton.max_batch_size, "max_context": found.limits.max_seq_len,
-                      "max_tokens": found.limits.max_seq_len - found.limits.max_input_len, "block_size": found.drafter.block_size}
-            source = {"recipe": found.name}
-        else:
-            target, draft = model, drafter
-            source = {"model": model, "drafter": drafter}
-        target, draft = repository.check_checkpoints(target, draft)
-        options = {"device": device, "num_threads": threads}
-        overrides = {"max_batch": max_batch, "max_context": max_context, "max_tokens": max_tokens, "block_size": block_size}
-        options.update({k: v for k, v in {**limits, **overrides}.items() if v is not None})
-        if options.get("max_tokens") and options.get("max_context"):
-            options["max_tokens"] = min(options["max_tokens"], options["max_context"] - 1)
-        models = [(name, _config(ServingConfig, target=target, drafter=draft, **options))]
-        if draft is not None and baseline:
-            ar_options = {k: v for k, v in options.items() if k != "block_size"}
-            models.append((baseline, _config(ServingConfig, target=target, drafter=None, **ar_options)))
+        path, notes = write_trtllm_repository(out, found, drafter_dir=drafter, force=force)
+        console.print(f"wrote the TensorRT-LLM LLM-API repository for [bold]{escape(found.name)}[/] to {escape(str(path))}")
+        for note in notes:
+            console.print(f"[yellow]note:[/] {escape(note)}")
+        console.print("serve it in NVIDIA's Triton TensorRT-LLM container: tritonserver --model-repository " + escape(str(path)))
+        return
+    if found is not None and found.runtime == "trt":
+        raise DFlashError(
+            f"recipe {found.name} serves TensorRT engines, which must be built first",
+            f"run `dflash-trt build --recipe {found.name} --out BUILD` on a GPU machine, then `dflash-trt repo --build BUILD --out {out}`",
+        )
+    if found is not None:
+        target, draft = found.model.checkpoint, found.drafter.checkpoint
+        limits = {"max_batch": found.triton.max_batch_size, "max_context": found.limits.max_seq_len,
+                  "max_tokens": found.limits.max_seq_len - found.limits.max_input_len, "block_size": found.drafter.block_size}
+        source = {"recipe": found.name}
+    else:
+        target, draft = model, drafter
+        source = {"model": model, "drafter": drafter}
+    target, draft = repository.check_checkpoints(target, draft)
+    options = {"device": device, "num_threads": threads}
+    overrides = {"max_batch": max_batch, "max_context": max_context, "max_tokens": max_tokens, "block_size": block_size}
+    options.update(limits)
+    options.update({k: v for k, v in overrides.items() if v is not None})  # flags override the recipe
+    if options.get("max_tokens") and options.get("max_context"):
+        options["max_tokens"] = min(options["max_tokens"], options["max_context"] - 1)
+    models = [(name, _config(ServingConfig, target=target, drafter=draft, **options))]
+    if draft is not None and baseline:
+        ar_options = {k: v for k, v in options.items() if k != "block_size"}
+        models.append((baseline, _config(ServingConfig, target=target, drafter=None, **ar_options)))
     path = repository.write_repository(out, models, source=source, force=force)
     for model_name, config in models:
         kind = "DFlash" if config.speculative else "autoregressive"

@@ -138,7 +138,7 @@ def test_llm_api_schema_rejects_unknown_keys_and_wrong_types(tmp_path):
     from trtllm_dflash.serving.trtllm import llm_api_options, model_yaml, validate_model_yaml
 
     recipe = find_recipe("gpt-oss-120b", "b300")
-    good = model_yaml(recipe, llm_api_options(recipe)[0])
+    good = model_yaml(recipe.model.checkpoint, llm_api_options(recipe)[0])
     cases = [
         ({**good, "tensor_parallel": 8}, "tensor_parallel: unknown LLM-API key"),
         ({**good, "speculative_config": {**good["speculative_config"], "max_draft_length": 9}}, "speculative_config.max_draft_length: unknown"),
@@ -260,3 +260,61 @@ def test_engine_streams_and_drops_a_client_that_went_away(tiny_pair):
     assert len(leaves.responses) == 1 and not leaves.responses[0][1] and leaves.errors == ["request cancelled"]
     assert not engine.jobs
     json.dumps([r[0]["finish_reason"][0].decode() for r in stays.responses])
+
+
+def test_repo_from_a_build_uses_its_engines_when_built_else_its_checkpoints(tiny_pair, tmp_path):
+    """The manifest format of `dflash-trt build` (issue 4): complete stages with their summaries."""
+    from trtllm_dflash.serving.config import ServingConfig
+
+    target, drafter = tiny_pair
+    build = tmp_path / "build"
+    build.mkdir()
+    manifest = {
+        "format": 1,
+        "recipe": {"runtime": "trt", "max_batch": 8, "max_input_len": 200, "max_seq_len": 512, "block_size": 4},
+        "stages": {
+            "checkpoints": {"status": "complete", "dir": "checkpoints",
+                            "summary": {"target": {"path": str(target)}, "drafter": {"path": str(drafter)}}},
+            "engines": {"status": "blocked", "missing": "a GPU", "how_to_get_it": "run on a GPU machine"},
+        },
+    }
+    (build / "manifest.json").write_text(json.dumps(manifest))
+
+    def served(repo):
+        return {
+            name: ServingConfig.from_parameters({k: v.string_value for k, v in _parse_pbtxt(repo / name / "config.pbtxt").parameters.items()})
+            for name in ("dflash", "ar")
+        }
+
+    result = _cli("repo", "--build", str(build), "--out", str(tmp_path / "repo"))
+    assert result.exit_code == 0, result.output
+    configs = served(tmp_path / "repo")
+    assert configs["dflash"].runtime == "torch" and configs["dflash"].drafter == str(drafter)
+    assert (configs["dflash"].max_batch, configs["dflash"].max_context, configs["dflash"].max_tokens, configs["dflash"].block_size) == (8, 512, 312, 4)
+    assert configs["ar"].drafter is None
+    manifest["stages"]["engines"] = {"status": "complete", "dir": "engines", "summary": {}}
+    (build / "manifest.json").write_text(json.dumps(manifest))
+    from trtllm_dflash.serving.repository import write_build_repository
+
+    configs = served(write_build_repository(build))
+    assert configs["dflash"].runtime == "trt" and configs["dflash"].engines == str(build / "engines")
+    _fails(_cli("repo", "--build", str(tmp_path), "--out", str(tmp_path / "r2")), "no manifest.json")
+
+
+def test_repo_for_the_demo_takes_its_limits_from_the_demo_recipe(tmp_path):
+    from trtllm_dflash.demo import DEMO_DIR
+    from trtllm_dflash.recipes import find_recipe
+    from trtllm_dflash.serving.config import ServingConfig
+
+    if not (DEMO_DIR / "target" / "config.json").is_file():
+        pytest.skip("the embedded demo pair is not in this checkout")
+    recipe = find_recipe("demo", "cpu")
+    result = _cli("repo", "--model", "demo", "--out", str(tmp_path / "repo"), "--max-batch", "4")
+    assert result.exit_code == 0, result.output
+    parameters = _parse_pbtxt(tmp_path / "repo" / "dflash" / "config.pbtxt").parameters
+    config = ServingConfig.from_parameters({k: v.string_value for k, v in parameters.items()})
+    assert (config.target, config.drafter) == ("demo", "demo")
+    assert config.max_context == recipe.limits.max_seq_len
+    assert config.max_tokens == recipe.limits.max_seq_len - recipe.limits.max_input_len
+    assert config.block_size == recipe.drafter.block_size
+    assert config.max_batch == 4  # a flag overrides the recipe

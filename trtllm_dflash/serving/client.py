@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import queue
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -92,6 +93,7 @@ class DFlashClient:
         self.model = model
         self.grpc_url = grpc_url
         self.timeout = timeout
+        self._local = threading.local()
 
     # ------------------------------------------------------------------ health
 
@@ -166,7 +168,9 @@ class DFlashClient:
 
         if not self.grpc_url:
             raise DFlashError("gRPC streaming needs the server's gRPC address", "pass grpc_url (for example localhost:8001)")
-        client = grpcclient.InferenceServerClient(self.grpc_url)
+        client = getattr(self._local, "grpc", None)
+        if client is None:  # one channel per thread, reused: a gRPC client holds one stream at a time
+            client = self._local.grpc = grpcclient.InferenceServerClient(self.grpc_url)
         responses: queue.Queue = queue.Queue()
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
         finished = False
@@ -192,7 +196,6 @@ class DFlashClient:
         finally:
             # a consumer that stops early cancels its request on the server
             client.stop_stream(cancel_requests=not finished)
-            client.close()
 
 
 def grpc_inputs(body: dict[str, Any]) -> list:

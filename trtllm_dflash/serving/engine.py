@@ -37,11 +37,10 @@ class ResponseSink(Protocol):
 class Job:
     """A request on its way through the loop: its decoder request, text so far, timings."""
 
-    def __init__(self, request: Request, inputs: GenerateInputs, sink: ResponseSink, prompt_text: str) -> None:
+    def __init__(self, request: Request, inputs: GenerateInputs, sink: ResponseSink) -> None:
         self.request = request
         self.inputs = inputs
         self.sink = sink
-        self.prompt_text = prompt_text
         self.received = time.perf_counter()
         self.first_token_at: float | None = None
         self.text = ""  # text already sent (streaming) / produced so far
@@ -111,7 +110,7 @@ class ServingEngine:
         prompt_ids = self.pipeline.encode(inputs.text)
         request = Request(prompt_ids, params, request_id=next(self._ids))
         self.decoder.check(request)
-        job = Job(request, inputs, sink, inputs.text)
+        job = Job(request, inputs, sink)
         self.inbox.put(job)
         return job
 
@@ -218,7 +217,9 @@ class ServingEngine:
         hits = [full.find(s) for s in stops if s in full]
         if hits:
             cut = min(hits)
-            keep = next(k for k in range(1, len(ids) + 1) if any(s in self.tokenizer.decode(ids[:k], skip_special_tokens=True) for s in stops))
+            # keep the ids up to the one that completed the stop string
+            decoded = (self.tokenizer.decode(ids[:k], skip_special_tokens=True) for k in range(1, len(ids) + 1))
+            keep = 1 + next(k for k, text in enumerate(decoded) if any(s in text for s in stops))
             del ids[keep:]
             job.final_text, job.final_ids = full[:cut], ids
             return None, ids
@@ -238,7 +239,7 @@ class ServingEngine:
         else:
             new_ids, new_lengths = ids, result.acceptance_lengths
         if not job.inputs.exclude_input and job.responses_sent == 0:
-            text = job.prompt_text + text
+            text = job.inputs.text + text
         job.responses_sent += 1
         steps = len(result.acceptance_lengths)
         accepted = sum(result.acceptance_lengths) - steps
@@ -288,7 +289,7 @@ def load_pipeline(config: ServingConfig):
                 f"this repository serves TensorRT engines from {config.engines}, but this trtllm-dflash has no engine runtime",
                 "install a trtllm-dflash with the TensorRT runtime and `pip install tensorrt`, on a GPU machine",
             ) from None
-        return load_engine_pipeline(config.engines, device=device, max_context=config.max_context)
+        return load_engine_pipeline(config.engines, drafter=config.speculative, device=device, max_context=config.max_context)
     return DFlashPipeline.load(config.target, config.drafter, device=device, max_context=config.max_context)
 
 

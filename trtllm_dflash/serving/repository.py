@@ -189,33 +189,69 @@ def check_checkpoints(target: str, drafter: str | None) -> tuple[str, str | None
     return record(target, target_dir), (record(drafter, drafter_dir) if drafter is not None else None)
 
 
-def models_from_build(build_dir: str | Path) -> list[tuple[str, ServingConfig]]:
-    """The models of a `dflash-trt build` output: its checkpoints, and its engines when built.
+def read_build(build_dir: str | Path) -> dict:
+    """The manifest.json of a `dflash-trt build` output directory."""
+    build_dir = Path(build_dir).expanduser().resolve()
+    path = build_dir / "manifest.json"
+    if not path.is_file():
+        raise DFlashError(f"{build_dir} has no manifest.json, so it is not a build", "run `dflash-trt build ... --out DIR` first")
+    try:
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise DFlashError(f"{path} is not valid JSON ({exc})", "rebuild with `dflash-trt build --force`") from None
 
-    Reads `manifest.json` of the build (issue 4): `recipe` (a '<model>/<gpu>' name or a recipe
-    mapping), `checkpoints.target` / `checkpoints.drafter` (local directories) and `engines`
-    (a folder of the build holding TensorRT engines, absent when no GPU was there to build them).
+
+def _stage(manifest: dict, name: str) -> dict | None:
+    stage = (manifest.get("stages") or {}).get(name)
+    return stage if isinstance(stage, dict) and stage.get("status") == "complete" else None
+
+
+def models_from_build(build_dir: str | Path) -> list[tuple[str, ServingConfig]]:
+    """The Python-backend models of a build: its engines (runtime trt) when they were built,
+    else the build's checkpoints on the torch runtime (engines need a GPU machine to build).
+
+    Reads the build manifest (issue 4): `stages.checkpoints.summary.{target,drafter}.path`,
+    `stages.engines` (complete: engines in that stage's folder) and the limits in `recipe`
+    (`max_batch`, `max_input_len`, `max_seq_len`, `block_size`).
     """
     build_dir = Path(build_dir).expanduser().resolve()
-    manifest_path = build_dir / "manifest.json"
-    if not manifest_path.is_file():
-        raise DFlashError(f"{build_dir} has no manifest.json, so it is not a finished build", "run `dflash-trt build ... --out DIR` first")
+    manifest = read_build(build_dir)
+    checkpoints = _stage(manifest, "checkpoints")
     try:
-        manifest = json.loads(manifest_path.read_text())
-        checkpoints = manifest["checkpoints"]
-        target, drafter = checkpoints["target"], checkpoints.get("drafter")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise DFlashError(f"{manifest_path} does not name the checkpoints ({exc})", "rebuild with this version of dflash-trt") from None
-    engines = manifest.get("engines")
-    limits = manifest.get("serving", {})
-    config = dict(
-        target=target if target == "demo" else str((build_dir / target).resolve()),
-        drafter=None if drafter is None else drafter if drafter == "demo" else str((build_dir / drafter).resolve()),
-        **{k: v for k, v in limits.items() if k in ServingConfig.model_fields},
-    )
-    if engines:
-        config.update(runtime="trt", engines=str((build_dir / engines).resolve()))
-    models = [("dflash", ServingConfig(**config))]
-    if drafter is not None:
-        models.append(("ar", ServingConfig(**{**config, "drafter": None, "block_size": None})))
-    return models
+        summary = checkpoints["summary"]
+        target, drafter = summary["target"]["path"], summary["drafter"]["path"]
+    except (TypeError, KeyError):
+        raise DFlashError(f"the build in {build_dir} has no complete checkpoints stage", "re-run `dflash-trt build` for it") from None
+    recipe = manifest.get("recipe") or {}
+    options: dict = {"target": target, "drafter": drafter}
+    if recipe.get("max_batch"):
+        options["max_batch"] = int(recipe["max_batch"])
+    if recipe.get("max_seq_len"):
+        options["max_context"] = int(recipe["max_seq_len"])
+        if recipe.get("max_input_len"):
+            options["max_tokens"] = int(recipe["max_seq_len"]) - int(recipe["max_input_len"])
+    if recipe.get("block_size"):
+        options["block_size"] = int(recipe["block_size"])
+    engines = _stage(manifest, "engines")
+    if engines is not None:
+        options.update(runtime="trt", engines=str(build_dir / engines.get("dir", "engines")))
+    dflash = ServingConfig(**options)
+    baseline = ServingConfig(**{**options, "drafter": None, "block_size": None})
+    return [("dflash", dflash), ("ar", baseline)]
+
+
+def write_build_repository(build_dir: str | Path, out: str | Path | None = None, force: bool = False) -> Path:
+    """The repository stage of `dflash-trt build`: BUILD/repository by default.
+
+    A `trtllm` build gets the TensorRT-LLM LLM-API repository from the build's checked options
+    (`stages.trtllm`: llm_api.yaml); the others get the Python-backend models.
+    """
+    build_dir = Path(build_dir).expanduser().resolve()
+    out = Path(out) if out is not None else build_dir / "repository"
+    manifest = read_build(build_dir)
+    trtllm_stage = _stage(manifest, "trtllm")
+    if (manifest.get("recipe") or {}).get("runtime") == "trtllm" or trtllm_stage is not None:
+        from trtllm_dflash.serving.trtllm import write_build_llm_api_repository
+
+        return write_build_llm_api_repository(build_dir, manifest, out, force)
+    return write_repository(out, models_from_build(build_dir), source={"build": str(build_dir)}, force=force)

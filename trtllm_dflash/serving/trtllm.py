@@ -169,18 +169,13 @@ def _catalog_mask_token(recipe) -> int | None:
     return drafter.mask_token_id
 
 
-def model_yaml(recipe, options: dict[str, Any]) -> dict[str, Any]:
+def model_yaml(model: str, options: dict[str, Any], decoupled: bool = True) -> dict[str, Any]:
     """model.yaml: the LLM-API options, the target, the PyTorch backend, and triton_config.
 
     triton_config.max_batch_size is 0: the LLM-API model takes one prompt per request and
     TensorRT-LLM batches in flight itself, up to the LLM-API max_batch_size of the recipe.
     """
-    return {
-        "model": recipe.model.checkpoint,
-        "backend": "pytorch",
-        **options,
-        "triton_config": {"max_batch_size": 0, "decoupled": bool(recipe.triton.decoupled)},
-    }
+    return {"model": model, "backend": "pytorch", **options, "triton_config": {"max_batch_size": 0, "decoupled": decoupled}}
 
 
 def render_config(name: str, decoupled: bool) -> str:
@@ -235,22 +230,42 @@ def write_trtllm_repository(
     """Write the LLM-API repository of a `trtllm` recipe; returns (repository, notes)."""
     if recipe.runtime != "trtllm":
         raise DFlashError(f"recipe {recipe.name} has runtime {recipe.runtime}, not trtllm", "use `dflash-trt repo` without a trtllm recipe")
-    check_model_name(name)
     options, notes = llm_api_options(recipe, drafter_dir)
-    model_options = model_yaml(recipe, options)
-    validate_options(model_options, TritonModelYaml, f"model.yaml of {recipe.name}")
+    path = write_llm_api_repository(out, options, recipe.model.checkpoint, bool(recipe.triton.decoupled), recipe.name, notes, name, force)
+    return path, notes
+
+
+def write_build_llm_api_repository(build_dir: Path, manifest: dict, out: str | Path, force: bool = False) -> Path:
+    """The LLM-API repository of a `trtllm` build, from the options its trtllm stage checked."""
+    stage = (manifest.get("stages") or {}).get("trtllm") or {}
+    try:
+        options_file = build_dir / stage.get("dir", "trtllm") / stage["summary"]["file"]
+        target = manifest["stages"]["checkpoints"]["summary"]["target"]["path"]
+        options = yaml.safe_load(options_file.read_text())
+    except (KeyError, TypeError, OSError, yaml.YAMLError) as exc:
+        raise DFlashError(f"the build in {build_dir} has no usable trtllm stage ({exc})", "re-run `dflash-trt build` for it") from None
+    return write_llm_api_repository(out, options, target, True, str(build_dir), [], MODEL_NAME, force)
+
+
+def write_llm_api_repository(
+    out: str | Path, options: dict, model: str, decoupled: bool, title: str, notes: list[str], name: str = MODEL_NAME, force: bool = False
+) -> Path:
+    """tensorrt_llm/{config.pbtxt, 1/model.yaml, 1/model.py} and trtllm-serve.yaml, both checked."""
+    check_model_name(name)
+    model_options = model_yaml(model, options, decoupled)
+    validate_options(model_options, TritonModelYaml, f"model.yaml of {title}")
     serve_options = dict(options)
-    validate_options(serve_options, LLMApiOptions, f"trtllm-serve YAML of {recipe.name}")
-    command = f"trtllm-serve {recipe.model.checkpoint} --backend pytorch --config trtllm-serve.yaml"
+    validate_options(serve_options, LLMApiOptions, f"trtllm-serve YAML of {title}")
+    command = f"trtllm-serve {model} --backend pytorch --config trtllm-serve.yaml"
     with staged_directory(out, force) as staging:
         model_dir = staging / name
         (model_dir / "1").mkdir(parents=True)
-        (model_dir / "config.pbtxt").write_text(render_config(name, bool(recipe.triton.decoupled)))
-        (model_dir / "1" / "model.yaml").write_text(_yaml(model_options, f"{recipe.name}: TensorRT-LLM LLM-API options (DFlash) + triton_config"))
+        (model_dir / "config.pbtxt").write_text(render_config(name, decoupled))
+        (model_dir / "1" / "model.yaml").write_text(_yaml(model_options, f"{title}: TensorRT-LLM LLM-API options (DFlash) + triton_config"))
         (model_dir / "1" / "model.py").write_text(MODEL_PY)
-        (staging / "trtllm-serve.yaml").write_text(_yaml(serve_options, f"{recipe.name}: `{command}`"))
-        write_manifest(staging, {name: {"runtime": "trtllm", "recipe": recipe.name}}, {"recipe": recipe.name, "trtllm_serve": command, "notes": notes})
-    return Path(out).expanduser().resolve(), notes
+        (staging / "trtllm-serve.yaml").write_text(_yaml(serve_options, f"{title}: `{command}`"))
+        write_manifest(staging, {name: {"runtime": "trtllm", "source": title}}, {"source": title, "trtllm_serve": command, "notes": notes})
+    return Path(out).expanduser().resolve()
 
 
 def _yaml(options: dict[str, Any], title: str) -> str:
