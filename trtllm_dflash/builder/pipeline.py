@@ -339,18 +339,13 @@ def repository_writer():
 
 
 def run_repository(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
-    out = ctx.workdir / "triton"
-    if spec.runtime == "trtllm":
-        from trtllm_dflash.serving.trtllm import write_trtllm_repository
-
-        drafter = ctx.upstream["checkpoints"]["summary"]["drafter"]["path"]
-        _, notes = write_trtllm_repository(out, spec.recipe, drafter_dir=drafter, force=True)
-        return {"dir": "triton", "runtime": "trtllm", "notes": notes}
+    """The serving part writes the repository from this build's manifest (engines when built)."""
     repository = repository_writer()
-    models = repository.models_from_build(ctx.out)
-    repository.write_repository(out, models, source={"build": str(ctx.out)}, force=True)
-    runtime = models[0][1].runtime
-    return {"dir": "triton", "runtime": runtime, "models": [name for name, _ in models]}
+    repository.write_build_repository(ctx.out, ctx.workdir / "triton", force=True)
+    written = json.loads((ctx.workdir / "triton" / repository.MANIFEST).read_text())
+    models = written.get("models", {})
+    runtimes = sorted({str(m.get("runtime")) for m in models.values()})
+    return {"dir": "triton", "models": sorted(models), "runtime": ",".join(runtimes)}
 
 
 # ----------------------------------------------------------------------------- the build
@@ -444,7 +439,7 @@ def write_manifest(out: Path, spec: BuildSpec, result: BuildResult) -> dict:
         },
         "stages": stages,
     }
-    # what `dflash-trt repo --build` and the serving runtime read
+    # the target the build deploys (the quantized checkpoint when there is one), for the GPU gate
     if checkpoints:
         target = "demo" if spec.target == "demo" and not quantize.get("target_dir") else (
             str(out / "quantize" / quantize["target_dir"]) if quantize.get("target_dir") else checkpoints["target"]["path"]
@@ -452,12 +447,6 @@ def write_manifest(out: Path, spec: BuildSpec, result: BuildResult) -> dict:
         manifest["checkpoints"] = {"target": target, "drafter": "demo" if spec.drafter == "demo" else checkpoints["drafter"]["path"]}
     if "engines" in records:
         manifest["engines"] = "engines"
-    manifest["serving"] = {
-        "max_batch": spec.recipe.triton.max_batch_size,
-        "max_context": spec.max_seq_len,
-        "max_tokens": spec.max_seq_len - spec.max_input_len,
-        "block_size": spec.block_size,
-    }
     if "repository" in records:
         manifest["repository"] = "repository/triton"
     mf.write_json_atomic(out / "manifest.json", manifest)

@@ -128,8 +128,15 @@ class BuildSpec:
         return self.recipe.trt is None or self.recipe.trt.timing_cache
 
     def to_dict(self) -> dict[str, Any]:
-        """The recipe as resolved (what the manifest records)."""
-        return {"name": self.recipe.name, "source": self.source, **self.recipe.model_dump(mode="json")}
+        """The recipe as resolved (what the manifest records), with the flat limits the serving
+        part reads (`max_batch`: requests per decoding step, `max_input_len`, `max_seq_len`, `block_size`)."""
+        limits = {
+            "max_batch": self.recipe.triton.max_batch_size,
+            "max_input_len": self.max_input_len,
+            "max_seq_len": self.max_seq_len,
+            "block_size": self.block_size,
+        }
+        return {"name": self.recipe.name, "source": self.source, **self.recipe.model_dump(mode="json"), **limits}
 
     def fingerprint(self) -> dict[str, Any]:
         """The recipe fields that change what the build produces (not where the recipe came from)."""

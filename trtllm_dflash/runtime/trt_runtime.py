@@ -87,7 +87,7 @@ class EngineGraph:
 class TrtRuntime(Runtime):
     """Target and drafter TensorRT engines of one build, on the current CUDA device."""
 
-    def __init__(self, engines_dir: str | Path, variant: str = "native") -> None:
+    def __init__(self, engines_dir: str | Path, variant: str = "native", drafter: bool = True) -> None:
         engines_dir = Path(engines_dir)
         info_file = engines_dir / "engines.json"
         if not info_file.is_file():
@@ -113,7 +113,7 @@ class TrtRuntime(Runtime):
             return engines_dir / engines[graph].get("dir", variant) / engines[graph]["file"]
 
         self.target_engine = EngineGraph(trt, self._runtime, path("target"))
-        self.drafter_engine = EngineGraph(trt, self._runtime, path("drafter")) if "drafter" in engines else None
+        self.drafter_engine = EngineGraph(trt, self._runtime, path("drafter")) if drafter and "drafter" in engines else None
         graphs = info["graphs"]["variants"][variant]
         self.target = graphs["target"]
         self.drafter = graphs.get("drafter")
@@ -212,15 +212,19 @@ def _import_flavour(flavour: str, built_version: str):
     return trt
 
 
-def load_engine_pipeline(engines_dir: str | Path, device: str = "cuda", max_context: int | None = None, variant: str = "native"):
-    """A DFlashPipeline over the engines of a build (the serving model and `generate --engines` use it)."""
+def load_engine_pipeline(
+    engines_dir: str | Path, drafter: bool = True, device: str = "cuda", max_context: int | None = None, variant: str = "native"
+):
+    """A DFlashPipeline over the engines of a build (the serving model and `generate --engines` use it).
+
+    `drafter=False` runs the target engine alone (autoregressive: the serving baseline)."""
     from trtllm_dflash.api import DFlashPipeline
     from trtllm_dflash.runtime.artifacts import tokenizer_and_stops
 
     if device == "cpu":
         raise MissingDependencyError("TensorRT engines run on a GPU, not on the CPU", "use --device cuda, or `generate --onnx BUILD` on CPU")
     engines_dir = Path(engines_dir)
-    runtime = TrtRuntime(engines_dir, variant)
+    runtime = TrtRuntime(engines_dir, variant, drafter)
     tokenizer, stops = tokenizer_and_stops(engines_dir / "tokenizer")
     limit = int(runtime.info["bounds"]["max_seq_len"])
     return DFlashPipeline(runtime, tokenizer, stops, max_context=min(max_context or limit, limit))
