@@ -25,8 +25,12 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True, scope="session")
 def _quiet_transformers():
+    import torch
     import transformers
 
+    # Tests run tiny, overhead-bound models: one thread is faster, and two OpenMP threads
+    # competing with any other process on a 2-core machine run 5-40x slower.
+    torch.set_num_threads(1)
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
 
