@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from trtllm_dflash.cli import bench, build, doctor, generate, plan, plugins, recipes, repo, serve, train
+from trtllm_dflash.cli import bench, build, demo, doctor, generate, plan, plugins, recipes, repo, serve, train
 from trtllm_dflash.errors import DFlashError
 
 app = typer.Typer(
@@ -39,16 +39,18 @@ def root(
         raise typer.Exit()
 
 
-app.command("generate")(generate.generate)
-app.add_typer(recipes.app, name="recipes")
-app.command("plan")(plan.plan)
+# in pipeline order, as `dflash-trt --help` lists them
+app.command("demo")(demo.demo)
 app.command("doctor")(doctor.doctor)
+app.command("plan")(plan.plan)
+app.add_typer(recipes.app, name="recipes")
+app.command("build")(build.build)
 app.add_typer(plugins.app, name="plugins")
+app.command("generate")(generate.generate)
 app.command("repo")(repo.repo)
 app.command("serve")(serve.serve)
-app.command("train-drafter")(train.train_drafter)
 app.command("bench")(bench.bench)
-app.command("build")(build.build)
+app.command("train-drafter")(train.train_drafter)
 
 err_console = Console(stderr=True, highlight=False)
 
