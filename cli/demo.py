@@ -153,13 +153,11 @@ def _engines_run_here(build_dir: Path) -> bool:
     stages = json.loads(manifest.read_text()).get("stages", {})
     if stages.get("engines", {}).get("status") != "complete":
         return False
-    try:
-        import torch
+    import importlib.util
 
-        import tensorrt  # noqa: F401
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
+    import torch
+
+    return importlib.util.find_spec("tensorrt") is not None and torch.cuda.is_available()
 
 
 def _summary(console: Console, bench_json: Path, build_dir: Path, build_code: int) -> None:

@@ -94,6 +94,50 @@ class Runtime(abc.ABC):
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class CacheShape:
+    """Per-token K/V shape of one model: layers x kv_heads x head_dim."""
+
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+
+    @classmethod
+    def of(cls, graph: dict) -> "CacheShape":
+        """From a build's graph description (`num_layers`, `kv_heads`, `head_dim`)."""
+        return cls(int(graph["num_layers"]), int(graph["kv_heads"]), int(graph["head_dim"]))
+
+
+class CachedRuntime(Runtime):
+    """A runtime whose target and drafter keep their K/V in StaticKVCaches (slot == position)."""
+
+    target_cache = None
+    draft_cache = None
+
+    def allocate_caches(
+        self,
+        max_batch: int,
+        capacity: int,
+        target: CacheShape,
+        drafter: CacheShape | None,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        from trtllm_dflash.modeling.kv_cache import StaticKVCache
+
+        def cache(shape: CacheShape) -> StaticKVCache:
+            return StaticKVCache(shape.num_layers, max_batch, capacity, shape.kv_heads, shape.head_dim, dtype, device)
+
+        self.target_cache = cache(target)
+        self.draft_cache = cache(drafter) if drafter is not None else None
+        self.max_batch, self.capacity = max_batch, capacity
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        self.target_cache.keep_rows(index)
+        if self.draft_cache is not None:
+            self.draft_cache.keep_rows(index)
+
+
 @dataclasses.dataclass
 class SamplingTensors:
     """Per-row sampling parameters on the runtime's device."""

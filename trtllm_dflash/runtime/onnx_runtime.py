@@ -23,9 +23,8 @@ import torch
 
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.modeling.kv_cache import StaticKVCache
 from trtllm_dflash.plugins import reference
-from trtllm_dflash.runtime.base import Runtime, TargetOutput
+from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, TargetOutput
 
 
 
@@ -110,7 +109,7 @@ def _numpy(t: torch.Tensor, dtype=None) -> np.ndarray:
     return np.ascontiguousarray(array.numpy())
 
 
-class OnnxRuntime(Runtime):
+class OnnxRuntime(CachedRuntime):
     """Runs an export directory's target and drafter graphs with the decoding loop's interface."""
 
     def __init__(self, export_dir: str | Path, variant: str = "native", backend: str = "auto", custom_ops: Sequence[type] | None = None) -> None:
@@ -138,21 +137,10 @@ class OnnxRuntime(Runtime):
             self.drafter_config = DrafterConfig.from_dir(export_dir / "drafter")
             self.drafter_session = GraphSession(_graph_file(export_dir, variant, self.drafter), backend, custom_ops)
         self.cache_dtype = torch.float32  # 16-bit graphs run as float32 copies
-        self.target_cache: StaticKVCache | None = None
-        self.draft_cache: StaticKVCache | None = None
 
     def allocate(self, max_batch: int, capacity: int) -> None:
-        t = self.target
-        self.target_cache = StaticKVCache(t["num_layers"], max_batch, capacity, t["kv_heads"], t["head_dim"], self.cache_dtype, self.device)
-        if self.drafter is not None:
-            d = self.drafter
-            self.draft_cache = StaticKVCache(d["num_layers"], max_batch, capacity, d["kv_heads"], d["head_dim"], self.cache_dtype, self.device)
-        self.max_batch, self.capacity = max_batch, capacity
-
-    def keep_rows(self, index: torch.Tensor) -> None:
-        self.target_cache.keep_rows(index)
-        if self.draft_cache is not None:
-            self.draft_cache.keep_rows(index)
+        drafter = CacheShape.of(self.drafter) if self.drafter is not None else None
+        self.allocate_caches(max_batch, capacity, CacheShape.of(self.target), drafter, self.cache_dtype, self.device)
 
     def _cache_feed(self, layers, past_len: int) -> dict[str, np.ndarray]:
         feed = {}

@@ -13,9 +13,9 @@ import torch
 from transformers import PreTrainedModel
 
 from trtllm_dflash.modeling.drafter import DFlashDrafter
-from trtllm_dflash.modeling.kv_cache import RaggedHFCache, StaticKVCache
+from trtllm_dflash.modeling.kv_cache import RaggedHFCache
 from trtllm_dflash.modeling.taps import HiddenTaps
-from trtllm_dflash.runtime.base import Runtime, TargetOutput
+from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, TargetOutput
 
 
 def causal_mask(positions: torch.Tensor, span: int, window: int = 0) -> torch.Tensor:
@@ -28,7 +28,7 @@ def causal_mask(positions: torch.Tensor, span: int, window: int = 0) -> torch.Te
     return visible
 
 
-class TorchRuntime(Runtime):
+class TorchRuntime(CachedRuntime):
     """Runs a transformers causal LM and a DFlashDrafter with PyTorch."""
 
     def __init__(self, target: PreTrainedModel, drafter: DFlashDrafter | None = None) -> None:
@@ -48,29 +48,17 @@ class TorchRuntime(Runtime):
         self.sliding_window = int(getattr(config, "sliding_window", None) or 0)
         self.softcap = getattr(config, "final_logit_softcapping", None)
         self.taps = HiddenTaps(self.decoder.layers, self.drafter_config.target_layer_ids) if drafter else None
-        self.target_cache: StaticKVCache | None = None
-        self.draft_cache: StaticKVCache | None = None
 
     # ------------------------------------------------------------------ caches
 
     def allocate(self, max_batch: int, capacity: int) -> None:
         config = self.target_config
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.target_cache = StaticKVCache(
-            self.num_layers, max_batch, capacity, config.num_key_value_heads, head_dim, self.dtype, self.device
-        )
+        target = CacheShape(self.num_layers, config.num_key_value_heads, head_dim)
+        dc = self.drafter_config
+        drafter = CacheShape(dc.num_hidden_layers, dc.num_key_value_heads, dc.head_dim) if dc is not None else None
+        self.allocate_caches(max_batch, capacity, target, drafter, self.dtype, self.device)
         self._hf_cache = RaggedHFCache(self.target_cache)
-        if self.drafter is not None:
-            dc = self.drafter_config
-            self.draft_cache = StaticKVCache(
-                dc.num_hidden_layers, max_batch, capacity, dc.num_key_value_heads, dc.head_dim, self.dtype, self.device
-            )
-        self.max_batch, self.capacity = max_batch, capacity
-
-    def keep_rows(self, index: torch.Tensor) -> None:
-        self.target_cache.keep_rows(index)
-        if self.draft_cache is not None:
-            self.draft_cache.keep_rows(index)
 
     # ------------------------------------------------------------------ forward passes
 

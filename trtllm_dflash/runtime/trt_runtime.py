@@ -22,8 +22,7 @@ import torch
 
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import DFlashError, MissingDependencyError
-from trtllm_dflash.modeling.kv_cache import StaticKVCache
-from trtllm_dflash.runtime.base import Runtime, TargetOutput
+from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, TargetOutput
 
 
 def _torch_dtype(trt, dtype) -> torch.dtype:
@@ -84,7 +83,7 @@ class EngineGraph:
         return outputs
 
 
-class TrtRuntime(Runtime):
+class TrtRuntime(CachedRuntime):
     """Target and drafter TensorRT engines of one build, on the current CUDA device."""
 
     def __init__(self, engines_dir: str | Path, variant: str = "native", drafter: bool = True) -> None:
@@ -122,8 +121,6 @@ class TrtRuntime(Runtime):
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.block_size = int(info["block_size"])
         self.cache_dtype = self.target_engine.dtypes["past_key_0"]
-        self.target_cache: StaticKVCache | None = None
-        self.draft_cache: StaticKVCache | None = None
 
     # ------------------------------------------------------------------ caches
 
@@ -135,17 +132,8 @@ class TrtRuntime(Runtime):
                 f"asked for {max_batch} rows of {capacity} slots; the engines take at most {max_batch_engine} rows of {max_slots}",
                 "lower the batch or the context, or rebuild with larger limits in the recipe",
             )
-        t = self.target
-        self.target_cache = StaticKVCache(t["num_layers"], max_batch, capacity, t["kv_heads"], t["head_dim"], self.cache_dtype, self.device)
-        if self.drafter_engine is not None:
-            d = self.drafter
-            self.draft_cache = StaticKVCache(d["num_layers"], max_batch, capacity, d["kv_heads"], d["head_dim"], self.cache_dtype, self.device)
-        self.max_batch, self.capacity = max_batch, capacity
-
-    def keep_rows(self, index: torch.Tensor) -> None:
-        self.target_cache.keep_rows(index)
-        if self.draft_cache is not None:
-            self.draft_cache.keep_rows(index)
+        drafter = CacheShape.of(self.drafter) if self.drafter_engine is not None else None
+        self.allocate_caches(max_batch, capacity, CacheShape.of(self.target), drafter, self.cache_dtype, self.device)
 
     @staticmethod
     def _cache_feed(layers) -> dict[str, torch.Tensor]:
