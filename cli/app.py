@@ -10,8 +10,9 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from trtllm_dflash.cli import bench, generate, train
+from trtllm_dflash.cli import bench, doctor, generate, plan, plugins, recipes, repo, serve, train
 from trtllm_dflash.errors import DFlashError
 
 app = typer.Typer(
@@ -39,6 +40,12 @@ def root(
 
 
 app.command("generate")(generate.generate)
+app.add_typer(recipes.app, name="recipes")
+app.command("plan")(plan.plan)
+app.command("doctor")(doctor.doctor)
+app.add_typer(plugins.app, name="plugins")
+app.command("repo")(repo.repo)
+app.command("serve")(serve.serve)
 app.command("train-drafter")(train.train_drafter)
 app.command("bench")(bench.bench)
 
@@ -49,7 +56,7 @@ def main() -> None:
     try:
         app()
     except DFlashError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")

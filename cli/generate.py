@@ -29,8 +29,19 @@ def generate(
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     max_context: Optional[int] = typer.Option(None, "--max-context", help="Prompt + generated tokens limit."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per prompt, one per line."),
+    url: Optional[str] = typer.Option(None, "--url", help="Send the prompts to a running server (http://host:8000) instead."),
+    model_name: str = typer.Option("dflash", "--model-name", help="With --url: the Triton model to call."),
+    stream: bool = typer.Option(False, "--stream", help="With --url: print tokens as the server streams them."),
+    protocol: str = typer.Option("http", "--protocol", help="With --url --stream: http (server-sent events) or grpc."),
+    grpc_url: Optional[str] = typer.Option(None, "--grpc-url", help="With --protocol grpc: host:port (default: --url's host, port 8001)."),
 ) -> None:
     """Generate text for one or more prompts; prints tokens, acceptance lengths and speed."""
+    if url is not None:  # through a server: the client does the rest
+        from trtllm_dflash.cli.remote import generate_remote
+
+        prompts = read_prompts(prompt, prompt_file)
+        sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        return generate_remote(url, model_name, prompts, sampling, stream, protocol, grpc_url, as_json)
     if target is None:
         raise DFlashError("no model to run", "pass --target DIR (and --drafter DIR), or --target demo --drafter demo")
     if device not in ("cpu", "cuda"):

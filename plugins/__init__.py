@@ -1,5 +1,8 @@
 """The DFlash TensorRT plugins: KV-injected block attention and tree-free block verification.
 
-Imported as `trtllm_dflash.plugins`. `reference` defines the semantics in plain torch; `ops`
-is what runtimes call (it picks a compiled kernel where one can run, else the reference).
+Imported as `trtllm_dflash.plugins`. `reference` (with `rng`) defines the semantics in plain torch;
+`kernels` holds the Triton kernels; `custom_ops` exposes them as `dflash::` torch ops; `ops` is what
+runtimes call (a kernel where one can run, else the reference); `onnx_nodes` is the ONNX contract
+with TensorRT; `tensorrt_plugins` and `aot` register and compile the kernels for TensorRT engines.
+See docs/plugins.md.
 """

@@ -1,14 +1,15 @@
 """Entry points the runtimes call for the two DFlash plugins.
 
-Each op runs the fastest implementation available for its inputs' device and falls back to the
-torch reference, so the torch runtime has one code path on CPU and GPU.
+Each op runs the Triton kernels (through the `dflash::` torch custom ops) where they can run, that
+is on CUDA tensors, or on CPU when `TRITON_INTERPRET=1` asks for Triton's interpreter, and the
+torch reference otherwise, so the torch runtime has one code path on CPU and GPU.
 """
 
 from __future__ import annotations
 
 import torch
 
-from trtllm_dflash.plugins import reference
+from trtllm_dflash.plugins import custom_ops, reference
 
 
 def block_attention(
@@ -25,9 +26,10 @@ def block_attention(
     window: int = 0,
 ) -> torch.Tensor:
     """KV-injected block attention; see `reference.block_attention` for the semantics."""
-    return reference.block_attention(
-        q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, scale, window
-    )
+    args = (q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, float(scale), int(window))
+    if custom_ops.kernels_enabled(q.device):
+        return torch.ops.dflash.block_attention(*args)
+    return reference.block_attention(*args)
 
 
 def verify_block(
@@ -41,4 +43,27 @@ def verify_block(
     start: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tree-free block verification; see `reference.verify_block` for the semantics."""
-    return reference.verify_block(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start)
+    args = (target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start)
+    if custom_ops.kernels_enabled(target_logits.device):
+        packed = torch.ops.dflash.verify_block(*args)
+        return packed[:, 0].contiguous(), packed[:, 1].contiguous()
+    return reference.verify_block(*args)
+
+
+def verify_block_packed(
+    target_logits: torch.Tensor,
+    block_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    seed: torch.Tensor,
+    start: torch.Tensor,
+    stop_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Verification plus next start, committed length and stop flag in one int64 `[b, 5]` tensor
+    (one small host read per step); see `reference.verify_block_packed`."""
+    args = (target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, stop_ids)
+    if custom_ops.kernels_enabled(target_logits.device):
+        return torch.ops.dflash.verify_block(*args)
+    return reference.verify_block_packed(*args)

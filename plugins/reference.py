@@ -58,8 +58,10 @@ def process_logits(
         n_less_equal = torch.searchsorted(ascending.contiguous(), probs.contiguous(), right=True)
         mass_greater = cumulative[..., -1:] - cumulative.gather(-1, (n_less_equal - 1).clamp_min(0))
         keep_p = (p >= 1) | (mass_greater < p)
-        probs = probs * keep_p
-        probs = probs / probs.sum(dim=-1, keepdim=True)
+        kept = probs * keep_p
+        # renormalise only the rows that use top-p, so a row's distribution (and its samples)
+        # does not depend on the other rows of the batch
+        probs = torch.where(p < 1, kept / kept.sum(dim=-1, keepdim=True), probs)
 
     if bool(greedy.any()):
         one_hot = F.one_hot(logits.argmax(dim=-1), vocab).to(probs.dtype)
@@ -116,7 +118,8 @@ def verify_block(
     target_logits: `[b, B, V]`, the target's logits at block positions start .. start+B-1;
     block_tokens: `[b, B]`, the anchor followed by B-1 draft tokens;
     draft_probs: `[b, B-1, V]`, the drafter's processed distribution at positions 1..B-1
-    (needed only for rows with temperature > 0).
+    (needed only for rows with temperature > 0; None reads as q = 0: accept any draft the target
+    can emit, sample the bonus from p).
     Returns (accepted drafts `[b]` in 0..B-1, bonus token `[b]`). The tokens committed this step
     are `block_tokens[1 : 1+accepted]` followed by the bonus token.
     """
@@ -130,7 +133,7 @@ def verify_block(
         if not bool(greedy.all()):
             target_probs = process_logits(target_logits, temperature, top_k, top_p)
             p = target_probs[:, :-1].gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
-            q = draft_probs.gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
+            q = draft_probs.gather(-1, drafts.unsqueeze(-1)).squeeze(-1) if draft_probs is not None else torch.zeros_like(p)
             positions = start.view(-1, 1) + torch.arange(1, block, device=start.device)
             u = rng.uniform(seed.view(-1, 1), positions, rng.STREAM_ACCEPT)
             sampled_accept = u * q < p  # u < min(1, p/q) without dividing
@@ -143,7 +146,7 @@ def verify_block(
     if not bool(greedy.all()):
         rows = torch.arange(batch, device=target_logits.device)
         p = process_logits(target_logits[rows, num_accepted], temperature, top_k, top_p)
-        if block > 1:
+        if block > 1 and draft_probs is not None:  # without q there is no residual: sample p
             rejected = num_accepted < block - 1
             q = draft_probs[rows, num_accepted.clamp_max(block - 2)]
             residual = (p - q).clamp_min(0)
@@ -154,6 +157,102 @@ def verify_block(
         sampled_bonus = sample_from_probs(p, key)
         bonus = torch.where(greedy, bonus, sampled_bonus)
     return num_accepted, bonus
+
+
+VERIFY_RESULT_COLUMNS = ("accepted", "bonus", "next_start", "committed", "stopped")
+
+
+def verify_block_packed(
+    target_logits: torch.Tensor,
+    block_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    seed: torch.Tensor,
+    start: torch.Tensor,
+    stop_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`verify_block` plus the bookkeeping a device-resident loop needs, in one int64 `[b, 5]`.
+
+    Columns (`VERIFY_RESULT_COLUMNS`): accepted drafts; bonus token (the next anchor); next start
+    (`start + accepted + 1`, the position of the next anchor); committed tokens this step (the
+    accepted drafts and the bonus, cut after the first stop token); stopped (1 if a stop token
+    was committed). `stop_ids [b, S]` lists each row's stop tokens, -1 for unused entries.
+    """
+    accepted, bonus = verify_block(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start)
+    return _commit(block_tokens, accepted, bonus, start, stop_ids)
+
+
+def _commit(block_tokens, accepted, bonus, start, stop_ids) -> torch.Tensor:
+    batch, block = block_tokens.shape
+    committed, stopped = accepted + 1, torch.zeros_like(accepted)
+    if stop_ids is not None and stop_ids.numel():
+        index = torch.arange(block, device=block_tokens.device)
+        tokens = torch.cat([block_tokens[:, 1:], bonus.view(-1, 1)], dim=1)  # token i is committed i-th
+        tokens = torch.where(index < accepted.view(-1, 1), tokens, bonus.view(-1, 1))
+        is_stop = ((tokens.unsqueeze(-1) == stop_ids.unsqueeze(1)) & (stop_ids.unsqueeze(1) >= 0)).any(-1)
+        is_stop &= index <= accepted.view(-1, 1)
+        first = torch.where(is_stop, index, block).min(dim=1).values
+        stopped = (first <= accepted).to(torch.int64)
+        committed = torch.where(stopped.bool(), first + 1, committed)
+    next_start = start.to(torch.int64) + accepted + 1
+    return torch.stack([accepted, bonus, next_start, committed, stopped], dim=1).to(torch.int64)
+
+
+def verify_positions(
+    target_logits: torch.Tensor,
+    block_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    seed: torch.Tensor,
+    start: torch.Tensor,
+) -> torch.Tensor:
+    """The per-position form of `verify_block` (what the parallel kernel computes first).
+
+    Returns int32 `[b, B, 2]`: at block position t, [..., 0] says whether draft token t+1 is
+    accepted (0 at t = B-1), and [..., 1] is the token to emit if the accepted run ends at t: the
+    argmax for greedy rows; for sampled rows a sample of normalize(max(0, p_t - q_t)) (of p_t when
+    the residual has no mass, at t = B-1, or without draft probabilities). `verify_commit` turns
+    it into `verify_block_packed`'s result.
+    """
+    batch, block, vocab = target_logits.shape
+    greedy = (temperature <= 0).view(-1, 1)
+    drafts = block_tokens[:, 1:]
+    posterior = target_logits.argmax(dim=-1)
+    accept = torch.zeros(batch, block, dtype=torch.bool, device=target_logits.device)
+    accept[:, :-1] = drafts == posterior[:, :-1]
+    emit = posterior
+    if not bool(greedy.all()):
+        p = process_logits(target_logits, temperature, top_k, top_p)
+        positions = start.view(-1, 1) + torch.arange(1, block + 1, device=start.device)  # position t + 1
+        dist = p
+        if block > 1:
+            q = draft_probs if draft_probs is not None else torch.zeros_like(p[:, :-1])
+            p_draft = p[:, :-1].gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
+            q_draft = q.gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
+            u = rng.uniform(seed.view(-1, 1), positions[:, :-1], rng.STREAM_ACCEPT)
+            accept[:, :-1] = torch.where(greedy, accept[:, :-1], u * q_draft < p_draft)
+            if draft_probs is not None:
+                residual = (p[:, :-1] - q).clamp_min(0)
+                mass = residual.sum(dim=-1, keepdim=True)
+                residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p[:, :-1])
+                dist = torch.cat([residual, p[:, -1:]], dim=1)
+        sampled = sample_from_probs(dist, rng.counter_key(seed.view(-1, 1), positions, rng.STREAM_BONUS))
+        emit = torch.where(greedy, posterior, sampled)
+    return torch.stack([accept.to(torch.int32), emit.to(torch.int32)], dim=-1)
+
+
+def verify_commit(
+    decisions: torch.Tensor, block_tokens: torch.Tensor, start: torch.Tensor, stop_ids: torch.Tensor | None = None
+) -> torch.Tensor:
+    """From `verify_positions`' decisions to `verify_block_packed`'s `[b, 5]` result."""
+    accept = decisions[..., 0].to(torch.int64)
+    accepted = accept[:, :-1].cumprod(dim=-1).sum(dim=-1)
+    bonus = decisions[..., 1].to(torch.int64).gather(1, accepted.view(-1, 1)).squeeze(1)
+    return _commit(block_tokens, accepted, bonus, start, stop_ids)
 
 
 # ----------------------------------------------------------------------------- block attention
@@ -205,8 +304,9 @@ def block_attention(
     batch, block, num_heads, head_dim = q.shape
     ctx_lens = cache_lens + new_counts
     span = int(ctx_lens.max()) if batch else 0
-    keys = torch.cat([k_cache[:, :span].float(), k_block.float()], dim=1)
-    values = torch.cat([v_cache[:, :span].float(), v_block.float()], dim=1)
+    compute = torch.promote_types(q.dtype, torch.float32)  # fp32 accumulation, fp64 stays fp64
+    keys = torch.cat([k_cache[:, :span].to(compute), k_block.to(compute)], dim=1)
+    values = torch.cat([v_cache[:, :span].to(compute), v_block.to(compute)], dim=1)
 
     key_pos = torch.arange(span + block, device=q.device).view(1, 1, -1)
     is_ctx = key_pos < span
@@ -218,7 +318,7 @@ def block_attention(
         visible = visible & (key_pos <= query_pos) & (key_pos > query_pos - window)
 
     out = F.scaled_dot_product_attention(
-        q.float().transpose(1, 2),
+        q.to(compute).transpose(1, 2),
         keys.transpose(1, 2),
         values.transpose(1, 2),
         attn_mask=visible.unsqueeze(1),
@@ -226,3 +326,75 @@ def block_attention(
         enable_gqa=num_heads != keys.shape[2],
     )
     return out.transpose(1, 2).to(q.dtype)
+
+
+def block_attention_partials(
+    q: torch.Tensor,
+    k_block: torch.Tensor,
+    v_block: torch.Tensor,
+    k_ctx_new: torch.Tensor,
+    v_ctx_new: torch.Tensor,
+    new_counts: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_lens: torch.Tensor,
+    scale: float,
+    window: int,
+    splits: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split (flash-decoding) form of `block_attention`: per-split outputs and log-sum-exps.
+
+    Row r's visible context `[lo, L_r)` (lo = 0, or L_r - window + 1 for sliding layers) is cut
+    into `splits` chunks of ceil((L_r - lo) / splits) slots; the last split also holds the block's
+    own keys. Returns `partial_out [b, Hkv, splits, B*g, D]` (float32, normalised within the split,
+    0 where it sees no key) and `partial_lse [b, Hkv, splits, B*g]` (natural log, -inf where it
+    sees no key); query row m of KV head h is block position m // g, query head h*g + m % g.
+    `merge_partials` turns them into `block_attention`'s output. Appends like `block_attention`.
+    """
+    append_context(k_cache, v_cache, cache_lens, k_ctx_new, v_ctx_new, new_counts)
+    batch, block, num_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
+    group = num_heads // kv_heads
+    ctx_lens = (cache_lens + new_counts).tolist()
+    out = torch.zeros(batch, kv_heads, splits, block * group, head_dim, dtype=torch.float32, device=q.device)
+    lse = torch.full((batch, kv_heads, splits, block * group), float("-inf"), dtype=torch.float32, device=q.device)
+    t = torch.arange(block, device=q.device)
+    for r, length in enumerate(ctx_lens):
+        lo = max(length - window + 1, 0) if window > 0 else 0
+        chunk = -(-(length - lo) // splits)
+        # queries [Hkv, B*g, D]: row m = (t, j)
+        queries = q[r].float().view(block, kv_heads, group, head_dim).permute(1, 0, 2, 3).reshape(kv_heads, block * group, head_dim)
+        q_pos = length + t.repeat_interleave(group)
+        for s in range(splits):
+            begin, end = lo + s * chunk, min(lo + (s + 1) * chunk, length)
+            keys = [k_cache[r, begin:end].float()]
+            values = [v_cache[r, begin:end].float()]
+            key_pos = [torch.arange(begin, max(end, begin), device=q.device)]
+            if s == splits - 1:
+                keys.append(k_block[r].float())
+                values.append(v_block[r].float())
+                key_pos.append(length + t)
+            keys, values, key_pos = torch.cat(keys), torch.cat(values), torch.cat(key_pos)
+            if keys.shape[0] == 0:
+                continue
+            visible = torch.ones(q_pos.shape[0], key_pos.shape[0], dtype=torch.bool, device=q.device)
+            if window > 0:
+                visible = (key_pos.view(1, -1) <= q_pos.view(-1, 1)) & (key_pos.view(1, -1) > q_pos.view(-1, 1) - window)
+            scores = torch.einsum("hmd,nhd->hmn", queries, keys) * scale
+            scores = scores.masked_fill(~visible, float("-inf"))
+            row_lse = torch.logsumexp(scores, dim=-1)
+            seen = row_lse > float("-inf")
+            weights = torch.where(seen.unsqueeze(-1), torch.exp(scores - row_lse.unsqueeze(-1)), torch.zeros_like(scores))
+            out[r, :, s] = torch.einsum("hmn,nhd->hmd", weights, values)
+            lse[r, :, s] = row_lse
+    return out, lse
+
+
+def merge_partials(partial_out: torch.Tensor, partial_lse: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Combine `block_attention_partials` into `[b, B, Hq, D]` with `like`'s shape and dtype."""
+    batch, block, num_heads, head_dim = like.shape
+    kv_heads = partial_out.shape[1]
+    weights = torch.softmax(partial_lse, dim=2).nan_to_num(0.0)  # over splits
+    merged = (weights.unsqueeze(-1) * partial_out).sum(dim=2)  # [b, Hkv, B*g, D]
+    merged = merged.view(batch, kv_heads, block, num_heads // kv_heads, head_dim).permute(0, 2, 1, 3, 4)
+    return merged.reshape(batch, block, num_heads, head_dim).to(like.dtype)

@@ -50,3 +50,16 @@ def tiny_qwen3_drafter(tmp_path_factory, tiny_qwen3):
     from trtllm_dflash.testing import make_tiny_drafter
 
     return make_tiny_drafter(tmp_path_factory.mktemp("qwen3-drafter"), tiny_qwen3, seed=3, block_size=8)
+
+
+@pytest.fixture(scope="session")
+def trained_pair(tmp_path_factory):
+    """(target_dir, drafter_dir, prompts): a tiny pair whose drafter proposes the target's tokens."""
+    import torch
+
+    from trtllm_dflash.testing import cycle_sequences, make_cycle_pair
+
+    target_dir, drafter_dir = make_cycle_pair(tmp_path_factory.mktemp("cycle-pair"), block_size=8)
+    prompts = cycle_sequences(4, 14, torch.Generator().manual_seed(123)).tolist()
+    prompts[1] = prompts[1][:9]  # different prompt lengths in the batch
+    return target_dir, drafter_dir, prompts

@@ -11,12 +11,44 @@ Public API:
     DFlashError         user-facing errors (errors.py)
 """
 
-from trtllm_dflash.api import DFlashPipeline, GenerationOutput
-from trtllm_dflash.checkpoints import load_drafter, load_target, save_drafter, validate_pair
-from trtllm_dflash.config import DrafterConfig
-from trtllm_dflash.decoding import Decoder, Request, SamplingParams, SequenceResult
-from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.modeling.drafter import DFlashDrafter
+from typing import TYPE_CHECKING
+
+# The public names are imported on first use (PEP 562), so light commands such as
+# `dflash-trt plan` or `recipes list` do not pay for importing torch and transformers.
+_EXPORTS = {
+    "DFlashPipeline": "trtllm_dflash.api",
+    "GenerationOutput": "trtllm_dflash.api",
+    "Decoder": "trtllm_dflash.decoding",
+    "Request": "trtllm_dflash.decoding",
+    "SamplingParams": "trtllm_dflash.decoding",
+    "SequenceResult": "trtllm_dflash.decoding",
+    "load_target": "trtllm_dflash.checkpoints",
+    "load_drafter": "trtllm_dflash.checkpoints",
+    "save_drafter": "trtllm_dflash.checkpoints",
+    "validate_pair": "trtllm_dflash.checkpoints",
+    "DrafterConfig": "trtllm_dflash.config",
+    "DFlashDrafter": "trtllm_dflash.modeling.drafter",
+    "DFlashError": "trtllm_dflash.errors",
+}
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from trtllm_dflash.api import DFlashPipeline, GenerationOutput
+    from trtllm_dflash.checkpoints import load_drafter, load_target, save_drafter, validate_pair
+    from trtllm_dflash.config import DrafterConfig
+    from trtllm_dflash.decoding import Decoder, Request, SamplingParams, SequenceResult
+    from trtllm_dflash.errors import DFlashError
+    from trtllm_dflash.modeling.drafter import DFlashDrafter
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        import importlib
+
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'trtllm_dflash' has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 

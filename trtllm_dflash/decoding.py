@@ -175,6 +175,24 @@ class Decoder:
         if min(request.prompt_ids) < 0 or max(request.prompt_ids) >= vocab:
             raise DFlashError(f"prompt token ids must be in [0, {vocab})", "tokenize with the target's tokenizer")
 
+    def cancel(self, request_id: Any) -> SequenceResult | None:
+        """Drop a request between steps (its client went away); its row is freed for others.
+
+        Returns what the request had produced (finish_reason "cancelled"), or None if it was
+        still waiting or is unknown.
+        """
+        for request in self.waiting:
+            if request.request_id == request_id:
+                self.waiting.remove(request)
+                return None
+        for i, live in enumerate(self.live):
+            if live.request.request_id == request_id:
+                live.result.finish_reason = "cancelled"
+                live.result.elapsed = time.perf_counter() - live.started
+                self._drop([i])
+                return live.result
+        return None
+
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.live)

@@ -22,3 +22,15 @@ class CompatibilityError(DFlashError):
 
 class MissingDependencyError(DFlashError):
     """An optional package or a GPU that this step needs is not present."""
+
+
+class UnknownNameError(DFlashError):
+    """A model, GPU or recipe name that the catalogs do not know."""
+
+
+class RecipeError(DFlashError):
+    """A recipe file that cannot be used (syntax, unknown key, wrong type, inconsistent values)."""
+
+
+class PlanRefusedError(DFlashError):
+    """A model x GPU x precision x GPU-count combination that cannot work, with the nearest one that does."""

@@ -124,3 +124,54 @@ def make_tiny_drafter(path: str | Path, target_path: str | Path, seed: int = 0, 
     torch.manual_seed(seed)
     config = tiny_drafter_config(AutoConfig.from_pretrained(target_path), **kwargs)
     return save_drafter(DFlashDrafter(config), path)
+
+
+CYCLES = ((5, 17, 9, 30, 22, 11, 41), (60, 73, 66, 88, 95, 61, 104, 79, 117, 70, 99))
+
+
+def cycle_sequences(count: int, length: int, generator: torch.Generator) -> torch.Tensor:
+    """Windows of two fixed token cycles (7 and 11 tokens): every next token is determined."""
+    rows = []
+    for _ in range(count):
+        cycle = torch.tensor(CYCLES[int(torch.randint(0, len(CYCLES), (1,), generator=generator))])
+        start = int(torch.randint(0, len(cycle), (1,), generator=generator))
+        rows.append(cycle.roll(-start).repeat(length // len(cycle) + 1)[:length])
+    return torch.stack(rows)
+
+
+def make_cycle_pair(root: str | Path, block_size: int = 8, seed: int = 0) -> tuple[Path, Path]:
+    """A tiny target trained for seconds to continue two token cycles, and a DFlash drafter
+    distilled from it, saved to disk. The drafter proposes the target's own tokens, so long runs
+    are accepted: the pair exercises acceptance, stop tokens and length cuts inside a block."""
+    from transformers import AutoModelForCausalLM
+
+    from trtllm_dflash.training.trainer import DrafterTrainer, TrainConfig
+
+    root = Path(root)
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    config = tiny_target_config("qwen3")
+    target = AutoModelForCausalLM.from_config(config)
+    optimizer = torch.optim.AdamW(target.parameters(), lr=5e-3)
+    for _ in range(150):
+        batch = cycle_sequences(16, 24, generator)
+        loss = target(input_ids=batch, labels=batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    target.eval()
+    target_dir = root / "target"
+    target.save_pretrained(target_dir, safe_serialization=True)
+
+    drafter = DFlashDrafter(tiny_drafter_config(config, block_size=block_size, target_layer_ids=(1, 3), mask_token_id=0))
+    trainer = DrafterTrainer(target, drafter, TrainConfig(steps=200, lr=1e-2, num_anchors=16, seed=seed))
+
+    def batches():
+        while True:  # as long as the generations it will draft for: positions do not extrapolate
+            batch = cycle_sequences(8, 80, generator)
+            yield batch, torch.ones_like(batch)
+
+    trainer.train(batches())
+    trainer.close()
+    drafter_dir = save_drafter(drafter, root / "drafter")
+    return target_dir, drafter_dir

@@ -82,6 +82,8 @@ class TorchRuntime(Runtime):
             kind: causal_mask(positions, span, self.sliding_window if kind == "sliding_attention" else 0)
             for kind in set(self.layer_types)
         }
+        # a 4D mask passes through every HF model untouched; a per-type dict only where types mix
+        masks = masks if len(masks) > 1 else next(iter(masks.values()))
         hidden = self.decoder(
             input_ids=tokens, position_ids=positions, attention_mask=masks, past_key_values=self._hf_cache, use_cache=True
         ).last_hidden_state

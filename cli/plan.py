@@ -1,0 +1,100 @@
+"""`dflash-trt plan`: the memory budget per GPU, how many users fit, and what `build` will run."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+
+def _gib(value: int) -> str:
+    return f"{value / 1024**3:,.2f} GiB"
+
+
+def print_plan(plan, console: Console | None = None) -> None:
+    """Human-readable plan (also used by `dflash-trt build --dry-run`)."""
+    from trtllm_dflash.catalog.gpus import CPU, resolve_gpu
+
+    console = console or Console(highlight=False)
+    p, layout, b = plan.precision, plan.layout, plan.budget
+    where = f"{layout.num_gpus}x {plan.gpu}" if plan.gpu != CPU else "cpu"
+    recipe = f" (recipe {plan.recipe})" if plan.recipe else ""
+    console.print(f"[bold]Plan[/]: {plan.model} + {plan.drafter} (block {plan.block_size}) on {where}{recipe}")
+    experts = f", experts {p.experts}" if p.experts != p.weights else ""
+    console.print(
+        f"  runtime {plan.runtime} | tp {layout.tp}, ep {layout.ep}{', attention DP' if layout.attention_dp else ''} | "
+        f"weights {p.weights}{experts}, KV {p.kv_cache}, drafter {p.drafter} | context {plan.context} tokens"
+    )
+    if plan.gpu != CPU:
+        gpu = resolve_gpu(plan.gpu)
+        capacity = f"{gpu.full_name}, {gpu.memory_gb:g} GB = {_gib(b.capacity)}, SM {gpu.compute_capability_str}"
+    else:
+        capacity = f"host memory {_gib(b.capacity)}"
+    table = Table(title=f"Memory per {'GPU' if plan.gpu != CPU else 'device'} ({capacity})", title_justify="left")
+    table.add_column("item")
+    table.add_column("size", justify="right")
+    for label, value in (
+        ("target weights", b.target_weights),
+        ("drafter weights", b.drafter_weights),
+        ("activations + workspace", b.activations),
+        ("CUDA graphs", b.cuda_graphs),
+        ("runtime reserve (context, NCCL)", b.runtime_reserve),
+        ("KV cache budget", b.kv_cache),
+    ):
+        table.add_row(label, _gib(value))
+    console.print(table)
+    console.print(
+        f"  KV cache: {plan.kv_bytes_per_token:,} bytes per token of context (full-attention layers), "
+        f"{_gib(plan.kv_bytes_per_sequence)} per sequence of {plan.context} tokens "
+        f"(drafter {_gib(plan.drafter_kv_bytes_per_sequence)})"
+    )
+    console.print(f"  [bold]max concurrency[/] at {plan.context} tokens: {plan.max_concurrency} sequences")
+    console.print("[bold]dflash-trt build steps[/]:")
+    for index, step in enumerate(plan.steps, 1):
+        needs = f"  [dim](needs {', '.join(step.needs)})[/]" if step.needs else ""
+        console.print(f"  {index}. {step.name}: {escape(step.description)}{needs}")
+    for note in plan.notes:
+        console.print(f"  note: {escape(note)}")
+    for refusal in plan.refusals:
+        console.print(f"[bold red]refused ({refusal.kind})[/]: {escape(refusal.problem)}; {escape(refusal.fix)}")
+
+
+def plan(
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Catalog name (see `dflash-trt recipes list`), HF id, or model directory."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", "-g", help="h100, h200, b200, b300, gb200, gb300, rtx-pro-6000, a100, or cpu."),
+    num_gpus: Optional[int] = typer.Option(None, "--num-gpus", "-n", help="GPUs in the node (default: recipe, else the fewest that fit)."),
+    quant: Optional[str] = typer.Option(None, "--quant", "-q", help="bf16 | fp16 | fp8 | nvfp4 (gpt-oss: the experts; mxfp4 as shipped)."),
+    kv_cache: Optional[str] = typer.Option(None, "--kv-cache", help="KV cache precision: bf16 | fp16 | fp8."),
+    context: Optional[int] = typer.Option(None, "--context", "-L", help="Tokens per sequence (prompt + output) to budget KV for."),
+    max_batch: Optional[int] = typer.Option(None, "--max-batch", help="Engine max batch (activations, CUDA graphs)."),
+    runtime: Optional[str] = typer.Option(None, "--runtime", help="trt | trtllm | torch (default: recipe, else by model)."),
+    recipe_file: Optional[str] = typer.Option(
+        None, "--recipe", help="Plan from this recipe (file or '<model>/<gpu>'); --model/--gpu then default to it."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
+) -> None:
+    """Plan a deployment: memory per GPU, max concurrency, layout, build steps; refuse what cannot work."""
+    from trtllm_dflash.errors import DFlashError
+    from trtllm_dflash.planning import plan_deployment
+
+    recipe = None
+    if recipe_file is not None:
+        from trtllm_dflash.recipes import resolve_recipe
+
+        recipe = resolve_recipe(recipe_file)
+        model, gpu = model or recipe.model.name, gpu or recipe.gpu
+    if model is None or gpu is None:
+        raise DFlashError("plan needs a model and a GPU", "pass --model NAME --gpu GPU (or --recipe FILE)")
+    result = plan_deployment(
+        model, gpu, num_gpus=num_gpus, quant=quant, kv_cache=kv_cache, context=context,
+        max_batch=max_batch, runtime=runtime, recipe=recipe,
+    )
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print_plan(result)
+    result.check()  # a refusal exits 2 with one line: the reason and the nearest combination that works

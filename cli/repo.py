@@ -1,0 +1,116 @@
+"""`dflash-trt repo`: write a Triton model repository for a model, a recipe or a build."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from trtllm_dflash.errors import DFlashError
+
+
+def repo(
+    out: Path = typer.Option(..., "--out", "-o", help="Repository directory to write."),
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m", help="'demo', a recipe's model name (with --gpu), or a target checkpoint directory."
+    ),
+    build: Optional[Path] = typer.Option(None, "--build", help="A `dflash-trt build` output directory (engines on a GPU)."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", "-g", help="GPU of the recipe (b300, h100, ..., cpu)."),
+    recipe: Optional[str] = typer.Option(None, "--recipe", help="Recipe file or '<model>/<gpu>' name."),
+    drafter: Optional[str] = typer.Option(
+        None, "--drafter", help="Drafter directory: the pair to serve with --model DIR; a local copy for a trtllm recipe."
+    ),
+    name: str = typer.Option("dflash", "--name", help="Triton model name of the DFlash model."),
+    baseline: Optional[str] = typer.Option(
+        "ar", "--baseline", help="Also serve the target alone (autoregressive) under this name; '' for none."
+    ),
+    max_batch: Optional[int] = typer.Option(None, "--max-batch", help="Requests per decoding step (default: the recipe's, else 16)."),
+    max_context: Optional[int] = typer.Option(None, "--max-context", help="Prompt + generated tokens (default: the recipe's, else 2048)."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Largest sampling_param_max_tokens accepted."),
+    block_size: Optional[int] = typer.Option(None, "--block-size", "-b", help="Draft block size (default: the drafter's)."),
+    device: str = typer.Option("auto", "--device", help="auto (cuda when present), cpu or cuda."),
+    threads: int = typer.Option(0, "--threads", help="torch CPU threads per model (0 = torch's default)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --out."),
+) -> None:
+    """Write a Triton Inference Server model repository that serves DFlash (and its AR baseline)."""
+    from trtllm_dflash.serving import repository
+    from trtllm_dflash.serving.config import ServingConfig
+
+    sources = [s for s in (model, build, recipe) if s is not None]
+    if len(sources) != 1:
+        raise DFlashError("name exactly one of --model, --recipe or --build", "for example `dflash-trt repo --model demo --out REPO`")
+    console = Console(highlight=False)
+    limits: dict = {}
+    if build is not None:
+        path = repository.write_build_repository(build, out, force=force)
+        console.print(f"wrote {escape(str(path))} from the build in {escape(str(build))}; serve it with `dflash-trt serve {escape(str(path))}`")
+        return
+    found = _recipe_for(model, gpu, recipe)
+    if found is not None and found.runtime == "trtllm":
+        from trtllm_dflash.serving.trtllm import write_trtllm_repository
+
+        path, notes = write_trtllm_repository(out, found, drafter_dir=drafter, force=force)
+        console.print(f"wrote the TensorRT-LLM LLM-API repository for [bold]{escape(found.name)}[/] to {escape(str(path))}")
+        for note in notes:
+            console.print(f"[yellow]note:[/] {escape(note)}")
+        console.print("serve it in NVIDIA's Triton TensorRT-LLM container: tritonserver --model-repository " + escape(str(path)))
+        return
+    if found is not None and found.runtime == "trt":
+        raise DFlashError(
+            f"recipe {found.name} serves TensorRT engines, which must be built first",
+            f"run `dflash-trt build --recipe {found.name} --out BUILD` on a GPU machine, then `dflash-trt repo --build BUILD --out {out}`",
+        )
+    if found is not None:
+        target, draft = found.model.checkpoint, found.drafter.checkpoint
+        limits = {"max_batch": found.triton.max_batch_size, "max_context": found.limits.max_seq_len,
+                  "max_tokens": found.limits.max_seq_len - found.limits.max_input_len, "block_size": found.drafter.block_size}
+        source = {"recipe": found.name}
+    else:
+        target, draft = model, drafter
+        source = {"model": model, "drafter": drafter}
+    target, draft = repository.check_checkpoints(target, draft)
+    options = {"device": device, "num_threads": threads}
+    overrides = {"max_batch": max_batch, "max_context": max_context, "max_tokens": max_tokens, "block_size": block_size}
+    options.update(limits)
+    options.update({k: v for k, v in overrides.items() if v is not None})  # flags override the recipe
+    if options.get("max_tokens") and options.get("max_context"):
+        options["max_tokens"] = min(options["max_tokens"], options["max_context"] - 1)
+    models = [(name, _config(ServingConfig, target=target, drafter=draft, **options))]
+    if draft is not None and baseline:
+        ar_options = {k: v for k, v in options.items() if k != "block_size"}
+        models.append((baseline, _config(ServingConfig, target=target, drafter=None, **ar_options)))
+    path = repository.write_repository(out, models, source=source, force=force)
+    for model_name, config in models:
+        kind = "DFlash" if config.speculative else "autoregressive"
+        console.print(f"[bold]{escape(model_name)}[/]: {kind}, {escape(config.target)} on the {config.runtime} runtime, max batch {config.max_batch}")
+    console.print(f"wrote {escape(str(path))}; serve it with `dflash-trt serve {escape(str(path))}`")
+
+
+def _recipe_for(model: str | None, gpu: str | None, recipe: str | None):
+    """The recipe named by --recipe, or by --model NAME --gpu GPU (None for a checkpoint directory)."""
+    from trtllm_dflash.recipes import find_recipe, resolve_recipe
+
+    if recipe is not None:
+        return resolve_recipe(recipe)
+    if Path(model).expanduser().is_dir():
+        if gpu is not None:
+            raise DFlashError("--gpu selects a recipe, but --model is a checkpoint directory", "drop --gpu, or name the model")
+        return None
+    if model == "demo" and gpu is None:
+        gpu = "cpu"
+    if gpu is None:
+        raise DFlashError(f"--model {model} is neither 'demo' nor a directory, so it names a recipe", "add --gpu GPU (see `dflash-trt recipes list`)")
+    return find_recipe(model, gpu)
+
+
+def _config(cls, **values):
+    from pydantic import ValidationError
+
+    try:
+        return cls(**values)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'options'}: {e['msg']}" for e in exc.errors())
+        raise DFlashError(f"invalid serving options ({problems})", "fix the options") from None

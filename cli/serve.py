@@ -1,0 +1,58 @@
+"""`dflash-trt serve`: run tritonserver on a repository written by `dflash-trt repo`."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+
+def serve(
+    repository: Path = typer.Argument(..., help="Model repository (from `dflash-trt repo`)."),
+    http_port: int = typer.Option(8000, "--http-port", help="HTTP/REST port (generate, generate_stream, health)."),
+    grpc_port: int = typer.Option(8001, "--grpc-port", help="gRPC port (tritonclient streaming)."),
+    metrics_port: int = typer.Option(8002, "--metrics-port", help="Prometheus metrics port."),
+    host: str = typer.Option("0.0.0.0", "--host", help="Address to listen on (127.0.0.1 for this machine only)."),
+    log_file: Optional[Path] = typer.Option(None, "--log-file", help="Server log (default: a file in a temporary folder)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the server's log here instead of in a file."),
+) -> None:
+    """Start tritonserver, wait until every model is ready, print the endpoints; Ctrl-C stops it."""
+    from trtllm_dflash.serving.server import TritonServer
+
+    console = Console(highlight=False)
+    server = TritonServer(repository, http_port, grpc_port, metrics_port, host=host, log_file=log_file, verbose=verbose)
+    console.print(f"starting tritonserver on {escape(str(server.repository))} (models: {', '.join(server.models)}) ...")
+    started = time.monotonic()
+    for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C and `kill` stop the server cleanly,
+        signal.signal(signum, _interrupt)  # even where SIGINT was inherited as ignored (`cmd &`)
+    try:
+        endpoints = server.start()
+        console.print(f"[green]ready[/] in {time.monotonic() - started:.0f} s; log: {escape(str(server.log_path))}")
+        console.print(f"  HTTP     {endpoints.http}  (POST /v2/models/<model>/generate, /generate_stream)")
+        console.print(f"  gRPC     {endpoints.grpc}")
+        console.print(f"  metrics  {endpoints.metrics}")
+        model = server.models[0] if "dflash" not in server.models else "dflash"
+        console.print(
+            f"try: curl -s -X POST {endpoints.http}/v2/models/{model}/generate "
+            "-d '{\"text_input\": \"def fib(n):\", \"sampling_param_max_tokens\": 32, \"sampling_param_temperature\": 0}'"
+        )
+        console.print(f"  or: dflash-trt generate --url {endpoints.http} --model-name {model} --prompt 'def fib(n):' --stream")
+        while server.process is not None and server.process.poll() is None:
+            time.sleep(0.5)
+        console.print(f"[red]tritonserver exited[/] with status {server.process.returncode if server.process else '?'}:\n{escape(server.log_tail())}")
+        raise typer.Exit(1)
+    except KeyboardInterrupt:
+        console.print("stopping tritonserver ...")
+    finally:
+        code = server.stop()
+        if code is not None:
+            console.print(f"tritonserver stopped (status {code})")
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,371 @@
+"""Ahead-of-time compilation of the plugin kernels for the deployment GPUs, without a GPU.
+
+Triton compiles for an explicit `GPUTarget`, so PTX and cubin for every architecture can be built
+on a CPU machine. Two choices make the output usable by the TensorRT and drivers users run:
+
+- PTX ISA version. Triton stamps the PTX with the newest ISA its bundled ptxas knows (9.4 for
+  Triton 3.9), which a CUDA 13.0 driver (R580, PTX <= 9.0) refuses to JIT: an engine embedding it
+  would fail to load. Each target here is compiled for the OLDEST ISA that supports it, so the
+  minimum driver is the one that introduced the architecture (`ARCHES`).
+- Kernel parameters. Triton appends two pointer parameters (global and profile scratch) after
+  the declared ones; TensorRT's AOT plugins pass exactly the declared ones (inputs, int scalars,
+  outputs). The kernels need no scratch (checked), so the unused trailing parameters are removed
+  from the PTX, and the cubin is assembled from that PTX, so both have the ABI in the manifest.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterable
+
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.plugins import kernels
+from trtllm_dflash.plugins.kernels import launch
+
+
+@dataclasses.dataclass(frozen=True)
+class Arch:
+    """A deployment target and the oldest PTX ISA / driver that support it."""
+
+    name: str  # as users write it: sm_90a, sm_100a, sm_103a, sm_120
+    capability: int  # Triton GPUTarget arch
+    ptx_isa: int  # 80 == PTX ISA 8.0
+    cuda: str  # the CUDA toolkit that introduced this PTX ISA
+    min_driver: str  # the Linux driver of that toolkit: the oldest that can JIT this PTX
+    gpus: str
+
+    @property
+    def ptx_isa_text(self) -> str:
+        return f"{self.ptx_isa // 10}.{self.ptx_isa % 10}"
+
+
+ARCHES = {
+    arch.name: arch
+    for arch in (
+        Arch("sm_90a", 90, 80, "12.0", "525.60.13", "Hopper: H100, H200"),
+        Arch("sm_100a", 100, 87, "12.8", "570.26", "Blackwell: B200, GB200"),
+        Arch("sm_103a", 103, 88, "12.9", "575.51.03", "Blackwell Ultra: B300, GB300"),
+        Arch("sm_120", 120, 87, "12.8", "570.26", "RTX PRO 6000 Blackwell, GeForce RTX 50"),
+    )
+}
+ALIASES = {"sm_120a": "sm_120", "sm90a": "sm_90a", "sm100a": "sm_100a", "sm103a": "sm_103a", "sm120": "sm_120"}
+MIN_TENSORRT = "10.9"  # ahead-of-time Python plugins (tensorrt.plugin.aot_impl)
+
+
+def parse_arches(text: str) -> list[Arch]:
+    """`sm_90a,sm_100a,...` -> Arch list; an unknown name is a one-line error listing the known ones."""
+    names = [part.strip().lower() for part in text.split(",") if part.strip()]
+    if not names:
+        raise DFlashError("no architecture given", f"pass --arch with one or more of {', '.join(ARCHES)}")
+    arches = []
+    for name in names:
+        name = ALIASES.get(name, name)
+        if name not in ARCHES:
+            raise DFlashError(f"unknown GPU architecture {name!r}", f"use one of {', '.join(ARCHES)}")
+        if ARCHES[name] not in arches:
+            arches.append(ARCHES[name])
+    return arches
+
+
+# ----------------------------------------------------------------------------- kernel variants
+
+TORCH_TO_TRITON = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8e4nv", "int32": "i32", "int64": "i64"}
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelVariant:
+    """One compilation unit: a kernel function with its pointer dtypes and compile-time constants."""
+
+    node: str  # the ONNX node (TensorRT plugin) that launches it
+    source: str  # kernel file: attention | verify
+    function: str
+    signature: tuple[tuple[str, str], ...]  # parameter -> Triton type, in kernel order
+    constexprs: tuple[tuple[str, object], ...]
+    num_warps: int
+    num_stages: int
+    enable_fp_fusion: bool
+
+    @property
+    def label(self) -> str:
+        """A stable, readable identifier, e.g. `block_attention_kernel.bf16.head_dim128.block_m64...`."""
+        dtypes = "-".join(sorted({t.lstrip("*") for _, t in self.signature if t.startswith("*") and not t.startswith("*i")}))
+        consts = [f"{k.lower()}{int(v) if isinstance(v, bool) else v}" for k, v in self.constexprs]
+        return ".".join(part for part in [self.function, dtypes, *consts] if part)
+
+
+def _attention_signature(dtype: str, cache_dtype: str, split: bool) -> tuple:
+    t, c = f"*{TORCH_TO_TRITON[dtype]}", f"*{TORCH_TO_TRITON[cache_dtype]}"
+    outputs = (("partial_out_ptr", "*fp32"), ("partial_lse_ptr", "*fp32")) if split else (("out_ptr", t),)
+    return (
+        ("q_ptr", t), ("k_block_ptr", t), ("v_block_ptr", t), ("k_ctx_ptr", t), ("v_ctx_ptr", t),
+        ("new_counts_ptr", "*i64"), ("k_cache_ptr", c), ("v_cache_ptr", c), ("cache_lens_ptr", "*i64"),
+        ("block", "i32"), ("num_new", "i32"), ("capacity", "i32"), ("num_kv_heads", "i32"), ("group", "i32"),
+        ("window", "i32"), ("scale_bits", "i32"), ("num_splits", "i32"),
+        *outputs, ("k_cache_out_ptr", c), ("v_cache_out_ptr", c),
+    )
+
+
+def attention_variants(head_dim: int, dtype: str, cache_dtype: str, block_m: int) -> list[KernelVariant]:
+    """The direct and split attention kernels and the merge kernel for one query-tile size."""
+    config = launch.attention_config_for_tile(head_dim, block_m)
+    constexprs = (
+        ("HEAD_DIM", head_dim), ("BLOCK_M", block_m), ("BLOCK_N", config.block_n), ("BLOCK_T", config.block_t),
+        ("IEEE", dtype == "float32"),
+    )
+    variants = [
+        KernelVariant(node, "attention", function, _attention_signature(dtype, cache_dtype, split),
+                      constexprs, config.num_warps, config.num_stages, True)
+        for node, function, split in (
+            ("DFlashBlockAttention", "block_attention_kernel", False),
+            ("DFlashBlockAttentionSplit", "block_attention_split_kernel", True),
+        )
+    ]
+    t = f"*{TORCH_TO_TRITON[dtype]}"
+    merge_signature = (
+        ("partial_out_ptr", "*fp32"), ("partial_lse_ptr", "*fp32"), ("like_ptr", t),
+        ("block", "i32"), ("num_kv_heads", "i32"), ("group", "i32"), ("num_splits", "i32"), ("out_ptr", t),
+    )
+    variants.append(KernelVariant("DFlashAttentionMerge", "attention", "merge_kernel", merge_signature,
+                                  (("HEAD_DIM", head_dim), ("BLOCK_M", block_m)), 4, 1, True))
+    return variants
+
+
+def verify_variants(logits_dtype: str) -> list[KernelVariant]:
+    positions = (
+        ("logits_ptr", f"*{TORCH_TO_TRITON[logits_dtype]}"), ("tokens_ptr", "*i64"), ("draft_probs_ptr", "*fp32"),
+        ("temperature_ptr", "*fp32"), ("top_k_ptr", "*i64"), ("top_p_ptr", "*fp32"), ("seed_ptr", "*i64"),
+        ("start_ptr", "*i64"), ("block", "i32"), ("vocab", "i32"), ("has_draft_probs", "i32"), ("decisions_ptr", "*i32"),
+    )
+    return [KernelVariant("DFlashVerifyPositions", "verify", "verify_positions_kernel", positions,
+                          (("BLOCK_V", launch.VERIFY_BLOCK_V),), 4, 1, False)]
+
+
+def commit_variant() -> KernelVariant:
+    signature = (
+        ("decisions_ptr", "*i32"), ("tokens_ptr", "*i64"), ("start_ptr", "*i64"), ("stop_ids_ptr", "*i64"),
+        ("block", "i32"), ("num_stop", "i32"), ("result_ptr", "*i64"),
+    )
+    return KernelVariant("DFlashVerifyCommit", "verify", "verify_commit_kernel", signature,
+                         (("BLOCK_T", launch.MAX_BLOCK), ("BLOCK_S", launch.COMMIT_BLOCK_S)), 1, 1, False)
+
+
+def query_tiles(head_dim: int, blocks: Iterable[int], groups: Iterable[int]) -> list[int]:
+    """The query-tile sizes (BLOCK_M) that drafters with these block sizes and GQA groups use."""
+    return sorted({launch.attention_config(head_dim, b, g).block_m for b in blocks for g in groups})
+
+
+def kernel_variants(
+    head_dims: Iterable[int] = (64, 128, 256),
+    dtypes: Iterable[str] = ("bfloat16", "float16"),
+    blocks: Iterable[int] = range(2, launch.MAX_BLOCK + 1),
+    groups: Iterable[int] = (1, 2, 4, 8),
+    fp8_kv_cache: bool = False,
+    logits_dtypes: Iterable[str] = ("float32", "bfloat16", "float16"),
+) -> list[KernelVariant]:
+    """Every kernel variant a drafter in this space launches (default: the whole supported space)."""
+    blocks, groups = list(blocks), list(groups)
+    variants = []
+    for head_dim in head_dims:
+        for dtype in dtypes:
+            caches = [dtype] + (["float8_e4m3fn"] if fp8_kv_cache else [])
+            for cache_dtype in caches:
+                for block_m in query_tiles(head_dim, blocks, groups):
+                    for variant in attention_variants(head_dim, dtype, cache_dtype, block_m):
+                        if variant not in variants:
+                            variants.append(variant)
+    for logits_dtype in logits_dtypes:
+        variants += verify_variants(logits_dtype)
+    return variants + [commit_variant()]
+
+
+# ----------------------------------------------------------------------------- compilation
+
+
+@dataclasses.dataclass
+class CompiledKernel:
+    """PTX/cubin of one variant for one architecture, and what a launcher needs to know."""
+
+    variant: KernelVariant
+    arch: Arch
+    name: str
+    ptx: str
+    cubin: bytes
+    num_warps: int
+    shared: int
+    triton_version: str
+
+    @property
+    def ptx_version(self) -> str:
+        return re.search(r"^\.version (\S+)", self.ptx, re.MULTILINE).group(1)
+
+    @property
+    def ptx_target(self) -> str:
+        return re.search(r"^\.target (\S+)", self.ptx, re.MULTILINE).group(1)
+
+    @property
+    def threads(self) -> int:
+        return self.num_warps * 32
+
+
+def _ptxas_path(arch: Arch) -> str:
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    return get_ptxas(arch.capability).path
+
+
+def strip_scratch_params(ptx: str, name: str, declared: int) -> str:
+    """Remove Triton's trailing scratch-pointer parameters when the kernel body never reads them."""
+    start = ptx.index(f".entry {name}(")
+    end = ptx.index(")", start)
+    header, body = ptx[start:end], ptx[end:]
+    extra = [int(p) for p in re.findall(rf"\b{name}_param_(\d+)\b", header) if int(p) >= declared]
+    for index in extra:
+        if re.search(rf"\b{name}_param_{index}\b", body):
+            raise DFlashError(f"kernel {name} reads its scratch parameter {index}", "this kernel cannot be launched by TensorRT")
+        header = re.sub(rf",?\s*\.param \.u64 \.ptr \.global \.align \d+ {name}_param_{index}\b", "", header)
+    return ptx[:start] + header + body
+
+
+def compile_kernel(variant: KernelVariant, arch: Arch) -> CompiledKernel:
+    """Compile one variant for one architecture with the pinned PTX ISA (no GPU needed)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = getattr(kernels.load(variant.source, interpret=False), variant.function)
+    source = ASTSource(fn, signature=dict(variant.signature), constexprs=dict(variant.constexprs))
+    options = dict(ptx_version=arch.ptx_isa, num_warps=variant.num_warps, num_stages=variant.num_stages,
+                   enable_fp_fusion=variant.enable_fp_fusion)
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch.capability, 32), options=options)
+    meta = compiled.metadata
+    if meta.global_scratch_size or meta.profile_scratch_size:
+        raise DFlashError(f"{variant.label} needs Triton scratch memory, which TensorRT plugins cannot provide")
+    ptx = strip_scratch_params(compiled.asm["ptx"], meta.name, len(variant.signature))
+    cubin = assemble(ptx, arch, fmad=variant.enable_fp_fusion)
+    return CompiledKernel(variant, arch, meta.name, ptx, cubin, meta.num_warps, meta.shared, triton.__version__)
+
+
+def assemble(ptx: str, arch: Arch, fmad: bool = True) -> bytes:
+    """ptxas (Triton's bundled one, with Triton's flags) on the final PTX: proves it is valid for its
+    ISA and target, and gives the cubin for consumers that take one."""
+    gpu = re.search(r"^\.target (\S+)", ptx, re.MULTILINE).group(1)
+    flags = ["-lineinfo", "--regAllocOptLevel=2"] + ([] if fmad else ["--fmad=false"])
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = Path(tmp) / "kernel.ptx", Path(tmp) / "kernel.cubin"
+        src.write_text(ptx)
+        command = [_ptxas_path(arch), *flags, f"--gpu-name={gpu}", str(src), "-o", str(out)]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise DFlashError(f"ptxas rejected the PTX for {arch.name}: {result.stderr.strip().splitlines()[-1]}")
+        return out.read_bytes()
+
+
+# ----------------------------------------------------------------------------- build + manifest
+
+
+def build(
+    arches: list[Arch],
+    out_dir: Path,
+    variants: list[KernelVariant] | None = None,
+    jobs: int = 1,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """Compile every variant for every architecture into `out_dir`; returns the manifest.
+
+    Files: `<arch>/<label>.ptx` and `.cubin`, and `manifest.json`. The build happens in a staging
+    directory that replaces `out_dir` only when everything compiled, so a failed build leaves a
+    previous build untouched and never a half-written one.
+    """
+    import triton
+
+    variants = variants if variants is not None else kernel_variants()
+    out_dir = Path(out_dir)
+    check_output_dir(out_dir)
+    staging = out_dir.with_name(f".{out_dir.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    tasks = [(variant, arch) for arch in arches for variant in variants]
+    entries = []
+    try:
+        for arch in arches:
+            (staging / arch.name).mkdir(parents=True, exist_ok=True)
+        with concurrent.futures.ProcessPoolExecutor(jobs) if jobs > 1 else contextlib.nullcontext() as pool:
+            results = pool.map(_compile_task, tasks) if pool else map(_compile_task, tasks)
+            for (variant, arch), kernel in zip(tasks, results):
+                files = {kind: Path(arch.name) / f"{variant.label}.{kind}" for kind in ("ptx", "cubin")}
+                (staging / files["ptx"]).write_text(kernel.ptx)
+                (staging / files["cubin"]).write_bytes(kernel.cubin)
+                entries.append(manifest_entry(kernel, files))
+                if progress:
+                    progress(f"{arch.name} {variant.node}")
+        manifest = {
+            "format": "trtllm-dflash-plugin-kernels/1",
+            "triton_version": triton.__version__,
+            "min_tensorrt": MIN_TENSORRT,
+            "arches": {
+                a.name: {"capability": a.capability, "ptx_isa": a.ptx_isa_text, "cuda": a.cuda, "min_driver": a.min_driver, "gpus": a.gpus}
+                for a in arches
+            },
+            "kernels": entries,
+        }
+        (staging / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    staging.rename(out_dir)
+    return manifest
+
+
+def check_output_dir(out_dir: Path) -> None:
+    """Only a new or empty directory, or a previous kernel build, may be (re)placed."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DFlashError(f"{out_dir} is a file", "pass a directory for --out")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "manifest.json").is_file():
+        raise DFlashError(f"{out_dir} is not empty and holds no kernel build", "pass a new or empty directory for --out")
+
+
+def _compile_task(task: tuple[KernelVariant, Arch]) -> CompiledKernel:
+    return compile_kernel(*task)
+
+
+def manifest_entry(kernel: CompiledKernel, files: dict[str, Path]) -> dict:
+    v = kernel.variant
+    return {
+        "node": v.node,
+        "plugin": f"dflash::{v.node}",
+        "kernel": kernel.name,
+        "label": v.label,
+        "arch": kernel.arch.name,
+        "ptx_target": kernel.ptx_target,
+        "ptx_isa": kernel.ptx_version,
+        "min_driver": kernel.arch.min_driver,
+        "num_warps": kernel.num_warps,
+        "threads_per_block": kernel.threads,
+        "shared_memory": kernel.shared,
+        "shared_memory_opt_in": kernel.shared > 48 * 1024,  # above 48 KiB the launcher must raise the limit
+        "triton_version": kernel.triton_version,
+        "params": [f"{name}:{t}" for name, t in v.signature],
+        "constexprs": {k: v for k, v in v.constexprs},
+        "ptx": str(files["ptx"]),
+        "cubin": str(files["cubin"]),
+        "ptx_sha256": hashlib.sha256(kernel.ptx.encode()).hexdigest(),
+    }
+
+
+@functools.cache
+def load_manifest(directory: str) -> dict:
+    path = Path(directory) / "manifest.json"
+    if not path.is_file():
+        raise DFlashError(f"{directory} has no manifest.json", "build the kernels with `dflash-trt plugins build`")
+    return json.loads(path.read_text())

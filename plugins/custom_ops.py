@@ -1,0 +1,111 @@
+"""The two plugins as torch custom ops: `dflash::block_attention` and `dflash::verify_block`.
+
+Custom ops are opaque to torch.compile and torch.export, so graphs keep one node per plugin (the
+ONNX exporter maps it to the plugin's ONNX node, see `onnx_nodes.custom_translation_table`), and
+each op has a fake implementation for shape propagation. At run time an op runs:
+- the compiled Triton kernels on CUDA tensors;
+- the same kernels through Triton's CPU interpreter when `TRITON_INTERPRET=1`;
+- otherwise, or for inputs the kernels do not cover (float64 models, head dims that are not a
+  power of two in 16..256, blocks over 16), the torch reference (`reference.py`), which defines
+  the semantics.
+
+`dflash::block_attention` appends the new context rows to the caches in place (what a runtime
+wants). Mutating ops cannot be exported, so `dflash::block_attention_functional` returns the
+updated caches instead; its ONNX/TensorRT node aliases them to the input caches, which makes
+the append in place inside an engine too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trtllm_dflash.plugins import kernels, reference
+from trtllm_dflash.plugins.kernels import launch
+
+
+def kernels_enabled(device: torch.device) -> bool:
+    """Whether the Triton kernels (compiled, or interpreted on request) run on this device."""
+    if not kernels.triton_available():
+        return False
+    return device.type == "cuda" or kernels.interpreter_requested()
+
+
+def _attention(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, scale, window):
+    if kernels_enabled(q.device) and launch.attention_supported(q, k_cache):
+        return launch.block_attention(
+            q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, scale, window
+        )
+    return reference.block_attention(
+        q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, scale, window
+    )
+
+
+@torch.library.custom_op("dflash::block_attention", mutates_args=("k_cache", "v_cache"))
+def block_attention(
+    q: torch.Tensor,
+    k_block: torch.Tensor,
+    v_block: torch.Tensor,
+    k_ctx_new: torch.Tensor,
+    v_ctx_new: torch.Tensor,
+    new_counts: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_lens: torch.Tensor,
+    scale: float,
+    window: int,
+) -> torch.Tensor:
+    """KV-injected block attention; appends the new context to `k_cache`/`v_cache` in place."""
+    return _attention(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, scale, window)
+
+
+@block_attention.register_fake
+def _block_attention_fake(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, scale, window):
+    return torch.empty_like(q)
+
+
+@torch.library.custom_op("dflash::block_attention_functional", mutates_args=())
+def block_attention_functional(
+    q: torch.Tensor,
+    k_block: torch.Tensor,
+    v_block: torch.Tensor,
+    k_ctx_new: torch.Tensor,
+    v_ctx_new: torch.Tensor,
+    new_counts: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_lens: torch.Tensor,
+    scale: float,
+    window: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The exportable form: returns (output, updated k_cache, updated v_cache)."""
+    k_out, v_out = k_cache.clone(), v_cache.clone()
+    out = _attention(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_out, v_out, cache_lens, scale, window)
+    return out, k_out, v_out
+
+
+@block_attention_functional.register_fake
+def _block_attention_functional_fake(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, scale, window):
+    return torch.empty_like(q), torch.empty_like(k_cache), torch.empty_like(v_cache)
+
+
+@torch.library.custom_op("dflash::verify_block", mutates_args=())
+def verify_block(
+    target_logits: torch.Tensor,
+    block_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    seed: torch.Tensor,
+    start: torch.Tensor,
+    stop_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Tree-free block verification; returns int64 `[b, 5]` (`reference.VERIFY_RESULT_COLUMNS`)."""
+    if kernels_enabled(target_logits.device) and launch.verify_supported(target_logits):
+        return launch.verify_block(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, stop_ids)
+    return reference.verify_block_packed(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, stop_ids)
+
+
+@verify_block.register_fake
+def _verify_block_fake(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, stop_ids=None):
+    return target_logits.new_empty((target_logits.shape[0], len(reference.VERIFY_RESULT_COLUMNS)), dtype=torch.int64)

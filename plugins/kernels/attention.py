@@ -1,0 +1,234 @@
+"""Triton kernels of the KV-injected block attention plugin.
+
+Semantics: `trtllm_dflash.plugins.reference.block_attention` (and `block_attention_partials` /
+`merge_partials` for the split form). Layouts are token-major and contiguous: q/out
+`[b, B, Hq, D]`, block and new-context keys/values `[b, T, Hkv, D]`, caches `[b, capacity, Hkv, D]`
+with slot == absolute position.
+
+One program handles one (query tile, KV split) of one KV head of one sequence. Its query tile
+holds all `B * group` query rows that share the KV head (GQA packing), so every key and value is
+read once per KV head. Long contexts are split over `num_splits` programs (flash-decoding): each
+writes a normalised partial output and its log-sum-exp, and `merge_kernel` combines them. With
+one split the program writes the final output directly.
+
+Parameter order is inputs, then scalars, then outputs: the calling convention of TensorRT's
+ahead-of-time plugins, so the same compiled kernel is launched by torch and by TensorRT.
+
+Reductions go through the builtin `tl.reduce` with Triton's own combine functions instead of the
+sum/max wrappers: those wrappers are `@triton.jit` functions bound to compiled or interpreted
+mode once, when triton is imported, which would tie this file to one mode
+(see `plugins/kernels/__init__.py`).
+"""
+
+import triton
+import triton.language as tl
+
+SUM = tl.standard._sum_combine
+MAX = tl.standard._elementwise_max
+
+
+@triton.jit
+def _online_update(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr):
+    """One flash-attention step over a key tile (scores in base 2, masked keys excluded)."""
+    if IEEE:
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        scores = tl.dot(q, tl.trans(k))
+    scores = tl.where(visible, scores * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.reduce(scores, 1, MAX))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(scores - m_use[:, None])
+    l_i = l_i * alpha + tl.reduce(p, 1, SUM)
+    if IEEE:
+        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + pv
+    return m_new, l_i, acc
+
+
+@triton.jit
+def block_attention_kernel(
+    # inputs
+    q_ptr, k_block_ptr, v_block_ptr, k_ctx_ptr, v_ctx_ptr, new_counts_ptr, k_cache_ptr, v_cache_ptr, cache_lens_ptr,
+    # scalars (int32: TensorRT passes plugin scalars as integers, so the scale travels as its bits)
+    block, num_new, capacity, num_kv_heads, group, window, scale_bits, num_splits,
+    # outputs (the caches alias the cache inputs)
+    out_ptr, k_cache_out_ptr, v_cache_out_ptr,
+    # compile-time configuration
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, IEEE: tl.constexpr,
+):
+    """Node DFlashBlockAttention: the whole context in one program per (query tile, KV head, row)."""
+    _block_attention(
+        q_ptr, k_block_ptr, v_block_ptr, k_ctx_ptr, v_ctx_ptr, new_counts_ptr, k_cache_ptr, v_cache_ptr, cache_lens_ptr,
+        block, num_new, capacity, num_kv_heads, group, window, scale_bits, 1,
+        out_ptr, out_ptr, k_cache_out_ptr, v_cache_out_ptr,
+        HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_T, False, IEEE,
+    )
+
+
+@triton.jit
+def block_attention_split_kernel(
+    # inputs
+    q_ptr, k_block_ptr, v_block_ptr, k_ctx_ptr, v_ctx_ptr, new_counts_ptr, k_cache_ptr, v_cache_ptr, cache_lens_ptr,
+    # scalars
+    block, num_new, capacity, num_kv_heads, group, window, scale_bits, num_splits,
+    # outputs
+    partial_out_ptr, partial_lse_ptr, k_cache_out_ptr, v_cache_out_ptr,
+    # compile-time configuration
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, IEEE: tl.constexpr,
+):
+    """Node DFlashBlockAttentionSplit: one program per (query tile x split, KV head, row)."""
+    _block_attention(
+        q_ptr, k_block_ptr, v_block_ptr, k_ctx_ptr, v_ctx_ptr, new_counts_ptr, k_cache_ptr, v_cache_ptr, cache_lens_ptr,
+        block, num_new, capacity, num_kv_heads, group, window, scale_bits, num_splits,
+        partial_out_ptr, partial_lse_ptr, k_cache_out_ptr, v_cache_out_ptr,
+        HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_T, True, IEEE,
+    )
+
+
+@triton.jit
+def _block_attention(
+    q_ptr, k_block_ptr, v_block_ptr, k_ctx_ptr, v_ctx_ptr, new_counts_ptr, k_cache_ptr, v_cache_ptr, cache_lens_ptr,
+    block, num_new, capacity, num_kv_heads, group, window, scale_bits, num_splits,
+    out_ptr, lse_ptr, k_cache_out_ptr, v_cache_out_ptr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+    SPLIT: tl.constexpr, IEEE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    split = pid % num_splits
+    m_tile = pid // num_splits
+    head = tl.program_id(1)
+    row = tl.program_id(2).to(tl.int64)
+
+    cached = tl.load(cache_lens_ptr + row).to(tl.int32)
+    fresh = tl.load(new_counts_ptr + row).to(tl.int32)
+    ctx_len = cached + fresh
+    dims = tl.arange(0, HEAD_DIM)
+    kv_row_stride = num_kv_heads * HEAD_DIM
+    cache_base = row * capacity * kv_row_stride + head * HEAD_DIM
+    ctx_base = row * num_new * kv_row_stride + head * HEAD_DIM
+    cache_dtype = k_cache_out_ptr.dtype.element_ty
+
+    # Append this head's new context rows to the cache (one program per head and sequence).
+    if (split == 0) & (m_tile == 0):
+        for start in range(0, fresh, BLOCK_N):
+            offs = start + tl.arange(0, BLOCK_N)
+            ok = (offs < fresh) & (cached + offs < capacity)
+            src = ctx_base + offs[:, None].to(tl.int64) * kv_row_stride + dims[None, :]
+            dst = cache_base + (cached + offs)[:, None].to(tl.int64) * kv_row_stride + dims[None, :]
+            k_new = tl.load(k_ctx_ptr + src, mask=ok[:, None], other=0.0)
+            v_new = tl.load(v_ctx_ptr + src, mask=ok[:, None], other=0.0)
+            tl.store(k_cache_out_ptr + dst, k_new.to(cache_dtype), mask=ok[:, None])
+            tl.store(v_cache_out_ptr + dst, v_new.to(cache_dtype), mask=ok[:, None])
+
+    # Query rows of this tile: row m is block position m // group, query head head*group + m % group.
+    rows = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < block * group
+    t = rows // group
+    q_head = head * group + rows % group
+    q_offs = ((row * block + t) * (num_kv_heads * group) + q_head).to(tl.int64)[:, None] * HEAD_DIM + dims[None, :]
+    q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0)
+    compute_dtype = q.dtype
+    query_pos = ctx_len + t
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+    acc = tl.full([BLOCK_M, HEAD_DIM], 0.0, tl.float32)
+    qk_scale = scale_bits.to(tl.float32, bitcast=True) * 1.4426950408889634
+    # Sliding layers see keys j with p - window < j <= p; full layers get an unbounded window and no
+    # causal cut inside the block. (Vector-only masks: the CPU interpreter mishandles bool scalar
+    # & vector.)
+    sliding = window > 0
+    reach = tl.where(sliding, window, 1 << 30)
+
+    # This split's share of the visible context [lo, ctx_len).
+    lo = tl.where(sliding, tl.maximum(ctx_len - window + 1, 0), 0)
+    chunk = (ctx_len - lo + num_splits - 1) // num_splits
+    c_start = lo + split * chunk
+    c_end = tl.minimum(c_start + chunk, ctx_len)
+    for n0 in range(c_start, c_end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        ok = pos < c_end
+        in_cache = pos < cached
+        # Slots before cache_lens come from the cache; the new rows straight from the inputs, cast
+        # to the cache dtype exactly as if they had been read back after the append.
+        cache_offs = cache_base + pos[:, None].to(tl.int64) * kv_row_stride + dims[None, :]
+        new_offs = ctx_base + (pos - cached)[:, None].to(tl.int64) * kv_row_stride + dims[None, :]
+        k_old = tl.load(k_cache_ptr + cache_offs, mask=(ok & in_cache)[:, None], other=0.0)
+        v_old = tl.load(v_cache_ptr + cache_offs, mask=(ok & in_cache)[:, None], other=0.0)
+        k_new = tl.load(k_ctx_ptr + new_offs, mask=(ok & ~in_cache)[:, None], other=0.0).to(cache_dtype)
+        v_new = tl.load(v_ctx_ptr + new_offs, mask=(ok & ~in_cache)[:, None], other=0.0).to(cache_dtype)
+        k = tl.where(in_cache[:, None], k_old, k_new).to(compute_dtype)
+        v = tl.where(in_cache[:, None], v_old, v_new).to(compute_dtype)
+        visible = ok[None, :] & (pos[None, :] > query_pos[:, None] - reach)
+        m_i, l_i, acc = _online_update(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE)
+
+    # The block's own keys, handled by the last split: non-causal, or causal + windowed.
+    if split == num_splits - 1:
+        tb = tl.arange(0, BLOCK_T)
+        tb_ok = tb < block
+        b_offs = ((row * block + tb) * num_kv_heads + head).to(tl.int64)[:, None] * HEAD_DIM + dims[None, :]
+        k = tl.load(k_block_ptr + b_offs, mask=tb_ok[:, None], other=0.0).to(compute_dtype)
+        v = tl.load(v_block_ptr + b_offs, mask=tb_ok[:, None], other=0.0).to(compute_dtype)
+        last_visible = tl.where(sliding, t, BLOCK_T)
+        visible = (tb_ok[None, :] & row_ok[:, None]) & (tb[None, :] <= last_visible[:, None]) & (tb[None, :] > t[:, None] - reach)
+        m_i, l_i, acc = _online_update(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE)
+
+    has_keys = l_i > 0
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if SPLIT:
+        part = ((row * num_kv_heads + head) * num_splits + split) * (block * group) + rows
+        tl.store(out_ptr + part[:, None] * HEAD_DIM + dims[None, :], out, mask=row_ok[:, None])
+        lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+        tl.store(lse_ptr + part, lse, mask=row_ok)
+    else:
+        tl.store(out_ptr + q_offs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def merge_kernel(
+    # inputs
+    partial_out_ptr,
+    partial_lse_ptr,
+    like_ptr,  # the queries: only their shape and dtype matter (TensorRT derives the output from them)
+    # scalars
+    block,
+    num_kv_heads,
+    group,
+    num_splits,
+    # outputs
+    out_ptr,
+    # compile-time configuration
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """Combine the per-split outputs of one KV head's query rows by their log-sum-exp."""
+    m_tile = tl.program_id(0)
+    head = tl.program_id(1)
+    row = tl.program_id(2).to(tl.int64)
+    rows = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < block * group
+    dims = tl.arange(0, HEAD_DIM)
+    base = (row * num_kv_heads + head) * num_splits * (block * group)
+
+    lse_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for s in range(0, num_splits):
+        lse = tl.load(partial_lse_ptr + base + s * (block * group) + rows, mask=row_ok, other=float("-inf"))
+        lse_max = tl.maximum(lse_max, lse)
+    lse_use = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    acc = tl.full([BLOCK_M, HEAD_DIM], 0.0, tl.float32)
+    total = tl.full([BLOCK_M], 0.0, tl.float32)
+    for s in range(0, num_splits):
+        part = base + s * (block * group) + rows
+        lse = tl.load(partial_lse_ptr + part, mask=row_ok, other=float("-inf"))
+        weight = tl.exp(lse - lse_use)
+        o = tl.load(partial_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], mask=row_ok[:, None], other=0.0)
+        acc += weight[:, None] * o
+        total += weight
+    out = acc / tl.where(total > 0, total, 1.0)[:, None]
+    t = rows // group
+    q_head = head * group + rows % group
+    offs = ((row * block + t) * (num_kv_heads * group) + q_head).to(tl.int64)[:, None] * HEAD_DIM + dims[None, :]
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])

@@ -1,0 +1,273 @@
+"""Host side of the plugin kernels: tile configuration, grids, argument checks, launches.
+
+The same configuration functions feed the torch launches here and the ahead-of-time builds
+(`plugins/aot.py`, `plugins/tensorrt_plugins.py`), so an engine runs the tiles that were tested.
+Grid and scalar formulas use only `+ - * //`, so they evaluate on ints here and on TensorRT's
+symbolic shape expressions there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+
+import torch
+
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.plugins import kernels
+
+ATTENTION_HEAD_DIMS = (16, 32, 64, 128, 256)  # powers of two: tl.dot tiles
+MAX_BLOCK = 16
+VERIFY_BLOCK_V = 1024
+COMMIT_BLOCK_S = 16
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def float_bits(value: float) -> int:
+    """The int32 bit pattern of a float32 (plugin scalars are integers; the kernel bitcasts back)."""
+    return struct.unpack("<i", struct.pack("<f", float(value)))[0]
+
+
+def cdiv(a, b):
+    """Ceiling division with `//` only (works on TensorRT shape expressions too)."""
+    return (a + b - 1) // b
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    """Compile-time tiles of one block-attention kernel variant."""
+
+    head_dim: int
+    block_m: int  # packed query rows (block position x GQA group) per program
+    block_n: int  # context keys per step
+    block_t: int  # block keys (one tile holds the whole block)
+    num_warps: int
+    num_stages: int
+
+    def m_tiles(self, block, group):
+        return cdiv(block * group, self.block_m)
+
+
+def attention_config(head_dim: int, block: int = MAX_BLOCK, group: int = 1) -> AttentionConfig:
+    """Tile sizes for a KV head's packed query rows (block x group) and a head dimension."""
+    if not 1 <= block <= MAX_BLOCK:
+        raise DFlashError(f"block attention supports blocks of 1..{MAX_BLOCK} tokens, not {block}", "use a smaller block size")
+    cap = 128 if head_dim <= 128 else 64
+    return attention_config_for_tile(head_dim, min(max(16, next_power_of_2(block * group)), cap))
+
+
+def attention_config_for_tile(head_dim: int, block_m: int) -> AttentionConfig:
+    """The rest of the configuration follows from the head dimension and the query tile."""
+    if head_dim not in ATTENTION_HEAD_DIMS:
+        raise DFlashError(f"block attention supports head_dim {ATTENTION_HEAD_DIMS}, not {head_dim}", "use a supported drafter")
+    block_n = 64 if head_dim <= 128 else 32
+    num_warps = 4 if block_m * head_dim <= 64 * 128 else 8
+    return AttentionConfig(head_dim, block_m, block_n, MAX_BLOCK, num_warps, 2)
+
+
+# Grids and int32 scalars of every kernel, shared by the torch launches below and the TensorRT
+# plugins (where the sizes are symbolic shape expressions).
+
+
+def attention_grid(batch, block, kv_heads, group: int, block_m: int, splits):
+    return (cdiv(block * group, block_m) * splits, kv_heads, batch)
+
+
+def attention_scalars(block, num_new, capacity, kv_heads, group: int, window: int, scale: float, splits):
+    return (block, num_new, capacity, kv_heads, group, int(window), float_bits(scale), splits)
+
+
+def merge_grid(batch, block, kv_heads, group: int, block_m: int):
+    return (cdiv(block * group, block_m), kv_heads, batch)
+
+
+def merge_scalars(block, kv_heads, group: int, splits):
+    return (block, kv_heads, group, splits)
+
+
+def verify_positions_grid(batch, block):
+    return (block, batch, 1)
+
+
+def verify_commit_grid(batch):
+    return (batch, 1, 1)
+
+
+def default_kv_splits(batch: int, num_kv_heads: int, m_tiles: int, capacity: int, device: torch.device) -> int:
+    """Enough programs to fill the GPU twice over, but at least 512 keys per split."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    programs = max(batch * num_kv_heads * m_tiles, 1)
+    wanted = cdiv(2 * sms, programs)
+    return int(max(1, min(wanted, cdiv(capacity, 512), 64)))
+
+
+def attention_supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the attention kernel covers these inputs (else callers use the reference)."""
+    return (
+        q.dtype in (torch.float16, torch.bfloat16, torch.float32)
+        and k_cache.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
+        and q.shape[-1] in ATTENTION_HEAD_DIMS
+        and 1 <= q.shape[1] <= MAX_BLOCK
+        and k_cache.is_contiguous()
+    )
+
+
+def verify_supported(target_logits: torch.Tensor) -> bool:
+    """Whether the verification kernels cover these logits (else callers use the reference)."""
+    return target_logits.dtype in (torch.float16, torch.bfloat16, torch.float32) and 1 <= target_logits.shape[1] <= MAX_BLOCK
+
+
+def _check_attention_inputs(q, k_block, v_block, k_ctx, v_ctx, new_counts, k_cache, v_cache, cache_lens) -> None:
+    batch, block, num_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
+    if num_heads % kv_heads:
+        raise DFlashError(f"{num_heads} query heads are not a multiple of {kv_heads} KV heads", "check the drafter config")
+    for name, t in (("k_block", k_block), ("v_block", v_block)):
+        if tuple(t.shape) != (batch, block, kv_heads, head_dim):
+            raise DFlashError(f"{name} has shape {tuple(t.shape)}, expected {(batch, block, kv_heads, head_dim)}")
+    for name, t in (("k_ctx_new", k_ctx), ("v_ctx_new", v_ctx)):
+        if t.dim() != 4 or t.shape[0] != batch or tuple(t.shape[2:]) != (kv_heads, head_dim):
+            raise DFlashError(f"{name} has shape {tuple(t.shape)}, expected [{batch}, n, {kv_heads}, {head_dim}]")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.shape != k_cache.shape or t.shape[0] != batch or t.shape[3] != head_dim:
+            raise DFlashError(f"{name} has shape {tuple(t.shape)}, expected [{batch}, capacity, {kv_heads}, {head_dim}]")
+        if not t.is_contiguous():
+            raise DFlashError(f"{name} is not contiguous", "pass a contiguous cache (a slice of rows of a contiguous buffer is fine)")
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise DFlashError(f"block attention runs in float16/bfloat16/float32, not {q.dtype}")
+
+
+def block_attention(
+    q: torch.Tensor,
+    k_block: torch.Tensor,
+    v_block: torch.Tensor,
+    k_ctx_new: torch.Tensor,
+    v_ctx_new: torch.Tensor,
+    new_counts: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_lens: torch.Tensor,
+    scale: float,
+    window: int = 0,
+    kv_splits: int | None = None,
+) -> torch.Tensor:
+    """Run the block-attention kernel(s); appends the new context to the caches in place."""
+    _check_attention_inputs(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens)
+    batch, block, num_heads, head_dim = q.shape
+    capacity, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    out = torch.empty_like(q)
+    if batch == 0 or block == 0:
+        return out
+    group = num_heads // kv_heads
+    config = attention_config(head_dim, block, group)
+    m_tiles = config.m_tiles(block, group)
+    splits = kv_splits or default_kv_splits(batch, kv_heads, m_tiles, capacity, q.device)
+    module = kernels.for_tensor_device("attention", q.device)
+    num_new = k_ctx_new.shape[1]
+    if num_new == 0:  # a zero-size tensor may have no storage; the kernel never reads it then
+        k_ctx_new = k_ctx_new.new_zeros(batch, 1, kv_heads, head_dim)
+        v_ctx_new = v_ctx_new.new_zeros(batch, 1, kv_heads, head_dim)
+    inputs = (
+        q.contiguous(), k_block.contiguous(), v_block.contiguous(), k_ctx_new.contiguous(), v_ctx_new.contiguous(),
+        new_counts.to(torch.int64).contiguous(), k_cache, v_cache, cache_lens.to(torch.int64).contiguous(),
+    )
+    constants = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_T=config.block_t, IEEE=q.dtype == torch.float32)
+    options = _launch_options(q.device, config.num_warps, config.num_stages)
+    grid = attention_grid(batch, block, kv_heads, group, config.block_m, splits)
+    scalars = attention_scalars(block, num_new, capacity, kv_heads, group, window, scale, splits)
+    if splits == 1:
+        module.block_attention_kernel[grid](*inputs, *scalars, out, k_cache, v_cache, **constants, **options)
+        return out
+    rows = block * group
+    partial_out = torch.empty(batch, kv_heads, splits, rows, head_dim, dtype=torch.float32, device=q.device)
+    partial_lse = torch.empty(batch, kv_heads, splits, rows, dtype=torch.float32, device=q.device)
+    module.block_attention_split_kernel[grid](*inputs, *scalars, partial_out, partial_lse, k_cache, v_cache, **constants, **options)
+    module.merge_kernel[merge_grid(batch, block, kv_heads, group, config.block_m)](
+        partial_out, partial_lse, q, *merge_scalars(block, kv_heads, group, splits), out,
+        HEAD_DIM=head_dim, BLOCK_M=config.block_m, **_launch_options(q.device, 4, 1),
+    )
+    return out
+
+
+def verify_positions(
+    target_logits: torch.Tensor,
+    block_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    seed: torch.Tensor,
+    start: torch.Tensor,
+    block_v: int = VERIFY_BLOCK_V,
+) -> torch.Tensor:
+    """The per-position kernel: int32 `[b, B, 2]` decisions (`reference.verify_positions`)."""
+    batch, block, vocab = target_logits.shape
+    device = target_logits.device
+    if tuple(block_tokens.shape) != (batch, block):
+        raise DFlashError(f"block_tokens has shape {tuple(block_tokens.shape)}, expected {(batch, block)}")
+    if draft_probs is not None and tuple(draft_probs.shape) != (batch, block - 1, vocab):
+        raise DFlashError(f"draft_probs has shape {tuple(draft_probs.shape)}, expected {(batch, block - 1, vocab)}")
+    if not 1 <= block <= MAX_BLOCK:
+        raise DFlashError(f"verification supports blocks of 1..{MAX_BLOCK} tokens, not {block}")
+    decisions = torch.empty(batch, block, 2, dtype=torch.int32, device=device)
+    if batch == 0:
+        return decisions
+    has_draft = draft_probs is not None and block > 1
+    draft_probs = draft_probs.to(torch.float32) if has_draft else torch.zeros(1, dtype=torch.float32, device=device)
+    kernels.for_tensor_device("verify", device).verify_positions_kernel[verify_positions_grid(batch, block)](
+        target_logits.contiguous(), block_tokens.to(torch.int64).contiguous(), draft_probs.contiguous(),
+        temperature.to(torch.float32).contiguous(), top_k.to(torch.int64).contiguous(),
+        top_p.to(torch.float32).contiguous(), seed.to(torch.int64).contiguous(), start.to(torch.int64).contiguous(),
+        block, vocab, int(has_draft), decisions,
+        BLOCK_V=block_v, **_launch_options(device, 4, 1, fp_fusion=False),
+    )
+    return decisions
+
+
+def verify_commit(
+    decisions: torch.Tensor, block_tokens: torch.Tensor, start: torch.Tensor, stop_ids: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The per-sequence kernel: int64 `[b, 5]` (`reference.verify_commit`)."""
+    batch, block = block_tokens.shape
+    device = block_tokens.device
+    result = torch.empty(batch, 5, dtype=torch.int64, device=device)
+    if batch == 0:
+        return result
+    num_stop = 0 if stop_ids is None else stop_ids.shape[1]
+    if num_stop == 0:
+        stop_ids = torch.full((1, 1), -1, dtype=torch.int64, device=device)
+    kernels.for_tensor_device("verify", device).verify_commit_kernel[verify_commit_grid(batch)](
+        decisions.contiguous(), block_tokens.to(torch.int64).contiguous(), start.to(torch.int64).contiguous(),
+        stop_ids.to(torch.int64).contiguous(), block, num_stop, result,
+        BLOCK_T=MAX_BLOCK, BLOCK_S=COMMIT_BLOCK_S, **_launch_options(device, 1, 1),
+    )
+    return result
+
+
+def verify_block(
+    target_logits: torch.Tensor,
+    block_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    seed: torch.Tensor,
+    start: torch.Tensor,
+    stop_ids: torch.Tensor | None = None,
+    block_v: int = VERIFY_BLOCK_V,
+) -> torch.Tensor:
+    """Both verification kernels; returns the packed `[b, 5]` int64 result (`reference.VERIFY_RESULT_COLUMNS`)."""
+    decisions = verify_positions(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, block_v)
+    return verify_commit(decisions, block_tokens, start, stop_ids)
+
+
+def _launch_options(device: torch.device, num_warps: int, num_stages: int, fp_fusion: bool = True) -> dict:
+    """Compile options for GPU launches (the interpreter takes none)."""
+    if device.type != "cuda":
+        return {}
+    return dict(num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=fp_fusion)

@@ -1,0 +1,304 @@
+"""Triton kernels of the tree-free block verification plugin.
+
+Semantics: `trtllm_dflash.plugins.reference.verify_block_packed`. Two kernels:
+- `verify_positions_kernel`, one program per (block position t, sequence): the target's decision
+  at t, i.e. whether draft token t+1 is accepted, and the token to emit if the accepted run ends
+  at t (argmax for greedy rows; for sampled rows a sample of the residual max(0, p - q), or of p
+  at the last position). Positions are independent, so all B of them run in parallel.
+- `verify_commit_kernel`, one program per sequence: the accepted count (leading accepted
+  positions), the bonus token, the next start and the committed length cut at a stop token.
+
+Sampling follows the reference exactly: temperature, then top-k and top-p thresholds with ties
+kept together (found by radix selection on an order-preserving integer key of the scaled logit,
+4 bits per pass, so any vocabulary size works with a fixed tile), then the exponential race with
+uniforms from the counter RNG (`plugins/rng.py`), computed here on uint32.
+
+Parameter order is inputs, then scalars, then outputs (TensorRT's ahead-of-time plugin convention).
+Reductions use the builtin `tl.reduce` with Triton's combine functions (see `attention.py`).
+"""
+
+import triton
+import triton.language as tl
+
+from trtllm_dflash.plugins import rng
+
+ACCEPT_MIX = tl.constexpr((rng.STREAM_ACCEPT * rng.GOLDEN32) & rng.MASK32)
+BONUS_MIX = tl.constexpr((rng.STREAM_BONUS * rng.GOLDEN32) & rng.MASK32)
+GOLDEN = tl.constexpr(rng.GOLDEN32)
+SUM = tl.standard._sum_combine
+MAX = tl.standard._elementwise_max
+MIN = tl.standard._elementwise_min
+ARGMAX = tl.standard._argmax_combine_tie_break_left  # first index of the maximum
+
+
+# ----------------------------------------------------------------------------- counter RNG
+
+
+@triton.jit
+def hash32(x):
+    """lowbias32 on uint32 (wrap-around multiplication), as `rng.hash32`."""
+    x = x ^ (x >> 16)
+    x = x * tl.full((), 0x7FEB352D, tl.uint32)
+    x = x ^ (x >> 15)
+    x = x * tl.full((), 0x846CA68B, tl.uint32)
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def counter_key(seed, position, STREAM_MIX: tl.constexpr):
+    """`rng.counter_key`: the low 32 bits of seed and position, hashed with the stream."""
+    key = hash32(seed.to(tl.uint32))
+    key = hash32(key ^ position.to(tl.uint32))
+    return hash32(key ^ tl.full((), STREAM_MIX, tl.uint32))
+
+
+@triton.jit
+def uniform_from_key(key, index):
+    """`rng.uniform_from_key`: 24 random bits + 1/2, scaled into (0, 1)."""
+    mixed = index.to(tl.uint32) * tl.full((), GOLDEN, tl.uint32) + tl.full((), 1, tl.uint32)
+    bits = hash32(key ^ mixed)
+    return ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+
+
+# ----------------------------------------------------------------------------- sampling pieces
+
+
+@triton.jit
+def order_key(s):
+    """An int64 in [0, 2**32) ordered like the float32 `s` (equal floats, equal keys)."""
+    s = tl.where(s == 0.0, 0.0, s)  # -0.0 == +0.0
+    bits = s.to(tl.uint32, bitcast=True).to(tl.int64)
+    return tl.where(bits >= 0x80000000, 0xFFFFFFFF - bits, bits + 0x80000000)
+
+
+@triton.jit
+def _scaled(row_ptr, offs, ok, temperature):
+    return tl.load(row_ptr + offs, mask=ok, other=float("-inf")).to(tl.float32) / temperature
+
+
+@triton.jit
+def _kth_largest_key(row_ptr, vocab, temperature, k, BLOCK_V: tl.constexpr):
+    """Key of the k-th largest scaled logit: top-k keeps exactly the keys >= it."""
+    bins = tl.arange(0, 16)
+    prefix = tl.full((), 0, tl.int64)
+    remaining = k.to(tl.int64)
+    for rnd in range(8):  # not unrolled: keeps the kernel small
+        shift = 28 - 4 * rnd
+        hist = tl.full([16], 0, tl.int32)
+        for v0 in range(0, vocab, BLOCK_V):
+            offs = v0 + tl.arange(0, BLOCK_V)
+            ok = offs < vocab
+            key = order_key(_scaled(row_ptr, offs, ok, temperature))
+            match = ok & ((key >> (shift + 4)) == (prefix >> (shift + 4)))
+            hist += tl.histogram(((key >> shift) & 15).to(tl.int32), 16, mask=match)
+        at_least = tl.reduce(tl.where(bins[None, :] >= bins[:, None], hist[None, :], 0), 1, SUM)
+        digit = tl.reduce((at_least >= remaining).to(tl.int32), 0, SUM) - 1
+        remaining -= tl.reduce(tl.where(bins > digit, hist, 0), 0, SUM).to(tl.int64)
+        prefix = prefix | (digit.to(tl.int64) << shift)
+    return prefix
+
+
+@triton.jit
+def _kept_mass(row_ptr, vocab, temperature, row_max, threshold, divisor, BLOCK_V: tl.constexpr):
+    """Sum over keys >= threshold of exp(s - max) / divisor (the softmax normaliser, or the top-p mass)."""
+    total = tl.full([BLOCK_V], 0.0, tl.float32)
+    for v0 in range(0, vocab, BLOCK_V):
+        offs = v0 + tl.arange(0, BLOCK_V)
+        ok = offs < vocab
+        s = _scaled(row_ptr, offs, ok, temperature)
+        e = tl.exp(s - row_max) / divisor
+        total += tl.where(ok & (order_key(s) >= threshold), e, 0.0)
+    return tl.reduce(total, 0, SUM)
+
+
+@triton.jit
+def _top_p_key(row_ptr, vocab, temperature, row_max, z_k, top_k_key, top_p, BLOCK_V: tl.constexpr):
+    """Smallest kept key of top-p: the key where the mass from the top first reaches top_p."""
+    bins = tl.arange(0, 16)
+    prefix = tl.full((), 0, tl.int64)
+    remaining = top_p
+    found = tl.full((), 1, tl.int32)
+    for rnd in range(8):  # not unrolled: keeps the kernel small
+        shift = 28 - 4 * rnd
+        weight = tl.full([16], 0.0, tl.float32)
+        for v0 in range(0, vocab, BLOCK_V):
+            offs = v0 + tl.arange(0, BLOCK_V)
+            ok = offs < vocab
+            s = _scaled(row_ptr, offs, ok, temperature)
+            key = order_key(s)
+            match = ok & (key >= top_k_key) & ((key >> (shift + 4)) == (prefix >> (shift + 4)))
+            prob = tl.exp(s - row_max) / z_k
+            hit = (((key >> shift) & 15).to(tl.int32)[:, None] == bins[None, :]) & match[:, None]
+            weight += tl.reduce(tl.where(hit, prob[:, None], 0.0), 0, SUM)
+        at_least = tl.reduce(tl.where(bins[None, :] >= bins[:, None], weight[None, :], 0.0), 1, SUM)
+        count = tl.reduce((at_least >= remaining).to(tl.int32), 0, SUM)
+        found = found & (count > 0).to(tl.int32)
+        digit = tl.maximum(count - 1, 0)
+        remaining -= tl.reduce(tl.where(bins > digit, weight, 0.0), 0, SUM)
+        prefix = prefix | (digit.to(tl.int64) << shift)
+    return tl.where(found != 0, prefix, 0)
+
+
+@triton.jit
+def _prob(s, row_max, threshold, z_k, z_p, use_top_p):
+    """Processed probability of scaled logits `s` (reference: softmax, mask, renormalise)."""
+    p = tl.exp(s - row_max) / z_k
+    p = tl.where(use_top_p, p / z_p, p)
+    return tl.where(order_key(s) >= threshold, p, 0.0)
+
+
+# ----------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def verify_positions_kernel(
+    # inputs
+    logits_ptr,
+    tokens_ptr,
+    draft_probs_ptr,
+    temperature_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    seed_ptr,
+    start_ptr,
+    # scalars
+    block,
+    vocab,
+    has_draft_probs,
+    # outputs
+    decisions_ptr,
+    # compile-time configuration
+    BLOCK_V: tl.constexpr,
+):
+    t = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    row_ptr = logits_ptr + (row * block + t) * vocab
+    temperature = tl.load(temperature_ptr + row).to(tl.float32)
+    has_draft = t < block - 1
+    draft = tl.load(tokens_ptr + row * block + t + 1, mask=has_draft, other=0)
+
+    # Greedy: the first index of the maximum.
+    best = tl.full((), float("-inf"), tl.float32)
+    best_index = tl.full((), 0, tl.int32)
+    for v0 in range(0, vocab, BLOCK_V):
+        offs = v0 + tl.arange(0, BLOCK_V)
+        x = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
+        chunk_max, chunk_index = tl.reduce((x, tl.arange(0, BLOCK_V)), 0, ARGMAX)
+        better = chunk_max > best
+        best_index = tl.where(better, v0 + chunk_index, best_index)
+        best = tl.where(better, chunk_max, best)
+    accept = (has_draft & (draft == best_index)).to(tl.int32)
+    emit = best_index
+
+    if temperature > 0:
+        row_max = best / temperature
+        top_k = tl.load(top_k_ptr + row).to(tl.int64)
+        top_p = tl.load(top_p_ptr + row).to(tl.float32)
+        threshold = tl.full((), 0, tl.int64)
+        if (top_k > 0) & (top_k < vocab):
+            threshold = _kth_largest_key(row_ptr, vocab, temperature, top_k, BLOCK_V)
+        z_k = _kept_mass(row_ptr, vocab, temperature, row_max, threshold, 1.0, BLOCK_V)
+        use_top_p = top_p < 1.0
+        z_p = tl.full((), 1.0, tl.float32)
+        if use_top_p:
+            top_p_key = _top_p_key(row_ptr, vocab, temperature, row_max, z_k, threshold, top_p, BLOCK_V)
+            threshold = tl.maximum(threshold, top_p_key)
+            z_p = _kept_mass(row_ptr, vocab, temperature, row_max, threshold, z_k, BLOCK_V)
+
+        # Accept draft token t+1 with probability min(1, p/q): u * q < p.
+        use_q = (has_draft.to(tl.int32) * has_draft_probs) != 0
+        q_len = tl.where(use_q, vocab, 0)  # masks as `offs < q_len`: the interpreter turns bool & bool into int32
+        draft_q_ptr = draft_probs_ptr + (row * (block - 1) + t) * vocab
+        p_draft = _prob(tl.load(row_ptr + draft).to(tl.float32) / temperature, row_max, threshold, z_k, z_p, use_top_p)
+        q_draft = tl.load(draft_q_ptr + draft, mask=use_q, other=0.0).to(tl.float32)
+        seed = tl.load(seed_ptr + row)
+        position = tl.load(start_ptr + row) + t + 1
+        u = uniform_from_key(counter_key(seed, position, ACCEPT_MIX), tl.full((), 0, tl.int32))
+        accept = (has_draft & (u * q_draft < p_draft)).to(tl.int32)
+
+        # The token emitted if the run ends here: race on max(0, p - q), or on p (last position,
+        # or a residual with no mass).
+        bonus_key = counter_key(seed, position, BONUS_MIX)
+        best_p = tl.full((), -1.0, tl.float32)
+        index_p = tl.full((), 0, tl.int32)
+        best_r = tl.full((), -1.0, tl.float32)
+        index_r = tl.full((), 0, tl.int32)
+        mass = tl.full([BLOCK_V], 0.0, tl.float32)
+        for v0 in range(0, vocab, BLOCK_V):
+            offs = v0 + tl.arange(0, BLOCK_V)
+            ok = offs < vocab
+            prob = tl.where(ok, _prob(_scaled(row_ptr, offs, ok, temperature), row_max, threshold, z_k, z_p, use_top_p), 0.0)
+            exponential = -tl.log(uniform_from_key(bonus_key, offs))
+            race = tl.where(ok, prob / exponential, -1.0)
+            chunk_best, chunk_index = tl.reduce((race, tl.arange(0, BLOCK_V)), 0, ARGMAX)
+            better = chunk_best > best_p
+            index_p = tl.where(better, v0 + chunk_index, index_p)
+            best_p = tl.where(better, chunk_best, best_p)
+            q = tl.load(draft_q_ptr + offs, mask=offs < q_len, other=0.0).to(tl.float32)
+            residual = tl.maximum(prob - q, 0.0)
+            mass += residual
+            race = tl.where(ok, residual / exponential, -1.0)
+            chunk_best, chunk_index = tl.reduce((race, tl.arange(0, BLOCK_V)), 0, ARGMAX)
+            better = chunk_best > best_r
+            index_r = tl.where(better, v0 + chunk_index, index_r)
+            best_r = tl.where(better, chunk_best, best_r)
+        emit = tl.where(use_q & (tl.reduce(mass, 0, SUM) > 0), index_r, index_p)
+
+    out = decisions_ptr + (row * block + t) * 2
+    tl.store(out, accept)
+    tl.store(out + 1, emit)
+
+
+@triton.jit
+def verify_commit_kernel(
+    # inputs
+    decisions_ptr,
+    tokens_ptr,
+    start_ptr,
+    stop_ids_ptr,
+    # scalars
+    block,
+    num_stop,
+    # outputs
+    result_ptr,
+    # compile-time configuration
+    BLOCK_T: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    pos = tl.arange(0, BLOCK_T)
+    is_draft = pos < block - 1
+    flags = tl.load(decisions_ptr + (row * block + pos) * 2, mask=is_draft, other=0)
+    accepted = tl.reduce(tl.where(is_draft & (flags == 0), pos, block - 1), 0, MIN)
+    bonus = tl.load(decisions_ptr + (row * block + accepted) * 2 + 1).to(tl.int64)
+    start = tl.load(start_ptr + row).to(tl.int64)
+
+    # Committed tokens: drafts 1..accepted, then the bonus; cut after the first stop token.
+    tokens = tl.load(tokens_ptr + row * block + pos + 1, mask=pos < accepted, other=0).to(tl.int64)
+    tokens = tl.where(pos == accepted, bonus, tokens)
+    first_stop = tl.full((), BLOCK_T, tl.int32)
+    for s0 in range(0, num_stop, BLOCK_S):
+        sj = s0 + tl.arange(0, BLOCK_S)
+        stops = tl.load(stop_ids_ptr + row * num_stop + sj, mask=sj < num_stop, other=-1).to(tl.int64)
+        hit = (tokens[:, None] == stops[None, :]) & (stops[None, :] >= 0) & (pos[:, None] <= accepted)
+        is_stop = tl.reduce(hit.to(tl.int32), 1, MAX) > 0
+        first_stop = tl.minimum(first_stop, tl.reduce(tl.where(is_stop, pos, BLOCK_T), 0, MIN))
+    stopped = first_stop <= accepted
+    committed = tl.where(stopped, first_stop + 1, accepted + 1)
+
+    col = tl.arange(0, 8)
+    values = tl.where(col == 0, accepted.to(tl.int64), bonus)
+    values = tl.where(col == 2, start + accepted + 1, values)
+    values = tl.where(col == 3, committed.to(tl.int64), values)
+    values = tl.where(col == 4, stopped.to(tl.int64), values)
+    tl.store(result_ptr + row * 5 + col, values, mask=col < 5)
+
+
+@triton.jit
+def rng_kernel(seed_ptr, position_ptr, index_ptr, n, bits_ptr, uniform_ptr, STREAM_MIX: tl.constexpr, BLOCK: tl.constexpr):
+    """The counter RNG over arrays (keys and uniforms), to check it bit for bit against `rng.py`."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    key = counter_key(tl.load(seed_ptr + offs, mask=ok, other=0), tl.load(position_ptr + offs, mask=ok, other=0), STREAM_MIX)
+    tl.store(bits_ptr + offs, key.to(tl.int64), mask=ok)
+    tl.store(uniform_ptr + offs, uniform_from_key(key, tl.load(index_ptr + offs, mask=ok, other=0)), mask=ok)

@@ -1,0 +1,251 @@
+"""ONNX nodes of the DFlash plugins: the contract between an exported graph and TensorRT.
+
+TensorRT's ONNX parser turns a node whose op type it does not know into the plugin of the same
+name, selected by the string attributes `plugin_namespace` and `plugin_version`; the other
+attributes become plugin fields, and `aot=1` selects the plugin's ahead-of-time implementation
+(the Triton kernel embedded in the engine, `tensorrt_plugins.py`). Every node here carries those
+three attributes and lives in the ONNX domain `dflash`.
+
+Each plugin kernel is one node (a TensorRT AOT plugin launches exactly one kernel):
+- `DFlashBlockAttention`: KV-injected block attention with the context in one pass;
+- `DFlashBlockAttentionSplit` + `DFlashAttentionMerge`: the same, with the context split over
+  `kv_splits` programs per KV head (long contexts, small batches), then merged;
+- `DFlashVerifyPositions` + `DFlashVerifyCommit`: tree-free block verification.
+
+The caches are updated in place: the attention nodes output the updated caches, and the
+TensorRT plugins declare those outputs aliased to the cache inputs (`TensorDesc.aliased()`),
+so nothing is copied. This module provides, for each node: its schema (registered with
+`onnx.defs` so exporters and checkers accept it), a CPU evaluator for `onnx.reference`, and the
+translation of the `dflash::` torch ops for `torch.onnx.export(..., dynamo=True,
+custom_translation_table=custom_translation_table())`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+import onnx
+import torch
+from onnx import helper
+from onnx.defs import OpSchema
+from onnx.reference.op_run import OpRun
+
+from trtllm_dflash.plugins import custom_ops, reference  # noqa: F401  (custom_ops registers torch.ops.dflash.*)
+
+DOMAIN = "dflash"
+DOMAIN_VERSION = 1
+PLUGIN_NAMESPACE = "dflash"
+PLUGIN_VERSION = "1"
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSpec:
+    """One plugin node: op type (== TensorRT plugin name), inputs, outputs, attributes."""
+
+    op_type: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attributes: dict  # name -> default value (the type follows the default: float, int)
+    output_dtypes: tuple[str, ...]  # per output: the input whose dtype it has, or a fixed dtype
+    doc: str
+    aliases: dict = dataclasses.field(default_factory=dict)  # output -> the input it updates in place
+
+    def output_dtype(self, index: int, input_dtypes: dict):
+        """Output `index`'s dtype given the inputs' dtypes (any dtype objects, keyed by input name)."""
+        kind = self.output_dtypes[index]
+        return input_dtypes[kind] if kind in self.inputs else kind
+
+    @property
+    def plugin_id(self) -> str:
+        return f"{PLUGIN_NAMESPACE}::{self.op_type}"
+
+
+ATTENTION_INPUTS = ("q", "k_block", "v_block", "k_ctx_new", "v_ctx_new", "new_counts", "k_cache", "v_cache", "cache_lens")
+CACHE_ALIASES = {"k_cache_out": "k_cache", "v_cache_out": "v_cache"}
+
+BLOCK_ATTENTION = NodeSpec(
+    "DFlashBlockAttention",
+    ATTENTION_INPUTS,
+    ("out", "k_cache_out", "v_cache_out"),
+    {"scale": 1.0, "window": 0},
+    ("q", "k_cache", "v_cache"),
+    "KV-injected block attention (reference.block_attention); caches updated in place.",
+    CACHE_ALIASES,
+)
+BLOCK_ATTENTION_SPLIT = NodeSpec(
+    "DFlashBlockAttentionSplit",
+    ATTENTION_INPUTS,
+    ("partial_out", "partial_lse", "k_cache_out", "v_cache_out"),
+    {"scale": 1.0, "window": 0, "kv_splits": 2},
+    ("float32", "float32", "k_cache", "v_cache"),
+    "Per-split attention outputs and log-sum-exps (reference.block_attention_partials).",
+    CACHE_ALIASES,
+)
+ATTENTION_MERGE = NodeSpec(
+    "DFlashAttentionMerge",
+    ("partial_out", "partial_lse", "like"),
+    ("out",),
+    {},
+    ("like",),
+    "Merge of split attention (reference.merge_partials); `like` (the queries) gives shape and dtype.",
+)
+VERIFY_POSITIONS = NodeSpec(
+    "DFlashVerifyPositions",
+    ("target_logits", "block_tokens", "draft_probs", "temperature", "top_k", "top_p", "seed", "start"),
+    ("decisions",),
+    {"has_draft_probs": 1},
+    ("int32",),
+    "Per-position accept flags and emitted tokens (reference.verify_positions); with "
+    "has_draft_probs=0 the draft_probs input is a placeholder and is not read.",
+)
+VERIFY_COMMIT = NodeSpec(
+    "DFlashVerifyCommit",
+    ("decisions", "block_tokens", "start", "stop_ids"),
+    ("result",),
+    {},
+    ("int64",),
+    "Accepted count, bonus, next start, committed length, stop flag (reference.verify_commit); "
+    "stop_ids [b, S] padded with -1.",
+)
+NODES = (BLOCK_ATTENTION, BLOCK_ATTENTION_SPLIT, ATTENTION_MERGE, VERIFY_POSITIONS, VERIFY_COMMIT)
+PLUGIN_ATTRIBUTES = {"plugin_namespace": PLUGIN_NAMESPACE, "plugin_version": PLUGIN_VERSION, "aot": 1}
+
+
+def make_node(spec: NodeSpec, inputs: list[str], outputs: list[str], name: str | None = None, **attributes) -> onnx.NodeProto:
+    """A NodeProto for `spec` with its plugin attributes (for graphs built without torch)."""
+    unknown = set(attributes) - set(spec.attributes)
+    if unknown:
+        raise ValueError(f"{spec.op_type} has no attribute(s) {sorted(unknown)}; known: {sorted(spec.attributes)}")
+    values = {**spec.attributes, **attributes, **PLUGIN_ATTRIBUTES}
+    return helper.make_node(spec.op_type, inputs, outputs, name=name, domain=DOMAIN, **values)
+
+
+# ----------------------------------------------------------------------------- schemas
+
+
+def _schema(spec: NodeSpec) -> OpSchema:
+    any_tensor = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)", "tensor(float8e4m3fn)", "tensor(int32)", "tensor(int64)"]
+    inputs = [OpSchema.FormalParameter(name, f"T{i}") for i, name in enumerate(spec.inputs)]
+    outputs = [OpSchema.FormalParameter(name, f"O{i}") for i, name in enumerate(spec.outputs)]
+    constraints = [(f"T{i}", any_tensor, "") for i in range(len(spec.inputs))]
+    constraints += [(f"O{i}", any_tensor, "") for i in range(len(spec.outputs))]
+    attributes = [
+        OpSchema.Attribute(name, helper.make_attribute(name, value), "")
+        for name, value in {**spec.attributes, **PLUGIN_ATTRIBUTES}.items()
+    ]
+    return OpSchema(spec.op_type, DOMAIN, DOMAIN_VERSION, spec.doc, inputs=inputs, outputs=outputs,
+                    type_constraints=constraints, attributes=attributes)
+
+
+@functools.cache
+def register_schemas() -> None:
+    """Register the node schemas with `onnx.defs` (once per process; exporters need them)."""
+    for spec in NODES:
+        if not onnx.defs.has(spec.op_type, DOMAIN):
+            onnx.defs.register_schema(_schema(spec))
+
+
+# ----------------------------------------------------------------------------- CPU evaluators
+
+
+def _torch(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.array(array))  # a writable copy (initializers are read-only)
+
+
+class _DFlashOp(OpRun):
+    op_domain = DOMAIN
+
+
+class DFlashBlockAttention(_DFlashOp):
+    def _run(self, q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, scale=1.0, window=0, **_):
+        k_out, v_out = _torch(k_cache).clone(), _torch(v_cache).clone()
+        out = reference.block_attention(
+            _torch(q), _torch(k_block), _torch(v_block), _torch(k_ctx_new), _torch(v_ctx_new), _torch(new_counts),
+            k_out, v_out, _torch(cache_lens), float(scale), int(window),
+        )
+        return out.numpy(), k_out.numpy(), v_out.numpy()
+
+
+class DFlashBlockAttentionSplit(_DFlashOp):
+    def _run(self, q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, scale=1.0, window=0, kv_splits=2, **_):
+        k_out, v_out = _torch(k_cache).clone(), _torch(v_cache).clone()
+        partial_out, partial_lse = reference.block_attention_partials(
+            _torch(q), _torch(k_block), _torch(v_block), _torch(k_ctx_new), _torch(v_ctx_new), _torch(new_counts),
+            k_out, v_out, _torch(cache_lens), float(scale), int(window), int(kv_splits),
+        )
+        return partial_out.numpy(), partial_lse.numpy(), k_out.numpy(), v_out.numpy()
+
+
+class DFlashAttentionMerge(_DFlashOp):
+    def _run(self, partial_out, partial_lse, like, **_):
+        return (reference.merge_partials(_torch(partial_out), _torch(partial_lse), _torch(like)).numpy(),)
+
+
+class DFlashVerifyPositions(_DFlashOp):
+    def _run(self, target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, has_draft_probs=1, **_):
+        draft = _torch(draft_probs) if has_draft_probs else None
+        decisions = reference.verify_positions(
+            _torch(target_logits), _torch(block_tokens), draft, _torch(temperature), _torch(top_k), _torch(top_p),
+            _torch(seed), _torch(start),
+        )
+        return (decisions.numpy(),)
+
+
+class DFlashVerifyCommit(_DFlashOp):
+    def _run(self, decisions, block_tokens, start, stop_ids, **_):
+        return (reference.verify_commit(_torch(decisions), _torch(block_tokens), _torch(start), _torch(stop_ids)).numpy(),)
+
+
+def evaluators() -> list[type[OpRun]]:
+    """The OpRun classes for `onnx.reference.ReferenceEvaluator(model, new_ops=evaluators())`."""
+    return [DFlashBlockAttention, DFlashBlockAttentionSplit, DFlashAttentionMerge, DFlashVerifyPositions, DFlashVerifyCommit]
+
+
+# ----------------------------------------------------------------------------- torch.onnx translation
+
+
+def custom_translation_table(kv_splits: int = 1) -> dict:
+    """Translations of the `dflash::` torch ops into plugin nodes for the dynamo ONNX exporter.
+
+    `kv_splits` > 1 exports block attention in its split form (two nodes), which keeps a long
+    context spread over the GPU at small batch; pick it for the deployment's batch sizes
+    (`launch.default_kv_splits`). Export the drafter through `dflash::block_attention_functional`
+    (the in-place `dflash::block_attention` cannot be exported).
+    """
+    import onnxscript
+    from onnxscript import opset18 as op
+
+    register_schemas()
+    dflash = onnxscript.values.Opset(DOMAIN, DOMAIN_VERSION)
+    plugin = dict(PLUGIN_ATTRIBUTES)
+    if kv_splits < 1:
+        raise ValueError(f"kv_splits must be >= 1, not {kv_splits}")
+
+    def block_attention(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, scale: float, window: int):
+        inputs = (q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens)
+        if kv_splits == 1:
+            return dflash.DFlashBlockAttention(*inputs, scale=float(scale), window=int(window), **plugin)
+        partial_out, partial_lse, k_out, v_out = dflash.DFlashBlockAttentionSplit(
+            *inputs, scale=float(scale), window=int(window), kv_splits=kv_splits, **plugin
+        )
+        return dflash.DFlashAttentionMerge(partial_out, partial_lse, q, **plugin), k_out, v_out
+
+    def verify_block(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, stop_ids=None):
+        has_draft_probs = int(draft_probs is not None)
+        if draft_probs is None:
+            draft_probs = op.Constant(value_floats=[0.0])
+        if stop_ids is None:
+            batch = op.Shape(block_tokens, start=0, end=1)
+            stop_ids = op.Expand(op.Constant(value_ints=[-1]), op.Concat(batch, op.Constant(value_ints=[1]), axis=0))
+        decisions = dflash.DFlashVerifyPositions(
+            target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start,
+            has_draft_probs=has_draft_probs, **plugin,
+        )
+        return dflash.DFlashVerifyCommit(decisions, block_tokens, start, stop_ids, **plugin)
+
+    return {
+        torch.ops.dflash.block_attention_functional.default: block_attention,
+        torch.ops.dflash.verify_block.default: verify_block,
+    }

@@ -1,0 +1,137 @@
+"""Ahead-of-time builds for the deployment GPUs (no GPU needed), the TensorRT launch plans, and the
+`dflash-trt plugins build` command."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+from trtllm_dflash.errors import DFlashError, MissingDependencyError  # noqa: E402
+from trtllm_dflash.plugins import aot, onnx_nodes, tensorrt_plugins  # noqa: E402
+
+
+
+def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    """`dflash-trt ARGS` in this process (main() included: it turns errors into one line + exit 2)."""
+    from trtllm_dflash.cli.app import main
+
+    monkeypatch.setattr(sys, "argv", ["dflash-trt", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    return exit_info.value.code or 0, capsys.readouterr().err
+EXPECTED_PTX = {"sm_90a": ("8.0", "sm_90a"), "sm_100a": ("8.7", "sm_100a"), "sm_103a": ("8.8", "sm_103a"), "sm_120": ("8.7", "sm_120a")}
+NODES = {spec.op_type: spec for spec in onnx_nodes.NODES}
+
+
+def entry_params(ptx: str) -> int:
+    header = ptx.split(".entry", 1)[1].split(")", 1)[0]
+    return len(re.findall(r"\.param ", header))
+
+
+def test_unknown_arch_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "kernels"
+    code, err = run_cli(monkeypatch, capsys, "plugins", "build", "--arch", "sm_90a,sm_75", "--out", str(out))
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: unknown GPU architecture 'sm_75'; use one of sm_90a, sm_100a")
+    assert not out.exists()
+
+
+def test_arch_names_and_output_directory_rules(tmp_path):
+    assert [a.name for a in aot.parse_arches("sm_120a, SM_90A,sm_90a")] == ["sm_120", "sm_90a"]
+    with pytest.raises(DFlashError, match="no architecture"):
+        aot.parse_arches(" , ")
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(DFlashError, match="not empty"):
+        aot.check_output_dir(tmp_path)
+
+
+def test_cli_builds_ptx_and_cubin_for_every_listed_arch(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "kernels"
+    code, err = run_cli(
+        monkeypatch, capsys, "plugins", "build", "--arch", "sm_90a,sm_100a,sm_103a,sm_120", "--out", str(out),
+        "--head-dim", "64", "--dtype", "float16", "--block-size", "2", "--gqa-group", "1", "--logits-dtype", "float32", "-j", "2",
+    )
+    assert code == 0, err
+    assert "sm_103a  PTX ISA 8.8  driver >= 575.51.03" in err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["min_tensorrt"] == aot.MIN_TENSORRT and manifest["triton_version"]
+    for arch, (isa, target) in EXPECTED_PTX.items():
+        assert manifest["arches"][arch]["ptx_isa"] == isa
+        entries = [e for e in manifest["kernels"] if e["arch"] == arch]
+        assert {e["node"] for e in entries} == set(NODES)  # every kernel, for every arch
+        for entry in entries:
+            ptx = (out / entry["ptx"]).read_text()
+            assert re.search(rf"^\.version {re.escape(isa)}$", ptx, re.MULTILINE)  # a CUDA 13.0 (R580) driver takes <= 9.0
+            assert re.search(rf"^\.target {target}$", ptx, re.MULTILINE)
+            assert entry["ptx_isa"] == isa and entry["ptx_target"] == target and entry["min_driver"]
+            assert (out / entry["cubin"]).read_bytes()[:4] == b"\x7fELF"
+            assert entry["num_warps"] * 32 == entry["threads_per_block"] and entry["shared_memory"] >= 0
+            # TensorRT passes the node's inputs, the int32 scalars, then the node's outputs: nothing else
+            spec = NODES[entry["node"]]
+            scalars = sum(1 for p in entry["params"] if p.endswith(":i32"))
+            assert entry_params(ptx) == len(entry["params"]) == len(spec.inputs) + scalars + len(spec.outputs)
+    assert not list(tmp_path.glob(".*partial"))
+
+
+QWEN3_8B = dict(batch=2, block=16, heads=32, kv_heads=8, head_dim=128, capacity=4096, new=5, vocab=151936)
+
+
+def shapes_for(node: str, s=QWEN3_8B, splits=4):
+    b, block, rows = s["batch"], s["block"], s["block"] * s["heads"] // s["kv_heads"]
+    attention = dict(q=(b, block, s["heads"], s["head_dim"]), k_ctx_new=(b, s["new"], s["kv_heads"], s["head_dim"]),
+                     k_cache=(b, s["capacity"], s["kv_heads"], s["head_dim"]))
+    return {
+        "DFlashBlockAttention": attention,
+        "DFlashBlockAttentionSplit": attention,
+        "DFlashAttentionMerge": dict(partial_out=(b, s["kv_heads"], splits, rows, s["head_dim"]), like=attention["q"]),
+        "DFlashVerifyPositions": dict(target_logits=(b, block, s["vocab"])),
+        "DFlashVerifyCommit": dict(block_tokens=(b, block), stop_ids=(b, 3)),
+    }[node]
+
+
+@pytest.mark.parametrize("node", list(NODES))
+def test_tensorrt_launch_plans_match_the_kernel_abi(node):
+    dtypes = dict(q="bfloat16", k_cache="bfloat16", like="bfloat16", target_logits="float32")
+    attributes = dict(scale=128**-0.5, window=0, kv_splits=4, has_draft_probs=1)
+    plan = tensorrt_plugins.plan_launch(node, shapes_for(node), dtypes, attributes)
+    spec = NODES[node]
+    assert plan.variant.node == node
+    assert len(plan.variant.signature) == len(spec.inputs) + len(plan.scalars) + len(spec.outputs)
+    expected_grid = {
+        "DFlashBlockAttention": (1, 8, 2),  # 16 x 4 query rows in one 64-row tile
+        "DFlashBlockAttentionSplit": (4, 8, 2),
+        "DFlashAttentionMerge": (1, 8, 2),
+        "DFlashVerifyPositions": (16, 2, 1),
+        "DFlashVerifyCommit": (2, 1, 1),
+    }[node]
+    assert tuple(plan.grid) == expected_grid
+    if node.startswith("DFlashBlockAttention"):
+        block, num_new, capacity, kv_heads, group, window, scale_bits, splits = plan.scalars
+        assert (block, num_new, capacity, kv_heads, group, window) == (16, 5, 4096, 8, 4, 0)
+        assert struct.unpack("<f", struct.pack("<i", scale_bits))[0] == pytest.approx(128**-0.5)
+        assert splits == (4 if node.endswith("Split") else 1)
+
+
+def test_registering_with_tensorrt_needs_tensorrt():
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        with pytest.raises(MissingDependencyError, match="pip install 'trtllm-dflash\\[trt\\]'"):
+            tensorrt_plugins.register_plugins("sm_90a")
+    else:
+        pytest.skip("TensorRT is installed here; the GPU tests cover the registration")
+
+
+def test_a_prebuilt_directory_without_the_kernel_is_a_clear_error(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"kernels": []}))
+    variant = aot.commit_variant()
+    with pytest.raises(DFlashError, match="rebuild it with `dflash-trt plugins build`"):
+        tensorrt_plugins.compiled_kernel(variant, aot.ARCHES["sm_90a"], prebuilt=Path(tmp_path))

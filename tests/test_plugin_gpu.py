@@ -1,0 +1,64 @@
+"""The compiled Triton kernels on an NVIDIA GPU against the torch reference.
+
+Skipped where no GPU is visible (every CI machine). On a GPU machine: `pytest tests/test_plugin_gpu.py`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from trtllm_dflash.plugins import ops, reference  # noqa: E402
+from trtllm_dflash.plugins.kernels import launch  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)"),
+]
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+
+def attention_case(batch, block, heads, kv_heads, head_dim, capacity, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    new = 8
+    return dict(
+        q=torch.randn(batch, block, heads, head_dim, generator=g).to(dtype),
+        k_block=torch.randn(batch, block, kv_heads, head_dim, generator=g).to(dtype),
+        v_block=torch.randn(batch, block, kv_heads, head_dim, generator=g).to(dtype),
+        k_ctx_new=torch.randn(batch, new, kv_heads, head_dim, generator=g).to(dtype),
+        v_ctx_new=torch.randn(batch, new, kv_heads, head_dim, generator=g).to(dtype),
+        new_counts=torch.randint(0, new + 1, (batch,), generator=g),
+        k_cache=torch.randn(batch, capacity, kv_heads, head_dim, generator=g).to(dtype),
+        v_cache=torch.randn(batch, capacity, kv_heads, head_dim, generator=g).to(dtype),
+        cache_lens=torch.randint(0, capacity - new, (batch,), generator=g),
+        scale=head_dim**-0.5,
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(32, 8, 128), (16, 16, 64), (8, 1, 256)])
+@pytest.mark.parametrize("kv_splits,window", [(1, 0), (None, 0), (7, 0), (1, 40)])
+def test_block_attention_on_gpu(dtype, heads, kv_heads, head_dim, kv_splits, window):
+    case = attention_case(3, 16, heads, kv_heads, head_dim, 3000, dtype)
+    gpu = {k: v.cuda() if torch.is_tensor(v) else v for k, v in case.items()}
+    out = launch.block_attention(**gpu, window=window, kv_splits=kv_splits)
+    expected = reference.block_attention(**case, window=window)
+    torch.testing.assert_close(out.cpu().float(), expected.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+    assert torch.equal(gpu["k_cache"].cpu(), case["k_cache"]) and torch.equal(gpu["v_cache"].cpu(), case["v_cache"])
+
+
+def test_verification_on_gpu_is_identical_to_the_reference():
+    g = torch.Generator().manual_seed(1)
+    batch, block, vocab = 8, 16, 151936
+    logits = torch.randn(batch, block, vocab, generator=g) * 4
+    temperature = torch.tensor([0.0, 1.0, 0.7, 1.0, 0.0, 0.9, 1.2, 0.6])
+    top_k = torch.tensor([0, 0, 50, 0, 0, 20, 0, 1000])
+    top_p = torch.tensor([1.0, 1.0, 1.0, 0.9, 1.0, 0.8, 0.95, 1.0])
+    draft = reference.process_logits(logits[:, :-1] + torch.randn(batch, block - 1, vocab, generator=g), temperature, top_k, top_p)
+    tokens = torch.cat([torch.zeros(batch, 1, dtype=torch.long), logits[:, :-1].argmax(-1)], dim=1)
+    seed, start = torch.arange(batch) * 31 + 7, torch.arange(batch) * 100
+    args = (logits, tokens, draft, temperature, top_k, top_p, seed, start)
+    got = ops.verify_block_packed(*(a.cuda() for a in args))
+    assert torch.equal(got.cpu(), reference.verify_block_packed(*args))

@@ -1,0 +1,226 @@
+"""The block-verification Triton kernels (CPU interpreter) against the torch reference, and the
+statistical losslessness of the sampling verifier.
+
+Kernel and reference must agree exactly (same accepted counts, same tokens): they share the
+counter RNG bit for bit and the same tie rules.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy import stats
+
+pytest.importorskip("triton")
+
+from trtllm_dflash.plugins import kernels, reference, rng  # noqa: E402
+from trtllm_dflash.plugins.kernels import launch  # noqa: E402
+
+
+def params(temps, top_ks=None, top_ps=None):
+    n = len(temps)
+    return (
+        torch.tensor(temps, dtype=torch.float32),
+        torch.tensor(top_ks or [0] * n, dtype=torch.int64),
+        torch.tensor(top_ps or [1.0] * n, dtype=torch.float32),
+    )
+
+
+def make_block(seed, logits, runs, draft_probs=None):
+    """Block tokens whose drafts follow the target's argmax for `runs[r]` positions, then differ."""
+    g = torch.Generator().manual_seed(seed)
+    batch, block, vocab = logits.shape
+    posterior = logits.float().argmax(-1)
+    tokens = torch.randint(0, vocab, (batch, block), generator=g)
+    for r, run in enumerate(runs):
+        tokens[r, 1 : 1 + run] = posterior[r, :run]
+        if run + 1 < block:
+            tokens[r, run + 1] = (posterior[r, run] + 1) % vocab
+    return tokens
+
+
+def compare(logits, tokens, draft_probs, temperature, top_k, top_p, seed=None, start=None, stop_ids=None, block_v=256):
+    batch = logits.shape[0]
+    seed = torch.arange(batch) * 7919 - 3 if seed is None else seed
+    start = torch.arange(batch) * 13 + 5 if start is None else start
+    args = (logits, tokens, draft_probs, temperature, top_k, top_p, seed, start, stop_ids)
+    decisions = launch.verify_positions(*args[:-1], block_v=block_v)
+    got = launch.verify_commit(decisions, tokens, start, stop_ids)
+    expected = reference.verify_block_packed(*args)
+    assert torch.equal(got, expected), f"kernel\n{got}\nreference\n{expected}"
+    # the per-position form agrees where it is used: accept flags up to the end of the accepted
+    # run, the emitted token at its end (elsewhere a residual of q == p is 0/0, decided by rounding)
+    position = torch.arange(tokens.shape[1])
+    ref_decisions = reference.verify_positions(*args[:-1])
+    flags_used = position <= expected[:, :1]
+    assert torch.equal(decisions[..., 0][flags_used], ref_decisions[..., 0][flags_used])
+    emit_used = position == expected[:, :1]
+    assert torch.equal(decisions[..., 1][emit_used], ref_decisions[..., 1][emit_used])
+    assert torch.equal(reference.verify_commit(decisions, tokens, start, stop_ids), expected)
+    return got
+
+
+def test_counter_rng_is_bit_exact():
+    module = kernels.load("verify", interpret=True)
+    g = torch.Generator().manual_seed(0)
+    n = 1000
+    seed = torch.randint(-(2**62), 2**62, (n,), generator=g)
+    position = torch.randint(0, 2**40, (n,), generator=g)
+    index = torch.randint(0, 262144, (n,), generator=g)
+    for stream in (rng.STREAM_ACCEPT, rng.STREAM_BONUS):
+        bits, uniform = torch.empty(n, dtype=torch.int64), torch.empty(n)
+        module.rng_kernel[(4,)](seed, position, index, n, bits, uniform, STREAM_MIX=(stream * rng.GOLDEN32) & rng.MASK32, BLOCK=256)
+        key = rng.counter_key(seed, position, stream)
+        assert torch.equal(bits, key)
+        assert torch.equal(uniform, rng.uniform_from_key(key, index))
+
+
+def test_greedy_runs_of_every_length():
+    g = torch.Generator().manual_seed(1)
+    block = 6
+    runs = [0, 1, 3, 5, 2]  # none accepted, short, middle, all accepted, stop in the middle
+    logits = torch.randn(len(runs), block, 700, generator=g) * 3
+    logits[4, 2, 10] = logits[4, 2, 20] = logits[4, 2].max() + 1  # a tie: the first index wins
+    tokens = make_block(1, logits, runs)
+    got = compare(logits, tokens, None, *params([0.0] * len(runs)))
+    assert got[:, 0].tolist() == runs
+    assert got[4, 1] == 10
+
+
+def test_sampled_rows_mixed_with_greedy_rows():
+    g = torch.Generator().manual_seed(2)
+    batch, block, vocab = 7, 5, 500
+    logits = torch.randn(batch, block, vocab, generator=g) * 4
+    temperature, top_k, top_p = params(
+        [0.0, 1.0, 0.7, 1.3, 0.9, 1.0, 0.0], [0, 0, 20, 0, 8, 3, 0], [1.0, 1.0, 1.0, 0.8, 0.9, 1.0, 1.0]
+    )
+    # q: the target's own processed distribution (all accepted), a noisy copy (runs of any
+    # length), or mass on tokens that top-k removes from p (none accepted: residual sampling)
+    p = reference.process_logits(logits[:, :-1], temperature, top_k, top_p)
+    noisy = reference.process_logits(logits[:, :-1] + torch.randn(batch, block - 1, vocab, generator=g) * 2, temperature, top_k, top_p)
+    q = torch.where(torch.tensor([1, 1, 0, 0, 0, 1, 1]).view(-1, 1, 1).bool(), p, noisy)
+    tokens = reference.sample_tokens(logits[:, :-1], temperature, top_k, top_p, torch.arange(batch), torch.arange(1, block).expand(batch, -1), rng.STREAM_DRAFT)[0]
+    tokens = torch.cat([torch.zeros(batch, 1, dtype=torch.long), tokens], dim=1)
+    outside = logits[5, :-1].argsort(-1)[:, 0]  # the least likely token: never in the top 3
+    tokens[5, 1:] = outside
+    q[5] = 0
+    q[5, torch.arange(block - 1), outside] = 1.0
+    got = compare(logits, tokens, q, temperature, top_k, top_p)
+    assert got[1, 0] == block - 1  # q == p: everything accepted
+    assert got[5, 0] == 0  # p(draft) == 0: rejected at once
+    assert len(set(got[:, 0].tolist())) >= 3
+
+
+def test_top_k_and_top_p_keep_ties_together():
+    batch, block, vocab = 4, 3, 64
+    logits = torch.zeros(batch, block, vocab)
+    logits[..., :8] = 2.0  # eight tied tokens around every threshold
+    logits[..., 8:12] = torch.tensor([3.0, 1.0, 1.0, -1.0])
+    temperature, top_k, top_p = params([1.0, 1.0, 0.5, 1.0], [3, 9, 0, 5], [1.0, 1.0, 0.3, 0.6])
+    probs = reference.process_logits(logits, temperature, top_k, top_p)
+    assert ((probs[0, 0] > 0).sum() == 9)  # k=3 cuts inside the tie at 2.0: all eight stay
+    q = reference.process_logits(logits[:, 1:] + 0.5 * torch.randn(batch, block - 1, vocab), temperature, top_k, top_p)
+    tokens = torch.randint(0, 12, (batch, block))
+    compare(logits, tokens, q, temperature, top_k, top_p, block_v=32)
+
+
+def test_stop_tokens_cut_the_committed_tokens():
+    g = torch.Generator().manual_seed(3)
+    block = 6
+    runs = [5, 5, 2, 3]
+    logits = torch.randn(4, block, 300, generator=g) * 3
+    tokens = make_block(3, logits, runs)
+    posterior = logits.argmax(-1)
+    stop_ids = torch.full((4, 3), -1)
+    stop_ids[0, 1] = tokens[0, 3]  # a stop token in the middle of an accepted run
+    stop_ids[1, 0] = posterior[1, 5]  # the bonus token is a stop token
+    stop_ids[2, 2] = tokens[2, 5]  # listed, but only after the rejection: not committed
+    got = compare(logits, tokens, None, *params([0.0] * 4), stop_ids=stop_ids)
+    assert got[:, 3].tolist() == [3, 6, 3, 4]  # committed
+    assert got[:, 4].tolist() == [1, 1, 0, 0]  # stopped
+    assert torch.equal(got[:, 2], torch.arange(4) * 13 + 5 + got[:, 0] + 1)  # next start
+
+
+def test_first_token_is_a_block_of_one():
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(4, 1, 900, generator=g) * 2
+    compare(logits, torch.zeros(4, 1, dtype=torch.long), None, *params([0.0, 1.0, 0.6, 1.1], [0, 0, 40, 0], [1.0, 0.95, 1.0, 0.7]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_logits(dtype):
+    g = torch.Generator().manual_seed(5)
+    logits = (torch.randn(3, 4, 400, generator=g) * 3).to(dtype)
+    temperature, top_k, top_p = params([0.0, 0.8, 1.0], [0, 10, 0], [1.0, 1.0, 0.9])
+    q = reference.process_logits(logits[:, 1:].float() + torch.randn(3, 3, 400, generator=g), temperature, top_k, top_p)
+    compare(logits, make_block(5, logits, [1, 2, 0]), q, temperature, top_k, top_p)
+
+
+def test_vocabulary_of_262k_is_processed_in_chunks():
+    g = torch.Generator().manual_seed(6)
+    vocab = 262144
+    logits = torch.randn(2, 2, vocab, generator=g) * 3
+    logits[0, 0, vocab - 3] = 50.0  # the maximum sits in the last chunk
+    tokens = torch.tensor([[0, vocab - 3], [0, 5]])
+    q = torch.softmax(torch.randn(2, 1, vocab, generator=g), -1)
+    got = compare(logits, tokens, q, *params([0.0, 1.0]), block_v=4096)
+    assert got[0, 0] == 1
+
+
+# ----------------------------------------------------------------------------- losslessness
+
+VOCAB, BLOCK, TRIALS = 6, 3, 8000
+
+
+def speculative_trials(temperature, top_k, top_p, residual=True):
+    """First and second committed tokens of TRIALS independent verification steps.
+
+    Target logits are fixed per position; the drafter's q differs from p. The first committed token
+    must follow p at position 0; given that it was an accepted draft, the second follows p at 1.
+    """
+    g = torch.Generator().manual_seed(7)
+    target = (torch.randn(1, BLOCK, VOCAB, generator=g) * 1.5).expand(TRIALS, -1, -1)
+    draft = (torch.randn(1, BLOCK - 1, VOCAB, generator=g) * 1.5).expand(TRIALS, -1, -1)
+    temperature, top_k, top_p = (torch.full((TRIALS,), x) for x in (temperature, top_k, top_p))
+    seed, start = torch.arange(TRIALS) * 1000003 + 17, torch.full((TRIALS,), 40)
+    positions = start.view(-1, 1) + torch.arange(1, BLOCK)
+    drafts, q = reference.sample_tokens(draft, temperature, top_k, top_p, seed, positions, rng.STREAM_DRAFT)
+    tokens = torch.cat([torch.zeros(TRIALS, 1, dtype=torch.long), drafts], dim=1)
+    accepted, bonus = reference.verify_block(target, tokens, q, temperature, top_k, top_p, seed, start)
+    if not residual:  # the classic bug: after a rejection, sample from p instead of max(0, p - q)
+        p = reference.process_logits(target, temperature, top_k, top_p)
+        wrong = reference.sample_from_probs(p[torch.arange(TRIALS), accepted], rng.counter_key(seed, start + accepted + 1, rng.STREAM_BONUS))
+        bonus = torch.where(accepted < BLOCK - 1, wrong, bonus)
+    committed = torch.cat([drafts, bonus.view(-1, 1)], dim=1)
+    committed = torch.where(torch.arange(BLOCK) < accepted.view(-1, 1), committed, bonus.view(-1, 1))
+    p = reference.process_logits(target[:1], temperature[:1], top_k[:1], top_p[:1])[0]
+    return committed, accepted, p, (target, tokens, q, temperature, top_k, top_p, seed, start)
+
+
+def fits(samples: torch.Tensor, probs: torch.Tensor) -> float:
+    """Chi-square goodness-of-fit p-value of token samples against a distribution."""
+    support = probs > 0
+    assert bool(support[samples].all()), "a token outside the target's support was emitted"
+    observed = torch.bincount(samples, minlength=VOCAB)[support].double()
+    expected = probs[support].double() * samples.numel()
+    return float(stats.chisquare(observed.numpy(), expected.numpy() * observed.sum().item() / expected.sum().item()).pvalue)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.8, 4, 0.9)])
+def test_sampling_verifier_reproduces_the_target_distribution(temperature, top_k, top_p):
+    committed, accepted, p, _ = speculative_trials(temperature, top_k, top_p)
+    assert 0.2 < float((accepted > 0).float().mean()) < 0.95  # both branches are exercised
+    assert fits(committed[:, 0], p[0]) > 1e-3
+    assert fits(committed[accepted > 0, 1], p[1]) > 1e-3
+
+
+def test_a_wrong_residual_fails_the_statistical_test():
+    committed, _, p, _ = speculative_trials(1.0, 0, 1.0, residual=False)
+    assert fits(committed[:, 0], p[0]) < 1e-6
+
+
+def test_kernel_draws_the_same_samples_as_the_reference():
+    # rows of the statistical test above (top-k/top-p rows are compared in the tests further up)
+    *_, args = speculative_trials(1.0, 0, 1.0)
+    rows = slice(0, 16)
+    compare(*(a[rows] for a in args), block_v=8)

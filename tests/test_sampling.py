@@ -1,0 +1,216 @@
+"""Lossless at temperature > 0: speculative sampling reproduces the target's distribution.
+
+The target's exact distribution over the first three generated tokens is computed by enumeration
+on an 8-token vocabulary; thousands of seeded requests are decoded speculatively in one batch and
+compared with a chi-square test. The same test rejects a decoder with the classic wrong residual
+(resampling from p instead of normalize(max(0, p - q)) after a rejection).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from trtllm_dflash import DFlashPipeline
+from trtllm_dflash.checkpoints import load_target
+from trtllm_dflash.decoding import Decoder, Request, SamplingParams
+from trtllm_dflash.plugins import ops, reference, rng
+from trtllm_dflash.testing import make_tiny_drafter, make_tiny_target
+
+VOCAB = 8
+PROMPT = [1, 2, 3]
+SAMPLES = 3000
+
+
+@pytest.fixture(scope="module")
+def small_vocab_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("small-vocab")
+    target = make_tiny_target(root / "target", "llama", seed=11, vocab_size=VOCAB)
+    drafter = make_tiny_drafter(root / "drafter", target, seed=12, block_size=4, mask_token_id=VOCAB - 1)
+    return target, drafter
+
+
+def exact_distribution(target_dir, temperature, top_k, top_p) -> dict[tuple[int, ...], float]:
+    """P(t1, t2, t3) of the target's own sampling, by enumerating every prefix."""
+    model = load_target(target_dir).model
+    params = [torch.tensor([v]) for v in (temperature, top_k, top_p)]
+
+    def next_probs(prefixes):
+        with torch.no_grad():
+            logits = model(torch.tensor([PROMPT + list(p) for p in prefixes])).logits[:, -1]
+        rows = logits.shape[0]
+        return reference.process_logits(logits, *(p.expand(rows) for p in params)).double()
+
+    joint = {(): 1.0}
+    for _ in range(3):
+        prefixes = list(joint)
+        probs = next_probs(prefixes)
+        joint = {
+            prefix + (token,): joint[prefix] * float(probs[i, token])
+            for i, prefix in enumerate(prefixes)
+            for token in range(VOCAB)
+        }
+    return joint
+
+
+def sample_speculatively(target_dir, drafter_dir, temperature, top_k, top_p) -> list[tuple[int, ...]]:
+    pipe = DFlashPipeline.load(target_dir, drafter_dir, max_context=16)
+    decoder = Decoder(pipe.runtime, max_batch=SAMPLES, max_context=16)
+    requests = [
+        Request(PROMPT, SamplingParams(max_new_tokens=3, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))
+        for seed in range(SAMPLES)
+    ]
+    results = decoder.generate(requests)
+    accepted_drafts = sum(max(r.acceptance_lengths) > 1 for r in results)
+    assert 0 < accepted_drafts < SAMPLES  # both acceptance and rejection paths are exercised
+    return [tuple(r.token_ids) for r in results]
+
+
+def chi2_pvalue(samples: list[tuple[int, ...]], exact: dict[tuple[int, ...], float], positions) -> float:
+    """Chi-square p-value of the marginal over `positions`, small cells merged (expected < 5)."""
+    expected: dict[tuple, float] = {}
+    for seq, prob in exact.items():
+        key = tuple(seq[i] for i in positions)
+        expected[key] = expected.get(key, 0.0) + prob * len(samples)
+    observed = {key: 0 for key in expected}
+    for seq in samples:
+        observed[tuple(seq[i] for i in positions)] += 1
+    impossible = [k for k in expected if expected[k] == 0]
+    assert sum(observed[k] for k in impossible) == 0  # nothing outside the top-k / top-p support
+    expected = {k: v for k, v in expected.items() if v > 0}
+    big = [k for k in expected if expected[k] >= 5]
+    small = [k for k in expected if expected[k] < 5]
+    obs = [observed[k] for k in big] + ([sum(observed[k] for k in small)] if small else [])
+    exp = [expected[k] for k in big] + ([sum(expected[k] for k in small)] if small else [])
+    total = sum(exp)
+    return float(chisquare(obs, [e * len(samples) / total for e in exp]).pvalue)
+
+
+SETTINGS = {"temperature-1": (1.0, 0, 1.0), "top-k-top-p": (0.8, 5, 0.9)}
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_speculative_sampling_matches_target_distribution(small_vocab_pair, setting):
+    temperature, top_k, top_p = SETTINGS[setting]
+    samples = sample_speculatively(*small_vocab_pair, temperature, top_k, top_p)
+    exact = exact_distribution(small_vocab_pair[0], temperature, top_k, top_p)
+    for positions in [(0,), (1,), (2,), (0, 1), (0, 1, 2)]:
+        assert chi2_pvalue(samples, exact, positions) > 1e-3, positions
+
+
+def _verify_with_wrong_residual(target_logits, block, draft_probs, temperature, top_k, top_p, seed, start):
+    """The classic bug: after a rejection, resample from p instead of normalize(max(0, p - q))."""
+    accepted, bonus = reference.verify_block(target_logits, block, draft_probs, temperature, top_k, top_p, seed, start)
+    rows = torch.arange(block.shape[0])
+    p = reference.process_logits(target_logits[rows, accepted], temperature, top_k, top_p)
+    wrong = reference.sample_from_probs(p, rng.counter_key(seed, start + accepted + 1, rng.STREAM_BONUS))
+    return accepted, torch.where(accepted < block.shape[1] - 1, wrong, bonus)
+
+
+def test_the_test_rejects_a_wrong_residual(small_vocab_pair, monkeypatch):
+    monkeypatch.setattr(ops, "verify_block", _verify_with_wrong_residual)
+    samples = sample_speculatively(*small_vocab_pair, 1.0, 0, 1.0)
+    exact = exact_distribution(small_vocab_pair[0], 1.0, 0, 1.0)
+    assert chi2_pvalue(samples, exact, (0, 1, 2)) < 1e-6
+
+
+# ----------------------------------------------------------------------------- reproducibility
+
+
+def test_seeded_request_is_reproducible_alone_or_in_a_batch(tiny_qwen3, tiny_qwen3_drafter):
+    pipe = DFlashPipeline.load(tiny_qwen3, tiny_qwen3_drafter, max_context=64)
+    kwargs = dict(max_new_tokens=16, temperature=0.9, top_p=0.95, seed=1234, stop_token_ids=())
+    alone = pipe.generate([[4, 5, 6]], **kwargs)[0].token_ids
+    again = pipe.generate([[4, 5, 6]], **kwargs)[0].token_ids
+    batched = pipe.generate([[9, 9], [4, 5, 6], [7, 1, 2, 3, 4]], **kwargs)[1].token_ids
+    assert alone == again == batched
+    other_seed = pipe.generate([[4, 5, 6]], **dict(kwargs, seed=99))[0].token_ids
+    assert other_seed != alone
+
+
+def test_greedy_rows_stay_exact_in_a_sampled_batch(tiny_qwen3, tiny_qwen3_drafter):
+    pipe = DFlashPipeline.load(tiny_qwen3, tiny_qwen3_drafter, max_context=64, dtype=torch.float64)
+    decoder = Decoder(pipe.runtime, max_batch=3, max_context=64)
+    prompts = [[4, 5, 6], [7, 8], [10, 11, 12, 13]]
+    temps = [0.0, 1.0, 0.0]
+    results = decoder.generate(
+        Request(p, SamplingParams(max_new_tokens=12, temperature=t, seed=3)) for p, t in zip(prompts, temps)
+    )
+    greedy = DFlashPipeline.load(tiny_qwen3, None, max_context=64, dtype=torch.float64)
+    for prompt, temp, result in zip(prompts, temps, results):
+        if temp == 0:
+            assert result.token_ids == greedy.generate([prompt], max_new_tokens=12, stop_token_ids=())[0].token_ids
+
+
+# ----------------------------------------------------------------------------- the building blocks
+
+
+def test_process_logits_matches_sort_based_top_k_top_p():
+    torch.manual_seed(0)
+    logits = torch.randn(6, 50) * 3
+    temperature = torch.tensor([1.0, 0.7, 1.3, 1.0, 0.5, 2.0])
+    top_k = torch.tensor([0, 5, 0, 10, 1, 3])
+    top_p = torch.tensor([1.0, 1.0, 0.8, 0.5, 1.0, 0.9])
+    probs = reference.process_logits(logits, temperature, top_k, top_p)
+    for row in range(6):
+        scaled = logits[row] / temperature[row]
+        if top_k[row] > 0:
+            kth = scaled.topk(int(top_k[row])).values[-1]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        p = scaled.softmax(-1)
+        order = p.argsort(descending=True)
+        cumulative = p[order].cumsum(0)
+        cut = int((cumulative < top_p[row]).sum()) + 1  # smallest prefix reaching top_p
+        keep = torch.zeros_like(p, dtype=torch.bool)
+        keep[order[:cut]] = True
+        expected = torch.where(keep, p, torch.zeros_like(p))
+        torch.testing.assert_close(probs[row], expected / expected.sum())
+
+
+def test_ties_are_kept_together_and_greedy_is_one_hot():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 5.0, 1.0, 5.0]])
+    probs = reference.process_logits(logits, torch.tensor([1.0, 0.0]), torch.tensor([1, 0]), torch.tensor([1.0, 1.0]))
+    assert probs[0, 1] == probs[0, 2] == 0.5 and probs[0, 0] == 0  # top-1 with a tie keeps both
+    assert probs[1].tolist() == [0.0, 1.0, 0.0, 0.0]  # greedy: the first index of the max
+
+
+@pytest.mark.parametrize(
+    ("drafts", "expected_accepted"),
+    [([2, 3, 1], 3), ([2, 0, 1], 1), ([0, 3, 1], 0), ([2, 3, 0], 2)],
+    ids=["all", "short", "none", "long"],
+)
+def test_greedy_verification_counts_the_matching_prefix(drafts, expected_accepted):
+    posterior = [2, 3, 1, 4]  # the target's argmax at block positions 0..3
+    logits = torch.nn.functional.one_hot(torch.tensor([posterior]), 5).float() * 10
+    block = torch.tensor([[7] + drafts])
+    zero, one = torch.zeros(1), torch.ones(1)
+    accepted, bonus = reference.verify_block(
+        logits, block, None, zero, torch.zeros(1, dtype=torch.long), one, torch.zeros(1, dtype=torch.long),
+        torch.tensor([10]),
+    )
+    assert int(accepted) == expected_accepted
+    assert int(bonus) == posterior[expected_accepted]
+
+
+def test_counter_rng_is_uniform_and_stream_separated():
+    seeds = torch.arange(20000)
+    u = rng.uniform(seeds, torch.full_like(seeds, 5), rng.STREAM_ACCEPT)
+    assert 0 < float(u.min()) and float(u.max()) < 1
+    histogram = torch.histc(u, bins=10, min=0, max=1)
+    assert chisquare(histogram.numpy()).pvalue > 1e-3
+    other = rng.uniform(seeds, torch.full_like(seeds, 5), rng.STREAM_BONUS)
+    assert abs(float(torch.corrcoef(torch.stack([u, other]))[0, 1])) < 0.03
+    assert torch.equal(u, rng.uniform(seeds, torch.full_like(seeds, 5), rng.STREAM_ACCEPT))
+
+
+def test_race_sampling_follows_the_distribution():
+    probs = torch.tensor([0.5, 0.25, 0.125, 0.125, 0.0])
+    keys = rng.counter_key(torch.arange(20000), torch.zeros(20000, dtype=torch.long), rng.STREAM_BONUS)
+    tokens = reference.sample_from_probs(probs.expand(20000, -1), keys)
+    counts = torch.bincount(tokens, minlength=5)
+    assert counts[4] == 0
+    assert chisquare(counts[:4].numpy(), (probs[:4] * 20000).numpy()).pvalue > 1e-3
+    assert list(itertools.islice(tokens.tolist(), 5)) == reference.sample_from_probs(probs.expand(5, -1), keys[:5]).tolist()

@@ -1,0 +1,320 @@
+"""Repositories, the LLM-API configuration check, the wire format and request cancellation,
+without a server (fast). The real-server tests are in test_serving.py."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from trtllm_dflash.cli.app import app
+from trtllm_dflash.errors import DFlashError
+
+
+def _cli(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def _fails(result, message: str) -> None:
+    """The command stopped with a DFlashError naming the problem (main() prints it, exit 2)."""
+    assert isinstance(result.exception, DFlashError), result.output
+    assert message in str(result.exception)
+
+
+def _parse_pbtxt(path):
+    """Parse with Triton's own ModelConfig protobuf: the file must be a valid model config."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    from trtllm_dflash.testing import make_tiny_drafter, make_tiny_target
+
+    root = tmp_path_factory.mktemp("pair")
+    target = make_tiny_target(root / "target", seed=5, tokenizer=True)
+    return target, make_tiny_drafter(root / "drafter", target, seed=6, mask_token_id=2)
+
+
+# ---------------------------------------------------------------------- python-backend repository
+
+
+def test_repo_writes_decoupled_dflash_and_baseline_models(tiny_pair, tmp_path):
+    from trtllm_dflash.serving.config import ServingConfig
+
+    target, drafter = tiny_pair
+    out = tmp_path / "repo"
+    result = _cli("repo", "--model", str(target), "--drafter", str(drafter), "--out", str(out), "--max-batch", "4", "--max-context", "300")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["ar", "dflash", "dflash_repository.json"]
+    configs = {}
+    for name in ("dflash", "ar"):
+        config = _parse_pbtxt(out / name / "config.pbtxt")
+        assert config.backend == "python" and config.model_transaction_policy.decoupled
+        assert [i.name for i in config.input][:2] == ["text_input", "streaming"]
+        assert {"text_output", "output_ids", "acceptance_lengths", "acceptance_rate", "num_output_tokens"} <= {o.name for o in config.output}
+        configs[name] = ServingConfig.from_parameters({k: v.string_value for k, v in config.parameters.items()})
+        compile((out / name / "1" / "model.py").read_text(), "model.py", "exec")
+    assert configs["dflash"].drafter == str(drafter.resolve()) and configs["dflash"].max_batch == 4
+    assert configs["ar"].drafter is None and configs["ar"].target == configs["dflash"].target == str(target.resolve())
+    assert configs["dflash"].max_context == 300
+
+
+def test_repo_refuses_to_overwrite_and_leaves_nothing_half_written(tiny_pair, tmp_path):
+    target, drafter = tiny_pair
+    out = tmp_path / "repo"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    result = _cli("repo", "--model", str(target), "--drafter", str(drafter), "--out", str(out))
+    _fails(result, "already exists")
+    assert (out / "keep.txt").read_text() == "mine"
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    _fails(_cli("repo", "--model", str(target), "--out", str(a_file)), "is a file")
+    assert _cli("repo", "--model", str(target), "--drafter", str(drafter), "--out", str(out), "--force").exit_code == 0
+    assert not (out / "keep.txt").exists() and (out / "dflash" / "config.pbtxt").is_file()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging folder left
+
+
+def test_repo_checks_the_pair_before_writing(tiny_pair, tmp_path):
+    from trtllm_dflash.testing import make_tiny_drafter, make_tiny_target
+
+    other = make_tiny_target(tmp_path / "other", hidden_size=32, tokenizer=True)
+    wrong = make_tiny_drafter(tmp_path / "wrong", other)
+    result = _cli("repo", "--model", str(tiny_pair[0]), "--drafter", str(wrong), "--out", str(tmp_path / "repo"))
+    _fails(result, "hidden_size")
+    assert not (tmp_path / "repo").exists()
+
+
+def test_serving_config_rejects_bad_parameters():
+    from trtllm_dflash.serving.config import ServingConfig
+
+    with pytest.raises(DFlashError, match="max_batch"):
+        ServingConfig.from_parameters({"target": {"string_value": "demo"}, "max_batch": {"string_value": "0"}})
+    with pytest.raises(DFlashError, match="engines"):
+        ServingConfig.from_parameters({"target": "demo", "runtime": "trt"})
+    with pytest.raises(DFlashError, match="max_bach"):
+        ServingConfig.from_parameters({"target": "demo", "max_bach": "4"})
+
+
+# ---------------------------------------------------------------------- trtllm (LLM-API) repository
+
+
+def test_trtllm_repository_for_gpt_oss_120b_on_b300_validates(tmp_path):
+    from trtllm_dflash.serving.trtllm import validate_model_yaml
+
+    out = tmp_path / "repo"
+    result = _cli("repo", "--model", "gpt-oss-120b", "--gpu", "b300", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    model_yaml = out / "tensorrt_llm" / "1" / "model.yaml"
+    options = yaml.safe_load(model_yaml.read_text())
+    validate_model_yaml(model_yaml)
+    spec = options["speculative_config"]
+    assert spec["decoding_type"] == "DFlash"
+    assert spec["max_draft_len"] == 9 and spec["speculative_model"] == "z-lab/gpt-oss-120b-DFlash"
+    assert spec["target_layer_ids"] == [1, 9, 17, 25, 33]
+    assert "mask_token_id" in result.output  # not known offline for this drafter: said, not invented
+    assert options["model"] == "openai/gpt-oss-120b" and options["backend"] == "pytorch"
+    assert options["tensor_parallel_size"] == 8 and options["moe_expert_parallel_size"] == 8
+    assert options["kv_cache_config"]["dtype"] == "fp8"
+    assert options["cuda_graph_config"] == {"enable_padding": True, "max_batch_size": 512}
+    assert options["moe_config"] == {"backend": "TRTLLM"}
+    assert options["triton_config"] == {"max_batch_size": 0, "decoupled": True}
+    serve = yaml.safe_load((out / "trtllm-serve.yaml").read_text())
+    validate_model_yaml(out / "trtllm-serve.yaml")
+    assert serve == {k: v for k, v in options.items() if k not in ("model", "backend", "triton_config")}
+    config = _parse_pbtxt(out / "tensorrt_llm" / "config.pbtxt")
+    assert config.model_transaction_policy.decoupled and config.backend == "python"
+    compile((out / "tensorrt_llm" / "1" / "model.py").read_text(), "model.py", "exec")
+
+
+def test_llm_api_schema_rejects_unknown_keys_and_wrong_types(tmp_path):
+    from trtllm_dflash.recipes import find_recipe
+    from trtllm_dflash.serving.trtllm import llm_api_options, model_yaml, validate_model_yaml
+
+    recipe = find_recipe("gpt-oss-120b", "b300")
+    good = model_yaml(recipe.model.checkpoint, llm_api_options(recipe)[0])
+    cases = [
+        ({**good, "tensor_parallel": 8}, "tensor_parallel: unknown LLM-API key"),
+        ({**good, "speculative_config": {**good["speculative_config"], "max_draft_length": 9}}, "speculative_config.max_draft_length: unknown"),
+        ({**good, "speculative_config": {**good["speculative_config"], "decoding_type": "Eagle3"}}, "decoding_type"),
+        ({**good, "kv_cache_config": {"dtype": "fp8", "free_gpu_memory_fraction": "lots"}}, "free_gpu_memory_fraction"),
+        ({**good, "max_batch_size": "512"}, "max_batch_size"),
+        ({k: v for k, v in good.items() if k != "triton_config"} | {"triton_config": {"decoupled": True}}, "triton_config.max_batch_size"),
+    ]
+    for options, message in cases:
+        path = tmp_path / "model.yaml"
+        path.write_text(yaml.safe_dump(options))
+        with pytest.raises(DFlashError, match=message.replace("(", r"\(").replace(".", r"\.")):
+            validate_model_yaml(path)
+
+
+def test_trtllm_repository_pins_mask_token_from_a_local_drafter(tiny_pair, tmp_path):
+    target, drafter = tiny_pair
+    out = tmp_path / "repo"
+    result = _cli("repo", "--recipe", "gpt-oss-120b/b300", "--drafter", str(drafter), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    spec = yaml.safe_load((out / "tensorrt_llm" / "1" / "model.yaml").read_text())["speculative_config"]
+    assert spec["mask_token_id"] == 2 and spec["speculative_model"] == str(drafter.resolve())
+    assert spec["target_layer_ids"] == [1, 9, 17, 25, 33]  # the recipe's value wins over the checkpoint's
+
+
+def test_trt_recipe_without_a_build_says_how_to_build(tmp_path):
+    result = _cli("repo", "--model", "qwen3-8b", "--gpu", "h100", "--out", str(tmp_path / "repo"))
+    _fails(result, "dflash-trt build")
+
+
+# ---------------------------------------------------------------------- wire format
+
+
+def test_parse_inputs_checks_types_and_shapes():
+    from trtllm_dflash.serving.protocol import parse_inputs
+
+    parsed = parse_inputs({
+        "text_input": np.array([b"hello"], dtype=np.object_),
+        "sampling_param_max_tokens": np.array([7], dtype=np.int32),
+        "sampling_param_temperature": np.array([0.5], dtype=np.float32),
+        "sampling_param_stop": np.array([b"\n", b"END"], dtype=np.object_),
+        "streaming": np.array([True]),
+    })
+    assert (parsed.text, parsed.max_tokens, parsed.temperature, parsed.stop, parsed.streaming) == ("hello", 7, 0.5, ("\n", "END"), True)
+    with pytest.raises(DFlashError, match="text_input is missing"):
+        parse_inputs({"sampling_param_max_tokens": np.array([3], dtype=np.int32)})
+    with pytest.raises(DFlashError, match="sampling_param_max_tokens has type float32"):
+        parse_inputs({"text_input": np.array([b"x"], dtype=np.object_), "sampling_param_max_tokens": np.array([3.0], dtype=np.float32)})
+    with pytest.raises(DFlashError, match="text_input has 2 values"):
+        parse_inputs({"text_input": np.array([b"x", b"y"], dtype=np.object_)})
+    with pytest.raises(DFlashError, match="not valid UTF-8"):
+        parse_inputs({"text_input": np.array([b"\xff\xfe"], dtype=np.object_)})
+
+
+# ---------------------------------------------------------------------- cancellation in the loop
+
+
+def test_decoder_cancel_frees_the_row_and_leaves_the_others_unchanged(tiny_pair):
+    from trtllm_dflash.api import DFlashPipeline
+    from trtllm_dflash.decoding import Decoder, Request, SamplingParams
+
+    pipe = DFlashPipeline.load(*tiny_pair, max_context=128)
+    prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
+    params = SamplingParams(max_new_tokens=20)
+    alone = Decoder(pipe.runtime, max_batch=3, max_context=128).generate([Request(p, params) for p in (prompts[0], prompts[2])])
+    decoder = Decoder(pipe.runtime, max_batch=3, max_context=128)
+    ids = [decoder.submit(Request(p, params)) for p in prompts]
+    waiting = decoder.submit(Request([20, 21], params))  # no free row: waits
+    done = {}
+    for step in range(40):
+        if step == 2:
+            cancelled = decoder.cancel(ids[1])
+            assert cancelled.finish_reason == "cancelled" and len(cancelled.token_ids) > 0
+            assert decoder.cancel(waiting) is None and len(decoder.waiting) == 0
+        for event in decoder.step():
+            if event.finished:
+                done[event.request_id] = event.result
+        if not decoder.has_work:
+            break
+    assert sorted(done) == [ids[0], ids[2]]
+    assert done[ids[0]].token_ids == alone[0].token_ids and done[ids[2]].token_ids == alone[1].token_ids
+
+
+def test_engine_streams_and_drops_a_client_that_went_away(tiny_pair):
+    from trtllm_dflash.serving.config import ServingConfig
+    from trtllm_dflash.serving.engine import ServingEngine
+    from trtllm_dflash.serving.protocol import GenerateInputs
+
+    class Sink:
+        def __init__(self, leave_after: int | None = None) -> None:
+            self.responses, self.errors, self.leave_after = [], [], leave_after
+
+        def send(self, outputs, final):
+            self.responses.append((outputs, final))
+
+        def error(self, message):
+            self.errors.append(message)
+
+        def cancelled(self):
+            return self.leave_after is not None and len(self.responses) >= self.leave_after
+
+    engine = ServingEngine(ServingConfig(target=str(tiny_pair[0]), drafter=str(tiny_pair[1]), max_context=128, max_tokens=64))
+    stays, leaves = Sink(), Sink(leave_after=1)
+    engine.accept(GenerateInputs("abc", streaming=True, max_tokens=24), stays)
+    engine.accept(GenerateInputs("xyz", streaming=True, max_tokens=24), leaves)
+    engine.start()
+    try:
+        import time
+
+        deadline = time.monotonic() + 120
+        while not (stays.responses and stays.responses[-1][1]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        engine.stop()
+    assert stays.responses[-1][1] and sum(r[0]["output_ids"].size for r in stays.responses) == 24
+    reference = engine.pipeline.generate(["abc"], max_new_tokens=24)[0]
+    assert [int(t) for r in stays.responses for t in r[0]["output_ids"]] == reference.token_ids
+    assert "".join(r[0]["text_output"][0].decode() for r in stays.responses) == reference.text
+    assert len(leaves.responses) == 1 and not leaves.responses[0][1] and leaves.errors == ["request cancelled"]
+    assert not engine.jobs
+    json.dumps([r[0]["finish_reason"][0].decode() for r in stays.responses])
+
+
+def test_repo_from_a_build_uses_its_engines_when_built_else_its_checkpoints(tiny_pair, tmp_path):
+    """The manifest format of `dflash-trt build` (issue 4): complete stages with their summaries."""
+    from trtllm_dflash.serving.config import ServingConfig
+
+    target, drafter = tiny_pair
+    build = tmp_path / "build"
+    build.mkdir()
+    manifest = {
+        "format": 1,
+        "recipe": {"runtime": "trt", "max_batch": 8, "max_input_len": 200, "max_seq_len": 512, "block_size": 4},
+        "stages": {
+            "checkpoints": {"status": "complete", "dir": "checkpoints",
+                            "summary": {"target": {"path": str(target)}, "drafter": {"path": str(drafter)}}},
+            "engines": {"status": "blocked", "missing": "a GPU", "how_to_get_it": "run on a GPU machine"},
+        },
+    }
+    (build / "manifest.json").write_text(json.dumps(manifest))
+
+    def served(repo):
+        return {
+            name: ServingConfig.from_parameters({k: v.string_value for k, v in _parse_pbtxt(repo / name / "config.pbtxt").parameters.items()})
+            for name in ("dflash", "ar")
+        }
+
+    result = _cli("repo", "--build", str(build), "--out", str(tmp_path / "repo"))
+    assert result.exit_code == 0, result.output
+    configs = served(tmp_path / "repo")
+    assert configs["dflash"].runtime == "torch" and configs["dflash"].drafter == str(drafter)
+    assert (configs["dflash"].max_batch, configs["dflash"].max_context, configs["dflash"].max_tokens, configs["dflash"].block_size) == (8, 512, 312, 4)
+    assert configs["ar"].drafter is None
+    manifest["stages"]["engines"] = {"status": "complete", "dir": "engines", "summary": {}}
+    (build / "manifest.json").write_text(json.dumps(manifest))
+    from trtllm_dflash.serving.repository import write_build_repository
+
+    configs = served(write_build_repository(build))
+    assert configs["dflash"].runtime == "trt" and configs["dflash"].engines == str(build / "engines")
+    _fails(_cli("repo", "--build", str(tmp_path), "--out", str(tmp_path / "r2")), "no manifest.json")
+
+
+def test_repo_for_the_demo_takes_its_limits_from_the_demo_recipe(tmp_path):
+    from trtllm_dflash.demo import DEMO_DIR
+    from trtllm_dflash.recipes import find_recipe
+    from trtllm_dflash.serving.config import ServingConfig
+
+    if not (DEMO_DIR / "target" / "config.json").is_file():
+        pytest.skip("the embedded demo pair is not in this checkout")
+    recipe = find_recipe("demo", "cpu")
+    result = _cli("repo", "--model", "demo", "--out", str(tmp_path / "repo"), "--max-batch", "4")
+    assert result.exit_code == 0, result.output
+    parameters = _parse_pbtxt(tmp_path / "repo" / "dflash" / "config.pbtxt").parameters
+    config = ServingConfig.from_parameters({k: v.string_value for k, v in parameters.items()})
+    assert (config.target, config.drafter) == ("demo", "demo")
+    assert config.max_context == recipe.limits.max_seq_len
+    assert config.max_tokens == recipe.limits.max_seq_len - recipe.limits.max_input_len
+    assert config.block_size == recipe.drafter.block_size
+    assert config.max_batch == 4  # a flag overrides the recipe

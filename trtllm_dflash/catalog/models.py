@@ -1,0 +1,420 @@
+"""Published shapes of the targets and DFlash drafters that the recipes name.
+
+The planner needs shapes, not weights: parameter counts per kind of tensor (what gets quantized,
+what stays BF16) and the KV-cache layout per layer (KV heads, head dim, sliding window). Every
+entry says where its numbers come from. "Verified" means checked through the project's search
+tool against the published config.json or model card; "derived" means computed from verified
+figures (for example a head_dim that is the only value consistent with a published file size).
+
+Targets
+- gpt-oss-120b / gpt-oss-20b: transformers' GptOssConfig defaults are the 120b shape (36 layers,
+  hidden 2880, 64 q heads, 8 KV heads, head_dim 64, 128 experts, top-4, expert inner size 2880,
+  sliding window 128 on even layers, vocab 201088, untied, attention bias). OpenAI's model card:
+  116.83B total / 5.13B active, checkpoint 60.8 GiB (120b); 20.91B, 12.8 GiB, 24 layers,
+  32 experts (20b). Verified (both sources); the counts below reproduce both totals.
+- Qwen3-8B: 36 layers, hidden 4096, 32 heads, 8 KV, head_dim 128, intermediate 12288,
+  vocab 151936, untied (DFLASH.md drafter config echoes the target shape; Qwen3 model card 8.2B).
+- Llama-3.1-8B-Instruct: 32 layers, hidden 4096, 32 heads, 8 KV, head_dim 128, intermediate
+  14336, vocab 128256, untied (Meta model card, 8.03B).
+- Gemma 4 31B (google/gemma-4-31B-it, text part): 60 layers, hidden 5376, intermediate 21504,
+  32 heads; sliding layers 16 KV heads x head_dim 256, window 1024; every 6th layer global with
+  4 KV heads x head_dim 512 and K = V (attention_k_eq_v, no v_proj); vocab 262144, tied. Verified
+  from three independent copies of its config.json; total 30.7B matches the model card.
+  The vision tower (~0.55B) is not counted: DFlash serves the text path.
+- Qwen3-Coder-30B-A3B-Instruct: 48 layers, hidden 2048, 32 heads, 4 KV, head_dim 128,
+  128 experts, top-8, expert inner size 768, vocab 151936, untied (Qwen3 MoE config; 30.5B
+  total / 3.3B active in the model card; the count below gives 30.53B).
+
+Drafters (z-lab checkpoints; names verified in z-lab/dflash README.md; shapes from a published
+table of their config.json files, cross-checked against the published file sizes)
+- z-lab/Qwen3-8B-DFlash-b16: 5 layers, 4096, FFN 12288, 32/8 heads, block 16, taps
+  [1, 9, 17, 25, 33], mask 151669 (DFLASH.md), 1.95 GiB.
+- z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat: 5 layers, 4096, FFN 12288, 32/8, block 10,
+  taps [1, 8, 15, 22, 29], 1.95 GiB.
+- z-lab/gpt-oss-120b-DFlash: 8 layers, 2880, FFN 7680, 64/8, block 10, taps [1, 9, 17, 25, 33],
+  0.78B / 1.46 GiB (model card: "0.8B parameters", trained with block size 10).
+  head_dim 64 is derived (the only value that gives 1.46 GiB).
+- z-lab/gpt-oss-20b-DFlash: 8 layers, 2880, FFN 7680, 64/8, block 8, taps [1, 6, 11, 16, 21].
+- z-lab/Qwen3-Coder-30B-A3B-DFlash: 8 layers, 2048, FFN 6144, 32/4, block 16,
+  taps [1, 12, 23, 34, 45], 0.47B / 0.88 GiB.
+- z-lab/gemma-4-31B-it-DFlash: 5 layers (4 sliding with window 2048, then 1 full), 5376,
+  FFN 10752, 64/8, block 16, taps [1, 12, 23, 35, 46, 57], 2.86 GiB; head_dim 128 derived.
+Not verified: the mask token ids of the drafters other than Qwen3-8B (the builder reads them
+from the drafter's config.json), and the per-layer norm counts of Gemma 4 (a few MB at most).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from trtllm_dflash.errors import UnknownNameError
+
+FULL = "full_attention"
+SLIDING = "sliding_attention"
+GIB = 1024**3
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionShape:
+    """The KV-cache-relevant shape of one attention layer."""
+
+    num_kv_heads: int
+    head_dim: int
+    window: int = 0  # 0: full attention (the cache grows with the context)
+    k_eq_v: bool = False  # the layer has no V projection (Gemma 4 global layers)
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamBreakdown:
+    """Parameter counts by how they are stored after quantization.
+
+    attention_linear + mlp_linear are the dense linear layers that FP8/NVFP4 quantize;
+    expert_linear are the MoE expert matrices (MXFP4 in gpt-oss checkpoints); embedding,
+    lm_head and `other` (norms, biases, routers, attention sinks) stay BF16.
+    """
+
+    embedding: int
+    lm_head: int
+    attention_linear: int
+    mlp_linear: int
+    expert_linear: int
+    other: int
+
+    @property
+    def total(self) -> int:
+        return self.embedding + self.lm_head + self.attention_linear + self.mlp_linear + self.expert_linear + self.other
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterSpec:
+    """A DFlash drafter's published shape (a stack of Qwen3-style decoder layers, no embedding/LM head)."""
+
+    checkpoint: str
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    target_layer_ids: tuple[int, ...]
+    layer_types: tuple[str, ...] = ()  # empty: every layer full (non-causal) attention
+    sliding_window: int = 0
+    mask_token_id: int | None = None  # None: not verified; read from the drafter's config.json
+    published_size_gib: float | None = None
+    source: str = ""
+
+    def attention(self, layer: int) -> AttentionShape:
+        sliding = bool(self.layer_types) and self.layer_types[layer] == SLIDING
+        return AttentionShape(self.num_kv_heads, self.head_dim, self.sliding_window if sliding else 0)
+
+    def num_params(self) -> int:
+        """Decoder layers + fc + hidden_norm + norm (embedding and LM head are the target's)."""
+        d, h, kv, hd, ffn = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate_size
+        attention = d * h * hd + 2 * d * kv * hd + h * hd * d
+        per_layer = attention + 3 * d * ffn + 2 * d + 2 * hd  # + input/post-attention norms, q/k norms
+        return self.num_layers * per_layer + len(self.target_layer_ids) * d * d + 2 * d
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """A target model's published shape, enough to budget its memory on a GPU."""
+
+    name: str  # canonical catalog key, also the folder name under engine_recipes/
+    checkpoint: str  # Hugging Face id (or a local path for models read from disk)
+    family: str  # "gpt_oss", "qwen3", "qwen3_moe", "llama", "gemma4", ...
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int  # dense MLP inner size; 0 when every layer is MoE
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 131072
+    layer_types: tuple[str, ...] = ()  # empty: every layer full attention
+    sliding_window: int = 0
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    attention_bias: bool = False
+    expert_bias: bool = False
+    attention_sinks: bool = False
+    qk_norm: bool = False
+    norms_per_layer: int = 2
+    global_num_kv_heads: int | None = None  # Gemma 4: KV heads of the full-attention layers
+    global_head_dim: int | None = None
+    global_k_eq_v: bool = False
+    native_expert_precision: str = "bf16"  # "mxfp4" for gpt-oss checkpoints
+    published_params: float | None = None
+    published_checkpoint_gib: float | None = None
+    drafter: DrafterSpec | None = None
+    aliases: tuple[str, ...] = ()
+    placeholder: bool = False  # True: an invented shape standing in for a checkpoint that is not there yet
+    source: str = ""
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def layer_type(self, layer: int) -> str:
+        return self.layer_types[layer] if self.layer_types else FULL
+
+    def attention(self, layer: int) -> AttentionShape:
+        if self.layer_type(layer) == SLIDING:
+            return AttentionShape(self.num_kv_heads, self.head_dim, self.sliding_window)
+        if self.global_num_kv_heads is not None or self.global_head_dim is not None:
+            return AttentionShape(
+                self.global_num_kv_heads or self.num_kv_heads,
+                self.global_head_dim or self.head_dim,
+                0,
+                self.global_k_eq_v,
+            )
+        return AttentionShape(self.num_kv_heads, self.head_dim, 0)
+
+    def params(self) -> ParamBreakdown:
+        d, h = self.hidden_size, self.num_heads
+        embedding = self.vocab_size * d
+        lm_head = 0 if self.tie_word_embeddings else self.vocab_size * d
+        attention_linear = mlp_linear = expert_linear = 0
+        other = d  # final norm
+        for layer in range(self.num_layers):
+            shape = self.attention(layer)
+            q, kv = h * shape.head_dim, shape.num_kv_heads * shape.head_dim
+            kv_projections = 1 if shape.k_eq_v else 2
+            attention_linear += d * q + kv_projections * d * kv + q * d
+            other += self.norms_per_layer * d
+            if self.qk_norm:
+                other += 2 * shape.head_dim
+            if self.attention_bias:
+                other += q + kv_projections * kv + d
+            if self.attention_sinks:
+                other += h
+            if self.is_moe:
+                inner = self.moe_intermediate_size
+                expert_linear += self.num_experts * 3 * d * inner  # gate, up (fused or not) and down
+                other += d * self.num_experts + (self.num_experts if self.expert_bias else 0)  # router
+                if self.expert_bias:
+                    other += self.num_experts * (2 * inner + d)
+            if self.intermediate_size:
+                mlp_linear += 3 * d * self.intermediate_size
+        return ParamBreakdown(embedding, lm_head, attention_linear, mlp_linear, expert_linear, other)
+
+
+def _alternating(num_layers: int, first: str, second: str) -> tuple[str, ...]:
+    return tuple(first if layer % 2 == 0 else second for layer in range(num_layers))
+
+
+def _every_sixth_global(num_layers: int) -> tuple[str, ...]:
+    return tuple(FULL if (layer + 1) % 6 == 0 else SLIDING for layer in range(num_layers))
+
+
+MODELS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec(
+            name="gpt-oss-120b", checkpoint="openai/gpt-oss-120b", family="gpt_oss",
+            num_layers=36, hidden_size=2880, num_heads=64, num_kv_heads=8, head_dim=64, intermediate_size=0,
+            vocab_size=201088, max_position_embeddings=131072,
+            layer_types=_alternating(36, SLIDING, FULL), sliding_window=128,
+            num_experts=128, experts_per_token=4, moe_intermediate_size=2880,
+            attention_bias=True, expert_bias=True, attention_sinks=True, native_expert_precision="mxfp4",
+            published_params=116.83e9, published_checkpoint_gib=60.8,
+            drafter=DrafterSpec(
+                "z-lab/gpt-oss-120b-DFlash", 8, 2880, 7680, 64, 8, 64, 10, (1, 9, 17, 25, 33),
+                published_size_gib=1.46, source="z-lab model card (0.8B, block 10); config table; head_dim derived",
+            ),
+            aliases=("openai/gpt-oss-120b", "gpt-oss", "gptoss-120b"),
+            source="transformers GptOssConfig defaults; OpenAI model card (116.83B, 60.8 GiB)",
+        ),
+        ModelSpec(
+            name="gpt-oss-20b", checkpoint="openai/gpt-oss-20b", family="gpt_oss",
+            num_layers=24, hidden_size=2880, num_heads=64, num_kv_heads=8, head_dim=64, intermediate_size=0,
+            vocab_size=201088, max_position_embeddings=131072,
+            layer_types=_alternating(24, SLIDING, FULL), sliding_window=128,
+            num_experts=32, experts_per_token=4, moe_intermediate_size=2880,
+            attention_bias=True, expert_bias=True, attention_sinks=True, native_expert_precision="mxfp4",
+            published_params=20.91e9, published_checkpoint_gib=12.8,
+            drafter=DrafterSpec(
+                "z-lab/gpt-oss-20b-DFlash", 8, 2880, 7680, 64, 8, 64, 8, (1, 6, 11, 16, 21),
+                published_size_gib=1.46, source="config table; head_dim derived",
+            ),
+            aliases=("openai/gpt-oss-20b",),
+            source="OpenAI model card (24 layers, 32 experts, 20.91B, 12.8 GiB)",
+        ),
+        ModelSpec(
+            name="qwen3-8b", checkpoint="Qwen/Qwen3-8B", family="qwen3",
+            num_layers=36, hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=12288,
+            vocab_size=151936, max_position_embeddings=40960, qk_norm=True, published_params=8.2e9,
+            drafter=DrafterSpec(
+                "z-lab/Qwen3-8B-DFlash-b16", 5, 4096, 12288, 32, 8, 128, 16, (1, 9, 17, 25, 33),
+                mask_token_id=151669, published_size_gib=1.95, source="DFLASH.md config.json; z-lab README",
+            ),
+            aliases=("qwen/qwen3-8b", "qwen3-8B"),
+            source="Qwen3-8B config.json (mirrored in DFLASH.md); model card 8.2B",
+        ),
+        ModelSpec(
+            name="llama-3.1-8b-instruct", checkpoint="meta-llama/Llama-3.1-8B-Instruct", family="llama",
+            num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=14336,
+            vocab_size=128256, max_position_embeddings=131072, published_params=8.03e9,
+            drafter=DrafterSpec(
+                "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat", 5, 4096, 12288, 32, 8, 128, 10, (1, 8, 15, 22, 29),
+                published_size_gib=1.95, source="z-lab README; config table (block 10)",
+            ),
+            aliases=("meta-llama/llama-3.1-8b-instruct", "llama-3.1-8b", "llama3.1-8b", "llama-3.1-8b-it"),
+            source="Llama-3.1-8B config.json; Meta model card 8.03B",
+        ),
+        ModelSpec(
+            name="gemma-4-31b-it", checkpoint="google/gemma-4-31B-it", family="gemma4",
+            num_layers=60, hidden_size=5376, num_heads=32, num_kv_heads=16, head_dim=256, intermediate_size=21504,
+            vocab_size=262144, tie_word_embeddings=True, max_position_embeddings=262144,
+            layer_types=_every_sixth_global(60), sliding_window=1024,
+            global_num_kv_heads=4, global_head_dim=512, global_k_eq_v=True, qk_norm=True, norms_per_layer=4,
+            published_params=30.7e9,
+            drafter=DrafterSpec(
+                "z-lab/gemma-4-31B-it-DFlash", 5, 5376, 10752, 64, 8, 128, 16, (1, 12, 23, 35, 46, 57),
+                layer_types=(SLIDING,) * 4 + (FULL,), sliding_window=2048, published_size_gib=2.86,
+                source="z-lab model card (block 16, B300 5.8x); config table; head_dim derived",
+            ),
+            aliases=("google/gemma-4-31b-it", "gemma-4-31b", "gemma4-31b"),
+            source="gemma-4-31B-it config.json (text_config); model card 30.7B",
+        ),
+        ModelSpec(
+            name="qwen3-coder-30b-a3b", checkpoint="Qwen/Qwen3-Coder-30B-A3B-Instruct", family="qwen3_moe",
+            num_layers=48, hidden_size=2048, num_heads=32, num_kv_heads=4, head_dim=128, intermediate_size=0,
+            vocab_size=151936, max_position_embeddings=262144, num_experts=128, experts_per_token=8,
+            moe_intermediate_size=768, qk_norm=True, published_params=30.5e9,
+            drafter=DrafterSpec(
+                "z-lab/Qwen3-Coder-30B-A3B-DFlash", 8, 2048, 6144, 32, 4, 128, 16, (1, 12, 23, 34, 45),
+                published_size_gib=0.88, source="z-lab README; config table (8 layers)",
+            ),
+            aliases=("qwen/qwen3-coder-30b-a3b-instruct", "qwen3-coder-30b-a3b-instruct", "qwen3-coder"),
+            source="Qwen3-Coder-30B-A3B-Instruct config.json; model card 30.5B / 3.3B active",
+        ),
+    )
+}
+
+DEMO = "demo"
+
+# Stand-in for the embedded demo pair until its checkpoint ships (the demo issue decides the shape).
+_DEMO_PLACEHOLDER = ModelSpec(
+    name=DEMO, checkpoint=DEMO, family="qwen3", num_layers=4, hidden_size=256, num_heads=4, num_kv_heads=2,
+    head_dim=64, intermediate_size=768, vocab_size=1024, tie_word_embeddings=True, max_position_embeddings=4096,
+    qk_norm=True,
+    drafter=DrafterSpec(DEMO, 2, 256, 768, 4, 2, 64, 8, (1, 2)),
+    placeholder=True,
+    source="placeholder: trtllm_dflash/demo/target/config.json is not there yet",
+)
+
+
+def _key(name: str) -> str:
+    return name.strip().lower()
+
+
+def model_names() -> list[str]:
+    return [*MODELS, DEMO]
+
+
+def resolve_model(name_or_path: str | Path) -> ModelSpec:
+    """A model's shape from its catalog name, alias, Hugging Face id, 'demo', or a local directory.
+
+    A local directory is read from its config.json (and a DFlash drafter beside it is not
+    guessed: the spec's drafter is None).
+    """
+    text = str(name_or_path)
+    key = _key(text)
+    if key == DEMO:
+        return demo_model()
+    for spec in MODELS.values():
+        if key == spec.name or key == spec.checkpoint.lower() or key in spec.aliases:
+            return spec
+    path = Path(text).expanduser()
+    if (path / "config.json").is_file():
+        return model_from_config_file(path / "config.json", name=path.name, checkpoint=str(path))
+    raise UnknownNameError(
+        f"unknown model {text!r}",
+        f"use one of: {', '.join(model_names())}, or a Hugging Face model directory with a config.json",
+    )
+
+
+def demo_model() -> ModelSpec:
+    """The embedded demo pair's shape, read from the shipped config.json (a placeholder until it ships)."""
+    from trtllm_dflash.demo import DEMO_DIR
+
+    target = DEMO_DIR / "target" / "config.json"
+    if not target.is_file():
+        return _DEMO_PLACEHOLDER
+    spec = model_from_config_file(target, name=DEMO, checkpoint=DEMO)
+    drafter = None
+    drafter_config = DEMO_DIR / "drafter" / "config.json"
+    if drafter_config.is_file():
+        drafter = drafter_from_config_file(drafter_config, checkpoint=DEMO)
+    return dataclasses.replace(spec, drafter=drafter, source=f"read from {target}")
+
+
+def drafter_from_config_file(path: Path, checkpoint: str) -> DrafterSpec:
+    """A DrafterSpec from a z-lab style config.json (through the project's DrafterConfig reader)."""
+    from trtllm_dflash.config import DrafterConfig
+
+    cfg = DrafterConfig.from_dict(json.loads(path.read_text()), source=str(path))
+    return DrafterSpec(
+        checkpoint=checkpoint,
+        num_layers=cfg.num_hidden_layers,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_heads=cfg.num_attention_heads,
+        num_kv_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        block_size=cfg.block_size,
+        target_layer_ids=tuple(cfg.target_layer_ids),
+        layer_types=tuple(cfg.layer_types),
+        sliding_window=int(cfg.sliding_window or 0),
+        mask_token_id=cfg.mask_token_id,
+        source=f"read from {path}",
+    )
+
+
+def model_from_config_file(path: Path, name: str, checkpoint: str) -> ModelSpec:
+    """A ModelSpec from a Hugging Face config.json (Qwen3, Llama, Qwen3-MoE, gpt-oss, Gemma 4 text)."""
+    raw: dict[str, Any] = json.loads(Path(path).read_text())
+    cfg = raw.get("text_config") or raw
+    family = str(cfg.get("model_type", raw.get("model_type", "unknown")))
+    hidden = int(cfg["hidden_size"])
+    heads = int(cfg["num_attention_heads"])
+    num_experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
+    moe_inner = int(cfg.get("moe_intermediate_size") or 0)
+    dense_inner = int(cfg.get("intermediate_size") or 0)
+    if family == "gpt_oss":  # gpt-oss has no dense MLP; intermediate_size is the experts' inner size
+        moe_inner, dense_inner = dense_inner, 0
+    elif num_experts and family.endswith("_moe"):
+        dense_inner = 0
+    layers = int(cfg["num_hidden_layers"])
+    return ModelSpec(
+        name=name,
+        checkpoint=checkpoint,
+        family=family,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or hidden // heads),
+        intermediate_size=dense_inner,
+        vocab_size=int(cfg["vocab_size"]),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
+        max_position_embeddings=int(cfg.get("max_position_embeddings") or 4096),
+        layer_types=tuple(cfg.get("layer_types") or ()),
+        sliding_window=int(cfg.get("sliding_window") or 0),
+        num_experts=num_experts,
+        experts_per_token=int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or cfg.get("top_k_experts") or 0),
+        moe_intermediate_size=moe_inner,
+        attention_bias=bool(cfg.get("attention_bias", False)),
+        qk_norm=family.startswith("qwen3") or family.startswith("gemma"),
+        global_num_kv_heads=cfg.get("num_global_key_value_heads"),
+        global_head_dim=cfg.get("global_head_dim"),
+        global_k_eq_v=bool(cfg.get("attention_k_eq_v", False)),
+        native_expert_precision="mxfp4" if family == "gpt_oss" else "bf16",
+        source=f"read from {path}",
+    )

@@ -1,0 +1,257 @@
+"""A client for the served DFlash models: HTTP generate / generate_stream, and gRPC streaming.
+
+The HTTP side uses Triton's generate extension (`/v2/models/<m>/generate[_stream]`, JSON in,
+JSON or server-sent events out), which tritonclient does not wrap, so it is plain urllib; the
+gRPC side is `tritonclient.grpc` bidirectional streaming (what decoupled models need). Both
+return the same `Chunk` / `Completion` objects, so callers can switch protocols freely.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import queue
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.serving.protocol import INPUTS, request_body
+
+
+class ServerError(DFlashError):
+    """The server refused or failed one request (the message is the server's)."""
+
+
+@dataclasses.dataclass
+class Chunk:
+    """One response of a stream: the new text/ids of a step and the running totals."""
+
+    text: str
+    token_ids: list[int]
+    acceptance_lengths: list[int]
+    final: bool
+    stats: dict[str, Any]
+
+
+@dataclasses.dataclass
+class Completion:
+    """A whole generation, with the server's per-request metrics and client-side timings."""
+
+    text: str
+    token_ids: list[int]
+    acceptance_lengths: list[int]
+    finish_reason: str
+    mean_acceptance_length: float
+    acceptance_rate: float
+    num_input_tokens: int
+    num_output_tokens: int
+    time_to_first_token: float  # measured by the server, arrival to first token
+    tokens_per_second: float  # measured by the server
+    latency: float = 0.0  # measured here: request sent to last response
+    client_time_to_first_token: float = 0.0  # measured here: request sent to first text
+
+    @classmethod
+    def from_chunks(cls, chunks: Sequence[Chunk], latency: float = 0.0, first: float = 0.0) -> "Completion":
+        if not chunks:
+            raise ServerError("the server sent no response", "check the server log")
+        last = chunks[-1].stats
+        return cls(
+            text="".join(c.text for c in chunks),
+            token_ids=[t for c in chunks for t in c.token_ids],
+            acceptance_lengths=[a for c in chunks for a in c.acceptance_lengths],
+            finish_reason=str(last.get("finish_reason", "")),
+            mean_acceptance_length=float(last.get("mean_acceptance_length", 0.0)),
+            acceptance_rate=float(last.get("acceptance_rate", 0.0)),
+            num_input_tokens=int(last.get("num_input_tokens", 0)),
+            num_output_tokens=int(last.get("num_output_tokens", 0)),
+            time_to_first_token=float(last.get("time_to_first_token", 0.0)),
+            tokens_per_second=float(last.get("tokens_per_second", 0.0)),
+            latency=latency,
+            client_time_to_first_token=first,
+        )
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class DFlashClient:
+    """Talks to one model of a running server.
+
+        client = DFlashClient("http://localhost:8000", model="dflash")
+        print(client.generate("def fib(n):", max_tokens=64).text)
+        for chunk in client.stream("def fib(n):", protocol="grpc", grpc_url="localhost:8001"):
+            print(chunk.text, end="", flush=True)
+    """
+
+    def __init__(self, url: str = "http://localhost:8000", model: str = "dflash", grpc_url: str | None = None, timeout: float = 600.0) -> None:
+        self.url = url.rstrip("/") if "://" in url else f"http://{url.rstrip('/')}"
+        self.model = model
+        self.grpc_url = grpc_url
+        self.timeout = timeout
+        self._local = threading.local()
+
+    # ------------------------------------------------------------------ health
+
+    def ready(self) -> bool:
+        """Server and model ready (tritonclient's HTTP client)."""
+        import tritonclient.http as httpclient
+
+        try:
+            client = httpclient.InferenceServerClient(self.url.split("://", 1)[1], connection_timeout=5, network_timeout=5)
+            return bool(client.is_server_ready() and client.is_model_ready(self.model))
+        except Exception:  # noqa: BLE001 - not reachable == not ready
+            return False
+
+    # ------------------------------------------------------------------ HTTP (generate extension)
+
+    def generate(self, prompt: str, **sampling) -> Completion:
+        """One request, one JSON response (POST /v2/models/<model>/generate)."""
+        started = time.perf_counter()
+        with self._post("generate", request_body(prompt, streaming=False, **sampling)) as response:
+            data = json.loads(response.read())
+        latency = time.perf_counter() - started
+        return Completion.from_chunks([_chunk(data, final=True)], latency, latency)
+
+    def stream(self, prompt: str, protocol: str = "http", **sampling) -> Iterator[Chunk]:
+        """Responses as the server commits tokens: HTTP server-sent events, or gRPC streaming."""
+        if protocol == "grpc":
+            yield from self._stream_grpc(prompt, **sampling)
+            return
+        if protocol != "http":
+            raise DFlashError(f"unknown protocol {protocol!r}", "use http or grpc")
+        with self._post("generate_stream", request_body(prompt, streaming=True, **sampling)) as response:
+            for line in response:
+                line = line.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = json.loads(line[5:])
+                if "error" in data:
+                    raise ServerError(f"server error: {data['error']}")
+                chunk = _chunk(data, final=bool(data.get("finish_reason")))
+                yield chunk
+                if chunk.final:
+                    return
+
+    def complete(self, prompt: str, protocol: str = "http", **sampling) -> Completion:
+        """A streamed request collected into one Completion (client-side TTFT included)."""
+        started = time.perf_counter()
+        chunks, first = [], 0.0
+        for chunk in self.stream(prompt, protocol=protocol, **sampling):
+            if not first and chunk.token_ids:
+                first = time.perf_counter() - started
+            chunks.append(chunk)
+        return Completion.from_chunks(chunks, time.perf_counter() - started, first)
+
+    def _post(self, endpoint: str, body: dict):
+        request = urllib.request.Request(
+            f"{self.url}/v2/models/{self.model}/{endpoint}",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            return urllib.request.urlopen(request, timeout=self.timeout)
+        except urllib.error.HTTPError as exc:
+            raise ServerError(f"server error (HTTP {exc.code}): {_error_message(exc.read()) or exc.reason}") from None
+        except urllib.error.URLError as exc:
+            raise DFlashError(f"cannot reach {self.url} ({exc.reason})", "start the server with `dflash-trt serve REPO` or fix --url") from None
+
+    # ------------------------------------------------------------------ gRPC streaming
+
+    def _stream_grpc(self, prompt: str, **sampling) -> Iterator[Chunk]:
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import InferenceServerException
+
+        if not self.grpc_url:
+            raise DFlashError("gRPC streaming needs the server's gRPC address", "pass grpc_url (for example localhost:8001)")
+        client = getattr(self._local, "grpc", None)
+        if client is None:  # one channel per thread, reused: a gRPC client holds one stream at a time
+            client = self._local.grpc = grpcclient.InferenceServerClient(self.grpc_url)
+        responses: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        finished = False
+        try:
+            inputs = grpc_inputs(request_body(prompt, streaming=True, **sampling))
+            client.async_stream_infer(self.model, inputs, enable_empty_final_response=True)
+            while True:
+                try:
+                    result, error = responses.get(timeout=self.timeout)
+                except queue.Empty:
+                    raise ServerError(f"no response from the server in {self.timeout:.0f} s") from None
+                if error is not None:
+                    finished = True
+                    message = error.message() if isinstance(error, InferenceServerException) else str(error)
+                    raise ServerError(f"server error: {message}")
+                response = result.get_response()
+                final = response.parameters["triton_final_response"].bool_param
+                if response.outputs:
+                    yield _chunk({out.name: _grpc_value(result, out.name) for out in response.outputs}, final=final)
+                if final:
+                    finished = True
+                    return
+        finally:
+            # a consumer that stops early cancels its request on the server
+            client.stop_stream(cancel_requests=not finished)
+
+
+def grpc_inputs(body: dict[str, Any]) -> list:
+    """tritonclient InferInputs for a request body (types as in the model's config.pbtxt)."""
+    import tritonclient.grpc as grpcclient
+
+    inputs = []
+    for name, value in body.items():
+        dtype = INPUTS[name][0]
+        if dtype == "TYPE_STRING":
+            array = np.array([v.encode() for v in (value if isinstance(value, list) else [value])], dtype=np.object_)
+            triton = "BYTES"
+        else:
+            numpy_type = {"TYPE_BOOL": np.bool_, "TYPE_INT32": np.int32, "TYPE_INT64": np.int64, "TYPE_FP32": np.float32}[dtype]
+            array = np.array([value], dtype=numpy_type)
+            triton = dtype[len("TYPE_") :]
+        tensor = grpcclient.InferInput(name, list(array.shape), triton)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+def _grpc_value(result, name: str) -> Any:
+    array = result.as_numpy(name)
+    if array.dtype == np.object_:
+        values = [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
+    else:
+        values = array.reshape(-1).tolist()
+    return values if name in ("output_ids", "acceptance_lengths") else (values[0] if values else None)
+
+
+def _error_message(body: bytes) -> str | None:
+    """The "error" of a JSON body, or of the first server-sent event (generate_stream)."""
+    text = body.decode("utf-8", errors="replace").strip()
+    if text.startswith("data:"):
+        text = text[5:].split("\n", 1)[0]
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text or None
+    return data.get("error") if isinstance(data, dict) else None
+
+
+def _as_list(value: Any) -> list:
+    """Triton's JSON writes one-element tensors as scalars."""
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list) else [value]
+
+
+def _chunk(data: dict[str, Any], final: bool) -> Chunk:
+    stats = {k: v for k, v in data.items() if k not in ("text_output", "output_ids", "acceptance_lengths", "model_name", "model_version")}
+    return Chunk(
+        text=data.get("text_output") or "",
+        token_ids=[int(t) for t in _as_list(data.get("output_ids"))],
+        acceptance_lengths=[int(a) for a in _as_list(data.get("acceptance_lengths"))],
+        final=final,
+        stats=stats,
+    )

@@ -1,0 +1,74 @@
+"""What one served DFlash model is: checkpoints (or engines), runtime, limits.
+
+The repository writer stores these values as the `parameters` of the model's config.pbtxt
+(visible through Triton's model-config API, overridable when loading the model); the Python
+backend model reads them back from there. Kept apart from the code that loads and runs models.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trtllm_dflash.errors import DFlashError
+
+Runtime = Literal["torch", "trt"]
+
+
+class ServingConfig(BaseModel):
+    """One Python-backend model of the repository."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    runtime: Runtime = "torch"
+    target: str = Field(description="Target checkpoint directory, or 'demo'.")
+    drafter: Optional[str] = Field(None, description="Drafter directory, or 'demo'; None serves autoregressively.")
+    engines: Optional[str] = Field(None, description="Build directory with TensorRT engines (runtime 'trt').")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    max_batch: int = Field(16, ge=1, description="Requests decoded together in one step (in-flight batching).")
+    max_context: int = Field(2048, ge=2, description="Prompt + generated tokens per request.")
+    max_tokens: int = Field(1024, ge=1, description="Largest sampling_param_max_tokens a request may ask for.")
+    default_max_tokens: Optional[int] = Field(None, ge=1, description="Tokens generated when a request does not say (default: min(128, max_tokens)).")
+    block_size: Optional[int] = Field(None, ge=2, description="Draft block size (default: the drafter's).")
+    num_threads: int = Field(0, ge=0, description="torch CPU threads per model (0 = torch's default).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ServingConfig":
+        if self.runtime == "trt" and not self.engines:
+            raise ValueError("runtime 'trt' needs 'engines' (a build directory)")
+        if self.default_max_tokens is not None and self.default_max_tokens > self.max_tokens:
+            raise ValueError(f"default_max_tokens {self.default_max_tokens} is above max_tokens {self.max_tokens}")
+        return self
+
+    @property
+    def speculative(self) -> bool:
+        return self.drafter is not None
+
+    def resolved(self, model_dir: Path) -> "ServingConfig":
+        """Checkpoint paths that are relative are relative to the model's directory in the repository."""
+        def resolve(value: str | None) -> str | None:
+            if value is None or value == "demo" or Path(value).is_absolute():
+                return value
+            return str((model_dir / value).resolve())
+
+        return self.model_copy(update={"target": resolve(self.target), "drafter": resolve(self.drafter), "engines": resolve(self.engines)})
+
+    # ------------------------------------------------------------------ config.pbtxt parameters
+
+    def to_parameters(self) -> dict[str, str]:
+        """String key/values for config.pbtxt `parameters` (None values are left out)."""
+        return {key: str(value) for key, value in self.model_dump().items() if value is not None}
+
+    @classmethod
+    def from_parameters(cls, parameters: dict) -> "ServingConfig":
+        """Parse Triton's `parameters` ({key: {"string_value": ...}} or plain strings)."""
+        values = {}
+        for key, value in parameters.items():
+            values[key] = value.get("string_value") if isinstance(value, dict) else value
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
+            raise DFlashError(f"invalid DFlash model parameters in config.pbtxt ({problems})", "fix the parameters or rewrite the repository with `dflash-trt repo`") from None

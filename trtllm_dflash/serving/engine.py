@@ -1,0 +1,323 @@
+"""The serving core: one Decoder, fed by request threads, stepped by one background thread.
+
+Triton calls `execute()` on its own thread; it only parses and validates a request (`accept`)
+and queues it. The loop thread owns the Decoder: between steps it admits queued requests,
+drops cancelled ones, then runs one draft + verify step for the whole batch and streams each
+request's new tokens back through its `ResponseSink`. Nothing here imports Triton, so the same
+code runs inside the Python backend and in plain Python.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from trtllm_dflash.decoding import Decoder, Request, SamplingParams, SequenceResult, StepEvent
+from trtllm_dflash.errors import DFlashError, MissingDependencyError
+from trtllm_dflash.serving.config import ServingConfig
+from trtllm_dflash.serving.metrics import ServingMetrics
+from trtllm_dflash.serving.protocol import GenerateInputs
+
+
+class ResponseSink(Protocol):
+    """Where one request's responses go (a Triton response sender, or a list in tests)."""
+
+    def send(self, outputs: dict[str, np.ndarray], final: bool) -> None: ...
+
+    def error(self, message: str) -> None: ...
+
+    def cancelled(self) -> bool: ...
+
+
+class Job:
+    """A request on its way through the loop: its decoder request, text so far, timings."""
+
+    def __init__(self, request: Request, inputs: GenerateInputs, sink: ResponseSink) -> None:
+        self.request = request
+        self.inputs = inputs
+        self.sink = sink
+        self.received = time.perf_counter()
+        self.first_token_at: float | None = None
+        self.text = ""  # text already sent (streaming) / produced so far
+        self.ids_sent = 0  # streaming: output ids, acceptance lengths and responses already sent
+        self.lengths_sent = 0
+        self.responses_sent = 0
+        self.steps_seen = 0  # acceptance lengths already counted in the metrics
+        self.final_text = ""  # set when a stop string ends the request
+        self.final_ids: list[int] = []
+
+    @property
+    def request_id(self) -> Any:
+        return self.request.request_id
+
+
+class ServingEngine:
+    """A loaded target (+ drafter) and the in-flight batching loop over them."""
+
+    def __init__(self, config: ServingConfig, metrics: ServingMetrics | None = None, log: Callable[[str], None] = print) -> None:
+        self.config = config
+        self.metrics = metrics or ServingMetrics()
+        self.log = log
+        self.pipeline = load_pipeline(config)
+        self.tokenizer = self.pipeline.tokenizer
+        if self.tokenizer is None:
+            raise DFlashError(f"target {config.target} has no tokenizer", "save the tokenizer next to the target; the server takes text")
+        self.max_context = self.pipeline.max_context
+        self.max_tokens = min(config.max_tokens, self.max_context - 1)
+        self.decoder = self._new_decoder()
+        self.draft_len = self.decoder.block_size - 1 if self.decoder.speculative else 0
+        self.inbox: queue.Queue[Job] = queue.Queue()
+        self.jobs: dict[Any, Job] = {}
+        self._ids = itertools.count()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _new_decoder(self) -> Decoder:
+        return Decoder(self.pipeline.runtime, max_batch=self.config.max_batch, max_context=self.max_context, block_size=self.config.block_size)
+
+    # ------------------------------------------------------------------ request side (any thread)
+
+    def accept(self, inputs: GenerateInputs, sink: ResponseSink) -> Job:
+        """Validate a request and queue it for the next step; DFlashError if it cannot run."""
+        if not inputs.text.strip():
+            raise DFlashError("empty prompt", "send a non-empty text_input")
+        default = min(self.config.default_max_tokens or 128, self.max_tokens)
+        max_tokens = default if inputs.max_tokens is None else inputs.max_tokens
+        if max_tokens <= 0:
+            raise DFlashError(f"sampling_param_max_tokens must be > 0, got {max_tokens}", "ask for at least one token")
+        if max_tokens > self.max_tokens:
+            raise DFlashError(
+                f"sampling_param_max_tokens {max_tokens} is above this server's limit of {self.max_tokens}",
+                f"ask for at most {self.max_tokens} tokens",
+            )
+        params = SamplingParams(
+            max_new_tokens=max_tokens,
+            temperature=inputs.temperature,
+            top_k=inputs.top_k,
+            top_p=inputs.top_p,
+            seed=inputs.seed,
+            stop_token_ids=self.pipeline.stop_token_ids,
+        )
+        try:
+            params.validate()
+        except DFlashError as exc:  # name the request inputs, not the Python fields
+            raise DFlashError(_input_names(exc.problem), exc.fix) from None
+        prompt_ids = self.pipeline.encode(inputs.text)
+        request = Request(prompt_ids, params, request_id=next(self._ids))
+        self.decoder.check(request)
+        job = Job(request, inputs, sink)
+        self.inbox.put(job)
+        return job
+
+    # ------------------------------------------------------------------ loop side (one thread)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="dflash-decode-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        for job in list(self.jobs.values()) + _drain(self.inbox):
+            _safe(job.sink.error, "the server is shutting down")
+        self.jobs.clear()
+
+    def run(self) -> None:
+        """Admit, drop cancelled, step, deliver; until stop()."""
+        while not self._stopping.is_set():
+            self._admit(wait=not self.decoder.has_work)
+            self._drop_cancelled()
+            if self.decoder.has_work:
+                self._step()
+            self.metrics.queue(len(self.decoder.live), len(self.decoder.waiting) + self.inbox.qsize())
+
+    def _step(self) -> None:
+        try:
+            events = self.decoder.step()
+        except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the server
+            self.log(f"decoding step failed: {exc!r}")
+            for job in list(self.jobs.values()):
+                self._finish(job, error=f"decoding failed on the server ({type(exc).__name__}: {exc})")
+            self.decoder = self._new_decoder()
+            return
+        for stats in self.decoder.stats:
+            self.metrics.step(stats.batch_size, stats.draft_seconds, stats.verify_seconds)
+        self.decoder.stats.clear()
+        self.metrics.tokens(sum(len(event.new_token_ids) for event in events))
+        for event in events:
+            job = self.jobs.get(event.request_id)
+            if job is not None:
+                self._deliver(job, event)
+
+    def _admit(self, wait: bool) -> None:
+        try:
+            job = self.inbox.get(timeout=0.05) if wait else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        for job in [job] + _drain(self.inbox):
+            try:
+                self.decoder.submit(job.request)
+            except DFlashError as exc:
+                self._finish(job, error=str(exc))
+                continue
+            self.jobs[job.request_id] = job
+
+    def _drop_cancelled(self) -> None:
+        for job in list(self.jobs.values()):
+            if _safe(job.sink.cancelled, default=True):
+                self.decoder.cancel(job.request_id)
+                self._finish(job, error="request cancelled", outcome="cancelled")
+
+    def _deliver(self, job: Job, event: StepEvent) -> None:
+        result = event.result
+        if job.first_token_at is None and result.token_ids:
+            job.first_token_at = time.perf_counter()
+            self.metrics.first_token(job.first_token_at - job.received)
+        for length in result.acceptance_lengths[job.steps_seen :]:
+            self.metrics.accepted(length)
+        job.steps_seen = len(result.acceptance_lengths)
+        finished = event.finished
+        text, ids = self._text_of(job, result, finished)
+        if text is None:  # a stop string ended the request inside this step
+            self.decoder.cancel(job.request_id)
+            result.finish_reason = "stop"
+            finished = True
+            text, ids = job.final_text, job.final_ids
+        if finished:
+            result.elapsed = time.perf_counter() - job.received
+        if job.inputs.streaming:
+            if finished or len(ids) > job.ids_sent or len(text) > len(job.text):
+                outputs = self._outputs(job, result, text[len(job.text) :], ids, finished)
+                job.text = text
+                if not _safe(job.sink.send, outputs, finished, default=False, ok=True):
+                    self.decoder.cancel(job.request_id)
+                    self._finish(job, error=None, outcome="cancelled")
+                    return
+        elif finished:
+            _safe(job.sink.send, self._outputs(job, result, text, ids, True), True)
+        if finished:
+            self.jobs.pop(job.request_id, None)
+            ttft = job.first_token_at - job.received if job.first_token_at else None
+            self.metrics.request_done("success", result, ttft)
+
+    def _text_of(self, job: Job, result: SequenceResult, finished: bool) -> tuple[str | None, list[int]]:
+        """Text to have sent so far (held back where a stop string or a multi-byte char may follow).
+
+        Returns (None, ..) when a stop string completed: the job's final_text/final_ids are set.
+        """
+        ids = result.token_ids
+        full = self.tokenizer.decode(ids, skip_special_tokens=True)
+        stops = job.inputs.stop
+        hits = [full.find(s) for s in stops if s in full]
+        if hits:
+            cut = min(hits)
+            # keep the ids up to the one that completed the stop string
+            decoded = (self.tokenizer.decode(ids[:k], skip_special_tokens=True) for k in range(1, len(ids) + 1))
+            keep = 1 + next(k for k, text in enumerate(decoded) if any(s in text for s in stops))
+            del ids[keep:]
+            job.final_text, job.final_ids = full[:cut], ids
+            return None, ids
+        if finished:
+            return full, ids
+        hold = max((len(s) for s in stops), default=1) - 1
+        if full.endswith("\ufffd"):
+            hold = max(hold, 1)
+        visible = full[: len(full) - hold] if hold else full
+        return (visible if len(visible) >= len(job.text) else job.text), ids
+
+    def _outputs(self, job: Job, result: SequenceResult, text: str, ids: list[int], finished: bool) -> dict[str, np.ndarray]:
+        """One response: the new text/ids/acceptance lengths (streaming) or all of them, and totals."""
+        if job.inputs.streaming:  # this step's ids and acceptance lengths
+            new_ids, job.ids_sent = ids[job.ids_sent :], len(ids)
+            new_lengths, job.lengths_sent = result.acceptance_lengths[job.lengths_sent :], len(result.acceptance_lengths)
+        else:
+            new_ids, new_lengths = ids, result.acceptance_lengths
+        if not job.inputs.exclude_input and job.responses_sent == 0:
+            text = job.inputs.text + text
+        job.responses_sent += 1
+        steps = len(result.acceptance_lengths)
+        accepted = sum(result.acceptance_lengths) - steps
+        drafted = steps * self.draft_len
+        now = time.perf_counter()
+        elapsed = (result.elapsed if finished else now - job.received) or 1e-9
+        ttft = (job.first_token_at - job.received) if job.first_token_at else 0.0
+        return {
+            "text_output": np.array([text.encode("utf-8")], dtype=np.object_),
+            "output_ids": np.array(new_ids, dtype=np.int32),
+            "acceptance_lengths": np.array(new_lengths, dtype=np.int32),
+            "mean_acceptance_length": np.array([result.mean_acceptance_length], dtype=np.float32),
+            "acceptance_rate": np.array([accepted / drafted if drafted else 0.0], dtype=np.float32),
+            "total_accepted_draft_tokens": np.array([accepted], dtype=np.int32),
+            "total_draft_tokens": np.array([drafted], dtype=np.int32),
+            "num_input_tokens": np.array([len(result.prompt_ids)], dtype=np.int32),
+            "num_output_tokens": np.array([len(ids)], dtype=np.int32),
+            "time_to_first_token": np.array([ttft], dtype=np.float32),
+            "tokens_per_second": np.array([len(ids) / elapsed], dtype=np.float32),
+            "finish_reason": np.array([(result.finish_reason or "").encode() if finished else b""], dtype=np.object_),
+        }
+
+    def _finish(self, job: Job, error: str | None, outcome: str = "error") -> None:
+        """End a request early with an error response (or silently when its client is gone)."""
+        self.jobs.pop(job.request_id, None)
+        if error is not None:
+            _safe(job.sink.error, error)
+        self.metrics.request_done(outcome, None, None)
+
+
+def load_pipeline(config: ServingConfig):
+    """The runtime named by the config: torch here; TensorRT engines on a GPU (loaded lazily)."""
+    import torch
+
+    from trtllm_dflash.api import DFlashPipeline
+
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    device = config.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if config.runtime == "trt":
+        try:
+            from trtllm_dflash.runtime.trt_runtime import load_engine_pipeline  # issue 4: the engine runtime
+        except ImportError:
+            raise MissingDependencyError(
+                f"this repository serves TensorRT engines from {config.engines}, but this trtllm-dflash has no engine runtime",
+                "install a trtllm-dflash with the TensorRT runtime and `pip install tensorrt`, on a GPU machine",
+            ) from None
+        return load_engine_pipeline(config.engines, drafter=config.speculative, device=device, max_context=config.max_context)
+    return DFlashPipeline.load(config.target, config.drafter, device=device, max_context=config.max_context)
+
+
+def _input_names(problem: str) -> str:
+    for field, name in (
+        ("max_new_tokens", "sampling_param_max_tokens"),
+        ("temperature", "sampling_param_temperature"),
+        ("top_p", "sampling_param_top_p"),
+        ("top_k", "sampling_param_top_k"),
+    ):
+        if problem.startswith(field):
+            return name + problem[len(field) :]
+    return problem
+
+
+def _drain(inbox: queue.Queue) -> list:
+    items = []
+    while True:
+        try:
+            items.append(inbox.get_nowait())
+        except queue.Empty:
+            return items
+
+
+def _safe(call: Callable, *args, default: Any = None, ok: Any = None) -> Any:
+    """Call into Triton; a client that went away must not stop the loop."""
+    try:
+        value = call(*args)
+    except Exception:  # noqa: BLE001
+        return default
+    return ok if ok is not None else value

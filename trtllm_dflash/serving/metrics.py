@@ -1,0 +1,142 @@
+"""Aggregate serving metrics: acceptance length, tokens/s, time to first token, batch size.
+
+Inside Triton they are custom metrics of the Python backend (`pb_utils.MetricFamily`), served
+with Triton's own on the metrics port (`/metrics`, Prometheus text). Every metric carries the
+label `model` so a repository with a DFlash and an autoregressive model can be compared.
+`read_metrics` parses that page back for clients, tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import urllib.request
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trtllm_dflash.decoding import SequenceResult
+
+PREFIX = "dflash_"
+ACCEPTANCE_BUCKETS = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32]
+BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+SECONDS_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
+RATE_BUCKETS = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500]
+
+
+class ServingMetrics:
+    """Where the loop reports what it did; this base class records nothing."""
+
+    def step(self, batch_size: int, draft_seconds: float, verify_seconds: float) -> None:
+        """One draft + verify step over `batch_size` live requests."""
+
+    def tokens(self, count: int) -> None:
+        """Tokens generated (prefill first tokens included)."""
+
+    def accepted(self, length: int) -> None:
+        """One request's tokens committed by one verify step (tau of that step, bonus included)."""
+
+    def first_token(self, seconds: float) -> None:
+        """Time from a request's arrival to its first generated token."""
+
+    def request_done(self, outcome: str, result: SequenceResult | None, ttft: float | None) -> None:
+        """A request left: outcome "success", "error" or "cancelled"."""
+
+    def queue(self, live: int, waiting: int) -> None:
+        """Requests in the batch and waiting to join it, after a step."""
+
+
+class TritonMetrics(ServingMetrics):
+    """Custom Prometheus metrics of the Triton Python backend."""
+
+    def __init__(self, model_name: str) -> None:
+        import triton_python_backend_utils as pb_utils
+
+        family = pb_utils.MetricFamily
+        labels = {"model": model_name}
+        self._families = []  # a MetricFamily must outlive its metrics
+
+        def make(name: str, kind, description: str, buckets=None, **extra):
+            fam = family(name=PREFIX + name, description=description, kind=kind)
+            self._families.append(fam)
+            if buckets is None:
+                return fam.Metric(labels={**labels, **extra})
+            return fam.Metric(labels={**labels, **extra}, buckets=buckets)
+
+        self.acceptance = make("acceptance_length", family.HISTOGRAM, "Tokens committed per verify step per request (tau)", ACCEPTANCE_BUCKETS)
+        self.batch = make("batch_size", family.HISTOGRAM, "Requests decoded together in one step", BATCH_BUCKETS)
+        self.ttft = make("time_to_first_token_seconds", family.HISTOGRAM, "Arrival to first generated token", SECONDS_BUCKETS)
+        self.rate = make("request_tokens_per_second", family.HISTOGRAM, "Generated tokens per second of each request", RATE_BUCKETS)
+        self.generated = make("generated_tokens_total", family.COUNTER, "Tokens generated")
+        self.draft_seconds = make("draft_seconds_total", family.COUNTER, "Time in drafter passes")
+        self.verify_seconds = make("verify_seconds_total", family.COUNTER, "Time in target verify passes")
+        requests = family(name=PREFIX + "requests_total", description="Requests by outcome", kind=family.COUNTER)
+        self._families.append(requests)
+        self.requests = {o: requests.Metric(labels={**labels, "outcome": o}) for o in ("success", "error", "cancelled")}
+        self.live = make("live_requests", family.GAUGE, "Requests in the decoding batch")
+        self.waiting = make("waiting_requests", family.GAUGE, "Requests waiting to join the batch")
+
+    def step(self, batch_size, draft_seconds, verify_seconds):
+        self.batch.observe(batch_size)
+        self.draft_seconds.increment(draft_seconds)
+        self.verify_seconds.increment(verify_seconds)
+
+    def tokens(self, count):
+        if count:
+            self.generated.increment(count)
+
+    def accepted(self, length):
+        self.acceptance.observe(length)
+
+    def first_token(self, seconds):
+        self.ttft.observe(seconds)
+
+    def request_done(self, outcome, result, ttft):
+        self.requests[outcome].increment(1)
+        if result is not None and result.elapsed > 0:
+            self.rate.observe(len(result.token_ids) / result.elapsed)
+
+    def queue(self, live, waiting):
+        self.live.set(live)
+        self.waiting.set(waiting)
+
+
+# ---------------------------------------------------------------------- reading /metrics
+
+
+@dataclasses.dataclass
+class Histogram:
+    count: float = 0.0
+    sum: float = 0.0
+
+    @property
+    def mean(self) -> float:
+        return self.sum / self.count if self.count else 0.0
+
+
+def read_metrics(url: str, model: str, timeout: float = 10.0) -> dict[str, float | Histogram]:
+    """The dflash_* metrics of one model from a Prometheus page (e.g. http://host:8002/metrics).
+
+    Histograms come back as Histogram(count, sum); counters and gauges as numbers, with
+    requests_total split as requests_total{outcome}.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        text = response.read().decode()
+    values: dict[str, float | Histogram] = {}
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith(PREFIX):
+            continue
+        name = family.name[len(PREFIX) :]
+        for sample in family.samples:
+            if sample.labels.get("model") != model:
+                continue
+            if family.type == "histogram":
+                histogram = values.setdefault(name, Histogram())
+                if sample.name.endswith("_count"):
+                    histogram.count = sample.value
+                elif sample.name.endswith("_sum"):
+                    histogram.sum = sample.value
+            elif not sample.name.endswith("_created"):
+                key = sample.name[len(PREFIX) :]  # counters keep their _total suffix here
+                values[f"{key}{{{sample.labels['outcome']}}}" if "outcome" in sample.labels else key] = sample.value
+    return values

@@ -1,0 +1,79 @@
+"""The Triton Python-backend model: `TritonPythonModel`, imported by each repository's model.py.
+
+Decoupled (one request, many responses), so `generate_stream` and gRPC streaming work; a
+non-streaming request gets exactly one response, so `generate` works too. `execute()` only
+parses, validates and queues; the ServingEngine's loop thread batches every live request into
+each decoding step and sends the responses.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.serving.config import ServingConfig
+from trtllm_dflash.serving.engine import ServingEngine
+from trtllm_dflash.serving.protocol import INPUTS, parse_inputs
+from trtllm_dflash.serving.metrics import TritonMetrics
+
+
+class TritonSink:
+    """A ResponseSink over a Triton response sender."""
+
+    def __init__(self, sender) -> None:
+        self.sender = sender
+
+    def send(self, outputs: dict[str, np.ndarray], final: bool) -> None:
+        tensors = [pb_utils.Tensor(name, value) for name, value in outputs.items()]
+        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+        self.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=flags)
+
+    def error(self, message: str) -> None:
+        response = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+        self.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def cancelled(self) -> bool:
+        return self.sender.is_cancelled()
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        model_config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
+            raise pb_utils.TritonModelException("the DFlash model must be decoupled (model_transaction_policy { decoupled: true })")
+        self.name = args["model_name"]
+        model_dir = Path(args["model_repository"])
+        try:
+            config = ServingConfig.from_parameters(model_config.get("parameters", {})).resolved(model_dir)
+            self.engine = ServingEngine(config, TritonMetrics(self.name), log=pb_utils.Logger.log_error)
+        except DFlashError as exc:
+            raise pb_utils.TritonModelException(f"cannot load DFlash model {self.name}: {exc}") from None
+        self.engine.start()
+        mode = f"DFlash, block {self.engine.decoder.block_size}" if self.engine.decoder.speculative else "autoregressive"
+        pb_utils.Logger.log_info(
+            f"{self.name}: {config.target} ({mode}) on {self.engine.pipeline.runtime.device}, max batch {config.max_batch}, "
+            f"max context {self.engine.max_context}, max tokens {self.engine.max_tokens}"
+        )
+
+    def execute(self, requests: list) -> None:
+        for request in requests:
+            sink = TritonSink(request.get_response_sender())
+            try:
+                raw = {}
+                for name in INPUTS:
+                    tensor = pb_utils.get_input_tensor_by_name(request, name)
+                    if tensor is not None:
+                        raw[name] = tensor.as_numpy()
+                self.engine.accept(parse_inputs(raw), sink)
+            except DFlashError as exc:
+                sink.error(str(exc))
+            except Exception as exc:  # noqa: BLE001 - one bad request never takes the model down
+                sink.error(f"cannot process the request ({type(exc).__name__}: {exc})")
+        return None
+
+    def finalize(self) -> None:
+        self.engine.stop()

@@ -1,0 +1,132 @@
+"""The wire format of the served DFlash model: input and output tensors, and request bodies.
+
+Names and types follow TensorRT-LLM's LLM-API Triton model (`text_input`, `streaming`,
+`sampling_param_*`; `text_output` and speculative-decoding statistics), so clients written for
+it work unchanged. Light on purpose: the repository writer and the client import it without
+torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+from trtllm_dflash.errors import DFlashError
+
+# Inputs of the served model: (Triton datatype, numpy kinds accepted, optional). Names follow
+# TensorRT-LLM's LLM-API Triton model so its clients work unchanged.
+INPUTS: dict[str, tuple[str, str, bool]] = {
+    "text_input": ("TYPE_STRING", "OSU", False),
+    "streaming": ("TYPE_BOOL", "b", True),
+    "sampling_param_max_tokens": ("TYPE_INT32", "iu", True),
+    "sampling_param_temperature": ("TYPE_FP32", "fiu", True),
+    "sampling_param_top_k": ("TYPE_INT32", "iu", True),
+    "sampling_param_top_p": ("TYPE_FP32", "fiu", True),
+    "sampling_param_seed": ("TYPE_INT64", "iu", True),
+    "sampling_param_stop": ("TYPE_STRING", "OSU", True),
+    "sampling_param_exclude_input_from_output": ("TYPE_BOOL", "b", True),
+    "sampling_param_return_perf_metrics": ("TYPE_BOOL", "b", True),
+}
+
+# Outputs: name -> (Triton datatype, dims). Streaming responses carry the new text/ids/acceptance
+# lengths of that step and the running totals; the last response has finish_reason set.
+OUTPUTS: dict[str, tuple[str, list[int]]] = {
+    "text_output": ("TYPE_STRING", [1]),
+    "output_ids": ("TYPE_INT32", [-1]),
+    "acceptance_lengths": ("TYPE_INT32", [-1]),
+    "mean_acceptance_length": ("TYPE_FP32", [1]),
+    "acceptance_rate": ("TYPE_FP32", [1]),
+    "total_accepted_draft_tokens": ("TYPE_INT32", [1]),
+    "total_draft_tokens": ("TYPE_INT32", [1]),
+    "num_input_tokens": ("TYPE_INT32", [1]),
+    "num_output_tokens": ("TYPE_INT32", [1]),
+    "time_to_first_token": ("TYPE_FP32", [1]),
+    "tokens_per_second": ("TYPE_FP32", [1]),
+    "finish_reason": ("TYPE_STRING", [1]),
+}
+
+
+@dataclasses.dataclass
+class GenerateInputs:
+    """One request's inputs after type checks."""
+
+    text: str
+    streaming: bool = False
+    max_tokens: int | None = None
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    exclude_input: bool = True
+
+
+def parse_inputs(raw: dict[str, np.ndarray | None]) -> GenerateInputs:
+    """Turn the request's input tensors into GenerateInputs; DFlashError names a bad input."""
+    unknown = sorted(set(raw) - set(INPUTS))
+    if unknown:
+        raise DFlashError(f"unknown input(s) {', '.join(unknown)}", f"use only {', '.join(INPUTS)}")
+    values: dict[str, Any] = {}
+    for name, (_, kinds, optional) in INPUTS.items():
+        array = raw.get(name)
+        if array is None:
+            if not optional:
+                raise DFlashError(f"input {name} is missing", f"send the prompt as {name}")
+            continue
+        array = np.asarray(array)
+        if array.dtype.kind not in kinds:
+            raise DFlashError(f"input {name} has type {array.dtype}, expected {INPUTS[name][0][5:].lower()}", f"send {name} with the right type")
+        if name == "sampling_param_stop":
+            values[name] = tuple(_text(v, name) for v in array.reshape(-1))
+            continue
+        if array.size != 1:
+            raise DFlashError(f"input {name} has {array.size} values, expected one", "send one prompt per request")
+        values[name] = _text(array.reshape(-1)[0], name) if kinds == "OSU" else array.reshape(-1)[0].item()
+    inputs = GenerateInputs(text=values["text_input"])
+    inputs.streaming = bool(values.get("streaming", False))
+    if "sampling_param_max_tokens" in values:
+        inputs.max_tokens = int(values["sampling_param_max_tokens"])
+    inputs.temperature = float(values.get("sampling_param_temperature", 0.0))
+    inputs.top_k = int(values.get("sampling_param_top_k", 0))
+    inputs.top_p = float(values.get("sampling_param_top_p", 1.0))
+    if "sampling_param_seed" in values:
+        inputs.seed = int(values["sampling_param_seed"])
+    inputs.stop = tuple(s for s in values.get("sampling_param_stop", ()) if s)
+    inputs.exclude_input = bool(values.get("sampling_param_exclude_input_from_output", True))
+    return inputs
+
+
+def _text(value: Any, name: str) -> str:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise DFlashError(f"input {name} is not valid UTF-8", "send UTF-8 text") from None
+    return str(value)
+
+
+def request_body(
+    prompt: str,
+    max_tokens: int | None = None,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    stop: Sequence[str] = (),
+    streaming: bool = False,
+) -> dict[str, Any]:
+    """The LLM-API style inputs of one request (JSON body of the generate endpoints)."""
+    body: dict[str, Any] = {"text_input": prompt, "streaming": streaming, "sampling_param_temperature": temperature}
+    if max_tokens is not None:
+        body["sampling_param_max_tokens"] = max_tokens
+    if top_k:
+        body["sampling_param_top_k"] = top_k
+    if top_p != 1.0:
+        body["sampling_param_top_p"] = top_p
+    if seed is not None:
+        body["sampling_param_seed"] = seed
+    if stop:
+        body["sampling_param_stop"] = list(stop)
+    return body

@@ -1,0 +1,257 @@
+"""Writing a Triton model repository that serves DFlash with the Python backend.
+
+    REPO/
+      dflash/config.pbtxt     backend "python", decoupled, LLM-API style inputs/outputs, and the
+                              ServingConfig as `parameters`
+      dflash/1/model.py       a few lines that import trtllm_dflash.serving.model
+      ar/...                  optional: the same target without the drafter (the baseline)
+      dflash_repository.json  what wrote it and from what
+
+The repository is written into a temporary folder and renamed into place when complete, so a
+failed or interrupted write never leaves something that looks like a repository.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.serving.config import ServingConfig
+from trtllm_dflash.serving.protocol import INPUTS, OUTPUTS
+
+MANIFEST = "dflash_repository.json"
+PYTHONPATH_ENV = "DFLASH_TRT_PYTHONPATH"
+
+MODEL_PY = f'''"""Triton Python-backend model: DFlash speculative decoding (written by `dflash-trt repo`).
+
+The stub's Python needs trtllm-dflash (`pip install "trtllm-dflash[serve]"` in the Triton
+container). `dflash-trt serve` also passes its own environment in {PYTHONPATH_ENV}, because
+the Python backend stub ignores PYTHONPATH.
+"""
+
+import os
+import site
+import sys
+
+_paths = [p for p in os.environ.get("{PYTHONPATH_ENV}", "").split(os.pathsep) if p]
+if _paths:  # site.addsitedir also runs .pth files (editable installs); ours go first
+    _before = list(sys.path)
+    for _path in _paths:
+        site.addsitedir(_path)
+    sys.path[:] = [p for p in sys.path if p not in _before] + _before
+
+
+class TritonPythonModel:
+    """Imports the toolkit (torch, transformers) only when the model loads, not for Triton's
+    config auto-complete pass, which runs this file in a separate short-lived stub."""
+
+    def initialize(self, args):
+        from trtllm_dflash.serving.model import TritonPythonModel as DFlashModel
+
+        self.model = DFlashModel()
+        self.model.initialize(args)
+
+    def execute(self, requests):
+        return self.model.execute(requests)
+
+    def finalize(self):
+        self.model.finalize()
+'''
+
+
+def pbtxt_string(value: str) -> str:
+    """A protobuf text-format string literal."""
+    return json.dumps(value)
+
+
+def render_config(name: str, config: ServingConfig, inputs: dict = INPUTS, outputs: dict = OUTPUTS) -> str:
+    """config.pbtxt of one decoupled Python-backend model."""
+    lines = [
+        f"name: {pbtxt_string(name)}",
+        'backend: "python"',
+        "max_batch_size: 0  # the model batches requests itself, between decoding steps",
+        "model_transaction_policy { decoupled: true }",
+        "",
+        "input [",
+    ]
+    entries = []
+    for input_name, (dtype, _, optional) in inputs.items():
+        dims = "[ -1 ]" if input_name == "sampling_param_stop" else "[ 1 ]"
+        extra = " optional: true" if optional else ""
+        entries.append(f"  {{ name: {pbtxt_string(input_name)} data_type: {dtype} dims: {dims}{extra} }}")
+    lines += [",\n".join(entries), "]", "output ["]
+    entries = [
+        f"  {{ name: {pbtxt_string(out)} data_type: {dtype} dims: [ {', '.join(map(str, dims))} ] }}"
+        for out, (dtype, dims) in outputs.items()
+    ]
+    lines += [",\n".join(entries), "]", "", "instance_group [ { count: 1 kind: KIND_CPU } ]  # one process owns the models and the loop", ""]
+    for key, value in config.to_parameters().items():
+        lines.append(f"parameters {{ key: {pbtxt_string(key)} value: {{ string_value: {pbtxt_string(value)} }} }}")
+    return "\n".join(lines) + "\n"
+
+
+def write_model(repo: Path, name: str, config: ServingConfig) -> Path:
+    """One model folder of the repository."""
+    model_dir = repo / name
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "config.pbtxt").write_text(render_config(name, config))
+    (model_dir / "1" / "model.py").write_text(MODEL_PY)
+    return model_dir
+
+
+def write_repository(
+    out: str | Path,
+    models: Sequence[tuple[str, ServingConfig]],
+    source: dict | None = None,
+    force: bool = False,
+) -> Path:
+    """Write a complete repository at `out` (atomically); `force` replaces an existing one."""
+    names = [name for name, _ in models]
+    if not models:
+        raise DFlashError("no model to put in the repository", "name a model (--model) or a build (--build)")
+    if len(set(names)) != len(names):
+        raise DFlashError(f"model names repeat: {names}", "give each model of the repository its own name")
+    for name in names:
+        check_model_name(name)
+    with staged_directory(out, force) as staging:
+        for name, config in models:
+            write_model(staging, name, config)
+        write_manifest(staging, {n: c.model_dump() for n, c in models}, source)
+    return Path(out).expanduser().resolve()
+
+
+def check_model_name(name: str) -> None:
+    if not name or not all(c.isalnum() or c in "-_" for c in name):
+        raise DFlashError(f"model name {name!r} is not a valid Triton model name", "use letters, digits, '-' and '_'")
+
+
+def write_manifest(repo: Path, models: dict, source: dict | None) -> None:
+    from trtllm_dflash import __version__
+
+    manifest = {"writer": f"trtllm-dflash {__version__}", "models": models, "source": source or {}}
+    (repo / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+@contextlib.contextmanager
+def staged_directory(out: str | Path, force: bool = False) -> Iterator[Path]:
+    """A temporary folder beside `out`, renamed to `out` only when the block completes."""
+    out = Path(out).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise DFlashError(f"--out {out} is a file", "choose a directory for the repository")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise DFlashError(f"--out {out} already exists and is not empty", "pass --force to replace it, or choose another --out")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as exc:
+        raise DFlashError(f"cannot write in {out.parent} ({exc.strerror})", "choose a writable --out") from None
+    try:
+        yield staging
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def model_names(repo: str | Path) -> list[str]:
+    """The models of a repository (folders with a config.pbtxt), sorted."""
+    repo = Path(repo)
+    return sorted(p.parent.name for p in repo.glob("*/config.pbtxt"))
+
+
+def check_checkpoints(target: str, drafter: str | None) -> tuple[str, str | None]:
+    """Check (cheaply, from config files) that the pair can be served; return the paths to record.
+
+    `demo` stays `demo` (resolved where the server runs); directories become absolute paths.
+    """
+    from transformers import AutoConfig
+
+    from trtllm_dflash.checkpoints import TOKENIZER_FILES, resolve_checkpoint, validate_pair
+    from trtllm_dflash.config import DrafterConfig
+
+    target_dir = resolve_checkpoint(target, "target")
+    if not (target_dir / "config.json").is_file():
+        raise DFlashError(f"target {target_dir} has no config.json", "point --model at a Hugging Face model directory")
+    if not any((target_dir / name).is_file() for name in TOKENIZER_FILES):
+        raise DFlashError(f"target {target_dir} has no tokenizer", "save the tokenizer next to the model; the server takes text")
+    if drafter is not None:
+        drafter_dir = resolve_checkpoint(drafter, "drafter")
+        target_config = AutoConfig.from_pretrained(target_dir, local_files_only=True, trust_remote_code=False)
+        validate_pair(target_config.get_text_config(), DrafterConfig.from_dir(drafter_dir))
+    record = lambda name, path: "demo" if name == "demo" else str(path.resolve())  # noqa: E731
+    return record(target, target_dir), (record(drafter, drafter_dir) if drafter is not None else None)
+
+
+def read_build(build_dir: str | Path) -> dict:
+    """The manifest.json of a `dflash-trt build` output directory."""
+    build_dir = Path(build_dir).expanduser().resolve()
+    path = build_dir / "manifest.json"
+    if not path.is_file():
+        raise DFlashError(f"{build_dir} has no manifest.json, so it is not a build", "run `dflash-trt build ... --out DIR` first")
+    try:
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise DFlashError(f"{path} is not valid JSON ({exc})", "rebuild with `dflash-trt build --force`") from None
+
+
+def _stage(manifest: dict, name: str) -> dict | None:
+    stage = (manifest.get("stages") or {}).get(name)
+    return stage if isinstance(stage, dict) and stage.get("status") == "complete" else None
+
+
+def models_from_build(build_dir: str | Path) -> list[tuple[str, ServingConfig]]:
+    """The Python-backend models of a build: its engines (runtime trt) when they were built,
+    else the build's checkpoints on the torch runtime (engines need a GPU machine to build).
+
+    Reads the build manifest (issue 4): `stages.checkpoints.summary.{target,drafter}.path`,
+    `stages.engines` (complete: engines in that stage's folder) and the limits in `recipe`
+    (`max_batch`, `max_input_len`, `max_seq_len`, `block_size`).
+    """
+    build_dir = Path(build_dir).expanduser().resolve()
+    manifest = read_build(build_dir)
+    checkpoints = _stage(manifest, "checkpoints")
+    try:
+        summary = checkpoints["summary"]
+        target, drafter = summary["target"]["path"], summary["drafter"]["path"]
+    except (TypeError, KeyError):
+        raise DFlashError(f"the build in {build_dir} has no complete checkpoints stage", "re-run `dflash-trt build` for it") from None
+    recipe = manifest.get("recipe") or {}
+    options: dict = {"target": target, "drafter": drafter}
+    if recipe.get("max_batch"):
+        options["max_batch"] = int(recipe["max_batch"])
+    if recipe.get("max_seq_len"):
+        options["max_context"] = int(recipe["max_seq_len"])
+        if recipe.get("max_input_len"):
+            options["max_tokens"] = int(recipe["max_seq_len"]) - int(recipe["max_input_len"])
+    if recipe.get("block_size"):
+        options["block_size"] = int(recipe["block_size"])
+    engines = _stage(manifest, "engines")
+    if engines is not None:
+        options.update(runtime="trt", engines=str(build_dir / engines.get("dir", "engines")))
+    dflash = ServingConfig(**options)
+    baseline = ServingConfig(**{**options, "drafter": None, "block_size": None})
+    return [("dflash", dflash), ("ar", baseline)]
+
+
+def write_build_repository(build_dir: str | Path, out: str | Path | None = None, force: bool = False) -> Path:
+    """The repository stage of `dflash-trt build`: BUILD/repository by default.
+
+    A `trtllm` build gets the TensorRT-LLM LLM-API repository from the build's checked options
+    (`stages.trtllm`: llm_api.yaml); the others get the Python-backend models.
+    """
+    build_dir = Path(build_dir).expanduser().resolve()
+    out = Path(out) if out is not None else build_dir / "repository"
+    manifest = read_build(build_dir)
+    trtllm_stage = _stage(manifest, "trtllm")
+    if (manifest.get("recipe") or {}).get("runtime") == "trtllm" or trtllm_stage is not None:
+        from trtllm_dflash.serving.trtllm import write_build_llm_api_repository
+
+        return write_build_llm_api_repository(build_dir, manifest, out, force)
+    return write_repository(out, models_from_build(build_dir), source={"build": str(build_dir)}, force=force)

@@ -1,0 +1,256 @@
+"""Launching a real `tritonserver` on a model repository, and waiting until it serves.
+
+Where NVIDIA's Triton container is present (/opt/tritonserver) its server and backends are
+used. Elsewhere the server comes from the `nvidia-pytriton` wheel: its `tritonserver` binary,
+its libraries (on LD_LIBRARY_PATH) and its Python backend, with the backend stub for this
+Python version copied beside `libtriton_python.so` in a backend folder prepared per launch.
+
+The Python backend stub starts its interpreter in isolated mode (PYTHONPATH is ignored), so
+this Python's import paths are handed to the repository's model.py in DFLASH_TRT_PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import dataclasses
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from trtllm_dflash.errors import DFlashError, MissingDependencyError
+from trtllm_dflash.serving.repository import PYTHONPATH_ENV, model_names
+
+CONTAINER_ROOT = Path("/opt/tritonserver")
+
+
+@dataclasses.dataclass(frozen=True)
+class Endpoints:
+    http: str  # http://host:port (generate, generate_stream, health)
+    grpc: str  # host:port (tritonclient.grpc)
+    metrics: str  # http://host:port/metrics (Prometheus)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (for tests and examples)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def find_tritonserver() -> tuple[Path, Path | None, Path | None]:
+    """(binary, folder of its libraries or None, Python backend source folder or None for the container's)."""
+    container = CONTAINER_ROOT / "bin" / "tritonserver"
+    if container.is_file():
+        return container, None, None
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingDependencyError(
+            "no tritonserver found: not in NVIDIA's Triton container and nvidia-pytriton is not installed",
+            'pip install "trtllm-dflash[serve]" (bundles a tritonserver), or run in nvcr.io/nvidia/tritonserver',
+        )
+    package = Path(spec.submodule_search_locations[0])
+    binary = package / "tritonserver" / "bin" / "tritonserver"
+    libs = package.parent / "nvidia_pytriton.libs"
+    if not binary.is_file():
+        raise MissingDependencyError(f"nvidia-pytriton at {package} has no tritonserver binary", "reinstall nvidia-pytriton >= 0.5")
+    return binary, libs, package / "tritonserver"
+
+
+def prepare_backends(pytriton_server: Path, into: Path) -> Path:
+    """A backend folder: pytriton's Python backend plus the stub for this Python version."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = pytriton_server / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        available = sorted(p.name for p in (pytriton_server / "python_backend_stubs").iterdir())
+        raise MissingDependencyError(
+            f"nvidia-pytriton has no Python backend stub for Python {version} (it has {', '.join(available)})",
+            "run with one of those Python versions, or in NVIDIA's Triton container",
+        )
+    backends = into / "backends"
+    shutil.copytree(pytriton_server / "backends", backends, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(stub, backends / "python" / "triton_python_backend_stub")
+    return backends
+
+
+def stub_python_path() -> list[str]:
+    """This interpreter's import paths minus the standard library (the stub has its own)."""
+    stdlib = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")}
+    paths = []
+    for entry in sys.path:
+        path = os.path.abspath(entry) if entry else ""
+        if not path or path in stdlib or path.endswith(".zip") or path.endswith("lib-dynload") or not os.path.isdir(path):
+            continue
+        if path not in paths:
+            paths.append(path)
+    return paths
+
+
+class TritonServer:
+    """A tritonserver process on a repository; a context manager that stops it on exit.
+
+        with TritonServer("repo/", http_port=free_port(), ...) as server:
+            DFlashClient(server.endpoints.http).generate("def f(")
+    """
+
+    def __init__(
+        self,
+        repository: str | Path,
+        http_port: int = 8000,
+        grpc_port: int = 8001,
+        metrics_port: int = 8002,
+        host: str = "0.0.0.0",
+        log_file: str | Path | None = None,
+        verbose: bool = False,
+        startup_timeout: float = 600.0,
+    ) -> None:
+        self.repository = Path(repository).expanduser().resolve()
+        if not self.repository.is_dir():
+            raise DFlashError(f"repository {self.repository} does not exist", "write one with `dflash-trt repo --model demo --out REPO`")
+        self.models = model_names(self.repository)
+        if not self.models:
+            raise DFlashError(f"{self.repository} has no model (no */config.pbtxt)", "point at a repository written by `dflash-trt repo`")
+        ports = {"--http-port": http_port, "--grpc-port": grpc_port, "--metrics-port": metrics_port}
+        if len(set(ports.values())) != 3:
+            raise DFlashError(f"the HTTP, gRPC and metrics ports must differ, got {list(ports.values())}", "pick three different ports")
+        self.ports = ports
+        self.host = host
+        self.verbose = verbose
+        self.startup_timeout = startup_timeout
+        self._workdir = Path(tempfile.mkdtemp(prefix="dflash-tritonserver-"))
+        self.log_path = Path(log_file) if log_file else self._workdir / "tritonserver.log"
+        self.process: subprocess.Popen | None = None
+        client_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        self.endpoints = Endpoints(
+            http=f"http://{client_host}:{http_port}",
+            grpc=f"{client_host}:{grpc_port}",
+            metrics=f"http://{client_host}:{metrics_port}/metrics",
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        binary, libs, pytriton_server = find_tritonserver()
+        args = [str(binary), f"--model-repository={self.repository}", "--log-verbose=0", "--exit-timeout-secs=20"]
+        for flag, port in self.ports.items():
+            args.append(f"{flag}={port}")
+        for service in ("http", "grpc", "metrics"):
+            args.append(f"--{service}-address={self.host}")
+        env = dict(os.environ)
+        if pytriton_server is not None:
+            args.append(f"--backend-directory={prepare_backends(pytriton_server, self._workdir)}")
+            lib_dirs = [str(libs)]
+            version = f"{sys.version_info.major}.{sys.version_info.minor}"
+            if ctypes.util.find_library(f"python{version}") is None and sysconfig.get_config_var("LIBDIR"):
+                lib_dirs.append(sysconfig.get_config_var("LIBDIR"))  # the stub links libpython{version}.so
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(lib_dirs + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
+        env[PYTHONPATH_ENV] = os.pathsep.join(stub_python_path())
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        return args, env
+
+    def start(self) -> Endpoints:
+        """Start the server and block until every model of the repository is ready."""
+        for flag, port in self.ports.items():
+            if not _port_free(port):
+                raise DFlashError(f"port {port} ({flag}) is already in use", f"pass another {flag} or stop what listens there")
+        args, env = self.command()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            args,
+            env=env,
+            stdout=None if self.verbose else log,
+            stderr=subprocess.STDOUT if not self.verbose else None,
+            start_new_session=True,  # Ctrl-C reaches us; we stop the server in order
+        )
+        log.close()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self.endpoints
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise DFlashError(
+                    f"tritonserver exited with status {self.process.returncode} while loading the repository:\n{self.log_tail()}",
+                    f"read the full log at {self.log_path}",
+                )
+            if self.ready():
+                return
+            time.sleep(0.25)
+        raise DFlashError(f"tritonserver was not ready after {self.startup_timeout:.0f} s:\n{self.log_tail()}", f"read {self.log_path}")
+
+    def ready(self) -> bool:
+        """Server ready and every model ready."""
+        urls = [f"{self.endpoints.http}/v2/health/ready"] + [f"{self.endpoints.http}/v2/models/{m}/ready" for m in self.models]
+        for url in urls:
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.status != 200:
+                        return False
+            except (urllib.error.URLError, OSError):
+                return False
+        return True
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGINT (Triton unloads the models and exits), then SIGKILL if it does not."""
+        process, self.process = self.process, None
+        code = None
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                code = process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                code = process.wait()
+        elif process is not None:
+            code = process.returncode
+            _kill_group(process.pid)
+        shutil.rmtree(self._workdir / "backends", ignore_errors=True)
+        return code
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(text[-lines:])
+
+    def __enter__(self) -> "TritonServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def _kill_group(pid: int) -> None:
+    """Stub processes left behind by a server that died (they share its session)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
