@@ -59,6 +59,7 @@ class TrainDrafterOptions:
     prompt_tokens: int = 64  # prompt length cut from plain-text sequences when regenerating
     max_sequences: int | None = None  # random subset of the data (seeded)
     regenerate_batch: int = 16
+    data_cache: str | Path | None = None  # reuse (or write) the prepared sequences here, e.g. across runs
     cache_features: bool = True  # keep target features in memory after the first epoch
     checkpoint_every: int = 100
     resume: bool = False
@@ -98,6 +99,8 @@ def check_options(options: TrainDrafterOptions) -> CheckedOptions:
         raise DFlashError(f"--seq-len {o.seq_len} must be larger than the block size {o.block_size}", "raise --seq-len")
     if o.regenerate and not 0 < o.prompt_tokens < o.seq_len:
         raise DFlashError(f"--prompt-tokens must be in (0, {o.seq_len}), got {o.prompt_tokens}", "lower --prompt-tokens")
+    if o.data_cache and Path(o.data_cache).expanduser().is_dir():
+        raise DFlashError(f"--data-cache {o.data_cache} is a directory", "pass a file path (a .safetensors file)")
     if o.save_dtype not in ("bfloat16", "float16", "float32"):
         raise DFlashError(f"unknown --save-dtype {o.save_dtype!r}", "use bfloat16, float16 or float32")
 
@@ -193,8 +196,13 @@ def prepare_sequences(checked: CheckedOptions, target, progress: Progress | None
 
     o = checked.options
     cache = checked.out / CHECKPOINT_DIR / DATA_CACHE
-    if cache.is_file():
-        return datamod.from_tensors(load_file(str(cache)))
+    shared = Path(o.data_cache).expanduser() if o.data_cache else None
+    for source in (cache, shared):
+        if source is not None and source.is_file():
+            sequences = datamod.from_tensors(load_file(str(source)))
+            if source != cache:
+                save_file(datamod.to_tensors(sequences), str(cache))
+            return sequences
     examples = datamod.read_examples(checked.data_files, target.tokenizer)
     sequences = datamod.tokenize_examples(target.tokenizer, examples, o.seq_len, min_length=o.block_size + 1)
     if not sequences:
@@ -218,6 +226,9 @@ def prepare_sequences(checked: CheckedOptions, target, progress: Progress | None
             raise DFlashError("the target generated nothing to train on", "check the prompts and the target's stop tokens")
     cache.parent.mkdir(parents=True, exist_ok=True)
     save_file(datamod.to_tensors(sequences), str(cache))
+    if shared is not None:
+        shared.parent.mkdir(parents=True, exist_ok=True)
+        save_file(datamod.to_tensors(sequences), str(shared))
     return sequences
 
 
