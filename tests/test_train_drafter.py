@@ -187,3 +187,35 @@ def test_output_directory_is_never_overwritten(periodic_target, tmp_path, no_tra
     with pytest.raises(DFlashError, match="holds no checkpoint"):
         train_drafter(TrainDrafterOptions(target=target, data=[data], out=out, resume=True))
     assert (out / "config.json").read_text() == "{}"
+
+
+def test_jsonl_data_marks_only_responses_as_trained(periodic_target, tmp_path):
+    from trtllm_dflash.training import data as datamod
+
+    target, _ = periodic_target
+    tok = load_target(target).tokenizer
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "abcabc"}\n\n{"prompt": "xy", "response": "zz"}\n{"prompt": "only"}\n')
+    examples = datamod.read_examples([path], tok)
+    assert [(e.prompt, e.text) for e in examples] == [(None, "abcabc"), ("xy", "zz"), ("only", "")]
+    seqs = datamod.tokenize_examples(tok, examples, seq_len=16, min_length=2)
+    eos = tok.eos_token_id
+    assert seqs[0].loss_mask == [1] * 7 and seqs[0].input_ids[-1] == eos
+    assert seqs[1].input_ids == tok("xyzz", add_special_tokens=False)["input_ids"] + [eos]
+    assert seqs[1].loss_mask == [0, 0, 1, 1, 1] and seqs[1].prompt_length == 2
+    assert seqs[2].loss_mask == [0] * 4  # a prompt without a response trains nothing unless regenerated
+    path.write_text('{"text": "ok"}\n{"messages": [{"role": "user", "content": "hi"}]}\n')
+    with pytest.raises(DFlashError, match=r"d.jsonl:2 has chat messages but the target tokenizer has no chat template"):
+        datamod.read_examples([path], tok)
+    path.write_text('{"text": "ok"}\nnot json\n')
+    with pytest.raises(DFlashError, match=r"d.jsonl:2 is not valid JSON"):
+        datamod.read_examples([path], tok)
+
+
+def test_batches_are_a_pure_function_of_the_step():
+    from trtllm_dflash.training.data import batch_order
+
+    first = [batch_order(10, 4, step, seed=3) for step in range(6)]
+    assert first == [batch_order(10, 4, step, seed=3) for step in range(6)]
+    assert sorted(first[0] + first[1]) == sorted(set(first[0] + first[1]))  # no repeats within an epoch
+    assert first != [batch_order(10, 4, step, seed=4) for step in range(6)]

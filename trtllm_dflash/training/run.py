@@ -144,7 +144,7 @@ def check_options(options: TrainDrafterOptions) -> CheckedOptions:
     if out.exists() and not out.is_dir():
         raise DFlashError(f"--out {out} is a file", "pass a directory path")
     checkpoint = out / CHECKPOINT_DIR
-    if o.resume and not (checkpoint / "state.json").is_file():
+    if o.resume and not ((checkpoint / "state.json").is_file() or (checkpoint / DATA_CACHE).is_file()):
         raise DFlashError(f"--resume given but {checkpoint} holds no checkpoint", "run without --resume to start training")
     if not o.resume and out.is_dir() and any(out.iterdir()):
         raise DFlashError(
@@ -224,6 +224,10 @@ def prepare_sequences(checked: CheckedOptions, target, progress: Progress | None
         sequences = [s for s in sequences if sum(s.loss_mask) >= 2]
         if not sequences:
             raise DFlashError("the target generated nothing to train on", "check the prompts and the target's stop tokens")
+    else:
+        sequences = [s for s in sequences if sum(s.loss_mask) >= 2]
+        if not sequences:
+            raise DFlashError("the data has prompts but no responses to train on", "add responses, or pass --regenerate")
     cache.parent.mkdir(parents=True, exist_ok=True)
     save_file(datamod.to_tensors(sequences), str(cache))
     if shared is not None:
@@ -241,8 +245,7 @@ def train_drafter(options: TrainDrafterOptions, progress: Progress | None = None
     started = time.perf_counter()
     target = load_target(checked.target_dir, require_tokenizer=True)
     checkpoint = checked.out / CHECKPOINT_DIR
-    checkpoint.mkdir(parents=True, exist_ok=True)
-    sequences = prepare_sequences(checked, target, progress)
+    sequences = prepare_sequences(checked, target, progress)  # creates `checkpoint` once the data is ready
     data_seconds = time.perf_counter() - started
 
     config = drafter_config(target.config, checked)
@@ -292,7 +295,7 @@ def train_drafter(options: TrainDrafterOptions, progress: Progress | None = None
     save_drafter(_cast(drafter, dtype), checked.out)
     summary = {
         "target": str(checked.target_dir),
-        "data": [str(p) for p in o.data],
+        "data": [str(p) for p in o.data][:8] + ([f"... and {len(o.data) - 8} more"] if len(o.data) > 8 else []),
         "num_sequences": len(sequences),
         "num_trained_tokens": int(sum(sum(s.loss_mask) for s in sequences)),
         "regenerated": o.regenerate,
