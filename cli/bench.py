@@ -27,7 +27,10 @@ def bench(
     target: Optional[str] = typer.Option(None, "--target", help="Target model directory (Hugging Face layout)."),
     drafter: Optional[str] = typer.Option(None, "--drafter", help="DFlash drafter directory (z-lab layout)."),
     build: Optional[Path] = typer.Option(None, "--build", help="A `dflash-trt build` output directory (engines; issue 4)."),
-    url: Optional[str] = typer.Option(None, "--url", help="A running DFlash Triton server (serving; issue 5)."),
+    url: Optional[str] = typer.Option(None, "--url", help="A running DFlash Triton server, e.g. http://localhost:8000."),
+    server_model: str = typer.Option("dflash", "--server-model", help="With --url: the DFlash model's name."),
+    ar_model: str = typer.Option("ar", "--ar-model", help="With --url: the autoregressive baseline model's name."),
+    protocol: str = typer.Option("http", "--protocol", help="With --url: http (server-sent events) or grpc streaming."),
     prompts: str = typer.Option("code", "--prompts", help="Prompt set: code, math, chat, stdlib (demo held-out), or a JSONL file."),
     num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Use only the first N prompts of the set."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Tokens generated per prompt."),
@@ -65,7 +68,8 @@ def bench(
 
     if threads:
         torch.set_num_threads(threads)
-    backend = open_backend(model=model, target=target, drafter=drafter, build=build, url=url, device=device)
+    backend = open_backend(model=model, target=target, drafter=drafter, build=build, url=url, device=device,
+                           server_model=server_model, ar_model=ar_model, protocol=protocol)
     console = Console(highlight=False)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as bar:

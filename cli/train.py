@@ -39,6 +39,7 @@ def train_drafter(
     regenerate: bool = typer.Option(False, "--regenerate", help="Replace responses by the target's greedy continuation first (the paper's recipe)."),
     prompt_tokens: int = typer.Option(64, "--prompt-tokens", help="With --regenerate: prompt length cut from plain-text sequences."),
     max_sequences: Optional[int] = typer.Option(None, "--max-sequences", help="Use a seeded random subset of this many sequences."),
+    data_cache: Optional[Path] = typer.Option(None, "--data-cache", help="Reuse the prepared (regenerated) sequences from this file, or write them there."),
     checkpoint_every: int = typer.Option(100, "--checkpoint-every", help="Steps between resumable checkpoints."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its last checkpoint."),
     seed: int = typer.Option(0, "--seed", help="Seed of initialisation, data order and anchors."),
@@ -52,7 +53,7 @@ def train_drafter(
         target=target, data=data, out=out, layers=layers, block_size=block_size,
         target_layer_ids=_layer_ids(target_layer_ids), mask_token_id=mask_token_id, steps=steps, lr=lr,
         batch_size=batch_size, seq_len=seq_len, anchors=anchors, gamma=gamma, regenerate=regenerate,
-        prompt_tokens=prompt_tokens, max_sequences=max_sequences, checkpoint_every=checkpoint_every,
+        prompt_tokens=prompt_tokens, max_sequences=max_sequences, data_cache=data_cache, checkpoint_every=checkpoint_every,
         resume=resume, seed=seed, threads=threads, cache_features=cache_features,
     )
     quiet_libraries()

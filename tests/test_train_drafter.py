@@ -22,6 +22,15 @@ from trtllm_dflash.training.run import TrainDrafterOptions, check_options, train
 LETTERS = "abcdefghijklmnop"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """One torch thread: on a shared 2-core machine, 2 OpenMP threads spin against other jobs."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 def periodic_text(rng: random.Random, length: int = 64) -> str:
     period = "".join(rng.choice(LETTERS) for _ in range(rng.randint(3, 6)))
     return (period * (length // len(period) + 1))[:length]
@@ -67,7 +76,7 @@ def test_train_drafter_learns_and_loads(periodic_target, tmp_path):
     result = CliRunner().invoke(app, [
         "train-drafter", "--target", str(target), "--data", str(data), "--out", str(out), "--layers", "1",
         "--block-size", "8", "--steps", "200", "--lr", "3e-3", "--batch-size", "8", "--seq-len", "48",
-        "--anchors", "8", "--regenerate", "--prompt-tokens", "12", "--checkpoint-every", "50", "--threads", "2",
+        "--anchors", "8", "--regenerate", "--prompt-tokens", "12", "--checkpoint-every", "50", "--threads", "1",
     ])
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "training.json").read_text())
@@ -153,20 +162,18 @@ def test_target_without_tokenizer_fails_first(tiny_qwen3, periodic_target, tmp_p
         check_options(TrainDrafterOptions(target=tiny_qwen3, data=[data], out=tmp_path / "out"))
 
 
-def test_cli_bad_input_is_one_line(periodic_target, tmp_path):
+def test_cli_bad_input_is_one_line(periodic_target, tmp_path, monkeypatch, capsys, no_training):
     from trtllm_dflash.cli.app import main
-    import subprocess
-    import sys
 
     target, data = periodic_target
-    proc = subprocess.run(
-        [sys.executable, "-c", "from trtllm_dflash.cli.app import main; main()", "train-drafter", "--target", str(target),
-         "--data", str(data), "--out", str(tmp_path / "o"), "--block-size", "1"],
-        capture_output=True, text=True,
-    )
-    assert proc.returncode == 2
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: block size must be >= 2"), proc.stderr
+    argv = ["dflash-trt", "train-drafter", "--target", str(target), "--data", str(data), "--out", str(tmp_path / "o"),
+            "--target-layer-ids", "1,7"]
+    monkeypatch.setattr("sys.argv", argv)
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: target layer ids [1, 7] include [7]"), lines
     assert not (tmp_path / "o").exists()
 
 
@@ -180,3 +187,35 @@ def test_output_directory_is_never_overwritten(periodic_target, tmp_path, no_tra
     with pytest.raises(DFlashError, match="holds no checkpoint"):
         train_drafter(TrainDrafterOptions(target=target, data=[data], out=out, resume=True))
     assert (out / "config.json").read_text() == "{}"
+
+
+def test_jsonl_data_marks_only_responses_as_trained(periodic_target, tmp_path):
+    from trtllm_dflash.training import data as datamod
+
+    target, _ = periodic_target
+    tok = load_target(target).tokenizer
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "abcabc"}\n\n{"prompt": "xy", "response": "zz"}\n{"prompt": "only"}\n')
+    examples = datamod.read_examples([path], tok)
+    assert [(e.prompt, e.text) for e in examples] == [(None, "abcabc"), ("xy", "zz"), ("only", "")]
+    seqs = datamod.tokenize_examples(tok, examples, seq_len=16, min_length=2)
+    eos = tok.eos_token_id
+    assert seqs[0].loss_mask == [1] * 7 and seqs[0].input_ids[-1] == eos
+    assert seqs[1].input_ids == tok("xyzz", add_special_tokens=False)["input_ids"] + [eos]
+    assert seqs[1].loss_mask == [0, 0, 1, 1, 1] and seqs[1].prompt_length == 2
+    assert seqs[2].loss_mask == [0] * 4  # a prompt without a response trains nothing unless regenerated
+    path.write_text('{"text": "ok"}\n{"messages": [{"role": "user", "content": "hi"}]}\n')
+    with pytest.raises(DFlashError, match=r"d.jsonl:2 has chat messages but the target tokenizer has no chat template"):
+        datamod.read_examples([path], tok)
+    path.write_text('{"text": "ok"}\nnot json\n')
+    with pytest.raises(DFlashError, match=r"d.jsonl:2 is not valid JSON"):
+        datamod.read_examples([path], tok)
+
+
+def test_batches_are_a_pure_function_of_the_step():
+    from trtllm_dflash.training.data import batch_order
+
+    first = [batch_order(10, 4, step, seed=3) for step in range(6)]
+    assert first == [batch_order(10, 4, step, seed=3) for step in range(6)]
+    assert sorted(first[0] + first[1]) == sorted(set(first[0] + first[1]))  # no repeats within an epoch
+    assert first != [batch_order(10, 4, step, seed=4) for step in range(6)]

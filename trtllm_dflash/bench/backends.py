@@ -4,15 +4,18 @@ A backend decodes a batch of tokenized prompts either autoregressively or with D
 given block size and concurrency, and reports what it produced and how long it took. The bench
 (measure.py) only talks to this interface, so the same interleaved measurement runs on:
 - `PairBackend`: a target/drafter checkpoint pair on the torch runtime (implemented here);
-- a build directory of TensorRT engines (`dflash-trt build`, issue 4) and
-- a running Triton server (`dflash-trt repo` / serving, issue 5): both plug in here; until their
-  runtimes exist, asking for them fails with a message that says so.
+- `ServerBackend`: a running Triton server (serving, issue 5) holding a DFlash model and its
+  autoregressive baseline (the same target without the drafter), through the serving client;
+- a build directory of TensorRT engines (`dflash-trt build`, issue 4): plugs in here once that
+  runtime exists; until then asking for it fails with a message that says so.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+import queue
+import threading
 import time
 from pathlib import Path
 
@@ -39,18 +42,18 @@ class BenchBackend(abc.ABC):
     """A system under test that can decode autoregressively and with DFlash."""
 
     name: str
-    block_size: int  # the drafter's trained block size
+    block_size: int  # the drafter's trained block size (or the one a server decodes with)
+    fixed_block_size: bool = False  # True where the block size cannot change per run (a server)
     device: str = "cpu"
 
     @abc.abstractmethod
-    def encode(self, prompt: str) -> list[int]:
-        """Token ids of a text prompt."""
-
-    @abc.abstractmethod
     def run(
-        self, prompts: list[list[int]], speculative: bool, block_size: int, concurrency: int, max_new_tokens: int
+        self, prompts: list[str], speculative: bool, block_size: int, concurrency: int, max_new_tokens: int
     ) -> BackendRun:
-        """Decode every prompt greedily (temperature 0), at most `concurrency` at a time."""
+        """Decode every prompt greedily (temperature 0), at most `concurrency` at a time.
+
+        Results come back in prompt order; `prompt_ids` and `token_ids` are token ids.
+        """
 
     def describe(self) -> dict:
         return {"backend": self.name, "device": self.device, "block_size": self.block_size}
@@ -77,13 +80,19 @@ class PairBackend(BenchBackend):
         self.dflash_runtime = TorchRuntime(self.target.model, self.drafter)
         self.block_size = int(self.drafter.config.block_size)
         self.device = device
-        self.max_positions = int(getattr(self.target.config, "max_position_embeddings", 4096) or 4096)
+        self._encoded: dict[str, list[int]] = {}
 
     def encode(self, prompt: str) -> list[int]:
-        return list(self.target.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        if prompt not in self._encoded:
+            ids = list(self.target.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+            if not ids:
+                raise DFlashError("a prompt encodes to no tokens", "remove empty prompts")
+            self._encoded[prompt] = ids
+        return self._encoded[prompt]
 
     def run(self, prompts, speculative, block_size, concurrency, max_new_tokens) -> BackendRun:
         runtime = self.dflash_runtime if speculative else self.ar_runtime
+        prompts = [self.encode(p) for p in prompts]
         max_context = max(len(p) for p in prompts) + max_new_tokens + 1
         # a fresh decoder per run: allocation happens here, outside the timed region
         decoder = Decoder(runtime, max_batch=concurrency, max_context=max_context,
@@ -110,6 +119,94 @@ class PairBackend(BenchBackend):
         }
 
 
+class ServerBackend(BenchBackend):
+    """A running DFlash Triton server: its DFlash model and its autoregressive baseline model.
+
+    Requests are streamed through the serving client (`trtllm_dflash.serving.client`), from
+    `concurrency` client threads that each send their next request when the last one ends, so
+    the server's in-flight batching sees `concurrency` users. The server decodes at the block
+    size its repository was written with, and per-step times are not visible from a client.
+    """
+
+    name = "triton"
+    fixed_block_size = True
+
+    def __init__(self, url: str, model: str = "dflash", ar_model: str = "ar", protocol: str = "http") -> None:
+        from urllib.parse import urlparse
+
+        from trtllm_dflash.serving.client import DFlashClient
+
+        if protocol not in ("http", "grpc"):
+            raise DFlashError(f"unknown protocol {protocol!r}", "use http or grpc")
+        grpc_url = f"{urlparse(url if '://' in url else 'http://' + url).hostname}:8001" if protocol == "grpc" else None
+        self.url, self.protocol = url, protocol
+        self.clients = {True: DFlashClient(url, model=model, grpc_url=grpc_url), False: DFlashClient(url, model=ar_model, grpc_url=grpc_url)}
+        for client in self.clients.values():
+            if not client.ready():
+                raise DFlashError(
+                    f"model {client.model!r} is not ready on the server at {url}",
+                    "serve a repository with a DFlash model and its autoregressive baseline "
+                    "(benchmarks/bench_serving.py writes one) or name them with --server-model/--ar-model",
+                )
+        self.block_size = self._served_block_size(model)
+
+    def _served_block_size(self, model: str) -> int:
+        """The block size in the served model's config (its `block_size`, else its drafter's)."""
+        import tritonclient.http as httpclient
+
+        from trtllm_dflash.checkpoints import resolve_checkpoint
+        from trtllm_dflash.config import DrafterConfig
+        from trtllm_dflash.serving.config import ServingConfig
+
+        host = self.clients[True].url.split("://", 1)[1]
+        parameters = httpclient.InferenceServerClient(host).get_model_config(model).get("parameters", {})
+        served = ServingConfig.from_parameters(parameters)
+        if served.block_size:
+            return int(served.block_size)
+        if served.drafter is None:
+            raise DFlashError(f"model {model!r} on {self.url} serves without a drafter", "pass the DFlash model with --server-model")
+        return DrafterConfig.from_dir(resolve_checkpoint(served.drafter, "drafter")).block_size
+
+    def run(self, prompts, speculative, block_size, concurrency, max_new_tokens) -> BackendRun:
+        client = self.clients[speculative]
+        jobs: queue.Queue = queue.Queue()
+        for index, prompt in enumerate(prompts):
+            jobs.put((index, prompt))
+        results: dict[int, SequenceResult] = {}
+        errors: list[Exception] = []
+
+        def user() -> None:
+            while not errors:
+                try:
+                    index, prompt = jobs.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    done = client.complete(prompt, protocol=self.protocol, max_tokens=max_new_tokens, temperature=0.0)
+                except Exception as exc:  # noqa: BLE001 - re-raised below, in the caller's thread
+                    errors.append(exc)
+                    return
+                results[index] = SequenceResult(
+                    index, [], list(done.token_ids), list(done.acceptance_lengths), done.finish_reason,
+                    time_to_first_token=done.client_time_to_first_token, elapsed=done.latency,
+                )
+
+        started = time.perf_counter()
+        users = [threading.Thread(target=user) for _ in range(min(concurrency, len(prompts)))]
+        for thread in users:
+            thread.start()
+        for thread in users:
+            thread.join()
+        seconds = time.perf_counter() - started
+        if errors:
+            raise errors[0]
+        return BackendRun([results[i] for i in range(len(prompts))], seconds, [])
+
+    def describe(self) -> dict:
+        return {**super().describe(), "url": self.url, "protocol": self.protocol,
+                "models": [self.clients[True].model, self.clients[False].model]}
+
+
 def open_backend(
     model: str | None = None,
     target: str | None = None,
@@ -117,6 +214,9 @@ def open_backend(
     build: Path | None = None,
     url: str | None = None,
     device: str = "cpu",
+    server_model: str = "dflash",
+    ar_model: str = "ar",
+    protocol: str = "http",
 ) -> BenchBackend:
     """The backend the command line names (exactly one of model, target+drafter, build, url)."""
     chosen = [name for name, value in (("--model", model), ("--target", target), ("--build", build), ("--url", url)) if value]
@@ -132,11 +232,7 @@ def open_backend(
             "benchmark the checkpoints instead: --target DIR --drafter DIR (or --model demo)",
         )
     if url is not None:
-        raise DFlashError(
-            f"benchmarking the server at {url} needs the Triton client of the serving issue (issue 5), "
-            "which this installation does not have yet",
-            "benchmark the checkpoints instead: --target DIR --drafter DIR (or --model demo)",
-        )
+        return ServerBackend(url, server_model, ar_model, protocol)
     if model is not None:
         if model != "demo":
             raise DFlashError(

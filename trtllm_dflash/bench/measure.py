@@ -73,7 +73,12 @@ def run_bench(
     main_block = int(config.block_size or trained)
     if main_block < 2:
         raise DFlashError(f"block size must be >= 2, got {main_block}", "use the drafter's block size")
-    sweep = sorted(set(config.block_sizes or default_block_sizes(trained)) | {main_block})
+    if backend.fixed_block_size and (main_block != trained or (config.block_sizes and set(config.block_sizes) != {trained})):
+        raise DFlashError(
+            f"{backend.name} decodes at block size {trained} only",
+            "drop --block-size/--block-sizes (a server's block size is set when its repository is written)",
+        )
+    sweep = [trained] if backend.fixed_block_size else sorted(set(config.block_sizes or default_block_sizes(trained)) | {main_block})
     if min(sweep) < 2:
         raise DFlashError(f"block sizes must be >= 2, got {sweep}", "drop the sizes below 2")
     concurrency = sorted(set(int(c) for c in config.concurrency))
@@ -81,9 +86,9 @@ def run_bench(
         raise DFlashError(f"concurrency levels must be >= 1, got {list(config.concurrency)}", "e.g. --concurrency 1,2,4")
     if config.max_new_tokens < 1:
         raise DFlashError(f"--max-new-tokens must be >= 1, got {config.max_new_tokens}", "pass a positive number")
-    encoded = [backend.encode(p) for p in prompts]
-    if any(not ids for ids in encoded):
-        raise DFlashError("a prompt encodes to no tokens", "remove empty prompts")
+    if not prompts or any(not p.strip() for p in prompts):
+        raise DFlashError("empty prompt set or empty prompt", "pass non-empty prompts")
+    encoded = list(prompts)
     n = config.max_new_tokens
 
     if config.warmup:
@@ -110,7 +115,7 @@ def run_bench(
     ar_tokens = sum(r.generated_tokens for r in ar_runs)
     ar_seconds = sum(r.seconds for r in ar_runs)
     ar_steps = _step_means(ar_runs)
-    ar_step_ms = ar_steps["verify_ms"] or 0.0
+    ar_step_ms = ar_steps["verify_ms"]  # None where the backend cannot see steps (a server)
     ar_tps = ar_tokens / ar_seconds if ar_seconds > 0 else 0.0
 
     sizes_report = []
@@ -121,7 +126,7 @@ def run_bench(
         lengths = [a for r in runs for res in r.results for a in res.acceptance_lengths]
         steps = _step_means(runs)
         tau = statistics.fmean(lengths) if lengths else 0.0
-        step_ms = (steps["draft_ms"] or 0.0) + (steps["verify_ms"] or 0.0)
+        step_ms = None if steps["draft_ms"] is None or ar_step_ms is None else steps["draft_ms"] + steps["verify_ms"]
         mismatched = sum(
             1 for a, d in zip(ar_runs, runs) if a.results[0].token_ids != d.results[0].token_ids
         )
@@ -131,11 +136,11 @@ def run_bench(
             "tokens_per_second": tps,
             "speedup": tps / ar_tps if ar_tps > 0 else 0.0,
             "tau": tau,
-            "tau_histogram": _histogram(lengths, size),
+            "tau_histogram": _histogram(lengths, max([size, *lengths])),
             "draft_ms": steps["draft_ms"],
             "verify_ms": steps["verify_ms"],
             "steps": steps["steps"],
-            "tau_ideal_speedup": tau * ar_step_ms / step_ms if step_ms > 0 else 0.0,
+            "tau_ideal_speedup": tau * ar_step_ms / step_ms if step_ms else None,
             "lossless": mismatched == 0,
             "mismatched_prompts": mismatched,
             "generated_tokens": tokens,

@@ -4,6 +4,9 @@ The built-in sets follow the paper's categories at a small scale: `code` (functi
 spirit of HumanEval/MBPP), `math` (word problems in the spirit of GSM8K/MATH-500) and `chat`
 (open instructions in the spirit of MT-Bench). `stdlib` is the embedded demo's held-out set:
 function openings from standard-library files the demo pair never saw in training.
+
+Code prompts end at the end of a line, without the newline: byte-level BPE tokenizers merge a
+newline with the following indentation, so a prompt ending in a bare newline is unnatural input.
 """
 
 from __future__ import annotations
@@ -14,18 +17,18 @@ from pathlib import Path
 from trtllm_dflash.errors import DFlashError
 
 CODE = [
-    'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n',
-    'def is_palindrome(text: str) -> bool:\n    """Return True if text reads the same backwards, ignoring case."""\n',
-    'def flatten(items):\n    """Flatten a list of lists into one list."""\n    result = []\n',
-    'def read_config(path):\n    """Read a key = value configuration file into a dict."""\n    config = {}\n    with open(path) as f:\n',
-    'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n',
-    'def parse_args(argv=None):\n    parser = argparse.ArgumentParser(description="Copy files.")\n',
-    'def merge_sorted(a, b):\n    """Merge two sorted lists into one sorted list."""\n    i = j = 0\n',
-    'def count_words(text):\n    """Return a dict mapping each word to the number of times it occurs."""\n',
-    'def binary_search(items, target):\n    """Return the index of target in the sorted list items, or -1."""\n    lo, hi = 0, len(items) - 1\n',
-    'class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n    def __repr__(self):\n',
+    'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""',
+    'def is_palindrome(text: str) -> bool:\n    """Return True if text reads the same backwards, ignoring case."""',
+    'def flatten(items):\n    """Flatten a list of lists into one list."""\n    result = []',
+    'def read_config(path):\n    """Read a key = value configuration file into a dict."""\n    config = {}\n    with open(path) as f:',
+    'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):',
+    'def parse_args(argv=None):\n    parser = argparse.ArgumentParser(description="Copy files.")',
+    'def merge_sorted(a, b):\n    """Merge two sorted lists into one sorted list."""\n    i = j = 0',
+    'def count_words(text):\n    """Return a dict mapping each word to the number of times it occurs."""',
+    'def binary_search(items, target):\n    """Return the index of target in the sorted list items, or -1."""\n    lo, hi = 0, len(items) - 1',
+    'class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n    def __repr__(self):',
     'def _check_type(value, name):\n    if not isinstance(value, str):\n        raise TypeError(',
-    'import os\nimport sys\n\n\ndef main():\n    """Print every file below the current directory."""\n',
+    'import os\nimport sys\n\n\ndef main():\n    """Print every file below the current directory."""',
 ]
 
 MATH = [
@@ -40,7 +43,7 @@ MATH = [
     "If a rectangle has a perimeter of 30 and a length of 9, what is its area?",
     "Find the greatest common divisor of 84 and 120 using the Euclidean algorithm.",
     "def solve():\n    # A shop sells pens at 3 dollars each and notebooks at 5 dollars each.\n"
-    "    # How much do 4 pens and 2 notebooks cost?\n",
+    "    # How much do 4 pens and 2 notebooks cost?",
     "How many ways can 5 people be seated in a row if two of them must sit next to each other?",
 ]
 

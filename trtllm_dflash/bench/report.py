@@ -13,6 +13,10 @@ def _ms(value) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def _x(value) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
 def print_report(report: dict, console: Console) -> None:
     s, system = report["summary"], report["system"]
     settings = report["settings"]
@@ -21,31 +25,32 @@ def print_report(report: dict, console: Console) -> None:
         f"{settings['max_new_tokens']} new tokens, temperature 0, block size {settings['block_size']}"
     )
     head = Table(title="autoregressive vs DFlash (same run, interleaved)")
-    for column in ("AR tok/s", "DFlash tok/s", "speedup", "tau", "tau-ideal speedup", "AR step ms", "draft ms", "verify ms", "lossless"):
+    for column in ("AR tok/s", "DFlash tok/s", "speedup", "tau", "ideal", "AR ms", "draft ms", "verify ms", "lossless"):
         head.add_column(column, justify="right")
     head.add_row(
         f"{s['ar_tokens_per_second']:.1f}", f"{s['dflash_tokens_per_second']:.1f}", f"{s['speedup']:.2f}x",
-        f"{s['tau']:.2f}", f"{s['tau_ideal_speedup']:.2f}x", _ms(s["ar_step_ms"]), _ms(s["draft_ms"]), _ms(s["verify_ms"]),
+        f"{s['tau']:.2f}", _x(s["tau_ideal_speedup"]), _ms(s["ar_step_ms"]), _ms(s["draft_ms"]), _ms(s["verify_ms"]),
         "[green]yes[/]" if s["lossless"] else f"[red]NO ({s['mismatched_prompts']} prompts differ)[/]",
     )
     console.print(head)
+    console.print("[dim]ideal = tau x AR step / (draft + verify step); ms are per decoding step[/]")
 
     hist = s["tau_histogram"]
     total = max(1, sum(hist.values()))
     console.print("tau histogram (tokens per verify step): " + "  ".join(f"{k}:{100 * v / total:.0f}%" for k, v in hist.items()))
 
     blocks = Table(title="block-size sweep")
-    for column in ("block", "tau", "tok/s", "speedup", "tau-ideal", "draft ms", "verify ms", "lossless"):
+    for column in ("block", "tau", "tok/s", "speedup", "ideal", "draft ms", "verify ms", "lossless"):
         blocks.add_column(column, justify="right")
     for row in report["block_sizes"]:
         blocks.add_row(
             str(row["block_size"]), f"{row['tau']:.2f}", f"{row['tokens_per_second']:.1f}", f"{row['speedup']:.2f}x",
-            f"{row['tau_ideal_speedup']:.2f}x", _ms(row["draft_ms"]), _ms(row["verify_ms"]), "yes" if row["lossless"] else "NO",
+            _x(row["tau_ideal_speedup"]), _ms(row["draft_ms"]), _ms(row["verify_ms"]), "yes" if row["lossless"] else "NO",
         )
     console.print(blocks)
 
     conc = Table(title="concurrency sweep (throughput vs per-user speed)")
-    for column in ("concurrency", "AR tok/s", "AR tok/s/user", "DFlash tok/s", "DFlash tok/s/user", "speedup", "tau", "identical"):
+    for column in ("users", "AR tok/s", "AR /user", "DFlash tok/s", "DFlash /user", "speedup", "tau", "same"):
         conc.add_column(column, justify="right")
     for row in report["concurrency"]:
         conc.add_row(
@@ -101,7 +106,8 @@ def write_plots(report: dict, out_dir: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6, 4))
     sizes = [r["block_size"] for r in rows]
     ax.plot(sizes, [r["speedup"] for r in rows], marker="o", label="measured speedup")
-    ax.plot(sizes, [r["tau_ideal_speedup"] for r in rows], marker="^", linestyle="--", label="tau-ideal speedup")
+    if all(r["tau_ideal_speedup"] is not None for r in rows):
+        ax.plot(sizes, [r["tau_ideal_speedup"] for r in rows], marker="^", linestyle="--", label="tau-ideal speedup")
     ax.plot(sizes, [r["tau"] for r in rows], marker="s", label="tau")
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [str(s) for s in sizes])
@@ -112,6 +118,8 @@ def write_plots(report: dict, out_dir: Path) -> list[Path]:
     written.append(_save(fig, out_dir / "block_sweep.png"))
 
     s = report["summary"]
+    if s["ar_step_ms"] is None or s["draft_ms"] is None:
+        return written  # a server reports no per-step times
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.barh(["autoregressive step"], [s["ar_step_ms"] or 0], color="tab:blue")
     ax.barh(["DFlash step"], [s["draft_ms"] or 0], color="tab:orange", label="draft")

@@ -56,7 +56,9 @@ def read_source(path: Path) -> str:
 def function_prompts(files: list[Path], count: int, seed: int = 0, max_chars: int = 200) -> list[str]:
     """Prompts that open a function: its `def` line and the lines after it, up to ~max_chars.
 
-    Drawn evenly over `files` with a seeded RNG, so the held-out prompt set is reproducible.
+    Drawn evenly over `files` with a seeded RNG, so the held-out prompt set is reproducible. A
+    prompt ends at the end of a line WITHOUT its newline: byte-level BPE merges a newline with the
+    next line's indentation, so a prompt ending in a bare newline token is out of distribution.
     """
     rng = random.Random(seed)
     candidates: list[list[str]] = []
@@ -71,7 +73,7 @@ def function_prompts(files: list[Path], count: int, seed: int = 0, max_chars: in
                     break
                 prompt += line
             if len(prompt) >= 40 and prompt.count("\n") >= 2:
-                picks.append(prompt)
+                picks.append(prompt.rstrip())
         if picks:
             rng.shuffle(picks)
             candidates.append(picks)

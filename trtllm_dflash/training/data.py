@@ -114,7 +114,7 @@ def tokenize_examples(tokenizer, examples: Sequence[Example], seq_len: int, min_
     eos = tokenizer.eos_token_id
     sequences: list[TokenSequence] = []
     for example in examples:
-        ids = list(tokenizer(example.text, add_special_tokens=False)["input_ids"])
+        ids = list(tokenizer(example.text, add_special_tokens=False, verbose=False)["input_ids"])
         if example.prompt is None:
             if eos is not None:
                 ids.append(eos)
@@ -123,7 +123,7 @@ def tokenize_examples(tokenizer, examples: Sequence[Example], seq_len: int, min_
                 if len(window) >= min_length:
                     sequences.append(TokenSequence(window, [1] * len(window)))
             continue
-        prompt = list(tokenizer(example.prompt, add_special_tokens=False)["input_ids"])
+        prompt = list(tokenizer(example.prompt, add_special_tokens=False, verbose=False)["input_ids"])
         if not prompt:
             continue
         prompt = prompt[-(seq_len - 1) :]  # keep the end of an over-long prompt, next to the response

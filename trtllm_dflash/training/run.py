@@ -59,6 +59,7 @@ class TrainDrafterOptions:
     prompt_tokens: int = 64  # prompt length cut from plain-text sequences when regenerating
     max_sequences: int | None = None  # random subset of the data (seeded)
     regenerate_batch: int = 16
+    data_cache: str | Path | None = None  # reuse (or write) the prepared sequences here, e.g. across runs
     cache_features: bool = True  # keep target features in memory after the first epoch
     checkpoint_every: int = 100
     resume: bool = False
@@ -98,6 +99,8 @@ def check_options(options: TrainDrafterOptions) -> CheckedOptions:
         raise DFlashError(f"--seq-len {o.seq_len} must be larger than the block size {o.block_size}", "raise --seq-len")
     if o.regenerate and not 0 < o.prompt_tokens < o.seq_len:
         raise DFlashError(f"--prompt-tokens must be in (0, {o.seq_len}), got {o.prompt_tokens}", "lower --prompt-tokens")
+    if o.data_cache and Path(o.data_cache).expanduser().is_dir():
+        raise DFlashError(f"--data-cache {o.data_cache} is a directory", "pass a file path (a .safetensors file)")
     if o.save_dtype not in ("bfloat16", "float16", "float32"):
         raise DFlashError(f"unknown --save-dtype {o.save_dtype!r}", "use bfloat16, float16 or float32")
 
@@ -141,7 +144,7 @@ def check_options(options: TrainDrafterOptions) -> CheckedOptions:
     if out.exists() and not out.is_dir():
         raise DFlashError(f"--out {out} is a file", "pass a directory path")
     checkpoint = out / CHECKPOINT_DIR
-    if o.resume and not (checkpoint / "state.json").is_file():
+    if o.resume and not ((checkpoint / "state.json").is_file() or (checkpoint / DATA_CACHE).is_file()):
         raise DFlashError(f"--resume given but {checkpoint} holds no checkpoint", "run without --resume to start training")
     if not o.resume and out.is_dir() and any(out.iterdir()):
         raise DFlashError(
@@ -193,8 +196,13 @@ def prepare_sequences(checked: CheckedOptions, target, progress: Progress | None
 
     o = checked.options
     cache = checked.out / CHECKPOINT_DIR / DATA_CACHE
-    if cache.is_file():
-        return datamod.from_tensors(load_file(str(cache)))
+    shared = Path(o.data_cache).expanduser() if o.data_cache else None
+    for source in (cache, shared):
+        if source is not None and source.is_file():
+            sequences = datamod.from_tensors(load_file(str(source)))
+            if source != cache:
+                save_file(datamod.to_tensors(sequences), str(cache))
+            return sequences
     examples = datamod.read_examples(checked.data_files, target.tokenizer)
     sequences = datamod.tokenize_examples(target.tokenizer, examples, o.seq_len, min_length=o.block_size + 1)
     if not sequences:
@@ -216,8 +224,15 @@ def prepare_sequences(checked: CheckedOptions, target, progress: Progress | None
         sequences = [s for s in sequences if sum(s.loss_mask) >= 2]
         if not sequences:
             raise DFlashError("the target generated nothing to train on", "check the prompts and the target's stop tokens")
+    else:
+        sequences = [s for s in sequences if sum(s.loss_mask) >= 2]
+        if not sequences:
+            raise DFlashError("the data has prompts but no responses to train on", "add responses, or pass --regenerate")
     cache.parent.mkdir(parents=True, exist_ok=True)
     save_file(datamod.to_tensors(sequences), str(cache))
+    if shared is not None:
+        shared.parent.mkdir(parents=True, exist_ok=True)
+        save_file(datamod.to_tensors(sequences), str(shared))
     return sequences
 
 
@@ -230,8 +245,7 @@ def train_drafter(options: TrainDrafterOptions, progress: Progress | None = None
     started = time.perf_counter()
     target = load_target(checked.target_dir, require_tokenizer=True)
     checkpoint = checked.out / CHECKPOINT_DIR
-    checkpoint.mkdir(parents=True, exist_ok=True)
-    sequences = prepare_sequences(checked, target, progress)
+    sequences = prepare_sequences(checked, target, progress)  # creates `checkpoint` once the data is ready
     data_seconds = time.perf_counter() - started
 
     config = drafter_config(target.config, checked)
@@ -281,7 +295,7 @@ def train_drafter(options: TrainDrafterOptions, progress: Progress | None = None
     save_drafter(_cast(drafter, dtype), checked.out)
     summary = {
         "target": str(checked.target_dir),
-        "data": [str(p) for p in o.data],
+        "data": [str(p) for p in o.data][:8] + ([f"... and {len(o.data) - 8} more"] if len(o.data) > 8 else []),
         "num_sequences": len(sequences),
         "num_trained_tokens": int(sum(sum(s.loss_mask) for s in sequences)),
         "regenerated": o.regenerate,
