@@ -26,7 +26,7 @@ def bench(
     model: Optional[str] = typer.Option(None, "--model", help="'demo': the embedded target/drafter pair."),
     target: Optional[str] = typer.Option(None, "--target", help="Target model directory (Hugging Face layout)."),
     drafter: Optional[str] = typer.Option(None, "--drafter", help="DFlash drafter directory (z-lab layout)."),
-    build: Optional[Path] = typer.Option(None, "--build", help="A `dflash-trt build` output directory (engines; issue 4)."),
+    build: Optional[Path] = typer.Option(None, "--build", help="A `dflash-trt build` output directory: its engines on a GPU (--device cuda), its ONNX graphs on CPU."),
     url: Optional[str] = typer.Option(None, "--url", help="A running DFlash Triton server, e.g. http://localhost:8000."),
     server_model: str = typer.Option("dflash", "--server-model", help="With --url: the DFlash model's name."),
     ar_model: str = typer.Option("ar", "--ar-model", help="With --url: the autoregressive baseline model's name."),

@@ -163,10 +163,8 @@ def _engines_run_here(build_dir: Path) -> bool:
 def _summary(console: Console, bench_json: Path, build_dir: Path, build_code: int) -> None:
     console.print(Rule("[bold]Summary", align="left"))
     report = json.loads(bench_json.read_text())
-    headline = report.get("headline", {})
-    tau = headline.get("mean_tau")
-    speedup = headline.get("speedup")
-    lossless = headline.get("lossless")
+    summary = report["summary"]  # the keys trtllm_dflash.bench.measure.run_bench writes
+    tau, speedup, lossless = summary.get("tau"), summary.get("speedup"), summary.get("lossless")
     built = "complete" if build_code == 0 else "stopped before the stages this machine cannot run"
     console.print(f"build: {built} ({escape(str(build_dir / 'manifest.json'))})")
     if tau is not None:

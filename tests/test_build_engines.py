@@ -140,6 +140,23 @@ def test_speculative_decode_through_the_graphs_equals_the_torch_runtime(onnx_run
     assert max(steps) > 1 and min(steps) == 1  # drafts were accepted and rejected
 
 
+def test_bench_on_the_build_runs_its_graphs_and_matches_the_torch_runtime(build, reference):
+    """`dflash-trt bench --build DIR` on CPU: the build's ONNX graphs, AR vs DFlash, lossless."""
+    from trtllm_dflash.bench.backends import open_backend
+    from trtllm_dflash.bench.measure import BenchConfig, run_bench
+
+    backend = open_backend(build=build)
+    assert backend.name == "onnxruntime" and backend.describe()["artifacts"].endswith("export")
+    prompts = ["def __init__(self, name):", "import os\nimport sys\n"]
+    report = run_bench(backend, prompts, BenchConfig(max_new_tokens=12, block_sizes=[2, backend.block_size], concurrency=[2], warmup=False))
+    assert report["summary"]["lossless"] is True and report["concurrency"][0]["identical_outputs"] == 2
+    graphs = backend.run(prompts, True, backend.block_size, 1, 12)
+    expected = _decode(reference, [backend.encode(p) for p in prompts])
+    assert [r.token_ids[:12] for r in expected] == [r.token_ids for r in graphs.results]
+    with pytest.raises(Exception, match="beyond the build's bound"):
+        backend.run(prompts, True, backend.block_size + 1, 1, 4)
+
+
 def test_native_graphs_use_only_standard_onnx_ops(build):
     import onnx
 

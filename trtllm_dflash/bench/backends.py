@@ -3,11 +3,11 @@
 A backend decodes a batch of tokenized prompts either autoregressively or with DFlash, at a
 given block size and concurrency, and reports what it produced and how long it took. The bench
 (measure.py) only talks to this interface, so the same interleaved measurement runs on:
-- `PairBackend`: a target/drafter checkpoint pair on the torch runtime (implemented here);
+- `PairBackend`: a target/drafter checkpoint pair on the torch runtime;
 - `ServerBackend`: a running Triton server (serving, issue 5) holding a DFlash model and its
   autoregressive baseline (the same target without the drafter), through the serving client;
-- a build directory of TensorRT engines (`dflash-trt build`, issue 4): plugs in here once that
-  runtime exists; until then asking for it fails with a message that says so.
+- `BuildBackend`: a `dflash-trt build` directory: its TensorRT engines on a GPU, or on CPU the
+  ONNX graphs they were built from (onnxruntime).
 """
 
 from __future__ import annotations
@@ -59,32 +59,23 @@ class BenchBackend(abc.ABC):
         return {"backend": self.name, "device": self.device, "block_size": self.block_size}
 
 
-class PairBackend(BenchBackend):
-    """A target and its DFlash drafter on the torch runtime (one target model, two runtimes).
+class RuntimeBackend(BenchBackend):
+    """Two runtimes of the decoding loop in this process: the target alone and target + drafter.
 
     The autoregressive baseline is this package's own decoding loop without a drafter, on the
-    same loaded target, so both modes pay the same framework overheads.
+    same weights, so both modes pay the same framework overheads.
     """
 
-    name = "torch"
-
-    def __init__(self, target: str | Path, drafter: str | Path, device: str = "cpu") -> None:
-        from trtllm_dflash.checkpoints import load_drafter, load_target
-        from trtllm_dflash.runtime.torch_runtime import TorchRuntime
-
-        if device == "cuda" and not torch.cuda.is_available():
-            raise DFlashError("--device cuda was asked for but no CUDA GPU is visible", "use --device cpu")
-        self.target = load_target(target, device=device, require_tokenizer=True)
-        self.drafter = load_drafter(drafter, target=self.target)
-        self.ar_runtime = TorchRuntime(self.target.model)
-        self.dflash_runtime = TorchRuntime(self.target.model, self.drafter)
-        self.block_size = int(self.drafter.config.block_size)
+    def __init__(self, ar_runtime, dflash_runtime, tokenizer, block_size: int, device: str) -> None:
+        self.ar_runtime, self.dflash_runtime = ar_runtime, dflash_runtime
+        self.tokenizer = tokenizer
+        self.block_size = int(block_size)
         self.device = device
         self._encoded: dict[str, list[int]] = {}
 
     def encode(self, prompt: str) -> list[int]:
         if prompt not in self._encoded:
-            ids = list(self.target.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+            ids = list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
             if not ids:
                 raise DFlashError("a prompt encodes to no tokens", "remove empty prompts")
             self._encoded[prompt] = ids
@@ -107,6 +98,25 @@ class PairBackend(BenchBackend):
             torch.cuda.synchronize()
         return BackendRun(results, time.perf_counter() - started, list(decoder.stats))
 
+
+class PairBackend(RuntimeBackend):
+    """A target and its DFlash drafter checkpoints on the torch runtime (one loaded target)."""
+
+    name = "torch"
+
+    def __init__(self, target: str | Path, drafter: str | Path, device: str = "cpu") -> None:
+        from trtllm_dflash.checkpoints import load_drafter, load_target
+        from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+
+        if device == "cuda" and not torch.cuda.is_available():
+            raise DFlashError("--device cuda was asked for but no CUDA GPU is visible", "use --device cpu")
+        self.target = load_target(target, device=device, require_tokenizer=True)
+        self.drafter = load_drafter(drafter, target=self.target)
+        super().__init__(
+            TorchRuntime(self.target.model), TorchRuntime(self.target.model, self.drafter),
+            self.target.tokenizer, self.drafter.config.block_size, device,
+        )
+
     def describe(self) -> dict:
         return {
             **super().describe(),
@@ -117,6 +127,49 @@ class PairBackend(BenchBackend):
             "drafter_parameters": sum(p.numel() for p in self.drafter.parameters()),
             "threads": torch.get_num_threads(),
         }
+
+
+class BuildBackend(RuntimeBackend):
+    """The artifacts of a `dflash-trt build`: its TensorRT engines on a GPU, its ONNX graphs on CPU.
+
+    On CPU the graphs the engines were built from run with onnxruntime (the same graphs, not the
+    engines: TensorRT needs a GPU); `describe()` says which one ran.
+    """
+
+    def __init__(self, build: Path, device: str = "cpu") -> None:
+        build = Path(build).expanduser()
+        if device == "cuda":
+            if not torch.cuda.is_available():
+                raise DFlashError("--device cuda was asked for but no CUDA GPU is visible", "use --device cpu (runs the build's ONNX graphs)")
+            from trtllm_dflash.runtime.trt_runtime import load_engine_pipeline
+
+            folder = build / "engines" if (build / "engines" / "engines.json").is_file() else build
+            ar, dflash = (load_engine_pipeline(folder, drafter=d, device="cuda") for d in (False, True))
+            self.name, self.artifacts = "tensorrt", str(folder)
+        else:
+            from trtllm_dflash.runtime.artifacts import export_dir_of, load_onnx_pipeline
+
+            ar, dflash = (load_onnx_pipeline(build, drafter=d) for d in (False, True))
+            self.name, self.artifacts = "onnxruntime", str(export_dir_of(build))
+        if dflash.runtime.drafter_config is None:
+            raise DFlashError(f"the build {build} has no drafter", "rebuild it with a drafter (the recipe's drafter section)")
+        self.max_seq_len = int(dflash.runtime.info["bounds"]["max_seq_len"])
+        block = min(int(dflash.runtime.drafter_config.block_size), int(dflash.runtime.info["bounds"]["block_size"]))
+        super().__init__(ar.runtime, dflash.runtime, dflash.tokenizer, block, device)
+
+    def run(self, prompts, speculative, block_size, concurrency, max_new_tokens) -> BackendRun:
+        if block_size > self.block_size:
+            raise DFlashError(f"block size {block_size} is beyond the build's bound {self.block_size}", f"sweep block sizes up to {self.block_size}")
+        longest = max(len(self.encode(p)) for p in prompts) + max_new_tokens + 1
+        if longest > self.max_seq_len:
+            raise DFlashError(
+                f"a prompt plus --max-new-tokens needs {longest} positions; the build's engines hold {self.max_seq_len}",
+                "lower --max-new-tokens, or rebuild with a larger max_seq_len",
+            )
+        return super().run(prompts, speculative, block_size, concurrency, max_new_tokens)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "artifacts": self.artifacts, "threads": torch.get_num_threads()}
 
 
 class ServerBackend(BenchBackend):
@@ -226,11 +279,7 @@ def open_backend(
             "pass --model demo, or --target DIR --drafter DIR, or --build DIR, or --url URL",
         )
     if build is not None:
-        raise DFlashError(
-            f"benchmarking the build directory {build} needs the TensorRT engine runtime of `dflash-trt build` "
-            "(issue 4), which this installation does not have yet",
-            "benchmark the checkpoints instead: --target DIR --drafter DIR (or --model demo)",
-        )
+        return BuildBackend(build, device)
     if url is not None:
         return ServerBackend(url, server_model, ar_model, protocol)
     if model is not None:

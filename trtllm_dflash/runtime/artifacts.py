@@ -42,13 +42,13 @@ def export_dir_of(path: str | Path) -> Path:
     raise DFlashError(f"{path} holds no exported graphs (graphs.json)", "pass the --out directory of a `dflash-trt build` whose export stage finished")
 
 
-def load_onnx_pipeline(build_dir: str | Path, max_context: int | None = None, variant: str = "native"):
-    """A DFlashPipeline that runs a build's ONNX graphs on CPU with onnxruntime."""
+def load_onnx_pipeline(build_dir: str | Path, max_context: int | None = None, variant: str = "native", drafter: bool = True):
+    """A DFlashPipeline that runs a build's ONNX graphs on CPU with onnxruntime (`drafter=False`: AR)."""
     from trtllm_dflash.api import DFlashPipeline
     from trtllm_dflash.runtime.onnx_runtime import OnnxRuntime
 
     export_dir = export_dir_of(build_dir)
-    runtime = OnnxRuntime(export_dir, variant)
+    runtime = OnnxRuntime(export_dir, variant, drafter=drafter)
     tokenizer, stops = tokenizer_and_stops(export_dir / "tokenizer")
     limit = int(runtime.info["bounds"]["max_seq_len"])
     return DFlashPipeline(runtime, tokenizer, stops, max_context=min(max_context or limit, limit))

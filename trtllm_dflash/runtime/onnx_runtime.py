@@ -112,7 +112,15 @@ def _numpy(t: torch.Tensor, dtype=None) -> np.ndarray:
 class OnnxRuntime(CachedRuntime):
     """Runs an export directory's target and drafter graphs with the decoding loop's interface."""
 
-    def __init__(self, export_dir: str | Path, variant: str = "native", backend: str = "auto", custom_ops: Sequence[type] | None = None) -> None:
+    def __init__(
+        self,
+        export_dir: str | Path,
+        variant: str = "native",
+        backend: str = "auto",
+        custom_ops: Sequence[type] | None = None,
+        drafter: bool = True,
+    ) -> None:
+        """`drafter=False` runs the target graph alone (autoregressive: the bench's baseline)."""
         export_dir = Path(export_dir)
         info_file = export_dir / "graphs.json"
         if not info_file.is_file():
@@ -130,7 +138,7 @@ class OnnxRuntime(CachedRuntime):
         self.vocab_size = int(info["vocab_size"])
         self.target = graphs["target"]
         self.target_session = GraphSession(_graph_file(export_dir, variant, self.target), backend, custom_ops)
-        self.drafter = graphs.get("drafter")
+        self.drafter = graphs.get("drafter") if drafter else None
         self.drafter_session = None
         self.drafter_config = None
         if self.drafter is not None:
