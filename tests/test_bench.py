@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from trtllm_dflash.bench.backends import BackendRun, PairBackend, open_backend
@@ -15,15 +14,6 @@ from trtllm_dflash.cli.app import app
 from trtllm_dflash.errors import DFlashError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch thread: on a shared 2-core machine, 2 OpenMP threads spin against other jobs."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def test_bench_demo_writes_report_and_plots(tmp_path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from trtllm_dflash.api import DFlashPipeline
 from trtllm_dflash.bench.prompts import load_prompt_set
@@ -14,15 +13,6 @@ from trtllm_dflash.demo import DEMO_DIR, drafter_dir, target_dir
 
 NUM_PROMPTS = 8
 NEW_TOKENS = 64
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch thread: on a shared 2-core machine, 2 OpenMP threads spin against other jobs."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def test_demo_pair_is_shipped_and_small():

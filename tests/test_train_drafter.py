@@ -22,15 +22,6 @@ from trtllm_dflash.training.run import TrainDrafterOptions, check_options, train
 LETTERS = "abcdefghijklmnop"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch thread: on a shared 2-core machine, 2 OpenMP threads spin against other jobs."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def periodic_text(rng: random.Random, length: int = 64) -> str:
     period = "".join(rng.choice(LETTERS) for _ in range(rng.randint(3, 6)))
     return (period * (length // len(period) + 1))[:length]
