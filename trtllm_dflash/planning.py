@@ -12,7 +12,6 @@ does: NVFP4 on Hopper, FP8 below SM 8.9, too few GPUs, or a model that does not 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from typing import Any
 

@@ -16,10 +16,8 @@ Stages, each resumable from its checkpoints in --work:
 from __future__ import annotations
 
 import json
-import math
 import platform
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Annotated
