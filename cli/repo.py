@@ -66,7 +66,8 @@ def repo(
     if found is not None:
         target, draft = found.model.checkpoint, found.drafter.checkpoint
         limits = {"max_batch": found.triton.max_batch_size, "max_context": found.limits.max_seq_len,
-                  "max_tokens": found.limits.max_seq_len - found.limits.max_input_len, "block_size": found.drafter.block_size}
+                  "max_tokens": found.limits.max_seq_len - found.limits.max_input_len, "block_size": found.drafter.block_size,
+                  "draft_len_schedule": found.drafter.draft_len_schedule}
         source = {"recipe": found.name}
     else:
         target, draft = model, drafter
@@ -80,7 +81,7 @@ def repo(
         options["max_tokens"] = min(options["max_tokens"], options["max_context"] - 1)
     models = [(name, _config(ServingConfig, target=target, drafter=draft, **options))]
     if draft is not None and baseline:
-        ar_options = {k: v for k, v in options.items() if k != "block_size"}
+        ar_options = {k: v for k, v in options.items() if k not in ("block_size", "draft_len_schedule")}
         models.append((baseline, _config(ServingConfig, target=target, drafter=None, **ar_options)))
     path = repository.write_repository(out, models, source=source, force=force)
     for model_name, config in models:

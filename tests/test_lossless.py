@@ -165,3 +165,37 @@ def test_requests_joining_a_running_batch(trained_pair):
         if not decoder.has_work:
             break
     assert [results[i].token_ids for i in range(len(prompts))] == [o.token_ids for o in alone]
+
+
+def test_draft_length_schedule_shortens_blocks_as_rows_join_and_stays_lossless(trained_pair):
+    """{rows from: draft tokens}: fewer drafts with more live rows, 0 = verify the anchor alone."""
+    from trtllm_dflash.decoding import Decoder, Request, SamplingParams
+    from trtllm_dflash.errors import DFlashError
+
+    target_dir, drafter_dir, prompts = trained_pair
+    pipe = DFlashPipeline.load(target_dir, drafter_dir, dtype=torch.float64)
+    block = pipe.runtime.drafter_config.block_size
+    schedule = {1: block - 1, 2: 2, 3: 0}
+    free = pipe.generate(prompts, max_new_tokens=40, stop_token_ids=())
+    decoder = Decoder(pipe.runtime, max_batch=3, max_context=256, draft_len_schedule=schedule)
+    assert [decoder.draft_len(n) for n in (1, 2, 3, 8)] == [block - 1, 2, 0, 0]
+    limits = [12, 24, 40]  # rows finish at different times: the batch shrinks through the schedule
+    results = decoder.generate([Request(p, SamplingParams(max_new_tokens=n)) for p, n in zip(prompts, limits)])
+    for out, full, n in zip(results, free, limits):
+        assert out.token_ids == full.token_ids[:n]
+    # per-step acceptance bounded by the schedule at that step's live rows
+    rows_per_step = [s.batch_size for s in decoder.stats]
+    assert {3, 2, 1} <= set(rows_per_step)
+    last = results[-1].acceptance_lengths
+    assert max(last[: rows_per_step.count(3)]) == 1  # 3 rows: anchor-only verification
+    assert max(last[-5:]) > 3  # alone again: long runs accepted, so the drafter's context stayed complete
+
+    # sampling, drafts of length 0 only: exactly the autoregressive sampler (same seed, same RNG streams)
+    sampled = Decoder(pipe.runtime, max_batch=3, max_context=256, draft_len_schedule={1: 0}).generate(
+        [Request(p, SamplingParams(max_new_tokens=20, temperature=1.0, seed=5)) for p in prompts])
+    ar = DFlashPipeline.load(target_dir, None, dtype=torch.float64).generate(
+        prompts, max_new_tokens=20, temperature=1.0, seed=5, stop_token_ids=())
+    assert [r.token_ids for r in sampled] == [r.token_ids for r in ar]
+
+    with pytest.raises(DFlashError, match="drafts more than block size"):
+        Decoder(pipe.runtime, max_batch=1, max_context=64, draft_len_schedule={1: block})

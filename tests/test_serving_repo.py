@@ -318,3 +318,25 @@ def test_repo_for_the_demo_takes_its_limits_from_the_demo_recipe(tmp_path):
     assert config.max_tokens == recipe.limits.max_seq_len - recipe.limits.max_input_len
     assert config.block_size == recipe.drafter.block_size
     assert config.max_batch == 4  # a flag overrides the recipe
+
+
+def test_recipe_draft_length_schedule_reaches_the_served_decoder(tmp_path):
+    """A recipe's draft_len_schedule is written to config.pbtxt and parsed back into the model's decoder."""
+    from trtllm_dflash.demo import DEMO_DIR
+    from trtllm_dflash.recipes import find_recipe
+    from trtllm_dflash.serving.config import ServingConfig
+
+    if not (DEMO_DIR / "target" / "config.json").is_file():
+        pytest.skip("the embedded demo pair is not in this checkout")
+    text = find_recipe("demo", "cpu").path.read_text()
+    recipe = tmp_path / "demo-scheduled.yaml"
+    recipe.write_text(text.replace("  block_size: 8\n", "  block_size: 8\n  draft_len_schedule: {1: 7, 4: 3, 16: 0}\n"))
+    result = _cli("repo", "--recipe", str(recipe), "--out", str(tmp_path / "repo"))
+    assert result.exit_code == 0, result.output
+    parameters = {k: v.string_value for k, v in _parse_pbtxt(tmp_path / "repo" / "dflash" / "config.pbtxt").parameters.items()}
+    assert parameters["draft_len_schedule"] == "1:7,4:3,16:0"
+    assert ServingConfig.from_parameters(parameters).draft_len_schedule == {1: 7, 4: 3, 16: 0}
+    ar = {k: v.string_value for k, v in _parse_pbtxt(tmp_path / "repo" / "ar" / "config.pbtxt").parameters.items()}
+    assert "draft_len_schedule" not in ar
+    with pytest.raises(DFlashError, match="not a schedule like"):
+        ServingConfig.from_parameters({"target": "demo", "draft_len_schedule": "1=7"})

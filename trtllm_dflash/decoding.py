@@ -17,7 +17,7 @@ import itertools
 import secrets
 import time
 from collections import deque
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import torch
 
@@ -108,12 +108,30 @@ class _Live:
         self.start = len(request.prompt_ids)  # position of the anchor == committed target length
 
 
+def _check_schedule(schedule: Mapping[int, int] | None, block_size: int) -> dict[int, int]:
+    """A draft-length schedule as {live rows from: draft tokens}, checked against the block size."""
+    if not schedule:
+        return {}
+    checked = {int(k): int(v) for k, v in schedule.items()}
+    if min(checked) < 1 or min(checked.values()) < 0:
+        raise DFlashError(f"draft_len_schedule {checked} has a row count < 1 or a negative length", "use {rows: draft tokens} with rows >= 1, tokens >= 0")
+    if max(checked.values()) > block_size - 1:
+        raise DFlashError(
+            f"draft_len_schedule {checked} drafts more than block size - 1 = {block_size - 1} tokens",
+            "lower the schedule's lengths or raise the block size",
+        )
+    return checked
+
+
 class Decoder:
     """Batched DFlash speculative decoding (or autoregressive decoding without a drafter).
 
     `max_context` bounds prompt + generated tokens per sequence; `block_size` defaults to the
-    drafter's. Call `submit` to queue requests and `step` to advance every live request by one
-    verify pass; `generate` does both until everything is finished.
+    drafter's. `draft_len_schedule` ({live rows from: draft tokens}, e.g. {1: 15, 8: 7, 32: 0})
+    drafts fewer tokens when many rows share a step, where verifying long blocks costs more than
+    it gains; 0 verifies the anchor alone (the drafter still runs, on its smallest block, so its
+    context cache stays complete). Call `submit` to queue requests and `step` to advance every
+    live request by one verify pass; `generate` does both until everything is finished.
     """
 
     def __init__(
@@ -123,6 +141,7 @@ class Decoder:
         max_context: int = 2048,
         block_size: int | None = None,
         profile: bool = False,
+        draft_len_schedule: Mapping[int, int] | None = None,
     ) -> None:
         self.runtime = runtime
         self.speculative = runtime.has_drafter
@@ -134,6 +153,7 @@ class Decoder:
             self.mask_token_id = config.mask_token_id
         else:
             self.block_size = 1
+        self.draft_len_schedule = _check_schedule(draft_len_schedule, self.block_size) if self.speculative else {}
         self.max_batch = max_batch
         self.max_context = max_context
         self.profile = profile
@@ -262,20 +282,33 @@ class Decoder:
 
     # ------------------------------------------------------------------ one speculative step
 
+    def draft_len(self, live_rows: int) -> int:
+        """Draft tokens verified in a step with `live_rows` rows (the schedule, else block size - 1)."""
+        length = self.block_size - 1
+        for threshold, value in sorted(self.draft_len_schedule.items()):
+            if live_rows >= threshold:
+                length = value
+        return length
+
     def _decode_step(self) -> list[StepEvent]:
-        n, block_size = len(self.live), self.block_size
+        n = len(self.live)
         rows = slice(0, n)
-        span = max(live.start for live in self.live) + block_size
+        draft_len = self.draft_len(n) if self.speculative else 0
+        verified_len = draft_len + 1  # anchor + drafts
+        span = max(live.start for live in self.live) + verified_len
 
         started = time.perf_counter()
         draft_probs = None
         if self.speculative:
-            block = torch.full((n, block_size), self.mask_token_id, dtype=torch.long, device=self.device)
+            block = torch.full((n, max(draft_len, 1) + 1), self.mask_token_id, dtype=torch.long, device=self.device)
             block[:, 0] = self.anchor
             draft_logits = self.runtime.draft_forward(
                 rows, block, self.ctx_features, self.ctx_counts, self.starts - self.ctx_counts
             )
             block[:, 1:], draft_probs = self._sample_drafts(draft_logits)
+            block = block[:, :verified_len]
+            if draft_probs is not None:
+                draft_probs = draft_probs[:, :draft_len]
         else:
             block = self.anchor.view(-1, 1)
         if self.profile:
@@ -296,8 +329,8 @@ class Decoder:
 
         events, finished, committed = [], [], 0
         for i, live in enumerate(self.live):
-            num_accepted = packed[i][block_size - 1]
-            tokens = packed[i][:num_accepted] + [packed[i][block_size]]
+            num_accepted = packed[i][draft_len]
+            tokens = packed[i][:num_accepted] + [packed[i][draft_len + 1]]
             live.start += num_accepted + 1
             live.result.num_target_forwards += 1
             new = self._commit(live, tokens)
@@ -314,7 +347,7 @@ class Decoder:
         """Draft tokens at block positions 1..B-1 (argmax, or sampled from the processed q)."""
         if self.sampling.all_greedy:
             return draft_logits.argmax(dim=-1), None
-        positions = self.starts.view(-1, 1) + torch.arange(1, self.block_size, device=self.device)
+        positions = self.starts.view(-1, 1) + torch.arange(1, draft_logits.shape[1] + 1, device=self.device)
         s = self.sampling
         return reference.sample_tokens(draft_logits, s.temperature, s.top_k, s.top_p, s.seed, positions, rng.STREAM_DRAFT)
 

@@ -129,12 +129,14 @@ class BuildSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The recipe as resolved (what the manifest records), with the flat limits the serving
-        part reads (`max_batch`: requests per decoding step, `max_input_len`, `max_seq_len`, `block_size`)."""
+        part reads (`max_batch`: requests per decoding step, `max_input_len`, `max_seq_len`, `block_size`,
+        `draft_len_schedule`)."""
         limits = {
             "max_batch": self.recipe.triton.max_batch_size,
             "max_input_len": self.max_input_len,
             "max_seq_len": self.max_seq_len,
             "block_size": self.block_size,
+            "draft_len_schedule": self.recipe.drafter.draft_len_schedule,
         }
         return {"name": self.recipe.name, "source": self.source, **self.recipe.model_dump(mode="json"), **limits}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trtllm_dflash.errors import DFlashError
 
@@ -32,7 +32,21 @@ class ServingConfig(BaseModel):
     max_tokens: int = Field(1024, ge=1, description="Largest sampling_param_max_tokens a request may ask for.")
     default_max_tokens: Optional[int] = Field(None, ge=1, description="Tokens generated when a request does not say (default: min(128, max_tokens)).")
     block_size: Optional[int] = Field(None, ge=2, description="Draft block size (default: the drafter's).")
+    draft_len_schedule: Optional[dict[int, int]] = Field(
+        None, description="Draft tokens by live rows, {rows from: tokens} (the recipe's; '1:7,8:3,16:0' in config.pbtxt)."
+    )
     num_threads: int = Field(0, ge=0, description="torch CPU threads per model (0 = torch's default).")
+
+    @field_validator("draft_len_schedule", mode="before")
+    @classmethod
+    def _parse_schedule(cls, value):
+        """config.pbtxt parameters are strings: '1:7,8:3' -> {1: 7, 8: 3}."""
+        if isinstance(value, str):
+            try:
+                return {int(k): int(v) for k, v in (item.split(":") for item in value.split(",") if item.strip())}
+            except ValueError:
+                raise ValueError(f"'{value}' is not a schedule like '1:7,8:3' (live rows from: draft tokens)") from None
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> "ServingConfig":
@@ -59,7 +73,10 @@ class ServingConfig(BaseModel):
 
     def to_parameters(self) -> dict[str, str]:
         """String key/values for config.pbtxt `parameters` (None values are left out)."""
-        return {key: str(value) for key, value in self.model_dump().items() if value is not None}
+        values = self.model_dump()
+        if values["draft_len_schedule"] is not None:
+            values["draft_len_schedule"] = ",".join(f"{k}:{v}" for k, v in sorted(values["draft_len_schedule"].items()))
+        return {key: str(value) for key, value in values.items() if value is not None}
 
     @classmethod
     def from_parameters(cls, parameters: dict) -> "ServingConfig":

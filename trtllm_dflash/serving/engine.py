@@ -78,7 +78,8 @@ class ServingEngine:
         self._thread: threading.Thread | None = None
 
     def _new_decoder(self) -> Decoder:
-        return Decoder(self.pipeline.runtime, max_batch=self.config.max_batch, max_context=self.max_context, block_size=self.config.block_size)
+        return Decoder(self.pipeline.runtime, max_batch=self.config.max_batch, max_context=self.max_context,
+                       block_size=self.config.block_size, draft_len_schedule=self.config.draft_len_schedule)
 
     # ------------------------------------------------------------------ request side (any thread)
 

@@ -212,7 +212,7 @@ def models_from_build(build_dir: str | Path) -> list[tuple[str, ServingConfig]]:
 
     Reads the build manifest (issue 4): `stages.checkpoints.summary.{target,drafter}.path`,
     `stages.engines` (complete: engines in that stage's folder) and the limits in `recipe`
-    (`max_batch`, `max_input_len`, `max_seq_len`, `block_size`).
+    (`max_batch`, `max_input_len`, `max_seq_len`, `block_size`, `draft_len_schedule`).
     """
     build_dir = Path(build_dir).expanduser().resolve()
     manifest = read_build(build_dir)
@@ -232,11 +232,13 @@ def models_from_build(build_dir: str | Path) -> list[tuple[str, ServingConfig]]:
             options["max_tokens"] = int(recipe["max_seq_len"]) - int(recipe["max_input_len"])
     if recipe.get("block_size"):
         options["block_size"] = int(recipe["block_size"])
+    if recipe.get("draft_len_schedule"):
+        options["draft_len_schedule"] = {int(k): int(v) for k, v in recipe["draft_len_schedule"].items()}
     engines = _stage(manifest, "engines")
     if engines is not None:
         options.update(runtime="trt", engines=str(build_dir / engines.get("dir", "engines")))
     dflash = ServingConfig(**options)
-    baseline = ServingConfig(**{**options, "drafter": None, "block_size": None})
+    baseline = ServingConfig(**{**options, "drafter": None, "block_size": None, "draft_len_schedule": None})
     return [("dflash", dflash), ("ar", baseline)]
 
 
