@@ -128,9 +128,9 @@ class Decoder:
 
     `max_context` bounds prompt + generated tokens per sequence; `block_size` defaults to the
     drafter's. `draft_len_schedule` ({live rows from: draft tokens}, e.g. {1: 15, 8: 7, 32: 0})
-    drafts fewer tokens when many rows share a step, where verifying long blocks costs more than
-    it gains; 0 verifies the anchor alone (the drafter still runs, on its smallest block, so its
-    context cache stays complete). Call `submit` to queue requests and `step` to advance every
+    verifies fewer drafted tokens when many rows share a step, where verifying long blocks costs
+    more than it gains; 0 verifies the anchor alone (the drafter still runs, on its smallest
+    block, so its context cache stays complete). Call `submit` to queue requests and `step` to advance every
     live request by one verify pass; `generate` does both until everything is finished.
     """
 
@@ -291,7 +291,7 @@ class Decoder:
         return length
 
     def _decode_step(self) -> list[StepEvent]:
-        n = len(self.live)
+        n, block_size = len(self.live), self.block_size
         rows = slice(0, n)
         draft_len = self.draft_len(n) if self.speculative else 0
         verified_len = draft_len + 1  # anchor + drafts
@@ -300,7 +300,11 @@ class Decoder:
         started = time.perf_counter()
         draft_probs = None
         if self.speculative:
-            block = torch.full((n, max(draft_len, 1) + 1), self.mask_token_id, dtype=torch.long, device=self.device)
+            # the drafter always sees the block it was trained on (a shorter block of masks drafts worse);
+            # a schedule only shortens what the target verifies. Draft length 0 still runs the smallest
+            # block, for the context rows the drafter's cache needs.
+            drafted_len = block_size if draft_len > 0 else 2
+            block = torch.full((n, drafted_len), self.mask_token_id, dtype=torch.long, device=self.device)
             block[:, 0] = self.anchor
             draft_logits = self.runtime.draft_forward(
                 rows, block, self.ctx_features, self.ctx_counts, self.starts - self.ctx_counts
