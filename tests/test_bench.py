@@ -20,21 +20,21 @@ def test_bench_demo_writes_report_and_plots(tmp_path):
     out = tmp_path / "bench"
     result = CliRunner().invoke(app, [
         "bench", "--model", "demo", "--prompts", "stdlib", "--num-prompts", "2", "-n", "24",
-        "--block-sizes", "4,16", "--concurrency", "1,3", "--out", str(out),
+        "--block-sizes", "4,8", "--concurrency", "1,3", "--out", str(out),
     ])
     assert result.exit_code == 0, result.output
     report = json.loads((out / "bench.json").read_text())
     s = report["summary"]
     assert s["lossless"] is True and s["mismatched_prompts"] == 0
-    assert report["settings"]["block_size"] == 16
-    assert 1.0 <= s["tau"] <= 16
+    assert report["settings"]["block_size"] == 8  # the demo drafter's block size
+    assert 1.0 <= s["tau"] <= 8
     steps = report["block_sizes"][-1]["steps"]
     assert sum(s["tau_histogram"].values()) == steps > 0
-    assert sorted(int(k) for k in s["tau_histogram"]) == list(range(1, 17))
+    assert sorted(int(k) for k in s["tau_histogram"]) == list(range(1, 9))
     assert s["ar_tokens_per_second"] > 0 and s["dflash_tokens_per_second"] > 0
     assert s["speedup"] == pytest.approx(s["dflash_tokens_per_second"] / s["ar_tokens_per_second"])
     assert s["tau_ideal_speedup"] == pytest.approx(s["tau"] * s["ar_step_ms"] / (s["draft_ms"] + s["verify_ms"]))
-    assert [r["block_size"] for r in report["block_sizes"]] == [4, 16]
+    assert [r["block_size"] for r in report["block_sizes"]] == [4, 8]
     assert all(1.0 <= r["tau"] <= r["block_size"] for r in report["block_sizes"])
     assert s["generated_tokens"] == 2 * 24
     assert [r["concurrency"] for r in report["concurrency"]] == [1, 3]
