@@ -144,6 +144,7 @@ def test_bench_on_the_build_runs_its_graphs_and_matches_the_torch_runtime(build,
     """`dflash-trt bench --build DIR` on CPU: the build's ONNX graphs, AR vs DFlash, lossless."""
     from trtllm_dflash.bench.backends import open_backend
     from trtllm_dflash.bench.measure import BenchConfig, run_bench
+    from trtllm_dflash.errors import DFlashError
 
     backend = open_backend(build=build)
     assert backend.name == "onnxruntime" and backend.describe()["artifacts"].endswith("export")
@@ -153,7 +154,7 @@ def test_bench_on_the_build_runs_its_graphs_and_matches_the_torch_runtime(build,
     graphs = backend.run(prompts, True, backend.block_size, 1, 12)
     expected = _decode(reference, [backend.encode(p) for p in prompts])
     assert [r.token_ids[:12] for r in expected] == [r.token_ids for r in graphs.results]
-    with pytest.raises(Exception, match="beyond the build's bound"):
+    with pytest.raises(DFlashError, match="beyond the build's bound"):
         backend.run(prompts, True, backend.block_size + 1, 1, 4)
 
 

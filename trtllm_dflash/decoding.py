@@ -114,7 +114,10 @@ def _check_schedule(schedule: Mapping[int, int] | None, block_size: int) -> dict
         return {}
     checked = {int(k): int(v) for k, v in schedule.items()}
     if min(checked) < 1 or min(checked.values()) < 0:
-        raise DFlashError(f"draft_len_schedule {checked} has a row count < 1 or a negative length", "use {rows: draft tokens} with rows >= 1, tokens >= 0")
+        raise DFlashError(
+            f"draft_len_schedule {checked} has a row count < 1 or a negative length",
+            "use {rows: draft tokens} with rows >= 1 and tokens >= 0",
+        )
     if max(checked.values()) > block_size - 1:
         raise DFlashError(
             f"draft_len_schedule {checked} drafts more than block size - 1 = {block_size - 1} tokens",
@@ -130,8 +133,9 @@ class Decoder:
     drafter's. `draft_len_schedule` ({live rows from: draft tokens}, e.g. {1: 15, 8: 7, 32: 0})
     verifies fewer drafted tokens when many rows share a step, where verifying long blocks costs
     more than it gains; 0 verifies the anchor alone (the drafter still runs, on its smallest
-    block, so its context cache stays complete). Call `submit` to queue requests and `step` to advance every
-    live request by one verify pass; `generate` does both until everything is finished.
+    block, so its context cache stays complete). Call `submit` to queue requests and `step` to
+    advance every live request by one verify pass; `generate` does both until everything is
+    finished.
     """
 
     def __init__(
