@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -21,6 +22,25 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip_slow)
+
+
+@pytest.fixture
+def run_main(monkeypatch, capsys):
+    """`run_main(*args)` runs `dflash-trt ARGS` through the real entry point in this process
+    (main() turns a DFlashError into one line and exit 2); returns (exit code, stdout, stderr)."""
+    from trtllm_dflash.cli.app import main
+
+    def run(*args: str) -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "argv", ["dflash-trt", *args])
+        code = 0
+        try:
+            main()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
-from trtllm_dflash.cli.app import main
 from trtllm_dflash.testing import make_tiny_drafter, make_tiny_target
 
 
@@ -19,23 +17,12 @@ def text_pair(tmp_path_factory):
     return str(target), str(drafter)
 
 
-def run_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["dflash-trt", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
-
-def test_json_output_has_one_object_per_prompt(text_pair, monkeypatch, capsys):
+def test_json_output_has_one_object_per_prompt(text_pair, run_main):
     target, drafter = text_pair
-    code, out, err = run_cli(
-        ["generate", "--target", target, "--drafter", drafter, "--prompt", "def f(x):", "--prompt", "import os",
-         "--max-new-tokens", "12", "--json"],
-        monkeypatch, capsys,
+    code, out, err = run_main(
+        "generate", "--target", target, "--drafter", drafter, "--prompt", "def f(x):", "--prompt", "import os",
+        "--max-new-tokens", "12", "--json",
     )
     assert code == 0, err
     rows = [json.loads(line) for line in out.splitlines()]
@@ -52,23 +39,19 @@ def test_json_output_has_one_object_per_prompt(text_pair, monkeypatch, capsys):
         assert row["num_target_forwards"] == 1 + len(row["acceptance_lengths"])
 
 
-def test_without_drafter_decodes_autoregressively(text_pair, monkeypatch, capsys, tmp_path):
+def test_without_drafter_decodes_autoregressively(text_pair, run_main, tmp_path):
     target, _ = text_pair
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "class A:"}) + "\n")
-    code, out, err = run_cli(
-        ["generate", "--target", target, "--prompt-file", str(prompts), "-n", "6", "--json"], monkeypatch, capsys
-    )
+    code, out, err = run_main("generate", "--target", target, "--prompt-file", str(prompts), "-n", "6", "--json")
     assert code == 0, err
     row = json.loads(out)
     assert row["acceptance_lengths"] == [1] * 5 and row["num_target_forwards"] == 6
 
 
-def test_human_output_reports_tau(text_pair, monkeypatch, capsys):
+def test_human_output_reports_tau(text_pair, run_main):
     target, drafter = text_pair
-    code, out, _ = run_cli(
-        ["generate", "--target", target, "--drafter", drafter, "-p", "x = 1", "-n", "5"], monkeypatch, capsys
-    )
+    code, out, _ = run_main("generate", "--target", target, "--drafter", drafter, "-p", "x = 1", "-n", "5")
     assert code == 0 and "tau" in out and "tokens" in out
 
 
@@ -84,9 +67,9 @@ def test_human_output_reports_tau(text_pair, monkeypatch, capsys):
         (["--device", "tpu"], "unknown device"),
     ],
 )
-def test_bad_options_fail_with_one_line(text_pair, monkeypatch, capsys, extra, message):
+def test_bad_options_fail_with_one_line(text_pair, run_main, extra, message):
     target, drafter = text_pair
-    code, out, err = run_cli(["generate", "--target", target, "--drafter", drafter, "-p", "hi", *extra], monkeypatch, capsys)
+    code, out, err = run_main("generate", "--target", target, "--drafter", drafter, "-p", "hi", *extra)
     assert code == 2
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     import re
@@ -94,21 +77,21 @@ def test_bad_options_fail_with_one_line(text_pair, monkeypatch, capsys, extra, m
     assert re.search(message, err)
 
 
-def test_missing_directory_and_empty_prompt(text_pair, monkeypatch, capsys, tmp_path):
+def test_missing_directory_and_empty_prompt(text_pair, run_main, tmp_path):
     target, _ = text_pair
-    code, _, err = run_cli(["generate", "--target", str(tmp_path / "missing"), "-p", "hi"], monkeypatch, capsys)
+    code, _, err = run_main("generate", "--target", str(tmp_path / "missing"), "-p", "hi")
     assert code == 2 and "does not exist" in err and len(err.strip().splitlines()) == 1
-    code, _, err = run_cli(["generate", "--target", target, "-p", "  "], monkeypatch, capsys)
+    code, _, err = run_main("generate", "--target", target, "-p", "  ")
     assert code == 2 and "empty prompt" in err
-    code, _, err = run_cli(["generate", "--target", target], monkeypatch, capsys)
+    code, _, err = run_main("generate", "--target", target)
     assert code == 2 and "no prompt given" in err
 
 
-def test_cuda_request_without_a_gpu_is_refused(text_pair, monkeypatch, capsys):
+def test_cuda_request_without_a_gpu_is_refused(text_pair, run_main):
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     target, drafter = text_pair
-    code, _, err = run_cli(["generate", "--target", target, "-p", "hi", "--device", "cuda"], monkeypatch, capsys)
+    code, _, err = run_main("generate", "--target", target, "-p", "hi", "--device", "cuda")
     assert code == 2 and "no CUDA GPU" in err

@@ -194,26 +194,15 @@ def test_bad_names_and_values():
 
 # ----- CLI and speed -----
 
-def _main(monkeypatch, capsys, *args):
-    from trtllm_dflash.cli.app import main
 
-    monkeypatch.setattr(sys, "argv", ["dflash-trt", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    return (code, *capsys.readouterr())
-
-
-def test_cli_plan_prints_budget_and_steps(monkeypatch, capsys):
-    code, out, err = _main(monkeypatch, capsys, "plan", "--model", "gpt-oss-120b", "--gpu", "b300")
+def test_cli_plan_prints_budget_and_steps(run_main):
+    code, out, err = run_main("plan", "--model", "gpt-oss-120b", "--gpu", "b300")
     assert code == 0 and err == ""
     assert "8x b300" in out and "max concurrency" in out and "1346 sequences" in out and "quantize" in out
 
 
-def test_cli_plan_json_and_refusal_exit_code(monkeypatch, capsys):
-    code, out, err = _main(monkeypatch, capsys, "plan", "-m", "qwen3-8b", "-g", "h100", "-q", "nvfp4", "--json")
+def test_cli_plan_json_and_refusal_exit_code(run_main):
+    code, out, err = run_main("plan", "-m", "qwen3-8b", "-g", "h100", "-q", "nvfp4", "--json")
     assert code == 2
     payload = json.loads(out)
     assert payload["ok"] is False and payload["refusals"][0]["kind"] == "precision"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import struct
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,16 +15,6 @@ pytest.importorskip("triton")
 from trtllm_dflash.errors import DFlashError, MissingDependencyError  # noqa: E402
 from trtllm_dflash.plugins import aot, onnx_nodes, tensorrt_plugins  # noqa: E402
 
-
-
-def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    """`dflash-trt ARGS` in this process (main() included: it turns errors into one line + exit 2)."""
-    from trtllm_dflash.cli.app import main
-
-    monkeypatch.setattr(sys, "argv", ["dflash-trt", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    return exit_info.value.code or 0, capsys.readouterr().err
 EXPECTED_PTX = {"sm_90a": ("8.0", "sm_90a"), "sm_100a": ("8.7", "sm_100a"), "sm_103a": ("8.8", "sm_103a"), "sm_120": ("8.7", "sm_120a")}
 NODES = {spec.op_type: spec for spec in onnx_nodes.NODES}
 
@@ -35,9 +24,9 @@ def entry_params(ptx: str) -> int:
     return len(re.findall(r"\.param ", header))
 
 
-def test_unknown_arch_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+def test_unknown_arch_is_a_one_line_error(tmp_path, run_main):
     out = tmp_path / "kernels"
-    code, err = run_cli(monkeypatch, capsys, "plugins", "build", "--arch", "sm_90a,sm_75", "--out", str(out))
+    code, _, err = run_main("plugins", "build", "--arch", "sm_90a,sm_75", "--out", str(out))
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: unknown GPU architecture 'sm_75'; use one of sm_90a, sm_100a")
@@ -53,10 +42,10 @@ def test_arch_names_and_output_directory_rules(tmp_path):
         aot.check_output_dir(tmp_path)
 
 
-def test_cli_builds_ptx_and_cubin_for_every_listed_arch(tmp_path, monkeypatch, capsys):
+def test_cli_builds_ptx_and_cubin_for_every_listed_arch(tmp_path, run_main):
     out = tmp_path / "kernels"
-    code, err = run_cli(
-        monkeypatch, capsys, "plugins", "build", "--arch", "sm_90a,sm_100a,sm_103a,sm_120", "--out", str(out),
+    code, _, err = run_main(
+        "plugins", "build", "--arch", "sm_90a,sm_100a,sm_103a,sm_120", "--out", str(out),
         "--head-dim", "64", "--dtype", "float16", "--block-size", "2", "--gqa-group", "1", "--logits-dtype", "float32", "-j", "2",
     )
     assert code == 0, err

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -171,19 +170,6 @@ def test_shipped_location_must_match_content(tmp_path, monkeypatch):
 
 # ----- CLI -----
 
-def _main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """Run the real entry point (main() turns DFlashError into one line + exit 2)."""
-    from trtllm_dflash.cli.app import main
-
-    monkeypatch.setattr(sys, "argv", ["dflash-trt", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
-
 
 def test_cli_list_and_show():
     from trtllm_dflash.cli.app import app
@@ -199,16 +185,16 @@ def test_cli_list_and_show():
     assert shown["name"] == "qwen3-8b/h100" and shown["drafter"]["block_size"] == 16
 
 
-def test_cli_validate_reports_every_bad_file(tmp_path, monkeypatch, capsys):
+def test_cli_validate_reports_every_bad_file(tmp_path, run_main):
     bad = _write(tmp_path, GOOD.read_text().replace("  max_seq_len: 16384", "  max_seq_len: 16384\n  max_batch: 8"))
-    code, out, err = _main(monkeypatch, capsys, "recipes", "validate", str(GOOD), str(bad))
+    code, out, err = run_main("recipes", "validate", str(GOOD), str(bad))
     assert code == 2
     assert f"ok: {GOOD}" in out
     assert f"{bad}:" in err and "limits.max_batch" in err and "Traceback" not in err
 
 
-def test_cli_show_unknown_is_one_line_exit_2(monkeypatch, capsys):
-    code, out, err = _main(monkeypatch, capsys, "recipes", "show", "qwen3-8b/a100")
+def test_cli_show_unknown_is_one_line_exit_2(run_main):
+    code, out, err = run_main("recipes", "show", "qwen3-8b/a100")
     assert code == 2 and err.startswith("error: no recipe for qwen3-8b on a100") and len(err.strip().splitlines()) == 1
 
 
