@@ -123,7 +123,9 @@ def load_target(
             path,
             config=config,
             dtype=dtype,
-            attn_implementation="sdpa",
+            attn_implementation=attention_implementation(config),
+            # torch's grouped_mm (the default MoE path) has no float64 kernel; float64 is for tests
+            **({"experts_implementation": "eager"} if dtype == torch.float64 else {}),
             use_safetensors=True,
             trust_remote_code=False,
             local_files_only=True,
@@ -132,6 +134,23 @@ def load_target(
         raise CheckpointError(f"cannot load target weights from {path} ({str(exc).splitlines()[0]})", "check the checkpoint files") from None
     model.to(device).eval()
     return Target(model=model, tokenizer=_load_tokenizer(path, require_tokenizer), path=path)
+
+
+def attention_implementation(config) -> str:
+    """SDPA where the model's own code supports it, else its eager reference implementation.
+
+    Never a silent switch to an implementation the model does not support: gpt-oss's attention
+    sinks exist only in eager (and kernel-hub) attention, so SDPA would drop them.
+    """
+    from transformers import AutoModelForCausalLM
+
+    model_class = AutoModelForCausalLM._model_mapping.get(type(config), None)
+    if model_class is None:
+        raise CheckpointError(
+            f"transformers has no causal-LM class for model_type {config.model_type!r}",
+            "use a text causal LM checkpoint (the text part of a multimodal model)",
+        )
+    return "sdpa" if getattr(model_class, "_supports_sdpa", False) else "eager"
 
 
 def _load_tokenizer(path: Path, required: bool):

@@ -325,6 +325,7 @@ class Decoder:
 
         out = self.runtime.target_forward(rows, block, self.starts, span)
         accepted, bonus = self.runtime.verify(out.logits, block, draft_probs, self.sampling, self.starts)
+        self.runtime.commit(rows, accepted + 1)  # anchor + accepted drafts (recurrent states roll back here)
         # the one host read of the step: drafts, accepted count and bonus of every row
         packed = torch.cat([block[:, 1:], accepted.view(-1, 1), bonus.view(-1, 1)], dim=1).tolist()
         verified = time.perf_counter()

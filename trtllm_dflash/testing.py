@@ -36,28 +36,97 @@ def make_tiny_tokenizer(path: str | Path) -> Path:
 TINY_VOCAB = len(TINY_SPECIALS) + len(TINY_CHARS)
 
 
-def tiny_target_config(family: str = "qwen3", vocab_size: int = 128, num_layers: int = 4, hidden_size: int = 64):
-    from transformers import LlamaConfig, Qwen3Config
+# transformers model_type of every target family the runtime supports, by our short name
+FAMILIES = {
+    "qwen3": "qwen3",
+    "llama": "llama",
+    "qwen3_moe": "qwen3_moe",
+    "gemma3": "gemma3_text",
+    "gpt_oss": "gpt_oss",
+    "gemma4": "gemma4_text",
+    "qwen3_5": "qwen3_5_text",
+    "qwen3_5_moe": "qwen3_5_moe_text",
+    "qwen3_next": "qwen3_next",
+    "deepseek_v3": "deepseek_v3",
+}
+HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+TINY_SLIDING_WINDOW = 8  # small, so that a short generation crosses it
 
+
+def tiny_target_config(family: str = "qwen3", vocab_size: int = 128, num_layers: int = 4, hidden_size: int = 64):
+    """A tiny config of `family` from transformers' own config class: the family's real layer kinds
+    (sliding windows, sinks, per-layer head dims, shared KV, linear attention, MLA, experts)."""
+    from transformers import AutoConfig
+
+    if family not in FAMILIES:
+        raise ValueError(f"unknown tiny family {family!r}; known: {', '.join(FAMILIES)}")
     common = dict(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=hidden_size // 4,
-        max_position_embeddings=1024,
         rms_norm_eps=1e-6,
         bos_token_id=None,
         eos_token_id=None,
         pad_token_id=None,
+        architectures=None,
     )
+    dense = dict(intermediate_size=2 * hidden_size, max_position_embeddings=1024)
+    experts = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=hidden_size // 2)
+    hybrid_layers = (["linear_attention"] * 3 + ["full_attention"]) * max(1, num_layers // 4)
+    linear = dict(
+        layer_types=hybrid_layers, num_hidden_layers=len(hybrid_layers), linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+        max_position_embeddings=1024,
+    )
+    layers = dict(num_hidden_layers=num_layers)
+    model_type = FAMILIES[family]
     if family == "qwen3":
-        return Qwen3Config(**common, rope_theta=10000.0, tie_word_embeddings=True, architectures=["Qwen3ForCausalLM"])
-    if family == "llama":
-        return LlamaConfig(**common, rope_theta=10000.0, tie_word_embeddings=False, architectures=["LlamaForCausalLM"])
-    raise ValueError(f"unknown tiny family {family!r}")
+        config = AutoConfig.for_model(model_type, **common, **dense, **layers, rope_theta=10000.0, tie_word_embeddings=True)
+    elif family == "llama":
+        config = AutoConfig.for_model(model_type, **common, **dense, **layers, rope_theta=10000.0, tie_word_embeddings=False)
+    elif family == "qwen3_moe":
+        config = AutoConfig.for_model(model_type, **common, **dense, **layers, **experts, decoder_sparse_step=1)
+    elif family == "gemma3":
+        config = AutoConfig.for_model(
+            model_type, **common, **dense, **layers, sliding_window=TINY_SLIDING_WINDOW,
+            layer_types=["sliding_attention", "full_attention"] * (num_layers // 2), final_logit_softcapping=30.0,
+        )
+    elif family == "gpt_oss":  # attention sinks, alternating sliding / full layers, MoE; eager attention
+        config = AutoConfig.for_model(
+            model_type, **common, **layers, intermediate_size=hidden_size, num_local_experts=4, num_experts_per_tok=2,
+            sliding_window=TINY_SLIDING_WINDOW,
+        )
+    elif family == "gemma4":  # per-layer head dims, sliding + global layers, K = V globals, shared KV layers
+        types = ["sliding_attention", "sliding_attention", "full_attention"] * 2
+        config = AutoConfig.for_model(
+            model_type, **common, **dense, num_hidden_layers=len(types), layer_types=types,
+            sliding_window=TINY_SLIDING_WINDOW, global_head_dim=2 * hidden_size // 4, num_global_key_value_heads=1,
+            attention_k_eq_v=True, num_kv_shared_layers=2, vocab_size_per_layer_input=vocab_size,
+            hidden_size_per_layer_input=16, final_logit_softcapping=30.0,
+        )
+    elif family == "qwen3_5":
+        config = AutoConfig.for_model(model_type, **common, **linear, intermediate_size=2 * hidden_size)
+    elif family == "qwen3_5_moe":
+        config = AutoConfig.for_model(model_type, **common, **linear, **experts, shared_expert_intermediate_size=hidden_size // 2)
+    elif family == "qwen3_next":
+        config = AutoConfig.for_model(
+            model_type, **common, **linear, **experts, intermediate_size=2 * hidden_size,
+            shared_expert_intermediate_size=hidden_size // 2,
+        )
+    else:  # deepseek_v3: MLA (decompressed 24-d keys, 16-d values in the cache) + MoE
+        mla = {k: v for k, v in common.items() if k != "head_dim"}
+        mla["num_key_value_heads"] = mla["num_attention_heads"]
+        config = AutoConfig.for_model(
+            model_type, **mla, **dense, **layers, moe_intermediate_size=hidden_size // 2, n_routed_experts=4,
+            num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32,
+            qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+        )
+    from transformers import AutoModelForCausalLM
+
+    config.architectures = [AutoModelForCausalLM._model_mapping[type(config)].__name__]
+    return config
 
 
 def make_tiny_target(

@@ -16,10 +16,14 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 @dataclasses.dataclass
 class LayerCache:
-    """One layer's keys and values, `[rows, capacity, kv_heads, head_dim]` (views of the buffers)."""
+    """One layer's keys and values, `[rows, capacity, kv_heads, head_dim]` (views of the buffers).
 
-    keys: torch.Tensor
-    values: torch.Tensor
+    Keys and values may have different head dims (MLA caches decompressed 192-d keys and 128-d
+    values); both are None for a layer that has not written yet (see StaticKVCache.lazy).
+    """
+
+    keys: torch.Tensor | None
+    values: torch.Tensor | None
 
 
 class StaticKVCache:
@@ -42,20 +46,46 @@ class StaticKVCache:
         ]
         self.capacity = capacity
         self.max_batch = max_batch
+        self.dtype = dtype
+        self.device = device
+
+    @classmethod
+    def lazy(cls, num_layers: int, max_batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> "StaticKVCache":
+        """A cache whose layers are allocated by `allocate_layer` on their first write.
+
+        For targets whose layers differ in shape (Gemma 4's global layers, MLA's key/value head
+        dims) or keep no K/V at all (linear-attention layers, Gemma 4's KV-sharing layers): each
+        layer gets exactly what its attention module writes, nothing is read from the config.
+        """
+        cache = cls(0, max_batch, capacity, 0, 0, dtype, device)
+        cache.layers = [LayerCache(None, None) for _ in range(num_layers)]
+        return cache
+
+    def allocate_layer(self, layer: int, kv_heads: int, key_dim: int, value_dim: int) -> LayerCache:
+        entry = self.layers[layer]
+        with torch.inference_mode(False):  # first writes happen inside a forward pass; the buffers outlive it
+            entry.keys = torch.zeros(self.max_batch, self.capacity, kv_heads, key_dim, dtype=self.dtype, device=self.device)
+            entry.values = torch.zeros(self.max_batch, self.capacity, kv_heads, value_dim, dtype=self.dtype, device=self.device)
+        return entry
 
     def rows(self, rows: slice) -> list[LayerCache]:
-        return [LayerCache(layer.keys[rows], layer.values[rows]) for layer in self.layers]
+        return [
+            LayerCache(layer.keys[rows], layer.values[rows]) if layer.keys is not None else LayerCache(None, None)
+            for layer in self.layers
+        ]
 
     def keep_rows(self, index: torch.Tensor) -> None:
         """Move rows `index` to the front (in that order)."""
         count = index.numel()
         for layer in self.layers:
+            if layer.keys is None:
+                continue
             layer.keys[:count] = layer.keys.index_select(0, index)
             layer.values[:count] = layer.values.index_select(0, index)
 
     @property
     def nbytes(self) -> int:
-        return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.layers)
+        return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.layers if layer.keys is not None)
 
 
 class _RaggedLayer(CacheLayerMixin):
@@ -64,10 +94,11 @@ class _RaggedLayer(CacheLayerMixin):
     is_compileable = False
     is_sliding = False
 
-    def __init__(self, owner: "RaggedHFCache", layer: LayerCache) -> None:
+    def __init__(self, owner: "RaggedHFCache", index: int) -> None:
         super().__init__()
         self.owner = owner
-        self.buffers = layer
+        self.index = index
+        self.buffers = owner.storage.layers[index]
         self.is_initialized = True
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -76,6 +107,9 @@ class _RaggedLayer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         # key_states: [b, kv_heads, T, D] as Hugging Face attention modules produce them
         rows, positions, span = self.owner.rows, self.owner.positions, self.owner.span
+        if self.buffers.keys is None:
+            heads = key_states.shape[1]
+            self.owner.storage.allocate_layer(self.index, heads, key_states.shape[-1], value_states.shape[-1])
         keys, values = self.buffers.keys[rows], self.buffers.values[rows]
         row_index = torch.arange(keys.shape[0], device=keys.device).view(-1, 1)
         keys[row_index, positions] = key_states.transpose(1, 2).to(keys.dtype)
@@ -93,17 +127,28 @@ class _RaggedLayer(CacheLayerMixin):
 
 
 class RaggedHFCache(Cache):
-    """A `transformers` Cache over a StaticKVCache, bound to a slice of rows for each forward pass."""
+    """A `transformers` Cache over a StaticKVCache, bound to a slice of rows for each forward pass.
 
-    def __init__(self, storage: StaticKVCache) -> None:
+    `linear_states` (hybrid targets) holds the linear-attention layers' recurrent and conv
+    states; those layers read `rows`, `positions` and `valid` from here (see linear_attention.py).
+    """
+
+    def __init__(self, storage: StaticKVCache, linear_states=None) -> None:
         self.storage = storage
+        self.linear_states = linear_states
         self.rows: slice = slice(0, 0)
         self.positions = torch.zeros(0, 0, dtype=torch.long)
         self.span = 0
-        super().__init__(layers=[_RaggedLayer(self, layer) for layer in storage.layers])
+        self.valid: torch.Tensor | None = None
+        super().__init__(layers=[_RaggedLayer(self, i) for i in range(len(storage.layers))])
 
-    def bind(self, rows: slice, positions: torch.Tensor, span: int) -> None:
-        """Prepare a forward pass of `positions [b, T]` for rows `rows`; keys past `span` are unused."""
+    def bind(self, rows: slice, positions: torch.Tensor, span: int, valid: torch.Tensor | None = None) -> None:
+        """Prepare a forward pass of `positions [b, T]` for rows `rows`; keys past `span` are unused.
+
+        `valid [b]` (prefill) says how many leading tokens of each row are real: the rest is
+        padding, which attention never commits (slot == position) but a recurrent state would.
+        """
         self.rows = rows
         self.positions = positions
         self.span = span
+        self.valid = valid

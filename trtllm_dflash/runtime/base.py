@@ -61,7 +61,14 @@ class Runtime(abc.ABC):
         Queries see keys at positions <= their own (slots before starts[r] hold the committed
         prefix). `span` bounds the positions touched (max over rows of starts + T), so the
         runtime need not read the lengths back from the device. With `logits_at [b]`, logits are
-        computed only at that index of each row (prefill).
+        computed only at that index of each row (prefill), and the row's tokens after it are padding.
+        """
+
+    def commit(self, rows: slice, kept: torch.Tensor) -> None:
+        """After a verify pass: rows keep the first kept[r] (>= 1) of its tokens.
+
+        Attention caches need nothing (slots past a row's length are overwritten later); layers
+        with a recurrent state (linear attention) take the state after the kept tokens here.
         """
 
     @abc.abstractmethod

@@ -5,6 +5,12 @@ This is the reference for losslessness and the default on CPU. The target runs u
 positions) and its attention masks are ours, so any causal LM whose attention goes through
 `Cache.update` works. Tapped hidden states are taken with forward hooks on the decoder layers,
 which is exactly "the output of decoder layer i".
+
+Families: each attention layer gets a cache of exactly the shape it writes (per-layer head dims,
+MLA's separate key/value dims; KV-sharing layers write nothing), sliding layers get windowed
+masks, eager-only models (gpt-oss: attention sinks) get additive masks, and the linear-attention
+layers of hybrid targets keep per-position states that `commit` selects per row
+(modeling/linear_attention.py).
 """
 
 from __future__ import annotations
@@ -12,10 +18,15 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.modeling import linear_attention
 from trtllm_dflash.modeling.drafter import DFlashDrafter
-from trtllm_dflash.modeling.kv_cache import RaggedHFCache
+from trtllm_dflash.modeling.kv_cache import RaggedHFCache, StaticKVCache
 from trtllm_dflash.modeling.taps import HiddenTaps
 from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, TargetOutput
+
+FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"
+LAYER_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION, linear_attention.LINEAR_ATTENTION)
 
 
 def causal_mask(positions: torch.Tensor, span: int, window: int = 0) -> torch.Tensor:
@@ -44,34 +55,78 @@ class TorchRuntime(CachedRuntime):
         self.target_config = config
         self.vocab_size = int(config.vocab_size)
         self.num_layers = int(config.num_hidden_layers)
-        self.layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * self.num_layers)
+        self.layer_types = list(getattr(config, "layer_types", None) or [FULL_ATTENTION] * self.num_layers)
+        unknown = sorted(set(self.layer_types) - set(LAYER_KINDS))
+        if unknown:
+            raise DFlashError(
+                f"target {config.model_type} has layer types {unknown} that the torch runtime cannot cache or roll back",
+                f"use a target whose layers are {', '.join(LAYER_KINDS)}",
+            )
         self.sliding_window = int(getattr(config, "sliding_window", None) or 0)
         self.softcap = getattr(config, "final_logit_softcapping", None)
+        # eager attention adds the mask to the scores; sdpa and the others take a boolean mask
+        self.additive_masks = getattr(config, "_attn_implementation", "sdpa") == "eager"
+        self.linear_modules = linear_attention.linear_attention_modules(self.decoder, self.layer_types)
+        linear_attention.install(self.linear_modules)
+        self.linear_states: linear_attention.LinearStates | None = None
         self.taps = HiddenTaps(self.decoder.layers, self.drafter_config.target_layer_ids) if drafter else None
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether some target layers carry a recurrent state (linear attention)."""
+        return bool(self.linear_modules)
 
     # ------------------------------------------------------------------ caches
 
     def allocate(self, max_batch: int, capacity: int) -> None:
-        config = self.target_config
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        target = CacheShape(self.num_layers, config.num_key_value_heads, head_dim)
+        # each attention layer is allocated on its first write, with the shape it writes
+        self.target_cache = StaticKVCache.lazy(self.num_layers, max_batch, capacity, self.dtype, self.device)
         dc = self.drafter_config
         drafter = CacheShape(dc.num_hidden_layers, dc.num_key_value_heads, dc.head_dim) if dc is not None else None
-        self.allocate_caches(max_batch, capacity, target, drafter, self.dtype, self.device)
-        self._hf_cache = RaggedHFCache(self.target_cache)
+        self.draft_cache = (
+            StaticKVCache(drafter.num_layers, max_batch, capacity, drafter.kv_heads, drafter.head_dim, self.dtype, self.device)
+            if drafter is not None
+            else None
+        )
+        self.max_batch, self.capacity = max_batch, capacity
+        self.linear_states = (
+            linear_attention.LinearStates(self.linear_modules, max_batch, self.dtype, self.device) if self.linear_modules else None
+        )
+        self._hf_cache = RaggedHFCache(self.target_cache, self.linear_states)
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        super().keep_rows(index)
+        if self.linear_states is not None:
+            self.linear_states.keep_rows(index)
+
+    def commit(self, rows: slice, kept: torch.Tensor) -> None:
+        if self.linear_states is not None:
+            self.linear_states.commit(rows, kept)
+
+    def attention_masks(self, positions: torch.Tensor, span: int):
+        """One mask per attention kind (a single 4D mask where there is one kind)."""
+        masks = {}
+        for kind in set(self.layer_types):
+            if kind == linear_attention.LINEAR_ATTENTION:
+                masks[kind] = None  # those layers read their rows from our cache
+                continue
+            visible = causal_mask(positions, span, self.sliding_window if kind == SLIDING_ATTENTION else 0)
+            if self.additive_masks:
+                visible = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill(
+                    ~visible, torch.finfo(self.dtype).min
+                )
+            masks[kind] = visible
+        # a 4D mask passes through every HF model untouched; a per-type dict only where types mix
+        return masks if len(masks) > 1 else next(iter(masks.values()))
 
     # ------------------------------------------------------------------ forward passes
 
     @torch.inference_mode()
     def target_forward(self, rows, tokens, starts, span, logits_at=None) -> TargetOutput:
         positions = starts.view(-1, 1) + torch.arange(tokens.shape[1], device=self.device)
-        self._hf_cache.bind(rows, positions, span)
-        masks = {
-            kind: causal_mask(positions, span, self.sliding_window if kind == "sliding_attention" else 0)
-            for kind in set(self.layer_types)
-        }
-        # a 4D mask passes through every HF model untouched; a per-type dict only where types mix
-        masks = masks if len(masks) > 1 else next(iter(masks.values()))
+        # in prefill (logits_at) the tokens after logits_at[r] are padding
+        self._hf_cache.bind(rows, positions, span, valid=None if logits_at is None else logits_at + 1)
+        masks = self.attention_masks(positions, span)
         hidden = self.decoder(
             input_ids=tokens, position_ids=positions, attention_mask=masks, past_key_values=self._hf_cache, use_cache=True
         ).last_hidden_state

@@ -1,0 +1,203 @@
+"""Every target family DFlash drafters ship for, through the torch runtime, lossless.
+
+For each family a tiny random target is written from transformers' own config class (its real
+layer kinds: attention sinks, sliding windows, per-layer head dims, shared KV layers, Gated
+DeltaNet linear attention, MLA, experts) plus a tiny random drafter. Greedy speculative tokens
+must equal autoregressive tokens and transformers' `generate(do_sample=False)` for a batch of 4
+prompts of different lengths, at block sizes 4, 8 and 16, long enough to cross the sliding
+window several times.
+
+A random drafter is (almost) always rejected, which would leave the interesting path untested:
+rows accepting DIFFERENT numbers of drafts, whose hybrid states must be rolled back to different
+positions. So the drafter runs for real (its cache and features stay exact) and then an oracle
+overwrites its proposals with the target's true continuation for a random number of positions
+followed by a wrong token: every row accepts a random prefix, as with a good drafter.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import pytest
+import torch
+
+from trtllm_dflash.checkpoints import load_drafter, load_target
+from trtllm_dflash.decoding import Decoder, Request, SamplingParams
+from trtllm_dflash.modeling import linear_attention
+from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+from trtllm_dflash.testing import FAMILIES, HYBRID_FAMILIES, TINY_SLIDING_WINDOW, make_tiny_drafter, make_tiny_target
+
+NEW_TOKENS = 40  # > 4 sliding windows of TINY_SLIDING_WINDOW
+PROMPT_LENGTHS = (5, 11, 3, 17)
+
+
+class OracleDrafts:
+    """A runtime wrapper: the real drafter runs, then its proposals become the target's true
+    continuation for a random number of positions, then a wrong token."""
+
+    def __init__(self, runtime: TorchRuntime, references: dict[tuple[int, ...], list[int]], seed: int) -> None:
+        self.runtime = runtime
+        self.references = references
+        self.random = random.Random(seed)
+        self.decoder: Decoder | None = None
+        self.accepted_runs: list[int] = []
+
+    def __getattr__(self, name):
+        return getattr(self.runtime, name)
+
+    def draft_forward(self, rows, block, ctx_features, new_counts, cache_lens):
+        logits = self.runtime.draft_forward(rows, block, ctx_features, new_counts, cache_lens).clone()
+        drafts = logits.shape[1]
+        for i, live in enumerate(self.decoder.live[rows]):
+            reference = self.references[tuple(live.request.prompt_ids)]
+            done = len(live.result.token_ids)  # the anchor is reference[done - 1]
+            good = self.random.randint(0, drafts)
+            tokens = [reference[min(done + k, len(reference) - 1)] for k in range(drafts)]
+            tokens = [t if k < good else (t + 1) % self.runtime.vocab_size for k, t in enumerate(tokens)]
+            logits[i] = torch.nn.functional.one_hot(torch.tensor(tokens), logits.shape[-1]).to(logits) * 50
+            self.accepted_runs.append(good)
+        return logits
+
+
+@functools.lru_cache(maxsize=None)
+def _target(family: str, root: str):
+    from pathlib import Path
+
+    return make_tiny_target(Path(root) / family, family, seed=7)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("families"))
+
+
+def _prompts(seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 120, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
+
+
+@functools.lru_cache(maxsize=None)
+def _hf_greedy(family: str, root: str) -> dict[tuple[int, ...], list[int]]:
+    model = load_target(_target(family, root), dtype=torch.float64).model
+    out = {}
+    for prompt in _prompts(0):
+        with torch.no_grad():
+            tokens = model.generate(
+                torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
+            )
+        out[tuple(prompt)] = tokens[0, len(prompt) :].tolist()
+    return out
+
+
+def _decode(runtime, block_size: int | None = None) -> list[list[int]]:
+    decoder = Decoder(runtime, max_batch=4, max_context=128, block_size=block_size)
+    if isinstance(runtime, OracleDrafts):
+        runtime.decoder = decoder
+    params = SamplingParams(max_new_tokens=NEW_TOKENS)
+    return [r.token_ids for r in decoder.generate(Request(p, params) for p in _prompts(0))]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_autoregressive_equals_transformers_generate(root, family):
+    target = load_target(_target(family, root), dtype=torch.float64)
+    expected = _hf_greedy(family, root)
+    assert _decode(TorchRuntime(target.model)) == [expected[tuple(p)] for p in _prompts(0)]
+
+
+@pytest.mark.parametrize("block_size", [4, 8, 16])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_speculative_equals_transformers_generate(tmp_path, root, family, block_size):
+    target_dir = _target(family, root)
+    drafter_dir = make_tiny_drafter(tmp_path / "drafter", target_dir, seed=block_size, block_size=block_size, target_layer_ids=(1, 2))
+    target = load_target(target_dir, dtype=torch.float64)
+    runtime = OracleDrafts(TorchRuntime(target.model, load_drafter(drafter_dir, target)), _hf_greedy(family, root), seed=block_size)
+    expected = _hf_greedy(family, root)
+    assert _decode(runtime) == [expected[tuple(p)] for p in _prompts(0)]
+    runs = runtime.accepted_runs
+    assert len(set(runs)) > 3 and max(runs) == block_size - 1  # ragged acceptance, including whole blocks
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "qwen3_5"])
+def test_random_drafter_without_oracle_is_lossless(tmp_path, root, family):
+    target_dir = _target(family, root)
+    drafter_dir = make_tiny_drafter(tmp_path / "drafter", target_dir, seed=3, block_size=8, target_layer_ids=(0, 3))
+    target = load_target(target_dir, dtype=torch.float64)
+    expected = _hf_greedy(family, root)
+    assert _decode(TorchRuntime(target.model, load_drafter(drafter_dir, target))) == [expected[tuple(p)] for p in _prompts(0)]
+
+
+def test_gpt_oss_keeps_its_attention_sinks(root):
+    """gpt-oss is loaded with eager attention (SDPA would drop the sinks), and the sinks matter."""
+    model = load_target(_target("gpt_oss", root), dtype=torch.float64).model
+    assert model.config._attn_implementation == "eager"
+    expected = _hf_greedy("gpt_oss", root)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.fill_(-1e4)  # sinks off: different outputs
+    assert _decode(TorchRuntime(model)) != [expected[tuple(p)] for p in _prompts(0)]
+
+
+def test_hybrid_linear_states_do_not_grow_with_context(root):
+    target = load_target(_target("qwen3_5", root), dtype=torch.float64)
+    runtime = TorchRuntime(target.model)
+    runtime.allocate(2, 64)
+    small = runtime.linear_states.nbytes
+    runtime.allocate(2, 1024)
+    assert runtime.linear_states.nbytes == small > 0
+    assert runtime.is_hybrid and sorted(runtime.linear_modules) == [0, 1, 2]
+
+
+# ----------------------------------------------------------------------------- our Gated DeltaNet layer
+
+
+def _hf_layer_and_cache(family: str, root: str):
+    from transformers import DynamicCache
+
+    model = load_target(_target(family, root), dtype=torch.float64).model
+    return model, DynamicCache(config=model.config)
+
+
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_linear_attention_layer_matches_transformers(root, family):
+    """Prefill (ragged lengths) + a verify block through our layer give transformers' outputs, and
+    committing k tokens leaves exactly the state transformers has after those tokens alone."""
+    from trtllm_dflash.modeling.kv_cache import RaggedHFCache, StaticKVCache
+
+    model, _ = _hf_layer_and_cache(family, root)
+    runtime = TorchRuntime(model)
+    module = runtime.linear_modules[0]
+    torch.manual_seed(0)
+    batch, prompt, block = 3, 9, 6
+    hidden = torch.randn(batch, prompt + block, model.config.hidden_size, dtype=torch.float64)
+    lengths = torch.tensor([9, 4, 7])
+    kept = torch.tensor([6, 1, 3])
+
+    states = linear_attention.LinearStates(runtime.linear_modules, batch, torch.float64, torch.device("cpu"))
+    cache = RaggedHFCache(StaticKVCache.lazy(len(model.model.layers), batch, 32, torch.float64, torch.device("cpu")), states)
+    rows = slice(0, batch)
+    cache.bind(rows, torch.arange(prompt).expand(batch, -1), prompt, valid=lengths)
+    with torch.no_grad():
+        prefill = module(hidden[:, :prompt], cache_params=cache)
+        # each row's block starts right after its own prompt
+        blocks = torch.stack([hidden[r, lengths[r] : lengths[r] + block] for r in range(batch)])
+        starts = lengths.view(-1, 1) + torch.arange(block)
+        cache.bind(rows, starts, prompt + block)
+        verify = module(blocks, cache_params=cache)
+    states.commit(rows, kept)
+
+    for r in range(batch):
+        n = int(lengths[r])
+        sequence = torch.cat([hidden[r, :n], blocks[r]]).unsqueeze(0)
+        _, hf_cache = _hf_layer_and_cache(family, root)
+        hf_module = model.model.layers[0].linear_attn
+        with torch.no_grad():
+            reference = hf_module(sequence, cache_params=None)  # transformers' own forward, no cache
+            torch.testing.assert_close(prefill[r, :n], reference[0, :n])
+            torch.testing.assert_close(verify[r], reference[0, n:])
+            # transformers' state after the prompt and the kept tokens only
+            hf_module(sequence[:, : n + int(kept[r])], cache_params=hf_cache)
+        hf_conv = hf_cache.layers[0].conv_states[0]
+        hf_recurrent = hf_cache.layers[0].recurrent_states[0]
+        torch.testing.assert_close(states.layers[0].conv[r], hf_conv[0, :, 1:])
+        torch.testing.assert_close(states.layers[0].recurrent[r], hf_recurrent[0])
