@@ -143,11 +143,23 @@ def make_tiny_target(
     config = tiny_target_config(family, **config_kwargs)
     model = AutoModelForCausalLM.from_config(config)
     _spread_logits(model)
+    _long_memory(model)
     path = Path(path)
     model.save_pretrained(path, safe_serialization=True)
     if tokenizer:
         make_tiny_tokenizer(path)
     return path
+
+
+def _long_memory(model) -> None:
+    """Slow decay in Gated DeltaNet layers: transformers' random init decays the recurrent state by
+    about e^-20 per token, so a wrongly rolled-back state would be forgotten before it could show."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "A_log") and hasattr(module, "dt_bias"):
+                module.A_log.copy_(torch.empty_like(module.A_log).uniform_(0.02, 0.2, generator=generator).log())
+                module.dt_bias.fill_(-2.0)
 
 
 def _spread_logits(model) -> None:
