@@ -26,7 +26,14 @@ from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.modeling import linear_attention
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
-from trtllm_dflash.testing import FAMILIES, HYBRID_FAMILIES, TINY_SLIDING_WINDOW, make_tiny_drafter, make_tiny_target
+from trtllm_dflash.testing import (
+    FAMILIES,
+    HYBRID_FAMILIES,
+    MULTIMODAL_FAMILIES,
+    make_tiny_drafter,
+    make_tiny_multimodal_target,
+    make_tiny_target,
+)
 
 NEW_TOKENS = 40  # > 4 sliding windows of TINY_SLIDING_WINDOW
 PROMPT_LENGTHS = (5, 11, 3, 17)
@@ -125,6 +132,27 @@ def test_random_drafter_without_oracle_is_lossless(tmp_path, root, family):
     target = load_target(target_dir, dtype=torch.float64)
     expected = _hf_greedy(family, root)
     assert _decode(TorchRuntime(target.model, load_drafter(drafter_dir, target))) == [expected[tuple(p)] for p in _prompts(0)]
+
+
+@pytest.mark.parametrize("model_type", list(MULTIMODAL_FAMILIES))
+def test_multimodal_checkpoints_serve_their_text_path(tmp_path, model_type):
+    """Qwen3.5/3.6, Gemma 4 and Kimi-K2.5 repos are multimodal: their text path is loaded and decoded
+    losslessly against the multimodal model's own `generate`."""
+    from transformers import AutoModelForImageTextToText
+
+    target_dir = make_tiny_multimodal_target(tmp_path / "target", model_type, seed=5)
+    drafter_dir = make_tiny_drafter(tmp_path / "drafter", target_dir, seed=6, block_size=8, target_layer_ids=(1, 2))
+    target = load_target(target_dir, dtype=torch.float64)
+    full = AutoModelForImageTextToText.from_pretrained(target_dir, dtype=torch.float64, experts_implementation="eager").eval()
+    expected = {}
+    for prompt in _prompts(0):
+        with torch.no_grad():
+            tokens = full.generate(
+                torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
+            )
+        expected[tuple(prompt)] = tokens[0, len(prompt) :].tolist()
+    runtime = OracleDrafts(TorchRuntime(target.model, load_drafter(drafter_dir, target)), expected, seed=1)
+    assert _decode(runtime) == [expected[tuple(p)] for p in _prompts(0)]
 
 
 def test_gpt_oss_keeps_its_attention_sinks(root):

@@ -97,7 +97,7 @@ def load_target(
     path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None, require_tokenizer: bool = False
 ) -> Target:
     """Load a Hugging Face causal LM (and its tokenizer) from a local directory."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     path = resolve_checkpoint(path, "target")
     if not (path / "config.json").is_file():
@@ -118,8 +118,11 @@ def load_target(
 
         model = load_modelopt_model(path, device, dtype)
         return Target(model=model, tokenizer=_load_tokenizer(path, require_tokenizer), path=path)
+    cls = model_class(config)
+    if not isinstance(config, cls.config_class):  # a text class for a multimodal config (Qwen3.5 repos)
+        config = config.get_text_config()
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model = cls.from_pretrained(
             path,
             config=config,
             dtype=dtype,
@@ -136,21 +139,32 @@ def load_target(
     return Target(model=model, tokenizer=_load_tokenizer(path, require_tokenizer), path=path)
 
 
+def model_class(config):
+    """The transformers class that runs a target's text path.
+
+    A causal-LM class where transformers has one (that includes loading the text part of
+    Qwen3.5/3.6 and Gemma 4 multimodal checkpoints); otherwise the image-text-to-text class of
+    multimodal checkpoints such as Kimi-K2.5, whose text path is a DeepSeek-V3 causal LM.
+    """
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    for auto in (AutoModelForCausalLM, AutoModelForImageTextToText):
+        found = auto._model_mapping.get(type(config), None)
+        if found is not None:
+            return found
+    raise CheckpointError(
+        f"transformers has no causal-LM class for model_type {config.model_type!r}",
+        "use a text causal LM checkpoint (or the text part of a multimodal model)",
+    )
+
+
 def attention_implementation(config) -> str:
     """SDPA where the model's own code supports it, else its eager reference implementation.
 
     Never a silent switch to an implementation the model does not support: gpt-oss's attention
     sinks exist only in eager (and kernel-hub) attention, so SDPA would drop them.
     """
-    from transformers import AutoModelForCausalLM
-
-    model_class = AutoModelForCausalLM._model_mapping.get(type(config), None)
-    if model_class is None:
-        raise CheckpointError(
-            f"transformers has no causal-LM class for model_type {config.model_type!r}",
-            "use a text causal LM checkpoint (the text part of a multimodal model)",
-        )
-    return "sdpa" if getattr(model_class, "_supports_sdpa", False) else "eager"
+    return "sdpa" if getattr(model_class(config), "_supports_sdpa", False) else "eager"
 
 
 def _load_tokenizer(path: Path, required: bool):

@@ -151,6 +151,31 @@ def make_tiny_target(
     return path
 
 
+# multimodal checkpoints whose text path is a supported family (what the real repos hold)
+MULTIMODAL_FAMILIES = {"qwen3_5": "qwen3_5", "gemma4": "gemma4", "kimi_k25": "deepseek_v3"}
+
+
+def make_tiny_multimodal_target(path: str | Path, model_type: str, seed: int = 0) -> Path:
+    """A random multimodal checkpoint (`model_type` qwen3_5, gemma4 or kimi_k25: a tiny vision tower
+    around a tiny text model), saved as the real repositories are: Qwen3.5/3.6, Gemma 4 and
+    Kimi-K2.5 checkpoints are multimodal, and DFlash serves their text path."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    torch.manual_seed(seed)
+    text = tiny_target_config(MULTIMODAL_FAMILIES[model_type])
+    text.pad_token_id = 0  # multimodal wrappers map image placeholders to it
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    if model_type == "qwen3_5":
+        vision.update(depth=1, num_heads=2, out_hidden_size=text.hidden_size)
+    config = AutoConfig.for_model(model_type, text_config=text.to_dict(), vision_config=vision)
+    model = AutoModelForImageTextToText._model_mapping[type(config)]._from_config(config)
+    _spread_logits(model)
+    _long_memory(model)
+    path = Path(path)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
 def _long_memory(model) -> None:
     """Slow decay in Gated DeltaNet layers: transformers' random init decays the recurrent state by
     about e^-20 per token, so a wrongly rolled-back state would be forgotten before it could show."""
@@ -203,7 +228,7 @@ def make_tiny_drafter(path: str | Path, target_path: str | Path, seed: int = 0, 
     from transformers import AutoConfig
 
     torch.manual_seed(seed)
-    config = tiny_drafter_config(AutoConfig.from_pretrained(target_path), **kwargs)
+    config = tiny_drafter_config(AutoConfig.from_pretrained(target_path).get_text_config(), **kwargs)
     return save_drafter(DFlashDrafter(config), path)
 
 
