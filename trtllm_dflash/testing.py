@@ -232,7 +232,8 @@ def make_tiny_drafter(path: str | Path, target_path: str | Path, seed: int = 0, 
     return save_drafter(DFlashDrafter(config), path)
 
 
-CYCLES = ((5, 17, 9, 30, 22, 11, 41), (60, 73, 66, 88, 95, 61, 104, 79, 117, 70, 99))
+# token ids below TINY_VOCAB, so a trained pair can be served with the character tokenizer
+CYCLES = ((5, 17, 9, 30, 22, 11, 41), (60, 73, 66, 88, 95, 61, 84, 79, 57, 70, 99))
 
 
 def cycle_sequences(count: int, length: int, generator: torch.Generator) -> torch.Tensor:
@@ -245,10 +246,14 @@ def cycle_sequences(count: int, length: int, generator: torch.Generator) -> torc
     return torch.stack(rows)
 
 
-def make_cycle_pair(root: str | Path, block_size: int = 8, seed: int = 0) -> tuple[Path, Path]:
-    """A tiny target trained for seconds to continue two token cycles, and a DFlash drafter
-    distilled from it, saved to disk. The drafter proposes the target's own tokens, so long runs
-    are accepted: the pair exercises acceptance, stop tokens and length cuts inside a block."""
+def make_cycle_pair(
+    root: str | Path, block_size: int = 8, seed: int = 0, family: str = "qwen3", tokenizer: bool = False
+) -> tuple[Path, Path]:
+    """A tiny target of `family` trained for seconds to continue two token cycles, and a DFlash
+    drafter distilled from it, saved to disk. The drafter proposes the target's own tokens, so long
+    runs are accepted: the pair exercises acceptance, stop tokens and length cuts inside a block
+    (and, for a hybrid target, state rollback at every acceptance length). With `tokenizer=True`
+    the character tokenizer is saved beside the target, so the pair can be served with text."""
     from transformers import AutoModelForCausalLM
 
     from trtllm_dflash.training.trainer import DrafterTrainer, TrainConfig
@@ -256,8 +261,9 @@ def make_cycle_pair(root: str | Path, block_size: int = 8, seed: int = 0) -> tup
     root = Path(root)
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    config = tiny_target_config("qwen3")
+    config = tiny_target_config(family)
     target = AutoModelForCausalLM.from_config(config)
+    _long_memory(target)
     optimizer = torch.optim.AdamW(target.parameters(), lr=5e-3)
     for _ in range(150):
         batch = cycle_sequences(16, 24, generator)
@@ -268,6 +274,8 @@ def make_cycle_pair(root: str | Path, block_size: int = 8, seed: int = 0) -> tup
     target.eval()
     target_dir = root / "target"
     target.save_pretrained(target_dir, safe_serialization=True)
+    if tokenizer:
+        make_tiny_tokenizer(target_dir)
 
     drafter = DFlashDrafter(tiny_drafter_config(config, block_size=block_size, target_layer_ids=(1, 3), mask_token_id=0))
     trainer = DrafterTrainer(target, drafter, TrainConfig(steps=200, lr=1e-2, num_anchors=16, seed=seed))
