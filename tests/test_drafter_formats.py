@@ -9,6 +9,7 @@ lengths, not only as a crash.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -269,6 +270,14 @@ def test_mask_token_named_MASK_in_the_vocabulary(tmp_path):
     mask_id = tokenizer.convert_tokens_to_ids("<|MASK|>")
     drafter_dir = _without_mask_id(make_tiny_drafter(tmp_path / "drafter", target_dir, seed=7))
     assert load_drafter(drafter_dir, target=load_target(target_dir)).config.mask_token_id == mask_id == 100
+    config = _config(drafter_dir)  # a config that names its mask token (SGLang reads `mask_token`)
+    config["dflash_config"]["mask_token"] = "~"
+    _write(drafter_dir, config)
+    assert load_drafter(drafter_dir, target=load_target(target_dir)).config.mask_token_id == 97  # "~" is id 97
+    config["dflash_config"]["mask_token"] = "<|unknown|>"
+    _write(drafter_dir, config)
+    with pytest.raises(CheckpointError, match=re.escape("names mask token '<|unknown|>'")):
+        load_drafter(drafter_dir, target=load_target(target_dir))
 
 
 def test_no_mask_token_anywhere_names_the_fix(tmp_path, tiny_qwen3):

@@ -220,15 +220,25 @@ def load_drafter(
 
 
 def resolve_mask_token(path: Path, target: Target | None) -> int:
-    """The mask token of a drafter whose config has none: the target tokenizer's mask token, or
-    the token `<|MASK|>` in its vocabulary."""
+    """The mask token of a drafter whose config has no id: the token the config names
+    (`dflash_config.mask_token`, as SGLang reads it), else the target tokenizer's mask token,
+    else the token `<|MASK|>` in its vocabulary."""
     tokenizer = target.tokenizer if target is not None else None
+    raw = json.loads((path / "config.json").read_text())
+    named = (raw.get("dflash_config") or {}).get("mask_token") or raw.get("mask_token")
     if tokenizer is not None:
+        vocab = tokenizer.get_vocab()
+        if isinstance(named, str):
+            if named not in vocab:
+                raise CheckpointError(
+                    f"drafter {path}/config.json names mask token {named!r}, which the target's tokenizer does not have",
+                    "set dflash_config.mask_token_id, or use the target the drafter was trained for",
+                )
+            return int(vocab[named])
         if getattr(tokenizer, "mask_token_id", None) is not None:
             return int(tokenizer.mask_token_id)
-        token_id = tokenizer.get_vocab().get(MASK_TOKEN)
-        if token_id is not None:
-            return int(token_id)
+        if MASK_TOKEN in vocab:
+            return int(vocab[MASK_TOKEN])
     where = "the target's tokenizer has no mask token" if tokenizer is not None else "no target tokenizer to look it up in"
     raise CheckpointError(
         f"drafter {path}/config.json has no mask_token_id and {where}",
