@@ -33,7 +33,11 @@ def _rope(x, positions, theta):
 
 
 def naive_block(drafter: DFlashDrafter, ctx_features: torch.Tensor, block_embeds: torch.Tensor) -> torch.Tensor:
-    """DFLASH.md, literally: recompute everything for one sequence whose block starts at len(ctx)."""
+    """DFLASH.md, literally: recompute everything for one sequence whose block starts at len(ctx).
+
+    Masks, written out: sliding layers see keys j with p - window < j <= p; `causal` makes full
+    layers causal inside the block; `sliding_window_size` W hides context positions j < S - W.
+    """
     c = drafter.config
     S, B = ctx_features.shape[0], block_embeds.shape[0]
     ctx = _rms(ctx_features @ drafter.fc.weight.T, drafter.hidden_norm.weight)
@@ -51,10 +55,15 @@ def naive_block(drafter: DFlashDrafter, ctx_features: torch.Tensor, block_embeds
         group = c.num_attention_heads // c.num_key_value_heads
         k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
         scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(c.head_dim)
-        window = c.window_of(i)
-        if window:
-            visible = (k_pos.view(1, -1) <= q_pos.view(-1, 1)) & (k_pos.view(1, -1) > q_pos.view(-1, 1) - window)
-            scores = scores.masked_fill(~visible, float("-inf"))
+        sliding = bool(c.layer_types) and c.layer_types[i] == "sliding_attention"
+        visible = torch.ones(B, S + B, dtype=torch.bool)
+        if sliding or c.causal:
+            visible &= k_pos.view(1, -1) <= q_pos.view(-1, 1)
+        if sliding:
+            visible &= k_pos.view(1, -1) > q_pos.view(-1, 1) - c.sliding_window
+        if c.sliding_window_size:
+            visible &= (k_pos.view(1, -1) >= S - c.sliding_window_size) | (k_pos.view(1, -1) >= S)
+        scores = scores.masked_fill(~visible, float("-inf"))
         attn = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(B, -1)
         x = x + attn @ a.o_proj.weight.T
         h2 = _rms(x, layer.post_attention_layernorm.weight)
@@ -63,12 +72,12 @@ def naive_block(drafter: DFlashDrafter, ctx_features: torch.Tensor, block_embeds
     return _rms(x, drafter.norm.weight)
 
 
-def _random_drafter(layer_types=(), window=None, seed=0) -> DFlashDrafter:
+def _random_drafter(layer_types=(), window=None, seed=0, **options) -> DFlashDrafter:
     torch.manual_seed(seed)
     config = DrafterConfig(
         hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
         head_dim=8, num_target_layers=6, target_layer_ids=(1, 3), mask_token_id=0, block_size=4,
-        rope_theta=10000.0, layer_types=tuple(layer_types), sliding_window=window,
+        rope_theta=10000.0, layer_types=tuple(layer_types), sliding_window=window, **options,
     )
     drafter = DFlashDrafter(config).double()
     with torch.no_grad():  # non-trivial norm weights so a skipped norm is visible
@@ -78,14 +87,22 @@ def _random_drafter(layer_types=(), window=None, seed=0) -> DFlashDrafter:
     return drafter
 
 
-@pytest.mark.parametrize(
-    "layer_types,window",
-    [((), None), (("sliding_attention", "full_attention", "sliding_attention"), 5)],
-    ids=["full", "sliding"],
-)
-def test_cached_steps_equal_full_recompute(layer_types, window):
+SLIDING = ("sliding_attention", "full_attention", "sliding_attention")
+VARIANTS = {
+    "full": ((), None, {}),
+    "sliding": (SLIDING, 5, {}),
+    # bounded draft history (z-lab sliding_window_size), alone and with sliding layers
+    "history": ((), None, {"sliding_window_size": 4}),
+    "history+sliding": (SLIDING, 3, {"sliding_window_size": 6}),
+    "causal": ((), None, {"causal": True}),  # ModelOpt `causal: true`
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_cached_steps_equal_full_recompute(variant):
     """Three ragged decoding steps for two sequences: cache reuse == recomputing from scratch."""
-    drafter = _random_drafter(layer_types, window)
+    layer_types, window, options = VARIANTS[variant]
+    drafter = _random_drafter(layer_types, window, **options)
     F = 2 * 32
     total = [torch.randn(11, F, dtype=torch.float64), torch.randn(9, F, dtype=torch.float64)]
     cache = StaticKVCache(3, 2, 32, 2, 8, torch.float64, torch.device("cpu"))
@@ -105,15 +122,21 @@ def test_cached_steps_equal_full_recompute(layer_types, window):
             torch.testing.assert_close(out[r], expected, rtol=1e-6, atol=1e-6)
 
 
-def test_training_forward_equals_decoding_step():
-    """forward_train with the sparse block mask == the cached step, block by block."""
-    drafter = _random_drafter()
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_training_forward_equals_decoding_step(variant):
+    """forward_train with the sparse block mask == the explicit-mask recompute, block by block."""
+    layer_types, window, options = VARIANTS[variant]
+    drafter = _random_drafter(layer_types, window, **options)
     S, F = 12, 64
     features = torch.randn(1, S, F, dtype=torch.float64)
     input_ids = torch.randint(1, 50, (1, S))
     embedding = torch.nn.Embedding(50, 32).double()
     anchors = torch.tensor([[3, 7, 9]])
-    batch = make_block_batch(input_ids, anchors, torch.ones_like(input_ids), 4, mask_token_id=0)
+    windows = sorted({drafter.config.window_of(i) for i in range(3)})
+    batch = make_block_batch(
+        input_ids, anchors, torch.ones_like(input_ids), 4, mask_token_id=0, windows=windows,
+        history=drafter.config.history,
+    )
     embeds = embedding(batch.block_tokens)
     hidden = drafter.forward_train(
         embeds, batch.block_positions, features, torch.arange(S).view(1, -1), batch.masks

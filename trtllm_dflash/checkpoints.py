@@ -1,8 +1,10 @@
 """Loading target and drafter checkpoints, and checking that they belong together.
 
 A target is any Hugging Face causal-LM directory (config.json, *.safetensors, tokenizer files).
-A drafter is a z-lab style directory (config.json + model.safetensors). Only safetensors are
-read, nothing is unpickled, and `trust_remote_code` is never needed.
+A drafter is a directory with config.json + *.safetensors in the z-lab layout, ModelOpt's DFlash
+export (same layout, optionally FP8 with hf_quant_config.json) or vLLM Speculators' DFlash layout
+(docs/generate.md lists what is supported). Only safetensors are read, nothing is unpickled, and
+`trust_remote_code` is never needed.
 """
 
 from __future__ import annotations
@@ -189,18 +191,41 @@ def read_drafter_weights(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+# Tensors a drafter export may carry that the drafter does not use: Speculators' copies of the
+# verifier's final norm / LM head (used only in training), rotary buffers.
+IGNORED_DRAFTER_TENSORS = ("verifier_norm.weight", "verifier_lm_head.weight")
+OWN_WEIGHTS = ("lm_head.weight", "embed_tokens.weight")
+# ModelOpt FP8 exports: per-tensor scales next to each quantized weight (activation and KV scales
+# are not needed once the weights are dequantized: the drafter runs in the model dtype).
+FP8_SCALE_SUFFIXES = (".weight_scale", ".input_scale", ".k_scale", ".v_scale", ".output_scale")
+
+
 def load_drafter(
-    path: str | Path, target: Target | None = None, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+    path: str | Path,
+    target: Target | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    sliding_window_size: int | None = None,
 ) -> DFlashDrafter:
-    """Load a z-lab style DFlash drafter; with `target`, check first that the pair fits."""
+    """Load a DFlash drafter (z-lab, ModelOpt or Speculators layout); with `target`, check first
+    that the pair fits. `sliding_window_size` overrides the checkpoint's bounded draft history."""
     path = resolve_checkpoint(path, "drafter")
     config = DrafterConfig.from_dir(path)
+    if sliding_window_size is not None:
+        if sliding_window_size <= 0:
+            raise CompatibilityError(f"sliding_window_size is {sliding_window_size}", "pass a positive number of context positions")
+        config = dataclasses.replace(config, sliding_window_size=sliding_window_size)
+    if config.mask_token_id is None:
+        config = dataclasses.replace(config, mask_token_id=resolve_mask_token(path, target))
     if target is not None:
         validate_pair(target.config, config)
     elif config.block_size < 2:
         raise CompatibilityError(f"drafter block_size is {config.block_size}", "DFlash needs a block size >= 2")
-    state = read_drafter_weights(path)
+    state = _normalize_drafter_state(read_drafter_weights(path), path)
     drafter = DFlashDrafter(config)
+    drafter.attach_own_weights(state.get("lm_head.weight"), state.get("embed_tokens.weight"))
+    if target is not None:
+        _check_own_weights(drafter, target.config)
     expected = drafter.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -227,6 +252,101 @@ def load_drafter(
     return drafter.to(device=device, dtype=dtype or torch.float32).eval()
 
 
+def resolve_mask_token(path: Path, target: Target | None) -> int:
+    """The mask token of a drafter whose config has no id: the token the config names
+    (`dflash_config.mask_token`, as SGLang reads it), else the target tokenizer's mask token,
+    else the token `<|MASK|>` in its vocabulary."""
+    tokenizer = target.tokenizer if target is not None else None
+    raw = json.loads((path / "config.json").read_text())
+    named = (raw.get("dflash_config") or {}).get("mask_token") or raw.get("mask_token")
+    if tokenizer is not None:
+        vocab = tokenizer.get_vocab()
+        if isinstance(named, str):
+            if named not in vocab:
+                raise CheckpointError(
+                    f"drafter {path}/config.json names mask token {named!r}, which the target's tokenizer does not have",
+                    "set dflash_config.mask_token_id, or use the target the drafter was trained for",
+                )
+            return int(vocab[named])
+        if getattr(tokenizer, "mask_token_id", None) is not None:
+            return int(tokenizer.mask_token_id)
+        if MASK_TOKEN in vocab:
+            return int(vocab[MASK_TOKEN])
+    where = "the target's tokenizer has no mask token" if tokenizer is not None else "no target tokenizer to look it up in"
+    raise CheckpointError(
+        f"drafter {path}/config.json has no mask_token_id and {where}",
+        "set dflash_config.mask_token_id in the drafter's config.json (the id the drafter was trained with)",
+    )
+
+
+MASK_TOKEN = "<|MASK|>"
+
+
+def _normalize_drafter_state(state: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
+    """Tensor names and dtypes as DFlashDrafter expects them, from any supported export."""
+    if "fc.weight" not in state:  # names under a module prefix (e.g. `model.fc.weight`)
+        prefixes = [name[: -len("fc.weight")] for name in state if name.endswith(".fc.weight")]
+        if len(prefixes) == 1:
+            prefix = prefixes[0]
+            state = {name.removeprefix(prefix): tensor for name, tensor in state.items()}
+    state = {name: t for name, t in state.items() if name not in IGNORED_DRAFTER_TENSORS and "rotary_emb" not in name}
+    algo = _quant_algo(path)
+    if algo is None:
+        return state
+    if algo != "FP8":
+        raise CheckpointError(
+            f"drafter {path} is quantized with {algo}, which this loader cannot dequantize",
+            "export the drafter unquantized or in FP8 (drafter quantization changes only speed, never the output)",
+        )
+    return _dequantize_fp8(state, path)
+
+
+def _quant_algo(path: Path) -> str | None:
+    """`quant_algo` of a ModelOpt export (hf_quant_config.json, or config.json's quantization_config)."""
+    sources = []
+    for name in ("hf_quant_config.json", "config.json"):
+        if (path / name).is_file():
+            try:
+                raw = json.loads((path / name).read_text())
+            except json.JSONDecodeError as exc:
+                raise CheckpointError(f"{path / name} is not valid JSON ({exc.msg}, line {exc.lineno})", "fix or re-export it")
+            sources.append(raw if name == "hf_quant_config.json" else raw.get("quantization_config") or {})
+    for source in sources:
+        algo = (source.get("quantization") or {}).get("quant_algo", source.get("quant_algo"))
+        if algo:
+            return str(algo).upper()
+    return None
+
+
+def _dequantize_fp8(state: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
+    """FP8 weights times their per-tensor (or per-output-channel) `weight_scale`."""
+    out = {}
+    for name, tensor in state.items():
+        if name.endswith(FP8_SCALE_SUFFIXES):
+            continue
+        if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            scale_name = name.removesuffix(".weight") + ".weight_scale"
+            if scale_name not in state:
+                raise CheckpointError(f"drafter {path}: FP8 tensor {name} has no {scale_name}", "re-export the drafter with ModelOpt")
+            scale = state[scale_name].float()
+            if scale.dim() == 1 and scale.numel() == tensor.shape[0] and scale.numel() > 1:
+                scale = scale.view(-1, 1)
+            tensor = tensor.float() * scale
+        out[name] = tensor
+    return out
+
+
+def _check_own_weights(drafter: DFlashDrafter, target_config) -> None:
+    vocab = int(target_config.vocab_size)
+    for name, module in (("lm_head", drafter.lm_head), ("embed_tokens", drafter.embed_tokens)):
+        rows = None if module is None else (module.out_features if name == "lm_head" else module.num_embeddings)
+        if rows is not None and rows != vocab:
+            raise CompatibilityError(
+                f"drafter's own {name} has {rows} rows, the target vocabulary has {vocab} tokens",
+                "use the drafter trained for this target's tokenizer",
+            )
+
+
 def validate_pair(target_config, drafter: DrafterConfig) -> None:
     """Check that a drafter fits a target; raise with the problem and the fix."""
     hidden = int(target_config.hidden_size)
@@ -235,14 +355,14 @@ def validate_pair(target_config, drafter: DrafterConfig) -> None:
     if drafter.hidden_size != hidden:
         raise CompatibilityError(
             f"drafter hidden_size {drafter.hidden_size} != target hidden_size {hidden}",
-            "use the drafter trained for this target (DFlash drafters share the target's embedding and LM head)",
+            "use the drafter trained for this target (its context features are the target's hidden states)",
         )
     if drafter.vocab_size is not None and drafter.vocab_size != vocab:
         raise CompatibilityError(
             f"drafter vocab_size {drafter.vocab_size} != target vocab_size {vocab}",
             "use the drafter trained for this target's tokenizer",
         )
-    if drafter.num_target_layers != layers:
+    if drafter.num_target_layers is not None and drafter.num_target_layers != layers:
         raise CompatibilityError(
             f"drafter was trained on a {drafter.num_target_layers}-layer target, this target has {layers} layers",
             "use the drafter trained for this target",
@@ -253,7 +373,7 @@ def validate_pair(target_config, drafter: DrafterConfig) -> None:
             f"target_layer_ids {list(drafter.target_layer_ids)} has ids outside [0, {layers}): {bad}",
             "ids name target decoder layers, 0-based (id i is the output of layer i)",
         )
-    if not 0 <= drafter.mask_token_id < vocab:
+    if drafter.mask_token_id is not None and not 0 <= drafter.mask_token_id < vocab:
         raise CompatibilityError(
             f"mask_token_id {drafter.mask_token_id} is outside the target vocabulary [0, {vocab})",
             "set dflash_config.mask_token_id to a token id of the target's vocabulary",
@@ -268,6 +388,10 @@ def validate_pair(target_config, drafter: DrafterConfig) -> None:
     sliding = [t for t in drafter.layer_types if t == "sliding_attention"]
     if sliding and not drafter.sliding_window:
         raise CompatibilityError("drafter has sliding_attention layers but no sliding_window", "set sliding_window in config.json")
+    if drafter.sliding_window_size is not None and drafter.sliding_window_size <= 0:
+        raise CompatibilityError(
+            f"drafter sliding_window_size is {drafter.sliding_window_size}", "use a positive number of context positions or leave it unset"
+        )
 
 
 def save_drafter(drafter: DFlashDrafter, path: str | Path) -> Path:

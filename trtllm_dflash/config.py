@@ -15,6 +15,10 @@ from trtllm_dflash.errors import CheckpointError
 
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
+# Window that turns a full layer causal without bounding it (`causal: true` exports): a sliding
+# window longer than any context is exactly causal attention.
+CAUSAL_WINDOW = 1 << 30
+SUPPORTED_FORMATS = "DFlash V1 drafters (DFlashDraftModel) in the z-lab, ModelOpt or Speculators layout"
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -39,9 +43,9 @@ class DrafterConfig:
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
-    num_target_layers: int
+    num_target_layers: int | None  # None: not recorded (Speculators checkpoints)
     target_layer_ids: tuple[int, ...]
-    mask_token_id: int
+    mask_token_id: int | None  # None: resolved from the target's tokenizer by load_drafter
     block_size: int
     vocab_size: int | None = None
     rms_norm_eps: float = 1e-6
@@ -57,20 +61,35 @@ class DrafterConfig:
     final_logit_softcapping: float | None = None
     model_type: str = "qwen3"
     architectures: tuple[str, ...] = ("DFlashDraftModel",)
+    # z-lab's draft sliding window: the block sees only the most recent `sliding_window_size`
+    # committed context positions, in every layer (bounds the draft KV history for long contexts).
+    sliding_window_size: int | None = None
+    # ModelOpt `causal: true`: causal attention inside the block in full layers too.
+    causal: bool = False
 
     @property
     def num_taps(self) -> int:
         return len(self.target_layer_ids)
 
     def window_of(self, layer: int) -> int:
-        """Sliding window of a draft layer, 0 for full (non-causal) attention."""
+        """Sliding window of a draft layer (causal inside the block), 0 for full non-causal attention."""
         if self.layer_types and self.layer_types[layer] == SLIDING_ATTENTION:
             return int(self.sliding_window or 0)
-        return 0
+        return CAUSAL_WINDOW if self.causal else 0
+
+    @property
+    def history(self) -> int:
+        """Context positions a block may see (the bounded draft KV history), 0 for all."""
+        return int(self.sliding_window_size or 0)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config.json") -> "DrafterConfig":
+        """Parse a drafter config.json: the z-lab layout, ModelOpt's export or Speculators'."""
+        _refuse_unsupported_formats(raw, source)
+        if "speculators_config" in raw or "speculators_model_type" in raw:
+            return cls._from_speculators(raw, source)
         dflash = raw.get("dflash_config") or {}
+        _refuse_unsupported_modelopt_options(dflash, source)
 
         def get(name: str, default: Any = dataclasses.MISSING) -> Any:
             if name in dflash and dflash[name] is not None:
@@ -88,8 +107,9 @@ class DrafterConfig:
             num_layers = int(get("num_hidden_layers"))
             heads = int(get("num_attention_heads"))
             hidden = int(get("hidden_size"))
-            num_target_layers = int(get("num_target_layers"))
             layer_ids = get("target_layer_ids", None)
+            # the target's depth is needed only to place default taps
+            num_target_layers = _optional_int(get("num_target_layers", None if layer_ids else dataclasses.MISSING))
             if layer_ids is None:
                 layer_ids = default_target_layer_ids(num_target_layers, num_layers)
             layer_types = tuple(get("layer_types", ()) or ())
@@ -103,7 +123,7 @@ class DrafterConfig:
                 head_dim=int(get("head_dim", hidden // heads)),
                 num_target_layers=num_target_layers,
                 target_layer_ids=tuple(int(i) for i in layer_ids),
-                mask_token_id=int(get("mask_token_id")),
+                mask_token_id=_optional_int(get("mask_token_id", None)),
                 block_size=int(get("block_size")),
                 vocab_size=None if get("vocab_size", None) is None else int(get("vocab_size")),
                 rms_norm_eps=float(get("rms_norm_eps", 1e-6)),
@@ -119,9 +139,69 @@ class DrafterConfig:
                 final_logit_softcapping=_optional_float(get("final_logit_softcapping", None)),
                 model_type=str(get("model_type", "qwen3")),
                 architectures=tuple(get("architectures", ("DFlashDraftModel",))),
+                sliding_window_size=_optional_int(get("sliding_window_size", None)),
+                causal=bool(get("causal", False)),
             )
         except (TypeError, ValueError) as exc:
             raise CheckpointError(f"{source} has a field of the wrong type ({exc})", "fix the value in config.json")
+
+    @classmethod
+    def _from_speculators(cls, raw: dict[str, Any], source: str) -> "DrafterConfig":
+        """vLLM Speculators' DFlash layout: shapes in `transformer_layer_config`, DFlash fields at the
+        top level, and `aux_hidden_state_layer_ids` counted from the embedding (= z-lab id + 1)."""
+        spec = raw.get("speculators_config") or {}
+        algorithm = spec.get("algorithm", raw.get("speculators_model_type"))
+        if algorithm != "dflash":
+            raise CheckpointError(
+                f"{source} is a Speculators '{algorithm}' checkpoint, not DFlash",
+                f"use one of the supported drafters: {SUPPORTED_FORMATS}",
+            )
+        layer = raw.get("transformer_layer_config")
+        if not isinstance(layer, dict):
+            raise CheckpointError(f"{source} has no 'transformer_layer_config'", "re-save the drafter with Speculators")
+        aux = raw.get("aux_hidden_state_layer_ids")
+        if not aux:
+            raise CheckpointError(
+                f"{source} has no 'aux_hidden_state_layer_ids'", "add the tapped target layers (Hugging Face hidden_states indices)"
+            )
+        if 0 in aux:
+            raise CheckpointError(
+                f"{source} taps hidden_states[0] (the embedding output), which DFlash drafters do not use",
+                "aux_hidden_state_layer_ids count from 1 (id k is the output of decoder layer k-1)",
+            )
+        target_vocab = layer.get("vocab_size")
+        draft_vocab = raw.get("draft_vocab_size", target_vocab)
+        if target_vocab is not None and draft_vocab != target_vocab:
+            raise CheckpointError(
+                f"{source} drafts over a reduced vocabulary ({draft_vocab} of {target_vocab} tokens, d2t mapping)",
+                "use a Speculators DFlash drafter trained with the full target vocabulary (draft_vocab_size == vocab_size)",
+            )
+        if raw.get("sample_from_anchor"):
+            raise CheckpointError(
+                f"{source} samples a draft at the anchor position (sample_from_anchor: true)",
+                "use a DFlash drafter that drafts block positions 1..B-1 (sample_from_anchor: false)",
+            )
+        if SLIDING_ATTENTION in (layer.get("layer_types") or ()):
+            raise CheckpointError(
+                f"{source} has Speculators sliding-window layers, whose window is counted from the anchor",
+                "use a drafter with full-attention layers, or a z-lab checkpoint with sliding layers",
+            )
+        try:  # Speculators saves only the fields that differ from Qwen3Config's defaults
+            from transformers import Qwen3Config
+
+            layer = Qwen3Config(**layer).to_dict()
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"{source} has an invalid transformer_layer_config ({exc})", "re-save the drafter with Speculators")
+        merged = {
+            **layer,
+            "target_layer_ids": [int(i) - 1 for i in aux],
+            "mask_token_id": raw.get("mask_token_id"),
+            "block_size": raw.get("block_size"),
+            "architectures": ["DFlashDraftModel"],
+        }
+        merged.pop("dflash_config", None)
+        merged.pop("num_target_layers", None)
+        return cls.from_dict(merged, source)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "DrafterConfig":
@@ -168,13 +248,56 @@ class DrafterConfig:
             "input_embedding_scale": self.input_embedding_scale,
             "output_multiplier": self.output_multiplier,
             "final_logit_softcapping": self.final_logit_softcapping,
+            "sliding_window_size": self.sliding_window_size,
+            "causal": self.causal or None,
         }
         out.update({k: v for k, v in optional.items() if v is not None})
+        if self.mask_token_id is None:
+            del out["dflash_config"]["mask_token_id"]
+        if self.num_target_layers is None:
+            del out["num_target_layers"]
         return out
 
 
 def _optional_float(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _refuse_unsupported_formats(raw: dict[str, Any], source: str) -> None:
+    """Drafter families that look like DFlash but run differently: refuse them by name."""
+    architectures = raw.get("architectures") or ()
+    if "DFlash2DraftModel" in architectures or (raw.get("speculators_config") or {}).get("algorithm") == "dflash2":
+        raise CheckpointError(
+            f"{source} is a DFlash V2 drafter (DFlash2DraftModel), which is not supported yet",
+            f"use one of the supported drafters: {SUPPORTED_FORMATS}",
+        )
+    projector = (raw.get("dflash_config") or {}).get("projector_type")
+    if projector not in (None, "dflash"):
+        raise CheckpointError(
+            f"{source} is a DFlash drafter with a '{projector}' head (ModelOpt {projector}), which is not supported",
+            f"use one of the supported drafters: {SUPPORTED_FORMATS}",
+        )
+
+
+def _refuse_unsupported_modelopt_options(dflash: dict[str, Any], source: str) -> None:
+    """ModelOpt export options that this drafter cannot run exactly."""
+    if dflash.get("use_swa"):
+        raise CheckpointError(
+            f"{source} uses ModelOpt's non-causal sliding window (use_swa, swa_window_size "
+            f"{dflash.get('swa_window_size')}): each block query sees its own window of the context, "
+            "which this drafter does not implement",
+            "export the drafter without dflash_swa_window_size (full attention), or use sliding_window_size "
+            "(a window shared by the whole block)",
+        )
+    if dflash.get("attention_sink_bias"):
+        raise CheckpointError(
+            f"{source} uses attention sinks (attention_sink_bias), which this drafter does not implement",
+            "use a drafter trained without attention sinks",
+        )
 
 
 def _scaling_from_parameters(rope: dict[str, Any]) -> dict[str, Any] | None:

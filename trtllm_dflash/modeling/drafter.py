@@ -1,9 +1,10 @@
 """The DFlash block-diffusion drafter in PyTorch (z-lab `DFlashDraftModel` layout).
 
 A stack of Qwen3-style decoder layers whose attention keys/values are prefixed, in EVERY layer,
-with the layer's own projection of the target's context feature (KV injection). The drafter has
-no embedding or LM head: the runtime embeds the block with the target's embedding and scores
-the output with the target's LM head (`DFlashDrafter.logits`).
+with the layer's own projection of the target's context feature (KV injection). Most drafters
+have no embedding or LM head: the runtime embeds the block with the target's embedding and
+scores the output with the target's LM head (`DFlashDrafter.logits`); a checkpoint that ships
+its own `lm_head` / `embed_tokens` uses those instead.
 
 Two entry points share the weights:
 - `step`: one decoding step with a KV cache (new context rows appended, block not cached);
@@ -80,14 +81,40 @@ class DFlashAttention(nn.Module):
         shape = (*h.shape[:-1], self.num_heads, self.head_dim)
         return apply_rope(self.q_norm(self.q_proj(h).view(shape)), *rope)
 
-    def step(self, h, block_rope, ctx_hidden, ctx_rope, new_counts, cache: LayerCache, cache_lens):
+    def step(self, h, block_rope, ctx_hidden, ctx_rope, new_counts, cache: LayerCache, cache_lens, history: int = 0):
         q = self.project_queries(h, block_rope)
         k, v = self.project_keys_values(h, block_rope)
         k_ctx, v_ctx = self.project_keys_values(ctx_hidden, ctx_rope)
-        out = ops.block_attention(
-            q, k, v, k_ctx, v_ctx, new_counts, cache.keys, cache.values, cache_lens, self.scale, self.window
-        )
+        if history > 0 and bool(((cache_lens + new_counts) > history).any()):
+            out = self._bounded_step(q, k, v, k_ctx, v_ctx, new_counts, cache, cache_lens, history)
+        else:
+            out = ops.block_attention(
+                q, k, v, k_ctx, v_ctx, new_counts, cache.keys, cache.values, cache_lens, self.scale, self.window
+            )
         return self.o_proj(out.flatten(-2))
+
+    def _bounded_step(self, q, k, v, k_ctx, v_ctx, new_counts, cache: LayerCache, cache_lens, history: int):
+        """Block attention over only the last `history` context positions of each row.
+
+        Keys are cached already rotated, so attention over the cache slots [lo, L) is the same
+        op on a view of the cache that starts at slot lo (positions shift alike for queries and
+        keys, so a sliding window keeps its meaning). Rows differ in lo, hence one call per row.
+        New context rows that fall before lo are never visible again and are not written.
+        """
+        outs = []
+        for r in range(q.shape[0]):
+            start, count = int(cache_lens[r]), int(new_counts[r])
+            lo = max(start + count - history, 0)
+            skip = max(lo - start, 0)
+            row = slice(r, r + 1)
+            outs.append(
+                ops.block_attention(
+                    q[row], k[row], v[row], k_ctx[row, skip:], v_ctx[row, skip:],
+                    new_counts[row] - skip, cache.keys[row, lo:], cache.values[row, lo:],
+                    cache_lens[row] + skip - lo, self.scale, self.window,
+                )
+            )
+        return torch.cat(outs, dim=0)
 
     def forward_train(self, h, block_rope, ctx_hidden, ctx_rope, mask):
         q = self.project_queries(h, block_rope)
@@ -127,6 +154,17 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config=shared)
+        # a checkpoint's own LM head / embedding (most drafters use the target's): see attach_own_weights
+        self.lm_head: nn.Linear | None = None
+        self.embed_tokens: nn.Embedding | None = None
+
+    def attach_own_weights(self, lm_head: torch.Tensor | None = None, embed_tokens: torch.Tensor | None = None) -> None:
+        """Give the drafter its own LM head and/or embedding (shapes from the checkpoint's tensors),
+        used instead of the target's by `logits` / `embed`."""
+        if lm_head is not None:
+            self.lm_head = nn.Linear(lm_head.shape[1], lm_head.shape[0], bias=False)
+        if embed_tokens is not None:
+            self.embed_tokens = nn.Embedding(embed_tokens.shape[0], embed_tokens.shape[1])
 
     def context_hidden(self, target_features: torch.Tensor) -> torch.Tensor:
         """`hidden_norm(fc(concat of tapped target hidden states))`."""
@@ -157,9 +195,10 @@ class DFlashDrafter(nn.Module):
         ctx_rope = self.rope(ctx_hidden, ctx_positions)
         block_rope = self.rope(block_embeds, block_positions)
         x = block_embeds
+        history = self.config.history  # read per call: `config` may be replaced to change it
         for layer, cache in zip(self.layers, caches):
             attn = layer.self_attn.step(
-                layer.input_layernorm(x), block_rope, ctx_hidden, ctx_rope, new_counts, cache, cache_lens
+                layer.input_layernorm(x), block_rope, ctx_hidden, ctx_rope, new_counts, cache, cache_lens, history
             )
             x = layer._finish(x, attn)
         return self.norm(x)
@@ -187,8 +226,9 @@ class DFlashDrafter(nn.Module):
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
-        """Draft logits through the target's LM head, with the optional output scalings."""
-        logits = lm_head(hidden)
+        """Draft logits through the drafter's own LM head if it has one, else the target's
+        (`lm_head`), with the optional output scalings."""
+        logits = (self.lm_head if self.lm_head is not None else lm_head)(hidden)
         if self.config.output_multiplier is not None:
             logits = logits * self.config.output_multiplier
         if self.config.final_logit_softcapping is not None:
@@ -197,8 +237,9 @@ class DFlashDrafter(nn.Module):
         return logits
 
     def embed(self, tokens: torch.Tensor, embedding: nn.Module) -> torch.Tensor:
-        """Block embedding through the target's embedding, scaled if the checkpoint says so."""
-        embeds = embedding(tokens)
+        """Block embedding through the drafter's own embedding if it has one, else the target's,
+        scaled if the checkpoint says so."""
+        embeds = (self.embed_tokens if self.embed_tokens is not None else embedding)(tokens)
         if self.config.input_embedding_scale is not None:
             embeds = embeds * self.config.input_embedding_scale
         return embeds

@@ -60,8 +60,13 @@ def make_block_batch(
     mask_token_id: int,
     windows: Sequence[int] = (0,),
     gamma: float | None = None,
+    history: int = 0,
 ) -> BlockBatch:
-    """Build the blocks for anchors `[b, A]` (-1 = unused) over sequences `input_ids [b, S]`."""
+    """Build the blocks for anchors `[b, A]` (-1 = unused) over sequences `input_ids [b, S]`.
+
+    `history` > 0 (a drafter's `sliding_window_size`) limits every layer's context to the last
+    `history` positions before the anchor, as the decoding step does.
+    """
     batch, seq_len = input_ids.shape
     num_anchors = anchors.shape[1]
     device = input_ids.device
@@ -87,6 +92,8 @@ def make_block_batch(
     q_block = torch.arange(num_anchors, device=device).repeat_interleave(block_size)
     ctx_pos = torch.arange(seq_len, device=device)
     ctx_visible = ctx_pos.view(1, 1, -1) < q_anchor.unsqueeze(-1)  # strictly before the anchor
+    if history > 0:
+        ctx_visible = ctx_visible & (ctx_pos.view(1, 1, -1) >= q_anchor.unsqueeze(-1) - history)
     same_block = q_block.view(-1, 1) == q_block.view(1, -1)  # [Q, Q]
     masks = {}
     for window in sorted(set(windows)):
