@@ -210,3 +210,44 @@ def test_batches_are_a_pure_function_of_the_step():
     assert first == [batch_order(10, 4, step, seed=3) for step in range(6)]
     assert sorted(first[0] + first[1]) == sorted(set(first[0] + first[1]))  # no repeats within an epoch
     assert first != [batch_order(10, 4, step, seed=4) for step in range(6)]
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "gpt_oss"])
+def test_train_drafter_on_a_hybrid_and_a_gpt_oss_target(family, tmp_path):
+    """The same recipe on a Gated DeltaNet hybrid and on gpt-oss (sinks, sliding windows, MoE):
+    regeneration runs through our decoding loop, the tapped features are the output of decoder
+    layer i as at serving time, the loss falls, and the drafter decodes losslessly."""
+    from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+    from trtllm_dflash.training.trainer import DrafterTrainer, TrainConfig
+
+    target = make_tiny_target(tmp_path / "target", family, seed=3, tokenizer=True)
+    rng = random.Random(1)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.txt").write_text("\n".join(periodic_text(rng, 48) for _ in range(64)))
+    out = tmp_path / "drafter"
+    result = CliRunner().invoke(app, [
+        "train-drafter", "--target", str(target), "--data", str(data), "--out", str(out), "--layers", "1",
+        "--block-size", "4", "--steps", "40", "--lr", "3e-3", "--batch-size", "4", "--seq-len", "40",
+        "--anchors", "4", "--regenerate", "--prompt-tokens", "12", "--checkpoint-every", "10", "--threads", "1",
+    ])
+    assert result.exit_code == 0, result.output
+    history = json.loads((out / "training.json").read_text())["history"]
+    assert len(history) >= 4 and history[-1]["loss"] < history[0]["loss"]
+
+    loaded = load_target(target, dtype=torch.float64)
+    drafter = load_drafter(out, target=loaded)
+    # training taps == serving taps (output of decoder layer i), on the same tokens
+    tokens = torch.tensor([[5, 6, 7, 8, 9, 10, 11]])
+    trainer = DrafterTrainer(loaded.model, drafter, TrainConfig(steps=1))
+    trained_features = trainer.target_features(tokens)
+    trainer.close()
+    runtime = TorchRuntime(loaded.model, drafter)
+    runtime.allocate(1, 16)
+    served = runtime.target_forward(slice(0, 1), tokens, torch.zeros(1, dtype=torch.long), 7, logits_at=torch.tensor([6]))
+    torch.testing.assert_close(served.features, trained_features)
+
+    prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]]
+    spec = DFlashPipeline.load(target, out, dtype=torch.float64).generate(prompts, max_new_tokens=24, stop_token_ids=())
+    ar = DFlashPipeline.load(target, None, dtype=torch.float64).generate(prompts, max_new_tokens=24, stop_token_ids=())
+    assert [o.token_ids for o in spec] == [o.token_ids for o in ar]

@@ -77,7 +77,8 @@ def tiny_target_config(family: str = "qwen3", vocab_size: int = 128, num_layers:
     hybrid_layers = (["linear_attention"] * 3 + ["full_attention"]) * max(1, num_layers // 4)
     linear = dict(
         layer_types=hybrid_layers, num_hidden_layers=len(hybrid_layers), linear_num_key_heads=2,
-        linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+        linear_num_value_heads=4, linear_key_head_dim=hidden_size // 4, linear_value_head_dim=hidden_size // 4,
+        linear_conv_kernel_dim=4,
         max_position_embeddings=1024,
     )
     layers = dict(num_hidden_layers=num_layers)

@@ -70,9 +70,15 @@ class LinearLayerState:
 
 
 class LinearStates:
-    """The states of every linear-attention layer of a hybrid target."""
+    """The states of every linear-attention layer of a hybrid target.
+
+    `capture_positions=False` runs a verify pass with transformers' chunked kernel and keeps only
+    the final state: wrong for speculation (only a fully accepted block could be committed), it
+    exists so benchmarks/bench_hybrid.py can measure what keeping per-position states costs.
+    """
 
     def __init__(self, modules: dict[int, nn.Module], max_batch: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.capture_positions = True
         self.layers: dict[int, LinearLayerState] = {}
         for index, module in modules.items():
             conv = torch.zeros(max_batch, module.conv_dim, module.conv_kernel_size - 1, dtype=dtype, device=device)
@@ -158,6 +164,14 @@ def gated_delta_net_forward(module: nn.Module, original, hidden_states: torch.Te
             core[r, :n] = out[0]
             finals.append(final)
         _store(layer, rows, window, torch.cat(finals).unsqueeze(1), valid)
+    elif not states.capture_positions:
+        core, final = kernels.torch_chunk_gated_delta_rule(
+            query, key, value, g=g, beta=beta, initial_state=recurrent.clone(), output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+        )
+        # the final state stands at position T-1: only kept == T selects the right one
+        per_position = final.unsqueeze(1).expand(-1, length, *final.shape[1:])
+        layer.pending_conv, layer.pending_recurrent, layer.pending_rows = window, per_position, rows
     else:
         outputs, per_position = [], []
         state = recurrent.clone()
