@@ -192,20 +192,21 @@ class ServingEngine:
             text, ids = job.final_text, job.final_ids
         if finished:
             result.elapsed = time.perf_counter() - job.received
+            # counted before the final response goes out: a client that reads the metrics right
+            # after its last response must see its request (the 16-stream test raced on this)
+            self.jobs.pop(job.request_id, None)
+            ttft = job.first_token_at - job.received if job.first_token_at else None
+            self.metrics.request_done("success", result, ttft)
         if job.inputs.streaming:
             if finished or len(ids) > job.ids_sent or len(text) > len(job.text):
                 outputs = self._outputs(job, result, text[len(job.text) :], ids, finished)
                 job.text = text
-                if not _safe(job.sink.send, outputs, finished, default=False, ok=True):
+                if not _safe(job.sink.send, outputs, finished, default=False, ok=True) and not finished:
                     self.decoder.cancel(job.request_id)
                     self._finish(job, error=None, outcome="cancelled")
                     return
         elif finished:
             _safe(job.sink.send, self._outputs(job, result, text, ids, True), True)
-        if finished:
-            self.jobs.pop(job.request_id, None)
-            ttft = job.first_token_at - job.received if job.first_token_at else None
-            self.metrics.request_done("success", result, ttft)
 
     def _text_of(self, job: Job, result: SequenceResult, finished: bool) -> tuple[str | None, list[int]]:
         """Text to have sent so far (held back where a stop string or a multi-byte char may follow).
