@@ -39,6 +39,26 @@ table of their config.json files, cross-checked against the published file sizes
   taps [1, 12, 23, 34, 45], 0.47B / 0.88 GiB.
 - z-lab/gemma-4-31B-it-DFlash: 5 layers (4 sliding with window 2048, then 1 full), 5376,
   FFN 10752, 64/8, block 16, taps [1, 12, 23, 35, 46, 57], 2.86 GiB; head_dim 128 derived.
+Hybrid Gated DeltaNet and MLA targets (issue 10; the family and runtime per model_type are in families.py)
+- Qwen3.5-27B (qwen3_5): 64 layers = 16 x (3 linear + 1 full), hidden 5120, 24 q / 4 KV heads x 256,
+  MLP 17408, vocab 248320, 262144 positions: verified (model card and two config.json write-ups).
+  Linear heads 16 key / 48 value x 128, conv kernel 4: derived (transformers Qwen3_5 field names; 48
+  value heads gives 26.4B text parameters against the published ~27B, the q gate not counted).
+- Qwen3.6-27B: same model_type and shape as Qwen3.5-27B (verified: config write-up, 55.56 GB BF16).
+- Qwen3.5-35B-A3B (qwen3_5_moe): transformers' Qwen3_5MoeTextConfig defaults (40 layers, 2048, 16/2 x 256,
+  256 experts top-8 + shared 512, expert inner 512); transformers docs: 35B total / 3B active. Derived.
+- Qwen3-Coder-Next (qwen3_next): transformers' Qwen3NextConfig defaults (the 80B-A3B shape, 512 experts
+  top-10, vocab 151936); that Coder-Next shares it is derived, not verified.
+- Kimi-K2.5 (kimi_k25): DeepSeek-V3 text architecture as in the Kimi-K2 model card (61 layers, 7168,
+  64 MLA heads, kv_lora 512, q_lora 1536, rope 64 / nope 128 / v 128, 384 experts top-8 + 1 shared,
+  first layer dense, vocab 163840; 1.04T): derived (not verified here); the count gives 1.026T.
+- Drafters: z-lab/Qwen3.5-27B-DFlash block 16 verified (15 speculative tokens in published serving
+  configs); z-lab/Qwen3.6-27B-DFlash 5 layers [S,S,S,S,F] window 2048 verified (GGUF conversion notes),
+  mask 248070 published (unverified); z-lab/Kimi-K2.5-DFlash block 8, taps [1,12,24,35,47,58]
+  published (unverified). Every other drafter width, layer count and tap list of these five is
+  derived (the DFLASH.md default taps) and is unknown offline: the recipes leave taps and mask out
+  and `build --drafter DIR` reads them from the drafter's config.json.
+- gpt-oss-120b drafter block 10, 8 layers, taps [1,9,17,25,33]: as above (z-lab model card).
 Not verified: the mask token ids of the drafters other than Qwen3-8B (the builder reads them
 from the drafter's config.json), and the per-layer norm counts of Gemma 4 (a few MB at most).
 """
