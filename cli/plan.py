@@ -34,6 +34,7 @@ def print_plan(plan, console: Console | None = None) -> None:
         capacity = f"{gpu.full_name}, {gpu.memory_gb:g} GB = {_gib(b.capacity)}, SM {gpu.compute_capability_str}"
     else:
         capacity = f"host memory {_gib(b.capacity)}"
+    console.print(f"  runtime {plan.runtime}: {escape(plan.runtime_reason)}")
     table = Table(title=f"Memory per {'GPU' if plan.gpu != CPU else 'device'} ({capacity})", title_justify="left")
     table.add_column("item")
     table.add_column("size", justify="right")
@@ -52,6 +53,11 @@ def print_plan(plan, console: Console | None = None) -> None:
         f"{_gib(plan.kv_bytes_per_sequence)} per sequence of {plan.context} tokens "
         f"(drafter {_gib(plan.drafter_kv_bytes_per_sequence)})"
     )
+    if plan.linear_state_bytes_per_sequence:
+        console.print(
+            f"  linear-attention state: {_gib(plan.linear_state_bytes_per_sequence)} per sequence (Gated DeltaNet "
+            f"recurrent + conv state with {plan.block_size} rollback copies; independent of context, included above)"
+        )
     console.print(f"  [bold]max concurrency[/] at {plan.context} tokens: {plan.max_concurrency} sequences")
     console.print("[bold]dflash-trt build steps[/]:")
     for index, step in enumerate(plan.steps, 1):

@@ -70,7 +70,9 @@ def test_llm_api_options_carry_the_dflash_speculative_config():
     options = find_recipe("gpt-oss-120b", "b300").llm_api_options(speculative_model="/models/drafter")
     assert options["speculative_config"] == {
         "decoding_type": "DFlash", "max_draft_len": 9, "speculative_model": "/models/drafter",
-        "target_layer_ids": [1, 9, 17, 25, 33], "draft_len_schedule": {1: 9, 16: 6, 64: 3, 256: 0},
+        # the recipe's {1: 9, 16: 6, 64: 3, 256: 0} ("from N sequences on") in TensorRT-LLM's form, whose key
+        # is the largest batch size using that length (DecodingBaseConfig.draft_len_schedule)
+        "target_layer_ids": [1, 9, 17, 25, 33], "draft_len_schedule": {15: 9, 63: 6, 255: 3},
     }
     assert options["tensor_parallel_size"] == 8 and options["moe_expert_parallel_size"] == 8
     assert options["kv_cache_config"] == {"dtype": "fp8", "free_gpu_memory_fraction": 0.85}

@@ -15,6 +15,7 @@ import dataclasses
 import os
 from typing import Any
 
+from trtllm_dflash.catalog.families import choose_runtime
 from trtllm_dflash.catalog.gpus import CPU, GPUSpec, gpus_supporting, resolve_gpu
 from trtllm_dflash.catalog.models import ModelSpec, resolve_model
 from trtllm_dflash.errors import PlanRefusedError, RecipeError
@@ -106,6 +107,9 @@ class Plan:
     kv_bytes_per_sequence: int  # target + drafter at `context`, per GPU
     drafter_kv_bytes_per_sequence: int
     max_concurrency: int
+    runtime_reason: str
+    attention: str  # dense / sliding / sinks / hybrid-linear / mla
+    linear_state_bytes_per_sequence: int  # Gated DeltaNet state incl. rollback copies (in kv_bytes_per_sequence); 0 if none
     recipe: str | None
     steps: tuple[BuildStep, ...]
     refusals: tuple[Refusal, ...]
@@ -158,7 +162,13 @@ def target_weight_bytes(model: ModelSpec, precision: Precision, layout: Layout) 
 
 
 def kv_bytes_per_sequence(model: ModelSpec, context: int, kv_precision: str, tp: int) -> int:
-    """Per GPU, one sequence of `context` tokens: sliding-window layers hold at most their window."""
+    """Per GPU, one sequence of `context` tokens: sliding-window layers hold at most their window.
+
+    MLA layers cache one latent of kv_lora_rank + qk_rope_head_dim per token (not split over tp);
+    Gated DeltaNet layers cache nothing per token (their fixed state: linear_state_bytes_per_sequence).
+    """
+    if model.is_mla:
+        return bytes_of(model.num_layers * model.mla_kv_per_token() * context, kv_precision)
     total = 0
     for layer in range(model.num_layers):
         shape = model.attention(layer)
@@ -166,6 +176,26 @@ def kv_bytes_per_sequence(model: ModelSpec, context: int, kv_precision: str, tp:
         # K and V for every layer, also Gemma 4's K = V layers (conservative: a runtime may share them).
         total += 2 * kv_heads_per_gpu(shape.num_kv_heads, tp) * shape.head_dim * tokens
     return bytes_of(total, kv_precision)
+
+
+LINEAR_STATE_PRECISION = "fp32"  # Gated DeltaNet recurrent state (TensorRT-LLM, SGLang and vLLM keep it in FP32)
+LINEAR_CONV_PRECISION = "bf16"
+
+
+def linear_state_bytes_per_sequence(model: ModelSpec, tp: int, block_size: int) -> int:
+    """Per GPU, one sequence: the Gated DeltaNet state of every linear layer, which does not grow with context.
+
+    Per layer: recurrent num_v_heads x k_dim x v_dim (FP32) + conv (kernel-1) x conv_dim (BF16), heads split
+    over tp; times (1 + block_size): speculative rollback keeps one state copy per block position (as
+    SGLang's extra_buffer does) so that the state after any accepted prefix can be restored.
+    """
+    layers = model.linear_layers
+    if not layers:
+        return 0
+    recurrent, conv = model.linear_state_elements()
+    split = max(1, min(tp, model.linear_num_value_heads or 1))
+    one = bytes_of(recurrent, LINEAR_STATE_PRECISION) // split + bytes_of(conv, LINEAR_CONV_PRECISION) // split
+    return layers * one * (1 + block_size)
 
 
 def drafter_kv_bytes_per_sequence(model: ModelSpec, context: int, kv_precision: str) -> int:
@@ -243,6 +273,7 @@ class _Config:
     draft_lengths: frozenset[int]
     kv_fraction: float
     recipe: Any = None
+    runtime_reason: str = ""
 
 
 def _best_weights(gpu: GPUSpec | None) -> str:
@@ -344,11 +375,12 @@ def _budget(cfg: _Config) -> tuple[MemoryBudget, int, int, int, int]:
     fixed = weights + drafter + activations + graphs + reserve
     kv_budget = max(0, int((capacity - fixed) * cfg.kv_fraction))
     # Growth per token of context: the full-attention layers (sliding layers stop at their window).
-    full_per_token = sum(
+    full_per_token = model.num_layers * model.mla_kv_per_token() if model.is_mla else sum(
         2 * kv_heads_per_gpu(model.attention(i).num_kv_heads, layout.tp) * model.attention(i).head_dim
         for i in range(model.num_layers) if not model.attention(i).window
     )
     target_seq = kv_bytes_per_sequence(model, cfg.context, cfg.precision.kv_cache, layout.tp)
+    target_seq += linear_state_bytes_per_sequence(model, layout.tp, cfg.block_size)
     drafter_seq = drafter_kv_bytes_per_sequence(model, cfg.context, cfg.precision.kv_cache)
     budget = MemoryBudget(weights, drafter, activations, graphs, reserve, kv_budget, capacity)
     return budget, bytes_of(full_per_token, cfg.precision.kv_cache), target_seq, drafter_seq, kv_budget
@@ -495,6 +527,9 @@ def _make_plan(cfg: _Config, refusals: list[Refusal], notes: list[str]) -> Plan:
         kv_bytes_per_sequence=target_seq + drafter_seq,
         drafter_kv_bytes_per_sequence=drafter_seq,
         max_concurrency=concurrency,
+        runtime_reason=cfg.runtime_reason,
+        attention=model.attention_kind,
+        linear_state_bytes_per_sequence=linear_state_bytes_per_sequence(model, cfg.layout.tp, cfg.block_size),
         recipe=cfg.recipe.name if cfg.recipe is not None else None,
         steps=_steps(cfg),
         refusals=tuple(refusals),
@@ -588,14 +623,8 @@ def plan_deployment(
     else:
         precision = _precision_for(spec, gpu_spec, quant, kv_cache.lower() if kv_cache else None)
         block = spec.drafter.block_size if spec.drafter else 2
-        if runtime is not None:
-            pass
-        elif gpu_spec is None:
-            runtime = "torch"
-        elif spec.is_moe or (num_gpus or 1) > 1:
-            runtime = "trtllm"
-        else:
-            runtime = "trt"
+        if runtime is None:
+            runtime = choose_runtime(spec.name, spec.family, None, num_gpus or 1, gpu_spec is not None).runtime
         batch = max_batch or DEFAULT_MAX_BATCH
         ctx = context or min(DEFAULT_CONTEXT, spec.max_position_embeddings)
         base = _Config(spec, gpu_spec, runtime, precision, _default_layout(spec, num_gpus or 1), ctx, batch,
@@ -617,6 +646,15 @@ def plan_deployment(
         notes.append("the demo checkpoint is not built yet: shapes are a placeholder")
     if cfg.context > spec.max_position_embeddings:
         notes.append(f"context {cfg.context} exceeds {spec.name}'s {spec.max_position_embeddings} positions")
+
+    try:
+        choice = choose_runtime(spec.name, spec.family, cfg.runtime, cfg.layout.num_gpus, cfg.gpu is not None)
+    except PlanRefusedError as exc:
+        cfg = _with(cfg, runtime_reason=f"refused: {exc.problem}")
+        return _make_plan(cfg, [Refusal("runtime", exc.problem, exc.fix or "")], notes)
+    cfg = _with(cfg, runtime_reason=choice.reason)
+    if choice.note:
+        notes.append(choice.note)
 
     refusals = _precision_refusals(cfg)
     if refusals:

@@ -136,6 +136,14 @@ def make_build_plan(spec: BuildSpec) -> BuildPlan:
         stages.append(StagePlan("quantize", f"ModelOpt FP8 PTQ ({spec.calibration.num_samples} samples of {spec.calibration.dataset} text{kv})", where, has_module("modelopt"), f"~{size(weights)} FP8 checkpoint"))
 
     if spec.runtime == "trtllm":
+        from trtllm_dflash.serving.llm_args_check import pinned_source
+        from trtllm_dflash.serving.trtllm import LLMApiOptions, llm_api_options, validate_options
+
+        local = spec.drafter if Path(spec.drafter).expanduser().is_dir() else None
+        options, option_notes = llm_api_options(spec.recipe, local)
+        validate_options(options, LLMApiOptions, f"TensorRT-LLM options of {spec.recipe.name}")
+        notes.extend(option_notes)
+        notes.append(f"TensorRT-LLM options checked against the llm_args of {pinned_source()}")
         stages.append(StagePlan("trtllm", "write llm_api.yaml (DFlash speculative_config, parallel layout, KV cache, CUDA graphs, MoE backend) and check every key", "here", True, "a few KB"))
         notes.append("no TensorRT engines: TensorRT-LLM's PyTorch backend runs the checkpoints (its engine flow has no DFlash)")
     else:

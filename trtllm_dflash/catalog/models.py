@@ -39,6 +39,26 @@ table of their config.json files, cross-checked against the published file sizes
   taps [1, 12, 23, 34, 45], 0.47B / 0.88 GiB.
 - z-lab/gemma-4-31B-it-DFlash: 5 layers (4 sliding with window 2048, then 1 full), 5376,
   FFN 10752, 64/8, block 16, taps [1, 12, 23, 35, 46, 57], 2.86 GiB; head_dim 128 derived.
+Hybrid Gated DeltaNet and MLA targets (issue 10; the family and runtime per model_type are in families.py)
+- Qwen3.5-27B (qwen3_5): 64 layers = 16 x (3 linear + 1 full), hidden 5120, 24 q / 4 KV heads x 256,
+  MLP 17408, vocab 248320, 262144 positions: verified (model card and two config.json write-ups).
+  Linear heads 16 key / 48 value x 128, conv kernel 4: derived (transformers Qwen3_5 field names; 48
+  value heads gives 26.4B text parameters against the published ~27B, the q gate not counted).
+- Qwen3.6-27B: same model_type and shape as Qwen3.5-27B (verified: config write-up, 55.56 GB BF16).
+- Qwen3.5-35B-A3B (qwen3_5_moe): transformers' Qwen3_5MoeTextConfig defaults (40 layers, 2048, 16/2 x 256,
+  256 experts top-8 + shared 512, expert inner 512); transformers docs: 35B total / 3B active. Derived.
+- Qwen3-Coder-Next (qwen3_next): transformers' Qwen3NextConfig defaults (the 80B-A3B shape, 512 experts
+  top-10, vocab 151936); that Coder-Next shares it is derived, not verified.
+- Kimi-K2.5 (kimi_k25): DeepSeek-V3 text architecture as in the Kimi-K2 model card (61 layers, 7168,
+  64 MLA heads, kv_lora 512, q_lora 1536, rope 64 / nope 128 / v 128, 384 experts top-8 + 1 shared,
+  first layer dense, vocab 163840; 1.04T): derived (not verified here); the count gives 1.026T.
+- Drafters: z-lab/Qwen3.5-27B-DFlash block 16 verified (15 speculative tokens in published serving
+  configs); z-lab/Qwen3.6-27B-DFlash 5 layers [S,S,S,S,F] window 2048 verified (GGUF conversion notes),
+  mask 248070 published (unverified); z-lab/Kimi-K2.5-DFlash block 8, taps [1,12,24,35,47,58]
+  published (unverified). Every other drafter width, layer count and tap list of these five is
+  derived (the DFLASH.md default taps) and is unknown offline: the recipes leave taps and mask out
+  and `build --drafter DIR` reads them from the drafter's config.json.
+- gpt-oss-120b drafter block 10, 8 layers, taps [1,9,17,25,33]: as above (z-lab model card).
 Not verified: the mask token ids of the drafters other than Qwen3-8B (the builder reads them
 from the drafter's config.json), and the per-layer norm counts of Gemma 4 (a few MB at most).
 """
@@ -54,6 +74,7 @@ from trtllm_dflash.errors import UnknownNameError
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
+LINEAR = "linear_attention"  # Gated DeltaNet layers of Qwen3.5 / Qwen3-Next: a recurrent state, no KV cache
 GIB = 1024**3
 
 
@@ -149,6 +170,20 @@ class ModelSpec:
     global_head_dim: int | None = None
     global_k_eq_v: bool = False
     native_expert_precision: str = "bf16"  # "mxfp4" for gpt-oss checkpoints
+    shared_expert_intermediate_size: int = 0  # Qwen3.5-MoE / Qwen3-Next / DeepSeek shared expert(s), summed
+    first_dense_layers: int = 0  # DeepSeek-V3 / Kimi: the first k layers have a dense MLP instead of experts
+    # Gated DeltaNet (layer_types == "linear_attention"); transformers Qwen3NextConfig field names
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    # Multi-head latent attention (DeepSeek-V3 / Kimi); 0 when the model has none
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
     published_params: float | None = None
     published_checkpoint_gib: float | None = None
     drafter: DrafterSpec | None = None
@@ -160,10 +195,48 @@ class ModelSpec:
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def linear_layers(self) -> int:
+        return sum(1 for t in self.layer_types if t == LINEAR)
+
+    @property
+    def attention_kind(self) -> str:
+        """dense / sliding / sinks / hybrid-linear / mla (the family catalog's vocabulary)."""
+        if self.is_mla:
+            return "mla"
+        if self.linear_layers:
+            return "hybrid-linear"
+        if self.attention_sinks:
+            return "sinks"
+        return "sliding" if SLIDING in self.layer_types else "dense"
+
+    def linear_state_elements(self) -> tuple[int, int]:
+        """(recurrent, conv) state elements of ONE Gated DeltaNet layer for one sequence.
+
+        recurrent: num_v_heads x k_head_dim x v_head_dim; conv: (kernel - 1) x conv_dim with
+        conv_dim = 2 x key_dim + value_dim (q, k, v go through the causal conv). Neither grows
+        with the context.
+        """
+        key_dim = self.linear_num_key_heads * self.linear_key_head_dim
+        value_dim = self.linear_num_value_heads * self.linear_value_head_dim
+        recurrent = self.linear_num_value_heads * self.linear_key_head_dim * self.linear_value_head_dim
+        conv = max(0, self.linear_conv_kernel_dim - 1) * (2 * key_dim + value_dim)
+        return recurrent, conv
+
+    def mla_kv_per_token(self) -> int:
+        """Latent KV elements per token per MLA layer: kv_lora_rank + qk_rope_head_dim (no per-head K/V)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
     def layer_type(self, layer: int) -> str:
         return self.layer_types[layer] if self.layer_types else FULL
 
     def attention(self, layer: int) -> AttentionShape:
+        if self.layer_type(layer) == LINEAR:
+            return AttentionShape(0, 0, 0)  # no KV cache: a fixed-size recurrent state (linear_state_elements)
         if self.layer_type(layer) == SLIDING:
             return AttentionShape(self.num_kv_heads, self.head_dim, self.sliding_window)
         if self.global_num_kv_heads is not None or self.global_head_dim is not None:
@@ -182,30 +255,68 @@ class ModelSpec:
         attention_linear = mlp_linear = expert_linear = 0
         other = d  # final norm
         for layer in range(self.num_layers):
-            shape = self.attention(layer)
-            q, kv = h * shape.head_dim, shape.num_kv_heads * shape.head_dim
-            kv_projections = 1 if shape.k_eq_v else 2
-            attention_linear += d * q + kv_projections * d * kv + q * d
             other += self.norms_per_layer * d
-            if self.qk_norm:
-                other += 2 * shape.head_dim
-            if self.attention_bias:
-                other += q + kv_projections * kv + d
-            if self.attention_sinks:
-                other += h
-            if self.is_moe:
+            if self.layer_type(layer) == LINEAR:
+                # in_proj_qkvz (q, k, v, gate z), in_proj_ba (per value head), out_proj; conv1d, A_log, dt_bias, norm
+                key_dim = self.linear_num_key_heads * self.linear_key_head_dim
+                value_dim = self.linear_num_value_heads * self.linear_value_head_dim
+                attention_linear += d * (2 * key_dim + 2 * value_dim) + d * 2 * self.linear_num_value_heads + value_dim * d
+                other += (2 * key_dim + value_dim) * self.linear_conv_kernel_dim + 2 * self.linear_num_value_heads
+                other += self.linear_value_head_dim
+            elif self.is_mla:
+                q_head = self.qk_nope_head_dim + self.qk_rope_head_dim
+                q = d * self.q_lora_rank + self.q_lora_rank * h * q_head if self.q_lora_rank else d * h * q_head
+                attention_linear += q + d * (self.kv_lora_rank + self.qk_rope_head_dim)
+                attention_linear += self.kv_lora_rank * h * (self.qk_nope_head_dim + self.v_head_dim) + h * self.v_head_dim * d
+                other += self.q_lora_rank + self.kv_lora_rank
+            else:
+                shape = self.attention(layer)
+                q, kv = h * shape.head_dim, shape.num_kv_heads * shape.head_dim
+                kv_projections = 1 if shape.k_eq_v else 2
+                attention_linear += d * q + kv_projections * d * kv + q * d
+                if self.qk_norm:
+                    other += 2 * shape.head_dim
+                if self.attention_bias:
+                    other += q + kv_projections * kv + d
+                if self.attention_sinks:
+                    other += h
+            dense_layer = layer < self.first_dense_layers
+            if self.is_moe and not dense_layer:
                 inner = self.moe_intermediate_size
                 expert_linear += self.num_experts * 3 * d * inner  # gate, up (fused or not) and down
                 other += d * self.num_experts + (self.num_experts if self.expert_bias else 0)  # router
                 if self.expert_bias:
                     other += self.num_experts * (2 * inner + d)
-            if self.intermediate_size:
+                mlp_linear += 3 * d * self.shared_expert_intermediate_size
+            if self.intermediate_size and (not self.is_moe or dense_layer):
                 mlp_linear += 3 * d * self.intermediate_size
         return ParamBreakdown(embedding, lm_head, attention_linear, mlp_linear, expert_linear, other)
 
 
 def _alternating(num_layers: int, first: str, second: str) -> tuple[str, ...]:
     return tuple(first if layer % 2 == 0 else second for layer in range(num_layers))
+
+
+def _every_fourth_full(num_layers: int) -> tuple[str, ...]:
+    """Qwen3.5 / Qwen3-Next: three Gated DeltaNet layers, then one full-attention layer."""
+    return tuple(FULL if (layer + 1) % 4 == 0 else LINEAR for layer in range(num_layers))
+
+
+def _default_taps(num_target_layers: int, n: int = 5) -> tuple[int, ...]:
+    """DFLASH.md default target_layer_ids (start 1, end L-3, evenly spaced): used only where unpublished."""
+    start, end = 1, num_target_layers - 3
+    return tuple(round(start + k * (end - start) / (n - 1)) for k in range(n))
+
+
+def _hybrid(name: str, checkpoint: str, family: str, layers: int, hidden: int, heads: int, kv: int, inner: int,
+            value_heads: int, drafter: "DrafterSpec", source: str, aliases: tuple[str, ...], **moe) -> "ModelSpec":
+    return ModelSpec(
+        name=name, checkpoint=checkpoint, family=family, num_layers=layers, hidden_size=hidden, num_heads=heads,
+        num_kv_heads=kv, head_dim=256, intermediate_size=inner, vocab_size=moe.pop("vocab", 248320),
+        max_position_embeddings=262144, layer_types=_every_fourth_full(layers), qk_norm=True,
+        linear_num_key_heads=16, linear_num_value_heads=value_heads, linear_key_head_dim=128,
+        linear_value_head_dim=128, linear_conv_kernel_dim=4, drafter=drafter, aliases=aliases, source=source, **moe,
+    )
 
 
 def _every_sixth_global(num_layers: int) -> tuple[str, ...]:
@@ -293,6 +404,59 @@ MODELS: dict[str, ModelSpec] = {
             ),
             aliases=("qwen/qwen3-coder-30b-a3b-instruct", "qwen3-coder-30b-a3b-instruct", "qwen3-coder"),
             source="Qwen3-Coder-30B-A3B-Instruct config.json; model card 30.5B / 3.3B active",
+        ),
+        _hybrid(
+            "qwen3.5-27b", "Qwen/Qwen3.5-27B", "qwen3_5", 64, 5120, 24, 4, 17408, 48,
+            DrafterSpec("z-lab/Qwen3.5-27B-DFlash", 5, 5120, 17408, 32, 8, 128, 16, _default_taps(64),
+                        source="block 16 verified (15 speculative tokens in published serving configs); layers, "
+                               "widths and taps derived (z-lab default 5 layers); read the real ones with --drafter DIR"),
+            "Qwen3.5-27B model card (64 layers = 16 x (3 Gated DeltaNet + 1 full), hidden 5120, 24 q / 4 KV x 256, "
+            "MLP 17408, vocab 248320, 262144 positions); linear heads 16 k / 48 v x 128 derived",
+            ("qwen/qwen3.5-27b",), published_params=27.0e9,
+        ),
+        _hybrid(
+            "qwen3.6-27b", "Qwen/Qwen3.6-27B", "qwen3_5", 64, 5120, 24, 4, 17408, 48,
+            DrafterSpec("z-lab/Qwen3.6-27B-DFlash", 5, 5120, 17408, 32, 8, 128, 16, _default_taps(64),
+                        layer_types=(SLIDING,) * 4 + (FULL,), sliding_window=2048, mask_token_id=248070,
+                        source="5 layers [S,S,S,S,F] window 2048 verified (GGUF conversion notes); mask 248070 published, "
+                               "unverified; widths and taps derived"),
+            "Qwen3.6-27B: same model_type (qwen3_5) and shape as Qwen3.5-27B (model card: 64 layers, 5120, "
+            "vocab 248320, 55.56 GB BF16)",
+            ("qwen/qwen3.6-27b",), published_params=27.0e9,
+        ),
+        _hybrid(
+            "qwen3.5-35b-a3b", "Qwen/Qwen3.5-35B-A3B", "qwen3_5_moe", 40, 2048, 16, 2, 0, 32,
+            DrafterSpec("z-lab/Qwen3.5-35B-A3B-DFlash", 5, 2048, 6144, 32, 4, 128, 16, _default_taps(40),
+                        source="block 16 assumed like the other Qwen3.5 drafters; shape derived; read with --drafter DIR"),
+            "transformers Qwen3_5MoeTextConfig defaults = the 35B-A3B shape (40 layers, 2048, 16 q / 2 KV x 256, "
+            "256 experts top-8, expert inner 512, shared expert 512); docs: 35B total / 3B active",
+            ("qwen/qwen3.5-35b-a3b",), num_experts=256, experts_per_token=8, moe_intermediate_size=512,
+            shared_expert_intermediate_size=512, published_params=35.0e9,
+        ),
+        _hybrid(
+            "qwen3-coder-next", "Qwen/Qwen3-Coder-Next", "qwen3_next", 48, 2048, 16, 2, 0, 32,
+            DrafterSpec("z-lab/Qwen3-Coder-Next-DFlash", 8, 2048, 6144, 32, 4, 128, 16, _default_taps(48),
+                        source="8 layers like the Qwen3-Coder drafter (derived); block 16 assumed; read with --drafter DIR"),
+            "transformers Qwen3NextConfig defaults (the Qwen3-Next-80B-A3B shape: 48 layers, 2048, 16 q / 2 KV x 256, "
+            "512 experts top-10, expert inner 512, shared 512, vocab 151936); Coder-Next assumed to share it (derived)",
+            ("qwen/qwen3-coder-next",), num_experts=512, experts_per_token=10, moe_intermediate_size=512,
+            shared_expert_intermediate_size=512, vocab=151936, published_params=80.0e9,
+        ),
+        ModelSpec(
+            name="kimi-k2.5", checkpoint="moonshotai/Kimi-K2.5", family="kimi_k25",
+            num_layers=61, hidden_size=7168, num_heads=64, num_kv_heads=64, head_dim=192, intermediate_size=18432,
+            vocab_size=163840, max_position_embeddings=262144, num_experts=384, experts_per_token=8,
+            moe_intermediate_size=2048, shared_expert_intermediate_size=2048, first_dense_layers=1,
+            kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+            published_params=1.04e12,
+            drafter=DrafterSpec(
+                "z-lab/Kimi-K2.5-DFlash", 6, 7168, 18432, 64, 8, 128, 8, (1, 12, 24, 35, 47, 58),
+                source="block 8 and taps [1, 12, 24, 35, 47, 58] published (unverified here); 6 layers, widths derived",
+            ),
+            aliases=("moonshotai/kimi-k2.5", "kimi-k2.5", "kimi"),
+            source="Kimi-K2 model card (DeepSeek-V3 architecture: 61 layers, 7168, 64 MLA heads, kv_lora 512, "
+                   "q_lora 1536, rope 64, 384 experts top-8 + 1 shared, first layer dense, vocab 163840; 1.04T total / "
+                   "32B active); derived for K2.5's text tower, not verified here",
         ),
     )
 }

@@ -24,6 +24,21 @@ TRTFlavour = Literal["auto", "tensorrt", "tensorrt-rtx"]
 MoEBackend = Literal["TRTLLM", "CUTLASS", "TRITON"]
 
 
+def trtllm_draft_len_schedule(schedule: dict[int, int], max_batch_size: int) -> dict[int, int]:
+    """Our schedule ({1: 15, 8: 7, 32: 0}: from N sequences on) in TensorRT-LLM's form.
+
+    TensorRT-LLM's key is the LARGEST batch size that uses the length ({7: 15, 31: 7}; batches above
+    the largest key draft 0), and its smallest key must map to max_draft_len.
+    """
+    items = sorted(schedule.items())
+    out: dict[int, int] = {}
+    for (start, length), following in zip(items, items[1:] + [(None, 0)]):
+        if length == 0:
+            break
+        out[(following[0] - 1) if following[0] is not None else max(max_batch_size, start)] = length
+    return out
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
@@ -233,6 +248,21 @@ class Recipe(_Section):
             )
         if self.gpu == "cpu" and self.runtime != "torch":
             raise ValueError(f"gpu: cpu runs only runtime: torch (this recipe says runtime: {self.runtime})")
+        if self.trtllm is not None and self.trtllm.max_concurrency is not None and self.drafter.draft_len_schedule:
+            raise ValueError(
+                "trtllm.max_concurrency cannot be combined with drafter.draft_len_schedule (TensorRT-LLM refuses both); "
+                "drop max_concurrency: a schedule ending in 0 already stops drafting"
+            )
+        if self.trtllm is not None and self.trtllm.moe_backend is not None and self.gpu != "cpu":
+            from trtllm_dflash.catalog.gpus import resolve_gpu
+
+            major = resolve_gpu(self.gpu).compute_capability[0]
+            allowed = ("TRITON",) if major == 9 else ("TRTLLM", "CUTLASS") if major == 10 else ()
+            if allowed and self.trtllm.moe_backend not in allowed:
+                raise ValueError(
+                    f"trtllm.moe_backend {self.trtllm.moe_backend} is not the MoE backend for {self.gpu} "
+                    f"(SM {major}.x); use {' or '.join(allowed)}"
+                )
         if self.triton.max_batch_size > self.limits.max_batch_size:
             raise ValueError(
                 f"triton.max_batch_size ({self.triton.max_batch_size}) exceeds limits.max_batch_size "
@@ -309,7 +339,7 @@ class Recipe(_Section):
         if self.drafter.target_layer_ids is not None:
             spec["target_layer_ids"] = list(self.drafter.target_layer_ids)
         if self.drafter.draft_len_schedule:
-            spec["draft_len_schedule"] = dict(self.drafter.draft_len_schedule)
+            spec["draft_len_schedule"] = trtllm_draft_len_schedule(self.drafter.draft_len_schedule, self.limits.max_batch_size)
         if self.trtllm.max_concurrency is not None:
             spec["max_concurrency"] = self.trtllm.max_concurrency
         options: dict[str, Any] = {

@@ -11,7 +11,8 @@ configuration:
                                      container (its code is not copied here)
     REPO/trtllm-serve.yaml           the same options for `trtllm-serve MODEL --config`
 
-`LLMApiOptions` is the checked list of LLM-API keys (PLATFORM.md); unknown keys fail.
+Options are checked against TensorRT-LLM's own argument classes, extracted from its llm_args.py at a
+pinned commit (trtllm_llm_args.json; llm_args_check.py); unknown keys, wrong types and values fail.
 """
 
 from __future__ import annotations
@@ -97,17 +98,32 @@ class TritonModelYaml(LLMApiOptions):
     triton_config: TritonConfig
 
 
-def validate_options(options: dict[str, Any], schema: type[BaseModel] = TritonModelYaml, source: str = "model.yaml") -> BaseModel:
-    """Check LLM-API options against the schema; DFlashError lists every bad key with its path."""
-    try:
-        return schema.model_validate(options)
-    except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            where = ".".join(str(part) for part in error["loc"]) or "(top level)"
-            message = "unknown LLM-API key" if error["type"] == "extra_forbidden" else error["msg"]
-            problems.append(f"{where}: {message}")
-        raise DFlashError(f"{source} is not a valid LLM-API configuration: {'; '.join(problems)}", "fix or remove those keys") from None
+def validate_options(options: dict[str, Any], schema: type[BaseModel] = TritonModelYaml, source: str = "model.yaml") -> dict[str, Any]:
+    """Check LLM-API options against TensorRT-LLM's own argument classes (the pinned llm_args extract).
+
+    `triton_config` (required when `schema` is TritonModelYaml) is the Triton model's own key and is
+    checked separately. DFlashError lists every bad key with its path.
+    """
+    from trtllm_dflash.serving.llm_args_check import ROOT, check_class, pinned_source
+
+    options = dict(options)
+    problems = []
+    triton = options.pop("triton_config", None)
+    if schema is TritonModelYaml:
+        for key in ("model", "backend"):
+            if key not in options:
+                problems.append(f"{key}: required in model.yaml")
+        try:
+            TritonConfig.model_validate(triton if triton is not None else {})
+        except ValidationError as exc:
+            problems += [f"triton_config.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+    elif triton is not None:
+        problems.append("triton_config: only model.yaml of the Triton model has it, not the trtllm-serve YAML")
+    problems += check_class(options, ROOT)
+    if problems:
+        raise DFlashError(f"{source} is not a valid LLM-API configuration for TensorRT-LLM {pinned_source()}: "
+                          f"{'; '.join(problems)}", "fix or remove those keys") from None
+    return options
 
 
 def validate_model_yaml(path: str | Path) -> TritonModelYaml:
