@@ -74,6 +74,7 @@ def build(
     drafter: Optional[str] = typer.Option(None, "--drafter", help="DFlash drafter directory (z-lab layout); default: the catalog's drafter."),
     recipe: Optional[str] = typer.Option(None, "--recipe", help="Recipe YAML file or '<model>/<gpu>' name (docs/recipes.md); flags override it."),
     quant: Optional[str] = typer.Option(None, "--quant", "-q", help="bf16, fp16, fp8 or nvfp4 (gpt-oss: the experts, mxfp4 as shipped); default: the recipe's."),
+    runtime: Optional[str] = typer.Option(None, "--runtime", help="trt (our engines) or trtllm (TensorRT-LLM); default: the recipe's. One the target family cannot use is refused, naming the one that works."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: out/<model>-<gpu>)."),
     calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration text for FP8/NVFP4: .txt (a sample per line) or .jsonl with 'text'."),
     max_batch: Optional[int] = typer.Option(None, "--max-batch", help="Largest batch the engines accept."),
@@ -90,6 +91,7 @@ def build(
     spec = resolve_spec(
         model, gpu, recipe, quant, drafter,
         max_batch=max_batch, max_input_len=max_input_len, max_seq_len=max_seq_len, calibration=calibration,
+        runtime=runtime,
     )
     console = Console(highlight=False)
     plan = make_build_plan(spec)

@@ -163,3 +163,17 @@ class DFlashDecodingConfig(DecodingBaseConfig):
     assert fields["max_concurrency"]["gt"] == 0 and "_private" not in fields
     assert data["classes"]["DFlashDecodingConfig"]["bases"] == ["DecodingBaseConfig"]
     assert data["source"]["release_tag"] == "vTEST"
+
+
+@pytest.mark.parametrize(("model", "gpu"), [("qwen3.5-27b", "h200"), ("qwen3-coder-next", "b200"), ("qwen3.5-35b-a3b", "h100")])
+def test_build_runtime_flag_refuses_trt_for_hybrids_naming_trtllm(run_main, model, gpu):
+    code, out, err = run_main("build", "--model", model, "--gpu", gpu, "--runtime", "trt", "--dry-run")
+    assert code == 2
+    line = " ".join((out + err).split())
+    assert "Gated DeltaNet" in line and "use runtime: trtllm" in line
+
+
+def test_build_runtime_flag_switches_a_dense_recipe_to_trtllm(run_main):
+    code, out, err = run_main("build", "--model", "qwen3-8b", "--gpu", "h100", "--runtime", "trtllm", "--dry-run")
+    assert code == 0, err
+    assert "runtime trtllm" in " ".join(out.split())

@@ -195,6 +195,12 @@ def _apply(recipe, overrides: dict[str, Any]):
         q["calibration"] = {**(q.get("calibration") or {}), "dataset": str(overrides["calibration"])}
     if overrides.get("drafter"):
         data["drafter"]["checkpoint"] = str(overrides["drafter"])
+    runtime = (overrides.get("runtime") or "").strip().lower()
+    if runtime and runtime != data["runtime"]:
+        data["runtime"] = runtime  # the planner refuses one the family cannot use
+        for section in ("trt", "trtllm"):  # the other runtime's settings do not carry over
+            if section != runtime:
+                data.pop(section, None)
     for flag, key in (("max_batch", "max_batch_size"), ("max_input_len", "max_input_len"), ("max_seq_len", "max_seq_len")):
         if overrides.get(flag) is not None:
             limits[key] = int(overrides[flag])
@@ -207,7 +213,8 @@ def _apply(recipe, overrides: dict[str, Any]):
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(item) for item in first["loc"] if not (isinstance(item, str) and "[" in item))
-        raise SpecError(f"{where}: {str(first['msg']).removeprefix('Value error, ')}", "fix the flag or the recipe") from None
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise SpecError(f"{where}: {message}" if where else message, "fix the flag or the recipe") from None
     updated._path = recipe.path
     return updated
 
