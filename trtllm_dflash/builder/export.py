@@ -5,12 +5,18 @@ Target graph (prefill and block verification in one graph):
              starts [b] int64             first position of each row (its committed length)
              logit_index [b, n] int64     which of the T positions get logits (last prompt
                                           token at prefill, every block position at verify)
-             past_key_i / past_value_i    [b, S, kv_heads, head_dim] per layer: cache slots
-                                          0..S-1 (slot == position); slots >= starts[r] are
-                                          ignored, so the runtime may pass any S >= max(starts)
+             past_key_i / past_value_i    [b, S, kv_heads_i, key_dim_i / value_dim_i] for each
+                                          layer i that owns a cache: slots 0..S-1 (slot ==
+                                          position); slots >= starts[r] are ignored, so the
+                                          runtime may pass any S >= max(starts)
     outputs  logits [b, n, V], features [b, T, taps * H] (outputs of the tapped decoder layers,
-             id i = output of layer i), new_key_i / new_value_i [b, T, kv_heads, head_dim]
+             id i = output of layer i), new_key_i / new_value_i [b, T, kv_heads_i, ...]
              (the K/V of the T tokens; the runtime writes them at slots starts[r] + t)
+    Per-layer shapes are what each attention layer writes (Gemma 4: global layers have other
+    head dims and KV-head counts than sliding ones); layers that reuse another layer's K/V
+    (Gemma 4's KV-sharing layers) own no cache and have no inputs or outputs. graphs.json
+    records every layer's shape (`cache_layers`). Hybrid (linear attention) and MLA targets are
+    refused (`check_exportable`).
 
 Drafter graph (one block-diffusion step, the target's embedding and LM head included):
     inputs   block_ids [b, B] int64 (anchor + masks), ctx_features [b, n, taps * H] (new context
@@ -39,6 +45,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -76,7 +83,12 @@ def visibility(
 
 
 class _ConcatLayer(CacheLayerMixin):
-    """A transformers cache layer that returns [past inputs; new K/V] and remembers the new K/V."""
+    """A transformers cache layer that returns [past inputs; new K/V] and remembers the new K/V.
+
+    A layer without past inputs (the shape probe, see TargetGraph.probe_cache_layers) returns the
+    new K/V alone. A layer whose attention never calls `update` (Gemma 4's KV-sharing layers read
+    the producer layer's [past; new] K/V) keeps no cache: the graph has no inputs or outputs for it.
+    """
 
     is_compileable = False
     is_sliding = False
@@ -92,8 +104,11 @@ class _ConcatLayer(CacheLayerMixin):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         # Hugging Face attention hands over [b, kv_heads, T, D]; our caches are token-major
-        past_k, past_v = self.owner.past[self.index]
         self.owner.new[self.index] = (key_states.transpose(1, 2), value_states.transpose(1, 2))
+        past = self.owner.past.get(self.index)
+        if past is None:
+            return key_states, value_states
+        past_k, past_v = past
         keys = torch.cat([past_k.transpose(1, 2).to(key_states.dtype), key_states], dim=2)
         values = torch.cat([past_v.transpose(1, 2).to(value_states.dtype), value_states], dim=2)
         return keys, values
@@ -109,17 +124,65 @@ class _ConcatLayer(CacheLayerMixin):
 
 
 class ConcatCache(Cache):
-    """Cache object for one traced forward pass: past K/V are graph inputs, new K/V graph outputs."""
+    """Cache object for one traced forward pass: past K/V are graph inputs, new K/V graph outputs.
 
-    def __init__(self, past: list[tuple[torch.Tensor, torch.Tensor]], total: int) -> None:
+    `past` maps a decoder layer index to its past (keys, values) `[b, S, kv_heads, D]`; layers
+    that own no cache are absent from it.
+    """
+
+    def __init__(self, past: dict[int, tuple[torch.Tensor, torch.Tensor]], total: int, num_layers: int) -> None:
         self.past = past
         self.total = total
-        self.new: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(past)
-        super().__init__(layers=[_ConcatLayer(self, i) for i in range(len(past))])
+        self.new: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_layers
+        super().__init__(layers=[_ConcatLayer(self, i) for i in range(num_layers)])
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCache:
+    """The per-token K/V shape one decoder layer writes: `[kv_heads, key_dim]` and `[kv_heads, value_dim]`."""
+
+    kv_heads: int
+    key_dim: int
+    value_dim: int
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+class UnsupportedTargetError(DFlashError):
+    """A target whose layers our engines cannot run (recurrent state, latent attention)."""
+
+
+def check_exportable(config) -> None:
+    """Refuse targets whose layers our graphs cannot express: they keep K/V caches only.
+
+    Gated DeltaNet hybrids (Qwen3.5 / Qwen3.6 / Qwen3-Next) carry a recurrent state per row that
+    must be rolled back per accepted draft; DeepSeek-style MLA would need its compressed latent
+    cache. TensorRT-LLM (and the torch runtime) run both.
+    """
+    config = config.get_text_config()
+    model_type = getattr(config, "model_type", "this target")
+    if "linear_attention" in (getattr(config, "layer_types", None) or []):
+        raise UnsupportedTargetError(
+            f"{model_type} has Gated DeltaNet linear-attention layers; our engines keep no recurrent state",
+            "use runtime: trtllm or torch",
+        )
+    if getattr(config, "kv_lora_rank", None):
+        raise UnsupportedTargetError(
+            f"{model_type} has multi-head latent attention (MLA) layers; our engines keep no latent KV cache",
+            "use runtime: trtllm or torch",
+        )
 
 
 class TargetGraph(nn.Module):
-    """A Hugging Face causal LM as one prefill/verify step with explicit caches and hidden taps."""
+    """A Hugging Face causal LM as one prefill/verify step with explicit caches and hidden taps.
+
+    `past_keys` / `past_values` hold one tensor per layer in `cache_layers` (the layers whose
+    attention writes K/V, in order), found by running the model once (`probe_cache_layers`), so
+    per-layer shapes and KV-sharing layers come from the model's own code, not from its config.
+    Eager-attention models (gpt-oss: attention sinks) add the mask to the scores, so they get
+    additive float masks (0 / dtype min) as in the torch runtime.
+    """
 
     def __init__(self, model: nn.Module, layer_ids: list[int]) -> None:
         super().__init__()
@@ -130,23 +193,23 @@ class TargetGraph(nn.Module):
         self.layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * self.num_layers)
         self.sliding_window = int(getattr(config, "sliding_window", None) or 0)
         self.softcap = getattr(config, "final_logit_softcapping", None)
+        self.additive_masks = getattr(config, "_attn_implementation", "sdpa") == "eager"
+        self.dtype = model.get_input_embeddings().weight.dtype  # the compute dtype (FP8 layers keep E4M3 weights)
         self.layer_ids = list(layer_ids)
+        self.cache_shapes = self.probe_cache_layers()
+        self.cache_layers = [i for i, shape in enumerate(self.cache_shapes) if shape is not None]
 
-    def forward(self, input_ids, starts, logit_index, past_keys: tuple, past_values: tuple):
-        batch, tokens = input_ids.shape
-        past_len = past_keys[0].shape[1]
-        steps = torch.arange(tokens, device=input_ids.device)
-        positions = starts.view(-1, 1) + steps
-        slots = torch.arange(past_len, device=input_ids.device).view(1, -1)
-        key_positions = torch.cat([slots.expand(batch, -1), positions], dim=1)
-        key_valid = torch.cat([slots < starts.view(-1, 1), torch.ones_like(positions, dtype=torch.bool)], dim=1)
-        masks = {
-            kind: visibility(
-                key_positions, key_valid, positions, self.sliding_window if kind == "sliding_attention" else 0, True
-            )
-            for kind in set(self.layer_types)
-        }
-        cache = ConcatCache(list(zip(past_keys, past_values)), past_len + tokens)
+    def _masks(self, key_positions: torch.Tensor, key_valid: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
+        """One mask per attention kind (a single 4D mask where there is one kind), as the torch runtime builds them."""
+        masks = {}
+        for kind in set(self.layer_types):
+            visible = visibility(key_positions, key_valid, positions, self.sliding_window if kind == "sliding_attention" else 0, True)
+            if self.additive_masks:  # eager attention adds the mask to the scores
+                visible = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)
+            masks[kind] = visible
+        return masks if len(masks) > 1 else next(iter(masks.values()))
+
+    def _decode(self, input_ids, positions, masks, cache: ConcatCache) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         taps: dict[int, torch.Tensor] = {}
         hooks = [
             self.decoder.layers[i].register_forward_hook(
@@ -156,22 +219,45 @@ class TargetGraph(nn.Module):
         ]
         try:
             hidden = self.decoder(
-                input_ids=input_ids,
-                position_ids=positions,
-                attention_mask=masks if len(masks) > 1 else next(iter(masks.values())),
-                past_key_values=cache,
-                use_cache=True,
+                input_ids=input_ids, position_ids=positions, attention_mask=masks, past_key_values=cache, use_cache=True
             ).last_hidden_state
         finally:
             for hook in hooks:
                 hook.remove()
+        return hidden, taps
+
+    @torch.no_grad()
+    def probe_cache_layers(self) -> list[LayerCache | None]:
+        """Run two tokens through the model and record the K/V shape each layer writes (None: no cache)."""
+        input_ids = torch.zeros(2, 2, dtype=torch.long)
+        positions = torch.arange(2).expand(2, -1)
+        masks = self._masks(positions, torch.ones(2, 2, dtype=torch.bool), positions, self.dtype)
+        cache = ConcatCache({}, 2, self.num_layers)
+        self._decode(input_ids, positions, masks, cache)
+        shapes: list[LayerCache | None] = []
+        for written in cache.new:  # token-major [b, T, kv_heads, D]
+            shapes.append(None if written is None else LayerCache(int(written[0].shape[2]), int(written[0].shape[3]), int(written[1].shape[3])))
+        return shapes
+
+    def forward(self, input_ids, starts, logit_index, past_keys: tuple, past_values: tuple):
+        batch, tokens = input_ids.shape
+        past_len = past_keys[0].shape[1]
+        steps = torch.arange(tokens, device=input_ids.device)
+        positions = starts.view(-1, 1) + steps
+        slots = torch.arange(past_len, device=input_ids.device).view(1, -1)
+        key_positions = torch.cat([slots.expand(batch, -1), positions], dim=1)
+        key_valid = torch.cat([slots < starts.view(-1, 1), torch.ones_like(positions, dtype=torch.bool)], dim=1)
+        masks = self._masks(key_positions, key_valid, positions, self.dtype)
+        past = {layer: (k, v) for layer, k, v in zip(self.cache_layers, past_keys, past_values)}
+        cache = ConcatCache(past, past_len + tokens, self.num_layers)
+        hidden, taps = self._decode(input_ids, positions, masks, cache)
         features = torch.cat([taps[i] for i in self.layer_ids], dim=-1)
         picked = hidden.gather(1, logit_index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
         logits = self.lm_head(picked)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
-        new_keys = tuple(k for k, _ in cache.new)
-        new_values = tuple(v for _, v in cache.new)
+        new_keys = tuple(cache.new[i][0] for i in self.cache_layers)
+        new_values = tuple(cache.new[i][1] for i in self.cache_layers)
         return logits, features, new_keys, new_values
 
 
@@ -263,11 +349,14 @@ class GraphInfo:
     inputs: list[dict[str, Any]]
     outputs: list[str]
     num_layers: int
-    kv_heads: int
+    kv_heads: int  # of every cached layer when they are all alike, else 0 (see cache_layers)
     head_dim: int
     dtype: str
     variant: str = "native"
     dir: str = ""  # folder of the file under the export directory (default: the variant's)
+    # per decoder layer: {"kv_heads", "key_dim", "value_dim"} of its past_/new_key_i and _value_i,
+    # or None for a layer without a cache (no inputs or outputs named after it)
+    cache_layers: list[dict[str, int] | None] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -280,8 +369,69 @@ def cast_parameters(module: nn.Module, dtype: torch.dtype) -> nn.Module:
     return module
 
 
-def _cache_names(num_layers: int, prefix: str) -> tuple[list[str], list[str]]:
-    return [f"{prefix}_key_{i}" for i in range(num_layers)], [f"{prefix}_value_{i}" for i in range(num_layers)]
+def _cache_names(layers: list[int], prefix: str) -> tuple[list[str], list[str]]:
+    return [f"{prefix}_key_{i}" for i in layers], [f"{prefix}_value_{i}" for i in layers]
+
+
+def _uniform(shapes: list[LayerCache | None]) -> tuple[int, int]:
+    """(kv_heads, head_dim) when every cached layer has the same K and V shape, else (0, 0)."""
+    present = {(s.kv_heads, s.key_dim, s.value_dim) for s in shapes if s is not None}
+    if len(present) == 1:
+        heads, key_dim, value_dim = present.pop()
+        if key_dim == value_dim:
+            return heads, key_dim
+    return 0, 0
+
+
+DENSE_EXPERTS = "dflash_dense"
+
+
+def dense_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    """MoE experts as plain batched matmuls over ALL experts, weighted by a dense routing matrix.
+
+    For export only (a transformers experts implementation, see `exportable_experts`): every token
+    goes through every expert and unselected experts get weight 0, so the result is the routed
+    sum; the graph is MatMul/Equal/ReduceSum with the weights kept as `[experts, ...]` tensors,
+    no data-dependent shapes and no per-token weight copies.
+    """
+    experts = torch.arange(self.num_experts, device=hidden_states.device)
+    routing = ((top_k_index.unsqueeze(-1) == experts).to(hidden_states.dtype) * top_k_weights.unsqueeze(-1).to(hidden_states.dtype)).sum(1)
+
+    def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        # x [E or 1, T, in]; weight [E, in, out] (transposed layout) or [E, out, in]
+        out = torch.matmul(x, weight if self.is_transposed else weight.transpose(1, 2))
+        return out + bias.unsqueeze(1) if bias is not None else out
+
+    x = hidden_states.unsqueeze(0)  # [1, T, H], broadcast over the experts
+    if self.has_gate:
+        projected = self._apply_gate(linear(x, self.gate_up_proj, self.gate_up_proj_bias if self.has_bias else None))
+    else:
+        projected = self.act_fn(linear(x, self.up_proj, self.up_proj_bias if self.has_bias else None))
+    out = linear(projected, self.down_proj, self.down_proj_bias if self.has_bias else None)  # [E, T, H]
+    if self.has_post_expert_norm:
+        out = self.post_expert_norm(out)
+    return (out * routing.transpose(0, 1).unsqueeze(-1)).sum(0).to(hidden_states.dtype)
+
+
+def exportable_experts(model: nn.Module) -> str | None:
+    """Switch MoE experts to `dense_experts_forward`; returns the implementation to restore (None: no experts).
+
+    transformers' default `grouped_mm` experts are a custom op without an ONNX translation, its
+    eager path loops over the experts a batch hits (data-dependent control flow), and its
+    `batched_mm` path copies each token's top-k expert weights (gigabytes per step at gpt-oss
+    sizes). Dense experts compute num_experts / top_k times the routed FLOPs but read each expert
+    weight once per call, which is what a decode step of a batch of blocks needs anyway.
+    """
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    can_set = getattr(model, "_can_set_experts_implementation", None)
+    if can_set is None or not can_set():
+        return None
+    if DENSE_EXPERTS not in ALL_EXPERTS_FUNCTIONS:
+        ALL_EXPERTS_FUNCTIONS.register(DENSE_EXPERTS, dense_experts_forward)
+    previous = model.config._experts_implementation
+    model.set_experts_implementation(DENSE_EXPERTS)
+    return previous
 
 
 def normalize(program) -> None:
@@ -360,43 +510,50 @@ def export_target(
     """Export the target as one prefill/verify graph (see the module docstring for its I/O)."""
     from torch.export import Dim
 
+    check_exportable(model.config)
     config = model.config.get_text_config()
     num_layers = int(config.num_hidden_layers)
-    kv_heads = int(config.num_key_value_heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
     torch_dtype = DTYPES[dtype]
-    graph = TargetGraph(cast_parameters(model, torch_dtype).eval(), layer_ids).eval()
+    previous_experts = exportable_experts(model)
+    try:
+        graph = TargetGraph(cast_parameters(model, torch_dtype).eval(), layer_ids).eval()
+        shapes, cached = graph.cache_shapes, graph.cache_layers
 
-    batch = Dim("batch", min=1, max=bounds.max_batch)
-    tokens = Dim("tokens", min=1, max=bounds.max_input_len)
-    picks = Dim("picked", min=1, max=bounds.max_input_len)
-    past = Dim("past", min=1, max=bounds.max_seq_len)
-    b, t, n, s = 2, min(3, bounds.max_input_len), 2, min(5, bounds.max_seq_len)  # distinct sizes, none of them 1
-    args = (
-        torch.randint(0, int(config.vocab_size), (b, t)),
-        torch.tensor([s, 1]),
-        torch.tensor([[t - 1, 0], [1, t - 1]])[:, :n],
-        tuple(torch.zeros(b, s, kv_heads, head_dim, dtype=torch_dtype) for _ in range(num_layers)),
-        tuple(torch.zeros(b, s, kv_heads, head_dim, dtype=torch_dtype) for _ in range(num_layers)),
-    )
-    cache_dims = tuple({0: batch, 1: past} for _ in range(num_layers))
-    dynamic = ({0: batch, 1: tokens}, {0: batch}, {0: batch, 1: picks}, cache_dims, cache_dims)
-    past_k, past_v = _cache_names(num_layers, "past")
-    new_k, new_v = _cache_names(num_layers, "new")
-    input_names = ["input_ids", "starts", "logit_index", *past_k, *past_v]
-    output_names = ["logits", "features", *new_k, *new_v]
-    from trtllm_dflash.builder import fp8
+        batch = Dim("batch", min=1, max=bounds.max_batch)
+        tokens = Dim("tokens", min=1, max=bounds.max_input_len)
+        picks = Dim("picked", min=1, max=bounds.max_input_len)
+        past = Dim("past", min=1, max=bounds.max_seq_len)
+        b, t, n, s = 2, min(3, bounds.max_input_len), 2, min(5, bounds.max_seq_len)  # distinct sizes, none of them 1
+        args = (
+            torch.randint(0, int(config.vocab_size), (b, t)),
+            torch.tensor([s, 1]),
+            torch.tensor([[t - 1, 0], [1, t - 1]])[:, :n],
+            tuple(torch.zeros(b, s, shapes[i].kv_heads, shapes[i].key_dim, dtype=torch_dtype) for i in cached),
+            tuple(torch.zeros(b, s, shapes[i].kv_heads, shapes[i].value_dim, dtype=torch_dtype) for i in cached),
+        )
+        cache_dims = tuple({0: batch, 1: past} for _ in cached)
+        dynamic = ({0: batch, 1: tokens}, {0: batch}, {0: batch, 1: picks}, cache_dims, cache_dims)
+        past_k, past_v = _cache_names(cached, "past")
+        new_k, new_v = _cache_names(cached, "new")
+        input_names = ["input_ids", "starts", "logit_index", *past_k, *past_v]
+        output_names = ["logits", "features", *new_k, *new_v]
+        from trtllm_dflash.builder import fp8
 
-    translations = fp8.translation_table() if fp8.has_fp8(graph) else None  # FP8 layers -> Q/DQ
-    with torch.no_grad():
-        _export(graph, args, dynamic, input_names, output_names, path, translations)
-    cache = ["batch", "past", kv_heads, head_dim]
+        translations = fp8.translation_table() if fp8.has_fp8(graph) else None  # FP8 layers -> Q/DQ
+        with torch.no_grad():
+            _export(graph, args, dynamic, input_names, output_names, path, translations)
+    finally:
+        if previous_experts is not None:
+            model.set_experts_implementation(previous_experts)
+    key_dims = [["batch", "past", shapes[i].kv_heads, shapes[i].key_dim] for i in cached]
+    value_dims = [["batch", "past", shapes[i].kv_heads, shapes[i].value_dim] for i in cached]
+    kv_heads, head_dim = _uniform(shapes)
     return GraphInfo(
         file=path.name,
         inputs=_describe(
             input_names,
-            [["batch", "tokens"], ["batch"], ["batch", "picked"]] + [cache] * (2 * num_layers),
-            ["int64", "int64", "int64"] + [dtype] * (2 * num_layers),
+            [["batch", "tokens"], ["batch"], ["batch", "picked"]] + key_dims + value_dims,
+            ["int64", "int64", "int64"] + [dtype] * (2 * len(cached)),
         ),
         outputs=output_names,
         num_layers=num_layers,
@@ -404,6 +561,7 @@ def export_target(
         head_dim=head_dim,
         dtype=dtype,
         variant=variant,
+        cache_layers=[shape.to_dict() if shape is not None else None for shape in shapes],
     )
 
 
@@ -451,8 +609,8 @@ def export_drafter(
     )
     cache_dims = tuple({0: batch, 1: past} for _ in range(num_layers))
     dynamic = ({0: batch, 1: block}, {0: batch, 1: rows}, {0: batch}, {0: batch}, cache_dims, cache_dims)
-    past_k, past_v = _cache_names(num_layers, "past")
-    new_k, new_v = _cache_names(num_layers, "new")
+    past_k, past_v = _cache_names(list(range(num_layers)), "past")
+    new_k, new_v = _cache_names(list(range(num_layers)), "new")
     input_names = ["block_ids", "ctx_features", "new_counts", "cache_lens", *past_k, *past_v]
     output_names = ["logits", *new_k, *new_v]
     with torch.no_grad():
@@ -472,6 +630,7 @@ def export_drafter(
         dtype=dtype,
         variant=variant,
         dir=variant,
+        cache_layers=[LayerCache(config.num_key_value_heads, config.head_dim, config.head_dim).to_dict()] * num_layers,
     )
 
 

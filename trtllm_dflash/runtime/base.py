@@ -102,17 +102,42 @@ class Runtime(abc.ABC):
 
 
 @dataclasses.dataclass(frozen=True)
+class LayerShape:
+    """Per-token K/V shape of one layer: keys `[kv_heads, key_dim]`, values `[kv_heads, value_dim]`."""
+
+    kv_heads: int
+    key_dim: int
+    value_dim: int
+
+
+@dataclasses.dataclass(frozen=True)
 class CacheShape:
-    """Per-token K/V shape of one model: layers x kv_heads x head_dim."""
+    """Per-token K/V shape of one model: layers x kv_heads x head_dim.
+
+    `layers`, when given, is the shape of each layer (None: the layer keeps no cache, e.g. Gemma 4's
+    KV-sharing layers) and overrides the uniform kv_heads/head_dim.
+    """
 
     num_layers: int
     kv_heads: int
     head_dim: int
+    layers: tuple[LayerShape | None, ...] | None = None
 
     @classmethod
     def of(cls, graph: dict) -> "CacheShape":
-        """From a build's graph description (`num_layers`, `kv_heads`, `head_dim`)."""
-        return cls(int(graph["num_layers"]), int(graph["kv_heads"]), int(graph["head_dim"]))
+        """From a build's graph description: `cache_layers` per layer, or (older builds) the uniform
+        `num_layers`, `kv_heads`, `head_dim`."""
+        num_layers, kv_heads, head_dim = int(graph["num_layers"]), int(graph["kv_heads"]), int(graph["head_dim"])
+        per_layer = graph.get("cache_layers")
+        if not per_layer:
+            return cls(num_layers, kv_heads, head_dim)
+        layers = tuple(LayerShape(**layer) if layer is not None else None for layer in per_layer)
+        return cls(num_layers, kv_heads, head_dim, layers)
+
+    def layer_shapes(self) -> tuple[LayerShape | None, ...]:
+        if self.layers is not None:
+            return self.layers
+        return (LayerShape(self.kv_heads, self.head_dim, self.head_dim),) * self.num_layers
 
 
 class CachedRuntime(Runtime):
@@ -133,7 +158,12 @@ class CachedRuntime(Runtime):
         from trtllm_dflash.modeling.kv_cache import StaticKVCache
 
         def cache(shape: CacheShape) -> StaticKVCache:
-            return StaticKVCache(shape.num_layers, max_batch, capacity, shape.kv_heads, shape.head_dim, dtype, device)
+            layers = shape.layer_shapes()
+            allocated = StaticKVCache.lazy(len(layers), max_batch, capacity, dtype, device)
+            for i, layer in enumerate(layers):
+                if layer is not None:  # layers without a cache stay unallocated (keys/values None)
+                    allocated.allocate_layer(i, layer.kv_heads, layer.key_dim, layer.value_dim)
+            return allocated
 
         self.target_cache = cache(target)
         self.draft_cache = cache(drafter) if drafter is not None else None

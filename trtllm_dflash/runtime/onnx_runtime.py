@@ -102,6 +102,11 @@ def _graph_file(export_dir: Path, variant: str, graph: dict) -> Path:
     return export_dir / (graph.get("dir") or variant) / graph["file"]
 
 
+def _cached(layers) -> list:
+    """(index, layer) of the layers that keep a cache (Gemma 4's KV-sharing layers keep none)."""
+    return [(i, layer) for i, layer in enumerate(layers) if layer.keys is not None]
+
+
 def _numpy(t: torch.Tensor, dtype=None) -> np.ndarray:
     array = t.detach().cpu()
     if dtype is not None:
@@ -151,8 +156,9 @@ class OnnxRuntime(CachedRuntime):
         self.allocate_caches(max_batch, capacity, CacheShape.of(self.target), drafter, self.cache_dtype, self.device)
 
     def _cache_feed(self, layers, past_len: int) -> dict[str, np.ndarray]:
+        """`past_key_i` / `past_value_i` of every layer i that owns a cache (unallocated layers have no inputs)."""
         feed = {}
-        for i, layer in enumerate(layers):
+        for i, layer in _cached(layers):
             feed[f"past_key_{i}"] = _numpy(layer.keys[:, :past_len])
             feed[f"past_value_{i}"] = _numpy(layer.values[:, :past_len])
         return feed
@@ -171,7 +177,7 @@ class OnnxRuntime(CachedRuntime):
         out = self.target_session.run(feed)
         positions = starts.view(-1, 1) + torch.arange(count)
         row_index = torch.arange(batch).view(-1, 1)
-        for i, layer in enumerate(layers):
+        for i, layer in _cached(layers):
             layer.keys[row_index, positions] = torch.from_numpy(out[f"new_key_{i}"]).to(layer.keys.dtype)
             layer.values[row_index, positions] = torch.from_numpy(out[f"new_value_{i}"]).to(layer.values.dtype)
         return TargetOutput(logits=torch.from_numpy(out["logits"]).float(), features=torch.from_numpy(out["features"]))

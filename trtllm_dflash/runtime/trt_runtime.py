@@ -2,7 +2,8 @@
 
 One engine for the target (two optimization profiles: verify steps and prefill, one execution
 context each) and one for the drafter. The KV caches are torch CUDA tensors `[batch, capacity,
-kv_heads, head_dim]` with slot == position, exactly as in the torch runtime: the engines read a
+kv_heads, head_dim]` per layer (each layer's own shape from graphs.json; layers that reuse
+another layer's K/V keep none) with slot == position, exactly as in the torch runtime: the engines read a
 row's whole cache (slots past its length are masked inside the graph) and return the new K/V,
 which are written into place with torch on the same CUDA stream. Every call is enqueued with
 `execute_async_v3` on torch's current stream, so the decoding loop's one host read per step is
@@ -120,13 +121,14 @@ class TrtRuntime(CachedRuntime):
         self.vocab_size = int(info["graphs"]["vocab_size"])
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.block_size = int(info["block_size"])
-        self.cache_dtype = self.target_engine.dtypes["past_key_0"]
+        self.first_cache = next(n for n in self.target_engine.inputs if n.startswith("past_key_"))
+        self.cache_dtype = self.target_engine.dtypes[self.first_cache]
 
     # ------------------------------------------------------------------ caches
 
     def allocate(self, max_batch: int, capacity: int) -> None:
         max_batch_engine = self.target_engine.max_shape("input_ids", 0)[0]
-        max_slots = self.target_engine.max_shape("past_key_0", 0)[1]
+        max_slots = self.target_engine.max_shape(self.first_cache, 0)[1]
         if max_batch > max_batch_engine or capacity > max_slots:
             raise DFlashError(
                 f"asked for {max_batch} rows of {capacity} slots; the engines take at most {max_batch_engine} rows of {max_slots}",
@@ -137,9 +139,11 @@ class TrtRuntime(CachedRuntime):
 
     @staticmethod
     def _cache_feed(layers) -> dict[str, torch.Tensor]:
-        """A row slice of the cache is contiguous; the engine reads all its slots (masked past each length)."""
+        """A row slice of the cache is contiguous; the engine reads all its slots (masked past each length).
+
+        Layers without a cache (Gemma 4's KV-sharing layers) have no engine inputs."""
         feed = {}
-        for i, layer in enumerate(layers):
+        for i, layer in _cached(layers):
             feed[f"past_key_{i}"] = layer.keys
             feed[f"past_value_{i}"] = layer.values
         return feed
@@ -156,7 +160,7 @@ class TrtRuntime(CachedRuntime):
         out = self.target_engine.run(profile, feed)
         positions = starts.view(-1, 1) + torch.arange(count, device=self.device)
         row_index = torch.arange(batch, device=self.device).view(-1, 1)
-        for i, layer in enumerate(layers):
+        for i, layer in _cached(layers):
             layer.keys[row_index, positions] = out[f"new_key_{i}"]
             layer.values[row_index, positions] = out[f"new_value_{i}"]
         return TargetOutput(logits=out["logits"], features=out["features"])
@@ -170,6 +174,11 @@ class TrtRuntime(CachedRuntime):
             append_rows(layer.keys, cache_lens, out[f"new_key_{i}"], new_counts)
             append_rows(layer.values, cache_lens, out[f"new_value_{i}"], new_counts)
         return out["logits"]
+
+
+def _cached(layers) -> list:
+    """(index, layer) of the layers that keep a cache."""
+    return [(i, layer) for i, layer in enumerate(layers) if layer.keys is not None]
 
 
 def append_rows(cache: torch.Tensor, lengths: torch.Tensor, new: torch.Tensor, counts: torch.Tensor) -> None:
