@@ -29,7 +29,7 @@ def test_new_recipes_plan_and_dry_run(name, run_main):
 
 @pytest.mark.parametrize("model, gpu, families", [
     ("qwen3.5-27b", "b200", "hybrid Gated DeltaNet"), ("qwen3-coder-next", "b200", "hybrid Gated DeltaNet"),
-    ("gpt-oss-20b", "h100", "mixture-of-experts"), ("qwen3.5-35b-a3b", "h100", "hybrid Gated DeltaNet"),
+    ("qwen3.5-35b-a3b", "h100", "hybrid Gated DeltaNet"),
     ("kimi-k2.5", "b300", "multi-head latent attention"),
 ])
 def test_runtime_trt_is_refused_for_families_our_engines_cannot_serve(model, gpu, families):
@@ -177,3 +177,11 @@ def test_build_runtime_flag_switches_a_dense_recipe_to_trtllm(run_main):
     code, out, err = run_main("build", "--model", "qwen3-8b", "--gpu", "h100", "--runtime", "trtllm", "--dry-run")
     assert code == 0, err
     assert "runtime trtllm" in " ".join(out.split())
+
+
+def test_gpt_oss_on_our_engines_plans_with_the_moe_caveat():
+    """gpt-oss attention (sinks, sliding windows) exports to our engines, experts as a dense graph."""
+    plan = plan_deployment("gpt-oss-20b", "h100", runtime="trt")
+    assert plan.ok and plan.runtime == "trt"
+    assert "dense graph" in plan.runtime_reason and "TensorRT-LLM" in plan.runtime_reason
+    assert plan_deployment("gpt-oss-20b", "h100").runtime == "trtllm"  # the default stays TensorRT-LLM

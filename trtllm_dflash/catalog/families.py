@@ -6,15 +6,17 @@ runtimes whether it can serve the family and the reason. `plan` and `build` prin
 runtime with its reason and refuse an impossible choice naming the runtime that works.
 
 Sources for the `trtllm` column (TensorRT-LLM's PyTorch-backend DFlash; see
-tests/data/trtllm_llm_args_*.json for the pinned source commit):
+trtllm_dflash/serving/trtllm_llm_args.json for the pinned source commit):
 - PR NVIDIA/TensorRT-LLM#12794 ("Support DFlash in one-model spec dec", merged 2026-04):
   accuracy tests on Llama 3.1 8B, Qwen3 8B and GPT-OSS 20B.
 - tensorrt_llm/_torch/speculative/dflash.py (main, commit 00679c66): the DFlash worker uses the
   MambaHybridCacheManager (hybrid Gated DeltaNet / Mamba targets roll their state back) and has
   an MLA path that writes the block's latents (DeepSeek-V3 / Kimi MLA targets).
 - Gemma 3 / Gemma 4 targets: no evidence found either way; allowed with a note ("unverified").
-Our `trt` engines export dense GQA decoder layers (full, sliding-window, attention sinks); they
-have no MoE expert graphs, no linear-attention (recurrent) state and no MLA latent cache.
+Our `trt` engines export GQA decoder layers (full, sliding-window, attention sinks, per-layer
+head dims, shared KV) and MoE experts as a dense graph (every expert, unselected ones weighted 0:
+exact, num_experts / top_k times the routed compute, so TensorRT-LLM stays the choice for MoE);
+they have no linear-attention (recurrent) state and no MLA latent cache (builder/export.py).
 """
 
 from __future__ import annotations
@@ -56,7 +58,11 @@ class FamilySpec:
 _TORCH = Support("yes", "the torch runtime runs any transformers model (for validation; slow)")
 _TRT_DENSE = Support("yes", "dense GQA attention: our TensorRT engines export it")
 _TRTLLM_TESTED = Support("yes", "TensorRT-LLM DFlash (PR #12794 tests Llama 3.1, Qwen3 and GPT-OSS targets)")
-_NO_MOE_TRT = "{name} is a mixture-of-experts model; our engines have no MoE expert graphs"
+_MOE_TRT = Support(
+    "yes",
+    "our engines run the experts as a dense graph (exact; num_experts / top_k times the routed compute): "
+    "fine on one GPU for validation and small deployments, TensorRT-LLM's MoE kernels are the choice at scale",
+)
 _NO_LINEAR_TRT = ("{name} is a hybrid Gated DeltaNet model; our engines have no linear-attention state "
                   "(nor its rollback after rejected drafts)")
 _NO_MLA_TRT = "{name} uses multi-head latent attention (MLA); our engines have no latent KV cache"
@@ -78,9 +84,9 @@ FAMILIES: dict[str, FamilySpec] = {
         _family("gemma4", "sliding", False, Support("yes", "sliding-window + global layers with per-layer head dims: dense attention"),
                 Support("unverified", "no TensorRT-LLM DFlash test names a Gemma 4 target; the drafter has sliding layers"),
                 "trt", "Gemma 4 text (gemma4_text): sliding + global layers"),
-        _family("gpt_oss", "sinks", True, Support("no", _NO_MOE_TRT + " (MXFP4 experts)"), _TRTLLM_TESTED, "trtllm",
+        _family("gpt_oss", "sinks", True, _MOE_TRT, _TRTLLM_TESTED, "trtllm",
                 "attention sinks, alternating sliding/full layers; MoE with MXFP4 experts"),
-        _family("qwen3_moe", "dense", True, Support("no", _NO_MOE_TRT),
+        _family("qwen3_moe", "dense", True, _MOE_TRT,
                 Support("yes", "dense-attention MoE: TensorRT-LLM's Qwen3-MoE model with the DFlash hidden-state taps"),
                 "trtllm", "Qwen3 MoE (Qwen3-Coder-30B-A3B)"),
         _family("qwen3_5", "hybrid-linear", False, Support("no", _NO_LINEAR_TRT),
