@@ -582,6 +582,12 @@ def export_drafter(
     from torch.export import Dim
 
     config = drafter.config
+    if config.sliding_window_size:
+        raise UnsupportedTargetError(
+            f"the drafter bounds its draft history (sliding_window_size={config.sliding_window_size}), "
+            "which the drafter graph does not implement (it would attend to the whole history)",
+            "build without the bound (drop sliding_window_size) or serve the pair with runtime: torch",
+        )
     torch_dtype = DTYPES[dtype]
     num_layers = config.num_hidden_layers
     graph = DrafterGraph(
