@@ -3,10 +3,10 @@
 Part 1, one verify step: a hybrid target (qwen3_5: 3 linear-attention layers per full-attention
 layer) against a dense target (qwen3) of the same hidden size, depth and vocabulary, both with
 random weights, at the same batch, context and block. Reported per model: median time of the
-verify pass (target_forward over the block, per-position linear states kept), of the rollback
-(`commit`: each row takes the state after its kept tokens), the rollback's share of the verify
-step, and what keeping per-position states costs (the same verify with transformers' chunked
-kernel and only the final state, which could not roll back).
+verify pass (target_forward over the block; the hybrid keeps each position's delta-rule update),
+of the rollback (`commit`: each row forms the state after its kept tokens), the rollback's share
+of the verify step, and the same verify pass with transformers' own chunked kernel keeping only
+the final state (no rollback possible): what our block kernel plus the rollback cost, or save.
 
 Part 2, a trained tiny hybrid pair: a qwen3_5 target trained on two token cycles plus a drafter
 distilled from it (`trtllm_dflash.testing.make_cycle_pair`), DFlash vs autoregressive decoding

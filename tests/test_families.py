@@ -229,3 +229,30 @@ def test_linear_attention_layer_matches_transformers(root, family):
         hf_recurrent = hf_cache.layers[0].recurrent_states[0]
         torch.testing.assert_close(states.layers[0].conv[r], hf_conv[0, :, 1:])
         torch.testing.assert_close(states.layers[0].recurrent[r], hf_recurrent[0])
+
+
+def test_closed_form_block_equals_transformers_recurrent_kernel_at_every_position():
+    """Our block kernel's outputs, and the state it forms for EVERY kept length n, equal
+    transformers' token-by-token recurrent kernel (grouped value heads, random decay)."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
+
+    torch.manual_seed(0)
+    batch, length, k_heads, v_heads, dim = 3, 16, 2, 4, 8
+    query, key = torch.randn(batch, length, k_heads, dim), torch.randn(batch, length, k_heads, dim)
+    value = torch.randn(batch, length, v_heads, dim)
+    g, beta = -torch.rand(batch, length, v_heads) * 2, torch.rand(batch, length, v_heads)
+    initial = torch.randn(batch, v_heads, dim, dim) * 0.3
+    out, keys, updates, decay_log = linear_attention.gated_delta_block(query, key, value, g, beta, initial, hf.l2norm)
+    state = initial
+    for t in range(length):
+        expected, state = hf.torch_recurrent_gated_delta_rule(
+            query[:, t : t + 1], key[:, t : t + 1], value[:, t : t + 1], g=g[:, t : t + 1], beta=beta[:, t : t + 1],
+            initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True,
+        )
+        torch.testing.assert_close(out[:, t], expected[:, 0])
+        kept = torch.full((batch,), t + 1)
+        torch.testing.assert_close(linear_attention.state_after(initial, keys, updates, decay_log, kept), state)
+    ragged = torch.tensor([1, 9, 16])  # rows keep different lengths in one call
+    formed = linear_attention.state_after(initial, keys, updates, decay_log, ragged)
+    for r, n in enumerate(ragged.tolist()):
+        torch.testing.assert_close(formed[r], linear_attention.state_after(initial, keys, updates, decay_log, torch.full((batch,), n))[r])

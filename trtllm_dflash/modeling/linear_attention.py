@@ -1,21 +1,27 @@
 """Gated DeltaNet layers (the linear attention of Qwen3.5 / Qwen3.6 / Qwen3-Next) under speculation.
 
 An attention layer rolls back rejected drafts for free (slot == position, see kv_cache.py). A
-linear-attention layer cannot: its state (one recurrent matrix per value head, plus the last
+linear-attention layer cannot: its state (one recurrent matrix S per value head, plus the last
 K-1 inputs of its causal convolution) is overwritten by every token. After a verify pass over
 anchor + drafts, each row must continue from the state it would have had after consuming only
 its anchor and ITS accepted drafts, and rows accept different lengths.
 
-So a verify pass keeps the state after every block position (the block is at most 16 tokens;
-SGLang's `extra_buffer` does the same) and the conv inputs of the whole block, and `commit`
-selects, per row, the ones after the kept tokens: a gather, no second pass over the block.
-Prefill runs transformers' own chunked kernel on each row's real length (right padding would
-otherwise flow into the state) and commits at once.
+The gated delta rule, per head, with k normalised and g <= 0:
+    S_t = exp(g_t) S_{t-1} + k_t u_t^T,   u_t = beta_t (v_t - exp(g_t) S_{t-1}^T k_t)
+unrolls over a block to
+    S_n = exp(G_n) S_0 + sum_{i<=n} exp(G_n - G_i) k_i u_i^T,   G_n = g_1 + ... + g_n.
+A verify pass computes the block's updates u_i in closed form (one unit-triangular solve,
+`gated_delta_block`) and keeps k_i, u_i and G_i (T x (Dk + Dv + 1) numbers per head, not T
+copies of the Dk x Dv state). `commit` then forms each row's S_n for its own n = anchor +
+accepted drafts with one weighted sum, and takes the conv inputs ending at token n-1 from the
+block's window. Nothing is re-run: no projection, convolution or attention is computed twice.
 
-The projections, the convolution weights, the gated delta rule kernels and the gated norm are
-the model's own transformers code; only the state bookkeeping is ours. `gated_delta_net_forward`
-replaces the layer's forward only while our cache drives it; any other call (training, HF
-`generate`) goes to the original forward.
+Prefill runs transformers' own chunked kernel on each row's real length (right padding would
+otherwise flow into the state) and commits at once. The projections, convolution weights and
+gated norm are the model's own transformers code; `gated_delta_block` is ours and is tested
+against transformers' recurrent kernel (outputs and states). `gated_delta_net_forward` replaces
+the layer's forward only while our cache drives it; any other call (training, HF `generate`)
+goes to the original forward.
 """
 
 from __future__ import annotations
@@ -60,21 +66,24 @@ def linear_attention_modules(decoder: nn.Module, layer_types: list[str]) -> dict
 
 @dataclasses.dataclass
 class LinearLayerState:
-    """Committed and pending states of one Gated DeltaNet layer for up to max_batch rows."""
+    """Committed state of one Gated DeltaNet layer for up to max_batch rows, and what the last
+    verify pass left for `commit`."""
 
     conv: torch.Tensor  # [max_batch, conv_dim, K-1]: the last K-1 conv inputs of each row
     recurrent: torch.Tensor  # [max_batch, v_heads, k_dim, v_dim], float32 like transformers keeps it
-    pending_conv: torch.Tensor | None = None  # [b, conv_dim, K-1+T]: committed inputs + the verified block's
-    pending_recurrent: torch.Tensor | None = None  # [b, T, v_heads, k_dim, v_dim]: state after each block position
     pending_rows: slice | None = None
+    pending_conv: torch.Tensor | None = None  # [b, conv_dim, K-1+T]: committed inputs + the block's
+    pending_keys: torch.Tensor | None = None  # [b, v_heads, T, k_dim]: normalised k_i
+    pending_updates: torch.Tensor | None = None  # [b, v_heads, T, v_dim]: u_i
+    pending_decay: torch.Tensor | None = None  # [b, v_heads, T]: G_i, cumulative log decay
 
 
 class LinearStates:
     """The states of every linear-attention layer of a hybrid target.
 
     `capture_positions=False` runs a verify pass with transformers' chunked kernel and keeps only
-    the final state: wrong for speculation (only a fully accepted block could be committed), it
-    exists so benchmarks/bench_hybrid.py can measure what keeping per-position states costs.
+    its final state: wrong for speculation (only a fully accepted block could be committed), it
+    exists so benchmarks/bench_hybrid.py can put the rollback's cost next to a pass without it.
     """
 
     def __init__(self, modules: dict[int, nn.Module], max_batch: int, dtype: torch.dtype, device: torch.device) -> None:
@@ -86,12 +95,16 @@ class LinearStates:
             self.layers[index] = LinearLayerState(conv, torch.zeros(shape, dtype=torch.float32, device=device))
 
     def commit(self, rows: slice, kept: torch.Tensor) -> None:
-        """Rows keep the first kept[r] (>= 1) tokens of the last verify pass: select their states."""
+        """Rows keep the first kept[r] (>= 1) tokens of the last verify pass: form their states."""
         for layer in self.layers.values():
-            if layer.pending_recurrent is None:
+            if layer.pending_rows is None:
                 continue
-            _store(layer, layer.pending_rows, layer.pending_conv, layer.pending_recurrent, kept)
-            layer.pending_conv = layer.pending_recurrent = layer.pending_rows = None
+            rows = layer.pending_rows
+            _store_conv(layer, rows, layer.pending_conv, kept)
+            layer.recurrent[rows] = state_after(
+                layer.recurrent[rows], layer.pending_keys, layer.pending_updates, layer.pending_decay, kept
+            )
+            layer.pending_rows = layer.pending_conv = layer.pending_keys = layer.pending_updates = layer.pending_decay = None
 
     def keep_rows(self, index: torch.Tensor) -> None:
         count = index.numel()
@@ -105,13 +118,54 @@ class LinearStates:
         return sum(layer.conv.nbytes + layer.recurrent.nbytes for layer in self.layers.values())
 
 
-def _store(layer: LinearLayerState, rows: slice, window: torch.Tensor, states: torch.Tensor, kept: torch.Tensor) -> None:
-    """Commit, per row, the conv inputs ending at token kept-1 and the recurrent state after it."""
+def _store_conv(layer: LinearLayerState, rows: slice, window: torch.Tensor, kept: torch.Tensor) -> None:
+    """Commit, per row, the K-1 conv inputs ending at token kept-1 of `window` ([committed; block])."""
     batch, channels, width = layer.conv[rows].shape
     index = (kept.view(-1, 1) + torch.arange(width, device=kept.device)).view(batch, 1, width)
     layer.conv[rows] = torch.gather(window, 2, index.expand(-1, channels, -1)).to(layer.conv.dtype)
-    step = (kept - 1).clamp(max=states.shape[1] - 1)
-    layer.recurrent[rows] = states[torch.arange(batch, device=kept.device), step].to(layer.recurrent.dtype)
+
+
+def _heads_first(x: torch.Tensor) -> torch.Tensor:
+    return x.transpose(1, 2).to(torch.float32)
+
+
+def gated_delta_block(query, key, value, g, beta, initial_state, l2norm):
+    """The gated delta rule over a short block in closed form (the module docstring's algebra).
+
+    query/key `[b, T, Hk, Dk]`, value `[b, T, Hv, Dv]`, g/beta `[b, T, Hv]`, initial_state
+    `[b, Hv, Dk, Dv]`. Returns the outputs `[b, T, Hv, Dv]` and, heads first, the normalised keys
+    `[b, Hv, T, Dk]`, the updates u `[b, Hv, T, Dv]` and the cumulative log decay G `[b, Hv, T]`.
+    float32, q and k L2-normalised and q scaled by Dk^-0.5, as transformers' kernels do.
+    """
+    heads = value.shape[2]
+    if key.shape[2] != heads:  # grouped value heads: each q/k head serves heads / Hk value heads
+        query = query.repeat_interleave(heads // key.shape[2], dim=2)
+        key = key.repeat_interleave(heads // key.shape[2], dim=2)
+    q, k, v = _heads_first(query), _heads_first(key), _heads_first(value)
+    q = l2norm(q, dim=-1, eps=1e-6) / q.shape[-1] ** 0.5
+    k = l2norm(k, dim=-1, eps=1e-6)
+    beta, decay_log = _heads_first(beta), _heads_first(g).cumsum(-1)
+    length = q.shape[2]
+    causal = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+    decay = (decay_log.unsqueeze(-1) - decay_log.unsqueeze(-2)).masked_fill(~causal, float("-inf")).exp()
+    state = initial_state.to(torch.float32)
+    k_beta = k * beta.unsqueeze(-1)
+    # (I + A) U = beta V - (beta K * exp(G)) S_0,  A[t, i] = beta_t (k_t . k_i) exp(G_t - G_i) for i < t
+    eye = torch.eye(length, dtype=torch.bool, device=q.device)
+    system = ((k_beta @ k.transpose(-1, -2)) * decay).masked_fill(eye, 1.0)
+    rhs = v * beta.unsqueeze(-1) - (k_beta * decay_log.exp().unsqueeze(-1)) @ state
+    updates = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+    out = (q * decay_log.exp().unsqueeze(-1)) @ state + ((q @ k.transpose(-1, -2)) * decay) @ updates
+    return out.transpose(1, 2), k, updates, decay_log
+
+
+def state_after(state: torch.Tensor, keys: torch.Tensor, updates: torch.Tensor, decay_log: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """S_n = exp(G_n) S_0 + sum_{i<=n} exp(G_n - G_i) k_i u_i^T for each row's n = kept[r] (>= 1)."""
+    batch, heads, length = decay_log.shape
+    last = decay_log.gather(-1, (kept - 1).view(-1, 1, 1).expand(-1, heads, 1))  # G_n, [b, h, 1]
+    within = (torch.arange(length, device=kept.device).view(1, -1) < kept.view(-1, 1)).unsqueeze(1)
+    weights = (last - decay_log).masked_fill(~within, float("-inf")).exp()  # [b, h, T]
+    return last.exp().unsqueeze(-1) * state + (weights.unsqueeze(-1) * keys).transpose(-1, -2) @ updates
 
 
 def _project(module: nn.Module, hidden: torch.Tensor):
@@ -163,27 +217,20 @@ def gated_delta_net_forward(module: nn.Module, original, hidden_states: torch.Te
             )
             core[r, :n] = out[0]
             finals.append(final)
-        _store(layer, rows, window, torch.cat(finals).unsqueeze(1), valid)
-    elif not states.capture_positions:
+        _store_conv(layer, rows, window, valid)
+        layer.recurrent[rows] = torch.cat(finals).to(layer.recurrent.dtype)
+    elif not states.capture_positions:  # benchmark baseline only (see LinearStates)
         core, final = kernels.torch_chunk_gated_delta_rule(
             query, key, value, g=g, beta=beta, initial_state=recurrent.clone(), output_final_state=True,
             use_qk_l2norm_in_kernel=True,
         )
-        # the final state stands at position T-1: only kept == T selects the right one
-        per_position = final.unsqueeze(1).expand(-1, length, *final.shape[1:])
-        layer.pending_conv, layer.pending_recurrent, layer.pending_rows = window, per_position, rows
+        _store_conv(layer, rows, window, torch.full((batch,), length, device=window.device))
+        layer.recurrent[rows] = final.to(layer.recurrent.dtype)
     else:
-        outputs, per_position = [], []
-        state = recurrent.clone()
-        for t in range(length):
-            out, state = kernels.torch_recurrent_gated_delta_rule(
-                query[:, t : t + 1], key[:, t : t + 1], value[:, t : t + 1], g=g[:, t : t + 1], beta=beta[:, t : t + 1],
-                initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True,
-            )
-            outputs.append(out)
-            per_position.append(state)
-        core = torch.cat(outputs, dim=1)
-        layer.pending_conv, layer.pending_recurrent, layer.pending_rows = window, torch.stack(per_position, dim=1), rows
+        core, keys, updates, decay_log = gated_delta_block(query, key, value, g, beta, recurrent, kernels.l2norm)
+        core = core.to(hidden_states.dtype)
+        layer.pending_rows, layer.pending_conv = rows, window
+        layer.pending_keys, layer.pending_updates, layer.pending_decay = keys, updates, decay_log
 
     core = module.norm(core.reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))
     return module.out_proj(core.reshape(batch, length, -1))
