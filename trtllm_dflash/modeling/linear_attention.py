@@ -71,7 +71,6 @@ class LinearLayerState:
 
     conv: torch.Tensor  # [max_batch, conv_dim, K-1]: the last K-1 conv inputs of each row
     recurrent: torch.Tensor  # [max_batch, v_heads, k_dim, v_dim], float32 like transformers keeps it
-    pending_rows: slice | None = None
     pending_conv: torch.Tensor | None = None  # [b, conv_dim, K-1+T]: committed inputs + the block's
     pending_keys: torch.Tensor | None = None  # [b, v_heads, T, k_dim]: normalised k_i
     pending_updates: torch.Tensor | None = None  # [b, v_heads, T, v_dim]: u_i
@@ -97,14 +96,13 @@ class LinearStates:
     def commit(self, rows: slice, kept: torch.Tensor) -> None:
         """Rows keep the first kept[r] (>= 1) tokens of the last verify pass: form their states."""
         for layer in self.layers.values():
-            if layer.pending_rows is None:
+            if layer.pending_keys is None:
                 continue
-            rows = layer.pending_rows
             _store_conv(layer, rows, layer.pending_conv, kept)
             layer.recurrent[rows] = state_after(
                 layer.recurrent[rows], layer.pending_keys, layer.pending_updates, layer.pending_decay, kept
             )
-            layer.pending_rows = layer.pending_conv = layer.pending_keys = layer.pending_updates = layer.pending_decay = None
+            layer.pending_conv = layer.pending_keys = layer.pending_updates = layer.pending_decay = None
 
     def keep_rows(self, index: torch.Tensor) -> None:
         count = index.numel()
@@ -229,7 +227,7 @@ def gated_delta_net_forward(module: nn.Module, original, hidden_states: torch.Te
     else:
         core, keys, updates, decay_log = gated_delta_block(query, key, value, g, beta, recurrent, kernels.l2norm)
         core = core.to(hidden_states.dtype)
-        layer.pending_rows, layer.pending_conv = rows, window
+        layer.pending_conv = window
         layer.pending_keys, layer.pending_updates, layer.pending_decay = keys, updates, decay_log
 
     core = module.norm(core.reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))
