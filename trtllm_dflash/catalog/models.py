@@ -54,8 +54,9 @@ Hybrid Gated DeltaNet and MLA targets (issue 10; the family and runtime per mode
   first layer dense, vocab 163840; 1.04T): derived (not verified here); the count gives 1.026T.
 - Drafters: z-lab/Qwen3.5-27B-DFlash block 16 verified (15 speculative tokens in published serving
   configs); z-lab/Qwen3.6-27B-DFlash 5 layers [S,S,S,S,F] window 2048 verified (GGUF conversion notes),
-  mask 248070 published (unverified); z-lab/Kimi-K2.5-DFlash block 8, taps [1,12,24,35,47,58]
-  published (unverified). Every other drafter width, layer count and tap list of these five is
+  mask 248070 published (unverified; it appears in several Qwen3.5/3.6-family DFlash configs with
+  vocab 248320); z-lab/Kimi-K2.5-DFlash block 8, taps [1,12,24,35,47,58], 6 layers and mask
+  163838 agree in two independent third-party sources (unverified against the drafter's own file). Every other drafter width, layer count and tap list of these five is
   derived (the DFLASH.md default taps) and is unknown offline: the recipes leave taps and mask out
   and `build --drafter DIR` reads them from the drafter's config.json.
 - gpt-oss-120b drafter block 10, 8 layers, taps [1,9,17,25,33]: as above (z-lab model card).
@@ -450,8 +451,9 @@ MODELS: dict[str, ModelSpec] = {
             kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
             published_params=1.04e12,
             drafter=DrafterSpec(
-                "z-lab/Kimi-K2.5-DFlash", 6, 7168, 18432, 64, 8, 128, 8, (1, 12, 24, 35, 47, 58),
-                source="block 8 and taps [1, 12, 24, 35, 47, 58] published (unverified here); 6 layers, widths derived",
+                "z-lab/Kimi-K2.5-DFlash", 6, 7168, 18432, 64, 8, 128, 8, (1, 12, 24, 35, 47, 58), mask_token_id=163838,
+                source="block 8, taps [1, 12, 24, 35, 47, 58], 6 layers and mask 163838 from two third-party sources "
+                       "(a serving integration's constants and deployment notes), not the drafter's own config.json; widths derived",
             ),
             aliases=("moonshotai/kimi-k2.5", "kimi-k2.5", "kimi"),
             source="Kimi-K2 model card (DeepSeek-V3 architecture: 61 layers, 7168, 64 MLA heads, kv_lora 512, "
