@@ -286,3 +286,32 @@ def test_openai_command_refuses_an_unreachable_triton():
     result = CliRunner().invoke(app, ["openai", "--triton-url", "127.0.0.1:9", "--port", "0"])
     assert result.exit_code != 0
     assert "cannot reach Triton" in str(result.exception) or "cannot reach Triton" in result.output
+
+
+# ---------------------------------------------------------------------- bench --openai-url
+
+
+def test_bench_openai_url_sweeps_concurrency_with_latency_percentiles(front, tmp_path):
+    out = tmp_path / "bench"
+    output = _cli("bench", "--openai-url", front.url, "--model", "dflash,ar", "--prompts", "code", "--num-prompts", "3",
+                  "-n", "16", "--concurrency", "1,4", "--out", str(out))
+    report = json.loads((out / "bench.json").read_text())
+    assert [(r["model"], r["concurrency"]) for r in report["rows"]] == [("dflash", 1), ("dflash", 4), ("ar", 1), ("ar", 4)]
+    for row in report["rows"]:
+        assert row["requests"] == max(3, row["concurrency"]) and row["completion_tokens"] == 16 * row["requests"]
+        assert row["throughput"] > 0 and row["per_user_tokens_per_second"] > 0
+        for key in ("ttft_ms", "itl_ms", "tpot_ms"):
+            assert 0 < row[key]["p50"] <= row[key]["p90"] <= row[key]["p99"], (key, row[key])
+    dflash = {r["concurrency"]: r for r in report["rows"] if r["model"] == "dflash"}
+    ar = {r["concurrency"]: r for r in report["rows"] if r["model"] == "ar"}
+    assert all(dflash[c]["tau"] > 1.0 for c in dflash)  # several tokens per verify step
+    assert all(dflash[c]["texts"] == ar[c]["texts"] for c in dflash)  # lossless, as seen through the API
+    assert (out / "pareto.png").read_bytes().startswith(b"\x89PNG")
+    assert "throughput vs per-user speed" in output
+
+
+def test_percentiles_interpolate_between_ranks():
+    from trtllm_dflash.bench.openai_bench import percentiles
+
+    assert percentiles([4.0, 1.0, 3.0, 2.0, 5.0]) == {"p50": 3.0, "p90": pytest.approx(4.6), "p99": pytest.approx(4.96)}
+    assert percentiles([]) == {"p50": None, "p90": None, "p99": None}
