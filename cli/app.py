@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from trtllm_dflash.cli import bench, build, demo, doctor, generate, plan, plugins, recipes, repo, serve, train
+from trtllm_dflash.cli import bench, build, demo, doctor, generate, openai_front, plan, plugins, recipes, repo, serve, train
 from trtllm_dflash.errors import DFlashError
 
 app = typer.Typer(
@@ -49,6 +49,7 @@ app.add_typer(plugins.app, name="plugins")
 app.command("generate")(generate.generate)
 app.command("repo")(repo.repo)
 app.command("serve")(serve.serve)
+app.command("openai")(openai_front.openai_front)
 app.command("bench")(bench.bench)
 app.command("train-drafter")(train.train_drafter)
 

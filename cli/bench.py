@@ -23,7 +23,9 @@ def _int_list(text: Optional[str], option: str) -> Optional[list[int]]:
 
 
 def bench(
-    model: Optional[str] = typer.Option(None, "--model", help="'demo': the embedded target/drafter pair."),
+    model: Optional[str] = typer.Option(None, "--model", help="'demo': the embedded target/drafter pair. With --openai-url: the served model(s), comma-separated (e.g. dflash,ar)."),
+    openai_url: Optional[str] = typer.Option(None, "--openai-url", help="Any OpenAI-compatible server's base URL (http://host:port/v1): streamed concurrency sweep, TTFT/ITL percentiles."),
+    openai_api: str = typer.Option("chat", "--openai-api", help="With --openai-url: chat or completions."),
     target: Optional[str] = typer.Option(None, "--target", help="Target model directory (Hugging Face layout)."),
     drafter: Optional[str] = typer.Option(None, "--drafter", help="DFlash drafter directory (z-lab layout)."),
     build: Optional[Path] = typer.Option(None, "--build", help="A `dflash-trt build` output directory: its engines on a GPU (--device cuda), its ONNX graphs on CPU."),
@@ -52,6 +54,9 @@ def bench(
         raise DFlashError(f"--num-prompts must be >= 1, got {num_prompts}", "pass a positive number")
     if out is not None and out.exists() and not out.is_dir():
         raise DFlashError(f"--out {out} is a file", "pass a directory")
+    if openai_url is not None:
+        return _bench_openai(openai_url, model, openai_api, prompts, num_prompts, max_new_tokens, concurrency, out, no_plots,
+                             others=[n for n, v in (("--target", target), ("--build", build), ("--url", url)) if v])
     from trtllm_dflash.bench.measure import BenchConfig, run_bench
     from trtllm_dflash.bench.prompts import load_prompt_set
 
@@ -87,4 +92,30 @@ def bench(
         written = [write_json(report, out / "bench.json")]
         if not no_plots:
             written += write_plots(report, out)
+        console.print("wrote " + ", ".join(str(p) for p in written))
+
+
+def _bench_openai(url: str, model: Optional[str], api: str, prompts: str, num_prompts: Optional[int], max_new_tokens: int,
+                  concurrency: str, out: Optional[Path], no_plots: bool, others: list[str]) -> None:
+    """bench --openai-url: the streamed sweep of trtllm_dflash.bench.openai_bench."""
+    from trtllm_dflash.bench.openai_bench import print_openai_report, run_openai_bench, write_openai_plot
+    from trtllm_dflash.bench.prompts import load_prompt_set
+    from trtllm_dflash.bench.report import write_json
+
+    if others:
+        raise DFlashError(f"--openai-url and {' and '.join(others)} name two systems", "benchmark one at a time")
+    if not model:
+        raise DFlashError("--openai-url needs --model NAME", "name the served model(s), e.g. --model dflash,ar")
+    if api not in ("chat", "completions"):
+        raise DFlashError(f"unknown --openai-api {api!r}", "use chat or completions")
+    prompt_texts = load_prompt_set(prompts, num_prompts)
+    console = Console(highlight=False)
+    report = run_openai_bench(url, [m.strip() for m in model.split(",") if m.strip()], prompt_texts,
+                              _int_list(concurrency, "--concurrency") or [1], max_new_tokens, chat=api == "chat")
+    report["settings"]["prompt_set"] = prompts
+    print_openai_report(report, console)
+    if out is not None:
+        written = [write_json(report, out / "bench.json")]
+        if not no_plots:
+            written += write_openai_plot(report, out)
         console.print("wrote " + ", ".join(str(p) for p in written))

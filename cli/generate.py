@@ -28,6 +28,8 @@ def generate(
     block_size: Optional[int] = typer.Option(None, "--block-size", "-b", help="Draft block size (default: the drafter's)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     max_context: Optional[int] = typer.Option(None, "--max-context", help="Prompt + generated tokens limit."),
+    chat: bool = typer.Option(False, "--chat", help="Each prompt is one user message, templated with the target's chat template (as /v1/chat/completions does)."),
+    chat_template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs", help='With --chat: JSON variables for the template, e.g. \'{"enable_thinking": false}\'.'),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per prompt, one per line."),
     url: Optional[str] = typer.Option(None, "--url", help="Send the prompts to a running server (http://host:8000) instead."),
     model_name: str = typer.Option("dflash", "--model-name", help="With --url: the Triton model to call."),
@@ -38,7 +40,10 @@ def generate(
     onnx: Optional[Path] = typer.Option(None, "--onnx", help="Run a build's ONNX graphs on CPU with onnxruntime (its --out directory)."),
 ) -> None:
     """Generate text for one or more prompts; prints tokens, acceptance lengths and speed."""
+    template_kwargs = _template_kwargs(chat, chat_template_kwargs)
     if url is not None:  # through a server: the client does the rest
+        if chat:
+            raise DFlashError("--chat with --url is not supported (the Triton models take text)", "drop --chat, or send chat requests to the OpenAI front end (`dflash-trt serve --openai-port`)")
         from trtllm_dflash.cli.remote import generate_remote
 
         prompts = read_prompts(prompt, prompt_file)
@@ -63,6 +68,8 @@ def generate(
     prompts = read_prompts(prompt, prompt_file)
 
     quiet_libraries()
+    if chat and (engines is not None or onnx is not None):
+        raise DFlashError("--chat runs on --target models only", "pass --target DIR (the chat template comes from its tokenizer)")
     if engines is not None:  # the TensorRT engines of a build (GPU)
         from trtllm_dflash.runtime.trt_runtime import load_engine_pipeline
 
@@ -85,6 +92,7 @@ def generate(
         top_p=top_p,
         seed=seed,
         block_size=block_size,
+        **({"chat": True, "chat_template_kwargs": template_kwargs} if chat else {}),
     )
     if as_json:
         for prompt_text, out in zip(prompts, outputs):
@@ -98,3 +106,18 @@ def generate(
             f"[dim]{len(out.token_ids)} tokens, {mode}, {out.num_target_forwards} target forwards, "
             f"{out.tokens_per_second:.1f} tok/s, finish: {out.finish_reason}[/]\n"
         )
+
+
+def _template_kwargs(chat: bool, text: Optional[str]) -> Optional[dict]:
+    """--chat-template-kwargs as a dict (a JSON object), only with --chat."""
+    if text is None:
+        return None
+    if not chat:
+        raise DFlashError("--chat-template-kwargs needs --chat", "add --chat")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict):
+        raise DFlashError(f"--chat-template-kwargs {text!r} is not a JSON object", 'e.g. --chat-template-kwargs \'{"enable_thinking": false}\'')
+    return value

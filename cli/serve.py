@@ -11,6 +11,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from trtllm_dflash.errors import DFlashError
+
 
 def serve(
     repository: Path = typer.Argument(..., help="Model repository (from `dflash-trt repo`)."),
@@ -20,12 +22,22 @@ def serve(
     host: str = typer.Option("0.0.0.0", "--host", help="Address to listen on (127.0.0.1 for this machine only)."),
     log_file: Optional[Path] = typer.Option(None, "--log-file", help="Server log (default: a file in a temporary folder)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the server's log here instead of in a file."),
+    openai_port: Optional[int] = typer.Option(None, "--openai-port", help="Also serve the OpenAI API (/v1/chat/completions, ...) on this port."),
+    openai_host: str = typer.Option("127.0.0.1", "--openai-host", help="Address the OpenAI API listens on."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="With --openai-port: target tokenizer directory (default: each model's target)."),
 ) -> None:
     """Start tritonserver, wait until every model is ready, print the endpoints; Ctrl-C stops it."""
     from trtllm_dflash.serving.server import TritonServer
 
     console = Console(highlight=False)
     server = TritonServer(repository, http_port, grpc_port, metrics_port, host=host, log_file=log_file, verbose=verbose)
+    front = None
+    if openai_port is not None:
+        from trtllm_dflash.serving.openai_server import OpenAIServer
+
+        if openai_port in (http_port, grpc_port, metrics_port):
+            raise DFlashError(f"--openai-port {openai_port} is one of Triton's ports", "pick a different --openai-port")
+        front = OpenAIServer(server.endpoints.grpc, host=openai_host, port=openai_port, tokenizer=tokenizer, repository=server.repository)
     console.print(f"starting tritonserver on {escape(str(server.repository))} (models: {', '.join(server.models)}) ...")
     started = time.monotonic()
     for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C and `kill` stop the server cleanly,
@@ -36,6 +48,8 @@ def serve(
         console.print(f"  HTTP     {endpoints.http}  (POST /v2/models/<model>/generate, /generate_stream)")
         console.print(f"  gRPC     {endpoints.grpc}")
         console.print(f"  metrics  {endpoints.metrics}")
+        if front is not None:
+            console.print(f"  OpenAI   {front.start()}  (/chat/completions, /completions, /models; /health)")
         model = server.models[0] if "dflash" not in server.models else "dflash"
         console.print(
             f"try: curl -s -X POST {endpoints.http}/v2/models/{model}/generate "
@@ -49,6 +63,8 @@ def serve(
     except KeyboardInterrupt:
         console.print("stopping tritonserver ...")
     finally:
+        if front is not None:
+            front.stop()
         code = server.stop()
         if code is not None:
             console.print(f"tritonserver stopped (status {code})")

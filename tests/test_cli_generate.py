@@ -65,6 +65,9 @@ def test_human_output_reports_tau(text_pair, run_main):
         (["--top-k", "-1"], "--top-k must be >= 0"),
         (["--block-size", "1"], "--block-size must be >= 2"),
         (["--device", "tpu"], "unknown device"),
+        (["--chat"], "the target's tokenizer has no chat template; use plain completions"),  # the tiny target has none
+        (["--chat", "--chat-template-kwargs", "[1]"], "is not a JSON object"),
+        (["--chat-template-kwargs", "{}"], "--chat-template-kwargs needs --chat"),
     ],
 )
 def test_bad_options_fail_with_one_line(text_pair, run_main, extra, message):
@@ -95,3 +98,19 @@ def test_cuda_request_without_a_gpu_is_refused(text_pair, run_main):
     target, drafter = text_pair
     code, _, err = run_main("generate", "--target", target, "-p", "hi", "--device", "cuda")
     assert code == 2 and "no CUDA GPU" in err
+
+
+def test_chat_applies_the_target_template(text_pair, run_main, tmp_path):
+    """--chat generates from the templated prompt: the same tokens as that text given plainly."""
+    import json
+    import shutil
+
+    target, drafter = text_pair
+    templated = tmp_path / "target"
+    shutil.copytree(target, templated)
+    (templated / "chat_template.jinja").write_text("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}>")
+    code, out, _ = run_main("generate", "--target", str(templated), "--drafter", drafter, "--chat", "-p", "hi", "-n", "6", "--json")
+    code2, out2, _ = run_main("generate", "--target", str(templated), "--drafter", drafter, "-p", "<user>hi>", "-n", "6", "--json")
+    assert code == code2 == 0
+    chat, plain = json.loads(out.strip().splitlines()[-1]), json.loads(out2.strip().splitlines()[-1])
+    assert chat["token_ids"] == plain["token_ids"] and chat["num_prompt_tokens"] == plain["num_prompt_tokens"]

@@ -105,6 +105,12 @@ class DFlashPipeline:
             raise DFlashError("this target has no tokenizer, so text prompts cannot be encoded", "pass token ids instead")
         return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
+    def apply_chat_template(self, messages, template_kwargs: dict | None = None) -> str:
+        """The prompt text for chat messages (a string is one user message), as the served chat endpoint builds it."""
+        from trtllm_dflash.chat import apply_chat_template
+
+        return apply_chat_template(self.tokenizer, messages, template_kwargs)
+
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
 
@@ -120,13 +126,22 @@ class DFlashPipeline:
         block_size: int | None = None,
         max_batch: int | None = None,
         profile: bool = False,
+        chat: bool = False,
+        chat_template_kwargs: dict | None = None,
     ) -> list[GenerationOutput]:
         """Generate for every prompt (text or token ids), batched; results in prompt order.
 
         `stop_token_ids` defaults to the target's end-of-sequence ids; pass `()` for none.
+        `chat=True` makes each text prompt one user message templated with the target's chat
+        template (`apply_chat_template`), exactly as the OpenAI-compatible server does, so offline
+        and served outputs can be compared token for token.
         """
         if not prompts:
             raise DFlashError("no prompts given", "pass at least one prompt")
+        if chat:
+            if not all(isinstance(p, str) for p in prompts):
+                raise DFlashError("chat=True needs text prompts", "pass strings, or drop chat=True for token ids")
+            prompts = [self.apply_chat_template(p, chat_template_kwargs) for p in prompts]
         token_prompts = []
         for prompt in prompts:
             ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]

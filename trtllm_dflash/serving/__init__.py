@@ -9,4 +9,5 @@
     metrics.py     Prometheus custom metrics, and reading them back
     server.py      launching tritonserver (NVIDIA container or nvidia-pytriton's binary)
     client.py      HTTP generate / generate_stream and gRPC streaming client
+    openai_server.py  OpenAI-compatible front end (FastAPI) over Triton's async gRPC stream
 """

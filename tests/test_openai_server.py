@@ -1,0 +1,317 @@
+"""The OpenAI-compatible front end against a REAL tritonserver on loopback, driven by the official
+`openai` client: chat and completions, streamed and not, give the offline `generate --chat` /
+`generate` tokens; usage counts are right; 16 concurrent chat streams complete; bad requests get
+OpenAI-style error bodies while other streams go on; a client that hangs up frees its decoder row.
+One tritonserver and one front end for the module (the demo pair; the tiny pair where it is absent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import threading
+import time
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from trtllm_dflash.cli.app import app
+
+openai = pytest.importorskip("openai")
+
+# long enough that a request of MAX_TOKENS lasts seconds on the tiny demo pair (the hang-up test)
+MAX_CONTEXT = 1024
+MAX_TOKENS = 1000
+PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self, item):", "import os\nfor name in", "x = [i * i for i in"]
+
+
+def _cli(*args: str) -> str:
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("repo") / "repository"
+    _cli("repo", "--model", "demo", "--out", str(out), "--max-context", str(MAX_CONTEXT), "--max-tokens", str(MAX_TOKENS),
+         "--max-batch", "16", "--threads", "1")
+    return out
+
+
+@pytest.fixture(scope="module")
+def triton(repo):
+    from trtllm_dflash.serving.server import TritonServer, free_port
+
+    with TritonServer(repo, free_port(), free_port(), free_port(), host="127.0.0.1", startup_timeout=600) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def front(triton, repo):
+    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.server import free_port
+
+    with OpenAIServer(triton.endpoints.grpc, port=free_port(), repository=repo) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(front):
+    return openai.OpenAI(base_url=front.url, api_key="unused", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def block_size(repo):
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    config = text_format.Parse((repo / "dflash" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    return config.parameters["block_size"].string_value if "block_size" in config.parameters else None
+
+
+def offline(prompts: list[str], max_tokens: int, block_size: str | None, *extra: str) -> list[dict]:
+    """`dflash-trt generate --json [--chat]`: the reference the served answers must equal."""
+    args = ["generate", "--target", "demo", "--drafter", "demo", "--json", "-n", str(max_tokens), *extra]
+    if block_size:
+        args += ["--block-size", block_size]
+    for prompt in prompts:
+        args += ["--prompt", prompt]
+    return [json.loads(line) for line in _cli(*args).splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def chat_reference(block_size):
+    return offline(PROMPTS, 24, block_size, "--chat")
+
+
+def _metrics(triton, model: str = "dflash") -> dict:
+    from trtllm_dflash.serving.metrics import read_metrics
+
+    return read_metrics(triton.endpoints.metrics, model)
+
+
+def _user(prompt: str) -> list[dict]:
+    return [{"role": "user", "content": prompt}]
+
+
+# ---------------------------------------------------------------------- the endpoints
+
+
+def test_models_and_health(front, client):
+    assert sorted(m.id for m in client.models.list()) == ["ar", "dflash"]
+    card = client.models.retrieve("dflash")
+    assert card.model_extra["dflash"] == {"speculative": True, "max_context": MAX_CONTEXT, "max_tokens": MAX_TOKENS}
+    assert httpx.get(front.url.removesuffix("/v1") + "/health").json() == {"status": "ok"}
+
+
+def test_chat_greedy_equals_generate_chat_offline_streamed_or_not(client, chat_reference):
+    for prompt, expected in zip(PROMPTS, chat_reference):
+        answer = client.chat.completions.create(model="dflash", messages=_user(prompt), max_tokens=24, temperature=0)
+        assert answer.choices[0].message.content == expected["text"]
+        assert answer.choices[0].message.role == "assistant"
+        assert answer.choices[0].finish_reason == "length"
+        assert answer.usage.prompt_tokens == expected["num_prompt_tokens"]
+        assert answer.usage.completion_tokens == len(expected["token_ids"]) == 24
+        assert answer.usage.total_tokens == answer.usage.prompt_tokens + 24
+        tau = answer.usage.model_extra["dflash"]["mean_acceptance_length"]
+        assert tau == pytest.approx(expected["mean_acceptance_length"], abs=1e-3) and tau >= 1.0
+
+        chunks = list(client.chat.completions.create(
+            model="dflash", messages=_user(prompt), max_completion_tokens=24, temperature=0, stream=True,
+            stream_options={"include_usage": True},
+        ))
+        assert chunks[0].choices[0].delta.role == "assistant"
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == expected["text"]
+        assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1, "not streamed"
+        assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
+        assert chunks[-1].usage.prompt_tokens == expected["num_prompt_tokens"]
+        assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_completions_equal_offline_generate(client, block_size):
+    expected = offline(PROMPTS[:2], 20, block_size)
+    for prompt, reference in zip(PROMPTS[:2], expected):
+        answer = client.completions.create(model="dflash", prompt=prompt, max_tokens=20, temperature=0)
+        assert answer.choices[0].text == reference["text"]
+        assert answer.usage.prompt_tokens == reference["num_prompt_tokens"]
+        assert answer.usage.completion_tokens == 20
+        chunks = list(client.completions.create(model="dflash", prompt=prompt, max_tokens=20, temperature=0, stream=True))
+        assert "".join(c.choices[0].text for c in chunks) == reference["text"]
+        assert chunks[-1].choices[0].finish_reason == "length"
+        ar = client.completions.create(model="ar", prompt=prompt, max_tokens=20, temperature=0)
+        assert ar.choices[0].text == reference["text"]  # lossless: the AR baseline says the same
+        assert ar.usage.model_extra["dflash"]["acceptance_rate"] == 0.0
+
+
+def test_template_kwargs_stop_and_seed(client, block_size):
+    plain = client.chat.completions.create(model="dflash", messages=_user(PROMPTS[0]), max_tokens=4, temperature=0)
+    quiet = client.chat.completions.create(model="dflash", messages=_user(PROMPTS[0]), max_tokens=4, temperature=0,
+                                           extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    expected = offline([PROMPTS[0]], 4, block_size, "--chat", "--chat-template-kwargs", '{"enable_thinking": false}')[0]
+    assert quiet.usage.prompt_tokens == expected["num_prompt_tokens"] > plain.usage.prompt_tokens
+    assert quiet.choices[0].message.content == expected["text"]
+
+    text = client.completions.create(model="dflash", prompt=PROMPTS[0], max_tokens=32, temperature=0).choices[0].text
+    stop = next(text[i : i + 3] for i in range(3, len(text) - 3) if text[i : i + 3].strip() and text.find(text[i : i + 3]) == i)
+    cut = client.completions.create(model="dflash", prompt=PROMPTS[0], max_tokens=32, temperature=0, stop=[stop])
+    assert cut.choices[0].text == text[: text.find(stop)] and cut.choices[0].finish_reason == "stop"
+
+    sampled = [client.completions.create(model="dflash", prompt=PROMPTS[1], max_tokens=16, temperature=0.8, top_p=0.95, seed=7,
+                                         extra_body={"top_k": 50}).choices[0].text for _ in range(2)]
+    reference = offline([PROMPTS[1]], 16, block_size, "--temperature", "0.8", "--top-p", "0.95", "--top-k", "50", "--seed", "7")[0]
+    assert sampled == [reference["text"]] * 2
+
+
+def test_sixteen_concurrent_streaming_chats_complete_correctly(triton, front, chat_reference):
+    before = _metrics(triton)
+
+    async def one(client, i: int) -> str:
+        stream = await client.chat.completions.create(model="dflash", messages=_user(PROMPTS[i % 4]), max_tokens=24, temperature=0, stream=True)
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    async def main() -> list[str]:
+        async with openai.AsyncOpenAI(base_url=front.url, api_key="unused", max_retries=0, timeout=600) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(16)))
+
+    texts = asyncio.run(main())
+    assert texts == [chat_reference[i % 4]["text"] for i in range(16)]
+    after = _metrics(triton)
+    steps = after["batch_size"].count - before["batch_size"].count
+    rows = after["batch_size"].sum - before["batch_size"].sum
+    assert rows / steps > 1.0, f"mean batch size {rows / steps:.2f}: the 16 chats were not batched"
+    assert after["requests_total{success}"] - before["requests_total{success}"] == 16
+
+
+# ---------------------------------------------------------------------- bad requests
+
+
+def _long_prompt() -> str:
+    from transformers import AutoTokenizer
+
+    from trtllm_dflash.checkpoints import resolve_checkpoint
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_checkpoint("demo", "target"))
+    prompt = "def f(x):\n    return x\n"
+    while len(tokenizer(prompt, add_special_tokens=False)["input_ids"]) <= MAX_CONTEXT:
+        prompt += prompt
+    return prompt
+
+
+def test_bad_requests_get_openai_errors_while_a_stream_goes_on(front, client, chat_reference):
+    good: dict = {}
+
+    def stream_good() -> None:
+        chunks = client.chat.completions.create(model="dflash", messages=_user(PROMPTS[1]), max_tokens=24, temperature=0, stream=True)
+        good["text"] = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    worker = threading.Thread(target=stream_good)
+    worker.start()
+    cases = [
+        (openai.NotFoundError, dict(model="nope", messages=_user("hi")), "model", "model_not_found"),
+        (openai.BadRequestError, dict(model="dflash", messages=_user("hi"), n=2), "n", None),
+        (openai.BadRequestError, dict(model="dflash", messages=_user("hi"), max_tokens=-3), "max_tokens", None),
+        (openai.BadRequestError, dict(model="dflash", messages=_user("hi"), max_tokens=MAX_TOKENS + 1), "max_tokens", None),
+        (openai.BadRequestError, dict(model="dflash", messages=_user("hi"), temperature=-1), "temperature", None),
+        (openai.BadRequestError, dict(model="dflash", messages=_user(_long_prompt())), "messages", "context_length_exceeded"),
+        (openai.BadRequestError, dict(model="dflash", messages=_user("hi"), logprobs=True), "logprobs", "unsupported_parameter"),
+        (openai.BadRequestError, dict(model="dflash", messages=[{"role": "user"}], stream=True), "messages", None),
+    ]
+    for error, kwargs, param, code in cases:
+        with pytest.raises(error) as caught:
+            client.chat.completions.create(**kwargs)
+        body = caught.value.body
+        assert set(body) == {"message", "type", "param", "code"}, body
+        assert body["param"] == param and body["code"] == code and body["message"], body
+    with pytest.raises(openai.BadRequestError, match="context length"):
+        client.completions.create(model="dflash", prompt=_long_prompt(), stream=True)
+
+    base = front.url
+    raw = httpx.post(f"{base}/chat/completions", content=b'{"model": "dflash", "messages": [', headers={"Content-Type": "application/json"})
+    assert raw.status_code == 400 and raw.json()["error"]["message"] == "the request body is not valid JSON"
+    missing = httpx.post(f"{base}/completions", json={"model": "dflash"})
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "prompt"
+    assert httpx.get(f"{base}/nothing").status_code == 404 and httpx.get(f"{base}/nothing").json()["error"]["type"] == "not_found_error"
+    worker.join(300)
+    assert good["text"] == chat_reference[1]["text"]
+
+
+def test_template_less_target_refuses_chat_and_serves_completions(triton, tmp_path):
+    from trtllm_dflash.checkpoints import resolve_checkpoint
+    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.server import free_port
+
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(resolve_checkpoint("demo", "target") / name, tokenizer / name)
+    with OpenAIServer(triton.endpoints.grpc, port=free_port(), models=["dflash"], tokenizer=str(tokenizer)) as plain:
+        client = openai.OpenAI(base_url=plain.url, api_key="unused", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="no chat template") as caught:
+            client.chat.completions.create(model="dflash", messages=_user("hi"))
+        assert caught.value.body["code"] == "no_chat_template"
+        assert client.completions.create(model="dflash", prompt=PROMPTS[0], max_tokens=4, temperature=0).usage.completion_tokens == 4
+        assert [m.id for m in client.models.list()] == ["dflash"]
+
+
+# ---------------------------------------------------------------------- disconnects
+
+
+def test_client_that_hangs_up_frees_its_decoder_row(triton, front, client, chat_reference):
+    before = _metrics(triton)["requests_total{cancelled}"]
+    body = {"model": "dflash", "messages": _user(PROMPTS[0]), "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{front.url}/chat/completions", json=body, timeout=300) as response:
+        events = (json.loads(line[5:]) for line in response.iter_lines() if line.startswith("data:"))
+        assert next(e for e in events if e["choices"][0]["delta"].get("content"))  # some text came, then we hang up
+    # a non-streaming request whose client gives up
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{front.url}/chat/completions", json={**body, "stream": False}, timeout=1.0)
+    deadline = time.monotonic() + 120  # noticed between decoding steps
+    while time.monotonic() < deadline:
+        metrics = _metrics(triton)
+        if metrics["requests_total{cancelled}"] >= before + 2 and metrics["live_requests"] == 0:
+            break
+        time.sleep(0.2)
+    assert metrics["requests_total{cancelled}"] == before + 2
+    assert metrics["live_requests"] == 0  # both decoder rows are free again
+    answer = client.chat.completions.create(model="dflash", messages=_user(PROMPTS[0]), max_tokens=24, temperature=0)
+    assert answer.choices[0].message.content == chat_reference[0]["text"]
+
+
+def test_openai_command_refuses_an_unreachable_triton():
+    result = CliRunner().invoke(app, ["openai", "--triton-url", "127.0.0.1:9", "--port", "0"])
+    assert result.exit_code != 0
+    assert "cannot reach Triton" in str(result.exception) or "cannot reach Triton" in result.output
+
+
+# ---------------------------------------------------------------------- bench --openai-url
+
+
+def test_bench_openai_url_sweeps_concurrency_with_latency_percentiles(front, tmp_path):
+    out = tmp_path / "bench"
+    output = _cli("bench", "--openai-url", front.url, "--model", "dflash,ar", "--prompts", "code", "--num-prompts", "3",
+                  "-n", "16", "--concurrency", "1,4", "--out", str(out))
+    report = json.loads((out / "bench.json").read_text())
+    assert [(r["model"], r["concurrency"]) for r in report["rows"]] == [("dflash", 1), ("dflash", 4), ("ar", 1), ("ar", 4)]
+    for row in report["rows"]:
+        assert row["requests"] == max(3, row["concurrency"]) and row["completion_tokens"] == 16 * row["requests"]
+        assert row["throughput"] > 0 and row["per_user_tokens_per_second"] > 0
+        for key in ("ttft_ms", "itl_ms", "tpot_ms"):
+            assert 0 < row[key]["p50"] <= row[key]["p90"] <= row[key]["p99"], (key, row[key])
+    dflash = {r["concurrency"]: r for r in report["rows"] if r["model"] == "dflash"}
+    ar = {r["concurrency"]: r for r in report["rows"] if r["model"] == "ar"}
+    assert all(dflash[c]["tau"] > 1.0 for c in dflash)  # several tokens per verify step
+    assert all(dflash[c]["texts"] == ar[c]["texts"] for c in dflash)  # lossless, as seen through the API
+    assert (out / "pareto.png").read_bytes().startswith(b"\x89PNG")
+    assert "throughput vs per-user speed" in output
+
+
+def test_percentiles_interpolate_between_ranks():
+    from trtllm_dflash.bench.openai_bench import percentiles
+
+    assert percentiles([4.0, 1.0, 3.0, 2.0, 5.0]) == {"p50": 3.0, "p90": pytest.approx(4.6), "p99": pytest.approx(4.96)}
+    assert percentiles([]) == {"p50": None, "p90": None, "p99": None}

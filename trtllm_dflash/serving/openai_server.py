@@ -1,0 +1,615 @@
+"""An OpenAI-compatible HTTP front end for the served DFlash models (docs/serving.md).
+
+`/v1/chat/completions`, `/v1/completions`, `/v1/models` and `/health`, in front of a running
+Triton server. Why a separate process-side layer: Triton speaks its own protocol, while most
+clients, benchmarks and UIs speak OpenAI's. The front end
+
+- templates chat messages with the target tokenizer's chat template (`trtllm_dflash.chat`, the
+  same code `generate --chat` runs offline) and checks limits before Triton sees the request;
+- sends the prompt text to the model over Triton's async gRPC stream (`text_input`,
+  `sampling_param_*`: the protocol of serving/protocol.py) and turns the per-step responses into
+  OpenAI chunks (server-sent events) or one response;
+- cancels the gRPC call when its HTTP client goes away: Triton marks the request cancelled and
+  the model's loop drops it from the batch between decoding steps (its decoder row is freed).
+
+FastAPI + uvicorn serve the HTTP side; `tritonclient.grpc.aio` the Triton side.
+"""
+
+
+import asyncio
+import dataclasses
+import json
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, AsyncIterator, Optional, Sequence, Union
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from trtllm_dflash.errors import DFlashError, MissingDependencyError
+from trtllm_dflash.serving.config import ServingConfig
+
+STATS = ("mean_acceptance_length", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
+         "num_input_tokens", "num_output_tokens", "time_to_first_token", "tokens_per_second", "finish_reason")
+
+
+def _require_extra():
+    """FastAPI and uvicorn come with the `serve` extra."""
+    try:
+        import fastapi  # noqa: F401
+        import tritonclient.grpc.aio  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"the OpenAI-compatible server needs {exc.name}, which is not installed", 'pip install "trtllm-dflash[serve]"'
+        ) from None
+
+
+class OpenAIError(Exception):
+    """An error answered as OpenAI's `{"error": {"message", "type", "param", "code"}}`."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+# ---------------------------------------------------------------------- request bodies
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+
+
+class _Sampling(BaseModel):
+    """Fields shared by chat and completions; unknown fields are kept and checked (UNSUPPORTED)."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str
+    max_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None  # an extension (vLLM's); -1 or 0 = off
+    seed: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    n: Optional[int] = None
+    stream: Optional[bool] = False
+    stream_options: Optional[StreamOptions] = None
+    user: Optional[str] = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: Optional[Union[str, list[dict[str, Any]]]] = None
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage]
+    max_completion_tokens: Optional[int] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    echo: Optional[bool] = False
+
+
+# OpenAI parameters this server does not implement: refused when set to anything but "off"
+UNSUPPORTED = {
+    "logprobs": lambda v: v in (None, False, 0),
+    "top_logprobs": lambda v: v in (None, 0),
+    "logit_bias": lambda v: not v,
+    "tools": lambda v: not v,
+    "functions": lambda v: not v,
+    "tool_choice": lambda v: v in (None, "none"),
+    "response_format": lambda v: not v or (isinstance(v, dict) and v.get("type") == "text"),
+    "presence_penalty": lambda v: not v,
+    "frequency_penalty": lambda v: not v,
+    "best_of": lambda v: v in (None, 1),
+    "suffix": lambda v: not v,
+    "echo": lambda v: not v,
+}
+
+
+# ---------------------------------------------------------------------- the served models
+
+
+@dataclasses.dataclass
+class ModelInfo:
+    """One Triton model as the front end exposes it."""
+
+    name: str
+    tokenizer: Any
+    max_context: int | None  # prompt + generated tokens (None: not known, Triton checks)
+    max_tokens: int | None  # largest max_tokens a request may ask for
+    default_max_tokens: int
+    speculative: bool
+    created: int
+
+
+def _tokenizer_dir(config: ServingConfig | None, name: str, override: str | None, repository: Path | None) -> Path:
+    from trtllm_dflash.checkpoints import resolve_checkpoint
+
+    if override:
+        return resolve_checkpoint(override, "tokenizer")
+    if config is None:
+        raise DFlashError(f"model {name!r} is not a trtllm-dflash Python-backend model", "pass --tokenizer DIR (the target's tokenizer) to serve it")
+    if config.runtime == "trt" and config.engines and config.target in ("", None):
+        raise DFlashError(f"model {name!r} names no target checkpoint", "pass --tokenizer DIR")
+    target = config.target
+    if target != "demo" and not Path(target).is_absolute():
+        if repository is None:
+            raise DFlashError(
+                f"model {name!r} names its target by a path relative to its repository ({target})",
+                "pass --tokenizer DIR (the target's tokenizer) or --repository REPO",
+            )
+        target = str((repository / name / target).resolve())
+    try:
+        return resolve_checkpoint(target, "target")
+    except DFlashError:
+        raise DFlashError(
+            f"model {name!r}'s target {target} is not on this machine (the front end tokenizes with it)",
+            "pass --tokenizer DIR with a copy of the target's tokenizer files",
+        ) from None
+
+
+def load_model_info(name: str, parameters: dict, tokenizer: str | None, repository: Path | None) -> ModelInfo:
+    """A ModelInfo from the model's config.pbtxt parameters (Triton's model-config API)."""
+    from transformers import AutoTokenizer
+
+    try:
+        config = ServingConfig.from_parameters(parameters)
+    except DFlashError:
+        config = None
+    folder = _tokenizer_dir(config, name, tokenizer, repository)
+    try:
+        tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - not a tokenizer folder
+        raise DFlashError(f"cannot load a tokenizer from {folder} for model {name!r} ({type(exc).__name__})", "pass --tokenizer DIR with tokenizer.json") from None
+    if config is None:
+        return ModelInfo(name, tok, None, None, 128, False, int(time.time()))
+    max_tokens = min(config.max_tokens, config.max_context - 1)
+    default = min(config.default_max_tokens or 128, max_tokens)
+    return ModelInfo(name, tok, config.max_context, max_tokens, default, config.speculative, int(time.time()))
+
+
+# ---------------------------------------------------------------------- talking to Triton
+
+
+def _value(result, name: str) -> Any:
+    array = result.as_numpy(name)
+    if array is None:
+        return None
+    if array.dtype == np.object_:
+        values = [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
+    else:
+        values = array.reshape(-1).tolist()
+    return values if name == "output_ids" else (values[0] if values else None)
+
+
+class TritonStream:
+    """One request on Triton's gRPC stream: iterate the step responses; cancel() ends it there."""
+
+    def __init__(self, client, model: str, body: dict) -> None:
+        from trtllm_dflash.serving.client import grpc_inputs
+
+        self._done = asyncio.Event()
+        inputs = grpc_inputs(body)
+
+        async def requests():
+            yield {"model_name": model, "inputs": inputs, "request_id": uuid.uuid4().hex}
+            await self._done.wait()  # keep the stream open until the last response
+
+        self._call = client.stream_infer(requests())
+        self.finished = False
+
+    async def __aiter__(self) -> AsyncIterator[dict]:
+        from tritonclient.utils import InferenceServerException
+
+        try:
+            async for result, error in self._call:
+                if error is not None:
+                    self.finished = True
+                    raise OpenAIError(400, error.message() if isinstance(error, InferenceServerException) else str(error))
+                response = {name: _value(result, name) for name in ("text_output", "output_ids", *STATS)}
+                yield response
+                if response.get("finish_reason"):
+                    self.finished = True
+                    return
+        except InferenceServerException as exc:
+            self.finished = True
+            raise OpenAIError(502, f"Triton stream failed: {exc.message()}", kind="server_error") from None
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Cancel the call unless it finished (Triton then cancels the request in the model)."""
+        self._done.set()
+        if not self.finished:
+            self.finished = True
+            self._call.cancel()
+
+
+# ---------------------------------------------------------------------- the app
+
+
+@dataclasses.dataclass
+class FrontendConfig:
+    triton_url: str  # gRPC host:port
+    models: Sequence[str] = ()  # expose only these (default: every DFlash model Triton serves)
+    tokenizer: str | None = None  # overrides the targets named in the model configs
+    repository: Path | None = None  # resolves relative target paths of the model configs
+
+
+class Frontend:
+    """Model discovery, validation and request translation (the app's state)."""
+
+    def __init__(self, config: FrontendConfig) -> None:
+        self.config = config
+        self.client = None
+        self.models: dict[str, ModelInfo] = {}
+
+    def discover(self) -> None:
+        """Find the served models and load their tokenizers (before serving: errors are clear lines)."""
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import InferenceServerException
+
+        client = grpcclient.InferenceServerClient(self.config.triton_url)
+        try:
+            index = client.get_model_repository_index(as_json=True)
+        except InferenceServerException as exc:
+            raise DFlashError(f"cannot reach Triton's gRPC endpoint at {self.config.triton_url} ({exc.message()})",
+                              "start `dflash-trt serve REPO` first or fix --triton-url (host:8001)") from None
+        ready = [m["name"] for m in index.get("models", []) if m.get("state") == "READY"]
+        for name in list(self.config.models) or ready:
+            if name not in ready:
+                raise DFlashError(f"model {name!r} is not ready on Triton at {self.config.triton_url} (ready: {', '.join(ready) or 'none'})",
+                                  "pass a served model with --model")
+            config = client.get_model_config(name, as_json=True)
+            parameters = config.get("config", config).get("parameters", {})
+            try:
+                self.models[name] = load_model_info(name, parameters, self.config.tokenizer, self.config.repository)
+            except DFlashError:
+                if self.config.models:  # named explicitly: say why it cannot be served
+                    raise
+        client.close()
+        if not self.models:
+            raise DFlashError(f"Triton at {self.config.triton_url} serves no DFlash model", "serve a repository written by `dflash-trt repo`")
+
+    async def start(self) -> None:
+        """The async gRPC client, created on the serving event loop."""
+        import tritonclient.grpc.aio as grpcaio
+
+        self.client = grpcaio.InferenceServerClient(self.config.triton_url)
+
+    async def stop(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+
+    def model(self, name: str) -> ModelInfo:
+        if name not in self.models:
+            raise OpenAIError(404, f"The model '{name}' does not exist; this server has {', '.join(self.models)}", "model", "model_not_found")
+        return self.models[name]
+
+    # ------------------------------------------------------------------ validation
+
+    def sampling(self, request: _Sampling, info: ModelInfo, max_tokens: int | None) -> dict:
+        """The Triton request body's sampling fields, after OpenAI-style checks."""
+        extra = {**(request.model_extra or {}), "echo": getattr(request, "echo", None)}
+        for name, allowed in UNSUPPORTED.items():
+            if name in extra and not allowed(extra[name]):
+                raise OpenAIError(400, f"'{name}' is not supported by this server; leave it out", name, "unsupported_parameter")
+        if request.n not in (None, 1):
+            raise OpenAIError(400, f"n={request.n} is not supported: this server returns one choice per request; send n=1 and repeat the request for more", "n")
+        if max_tokens is not None and max_tokens < 1:
+            raise OpenAIError(400, f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
+        if max_tokens is not None and info.max_tokens is not None and max_tokens > info.max_tokens:
+            raise OpenAIError(400, f"max_tokens {max_tokens} is above this model's limit of {info.max_tokens}", "max_tokens")
+        temperature = 1.0 if request.temperature is None else request.temperature
+        if temperature < 0:
+            raise OpenAIError(400, f"temperature must be >= 0, got {temperature}", "temperature")
+        top_p = 1.0 if request.top_p is None else request.top_p
+        if not 0 < top_p <= 1:
+            raise OpenAIError(400, f"top_p must be in (0, 1], got {top_p}", "top_p")
+        top_k = request.top_k or 0
+        if top_k < -1:
+            raise OpenAIError(400, f"top_k must be >= 0 (or -1 for off), got {top_k}", "top_k")
+        stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+        return {
+            "max_tokens": max_tokens or info.default_max_tokens, "temperature": temperature, "top_p": top_p,
+            "top_k": max(top_k, 0), "seed": request.seed, "stop": [s for s in stop if s],
+        }
+
+    def check_prompt(self, info: ModelInfo, text: str, param: str) -> int:
+        """Prompt tokens (as the model will encode them); 400 when empty or over the context."""
+        if not text.strip():
+            raise OpenAIError(400, "the prompt is empty", param)
+        count = len(info.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if info.max_context is not None and count >= info.max_context:
+            raise OpenAIError(
+                400, f"This model's maximum context length is {info.max_context} tokens; the prompt has {count} tokens. Shorten it.",
+                param, "context_length_exceeded",
+            )
+        return count
+
+    def chat_prompt(self, request: ChatCompletionRequest, info: ModelInfo) -> str:
+        from trtllm_dflash.chat import NoChatTemplateError, apply_chat_template
+
+        if not request.messages:
+            raise OpenAIError(400, "messages is empty; send at least one message", "messages")
+        for i, message in enumerate(request.messages):
+            if message.content is None and message.role != "assistant":
+                raise OpenAIError(400, f"messages[{i}] ({message.role}) has no content; give every message a content", "messages")
+        try:
+            return apply_chat_template(info.tokenizer, [m.model_dump() for m in request.messages], request.chat_template_kwargs)
+        except NoChatTemplateError:
+            raise OpenAIError(
+                400, f"model '{info.name}' has no chat template (its target tokenizer has none); use /v1/completions, "
+                "or add a chat_template to the target's tokenizer_config.json", "messages", "no_chat_template",
+            ) from None
+        except DFlashError as exc:
+            raise OpenAIError(400, str(exc), "messages") from None
+
+    def open(self, info: ModelInfo, prompt: str, sampling: dict) -> TritonStream:
+        from trtllm_dflash.serving.protocol import request_body
+
+        return TritonStream(self.client, info.name, request_body(prompt, streaming=True, **sampling))
+
+
+def _usage(last: dict) -> dict:
+    prompt, completion = int(last.get("num_input_tokens") or 0), int(last.get("num_output_tokens") or 0)
+    return {
+        "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+        "dflash": {  # an extension: the acceptance of this request's speculative decoding
+            "mean_acceptance_length": round(float(last.get("mean_acceptance_length") or 0.0), 4),
+            "acceptance_rate": round(float(last.get("acceptance_rate") or 0.0), 4),
+            "accepted_draft_tokens": int(last.get("total_accepted_draft_tokens") or 0),
+            "draft_tokens": int(last.get("total_draft_tokens") or 0),
+            "time_to_first_token": round(float(last.get("time_to_first_token") or 0.0), 6),
+        },
+    }
+
+
+def _finish_reason(value: str | None) -> str:
+    return "stop" if value == "stop" else "length"  # "context": the context ran out
+
+
+def _sse(data: dict | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+
+
+def create_app(frontend: "Frontend"):
+    """The FastAPI app over a Frontend that has discovered its models."""
+    _require_extra()
+    from contextlib import asynccontextmanager
+
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from starlette.background import BackgroundTask
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    @asynccontextmanager
+    async def lifespan(app):
+        await frontend.start()
+        yield
+        await frontend.stop()
+
+    app = FastAPI(title="trtllm-dflash OpenAI-compatible server", lifespan=lifespan)
+    app.state.frontend = frontend
+
+    @app.exception_handler(OpenAIError)
+    async def openai_error(request: Request, exc: OpenAIError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        if first.get("type") == "json_invalid":
+            message, param = "the request body is not valid JSON", None
+        else:
+            message, param = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid value')}", (loc[0] if loc else None)
+        return JSONResponse(OpenAIError(400, message, param).body(), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(OpenAIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind=kind).body(), status_code=exc.status_code)
+
+    @app.get("/health")
+    async def health():
+        ok = frontend.client is not None and await frontend.client.is_server_ready()
+        return JSONResponse({"status": "ok" if ok else "triton not ready"}, status_code=200 if ok else 503)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [_model_card(m) for m in frontend.models.values()]}
+
+    @app.get("/v1/models/{name}")
+    async def model(name: str):
+        return _model_card(frontend.model(name))
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request):
+        info = frontend.model(body.model)
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        sampling = frontend.sampling(body, info, max_tokens)
+        prompt = frontend.chat_prompt(body, info)
+        frontend.check_prompt(info, prompt, "messages")
+        return await _answer(request, body, info, frontend.open(info, prompt, sampling), chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        info = frontend.model(body.model)
+        prompt = body.prompt
+        if isinstance(prompt, list):
+            if len(prompt) != 1 or not isinstance(prompt[0], str):
+                raise OpenAIError(400, "prompt must be one string (lists of prompts and token ids are not supported); send one request per prompt", "prompt")
+            prompt = prompt[0]
+        sampling = frontend.sampling(body, info, body.max_tokens)
+        frontend.check_prompt(info, prompt, "prompt")
+        return await _answer(request, body, info, frontend.open(info, prompt, sampling), chat=False)
+
+    async def _answer(request: Request, body: _Sampling, info: ModelInfo, stream: TritonStream, chat: bool):
+        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        created = int(time.time())
+        kind = "chat.completion" if chat else "text_completion"
+        if body.stream:
+            usage = bool(body.stream_options and body.stream_options.include_usage)
+            # the first response comes before any byte is sent, so request errors are plain 400s
+            iterator = stream.__aiter__()
+            try:
+                first = await iterator.__anext__()
+            except OpenAIError:
+                stream.close()
+                raise
+            events = _stream_events(iterator, first, ident, created, info.name, chat, usage)
+            return StreamingResponse(events, media_type="text/event-stream", background=BackgroundTask(stream.close))
+        task = asyncio.ensure_future(_collect(stream))
+        while True:  # a client that hangs up cancels its request
+            done, _ = await asyncio.wait({task}, timeout=0.25)
+            if done:
+                break
+            if await request.is_disconnected():
+                stream.close()
+                task.cancel()
+                return JSONResponse({}, status_code=499)
+        text, last = task.result()
+        choice = {"index": 0, "finish_reason": _finish_reason(last.get("finish_reason"))}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice.update(text=text, logprobs=None)
+        return {"id": ident, "object": kind, "created": created, "model": info.name, "choices": [choice], "usage": _usage(last)}
+
+    return app
+
+
+async def _collect(stream: TritonStream) -> tuple[str, dict]:
+    parts, last = [], {}
+    async for response in stream:
+        parts.append(response.get("text_output") or "")
+        last = response
+    return "".join(parts), last
+
+
+async def _stream_events(iterator, first: dict, ident: str, created: int, model: str, chat: bool, usage: bool) -> AsyncIterator[str]:
+    """OpenAI chunks: role first (chat), one chunk per decoding step, finish, usage, [DONE]."""
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    extra = {"usage": None} if usage else {}
+
+    def chunk(text: str | None, finish: str | None, role: bool = False) -> dict:
+        if chat:
+            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text is not None else {})
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        return {"id": ident, "object": kind, "created": created, "model": model, "choices": [choice], **extra}
+
+    if chat:
+        yield _sse(chunk(None, None, role=True))
+    last = first
+    try:
+        response = first
+        while True:
+            if response.get("text_output"):
+                yield _sse(chunk(response["text_output"], None))
+            last = response
+            if response.get("finish_reason"):
+                break
+            response = await iterator.__anext__()
+    except StopAsyncIteration:
+        pass
+    except OpenAIError as exc:  # mid-stream: the error travels as an event, then the stream ends
+        yield _sse(exc.body())
+        return
+    yield _sse(chunk(None if chat else "", _finish_reason(last.get("finish_reason"))))
+    if usage:
+        yield _sse({"id": ident, "object": kind, "created": created, "model": model, "choices": [], "usage": _usage(last)})
+    yield _sse("[DONE]")
+
+
+def _model_card(info: ModelInfo) -> dict:
+    card = {"id": info.name, "object": "model", "created": info.created, "owned_by": "trtllm-dflash"}
+    card["dflash"] = {"speculative": info.speculative, "max_context": info.max_context, "max_tokens": info.max_tokens}
+    return card
+
+
+# ---------------------------------------------------------------------- running it
+
+
+class OpenAIServer:
+    """uvicorn serving the app in a background thread; a context manager (tests, `serve --openai-port`).
+
+        with OpenAIServer("127.0.0.1:8001", port=free_port()) as front:
+            openai.OpenAI(base_url=front.url, api_key="none").models.list()
+    """
+
+    def __init__(self, triton_url: str, host: str = "127.0.0.1", port: int = 8080, models: Sequence[str] = (),
+                 tokenizer: str | None = None, repository: str | Path | None = None, log_level: str = "warning",
+                 startup_timeout: float = 300.0) -> None:
+        _require_extra()
+        self.host, self.port = host, port
+        self.config = FrontendConfig(triton_url, tuple(models), tokenizer, Path(repository).resolve() if repository else None)
+        self.log_level = log_level
+        self.startup_timeout = startup_timeout
+        self.frontend: Frontend | None = None
+        self._server = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """The base URL OpenAI clients take (http://host:port/v1)."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    def uvicorn_server(self):
+        """A uvicorn server over the app; finds the models first (DFlashError if it cannot)."""
+        import uvicorn
+
+        from trtllm_dflash.serving.server import _port_free
+
+        if self.port and not _port_free(self.port):
+            raise DFlashError(f"port {self.port} is already in use", "pass another port for the OpenAI API or stop what listens there")
+        self.frontend = Frontend(self.config)
+        self.frontend.discover()
+        app = create_app(self.frontend)
+        config = uvicorn.Config(app, host=self.host, port=self.port, log_level=self.log_level, lifespan="on")
+        return uvicorn.Server(config)
+
+    def start(self) -> str:
+        """Start serving and block until the front end has found its models."""
+        self._server = self.uvicorn_server()
+        self._thread = threading.Thread(target=self._server.run, name="dflash-openai", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + self.startup_timeout
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise DFlashError("the OpenAI front end stopped while starting", "read its log above")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise DFlashError(f"the OpenAI front end was not up after {self.startup_timeout:.0f} s", "check that Triton is ready")
+            time.sleep(0.05)
+        return self.url
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(15)
+        self._server = self._thread = None
+
+    def __enter__(self) -> "OpenAIServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
