@@ -10,3 +10,7 @@
     server.py      launching tritonserver (NVIDIA container or nvidia-pytriton's binary)
     client.py      HTTP generate / generate_stream and gRPC streaming client
 """
+
+# Loopback unless the user opens the server deliberately (--host 0.0.0.0): the demo and a
+# fresh `serve` must not expose an unauthenticated inference endpoint to the network.
+DEFAULT_HOST = "127.0.0.1"

@@ -28,6 +28,7 @@ import urllib.request
 from pathlib import Path
 
 from trtllm_dflash.errors import DFlashError, MissingDependencyError
+from trtllm_dflash.serving import DEFAULT_HOST
 from trtllm_dflash.serving.repository import PYTHONPATH_ENV, model_names
 
 CONTAINER_ROOT = Path("/opt/tritonserver")
@@ -108,7 +109,7 @@ class TritonServer:
         http_port: int = 8000,
         grpc_port: int = 8001,
         metrics_port: int = 8002,
-        host: str = "0.0.0.0",
+        host: str = DEFAULT_HOST,
         log_file: str | Path | None = None,
         verbose: bool = False,
         startup_timeout: float = 600.0,
@@ -239,10 +240,11 @@ class TritonServer:
 
 
 def _port_free(port: int) -> bool:
+    """Nothing listens on the port on any address (binding the wildcard checks all of them)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("0.0.0.0", port))
+            sock.bind(("", port))
         except OSError:
             return False
     return True
