@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.extras import require
 from trtllm_dflash.plugins import kernels
 from trtllm_dflash.plugins.kernels import launch
 
@@ -218,7 +219,7 @@ class CompiledKernel:
 
 
 def _ptxas_path(arch: Arch) -> str:
-    from triton.backends.nvidia.compiler import get_ptxas
+    get_ptxas = require("triton.backends.nvidia.compiler", "kernels", "ptxas").get_ptxas
 
     return get_ptxas(arch.capability).path
 
@@ -238,7 +239,7 @@ def strip_scratch_params(ptx: str, name: str, declared: int) -> str:
 
 def compile_kernel(variant: KernelVariant, arch: Arch) -> CompiledKernel:
     """Compile one variant for one architecture with the pinned PTX ISA (no GPU needed)."""
-    import triton
+    triton = require("triton", "kernels", "compiling the plugin kernels")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -286,7 +287,7 @@ def build(
     directory that replaces `out_dir` only when everything compiled, so a failed build leaves a
     previous build untouched and never a half-written one.
     """
-    import triton
+    triton = require("triton", "kernels", "compiling the plugin kernels")
 
     variants = variants if variants is not None else kernel_variants()
     out_dir = Path(out_dir)
