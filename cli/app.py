@@ -62,6 +62,14 @@ def main() -> None:
     except DFlashError as exc:
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
         sys.exit(2)
+    except ModuleNotFoundError as exc:  # an optional extra imported deep inside a library
+        from trtllm_dflash.extras import as_missing_extra
+
+        error = as_missing_extra(exc)
+        if error is None:
+            raise
+        err_console.print(f"[bold red]error:[/] {escape(str(error))}", soft_wrap=True)
+        sys.exit(2)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")
         sys.exit(130)

@@ -25,6 +25,7 @@ from rich.markup import escape
 from rich.rule import Rule
 
 from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.extras import require_installed
 
 PROMPT = "def fibonacci(n):"
 EXIT_BUILD_STOPPED = 3  # `dflash-trt build`: finished what this machine can build
@@ -90,6 +91,7 @@ def demo(
     out = out.expanduser().resolve()
     if out.exists() and not out.is_dir():
         raise DFlashError(f"--out {out} is a file", "pass a directory")
+    require_installed(("onnx", "onnxscript", "onnxruntime", "pytriton", "tritonclient", "prometheus_client"), "the demo")
     gpu = gpu or _default_gpu()
     build_dir, repo_dir, bench_dir = out / "build", out / "repo", out / "bench"
     walk = Walkthrough(console, 8)

@@ -17,41 +17,70 @@ DTYPES = ("float16", "bfloat16", "float32")
 
 @app.command("build")
 def build(
-    arch: str = typer.Option(..., "--arch", help="Comma-separated targets: sm_90a (H100/H200), sm_100a (B200), sm_103a (B300), sm_120 (RTX PRO Blackwell)."),
     out: Path = typer.Option(..., "--out", help="Output directory (new, empty, or a previous build, which is replaced)."),
+    arch: Optional[str] = typer.Option(None, "--arch", help="Comma-separated targets: sm_90a (H100/H200), sm_100a (B200), sm_103a (B300), sm_120 (RTX PRO Blackwell); default with --recipe: its GPU's."),
+    recipe: Optional[str] = typer.Option(None, "--recipe", help="Build only the variants this recipe's drafter launches (head dim, GQA ratio, block sizes, dtypes): a '<model>/<gpu>' name or a YAML file."),
     head_dim: Optional[list[int]] = typer.Option(None, "--head-dim", help="Drafter head dims to build (repeatable; default 64, 128, 256)."),
     dtype: Optional[list[str]] = typer.Option(None, "--dtype", help="Drafter activation dtypes (repeatable; default bfloat16, float16)."),
     block_size: Optional[list[int]] = typer.Option(None, "--block-size", help="Draft block sizes to cover (repeatable; default 2..16)."),
     gqa_group: Optional[list[int]] = typer.Option(None, "--gqa-group", help="Query heads per KV head (repeatable; default 1, 2, 4, 8)."),
     logits_dtype: Optional[list[str]] = typer.Option(None, "--logits-dtype", help="Target logits dtypes for verification (default float32, bfloat16, float16)."),
     fp8_kv_cache: bool = typer.Option(False, "--fp8-kv-cache", help="Also build attention over a float8 (e4m3) KV cache (SM >= 8.9)."),
-    jobs: int = typer.Option(1, "--jobs", "-j", help="Parallel compile processes."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Parallel compile processes (default: one per CPU)."),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Compiled-kernel cache (default ~/.cache/trtllm-dflash/kernels); unchanged kernels are not compiled again."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Compile everything; neither read nor write the cache."),
 ) -> None:
-    """Compile every kernel variant for every architecture: PTX + cubin + manifest.json."""
+    """Compile the kernel variants for each architecture (in parallel, reusing cached ones): PTX + cubin + manifest.json."""
+    import os
+    import time
+
     from trtllm_dflash.plugins import aot
 
-    arches = aot.parse_arches(arch)  # validated before anything is touched
+    space = None
+    if recipe is not None:
+        from trtllm_dflash.recipes.loader import resolve_recipe
+
+        space = aot.recipe_kernel_space(resolve_recipe(recipe))
+        picked = {"--head-dim": head_dim, "--dtype": dtype, "--block-size": block_size, "--gqa-group": gqa_group, "--logits-dtype": logits_dtype}
+        clash = [flag for flag, value in picked.items() if value] + (["--fp8-kv-cache"] if fp8_kv_cache else [])
+        if clash:
+            raise DFlashError(f"--recipe picks the variants itself; {', '.join(clash)} cannot be combined with it", "drop them, or drop --recipe")
+    if arch is None and space is None:
+        raise DFlashError("no architecture given", f"pass --arch (one or more of {', '.join(aot.ARCHES)}) or --recipe")
+    arches = aot.parse_arches(arch or space.arch)  # validated before anything is touched
     for name, values in (("--dtype", dtype), ("--logits-dtype", logits_dtype)):
         for value in values or ():
             if value not in DTYPES:
                 raise DFlashError(f"{name} {value!r} is not supported", f"use one of {', '.join(DTYPES)}")
-    if jobs < 1:
+    if jobs is not None and jobs < 1:
         raise DFlashError(f"--jobs must be >= 1, got {jobs}", "pass a positive number")
+    jobs = jobs or os.cpu_count() or 1
     aot.check_output_dir(out)
-    variants = aot.kernel_variants(
-        head_dims=head_dim or (64, 128, 256),
-        dtypes=dtype or ("bfloat16", "float16"),
-        blocks=block_size or range(2, 17),
-        groups=gqa_group or (1, 2, 4, 8),
-        fp8_kv_cache=fp8_kv_cache,
-        logits_dtypes=logits_dtype or ("float32", "bfloat16", "float16"),
-    )
+    if space is not None:
+        variants = aot.kernel_variants(**space.options())
+    else:
+        variants = aot.kernel_variants(
+            head_dims=head_dim or (64, 128, 256),
+            dtypes=dtype or ("bfloat16", "float16"),
+            blocks=block_size or range(2, 17),
+            groups=gqa_group or (1, 2, 4, 8),
+            fp8_kv_cache=fp8_kv_cache,
+            logits_dtypes=logits_dtype or ("float32", "bfloat16", "float16"),
+        )
+    cache = None if no_cache else (cache_dir or aot.DEFAULT_CACHE_DIR)
     console = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    stats = aot.BuildStats()
+    started = time.monotonic()
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("compiling", total=len(variants) * len(arches))
-        manifest = aot.build(arches, out, variants, jobs=jobs, progress=lambda label: progress.update(task, advance=1, description=label))
-    console.print(f"built {len(manifest['kernels'])} kernels in {out}")
+        manifest = aot.build(arches, out, variants, jobs=jobs, cache_dir=cache, stats=stats,
+                             progress=lambda label: progress.update(task, advance=1, description=label))
+    cached = f"{stats.cached} from the cache ({cache})" if cache else "cache off"
+    console.print(
+        f"built {len(manifest['kernels'])} kernels in {out} in {time.monotonic() - started:.1f} s: "
+        f"{stats.compiled} compiled ({jobs} jobs), {cached}"
+    )
     for a in arches:
         info = manifest["arches"][a.name]
         console.print(f"  {a.name:8} PTX ISA {info['ptx_isa']}  driver >= {info['min_driver']}  ({info['gpus']})")

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.serving import DEFAULT_HOST
 
 
 def serve(
@@ -19,11 +20,13 @@ def serve(
     http_port: int = typer.Option(8000, "--http-port", help="HTTP/REST port (generate, generate_stream, health)."),
     grpc_port: int = typer.Option(8001, "--grpc-port", help="gRPC port (tritonclient streaming)."),
     metrics_port: int = typer.Option(8002, "--metrics-port", help="Prometheus metrics port."),
-    host: str = typer.Option("0.0.0.0", "--host", help="Address to listen on (127.0.0.1 for this machine only)."),
+    host: str = typer.Option(
+        DEFAULT_HOST, "--host", help="Address to listen on: this machine only by default; 0.0.0.0 opens it to the network."
+    ),
     log_file: Optional[Path] = typer.Option(None, "--log-file", help="Server log (default: a file in a temporary folder)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the server's log here instead of in a file."),
     openai_port: Optional[int] = typer.Option(None, "--openai-port", help="Also serve the OpenAI API (/v1/chat/completions, ...) on this port."),
-    openai_host: str = typer.Option("127.0.0.1", "--openai-host", help="Address the OpenAI API listens on."),
+    openai_host: str = typer.Option(DEFAULT_HOST, "--openai-host", help="Address the OpenAI API listens on."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="With --openai-port: target tokenizer directory (default: each model's target)."),
 ) -> None:
     """Start tritonserver, wait until every model is ready, print the endpoints; Ctrl-C stops it."""

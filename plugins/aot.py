@@ -11,25 +11,32 @@ on a CPU machine. Two choices make the output usable by the TensorRT and drivers
   the declared ones; TensorRT's AOT plugins pass exactly the declared ones (inputs, int scalars,
   outputs). The kernels need no scratch (checked), so the unused trailing parameters are removed
   from the PTX, and the cubin is assembled from that PTX, so both have the ABI in the manifest.
+
+Builds are parallel (a process pool, one compile per variant x arch) and incremental: every
+compiled kernel goes into a content-addressed cache keyed by everything that determines its
+bytes (kernel source, Triton version, arch, PTX ISA, signature, constexprs, launch options), so
+a rebuild with nothing changed compiles nothing.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import functools
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Callable, Iterable
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.plugins import kernels
+from trtllm_dflash.extras import require
+from trtllm_dflash.plugins import kernels, rng
 from trtllm_dflash.plugins.kernels import launch
 
 
@@ -188,6 +195,54 @@ def kernel_variants(
     return variants + [commit_variant()]
 
 
+PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpace:
+    """The kernel variants one deployment launches (kernel_variants(**space.options()))."""
+
+    arch: str  # the recipe GPU's kernel target
+    head_dims: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    blocks: tuple[int, ...]
+    groups: tuple[int, ...]
+    fp8_kv_cache: bool
+    logits_dtypes: tuple[str, ...]
+
+    def options(self) -> dict:
+        fields = dataclasses.asdict(self)
+        fields.pop("arch")
+        return fields
+
+
+def recipe_kernel_space(recipe) -> KernelSpace:
+    """Only what the recipe's drafter launches: its head dim and GQA ratio (model catalog), the
+    recipe's block size (and the shorter blocks of its draft-length schedule), the drafter's
+    activation dtype, an FP8 KV cache if the recipe uses one, and the target's logits dtype."""
+    from trtllm_dflash.catalog.gpus import resolve_gpu
+    from trtllm_dflash.catalog.models import resolve_model
+
+    drafter = resolve_model(recipe.model.name).drafter
+    if drafter is None:
+        raise DFlashError(f"the model catalog has no drafter shape for {recipe.model.name}", "pass --head-dim/--gqa-group/... instead of --recipe")
+    if recipe.gpu == "cpu":
+        raise DFlashError(f"recipe {recipe.model.name}/cpu runs on CPU and needs no kernels", "pick a GPU recipe (`dflash-trt recipes list`)")
+    block = min(recipe.drafter.block_size, launch.MAX_BLOCK)
+    blocks = {block} | {d + 1 for d in (recipe.drafter.draft_len_schedule or {}).values() if 0 < d and d + 1 < block}
+    dtype = PRECISION_DTYPES.get(recipe.quantization.drafter, "bfloat16")  # FP8 drafter weights: BF16 activations
+    logits = PRECISION_DTYPES.get(recipe.quantization.weights, "bfloat16")
+    return KernelSpace(
+        arch=resolve_gpu(recipe.gpu).sm_arch,
+        head_dims=(drafter.head_dim,),
+        dtypes=(dtype,),
+        blocks=tuple(sorted(blocks)),
+        groups=(drafter.num_heads // drafter.num_kv_heads,),
+        fp8_kv_cache=recipe.quantization.kv_cache == "fp8",
+        logits_dtypes=tuple(dict.fromkeys(("float32", logits))),
+    )
+
+
 # ----------------------------------------------------------------------------- compilation
 
 
@@ -218,7 +273,7 @@ class CompiledKernel:
 
 
 def _ptxas_path(arch: Arch) -> str:
-    from triton.backends.nvidia.compiler import get_ptxas
+    get_ptxas = require("triton.backends.nvidia.compiler", "kernels", "ptxas").get_ptxas
 
     return get_ptxas(arch.capability).path
 
@@ -238,7 +293,7 @@ def strip_scratch_params(ptx: str, name: str, declared: int) -> str:
 
 def compile_kernel(variant: KernelVariant, arch: Arch) -> CompiledKernel:
     """Compile one variant for one architecture with the pinned PTX ISA (no GPU needed)."""
-    import triton
+    triton = require("triton", "kernels", "compiling the plugin kernels")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -273,40 +328,137 @@ def assemble(ptx: str, arch: Arch, fmad: bool = True) -> bytes:
 # ----------------------------------------------------------------------------- build + manifest
 
 
+DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trtllm-dflash" / "kernels"
+CACHE_FORMAT = 1
+
+
+@functools.cache
+def source_digest(source: str) -> str:
+    """sha256 of what a kernel's bytes are made from: its file, the jitted helpers it imports
+    (rng.py) and this module (the compile options, PTX rewriting and ptxas flags)."""
+    digest = hashlib.sha256()
+    for path in (kernels._HERE / f"{source}.py", Path(rng.__file__), Path(__file__)):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def cache_key(variant: KernelVariant, arch: Arch, triton_version: str) -> str:
+    """The content address of one compiled kernel."""
+    parts = {
+        "format": CACHE_FORMAT, "source": source_digest(variant.source), "triton": triton_version,
+        "arch": arch.name, "capability": arch.capability, "ptx_isa": arch.ptx_isa,
+        "function": variant.function, "signature": variant.signature, "constexprs": variant.constexprs,
+        "num_warps": variant.num_warps, "num_stages": variant.num_stages, "fp_fusion": variant.enable_fp_fusion,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class KernelCache:
+    """Compiled kernels on disk, one folder per cache key (ptx, cubin, meta.json).
+
+    An entry is written into a temporary folder and renamed into place, so a reader never sees
+    half an entry and concurrent builds sharing the cache cannot corrupt it; an unreadable entry
+    is a miss.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).expanduser()
+
+    def _entry(self, key: str) -> Path:
+        return self.root / key[:2] / key
+
+    def get(self, key: str, variant: KernelVariant, arch: Arch) -> CompiledKernel | None:
+        entry = self._entry(key)
+        try:
+            meta = json.loads((entry / "meta.json").read_text())
+            ptx, cubin = (entry / "kernel.ptx").read_text(), (entry / "kernel.cubin").read_bytes()
+        except (OSError, ValueError):
+            return None
+        return CompiledKernel(variant, arch, meta["name"], ptx, cubin, meta["num_warps"], meta["shared"], meta["triton_version"])
+
+    def put(self, key: str, kernel: CompiledKernel) -> None:
+        entry = self._entry(key)
+        if entry.is_dir():
+            return
+        staging = self.root / f".tmp-{uuid.uuid4().hex}"
+        try:
+            staging.mkdir(parents=True)
+            (staging / "kernel.ptx").write_text(kernel.ptx)
+            (staging / "kernel.cubin").write_bytes(kernel.cubin)
+            meta = {"name": kernel.name, "num_warps": kernel.num_warps, "shared": kernel.shared,
+                    "triton_version": kernel.triton_version, "label": kernel.variant.label, "arch": kernel.arch.name}
+            (staging / "meta.json").write_text(json.dumps(meta))
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(staging, entry)
+        except OSError:  # another build put the same entry first, or the cache is not writable
+            pass
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+@dataclasses.dataclass
+class BuildStats:
+    """What a build did: kernels compiled here, and taken from the cache."""
+
+    compiled: int = 0
+    cached: int = 0
+
+
 def build(
     arches: list[Arch],
     out_dir: Path,
     variants: list[KernelVariant] | None = None,
-    jobs: int = 1,
+    jobs: int | None = None,
     progress: Callable[[str], None] | None = None,
+    cache_dir: Path | None = None,
+    stats: BuildStats | None = None,
 ) -> dict:
     """Compile every variant for every architecture into `out_dir`; returns the manifest.
 
     Files: `<arch>/<label>.ptx` and `.cubin`, and `manifest.json`. The build happens in a staging
     directory that replaces `out_dir` only when everything compiled, so a failed build leaves a
-    previous build untouched and never a half-written one.
+    previous build untouched and never a half-written one. Kernels found in `cache_dir` are not
+    compiled again; the others are compiled by `jobs` processes (default: one per CPU) and cached.
     """
-    import triton
+    triton = require("triton", "kernels", "compiling the plugin kernels")
 
     variants = variants if variants is not None else kernel_variants()
+    stats = stats if stats is not None else BuildStats()
+    cache = KernelCache(cache_dir) if cache_dir is not None else None
     out_dir = Path(out_dir)
     check_output_dir(out_dir)
     staging = out_dir.with_name(f".{out_dir.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     tasks = [(variant, arch) for arch in arches for variant in variants]
-    entries = []
+    keys = [cache_key(variant, arch, triton.__version__) for variant, arch in tasks]
+    compiled: dict[int, CompiledKernel] = {}
     try:
         for arch in arches:
             (staging / arch.name).mkdir(parents=True, exist_ok=True)
-        with concurrent.futures.ProcessPoolExecutor(jobs) if jobs > 1 else contextlib.nullcontext() as pool:
-            results = pool.map(_compile_task, tasks) if pool else map(_compile_task, tasks)
-            for (variant, arch), kernel in zip(tasks, results):
-                files = {kind: Path(arch.name) / f"{variant.label}.{kind}" for kind in ("ptx", "cubin")}
-                (staging / files["ptx"]).write_text(kernel.ptx)
-                (staging / files["cubin"]).write_bytes(kernel.cubin)
-                entries.append(manifest_entry(kernel, files))
-                if progress:
-                    progress(f"{arch.name} {variant.node}")
+        todo = []
+        for index, (variant, arch) in enumerate(tasks):
+            kernel = cache.get(keys[index], variant, arch) if cache else None
+            if kernel is None:
+                todo.append(index)
+                continue
+            compiled[index] = kernel
+            stats.cached += 1
+            if progress:
+                progress(f"{arch.name} {variant.node} (cached)")
+        for index, kernel in _compile_all([tasks[i] for i in todo], todo, jobs or os.cpu_count() or 1):
+            compiled[index] = kernel
+            stats.compiled += 1
+            if cache:
+                cache.put(keys[index], kernel)
+            if progress:
+                progress(f"{kernel.arch.name} {kernel.variant.node}")
+        entries = []
+        for index, (variant, arch) in enumerate(tasks):
+            kernel = compiled[index]
+            files = {kind: Path(arch.name) / f"{variant.label}.{kind}" for kind in ("ptx", "cubin")}
+            (staging / files["ptx"]).write_text(kernel.ptx)
+            (staging / files["cubin"]).write_bytes(kernel.cubin)
+            entries.append(manifest_entry(kernel, files))
         manifest = {
             "format": "trtllm-dflash-plugin-kernels/1",
             "triton_version": triton.__version__,
@@ -325,6 +477,24 @@ def build(
         shutil.rmtree(out_dir)
     staging.rename(out_dir)
     return manifest
+
+
+def _compile_all(tasks: list[tuple[KernelVariant, Arch]], ids: list[int], jobs: int):
+    """(id, CompiledKernel) as each compile finishes: in this process for one job or one task,
+    else in a process pool (Triton's compiler holds the GIL, so threads would not help)."""
+    if jobs <= 1 or len(tasks) <= 1:
+        for index, task in zip(ids, tasks):
+            yield index, compile_kernel(*task)
+        return
+    with concurrent.futures.ProcessPoolExecutor(min(jobs, len(tasks))) as pool:
+        futures = {pool.submit(_compile_task, task): index for index, task in zip(ids, tasks)}
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                yield futures[future], future.result()
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
 
 
 def check_output_dir(out_dir: Path) -> None:

@@ -33,6 +33,60 @@ def test_unknown_arch_is_a_one_line_error(tmp_path, run_main):
     assert not out.exists()
 
 
+def _build(run_main, out, cache, *extra):
+    code, _, err = run_main("plugins", "build", "--out", str(out), "--cache-dir", str(cache), *extra)
+    assert code == 0, err
+    summary = re.search(r"built (\d+) kernels .* in ([\d.]+) s: (\d+) compiled \((\d+) jobs\), (\d+) from the cache", " ".join(err.split()))
+    assert summary, err
+    kernels, seconds, compiled, jobs, cached = summary.groups()
+    return int(kernels), float(seconds), int(compiled), int(jobs), int(cached)
+
+
+def test_a_rebuild_with_nothing_changed_compiles_nothing(tmp_path, run_main):
+    """The second build takes every kernel from the cache (seconds), gives the same files, and a
+    changed key (another arch) compiles only what is new."""
+    args = ("--recipe", "demo/rtx-pro-6000")
+    kernels, _, compiled, jobs, cached = _build(run_main, tmp_path / "a", tmp_path / "cache", *args)
+    assert kernels == compiled > 0 and cached == 0 and jobs >= 1
+    kernels2, seconds, compiled, _, cached = _build(run_main, tmp_path / "b", tmp_path / "cache", *args)
+    assert (kernels2, compiled, cached) == (kernels, 0, kernels) and seconds < 5
+    first, second = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in ("a", "b"))
+    assert first == second
+    for entry in second["kernels"]:
+        assert (tmp_path / "a" / entry["cubin"]).read_bytes() == (tmp_path / "b" / entry["cubin"]).read_bytes()
+    _, _, compiled, _, cached = _build(run_main, tmp_path / "c", tmp_path / "cache", *args, "--arch", "sm_120,sm_90a")
+    assert (compiled, cached) == (kernels, kernels)
+    assert not list((tmp_path / "cache").glob(".tmp-*"))
+
+
+def test_recipe_picks_only_its_drafter_variants():
+    from trtllm_dflash.recipes.loader import resolve_recipe
+
+    space = aot.recipe_kernel_space(resolve_recipe("qwen3-8b/h100"))
+    assert space.arch == "sm_90a" and space.head_dims == (128,) and space.groups == (4,)  # 32 q heads / 8 kv heads
+    assert 16 in space.blocks and space.dtypes == ("bfloat16",)
+    variants = aot.kernel_variants(**space.options())
+    assert {v.node for v in variants} == set(NODES)
+    assert len(variants) < len(aot.kernel_variants()) // 4
+    assert {dict(v.constexprs).get("HEAD_DIM", 128) for v in variants} == {128}
+
+
+def test_cache_key_changes_with_what_makes_the_kernel():
+    variant = aot.verify_variants("float32")[0]
+    key = aot.cache_key(variant, aot.ARCHES["sm_90a"], "3.9.0")
+    assert key == aot.cache_key(variant, aot.ARCHES["sm_90a"], "3.9.0")
+    assert key != aot.cache_key(variant, aot.ARCHES["sm_100a"], "3.9.0")
+    assert key != aot.cache_key(variant, aot.ARCHES["sm_90a"], "3.9.1")
+    assert key != aot.cache_key(aot.verify_variants("bfloat16")[0], aot.ARCHES["sm_90a"], "3.9.0")
+
+
+def test_recipe_and_explicit_variant_flags_do_not_mix(tmp_path, run_main):
+    code, _, err = run_main("plugins", "build", "--recipe", "qwen3-8b/h100", "--head-dim", "64", "--out", str(tmp_path / "k"))
+    assert code == 2 and "--head-dim cannot be combined" in err
+    code, _, err = run_main("plugins", "build", "--out", str(tmp_path / "k"))
+    assert code == 2 and "no architecture given" in err
+
+
 def test_arch_names_and_output_directory_rules(tmp_path):
     assert [a.name for a in aot.parse_arches("sm_120a, SM_90A,sm_90a")] == ["sm_120", "sm_90a"]
     with pytest.raises(DFlashError, match="no architecture"):
@@ -47,6 +101,7 @@ def test_cli_builds_ptx_and_cubin_for_every_listed_arch(tmp_path, run_main):
     code, _, err = run_main(
         "plugins", "build", "--arch", "sm_90a,sm_100a,sm_103a,sm_120", "--out", str(out),
         "--head-dim", "64", "--dtype", "float16", "--block-size", "2", "--gqa-group", "1", "--logits-dtype", "float32", "-j", "2",
+        "--cache-dir", str(tmp_path / "cache"),
     )
     assert code == 0, err
     assert "sm_103a  PTX ISA 8.8  driver >= 575.51.03" in err

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from types import ModuleType
 
-from trtllm_dflash.errors import MissingDependencyError
+from trtllm_dflash.extras import require
 
 KERNEL_SOURCES = ("attention", "verify")
 _HERE = Path(__file__).parent
@@ -41,11 +41,7 @@ def load(name: str, interpret: bool = False) -> ModuleType:
     """The kernel module `name` with `@triton.jit` bound to the compiler or to the interpreter."""
     if name not in KERNEL_SOURCES:
         raise ValueError(f"unknown kernel source {name!r}; known: {', '.join(KERNEL_SOURCES)}")
-    if not triton_available():
-        raise MissingDependencyError(
-            "the DFlash plugin kernels need the `triton` package", "pip install 'trtllm-dflash[kernels]'"
-        )
-    import triton
+    triton = require("triton", "kernels", "the DFlash plugin kernels")
 
     if interpret:
         _fix_interpreter_bf16_dot()

@@ -20,7 +20,8 @@ import statistics
 import time
 from typing import Callable, Sequence
 
-from trtllm_dflash.errors import DFlashError, MissingDependencyError
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.extras import require
 
 
 @dataclasses.dataclass
@@ -132,10 +133,7 @@ def run_openai_bench(
     progress: Callable[[str, int, int], None] | None = None,
 ) -> dict:
     """The sweep over every model and concurrency level (models alternate per level); a JSON-ready report."""
-    try:
-        import openai
-    except ImportError:
-        raise MissingDependencyError("bench --openai-url needs the openai client, which is not installed", 'pip install "trtllm-dflash[bench]"') from None
+    openai = require("openai", purpose="bench --openai-url")
     levels = sorted(set(int(c) for c in concurrency))
     if not levels or levels[0] < 1:
         raise DFlashError(f"concurrency levels must be >= 1, got {list(concurrency)}", "e.g. --concurrency 1,4,16")

@@ -64,8 +64,10 @@ class FP8Linear(nn.Module):
 
 def translation_table() -> dict:
     """onnxscript translations of the two ops for `torch.onnx.export(..., custom_translation_table=...)`."""
-    import onnx
-    from onnxscript import opset20 as op
+    from trtllm_dflash.extras import require
+
+    onnx = require("onnx", "export", "FP8 ONNX export")
+    op = require("onnxscript", "export", "FP8 ONNX export").opset20
 
     def zero_point():
         return op.Constant(value=onnx.helper.make_tensor("fp8_zero", onnx.TensorProto.FLOAT8E4M3FN, [], [0.0]))

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_dflash.builder import manifest as mf
+from trtllm_dflash.extras import require
 from trtllm_dflash.builder.plan import CPU_VALIDATION_MAX_PARAMS
 from trtllm_dflash.builder.spec import BuildSpec, export_support
 from trtllm_dflash.builder.stages import BuildResult, Reporter, Stage, StageBlocked, StageContext, StageRunner
@@ -162,6 +163,8 @@ def run_export(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     from trtllm_dflash.builder.export import export_pair
     from trtllm_dflash.checkpoints import load_drafter
 
+    for module in ("onnx", "onnxscript"):  # torch.onnx's exporter imports them deep inside
+        require(module, "export", "ONNX export")
     reason = export_support(spec)
     if reason is not None:
         raise StageBlocked(f"cannot export the {spec.quant} target: {reason.split(';')[0]}", reason.split("; ", 1)[-1])

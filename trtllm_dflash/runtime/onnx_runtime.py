@@ -23,6 +23,7 @@ import torch
 
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.extras import require
 from trtllm_dflash.plugins import reference
 from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, TargetOutput
 
@@ -30,7 +31,7 @@ from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, TargetOutput
 
 def upcast_to_float32(model) -> Any:
     """A float32 copy of a BF16/FP16 ONNX model (initializers, I/O types, casts, constants)."""
-    import onnx
+    onnx = require("onnx", "export", "reading ONNX graphs")
     from onnx import numpy_helper
 
     half = {onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT16}
@@ -70,8 +71,7 @@ class GraphSession:
     """One ONNX graph behind `run(feed) -> {name: array}`, on onnxruntime or the reference evaluator."""
 
     def __init__(self, path: Path, backend: str = "auto", custom_ops: Sequence[type] = ()) -> None:
-        import onnx
-
+        onnx = require("onnx", "export", "running ONNX graphs")
         model = upcast_to_float32(onnx.load(str(path)))
         self.output_names = [o.name for o in model.graph.output]
         if backend == "auto":  # onnxruntime has no kernels for custom-domain (plugin) nodes
@@ -79,7 +79,7 @@ class GraphSession:
             backend = "reference" if plugin_nodes else "onnxruntime"
         self.backend = backend
         if backend == "onnxruntime":
-            import onnxruntime as ort
+            ort = require("onnxruntime", "export", "running ONNX graphs on CPU")
 
             options = ort.SessionOptions()
             options.log_severity_level = 3

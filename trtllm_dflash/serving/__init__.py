@@ -11,3 +11,7 @@
     client.py      HTTP generate / generate_stream and gRPC streaming client
     openai_server.py  OpenAI-compatible front end (FastAPI) over Triton's async gRPC stream
 """
+
+# Loopback unless the user opens the server deliberately (--host 0.0.0.0): the demo and a
+# fresh `serve` must not expose an unauthenticated inference endpoint to the network.
+DEFAULT_HOST = "127.0.0.1"

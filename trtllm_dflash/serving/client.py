@@ -20,6 +20,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.extras import require
 from trtllm_dflash.serving.protocol import INPUTS, request_body
 
 
@@ -99,7 +100,7 @@ class DFlashClient:
 
     def ready(self) -> bool:
         """Server and model ready (tritonclient's HTTP client)."""
-        import tritonclient.http as httpclient
+        httpclient = require("tritonclient.http", "serve", "the Triton client")
 
         try:
             client = httpclient.InferenceServerClient(self.url.split("://", 1)[1], connection_timeout=5, network_timeout=5)
@@ -163,7 +164,7 @@ class DFlashClient:
     # ------------------------------------------------------------------ gRPC streaming
 
     def _stream_grpc(self, prompt: str, **sampling) -> Iterator[Chunk]:
-        import tritonclient.grpc as grpcclient
+        grpcclient = require("tritonclient.grpc", "serve", "gRPC streaming")
         from tritonclient.utils import InferenceServerException
 
         if not self.grpc_url:
@@ -200,7 +201,7 @@ class DFlashClient:
 
 def grpc_inputs(body: dict[str, Any]) -> list:
     """tritonclient InferInputs for a request body (types as in the model's config.pbtxt)."""
-    import tritonclient.grpc as grpcclient
+    grpcclient = require("tritonclient.grpc", "serve", "gRPC requests")
 
     inputs = []
     for name, value in body.items():

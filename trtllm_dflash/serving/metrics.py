@@ -12,6 +12,8 @@ import dataclasses
 import urllib.request
 from typing import TYPE_CHECKING
 
+from trtllm_dflash.extras import require
+
 if TYPE_CHECKING:
     from trtllm_dflash.decoding import SequenceResult
 
@@ -118,7 +120,7 @@ def read_metrics(url: str, model: str, timeout: float = 10.0) -> dict[str, float
     Histograms come back as Histogram(count, sum); counters and gauges as numbers, with
     requests_total split as requests_total{outcome}.
     """
-    from prometheus_client.parser import text_string_to_metric_families
+    text_string_to_metric_families = require("prometheus_client.parser", "serve", "reading metrics").text_string_to_metric_families
 
     with urllib.request.urlopen(url, timeout=timeout) as response:
         text = response.read().decode()

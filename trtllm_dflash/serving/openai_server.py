@@ -28,7 +28,8 @@ from typing import Any, AsyncIterator, Optional, Sequence, Union
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from trtllm_dflash.errors import DFlashError, MissingDependencyError
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.extras import require_installed
 from trtllm_dflash.serving.config import ServingConfig
 
 STATS = ("mean_acceptance_length", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
@@ -36,15 +37,8 @@ STATS = ("mean_acceptance_length", "acceptance_rate", "total_accepted_draft_toke
 
 
 def _require_extra():
-    """FastAPI and uvicorn come with the `serve` extra."""
-    try:
-        import fastapi  # noqa: F401
-        import tritonclient.grpc.aio  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError as exc:
-        raise MissingDependencyError(
-            f"the OpenAI-compatible server needs {exc.name}, which is not installed", 'pip install "trtllm-dflash[serve]"'
-        ) from None
+    """FastAPI, uvicorn and tritonclient's asyncio gRPC client come with the `serve` extra."""
+    require_installed(("fastapi", "uvicorn", "tritonclient"), "the OpenAI-compatible server")
 
 
 class OpenAIError(Exception):

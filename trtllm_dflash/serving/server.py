@@ -3,7 +3,9 @@
 Where NVIDIA's Triton container is present (/opt/tritonserver) its server and backends are
 used. Elsewhere the server comes from the `nvidia-pytriton` wheel: its `tritonserver` binary,
 its libraries (on LD_LIBRARY_PATH) and its Python backend, with the backend stub for this
-Python version copied beside `libtriton_python.so` in a backend folder prepared per launch.
+Python version copied beside `libtriton_python.so` in a backend folder prepared per launch,
+and LD_LIBRARY_PATH / PATH pinned so that the stub runs this interpreter's own libpython and
+standard library (see `stub_interpreter_env`).
 
 The Python backend stub starts its interpreter in isolated mode (PYTHONPATH is ignored), so
 this Python's import paths are handed to the repository's model.py in DFLASH_TRT_PYTHONPATH.
@@ -11,7 +13,6 @@ this Python's import paths are handed to the repository's model.py in DFLASH_TRT
 
 from __future__ import annotations
 
-import ctypes.util
 import dataclasses
 import importlib.util
 import os
@@ -28,6 +29,7 @@ import urllib.request
 from pathlib import Path
 
 from trtllm_dflash.errors import DFlashError, MissingDependencyError
+from trtllm_dflash.serving import DEFAULT_HOST
 from trtllm_dflash.serving.repository import PYTHONPATH_ENV, model_names
 
 CONTAINER_ROOT = Path("/opt/tritonserver")
@@ -56,7 +58,7 @@ def find_tritonserver() -> tuple[Path, Path | None, Path | None]:
     if spec is None or not spec.submodule_search_locations:
         raise MissingDependencyError(
             "no tritonserver found: not in NVIDIA's Triton container and nvidia-pytriton is not installed",
-            'pip install "trtllm-dflash[serve]" (bundles a tritonserver), or run in nvcr.io/nvidia/tritonserver',
+            "pip install 'trtllm-dflash[serve]' (bundles a tritonserver), or run in nvcr.io/nvidia/tritonserver",
         )
     package = Path(spec.submodule_search_locations[0])
     binary = package / "tritonserver" / "bin" / "tritonserver"
@@ -95,6 +97,49 @@ def stub_python_path() -> list[str]:
     return paths
 
 
+def own_libpython() -> Path:
+    """The shared libpython of the interpreter running this code (of the base install in a venv)."""
+    libdir, soname = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
+    library = Path(libdir or "") / (soname or "")
+    if not (libdir and soname and soname.startswith("libpython") and ".so" in soname and library.is_file()):
+        raise MissingDependencyError(
+            f"Python {sys.version.split()[0]} at {sys.base_prefix} has no shared libpython ({library}), "
+            "which the Triton Python backend stub needs (another libpython would not match this standard library)",
+            "serve with a Python built with --enable-shared (e.g. pyenv: PYTHON_CONFIGURE_OPTS=--enable-shared), "
+            "or in NVIDIA's Triton container",
+        )
+    return library
+
+
+def stub_interpreter_env(workdir: Path, server_libs: Path | None, env: dict[str, str]) -> dict[str, str]:
+    """LD_LIBRARY_PATH and PATH that make the Python backend stub run THIS interpreter build.
+
+    The stub links `libpython3.X.so.1.0` by name, so the loader picks the first one it finds:
+    the system's (Debian's libpython3.11) wins over a pyenv/conda build unless ours is first on
+    LD_LIBRARY_PATH. Its interpreter starts isolated (PYTHONHOME is ignored) and finds its
+    standard library from `python3` on PATH: in an activated venv that is the venv's python,
+    whose pyvenv.cfg points at the base install's stdlib, a different patch release than the
+    system library (`import ssl`: undefined symbol _PyModule_Add). So both are pinned: our
+    libpython first on LD_LIBRARY_PATH, and a folder whose only `python3` is our base
+    interpreter first on PATH.
+    """
+    library = own_libpython()
+    lib_dirs = ([str(server_libs)] if server_libs else []) + [str(library.parent)]
+    python_dir = workdir / "python-bin"
+    python_dir.mkdir(exist_ok=True)
+    base_python = Path(os.path.realpath(getattr(sys, "_base_executable", "") or sys.executable))
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    for name in ("python3", f"python{version}", "python"):
+        link = python_dir / name
+        if not link.is_symlink():
+            link.symlink_to(base_python)
+    inherited_libs = [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
+    return {
+        "LD_LIBRARY_PATH": os.pathsep.join(lib_dirs + inherited_libs),
+        "PATH": os.pathsep.join([str(python_dir)] + [p for p in env.get("PATH", "").split(os.pathsep) if p]),
+    }
+
+
 class TritonServer:
     """A tritonserver process on a repository; a context manager that stops it on exit.
 
@@ -108,7 +153,7 @@ class TritonServer:
         http_port: int = 8000,
         grpc_port: int = 8001,
         metrics_port: int = 8002,
-        host: str = "0.0.0.0",
+        host: str = DEFAULT_HOST,
         log_file: str | Path | None = None,
         verbose: bool = False,
         startup_timeout: float = 600.0,
@@ -148,11 +193,7 @@ class TritonServer:
         env = dict(os.environ)
         if pytriton_server is not None:
             args.append(f"--backend-directory={prepare_backends(pytriton_server, self._workdir)}")
-            lib_dirs = [str(libs)]
-            version = f"{sys.version_info.major}.{sys.version_info.minor}"
-            if ctypes.util.find_library(f"python{version}") is None and sysconfig.get_config_var("LIBDIR"):
-                lib_dirs.append(sysconfig.get_config_var("LIBDIR"))  # the stub links libpython{version}.so
-            env["LD_LIBRARY_PATH"] = os.pathsep.join(lib_dirs + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
+            env.update(stub_interpreter_env(self._workdir, libs, env))
         env[PYTHONPATH_ENV] = os.pathsep.join(stub_python_path())
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         env.setdefault("HF_HUB_OFFLINE", "1")
@@ -220,7 +261,8 @@ class TritonServer:
         elif process is not None:
             code = process.returncode
             _kill_group(process.pid)
-        shutil.rmtree(self._workdir / "backends", ignore_errors=True)
+        for folder in ("backends", "python-bin"):
+            shutil.rmtree(self._workdir / folder, ignore_errors=True)
         return code
 
     def log_tail(self, lines: int = 30) -> str:
@@ -239,10 +281,11 @@ class TritonServer:
 
 
 def _port_free(port: int) -> bool:
+    """Nothing listens on the port on any address (binding the wildcard checks all of them)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("0.0.0.0", port))
+            sock.bind(("", port))
         except OSError:
             return False
     return True
