@@ -1,4 +1,5 @@
-"""The two plugins as torch custom ops: `dflash::block_attention` and `dflash::verify_block`.
+"""The plugins as torch custom ops: `dflash::block_attention`, `dflash::target_attention` and
+`dflash::verify_block`.
 
 Custom ops are opaque to torch.compile and torch.export, so graphs keep one node per plugin (the
 ONNX exporter maps it to the plugin's ONNX node, see `onnx_nodes.custom_translation_table`), and
@@ -12,7 +13,9 @@ each op has a fake implementation for shape propagation. At run time an op runs:
 `dflash::block_attention` appends the new context rows to the caches in place (what a runtime
 wants). Mutating ops cannot be exported, so `dflash::block_attention_functional` returns the
 updated caches instead; its ONNX/TensorRT node aliases them to the input caches, which makes
-the append in place inside an engine too.
+the append in place inside an engine too. `dflash::target_attention` (causal attention of a
+target layer over its in-place cache) and `dflash::target_attention_functional` follow the same
+pattern.
 """
 
 from __future__ import annotations
@@ -109,3 +112,53 @@ def verify_block(
 @verify_block.register_fake
 def _verify_block_fake(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, stop_ids=None):
     return target_logits.new_empty((target_logits.shape[0], len(reference.VERIFY_RESULT_COLUMNS)), dtype=torch.int64)
+
+
+def _target_attention(q, k_new, v_new, k_cache, v_cache, starts, sinks, scale, window):
+    if kernels_enabled(q.device) and launch.target_attention_supported(q, k_cache, v_cache):
+        return launch.target_attention(q, k_new, v_new, k_cache, v_cache, starts, sinks, scale, window)
+    return reference.target_attention(q, k_new, v_new, k_cache, v_cache, starts, sinks, scale, window)
+
+
+@torch.library.custom_op("dflash::target_attention", mutates_args=("k_cache", "v_cache"))
+def target_attention(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    starts: torch.Tensor,
+    sinks: torch.Tensor | None,
+    scale: float,
+    window: int,
+) -> torch.Tensor:
+    """Causal block attention of a target layer; writes the block's K/V into the caches in place."""
+    return _target_attention(q, k_new, v_new, k_cache, v_cache, starts, sinks, scale, window)
+
+
+@target_attention.register_fake
+def _target_attention_fake(q, k_new, v_new, k_cache, v_cache, starts, sinks, scale, window):
+    return q.new_empty((*q.shape[:-1], v_cache.shape[-1]))
+
+
+@torch.library.custom_op("dflash::target_attention_functional", mutates_args=())
+def target_attention_functional(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    starts: torch.Tensor,
+    sinks: torch.Tensor | None,
+    scale: float,
+    window: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The exportable form: returns (output, updated k_cache, updated v_cache)."""
+    k_out, v_out = k_cache.clone(), v_cache.clone()
+    out = _target_attention(q, k_new, v_new, k_out, v_out, starts, sinks, scale, window)
+    return out, k_out, v_out
+
+
+@target_attention_functional.register_fake
+def _target_attention_functional_fake(q, k_new, v_new, k_cache, v_cache, starts, sinks, scale, window):
+    return q.new_empty((*q.shape[:-1], v_cache.shape[-1])), torch.empty_like(k_cache), torch.empty_like(v_cache)

@@ -10,6 +10,8 @@ Each plugin kernel is one node (a TensorRT AOT plugin launches exactly one kerne
 - `DFlashBlockAttention`: KV-injected block attention with the context in one pass;
 - `DFlashBlockAttentionSplit` + `DFlashAttentionMerge`: the same, with the context split over
   `kv_splits` programs per KV head (long contexts, small batches), then merged;
+- `DFlashTargetAttention`: causal attention of a target layer over its in-place cache (the
+  block's K/V written at each row's positions; sliding windows and attention sinks);
 - `DFlashVerifyPositions` + `DFlashVerifyCommit`: tree-free block verification.
 
 The caches are updated in place: the attention nodes output the updated caches, and the
@@ -91,6 +93,16 @@ ATTENTION_MERGE = NodeSpec(
     ("like",),
     "Merge of split attention (reference.merge_partials); `like` (the queries) gives shape and dtype.",
 )
+TARGET_ATTENTION = NodeSpec(
+    "DFlashTargetAttention",
+    ("q", "k_new", "v_new", "k_cache", "v_cache", "starts", "sinks"),
+    ("out", "k_cache_out", "v_cache_out"),
+    {"scale": 1.0, "window": 0, "has_sinks": 0},
+    ("q", "k_cache", "v_cache"),
+    "Causal target attention over an in-place cache (reference.target_attention); with has_sinks=0 "
+    "the sinks input is a placeholder and is not read.",
+    CACHE_ALIASES,
+)
 VERIFY_POSITIONS = NodeSpec(
     "DFlashVerifyPositions",
     ("target_logits", "block_tokens", "draft_probs", "temperature", "top_k", "top_p", "seed", "start"),
@@ -109,7 +121,7 @@ VERIFY_COMMIT = NodeSpec(
     "Accepted count, bonus, next start, committed length, stop flag (reference.verify_commit); "
     "stop_ids [b, S] padded with -1.",
 )
-NODES = (BLOCK_ATTENTION, BLOCK_ATTENTION_SPLIT, ATTENTION_MERGE, VERIFY_POSITIONS, VERIFY_COMMIT)
+NODES = (BLOCK_ATTENTION, BLOCK_ATTENTION_SPLIT, ATTENTION_MERGE, TARGET_ATTENTION, VERIFY_POSITIONS, VERIFY_COMMIT)
 PLUGIN_ATTRIBUTES = {"plugin_namespace": PLUGIN_NAMESPACE, "plugin_version": PLUGIN_VERSION, "aot": 1}
 
 
@@ -183,6 +195,16 @@ class DFlashAttentionMerge(_DFlashOp):
         return (reference.merge_partials(_torch(partial_out), _torch(partial_lse), _torch(like)).numpy(),)
 
 
+class DFlashTargetAttention(_DFlashOp):
+    def _run(self, q, k_new, v_new, k_cache, v_cache, starts, sinks, scale=1.0, window=0, has_sinks=0, **_):
+        k_out, v_out = _torch(k_cache).clone(), _torch(v_cache).clone()
+        out = reference.target_attention(
+            _torch(q), _torch(k_new), _torch(v_new), k_out, v_out, _torch(starts).to(torch.int64),
+            _torch(sinks) if has_sinks else None, float(scale), int(window),
+        )
+        return out.numpy(), k_out.numpy(), v_out.numpy()
+
+
 class DFlashVerifyPositions(_DFlashOp):
     def _run(self, target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, has_draft_probs=1, **_):
         draft = _torch(draft_probs) if has_draft_probs else None
@@ -200,7 +222,10 @@ class DFlashVerifyCommit(_DFlashOp):
 
 def evaluators() -> list[type[OpRun]]:
     """The OpRun classes for `onnx.reference.ReferenceEvaluator(model, new_ops=evaluators())`."""
-    return [DFlashBlockAttention, DFlashBlockAttentionSplit, DFlashAttentionMerge, DFlashVerifyPositions, DFlashVerifyCommit]
+    return [
+        DFlashBlockAttention, DFlashBlockAttentionSplit, DFlashAttentionMerge, DFlashTargetAttention,
+        DFlashVerifyPositions, DFlashVerifyCommit,
+    ]
 
 
 # ----------------------------------------------------------------------------- torch.onnx translation
@@ -232,6 +257,14 @@ def custom_translation_table(kv_splits: int = 1) -> dict:
         )
         return dflash.DFlashAttentionMerge(partial_out, partial_lse, q, **plugin), k_out, v_out
 
+    def target_attention(q, k_new, v_new, k_cache, v_cache, starts, sinks, scale: float, window: int):
+        has_sinks = int(sinks is not None)
+        sinks = op.Cast(sinks, to=onnx.TensorProto.FLOAT) if sinks is not None else op.Constant(value_floats=[0.0])
+        return dflash.DFlashTargetAttention(
+            q, k_new, v_new, k_cache, v_cache, op.Cast(starts, to=onnx.TensorProto.INT64), sinks,
+            scale=float(scale), window=int(window), has_sinks=has_sinks, **plugin,
+        )
+
     def verify_block(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, stop_ids=None):
         has_draft_probs = int(draft_probs is not None)
         if draft_probs is None:
@@ -247,5 +280,6 @@ def custom_translation_table(kv_splits: int = 1) -> dict:
 
     return {
         torch.ops.dflash.block_attention_functional.default: block_attention,
+        torch.ops.dflash.target_attention_functional.default: target_attention,
         torch.ops.dflash.verify_block.default: verify_block,
     }

@@ -32,6 +32,24 @@ def block_attention(
     return reference.block_attention(*args)
 
 
+def target_attention(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    starts: torch.Tensor,
+    sinks: torch.Tensor | None,
+    scale: float,
+    window: int = 0,
+) -> torch.Tensor:
+    """Causal target attention over an in-place cache; see `reference.target_attention`."""
+    args = (q, k_new, v_new, k_cache, v_cache, starts, sinks, float(scale), int(window))
+    if custom_ops.kernels_enabled(q.device):
+        return torch.ops.dflash.target_attention(*args)
+    return reference.target_attention(*args)
+
+
 def verify_block(
     target_logits: torch.Tensor,
     block_tokens: torch.Tensor,

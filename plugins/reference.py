@@ -398,3 +398,68 @@ def merge_partials(partial_out: torch.Tensor, partial_lse: torch.Tensor, like: t
     merged = (weights.unsqueeze(-1) * partial_out).sum(dim=2)  # [b, Hkv, B*g, D]
     merged = merged.view(batch, kv_heads, block, num_heads // kv_heads, head_dim).permute(0, 2, 1, 3, 4)
     return merged.reshape(batch, block, num_heads, head_dim).to(like.dtype)
+
+
+# ----------------------------------------------------------------------------- target attention
+
+
+def write_block(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, starts: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor
+) -> None:
+    """Write `k_new/v_new [b, T, Hkv, D]` at slots starts[r] .. starts[r]+T-1 of each row (in place).
+
+    Slots past the capacity are dropped (a padded prefill row may run past it; nothing reads them).
+    """
+    batch, tokens = k_new.shape[:2]
+    if tokens == 0:
+        return
+    slots = starts.view(-1, 1).to(torch.int64) + torch.arange(tokens, device=k_new.device)
+    valid = slots < k_cache.shape[1]
+    rows = torch.arange(batch, device=k_new.device).view(-1, 1).expand(-1, tokens)[valid]
+    k_cache[rows, slots[valid]] = k_new[valid].to(k_cache.dtype)
+    v_cache[rows, slots[valid]] = v_new[valid].to(v_cache.dtype)
+
+
+def target_attention(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    starts: torch.Tensor,
+    sinks: torch.Tensor | None,
+    scale: float,
+    window: int = 0,
+) -> torch.Tensor:
+    """Causal attention of a target layer over its in-place KV cache (writes the block first).
+
+    q `[b, T, Hq, Dk]`, k_new `[b, T, Hkv, Dk]`, v_new `[b, T, Hkv, Dv]` are the block's tokens at
+    positions starts[r] + t (after norm and RoPE); k/v_cache `[b, S, Hkv, D*]` hold slot == position.
+    The block is written at its positions, then query t of row r sees the slots j with
+    j <= starts[r] + t (and j > starts[r] + t - window when window > 0): the committed prefix and
+    the block causally. Only slots below starts[r] + T are ever read, so what a rejected draft left
+    behind past a row's length is never seen. `sinks [Hq]` (gpt-oss) are one extra logit per head
+    in the softmax denominator, with no value. Returns `[b, T, Hq, Dv]` in q's dtype.
+    """
+    write_block(k_cache, v_cache, starts, k_new, v_new)
+    batch, tokens, num_heads, _ = q.shape
+    span = min(int((starts.max() + tokens)) if batch else 0, k_cache.shape[1])
+    compute = torch.promote_types(q.dtype, torch.float32)
+    keys = k_cache[:, :span].to(compute).transpose(1, 2)  # [b, Hkv, span, Dk]
+    values = v_cache[:, :span].to(compute).transpose(1, 2)
+    group = num_heads // keys.shape[1]
+    if group > 1:
+        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+    query_pos = starts.view(-1, 1, 1).to(torch.int64) + torch.arange(tokens, device=q.device).view(1, -1, 1)
+    key_pos = torch.arange(span, device=q.device).view(1, 1, -1)
+    visible = key_pos <= query_pos
+    if window > 0:
+        visible = visible & (key_pos > query_pos - window)
+    scores = torch.matmul(q.to(compute).transpose(1, 2), keys.transpose(-1, -2)) * scale  # [b, Hq, T, span]
+    scores = scores.masked_fill(~visible.unsqueeze(1), float("-inf"))
+    if sinks is not None:
+        sink = sinks.to(compute).view(1, -1, 1, 1).expand(batch, -1, tokens, 1)
+        weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        weights = torch.softmax(scores, dim=-1)
+    return torch.matmul(weights, values).transpose(1, 2).to(q.dtype)

@@ -16,7 +16,8 @@ from trtllm_dflash.errors import DFlashError, MissingDependencyError  # noqa: E4
 from trtllm_dflash.plugins import aot, onnx_nodes, tensorrt_plugins  # noqa: E402
 
 EXPECTED_PTX = {"sm_90a": ("8.0", "sm_90a"), "sm_100a": ("8.7", "sm_100a"), "sm_103a": ("8.8", "sm_103a"), "sm_120": ("8.7", "sm_120a")}
-NODES = {spec.op_type: spec for spec in onnx_nodes.NODES}
+# DFlashTargetAttention has no Triton kernel yet (the torch reference runs it): no AOT variant to check
+NODES = {spec.op_type: spec for spec in onnx_nodes.NODES if spec.op_type != "DFlashTargetAttention"}
 
 
 def entry_params(ptx: str) -> int:

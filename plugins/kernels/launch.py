@@ -117,6 +117,18 @@ def attention_supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     )
 
 
+def target_attention_supported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether a Triton kernel covers target attention for these inputs (else the reference runs).
+
+    None yet: the torch reference runs everywhere until the causal in-place kernel lands.
+    """
+    return False
+
+
+def target_attention(*args, **kwargs) -> torch.Tensor:
+    raise NotImplementedError("no Triton kernel for target attention yet; target_attention_supported() is False")
+
+
 def verify_supported(target_logits: torch.Tensor) -> bool:
     """Whether the verification kernels cover these logits (else callers use the reference)."""
     return target_logits.dtype in (torch.float16, torch.bfloat16, torch.float32) and 1 <= target_logits.shape[1] <= MAX_BLOCK
