@@ -259,9 +259,9 @@ class Decoder:
         length_t = torch.tensor(lengths, device=self.device)
         sampling = _sampling_tensors([r.params for r in joining], self.device)
 
-        out = self.runtime.target_forward(rows, tokens, torch.zeros_like(length_t), span, logits_at=length_t - 1)
-        # the first token is a block of one: no drafts, bonus sampled at position len(prompt)
-        _, first_token = self.runtime.verify(out.logits, tokens[:, :1], None, sampling, length_t - 1)
+        # the first token is a block of one (the last prompt token): no drafts, bonus sampled at position len(prompt)
+        out = self.runtime.target_verify(rows, tokens, torch.zeros_like(length_t), span, None, sampling, logits_at=length_t - 1)
+        first_token = out.bonus
         first_host = first_token.tolist()
 
         self.anchor = torch.cat([self.anchor, first_token])
@@ -323,8 +323,8 @@ class Decoder:
             _synchronize(self.device)
         drafted = time.perf_counter()
 
-        out = self.runtime.target_forward(rows, block, self.starts, span)
-        accepted, bonus = self.runtime.verify(out.logits, block, draft_probs, self.sampling, self.starts)
+        out = self.runtime.target_verify(rows, block, self.starts, span, draft_probs, self.sampling)
+        accepted, bonus = out.accepted, out.bonus
         self.runtime.commit(rows, accepted + 1)  # anchor + accepted drafts (recurrent states roll back here)
         # the one host read of the step: drafts, accepted count and bonus of every row
         packed = torch.cat([block[:, 1:], accepted.view(-1, 1), bonus.view(-1, 1)], dim=1).tolist()

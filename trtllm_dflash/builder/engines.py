@@ -101,14 +101,19 @@ def profiles(graph: str, bounds: Bounds) -> list[dict[str, tuple[int, int, int]]
     """(min, opt, max) of every dynamic axis, one dict per optimization profile.
 
     Target: profile 0 for verify steps (T <= block size), profile 1 for prefill. Cache inputs
-    cover `max_seq_len + block_size` slots (the decoding loop's capacity).
+    cover `max_seq_len + block_size` slots (the decoding loop's capacity): `past` slots of the
+    native graph, the whole in-place `capacity` of the plugin (verifying) graph, whose
+    `draft_probs` has `drafts` rows (block - 1 at verify, one placeholder row at prefill).
     """
     mb, mi, ms, blk = bounds.max_batch, bounds.max_input_len, bounds.max_seq_len, bounds.block_size
     slots = ms + blk
     if graph == "target":
+        drafts = max(blk - 1, 1)
         return [
-            {"batch": (1, mb, mb), "tokens": (1, blk, blk), "picked": (1, blk, blk), "past": (1, max(slots // 2, 1), slots)},
-            {"batch": (1, 1, mb), "tokens": (1, max(mi // 2, 1), mi), "picked": (1, 1, mi), "past": (1, 1, slots)},
+            {"batch": (1, mb, mb), "tokens": (1, blk, blk), "picked": (1, blk, blk), "past": (1, max(slots // 2, 1), slots),
+             "drafts": (1, drafts, drafts), "capacity": (1, slots, slots)},
+            {"batch": (1, 1, mb), "tokens": (1, max(mi // 2, 1), mi), "picked": (1, 1, mi), "past": (1, 1, slots),
+             "drafts": (1, 1, drafts), "capacity": (1, slots, slots)},
         ]
     if graph == "drafter":
         return [{"batch": (1, mb, mb), "block": (2, blk, blk), "ctx_rows": (1, blk, mi), "past": (1, max(slots // 2, 1), slots)}]

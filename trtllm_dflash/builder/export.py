@@ -26,8 +26,10 @@ Drafter graph (one block-diffusion step, the target's embedding and LM head incl
              new_key_i / new_value_i [b, n, kv_heads, head_dim] (context K/V the runtime appends
              at slots cache_lens[r] + i for i < new_counts[r]; the block's K/V are not kept)
 
-Graphs concatenate [past cache; new keys] and mask by position instead of scattering into the
-cache inside the graph, so they use only plain ONNX ops (the `native` variant), and the same
+Native graphs concatenate [past cache; new keys] and mask by position instead of scattering into
+the cache inside the graph, so they use only plain ONNX ops (the `native` variant); the `plugin`
+variant's target (`VerifyingTargetGraph`) instead updates its caches in place through the DFlash
+target-attention node and verifies inside, returning no logits. In both, the same
 graph serves prefill (starts = 0) and verify (starts = committed length). The exporter is
 torch.onnx's dynamo exporter with dynamic batch/length axes bounded by the recipe; examples use
 batch >= 2 so no axis is specialised to 1. Node metadata (stack traces, counters) is stripped,
@@ -209,7 +211,7 @@ class TargetGraph(nn.Module):
             masks[kind] = visible
         return masks if len(masks) > 1 else next(iter(masks.values()))
 
-    def _decode(self, input_ids, positions, masks, cache: ConcatCache) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    def _decode(self, input_ids, positions, masks, cache: ConcatCache | None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         taps: dict[int, torch.Tensor] = {}
         hooks = [
             self.decoder.layers[i].register_forward_hook(
@@ -219,7 +221,7 @@ class TargetGraph(nn.Module):
         ]
         try:
             hidden = self.decoder(
-                input_ids=input_ids, position_ids=positions, attention_mask=masks, past_key_values=cache, use_cache=True
+                input_ids=input_ids, position_ids=positions, attention_mask=masks, past_key_values=cache, use_cache=cache is not None
             ).last_hidden_state
         finally:
             for hook in hooks:
@@ -259,6 +261,63 @@ class TargetGraph(nn.Module):
         new_keys = tuple(cache.new[i][0] for i in self.cache_layers)
         new_values = tuple(cache.new[i][1] for i in self.cache_layers)
         return logits, features, new_keys, new_values
+
+
+def _pick(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`values [b, T, ...]` at `index [b, n]` per row, as one flat Gather (onnx.reference's
+    GatherElements cannot index more than 32 positions)."""
+    batch, tokens = values.shape[:2]
+    flat = (torch.arange(batch, device=index.device).view(-1, 1) * tokens + index).reshape(-1)
+    picked = values.reshape(batch * tokens, *values.shape[2:]).index_select(0, flat)
+    return picked.reshape(batch, index.shape[1], *values.shape[2:])
+
+
+class VerifyingTargetGraph(TargetGraph):
+    """The plugin variant of the target: in-place cache attention, verification inside the graph.
+
+    Every attention layer runs `dflash::target_attention_functional` (the `DFlashTargetAttention`
+    node): the block's K/V are written into `cache_key_i` / `cache_value_i` `[b, capacity, ...]` at
+    each row's positions and attention reads only the row's own slots, so nothing is concatenated
+    or copied and the cost follows each row's length, not the capacity. The caches come back as
+    `present_key_i` / `present_value_i`, which the node aliases to its inputs (one buffer per layer
+    in an engine). The logits at `logit_index` go straight into `dflash::verify_block` (the
+    `DFlashVerifyPositions` + `DFlashVerifyCommit` nodes): the graph returns per row the packed
+    verification result `[b, 5]` (accepted drafts, bonus token, next start, committed, stopped)
+    and the tapped features of every position, never the logits.
+
+    The verified block is `input_ids` at `logit_index`; its first token sits at position
+    `starts + logit_index[:, 0]`. At prefill `logit_index` is each row's last prompt token (a block
+    of one: no drafts, the first token is sampled); at verify it is every block position.
+    `draft_probs [b, >= n-1, V]` (float32) is the drafter's processed distribution for sampled rows
+    (zeros read as q = 0, what greedy and autoregressive rows pass).
+    """
+
+    def __init__(self, model: nn.Module, layer_ids: list[int]) -> None:
+        super().__init__(model, layer_ids)
+        from trtllm_dflash.modeling import target_attention
+
+        self.model = model
+        self.windows = target_attention.layer_windows(model.config)
+
+    def forward(self, input_ids, starts, logit_index, draft_probs, temperature, top_k, top_p, seed, cache_keys: tuple, cache_values: tuple):
+        from trtllm_dflash.modeling import target_attention
+
+        positions = starts.view(-1, 1) + torch.arange(input_ids.shape[1], device=input_ids.device)
+        caches = {layer: (k, v) for layer, k, v in zip(self.cache_layers, cache_keys, cache_values)}
+        step = target_attention.TargetAttentionStep(caches, starts, self.windows, functional=True)
+        masks = target_attention.placeholder_masks(self.model.config, input_ids)
+        with target_attention.use_dflash_attention(self.model), step.active():
+            hidden, taps = self._decode(input_ids, positions, masks, None)
+        features = torch.cat([taps[i] for i in self.layer_ids], dim=-1)
+        logits = self.lm_head(_pick(hidden, logit_index))
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        block = _pick(input_ids, logit_index)
+        drafts = draft_probs[:, : logit_index.shape[1] - 1]
+        result = torch.ops.dflash.verify_block(logits, block, drafts, temperature, top_k, top_p, seed, starts + logit_index[:, 0])
+        present_keys = tuple(step.updated[i][0] for i in self.cache_layers)
+        present_values = tuple(step.updated[i][1] for i in self.cache_layers)
+        return result, features, present_keys, present_values
 
 
 # ----------------------------------------------------------------------------- drafter
@@ -357,6 +416,8 @@ class GraphInfo:
     # per decoder layer: {"kv_heads", "key_dim", "value_dim"} of its past_/new_key_i and _value_i,
     # or None for a layer without a cache (no inputs or outputs named after it)
     cache_layers: list[dict[str, int] | None] = dataclasses.field(default_factory=list)
+    # a verifying target graph (VerifyingTargetGraph): caches in place, returns verification results
+    verifies: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -565,6 +626,96 @@ def export_target(
     )
 
 
+def verifying_target_refusal(model: nn.Module) -> str | None:
+    """Why this target gets no verifying (plugin) target graph (None: it does)."""
+    from trtllm_dflash.modeling import target_attention
+
+    return target_attention.unsupported_reason(model.config)
+
+
+def export_verifying_target(
+    model: nn.Module, layer_ids: list[int], path: Path, dtype: str, bounds: Bounds, variant: str = "plugin"
+) -> GraphInfo:
+    """Export the plugin target graph (`VerifyingTargetGraph`): in-place caches, verification inside.
+
+    Inputs: input_ids [b, T], starts [b], logit_index [b, n], draft_probs [b, drafts, V] float32,
+    temperature [b] float32, top_k [b] int64, top_p [b] float32, seed [b] int64, and
+    cache_key_i / cache_value_i [b, capacity, kv_heads_i, dim_i] per cached layer. Outputs:
+    result [b, 5] int64 (`reference.VERIFY_RESULT_COLUMNS`), features [b, T, taps * H], and
+    present_key_i / present_value_i (the caches, aliased to the inputs by the plugin nodes).
+    """
+    from torch.export import Dim
+
+    from trtllm_dflash.builder import fp8
+    from trtllm_dflash.plugins import onnx_nodes
+
+    check_exportable(model.config)
+    reason = verifying_target_refusal(model)
+    if reason is not None:
+        raise UnsupportedTargetError(f"no plugin target graph: {reason}", "use the native variant")
+    config = model.config.get_text_config()
+    vocab = int(config.vocab_size)
+    torch_dtype = DTYPES[dtype]
+    previous_experts = exportable_experts(model)
+    try:
+        graph = VerifyingTargetGraph(cast_parameters(model, torch_dtype).eval(), layer_ids).eval()
+        shapes, cached = graph.cache_shapes, graph.cache_layers
+        batch = Dim("batch", min=1, max=bounds.max_batch)
+        tokens = Dim("tokens", min=1, max=bounds.max_input_len)
+        picks = Dim("picked", min=1, max=max(bounds.block_size, 2))
+        drafts = Dim("drafts", min=1, max=max(bounds.block_size, 2))
+        capacity = Dim("capacity", min=1, max=bounds.max_seq_len)
+        b, t, n, d, s = 2, min(3, bounds.max_input_len), 2, 3, min(8, bounds.max_seq_len)
+        args = (
+            torch.randint(0, vocab, (b, t)),
+            torch.tensor([min(4, s - t), 1]).clamp_min(0),
+            torch.tensor([[0, 1], [1, 2]])[:, :n].clamp_max(t - 1),
+            torch.zeros(b, d, vocab),
+            torch.tensor([0.0, 0.8]),
+            torch.tensor([0, 5]),
+            torch.tensor([1.0, 0.9]),
+            torch.tensor([3, 4]),
+            tuple(torch.zeros(b, s, shapes[i].kv_heads, shapes[i].key_dim, dtype=torch_dtype) for i in cached),
+            tuple(torch.zeros(b, s, shapes[i].kv_heads, shapes[i].value_dim, dtype=torch_dtype) for i in cached),
+        )
+        cache_dims = tuple({0: batch, 1: capacity} for _ in cached)
+        rows = {0: batch}
+        dynamic = ({0: batch, 1: tokens}, rows, {0: batch, 1: picks}, {0: batch, 1: drafts}, rows, rows, rows, rows, cache_dims, cache_dims)
+        cache_k, cache_v = _cache_names(cached, "cache")
+        present_k, present_v = _cache_names(cached, "present")
+        input_names = ["input_ids", "starts", "logit_index", "draft_probs", "temperature", "top_k", "top_p", "seed", *cache_k, *cache_v]
+        output_names = ["result", "features", *present_k, *present_v]
+        translations = dict(onnx_nodes.custom_translation_table(kv_splits=1))
+        if fp8.has_fp8(graph):
+            translations.update(fp8.translation_table())
+        with torch.no_grad():
+            _export(graph, args, dynamic, input_names, output_names, path, translations)
+    finally:
+        if previous_experts is not None:
+            model.set_experts_implementation(previous_experts)
+    key_dims = [["batch", "capacity", shapes[i].kv_heads, shapes[i].key_dim] for i in cached]
+    value_dims = [["batch", "capacity", shapes[i].kv_heads, shapes[i].value_dim] for i in cached]
+    kv_heads, head_dim = _uniform(shapes)
+    return GraphInfo(
+        file=path.name,
+        inputs=_describe(
+            input_names,
+            [["batch", "tokens"], ["batch"], ["batch", "picked"], ["batch", "drafts", vocab], ["batch"], ["batch"], ["batch"], ["batch"]]
+            + key_dims + value_dims,
+            ["int64", "int64", "int64", "fp32", "fp32", "int64", "fp32", "int64"] + [dtype] * (2 * len(cached)),
+        ),
+        outputs=output_names,
+        num_layers=int(config.num_hidden_layers),
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        variant=variant,
+        dir=variant,
+        cache_layers=[shape.to_dict() if shape is not None else None for shape in shapes],
+        verifies=True,
+    )
+
+
 def export_drafter(
     drafter: DFlashDrafter,
     embedding: nn.Module,
@@ -681,8 +832,17 @@ def export_pair(
             progress("exporting the target graph")
             graphs["target"] = export_target(target_model, layer_ids, out_dir / "native" / "target.onnx", dtype, bounds).to_dict()
             graphs["target"]["dir"] = "native"
-        else:  # the target has no plugin node: every variant shares the native target graph
-            graphs["target"] = {**info["variants"]["native"]["target"], "variant": variant}
+        else:  # the plugin target: in-place cache attention and verification inside the graph
+            refused = verifying_target_refusal(target_model)
+            if refused is None:
+                progress(f"exporting the {variant} target graph")
+                graphs["target"] = export_verifying_target(
+                    target_model, layer_ids, out_dir / variant / "target.onnx", dtype, bounds, variant
+                ).to_dict()
+            elif "native" in info["variants"]:  # a target the op cannot run keeps the native target graph
+                graphs["target"] = {**info["variants"]["native"]["target"], "variant": variant, "plugin_refused": refused}
+            else:
+                raise UnsupportedTargetError(f"no plugin target graph: {refused}", "build the native variant too")
         if drafter is not None:
             progress(f"exporting the {variant} drafter graph")
             plugin, translations = plugin_graphs.export_options(variant)

@@ -1,10 +1,13 @@
-"""The `plugin` graph variant: the drafter's block attention as the DFlash plugin node.
+"""The `plugin` graph variant: the drafter's block attention and the target's attention and
+verification as DFlash plugin nodes.
 
-The plugins part of the toolkit (`trtllm_dflash.plugins.onnx_nodes`) defines the node
-(`DFlashBlockAttention`, domain `dflash`, with `plugin_namespace`/`plugin_version`/`aot`), the
-torch op that stands for it during export (`dflash::block_attention_functional`), its onnxscript
-translation and its CPU evaluator for `onnx.reference`. The target has no plugin node (its
-attention is ordinary causal attention), so the plugin variant reuses the native target graph.
+The plugins part of the toolkit (`trtllm_dflash.plugins.onnx_nodes`) defines the nodes
+(`DFlashBlockAttention`, `DFlashTargetAttention`, `DFlashVerifyPositions` + `DFlashVerifyCommit`;
+domain `dflash`, with `plugin_namespace`/`plugin_version`/`aot`), the torch ops that stand for
+them during export, their onnxscript translations and their CPU evaluators for `onnx.reference`.
+The plugin target graph (`export.VerifyingTargetGraph`) keeps its caches in place and returns
+verification results instead of logits; targets its attention node cannot express keep the
+native target graph.
 
 Where each variant is evaluated or built:
 - native graphs: onnxruntime on CPU; TensorRT and TensorRT-RTX engines;

@@ -2,7 +2,8 @@
 
 Both runtimes get the same calls through the `Runtime` interface: a ragged prefill, a verify
 step on top of the filled cache, and two drafter steps (the second with a non-empty draft cache).
-Logits, hidden-state taps, draft logits and the KV caches written by each runtime are compared
+Logits (for a verifying target graph, which returns none: its accepted counts and bonus tokens,
+which must be equal), hidden-state taps, draft logits and the KV caches written by each runtime are compared
 (per layer, with each layer's own shape; layers that keep no cache in the torch runtime, such as
 Gemma 4's KV-sharing layers, must keep none in the graphs either); then a short greedy
 speculative decode must give the same tokens.
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.runtime.base import Runtime
+from trtllm_dflash.runtime.base import Runtime, SamplingTensors
 
 # Relative tolerance (max |a - b| / max |b|). Graphs are evaluated in float32 (16-bit graphs as a
 # float32 copy with the same rounded weights), so only the order of float32 operations (and
@@ -50,6 +51,12 @@ def compare(name: str, candidate: torch.Tensor, reference: torch.Tensor, logits:
     return Comparison(name, diff, diff / max(scale, 1e-12), agree)
 
 
+def same_tokens(name: str, candidate: torch.Tensor, reference: torch.Tensor) -> Comparison:
+    """Token outputs (accepted counts, bonus tokens) must be equal: relative error 0, else infinite."""
+    mismatches = int((candidate.cpu() != reference.cpu()).sum())
+    return Comparison(name, float(mismatches), 0.0 if mismatches == 0 else float("inf"))
+
+
 def compare_runtimes(
     candidate: Runtime, reference: Runtime, block_size: int, prompt_lengths: tuple[int, int] = (7, 4), seed: int = 0
 ) -> list[Comparison]:
@@ -65,15 +72,24 @@ def compare_runtimes(
     results: list[Comparison] = []
 
     prompt = torch.randint(3, vocab, (2, span), generator=generator)
-    outs = [rt.target_forward(rows, prompt, torch.zeros(2, dtype=torch.long), span, logits_at=lengths - 1) for rt in (candidate, reference)]
-    results.append(compare("prefill.logits", outs[0].logits, outs[1].logits, logits=True))
+    block = torch.randint(3, vocab, (2, block_size), generator=generator)
+    zeros = torch.zeros(2, dtype=torch.long)
+    if getattr(candidate, "target_verifies", False):  # the plugin target graph returns verification results, not logits
+        greedy = SamplingTensors(torch.zeros(2), zeros, torch.ones(2), zeros)
+        outs = [rt.target_verify(rows, prompt, zeros, span, None, greedy, logits_at=lengths - 1) for rt in (candidate, reference)]
+        results.append(same_tokens("prefill.bonus", outs[0].bonus, outs[1].bonus))
+        block[:, 0] = outs[1].bonus  # the anchor is the token the prefill emitted, as in a decode
+        verify = [rt.target_verify(rows, block, lengths, span + block_size, None, greedy) for rt in (candidate, reference)]
+        results.append(same_tokens("verify.accepted", verify[0].accepted, verify[1].accepted))
+        results.append(same_tokens("verify.bonus", verify[0].bonus, verify[1].bonus))
+    else:
+        outs = [rt.target_forward(rows, prompt, zeros, span, logits_at=lengths - 1) for rt in (candidate, reference)]
+        results.append(compare("prefill.logits", outs[0].logits, outs[1].logits, logits=True))
+        verify = [rt.target_forward(rows, block, lengths, span + block_size) for rt in (candidate, reference)]
+        results.append(compare("verify.logits", verify[0].logits, verify[1].logits, logits=True))
     if outs[1].features is not None:
         results.append(compare("prefill.features", outs[0].features, outs[1].features))
     prefill_features = outs[1].features
-
-    block = torch.randint(3, vocab, (2, block_size), generator=generator)
-    verify = [rt.target_forward(rows, block, lengths, span + block_size) for rt in (candidate, reference)]
-    results.append(compare("verify.logits", verify[0].logits, verify[1].logits, logits=True))
     if verify[1].features is not None:
         results.append(compare("verify.features", verify[0].features, verify[1].features))
 

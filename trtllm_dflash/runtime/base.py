@@ -26,6 +26,16 @@ class TargetOutput:
     features: torch.Tensor | None
 
 
+@dataclasses.dataclass
+class VerifyOutput:
+    """One target pass with its verification: accepted drafts `[b]`, bonus token `[b]` (both on the
+    device) and the tapped hidden states of every position `[b, T, taps * H]` (None without a drafter)."""
+
+    accepted: torch.Tensor
+    bonus: torch.Tensor
+    features: torch.Tensor | None
+
+
 class Runtime(abc.ABC):
     """Forward passes of a target (and optionally a DFlash drafter) over a batch of rows."""
 
@@ -85,6 +95,32 @@ class Runtime(abc.ABC):
         The first new_counts[r] rows of `ctx_features [b, n, F]` are appended to the draft cache
         at positions cache_lens[r]...; the block's own keys/values are not kept.
         """
+
+    def target_verify(
+        self,
+        rows: slice,
+        tokens: torch.Tensor,
+        starts: torch.Tensor,
+        span: int,
+        draft_probs: torch.Tensor | None,
+        sampling: "SamplingTensors",
+        logits_at: torch.Tensor | None = None,
+    ) -> VerifyOutput:
+        """The target pass and its verification, as the decoding loop needs them.
+
+        Verify: `tokens` is the block (anchor + drafts) at positions starts[r] + t. Prefill
+        (`logits_at`): the block is one token, the last prompt token at position starts[r] +
+        logits_at[r], so the result's bonus is the first generated token. The default runs
+        `target_forward` then `verify`; runtimes whose target verifies inside (the plugin target
+        graph) override it and never materialise the logits.
+        """
+        out = self.target_forward(rows, tokens, starts, span, logits_at)
+        if logits_at is None:
+            block, start = tokens, starts
+        else:
+            block, start = tokens.gather(1, logits_at.view(-1, 1)), starts + logits_at
+        accepted, bonus = self.verify(out.logits, block, draft_probs, sampling, start)
+        return VerifyOutput(accepted, bonus, out.features)
 
     def verify(
         self,

@@ -25,7 +25,7 @@ from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.extras import require
 from trtllm_dflash.plugins import reference
-from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, TargetOutput
+from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, SamplingTensors, TargetOutput, VerifyOutput
 
 
 
@@ -163,8 +163,44 @@ class OnnxRuntime(CachedRuntime):
             feed[f"past_value_{i}"] = _numpy(layer.values[:, :past_len])
         return feed
 
+    @property
+    def target_verifies(self) -> bool:
+        """Whether the target graph verifies inside (the plugin target graph: no logits out)."""
+        return bool(self.target.get("verifies"))
+
+    @torch.inference_mode()
+    def target_verify(self, rows, tokens, starts, span, draft_probs, sampling: SamplingTensors, logits_at=None) -> VerifyOutput:
+        if not self.target_verifies:
+            return super().target_verify(rows, tokens, starts, span, draft_probs, sampling, logits_at)
+        batch, count = tokens.shape
+        index = logits_at.view(-1, 1) if logits_at is not None else torch.arange(count).expand(batch, -1)
+        if draft_probs is None:  # q = 0: what greedy and autoregressive rows read
+            draft_probs = torch.zeros(batch, max(index.shape[1] - 1, 1), self.vocab_size)
+        slots = min(span, self.capacity)  # the graph reads and writes slots < span only
+        feed = {
+            "input_ids": _numpy(tokens, torch.int64),
+            "starts": _numpy(starts, torch.int64),
+            "logit_index": _numpy(index, torch.int64),
+            "draft_probs": _numpy(draft_probs, torch.float32),
+            **{name: _numpy(t, dtype) for name, t, dtype in zip(
+                ("temperature", "top_k", "top_p", "seed"), sampling.tensors(), (torch.float32, torch.int64, torch.float32, torch.int64)
+            )},
+        }
+        layers = self.target_cache.rows(rows)
+        for i, layer in _cached(layers):
+            feed[f"cache_key_{i}"] = _numpy(layer.keys[:, :slots])
+            feed[f"cache_value_{i}"] = _numpy(layer.values[:, :slots])
+        out = self.target_session.run(feed)
+        for i, layer in _cached(layers):  # an engine updates them in place (aliased outputs)
+            layer.keys[:, :slots] = torch.from_numpy(out[f"present_key_{i}"]).to(layer.keys.dtype)
+            layer.values[:, :slots] = torch.from_numpy(out[f"present_value_{i}"]).to(layer.values.dtype)
+        result = torch.from_numpy(out["result"])
+        return VerifyOutput(result[:, 0].clone(), result[:, 1].clone(), torch.from_numpy(out["features"]))
+
     @torch.inference_mode()
     def target_forward(self, rows, tokens, starts, span, logits_at=None) -> TargetOutput:
+        if self.target_verifies:
+            raise DFlashError("the plugin target graph verifies inside and returns no logits", "call target_verify")
         batch, count = tokens.shape
         past_len = max(span - count, 1)
         layers = self.target_cache.rows(rows)

@@ -19,7 +19,8 @@ import torch
 from transformers import PreTrainedModel
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.modeling import linear_attention
+from trtllm_dflash.modeling import linear_attention, target_attention
+from trtllm_dflash.plugins import custom_ops
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.modeling.kv_cache import RaggedHFCache, StaticKVCache
 from trtllm_dflash.modeling.taps import HiddenTaps
@@ -42,7 +43,11 @@ def causal_mask(positions: torch.Tensor, span: int, window: int = 0) -> torch.Te
 class TorchRuntime(CachedRuntime):
     """Runs a transformers causal LM and a DFlashDrafter with PyTorch."""
 
-    def __init__(self, target: PreTrainedModel, drafter: DFlashDrafter | None = None) -> None:
+    def __init__(self, target: PreTrainedModel, drafter: DFlashDrafter | None = None, attention: str = "auto") -> None:
+        """`attention`: "hf" runs the model's own attention over our cache; "dflash" runs
+        `dflash::target_attention` (the engines' op: the block written in place, each row read up
+        to its own length) inside the model's code; "auto" picks dflash where the Triton kernels
+        run (CUDA) and the model's attention is one the op expresses, else hf."""
         self.model = target.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         self.drafter_config = drafter.config if drafter is not None else None
@@ -70,6 +75,18 @@ class TorchRuntime(CachedRuntime):
         linear_attention.install(self.linear_modules)
         self.linear_states: linear_attention.LinearStates | None = None
         self.taps = HiddenTaps(self.decoder.layers, self.drafter_config.target_layer_ids) if drafter else None
+        self.attention = self._pick_attention(attention)
+        self.windows = target_attention.layer_windows(config)
+
+    def _pick_attention(self, attention: str) -> str:
+        reason = target_attention.unsupported_reason(self.model.config)
+        if attention == "auto":
+            return "dflash" if reason is None and custom_ops.kernels_enabled(self.device) else "hf"
+        if attention == "dflash" and reason is not None:
+            raise DFlashError(f"attention='dflash' cannot run this target: {reason}", "use attention='hf' (or 'auto')")
+        if attention not in ("hf", "dflash"):
+            raise DFlashError(f"unknown attention {attention!r}", "use auto, hf or dflash")
+        return attention
 
     @property
     def is_hybrid(self) -> bool:
@@ -93,6 +110,12 @@ class TorchRuntime(CachedRuntime):
             linear_attention.LinearStates(self.linear_modules, max_batch, self.dtype, self.device) if self.linear_modules else None
         )
         self._hf_cache = RaggedHFCache(self.target_cache, self.linear_states)
+        if self.attention == "dflash":  # the op writes into allocated layers: give each the shape it writes
+            from trtllm_dflash.builder.export import TargetGraph
+
+            for i, shape in enumerate(TargetGraph(self.model, []).cache_shapes):
+                if shape is not None:
+                    self.target_cache.allocate_layer(i, shape.kv_heads, shape.key_dim, shape.value_dim)
 
     def keep_rows(self, index: torch.Tensor) -> None:
         super().keep_rows(index)
@@ -124,18 +147,30 @@ class TorchRuntime(CachedRuntime):
     @torch.inference_mode()
     def target_forward(self, rows, tokens, starts, span, logits_at=None) -> TargetOutput:
         positions = starts.view(-1, 1) + torch.arange(tokens.shape[1], device=self.device)
-        # in prefill (logits_at) the tokens after logits_at[r] are padding
-        self._hf_cache.bind(rows, positions, span, valid=None if logits_at is None else logits_at + 1)
-        masks = self.attention_masks(positions, span)
-        hidden = self.decoder(
-            input_ids=tokens, position_ids=positions, attention_mask=masks, past_key_values=self._hf_cache, use_cache=True
-        ).last_hidden_state
+        if self.attention == "dflash":
+            hidden = self._dflash_decoder(rows, tokens, starts, positions)
+        else:
+            # in prefill (logits_at) the tokens after logits_at[r] are padding
+            self._hf_cache.bind(rows, positions, span, valid=None if logits_at is None else logits_at + 1)
+            masks = self.attention_masks(positions, span)
+            hidden = self.decoder(
+                input_ids=tokens, position_ids=positions, attention_mask=masks, past_key_values=self._hf_cache, use_cache=True
+            ).last_hidden_state
         if logits_at is not None:
             hidden = hidden[torch.arange(hidden.shape[0], device=self.device), logits_at].unsqueeze(1)
         logits = self.lm_head(hidden)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return TargetOutput(logits=logits, features=self.taps.features() if self.taps else None)
+
+    def _dflash_decoder(self, rows, tokens, starts, positions) -> torch.Tensor:
+        """The decoder with every attention layer on `dflash::target_attention` over our cache rows."""
+        layers = self.target_cache.rows(rows)
+        caches = {i: (layer.keys, layer.values) for i, layer in enumerate(layers) if layer.keys is not None}
+        step = target_attention.TargetAttentionStep(caches, starts, self.windows)
+        masks = target_attention.placeholder_masks(self.model.config, tokens)
+        with target_attention.use_dflash_attention(self.model), step.active():
+            return self.decoder(input_ids=tokens, position_ids=positions, attention_mask=masks, use_cache=False).last_hidden_state
 
     @torch.inference_mode()
     def draft_forward(self, rows, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:

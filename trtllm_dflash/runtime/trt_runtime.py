@@ -3,9 +3,12 @@
 One engine for the target (two optimization profiles: verify steps and prefill, one execution
 context each) and one for the drafter. The KV caches are torch CUDA tensors `[batch, capacity,
 kv_heads, head_dim]` per layer (each layer's own shape from graphs.json; layers that reuse
-another layer's K/V keep none) with slot == position, exactly as in the torch runtime: the engines read a
-row's whole cache (slots past its length are masked inside the graph) and return the new K/V,
-which are written into place with torch on the same CUDA stream. Every call is enqueued with
+another layer's K/V keep none) with slot == position, exactly as in the torch runtime. Native
+engines read a row's whole cache (slots past its length are masked inside the graph) and return
+the new K/V, which are written into place with torch on the same CUDA stream. Plugin engines
+(a verifying target, `target_verify`) get each cache bound as input and aliased output: the
+target-attention plugin writes the block in place and reads only each row's slots, and the
+engine returns the verification result instead of logits. Every call is enqueued with
 `execute_async_v3` on torch's current stream, so the decoding loop's one host read per step is
 the only synchronisation.
 
@@ -23,7 +26,7 @@ import torch
 
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import DFlashError, MissingDependencyError
-from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, TargetOutput
+from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, SamplingTensors, TargetOutput, VerifyOutput
 
 
 def _torch_dtype(trt, dtype) -> torch.dtype:
@@ -61,23 +64,37 @@ class EngineGraph:
         self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.outputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
         self.dtypes = {n: _torch_dtype(trt, self.engine.get_tensor_dtype(n)) for n in names}
+        self._buffers: dict[tuple, torch.Tensor] = {}
 
     def max_shape(self, name: str, profile: int = 0) -> tuple[int, ...]:
         return tuple(self.engine.get_tensor_profile_shape(name, profile)[2])
 
-    def run(self, profile: int, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Enqueue one inference on torch's current CUDA stream; returns the output tensors."""
+    def run(self, profile: int, feed: dict[str, torch.Tensor], aliases: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
+        """Enqueue one inference on torch's current CUDA stream; returns the output tensors.
+
+        `aliases` maps outputs to the inputs they update in place (the plugin nodes' caches): they
+        are bound to the input's memory, so nothing is copied. Other outputs live in persistent
+        buffers, allocated once per (profile, shape) and reused by every later step of that shape
+        (what CUDA-graph capture of a step needs); read them before the next call of the same shape.
+        """
+        aliases = aliases or {}
         context = self.contexts[profile]
         keep = []
         for name in self.inputs:
-            tensor = feed[name].to(self.dtypes[name]).contiguous()
+            tensor = feed[name].to(self.dtypes[name]).contiguous()  # no copy when dtype and layout already match
             keep.append(tensor)
             context.set_input_shape(name, tuple(tensor.shape))
             context.set_tensor_address(name, tensor.data_ptr())
         outputs = {}
         for name in self.outputs:
-            shape = tuple(context.get_tensor_shape(name))
-            outputs[name] = torch.empty(shape, dtype=self.dtypes[name], device="cuda")
+            if name in aliases:
+                outputs[name] = feed[aliases[name]]
+            else:
+                shape = tuple(context.get_tensor_shape(name))
+                key = (profile, name, shape)
+                if key not in self._buffers:
+                    self._buffers[key] = torch.empty(shape, dtype=self.dtypes[name], device="cuda")
+                outputs[name] = self._buffers[key]
             context.set_tensor_address(name, outputs[name].data_ptr())
         if not context.execute_async_v3(torch.cuda.current_stream().cuda_stream):
             raise DFlashError("TensorRT failed to run an engine", "check the shapes against the recipe's limits")
@@ -121,7 +138,10 @@ class TrtRuntime(CachedRuntime):
         self.vocab_size = int(info["graphs"]["vocab_size"])
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.block_size = int(info["block_size"])
-        self.first_cache = next(n for n in self.target_engine.inputs if n.startswith("past_key_"))
+        self.target_verifies = bool(self.target.get("verifies"))  # the plugin target: in-place caches, verification inside
+        cache_prefix = "cache_key_" if self.target_verifies else "past_key_"
+        self.first_cache = next(n for n in self.target_engine.inputs if n.startswith(cache_prefix))
+        self._zeros: dict[tuple[int, int], torch.Tensor] = {}
         self.cache_dtype = self.target_engine.dtypes[self.first_cache]
 
     # ------------------------------------------------------------------ caches
@@ -152,6 +172,8 @@ class TrtRuntime(CachedRuntime):
 
     @torch.inference_mode()
     def target_forward(self, rows, tokens, starts, span, logits_at=None) -> TargetOutput:
+        if self.target_verifies:
+            raise DFlashError("the plugin target engine verifies inside and returns no logits", "call target_verify")
         batch, count = tokens.shape
         layers = self.target_cache.rows(rows)
         index = logits_at.view(-1, 1) if logits_at is not None else torch.arange(count, device=self.device).expand(batch, -1)
@@ -164,6 +186,36 @@ class TrtRuntime(CachedRuntime):
             layer.keys[row_index, positions] = out[f"new_key_{i}"]
             layer.values[row_index, positions] = out[f"new_value_{i}"]
         return TargetOutput(logits=out["logits"], features=out["features"])
+
+    @torch.inference_mode()
+    def target_verify(self, rows, tokens, starts, span, draft_probs, sampling: SamplingTensors, logits_at=None) -> VerifyOutput:
+        """The plugin target engine: the caches are bound in place (input and aliased output share
+        memory), the engine verifies, and only `result [b, 5]` and the features come back."""
+        if not self.target_verifies:
+            return super().target_verify(rows, tokens, starts, span, draft_probs, sampling, logits_at)
+        batch, count = tokens.shape
+        index = logits_at.view(-1, 1) if logits_at is not None else torch.arange(count, device=self.device).expand(batch, -1)
+        if draft_probs is None:
+            draft_probs = self._zero_draft_probs(batch, max(index.shape[1] - 1, 1))
+        profile = 0 if count <= self.target_engine.max_shape("input_ids", 0)[1] else 1
+        feed = {
+            "input_ids": tokens, "starts": starts, "logit_index": index, "draft_probs": draft_probs,
+            "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p, "seed": sampling.seed,
+        }
+        aliases = {}
+        for i, layer in _cached(self.target_cache.rows(rows)):
+            feed[f"cache_key_{i}"], feed[f"cache_value_{i}"] = layer.keys, layer.values
+            aliases[f"present_key_{i}"], aliases[f"present_value_{i}"] = f"cache_key_{i}", f"cache_value_{i}"
+        out = self.target_engine.run(profile, feed, aliases)
+        result = out["result"]
+        return VerifyOutput(result[:, 0], result[:, 1], out["features"])
+
+    def _zero_draft_probs(self, batch: int, drafts: int) -> torch.Tensor:
+        """q = 0 for greedy and autoregressive steps, allocated once per shape."""
+        key = (batch, drafts)
+        if key not in self._zeros:
+            self._zeros[key] = torch.zeros(batch, drafts, self.vocab_size, dtype=torch.float32, device=self.device)
+        return self._zeros[key]
 
     @torch.inference_mode()
     def draft_forward(self, rows, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:
