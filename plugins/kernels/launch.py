@@ -89,14 +89,21 @@ def target_attention_config(head_dim_k: int, head_dim_v: int, tokens: int = MAX_
     A prefill (tokens > MAX_BLOCK) gets the tile of the largest verify block and more tiles, so one
     compiled variant serves an engine whose token dimension is dynamic.
     """
+    cap = 128 if max(head_dim_k, head_dim_v) <= 128 else 64
+    block_m = min(max(16, next_power_of_2(min(max(tokens, 1), MAX_BLOCK) * group)), cap)
+    return target_attention_config_for_tile(head_dim_k, head_dim_v, block_m)
+
+
+def target_attention_config_for_tile(head_dim_k: int, head_dim_v: int, block_m: int) -> TargetAttentionConfig:
+    """The rest of the configuration follows from the head dims and the query tile (as for the drafter)."""
     for name, dim in (("key", head_dim_k), ("value", head_dim_v)):
         if dim not in ATTENTION_HEAD_DIMS:
             raise DFlashError(f"target attention supports {name} head dims {ATTENTION_HEAD_DIMS}, not {dim}", "the torch reference runs other shapes")
     widest = max(head_dim_k, head_dim_v)
-    cap = 128 if widest <= 128 else 64
-    block_m = min(max(16, next_power_of_2(min(max(tokens, 1), MAX_BLOCK) * group)), cap)
     block_n = 64 if widest <= 128 else 32
-    num_warps = 4 if block_m * widest <= 64 * 128 else 8
+    # 8 warps from a 16 x 128 tile on: with 4, ptxas (sm_90a) spills 400-1200 bytes per thread for
+    # the bf16 64 x 128 tile of a Qwen3-8B verify step, with 8 nothing (not timed on a GPU yet)
+    num_warps = 4 if block_m * widest < 16 * 128 else 8
     return TargetAttentionConfig(head_dim_k, head_dim_v, block_m, block_n, num_warps, 2)
 
 
