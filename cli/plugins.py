@@ -26,6 +26,9 @@ def build(
     gqa_group: Optional[list[int]] = typer.Option(None, "--gqa-group", help="Query heads per KV head (repeatable; default 1, 2, 4, 8)."),
     logits_dtype: Optional[list[str]] = typer.Option(None, "--logits-dtype", help="Target logits dtypes for verification (default float32, bfloat16, float16)."),
     fp8_kv_cache: bool = typer.Option(False, "--fp8-kv-cache", help="Also build attention over a float8 (e4m3) KV cache (SM >= 8.9)."),
+    target_head_dim: Optional[list[str]] = typer.Option(None, "--target-head-dim", help="Target attention head dims: D, or KxV when keys and values differ (repeatable; default: the --head-dim values)."),
+    target_gqa_group: Optional[list[int]] = typer.Option(None, "--target-gqa-group", help="Target query heads per KV head (repeatable; default: the --gqa-group values)."),
+    attention_sinks: bool = typer.Option(False, "--attention-sinks", help="Also build target attention with attention sinks (gpt-oss)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Parallel compile processes (default: one per CPU)."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Compiled-kernel cache (default ~/.cache/trtllm-dflash/kernels); unchanged kernels are not compiled again."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Compile everything; neither read nor write the cache."),
@@ -41,8 +44,10 @@ def build(
         from trtllm_dflash.recipes.loader import resolve_recipe
 
         space = aot.recipe_kernel_space(resolve_recipe(recipe))
-        picked = {"--head-dim": head_dim, "--dtype": dtype, "--block-size": block_size, "--gqa-group": gqa_group, "--logits-dtype": logits_dtype}
-        clash = [flag for flag, value in picked.items() if value] + (["--fp8-kv-cache"] if fp8_kv_cache else [])
+        picked = {"--head-dim": head_dim, "--dtype": dtype, "--block-size": block_size, "--gqa-group": gqa_group, "--logits-dtype": logits_dtype,
+                  "--target-head-dim": target_head_dim, "--target-gqa-group": target_gqa_group}
+        flags = {"--fp8-kv-cache": fp8_kv_cache, "--attention-sinks": attention_sinks}
+        clash = [flag for flag, value in picked.items() if value] + [flag for flag, value in flags.items() if value]
         if clash:
             raise DFlashError(f"--recipe picks the variants itself; {', '.join(clash)} cannot be combined with it", "drop them, or drop --recipe")
     if arch is None and space is None:
@@ -52,6 +57,7 @@ def build(
         for value in values or ():
             if value not in DTYPES:
                 raise DFlashError(f"{name} {value!r} is not supported", f"use one of {', '.join(DTYPES)}")
+    target_dims = [_head_dim_pair(text) for text in target_head_dim] if target_head_dim else None
     if jobs is not None and jobs < 1:
         raise DFlashError(f"--jobs must be >= 1, got {jobs}", "pass a positive number")
     jobs = jobs or os.cpu_count() or 1
@@ -66,6 +72,9 @@ def build(
             groups=gqa_group or (1, 2, 4, 8),
             fp8_kv_cache=fp8_kv_cache,
             logits_dtypes=logits_dtype or ("float32", "bfloat16", "float16"),
+            target_head_dims=target_dims,
+            target_groups=target_gqa_group or None,
+            target_sinks=(False, True) if attention_sinks else (False,),
         )
     cache = None if no_cache else (cache_dir or aot.DEFAULT_CACHE_DIR)
     console = Console(stderr=True)
@@ -85,3 +94,17 @@ def build(
         info = manifest["arches"][a.name]
         console.print(f"  {a.name:8} PTX ISA {info['ptx_isa']}  driver >= {info['min_driver']}  ({info['gpus']})")
     console.print(f"  TensorRT >= {manifest['min_tensorrt']} embeds them through tensorrt.plugin (aot_impl)")
+
+
+def _head_dim_pair(text: str) -> tuple[int, int]:
+    """`128` -> (128, 128); `128x64` -> (128, 64): key and value head dims of a target layer."""
+    from trtllm_dflash.plugins.kernels.launch import ATTENTION_HEAD_DIMS
+
+    parts = text.lower().split("x")
+    try:
+        dims = tuple(int(part) for part in parts)
+    except ValueError:
+        dims = ()
+    if len(dims) not in (1, 2) or any(d not in ATTENTION_HEAD_DIMS for d in dims):
+        raise DFlashError(f"--target-head-dim {text!r} is not a supported head dim", f"use D or KxV with D, K, V in {ATTENTION_HEAD_DIMS}")
+    return (dims[0], dims[-1])

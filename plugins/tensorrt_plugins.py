@@ -2,7 +2,8 @@
 
 Each ONNX node of `onnx_nodes.py` is a Quickly Deployable Plugin `dflash::<op type>` with:
 - `@trtp.register`: output shapes/dtypes from the inputs; the attention nodes' cache outputs are
-  `aliased()` to the cache inputs, so the append happens in place inside the engine;
+  `aliased()` to the cache inputs, so the append (drafter) and the block write (target) happen in
+  place inside the engine;
 - `@trtp.aot_impl`: the Triton kernel compiled ahead of time for the build GPU (or read from a
   `dflash-trt plugins build` directory), with its grid, block size, shared memory and int32
   scalars. TensorRT embeds the PTX in the engine: no plugin library or Python at run time.
@@ -75,6 +76,8 @@ def plan_launch(node: str, shapes: dict, dtypes: dict, attributes: dict) -> Laun
         variant = aot.attention_variants(config.head_dim, dtypes["like"], dtypes["like"], config.block_m)[2]
         return Launch(variant, launch.merge_grid(batch, block, kv_heads, group, config.block_m),
                       launch.merge_scalars(block, kv_heads, group, splits))
+    if node == "DFlashTargetAttention":
+        return _plan_target_attention(shapes, dtypes, attributes)
     if node == "DFlashVerifyPositions":
         batch, block, vocab = shapes["target_logits"]
         return Launch(aot.verify_variants(dtypes["target_logits"])[0], launch.verify_positions_grid(batch, block),
@@ -83,6 +86,26 @@ def plan_launch(node: str, shapes: dict, dtypes: dict, attributes: dict) -> Laun
         batch, block = shapes["block_tokens"]
         return Launch(aot.commit_variant(), launch.verify_commit_grid(batch), (block, shapes["stop_ids"][1]))
     raise DFlashError(f"unknown DFlash plugin node {node!r}", f"use one of {', '.join(s.op_type for s in onnx_nodes.NODES)}")
+
+
+def _plan_target_attention(shapes: dict, dtypes: dict, attributes: dict) -> Launch:
+    """DFlashTargetAttention: one kernel variant per (key, value) head dims, dtypes, query tile and sinks flag."""
+    batch, tokens, heads, head_dim_k = shapes["q"]
+    capacity, kv_heads, head_dim_v = shapes["v_cache"][1], shapes["v_cache"][2], shapes["v_cache"][3]
+    for name, expected in (("k_new", dtypes["q"]), ("v_new", dtypes["q"]), ("v_cache", dtypes["k_cache"]), ("starts", "int64"), ("sinks", "float32")):
+        if name in dtypes and dtypes[name] != expected:
+            raise DFlashError(f"DFlashTargetAttention input {name} is {dtypes[name]}, expected {expected}", "export with onnx_nodes.custom_translation_table (it casts starts and sinks)")
+    group = _required(heads, "number of query heads") // _required(kv_heads, "number of KV heads")
+    head_dim_k, head_dim_v = _required(head_dim_k, "key head dimension"), _required(head_dim_v, "value head dimension")
+    # a dynamic token dimension (verify and prefill in one engine) gets the tile of the largest block
+    config = launch.target_attention_config(head_dim_k, head_dim_v, constant(tokens) or launch.MAX_BLOCK, group)
+    variant = aot.target_attention_variant(head_dim_k, head_dim_v, dtypes["q"], dtypes["k_cache"], config.block_m,
+                                           bool(int(attributes.get("has_sinks", 0))))
+    return Launch(
+        variant,
+        launch.target_attention_grid(batch, tokens, kv_heads, group, config.block_m),
+        launch.target_attention_scalars(tokens, capacity, kv_heads, group, int(attributes.get("window", 0)), float(attributes.get("scale", 1.0))),
+    )
 
 
 def compiled_kernel(variant: aot.KernelVariant, arch: aot.Arch, prebuilt: str | Path | None = None) -> tuple[str, str, int]:
@@ -201,6 +224,18 @@ def register_plugins(arch: str | None = None, prebuilt: str | Path | None = None
     @trtp.aot_impl("dflash::DFlashAttentionMerge")
     def _merge_aot(partial_out, partial_lse, like, outputs, tactic):
         return aot_result("DFlashAttentionMerge", dict(partial_out=partial_out, like=like), {})
+
+    @trtp.register("dflash::DFlashTargetAttention")
+    def _target_desc(q: TensorDesc, k_new: TensorDesc, v_new: TensorDesc, k_cache: TensorDesc, v_cache: TensorDesc,
+                     starts: TensorDesc, sinks: TensorDesc, scale: float, window: int, has_sinks: int) -> tuple[TensorDesc, TensorDesc, TensorDesc]:
+        b, tokens, heads, _ = q.shape_expr
+        out = trtp.from_shape_expr((b, tokens, heads, v_cache.shape_expr[3]), dtype=q.dtype)  # q's dtype, v's head dim
+        return out, k_cache.aliased(), v_cache.aliased()
+
+    @trtp.aot_impl("dflash::DFlashTargetAttention")
+    def _target_aot(q, k_new, v_new, k_cache, v_cache, starts, sinks, scale: float, window: int, has_sinks: int, outputs, tactic):
+        inputs = dict(q=q, k_new=k_new, v_new=v_new, k_cache=k_cache, v_cache=v_cache, starts=starts, sinks=sinks)
+        return aot_result("DFlashTargetAttention", inputs, dict(scale=scale, window=window, has_sinks=has_sinks))
 
     @trtp.register("dflash::DFlashVerifyPositions")
     def _positions_desc(target_logits: TensorDesc, block_tokens: TensorDesc, draft_probs: TensorDesc, temperature: TensorDesc,

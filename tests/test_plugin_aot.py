@@ -16,8 +16,7 @@ from trtllm_dflash.errors import DFlashError, MissingDependencyError  # noqa: E4
 from trtllm_dflash.plugins import aot, onnx_nodes, tensorrt_plugins  # noqa: E402
 
 EXPECTED_PTX = {"sm_90a": ("8.0", "sm_90a"), "sm_100a": ("8.7", "sm_100a"), "sm_103a": ("8.8", "sm_103a"), "sm_120": ("8.7", "sm_120a")}
-# DFlashTargetAttention has no Triton kernel yet (the torch reference runs it): no AOT variant to check
-NODES = {spec.op_type: spec for spec in onnx_nodes.NODES if spec.op_type != "DFlashTargetAttention"}
+NODES = {spec.op_type: spec for spec in onnx_nodes.NODES}
 
 
 def entry_params(ptx: str) -> int:
@@ -70,6 +69,35 @@ def test_recipe_picks_only_its_drafter_variants():
     assert {v.node for v in variants} == set(NODES)
     assert len(variants) < len(aot.kernel_variants()) // 4
     assert {dict(v.constexprs).get("HEAD_DIM", 128) for v in variants} == {128}
+    # the target's layers: 32 q heads / 8 KV heads, head dim 128, bf16, no sinks; the 64-row tile of a 16-token block
+    target = [dict(v.constexprs) for v in variants if v.node == "DFlashTargetAttention"]
+    assert {(c["HEAD_DIM_K"], c["HEAD_DIM_V"], c["HAS_SINKS"]) for c in target} == {(128, 128, False)}
+    assert 64 in {c["BLOCK_M"] for c in target}
+
+
+def test_recipe_target_variants_follow_the_targets_layers():
+    from trtllm_dflash.recipes.loader import resolve_recipe
+
+    gpt_oss = aot.recipe_kernel_space(resolve_recipe("gpt-oss-20b/h100"))  # 64 q heads / 8 KV, head dim 64, sinks
+    assert (gpt_oss.target_head_dims, gpt_oss.target_groups, gpt_oss.target_sinks) == (((64, 64),), (8,), (True,))
+    variants = [v for v in aot.kernel_variants(**gpt_oss.options()) if v.node == "DFlashTargetAttention"]
+    assert variants and all(dict(v.constexprs)["HAS_SINKS"] for v in variants)
+    gemma = aot.recipe_kernel_space(resolve_recipe("gemma-4-31b-it/b300"))  # global layers' head dim 512: native path
+    assert gemma.target_head_dims == ((256, 256),) and gemma.target_groups == (2,)
+    kimi = aot.recipe_kernel_space(resolve_recipe("kimi-k2.5/b300"))  # MLA: not this kernel
+    assert kimi.target_head_dims == () and not any(v.node == "DFlashTargetAttention" for v in aot.kernel_variants(**kimi.options()))
+
+
+def test_target_head_dims_on_the_command_line(tmp_path, run_main):
+    code, _, err = run_main("plugins", "build", "--arch", "sm_90a", "--target-head-dim", "192x128", "--out", str(tmp_path / "k"))
+    assert code == 2 and "--target-head-dim '192x128' is not a supported head dim" in err
+    code, _, err = run_main("plugins", "build", "--recipe", "qwen3-8b/h100", "--attention-sinks", "--out", str(tmp_path / "k"))
+    assert code == 2 and "--attention-sinks cannot be combined" in err
+    variants = aot.kernel_variants(head_dims=(64,), dtypes=("bfloat16",), blocks=(16,), groups=(1,),
+                                   target_head_dims=((128, 64),), target_groups=(8,), target_sinks=(False, True))
+    target = {(c["HEAD_DIM_K"], c["HEAD_DIM_V"], c["BLOCK_M"], c["HAS_SINKS"]) for v in variants if v.node == "DFlashTargetAttention"
+              for c in [dict(v.constexprs)]}
+    assert target == {(128, 64, 128, False), (128, 64, 128, True)}
 
 
 def test_cache_key_changes_with_what_makes_the_kernel():
@@ -139,12 +167,17 @@ def shapes_for(node: str, s=QWEN3_8B, splits=4):
         "DFlashAttentionMerge": dict(partial_out=(b, s["kv_heads"], splits, rows, s["head_dim"]), like=attention["q"]),
         "DFlashVerifyPositions": dict(target_logits=(b, block, s["vocab"])),
         "DFlashVerifyCommit": dict(block_tokens=(b, block), stop_ids=(b, 3)),
+        "DFlashTargetAttention": dict(
+            q=attention["q"], k_new=(b, block, s["kv_heads"], s["head_dim"]), v_new=(b, block, s["kv_heads"], s["head_dim"]),
+            k_cache=attention["k_cache"], v_cache=attention["k_cache"], starts=(b,), sinks=(s["heads"],),
+        ),
     }[node]
 
 
 @pytest.mark.parametrize("node", list(NODES))
 def test_tensorrt_launch_plans_match_the_kernel_abi(node):
-    dtypes = dict(q="bfloat16", k_cache="bfloat16", like="bfloat16", target_logits="float32")
+    dtypes = dict(q="bfloat16", k_cache="bfloat16", like="bfloat16", target_logits="float32",
+                  k_new="bfloat16", v_new="bfloat16", v_cache="bfloat16", starts="int64", sinks="float32")
     attributes = dict(scale=128**-0.5, window=0, kv_splits=4, has_draft_probs=1)
     plan = tensorrt_plugins.plan_launch(node, shapes_for(node), dtypes, attributes)
     spec = NODES[node]
@@ -156,6 +189,7 @@ def test_tensorrt_launch_plans_match_the_kernel_abi(node):
         "DFlashAttentionMerge": (1, 8, 2),
         "DFlashVerifyPositions": (16, 2, 1),
         "DFlashVerifyCommit": (2, 1, 1),
+        "DFlashTargetAttention": (1, 8, 2),  # 16 x 4 query rows in one 64-row tile per KV head and row
     }[node]
     assert tuple(plan.grid) == expected_grid
     if node.startswith("DFlashBlockAttention"):
@@ -163,6 +197,23 @@ def test_tensorrt_launch_plans_match_the_kernel_abi(node):
         assert (block, num_new, capacity, kv_heads, group, window) == (16, 5, 4096, 8, 4, 0)
         assert struct.unpack("<f", struct.pack("<i", scale_bits))[0] == pytest.approx(128**-0.5)
         assert splits == (4 if node.endswith("Split") else 1)
+    if node == "DFlashTargetAttention":
+        tokens, capacity, kv_heads, group, window, scale_bits = plan.scalars
+        assert (tokens, capacity, kv_heads, group, window) == (16, 4096, 8, 4, 0)
+        assert struct.unpack("<f", struct.pack("<i", scale_bits))[0] == pytest.approx(128**-0.5)
+
+
+def test_target_attention_plans_prefill_sinks_and_value_dims():
+    shapes = shapes_for("DFlashTargetAttention", {**QWEN3_8B, "block": 40})  # a 40-token prefill
+    shapes["v_new"], shapes["v_cache"] = (2, 40, 8, 64), (2, 4096, 8, 64)
+    dtypes = dict(q="float16", k_new="float16", v_new="float16", k_cache="float16", v_cache="float16", starts="int64", sinks="float32")
+    plan = tensorrt_plugins.plan_launch("DFlashTargetAttention", shapes, dtypes, dict(scale=0.1, window=128, has_sinks=1))
+    constexprs = dict(plan.variant.constexprs)
+    assert (constexprs["HEAD_DIM_K"], constexprs["HEAD_DIM_V"], constexprs["BLOCK_M"], constexprs["HAS_SINKS"]) == (128, 64, 64, True)
+    assert tuple(plan.grid) == (3, 8, 2)  # 160 packed rows in the 64-row tile of the largest block
+    assert plan.scalars[:5] == (40, 4096, 8, 4, 128)
+    with pytest.raises(DFlashError, match="starts is int32, expected int64"):
+        tensorrt_plugins.plan_launch("DFlashTargetAttention", shapes, {**dtypes, "starts": "int32"}, {})
 
 
 def test_registering_with_tensorrt_needs_tensorrt():

@@ -49,6 +49,47 @@ def test_block_attention_on_gpu(dtype, heads, kv_heads, head_dim, kv_splits, win
     assert torch.equal(gpu["k_cache"].cpu(), case["k_cache"]) and torch.equal(gpu["v_cache"].cpu(), case["v_cache"])
 
 
+def target_case(batch, tokens, heads, kv_heads, key_dim, value_dim, capacity, dtype, seed=0):
+    """Ragged rows: one at position 0, the others anywhere a block fits, one running past the capacity."""
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, capacity - tokens, (batch,), generator=g)
+    starts[0], starts[-1] = 0, capacity - tokens // 2
+    return dict(
+        q=torch.randn(batch, tokens, heads, key_dim, generator=g).to(dtype),
+        k_new=torch.randn(batch, tokens, kv_heads, key_dim, generator=g).to(dtype),
+        v_new=torch.randn(batch, tokens, kv_heads, value_dim, generator=g).to(dtype),
+        k_cache=torch.randn(batch, capacity, kv_heads, key_dim, generator=g).to(dtype),
+        v_cache=torch.randn(batch, capacity, kv_heads, value_dim, generator=g).to(dtype),
+        starts=starts,
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize(
+    "heads,kv_heads,key_dim,value_dim,tokens",
+    [(32, 8, 128, 128, 16), (64, 8, 64, 64, 16), (16, 16, 128, 64, 1), (32, 16, 256, 256, 7), (32, 8, 128, 128, 300)],
+)
+@pytest.mark.parametrize("window,with_sinks", [(0, False), (0, True), (128, True), (1000, False)])
+def test_target_attention_on_gpu(dtype, heads, kv_heads, key_dim, value_dim, tokens, window, with_sinks):
+    case = target_case(4, tokens, heads, kv_heads, key_dim, value_dim, 3000, dtype)
+    sinks = torch.randn(heads, generator=torch.Generator().manual_seed(1)) if with_sinks else None
+    gpu = {k: v.cuda() for k, v in case.items()}
+    out = launch.target_attention(**gpu, sinks=None if sinks is None else sinks.cuda(), scale=key_dim**-0.5, window=window)
+    expected = reference.target_attention(**case, sinks=sinks, scale=key_dim**-0.5, window=window)
+    torch.testing.assert_close(out.cpu().float(), expected.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+    assert torch.equal(gpu["k_cache"].cpu(), case["k_cache"]) and torch.equal(gpu["v_cache"].cpu(), case["v_cache"])
+
+
+def test_target_attention_never_reads_past_a_rows_positions_on_gpu():
+    case = target_case(3, 16, 32, 8, 128, 128, 2048, torch.bfloat16)
+    clean = launch.target_attention(**{k: v.clone().cuda() for k, v in case.items()}, sinks=None, scale=0.1, window=0)
+    for r, start in enumerate(case["starts"].tolist()):
+        case["k_cache"][r, start:] = float("nan")
+        case["v_cache"][r, start:] = float("nan")
+    dirty = launch.target_attention(**{k: v.cuda() for k, v in case.items()}, sinks=None, scale=0.1, window=0)
+    assert torch.equal(dirty, clean)
+
+
 def test_verification_on_gpu_is_identical_to_the_reference():
     g = torch.Generator().manual_seed(1)
     batch, block, vocab = 8, 16, 151936

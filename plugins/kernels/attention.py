@@ -1,4 +1,5 @@
-"""Triton kernels of the KV-injected block attention plugin.
+"""Triton kernels of the attention plugins: the drafter's KV-injected block attention and the
+target's causal attention over an in-place cache (one kernel family, one flash step).
 
 Semantics: `trtllm_dflash.plugins.reference.block_attention` (and `block_attention_partials` /
 `merge_partials` for the split form). Layouts are token-major and contiguous: q/out
@@ -10,6 +11,11 @@ holds all `B * group` query rows that share the KV head (GQA packing), so every 
 read once per KV head. Long contexts are split over `num_splits` programs (flash-decoding): each
 writes a normalised partial output and its log-sum-exp, and `merge_kernel` combines them. With
 one split the program writes the final output directly.
+
+`target_attention_kernel` (semantics `reference.target_attention`) is the target's layer: q/out
+`[b, T, Hq, Dk|Dv]`, the block's keys/values `[b, T, Hkv, Dk|Dv]`, caches `[b, capacity, Hkv, Dk|Dv]`
+(slot == position); it writes the block at each row's positions and attends causally over the
+row's own slots, with the same GQA packing and flash step (no KV split yet).
 
 Parameter order is inputs, then scalars, then outputs: the calling convention of TensorRT's
 ahead-of-time plugins, so the same compiled kernel is launched by torch and by TensorRT.
@@ -232,3 +238,119 @@ def merge_kernel(
     q_head = head * group + rows % group
     offs = ((row * block + t) * (num_kv_heads * group) + q_head).to(tl.int64)[:, None] * HEAD_DIM + dims[None, :]
     tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def target_attention_kernel(
+    # inputs
+    q_ptr, k_new_ptr, v_new_ptr, k_cache_ptr, v_cache_ptr, starts_ptr, sinks_ptr,
+    # scalars
+    tokens, capacity, num_kv_heads, group, window, scale_bits,
+    # outputs (the caches alias the cache inputs)
+    out_ptr, k_cache_out_ptr, v_cache_out_ptr,
+    # compile-time configuration
+    HEAD_DIM_K: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_SINKS: tl.constexpr, IEEE: tl.constexpr,
+):
+    """Node DFlashTargetAttention: causal attention of a target layer over its in-place cache.
+
+    One program per (packed query tile, KV head, row); semantics `reference.target_attention`.
+    Caches hold slot == position per row. The block's keys/values are written at slots
+    starts[r] + t, but no program reads them back from the cache: the prefix comes from cache slots
+    below starts[r] and the block's own keys straight from k_new/v_new (cast to the cache dtype, as
+    if read back). So the writes and the reads of one launch never touch the same slot, whatever
+    order the programs run in, and one kernel is enough (a TensorRT AOT plugin launches one).
+    Token t is written by the program whose tile holds its first packed query row (for a verify
+    block that is the single tile), so a long prefill writes in parallel.
+    """
+    m_tile = tl.program_id(0)
+    head = tl.program_id(1)
+    row = tl.program_id(2).to(tl.int64)
+
+    start = tl.load(starts_ptr + row).to(tl.int32)
+    dk = tl.arange(0, HEAD_DIM_K)
+    dv = tl.arange(0, HEAD_DIM_V)
+    k_stride = num_kv_heads * HEAD_DIM_K  # elements per slot (token) of the key tensors
+    v_stride = num_kv_heads * HEAD_DIM_V
+    k_cache_base = row * capacity * k_stride + head * HEAD_DIM_K
+    v_cache_base = row * capacity * v_stride + head * HEAD_DIM_V
+    k_new_base = row * tokens * k_stride + head * HEAD_DIM_K
+    v_new_base = row * tokens * v_stride + head * HEAD_DIM_V
+    k_dtype = k_cache_out_ptr.dtype.element_ty
+    v_dtype = v_cache_out_ptr.dtype.element_ty
+    m0 = m_tile * BLOCK_M
+
+    # Write the tokens this tile owns at their positions (slots past the capacity are dropped).
+    own_lo = (m0 + group - 1) // group
+    own_hi = tl.minimum((m0 + BLOCK_M + group - 1) // group, tokens)
+    for t0 in range(own_lo, own_hi, BLOCK_N):
+        tt = t0 + tl.arange(0, BLOCK_N)
+        ok = (tt < own_hi) & (start + tt < capacity)
+        slot = (start + tt)[:, None].to(tl.int64)
+        src = tt[:, None].to(tl.int64)
+        k_blk = tl.load(k_new_ptr + k_new_base + src * k_stride + dk[None, :], mask=ok[:, None], other=0.0)
+        v_blk = tl.load(v_new_ptr + v_new_base + src * v_stride + dv[None, :], mask=ok[:, None], other=0.0)
+        tl.store(k_cache_out_ptr + k_cache_base + slot * k_stride + dk[None, :], k_blk.to(k_dtype), mask=ok[:, None])
+        tl.store(v_cache_out_ptr + v_cache_base + slot * v_stride + dv[None, :], v_blk.to(v_dtype), mask=ok[:, None])
+
+    # Query rows of this tile: row m is block token m // group, query head head*group + m % group.
+    rows = m0 + tl.arange(0, BLOCK_M)
+    row_ok = rows < tokens * group
+    t = rows // group
+    q_head = head * group + rows % group
+    num_heads = num_kv_heads * group
+    q_offs = ((row * tokens + t) * num_heads + q_head)[:, None] * HEAD_DIM_K + dk[None, :]
+    q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0)
+    compute_dtype = q.dtype
+    query_pos = start + t
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+    acc = tl.full([BLOCK_M, HEAD_DIM_V], 0.0, tl.float32)
+    qk_scale = scale_bits.to(tl.float32, bitcast=True) * 1.4426950408889634
+    # Sliding layers see keys j with p - window < j <= p; full layers an unbounded window.
+    sliding = window > 0
+    reach = tl.where(sliding, window, 1 << 30)
+    t_first = m0 // group
+    t_last = tl.minimum((m0 + BLOCK_M - 1) // group, tokens - 1)
+
+    # The committed prefix: cache slots [lo, start), starting at the window of the tile's first
+    # query, so a step costs O(length) (O(window) on sliding layers), never O(capacity).
+    lo = tl.where(sliding, tl.maximum(start + t_first - window + 1, 0), 0)
+    hi = tl.minimum(start, capacity)
+    for n0 in range(lo, hi, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        ok = pos < hi
+        slot = pos[:, None].to(tl.int64)
+        k = tl.load(k_cache_ptr + k_cache_base + slot * k_stride + dk[None, :], mask=ok[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + v_cache_base + slot * v_stride + dv[None, :], mask=ok[:, None], other=0.0)
+        visible = ok[None, :] & (pos[None, :] > query_pos[:, None] - reach)
+        m_i, l_i, acc = _online_update(q, k.to(compute_dtype), v.to(compute_dtype), visible, m_i, l_i, acc, qk_scale, IEEE)
+
+    # The block's own keys t' <= t (causal, windowed) from the inputs, up to the tile's last token;
+    # those at positions past the capacity were not written and are not seen.
+    b_lo = tl.where(sliding, tl.maximum(t_first - window + 1, 0), 0)
+    b_hi = tl.minimum(t_last + 1, capacity - start)
+    for n0 in range(b_lo, b_hi, BLOCK_N):
+        tb = n0 + tl.arange(0, BLOCK_N)
+        ok = tb < b_hi
+        src = tb[:, None].to(tl.int64)
+        k = tl.load(k_new_ptr + k_new_base + src * k_stride + dk[None, :], mask=ok[:, None], other=0.0)
+        v = tl.load(v_new_ptr + v_new_base + src * v_stride + dv[None, :], mask=ok[:, None], other=0.0)
+        k = k.to(k_dtype).to(compute_dtype)
+        v = v.to(v_dtype).to(compute_dtype)
+        visible = ok[None, :] & (tb[None, :] <= t[:, None]) & (tb[None, :] > t[:, None] - reach)
+        m_i, l_i, acc = _online_update(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE)
+
+    if HAS_SINKS:
+        # gpt-oss: one more logit per query head in the denominator, with no value.
+        sink = tl.load(sinks_ptr + q_head, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+        m_new = tl.maximum(m_i, sink)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.exp2(sink - m_use)
+        acc = acc * alpha[:, None]
+
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    out_offs = ((row * tokens + t) * num_heads + q_head)[:, None] * HEAD_DIM_V + dv[None, :]
+    tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])

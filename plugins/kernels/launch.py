@@ -68,6 +68,45 @@ def attention_config_for_tile(head_dim: int, block_m: int) -> AttentionConfig:
     return AttentionConfig(head_dim, block_m, block_n, MAX_BLOCK, num_warps, 2)
 
 
+@dataclasses.dataclass(frozen=True)
+class TargetAttentionConfig:
+    """Compile-time tiles of one target-attention kernel variant (keys and values may differ in width)."""
+
+    head_dim_k: int
+    head_dim_v: int
+    block_m: int  # packed query rows (block token x GQA group) per program
+    block_n: int  # keys per step, for the cached prefix and for the block's own keys
+    num_warps: int
+    num_stages: int
+
+    def m_tiles(self, tokens, group):
+        return cdiv(tokens * group, self.block_m)
+
+
+def target_attention_config(head_dim_k: int, head_dim_v: int, tokens: int = MAX_BLOCK, group: int = 1) -> TargetAttentionConfig:
+    """Tiles for a target layer: the query tile packs a KV head's block x group rows, as the drafter's.
+
+    A prefill (tokens > MAX_BLOCK) gets the tile of the largest verify block and more tiles, so one
+    compiled variant serves an engine whose token dimension is dynamic.
+    """
+    cap = 128 if max(head_dim_k, head_dim_v) <= 128 else 64
+    block_m = min(max(16, next_power_of_2(min(max(tokens, 1), MAX_BLOCK) * group)), cap)
+    return target_attention_config_for_tile(head_dim_k, head_dim_v, block_m)
+
+
+def target_attention_config_for_tile(head_dim_k: int, head_dim_v: int, block_m: int) -> TargetAttentionConfig:
+    """The rest of the configuration follows from the head dims and the query tile (as for the drafter)."""
+    for name, dim in (("key", head_dim_k), ("value", head_dim_v)):
+        if dim not in ATTENTION_HEAD_DIMS:
+            raise DFlashError(f"target attention supports {name} head dims {ATTENTION_HEAD_DIMS}, not {dim}", "the torch reference runs other shapes")
+    widest = max(head_dim_k, head_dim_v)
+    block_n = 64 if widest <= 128 else 32
+    # 8 warps from a 16 x 128 tile on: with 4, ptxas (sm_90a) spills 400-1200 bytes per thread for
+    # the bf16 64 x 128 tile of a Qwen3-8B verify step, with 8 nothing (not timed on a GPU yet)
+    num_warps = 4 if block_m * widest < 16 * 128 else 8
+    return TargetAttentionConfig(head_dim_k, head_dim_v, block_m, block_n, num_warps, 2)
+
+
 # Grids and int32 scalars of every kernel, shared by the torch launches below and the TensorRT
 # plugins (where the sizes are symbolic shape expressions).
 
@@ -86,6 +125,14 @@ def merge_grid(batch, block, kv_heads, group: int, block_m: int):
 
 def merge_scalars(block, kv_heads, group: int, splits):
     return (block, kv_heads, group, splits)
+
+
+def target_attention_grid(batch, tokens, kv_heads, group: int, block_m: int):
+    return (cdiv(tokens * group, block_m), kv_heads, batch)
+
+
+def target_attention_scalars(tokens, capacity, kv_heads, group: int, window: int, scale: float):
+    return (tokens, capacity, kv_heads, group, int(window), float_bits(scale))
 
 
 def verify_positions_grid(batch, block):
@@ -117,16 +164,163 @@ def attention_supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     )
 
 
+
+
+TARGET_ATTENTION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
 def target_attention_supported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """Whether a Triton kernel covers target attention for these inputs (else the reference runs).
+    """Whether the target-attention kernel covers these inputs (else callers use the reference).
 
-    None yet: the torch reference runs everywhere until the causal in-place kernel lands.
+    Any block or prefill length; key/value head dims from ATTENTION_HEAD_DIMS (they may differ);
+    fp16/bf16/fp32 queries and caches. Not covered: float8 caches (a target's FP8 cache needs
+    its scales), other head dims (e.g. MLA's 192), non-contiguous caches.
     """
-    return False
+    return (
+        q.dim() == 4 and k_cache.dim() == 4 and v_cache.dim() == 4
+        and q.dtype in TARGET_ATTENTION_DTYPES
+        and k_cache.dtype in TARGET_ATTENTION_DTYPES
+        and v_cache.dtype in TARGET_ATTENTION_DTYPES
+        and q.shape[-1] in ATTENTION_HEAD_DIMS
+        and k_cache.shape[-1] == q.shape[-1]
+        and v_cache.shape[-1] in ATTENTION_HEAD_DIMS
+        and k_cache.shape[2] > 0
+        and q.shape[2] % k_cache.shape[2] == 0
+        and k_cache.is_contiguous()
+        and v_cache.is_contiguous()
+    )
 
 
-def target_attention(*args, **kwargs) -> torch.Tensor:
-    raise NotImplementedError("no Triton kernel for target attention yet; target_attention_supported() is False")
+def _check_target_attention_inputs(q, k_new, v_new, k_cache, v_cache, starts, sinks) -> None:
+    if q.dim() != 4 or k_cache.dim() != 4 or v_cache.dim() != 4:
+        raise DFlashError("target attention takes q [b,T,Hq,Dk] and caches [b,S,Hkv,D]")
+    batch, tokens, num_heads, head_dim_k = q.shape
+    capacity, kv_heads, head_dim_v = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
+    if kv_heads == 0 or num_heads % kv_heads:
+        raise DFlashError(f"{num_heads} query heads are not a multiple of {kv_heads} KV heads", "check the target config")
+    expected = {
+        "k_new": (batch, tokens, kv_heads, head_dim_k), "v_new": (batch, tokens, kv_heads, head_dim_v),
+        "k_cache": (batch, capacity, kv_heads, head_dim_k), "v_cache": (batch, capacity, kv_heads, head_dim_v),
+    }
+    for name, t in (("k_new", k_new), ("v_new", v_new), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if tuple(t.shape) != expected[name]:
+            raise DFlashError(f"{name} has shape {tuple(t.shape)}, expected {expected[name]}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not t.is_contiguous():
+            raise DFlashError(f"{name} is not contiguous", "pass a contiguous cache (a slice of rows of a contiguous buffer is fine)")
+    if tuple(starts.shape) != (batch,):
+        raise DFlashError(f"starts has shape {tuple(starts.shape)}, expected {(batch,)}")
+    if sinks is not None and tuple(sinks.shape) != (num_heads,):
+        raise DFlashError(f"sinks has shape {tuple(sinks.shape)}, expected {(num_heads,)}")
+    if q.dtype not in TARGET_ATTENTION_DTYPES:
+        raise DFlashError(f"target attention runs in float16/bfloat16/float32, not {q.dtype}")
+
+
+def target_attention(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    starts: torch.Tensor,
+    sinks: torch.Tensor | None,
+    scale: float,
+    window: int = 0,
+) -> torch.Tensor:
+    """Run the target-attention kernel: writes the block into the caches in place, returns `[b,T,Hq,Dv]`.
+
+    One launch (what a TensorRT plugin can do too); see `reference.target_attention`.
+    """
+    _check_target_attention_inputs(q, k_new, v_new, k_cache, v_cache, starts, sinks)
+    batch, tokens, num_heads, head_dim_k = q.shape
+    capacity, kv_heads, head_dim_v = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
+    out = q.new_empty(batch, tokens, num_heads, head_dim_v)
+    if batch == 0 or tokens == 0:
+        return out
+    group = num_heads // kv_heads
+    config = target_attention_config(head_dim_k, head_dim_v, tokens, group)
+    has_sinks = sinks is not None
+    sinks = sinks.to(torch.float32).contiguous() if has_sinks else torch.zeros(1, dtype=torch.float32, device=q.device)
+    module = kernels.for_tensor_device("attention", q.device)
+    grid = target_attention_grid(batch, tokens, kv_heads, group, config.block_m)
+    scalars = target_attention_scalars(tokens, capacity, kv_heads, group, window, scale)
+    module.target_attention_kernel[grid](
+        q.contiguous(), k_new.contiguous(), v_new.contiguous(), k_cache, v_cache,
+        starts.to(torch.int64).contiguous(), sinks, *scalars, out, k_cache, v_cache,
+        HEAD_DIM_K=head_dim_k, HEAD_DIM_V=head_dim_v, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        HAS_SINKS=has_sinks, IEEE=q.dtype == torch.float32,
+        **_launch_options(q.device, config.num_warps, config.num_stages),
+    )
+    return out
+
+
+# ----------------------------------------------------------------------------- benchmark shapes
+# For benchmarks/bench_kernels.py to import: the Qwen3-8B verify step (32 query heads, 8 KV heads,
+# head dim 128, a 16-token block) at batch 1/8/64 over 1k and 8k tokens of context.
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetAttentionShape:
+    """One target-attention benchmark case: every row has `context` committed tokens."""
+
+    name: str
+    batch: int
+    tokens: int
+    heads: int
+    kv_heads: int
+    head_dim_k: int
+    head_dim_v: int
+    context: int
+    window: int = 0
+
+    def bytes_moved(self, kv_bytes: int = 2, act_bytes: int = 2) -> int:
+        return target_attention_bytes(self.batch, self.tokens, self.heads, self.kv_heads, self.head_dim_k, self.head_dim_v,
+                                      self.context, self.window, kv_bytes, act_bytes)
+
+
+TARGET_ATTENTION_BENCH_SHAPES = tuple(
+    TargetAttentionShape(f"qwen3-8b-verify-b{batch}-ctx{context // 1024}k", batch, 16, 32, 8, 128, 128, context)
+    for batch in (1, 8, 64)
+    for context in (1024, 8192)
+)
+
+
+def target_attention_bytes(
+    batch: int, tokens: int, heads: int, kv_heads: int, head_dim_k: int, head_dim_v: int, context: int,
+    window: int = 0, kv_bytes: int = 2, act_bytes: int = 2,
+) -> int:
+    """Minimum HBM bytes of one target-attention layer per step (the roofline of the kernel).
+
+    Per row: read the visible prefix (all `context` slots, or the `window - 1` below the block on a
+    sliding layer) and the block's T keys/values, write the T block slots, read q and write out:
+    `(L + T) * Hkv * (Dk + Dv) * kv_bytes + T * Hkv * (Dk + Dv) * kv_bytes + T * Hq * (Dk + Dv) * act_bytes`.
+    Nothing proportional to the cache capacity: the cache is written in place and read to the row's length.
+    """
+    prefix = min(context, window - 1) if window > 0 else context
+    per_slot = kv_heads * (head_dim_k + head_dim_v) * kv_bytes
+    per_row = (prefix + tokens) * per_slot + tokens * per_slot + tokens * heads * (head_dim_k + head_dim_v) * act_bytes
+    return batch * per_row
+
+
+def target_attention_bench_inputs(
+    shape: TargetAttentionShape, device: torch.device, dtype: torch.dtype = torch.bfloat16, seed: int = 0
+) -> dict:
+    """Random inputs for `target_attention(**inputs, sinks=None, scale=..., window=shape.window)`:
+    caches sized to the context plus one block, every row starting its block at `context`."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    b, t, capacity = shape.batch, shape.tokens, shape.context + shape.tokens
+
+    def rand(*size):
+        return torch.randn(*size, generator=g, device=device, dtype=torch.float32).to(dtype)
+
+    return dict(
+        q=rand(b, t, shape.heads, shape.head_dim_k),
+        k_new=rand(b, t, shape.kv_heads, shape.head_dim_k),
+        v_new=rand(b, t, shape.kv_heads, shape.head_dim_v),
+        k_cache=rand(b, capacity, shape.kv_heads, shape.head_dim_k),
+        v_cache=rand(b, capacity, shape.kv_heads, shape.head_dim_v),
+        starts=torch.full((b,), shape.context, dtype=torch.int64, device=device),
+    )
 
 
 def verify_supported(target_logits: torch.Tensor) -> bool:
