@@ -24,6 +24,7 @@ from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.modeling.kv_cache import RaggedHFCache, StaticKVCache
 from trtllm_dflash.modeling.taps import HiddenTaps
 from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, TargetOutput
+from trtllm_dflash.runtime.cuda_graphs import StepGraphs
 
 FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"
 LAYER_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION, linear_attention.LINEAR_ATTENTION)
@@ -42,7 +43,7 @@ def causal_mask(positions: torch.Tensor, span: int, window: int = 0) -> torch.Te
 class TorchRuntime(CachedRuntime):
     """Runs a transformers causal LM and a DFlashDrafter with PyTorch."""
 
-    def __init__(self, target: PreTrainedModel, drafter: DFlashDrafter | None = None) -> None:
+    def __init__(self, target: PreTrainedModel, drafter: DFlashDrafter | None = None, cuda_graphs: bool = False) -> None:
         self.model = target.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         self.drafter_config = drafter.config if drafter is not None else None
@@ -70,6 +71,9 @@ class TorchRuntime(CachedRuntime):
         linear_attention.install(self.linear_modules)
         self.linear_states: linear_attention.LinearStates | None = None
         self.taps = HiddenTaps(self.decoder.layers, self.drafter_config.target_layer_ids) if drafter else None
+        # cuda_graphs: replay the draft and verify passes from CUDA graphs per batch bucket (runtime/cuda_graphs.py);
+        # refused in one line off CUDA. It wraps this instance's target_forward, draft_forward and allocate.
+        self.cuda_graphs = StepGraphs.install(self) if cuda_graphs else None
 
     @property
     def is_hybrid(self) -> bool:
