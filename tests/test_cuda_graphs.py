@@ -15,7 +15,6 @@ from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime import cuda_graphs
-from trtllm_dflash.runtime.base import TargetOutput
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 
 
@@ -38,30 +37,6 @@ def test_batch_and_span_buckets():
     assert cuda_graphs.span_bucket(300, 4096) == 512
     assert cuda_graphs.span_bucket(512, 4096) == 512
     assert cuda_graphs.span_bucket(3000, 3010) == 3010
-
-
-def _tensors(outputs) -> list[torch.Tensor]:
-    if isinstance(outputs, TargetOutput):
-        return [t for t in (outputs.logits, outputs.features) if t is not None]
-    return [outputs]
-
-
-def _rerun_capture(run, pool):
-    """Stand-in for a CUDA graph: replay re-runs the pass and writes into the first run's outputs."""
-    outputs = run()
-
-    def replay() -> None:
-        for static, fresh in zip(_tensors(outputs), _tensors(run())):
-            static.copy_(fresh)
-
-    return replay, outputs
-
-
-@pytest.fixture
-def rerun_graphs(monkeypatch):
-    monkeypatch.setattr(cuda_graphs, "check_supported", lambda runtime: None)
-    monkeypatch.setattr(cuda_graphs, "capture", _rerun_capture)
-    monkeypatch.setattr(cuda_graphs, "new_pool", lambda: None)
 
 
 def _decode(runtime: TorchRuntime, max_batch: int) -> list[list[int]]:
