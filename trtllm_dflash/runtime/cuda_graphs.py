@@ -169,12 +169,11 @@ class StepGraphs:
             return None
         return bucket_for(count, self.buckets)
 
-    def _replay(self, key: tuple, what: str, inputs: dict[str, torch.Tensor], run: Callable[[dict], Any]) -> Any:
+    def _replay(self, key: tuple, bucket: int, what: str, inputs: dict[str, torch.Tensor], run: Callable[[dict], Any]) -> Any:
         """Load `inputs` into the graph of `key` (captured first, with these inputs, if new) and replay it."""
         graph = self._graphs.get(key)
         fresh = graph is None
         if fresh:
-            bucket = key[1]
             graph = _Graph({name: value.new_zeros((bucket, *value.shape[1:])) for name, value in inputs.items()})
         for name, value in inputs.items():
             _load(graph.inputs[name], value)
@@ -195,7 +194,7 @@ class StepGraphs:
             self.counts["captured"] += 1
         graph.replay()
         self.counts["replayed"] += 1
-        if next(iter(inputs.values())).shape[0] < key[1]:
+        if next(iter(inputs.values())).shape[0] < bucket:
             self.counts["padded"] += 1  # replays with padding rows
         return graph.outputs
 
@@ -212,7 +211,7 @@ class StepGraphs:
             return self._eager_target(slice(0, bucket), static["tokens"], static["starts"], padded_span)
 
         with torch.inference_mode():
-            out = self._replay(("target", bucket, length, padded_span), "target verify", {"tokens": tokens, "starts": starts}, run)
+            out = self._replay(("target", bucket, length, padded_span), bucket, "target verify", {"tokens": tokens, "starts": starts}, run)
             features = out.features[:count].clone() if out.features is not None else None
         return TargetOutput(logits=out.logits[:count], features=features)
 
@@ -230,5 +229,5 @@ class StepGraphs:
 
         inputs = {"block": block, "ctx": ctx_features, "new_counts": new_counts, "cache_lens": cache_lens}
         with torch.inference_mode():
-            logits = self._replay(("draft", bucket, length, width), "drafter", inputs, run)
+            logits = self._replay(("draft", bucket, length, width), bucket, "drafter", inputs, run)
         return logits[:count]
