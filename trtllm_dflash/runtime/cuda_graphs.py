@@ -25,7 +25,8 @@ Not covered (these run eagerly, as without graphs): prefill, a draft pass whose 
 than its block (the first draft after a prefill), and row slices other than 0..n-1. Refused at
 construction: a runtime that is not on CUDA, hybrid targets (their recurrent states are committed
 per row outside the passes), and drafters with a bounded draft history (`sliding_window_size`),
-whose step reads the row lengths on the host.
+whose step reads the row lengths on the host. A target whose forward reads device values on
+the host (transformers' MoE expert loops) fails at its first capture, with one line.
 """
 
 from __future__ import annotations
