@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from trtllm_dflash.cli import bench, build, demo, doctor, generate, openai_front, plan, plugins, recipes, repo, serve, train
+from trtllm_dflash.cli import bench, build, demo, doctor, generate, openai_front, plan, plugins, recipes, repo, selftest, serve, train
 from trtllm_dflash.errors import DFlashError
 
 app = typer.Typer(
@@ -52,6 +52,7 @@ app.command("serve")(serve.serve)
 app.command("openai")(openai_front.openai_front)
 app.command("bench")(bench.bench)
 app.command("train-drafter")(train.train_drafter)
+app.command("selftest")(selftest.selftest)
 
 err_console = Console(stderr=True, highlight=False)
 

@@ -25,6 +25,7 @@ from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.modeling.kv_cache import RaggedHFCache, StaticKVCache
 from trtllm_dflash.modeling.taps import HiddenTaps
 from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, TargetOutput
+from trtllm_dflash.runtime.cuda_graphs import StepGraphs
 
 FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"
 LAYER_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION, linear_attention.LINEAR_ATTENTION)
@@ -43,11 +44,14 @@ def causal_mask(positions: torch.Tensor, span: int, window: int = 0) -> torch.Te
 class TorchRuntime(CachedRuntime):
     """Runs a transformers causal LM and a DFlashDrafter with PyTorch."""
 
-    def __init__(self, target: PreTrainedModel, drafter: DFlashDrafter | None = None, attention: str = "auto") -> None:
+    def __init__(
+        self, target: PreTrainedModel, drafter: DFlashDrafter | None = None, attention: str = "auto", cuda_graphs: bool = False
+    ) -> None:
         """`attention`: "hf" runs the model's own attention over our cache; "dflash" runs
         `dflash::target_attention` (the engines' op: the block written in place, each row read up
         to its own length) inside the model's code; "auto" picks dflash where the Triton kernels
-        run (CUDA) and the model's attention is one the op expresses, else hf."""
+        run (CUDA) and the model's attention is one the op expresses, else hf.
+        `cuda_graphs`: replay the draft and verify passes from CUDA graphs per batch bucket."""
         self.model = target.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         self.drafter_config = drafter.config if drafter is not None else None
@@ -77,6 +81,9 @@ class TorchRuntime(CachedRuntime):
         self.taps = HiddenTaps(self.decoder.layers, self.drafter_config.target_layer_ids) if drafter else None
         self.attention = self._pick_attention(attention)
         self.windows = target_attention.layer_windows(config)
+        # cuda_graphs: replay the draft and verify passes from CUDA graphs per batch bucket (runtime/cuda_graphs.py);
+        # refused in one line off CUDA. It wraps this instance's target_forward, draft_forward and allocate.
+        self.cuda_graphs = StepGraphs.install(self) if cuda_graphs else None
 
     def _pick_attention(self, attention: str) -> str:
         reason = target_attention.unsupported_reason(self.model.config)

@@ -1,0 +1,76 @@
+"""CUDA-graph step replay of the torch runtime, the parts that run without a GPU.
+
+The capture itself needs CUDA (tests/test_cuda_graphs_gpu.py). Here: the refusal off CUDA, the
+bucket arithmetic, and the replay bookkeeping (static buffers, padding rows, span buckets, eager
+fallbacks) with `capture` swapped for a stand-in that re-runs the pass into the same output
+buffers. So what is checked here is everything around the graph, not the graph.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trtllm_dflash.checkpoints import load_drafter, load_target
+from trtllm_dflash.decoding import Decoder, Request, SamplingParams
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.runtime import cuda_graphs
+from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+
+
+def test_cuda_graphs_are_refused_off_cuda_in_one_line(tiny_qwen3):
+    target = load_target(tiny_qwen3, dtype=torch.float32)
+    with pytest.raises(DFlashError) as error:
+        TorchRuntime(target.model, cuda_graphs=True)
+    message = str(error.value)
+    assert "CUDA graphs need the model on a CUDA device" in message and "cpu" in message
+    assert "\n" not in message
+
+
+def test_batch_and_span_buckets():
+    assert cuda_graphs.batch_buckets(1) == (1,)
+    assert cuda_graphs.batch_buckets(8) == (1, 2, 4, 8)
+    assert cuda_graphs.batch_buckets(12) == (1, 2, 4, 8, 12)
+    assert cuda_graphs.bucket_for(3, (1, 2, 4, 8)) == 4
+    assert cuda_graphs.bucket_for(9, (1, 2, 4, 8)) is None
+    assert cuda_graphs.span_bucket(17, 4096) == cuda_graphs.MIN_SPAN
+    assert cuda_graphs.span_bucket(300, 4096) == 512
+    assert cuda_graphs.span_bucket(512, 4096) == 512
+    assert cuda_graphs.span_bucket(3000, 3010) == 3010
+
+
+def _decode(runtime: TorchRuntime, max_batch: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(7)
+    lengths, new_tokens = (5, 11, 3, 9, 6), (20, 9, 14, 20, 5)  # rows finish at different steps
+    requests = [
+        Request(torch.randint(3, 100, (n,), generator=g).tolist(), SamplingParams(max_new_tokens=m))
+        for n, m in zip(lengths, new_tokens)
+    ]
+    # max_context 500: spans of ~30 slots round up to 256, so the replayed verify attends over more slots
+    decoder = Decoder(runtime, max_batch=max_batch, max_context=500)
+    return [r.token_ids for r in decoder.generate(requests)]
+
+
+@pytest.mark.parametrize("speculative", [False, True], ids=["autoregressive", "dflash"])
+def test_replayed_steps_give_the_eager_tokens(rerun_graphs, tiny_qwen3, tiny_qwen3_drafter, speculative):
+    target = load_target(tiny_qwen3, dtype=torch.float32)
+    drafter = load_drafter(tiny_qwen3_drafter, target=target) if speculative else None
+    eager = _decode(TorchRuntime(target.model, drafter), max_batch=4)
+    runtime = TorchRuntime(target.model, drafter, cuda_graphs=True)
+    replayed = _decode(runtime, max_batch=4)
+    assert replayed == eager
+    counts = runtime.cuda_graphs.counts
+    # 5 requests through 4 rows: the fifth joins a running batch, rows leave at different steps
+    assert counts["replayed"] > counts["captured"] >= 2
+    assert counts["padded"] > 0  # 3 live rows replayed in the graph of 4
+    assert counts["eager"] >= 2  # the prefills (and the first draft after each)
+    assert runtime.cuda_graphs.buckets == (1, 2, 4)
+
+
+def test_new_caches_drop_the_graphs(rerun_graphs, tiny_qwen3):
+    target = load_target(tiny_qwen3, dtype=torch.float32)
+    runtime = TorchRuntime(target.model, cuda_graphs=True)
+    _decode(runtime, max_batch=2)
+    assert runtime.cuda_graphs.num_graphs > 0
+    runtime.allocate(8, 64)
+    assert runtime.cuda_graphs.num_graphs == 0 and runtime.cuda_graphs.buckets == (1, 2, 4, 8)

@@ -1,0 +1,89 @@
+"""CUDA-graph replay of the torch runtime's draft and verify passes gives the eager tokens.
+
+Skipped where no GPU is visible (every CI machine). On a GPU machine: `pytest tests/test_cuda_graphs_gpu.py`
+(`make gpu-check` runs it).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trtllm_dflash.checkpoints import load_drafter, load_target
+from trtllm_dflash.decoding import Decoder, Request, SamplingParams
+from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)"),
+]
+
+
+def _requests(vocab: int, count: int, params: SamplingParams, seed: int = 0) -> list[Request]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = [7 + 5 * i for i in range(count)]
+    return [Request(torch.randint(3, vocab, (n,), generator=g).tolist(), params) for n in lengths]
+
+
+def _decode(runtime: TorchRuntime, requests: list[Request], max_batch: int) -> list[list[int]]:
+    decoder = Decoder(runtime, max_batch=max_batch, max_context=1024)
+    fresh = [Request(list(r.prompt_ids), r.params) for r in requests]
+    tokens = [r.token_ids for r in decoder.generate(fresh)]
+    if runtime.taps is not None:
+        runtime.taps.remove()  # the model is shared by the next runtime: leave no hooks on it
+    return tokens
+
+
+def _demo_pair(dtype: torch.dtype):
+    from trtllm_dflash import demo
+
+    target = load_target(demo.target_dir(), device="cuda", dtype=dtype)
+    return target, load_drafter(demo.drafter_dir(), target=target, device="cuda")
+
+
+@pytest.fixture(scope="module")
+def demo_pair():
+    return _demo_pair(torch.bfloat16)
+
+
+# Where a graph runs exactly the eager shapes (batch == bucket), the only difference is the
+# verify pass's attention span, whose extra slots are masked: tokens must be identical.
+@pytest.mark.parametrize("speculative", [False, True], ids=["autoregressive", "dflash"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_demo_pair_graphs_give_the_eager_tokens(demo_pair, speculative, batch, temperature):
+    target, drafter = demo_pair
+    drafter = drafter if speculative else None
+    params = SamplingParams(max_new_tokens=48, temperature=temperature, seed=11)
+    # one request more than fits: it joins when the first ones finish (max_batch 3 is a bucket itself)
+    requests = _requests(target.model.config.vocab_size, batch + 1, params)
+    eager = _decode(TorchRuntime(target.model, drafter), requests, max_batch=batch)
+    runtime = TorchRuntime(target.model, drafter, cuda_graphs=True)
+    assert _decode(runtime, requests, max_batch=batch) == eager
+    counts = runtime.cuda_graphs.counts
+    assert counts["replayed"] > counts["captured"] > 0 and counts["padded"] == 0
+
+
+def test_padding_rows_do_not_change_the_tokens():
+    """3 live rows in the graph of 4. Padding changes the GEMM shapes, hence possibly their
+    rounding, so this runs in float32 where that cannot flip a trained model's argmax."""
+    target, drafter = _demo_pair(torch.float32)
+    requests = _requests(target.model.config.vocab_size, 3, SamplingParams(max_new_tokens=48))
+    for pair_drafter in (None, drafter):
+        eager = _decode(TorchRuntime(target.model, pair_drafter), requests, max_batch=4)
+        runtime = TorchRuntime(target.model, pair_drafter, cuda_graphs=True)
+        assert _decode(runtime, requests, max_batch=4) == eager
+        assert runtime.cuda_graphs.counts["padded"] > 0
+
+
+def test_qwen3_8b_shaped_graphs_give_the_eager_tokens():
+    from trtllm_dflash.testing import make_qwen3_8b_shaped_drafter, make_qwen3_8b_shaped_target
+
+    target = make_qwen3_8b_shaped_target(device="cuda")
+    drafter = make_qwen3_8b_shaped_drafter(target.config, device="cuda")
+    requests = _requests(target.config.vocab_size, 4, SamplingParams(max_new_tokens=32))
+    for pair_drafter in (None, drafter):
+        eager = _decode(TorchRuntime(target, pair_drafter), requests, max_batch=4)
+        runtime = TorchRuntime(target, pair_drafter, cuda_graphs=True)
+        assert _decode(runtime, requests, max_batch=4) == eager
+        assert runtime.cuda_graphs.counts["replayed"] > 0

@@ -1,0 +1,263 @@
+"""`dflash-trt selftest --gpu` (`make gpu-check`), the parts that run without a GPU.
+
+On CPU: the one-line refusal, step orchestration (a failing step does not stop the others, exit
+status), the report and its tables, TensorRT detection, the pytest step's plumbing, the
+Qwen3-8B-shaped builders' shapes (on the meta device), and the decode measurement's bookkeeping
+with a re-running stand-in for CUDA graphs. The GPU steps themselves only run on a GPU.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from trtllm_dflash import selftest
+from trtllm_dflash.bench import decode, kernels
+
+ENV = selftest.GpuEnvironment(
+    gpu="NVIDIA H100 80GB HBM3", compute_capability="9.0", sm_count=132, memory_gib=79.2, driver="570.86.15",
+    cuda="12.8", torch="2.9.0+cu128", triton="3.5.0", tensorrt=None, host="gpu-box", date="2026-11-23 10:00 UTC",
+)
+
+
+# ------------------------------------------------------------------------------ command line
+
+
+def test_without_a_gpu_it_refuses_in_one_line_and_writes_nothing(run_main, tmp_path):
+    out = tmp_path / "RESULTS.md"
+    code, stdout, stderr = run_main("selftest", "--gpu", "--out", str(out))
+    assert code == 2
+    assert "no CUDA device is visible" in stderr
+    assert len(stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_selftest_needs_the_gpu_flag(run_main):
+    code, _, stderr = run_main("selftest")
+    assert code == 2 and "--gpu" in stderr and len(stderr.strip().splitlines()) == 1
+
+
+def _fake_steps(calls: list[str]):
+    def ok(name):
+        def run():
+            calls.append(name)
+            return selftest.StepOutcome(f"{name} fine", f"table of {name}\n")
+
+        return run
+
+    def broken():
+        calls.append("broken")
+        raise RuntimeError("kernel exploded\nsecond line")
+
+    def skipped():
+        calls.append("skipped")
+        raise selftest.SkipStep("TensorRT is not installed")
+
+    def disagrees():
+        calls.append("disagrees")
+        return selftest.StepOutcome("graphs changed the tokens", passed=False)
+
+    return [
+        selftest.Step("first", ok("first")),
+        selftest.Step("broken", broken),
+        selftest.Step("skipped", skipped),
+        selftest.Step("disagrees", disagrees),
+        selftest.Step("last", ok("last")),
+    ]
+
+
+def test_a_failing_step_does_not_stop_the_others():
+    calls: list[str] = []
+    results = selftest.run_steps(_fake_steps(calls))
+    assert calls == ["first", "broken", "skipped", "disagrees", "last"]
+    assert [r.status for r in results] == ["pass", "fail", "skip", "fail", "pass"]
+    assert results[1].summary == "RuntimeError: kernel exploded"
+    assert "Traceback" in results[1].error and "kernel exploded" in results[1].error
+    assert results[2].summary == "TensorRT is not installed"
+    assert all(r.seconds >= 0 for r in results)
+    assert selftest.any_failed(results)
+    assert not selftest.any_failed([r for r in results if r.status != "fail"])
+
+
+def test_the_command_runs_every_step_appends_the_section_and_exits_1(run_main, monkeypatch, tmp_path):
+    calls: list[str] = []
+    monkeypatch.setattr(selftest, "require_cuda", lambda: None)
+    monkeypatch.setattr(selftest, "gpu_environment", lambda: ENV)
+    monkeypatch.setattr(selftest, "gpu_steps", lambda env, budget, say: _fake_steps(calls))
+    out = tmp_path / "RESULTS.md"
+    out.write_text("# Benchmark results\n\nearlier sections\n")
+    code, stdout, _ = run_main("selftest", "--gpu", "--quick", "--out", str(out))
+    assert code == 1
+    assert calls == ["first", "broken", "skipped", "disagrees", "last"]
+    assert "TensorRT is not installed" in stdout and "results appended to" in stdout
+    text = out.read_text()
+    assert text.startswith("# Benchmark results\n\nearlier sections\n\n## GPU check on NVIDIA H100 80GB HBM3")
+    assert "`dflash-trt selftest --gpu --quick --out" in text
+    assert "| broken | fail |" in text and "| skipped | skip |" in text and "| last | pass |" in text
+    assert "### first\n\ntable of first" in text
+
+
+def test_the_command_exits_0_when_nothing_failed(run_main, monkeypatch, tmp_path):
+    monkeypatch.setattr(selftest, "require_cuda", lambda: None)
+    monkeypatch.setattr(selftest, "gpu_environment", lambda: ENV)
+    steps = [s for s in _fake_steps([]) if s.name in ("first", "skipped")]
+    monkeypatch.setattr(selftest, "gpu_steps", lambda env, budget, say: steps)
+    code, _, _ = run_main("selftest", "--gpu", "--out", str(tmp_path / "new" / "RESULTS.md"))
+    assert code == 0
+    assert (tmp_path / "new" / "RESULTS.md").read_text().startswith("## GPU check on")
+
+
+# ------------------------------------------------------------------------------------ report
+
+
+def test_section_names_the_machine_and_every_step():
+    results = [
+        selftest.StepResult("GPU tests", "pass", 61.2, "45 passed", "`pytest -q ...`: 45 passed.\n"),
+        selftest.StepResult("TensorRT engines", "skip", 0.0, "TensorRT is not installed | really"),
+    ]
+    text = selftest.format_section(ENV, results, "dflash-trt selftest --gpu --out benchmarks/RESULTS.md", 412.4)
+    assert text.startswith("## GPU check on NVIDIA H100 80GB HBM3, 2026-11-23 10:00 UTC\n")
+    for fact in ("driver 570.86.15", "CUDA 12.8", "torch 2.9.0+cu128", "triton 3.5.0", "TensorRT not installed", "132 SMs", "412 s"):
+        assert fact in text
+    assert "no step failed" in text
+    assert "| GPU tests | pass | 61.2 s | 45 passed |" in text
+    assert "| TensorRT engines | skip | 0.0 s | TensorRT is not installed / really |" in text  # no broken table cell
+    assert "### GPU tests" in text and "### TensorRT engines" not in text
+
+
+def _attention(context, batch, ours, floor, sdpa):
+    return kernels.AttentionResult(kernels.AttentionShape("qwen3-8b drafter", batch, context), 4, ours, floor, sdpa)
+
+
+def test_kernel_tables_and_goals():
+    result = kernels.KernelBenchmark(
+        bandwidth=3.0e12,
+        attention=[_attention(1024, 1, 0.020, 0.010, 0.030), _attention(8192, 8, 0.100, 0.080, 0.090)],
+        verify=[kernels.VerifyResult(kernels.VerifyShape(8, "greedy"), 0.050, 0.040, True)],
+    )
+    text = kernels.kernel_tables(result)
+    assert "3000 GB/s" in text
+    assert "| qwen3-8b drafter | 32 / 8 / 128 | 16 | 4 | 1024 | 1 | 4 | 0.0200 | 0.0100 | 50% | 0.0300 | 1.50x |" in text
+    assert "| float32 | greedy | 16 | 151936 | 8 | 0.0500 | 0.0400 | 80% | yes |" in text
+    goals = kernels.goal_lines(result)
+    assert goals[0].startswith(">= 70% of the bandwidth floor: MISSED at 2 of 3 shapes")
+    assert "qwen3-8b drafter context 1024 batch 1 (50%)" in goals[0]
+    assert goals[1].startswith("attention faster than torch SDPA: MISSED at 1 of 2 shapes")
+    assert "context 8192 batch 8 (0.90x)" in goals[1]
+    assert result.all_equal_to_reference
+    assert "attention 2 shapes at 50%-80% of floor" in kernels.summary_line(result)
+
+
+def test_benchmarked_shapes_are_plain_data():
+    assert len(kernels.ATTENTION_SHAPES) == 9 and len(kernels.VERIFY_SHAPES) == 18
+    assert set(kernels.QUICK_ATTENTION_SHAPES) < set(kernels.ATTENTION_SHAPES)
+    assert {(s.heads, s.kv_heads, s.head_dim, s.block) for s in kernels.ATTENTION_SHAPES} == {(32, 8, 128, 16)}
+
+
+def _decoded(batch, speculative, graphs, seconds, tau, same=None):
+    return decode.DecodeResult("demo", batch, speculative, graphs, 8, 1024, seconds, tau, same_as_eager=same)
+
+
+def test_decode_table_compares_dflash_with_ar_and_graphs_with_eager():
+    results = [
+        _decoded(1, False, False, 4.0, 1.0), _decoded(1, False, True, 2.0, 1.0, same=True),
+        _decoded(1, True, False, 2.0, 3.6), _decoded(1, True, True, 0.8, 3.6, same=False),
+    ]
+    table = decode.decode_table(results)
+    assert "| 1 | AR | off | 1024 | 256.0 | 1.00 | 1.00x | - | - |" in table
+    assert "| 1 | AR | on | 1024 | 512.0 | 1.00 | 1.00x | 2.00x | yes |" in table
+    assert "| 1 | DFlash | on | 1024 | 1280.0 | 3.60 | 2.50x | 2.50x | NO |" in table
+    summary = decode.decode_summary(results)
+    assert summary == "batch 1: DFlash/AR 2.50x with graphs (2.00x without), graphs AR 2.00x, DFlash 2.50x, tau 3.60"
+    outcome = selftest._decode_outcome(results, "note")
+    assert not outcome.passed and "CUDA graphs changed the tokens of: DFlash batch 1" in outcome.summary
+
+
+# ----------------------------------------------------------------------------------- steps
+
+
+def test_tensorrt_absence_is_detected_and_skips_with_the_reason(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorrt" else real(name, *a))
+    assert selftest.tensorrt_version() is None
+    with pytest.raises(selftest.SkipStep, match="TensorRT is not installed"):
+        selftest.tensorrt_step(ENV, lambda text: None)
+
+
+def test_pytest_counts_are_read_from_the_closing_line():
+    assert selftest.parse_pytest_counts("....\n3 passed, 1 failed, 2 skipped in 4.20s\n") == {"passed": 3, "failed": 1, "skipped": 2}
+    assert selftest.parse_pytest_counts("== 1 error in 0.1s ==") == {"error": 1}
+    assert selftest.parse_pytest_counts("no summary") == {}
+
+
+def test_gpu_tests_step_runs_pytest_and_names_failures(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_fake_gpu.py").write_text(textwrap.dedent("""
+        def test_fine():
+            pass
+
+        def test_broken():
+            assert 1 == 2
+    """))
+    (tmp_path / "tests" / "test_other.py").write_text("def test_not_collected():\n    raise SystemExit\n")
+    outcome = selftest.gpu_tests_step(tmp_path)
+    assert not outcome.passed
+    assert "1 failed" in outcome.summary and "1 passed" in outcome.summary
+    assert "FAILED tests/test_fake_gpu.py::test_broken" in outcome.summary
+
+
+def test_gpu_tests_step_skips_without_a_tests_folder(tmp_path):
+    with pytest.raises(selftest.SkipStep, match="no GPU test files"):
+        (tmp_path / "tests").mkdir()
+        selftest.gpu_tests_step(tmp_path)
+
+
+# --------------------------------------------------------------------- Qwen3-8B-shaped builders
+
+
+def test_qwen3_8b_shaped_pair_has_the_full_width_on_the_meta_device():
+    from trtllm_dflash.checkpoints import validate_pair
+    from trtllm_dflash.testing import make_qwen3_8b_shaped_drafter, make_qwen3_8b_shaped_target
+
+    target = make_qwen3_8b_shaped_target()  # meta: no memory
+    drafter = make_qwen3_8b_shaped_drafter(target.config)
+    config = target.config
+    assert (config.num_hidden_layers, config.hidden_size, config.intermediate_size, config.vocab_size) == (2, 4096, 12288, 151936)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (32, 8, 128)
+    shapes = {name: tuple(p.shape) for name, p in target.named_parameters()}
+    assert shapes["model.embed_tokens.weight"] == shapes["lm_head.weight"] == (151936, 4096)  # untied, as Qwen3-8B
+    assert shapes["model.layers.1.self_attn.q_proj.weight"] == (4096, 4096)
+    assert shapes["model.layers.1.self_attn.k_proj.weight"] == (1024, 4096)
+    assert shapes["model.layers.1.mlp.down_proj.weight"] == (4096, 12288)
+    assert all(p.device.type == "meta" and p.dtype == torch.bfloat16 for p in target.parameters())
+    assert 1.6e9 < sum(p.numel() for p in target.parameters()) < 1.7e9
+    validate_pair(config, drafter.config)
+    assert drafter.config.block_size == 16 and drafter.config.mask_token_id == 151669
+    assert drafter.config.target_layer_ids == (0, 1)
+    assert tuple(drafter.fc.weight.shape) == (4096, 2 * 4096)
+    assert tuple(drafter.layers[0].mlp.gate_proj.weight.shape) == (12288, 4096)
+    assert torch.get_default_dtype() == torch.float32  # the builders restore it
+
+
+# ---------------------------------------------------------------------- decode bookkeeping
+
+
+def test_measure_decode_compares_graphs_with_eager_and_leaves_no_hooks(rerun_graphs, tiny_qwen3, tiny_qwen3_drafter):
+    """On CPU with the re-running stand-in for a CUDA graph (conftest.rerun_graphs)."""
+    from trtllm_dflash.checkpoints import load_drafter, load_target
+
+    target = load_target(tiny_qwen3, dtype=torch.float32)
+    drafter = load_drafter(tiny_qwen3_drafter, target=target)
+    prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
+    results = decode.measure_decode("tiny", target.model, drafter, prompts, batches=(1, 2), max_new_tokens=12, repeats=1)
+    assert [(r.batch, r.mode, r.cuda_graphs) for r in results] == [
+        (b, mode, graphs) for b in (1, 2) for mode in ("AR", "DFlash") for graphs in (False, True)
+    ]
+    assert all(r.tokens == 36 and r.seconds > 0 for r in results)
+    assert [r.same_as_eager for r in results if r.cuda_graphs] == [True] * 4
+    assert all(r.tau == 1.0 for r in results if not r.speculative)
+    assert all(not layer._forward_hooks for layer in target.model.model.layers)

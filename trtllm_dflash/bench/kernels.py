@@ -1,0 +1,305 @@
+"""GPU benchmark of the DFlash plugin kernels against the bandwidth floor and torch SDPA.
+
+Why: these kernels are memory-bound, so the honest yardstick is the time that their unavoidable
+traffic takes at the bandwidth this GPU really reaches (bytes that must be read or written /
+device-to-device copy bandwidth measured in the same run). For block attention the practical
+yardstick is also torch's scaled_dot_product_attention on the same operands. Goals (reported, not
+asserted): >= 70% of the floor, and faster than SDPA at every benchmarked shape.
+
+Times are medians of `triton.testing.do_bench`, which flushes the L2 cache before every run, so
+inputs come from HBM, as in a decoding step. Used by `dflash-trt selftest --gpu` and
+benchmarks/bench_kernels.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+
+FLOOR_GOAL = 0.70  # fraction of the bandwidth floor the kernels should reach
+VERIFY_MODES = ("greedy", "temperature", "top-k+top-p")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionShape:
+    """One benchmarked block-attention call: what it stands for, and its sizes."""
+
+    label: str
+    batch: int
+    context: int  # committed context positions in the cache at this step
+    heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
+    block: int = 16
+    new_rows: int = 4  # context rows appended this step (accepted drafts + 1)
+    dtype: str = "bfloat16"
+
+
+# The benchmarked block-attention shapes. Add a shape by adding an entry (a target model's
+# attention is one more label with its heads / head_dim). Default: the Qwen3-8B DFlash drafter.
+ATTENTION_SHAPES: list[AttentionShape] = [
+    AttentionShape("qwen3-8b drafter", batch=1, context=1024),
+    AttentionShape("qwen3-8b drafter", batch=8, context=1024),
+    AttentionShape("qwen3-8b drafter", batch=32, context=1024),
+    AttentionShape("qwen3-8b drafter", batch=1, context=8192),
+    AttentionShape("qwen3-8b drafter", batch=8, context=8192),
+    AttentionShape("qwen3-8b drafter", batch=32, context=8192),
+    AttentionShape("qwen3-8b drafter", batch=1, context=32768),
+    AttentionShape("qwen3-8b drafter", batch=8, context=32768),
+    AttentionShape("qwen3-8b drafter", batch=32, context=32768),
+]
+# `--quick`: the shapes of the first two contexts and batches
+QUICK_ATTENTION_SHAPES: list[AttentionShape] = [s for s in ATTENTION_SHAPES if s.context <= 8192 and s.batch <= 8]
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyShape:
+    """One benchmarked verification call (both verify kernels)."""
+
+    batch: int
+    mode: str  # one of VERIFY_MODES
+    logits_dtype: str = "float32"
+    block: int = 16
+    vocab: int = 151936
+
+
+VERIFY_SHAPES: list[VerifyShape] = [
+    VerifyShape(batch, mode, dtype) for dtype in ("float32", "bfloat16") for mode in VERIFY_MODES for batch in (1, 8, 32)
+]
+QUICK_VERIFY_SHAPES: list[VerifyShape] = [s for s in VERIFY_SHAPES if s.logits_dtype == "bfloat16" and s.batch <= 8]
+
+
+@dataclasses.dataclass
+class AttentionResult:
+    shape: AttentionShape
+    kv_splits: int
+    ours_ms: float
+    floor_ms: float
+    sdpa_ms: float
+
+    @property
+    def floor_fraction(self) -> float:
+        """floor / ours: 1.0 would move the unavoidable bytes at copy bandwidth."""
+        return self.floor_ms / self.ours_ms
+
+    @property
+    def sdpa_ratio(self) -> float:
+        """SDPA time / ours: above 1 means ours is faster."""
+        return self.sdpa_ms / self.ours_ms
+
+
+@dataclasses.dataclass
+class VerifyResult:
+    shape: VerifyShape
+    ours_ms: float
+    floor_ms: float
+    equal_to_reference: bool
+
+    @property
+    def floor_fraction(self) -> float:
+        return self.floor_ms / self.ours_ms
+
+
+@dataclasses.dataclass
+class KernelBenchmark:
+    bandwidth: float  # bytes/s, device-to-device copy (read + write)
+    attention: list[AttentionResult]
+    verify: list[VerifyResult]
+
+    @property
+    def all_equal_to_reference(self) -> bool:
+        return all(r.equal_to_reference for r in self.verify)
+
+
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Bytes per second of a device-to-device copy (read + write both count)."""
+    from triton.testing import do_bench
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=10, rep=100, return_mode="median")
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / (ms * 1e-3)
+
+
+def _median_ms(fn: Callable[[], object]) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=10, rep=50, return_mode="median")
+
+
+def bench_attention(shape: AttentionShape, bandwidth: float) -> AttentionResult:
+    """Our block attention vs SDPA on one shape (outputs checked equal first)."""
+    from trtllm_dflash.plugins.kernels import launch
+
+    s = shape
+    dtype = getattr(torch, s.dtype)
+    size = torch.tensor([], dtype=dtype).element_size()
+    capacity = s.context + s.block
+    k_cache = torch.randn(s.batch, capacity, s.kv_heads, s.head_dim, dtype=dtype, device="cuda")
+    v_cache = torch.randn_like(k_cache)
+    q = torch.randn(s.batch, s.block, s.heads, s.head_dim, dtype=dtype, device="cuda")
+    k_block, v_block = (torch.randn(s.batch, s.block, s.kv_heads, s.head_dim, dtype=dtype, device="cuda") for _ in range(2))
+    k_new, v_new = (torch.randn(s.batch, s.new_rows, s.kv_heads, s.head_dim, dtype=dtype, device="cuda") for _ in range(2))
+    counts = torch.full((s.batch,), s.new_rows, dtype=torch.int64, device="cuda")
+    lens = torch.full((s.batch,), s.context - s.new_rows, dtype=torch.int64, device="cuda")  # the step ends at `context`
+    scale = s.head_dim**-0.5
+
+    def ours():
+        return launch.block_attention(q, k_block, v_block, k_new, v_new, counts, k_cache, v_cache, lens, scale, 0)
+
+    ours()  # appends the new rows, so the cache holds this step's context for torch too
+    # the same attention with torch: [b, heads, tokens, D] operands prepared outside the timing
+    keys = torch.cat([k_cache[:, : s.context], k_block], dim=1).transpose(1, 2).contiguous()
+    values = torch.cat([v_cache[:, : s.context], v_block], dim=1).transpose(1, 2).contiguous()
+    queries = q.transpose(1, 2).contiguous()
+
+    def sdpa():
+        return torch.nn.functional.scaled_dot_product_attention(queries, keys, values, scale=scale, enable_gqa=True)
+
+    torch.testing.assert_close(ours().float(), sdpa().transpose(1, 2).float(), atol=3e-2, rtol=3e-2)
+    # bytes that must move: context K/V read, block K/V + queries read, outputs + appended rows written
+    floor_bytes = size * (
+        2 * s.batch * s.context * s.kv_heads * s.head_dim
+        + 2 * s.batch * s.block * s.kv_heads * s.head_dim
+        + 2 * s.batch * s.block * s.heads * s.head_dim
+        + 2 * s.batch * s.new_rows * s.kv_heads * s.head_dim
+    )
+    ms_ours, ms_sdpa = _median_ms(ours), _median_ms(sdpa)
+    group = s.heads // s.kv_heads
+    m_tiles = launch.attention_config(s.head_dim, s.block, group).m_tiles(s.block, group)
+    splits = launch.default_kv_splits(s.batch, s.kv_heads, m_tiles, capacity, q.device)
+    del k_cache, v_cache, keys, values
+    torch.cuda.empty_cache()
+    return AttentionResult(s, splits, ms_ours, floor_bytes / bandwidth * 1e3, ms_sdpa)
+
+
+def bench_verify(shape: VerifyShape, bandwidth: float) -> VerifyResult:
+    """Both verification kernels on one shape, checked equal to the torch reference."""
+    from trtllm_dflash.plugins import reference
+    from trtllm_dflash.plugins.kernels import launch
+
+    s = shape
+    batch, block, vocab = s.batch, s.block, s.vocab
+    logits = (torch.randn(batch, block, vocab, device="cuda") * 3).to(getattr(torch, s.logits_dtype))
+    tokens = torch.randint(0, vocab, (batch, block), device="cuda")
+    temperature = torch.full((batch,), 0.0 if s.mode == "greedy" else 0.8, device="cuda")
+    top_k = torch.full((batch,), 50 if s.mode == "top-k+top-p" else 0, device="cuda")
+    top_p = torch.full((batch,), 0.9 if s.mode == "top-k+top-p" else 1.0, device="cuda")
+    seed, start = torch.arange(batch, device="cuda"), torch.zeros(batch, dtype=torch.int64, device="cuda")
+    draft = None
+    if s.mode != "greedy":
+        draft = torch.softmax(torch.randn(batch, block - 1, vocab, device="cuda"), -1)
+
+    def ours():
+        return launch.verify_block(logits, tokens, draft, temperature, top_k, top_p, seed, start)
+
+    got = ours()
+    args = (logits, tokens, draft, temperature, top_k, top_p, seed, start)
+    expected = reference.verify_block_packed(*(x.cpu() if torch.is_tensor(x) else x for x in args))
+    agrees = bool(torch.equal(got.cpu(), expected))
+    floor_bytes = logits.numel() * logits.element_size() + (draft.numel() * 4 if draft is not None else 0)
+    return VerifyResult(s, _median_ms(ours), floor_bytes / bandwidth * 1e3, agrees)
+
+
+def run_kernel_benchmark(
+    attention_shapes: list[AttentionShape] = ATTENTION_SHAPES,
+    verify_shapes: list[VerifyShape] = VERIFY_SHAPES,
+    progress: Callable[[str], None] | None = None,
+) -> KernelBenchmark:
+    """Measure the copy bandwidth, then every shape (needs CUDA and triton)."""
+    from trtllm_dflash.extras import require
+
+    require("triton", purpose="the DFlash plugin kernels")
+    say = progress or (lambda text: None)
+    say("copy bandwidth")
+    bandwidth = copy_bandwidth()
+    attention = []
+    for shape in attention_shapes:
+        say(f"attention {shape.label} context {shape.context} batch {shape.batch}")
+        attention.append(bench_attention(shape, bandwidth))
+    verify = []
+    for shape in verify_shapes:
+        say(f"verify {shape.logits_dtype} {shape.mode} batch {shape.batch}")
+        verify.append(bench_verify(shape, bandwidth))
+    return KernelBenchmark(bandwidth, attention, verify)
+
+
+def goal_lines(result: KernelBenchmark) -> list[str]:
+    """The goals, met or missed, with the shapes that miss them (reported, not enforced)."""
+    lines = []
+    slow = [r for r in result.attention if r.floor_fraction < FLOOR_GOAL]
+    slow_verify = [r for r in result.verify if r.floor_fraction < FLOOR_GOAL]
+    behind_sdpa = [r for r in result.attention if r.sdpa_ratio <= 1.0]
+    goal = f">= {FLOOR_GOAL:.0%} of the bandwidth floor"
+    met = len(result.attention) - len(slow) + len(result.verify) - len(slow_verify)
+    total = len(result.attention) + len(result.verify)
+    misses = [f"attention {_attention_name(r.shape)} ({r.floor_fraction:.0%})" for r in slow]
+    misses += [f"verify {r.shape.logits_dtype} {r.shape.mode} batch {r.shape.batch} ({r.floor_fraction:.0%})" for r in slow_verify]
+    lines.append(f"{goal}: {'met' if not misses else 'MISSED'} at {met} of {total} shapes" + (f"; missed: {', '.join(misses)}" if misses else ""))
+    faster = len(result.attention) - len(behind_sdpa)
+    missed_sdpa = [f"{_attention_name(r.shape)} ({r.sdpa_ratio:.2f}x)" for r in behind_sdpa]
+    lines.append(
+        f"attention faster than torch SDPA: {'met' if not missed_sdpa else 'MISSED'} at {faster} of {len(result.attention)} shapes"
+        + (f"; missed: {', '.join(missed_sdpa)}" if missed_sdpa else "")
+    )
+    return lines
+
+
+def _attention_name(shape: AttentionShape) -> str:
+    return f"{shape.label} context {shape.context} batch {shape.batch}"
+
+
+def summary_line(result: KernelBenchmark) -> str:
+    """One line for the console: ranges, goals, reference agreement."""
+    parts = [f"copy {result.bandwidth / 1e9:.0f} GB/s"]
+    if result.attention:
+        floors = [r.floor_fraction for r in result.attention]
+        ratios = [r.sdpa_ratio for r in result.attention]
+        parts.append(
+            f"attention {len(floors)} shapes at {min(floors):.0%}-{max(floors):.0%} of floor, "
+            f"SDPA/ours {min(ratios):.2f}-{max(ratios):.2f}x"
+        )
+    if result.verify:
+        floors = [r.floor_fraction for r in result.verify]
+        equal = sum(r.equal_to_reference for r in result.verify)
+        parts.append(f"verify {len(floors)} shapes at {min(floors):.0%}-{max(floors):.0%} of floor, {equal}/{len(floors)} equal to reference")
+    return "; ".join(parts)
+
+
+def kernel_tables(result: KernelBenchmark) -> str:
+    """Markdown: the attention and verification tables and the goal lines."""
+    lines = [
+        f"Measured copy bandwidth: {result.bandwidth / 1e9:.0f} GB/s (device-to-device, read + write). "
+        "Floor = bytes that must move / that bandwidth; % of floor = floor / ours.",
+        "",
+        "Block attention (bf16 unless noted; `new` = context rows appended in the step):",
+        "",
+        "| shape | heads / KV / head_dim | block | new | context | batch | KV splits | ours (ms) | floor (ms) | % of floor | torch SDPA (ms) | SDPA / ours |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in result.attention:
+        s = r.shape
+        label = s.label if s.dtype == "bfloat16" else f"{s.label} ({s.dtype})"
+        lines.append(
+            f"| {label} | {s.heads} / {s.kv_heads} / {s.head_dim} | {s.block} | {s.new_rows} | {s.context} | {s.batch} | "
+            f"{r.kv_splits} | {r.ours_ms:.4f} | {r.floor_ms:.4f} | {r.floor_fraction:.0%} | {r.sdpa_ms:.4f} | {r.sdpa_ratio:.2f}x |"
+        )
+    lines += [
+        "",
+        "Block verification (both kernels); floor = logits (+ draft probabilities) read once:",
+        "",
+        "| logits | rows | block | vocab | batch | ours (ms) | floor (ms) | % of floor | equal to reference |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in result.verify:
+        s = r.shape
+        lines.append(
+            f"| {s.logits_dtype} | {s.mode} | {s.block} | {s.vocab} | {s.batch} | {r.ours_ms:.4f} | {r.floor_ms:.4f} | "
+            f"{r.floor_fraction:.0%} | {'yes' if r.equal_to_reference else 'NO'} |"
+        )
+    lines += ["", "Goals (reported, not enforced):", ""] + [f"- {line}" for line in goal_lines(result)]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,234 @@
+"""CUDA graphs for the torch runtime's two passes per decoding step: the draft and the verify pass.
+
+Why: at the batch sizes of interactive decoding a step is launch-bound. Each pass issues hundreds
+of small kernels from Python (norms, projections, RoPE, attention, per layer), so the GPU waits on
+the host. Replaying a captured graph issues them all in one call.
+
+How (`TorchRuntime(..., cuda_graphs=True)` installs this on the runtime instance):
+- one graph per pass and shape, captured at the first step that needs it. Keys are the batch
+  bucket (1, 2, 4, 8, ... up to max_batch), the block length, the drafter's context width and,
+  for the verify pass, a span bucket;
+- inputs are copied into static buffers, the graph is replayed, and views of its static outputs
+  are returned. Logits are valid until the same graph replays again, which the decoding loop
+  never needs: it consumes them within the step. The tapped features are copied, because the
+  next step's draft pass reads them;
+- rows past the live ones are padding. Live rows are always rows 0..n-1 (the loop compacts
+  them), so padding rows are free cache rows. Nothing live reads them, and the prefill of the
+  next request to take such a row overwrites every slot it will read (slot == position);
+- the verify pass attends over `span` slots, rounded up to a power of two (at least
+  MIN_SPAN, at most the cache capacity), so one graph serves many context lengths. The mask
+  hides the extra slots; the caches start zeroed, so hidden slots are finite.
+- the first capture runs the pass with the step's real inputs: the warm-up runs write the same
+  keys/values to the same slots as the real pass, so capturing does not change what is decoded.
+
+Not covered (these run eagerly, as without graphs): prefill, a draft pass whose context is wider
+than its block (the first draft after a prefill), and row slices other than 0..n-1. Refused at
+construction: a runtime that is not on CUDA, hybrid targets (their recurrent states are committed
+per row outside the passes), and drafters with a bounded draft history (`sliding_window_size`),
+whose step reads the row lengths on the host. A target whose forward reads device values on
+the host (transformers' MoE expert loops) fails at its first capture, with one line.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.runtime.base import TargetOutput
+
+if TYPE_CHECKING:
+    from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+
+MIN_SPAN = 256  # smallest span bucket of the verify pass
+WARMUP_RUNS = 2  # eager runs before a capture: cuBLAS handles, Triton compiles, allocator warm-up
+
+
+def batch_buckets(max_batch: int) -> tuple[int, ...]:
+    """Batch sizes that get their own graphs: powers of two below `max_batch`, then `max_batch`."""
+    if max_batch < 1:
+        return ()
+    buckets, size = [], 1
+    while size < max_batch:
+        buckets.append(size)
+        size *= 2
+    return (*buckets, max_batch)
+
+
+def bucket_for(count: int, buckets: tuple[int, ...]) -> int | None:
+    """The smallest bucket that holds `count` rows (None when none does)."""
+    return next((b for b in buckets if b >= count), None)
+
+
+def span_bucket(span: int, capacity: int) -> int:
+    """The verify pass's attention span rounded up to a power of two (>= MIN_SPAN, <= capacity)."""
+    rounded = 1 << max(int(span) - 1, 0).bit_length()
+    return min(max(rounded, MIN_SPAN), capacity)
+
+
+def check_supported(runtime: "TorchRuntime") -> None:
+    """Refuse the runtimes whose passes cannot be replayed from a graph, in one line."""
+    if runtime.device.type != "cuda":
+        raise DFlashError(
+            f"CUDA graphs need the model on a CUDA device; this runtime's model is on {runtime.device}",
+            "load the model with device 'cuda', or drop cuda_graphs (--cuda-graphs)",
+        )
+    if runtime.is_hybrid:
+        raise DFlashError(
+            "CUDA graphs do not cover hybrid targets (their linear-attention states are committed per row between passes)",
+            "drop cuda_graphs for this target",
+        )
+    if runtime.drafter_config is not None and runtime.drafter_config.history > 0:
+        raise DFlashError(
+            "CUDA graphs do not cover drafters with a bounded draft history (sliding_window_size): their step reads row lengths on the host",
+            "drop cuda_graphs, or load the drafter without sliding_window_size",
+        )
+
+
+Replay = Callable[[], None]
+
+
+def capture(run: Callable[[], Any], pool: Any) -> tuple[Replay, Any]:
+    """Warm `run` up on a side stream, then record it into a CUDA graph.
+
+    Returns the graph's replay function and `run`'s outputs, which become the graph's static
+    outputs (overwritten by every replay)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(WARMUP_RUNS):
+            run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = run()
+    return graph.replay, outputs
+
+
+def new_pool() -> Any:
+    """A memory pool that all graphs of one runtime share (they never run at the same time)."""
+    return torch.cuda.graph_pool_handle()
+
+
+@dataclasses.dataclass
+class _Graph:
+    inputs: dict[str, torch.Tensor]
+    replay: Replay | None = None
+    outputs: Any = None
+
+
+def _load(static: torch.Tensor, value: torch.Tensor) -> None:
+    """Copy `value` into the leading rows of a static buffer and zero the padding rows after it."""
+    count = value.shape[0]
+    static[:count].copy_(value)
+    static[count:].zero_()
+
+
+class StepGraphs:
+    """Captures and replays a TorchRuntime's draft and verify passes, per batch bucket.
+
+    `counts` says how many passes were captured, replayed from a graph (and of those, padded with
+    rows past the live ones), and run eagerly.
+    """
+
+    def __init__(self, runtime: "TorchRuntime") -> None:
+        check_supported(runtime)
+        self.runtime = runtime
+        self._eager_target = runtime.target_forward
+        self._eager_draft = runtime.draft_forward
+        self._eager_allocate = runtime.allocate
+        self._graphs: dict[tuple, _Graph] = {}
+        self._pool: Any = None
+        self.buckets = batch_buckets(runtime.max_batch)
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    @classmethod
+    def install(cls, runtime: "TorchRuntime") -> "StepGraphs":
+        """Route this runtime instance's passes (and cache allocation) through the graphs."""
+        graphs = cls(runtime)
+        runtime.target_forward = graphs.target_forward
+        runtime.draft_forward = graphs.draft_forward
+        runtime.allocate = graphs.allocate
+        return graphs
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self._graphs)
+
+    def allocate(self, max_batch: int, capacity: int) -> None:
+        """New caches invalidate every graph (they recorded the old buffers' addresses)."""
+        self._graphs.clear()
+        self._pool = None
+        self._eager_allocate(max_batch, capacity)
+        self.buckets = batch_buckets(max_batch)
+
+    def _bucket(self, rows: slice, count: int) -> int | None:
+        if rows.start not in (0, None) or rows.stop != count or rows.step not in (1, None):
+            return None
+        return bucket_for(count, self.buckets)
+
+    def _replay(self, key: tuple, bucket: int, what: str, inputs: dict[str, torch.Tensor], run: Callable[[dict], Any]) -> Any:
+        """Load `inputs` into the graph of `key` (captured first, with these inputs, if new) and replay it."""
+        graph = self._graphs.get(key)
+        fresh = graph is None
+        if fresh:
+            graph = _Graph({name: value.new_zeros((bucket, *value.shape[1:])) for name, value in inputs.items()})
+        for name, value in inputs.items():
+            _load(graph.inputs[name], value)
+        if fresh:
+            if self._pool is None:
+                self._pool = new_pool()
+            try:
+                graph.replay, graph.outputs = capture(lambda: run(graph.inputs), self._pool)
+            except DFlashError:
+                raise
+            except Exception as exc:  # e.g. a host read inside the pass ("operation not permitted when stream is capturing")
+                reason = (str(exc).strip().splitlines() or [""])[0]
+                raise DFlashError(
+                    f"capturing the {what} pass in a CUDA graph failed ({type(exc).__name__}: {reason})",
+                    "run without CUDA graphs (cuda_graphs=False)",
+                ) from exc
+            self._graphs[key] = graph
+            self.counts["captured"] += 1
+        graph.replay()
+        self.counts["replayed"] += 1
+        if next(iter(inputs.values())).shape[0] < bucket:
+            self.counts["padded"] += 1  # replays with padding rows
+        return graph.outputs
+
+    def target_forward(self, rows, tokens, starts, span, logits_at=None) -> TargetOutput:
+        """The verify pass from a graph where one covers it (not prefill), else eagerly."""
+        count, length = tokens.shape
+        bucket = self._bucket(rows, count)
+        if logits_at is not None or bucket is None:
+            self.counts["eager"] += 1
+            return self._eager_target(rows, tokens, starts, span, logits_at)
+        padded_span = span_bucket(span, self.runtime.capacity)
+
+        def run(static: dict[str, torch.Tensor]) -> TargetOutput:
+            return self._eager_target(slice(0, bucket), static["tokens"], static["starts"], padded_span)
+
+        with torch.inference_mode():
+            out = self._replay(("target", bucket, length, padded_span), bucket, "target verify", {"tokens": tokens, "starts": starts}, run)
+            features = out.features[:count].clone() if out.features is not None else None
+        return TargetOutput(logits=out.logits[:count], features=features)
+
+    def draft_forward(self, rows, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:
+        """The draft pass from a graph where one covers it, else eagerly."""
+        count, length = block.shape
+        width = ctx_features.shape[1]
+        bucket = self._bucket(rows, count)
+        if bucket is None or width > length:  # wider: the context of a prefill (the prompt)
+            self.counts["eager"] += 1
+            return self._eager_draft(rows, block, ctx_features, new_counts, cache_lens)
+
+        def run(static: dict[str, torch.Tensor]) -> torch.Tensor:
+            return self._eager_draft(slice(0, bucket), static["block"], static["ctx"], static["new_counts"], static["cache_lens"])
+
+        inputs = {"block": block, "ctx": ctx_features, "new_counts": new_counts, "cache_lens": cache_lens}
+        with torch.inference_mode():
+            logits = self._replay(("draft", bucket, length, width), bucket, "drafter", inputs, run)
+        return logits[:count]

@@ -1,0 +1,394 @@
+"""`dflash-trt selftest --gpu` (`make gpu-check`): everything that needs a GPU, in one command.
+
+Why: CI machines have no GPU, so the GPU-only parts (compiled kernels, their speed, CUDA graphs,
+decode speed on CUDA) are checked only when someone with a GPU runs this. It must fit in about
+10 minutes on one H100, run every step even when one fails, and leave its numbers in
+benchmarks/RESULTS.md with the GPU, driver, versions and date.
+
+Steps: the GPU tests (pytest), the kernel benchmark (bench/kernels.py), the torch-runtime decode
+of the demo pair and of a random Qwen3-8B-shaped 2-layer model, DFlash vs AR, CUDA graphs off
+and on (bench/decode.py), and a TensorRT engine build of the demo pair, skipped with the reason
+where TensorRT is not installed. Each step reports pass / fail / skip and its time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib.metadata
+import importlib.util
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+from trtllm_dflash.errors import DFlashError
+
+PASS, FAIL, SKIP = "pass", "fail", "skip"
+GPU_TEST_TIMEOUT_S = 420
+TENSORRT_BUILD_TIMEOUT_S = 300
+
+Say = Callable[[str], None]
+
+
+# ---------------------------------------------------------------------------------------- steps
+
+
+@dataclasses.dataclass
+class StepOutcome:
+    """What a step returns: one line for the console, markdown for RESULTS.md, and whether it passed."""
+
+    summary: str
+    markdown: str = ""
+    passed: bool = True
+
+
+class SkipStep(Exception):
+    """Raised by a step that cannot run here; its message is the reason."""
+
+
+@dataclasses.dataclass
+class Step:
+    name: str
+    run: Callable[[], StepOutcome]
+
+
+@dataclasses.dataclass
+class StepResult:
+    name: str
+    status: str  # PASS, FAIL or SKIP
+    seconds: float
+    summary: str
+    markdown: str = ""
+    error: str = ""  # the traceback of a step that raised
+
+
+def run_steps(
+    steps: list[Step],
+    on_start: Callable[[Step], None] | None = None,
+    on_result: Callable[[StepResult], None] | None = None,
+) -> list[StepResult]:
+    """Run every step, whatever happened to the ones before it: a failure is recorded, not raised."""
+    results = []
+    for step in steps:
+        if on_start is not None:
+            on_start(step)
+        started = time.perf_counter()
+        try:
+            outcome = step.run()
+            result = StepResult(step.name, PASS if outcome.passed else FAIL, 0.0, outcome.summary, outcome.markdown)
+        except SkipStep as skip:
+            result = StepResult(step.name, SKIP, 0.0, str(skip))
+        except Exception as exc:  # noqa: BLE001 - one step's failure must not stop the others
+            first = (str(exc).strip().splitlines() or [""])[0]
+            result = StepResult(step.name, FAIL, 0.0, f"{type(exc).__name__}: {first}", error=traceback.format_exc())
+        result.seconds = time.perf_counter() - started
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
+    return results
+
+
+def any_failed(results: list[StepResult]) -> bool:
+    return any(r.status == FAIL for r in results)
+
+
+# ---------------------------------------------------------------------------------- environment
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuEnvironment:
+    """The machine the numbers come from."""
+
+    gpu: str  # torch.cuda.get_device_name()
+    compute_capability: str  # e.g. "9.0"
+    sm_count: int
+    memory_gib: float
+    driver: str
+    cuda: str  # the CUDA version torch was built with
+    torch: str
+    triton: str
+    tensorrt: str | None  # version, None when TensorRT is not installed
+    host: str
+    date: str  # UTC, "YYYY-MM-DD HH:MM UTC"
+
+
+def require_cuda() -> None:
+    """One line, and no steps, where no CUDA device is visible."""
+    import torch
+
+    if not torch.cuda.is_available():
+        build = "a CPU-only build of torch" if torch.version.cuda is None else f"torch built for CUDA {torch.version.cuda}"
+        raise DFlashError(
+            f"no CUDA device is visible ({build}; torch.cuda.is_available() is False), so the GPU check cannot run here",
+            "run `make gpu-check` on a machine with an NVIDIA GPU and its driver (`make setup` installs the CUDA build of torch where nvidia-smi works)",
+        )
+
+
+def tensorrt_version() -> str | None:
+    """The installed TensorRT's version, or None when `import tensorrt` would fail."""
+    if importlib.util.find_spec("tensorrt") is None:
+        return None
+    try:
+        import tensorrt
+    except Exception:  # noqa: BLE001 - a broken install is as good as none here
+        return None
+    return str(getattr(tensorrt, "__version__", "unknown"))
+
+
+def _package_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def driver_version() -> str:
+    """The NVIDIA driver version (NVML, else nvidia-smi), or "unknown"."""
+    from trtllm_dflash.catalog.gpus import detect_local_gpus
+
+    found = detect_local_gpus().driver_version
+    if found:
+        return found
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+        )
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def gpu_environment() -> GpuEnvironment:
+    """GPU 0 as torch sees it, the driver, and the versions that matter for the numbers."""
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    return GpuEnvironment(
+        gpu=torch.cuda.get_device_name(0),
+        compute_capability=f"{props.major}.{props.minor}",
+        sm_count=int(props.multi_processor_count),
+        memory_gib=props.total_memory / 2**30,
+        driver=driver_version(),
+        cuda=str(torch.version.cuda),
+        torch=torch.__version__,
+        triton=_package_version("triton"),
+        tensorrt=tensorrt_version(),
+        host=platform.node(),
+        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    )
+
+
+# ------------------------------------------------------------------------------- the GPU steps
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """How much each step measures (the full check fits ~10 minutes on one H100; --quick ~3)."""
+
+    quick: bool
+    prompts: int
+    max_new_tokens: int
+    batches: tuple[int, ...]
+    repeats: int
+
+
+FULL = Budget(quick=False, prompts=8, max_new_tokens=128, batches=(1, 8), repeats=3)
+QUICK = Budget(quick=True, prompts=4, max_new_tokens=64, batches=(1, 4), repeats=1)
+
+
+def repository_root() -> Path | None:
+    """The checkout whose tests/ to run: the working directory, else the one this package is in."""
+    for root in (Path.cwd(), Path(__file__).resolve().parent.parent):
+        if (root / "tests").is_dir() and (root / "pyproject.toml").is_file():
+            return root
+    return None
+
+
+def parse_pytest_counts(output: str) -> dict[str, int]:
+    """Counts from pytest's closing line ("3 passed, 1 failed, 2 skipped in 4.2s")."""
+    lines = [line for line in output.splitlines() if re.search(r"\bin [\d.]+s\b", line)]
+    if not lines:
+        return {}
+    counts = {}
+    for number, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)", lines[-1]):
+        counts["error" if word.startswith("error") else word] = int(number)
+    return counts
+
+
+def gpu_tests_step(root: Path | None = None) -> StepOutcome:
+    """The GPU-marked test files, in a pytest subprocess (its CUDA context ends with it)."""
+    root = root or repository_root()
+    if root is None:
+        raise SkipStep("no tests/ folder here: run the check from a checkout of the repository")
+    files = sorted(str(p.relative_to(root)) for p in (root / "tests").glob("test_*gpu*.py"))
+    if not files:
+        raise SkipStep(f"no GPU test files (tests/test_*gpu*.py) under {root}")
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
+    try:
+        done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=GPU_TEST_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return StepOutcome(f"pytest did not finish within {GPU_TEST_TIMEOUT_S} s", passed=False)
+    output = done.stdout + done.stderr
+    counts = parse_pytest_counts(output)
+    counted = ", ".join(f"{n} {word}" for word, n in counts.items()) or "no summary line"
+    failures = [line for line in output.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    passed = done.returncode == 0 and counts.get("passed", 0) > 0 and not counts.get("failed") and not counts.get("error")
+    summary = f"{counted} ({', '.join(files)})"
+    if failures:
+        summary += "; " + "; ".join(failures[:5]) + (f"; and {len(failures) - 5} more" if len(failures) > 5 else "")
+    elif not passed:
+        summary += f"; pytest exit status {done.returncode}: " + " | ".join(output.strip().splitlines()[-3:])
+    return StepOutcome(summary, f"`pytest -q {' '.join(files)}`: {counted}.\n", passed)
+
+
+def kernel_benchmark_step(budget: Budget, say: Say) -> StepOutcome:
+    """The plugin kernels against the bandwidth floor and SDPA; fails only if verification disagrees
+    with the reference (attention is checked against SDPA inside the benchmark)."""
+    from trtllm_dflash.bench import kernels
+
+    attention = kernels.QUICK_ATTENTION_SHAPES if budget.quick else kernels.ATTENTION_SHAPES
+    verify = kernels.QUICK_VERIFY_SHAPES if budget.quick else kernels.VERIFY_SHAPES
+    result = kernels.run_kernel_benchmark(attention, verify, progress=say)
+    goals = kernels.goal_lines(result)
+    summary = kernels.summary_line(result) + ". Goals: " + "; ".join(g.split(";")[0] for g in goals)
+    return StepOutcome(summary, kernels.kernel_tables(result), result.all_equal_to_reference)
+
+
+def _decode_outcome(results, note: str) -> StepOutcome:
+    from trtllm_dflash.bench.decode import decode_summary, decode_table
+
+    differs = [r for r in results if r.same_as_eager is False]
+    summary = decode_summary(results)
+    if differs:
+        summary += "; CUDA graphs changed the tokens of: " + ", ".join(f"{r.mode} batch {r.batch}" for r in differs)
+    return StepOutcome(summary, note + "\n\n" + decode_table(results), passed=not differs)
+
+
+def demo_decode_step(budget: Budget, say: Say) -> StepOutcome:
+    """The shipped demo pair on CUDA: a trained drafter, so tau and the speedup are real."""
+    import torch
+
+    from trtllm_dflash import demo
+    from trtllm_dflash.bench.decode import measure_decode
+    from trtllm_dflash.bench.prompts import load_prompt_set
+    from trtllm_dflash.checkpoints import load_drafter, load_target
+
+    target = load_target(demo.target_dir(), device="cuda")
+    drafter = load_drafter(demo.drafter_dir(), target=target)
+    texts = load_prompt_set("stdlib", limit=budget.prompts)
+    prompts = [list(target.tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
+    results = measure_decode(
+        "demo", target.model, drafter, prompts, budget.batches, budget.max_new_tokens, budget.repeats, progress=say
+    )
+    dtype = str(next(target.model.parameters()).dtype).replace("torch.", "")
+    note = (
+        f"Demo pair (8-layer Qwen3 target, 3-layer block-8 drafter), {dtype}, {len(prompts)} held-out `stdlib` prompts x "
+        f"{budget.max_new_tokens} tokens, greedy, no stop tokens; median of {budget.repeats} timed passes after a warm-up. "
+        "A batch of B serves the prompts B at a time (in-flight batching)."
+    )
+    del target, drafter
+    torch.cuda.empty_cache()
+    return _decode_outcome(results, note)
+
+
+def qwen3_8b_shaped_decode_step(budget: Budget, say: Say) -> StepOutcome:
+    """Qwen3-8B's full width with 2 random layers: real GEMM and attention sizes in a few GB."""
+    import torch
+
+    from trtllm_dflash.bench.decode import measure_decode
+    from trtllm_dflash.testing import make_qwen3_8b_shaped_drafter, make_qwen3_8b_shaped_target
+
+    target = make_qwen3_8b_shaped_target(num_layers=2, device="cuda", dtype=torch.bfloat16)
+    drafter = make_qwen3_8b_shaped_drafter(target.config, device="cuda", dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 150000, (64 + 16 * i,), generator=g).tolist() for i in range(budget.prompts)]
+    results = measure_decode(
+        "qwen3-8b-shaped", target, drafter, prompts, budget.batches, budget.max_new_tokens, budget.repeats, progress=say
+    )
+    note = (
+        "Random weights at Qwen3-8B's width (hidden 4096, 32/8 heads, head_dim 128, FFN 12288, vocab 151936), "
+        f"2 target layers, a 1-layer block-16 drafter tapping both; bf16; {len(prompts)} random prompts of 64-"
+        f"{64 + 16 * (len(prompts) - 1)} tokens x {budget.max_new_tokens} new. The drafter is random, so tau is about 1: "
+        "the DFlash rows measure what a draft + 16-token verify step costs at full width, not a speedup."
+    )
+    del target, drafter
+    torch.cuda.empty_cache()
+    return _decode_outcome(results, note)
+
+
+def tensorrt_step(env: GpuEnvironment, say: Say) -> StepOutcome:
+    """A TensorRT engine build of the demo pair for this GPU; skipped, saying so, without TensorRT."""
+    if env.tensorrt is None:
+        raise SkipStep(
+            "TensorRT is not installed (no `tensorrt` package: pip install 'trtllm-dflash[trt]' or use NVIDIA's "
+            "TensorRT container), so no engine is built; the other steps ran without it"
+        )
+    from trtllm_dflash.catalog.gpus import match_nvml_name
+
+    gpu = match_nvml_name(env.gpu)
+    if gpu is None:
+        raise SkipStep(f"TensorRT {env.tensorrt} is installed, but {env.gpu} is not in the GPU catalog, so no build targets it")
+    with tempfile.TemporaryDirectory(prefix="dflash-selftest-") as out:
+        command = [sys.executable, "-m", "trtllm_dflash.cli.app", "build", "--model", "demo", "--gpu", gpu.name, "--out", out]
+        say(" ".join(command[2:]))
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=TENSORRT_BUILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return StepOutcome(f"`dflash-trt build --model demo --gpu {gpu.name}` did not finish within {TENSORRT_BUILD_TIMEOUT_S} s", passed=False)
+    tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
+    line = f"`dflash-trt build --model demo --gpu {gpu.name}` with TensorRT {env.tensorrt}: exit status {done.returncode}"
+    return StepOutcome(f"{line}; {tail}", line + ".\n", passed=done.returncode == 0)
+
+
+def gpu_steps(env: GpuEnvironment, budget: Budget, say: Say) -> list[Step]:
+    """The check's steps in order (the test subprocess first, before this process holds GPU memory)."""
+    return [
+        Step("GPU tests", gpu_tests_step),
+        Step("kernel benchmark", lambda: kernel_benchmark_step(budget, say)),
+        Step("decode: demo pair", lambda: demo_decode_step(budget, say)),
+        Step("decode: Qwen3-8B-shaped, 2 layers", lambda: qwen3_8b_shaped_decode_step(budget, say)),
+        Step("TensorRT engines", lambda: tensorrt_step(env, say)),
+    ]
+
+
+# ------------------------------------------------------------------------------------- report
+
+
+def format_section(env: GpuEnvironment, results: list[StepResult], command: str, seconds: float) -> str:
+    """The markdown section appended to RESULTS.md: machine, step table, then each step's tables."""
+    tensorrt = f"TensorRT {env.tensorrt}" if env.tensorrt else "TensorRT not installed"
+    failed = [r.name for r in results if r.status == FAIL]
+    lines = [
+        f"## GPU check on {env.gpu}, {env.date}",
+        "",
+        f"Command: `{command}`; {seconds:.0f} s in all; "
+        + (f"**failed: {', '.join(failed)}**." if failed else "no step failed."),
+        "",
+        f"Machine: {env.gpu} (compute capability {env.compute_capability}, {env.sm_count} SMs, {env.memory_gib:.0f} GiB), "
+        f"driver {env.driver}, CUDA {env.cuda} (torch build), torch {env.torch}, triton {env.triton}, {tensorrt}, host `{env.host}`.",
+        "",
+        "| step | result | time | summary |",
+        "|---|---|---:|---|",
+    ]
+    for r in results:
+        summary = r.summary.replace("|", "/").replace("\n", " ")
+        lines.append(f"| {r.name} | {r.status} | {r.seconds:.1f} s | {summary} |")
+    for r in results:
+        if r.markdown.strip():
+            lines += ["", f"### {r.name}", "", r.markdown.rstrip()]
+    return "\n".join(lines) + "\n"
+
+
+def append_section(path: Path, text: str) -> None:
+    """Append a section to a markdown file (created if missing), one blank line before it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    existing = path.read_text(encoding="utf-8") if path.is_file() else ""
+    separator = "" if not existing else ("\n" if existing.endswith("\n") else "\n\n")
+    with path.open("a", encoding="utf-8") as f:
+        f.write(separator + text)
