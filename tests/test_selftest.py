@@ -150,6 +150,18 @@ def test_kernel_tables_and_goals():
     assert "attention 2 shapes at 50%-80% of floor" in kernels.summary_line(result)
 
 
+def test_target_attention_rows_and_goals():
+    from trtllm_dflash.plugins.kernels import launch
+
+    shape = launch.TARGET_ATTENTION_BENCH_SHAPES[0]
+    result = kernels.KernelBenchmark(3.0e12, [], [], [kernels.TargetAttentionResult(shape, 0.010, 0.008, 0.009)])
+    text = kernels.kernel_tables(result)
+    assert f"| {shape.name} | 32 / 8 / 128 | 16 | 1024 | 1 | 0.0100 | 0.0080 | 80% | 0.0090 | 0.90x |" in text
+    goals = kernels.goal_lines(result)
+    assert goals[0].startswith(">= 70% of the bandwidth floor: met at 1 of 1 shapes")
+    assert goals[1].startswith("attention faster than torch SDPA: MISSED at 0 of 1 shapes") and f"target {shape.name} (0.90x)" in goals[1]
+
+
 def test_benchmarked_shapes_are_plain_data():
     assert len(kernels.ATTENTION_SHAPES) == 9 and len(kernels.VERIFY_SHAPES) == 18
     assert set(kernels.QUICK_ATTENTION_SHAPES) < set(kernels.ATTENTION_SHAPES)
@@ -166,13 +178,20 @@ def test_decode_table_compares_dflash_with_ar_and_graphs_with_eager():
         _decoded(1, True, False, 2.0, 3.6), _decoded(1, True, True, 0.8, 3.6, same=False),
     ]
     table = decode.decode_table(results)
-    assert "| 1 | AR | off | 1024 | 256.0 | 1.00 | 1.00x | - | - |" in table
-    assert "| 1 | AR | on | 1024 | 512.0 | 1.00 | 1.00x | 2.00x | yes |" in table
-    assert "| 1 | DFlash | on | 1024 | 1280.0 | 3.60 | 2.50x | 2.50x | NO |" in table
+    assert "| 1 | AR | - | off | 1024 | 256.0 | 1.00 | 1.00x | - | - |" in table
+    assert "| 1 | AR | - | on | 1024 | 512.0 | 1.00 | 1.00x | 2.00x | yes |" in table
+    assert "| 1 | DFlash | - | on | 1024 | 1280.0 | 3.60 | 2.50x | 2.50x | NO |" in table
     summary = decode.decode_summary(results)
     assert summary == "batch 1: DFlash/AR 2.50x with graphs (2.00x without), graphs AR 2.00x, DFlash 2.50x, tau 3.60"
     outcome = selftest._decode_outcome(results, "note")
     assert not outcome.passed and "CUDA graphs changed the tokens of: DFlash batch 1" in outcome.summary
+    # the run on transformers' attention beside the op's is reported, and its tokens are informational
+    hf = _decoded(1, True, False, 2.5, 3.6, same=False)
+    hf.attention, hf.variant = "hf", "hf attention"
+    results = [*results[:3], hf]
+    assert "| 1 | DFlash (hf attention) | hf | off | 1024 | 409.6 | 3.60 | 1.60x | - | NO |" in decode.decode_table(results)
+    assert selftest._decode_outcome(results, "note").passed
+    assert decode.decode_summary(results).startswith("batch 1: DFlash/AR - with graphs (2.00x without)")
 
 
 # ----------------------------------------------------------------------------------- steps

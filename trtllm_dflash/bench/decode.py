@@ -35,11 +35,14 @@ class DecodeResult:
     seconds: float  # median wall time of one pass
     tau: float  # tokens committed per verify step (1 for autoregressive decoding)
     outputs: list[list[int]] = dataclasses.field(default_factory=list, repr=False)
-    same_as_eager: bool | None = None  # graphs on: the same tokens as graphs off
+    same_as_eager: bool | None = None  # graphs on (or the hf-attention run): the same tokens as graphs off
+    attention: str = ""  # the torch runtime's target attention: dflash (the engines' op) or hf
+    variant: str = ""  # "" for the main grid; "hf attention" for the comparison run beside it
 
     @property
     def mode(self) -> str:
-        return "DFlash" if self.speculative else "AR"
+        mode = "DFlash" if self.speculative else "AR"
+        return f"{mode} ({self.variant})" if self.variant else mode
 
     @property
     def tokens_per_second(self) -> float:
@@ -69,9 +72,10 @@ def measure_variant(
     cuda_graphs: bool,
     max_new_tokens: int,
     repeats: int,
+    attention: str = "auto",
 ) -> DecodeResult:
     """Warm up, then time `repeats` passes of one variant over the prompts."""
-    runtime = TorchRuntime(target, drafter, cuda_graphs=cuda_graphs)
+    runtime = TorchRuntime(target, drafter, attention=attention, cuda_graphs=cuda_graphs)
     try:
         max_context = max(len(p) for p in prompts) + max_new_tokens + 1
         decoder = Decoder(runtime, max_batch=batch, max_context=max_context)
@@ -94,6 +98,7 @@ def measure_variant(
         seconds=statistics.median(times),
         tau=sum(steps) / len(steps) if steps else 0.0,
         outputs=[r.token_ids for r in results],
+        attention=runtime.attention,
     )
 
 
@@ -123,11 +128,19 @@ def measure_decode(
                 if not graphs:
                     eager = result
                 results.append(result)
+            if speculative and eager is not None and eager.attention == "dflash":
+                # the same step on the model's own attention (SDPA over the whole cache span): what the op buys
+                say(f"{model}: batch {batch}, DFlash with transformers' attention, CUDA graphs off")
+                hf = measure_variant(model, target, drafter, prompts, batch, False, max_new_tokens, repeats, attention="hf")
+                hf.variant, hf.same_as_eager = "hf attention", hf.outputs == eager.outputs
+                results.append(hf)
     return results
 
 
 def _find(results: list[DecodeResult], batch: int, speculative: bool, graphs: bool) -> DecodeResult | None:
-    return next((r for r in results if (r.batch, r.speculative, r.cuda_graphs) == (batch, speculative, graphs)), None)
+    return next(
+        (r for r in results if (r.batch, r.speculative, r.cuda_graphs, r.variant) == (batch, speculative, graphs, "")), None
+    )
 
 
 def _ratio(a: DecodeResult | None, b: DecodeResult | None) -> str:
@@ -139,16 +152,17 @@ def _ratio(a: DecodeResult | None, b: DecodeResult | None) -> str:
 def decode_table(results: list[DecodeResult]) -> str:
     """Markdown: tokens/s, tau, DFlash vs AR and graphs vs eager, per batch and variant."""
     lines = [
-        "| batch | mode | CUDA graphs | tokens | tok/s | tau | vs AR (same graphs setting) | graphs vs eager | same tokens as eager |",
-        "|---:|---|---|---:|---:|---:|---:|---:|---|",
+        "| batch | mode | target attention | CUDA graphs | tokens | tok/s | tau | vs AR (same graphs setting) | graphs vs eager "
+        "| same tokens as eager |",
+        "|---:|---|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in results:
         ar = _find(results, r.batch, False, r.cuda_graphs)
         eager = _find(results, r.batch, r.speculative, False)
         same = "-" if r.same_as_eager is None else ("yes" if r.same_as_eager else "NO")
         lines.append(
-            f"| {r.batch} | {r.mode} | {'on' if r.cuda_graphs else 'off'} | {r.tokens} | {r.tokens_per_second:.1f} | "
-            f"{r.tau:.2f} | {_ratio(r, ar)} | {_ratio(r, eager) if r.cuda_graphs else '-'} | {same} |"
+            f"| {r.batch} | {r.mode} | {r.attention or '-'} | {'on' if r.cuda_graphs else 'off'} | {r.tokens} | "
+            f"{r.tokens_per_second:.1f} | {r.tau:.2f} | {_ratio(r, ar)} | {_ratio(r, eager) if r.cuda_graphs else '-'} | {same} |"
         )
     return "\n".join(lines) + "\n"
 

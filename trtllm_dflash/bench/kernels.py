@@ -103,10 +103,29 @@ class VerifyResult:
 
 
 @dataclasses.dataclass
+class TargetAttentionResult:
+    """The target's causal attention over its in-place cache (`launch.TARGET_ATTENTION_BENCH_SHAPES`)."""
+
+    shape: object  # launch.TargetAttentionShape
+    ours_ms: float
+    floor_ms: float
+    sdpa_ms: float
+
+    @property
+    def floor_fraction(self) -> float:
+        return self.floor_ms / self.ours_ms
+
+    @property
+    def sdpa_ratio(self) -> float:
+        return self.sdpa_ms / self.ours_ms
+
+
+@dataclasses.dataclass
 class KernelBenchmark:
     bandwidth: float  # bytes/s, device-to-device copy (read + write)
     attention: list[AttentionResult]
     verify: list[VerifyResult]
+    target: list[TargetAttentionResult] = dataclasses.field(default_factory=list)
 
     @property
     def all_equal_to_reference(self) -> bool:
@@ -177,6 +196,38 @@ def bench_attention(shape: AttentionShape, bandwidth: float) -> AttentionResult:
     return AttentionResult(s, splits, ms_ours, floor_bytes / bandwidth * 1e3, ms_sdpa)
 
 
+def bench_target_attention(shape, bandwidth: float) -> TargetAttentionResult:
+    """Our target attention (block written in place, causal over the row) vs SDPA on the same step."""
+    from trtllm_dflash.plugins.kernels import launch
+
+    s = shape
+    inputs = launch.target_attention_bench_inputs(s, torch.device("cuda"))
+    scale = s.head_dim_k**-0.5
+
+    def ours():
+        return launch.target_attention(**inputs, sinks=None, scale=scale, window=s.window)
+
+    got = ours()  # writes the block, so the cache holds this step's keys for torch too
+    span = s.context + s.tokens
+    keys = inputs["k_cache"][:, :span].transpose(1, 2).contiguous()
+    values = inputs["v_cache"][:, :span].transpose(1, 2).contiguous()
+    queries = inputs["q"].transpose(1, 2).contiguous()
+    query_pos = s.context + torch.arange(s.tokens, device="cuda").view(-1, 1)
+    visible = torch.arange(span, device="cuda").view(1, -1) <= query_pos
+    if s.window > 0:
+        visible &= torch.arange(span, device="cuda").view(1, -1) > query_pos - s.window
+
+    def sdpa():
+        return torch.nn.functional.scaled_dot_product_attention(queries, keys, values, attn_mask=visible, scale=scale, enable_gqa=True)
+
+    torch.testing.assert_close(got.float(), sdpa().transpose(1, 2).float(), atol=3e-2, rtol=3e-2)
+    floor_bytes = s.bytes_moved()
+    ms_ours, ms_sdpa = _median_ms(ours), _median_ms(sdpa)
+    del inputs, keys, values
+    torch.cuda.empty_cache()
+    return TargetAttentionResult(s, ms_ours, floor_bytes / bandwidth * 1e3, ms_sdpa)
+
+
 def bench_verify(shape: VerifyShape, bandwidth: float) -> VerifyResult:
     """Both verification kernels on one shape, checked equal to the torch reference."""
     from trtllm_dflash.plugins import reference
@@ -209,6 +260,7 @@ def run_kernel_benchmark(
     attention_shapes: list[AttentionShape] = ATTENTION_SHAPES,
     verify_shapes: list[VerifyShape] = VERIFY_SHAPES,
     progress: Callable[[str], None] | None = None,
+    target_shapes: list | None = None,
 ) -> KernelBenchmark:
     """Measure the copy bandwidth, then every shape (needs CUDA and triton)."""
     from trtllm_dflash.extras import require
@@ -225,7 +277,13 @@ def run_kernel_benchmark(
     for shape in verify_shapes:
         say(f"verify {shape.logits_dtype} {shape.mode} batch {shape.batch}")
         verify.append(bench_verify(shape, bandwidth))
-    return KernelBenchmark(bandwidth, attention, verify)
+    from trtllm_dflash.plugins.kernels import launch
+
+    target = []
+    for shape in launch.TARGET_ATTENTION_BENCH_SHAPES if target_shapes is None else target_shapes:
+        say(f"target attention {shape.name}")
+        target.append(bench_target_attention(shape, bandwidth))
+    return KernelBenchmark(bandwidth, attention, verify, target)
 
 
 def goal_lines(result: KernelBenchmark) -> list[str]:
@@ -233,17 +291,22 @@ def goal_lines(result: KernelBenchmark) -> list[str]:
     lines = []
     slow = [r for r in result.attention if r.floor_fraction < FLOOR_GOAL]
     slow_verify = [r for r in result.verify if r.floor_fraction < FLOOR_GOAL]
+    slow_target = [r for r in result.target if r.floor_fraction < FLOOR_GOAL]
     behind_sdpa = [r for r in result.attention if r.sdpa_ratio <= 1.0]
+    target_behind = [r for r in result.target if r.sdpa_ratio <= 1.0]
     goal = f">= {FLOOR_GOAL:.0%} of the bandwidth floor"
-    met = len(result.attention) - len(slow) + len(result.verify) - len(slow_verify)
-    total = len(result.attention) + len(result.verify)
+    total = len(result.attention) + len(result.verify) + len(result.target)
+    met = total - len(slow) - len(slow_verify) - len(slow_target)
     misses = [f"attention {_attention_name(r.shape)} ({r.floor_fraction:.0%})" for r in slow]
     misses += [f"verify {r.shape.logits_dtype} {r.shape.mode} batch {r.shape.batch} ({r.floor_fraction:.0%})" for r in slow_verify]
+    misses += [f"target attention {r.shape.name} ({r.floor_fraction:.0%})" for r in slow_target]
     lines.append(f"{goal}: {'met' if not misses else 'MISSED'} at {met} of {total} shapes" + (f"; missed: {', '.join(misses)}" if misses else ""))
-    faster = len(result.attention) - len(behind_sdpa)
+    compared = len(result.attention) + len(result.target)
+    faster = compared - len(behind_sdpa) - len(target_behind)
     missed_sdpa = [f"{_attention_name(r.shape)} ({r.sdpa_ratio:.2f}x)" for r in behind_sdpa]
+    missed_sdpa += [f"target {r.shape.name} ({r.sdpa_ratio:.2f}x)" for r in target_behind]
     lines.append(
-        f"attention faster than torch SDPA: {'met' if not missed_sdpa else 'MISSED'} at {faster} of {len(result.attention)} shapes"
+        f"attention faster than torch SDPA: {'met' if not missed_sdpa else 'MISSED'} at {faster} of {compared} shapes"
         + (f"; missed: {', '.join(missed_sdpa)}" if missed_sdpa else "")
     )
     return lines
@@ -301,5 +364,19 @@ def kernel_tables(result: KernelBenchmark) -> str:
             f"| {s.logits_dtype} | {s.mode} | {s.block} | {s.vocab} | {s.batch} | {r.ours_ms:.4f} | {r.floor_ms:.4f} | "
             f"{r.floor_fraction:.0%} | {'yes' if r.equal_to_reference else 'NO'} |"
         )
+    if result.target:
+        lines += [
+            "",
+            "Target attention (bf16; the block written into the cache in place, causal over each row's own length):",
+            "",
+            "| shape | heads / KV / head_dim | tokens | context | batch | ours (ms) | floor (ms) | % of floor | torch SDPA (ms) | SDPA / ours |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in result.target:
+            s = r.shape
+            lines.append(
+                f"| {s.name} | {s.heads} / {s.kv_heads} / {s.head_dim_k} | {s.tokens} | {s.context} | {s.batch} | {r.ours_ms:.4f} | "
+                f"{r.floor_ms:.4f} | {r.floor_fraction:.0%} | {r.sdpa_ms:.4f} | {r.sdpa_ratio:.2f}x |"
+            )
     lines += ["", "Goals (reported, not enforced):", ""] + [f"- {line}" for line in goal_lines(result)]
     return "\n".join(lines) + "\n"
