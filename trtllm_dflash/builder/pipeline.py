@@ -28,7 +28,7 @@ from trtllm_dflash.builder.spec import BuildSpec, export_support
 from trtllm_dflash.builder.stages import BuildResult, Reporter, Stage, StageBlocked, StageContext, StageRunner
 from trtllm_dflash.errors import CheckpointError, DFlashError
 
-EXPORT_FORMAT = 1  # bump when the graph layout changes, so old export stages are rebuilt
+EXPORT_FORMAT = 2  # bump when the graphs change (2: exact attention scale), so old export stages are rebuilt
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
     "merges.txt", "chat_template.jinja", "generation_config.json", "config.json",
