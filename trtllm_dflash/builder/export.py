@@ -485,8 +485,8 @@ def attention_translation() -> dict:
     its square root: in a BF16 graph sqrt(1/sqrt(32)) rounds to 0.41992 instead of 0.42045, so
     every attention runs 0.25% cooler than torch's, which applies the scale in float32 at any
     dtype. Here Q is multiplied by the float32 scale in float32 and cast back (Q scaled before
-    the first matmul is the form TensorRT fuses into one attention kernel); the rest is the
-    usual MatMul / mask / Softmax / MatMul.
+    the first matmul is the form TensorRT fuses into one attention kernel: TensorRT-RTX 1.7 builds
+    it, as the old form, into one `_gemm_mha_v2` kernel); the rest is MatMul / mask / Softmax / MatMul.
     """
     import math
 
