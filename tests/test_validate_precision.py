@@ -222,3 +222,16 @@ def test_demo_pair_bf16_plugin_h100_build_passes_validate_and_a_wrong_scale_does
     ref = reference("demo", "demo")
     with pytest.raises(validate.ValidationError, match="differs from the torch runtime"):
         validate_variant(perturb_scale(out / "export", "native", 1.01), "native", ref)
+
+
+def test_engines_are_built_only_from_validated_variants():
+    from trtllm_dflash.builder.pipeline import check_validated
+    from trtllm_dflash.errors import DFlashError
+
+    export = {"variants": ["native", "plugin"]}
+    check_validated(export, {"status": "passed", "variants": ["native", "plugin"]})
+    check_validated(export, {"status": "skipped", "note": "too large for CPU"})  # the GPU gate checks those
+    with pytest.raises(DFlashError, match="the plugin graphs were not validated"):
+        check_validated(export, {"status": "passed", "variants": ["native"]})
+    with pytest.raises(DFlashError, match="not validated"):  # a validate record from before the variants were listed
+        check_validated(export, {"status": "passed", "max_relative_error": {"native": 1e-6}})

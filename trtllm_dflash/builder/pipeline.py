@@ -233,9 +233,21 @@ def run_validate(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- engines / trtllm / repository
 
 
+def check_validated(export: dict[str, Any], validation: dict[str, Any]) -> None:
+    """Engines are built only from graphs the validate stage passed (every variant, unless it was skipped for size)."""
+    if validation.get("status") == "skipped":
+        return
+    missing = [v for v in export["variants"] if v not in validation.get("variants", [])]
+    if validation.get("status") != "passed" or missing:
+        raise DFlashError(
+            f"the {', '.join(missing) or 'exported'} graphs were not validated", "rebuild with --force so the validate stage checks them"
+        )
+
+
 def run_engines(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     from trtllm_dflash.builder import engines, plugin_graphs
 
+    check_validated(ctx.upstream["export"]["summary"], ctx.upstream["validate"]["summary"])
     flavour = engines.load_flavour(spec.trt_flavour)
     engines.check_can_build(flavour, spec.gpu.compute_capability, spec.gpu.full_name)
     export_dir = ctx.upstream_dir("export")
@@ -248,10 +260,7 @@ def run_engines(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     built: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     plugins: dict[str, list[str]] = {}
-    validation = ctx.upstream["validate"]["summary"]
     for variant in export["variants"]:
-        if validation["status"] == "passed" and variant not in validation["variants"]:
-            raise DFlashError(f"the {variant} graphs were exported but not validated", "rebuild with --force")
         reason = plugin_graphs.engine_support(variant, flavour.name)
         if reason is not None:
             skipped[variant] = reason
