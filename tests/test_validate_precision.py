@@ -8,7 +8,8 @@ weights in float32, with a tolerance derived from that arithmetic (`tolerance_fo
 variant built, and the greedy speculative decode stays the decisive check. A graph that computes
 something else (a scale 1% off, a mask that lets the block see empty cache slots) must still fail.
 
-The tiny pair's build runs in `make test`; the demo pair's (8 + 3 layers, ~2 min) is `slow`.
+The tiny pair (head_dim 32, as the demo's) reproduces the failure with the old export (1.6e-3) and
+its build runs in `make test` (~40 s); the demo pair's (8 + 3 layers, 1-2 min) is `slow`.
 """
 
 from __future__ import annotations
@@ -151,7 +152,8 @@ def tiny(tmp_path_factory) -> dict:
     from trtllm_dflash.testing import make_tiny_drafter, make_tiny_target
 
     root = tmp_path_factory.mktemp("bf16")
-    target = make_tiny_target(root / "target", "qwen3", seed=5, num_layers=2, tokenizer=True)
+    # head_dim 32 as the demo's: sqrt(1/sqrt(32)) is not a BF16 number (head_dim 16's 0.5 is), so the old export failed here
+    target = make_tiny_target(root / "target", "qwen3", seed=5, num_layers=2, hidden_size=128, tokenizer=True)
     drafter = make_tiny_drafter(root / "drafter", target, seed=6, block_size=4, num_layers=2, target_layer_ids=(0, 1))
     out = build(root, str(target.resolve()), str(drafter.resolve()), 4)
     return {"target": target, "drafter": drafter, "out": out, "reference": reference(target, drafter)}
