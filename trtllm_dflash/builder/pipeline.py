@@ -189,7 +189,15 @@ def run_export(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     for name in TOKENIZER_FILES:
         if (source / name).is_file():
             shutil.copy2(source / name, tokenizer_dir / name)
-    return {"dtype": dtype, "variants": variants, "unavailable": unavailable, "block_size": block_size, "bounds": info["bounds"]}
+    # bytes each engine moves per verify step at the recipe's max batch, half the cache filled
+    from trtllm_dflash.builder.traffic import write_traffic_json
+
+    ctx.status("counting the bytes per verify step")
+    bytes_per_step = write_traffic_json(ctx.workdir)
+    return {
+        "dtype": dtype, "variants": variants, "unavailable": unavailable, "block_size": block_size, "bounds": info["bounds"],
+        "bytes_per_verify_step": bytes_per_step,
+    }
 
 
 def run_validate(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
