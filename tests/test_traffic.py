@@ -144,6 +144,50 @@ def test_tiny_graph_numbers_equal_a_hand_computation(build):
     assert abs(dense - params) / params < 0.02, (dense, params)  # + folded constants, - a folded norm
 
 
+def test_weight_rules_on_a_hand_built_graph(tmp_path):
+    """FP8 Q/DQ weights count one byte each, a Cast-only initializer at the cast's dtype, a
+    Gather-only table per looked-up row; a Shape-only reader of a cache reads nothing."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    fp8 = helper.make_tensor("w_fp8", TensorProto.FLOAT8E4M3FN, [16, 8], np.zeros(128, dtype=np.float32).tolist())
+    scale = numpy_helper.from_array(np.ones((), dtype=np.float32), "w_scale")
+    folded = numpy_helper.from_array(np.zeros((8, 4), dtype=np.float32), "w_cast")  # 4 bytes stored, read as fp16
+    table = numpy_helper.from_array(np.zeros((100, 16), dtype=np.float32), "table")
+    nodes = [
+        helper.make_node("Gather", ["table", "input_ids"], ["x"]),
+        helper.make_node("DequantizeLinear", ["w_fp8", "w_scale"], ["w"]),
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Cast", ["w_cast"], ["w16"], to=TensorProto.FLOAT16),
+        helper.make_node("Cast", ["h"], ["h16"], to=TensorProto.FLOAT16),
+        helper.make_node("MatMul", ["h16", "w16"], ["features"]),
+        helper.make_node("Shape", ["past_key_0"], ["unused_shape"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"]),
+         helper.make_tensor_value_info("past_key_0", TensorProto.FLOAT16, ["batch", "past", 2, 4])],
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT16, ["batch", "tokens", 4])],
+        [fp8, scale, folded, table],
+    )
+    path = tmp_path / "g.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), str(path))
+    info = {"variant": "native", "file": "g.onnx",
+            "inputs": [{"name": "input_ids", "dims": ["batch", "tokens"]}, {"name": "past_key_0", "dims": ["batch", "past", 2, 4]}]}
+    summary = traffic.summarize_graph(path, info, "target")
+    assert summary.dense_weight_bytes == 16 * 8 * 1 + 4 + 8 * 4 * 2
+    assert summary.gathered == (("input_ids", 16 * 4),)
+    assert summary.caches == (traffic.CacheTensor("past_key_0", 2 * 4 * 2, "unused"),)
+    items = traffic.graph_items(summary, step())
+    assert item_sum(items, "embedding rows") == 2 * 4 * 16 * 4  # batch x block rows of 64 bytes
+    assert item_sum(items, "output features") == 2 * 4 * 4 * 2
+
+
+def item_sum(items, what: str) -> int:
+    return sum(i.read + i.written for i in items if i.what.startswith(what))
+
+
 def test_closed_form_matches_the_walked_graphs(build):
     """The closed form (what the Qwen3-8B figures use) gives the walked graphs' bytes, weights aside."""
     walked = traffic.load_build(build)

@@ -219,7 +219,11 @@ def resolve_dim(dim: str | int, dims: dict[str, int]) -> int:
             return dims[node.id]
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv)):
             left, right = value(node.left), value(node.right)
-            return {ast.Add: left + right, ast.Sub: left - right, ast.Mult: left * right}.get(type(node.op), left // max(right, 1))
+            if isinstance(node.op, ast.Add):
+                return left + right
+            if isinstance(node.op, ast.Sub):
+                return left - right
+            return left * right if isinstance(node.op, ast.Mult) else left // max(right, 1)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("Min", "Max", "min", "max"):
             args = [value(arg) for arg in node.args]
             return min(args) if node.func.id.lower() == "min" else max(args)
@@ -511,9 +515,9 @@ def explain(directory: Path, step: Step, variants: Iterable[str] | None = None) 
 def default_step(bounds: dict[str, int]) -> Step:
     """The step a build's traffic.json describes: its max batch and block, capacity = max_seq_len,
     half of it committed."""
-    capacity = int(bounds["max_seq_len"])
     block = max(2, int(bounds["block_size"]))
-    return Step(batch=int(bounds["max_batch"]), context=max(1, min(capacity - block, capacity // 2)), capacity=capacity, block=block)
+    capacity = max(int(bounds["max_seq_len"]), block + 1)
+    return Step(batch=max(1, int(bounds["max_batch"])), context=max(1, min(capacity - block, capacity // 2)), capacity=capacity, block=block)
 
 
 def write_traffic_json(export_dir: Path, step: Step | None = None) -> dict[str, Any]:
