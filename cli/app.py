@@ -12,7 +12,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from trtllm_dflash.cli import bench, build, demo, doctor, generate, openai_front, plan, plugins, recipes, repo, selftest, serve, train
+from trtllm_dflash.cli import (
+    bench, build, demo, doctor, explain_bytes, generate, openai_front, plan, plugins, recipes, repo, selftest, serve, train,
+)
 from trtllm_dflash.errors import DFlashError
 
 app = typer.Typer(
@@ -45,6 +47,7 @@ app.command("doctor")(doctor.doctor)
 app.command("plan")(plan.plan)
 app.add_typer(recipes.app, name="recipes")
 app.command("build")(build.build)
+app.command("explain-bytes")(explain_bytes.explain_bytes)
 app.add_typer(plugins.app, name="plugins")
 app.command("generate")(generate.generate)
 app.command("repo")(repo.repo)

@@ -190,7 +190,18 @@ def run_export(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     for name in TOKENIZER_FILES:
         if (source / name).is_file():
             shutil.copy2(source / name, tokenizer_dir / name)
-    return {"dtype": dtype, "variants": variants, "unavailable": unavailable, "block_size": block_size, "bounds": info["bounds"]}
+    # bytes each engine moves per verify step at the recipe's max batch, half the cache filled
+    from trtllm_dflash.builder.traffic import TrafficError, write_traffic_json
+
+    ctx.status("counting the bytes per verify step")
+    try:
+        bytes_per_step: dict[str, Any] = write_traffic_json(ctx.workdir)
+    except TrafficError as exc:  # a report, not a reason to fail the export
+        bytes_per_step = {"not_counted": str(exc)}
+    return {
+        "dtype": dtype, "variants": variants, "unavailable": unavailable, "block_size": block_size, "bounds": info["bounds"],
+        "bytes_per_verify_step": bytes_per_step,
+    }
 
 
 def run_validate(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
