@@ -43,10 +43,12 @@ def repo(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def triton(repo):
-    from trtllm_dflash.serving.server import TritonServer, free_port
+    from trtllm_dflash.serving.server import TritonServer, free_port, process_group_members
 
     with TritonServer(repo, free_port(), free_port(), free_port(), host="127.0.0.1", startup_timeout=600) as running:
+        group = running.process.pid
         yield running
+    assert process_group_members(group) == []  # no backend stub outlives the server
 
 
 @pytest.fixture(scope="module")

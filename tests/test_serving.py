@@ -62,10 +62,13 @@ def repo(pair, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(repo):
-    from trtllm_dflash.serving.server import TritonServer, free_port
+    from trtllm_dflash.serving.server import TritonServer, free_port, process_group_members
 
     with TritonServer(repo, free_port(), free_port(), free_port(), host="127.0.0.1", startup_timeout=600) as running:
+        group = running.process.pid
         yield running
+    # the Python backend stubs share the server's process group: none may outlive the server
+    assert process_group_members(group) == []
 
 
 @pytest.fixture(scope="module")

@@ -237,3 +237,13 @@ def test_engines_are_built_only_from_validated_variants():
         check_validated(export, {"status": "passed", "variants": ["native"]})
     with pytest.raises(DFlashError, match="not validated"):  # a validate record from before the variants were listed
         check_validated(export, {"status": "passed", "max_relative_error": {"native": 1e-6}})
+
+
+def test_token_outputs_of_a_verifying_graph_must_be_equal():
+    """A verifying (plugin) target graph returns accepted counts and bonus tokens: any difference fails, by count."""
+    ok = validate.same_tokens("verify.bonus", torch.tensor([5, 7]), torch.tensor([5, 7]))
+    assert ok.rel == 0.0
+    validate.check([ok], 1e-3)
+    bad = validate.same_tokens("verify.bonus", torch.tensor([5, 8]), torch.tensor([5, 7]))
+    with pytest.raises(validate.ValidationError, match=r"output verify.bonus of the ONNX graphs differs .*\(1 token\(s\) differ\)"):
+        validate.check([ok, bad], 1e-3)

@@ -164,8 +164,6 @@ def attention_supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     )
 
 
-
-
 TARGET_ATTENTION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 

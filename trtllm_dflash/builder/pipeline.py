@@ -28,7 +28,7 @@ from trtllm_dflash.builder.spec import BuildSpec, export_support
 from trtllm_dflash.builder.stages import BuildResult, Reporter, Stage, StageBlocked, StageContext, StageRunner
 from trtllm_dflash.errors import CheckpointError, DFlashError
 
-EXPORT_FORMAT = 2  # bump when the graphs change (2: exact attention scale), so old export stages are rebuilt
+EXPORT_FORMAT = 2  # bump when the graphs change (2: exact attention scale, verifying plugin target), so old export stages are rebuilt
 VALIDATE_FORMAT = 2  # bump when the checks or the report change (2: dtype-derived tolerance, validated variants)
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",

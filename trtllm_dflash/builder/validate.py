@@ -160,8 +160,10 @@ def check(results: list[Comparison], tolerance: float, graphs: str = "the ONNX g
     """Raise on the worst comparison above `tolerance`."""
     worst = max(results, key=lambda c: c.rel)
     if worst.rel > tolerance:
+        how = (f"{int(worst.max_abs)} token(s) differ" if math.isinf(worst.rel)
+               else f"relative error {worst.rel:.2e} > tolerance {tolerance:.2e}")
         raise ValidationError(
-            f"output {worst.name} of {graphs} differs from the torch runtime (relative error {worst.rel:.2e} > tolerance {tolerance:.2e})",
+            f"output {worst.name} of {graphs} differs from the torch runtime ({how})",
             "this is a bug in the export; report it with the build's manifest.json",
         )
 

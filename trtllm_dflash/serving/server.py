@@ -260,6 +260,9 @@ class TritonServer:
                 code = process.wait()
         elif process is not None:
             code = process.returncode
+        if process is not None:
+            # Python backend stubs live in the server's process group and may outlive it (a stub
+            # busy in its model's finalize when the server exits): nothing of this server stays
             _kill_group(process.pid)
         for folder in ("backends", "python-bin"):
             shutil.rmtree(self._workdir / folder, ignore_errors=True)
@@ -291,8 +294,21 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def process_group_members(pgid: int) -> list[int]:
+    """Pids of the live processes in a process group (Linux /proc; empty where there is none)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
+            members.append(int(stat.parent.name))
+    return members
+
+
 def _kill_group(pid: int) -> None:
-    """Stub processes left behind by a server that died (they share its session)."""
+    """Stub processes left behind by the server (they share its process group)."""
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
