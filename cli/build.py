@@ -83,6 +83,7 @@ def build(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (stages, where they run, sizes) and stop."),
     force: bool = typer.Option(False, "--force", help="Rebuild every stage even if its inputs are unchanged."),
     as_json: bool = typer.Option(False, "--json", help="With --dry-run: print the plan as JSON."),
+    explain_bytes: bool = typer.Option(False, "--explain-bytes", help="After the export: print the bytes each engine reads and writes per verify step (`dflash-trt explain-bytes OUT`)."),
 ) -> None:
     """Build a DFlash deployment: checkpoints -> quantize -> ONNX -> validate -> engines -> repository."""
     from trtllm_dflash.builder.plan import make_build_plan, render
@@ -113,6 +114,10 @@ def build(
     quiet_libraries()
     result = run_build(spec, out_dir, force=force, reporter=RichReporter(console))
     manifest = Path(out_dir) / "manifest.json"
+    if explain_bytes and (Path(out_dir) / "export" / "graphs.json").is_file():
+        from trtllm_dflash.cli.explain_bytes import print_build_traffic
+
+        print_build_traffic(Path(out_dir), console)
     if result.complete:
         console.print(f"[bold green]build complete[/]: {escape(str(manifest))}")
         return

@@ -66,6 +66,15 @@ def print_traffic(report: dict, console: Console | None = None) -> None:
         console.print(f"  plugin / native: {report['plugin'].total / report['native'].total:.3f}")
 
 
+def print_build_traffic(out_dir: Path, console: Console) -> None:
+    """The table of `explain-bytes OUT` at the build's own bounds (what `build --explain-bytes` prints)."""
+    from trtllm_dflash.builder import traffic
+
+    graphs_json = traffic.find_graphs_json(out_dir)
+    step = traffic.default_step(json.loads(graphs_json.read_text())["bounds"])
+    print_traffic(traffic.explain(out_dir, step, None), console)
+
+
 def _step(defaults, **given):
     """The build's (or model's) default step with the options the user gave."""
     chosen = {name: value for name, value in given.items() if value is not None}

@@ -270,3 +270,17 @@ def test_cli_model_closed_form(run_main):
     assert code == 0, err
     data = json.loads(out)["variants"]
     assert data["native"]["step"]["block"] == 16 and data["plugin"]["total"] < data["native"]["total"]
+
+
+def test_build_explain_bytes_prints_the_builds_table(build):
+    """What `dflash-trt build --explain-bytes` prints after the export: the table at the build's bounds."""
+    import io
+
+    from rich.console import Console
+
+    from trtllm_dflash.cli.explain_bytes import print_build_traffic
+
+    buffer = io.StringIO()
+    print_build_traffic(build, Console(file=buffer, width=200))
+    text = buffer.getvalue()
+    assert "target cache" in text and "native:" in text and "plugin:" in text and "plugin / native:" in text
