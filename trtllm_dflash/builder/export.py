@@ -232,9 +232,10 @@ class TargetGraph(nn.Module):
     @torch.no_grad()
     def probe_cache_layers(self) -> list[LayerCache | None]:
         """Run two tokens through the model and record the K/V shape each layer writes (None: no cache)."""
-        input_ids = torch.zeros(2, 2, dtype=torch.long)
-        positions = torch.arange(2).expand(2, -1)
-        masks = self._masks(positions, torch.ones(2, 2, dtype=torch.bool), positions, self.dtype)
+        device = self.lm_head.weight.device  # the torch runtime probes a model on its GPU
+        input_ids = torch.zeros(2, 2, dtype=torch.long, device=device)
+        positions = torch.arange(2, device=device).expand(2, -1)
+        masks = self._masks(positions, torch.ones(2, 2, dtype=torch.bool, device=device), positions, self.dtype)
         cache = ConcatCache({}, 2, self.num_layers)
         self._decode(input_ids, positions, masks, cache)
         shapes: list[LayerCache | None] = []

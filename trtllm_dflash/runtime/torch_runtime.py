@@ -20,10 +20,10 @@ from transformers import PreTrainedModel
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.modeling import linear_attention, target_attention
-from trtllm_dflash.plugins import custom_ops
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.modeling.kv_cache import RaggedHFCache, StaticKVCache
 from trtllm_dflash.modeling.taps import HiddenTaps
+from trtllm_dflash.plugins import custom_ops
 from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, TargetOutput
 from trtllm_dflash.runtime.cuda_graphs import StepGraphs
 
