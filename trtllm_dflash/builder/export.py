@@ -38,6 +38,7 @@ so the same model and bounds give byte-identical files.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -612,6 +613,31 @@ def _describe(names: list[str], dims: list[list[str | int]], dtypes: list[str]) 
     return [{"name": n, "dims": d, "dtype": t} for n, d, t in zip(names, dims, dtypes)]
 
 
+@contextlib.contextmanager
+def _dense_experts(model: nn.Module):
+    """MoE experts as `dense_experts_forward` for the duration of an export, restored afterwards."""
+    previous = exportable_experts(model)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            model.set_experts_implementation(previous)
+
+
+def _cache_examples(shapes: list[LayerCache | None], cached: list[int], batch: int, slots: int, dtype: torch.dtype):
+    """Example (keys, values) cache inputs `[batch, slots, kv_heads, dim]` of every cached layer."""
+    keys = tuple(torch.zeros(batch, slots, shapes[i].kv_heads, shapes[i].key_dim, dtype=dtype) for i in cached)
+    values = tuple(torch.zeros(batch, slots, shapes[i].kv_heads, shapes[i].value_dim, dtype=dtype) for i in cached)
+    return keys, values
+
+
+def _cache_dims(shapes: list[LayerCache | None], cached: list[int], slots: str) -> list[list[str | int]]:
+    """graphs.json dims of the key inputs then the value inputs of every cached layer (slot axis `slots`)."""
+    keys = [["batch", slots, shapes[i].kv_heads, shapes[i].key_dim] for i in cached]
+    values = [["batch", slots, shapes[i].kv_heads, shapes[i].value_dim] for i in cached]
+    return keys + values
+
+
 def export_target(
     model: nn.Module, layer_ids: list[int], path: Path, dtype: str, bounds: Bounds, variant: str = "native"
 ) -> GraphInfo:
@@ -622,8 +648,7 @@ def export_target(
     config = model.config.get_text_config()
     num_layers = int(config.num_hidden_layers)
     torch_dtype = DTYPES[dtype]
-    previous_experts = exportable_experts(model)
-    try:
+    with _dense_experts(model):
         graph = TargetGraph(cast_parameters(model, torch_dtype).eval(), layer_ids).eval()
         shapes, cached = graph.cache_shapes, graph.cache_layers
 
@@ -636,8 +661,7 @@ def export_target(
             torch.randint(0, int(config.vocab_size), (b, t)),
             torch.tensor([s, 1]),
             torch.tensor([[t - 1, 0], [1, t - 1]])[:, :n],
-            tuple(torch.zeros(b, s, shapes[i].kv_heads, shapes[i].key_dim, dtype=torch_dtype) for i in cached),
-            tuple(torch.zeros(b, s, shapes[i].kv_heads, shapes[i].value_dim, dtype=torch_dtype) for i in cached),
+            *_cache_examples(shapes, cached, b, s, torch_dtype),
         )
         cache_dims = tuple({0: batch, 1: past} for _ in cached)
         dynamic = ({0: batch, 1: tokens}, {0: batch}, {0: batch, 1: picks}, cache_dims, cache_dims)
@@ -650,17 +674,12 @@ def export_target(
         translations = fp8.translation_table() if fp8.has_fp8(graph) else None  # FP8 layers -> Q/DQ
         with torch.no_grad():
             _export(graph, args, dynamic, input_names, output_names, path, translations)
-    finally:
-        if previous_experts is not None:
-            model.set_experts_implementation(previous_experts)
-    key_dims = [["batch", "past", shapes[i].kv_heads, shapes[i].key_dim] for i in cached]
-    value_dims = [["batch", "past", shapes[i].kv_heads, shapes[i].value_dim] for i in cached]
     kv_heads, head_dim = _uniform(shapes)
     return GraphInfo(
         file=path.name,
         inputs=_describe(
             input_names,
-            [["batch", "tokens"], ["batch"], ["batch", "picked"]] + key_dims + value_dims,
+            [["batch", "tokens"], ["batch"], ["batch", "picked"]] + _cache_dims(shapes, cached, "past"),
             ["int64", "int64", "int64"] + [dtype] * (2 * len(cached)),
         ),
         outputs=output_names,
@@ -703,8 +722,7 @@ def export_verifying_target(
     config = model.config.get_text_config()
     vocab = int(config.vocab_size)
     torch_dtype = DTYPES[dtype]
-    previous_experts = exportable_experts(model)
-    try:
+    with _dense_experts(model):
         graph = VerifyingTargetGraph(cast_parameters(model, torch_dtype).eval(), layer_ids).eval()
         shapes, cached = graph.cache_shapes, graph.cache_layers
         batch = Dim("batch", min=1, max=bounds.max_batch)
@@ -722,8 +740,7 @@ def export_verifying_target(
             torch.tensor([0, 5]),
             torch.tensor([1.0, 0.9]),
             torch.tensor([3, 4]),
-            tuple(torch.zeros(b, s, shapes[i].kv_heads, shapes[i].key_dim, dtype=torch_dtype) for i in cached),
-            tuple(torch.zeros(b, s, shapes[i].kv_heads, shapes[i].value_dim, dtype=torch_dtype) for i in cached),
+            *_cache_examples(shapes, cached, b, s, torch_dtype),
         )
         cache_dims = tuple({0: batch, 1: capacity} for _ in cached)
         rows = {0: batch}
@@ -737,18 +754,13 @@ def export_verifying_target(
             translations.update(fp8.translation_table())
         with torch.no_grad():
             _export(graph, args, dynamic, input_names, output_names, path, translations)
-    finally:
-        if previous_experts is not None:
-            model.set_experts_implementation(previous_experts)
-    key_dims = [["batch", "capacity", shapes[i].kv_heads, shapes[i].key_dim] for i in cached]
-    value_dims = [["batch", "capacity", shapes[i].kv_heads, shapes[i].value_dim] for i in cached]
     kv_heads, head_dim = _uniform(shapes)
     return GraphInfo(
         file=path.name,
         inputs=_describe(
             input_names,
             [["batch", "tokens"], ["batch"], ["batch", "picked"], ["batch", "drafts", vocab], ["batch"], ["batch"], ["batch"], ["batch"]]
-            + key_dims + value_dims,
+            + _cache_dims(shapes, cached, "capacity"),
             ["int64", "int64", "int64", "fp32", "fp32", "int64", "fp32", "int64"] + [dtype] * (2 * len(cached)),
         ),
         outputs=output_names,
