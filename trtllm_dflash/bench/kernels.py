@@ -71,18 +71,22 @@ VERIFY_SHAPES: list[VerifyShape] = [
 QUICK_VERIFY_SHAPES: list[VerifyShape] = [s for s in VERIFY_SHAPES if s.logits_dtype == "bfloat16" and s.batch <= 8]
 
 
-@dataclasses.dataclass
-class AttentionResult:
-    shape: AttentionShape
-    kv_splits: int
+class _VersusFloor:
+    """The floor goal of a result with `ours_ms` and `floor_ms`."""
+
     ours_ms: float
     floor_ms: float
-    sdpa_ms: float
 
     @property
     def floor_fraction(self) -> float:
         """floor / ours: 1.0 would move the unavoidable bytes at copy bandwidth."""
         return self.floor_ms / self.ours_ms
+
+
+class _VersusFloorAndSdpa(_VersusFloor):
+    """Both goals, for attention results that also timed torch SDPA (`sdpa_ms`)."""
+
+    sdpa_ms: float
 
     @property
     def sdpa_ratio(self) -> float:
@@ -91,33 +95,30 @@ class AttentionResult:
 
 
 @dataclasses.dataclass
-class VerifyResult:
+class AttentionResult(_VersusFloorAndSdpa):
+    shape: AttentionShape
+    kv_splits: int
+    ours_ms: float
+    floor_ms: float
+    sdpa_ms: float
+
+
+@dataclasses.dataclass
+class VerifyResult(_VersusFloor):
     shape: VerifyShape
     ours_ms: float
     floor_ms: float
     equal_to_reference: bool
 
-    @property
-    def floor_fraction(self) -> float:
-        return self.floor_ms / self.ours_ms
-
 
 @dataclasses.dataclass
-class TargetAttentionResult:
+class TargetAttentionResult(_VersusFloorAndSdpa):
     """The target's causal attention over its in-place cache (`launch.TARGET_ATTENTION_BENCH_SHAPES`)."""
 
     shape: object  # launch.TargetAttentionShape
     ours_ms: float
     floor_ms: float
     sdpa_ms: float
-
-    @property
-    def floor_fraction(self) -> float:
-        return self.floor_ms / self.ours_ms
-
-    @property
-    def sdpa_ratio(self) -> float:
-        return self.sdpa_ms / self.ours_ms
 
 
 @dataclasses.dataclass
