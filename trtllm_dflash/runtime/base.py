@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from typing import Callable
 
 import torch
 
@@ -209,6 +210,30 @@ class CachedRuntime(Runtime):
         self.target_cache.keep_rows(index)
         if self.draft_cache is not None:
             self.draft_cache.keep_rows(index)
+
+
+def verifying_graph_inputs(
+    tokens: torch.Tensor,
+    starts: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    sampling: "SamplingTensors",
+    logits_at: torch.Tensor | None,
+    zero_draft_probs: Callable[[int, int], torch.Tensor],
+) -> dict[str, torch.Tensor]:
+    """The inputs of a verifying (plugin) target graph other than its caches, by name.
+
+    The verified block is every position of `tokens`, or at prefill (`logits_at`) the last prompt
+    token; rows without draft distributions read q = 0 from `zero_draft_probs(batch, rows)`, which
+    has at least one row (a block of one verifies no drafts).
+    """
+    batch, count = tokens.shape
+    index = logits_at.view(-1, 1) if logits_at is not None else torch.arange(count, device=tokens.device).expand(batch, -1)
+    if draft_probs is None:
+        draft_probs = zero_draft_probs(batch, max(index.shape[1] - 1, 1))
+    return {
+        "input_ids": tokens, "starts": starts, "logit_index": index, "draft_probs": draft_probs,
+        "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p, "seed": sampling.seed,
+    }
 
 
 @dataclasses.dataclass

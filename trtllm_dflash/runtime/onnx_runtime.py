@@ -25,7 +25,7 @@ from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.extras import require
 from trtllm_dflash.plugins import reference
-from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, SamplingTensors, TargetOutput, VerifyOutput
+from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, SamplingTensors, TargetOutput, VerifyOutput, verifying_graph_inputs
 
 
 
@@ -172,20 +172,11 @@ class OnnxRuntime(CachedRuntime):
     def target_verify(self, rows, tokens, starts, span, draft_probs, sampling: SamplingTensors, logits_at=None) -> VerifyOutput:
         if not self.target_verifies:
             return super().target_verify(rows, tokens, starts, span, draft_probs, sampling, logits_at)
-        batch, count = tokens.shape
-        index = logits_at.view(-1, 1) if logits_at is not None else torch.arange(count).expand(batch, -1)
-        if draft_probs is None:  # q = 0: what greedy and autoregressive rows read
-            draft_probs = torch.zeros(batch, max(index.shape[1] - 1, 1), self.vocab_size)
+        inputs = verifying_graph_inputs(
+            tokens, starts, draft_probs, sampling, logits_at, lambda batch, rows: torch.zeros(batch, rows, self.vocab_size)
+        )
+        feed = {name: _numpy(t, torch.float32 if t.is_floating_point() else torch.int64) for name, t in inputs.items()}
         slots = min(span, self.capacity)  # the graph reads and writes slots < span only
-        feed = {
-            "input_ids": _numpy(tokens, torch.int64),
-            "starts": _numpy(starts, torch.int64),
-            "logit_index": _numpy(index, torch.int64),
-            "draft_probs": _numpy(draft_probs, torch.float32),
-            **{name: _numpy(t, dtype) for name, t, dtype in zip(
-                ("temperature", "top_k", "top_p", "seed"), sampling.tensors(), (torch.float32, torch.int64, torch.float32, torch.int64)
-            )},
-        }
         layers = self.target_cache.rows(rows)
         for i, layer in _cached(layers):
             feed[f"cache_key_{i}"] = _numpy(layer.keys[:, :slots])

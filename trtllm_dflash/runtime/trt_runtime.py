@@ -26,7 +26,7 @@ import torch
 
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import DFlashError, MissingDependencyError
-from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, SamplingTensors, TargetOutput, VerifyOutput
+from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, SamplingTensors, TargetOutput, VerifyOutput, verifying_graph_inputs
 
 
 def _torch_dtype(trt, dtype) -> torch.dtype:
@@ -193,15 +193,8 @@ class TrtRuntime(CachedRuntime):
         memory), the engine verifies, and only `result [b, 5]` and the features come back."""
         if not self.target_verifies:
             return super().target_verify(rows, tokens, starts, span, draft_probs, sampling, logits_at)
-        batch, count = tokens.shape
-        index = logits_at.view(-1, 1) if logits_at is not None else torch.arange(count, device=self.device).expand(batch, -1)
-        if draft_probs is None:
-            draft_probs = self._zero_draft_probs(batch, max(index.shape[1] - 1, 1))
-        profile = 0 if count <= self.target_engine.max_shape("input_ids", 0)[1] else 1
-        feed = {
-            "input_ids": tokens, "starts": starts, "logit_index": index, "draft_probs": draft_probs,
-            "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p, "seed": sampling.seed,
-        }
+        feed = verifying_graph_inputs(tokens, starts, draft_probs, sampling, logits_at, self._zero_draft_probs)
+        profile = 0 if tokens.shape[1] <= self.target_engine.max_shape("input_ids", 0)[1] else 1
         aliases = {}
         for i, layer in _cached(self.target_cache.rows(rows)):
             feed[f"cache_key_{i}"], feed[f"cache_value_{i}"] = layer.keys, layer.values
