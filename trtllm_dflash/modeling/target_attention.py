@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 
 import torch
 from torch import nn
@@ -82,8 +83,9 @@ def dflash_attention(
     return out, None
 
 
+@functools.cache
 def register() -> None:
-    """Make `ATTENTION_NAME` a valid attention implementation (idempotent)."""
+    """Make `ATTENTION_NAME` a valid attention implementation (once per process)."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(ATTENTION_NAME, dflash_attention)
