@@ -22,6 +22,7 @@ import random
 import pytest
 import torch
 
+from trtllm_dflash import hf_compat
 from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.modeling import linear_attention
@@ -33,6 +34,7 @@ from trtllm_dflash.testing import (
     make_tiny_drafter,
     make_tiny_multimodal_target,
     make_tiny_target,
+    tiny_target_config,
 )
 
 NEW_TOKENS = 40  # > 4 sliding windows of TINY_SLIDING_WINDOW
@@ -158,7 +160,7 @@ def test_multimodal_checkpoints_serve_their_text_path(tmp_path, model_type):
 def test_gpt_oss_keeps_its_attention_sinks(root):
     """gpt-oss is loaded with eager attention (SDPA would drop the sinks), and the sinks matter."""
     model = load_target(_target("gpt_oss", root), dtype=torch.float64).model
-    assert model.config._attn_implementation == "eager"
+    assert hf_compat.attention_implementation(model.config) == "eager"
     expected = _hf_greedy("gpt_oss", root)
     with torch.no_grad():
         for layer in model.model.layers:
@@ -220,11 +222,11 @@ def test_linear_attention_layer_matches_transformers(root, family):
         _, hf_cache = _hf_layer_and_cache(family, root)
         hf_module = model.model.layers[0].linear_attn
         with torch.no_grad():
-            reference = hf_module(sequence, cache_params=None)  # transformers' own forward, no cache
+            reference = hf_compat.call_with_linear_attention_cache(hf_module, sequence, None)  # transformers' own forward, no cache
             torch.testing.assert_close(prefill[r, :n], reference[0, :n])
             torch.testing.assert_close(verify[r], reference[0, n:])
             # transformers' state after the prompt and the kept tokens only
-            hf_module(sequence[:, : n + int(kept[r])], cache_params=hf_cache)
+            hf_compat.call_with_linear_attention_cache(hf_module, sequence[:, : n + int(kept[r])], hf_cache)
         hf_conv = hf_cache.layers[0].conv_states[0]
         hf_recurrent = hf_cache.layers[0].recurrent_states[0]
         torch.testing.assert_close(states.layers[0].conv[r], hf_conv[0, :, 1:])
@@ -234,8 +236,9 @@ def test_linear_attention_layer_matches_transformers(root, family):
 def test_closed_form_block_equals_transformers_recurrent_kernel_at_every_position():
     """Our block kernel's outputs, and the state it forms for EVERY kept length n, equal
     transformers' token-by-token recurrent kernel (grouped value heads, random decay)."""
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
+    from transformers import AutoModelForCausalLM
 
+    hf = hf_compat.delta_rule_kernels(AutoModelForCausalLM.from_config(tiny_target_config("qwen3_5")).model.layers[0].linear_attn)
     torch.manual_seed(0)
     batch, length, k_heads, v_heads, dim = 3, 16, 2, 4, 8
     query, key = torch.randn(batch, length, k_heads, dim), torch.randn(batch, length, k_heads, dim)
@@ -245,7 +248,7 @@ def test_closed_form_block_equals_transformers_recurrent_kernel_at_every_positio
     out, keys, updates, decay_log = linear_attention.gated_delta_block(query, key, value, g, beta, initial, hf.l2norm)
     state = initial
     for t in range(length):
-        expected, state = hf.torch_recurrent_gated_delta_rule(
+        expected, state = hf.recurrent(
             query[:, t : t + 1], key[:, t : t + 1], value[:, t : t + 1], g=g[:, t : t + 1], beta=beta[:, t : t + 1],
             initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True,
         )

@@ -46,7 +46,8 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from transformers.cache_utils import Cache, CacheLayerMixin
+from trtllm_dflash import hf_compat
+from trtllm_dflash.hf_compat import Cache, CacheLayerMixin
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.modeling.drafter import DFlashDrafter
@@ -197,7 +198,7 @@ class TargetGraph(nn.Module):
         self.layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * self.num_layers)
         self.sliding_window = int(getattr(config, "sliding_window", None) or 0)
         self.softcap = getattr(config, "final_logit_softcapping", None)
-        self.additive_masks = getattr(config, "_attn_implementation", "sdpa") == "eager"
+        self.additive_masks = hf_compat.attention_implementation(config) == "eager"
         self.dtype = model.get_input_embeddings().weight.dtype  # the compute dtype (FP8 layers keep E4M3 weights)
         self.layer_ids = list(layer_ids)
         self.cache_shapes = self.probe_cache_layers()
@@ -222,8 +223,8 @@ class TargetGraph(nn.Module):
             for i in self.layer_ids
         ]
         try:
-            hidden = self.decoder(
-                input_ids=input_ids, position_ids=positions, attention_mask=masks, past_key_values=cache, use_cache=cache is not None
+            hidden = hf_compat.forward_with_cache(
+                self.decoder, cache, input_ids=input_ids, position_ids=positions, attention_mask=masks, use_cache=cache is not None
             ).last_hidden_state
         finally:
             for hook in hooks:
@@ -486,14 +487,10 @@ def exportable_experts(model: nn.Module) -> str | None:
     sizes). Dense experts compute num_experts / top_k times the routed FLOPs but read each expert
     weight once per call, which is what a decode step of a batch of blocks needs anyway.
     """
-    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
-
-    can_set = getattr(model, "_can_set_experts_implementation", None)
-    if can_set is None or not can_set():
+    if not hf_compat.can_set_experts(model):
         return None
-    if DENSE_EXPERTS not in ALL_EXPERTS_FUNCTIONS:
-        ALL_EXPERTS_FUNCTIONS.register(DENSE_EXPERTS, dense_experts_forward)
-    previous = model.config._experts_implementation
+    hf_compat.register_experts(DENSE_EXPERTS, dense_experts_forward)
+    previous = hf_compat.experts_implementation(model)
     model.set_experts_implementation(DENSE_EXPERTS)
     return previous
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import Qwen3Config
-from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
 from trtllm_dflash.config import DrafterConfig
+from trtllm_dflash.hf_compat import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
 from trtllm_dflash.modeling.kv_cache import LayerCache
 from trtllm_dflash.plugins import ops
 

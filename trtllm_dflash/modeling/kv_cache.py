@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from trtllm_dflash.hf_compat import Cache, CacheLayerMixin
 
 
 @dataclasses.dataclass

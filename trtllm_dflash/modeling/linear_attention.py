@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 
+from trtllm_dflash import hf_compat
 from trtllm_dflash.errors import DFlashError
 
 LINEAR_ATTENTION = "linear_attention"
@@ -177,20 +177,21 @@ def _project(module: nn.Module, hidden: torch.Tensor):
     return module.in_proj_qkv(hidden), z, module.in_proj_b(hidden), module.in_proj_a(hidden)
 
 
-def gated_delta_net_forward(module: nn.Module, original, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, **kwargs):
+def gated_delta_net_forward(module: nn.Module, original, hidden_states: torch.Tensor, attention_mask=None, **kwargs):
     """The layer's forward under our RaggedHFCache (see the module docstring)."""
-    states: LinearStates | None = getattr(cache_params, "linear_states", None)
+    cache = hf_compat.linear_attention_cache(kwargs)
+    states: LinearStates | None = getattr(cache, "linear_states", None)
     if states is None:
-        return original(hidden_states, cache_params=cache_params, attention_mask=attention_mask, **kwargs)
-    kernels = sys.modules[type(module).__module__]  # the family's modeling file: its delta-rule kernels
+        return hf_compat.call_with_linear_attention_cache(original, hidden_states, cache, attention_mask=attention_mask, **kwargs)
+    chunk_gated_delta_rule, _, l2norm = hf_compat.delta_rule_kernels(module)
     layer = states.layers[module.layer_idx]
-    rows, valid = cache_params.rows, cache_params.valid
+    rows, valid = cache.rows, cache.valid
     batch, length, _ = hidden_states.shape
 
     mixed, z, b, a = _project(module, hidden_states)
     conv_state, recurrent = layer.conv[rows], layer.recurrent[rows]
     if valid is not None:  # prefill: rows starting at position 0 start from a zero state
-        fresh = cache_params.positions[:, 0] == 0
+        fresh = cache.positions[:, 0] == 0
         conv_state = conv_state.masked_fill(fresh.view(-1, 1, 1), 0)
         recurrent = recurrent.masked_fill(fresh.view(-1, 1, 1, 1), 0)
     window = torch.cat([conv_state, mixed.transpose(1, 2).to(conv_state.dtype)], dim=-1)
@@ -209,7 +210,7 @@ def gated_delta_net_forward(module: nn.Module, original, hidden_states: torch.Te
         core = torch.zeros(batch, length, module.num_v_heads, module.head_v_dim, dtype=hidden_states.dtype, device=hidden_states.device)
         finals = []
         for r, n in enumerate(valid.tolist()):
-            out, final = kernels.torch_chunk_gated_delta_rule(
+            out, final = chunk_gated_delta_rule(
                 query[r : r + 1, :n], key[r : r + 1, :n], value[r : r + 1, :n], g=g[r : r + 1, :n], beta=beta[r : r + 1, :n],
                 initial_state=recurrent[r : r + 1].clone(), output_final_state=True, use_qk_l2norm_in_kernel=True,
             )
@@ -218,14 +219,14 @@ def gated_delta_net_forward(module: nn.Module, original, hidden_states: torch.Te
         _store_conv(layer, rows, window, valid)
         layer.recurrent[rows] = torch.cat(finals).to(layer.recurrent.dtype)
     elif not states.capture_positions:  # benchmark baseline only (see LinearStates)
-        core, final = kernels.torch_chunk_gated_delta_rule(
+        core, final = chunk_gated_delta_rule(
             query, key, value, g=g, beta=beta, initial_state=recurrent.clone(), output_final_state=True,
             use_qk_l2norm_in_kernel=True,
         )
         _store_conv(layer, rows, window, torch.full((batch,), length, device=window.device))
         layer.recurrent[rows] = final.to(layer.recurrent.dtype)
     else:
-        core, keys, updates, decay_log = gated_delta_block(query, key, value, g, beta, recurrent, kernels.l2norm)
+        core, keys, updates, decay_log = gated_delta_block(query, key, value, g, beta, recurrent, l2norm)
         core = core.to(hidden_states.dtype)
         layer.pending_conv = window
         layer.pending_keys, layer.pending_updates, layer.pending_decay = keys, updates, decay_log

@@ -1,7 +1,7 @@
 """The target's attention as the DFlash target-attention op, inside the target's own modeling code.
 
-transformers looks each layer's attention function up by `config._attn_implementation` in its
-`AttentionInterface`; registering `dflash_attention` there (name `ATTENTION_NAME`) lets any
+transformers looks each layer's attention function up by the config's attention implementation
+in its `AttentionInterface` (see hf_compat); registering `dflash_attention` there (name `ATTENTION_NAME`) lets any
 family whose attention goes through that interface (Llama, Qwen3, Qwen3-MoE, Gemma 3, gpt-oss
 with its sinks) run `dflash::target_attention` unchanged: the layer computes q/k/v, norms and
 RoPE as always, and the op writes the new K/V into the layer's cache at each row's positions and
@@ -27,6 +27,7 @@ import functools
 import torch
 from torch import nn
 
+from trtllm_dflash import hf_compat
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.plugins import ops
 
@@ -86,9 +87,7 @@ def dflash_attention(
 @functools.cache
 def register() -> None:
     """Make `ATTENTION_NAME` a valid attention implementation (once per process)."""
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTENTION_NAME, dflash_attention)
+    hf_compat.register_attention(ATTENTION_NAME, dflash_attention)
 
 
 @contextlib.contextmanager
@@ -96,14 +95,14 @@ def use_dflash_attention(model: nn.Module):
     """Switch every attention layer of `model` to `dflash_attention` for the duration."""
     register()
     configs = {id(c): c for c in (model.config, model.config.get_text_config())}.values()
-    previous = [c._attn_implementation for c in configs]
+    previous = [hf_compat.attention_implementation(c) for c in configs]
     for config in configs:
-        config._attn_implementation = ATTENTION_NAME
+        hf_compat.set_attention_implementation(config, ATTENTION_NAME)
     try:
         yield
     finally:
         for config, implementation in zip(configs, previous):
-            config._attn_implementation = implementation
+            hf_compat.set_attention_implementation(config, implementation)
 
 
 def unsupported_reason(config) -> str | None:

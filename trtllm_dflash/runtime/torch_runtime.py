@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from trtllm_dflash import hf_compat
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.modeling import linear_attention, target_attention
 from trtllm_dflash.modeling.drafter import DFlashDrafter
@@ -74,7 +75,7 @@ class TorchRuntime(CachedRuntime):
         self.sliding_window = int(getattr(config, "sliding_window", None) or 0)
         self.softcap = getattr(config, "final_logit_softcapping", None)
         # eager attention adds the mask to the scores; sdpa and the others take a boolean mask
-        self.additive_masks = getattr(config, "_attn_implementation", "sdpa") == "eager"
+        self.additive_masks = hf_compat.attention_implementation(config) == "eager"
         self.linear_modules = linear_attention.linear_attention_modules(self.decoder, self.layer_types)
         linear_attention.install(self.linear_modules)
         self.linear_states: linear_attention.LinearStates | None = None
@@ -160,8 +161,8 @@ class TorchRuntime(CachedRuntime):
             # in prefill (logits_at) the tokens after logits_at[r] are padding
             self._hf_cache.bind(rows, positions, span, valid=None if logits_at is None else logits_at + 1)
             masks = self.attention_masks(positions, span)
-            hidden = self.decoder(
-                input_ids=tokens, position_ids=positions, attention_mask=masks, past_key_values=self._hf_cache, use_cache=True
+            hidden = hf_compat.forward_with_cache(
+                self.decoder, self._hf_cache, input_ids=tokens, position_ids=positions, attention_mask=masks, use_cache=True
             ).last_hidden_state
         if logits_at is not None:
             hidden = hidden[torch.arange(hidden.shape[0], device=self.device), logits_at].unsqueeze(1)
