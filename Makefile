@@ -1,23 +1,32 @@
 # The commands the README documents: `make demo`, `make test` and, on a GPU machine, `make gpu-check`.
-# They set themselves up: a virtual environment in .venv with everything CI needs.
+# They set themselves up: a virtual environment in .venv with exactly the versions in requirements.lock.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# The locked versions of every package `make setup` installs (`make lock` rewrites it).
+LOCK ?= requirements.lock
+# `make test-latest` installs the newest versions pyproject allows here, beside .venv.
+LATEST_VENV ?= .venv-latest
 # CPU-only machines get the pinned CPU build of torch (PLATFORM.md); GPU machines the default build.
 TORCH_SPEC ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then echo "torch>=2.6"; else echo "torch==2.13.0"; fi)
 PYTEST_ARGS ?=
-# e.g. GPU_CHECK_ARGS=--quick
+# e.g. GPU_CHECK_ARGS=--quick or GPU_CHECK_ARGS="--step kernels"
 GPU_CHECK_ARGS ?=
+# SYSTEM_PYTHON=1: `make gpu-check` uses the interpreter already there (CUDA torch preinstalled, no
+# package index reachable): the project is installed into it without dependencies, nothing is downloaded.
+SYSTEM_PYTHON ?=
 
-.PHONY: setup demo test test-all gpu-check clean
+.PHONY: setup demo test test-all test-latest lock gpu-check clean
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# PIP_CONSTRAINT also pins what pip installs into the isolated build environment (setuptools).
+$(VENV)/.installed: pyproject.toml $(LOCK)
+	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[ci]"
+	$(BIN)/python -m pip install --quiet --constraint $(LOCK) --upgrade pip setuptools
+	PIP_CONSTRAINT=$(abspath $(LOCK)) $(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	PIP_CONSTRAINT=$(abspath $(LOCK)) $(BIN)/python -m pip install --quiet -e ".[ci]"
 	@touch $@
 
 demo: setup
@@ -30,10 +39,35 @@ test: setup
 test-all: setup
 	$(BIN)/python -m pytest -q --runslow $(PYTEST_ARGS)
 
-# On a GPU machine: GPU tests, kernel benchmark, torch-runtime decode with/without CUDA graphs;
-# appends a section to benchmarks/RESULTS.md and exits non-zero if a step failed (or if there is no GPU).
-gpu-check: setup
+# The newest versions the ranges in pyproject.toml allow, in their own venv, then the suite.
+# Run it before raising an upper bound in pyproject.toml, and before `make lock`.
+$(LATEST_VENV)/.installed: pyproject.toml
+	rm -rf $(LATEST_VENV)
+	$(PYTHON) -m venv $(LATEST_VENV)
+	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade pip setuptools
+	$(LATEST_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager -e ".[ci]"
+	@touch $@
+
+test-latest: $(LATEST_VENV)/.installed
+	$(LATEST_VENV)/bin/python -m pip freeze | grep -iE '^(torch|transformers|triton|onnx|nvidia-modelopt|tritonclient)=='
+	$(LATEST_VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+
+# Rewrite requirements.lock from the newest-allowed venv (after `make test-latest` passed on it).
+# torch's local build tag (+cpu) is dropped: the same pin takes the CUDA build on GPU machines.
+lock: $(LATEST_VENV)/.installed
+	{ echo "# Exact versions \`make setup\` installs (Python $$($(LATEST_VENV)/bin/python -c 'import platform; print(platform.python_version())'), $$(uname -m) Linux)."; \
+	  echo "# Written by \`make lock\` from the newest versions pyproject.toml allows; do not edit by hand."; \
+	  $(LATEST_VENV)/bin/python -m pip freeze --all --exclude-editable | sed -E 's/\+(cpu|cu[0-9]+)$$//'; } > $(LOCK)
+
+gpu-check:
+ifeq ($(SYSTEM_PYTHON),1)
+	$(PYTHON) -m trtllm_dflash.system_install
+	$(PYTHON) -m trtllm_dflash.cli.app selftest --gpu --out benchmarks/RESULTS.md $(GPU_CHECK_ARGS)
+else
+	$(MAKE) setup
 	$(BIN)/dflash-trt selftest --gpu --out benchmarks/RESULTS.md $(GPU_CHECK_ARGS)
+endif
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(LATEST_VENV) build *.egg-info

@@ -34,10 +34,13 @@ def test_every_package_folder_is_listed():
 
 def test_wheel_contains_recipes_and_package_data(tmp_path):
     pytest.importorskip("setuptools")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
-        check=True, capture_output=True,
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v", "-w", str(tmp_path), str(ROOT)],
+        check=True, capture_output=True, text=True,
     )
+    # nothing alarming: no deprecated license table, no data folder outside `packages`
+    warnings = [line for line in (built.stdout + built.stderr).splitlines() if "BackendWarning" in line or "is absent from the `packages`" in line]
+    assert not warnings, "\n".join(warnings)
     wheel = next(tmp_path.glob("trtllm_dflash-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert "trtllm_dflash/plugins/reference.py" in names
@@ -48,3 +51,42 @@ def test_wheel_contains_recipes_and_package_data(tmp_path):
     for path in shipped_demo:
         if "__pycache__" not in path:
             assert path in names, path
+
+
+def _lock() -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[name.lower().replace("_", "-")] = version
+    return pins
+
+
+def test_the_lock_pins_every_dependency_inside_its_range():
+    """`make setup` installs requirements.lock: every requirement of `.[ci]` is pinned there, to a
+    version pyproject allows, so a fresh clone installs what the tests last passed on."""
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    wanted = list(project["dependencies"])
+    for extra in ("kernels", "export", "quant", "rtx", "serve", "bench", "dev"):
+        wanted += extras[extra]
+    pins = _lock()
+    for text in wanted:
+        requirement = Requirement(text)
+        name = requirement.name.lower().replace("_", "-")
+        assert name in pins, f"{name} is not in requirements.lock: run `make lock`"
+        assert requirement.specifier.contains(pins[name], prereleases=True), f"{name}=={pins[name]} is outside {requirement}"
+
+
+def test_the_installed_versions_are_the_locked_ones():
+    """The venv `make setup` makes holds the locked versions (other environments are not its business)."""
+    from importlib import metadata
+
+    if Path(sys.prefix).resolve() != (ROOT / ".venv").resolve():
+        pytest.skip(f"not the `make setup` venv ({sys.prefix}): `make test-latest` and other environments choose their own versions")
+    pins = _lock()
+    for name in ("torch", "transformers", "triton", "onnx", "nvidia-modelopt", "tritonclient", "pydantic"):
+        installed = metadata.version(name).split("+")[0]
+        assert installed == pins[name], f"{name} {installed} is installed, the lock says {pins[name]}: run `make setup`"
