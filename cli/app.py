@@ -2,10 +2,13 @@
 
 Each command lives in its own module and registers itself here. User errors (DFlashError)
 print one line naming the problem and the fix, and exit with status 2; nothing is half-written.
+Anything else prints one line with the command, model, versions and a traceback file (crash.py),
+and exits with status 1; `--debug` anywhere on the line prints the traceback instead.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -61,22 +64,33 @@ err_console = Console(stderr=True, highlight=False)
 
 
 def main() -> None:
+    """Run the app. User errors: one line, exit 2. Unforeseen errors: one line naming the command,
+    the model and the versions, the traceback in a file (`--debug` anywhere, or DFLASH_TRT_DEBUG=1,
+    prints it instead), exit 1."""
+    debug = "--debug" in sys.argv[1:] or os.environ.get("DFLASH_TRT_DEBUG") == "1"
+    sys.argv = [sys.argv[0], *(word for word in sys.argv[1:] if word != "--debug")]
     try:
         app()
     except DFlashError as exc:
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
         sys.exit(2)
-    except ModuleNotFoundError as exc:  # an optional extra imported deep inside a library
-        from trtllm_dflash.extras import as_missing_extra
-
-        error = as_missing_extra(exc)
-        if error is None:
-            raise
-        err_console.print(f"[bold red]error:[/] {escape(str(error))}", soft_wrap=True)
-        sys.exit(2)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")
         sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: never a raw traceback
+        if isinstance(exc, ModuleNotFoundError):  # an optional extra imported deep inside a library
+            from trtllm_dflash.extras import as_missing_extra
+
+            error = as_missing_extra(exc)
+            if error is not None:
+                err_console.print(f"[bold red]error:[/] {escape(str(error))}", soft_wrap=True)
+                sys.exit(2)
+        if debug:
+            raise
+        from trtllm_dflash.cli import crash
+
+        err_console.print(f"[bold red]error:[/] {escape(crash.report(exc, sys.argv))}", soft_wrap=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
