@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -23,12 +24,17 @@ def selftest(
     gpu: bool = typer.Option(False, "--gpu", help="Run the GPU check (the only check selftest has so far)."),
     out: Path = typer.Option(Path("benchmarks/RESULTS.md"), "--out", "-o", help="Markdown file the results section is appended to."),
     quick: bool = typer.Option(False, "--quick", help="Fewer kernel shapes, prompts and tokens (a few minutes)."),
+    step: Optional[list[str]] = typer.Option(
+        None, "--step", help="Run only this step (repeatable): tests, kernels, decode-demo, decode-qwen3-8b, tensorrt."
+    ),
 ) -> None:
     """GPU tests, kernel benchmark vs the bandwidth floor and SDPA, torch-runtime decode (DFlash vs AR, CUDA graphs off/on); appends the results to RESULTS.md."""
     from trtllm_dflash import selftest as check
 
     if not gpu:
         raise DFlashError("selftest has only the GPU check so far", "run `dflash-trt selftest --gpu` (or `make gpu-check`) on a GPU machine")
+    keys = list(step or [])
+    check.check_step_keys(keys)
     check.require_cuda()  # before anything slow: one line and exit 2 on a machine without CUDA
     from trtllm_dflash.cli.common import quiet_libraries
 
@@ -55,7 +61,7 @@ def selftest(
             console.print(f"[dim]{escape(''.join(result.error.strip().splitlines(keepends=True)[-12:]))}[/]")
 
     budget = check.QUICK if quick else check.FULL
-    results = check.run_steps(check.gpu_steps(env, budget, say), on_start, on_result)
+    results = check.run_steps(check.select_steps(check.gpu_steps(env, budget, say), keys), on_start, on_result)
     seconds = time.perf_counter() - started
 
     table = Table(title=f"GPU check, {seconds:.0f} s", title_justify="left")
@@ -64,7 +70,7 @@ def selftest(
     for r in results:
         table.add_row(escape(r.name), STATUS_STYLE[r.status], f"{r.seconds:.1f} s")
     console.print(table)
-    command = "dflash-trt selftest --gpu" + (" --quick" if quick else "") + f" --out {out}"
+    command = "dflash-trt selftest --gpu" + (" --quick" if quick else "") + "".join(f" --step {k}" for k in keys) + f" --out {out}"
     check.append_section(out, check.format_section(env, results, command, seconds))
     console.print(f"results appended to {escape(str(out))}")
     if check.any_failed(results):

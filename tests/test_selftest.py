@@ -8,6 +8,8 @@ with a re-running stand-in for CUDA graphs. The GPU steps themselves only run on
 
 from __future__ import annotations
 
+import dataclasses
+
 import textwrap
 
 import pytest
@@ -107,6 +109,32 @@ def test_the_command_exits_0_when_nothing_failed(run_main, monkeypatch, tmp_path
     code, _, _ = run_main("selftest", "--gpu", "--out", str(tmp_path / "new" / "RESULTS.md"))
     assert code == 0
     assert (tmp_path / "new" / "RESULTS.md").read_text().startswith("## GPU check on")
+
+
+def test_step_runs_only_the_named_steps_in_order(run_main, monkeypatch, tmp_path):
+    """`--step` splits the check into calls of a few minutes each."""
+    calls: list[str] = []
+    monkeypatch.setattr(selftest, "require_cuda", lambda: None)
+    monkeypatch.setattr(selftest, "gpu_environment", lambda: ENV)
+    keyed = [dataclasses.replace(s, key=key) for s, key in zip(_fake_steps(calls), selftest.STEP_KEYS)]
+    monkeypatch.setattr(selftest, "gpu_steps", lambda env, budget, say: keyed)
+    out = tmp_path / "RESULTS.md"
+    code, _, _ = run_main("selftest", "--gpu", "--step", "decode-demo", "--step", "tests", "--out", str(out))
+    assert code == 0
+    assert calls == ["first", "skipped"]  # the check's order, not the command line's
+    assert "--step decode-demo --step tests" in out.read_text()
+
+
+def test_an_unknown_step_is_refused_before_the_gpu_is_looked_for(run_main, tmp_path):
+    code, _, stderr = run_main("selftest", "--gpu", "--step", "kernel", "--out", str(tmp_path / "R.md"))
+    assert code == 2 and len(stderr.strip().splitlines()) == 1
+    assert "unknown GPU check step kernel" in stderr and "tests, kernels, decode-demo" in stderr
+    assert not (tmp_path / "R.md").exists()
+
+
+def test_every_step_has_the_key_the_command_line_accepts():
+    steps = selftest.gpu_steps(ENV, selftest.QUICK, lambda text: None)
+    assert tuple(step.key for step in steps) == selftest.STEP_KEYS
 
 
 # ------------------------------------------------------------------------------------ report

@@ -56,6 +56,7 @@ class SkipStep(Exception):
 class Step:
     name: str
     run: Callable[[], StepOutcome]
+    key: str = ""  # what `selftest --gpu --step KEY` calls it
 
 
 @dataclasses.dataclass
@@ -349,12 +350,27 @@ def tensorrt_step(env: GpuEnvironment, say: Say) -> StepOutcome:
 def gpu_steps(env: GpuEnvironment, budget: Budget, say: Say) -> list[Step]:
     """The check's steps in order (the test subprocess first, before this process holds GPU memory)."""
     return [
-        Step("GPU tests", gpu_tests_step),
-        Step("kernel benchmark", lambda: kernel_benchmark_step(budget, say)),
-        Step("decode: demo pair", lambda: demo_decode_step(budget, say)),
-        Step("decode: Qwen3-8B-shaped, 2 layers", lambda: qwen3_8b_shaped_decode_step(budget, say)),
-        Step("TensorRT engines", lambda: tensorrt_step(env, say)),
+        Step("GPU tests", gpu_tests_step, "tests"),
+        Step("kernel benchmark", lambda: kernel_benchmark_step(budget, say), "kernels"),
+        Step("decode: demo pair", lambda: demo_decode_step(budget, say), "decode-demo"),
+        Step("decode: Qwen3-8B-shaped, 2 layers", lambda: qwen3_8b_shaped_decode_step(budget, say), "decode-qwen3-8b"),
+        Step("TensorRT engines", lambda: tensorrt_step(env, say), "tensorrt"),
     ]
+
+
+STEP_KEYS = ("tests", "kernels", "decode-demo", "decode-qwen3-8b", "tensorrt")
+
+
+def check_step_keys(keys: list[str]) -> None:
+    """Refuse an unknown `--step` before anything starts (one line naming the known ones)."""
+    unknown = [key for key in keys if key not in STEP_KEYS]
+    if unknown:
+        raise DFlashError(f"unknown GPU check step {', '.join(unknown)}", f"use --step with one of: {', '.join(STEP_KEYS)}")
+
+
+def select_steps(steps: list[Step], keys: list[str]) -> list[Step]:
+    """The steps named by `keys`, in the check's own order (all of them when none is named)."""
+    return [step for step in steps if not keys or step.key in keys]
 
 
 # ------------------------------------------------------------------------------------- report
