@@ -46,10 +46,10 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from trtllm_dflash import hf_compat
-from trtllm_dflash.hf_compat import Cache, CacheLayerMixin
 
+from trtllm_dflash import hf_compat
 from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.hf_compat import Cache, CacheLayerMixin
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+
 from trtllm_dflash.hf_compat import Cache, CacheLayerMixin
 
 
