@@ -28,12 +28,21 @@ def serve(
     openai_port: Optional[int] = typer.Option(None, "--openai-port", help="Also serve the OpenAI API (/v1/chat/completions, ...) on this port."),
     openai_host: str = typer.Option(DEFAULT_HOST, "--openai-host", help="Address the OpenAI API listens on."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="With --openai-port: target tokenizer directory (default: each model's target)."),
+    no_triton_http: bool = typer.Option(
+        False, "--no-triton-http", help="Do not open Triton's HTTP port (gRPC and metrics stay; the OpenAI front end uses gRPC)."
+    ),
 ) -> None:
-    """Start tritonserver, wait until every model is ready, print the endpoints; Ctrl-C stops it."""
+    """Start tritonserver, wait until every model is ready, print the endpoints; Ctrl-C stops it.
+
+    tritonserver is supervised: if it dies on its own it is restarted on the same ports (at
+    most 5 times in 10 minutes; then `serve` exits with an error).
+    """
     from trtllm_dflash.serving.server import TritonServer
 
     console = Console(highlight=False)
-    server = TritonServer(repository, http_port, grpc_port, metrics_port, host=host, log_file=log_file, verbose=verbose)
+    server = TritonServer(
+        repository, http_port, grpc_port, metrics_port, host=host, log_file=log_file, verbose=verbose, http=not no_triton_http
+    )
     front = None
     if openai_port is not None:
         from trtllm_dflash.serving.openai_server import OpenAIServer
@@ -48,21 +57,24 @@ def serve(
     try:
         endpoints = server.start()
         console.print(f"[green]ready[/] in {time.monotonic() - started:.0f} s; log: {escape(str(server.log_path))}")
-        console.print(f"  HTTP     {endpoints.http}  (POST /v2/models/<model>/generate, /generate_stream)")
+        if endpoints.http is not None:
+            console.print(f"  HTTP     {endpoints.http}  (POST /v2/models/<model>/generate, /generate_stream)")
+        else:
+            console.print("  HTTP     off (--no-triton-http)")
         console.print(f"  gRPC     {endpoints.grpc}")
         console.print(f"  metrics  {endpoints.metrics}")
         if front is not None:
             console.print(f"  OpenAI   {front.start()}  (/chat/completions, /completions, /models; /health)")
         model = server.models[0] if "dflash" not in server.models else "dflash"
-        console.print(
-            f"try: curl -s -X POST {endpoints.http}/v2/models/{model}/generate "
-            "-d '{\"text_input\": \"def fib(n):\", \"sampling_param_max_tokens\": 32, \"sampling_param_temperature\": 0}'"
-        )
-        console.print(f"  or: dflash-trt generate --url {endpoints.http} --model-name {model} --prompt 'def fib(n):' --stream")
-        while server.process is not None and server.process.poll() is None:
-            time.sleep(0.5)
-        console.print(f"[red]tritonserver exited[/] with status {server.process.returncode if server.process else '?'}:\n{escape(server.log_tail())}")
-        raise typer.Exit(1)
+        if endpoints.http is not None:
+            console.print(
+                f"try: curl -s -X POST {endpoints.http}/v2/models/{model}/generate "
+                "-d '{\"text_input\": \"def fib(n):\", \"sampling_param_max_tokens\": 32, \"sampling_param_temperature\": 0}'"
+            )
+            console.print(f"  or: dflash-trt generate --url {endpoints.http} --model-name {model} --prompt 'def fib(n):' --stream")
+        # until Ctrl-C: a tritonserver that dies on its own is restarted (one line each time);
+        # one that dies too often ends `serve` with a DFlashError (one line, exit status 2)
+        server.supervise(log=lambda line: console.print(f"[yellow]{escape(line)}[/]", soft_wrap=True))
     except KeyboardInterrupt:
         console.print("stopping tritonserver ...")
     finally:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import secrets
 import time
 from collections import deque
@@ -24,6 +25,13 @@ import torch
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.plugins import reference, rng
 from trtllm_dflash.runtime.base import Runtime, SamplingTensors
+
+
+# Largest top_k and seed a request may ask for. top_k above the vocabulary size means "off";
+# the seed is hashed on its low 32 bits (plugins/rng.py, the Triton verify kernel), so seeds
+# above 2**32 - 1 are refused rather than silently sharing a smaller seed's random stream.
+TOP_K_MAX = 2**31 - 1
+SEED_MAX = 2**32 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,14 +46,22 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
 
     def validate(self) -> None:
+        """The one range check of a request's sampling values (the API, the decoder and the
+        served model all call it): NaN and infinities never reach the sampler, and every value
+        fits the int64/float32 tensors and the 32-bit counter-based RNG it is used in."""
         if self.max_new_tokens <= 0:
             raise DFlashError(f"max_new_tokens must be > 0, got {self.max_new_tokens}", "pass a positive number")
-        if self.temperature < 0:
-            raise DFlashError(f"temperature must be >= 0, got {self.temperature}", "use 0 for greedy decoding")
-        if not 0 < self.top_p <= 1:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):  # NaN fails every comparison
+            raise DFlashError(f"temperature must be >= 0 and finite, got {self.temperature}", "use 0 for greedy decoding")
+        if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
             raise DFlashError(f"top_p must be in (0, 1], got {self.top_p}", "use 1 to disable nucleus sampling")
-        if self.top_k < 0:
-            raise DFlashError(f"top_k must be >= 0, got {self.top_k}", "use 0 to disable top-k")
+        if not 0 <= self.top_k <= TOP_K_MAX:
+            raise DFlashError(f"top_k must be in [0, {TOP_K_MAX}], got {self.top_k}", "use 0 to disable top-k")
+        if self.seed is not None and not 0 <= self.seed <= SEED_MAX:
+            raise DFlashError(
+                f"seed must be in [0, {SEED_MAX}], got {self.seed}",
+                "pass a 32-bit seed (the sampler's random numbers are keyed on 32 bits: a larger seed would repeat a smaller one's)",
+            )
 
 
 @dataclasses.dataclass

@@ -24,6 +24,15 @@ from trtllm_dflash.serving.metrics import ServingMetrics
 from trtllm_dflash.serving.protocol import GenerateInputs
 
 
+# Request limits beyond the model's own (max_context, max_tokens): a prompt longer than this
+# many characters per context token is refused without tokenizing it (no tokenizer makes
+# tokens of more than 16 characters on average from text a model can use), and the stop
+# strings are bounded because every decoding step searches each of them in each request's text.
+PROMPT_CHARS_PER_TOKEN = 16
+MAX_STOP_STRINGS = 32
+MAX_STOP_CHARS = 256
+
+
 class ResponseSink(Protocol):
     """Where one request's responses go (a Triton response sender, or a list in tests)."""
 
@@ -84,7 +93,26 @@ class ServingEngine:
     # ------------------------------------------------------------------ request side (any thread)
 
     def accept(self, inputs: GenerateInputs, sink: ResponseSink) -> Job:
-        """Validate a request and queue it for the next step; DFlashError if it cannot run."""
+        """Validate a request and queue it for the next step; DFlashError if it cannot run.
+
+        The request's limits, checked here once for every way in (HTTP, gRPC, the OpenAI front
+        end); the sampling values are range-checked by SamplingParams.validate. The cheap
+        bounds come first: a prompt of more than PROMPT_CHARS_PER_TOKEN characters per token of
+        the context cannot fit whatever the tokenizer does, so it is refused before tokenizing.
+        """
+        max_chars = self.max_context * PROMPT_CHARS_PER_TOKEN
+        if len(inputs.text) > max_chars:
+            raise DFlashError(
+                f"text_input has {len(inputs.text)} characters, more than this server's limit of {max_chars} "
+                f"({PROMPT_CHARS_PER_TOKEN} per token of its maximum context of {self.max_context})",
+                "shorten the prompt",
+            )
+        if len(inputs.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in inputs.stop):
+            raise DFlashError(
+                f"sampling_param_stop has {len(inputs.stop)} strings of up to {max(map(len, inputs.stop))} characters; "
+                f"this server takes at most {MAX_STOP_STRINGS} of at most {MAX_STOP_CHARS} characters",
+                "send fewer, shorter stop strings",
+            )
         if not inputs.text.strip():
             raise DFlashError("empty prompt", "send a non-empty text_input")
         default = min(self.config.default_max_tokens or 128, self.max_tokens)
@@ -301,6 +329,7 @@ def _input_names(problem: str) -> str:
         ("temperature", "sampling_param_temperature"),
         ("top_p", "sampling_param_top_p"),
         ("top_k", "sampling_param_top_k"),
+        ("seed", "sampling_param_seed"),
     ):
         if problem.startswith(field):
             return name + problem[len(field) :]

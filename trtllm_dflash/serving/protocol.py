@@ -16,13 +16,18 @@ import numpy as np
 from trtllm_dflash.errors import DFlashError
 
 # Inputs of the served model: (Triton datatype, numpy kinds accepted, optional). Names follow
-# TensorRT-LLM's LLM-API Triton model so its clients work unchanged.
+# TensorRT-LLM's LLM-API Triton model so its clients work unchanged. The integer inputs are
+# INT64 so that every value a client sends reaches the model as sent and is range-checked
+# there: Triton's HTTP front end narrows a JSON integer to an INT32 input without a check
+# (4294967304 arrived as 8), while a JSON integer outside INT64 is refused by Triton itself.
+# Repositories written before declared max_tokens and top_k as INT32; the model still reads
+# those (numpy kinds "iu"), but Triton then wraps large JSON values: rewrite them.
 INPUTS: dict[str, tuple[str, str, bool]] = {
     "text_input": ("TYPE_STRING", "OSU", False),
     "streaming": ("TYPE_BOOL", "b", True),
-    "sampling_param_max_tokens": ("TYPE_INT32", "iu", True),
+    "sampling_param_max_tokens": ("TYPE_INT64", "iu", True),
     "sampling_param_temperature": ("TYPE_FP32", "fiu", True),
-    "sampling_param_top_k": ("TYPE_INT32", "iu", True),
+    "sampling_param_top_k": ("TYPE_INT64", "iu", True),
     "sampling_param_top_p": ("TYPE_FP32", "fiu", True),
     "sampling_param_seed": ("TYPE_INT64", "iu", True),
     "sampling_param_stop": ("TYPE_STRING", "OSU", True),

@@ -9,6 +9,13 @@ standard library (see `stub_interpreter_env`).
 
 The Python backend stub starts its interpreter in isolated mode (PYTHONPATH is ignored), so
 this Python's import paths are handed to the repository's model.py in DFLASH_TRT_PYTHONPATH.
+
+Supervision (`TritonServer.supervise`, the wait loop of `dflash-trt serve`): a tritonserver
+that dies on its own is restarted on the same ports, within a restart budget. The bundled 2.51
+binary segfaults on some HTTP requests before any model sees them (a JSON body nested ~40,000
+arrays deep; a body of about 4 MiB or more); that cannot be fixed here, only survived. Each server gets a unique
+prefix for the Python backend's shared-memory regions in /dev/shm, so the regions a dead server
+leaves behind are removed exactly, never those of another server on the machine.
 """
 
 from __future__ import annotations
@@ -23,21 +30,30 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
+import uuid
+from collections import deque
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 from trtllm_dflash.errors import DFlashError, MissingDependencyError
 from trtllm_dflash.serving import DEFAULT_HOST
 from trtllm_dflash.serving.repository import PYTHONPATH_ENV, model_names
 
 CONTAINER_ROOT = Path("/opt/tritonserver")
+SHM_DIR = Path("/dev/shm")
+# A server that dies this often is not restarted again: a request that crashes it on every
+# retry (or a broken environment) must end `serve`, not keep it restarting forever.
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 600.0
 
 
 @dataclasses.dataclass(frozen=True)
 class Endpoints:
-    http: str  # http://host:port (generate, generate_stream, health)
+    http: str | None  # http://host:port (generate, generate_stream, health); None with HTTP off
     grpc: str  # host:port (tritonclient.grpc)
     metrics: str  # http://host:port/metrics (Prometheus)
 
@@ -157,6 +173,7 @@ class TritonServer:
         log_file: str | Path | None = None,
         verbose: bool = False,
         startup_timeout: float = 600.0,
+        http: bool = True,
     ) -> None:
         self.repository = Path(repository).expanduser().resolve()
         if not self.repository.is_dir():
@@ -169,14 +186,20 @@ class TritonServer:
             raise DFlashError(f"the HTTP, gRPC and metrics ports must differ, got {list(ports.values())}", "pick three different ports")
         self.ports = ports
         self.host = host
+        self.http = http  # False: no HTTP port (--allow-http=false); gRPC and metrics stay
         self.verbose = verbose
         self.startup_timeout = startup_timeout
         self._workdir = Path(tempfile.mkdtemp(prefix="dflash-tritonserver-"))
         self.log_path = Path(log_file) if log_file else self._workdir / "tritonserver.log"
         self.process: subprocess.Popen | None = None
+        # the Python backend names its regions /dev/shm/<prefix><uuid>: ours alone start with this
+        self.shm_prefix = f"dflash_trt_{uuid.uuid4().hex[:16]}_"
+        self.restarts: list[float] = []  # monotonic times of the restarts supervise() made
+        self.started_at: float | None = None
+        self.removed_shm: list[str] = []  # names of the shared-memory files the last stop() removed
         client_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
         self.endpoints = Endpoints(
-            http=f"http://{client_host}:{http_port}",
+            http=f"http://{client_host}:{http_port}" if http else None,
             grpc=f"{client_host}:{grpc_port}",
             metrics=f"http://{client_host}:{metrics_port}/metrics",
         )
@@ -190,6 +213,9 @@ class TritonServer:
             args.append(f"{flag}={port}")
         for service in ("http", "grpc", "metrics"):
             args.append(f"--{service}-address={self.host}")
+        if not self.http:
+            args.append("--allow-http=false")
+        args.append(f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}")
         env = dict(os.environ)
         if pytriton_server is not None:
             args.append(f"--backend-directory={prepare_backends(pytriton_server, self._workdir)}")
@@ -202,6 +228,8 @@ class TritonServer:
     def start(self) -> Endpoints:
         """Start the server and block until every model of the repository is ready."""
         for flag, port in self.ports.items():
+            if flag == "--http-port" and not self.http:
+                continue
             if not _port_free(port):
                 raise DFlashError(f"port {port} ({flag}) is already in use", f"pass another {flag} or stop what listens there")
         args, env = self.command()
@@ -220,6 +248,7 @@ class TritonServer:
         except BaseException:
             self.stop()
             raise
+        self.started_at = time.monotonic()
         return self.endpoints
 
     def wait_ready(self) -> None:
@@ -227,7 +256,7 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise DFlashError(
-                    f"tritonserver exited with status {self.process.returncode} while loading the repository:\n{self.log_tail()}",
+                    f"tritonserver exited with {describe_exit(self.process.returncode)} while loading the repository:\n{self.log_tail()}",
                     f"read the full log at {self.log_path}",
                 )
             if self.ready():
@@ -236,7 +265,9 @@ class TritonServer:
         raise DFlashError(f"tritonserver was not ready after {self.startup_timeout:.0f} s:\n{self.log_tail()}", f"read {self.log_path}")
 
     def ready(self) -> bool:
-        """Server ready and every model ready."""
+        """Server ready and every model ready (asked over HTTP, or over gRPC with HTTP off)."""
+        if not self.http:
+            return _grpc_ready(self.endpoints.grpc, self.models)
         urls = [f"{self.endpoints.http}/v2/health/ready"] + [f"{self.endpoints.http}/v2/models/{m}/ready" for m in self.models]
         for url in urls:
             try:
@@ -246,6 +277,92 @@ class TritonServer:
             except (urllib.error.URLError, OSError):
                 return False
         return True
+
+    # ------------------------------------------------------------------ supervision
+
+    def supervise(
+        self,
+        max_restarts: int = MAX_RESTARTS,
+        window: float = RESTART_WINDOW_S,
+        log: Callable[[str], None] = print,
+        stop_event: threading.Event | None = None,
+        poll: float = 0.5,
+    ) -> None:
+        """Block while the server runs; restart it on the same ports whenever it dies on its own.
+
+        Each death is logged in one line (exit status or signal, log path, shared-memory files
+        removed). Requests in flight fail with the server's connections (clients see a closed
+        connection or gRPC UNAVAILABLE, not a hang). More than `max_restarts` deaths within
+        `window` seconds raise DFlashError (one line) with the server stopped. Returns when
+        `stop_event` is set or the server was stopped (stop()).
+        """
+        stop_event = stop_event or threading.Event()
+        deaths: deque[float] = deque()
+        while not stop_event.is_set():
+            process = self.process
+            if process is None:
+                return
+            if process.poll() is None:
+                stop_event.wait(poll)
+                continue
+            if stop_event.is_set():
+                return
+            code, now = process.returncode, time.monotonic()
+            uptime = now - self.started_at if self.started_at is not None else 0.0
+            self.stop()  # its stubs, its shared memory, its backend folder
+            removed = self.removed_shm
+            deaths.append(now)
+            while deaths and now - deaths[0] > window:
+                deaths.popleft()
+            what = f"tritonserver died unexpectedly ({describe_exit(code)}, {uptime:.0f} s after it was ready)"
+            cleaned = f"removed {len(removed)} shared-memory file(s) it left in {SHM_DIR}"
+            if len(deaths) > max_restarts:
+                raise DFlashError(
+                    f"{what}; {cleaned}; it died {len(deaths)} times within {window / 60:g} min, "
+                    f"more than the {max_restarts} restarts allowed, so it is not restarted again",
+                    f"read its log, {self.log_path}",
+                )
+            log(f"{what}; log: {self.log_path}; {cleaned}; restarting it on the same ports "
+                f"(restart {len(deaths)} of at most {max_restarts} per {window / 60:g} min)")
+            self._note_in_log(f"dflash-trt serve: tritonserver died unexpectedly ({describe_exit(code)}); restarting it")
+            self.restart()
+            self.restarts.append(time.monotonic())
+            log(f"tritonserver ready again after {time.monotonic() - now:.0f} s")
+
+    def restart(self, port_wait: float = 30.0) -> Endpoints:
+        """Stop what is left of the server and start it again on the same ports."""
+        self.stop()
+        deadline = time.monotonic() + port_wait
+        while time.monotonic() < deadline and not all(
+            _port_free(port) for flag, port in self.ports.items() if self.http or flag != "--http-port"
+        ):
+            time.sleep(0.2)  # a port of the dead server may take a moment to be released
+        return self.start()
+
+    def shm_files(self) -> list[Path]:
+        """The /dev/shm files of this server's Python backend (its regions, alive or left behind)."""
+        try:
+            return sorted(p for p in SHM_DIR.iterdir() if p.name.startswith(self.shm_prefix))
+        except OSError:
+            return []
+
+    def remove_shm(self) -> list[str]:
+        """Remove this server's shared-memory regions (call only when it is not running)."""
+        removed = []
+        for path in self.shm_files():
+            try:
+                path.unlink()
+                removed.append(path.name)
+            except OSError:  # gone already, or not ours to remove
+                pass
+        return removed
+
+    def _note_in_log(self, line: str) -> None:
+        try:
+            with open(self.log_path, "a") as log:
+                log.write(f"{line}\n")
+        except OSError:
+            pass
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGINT (Triton unloads the models and exits), then SIGKILL if it does not."""
@@ -264,6 +381,8 @@ class TritonServer:
             # Python backend stubs live in the server's process group and may outlive it (a stub
             # busy in its model's finalize when the server exits): nothing of this server stays
             _kill_group(process.pid)
+            # a server that exits cleanly unlinks its regions; one that crashed leaves them
+            self.removed_shm = self.remove_shm()
         for folder in ("backends", "python-bin"):
             shutil.rmtree(self._workdir / folder, ignore_errors=True)
         return code
@@ -305,6 +424,34 @@ def process_group_members(pgid: int) -> list[int]:
         if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
             members.append(int(stat.parent.name))
     return members
+
+
+def describe_exit(code: int | None) -> str:
+    """'status 1', 'signal 11 (SIGSEGV)': how a process ended, from its Popen return code."""
+    if code is None:
+        return "no exit status"
+    if code < 0:
+        try:
+            return f"signal {-code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"signal {-code}"
+    return f"status {code}"
+
+
+def _grpc_ready(url: str, models: list[str]) -> bool:
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        client = grpcclient.InferenceServerClient(url)
+    except InferenceServerException:
+        return False
+    try:
+        return client.is_server_ready(client_timeout=2) and all(client.is_model_ready(m, client_timeout=2) for m in models)
+    except InferenceServerException:
+        return False
+    finally:
+        client.close()
 
 
 def _kill_group(pid: int) -> None:
