@@ -1,7 +1,8 @@
 """The OpenAI-compatible front end against a REAL tritonserver on loopback, driven by the official
 `openai` client: chat and completions, streamed and not, give the offline `generate --chat` /
 `generate` tokens; usage counts are right; 16 concurrent chat streams complete; bad requests get
-OpenAI-style error bodies while other streams go on; a client that hangs up frees its decoder row.
+OpenAI-style error bodies while other streams go on; a client that hangs up frees its decoder row;
+hostile values (NaN, wrapped integers, booleans as numbers, lone surrogates, huge prompts) get 400s.
 One tritonserver and one front end for the module (the demo pair; the tiny pair where it is absent).
 """
 
@@ -317,3 +318,84 @@ def test_percentiles_interpolate_between_ranks():
 
     assert percentiles([4.0, 1.0, 3.0, 2.0, 5.0]) == {"p50": 3.0, "p90": pytest.approx(4.6), "p99": pytest.approx(4.96)}
     assert percentiles([]) == {"p50": None, "p90": None, "p99": None}
+
+
+# ---------------------------------------------------------------------- hostile requests
+
+
+def _error(response: httpx.Response, status: int, param: str | None = None, code: str | None = None) -> dict:
+    """The OpenAI error body of `response`, after checking its status, shape, param and code."""
+    assert response.status_code == status, (response.status_code, response.text[:500])
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert body["error"]["param"] == param and body["error"]["code"] == code and body["error"]["message"], body
+    return body["error"]
+
+
+def _raw_json(fields: dict, field: str, raw: str) -> str:
+    """JSON text of `fields` with `field` written as the literal `raw` (NaN, true, 2**63, ...)."""
+    items = [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in fields.items() if k != field]
+    return "{" + ", ".join([*items, f"{json.dumps(field)}: {raw}"]) + "}"
+
+
+def test_hostile_inputs_get_400s_that_name_the_field(front):
+    base = front.url
+
+    def post(path: str, text: str) -> httpx.Response:
+        return httpx.post(f"{base}/{path}", content=text.encode(), headers={"Content-Type": "application/json"}, timeout=60)
+
+    completion = {"model": "dflash", "prompt": "def f(x):", "max_tokens": 2}
+    chat = {"model": "dflash", "messages": _user("hi"), "max_tokens": 2}
+    cases = [
+        ("temperature", "NaN"), ("temperature", "Infinity"), ("temperature", "-Infinity"), ("temperature", "2.5"), ("temperature", "true"),
+        ("top_p", "0"), ("top_p", "1.5"), ("top_p", "NaN"), ("top_k", "4294967297"), ("top_k", "-2"), ("top_k", "1.5"), ("top_k", "true"),
+        ("max_tokens", "true"), ("max_tokens", "0"), ("max_tokens", "2.5"), ("max_tokens", "4294967297"),
+        ("seed", str(2**63)), ("seed", str(-(2**63) - 1)), ("seed", "true"), ("seed", "1.5"),
+        ("stream", "1"), ("n", "true"), ("stop", json.dumps(["x"] * 17)), ("stop", json.dumps("x" * 1025)),
+    ]
+    for field, value in cases:
+        _error(post("completions", _raw_json(completion, field, value)), 400, field)
+        _error(post("chat/completions", _raw_json(chat, field, value)), 400, field)
+    _error(post("chat/completions", _raw_json(chat, "max_completion_tokens", "true")), 400, "max_completion_tokens")
+
+    # lone UTF-16 surrogates: valid JSON, not Unicode text
+    surrogate = '"a\\ud800b"'
+    error = _error(post("completions", '{"model": "dflash", "prompt": ' + surrogate + "}"), 400, "prompt", "invalid_unicode")
+    assert "surrogate" in error["message"]
+    _error(post("completions", '{"model": "dflash", "prompt": ["a", ' + surrogate + "]}"), 400, "prompt", "invalid_unicode")
+    _error(post("chat/completions", '{"model": "dflash", "messages": [{"role": "user", "content": ' + surrogate + "}]}"), 400, "messages", "invalid_unicode")
+    chat_part = '{"model": "dflash", "messages": [{"role": "user", "content": [{"type": "text", "text": ' + surrogate + "}]}]}"
+    assert "messages[0].content[0].text" in _error(post("chat/completions", chat_part), 400, "messages", "invalid_unicode")["message"]
+    _error(post("completions", '{"model": "dflash", "prompt": "hi", "stop": ' + surrogate + "}"), 400, "stop", "invalid_unicode")
+    _error(post("completions", '{"model": "dflash", "prompt": "hi", "user": "\\udfff"}'), 400, "user", "invalid_unicode")
+    _error(post("completions", '{"model": "dflash", "prompt": "hi", "\\udfff": 1}'), 400, None, "invalid_unicode")
+
+    # bodies that are not JSON, not UTF-8, not an object, or not JSON by their content type; wrong methods
+    _error(post("completions", '{"model": "dflash", "prompt": "hi"'), 400)
+    invalid_utf8 = httpx.post(f"{base}/completions", content=b'{"model": "dflash", "prompt": "\xff\xfe"}', headers={"Content-Type": "application/json"})
+    _error(invalid_utf8, 400)
+    _error(post("completions", "[1, 2]"), 400)
+    _error(httpx.post(f"{base}/completions", content=b'{"model": "dflash", "prompt": "hi"}', headers={"Content-Type": "text/plain"}), 400)
+    wrong_method = httpx.get(f"{base}/completions")
+    assert _error(wrong_method, 405)["type"] == "invalid_request_error" and wrong_method.headers["allow"] == "POST"
+    _error(httpx.delete(f"{base}/models"), 405)
+
+    # the extremes of each range are served
+    for extreme in ({"temperature": 2, "seed": 2**63 - 1, "top_k": 2**31 - 1}, {"temperature": 0.5, "seed": -(2**63), "top_p": 1e-30},
+                    {"temperature": 1.5, "top_k": -1, "stop": ["x"] * 16}):
+        answer = httpx.post(f"{base}/completions", json={"model": "dflash", "prompt": "def f(x):", "max_tokens": 2, **extreme}, timeout=60)
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] >= 1, (extreme, answer.text)
+    # a temperature too small for float32 logits / temperature to stay finite is greedy, not an empty "stop"
+    greedy = httpx.post(f"{base}/completions", json={"model": "dflash", "prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0}, timeout=60).json()
+    for tiny in (1e-40, 1e-38, 5e-324, 1e-6):
+        cold = httpx.post(f"{base}/completions", json={"model": "dflash", "prompt": PROMPTS[0], "max_tokens": 8, "temperature": tiny, "seed": 3}, timeout=60)
+        assert cold.json()["choices"] == greedy["choices"], tiny
+
+
+def test_prompts_too_long_by_their_characters_are_refused_without_tokenizing(front):
+    base = front.url
+    for path, body in (("completions", {"prompt": "y" * 1_000_000}), ("chat/completions", {"messages": _user("y" * 1_000_000)})):
+        started = time.monotonic()  # under the body limit, over what max_context tokens of text can hold: not tokenized
+        refused = httpx.post(f"{base}/{path}", json={"model": "dflash", **body}, timeout=60)
+        assert time.monotonic() - started < 1.0
+        assert "characters, more than 1024 tokens" in _error(refused, 400, "prompt" if path == "completions" else "messages", "context_length_exceeded")["message"]

@@ -19,18 +19,32 @@ FastAPI + uvicorn serve the HTTP side; `tritonclient.grpc.aio` the Triton side.
 import asyncio
 import dataclasses
 import json
+import logging
 import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, AsyncIterator, Optional, Sequence, Union
+from typing import Annotated, Any, AsyncIterator, Optional, Sequence, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.extras import require_installed
 from trtllm_dflash.serving.config import ServingConfig
+
+log = logging.getLogger("uvicorn.error")  # uvicorn's logger: its lines share uvicorn's format and level
+
+INT32_MAX = 2**31 - 1  # sampling_param_max_tokens and _top_k are TYPE_INT32 (serving/protocol.py)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # sampling_param_seed is TYPE_INT64
+# A prompt longer than max_context * this many characters is refused without tokenizing it: no
+# real text averages that many characters per token (English ~4, code ~3-5; the longest tokens,
+# runs of spaces in code vocabularies, are ~45 characters), so the refusal is cheap and never wrong.
+CHARS_PER_TOKEN_BOUND = 64
+# Below this a temperature is greedy: the model divides float32 logits by it, and at ~1e-37 the
+# quotient overflows (inf logits: an empty answer that says "stop"); sampling this cold is argmax.
+MIN_TEMPERATURE = 1e-5
+MAX_STOP_STRINGS, MAX_STOP_CHARS = 16, 1024  # the model matches every stop string at every step
 
 STATS = ("mean_acceptance_length", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
          "num_input_tokens", "num_output_tokens", "time_to_first_token", "tokens_per_second", "finish_reason")
@@ -56,9 +70,47 @@ class OpenAIError(Exception):
 # ---------------------------------------------------------------------- request bodies
 
 
+def check_unicode(body: dict) -> None:
+    """400 for text with a lone UTF-16 surrogate: `"\\ud800"` is valid JSON but not Unicode text,
+    and the tokenizer (or the UTF-8 encoding on the way to Triton) would fail on it.
+
+    Raises OpenAIError rather than ValueError: pydantic passes it through untouched, so the 400
+    names the top-level field (`param`) and the path within it.
+    """
+
+    def walk(value: Any, path: str, param: str | None) -> None:
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise OpenAIError(400, f"{path} is not valid Unicode text (a lone UTF-16 surrogate at character {exc.start}); send UTF-8 text",
+                                  param, "invalid_unicode") from None
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(key, path, param)
+                walk(item, f"{path}.{key}", param)
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                walk(item, f"{path}[{i}]", param)
+
+    for name, value in body.items():
+        walk(name, "a field name", None)  # checked before it is quoted as a path or param
+        walk(value, name, name)
+
+
+# Strict types: JSON `true` is not 1 and 1.5 is not an int. Ranges: what the model's input dtypes
+# carry and what sampling means; out of range is a 400 naming the field, never a wrapped value.
+MaxTokens = Annotated[StrictInt, Field(ge=1, le=INT32_MAX)]
+Temperature = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0, le=2)]  # OpenAI's range
+TopP = Annotated[float, Field(strict=True, allow_inf_nan=False, gt=0, le=1)]
+TopK = Annotated[StrictInt, Field(ge=-1, le=INT32_MAX)]
+Seed = Annotated[StrictInt, Field(ge=INT64_MIN, le=INT64_MAX)]
+StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class _Sampling(BaseModel):
@@ -66,16 +118,24 @@ class _Sampling(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     model: str
-    max_tokens: Optional[int] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None  # an extension (vLLM's); -1 or 0 = off
-    seed: Optional[int] = None
-    stop: Optional[Union[str, list[str]]] = None
-    n: Optional[int] = None
-    stream: Optional[bool] = False
+    max_tokens: Optional[MaxTokens] = None
+    temperature: Optional[Temperature] = None
+    top_p: Optional[TopP] = None
+    top_k: Optional[TopK] = None  # an extension (vLLM's); -1 or 0 = off
+    seed: Optional[Seed] = None
+    stop: Optional[Union[StopString, Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]]] = None
+    n: Optional[StrictInt] = None
+    stream: Optional[StrictBool] = False
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode(cls, data: Any) -> Any:
+        """Text is checked before any field: pydantic's own errors for it are vague."""
+        if isinstance(data, dict):
+            check_unicode(data)
+        return data
 
 
 class ChatMessage(BaseModel):
@@ -86,13 +146,13 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage]
-    max_completion_tokens: Optional[int] = None
+    max_completion_tokens: Optional[MaxTokens] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
 
 
 class CompletionRequest(_Sampling):
     prompt: Union[str, list[str], list[int], list[list[int]]]
-    echo: Optional[bool] = False
+    echo: Optional[StrictBool] = False
 
 
 # OpenAI parameters this server does not implement: refused when set to anything but "off"
@@ -126,6 +186,9 @@ class ModelInfo:
     default_max_tokens: int
     speculative: bool
     created: int
+    # one prompt tokenized at a time per tokenizer: a fast tokenizer used from two threads can
+    # fail ("Already borrowed") when one of them touches its padding/truncation settings
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
 def _tokenizer_dir(config: ServingConfig | None, name: str, override: str | None, repository: Path | None) -> Path:
@@ -302,19 +365,14 @@ class Frontend:
                 raise OpenAIError(400, f"'{name}' is not supported by this server; leave it out", name, "unsupported_parameter")
         if request.n not in (None, 1):
             raise OpenAIError(400, f"n={request.n} is not supported: this server returns one choice per request; send n=1 and repeat the request for more", "n")
-        if max_tokens is not None and max_tokens < 1:
-            raise OpenAIError(400, f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
         if max_tokens is not None and info.max_tokens is not None and max_tokens > info.max_tokens:
             raise OpenAIError(400, f"max_tokens {max_tokens} is above this model's limit of {info.max_tokens}", "max_tokens")
+        # ranges and types are checked by the request models (Temperature, TopP, ...)
         temperature = 1.0 if request.temperature is None else request.temperature
-        if temperature < 0:
-            raise OpenAIError(400, f"temperature must be >= 0, got {temperature}", "temperature")
+        if temperature < MIN_TEMPERATURE:
+            temperature = 0.0
         top_p = 1.0 if request.top_p is None else request.top_p
-        if not 0 < top_p <= 1:
-            raise OpenAIError(400, f"top_p must be in (0, 1], got {top_p}", "top_p")
         top_k = request.top_k or 0
-        if top_k < -1:
-            raise OpenAIError(400, f"top_k must be >= 0 (or -1 for off), got {top_k}", "top_k")
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
         return {
             "max_tokens": max_tokens or info.default_max_tokens, "temperature": temperature, "top_p": top_p,
@@ -322,10 +380,20 @@ class Frontend:
         }
 
     def check_prompt(self, info: ModelInfo, text: str, param: str) -> int:
-        """Prompt tokens (as the model will encode them); 400 when empty or over the context."""
+        """Prompt tokens (as the model will encode them); 400 when empty or over the context.
+
+        Blocking (it tokenizes): call it in a worker thread. A prompt too long by its character
+        count alone is refused before tokenizing, so a huge prompt costs nothing.
+        """
         if not text.strip():
             raise OpenAIError(400, "the prompt is empty", param)
-        count = len(info.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if info.max_context is not None and len(text) > info.max_context * CHARS_PER_TOKEN_BOUND:
+            raise OpenAIError(
+                400, f"This model's maximum context length is {info.max_context} tokens; the prompt has {len(text)} characters, "
+                f"more than {info.max_context} tokens of text can hold. Shorten it.", param, "context_length_exceeded",
+            )
+        with info.lock:
+            count = len(info.tokenizer(text, add_special_tokens=False)["input_ids"])
         if info.max_context is not None and count >= info.max_context:
             raise OpenAIError(
                 400, f"This model's maximum context length is {info.max_context} tokens; the prompt has {count} tokens. Shorten it.",
@@ -384,6 +452,7 @@ def create_app(frontend: "Frontend"):
     _require_extra()
     from contextlib import asynccontextmanager
 
+    from anyio import to_thread
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, StreamingResponse
@@ -403,6 +472,12 @@ def create_app(frontend: "Frontend"):
     async def openai_error(request: Request, exc: OpenAIError):
         return JSONResponse(exc.body(), status_code=exc.status)
 
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception):
+        """A bug or an unforeseen failure: still an OpenAI body (uvicorn logs the traceback)."""
+        error = OpenAIError(500, "the server failed on this request (an internal error; its log has the details)", None, "internal_error", "server_error")
+        return JSONResponse(error.body(), status_code=500)
+
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
@@ -415,8 +490,10 @@ def create_app(frontend: "Frontend"):
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
+        """404, 405 (with Allow) and FastAPI's body errors (e.g. a body that is not UTF-8)."""
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(OpenAIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind=kind).body(), status_code=exc.status_code)
+        error = OpenAIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind=kind)
+        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
 
     @app.get("/health")
     async def health():
@@ -431,13 +508,16 @@ def create_app(frontend: "Frontend"):
     async def model(name: str):
         return _model_card(frontend.model(name))
 
+    # Templating and tokenizing run in worker threads: a long prompt must not stall the event loop
+    # (and with it every other request's stream).
+
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
         info = frontend.model(body.model)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         sampling = frontend.sampling(body, info, max_tokens)
-        prompt = frontend.chat_prompt(body, info)
-        frontend.check_prompt(info, prompt, "messages")
+        prompt = await to_thread.run_sync(frontend.chat_prompt, body, info)
+        await to_thread.run_sync(frontend.check_prompt, info, prompt, "messages")
         return await _answer(request, body, info, frontend.open(info, prompt, sampling), chat=True)
 
     @app.post("/v1/completions")
@@ -449,7 +529,7 @@ def create_app(frontend: "Frontend"):
                 raise OpenAIError(400, "prompt must be one string (lists of prompts and token ids are not supported); send one request per prompt", "prompt")
             prompt = prompt[0]
         sampling = frontend.sampling(body, info, body.max_tokens)
-        frontend.check_prompt(info, prompt, "prompt")
+        await to_thread.run_sync(frontend.check_prompt, info, prompt, "prompt")
         return await _answer(request, body, info, frontend.open(info, prompt, sampling), chat=False)
 
     async def _answer(request: Request, body: _Sampling, info: ModelInfo, stream: TritonStream, chat: bool):
@@ -524,6 +604,10 @@ async def _stream_events(iterator, first: dict, ident: str, created: int, model:
         pass
     except OpenAIError as exc:  # mid-stream: the error travels as an event, then the stream ends
         yield _sse(exc.body())
+        return
+    except Exception:  # noqa: BLE001 - headers are sent: an error event is the only way to say it
+        log.exception("the stream %s failed", ident)
+        yield _sse(OpenAIError(500, "the server failed on this request (an internal error; its log has the details)", None, "internal_error", "server_error").body())
         return
     yield _sse(chunk(None if chat else "", _finish_reason(last.get("finish_reason"))))
     if usage:
