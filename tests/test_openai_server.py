@@ -2,7 +2,8 @@
 `openai` client: chat and completions, streamed and not, give the offline `generate --chat` /
 `generate` tokens; usage counts are right; 16 concurrent chat streams complete; bad requests get
 OpenAI-style error bodies while other streams go on; a client that hangs up frees its decoder row;
-hostile values (NaN, wrapped integers, booleans as numbers, lone surrogates, huge prompts) get 400s.
+hostile values (NaN, wrapped integers, booleans as numbers, lone surrogates, huge prompts) get 400s;
+and exposing it: API key, body and queue bounds, drain on SIGTERM / stop (each with status and body).
 One tritonserver and one front end for the module (the demo pair; the tiny pair where it is absent).
 """
 
@@ -13,6 +14,7 @@ import json
 import shutil
 import threading
 import time
+from typing import Iterator
 
 import httpx
 import pytest
@@ -399,3 +401,237 @@ def test_prompts_too_long_by_their_characters_are_refused_without_tokenizing(fro
         refused = httpx.post(f"{base}/{path}", json={"model": "dflash", **body}, timeout=60)
         assert time.monotonic() - started < 1.0
         assert "characters, more than 1024 tokens" in _error(refused, 400, "prompt" if path == "completions" else "messages", "context_length_exceeded")["message"]
+
+
+# ---------------------------------------------------------------------- exposing the server
+
+
+def _wait_idle(triton, front=None, timeout: float = 120) -> None:
+    """Until no request is decoding or waiting in either model (and none is in flight in `front`)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        busy = [_metrics(triton, m).get(k, 0) for m in ("dflash", "ar") for k in ("live_requests", "waiting_requests")]
+        if not any(busy) and (front is None or front.frontend.in_flight == 0):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"still busy after {timeout} s: {busy}, in flight {front.frontend.in_flight if front else '-'}")
+
+
+def _events(lines) -> Iterator[dict | str]:
+    """The data of a server-sent event stream's lines: dicts, then "[DONE]"."""
+    for line in lines:
+        if line.startswith("data: "):
+            yield "[DONE]" if line == "data: [DONE]" else json.loads(line[6:])
+
+
+def _until_text(events) -> None:
+    """Read events until one carries generated text (the request is decoding)."""
+    for event in events:
+        if isinstance(event, dict) and event["choices"] and (event["choices"][0].get("delta", {}).get("content") or event["choices"][0].get("text")):
+            return
+    raise AssertionError("the stream ended before any text")
+
+
+def test_api_key_guards_every_route_but_health(triton, repo):
+    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.server import free_port
+
+    with OpenAIServer(triton.endpoints.grpc, port=free_port(), repository=repo, api_key="s3cret-key") as front:
+        base = front.url
+        body = {"model": "dflash", "prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-key"}, {"Authorization": "Basic s3cret-key"}):
+            for response in (httpx.post(f"{base}/completions", json=body, headers=headers), httpx.get(f"{base}/models", headers=headers),
+                             httpx.get(f"{base}/nothing", headers=headers)):
+                assert _error(response, 401, code="invalid_api_key")["type"] == "invalid_request_error"
+                assert response.headers["www-authenticate"] == "Bearer"
+        assert "didn't provide an API key" in httpx.get(f"{base}/models").json()["error"]["message"]
+        assert httpx.get(base.removesuffix("/v1") + "/health").json() == {"status": "ok"}  # open: load balancers
+
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=base, api_key="wrong", max_retries=0).models.list()
+        keyed = openai.OpenAI(base_url=base, api_key="s3cret-key", max_retries=0, timeout=300)
+        assert keyed.completions.create(**body).usage.completion_tokens == 4
+        assert httpx.get(f"{base}/models", headers={"Authorization": "bearer s3cret-key"}).status_code == 200
+
+
+def test_exposure_warning_without_a_key_off_loopback(triton, repo, capfd):
+    from trtllm_dflash.serving.openai_server import OpenAIServer, exposure_warning, is_loopback
+    from trtllm_dflash.serving.server import free_port
+
+    assert [is_loopback(h) for h in ("127.0.0.1", "127.8.0.1", "::1", "[::1]", "localhost", "0.0.0.0", "::", "", "10.0.0.3", "example.com")] == \
+        [True] * 5 + [False] * 5
+    assert exposure_warning("127.0.0.1", 8080, None) is None and exposure_warning("0.0.0.0", 8080, "k") is None
+    line = exposure_warning("0.0.0.0", 8080, None)
+    assert "anyone who can reach" in line and "DFLASH_API_KEY" in line and "--api-key" in line and "\n" not in line
+
+    port = free_port()
+    OpenAIServer(triton.endpoints.grpc, host="0.0.0.0", port=port, repository=repo).uvicorn_server()  # built, not started
+    assert capfd.readouterr().err.count("anyone who can reach") == 1
+    OpenAIServer(triton.endpoints.grpc, host="127.0.0.1", port=port, repository=repo).uvicorn_server()
+    assert "anyone who can reach" not in capfd.readouterr().err
+
+
+def test_huge_bodies_are_refused_before_parsing(front):
+    import socket
+
+    base = front.url
+    started = time.monotonic()
+    big = httpx.post(f"{base}/completions", json={"model": "dflash", "prompt": "x" * 5_000_000}, timeout=60)
+    assert time.monotonic() - started < 1.0  # refused before parsing or tokenizing
+    assert "4194304 bytes" in _error(big, 413, code="request_too_large")["message"]
+
+    def chunked():  # no Content-Length: the limit holds on the bytes as they come
+        yield b'{"model": "dflash", "prompt": "'
+        for _ in range(50):
+            yield b"x" * 100_000
+        yield b'"}'
+
+    _error(httpx.post(f"{base}/completions", content=chunked(), headers={"Content-Type": "application/json"}, timeout=60), 413, code="request_too_large")
+
+    host, port = base.removeprefix("http://").removesuffix("/v1").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:  # a declared 100 GB body: answered, never read
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000000000\r\n\r\n{")
+        reply = b""
+        while not reply.endswith(b"}}"):  # the end of the JSON body (the connection stays open a while)
+            chunk = sock.recv(65536)
+            assert chunk, reply
+            reply += chunk
+    head, _, payload = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413") and json.loads(payload)["error"]["code"] == "request_too_large"
+
+
+def test_unexpected_errors_are_openai_500s(triton, repo):
+    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.server import free_port
+
+    front = OpenAIServer(triton.endpoints.grpc, port=free_port(), repository=repo)
+    app = front.uvicorn_server().config.app
+
+    async def broken():
+        raise RuntimeError("a bug")
+
+    app.add_api_route("/v1/broken", broken)  # a route with a bug, on the real app and server
+    with front:
+        response = httpx.get(f"{front.url}/broken")
+        assert _error(response, 500, code="internal_error")["type"] == "server_error"
+        assert "a bug" not in response.text  # the log has it, the client does not
+        assert httpx.get(front.url.removesuffix("/v1") + "/health").status_code == 200
+
+
+def test_past_max_queued_new_requests_get_429_with_retry_after(triton, repo):
+    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.server import free_port
+
+    _wait_idle(triton)
+    # one model of max_batch 16 and no queue beyond it: 16 requests in flight fill the front end
+    with OpenAIServer(triton.endpoints.grpc, port=free_port(), models=["dflash"], repository=repo, max_queued=0) as front:
+        assert front.frontend.capacity == 16
+        body = {"model": "dflash", "messages": _user(PROMPTS[0]), "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}
+
+        async def main() -> None:
+            async with httpx.AsyncClient(base_url=front.url, timeout=300) as client:
+                streams = [client.stream("POST", "/chat/completions", json=body) for _ in range(16)]
+                responses = await asyncio.gather(*(s.__aenter__() for s in streams))
+                assert [r.status_code for r in responses] == [200] * 16 and front.frontend.in_flight == 16
+                refused = await client.post("/chat/completions", json={**body, "stream": False})
+                assert _error(refused, 429, code="rate_limit_exceeded")["type"] == "rate_limit_error"
+                assert refused.headers["retry-after"] == "1"
+                _error(await client.post("/completions", json={"model": "dflash", "prompt": "hi"}), 429, code="rate_limit_exceeded")
+                assert (await client.get("/models")).status_code == 200  # only generation is queue-bounded
+                for stream in streams:  # hang up: the requests are cancelled
+                    await stream.__aexit__(None, None, None)
+
+        asyncio.run(main())
+        _wait_idle(triton, front)
+        answer = httpx.post(f"{front.url}/completions", json={"model": "dflash", "prompt": PROMPTS[0], "max_tokens": 4}, timeout=60)
+        assert answer.status_code == 200
+
+
+def test_64_streams_with_a_third_dropped_leave_the_server_serving_right(triton, front, client, chat_reference):
+    _wait_idle(triton, front)
+    before = _metrics(triton)
+
+    async def one(client, i: int) -> str | None:
+        stream = await client.chat.completions.create(model="dflash", messages=_user(PROMPTS[i % 4]), max_tokens=24, temperature=0, stream=True)
+        if i % 3 == 0:  # hang up after the first text
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    break
+            await stream.close()
+            return None
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    async def main() -> list[str | None]:
+        async with openai.AsyncOpenAI(base_url=front.url, api_key="unused", max_retries=0, timeout=600) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(64)))
+
+    texts = asyncio.run(main())
+    assert texts == [None if i % 3 == 0 else chat_reference[i % 4]["text"] for i in range(64)]
+    _wait_idle(triton, front)
+    after = _metrics(triton)
+    success = after["requests_total{success}"] - before["requests_total{success}"]
+    cancelled = after["requests_total{cancelled}"] - before["requests_total{cancelled}"]
+    assert success + cancelled == 64 and success >= 42 and cancelled >= 1, (success, cancelled)
+    assert httpx.get(front.url.removesuffix("/v1") + "/health").json() == {"status": "ok"}
+    answer = client.chat.completions.create(model="dflash", messages=_user(PROMPTS[2]), max_tokens=24, temperature=0)
+    assert answer.choices[0].message.content == chat_reference[2]["text"]
+
+
+def _long_stream(url: str, headers: dict | None = None):
+    body = {"model": "dflash", "messages": _user(PROMPTS[0]), "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}
+    return httpx.stream("POST", f"{url}/chat/completions", json=body, headers=headers, timeout=300)
+
+
+def _until_draining(url: str) -> None:
+    deadline = time.monotonic() + 30
+    while httpx.get(url.removesuffix("/v1") + "/health").status_code != 503:
+        assert time.monotonic() < deadline, "the server did not start draining"
+        time.sleep(0.05)
+    assert httpx.get(url.removesuffix("/v1") + "/health").json() == {"status": "draining"}
+
+
+def test_stop_drains_streams_in_flight_and_refuses_new_requests(triton, repo):
+    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.server import free_port
+
+    _wait_idle(triton)
+    front = OpenAIServer(triton.endpoints.grpc, port=free_port(), repository=repo, drain_timeout=120)
+    url = front.start()
+    with _long_stream(url) as response:
+        events = _events(response.iter_lines())
+        _until_text(events)
+        stopper = threading.Thread(target=front.stop)
+        stopper.start()
+        _until_draining(url)
+        refused = httpx.post(f"{url}/completions", json={"model": "dflash", "prompt": "hi", "max_tokens": 2})
+        assert _error(refused, 503, code="server_shutting_down")["type"] == "server_error"
+        rest = list(events)  # the stream in flight runs to its end
+    assert rest[-1] == "[DONE]" and rest[-2]["choices"][0]["finish_reason"] in ("length", "stop")
+    stopper.join(60)
+    assert not stopper.is_alive()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url + "/models")
+    _wait_idle(triton)
+
+
+def test_a_drain_that_times_out_cuts_the_streams_and_frees_their_rows(triton, repo):
+    from trtllm_dflash.serving.openai_server import GRACE, OpenAIServer
+    from trtllm_dflash.serving.server import free_port
+
+    _wait_idle(triton)
+    before = _metrics(triton)["requests_total{cancelled}"]
+    front = OpenAIServer(triton.endpoints.grpc, port=free_port(), repository=repo, drain_timeout=0.5)
+    url = front.start()
+    with _long_stream(url) as response:
+        events = _events(response.iter_lines())
+        _until_text(events)
+        started = time.monotonic()
+        front.stop()
+        assert time.monotonic() - started < 0.5 + GRACE + 3
+        try:
+            rest = list(events)
+        except httpx.HTTPError:  # the connection closed mid-chunk
+            rest = []
+        assert "[DONE]" not in rest  # cut mid-stream
+    _wait_idle(triton)
+    assert _metrics(triton)["requests_total{cancelled}"] == before + 1

@@ -10,7 +10,10 @@ clients, benchmarks and UIs speak OpenAI's. The front end
   `sampling_param_*`: the protocol of serving/protocol.py) and turns the per-step responses into
   OpenAI chunks (server-sent events) or one response;
 - cancels the gRPC call when its HTTP client goes away: Triton marks the request cancelled and
-  the model's loop drops it from the batch between decoding steps (its decoder row is freed).
+  the model's loop drops it from the batch between decoding steps (its decoder row is freed);
+- is safe to expose (`Gate`): an optional API key, a bounded request body, a bounded number of
+  requests in flight (429 past it), a drain on shutdown (503 to new requests while streams
+  finish), strict request types and ranges, and an OpenAI error body on every error.
 
 FastAPI + uvicorn serve the HTTP side; `tritonclient.grpc.aio` the Triton side.
 """
@@ -18,13 +21,15 @@ FastAPI + uvicorn serve the HTTP side; `tritonclient.grpc.aio` the Triton side.
 
 import asyncio
 import dataclasses
+import hmac
+import ipaddress
 import json
 import logging
 import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Annotated, Any, AsyncIterator, Optional, Sequence, Union
+from typing import Annotated, Any, AsyncIterator, Awaitable, Callable, Optional, Sequence, Union
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
@@ -45,6 +50,11 @@ CHARS_PER_TOKEN_BOUND = 64
 # quotient overflows (inf logits: an empty answer that says "stop"); sampling this cold is argmax.
 MIN_TEMPERATURE = 1e-5
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 16, 1024  # the model matches every stop string at every step
+DEFAULT_MAX_QUEUED = 256
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+DEFAULT_DRAIN_TIMEOUT = 30.0
+GENERATE_PATHS = ("/v1/chat/completions", "/v1/completions")  # counted in flight, drained, queue-bounded
+OPEN_PATHS = ("/health",)  # answered without the API key (load balancers, orchestrators)
 
 STATS = ("mean_acceptance_length", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
          "num_input_tokens", "num_output_tokens", "time_to_first_token", "tokens_per_second", "finish_reason")
@@ -59,9 +69,10 @@ class OpenAIError(Exception):
     """An error answered as OpenAI's `{"error": {"message", "type", "param", "code"}}`."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
+                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.headers = headers
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
@@ -186,6 +197,7 @@ class ModelInfo:
     default_max_tokens: int
     speculative: bool
     created: int
+    max_batch: int = 0  # requests the model decodes at once (0: not known); sizes the queue bound
     # one prompt tokenized at a time per tokenizer: a fast tokenizer used from two threads can
     # fail ("Already borrowed") when one of them touches its padding/truncation settings
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -234,7 +246,7 @@ def load_model_info(name: str, parameters: dict, tokenizer: str | None, reposito
         return ModelInfo(name, tok, None, None, 128, False, int(time.time()))
     max_tokens = min(config.max_tokens, config.max_context - 1)
     default = min(config.default_max_tokens or 128, max_tokens)
-    return ModelInfo(name, tok, config.max_context, max_tokens, default, config.speculative, int(time.time()))
+    return ModelInfo(name, tok, config.max_context, max_tokens, default, config.speculative, int(time.time()), config.max_batch)
 
 
 # ---------------------------------------------------------------------- talking to Triton
@@ -303,6 +315,10 @@ class FrontendConfig:
     models: Sequence[str] = ()  # expose only these (default: every DFlash model Triton serves)
     tokenizer: str | None = None  # overrides the targets named in the model configs
     repository: Path | None = None  # resolves relative target paths of the model configs
+    api_key: str | None = None  # required as `Authorization: Bearer KEY` on every route but /health
+    max_queued: int = DEFAULT_MAX_QUEUED  # requests in flight beyond what the models decode at once
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies get 413, unparsed
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT  # seconds in-flight requests get to finish on shutdown
 
 
 class Frontend:
@@ -312,6 +328,28 @@ class Frontend:
         self.config = config
         self.client = None
         self.models: dict[str, ModelInfo] = {}
+        self.in_flight = 0  # generation requests being answered (counted by Gate, on the event loop)
+        self.drain_deadline: float | None = None  # set when shutdown begins: new requests get 503
+
+    @property
+    def capacity(self) -> int:
+        """Generation requests admitted at once: what the models decode together, plus the queue."""
+        return sum(info.max_batch for info in self.models.values()) + self.config.max_queued
+
+    @property
+    def draining(self) -> bool:
+        return self.drain_deadline is not None
+
+    def drained(self) -> bool:
+        """Start draining (first call); True once no request is in flight or the drain timed out."""
+        if self.drain_deadline is None:
+            self.drain_deadline = time.monotonic() + self.config.drain_timeout
+            if self.in_flight:
+                log.info("draining: %d request(s) in flight get up to %.0f s to finish", self.in_flight, self.config.drain_timeout)
+        if self.in_flight and time.monotonic() >= self.drain_deadline:
+            log.warning("drain timeout: cutting %d request(s) still in flight", self.in_flight)
+            return True
+        return self.in_flight == 0
 
     def discover(self) -> None:
         """Find the served models and load their tokenizers (before serving: errors are clear lines)."""
@@ -447,6 +485,120 @@ def _sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
+# ---------------------------------------------------------------------- the gate (safe to expose)
+
+ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+
+
+class Gate:
+    """ASGI middleware in front of every route: API key, drain, body size, queue bound, in order.
+
+    Plain ASGI rather than FastAPI dependencies because it must answer before the body is read
+    or parsed, and it must count a streamed answer as in flight until its last byte is sent.
+    Everything runs on the event loop, so the counter needs no lock.
+    """
+
+    def __init__(self, app: ASGIApp, frontend: "Frontend") -> None:
+        self.app, self.frontend = app, frontend
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        frontend, config = self.frontend, self.frontend.config
+        generate = scope["method"] == "POST" and scope["path"] in GENERATE_PATHS
+
+        async def refuse(error: OpenAIError) -> None:
+            await _error_response(error)(scope, receive, send)
+
+        if config.api_key and scope["path"] not in OPEN_PATHS and (error := _auth_error(scope, config.api_key)):
+            return await refuse(error)
+        if generate and frontend.draining:
+            return await refuse(OpenAIError(503, "the server is shutting down; send the request to another replica or retry after it restarts",
+                                            None, "server_shutting_down", "server_error"))
+        body = await _read_body(scope, receive, config.max_request_bytes)
+        if body is None:
+            return await refuse(OpenAIError(413, f"the request body is larger than this server's limit of {config.max_request_bytes} bytes",
+                                            None, "request_too_large"))
+        if generate and frontend.in_flight >= frontend.capacity:
+            return await refuse(OpenAIError(429, f"this server has {frontend.in_flight} requests in flight, its limit; retry shortly",
+                                            None, "rate_limit_exceeded", "rate_limit_error", {"Retry-After": "1"}))
+        frontend.in_flight += generate
+        try:
+            await self.app(scope, _replay(body, receive), send)
+        finally:
+            frontend.in_flight -= generate
+
+
+def _error_response(error: OpenAIError):
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def _auth_error(scope: dict, key: str) -> OpenAIError | None:
+    """None when the request carries `Authorization: Bearer KEY` (compared in constant time)."""
+    header = dict(scope["headers"]).get(b"authorization", b"")
+    scheme, _, token = header.partition(b" ")
+    if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key.encode()):
+        return None
+    message = ("Incorrect API key provided." if header else
+               "You didn't provide an API key. Send it in an Authorization header using Bearer auth (Authorization: Bearer KEY).")
+    return OpenAIError(401, message, None, "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+async def _read_body(scope: dict, receive: Callable, limit: int) -> bytes | None:
+    """The request body, or None when it is over `limit` bytes (or the client left mid-body).
+
+    A body over the limit is read on without being kept, up to 4x the limit, before the 413 is
+    sent: a client still writing its body when the server closes the connection gets a reset
+    instead of the answer. A declared Content-Length past that is refused at once.
+    """
+    declared = dict(scope["headers"]).get(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > 4 * limit:
+        return None
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None  # http.disconnect: nobody to answer
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+        if not message.get("more_body", False) or size > 4 * limit:
+            return b"".join(chunks) if size <= limit else None
+
+
+def _replay(body: bytes, receive: Callable) -> Callable:
+    """A `receive` that hands the app the body read by Gate, then the client's later messages
+    (the disconnect that cancels a stream)."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replay() -> dict:
+        return pending.pop() if pending else await receive()
+
+    return replay
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` only listens on this machine (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name or a wildcard ("", "0.0.0.0", "::" parse; other names may resolve anywhere)
+
+
+def exposure_warning(host: str, port: int, api_key: str | None) -> str | None:
+    """The one line to print when the API is reachable from the network without a key."""
+    if api_key or is_loopback(host):
+        return None
+    return (f"the OpenAI API listens on {host or '*'}:{port} without an API key: anyone who can reach this port can use the model; "
+            "set DFLASH_API_KEY (or pass --api-key) to require `Authorization: Bearer KEY`")
+
+
 def create_app(frontend: "Frontend"):
     """The FastAPI app over a Frontend that has discovered its models."""
     _require_extra()
@@ -467,10 +619,11 @@ def create_app(frontend: "Frontend"):
 
     app = FastAPI(title="trtllm-dflash OpenAI-compatible server", lifespan=lifespan)
     app.state.frontend = frontend
+    app.add_middleware(Gate, frontend=frontend)
 
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, exc: OpenAIError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def unexpected_error(request: Request, exc: Exception):
@@ -497,6 +650,8 @@ def create_app(frontend: "Frontend"):
 
     @app.get("/health")
     async def health():
+        if frontend.draining:  # load balancers stop sending here while the streams finish
+            return JSONResponse({"status": "draining"}, status_code=503)
         ok = frontend.client is not None and await frontend.client.is_server_ready()
         return JSONResponse({"status": "ok" if ok else "triton not ready"}, status_code=200 if ok else 503)
 
@@ -623,6 +778,27 @@ def _model_card(info: ModelInfo) -> dict:
 
 # ---------------------------------------------------------------------- running it
 
+GRACE = 2.0  # seconds uvicorn waits for connections after the drain before cancelling them
+
+
+def _draining_server(config, frontend: Frontend):
+    """A uvicorn Server whose exit (SIGTERM, Ctrl-C, OpenAIServer.stop) drains first.
+
+    uvicorn's own shutdown closes the port at once; here the port stays open while the requests
+    in flight finish (up to `drain_timeout`), new generation requests get 503 and /health says
+    "draining", and only then does uvicorn shut down. A second Ctrl-C exits at once.
+    """
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        async def on_tick(self, counter: int) -> bool:
+            should_exit = await super().on_tick(counter)
+            if not should_exit or self.force_exit:
+                return should_exit
+            return frontend.drained()
+
+    return DrainingServer(config)
+
 
 class OpenAIServer:
     """uvicorn serving the app in a background thread; a context manager (tests, `serve --openai-port`).
@@ -633,10 +809,12 @@ class OpenAIServer:
 
     def __init__(self, triton_url: str, host: str = "127.0.0.1", port: int = 8080, models: Sequence[str] = (),
                  tokenizer: str | None = None, repository: str | Path | None = None, log_level: str = "warning",
-                 startup_timeout: float = 300.0) -> None:
+                 startup_timeout: float = 300.0, api_key: str | None = None, max_queued: int = DEFAULT_MAX_QUEUED,
+                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT) -> None:
         _require_extra()
         self.host, self.port = host, port
-        self.config = FrontendConfig(triton_url, tuple(models), tokenizer, Path(repository).resolve() if repository else None)
+        self.config = FrontendConfig(triton_url, tuple(models), tokenizer, Path(repository).resolve() if repository else None,
+                                     api_key or None, max_queued, max_request_bytes, drain_timeout)
         self.log_level = log_level
         self.startup_timeout = startup_timeout
         self.frontend: Frontend | None = None
@@ -660,12 +838,19 @@ class OpenAIServer:
         self.frontend = Frontend(self.config)
         self.frontend.discover()
         app = create_app(self.frontend)
-        config = uvicorn.Config(app, host=self.host, port=self.port, log_level=self.log_level, lifespan="on")
-        return uvicorn.Server(config)
+        config = uvicorn.Config(app, host=self.host, port=self.port, log_level=self.log_level, lifespan="on",
+                                timeout_graceful_shutdown=GRACE)
+        warning = exposure_warning(self.host, self.port, self.config.api_key)
+        if warning:
+            log.warning(warning)  # after uvicorn.Config, which sets up uvicorn's loggers
+        self._server = _draining_server(config, self.frontend)
+        return self._server
 
     def start(self) -> str:
-        """Start serving and block until the front end has found its models."""
-        self._server = self.uvicorn_server()
+        """Start serving and block until the front end has found its models (uvicorn_server()
+        first when its app is to be changed before serving)."""
+        if self._server is None:
+            self.uvicorn_server()
         self._thread = threading.Thread(target=self._server.run, name="dflash-openai", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + self.startup_timeout
@@ -679,10 +864,11 @@ class OpenAIServer:
         return self.url
 
     def stop(self) -> None:
+        """Drain (requests in flight finish, up to drain_timeout; new ones get 503), then stop."""
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:
-            self._thread.join(15)
+            self._thread.join(self.config.drain_timeout + GRACE + 15)
         self._server = self._thread = None
 
     def __enter__(self) -> "OpenAIServer":
