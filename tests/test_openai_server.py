@@ -377,7 +377,8 @@ def test_hostile_inputs_get_400s_that_name_the_field(front):
     invalid_utf8 = httpx.post(f"{base}/completions", content=b'{"model": "dflash", "prompt": "\xff\xfe"}', headers={"Content-Type": "application/json"})
     _error(invalid_utf8, 400)
     _error(post("completions", "[1, 2]"), 400)
-    _error(httpx.post(f"{base}/completions", content=b'{"model": "dflash", "prompt": "hi"}', headers={"Content-Type": "text/plain"}), 400)
+    as_form = httpx.post(f"{base}/completions", content=b'{"model": "dflash", "prompt": "hi"}', headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert "Content-Type: application/json" in _error(as_form, 400)["message"]  # what `curl -d` sends
     wrong_method = httpx.get(f"{base}/completions")
     assert _error(wrong_method, 405)["type"] == "invalid_request_error" and wrong_method.headers["allow"] == "POST"
     _error(httpx.delete(f"{base}/models"), 405)

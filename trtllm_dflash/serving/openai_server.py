@@ -637,6 +637,8 @@ def create_app(frontend: "Frontend"):
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         if first.get("type") == "json_invalid":
             message, param = "the request body is not valid JSON", None
+        elif not loc:  # the body as a whole: not an object, or not sent as JSON (curl -d sends a form)
+            message, param = "the request body must be a JSON object sent with Content-Type: application/json", None
         else:
             message, param = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid value')}", (loc[0] if loc else None)
         return JSONResponse(OpenAIError(400, message, param).body(), status_code=400)
