@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from trtllm_dflash.cli.openai_front import API_KEY, DRAIN_TIMEOUT, MAX_QUEUED, MAX_REQUEST_BYTES
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.serving import DEFAULT_HOST
 
@@ -28,6 +29,10 @@ def serve(
     openai_port: Optional[int] = typer.Option(None, "--openai-port", help="Also serve the OpenAI API (/v1/chat/completions, ...) on this port."),
     openai_host: str = typer.Option(DEFAULT_HOST, "--openai-host", help="Address the OpenAI API listens on."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="With --openai-port: target tokenizer directory (default: each model's target)."),
+    api_key: Optional[str] = API_KEY,
+    max_queued: int = MAX_QUEUED,
+    drain_timeout: float = DRAIN_TIMEOUT,
+    max_request_bytes: int = MAX_REQUEST_BYTES,
 ) -> None:
     """Start tritonserver, wait until every model is ready, print the endpoints; Ctrl-C stops it."""
     from trtllm_dflash.serving.server import TritonServer
@@ -40,7 +45,8 @@ def serve(
 
         if openai_port in (http_port, grpc_port, metrics_port):
             raise DFlashError(f"--openai-port {openai_port} is one of Triton's ports", "pick a different --openai-port")
-        front = OpenAIServer(server.endpoints.grpc, host=openai_host, port=openai_port, tokenizer=tokenizer, repository=server.repository)
+        front = OpenAIServer(server.endpoints.grpc, host=openai_host, port=openai_port, tokenizer=tokenizer, repository=server.repository,
+                             api_key=api_key, max_queued=max_queued, max_request_bytes=max_request_bytes, drain_timeout=drain_timeout)
     console.print(f"starting tritonserver on {escape(str(server.repository))} (models: {', '.join(server.models)}) ...")
     started = time.monotonic()
     for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C and `kill` stop the server cleanly,

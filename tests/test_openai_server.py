@@ -636,3 +636,47 @@ def test_a_drain_that_times_out_cuts_the_streams_and_frees_their_rows(triton, re
         assert "[DONE]" not in rest  # cut mid-stream
     _wait_idle(triton)
     assert _metrics(triton)["requests_total{cancelled}"] == before + 1
+
+
+def test_openai_command_drains_on_sigterm_and_takes_the_key_flag_over_the_env(triton, repo):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from trtllm_dflash.serving.server import free_port
+
+    _wait_idle(triton)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    command = [sys.executable, "-c", "from trtllm_dflash.cli.app import main; main()", "openai", "--triton-url", triton.endpoints.grpc,
+               "--repository", str(repo), "--port", str(port), "--api-key", "from-flag", "--drain-timeout", "120"]
+    process = subprocess.Popen(command, env={**os.environ, "DFLASH_API_KEY": "from-env"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert process.poll() is None and time.monotonic() < deadline, process.stdout.read() if process.poll() is not None else "not up"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.ConnectError:
+                time.sleep(0.2)
+        _error(httpx.get(f"{url}/models", headers={"Authorization": "Bearer from-env"}), 401, code="invalid_api_key")
+        key = {"Authorization": "Bearer from-flag"}
+        assert httpx.get(f"{url}/models", headers=key).status_code == 200
+        with _long_stream(url, key) as response:
+            events = _events(response.iter_lines())
+            _until_text(events)
+            process.send_signal(signal.SIGTERM)
+            _until_draining(url)
+            refused = httpx.post(f"{url}/completions", json={"model": "dflash", "prompt": "hi"}, headers=key)
+            _error(refused, 503, code="server_shutting_down")
+            rest = list(events)
+        assert rest[-1] == "[DONE]" and rest[-2]["choices"][0]["finish_reason"] in ("length", "stop")
+        assert process.wait(60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it has shut down
+        assert "anyone who can reach" not in process.stdout.read()  # loopback: no warning
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    _wait_idle(triton)
