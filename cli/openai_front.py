@@ -10,6 +10,25 @@ from rich.console import Console
 from rich.markup import escape
 
 from trtllm_dflash.serving import DEFAULT_HOST
+from trtllm_dflash.serving.openai_server import DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_QUEUED, DEFAULT_MAX_REQUEST_BYTES
+
+
+# The OpenAI front end's exposure options, shared with `dflash-trt serve --openai-port`.
+API_KEY = typer.Option(
+    None, "--api-key", envvar="DFLASH_API_KEY", show_envvar=True,
+    help="Require `Authorization: Bearer KEY` on the OpenAI API (all but /health). Prefer the environment variable: flags show in `ps`.",
+)
+MAX_QUEUED = typer.Option(
+    DEFAULT_MAX_QUEUED, "--max-queued", min=0,
+    help="Requests admitted beyond what the models decode at once (their max_batch); past that, 429 with Retry-After.",
+)
+DRAIN_TIMEOUT = typer.Option(
+    DEFAULT_DRAIN_TIMEOUT, "--drain-timeout", min=0.0,
+    help="On SIGTERM / Ctrl-C, seconds the requests in flight get to finish (new ones get 503) before the OpenAI API stops.",
+)
+MAX_REQUEST_BYTES = typer.Option(
+    DEFAULT_MAX_REQUEST_BYTES, "--max-request-bytes", min=1024, help="Largest request body accepted (413 past it, before parsing).",
+)
 
 
 def openai_front(
@@ -19,6 +38,10 @@ def openai_front(
     repository: Optional[Path] = typer.Option(None, "--repository", help="The served repository, to find targets named by relative paths."),
     host: str = typer.Option(DEFAULT_HOST, "--host", help="Address to listen on (0.0.0.0 for every interface)."),
     port: int = typer.Option(8080, "--port", help="HTTP port of the OpenAI API (/v1/...)."),
+    api_key: Optional[str] = API_KEY,
+    max_queued: int = MAX_QUEUED,
+    drain_timeout: float = DRAIN_TIMEOUT,
+    max_request_bytes: int = MAX_REQUEST_BYTES,
 ) -> None:
     """Serve /v1/chat/completions, /v1/completions and /v1/models in front of a running Triton."""
     from trtllm_dflash.cli.common import quiet_libraries
@@ -26,7 +49,9 @@ def openai_front(
 
     quiet_libraries()
     console = Console(highlight=False)
-    front = OpenAIServer(triton_url, host=host, port=port, models=model or (), tokenizer=tokenizer, repository=repository)
+    front = OpenAIServer(triton_url, host=host, port=port, models=model or (), tokenizer=tokenizer, repository=repository,
+                         api_key=api_key, max_queued=max_queued, max_request_bytes=max_request_bytes, drain_timeout=drain_timeout)
     server = front.uvicorn_server()
     console.print(f"OpenAI API on {front.url} -> Triton {escape(triton_url)} (models: {', '.join(front.frontend.models)}); Ctrl-C stops it")
-    server.run()  # in this thread: uvicorn handles Ctrl-C
+    server.run()  # in this thread: uvicorn handles Ctrl-C and SIGTERM (a drain first, then exit)
+

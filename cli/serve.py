@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from trtllm_dflash.cli.openai_front import API_KEY, DRAIN_TIMEOUT, MAX_QUEUED, MAX_REQUEST_BYTES
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.serving import DEFAULT_HOST
 
@@ -31,6 +32,10 @@ def serve(
     no_triton_http: bool = typer.Option(
         False, "--no-triton-http", help="Do not open Triton's HTTP port (gRPC and metrics stay; the OpenAI front end uses gRPC)."
     ),
+    api_key: Optional[str] = API_KEY,
+    max_queued: int = MAX_QUEUED,
+    drain_timeout: float = DRAIN_TIMEOUT,
+    max_request_bytes: int = MAX_REQUEST_BYTES,
 ) -> None:
     """Start tritonserver, wait until every model is ready, print the endpoints; Ctrl-C stops it.
 
@@ -49,7 +54,8 @@ def serve(
 
         if openai_port in (http_port, grpc_port, metrics_port):
             raise DFlashError(f"--openai-port {openai_port} is one of Triton's ports", "pick a different --openai-port")
-        front = OpenAIServer(server.endpoints.grpc, host=openai_host, port=openai_port, tokenizer=tokenizer, repository=server.repository)
+        front = OpenAIServer(server.endpoints.grpc, host=openai_host, port=openai_port, tokenizer=tokenizer, repository=server.repository,
+                             api_key=api_key, max_queued=max_queued, max_request_bytes=max_request_bytes, drain_timeout=drain_timeout)
     console.print(f"starting tritonserver on {escape(str(server.repository))} (models: {', '.join(server.models)}) ...")
     started = time.monotonic()
     for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C and `kill` stop the server cleanly,
@@ -78,9 +84,11 @@ def serve(
     except KeyboardInterrupt:
         console.print("stopping tritonserver ...")
     finally:
-        if front is not None:
-            front.stop()
-        code = server.stop()
+        try:
+            if front is not None:
+                front.stop()
+        finally:  # a second Ctrl-C during the drain still stops tritonserver
+            code = server.stop()
         if code is not None:
             console.print(f"tritonserver stopped (status {code})")
 

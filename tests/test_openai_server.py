@@ -1,7 +1,9 @@
 """The OpenAI-compatible front end against a REAL tritonserver on loopback, driven by the official
 `openai` client: chat and completions, streamed and not, give the offline `generate --chat` /
 `generate` tokens; usage counts are right; 16 concurrent chat streams complete; bad requests get
-OpenAI-style error bodies while other streams go on; a client that hangs up frees its decoder row.
+OpenAI-style error bodies while other streams go on; a client that hangs up frees its decoder row;
+hostile values (NaN, wrapped integers, booleans as numbers, lone surrogates, huge prompts) get 400s;
+and exposing it: API key, body and queue bounds, drain on SIGTERM / stop (each with status and body).
 One tritonserver and one front end for the module (the demo pair; the tiny pair where it is absent).
 """
 
@@ -12,6 +14,7 @@ import json
 import shutil
 import threading
 import time
+from typing import Iterator
 
 import httpx
 import pytest
@@ -317,3 +320,363 @@ def test_percentiles_interpolate_between_ranks():
 
     assert percentiles([4.0, 1.0, 3.0, 2.0, 5.0]) == {"p50": 3.0, "p90": pytest.approx(4.6), "p99": pytest.approx(4.96)}
     assert percentiles([]) == {"p50": None, "p90": None, "p99": None}
+
+
+# ---------------------------------------------------------------------- hostile requests
+
+
+def _error(response: httpx.Response, status: int, param: str | None = None, code: str | None = None) -> dict:
+    """The OpenAI error body of `response`, after checking its status, shape, param and code."""
+    assert response.status_code == status, (response.status_code, response.text[:500])
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert body["error"]["param"] == param and body["error"]["code"] == code and body["error"]["message"], body
+    return body["error"]
+
+
+def _raw_json(fields: dict, field: str, raw: str) -> str:
+    """JSON text of `fields` with `field` written as the literal `raw` (NaN, true, 2**63, ...)."""
+    items = [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in fields.items() if k != field]
+    return "{" + ", ".join([*items, f"{json.dumps(field)}: {raw}"]) + "}"
+
+
+def test_hostile_inputs_get_400s_that_name_the_field(front):
+    base = front.url
+
+    def post(path: str, text: str) -> httpx.Response:
+        return httpx.post(f"{base}/{path}", content=text.encode(), headers={"Content-Type": "application/json"}, timeout=60)
+
+    completion = {"model": "dflash", "prompt": "def f(x):", "max_tokens": 2}
+    chat = {"model": "dflash", "messages": _user("hi"), "max_tokens": 2}
+    cases = [
+        ("temperature", "NaN"), ("temperature", "Infinity"), ("temperature", "-Infinity"), ("temperature", "2.5"), ("temperature", "true"),
+        ("top_p", "0"), ("top_p", "1.5"), ("top_p", "NaN"), ("top_k", "4294967297"), ("top_k", "-2"), ("top_k", "1.5"), ("top_k", "true"),
+        ("max_tokens", "true"), ("max_tokens", "0"), ("max_tokens", "2.5"), ("max_tokens", "4294967297"),
+        ("seed", str(2**32)), ("seed", str(2**63)), ("seed", "-1"), ("seed", "true"), ("seed", "1.5"),
+        ("stream", "1"), ("n", "true"), ("stop", json.dumps(["x"] * 17)), ("stop", json.dumps("x" * 257)),
+    ]
+    for field, value in cases:
+        _error(post("completions", _raw_json(completion, field, value)), 400, field)
+        _error(post("chat/completions", _raw_json(chat, field, value)), 400, field)
+    _error(post("chat/completions", _raw_json(chat, "max_completion_tokens", "true")), 400, "max_completion_tokens")
+
+    # lone UTF-16 surrogates: valid JSON, not Unicode text
+    surrogate = '"a\\ud800b"'
+    error = _error(post("completions", '{"model": "dflash", "prompt": ' + surrogate + "}"), 400, "prompt", "invalid_unicode")
+    assert "surrogate" in error["message"]
+    _error(post("completions", '{"model": "dflash", "prompt": ["a", ' + surrogate + "]}"), 400, "prompt", "invalid_unicode")
+    _error(post("chat/completions", '{"model": "dflash", "messages": [{"role": "user", "content": ' + surrogate + "}]}"), 400, "messages", "invalid_unicode")
+    chat_part = '{"model": "dflash", "messages": [{"role": "user", "content": [{"type": "text", "text": ' + surrogate + "}]}]}"
+    assert "messages[0].content[0].text" in _error(post("chat/completions", chat_part), 400, "messages", "invalid_unicode")["message"]
+    _error(post("completions", '{"model": "dflash", "prompt": "hi", "stop": ' + surrogate + "}"), 400, "stop", "invalid_unicode")
+    _error(post("completions", '{"model": "dflash", "prompt": "hi", "user": "\\udfff"}'), 400, "user", "invalid_unicode")
+    _error(post("completions", '{"model": "dflash", "prompt": "hi", "\\udfff": 1}'), 400, None, "invalid_unicode")
+
+    # bodies that are not JSON, not UTF-8, not an object, or not JSON by their content type; wrong methods
+    _error(post("completions", '{"model": "dflash", "prompt": "hi"'), 400)
+    invalid_utf8 = httpx.post(f"{base}/completions", content=b'{"model": "dflash", "prompt": "\xff\xfe"}', headers={"Content-Type": "application/json"})
+    _error(invalid_utf8, 400)
+    _error(post("completions", "[1, 2]"), 400)
+    as_form = httpx.post(f"{base}/completions", content=b'{"model": "dflash", "prompt": "hi"}', headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert "Content-Type: application/json" in _error(as_form, 400)["message"]  # what `curl -d` sends
+    wrong_method = httpx.get(f"{base}/completions")
+    assert _error(wrong_method, 405)["type"] == "invalid_request_error" and wrong_method.headers["allow"] == "POST"
+    _error(httpx.delete(f"{base}/models"), 405)
+
+    # the extremes of each range are served
+    for extreme in ({"temperature": 2, "seed": 2**32 - 1, "top_k": 2**31 - 1}, {"temperature": 0.5, "seed": 0, "top_p": 1e-30},
+                    {"temperature": 1.5, "top_k": -1, "stop": ["x"] * 16}):
+        answer = httpx.post(f"{base}/completions", json={"model": "dflash", "prompt": "def f(x):", "max_tokens": 2, **extreme}, timeout=60)
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] >= 1, (extreme, answer.text)
+    # a temperature too small for float32 logits / temperature to stay finite is greedy, not an empty "stop"
+    greedy = httpx.post(f"{base}/completions", json={"model": "dflash", "prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0}, timeout=60).json()
+    for tiny in (1e-40, 1e-38, 5e-324, 1e-6):
+        cold = httpx.post(f"{base}/completions", json={"model": "dflash", "prompt": PROMPTS[0], "max_tokens": 8, "temperature": tiny, "seed": 3}, timeout=60)
+        assert cold.json()["choices"] == greedy["choices"], tiny
+
+
+def test_prompts_too_long_by_their_characters_are_refused_without_tokenizing(front):
+    base = front.url
+    for path, body in (("completions", {"prompt": "y" * 1_000_000}), ("chat/completions", {"messages": _user("y" * 1_000_000)})):
+        started = time.monotonic()  # under the body limit, over what max_context tokens of text can hold: not tokenized
+        refused = httpx.post(f"{base}/{path}", json={"model": "dflash", **body}, timeout=60)
+        assert time.monotonic() - started < 1.0
+        assert "characters, more than 1024 tokens" in _error(refused, 400, "prompt" if path == "completions" else "messages", "context_length_exceeded")["message"]
+
+
+# ---------------------------------------------------------------------- exposing the server
+
+
+def _wait_idle(triton, front=None, timeout: float = 120) -> None:
+    """Until no request is decoding or waiting in either model (and none is in flight in `front`)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        busy = [_metrics(triton, m).get(k, 0) for m in ("dflash", "ar") for k in ("live_requests", "waiting_requests")]
+        if not any(busy) and (front is None or front.frontend.in_flight == 0):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"still busy after {timeout} s: {busy}, in flight {front.frontend.in_flight if front else '-'}")
+
+
+def _events(lines) -> Iterator[dict | str]:
+    """The data of a server-sent event stream's lines: dicts, then "[DONE]"."""
+    for line in lines:
+        if line.startswith("data: "):
+            yield "[DONE]" if line == "data: [DONE]" else json.loads(line[6:])
+
+
+def _until_text(events) -> None:
+    """Read events until one carries generated text (the request is decoding)."""
+    for event in events:
+        if isinstance(event, dict) and event["choices"] and (event["choices"][0].get("delta", {}).get("content") or event["choices"][0].get("text")):
+            return
+    raise AssertionError("the stream ended before any text")
+
+
+def test_api_key_guards_every_route_but_health(triton, repo):
+    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.server import free_port
+
+    with OpenAIServer(triton.endpoints.grpc, port=free_port(), repository=repo, api_key="s3cret-key") as front:
+        base = front.url
+        body = {"model": "dflash", "prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-key"}, {"Authorization": "Basic s3cret-key"}):
+            for response in (httpx.post(f"{base}/completions", json=body, headers=headers), httpx.get(f"{base}/models", headers=headers),
+                             httpx.get(f"{base}/nothing", headers=headers)):
+                assert _error(response, 401, code="invalid_api_key")["type"] == "invalid_request_error"
+                assert response.headers["www-authenticate"] == "Bearer"
+        assert "didn't provide an API key" in httpx.get(f"{base}/models").json()["error"]["message"]
+        assert httpx.get(base.removesuffix("/v1") + "/health").json() == {"status": "ok"}  # open: load balancers
+
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=base, api_key="wrong", max_retries=0).models.list()
+        keyed = openai.OpenAI(base_url=base, api_key="s3cret-key", max_retries=0, timeout=300)
+        assert keyed.completions.create(**body).usage.completion_tokens == 4
+        assert httpx.get(f"{base}/models", headers={"Authorization": "bearer s3cret-key"}).status_code == 200
+
+
+def test_exposure_warning_without_a_key_off_loopback(triton, repo, capfd):
+    from trtllm_dflash.serving.openai_server import OpenAIServer, exposure_warning, is_loopback
+    from trtllm_dflash.serving.server import free_port
+
+    assert [is_loopback(h) for h in ("127.0.0.1", "127.8.0.1", "::1", "[::1]", "localhost", "0.0.0.0", "::", "", "10.0.0.3", "example.com")] == \
+        [True] * 5 + [False] * 5
+    assert exposure_warning("127.0.0.1", 8080, None) is None and exposure_warning("0.0.0.0", 8080, "k") is None
+    line = exposure_warning("0.0.0.0", 8080, None)
+    assert "anyone who can reach" in line and "DFLASH_API_KEY" in line and "--api-key" in line and "\n" not in line
+
+    port = free_port()
+    OpenAIServer(triton.endpoints.grpc, host="0.0.0.0", port=port, repository=repo).uvicorn_server()  # built, not started
+    assert capfd.readouterr().err.count("anyone who can reach") == 1
+    OpenAIServer(triton.endpoints.grpc, host="127.0.0.1", port=port, repository=repo).uvicorn_server()
+    assert "anyone who can reach" not in capfd.readouterr().err
+
+
+def test_huge_bodies_are_refused_before_parsing(front):
+    import socket
+
+    base = front.url
+    started = time.monotonic()
+    big = httpx.post(f"{base}/completions", json={"model": "dflash", "prompt": "x" * 5_000_000}, timeout=60)
+    assert time.monotonic() - started < 1.0  # refused before parsing or tokenizing
+    assert "4194304 bytes" in _error(big, 413, code="request_too_large")["message"]
+
+    def chunked():  # no Content-Length: the limit holds on the bytes as they come
+        yield b'{"model": "dflash", "prompt": "'
+        for _ in range(50):
+            yield b"x" * 100_000
+        yield b'"}'
+
+    _error(httpx.post(f"{base}/completions", content=chunked(), headers={"Content-Type": "application/json"}, timeout=60), 413, code="request_too_large")
+
+    host, port = base.removeprefix("http://").removesuffix("/v1").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:  # a declared 100 GB body: answered, never read
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000000000\r\n\r\n{")
+        reply = b""
+        while not reply.endswith(b"}}"):  # the end of the JSON body (the connection stays open a while)
+            chunk = sock.recv(65536)
+            assert chunk, reply
+            reply += chunk
+    head, _, payload = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413") and json.loads(payload)["error"]["code"] == "request_too_large"
+
+
+def test_unexpected_errors_are_openai_500s(triton, repo):
+    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.server import free_port
+
+    front = OpenAIServer(triton.endpoints.grpc, port=free_port(), repository=repo)
+    app = front.uvicorn_server().config.app
+
+    async def broken():
+        raise RuntimeError("a bug")
+
+    app.add_api_route("/v1/broken", broken)  # a route with a bug, on the real app and server
+    with front:
+        response = httpx.get(f"{front.url}/broken")
+        assert _error(response, 500, code="internal_error")["type"] == "server_error"
+        assert "a bug" not in response.text  # the log has it, the client does not
+        assert httpx.get(front.url.removesuffix("/v1") + "/health").status_code == 200
+
+
+def test_past_max_queued_new_requests_get_429_with_retry_after(triton, repo):
+    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.server import free_port
+
+    _wait_idle(triton)
+    # one model of max_batch 16 and no queue beyond it: 16 requests in flight fill the front end
+    with OpenAIServer(triton.endpoints.grpc, port=free_port(), models=["dflash"], repository=repo, max_queued=0) as front:
+        assert front.frontend.capacity == 16
+        body = {"model": "dflash", "messages": _user(PROMPTS[0]), "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}
+
+        async def main() -> None:
+            async with httpx.AsyncClient(base_url=front.url, timeout=300) as client:
+                streams = [client.stream("POST", "/chat/completions", json=body) for _ in range(16)]
+                responses = await asyncio.gather(*(s.__aenter__() for s in streams))
+                assert [r.status_code for r in responses] == [200] * 16 and front.frontend.in_flight == 16
+                refused = await client.post("/chat/completions", json={**body, "stream": False})
+                assert _error(refused, 429, code="rate_limit_exceeded")["type"] == "rate_limit_error"
+                assert refused.headers["retry-after"] == "1"
+                _error(await client.post("/completions", json={"model": "dflash", "prompt": "hi"}), 429, code="rate_limit_exceeded")
+                assert (await client.get("/models")).status_code == 200  # only generation is queue-bounded
+                for stream in streams:  # hang up: the requests are cancelled
+                    await stream.__aexit__(None, None, None)
+
+        asyncio.run(main())
+        _wait_idle(triton, front)
+        answer = httpx.post(f"{front.url}/completions", json={"model": "dflash", "prompt": PROMPTS[0], "max_tokens": 4}, timeout=60)
+        assert answer.status_code == 200
+
+
+def test_64_streams_with_a_third_dropped_leave_the_server_serving_right(triton, front, client, chat_reference):
+    _wait_idle(triton, front)
+    before = _metrics(triton)
+
+    async def one(client, i: int) -> str | None:
+        stream = await client.chat.completions.create(model="dflash", messages=_user(PROMPTS[i % 4]), max_tokens=24, temperature=0, stream=True)
+        if i % 3 == 0:  # hang up after the first text
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    break
+            await stream.close()
+            return None
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    async def main() -> list[str | None]:
+        async with openai.AsyncOpenAI(base_url=front.url, api_key="unused", max_retries=0, timeout=600) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(64)))
+
+    texts = asyncio.run(main())
+    assert texts == [None if i % 3 == 0 else chat_reference[i % 4]["text"] for i in range(64)]
+    _wait_idle(triton, front)
+    after = _metrics(triton)
+    success = after["requests_total{success}"] - before["requests_total{success}"]
+    cancelled = after["requests_total{cancelled}"] - before["requests_total{cancelled}"]
+    assert success + cancelled == 64 and success >= 42 and cancelled >= 1, (success, cancelled)
+    assert httpx.get(front.url.removesuffix("/v1") + "/health").json() == {"status": "ok"}
+    answer = client.chat.completions.create(model="dflash", messages=_user(PROMPTS[2]), max_tokens=24, temperature=0)
+    assert answer.choices[0].message.content == chat_reference[2]["text"]
+
+
+def _long_stream(url: str, headers: dict | None = None):
+    body = {"model": "dflash", "messages": _user(PROMPTS[0]), "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}
+    return httpx.stream("POST", f"{url}/chat/completions", json=body, headers=headers, timeout=300)
+
+
+def _until_draining(url: str) -> None:
+    deadline = time.monotonic() + 30
+    while httpx.get(url.removesuffix("/v1") + "/health").status_code != 503:
+        assert time.monotonic() < deadline, "the server did not start draining"
+        time.sleep(0.05)
+    assert httpx.get(url.removesuffix("/v1") + "/health").json() == {"status": "draining"}
+
+
+def test_stop_drains_streams_in_flight_and_refuses_new_requests(triton, repo):
+    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.server import free_port
+
+    _wait_idle(triton)
+    front = OpenAIServer(triton.endpoints.grpc, port=free_port(), repository=repo, drain_timeout=120)
+    url = front.start()
+    with _long_stream(url) as response:
+        events = _events(response.iter_lines())
+        _until_text(events)
+        stopper = threading.Thread(target=front.stop)
+        stopper.start()
+        _until_draining(url)
+        refused = httpx.post(f"{url}/completions", json={"model": "dflash", "prompt": "hi", "max_tokens": 2})
+        assert _error(refused, 503, code="server_shutting_down")["type"] == "server_error"
+        rest = list(events)  # the stream in flight runs to its end
+    assert rest[-1] == "[DONE]" and rest[-2]["choices"][0]["finish_reason"] in ("length", "stop")
+    stopper.join(60)
+    assert not stopper.is_alive()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url + "/models")
+    _wait_idle(triton)
+
+
+def test_a_drain_that_times_out_cuts_the_streams_and_frees_their_rows(triton, repo):
+    from trtllm_dflash.serving.openai_server import GRACE, OpenAIServer
+    from trtllm_dflash.serving.server import free_port
+
+    _wait_idle(triton)
+    before = _metrics(triton)["requests_total{cancelled}"]
+    front = OpenAIServer(triton.endpoints.grpc, port=free_port(), repository=repo, drain_timeout=0.5)
+    url = front.start()
+    with _long_stream(url) as response:
+        events = _events(response.iter_lines())
+        _until_text(events)
+        started = time.monotonic()
+        front.stop()
+        assert time.monotonic() - started < 0.5 + GRACE + 3
+        try:
+            rest = list(events)
+        except httpx.HTTPError:  # the connection closed mid-chunk
+            rest = []
+        assert "[DONE]" not in rest  # cut mid-stream
+    _wait_idle(triton)
+    assert _metrics(triton)["requests_total{cancelled}"] == before + 1
+
+
+def test_openai_command_drains_on_sigterm_and_takes_the_key_flag_over_the_env(triton, repo):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from trtllm_dflash.serving.server import free_port
+
+    _wait_idle(triton)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    command = [sys.executable, "-c", "from trtllm_dflash.cli.app import main; main()", "openai", "--triton-url", triton.endpoints.grpc,
+               "--repository", str(repo), "--port", str(port), "--api-key", "from-flag", "--drain-timeout", "120"]
+    process = subprocess.Popen(command, env={**os.environ, "DFLASH_API_KEY": "from-env"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert process.poll() is None and time.monotonic() < deadline, process.stdout.read() if process.poll() is not None else "not up"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.ConnectError:
+                time.sleep(0.2)
+        _error(httpx.get(f"{url}/models", headers={"Authorization": "Bearer from-env"}), 401, code="invalid_api_key")
+        key = {"Authorization": "Bearer from-flag"}
+        assert httpx.get(f"{url}/models", headers=key).status_code == 200
+        with _long_stream(url, key) as response:
+            events = _events(response.iter_lines())
+            _until_text(events)
+            process.send_signal(signal.SIGTERM)
+            _until_draining(url)
+            refused = httpx.post(f"{url}/completions", json={"model": "dflash", "prompt": "hi"}, headers=key)
+            _error(refused, 503, code="server_shutting_down")
+            rest = list(events)
+        assert rest[-1] == "[DONE]" and rest[-2]["choices"][0]["finish_reason"] in ("length", "stop")
+        assert process.wait(60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it has shut down
+        assert "anyone who can reach" not in process.stdout.read()  # loopback: no warning
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    _wait_idle(triton)

@@ -19,6 +19,7 @@ import pytest
 
 from test_serving import MAX_CONTEXT, MAX_TOKENS, PROMPTS, _post, pair, repo  # noqa: F401 (fixtures)
 from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.request_limits import MIN_TEMPERATURE, PROMPT_CHARS_PER_TOKEN
 
 DEEP_JSON = b'{"text_input": ' + b"[" * 40000 + b"]" * 40000 + b"}"
 
@@ -101,7 +102,7 @@ def test_out_of_range_http_inputs_get_a_400_naming_the_input(supervised):
         ({**text, "sampling_param_seed": 4294967296}, "sampling_param_seed must be in [0, 4294967295], got 4294967296"),
         ({**text, "sampling_param_seed": -1}, "sampling_param_seed must be in [0, 4294967295], got -1"),
         ({"text_input": "abc\udcff"}, "input text_input is not valid UTF-8"),  # a lone surrogate escape
-        ({**text, "sampling_param_stop": ["x"] * 33}, "sampling_param_stop has 33 strings"),
+        ({**text, "sampling_param_stop": ["x"] * 17}, "sampling_param_stop has 17 strings"),
     ]
     for body, message in cases:
         status, answer = _post(supervised, "dflash", body)
@@ -130,7 +131,7 @@ def test_out_of_range_grpc_inputs_and_a_5mb_prompt_are_refused_fast(supervised):
 
     # the character bound refuses a 5 MB prompt before the tokenizer sees it
     message, elapsed = _grpc(supervised, grpc_inputs({"text_input": "x = 1\n" * 833_334}))
-    assert message.startswith(f"text_input has 5000004 characters, more than this server's limit of {MAX_CONTEXT * 16}")
+    assert message.startswith(f"text_input has 5000004 characters, more than this server's limit of {MAX_CONTEXT * PROMPT_CHARS_PER_TOKEN}")
     assert elapsed < 1.0, f"a 5 MB prompt took {elapsed:.2f} s to refuse"
 
     # and the server still answers well-formed requests
@@ -311,3 +312,15 @@ def test_no_triton_http_server_serves_grpc_only(repo):
         with pytest.raises(urllib.error.URLError):
             urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=5)
         assert b"nv_inference_request_success" in urllib.request.urlopen(server.endpoints.metrics, timeout=5).read()
+
+
+def test_a_temperature_too_cold_for_float32_is_greedy_in_the_decoder():
+    """Triton's own ports too: 1e-40 divided into float32 logits would overflow into an empty "stop"."""
+    import torch
+
+    from trtllm_dflash.decoding import SamplingParams, _sampling_tensors
+
+    params = [SamplingParams(temperature=t) for t in (1e-40, 1e-38, MIN_TEMPERATURE / 2, MIN_TEMPERATURE, 0.7)]
+    tensors = _sampling_tensors(params, torch.device("cpu"))
+    assert tensors.temperature.tolist()[:3] == [0.0, 0.0, 0.0]
+    assert tensors.temperature[3].item() == pytest.approx(MIN_TEMPERATURE) and tensors.temperature[4].item() == pytest.approx(0.7)

@@ -25,13 +25,9 @@ import torch
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.plugins import reference, rng
 from trtllm_dflash.runtime.base import Runtime, SamplingTensors
+from trtllm_dflash.request_limits import MIN_TEMPERATURE, SEED_MAX, TOP_K_MAX
 
 
-# Largest top_k and seed a request may ask for. top_k above the vocabulary size means "off";
-# the seed is hashed on its low 32 bits (plugins/rng.py, the Triton verify kernel), so seeds
-# above 2**32 - 1 are refused rather than silently sharing a smaller seed's random stream.
-TOP_K_MAX = 2**31 - 1
-SEED_MAX = 2**32 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -417,7 +413,8 @@ class Decoder:
 def _sampling_tensors(params: list[SamplingParams], device: torch.device) -> SamplingTensors:
     seeds = [p.seed if p.seed is not None else secrets.randbits(31) for p in params]
     return SamplingTensors(
-        temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
+        # colder than MIN_TEMPERATURE is argmax (dividing float32 logits by it would overflow)
+        temperature=torch.tensor([p.temperature if p.temperature >= MIN_TEMPERATURE else 0.0 for p in params], dtype=torch.float32, device=device),
         top_k=torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
         top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
         seed=torch.tensor(seeds, dtype=torch.long, device=device),

@@ -19,18 +19,13 @@ import numpy as np
 
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams, SequenceResult, StepEvent
 from trtllm_dflash.errors import DFlashError, MissingDependencyError
+from trtllm_dflash.request_limits import MAX_STOP_CHARS, MAX_STOP_STRINGS, PROMPT_CHARS_PER_TOKEN
 from trtllm_dflash.serving.config import ServingConfig
 from trtllm_dflash.serving.metrics import ServingMetrics
 from trtllm_dflash.serving.protocol import GenerateInputs
 
 
-# Request limits beyond the model's own (max_context, max_tokens): a prompt longer than this
-# many characters per context token is refused without tokenizing it (no tokenizer makes
-# tokens of more than 16 characters on average from text a model can use), and the stop
-# strings are bounded because every decoding step searches each of them in each request's text.
-PROMPT_CHARS_PER_TOKEN = 16
-MAX_STOP_STRINGS = 32
-MAX_STOP_CHARS = 256
+# Request limits beyond the model's own (max_context, max_tokens) live in request_limits.py.
 
 
 class ResponseSink(Protocol):

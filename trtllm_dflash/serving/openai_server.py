@@ -10,7 +10,10 @@ clients, benchmarks and UIs speak OpenAI's. The front end
   `sampling_param_*`: the protocol of serving/protocol.py) and turns the per-step responses into
   OpenAI chunks (server-sent events) or one response;
 - cancels the gRPC call when its HTTP client goes away: Triton marks the request cancelled and
-  the model's loop drops it from the batch between decoding steps (its decoder row is freed).
+  the model's loop drops it from the batch between decoding steps (its decoder row is freed);
+- is safe to expose (`Gate`): an optional API key, a bounded request body, a bounded number of
+  requests in flight (429 past it), a drain on shutdown (503 to new requests while streams
+  finish), strict request types and ranges, and an OpenAI error body on every error.
 
 FastAPI + uvicorn serve the HTTP side; `tritonclient.grpc.aio` the Triton side.
 """
@@ -18,19 +21,34 @@ FastAPI + uvicorn serve the HTTP side; `tritonclient.grpc.aio` the Triton side.
 
 import asyncio
 import dataclasses
+import hmac
+import ipaddress
 import json
+import logging
 import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, AsyncIterator, Optional, Sequence, Union
+from typing import Annotated, Any, AsyncIterator, Awaitable, Callable, Optional, Sequence, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.request_limits import (
+    MAX_STOP_CHARS, MAX_STOP_STRINGS, MIN_TEMPERATURE, PROMPT_CHARS_PER_TOKEN, SEED_MAX, TOP_K_MAX,
+)
 from trtllm_dflash.extras import require_installed
 from trtllm_dflash.serving.config import ServingConfig
+
+log = logging.getLogger("uvicorn.error")  # uvicorn's logger: its lines share uvicorn's format and level
+
+INT32_MAX = 2**31 - 1  # max_tokens: far above any model's context, and OpenAI's own bound
+DEFAULT_MAX_QUEUED = 256
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+DEFAULT_DRAIN_TIMEOUT = 30.0
+GENERATE_PATHS = ("/v1/chat/completions", "/v1/completions")  # counted in flight, drained, queue-bounded
+OPEN_PATHS = ("/health",)  # answered without the API key (load balancers, orchestrators)
 
 STATS = ("mean_acceptance_length", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
          "num_input_tokens", "num_output_tokens", "time_to_first_token", "tokens_per_second", "finish_reason")
@@ -45,9 +63,10 @@ class OpenAIError(Exception):
     """An error answered as OpenAI's `{"error": {"message", "type", "param", "code"}}`."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
+                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.headers = headers
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
@@ -56,9 +75,47 @@ class OpenAIError(Exception):
 # ---------------------------------------------------------------------- request bodies
 
 
+def check_unicode(body: dict) -> None:
+    """400 for text with a lone UTF-16 surrogate: `"\\ud800"` is valid JSON but not Unicode text,
+    and the tokenizer (or the UTF-8 encoding on the way to Triton) would fail on it.
+
+    Raises OpenAIError rather than ValueError: pydantic passes it through untouched, so the 400
+    names the top-level field (`param`) and the path within it.
+    """
+
+    def walk(value: Any, path: str, param: str | None) -> None:
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise OpenAIError(400, f"{path} is not valid Unicode text (a lone UTF-16 surrogate at character {exc.start}); send UTF-8 text",
+                                  param, "invalid_unicode") from None
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(key, path, param)
+                walk(item, f"{path}.{key}", param)
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                walk(item, f"{path}[{i}]", param)
+
+    for name, value in body.items():
+        walk(name, "a field name", None)  # checked before it is quoted as a path or param
+        walk(value, name, name)
+
+
+# Strict types: JSON `true` is not 1 and 1.5 is not an int. Ranges: what the model's input dtypes
+# carry and what sampling means; out of range is a 400 naming the field, never a wrapped value.
+MaxTokens = Annotated[StrictInt, Field(ge=1, le=INT32_MAX)]
+Temperature = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0, le=2)]  # OpenAI's range
+TopP = Annotated[float, Field(strict=True, allow_inf_nan=False, gt=0, le=1)]
+TopK = Annotated[StrictInt, Field(ge=-1, le=TOP_K_MAX)]
+Seed = Annotated[StrictInt, Field(ge=0, le=SEED_MAX)]
+StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class _Sampling(BaseModel):
@@ -66,16 +123,24 @@ class _Sampling(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     model: str
-    max_tokens: Optional[int] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None  # an extension (vLLM's); -1 or 0 = off
-    seed: Optional[int] = None
-    stop: Optional[Union[str, list[str]]] = None
-    n: Optional[int] = None
-    stream: Optional[bool] = False
+    max_tokens: Optional[MaxTokens] = None
+    temperature: Optional[Temperature] = None
+    top_p: Optional[TopP] = None
+    top_k: Optional[TopK] = None  # an extension (vLLM's); -1 or 0 = off
+    seed: Optional[Seed] = None
+    stop: Optional[Union[StopString, Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]]] = None
+    n: Optional[StrictInt] = None
+    stream: Optional[StrictBool] = False
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode(cls, data: Any) -> Any:
+        """Text is checked before any field: pydantic's own errors for it are vague."""
+        if isinstance(data, dict):
+            check_unicode(data)
+        return data
 
 
 class ChatMessage(BaseModel):
@@ -86,13 +151,13 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage]
-    max_completion_tokens: Optional[int] = None
+    max_completion_tokens: Optional[MaxTokens] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
 
 
 class CompletionRequest(_Sampling):
     prompt: Union[str, list[str], list[int], list[list[int]]]
-    echo: Optional[bool] = False
+    echo: Optional[StrictBool] = False
 
 
 # OpenAI parameters this server does not implement: refused when set to anything but "off"
@@ -126,6 +191,10 @@ class ModelInfo:
     default_max_tokens: int
     speculative: bool
     created: int
+    max_batch: int = 0  # requests the model decodes at once (0: not known); sizes the queue bound
+    # one prompt tokenized at a time per tokenizer: a fast tokenizer used from two threads can
+    # fail ("Already borrowed") when one of them touches its padding/truncation settings
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
 def _tokenizer_dir(config: ServingConfig | None, name: str, override: str | None, repository: Path | None) -> Path:
@@ -171,7 +240,7 @@ def load_model_info(name: str, parameters: dict, tokenizer: str | None, reposito
         return ModelInfo(name, tok, None, None, 128, False, int(time.time()))
     max_tokens = min(config.max_tokens, config.max_context - 1)
     default = min(config.default_max_tokens or 128, max_tokens)
-    return ModelInfo(name, tok, config.max_context, max_tokens, default, config.speculative, int(time.time()))
+    return ModelInfo(name, tok, config.max_context, max_tokens, default, config.speculative, int(time.time()), config.max_batch)
 
 
 # ---------------------------------------------------------------------- talking to Triton
@@ -240,6 +309,10 @@ class FrontendConfig:
     models: Sequence[str] = ()  # expose only these (default: every DFlash model Triton serves)
     tokenizer: str | None = None  # overrides the targets named in the model configs
     repository: Path | None = None  # resolves relative target paths of the model configs
+    api_key: str | None = None  # required as `Authorization: Bearer KEY` on every route but /health
+    max_queued: int = DEFAULT_MAX_QUEUED  # requests in flight beyond what the models decode at once
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies get 413, unparsed
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT  # seconds in-flight requests get to finish on shutdown
 
 
 class Frontend:
@@ -249,6 +322,28 @@ class Frontend:
         self.config = config
         self.client = None
         self.models: dict[str, ModelInfo] = {}
+        self.in_flight = 0  # generation requests being answered (counted by Gate, on the event loop)
+        self.drain_deadline: float | None = None  # set when shutdown begins: new requests get 503
+
+    @property
+    def capacity(self) -> int:
+        """Generation requests admitted at once: what the models decode together, plus the queue."""
+        return sum(info.max_batch for info in self.models.values()) + self.config.max_queued
+
+    @property
+    def draining(self) -> bool:
+        return self.drain_deadline is not None
+
+    def drained(self) -> bool:
+        """Start draining (first call); True once no request is in flight or the drain timed out."""
+        if self.drain_deadline is None:
+            self.drain_deadline = time.monotonic() + self.config.drain_timeout
+            if self.in_flight:
+                log.info("draining: %d request(s) in flight get up to %.0f s to finish", self.in_flight, self.config.drain_timeout)
+        if self.in_flight and time.monotonic() >= self.drain_deadline:
+            log.warning("drain timeout: cutting %d request(s) still in flight", self.in_flight)
+            return True
+        return self.in_flight == 0
 
     def discover(self) -> None:
         """Find the served models and load their tokenizers (before serving: errors are clear lines)."""
@@ -302,19 +397,14 @@ class Frontend:
                 raise OpenAIError(400, f"'{name}' is not supported by this server; leave it out", name, "unsupported_parameter")
         if request.n not in (None, 1):
             raise OpenAIError(400, f"n={request.n} is not supported: this server returns one choice per request; send n=1 and repeat the request for more", "n")
-        if max_tokens is not None and max_tokens < 1:
-            raise OpenAIError(400, f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
         if max_tokens is not None and info.max_tokens is not None and max_tokens > info.max_tokens:
             raise OpenAIError(400, f"max_tokens {max_tokens} is above this model's limit of {info.max_tokens}", "max_tokens")
+        # ranges and types are checked by the request models (Temperature, TopP, ...)
         temperature = 1.0 if request.temperature is None else request.temperature
-        if temperature < 0:
-            raise OpenAIError(400, f"temperature must be >= 0, got {temperature}", "temperature")
+        if temperature < MIN_TEMPERATURE:
+            temperature = 0.0
         top_p = 1.0 if request.top_p is None else request.top_p
-        if not 0 < top_p <= 1:
-            raise OpenAIError(400, f"top_p must be in (0, 1], got {top_p}", "top_p")
         top_k = request.top_k or 0
-        if top_k < -1:
-            raise OpenAIError(400, f"top_k must be >= 0 (or -1 for off), got {top_k}", "top_k")
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
         return {
             "max_tokens": max_tokens or info.default_max_tokens, "temperature": temperature, "top_p": top_p,
@@ -322,10 +412,20 @@ class Frontend:
         }
 
     def check_prompt(self, info: ModelInfo, text: str, param: str) -> int:
-        """Prompt tokens (as the model will encode them); 400 when empty or over the context."""
+        """Prompt tokens (as the model will encode them); 400 when empty or over the context.
+
+        Blocking (it tokenizes): call it in a worker thread. A prompt too long by its character
+        count alone is refused before tokenizing, so a huge prompt costs nothing.
+        """
         if not text.strip():
             raise OpenAIError(400, "the prompt is empty", param)
-        count = len(info.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if info.max_context is not None and len(text) > info.max_context * PROMPT_CHARS_PER_TOKEN:
+            raise OpenAIError(
+                400, f"This model's maximum context length is {info.max_context} tokens; the prompt has {len(text)} characters, "
+                f"more than {info.max_context} tokens of text can hold. Shorten it.", param, "context_length_exceeded",
+            )
+        with info.lock:
+            count = len(info.tokenizer(text, add_special_tokens=False)["input_ids"])
         if info.max_context is not None and count >= info.max_context:
             raise OpenAIError(
                 400, f"This model's maximum context length is {info.max_context} tokens; the prompt has {count} tokens. Shorten it.",
@@ -379,11 +479,126 @@ def _sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
+# ---------------------------------------------------------------------- the gate (safe to expose)
+
+ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+
+
+class Gate:
+    """ASGI middleware in front of every route: API key, drain, body size, queue bound, in order.
+
+    Plain ASGI rather than FastAPI dependencies because it must answer before the body is read
+    or parsed, and it must count a streamed answer as in flight until its last byte is sent.
+    Everything runs on the event loop, so the counter needs no lock.
+    """
+
+    def __init__(self, app: ASGIApp, frontend: "Frontend") -> None:
+        self.app, self.frontend = app, frontend
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        frontend, config = self.frontend, self.frontend.config
+        generate = scope["method"] == "POST" and scope["path"] in GENERATE_PATHS
+
+        async def refuse(error: OpenAIError) -> None:
+            await _error_response(error)(scope, receive, send)
+
+        if config.api_key and scope["path"] not in OPEN_PATHS and (error := _auth_error(scope, config.api_key)):
+            return await refuse(error)
+        if generate and frontend.draining:
+            return await refuse(OpenAIError(503, "the server is shutting down; send the request to another replica or retry after it restarts",
+                                            None, "server_shutting_down", "server_error"))
+        body = await _read_body(scope, receive, config.max_request_bytes)
+        if body is None:
+            return await refuse(OpenAIError(413, f"the request body is larger than this server's limit of {config.max_request_bytes} bytes",
+                                            None, "request_too_large"))
+        if generate and frontend.in_flight >= frontend.capacity:
+            return await refuse(OpenAIError(429, f"this server has {frontend.in_flight} requests in flight, its limit; retry shortly",
+                                            None, "rate_limit_exceeded", "rate_limit_error", {"Retry-After": "1"}))
+        frontend.in_flight += generate
+        try:
+            await self.app(scope, _replay(body, receive), send)
+        finally:
+            frontend.in_flight -= generate
+
+
+def _error_response(error: OpenAIError):
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def _auth_error(scope: dict, key: str) -> OpenAIError | None:
+    """None when the request carries `Authorization: Bearer KEY` (compared in constant time)."""
+    header = dict(scope["headers"]).get(b"authorization", b"")
+    scheme, _, token = header.partition(b" ")
+    if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key.encode()):
+        return None
+    message = ("Incorrect API key provided." if header else
+               "You didn't provide an API key. Send it in an Authorization header using Bearer auth (Authorization: Bearer KEY).")
+    return OpenAIError(401, message, None, "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+async def _read_body(scope: dict, receive: Callable, limit: int) -> bytes | None:
+    """The request body, or None when it is over `limit` bytes (or the client left mid-body).
+
+    A body over the limit is read on without being kept, up to 4x the limit, before the 413 is
+    sent: a client still writing its body when the server closes the connection gets a reset
+    instead of the answer. A declared Content-Length past that is refused at once.
+    """
+    declared = dict(scope["headers"]).get(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > 4 * limit:
+        return None
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None  # http.disconnect: nobody to answer
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+        if not message.get("more_body", False) or size > 4 * limit:
+            return b"".join(chunks) if size <= limit else None
+
+
+def _replay(body: bytes, receive: Callable) -> Callable:
+    """A `receive` that hands the app the body read by Gate, then the client's later messages
+    (the disconnect that cancels a stream)."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replay() -> dict:
+        return pending.pop() if pending else await receive()
+
+    return replay
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` only listens on this machine (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name or a wildcard ("", "0.0.0.0", "::" parse; other names may resolve anywhere)
+
+
+def exposure_warning(host: str, port: int, api_key: str | None) -> str | None:
+    """The one line to print when the API is reachable from the network without a key."""
+    if api_key or is_loopback(host):
+        return None
+    return (f"the OpenAI API listens on {host or '*'}:{port} without an API key: anyone who can reach this port can use the model; "
+            "set DFLASH_API_KEY (or pass --api-key) to require `Authorization: Bearer KEY`")
+
+
 def create_app(frontend: "Frontend"):
     """The FastAPI app over a Frontend that has discovered its models."""
     _require_extra()
     from contextlib import asynccontextmanager
 
+    from anyio import to_thread
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, StreamingResponse
@@ -398,10 +613,17 @@ def create_app(frontend: "Frontend"):
 
     app = FastAPI(title="trtllm-dflash OpenAI-compatible server", lifespan=lifespan)
     app.state.frontend = frontend
+    app.add_middleware(Gate, frontend=frontend)
 
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, exc: OpenAIError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception):
+        """A bug or an unforeseen failure: still an OpenAI body (uvicorn logs the traceback)."""
+        error = OpenAIError(500, "the server failed on this request (an internal error; its log has the details)", None, "internal_error", "server_error")
+        return JSONResponse(error.body(), status_code=500)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
@@ -409,17 +631,23 @@ def create_app(frontend: "Frontend"):
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         if first.get("type") == "json_invalid":
             message, param = "the request body is not valid JSON", None
+        elif not loc:  # the body as a whole: not an object, or not sent as JSON (curl -d sends a form)
+            message, param = "the request body must be a JSON object sent with Content-Type: application/json", None
         else:
             message, param = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid value')}", (loc[0] if loc else None)
         return JSONResponse(OpenAIError(400, message, param).body(), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
+        """404, 405 (with Allow) and FastAPI's body errors (e.g. a body that is not UTF-8)."""
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(OpenAIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind=kind).body(), status_code=exc.status_code)
+        error = OpenAIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind=kind)
+        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
 
     @app.get("/health")
     async def health():
+        if frontend.draining:  # load balancers stop sending here while the streams finish
+            return JSONResponse({"status": "draining"}, status_code=503)
         ok = frontend.client is not None and await frontend.client.is_server_ready()
         return JSONResponse({"status": "ok" if ok else "triton not ready"}, status_code=200 if ok else 503)
 
@@ -431,13 +659,16 @@ def create_app(frontend: "Frontend"):
     async def model(name: str):
         return _model_card(frontend.model(name))
 
+    # Templating and tokenizing run in worker threads: a long prompt must not stall the event loop
+    # (and with it every other request's stream).
+
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
         info = frontend.model(body.model)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         sampling = frontend.sampling(body, info, max_tokens)
-        prompt = frontend.chat_prompt(body, info)
-        frontend.check_prompt(info, prompt, "messages")
+        prompt = await to_thread.run_sync(frontend.chat_prompt, body, info)
+        await to_thread.run_sync(frontend.check_prompt, info, prompt, "messages")
         return await _answer(request, body, info, frontend.open(info, prompt, sampling), chat=True)
 
     @app.post("/v1/completions")
@@ -449,7 +680,7 @@ def create_app(frontend: "Frontend"):
                 raise OpenAIError(400, "prompt must be one string (lists of prompts and token ids are not supported); send one request per prompt", "prompt")
             prompt = prompt[0]
         sampling = frontend.sampling(body, info, body.max_tokens)
-        frontend.check_prompt(info, prompt, "prompt")
+        await to_thread.run_sync(frontend.check_prompt, info, prompt, "prompt")
         return await _answer(request, body, info, frontend.open(info, prompt, sampling), chat=False)
 
     async def _answer(request: Request, body: _Sampling, info: ModelInfo, stream: TritonStream, chat: bool):
@@ -525,6 +756,10 @@ async def _stream_events(iterator, first: dict, ident: str, created: int, model:
     except OpenAIError as exc:  # mid-stream: the error travels as an event, then the stream ends
         yield _sse(exc.body())
         return
+    except Exception:  # noqa: BLE001 - headers are sent: an error event is the only way to say it
+        log.exception("the stream %s failed", ident)
+        yield _sse(OpenAIError(500, "the server failed on this request (an internal error; its log has the details)", None, "internal_error", "server_error").body())
+        return
     yield _sse(chunk(None if chat else "", _finish_reason(last.get("finish_reason"))))
     if usage:
         yield _sse({"id": ident, "object": kind, "created": created, "model": model, "choices": [], "usage": _usage(last)})
@@ -539,6 +774,27 @@ def _model_card(info: ModelInfo) -> dict:
 
 # ---------------------------------------------------------------------- running it
 
+GRACE = 2.0  # seconds uvicorn waits for connections after the drain before cancelling them
+
+
+def _draining_server(config, frontend: Frontend):
+    """A uvicorn Server whose exit (SIGTERM, Ctrl-C, OpenAIServer.stop) drains first.
+
+    uvicorn's own shutdown closes the port at once; here the port stays open while the requests
+    in flight finish (up to `drain_timeout`), new generation requests get 503 and /health says
+    "draining", and only then does uvicorn shut down. A second Ctrl-C exits at once.
+    """
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        async def on_tick(self, counter: int) -> bool:
+            should_exit = await super().on_tick(counter)
+            if not should_exit or self.force_exit:
+                return should_exit
+            return frontend.drained()
+
+    return DrainingServer(config)
+
 
 class OpenAIServer:
     """uvicorn serving the app in a background thread; a context manager (tests, `serve --openai-port`).
@@ -549,10 +805,12 @@ class OpenAIServer:
 
     def __init__(self, triton_url: str, host: str = "127.0.0.1", port: int = 8080, models: Sequence[str] = (),
                  tokenizer: str | None = None, repository: str | Path | None = None, log_level: str = "warning",
-                 startup_timeout: float = 300.0) -> None:
+                 startup_timeout: float = 300.0, api_key: str | None = None, max_queued: int = DEFAULT_MAX_QUEUED,
+                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT) -> None:
         _require_extra()
         self.host, self.port = host, port
-        self.config = FrontendConfig(triton_url, tuple(models), tokenizer, Path(repository).resolve() if repository else None)
+        self.config = FrontendConfig(triton_url, tuple(models), tokenizer, Path(repository).resolve() if repository else None,
+                                     api_key or None, max_queued, max_request_bytes, drain_timeout)
         self.log_level = log_level
         self.startup_timeout = startup_timeout
         self.frontend: Frontend | None = None
@@ -576,12 +834,19 @@ class OpenAIServer:
         self.frontend = Frontend(self.config)
         self.frontend.discover()
         app = create_app(self.frontend)
-        config = uvicorn.Config(app, host=self.host, port=self.port, log_level=self.log_level, lifespan="on")
-        return uvicorn.Server(config)
+        config = uvicorn.Config(app, host=self.host, port=self.port, log_level=self.log_level, lifespan="on",
+                                timeout_graceful_shutdown=GRACE)
+        warning = exposure_warning(self.host, self.port, self.config.api_key)
+        if warning:
+            log.warning(warning)  # after uvicorn.Config, which sets up uvicorn's loggers
+        self._server = _draining_server(config, self.frontend)
+        return self._server
 
     def start(self) -> str:
-        """Start serving and block until the front end has found its models."""
-        self._server = self.uvicorn_server()
+        """Start serving and block until the front end has found its models (uvicorn_server()
+        first when its app is to be changed before serving)."""
+        if self._server is None:
+            self.uvicorn_server()
         self._thread = threading.Thread(target=self._server.run, name="dflash-openai", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + self.startup_timeout
@@ -595,10 +860,11 @@ class OpenAIServer:
         return self.url
 
     def stop(self) -> None:
+        """Drain (requests in flight finish, up to drain_timeout; new ones get 503), then stop."""
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:
-            self._thread.join(15)
+            self._thread.join(self.config.drain_timeout + GRACE + 15)
         self._server = self._thread = None
 
     def __enter__(self) -> "OpenAIServer":
