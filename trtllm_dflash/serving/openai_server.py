@@ -648,7 +648,10 @@ def create_app(frontend: "Frontend"):
     async def health():
         if frontend.draining:  # load balancers stop sending here while the streams finish
             return JSONResponse({"status": "draining"}, status_code=503)
-        ok = frontend.client is not None and await frontend.client.is_server_ready()
+        try:
+            ok = frontend.client is not None and await frontend.client.is_server_ready()
+        except Exception:  # noqa: BLE001 - Triton down or restarting (serve supervises it): not ready, not a 500
+            ok = False
         return JSONResponse({"status": "ok" if ok else "triton not ready"}, status_code=200 if ok else 503)
 
     @app.get("/v1/models")

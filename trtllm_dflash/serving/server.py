@@ -32,10 +32,10 @@ import sysconfig
 import tempfile
 import threading
 import time
-import uuid
-from collections import deque
 import urllib.error
 import urllib.request
+import uuid
+from collections import deque
 from pathlib import Path
 from typing import Callable
 
