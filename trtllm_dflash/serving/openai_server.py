@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.request_limits import (
-    MAX_STOP_CHARS, MAX_STOP_STRINGS, MIN_TEMPERATURE, PROMPT_CHARS_PER_TOKEN, SEED_MAX, TOP_K_MAX,
+    MAX_STOP_CHARS, MAX_STOP_STRINGS, PROMPT_CHARS_PER_TOKEN, SEED_MAX, TOP_K_MAX,
 )
 from trtllm_dflash.extras import require_installed
 from trtllm_dflash.serving.config import ServingConfig
@@ -401,8 +401,6 @@ class Frontend:
             raise OpenAIError(400, f"max_tokens {max_tokens} is above this model's limit of {info.max_tokens}", "max_tokens")
         # ranges and types are checked by the request models (Temperature, TopP, ...)
         temperature = 1.0 if request.temperature is None else request.temperature
-        if temperature < MIN_TEMPERATURE:
-            temperature = 0.0
         top_p = 1.0 if request.top_p is None else request.top_p
         top_k = request.top_k or 0
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
