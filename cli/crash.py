@@ -78,11 +78,12 @@ def report(exc: BaseException, argv: list[str]) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     path = folder / f"{command.replace(' ', '-')}-{stamp}-{os.getpid()}.log"
-    header = f"{' '.join(argv)}\nmodel: {model_family(argv)}\nversions: {versions()}\n\n"
+    model, installed = model_family(argv), versions()
+    header = f"{' '.join(argv)}\nmodel: {model}\nversions: {installed}\n\n"
     path.write_text(header + "".join(traceback.format_exception(exc)), encoding="utf-8")
     message = (str(exc).strip().splitlines() or [""])[0]
     reason = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
     return (
-        f"`{command}` failed unexpectedly ({reason}); model: {model_family(argv)}; {versions()}; "
+        f"`{command}` failed unexpectedly ({reason}); model: {model}; {installed}; "
         f"full traceback in {path} (--debug prints it here); please report it with that file"
     )

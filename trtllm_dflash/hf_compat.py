@@ -30,12 +30,6 @@ from transformers.models.qwen3.modeling_qwen3 import (  # noqa: F401  (the draft
 TESTED_TRANSFORMERS = (">=5.17", "<=5.24.0")
 
 
-def transformers_version() -> str:
-    import transformers
-
-    return transformers.__version__
-
-
 # ----------------------------------------------------------------------------- the cache argument
 
 

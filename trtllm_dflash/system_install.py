@@ -83,8 +83,9 @@ def main() -> int:
         print(f"error: SYSTEM_PYTHON=1 needs Python 3.11 or newer; {where} is older: run plain `make gpu-check` (a venv)")
         return 2
     missing, outside = check_installed(["pip", *needed_requirements()])
-    if setuptools_problem():
-        missing.append("setuptools>=77")
+    problem = setuptools_problem()
+    if problem:
+        missing.append(f"setuptools>=77 ({problem})")
     if missing:
         print(
             f"error: {where} lacks {', '.join(missing)}, which the GPU check needs: install them into it "
