@@ -454,9 +454,16 @@ def _grpc_ready(url: str, models: list[str]) -> bool:
         client.close()
 
 
-def _kill_group(pid: int) -> None:
-    """Stub processes left behind by the server (they share its process group)."""
+def _kill_group(pid: int, timeout: float = 10.0) -> None:
+    """Stub processes left behind by the server (they share its process group), gone on return.
+
+    SIGKILL is delivered asynchronously: a stub can still be exiting right after killpg, so wait
+    until the group has no live member (bounded) rather than report a stop that is not finished.
+    """
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
-        pass
+        return
+    deadline = time.monotonic() + timeout
+    while process_group_members(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
