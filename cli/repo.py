@@ -37,7 +37,7 @@ def repo(
 ) -> None:
     """Write a Triton Inference Server model repository that serves DFlash (and its AR baseline)."""
     from trtllm_dflash.serving import repository
-    from trtllm_dflash.serving.config import ServingConfig
+    from trtllm_dflash.serving.model_parameters import ServingConfig
 
     sources = [s for s in (model, build, recipe) if s is not None]
     if len(sources) != 1:

@@ -39,7 +39,7 @@ from trtllm_dflash.request_limits import (
     MAX_STOP_CHARS, MAX_STOP_STRINGS, PROMPT_CHARS_PER_TOKEN, SEED_MAX, TOP_K_MAX,
 )
 from trtllm_dflash.extras import require_installed
-from trtllm_dflash.serving.config import ServingConfig
+from trtllm_dflash.serving.model_parameters import ServingConfig
 
 log = logging.getLogger("uvicorn.error")  # uvicorn's logger: its lines share uvicorn's format and level
 
