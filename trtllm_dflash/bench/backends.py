@@ -235,7 +235,7 @@ class ServerBackend(BenchBackend):
                 except queue.Empty:
                     return
                 try:
-                    done = client.complete(prompt, protocol=self.protocol, max_tokens=max_new_tokens, temperature=0.0)
+                    done = client.complete(prompt, protocol=self.protocol, max_new_tokens=max_new_tokens, temperature=0.0)
                 except Exception as exc:  # noqa: BLE001 - re-raised below, in the caller's thread
                     errors.append(exc)
                     return
