@@ -44,7 +44,7 @@ class FP8Linear(nn.Module):
     """A linear layer with FP8 weights and FP8-rounded inputs (ModelOpt FP8 semantics).
 
     The weights and scales are buffers: cast the model's *parameters* to a compute dtype
-    (`export.cast_parameters`), not the whole module, or the FP8 weights become 16-bit tensors.
+    (`graphs.dtypes.cast_parameters`), not the whole module, or the FP8 weights become 16-bit tensors.
     """
 
     def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor | None, bias: torch.Tensor | None) -> None:
