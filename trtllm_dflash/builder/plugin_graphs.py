@@ -44,15 +44,6 @@ def export_options(variant: str) -> tuple[bool, dict | None]:
     return True, onnx_nodes.custom_translation_table(kv_splits=1)
 
 
-def cpu_evaluators(variant: str) -> list[type]:
-    """`onnx.reference` OpRun classes for the plugin nodes of a graph variant (none for native)."""
-    if variant == "native":
-        return []
-    from trtllm_dflash.plugins import onnx_nodes
-
-    return onnx_nodes.evaluators()
-
-
 def engine_support(variant: str, flavour: str) -> str | None:
     """None when `flavour` can build engines of this variant here, else why not."""
     if variant == "native":

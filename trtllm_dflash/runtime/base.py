@@ -50,6 +50,11 @@ class Runtime(abc.ABC):
     def has_drafter(self) -> bool:
         return self.drafter_config is not None
 
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether some target layers carry a recurrent state (linear attention) that `commit` selects per row."""
+        return False
+
     @abc.abstractmethod
     def allocate(self, max_batch: int, capacity: int) -> None:
         """(Re)allocate caches for `max_batch` rows of `capacity` token slots each."""

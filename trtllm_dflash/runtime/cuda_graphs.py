@@ -33,15 +33,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.runtime.base import TargetOutput
-
-if TYPE_CHECKING:
-    from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+from trtllm_dflash.runtime.base import CachedRuntime, TargetOutput
 
 MIN_SPAN = 256  # smallest span bucket of the verify pass
 WARMUP_RUNS = 2  # eager runs before a capture: cuBLAS handles, Triton compiles, allocator warm-up
@@ -69,7 +66,7 @@ def span_bucket(span: int, capacity: int) -> int:
     return min(max(rounded, MIN_SPAN), capacity)
 
 
-def check_supported(runtime: "TorchRuntime") -> None:
+def check_supported(runtime: CachedRuntime) -> None:
     """Refuse the runtimes whose passes cannot be replayed from a graph, in one line."""
     if runtime.device.type != "cuda":
         raise DFlashError(
@@ -134,7 +131,7 @@ class StepGraphs:
     rows past the live ones), and run eagerly.
     """
 
-    def __init__(self, runtime: "TorchRuntime") -> None:
+    def __init__(self, runtime: CachedRuntime) -> None:
         check_supported(runtime)
         self.runtime = runtime
         self._eager_target = runtime.target_forward
@@ -146,7 +143,7 @@ class StepGraphs:
         self.counts: collections.Counter[str] = collections.Counter()
 
     @classmethod
-    def install(cls, runtime: "TorchRuntime") -> "StepGraphs":
+    def install(cls, runtime: CachedRuntime) -> "StepGraphs":
         """Route this runtime instance's passes (and cache allocation) through the graphs."""
         graphs = cls(runtime)
         runtime.target_forward = graphs.target_forward

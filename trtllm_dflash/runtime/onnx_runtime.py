@@ -98,6 +98,15 @@ class GraphSession:
         return dict(zip(self.output_names, self._session.run(None, feed)))
 
 
+def plugin_evaluators(variant: str) -> list[type]:
+    """`onnx.reference` OpRun classes for the plugin nodes of a graph variant (none for native)."""
+    if variant == "native":
+        return []
+    from trtllm_dflash.plugins import onnx_nodes  # needs onnx, which only plugin graphs need here
+
+    return onnx_nodes.evaluators()
+
+
 def _graph_file(export_dir: Path, variant: str, graph: dict) -> Path:
     return export_dir / (graph.get("dir") or variant) / graph["file"]
 
@@ -135,9 +144,7 @@ class OnnxRuntime(CachedRuntime):
             raise DFlashError(f"{export_dir} has no '{variant}' graphs", f"use one of: {', '.join(info['variants'])}")
         graphs = info["variants"][variant]
         if custom_ops is None:  # the plugin nodes' CPU evaluators, when the graphs have plugin nodes
-            from trtllm_dflash.builder.plugin_graphs import cpu_evaluators
-
-            custom_ops = cpu_evaluators(variant)
+            custom_ops = plugin_evaluators(variant)
         self.info = info
         self.device = torch.device("cpu")
         self.vocab_size = int(info["vocab_size"])

@@ -27,6 +27,7 @@ import torch
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import DFlashError, MissingDependencyError
 from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, SamplingTensors, TargetOutput, VerifyOutput, verifying_graph_inputs
+from trtllm_dflash.runtime.tensorrt_flavours import INSTALL_HINT, import_tensorrt
 
 
 def _torch_dtype(trt, dtype) -> torch.dtype:
@@ -238,13 +239,8 @@ def append_rows(cache: torch.Tensor, lengths: torch.Tensor, new: torch.Tensor, c
 
 def _import_flavour(flavour: str, built_version: str):
     try:
-        if flavour == "tensorrt-rtx":
-            import tensorrt_rtx_bindings as trt
-        else:
-            import tensorrt as trt
+        trt = import_tensorrt(flavour)
     except ImportError:
-        from trtllm_dflash.builder.engines import INSTALL_HINT
-
         raise MissingDependencyError(f"the engines were built with {flavour} {built_version}, which is not installed", INSTALL_HINT[flavour]) from None
     if trt.__version__ != built_version:
         raise MissingDependencyError(
@@ -252,24 +248,6 @@ def _import_flavour(flavour: str, built_version: str):
             f"install {flavour}=={built_version}, or rebuild with `dflash-trt build --force`",
         )
     return trt
-
-
-def load_engine_pipeline(
-    engines_dir: str | Path, drafter: bool = True, device: str = "cuda", max_context: int | None = None, variant: str = "native"
-):
-    """A DFlashPipeline over the engines of a build (the serving model and `generate --engines` use it).
-
-    `drafter=False` runs the target engine alone (autoregressive: the serving baseline)."""
-    from trtllm_dflash.api import DFlashPipeline
-    from trtllm_dflash.runtime.artifacts import tokenizer_and_stops
-
-    if device == "cpu":
-        raise MissingDependencyError("TensorRT engines run on a GPU, not on the CPU", "use --device cuda, or `generate --onnx BUILD` on CPU")
-    engines_dir = Path(engines_dir)
-    runtime = TrtRuntime(engines_dir, variant, drafter)
-    tokenizer, stops = tokenizer_and_stops(engines_dir / "tokenizer")
-    limit = int(runtime.info["bounds"]["max_seq_len"])
-    return DFlashPipeline(runtime, tokenizer, stops, max_context=min(max_context or limit, limit))
 
 
 def engine_summary(engines_dir: str | Path) -> dict[str, Any]:
