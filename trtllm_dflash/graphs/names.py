@@ -38,9 +38,14 @@ CACHE = "cache"  # the verifying target's in-place cache inputs
 PRESENT = "present"  # ... and its outputs, aliased to those inputs
 
 
+def key_prefix(prefix: str) -> str:
+    """`{prefix}_key_`: what every key name of that kind starts with."""
+    return f"{prefix}_key_"
+
+
 def key_name(prefix: str, layer: int) -> str:
     """`{prefix}_key_{layer}`, e.g. `past_key_3`."""
-    return f"{prefix}_key_{layer}"
+    return f"{key_prefix(prefix)}{layer}"
 
 
 def value_name(prefix: str, layer: int) -> str:
