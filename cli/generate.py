@@ -68,12 +68,12 @@ def generate(
     if chat and (engines is not None or onnx is not None):
         raise DFlashError("--chat runs on --target models only", "pass --target DIR (the chat template comes from its tokenizer)")
     if engines is not None:  # the TensorRT engines of a build (GPU)
-        from trtllm_dflash.runtime.trt_runtime import load_engine_pipeline
+        from trtllm_dflash.build_pipelines import load_engine_pipeline
 
         folder = engines / "engines" if (engines / "engines" / "engines.json").is_file() else engines
         pipe = load_engine_pipeline(folder, device="cuda", max_context=max_context)
     elif onnx is not None:  # the exported graphs on CPU (what the engines were built from)
-        from trtllm_dflash.runtime.artifacts import load_onnx_pipeline
+        from trtllm_dflash.build_pipelines import load_onnx_pipeline
 
         pipe = load_onnx_pipeline(onnx, max_context=max_context)
         Console(stderr=True, highlight=False).print("[dim]running the build's ONNX graphs on CPU with onnxruntime[/]")

@@ -141,13 +141,14 @@ class BuildBackend(RuntimeBackend):
         if device == "cuda":
             if not torch.cuda.is_available():
                 raise DFlashError("--device cuda was asked for but no CUDA GPU is visible", "use --device cpu (runs the build's ONNX graphs)")
-            from trtllm_dflash.runtime.trt_runtime import load_engine_pipeline
+            from trtllm_dflash.build_pipelines import load_engine_pipeline
 
             folder = build / "engines" if (build / "engines" / "engines.json").is_file() else build
             ar, dflash = (load_engine_pipeline(folder, drafter=d, device="cuda") for d in (False, True))
             self.name, self.artifacts = "tensorrt", str(folder)
         else:
-            from trtllm_dflash.runtime.artifacts import export_dir_of, load_onnx_pipeline
+            from trtllm_dflash.build_pipelines import load_onnx_pipeline
+            from trtllm_dflash.runtime.artifacts import export_dir_of
 
             ar, dflash = (load_onnx_pipeline(build, drafter=d) for d in (False, True))
             self.name, self.artifacts = "onnxruntime", str(export_dir_of(build))

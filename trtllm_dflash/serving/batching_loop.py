@@ -275,7 +275,7 @@ def load_pipeline(config: ServingConfig):
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if config.runtime == "trt":
         try:
-            from trtllm_dflash.runtime.trt_runtime import load_engine_pipeline  # issue 4: the engine runtime
+            from trtllm_dflash.build_pipelines import load_engine_pipeline  # issue 4: the engine runtime
         except ImportError:
             raise MissingDependencyError(
                 f"this repository serves TensorRT engines from {config.engines}, but this trtllm-dflash has no engine runtime",
