@@ -1,0 +1,251 @@
+"""Which kernel variants the plugins launch: one compilation unit per kernel function, pointer
+dtypes and compile-time constants, and the set a deployment needs (`KernelSpace`).
+
+The signatures follow the kernels' calling convention (inputs, int32 scalars, outputs; see
+`kernels/attention.py`). The variant labels name the files of a
+`dflash-trt plugins build` and are how a prebuilt directory is searched, so they stay stable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable
+
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.plugins.kernels import launch
+
+
+TORCH_TO_TRITON = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8e4nv", "int32": "i32", "int64": "i64"}
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelVariant:
+    """One compilation unit: a kernel function with its pointer dtypes and compile-time constants."""
+
+    node: str  # the ONNX node (TensorRT plugin) that launches it
+    source: str  # kernel file: attention | verify
+    function: str
+    signature: tuple[tuple[str, str], ...]  # parameter -> Triton type, in kernel order
+    constexprs: tuple[tuple[str, object], ...]
+    num_warps: int
+    num_stages: int
+    enable_fp_fusion: bool
+
+    @property
+    def label(self) -> str:
+        """A stable, readable identifier, e.g. `block_attention_kernel.bf16.head_dim128.block_m64...`."""
+        dtypes = "-".join(sorted({t.lstrip("*") for _, t in self.signature if t.startswith("*") and not t.startswith("*i")}))
+        consts = [f"{k.lower()}{int(v) if isinstance(v, bool) else v}" for k, v in self.constexprs]
+        return ".".join(part for part in [self.function, dtypes, *consts] if part)
+
+
+def _attention_signature(dtype: str, cache_dtype: str, split: bool) -> tuple:
+    t, c = f"*{TORCH_TO_TRITON[dtype]}", f"*{TORCH_TO_TRITON[cache_dtype]}"
+    outputs = (("partial_out_ptr", "*fp32"), ("partial_lse_ptr", "*fp32")) if split else (("out_ptr", t),)
+    return (
+        ("q_ptr", t), ("k_block_ptr", t), ("v_block_ptr", t), ("k_ctx_ptr", t), ("v_ctx_ptr", t),
+        ("new_counts_ptr", "*i64"), ("k_cache_ptr", c), ("v_cache_ptr", c), ("cache_lens_ptr", "*i64"),
+        ("block", "i32"), ("num_new", "i32"), ("capacity", "i32"), ("num_kv_heads", "i32"), ("group", "i32"),
+        ("window", "i32"), ("scale_bits", "i32"), ("num_splits", "i32"),
+        *outputs, ("k_cache_out_ptr", c), ("v_cache_out_ptr", c),
+    )
+
+
+def attention_variants(head_dim: int, dtype: str, cache_dtype: str, block_m: int) -> list[KernelVariant]:
+    """The direct and split attention kernels and the merge kernel for one query-tile size."""
+    config = launch.attention_config_for_tile(head_dim, block_m)
+    constexprs = (
+        ("HEAD_DIM", head_dim), ("BLOCK_M", block_m), ("BLOCK_N", config.block_n), ("BLOCK_T", config.block_t),
+        ("IEEE", dtype == "float32"),
+    )
+    variants = [
+        KernelVariant(node, "attention", function, _attention_signature(dtype, cache_dtype, split),
+                      constexprs, config.num_warps, config.num_stages, True)
+        for node, function, split in (
+            ("DFlashBlockAttention", "block_attention_kernel", False),
+            ("DFlashBlockAttentionSplit", "block_attention_split_kernel", True),
+        )
+    ]
+    t = f"*{TORCH_TO_TRITON[dtype]}"
+    merge_signature = (
+        ("partial_out_ptr", "*fp32"), ("partial_lse_ptr", "*fp32"), ("like_ptr", t),
+        ("block", "i32"), ("num_kv_heads", "i32"), ("group", "i32"), ("num_splits", "i32"), ("out_ptr", t),
+    )
+    variants.append(KernelVariant("DFlashAttentionMerge", "attention", "merge_kernel", merge_signature,
+                                  (("HEAD_DIM", head_dim), ("BLOCK_M", block_m)), 4, 1, True))
+    return variants
+
+
+def _target_attention_signature(dtype: str, cache_dtype: str) -> tuple:
+    t, c = f"*{TORCH_TO_TRITON[dtype]}", f"*{TORCH_TO_TRITON[cache_dtype]}"
+    return (
+        ("q_ptr", t), ("k_new_ptr", t), ("v_new_ptr", t), ("k_cache_ptr", c), ("v_cache_ptr", c),
+        ("starts_ptr", "*i64"), ("sinks_ptr", "*fp32"),
+        ("tokens", "i32"), ("capacity", "i32"), ("num_kv_heads", "i32"), ("group", "i32"), ("window", "i32"), ("scale_bits", "i32"),
+        ("out_ptr", t), ("k_cache_out_ptr", c), ("v_cache_out_ptr", c),
+    )
+
+
+def target_attention_variant(
+    head_dim_k: int, head_dim_v: int, dtype: str, cache_dtype: str, block_m: int, has_sinks: bool
+) -> KernelVariant:
+    """The DFlashTargetAttention kernel for one (key, value) head-dim pair, dtype, query tile and sinks flag
+    (the window is a runtime scalar: full and sliding layers share a variant)."""
+    config = launch.target_attention_config_for_tile(head_dim_k, head_dim_v, block_m)
+    constexprs = (
+        ("HEAD_DIM_K", head_dim_k), ("HEAD_DIM_V", head_dim_v), ("BLOCK_M", block_m), ("BLOCK_N", config.block_n),
+        ("HAS_SINKS", bool(has_sinks)), ("IEEE", dtype == "float32"),
+    )
+    return KernelVariant("DFlashTargetAttention", "attention", "target_attention_kernel",
+                         _target_attention_signature(dtype, cache_dtype), constexprs, config.num_warps, config.num_stages, True)
+
+
+def target_query_tiles(head_dim_k: int, head_dim_v: int, blocks: Iterable[int], groups: Iterable[int]) -> list[int]:
+    """The query tiles a target with these GQA groups launches for verify blocks of these sizes,
+    and for a prefill or a dynamic token dimension (which take the MAX_BLOCK tile)."""
+    tokens = set(blocks) | {launch.MAX_BLOCK}
+    return sorted({launch.target_attention_config(head_dim_k, head_dim_v, t, g).block_m for t in tokens for g in groups})
+
+
+def verify_variants(logits_dtype: str) -> list[KernelVariant]:
+    positions = (
+        ("logits_ptr", f"*{TORCH_TO_TRITON[logits_dtype]}"), ("tokens_ptr", "*i64"), ("draft_probs_ptr", "*fp32"),
+        ("temperature_ptr", "*fp32"), ("top_k_ptr", "*i64"), ("top_p_ptr", "*fp32"), ("seed_ptr", "*i64"),
+        ("start_ptr", "*i64"), ("block", "i32"), ("vocab", "i32"), ("has_draft_probs", "i32"), ("decisions_ptr", "*i32"),
+    )
+    return [KernelVariant("DFlashVerifyPositions", "verify", "verify_positions_kernel", positions,
+                          (("BLOCK_V", launch.VERIFY_BLOCK_V),), 4, 1, False)]
+
+
+def commit_variant() -> KernelVariant:
+    signature = (
+        ("decisions_ptr", "*i32"), ("tokens_ptr", "*i64"), ("start_ptr", "*i64"), ("stop_ids_ptr", "*i64"),
+        ("block", "i32"), ("num_stop", "i32"), ("result_ptr", "*i64"),
+    )
+    return KernelVariant("DFlashVerifyCommit", "verify", "verify_commit_kernel", signature,
+                         (("BLOCK_T", launch.MAX_BLOCK), ("BLOCK_S", launch.COMMIT_BLOCK_S)), 1, 1, False)
+
+
+def query_tiles(head_dim: int, blocks: Iterable[int], groups: Iterable[int]) -> list[int]:
+    """The query-tile sizes (BLOCK_M) that drafters with these block sizes and GQA groups use."""
+    return sorted({launch.attention_config(head_dim, b, g).block_m for b in blocks for g in groups})
+
+
+def kernel_variants(
+    head_dims: Iterable[int] = (64, 128, 256),
+    dtypes: Iterable[str] = ("bfloat16", "float16"),
+    blocks: Iterable[int] = range(2, launch.MAX_BLOCK + 1),
+    groups: Iterable[int] = (1, 2, 4, 8),
+    fp8_kv_cache: bool = False,
+    logits_dtypes: Iterable[str] = ("float32", "bfloat16", "float16"),
+    target_head_dims: Iterable[tuple[int, int]] | None = None,
+    target_groups: Iterable[int] | None = None,
+    target_dtypes: Iterable[str] | None = None,
+    target_sinks: Iterable[bool] = (False,),
+) -> list[KernelVariant]:
+    """Every kernel variant a drafter and its target in this space launch (default: the whole
+    supported space, without attention-sink variants).
+
+    The target's attention takes its (key, value) head dims, GQA groups and activation dtypes from
+    `target_*`, defaulting to the drafter's (square head dims); its cache has the activation dtype.
+    `target_sinks` lists the HAS_SINKS values to build: (True,) for gpt-oss, (False, True) for both.
+    """
+    blocks, groups = list(blocks), list(groups)
+    variants = []
+    for head_dim in head_dims:
+        for dtype in dtypes:
+            caches = [dtype] + (["float8_e4m3fn"] if fp8_kv_cache else [])
+            for cache_dtype in caches:
+                for block_m in query_tiles(head_dim, blocks, groups):
+                    for variant in attention_variants(head_dim, dtype, cache_dtype, block_m):
+                        if variant not in variants:
+                            variants.append(variant)
+    target_head_dims = list(target_head_dims) if target_head_dims is not None else [(d, d) for d in head_dims]
+    target_groups = list(target_groups) if target_groups is not None else groups
+    for head_dim_k, head_dim_v in target_head_dims:
+        for dtype in (target_dtypes if target_dtypes is not None else dtypes):
+            for block_m in target_query_tiles(head_dim_k, head_dim_v, blocks, target_groups):
+                for has_sinks in target_sinks:
+                    variant = target_attention_variant(head_dim_k, head_dim_v, dtype, dtype, block_m, has_sinks)
+                    if variant not in variants:
+                        variants.append(variant)
+    for logits_dtype in logits_dtypes:
+        variants += verify_variants(logits_dtype)
+    return variants + [commit_variant()]
+
+
+PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpace:
+    """The kernel variants one deployment launches (kernel_variants(**space.options()))."""
+
+    arch: str  # the recipe GPU's kernel target
+    head_dims: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    blocks: tuple[int, ...]
+    groups: tuple[int, ...]
+    fp8_kv_cache: bool
+    logits_dtypes: tuple[str, ...]
+    target_head_dims: tuple[tuple[int, int], ...] = ()  # (key, value) per target attention layer kind
+    target_groups: tuple[int, ...] = ()
+    target_dtypes: tuple[str, ...] = ()
+    target_sinks: tuple[bool, ...] = (False,)
+
+    def options(self) -> dict:
+        fields = dataclasses.asdict(self)
+        fields.pop("arch")
+        return fields
+
+
+def target_attention_shapes(model) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
+    """((key, value) head dims, GQA groups) of a target's attention layers that the target-attention
+    kernel covers. Layers it does not cover (linear attention, MLA, head dims like Gemma 4's 512)
+    are left out: those layers keep the native path."""
+    if model.is_mla:
+        return (), ()
+    dims, groups = set(), set()
+    for layer in range(model.num_layers):
+        shape = model.attention(layer)
+        if shape.num_kv_heads == 0 or shape.head_dim not in launch.ATTENTION_HEAD_DIMS or model.num_heads % shape.num_kv_heads:
+            continue
+        dims.add((shape.head_dim, shape.head_dim))
+        groups.add(model.num_heads // shape.num_kv_heads)
+    return tuple(sorted(dims)), tuple(sorted(groups))
+
+
+def recipe_kernel_space(recipe) -> KernelSpace:
+    """Only what the recipe launches. The drafter: its head dim and GQA ratio (model catalog), the
+    recipe's block size (and the shorter blocks of its draft-length schedule), the drafter's
+    activation dtype, an FP8 KV cache if the recipe uses one, and the target's logits dtype. The
+    target's attention: its layers' head dims and GQA ratios, its activation dtype and sinks (gpt-oss),
+    over a cache in the activation dtype: the TensorRT engines keep the target's K/V in the graph's
+    dtype even when the recipe's (TensorRT-LLM) KV cache is FP8 (see builder/plan.py)."""
+    from trtllm_dflash.catalog.gpus import resolve_gpu
+    from trtllm_dflash.catalog.models import resolve_model
+
+    model = resolve_model(recipe.model.name)
+    drafter = model.drafter
+    if drafter is None:
+        raise DFlashError(f"the model catalog has no drafter shape for {recipe.model.name}", "pass --head-dim/--gqa-group/... instead of --recipe")
+    if recipe.gpu == "cpu":
+        raise DFlashError(f"recipe {recipe.model.name}/cpu runs on CPU and needs no kernels", "pick a GPU recipe (`dflash-trt recipes list`)")
+    block = min(recipe.drafter.block_size, launch.MAX_BLOCK)
+    blocks = {block} | {d + 1 for d in (recipe.drafter.draft_len_schedule or {}).values() if 0 < d and d + 1 < block}
+    dtype = PRECISION_DTYPES.get(recipe.quantization.drafter, "bfloat16")  # FP8 drafter weights: BF16 activations
+    logits = PRECISION_DTYPES.get(recipe.quantization.weights, "bfloat16")
+    target_dims, target_groups = target_attention_shapes(model)
+    return KernelSpace(
+        arch=resolve_gpu(recipe.gpu).sm_arch,
+        head_dims=(drafter.head_dim,),
+        dtypes=(dtype,),
+        blocks=tuple(sorted(blocks)),
+        groups=(drafter.num_heads // drafter.num_kv_heads,),
+        fp8_kv_cache=recipe.quantization.kv_cache == "fp8",
+        logits_dtypes=tuple(dict.fromkeys(("float32", logits))),
+        target_head_dims=target_dims,
+        target_groups=target_groups,
+        target_dtypes=(logits,),  # the target's activations: BF16 unless its weights are FP16/FP32
+        target_sinks=(model.attention_sinks,),
+    )
