@@ -2,16 +2,18 @@
 dtypes and compile-time constants, and the set a deployment needs (`KernelSpace`).
 
 The signatures follow the kernels' calling convention (inputs, int32 scalars, outputs; see
-`kernels/attention.py`). The variant labels name the files of a
+`kernels/attention.py`); the attention kernels' option parameters and the constexprs that key a
+variant (`HAS_SINKS`) come from `attention_options`. The variant labels name the files of a
 `dflash-trt plugins build` and are how a prebuilt directory is searched, so they stay stable.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.plugins.attention_options import BLOCK_ATTENTION, TARGET_ATTENTION
 from trtllm_dflash.plugins.kernels import launch
 
 
@@ -45,18 +47,22 @@ def _attention_signature(dtype: str, cache_dtype: str, split: bool) -> tuple:
     return (
         ("q_ptr", t), ("k_block_ptr", t), ("v_block_ptr", t), ("k_ctx_ptr", t), ("v_ctx_ptr", t),
         ("new_counts_ptr", "*i64"), ("k_cache_ptr", c), ("v_cache_ptr", c), ("cache_lens_ptr", "*i64"),
+        *BLOCK_ATTENTION.kernel_pointer_params(),
         ("block", "i32"), ("num_new", "i32"), ("capacity", "i32"), ("num_kv_heads", "i32"), ("group", "i32"),
-        ("window", "i32"), ("scale_bits", "i32"), ("num_splits", "i32"),
+        *BLOCK_ATTENTION.kernel_scalar_params(), ("num_splits", "i32"),
         *outputs, ("k_cache_out_ptr", c), ("v_cache_out_ptr", c),
     )
 
 
-def attention_variants(head_dim: int, dtype: str, cache_dtype: str, block_m: int) -> list[KernelVariant]:
-    """The direct and split attention kernels and the merge kernel for one query-tile size."""
+def attention_variants(
+    head_dim: int, dtype: str, cache_dtype: str, block_m: int, present: Mapping[str, bool] | None = None
+) -> list[KernelVariant]:
+    """The direct and split attention kernels and the merge kernel for one query-tile size (and, per
+    tensor option of `attention_options.BLOCK_ATTENTION`, whether it is present)."""
     config = launch.attention_config_for_tile(head_dim, block_m)
     constexprs = (
         ("HEAD_DIM", head_dim), ("BLOCK_M", block_m), ("BLOCK_N", config.block_n), ("BLOCK_T", config.block_t),
-        ("IEEE", dtype == "float32"),
+        *BLOCK_ATTENTION.kernel_constexprs(present or {}).items(), ("IEEE", dtype == "float32"),
     )
     variants = [
         KernelVariant(node, "attention", function, _attention_signature(dtype, cache_dtype, split),
@@ -80,21 +86,22 @@ def _target_attention_signature(dtype: str, cache_dtype: str) -> tuple:
     t, c = f"*{TORCH_TO_TRITON[dtype]}", f"*{TORCH_TO_TRITON[cache_dtype]}"
     return (
         ("q_ptr", t), ("k_new_ptr", t), ("v_new_ptr", t), ("k_cache_ptr", c), ("v_cache_ptr", c),
-        ("starts_ptr", "*i64"), ("sinks_ptr", "*fp32"),
-        ("tokens", "i32"), ("capacity", "i32"), ("num_kv_heads", "i32"), ("group", "i32"), ("window", "i32"), ("scale_bits", "i32"),
+        ("starts_ptr", "*i64"), *TARGET_ATTENTION.kernel_pointer_params(),
+        ("tokens", "i32"), ("capacity", "i32"), ("num_kv_heads", "i32"), ("group", "i32"), *TARGET_ATTENTION.kernel_scalar_params(),
         ("out_ptr", t), ("k_cache_out_ptr", c), ("v_cache_out_ptr", c),
     )
 
 
 def target_attention_variant(
-    head_dim_k: int, head_dim_v: int, dtype: str, cache_dtype: str, block_m: int, has_sinks: bool
+    head_dim_k: int, head_dim_v: int, dtype: str, cache_dtype: str, block_m: int, present: Mapping[str, bool]
 ) -> KernelVariant:
-    """The DFlashTargetAttention kernel for one (key, value) head-dim pair, dtype, query tile and sinks flag
-    (the window is a runtime scalar: full and sliding layers share a variant)."""
+    """The DFlashTargetAttention kernel for one (key, value) head-dim pair, dtype, query tile and the
+    tensor options present (`{"sinks": True}`); scalar options such as the window are runtime
+    scalars: full and sliding layers share a variant."""
     config = launch.target_attention_config_for_tile(head_dim_k, head_dim_v, block_m)
     constexprs = (
         ("HEAD_DIM_K", head_dim_k), ("HEAD_DIM_V", head_dim_v), ("BLOCK_M", block_m), ("BLOCK_N", config.block_n),
-        ("HAS_SINKS", bool(has_sinks)), ("IEEE", dtype == "float32"),
+        *TARGET_ATTENTION.kernel_constexprs(present).items(), ("IEEE", dtype == "float32"),
     )
     return KernelVariant("DFlashTargetAttention", "attention", "target_attention_kernel",
                          _target_attention_signature(dtype, cache_dtype), constexprs, config.num_warps, config.num_stages, True)
@@ -166,7 +173,7 @@ def kernel_variants(
         for dtype in (target_dtypes if target_dtypes is not None else dtypes):
             for block_m in target_query_tiles(head_dim_k, head_dim_v, blocks, target_groups):
                 for has_sinks in target_sinks:
-                    variant = target_attention_variant(head_dim_k, head_dim_v, dtype, dtype, block_m, has_sinks)
+                    variant = target_attention_variant(head_dim_k, head_dim_v, dtype, dtype, block_m, {"sinks": has_sinks})
                     if variant not in variants:
                         variants.append(variant)
     for logits_dtype in logits_dtypes:

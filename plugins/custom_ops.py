@@ -15,7 +15,8 @@ wants). Mutating ops cannot be exported, so `dflash::block_attention_functional`
 updated caches instead; its ONNX/TensorRT node aliases them to the input caches, which makes
 the append in place inside an engine too. `dflash::target_attention` (causal attention of a
 target layer over its in-place cache) and `dflash::target_attention_functional` follow the same
-pattern.
+pattern. The attention ops' options (scale, window, sinks) come from `attention_options`: their
+schemas are the ops' own tensors followed by the options, none with a default.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from trtllm_dflash.plugins import kernels, reference
+from trtllm_dflash.plugins.attention_options import BLOCK_ATTENTION, TARGET_ATTENTION
 from trtllm_dflash.plugins.kernels import launch
 
 
@@ -33,17 +35,15 @@ def kernels_enabled(device: torch.device) -> bool:
     return device.type == "cuda" or kernels.interpreter_requested()
 
 
-def _attention(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, scale, window):
+def _attention(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, **options):
+    args = (q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens)
     if kernels_enabled(q.device) and launch.attention_supported(q, k_cache):
-        return launch.block_attention(
-            q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, scale, window
-        )
-    return reference.block_attention(
-        q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, scale, window
-    )
+        return launch.block_attention(*args, *options.values())  # positionally: the cheap call
+    return reference.block_attention(*args, **options)
 
 
 @torch.library.custom_op("dflash::block_attention", mutates_args=("k_cache", "v_cache"))
+@BLOCK_ATTENTION.takes_options(torch.Tensor, defaults=False)
 def block_attention(
     q: torch.Tensor,
     k_block: torch.Tensor,
@@ -54,19 +54,19 @@ def block_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     cache_lens: torch.Tensor,
-    scale: float,
-    window: int,
+    **options,
 ) -> torch.Tensor:
     """KV-injected block attention; appends the new context to `k_cache`/`v_cache` in place."""
-    return _attention(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, scale, window)
+    return _attention(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, **options)
 
 
 @block_attention.register_fake
-def _block_attention_fake(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, scale, window):
+def _block_attention_fake(q, *args):
     return torch.empty_like(q)
 
 
 @torch.library.custom_op("dflash::block_attention_functional", mutates_args=())
+@BLOCK_ATTENTION.takes_options(torch.Tensor, defaults=False)
 def block_attention_functional(
     q: torch.Tensor,
     k_block: torch.Tensor,
@@ -77,17 +77,16 @@ def block_attention_functional(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     cache_lens: torch.Tensor,
-    scale: float,
-    window: int,
+    **options,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The exportable form: returns (output, updated k_cache, updated v_cache)."""
     k_out, v_out = k_cache.clone(), v_cache.clone()
-    out = _attention(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_out, v_out, cache_lens, scale, window)
+    out = _attention(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_out, v_out, cache_lens, **options)
     return out, k_out, v_out
 
 
 @block_attention_functional.register_fake
-def _block_attention_functional_fake(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, scale, window):
+def _block_attention_functional_fake(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, *args):
     return torch.empty_like(q), torch.empty_like(k_cache), torch.empty_like(v_cache)
 
 
@@ -114,13 +113,15 @@ def _verify_block_fake(target_logits, block_tokens, draft_probs, temperature, to
     return target_logits.new_empty((target_logits.shape[0], len(reference.VERIFY_RESULT_COLUMNS)), dtype=torch.int64)
 
 
-def _target_attention(q, k_new, v_new, k_cache, v_cache, starts, sinks, scale, window):
+def _target_attention(q, k_new, v_new, k_cache, v_cache, starts, **options):
+    args = (q, k_new, v_new, k_cache, v_cache, starts)
     if kernels_enabled(q.device) and launch.target_attention_supported(q, k_cache, v_cache):
-        return launch.target_attention(q, k_new, v_new, k_cache, v_cache, starts, sinks, scale, window)
-    return reference.target_attention(q, k_new, v_new, k_cache, v_cache, starts, sinks, scale, window)
+        return launch.target_attention(*args, *options.values())
+    return reference.target_attention(*args, **options)
 
 
 @torch.library.custom_op("dflash::target_attention", mutates_args=("k_cache", "v_cache"))
+@TARGET_ATTENTION.takes_options(torch.Tensor, defaults=False)
 def target_attention(
     q: torch.Tensor,
     k_new: torch.Tensor,
@@ -128,20 +129,19 @@ def target_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     starts: torch.Tensor,
-    sinks: torch.Tensor | None,
-    scale: float,
-    window: int,
+    **options,
 ) -> torch.Tensor:
     """Causal block attention of a target layer; writes the block's K/V into the caches in place."""
-    return _target_attention(q, k_new, v_new, k_cache, v_cache, starts, sinks, scale, window)
+    return _target_attention(q, k_new, v_new, k_cache, v_cache, starts, **options)
 
 
 @target_attention.register_fake
-def _target_attention_fake(q, k_new, v_new, k_cache, v_cache, starts, sinks, scale, window):
+def _target_attention_fake(q, k_new, v_new, k_cache, v_cache, *args):
     return q.new_empty((*q.shape[:-1], v_cache.shape[-1]))
 
 
 @torch.library.custom_op("dflash::target_attention_functional", mutates_args=())
+@TARGET_ATTENTION.takes_options(torch.Tensor, defaults=False)
 def target_attention_functional(
     q: torch.Tensor,
     k_new: torch.Tensor,
@@ -149,16 +149,14 @@ def target_attention_functional(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     starts: torch.Tensor,
-    sinks: torch.Tensor | None,
-    scale: float,
-    window: int,
+    **options,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The exportable form: returns (output, updated k_cache, updated v_cache)."""
     k_out, v_out = k_cache.clone(), v_cache.clone()
-    out = _target_attention(q, k_new, v_new, k_out, v_out, starts, sinks, scale, window)
+    out = _target_attention(q, k_new, v_new, k_out, v_out, starts, **options)
     return out, k_out, v_out
 
 
 @target_attention_functional.register_fake
-def _target_attention_functional_fake(q, k_new, v_new, k_cache, v_cache, starts, sinks, scale, window):
+def _target_attention_functional_fake(q, k_new, v_new, k_cache, v_cache, *args):
     return q.new_empty((*q.shape[:-1], v_cache.shape[-1])), torch.empty_like(k_cache), torch.empty_like(v_cache)

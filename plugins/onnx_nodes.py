@@ -4,7 +4,8 @@ TensorRT's ONNX parser turns a node whose op type it does not know into the plug
 name, selected by the string attributes `plugin_namespace` and `plugin_version`; the other
 attributes become plugin fields, and `aot=1` selects the plugin's ahead-of-time implementation
 (the Triton kernel embedded in the engine, `tensorrt_plugins.py`). Every node here carries those
-three attributes and lives in the ONNX domain `dflash`.
+three attributes and lives in the ONNX domain `dflash`. The attention nodes' option inputs and
+attributes (scale, window, sinks + has_sinks) come from `attention_options`.
 
 Each plugin kernel is one node (a TensorRT AOT plugin launches exactly one kernel):
 - `DFlashBlockAttention`: KV-injected block attention with the context in one pass;
@@ -35,7 +36,8 @@ from onnx.defs import OpSchema
 from onnx.reference.op_run import OpRun
 
 from trtllm_dflash.graphs import names  # the graph tensors these ports take and give
-from trtllm_dflash.plugins import custom_ops, reference  # noqa: F401  (custom_ops registers torch.ops.dflash.*)
+from trtllm_dflash.plugins import attention_options, custom_ops, reference  # noqa: F401  (custom_ops registers torch.ops.dflash.*)
+from trtllm_dflash.plugins.attention_options import AttentionOptions
 
 DOMAIN = "dflash"
 DOMAIN_VERSION = 1
@@ -66,22 +68,24 @@ class NodeSpec:
 
 
 ATTENTION_INPUTS = ("q", "k_block", "v_block", "k_ctx_new", "v_ctx_new", names.NEW_COUNTS, "k_cache", "v_cache", names.CACHE_LENS)
+TARGET_ATTENTION_INPUTS = ("q", "k_new", "v_new", "k_cache", "v_cache", names.STARTS)
 CACHE_ALIASES = {"k_cache_out": "k_cache", "v_cache_out": "v_cache"}
+BLOCK_OPTIONS, TARGET_OPTIONS = attention_options.BLOCK_ATTENTION, attention_options.TARGET_ATTENTION
 
 BLOCK_ATTENTION = NodeSpec(
     "DFlashBlockAttention",
-    ATTENTION_INPUTS,
+    ATTENTION_INPUTS + BLOCK_OPTIONS.input_names,
     ("out", "k_cache_out", "v_cache_out"),
-    {"scale": 1.0, "window": 0},
+    BLOCK_OPTIONS.attributes(),
     ("q", "k_cache", "v_cache"),
     "KV-injected block attention (reference.block_attention); caches updated in place.",
     CACHE_ALIASES,
 )
 BLOCK_ATTENTION_SPLIT = NodeSpec(
     "DFlashBlockAttentionSplit",
-    ATTENTION_INPUTS,
+    ATTENTION_INPUTS + BLOCK_OPTIONS.input_names,
     ("partial_out", "partial_lse", "k_cache_out", "v_cache_out"),
-    {"scale": 1.0, "window": 0, "kv_splits": 2},
+    {**BLOCK_OPTIONS.attributes(), "kv_splits": 2},
     ("float32", "float32", "k_cache", "v_cache"),
     "Per-split attention outputs and log-sum-exps (reference.block_attention_partials).",
     CACHE_ALIASES,
@@ -96,9 +100,9 @@ ATTENTION_MERGE = NodeSpec(
 )
 TARGET_ATTENTION = NodeSpec(
     "DFlashTargetAttention",
-    ("q", "k_new", "v_new", "k_cache", "v_cache", names.STARTS, "sinks"),
+    TARGET_ATTENTION_INPUTS + TARGET_OPTIONS.input_names,
     ("out", "k_cache_out", "v_cache_out"),
-    {"scale": 1.0, "window": 0, "has_sinks": 0},
+    TARGET_OPTIONS.attributes(),
     ("q", "k_cache", "v_cache"),
     "Causal target attention over an in-place cache (reference.target_attention); with has_sinks=0 "
     "the sinks input is a placeholder and is not read.",
@@ -171,22 +175,32 @@ class _DFlashOp(OpRun):
     op_domain = DOMAIN
 
 
+def _options(options: AttentionOptions, inputs: tuple, attributes: dict) -> dict:
+    """An attention node's option values for the reference: its option inputs (None where the
+    `has_<name>` attribute says placeholder) and its attributes, by name."""
+    present = options.present_in(attributes)
+    tensors = {o.name: _torch(x) if present[o.name] else None for o, x in zip(options.tensors, inputs)}
+    scalars = {o.name: o.type(attributes.get(o.name, o.default)) for o in options.scalars}
+    return {o.name: {**tensors, **scalars}[o.name] for o in options.call_order}
+
+
 class DFlashBlockAttention(_DFlashOp):
-    def _run(self, q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, scale=1.0, window=0, **_):
+    def _run(self, q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, *option_inputs, **attributes):
         k_out, v_out = _torch(k_cache).clone(), _torch(v_cache).clone()
         out = reference.block_attention(
             _torch(q), _torch(k_block), _torch(v_block), _torch(k_ctx_new), _torch(v_ctx_new), _torch(new_counts),
-            k_out, v_out, _torch(cache_lens), float(scale), int(window),
+            k_out, v_out, _torch(cache_lens), **_options(BLOCK_OPTIONS, option_inputs, attributes),
         )
         return out.numpy(), k_out.numpy(), v_out.numpy()
 
 
 class DFlashBlockAttentionSplit(_DFlashOp):
-    def _run(self, q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, scale=1.0, window=0, kv_splits=2, **_):
+    def _run(self, q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, *option_inputs, **attributes):
         k_out, v_out = _torch(k_cache).clone(), _torch(v_cache).clone()
         partial_out, partial_lse = reference.block_attention_partials(
             _torch(q), _torch(k_block), _torch(v_block), _torch(k_ctx_new), _torch(v_ctx_new), _torch(new_counts),
-            k_out, v_out, _torch(cache_lens), float(scale), int(window), int(kv_splits),
+            k_out, v_out, _torch(cache_lens), **_options(BLOCK_OPTIONS, option_inputs, attributes),
+            splits=int(attributes.get("kv_splits", 2)),
         )
         return partial_out.numpy(), partial_lse.numpy(), k_out.numpy(), v_out.numpy()
 
@@ -197,11 +211,11 @@ class DFlashAttentionMerge(_DFlashOp):
 
 
 class DFlashTargetAttention(_DFlashOp):
-    def _run(self, q, k_new, v_new, k_cache, v_cache, starts, sinks, scale=1.0, window=0, has_sinks=0, **_):
+    def _run(self, q, k_new, v_new, k_cache, v_cache, starts, *option_inputs, **attributes):
         k_out, v_out = _torch(k_cache).clone(), _torch(v_cache).clone()
         out = reference.target_attention(
             _torch(q), _torch(k_new), _torch(v_new), k_out, v_out, _torch(starts).to(torch.int64),
-            _torch(sinks) if has_sinks else None, float(scale), int(window),
+            **_options(TARGET_OPTIONS, option_inputs, attributes),
         )
         return out.numpy(), k_out.numpy(), v_out.numpy()
 
@@ -249,21 +263,27 @@ def custom_translation_table(kv_splits: int = 1) -> dict:
     if kv_splits < 1:
         raise ValueError(f"kv_splits must be >= 1, not {kv_splits}")
 
-    def block_attention(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, scale: float, window: int):
-        inputs = (q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens)
+    def option_inputs(options: AttentionOptions, values: dict) -> list:
+        """Each tensor option as float32, or a placeholder the kernel does not read (its flag is 0)."""
+        return [
+            op.Cast(values[o.name], to=onnx.TensorProto.FLOAT) if values[o.name] is not None else op.Constant(value_floats=[0.0])
+            for o in options.tensors
+        ]
+
+    @BLOCK_OPTIONS.takes_options(None, defaults=False)
+    def block_attention(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, **options):
+        inputs = (q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, *option_inputs(BLOCK_OPTIONS, options))
+        attributes = {**BLOCK_OPTIONS.attribute_values(options), **plugin}
         if kv_splits == 1:
-            return dflash.DFlashBlockAttention(*inputs, scale=float(scale), window=int(window), **plugin)
-        partial_out, partial_lse, k_out, v_out = dflash.DFlashBlockAttentionSplit(
-            *inputs, scale=float(scale), window=int(window), kv_splits=kv_splits, **plugin
-        )
+            return dflash.DFlashBlockAttention(*inputs, **attributes)
+        partial_out, partial_lse, k_out, v_out = dflash.DFlashBlockAttentionSplit(*inputs, **attributes, kv_splits=kv_splits)
         return dflash.DFlashAttentionMerge(partial_out, partial_lse, q, **plugin), k_out, v_out
 
-    def target_attention(q, k_new, v_new, k_cache, v_cache, starts, sinks, scale: float, window: int):
-        has_sinks = int(sinks is not None)
-        sinks = op.Cast(sinks, to=onnx.TensorProto.FLOAT) if sinks is not None else op.Constant(value_floats=[0.0])
+    @TARGET_OPTIONS.takes_options(None, defaults=False)
+    def target_attention(q, k_new, v_new, k_cache, v_cache, starts, **options):
         return dflash.DFlashTargetAttention(
-            q, k_new, v_new, k_cache, v_cache, op.Cast(starts, to=onnx.TensorProto.INT64), sinks,
-            scale=float(scale), window=int(window), has_sinks=has_sinks, **plugin,
+            q, k_new, v_new, k_cache, v_cache, op.Cast(starts, to=onnx.TensorProto.INT64), *option_inputs(TARGET_OPTIONS, options),
+            **TARGET_OPTIONS.attribute_values(options), **plugin,
         )
 
     def verify_block(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, stop_ids=None):

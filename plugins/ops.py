@@ -10,8 +10,10 @@ from __future__ import annotations
 import torch
 
 from trtllm_dflash.plugins import custom_ops, reference
+from trtllm_dflash.plugins.attention_options import BLOCK_ATTENTION, TARGET_ATTENTION
 
 
+@BLOCK_ATTENTION.takes_options(torch.Tensor)
 def block_attention(
     q: torch.Tensor,
     k_block: torch.Tensor,
@@ -22,16 +24,19 @@ def block_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     cache_lens: torch.Tensor,
-    scale: float,
-    window: int = 0,
+    **options,
 ) -> torch.Tensor:
-    """KV-injected block attention; see `reference.block_attention` for the semantics."""
-    args = (q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, float(scale), int(window))
+    """KV-injected block attention; see `reference.block_attention` for the semantics.
+
+    Options (scale, window): `attention_options.BLOCK_ATTENTION`.
+    """
+    args = (q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens)
     if custom_ops.kernels_enabled(q.device):
-        return torch.ops.dflash.block_attention(*args)
-    return reference.block_attention(*args)
+        return torch.ops.dflash.block_attention(*args, *options.values())
+    return reference.block_attention(*args, **options)
 
 
+@TARGET_ATTENTION.takes_options(torch.Tensor)
 def target_attention(
     q: torch.Tensor,
     k_new: torch.Tensor,
@@ -39,15 +44,16 @@ def target_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     starts: torch.Tensor,
-    sinks: torch.Tensor | None,
-    scale: float,
-    window: int = 0,
+    **options,
 ) -> torch.Tensor:
-    """Causal target attention over an in-place cache; see `reference.target_attention`."""
-    args = (q, k_new, v_new, k_cache, v_cache, starts, sinks, float(scale), int(window))
+    """Causal target attention over an in-place cache; see `reference.target_attention`.
+
+    Options (sinks, scale, window): `attention_options.TARGET_ATTENTION`.
+    """
+    args = (q, k_new, v_new, k_cache, v_cache, starts)
     if custom_ops.kernels_enabled(q.device):
-        return torch.ops.dflash.target_attention(*args)
-    return reference.target_attention(*args)
+        return torch.ops.dflash.target_attention(*args, *options.values())
+    return reference.target_attention(*args, **options)
 
 
 def verify_block(

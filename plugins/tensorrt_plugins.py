@@ -3,7 +3,9 @@
 Each ONNX node of `onnx_nodes.py` is a Quickly Deployable Plugin `dflash::<op type>` with:
 - `@trtp.register`: output shapes/dtypes from the inputs; the attention nodes' cache outputs are
   `aliased()` to the cache inputs, so the append (drafter) and the block write (target) happen in
-  place inside the engine;
+  place inside the engine. Its parameters are the node's: every input a TensorDesc, every attribute
+  a field typed by its default (`NodeSpec.attributes`, for the attention nodes from
+  `attention_options`), so a new attention option needs no change here;
 - `@trtp.aot_impl`: the Triton kernel compiled ahead of time for the build GPU (or read from a
   `dflash-trt plugins build` directory), with its grid, block size, shared memory and int32
   scalars. TensorRT embeds the PTX in the engine: no plugin library or Python at run time.
@@ -17,11 +19,13 @@ computes (which kernel variant, grid, scalars, the compiled PTX) is `plan_launch
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from pathlib import Path
 
 from trtllm_dflash.errors import DFlashError, MissingDependencyError
 from trtllm_dflash.graphs import names
 from trtllm_dflash.plugins import aot, onnx_nodes
+from trtllm_dflash.plugins.attention_options import with_signature
 from trtllm_dflash.plugins.kernels import launch
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "int32", "int64")
@@ -62,12 +66,13 @@ def plan_launch(node: str, shapes: dict, dtypes: dict, attributes: dict) -> Laun
         config = launch.attention_config(_required(head_dim, "head dimension"), tile_block, group)
         split = node == "DFlashBlockAttentionSplit"
         splits = int(attributes.get("kv_splits", 2)) if split else 1
-        variants = aot.attention_variants(config.head_dim, dtypes["q"], dtypes["k_cache"], config.block_m)
+        options = onnx_nodes.BLOCK_OPTIONS
+        _check_option_dtypes(node, options, dtypes)
+        variants = aot.attention_variants(config.head_dim, dtypes["q"], dtypes["k_cache"], config.block_m, options.present_in(attributes))
         return Launch(
             variants[1 if split else 0],
             launch.attention_grid(batch, block, kv_heads, group, config.block_m, splits),
-            launch.attention_scalars(block, shapes["k_ctx_new"][1], capacity, kv_heads, group,
-                                     int(attributes.get("window", 0)), float(attributes.get("scale", 1.0)), splits),
+            launch.attention_scalars(block, shapes["k_ctx_new"][1], capacity, kv_heads, group, attributes, splits),
         )
     if node == "DFlashAttentionMerge":
         batch, block, heads, head_dim = shapes["like"]
@@ -89,23 +94,33 @@ def plan_launch(node: str, shapes: dict, dtypes: dict, attributes: dict) -> Laun
     raise DFlashError(f"unknown DFlash plugin node {node!r}", f"use one of {', '.join(s.op_type for s in onnx_nodes.NODES)}")
 
 
+def _check_option_dtypes(node: str, options, dtypes: dict) -> None:
+    """Tensor options reach the kernel as float32 (the exporter casts them)."""
+    for option in options.tensors:
+        if option.name in dtypes and dtypes[option.name] != option.dtype:
+            raise DFlashError(f"{node} input {option.name} is {dtypes[option.name]}, expected {option.dtype}",
+                              "export with onnx_nodes.custom_translation_table (it casts the option inputs)")
+
+
 def _plan_target_attention(shapes: dict, dtypes: dict, attributes: dict) -> Launch:
-    """DFlashTargetAttention: one kernel variant per (key, value) head dims, dtypes, query tile and sinks flag."""
+    """DFlashTargetAttention: one kernel variant per (key, value) head dims, dtypes, query tile and tensor options present."""
     batch, tokens, heads, head_dim_k = shapes["q"]
     capacity, kv_heads, head_dim_v = shapes["v_cache"][1], shapes["v_cache"][2], shapes["v_cache"][3]
-    for name, expected in (("k_new", dtypes["q"]), ("v_new", dtypes["q"]), ("v_cache", dtypes["k_cache"]), (names.STARTS, "int64"), ("sinks", "float32")):
+    for name, expected in (("k_new", dtypes["q"]), ("v_new", dtypes["q"]), ("v_cache", dtypes["k_cache"]), (names.STARTS, "int64")):
         if name in dtypes and dtypes[name] != expected:
             raise DFlashError(f"DFlashTargetAttention input {name} is {dtypes[name]}, expected {expected}", "export with onnx_nodes.custom_translation_table (it casts starts and sinks)")
+    options = onnx_nodes.TARGET_OPTIONS
+    _check_option_dtypes("DFlashTargetAttention", options, dtypes)
     group = _required(heads, "number of query heads") // _required(kv_heads, "number of KV heads")
     head_dim_k, head_dim_v = _required(head_dim_k, "key head dimension"), _required(head_dim_v, "value head dimension")
     # a dynamic token dimension (verify and prefill in one engine) gets the tile of the largest block
     config = launch.target_attention_config(head_dim_k, head_dim_v, constant(tokens) or launch.MAX_BLOCK, group)
     variant = aot.target_attention_variant(head_dim_k, head_dim_v, dtypes["q"], dtypes["k_cache"], config.block_m,
-                                           bool(int(attributes.get("has_sinks", 0))))
+                                           options.present_in(attributes))
     return Launch(
         variant,
         launch.target_attention_grid(batch, tokens, kv_heads, group, config.block_m),
-        launch.target_attention_scalars(tokens, capacity, kv_heads, group, int(attributes.get("window", 0)), float(attributes.get("scale", 1.0))),
+        launch.target_attention_scalars(tokens, capacity, kv_heads, group, attributes),
     )
 
 
@@ -189,73 +204,67 @@ def register_plugins(arch: str | None = None, prebuilt: str | Path | None = None
             scalars[i] = trtp.SymInt32(value)
         return name, ptx, params, scalars
 
-    TensorDesc = trtp.TensorDesc
-
-    @trtp.register("dflash::DFlashBlockAttention")
-    def _attention_desc(q: TensorDesc, k_block: TensorDesc, v_block: TensorDesc, k_ctx_new: TensorDesc, v_ctx_new: TensorDesc,
-                        new_counts: TensorDesc, k_cache: TensorDesc, v_cache: TensorDesc, cache_lens: TensorDesc,
-                        scale: float, window: int) -> tuple[TensorDesc, TensorDesc, TensorDesc]:
-        return q.like(), k_cache.aliased(), v_cache.aliased()
-
-    @trtp.aot_impl("dflash::DFlashBlockAttention")
-    def _attention_aot(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, scale: float, window: int, outputs, tactic):
-        inputs = dict(q=q, k_ctx_new=k_ctx_new, k_cache=k_cache)
-        return aot_result("DFlashBlockAttention", inputs, dict(scale=scale, window=window))
-
-    @trtp.register("dflash::DFlashBlockAttentionSplit")
-    def _split_desc(q: TensorDesc, k_block: TensorDesc, v_block: TensorDesc, k_ctx_new: TensorDesc, v_ctx_new: TensorDesc,
-                    new_counts: TensorDesc, k_cache: TensorDesc, v_cache: TensorDesc, cache_lens: TensorDesc,
-                    scale: float, window: int, kv_splits: int) -> tuple[TensorDesc, TensorDesc, TensorDesc, TensorDesc]:
-        b, block, heads, head_dim = q.shape_expr
-        kv_heads = k_cache.shape_expr[2]
-        rows = block * (heads // kv_heads)
-        partial_out = trtp.from_shape_expr((b, kv_heads, kv_splits, rows, head_dim), dtype=trt.float32)
-        partial_lse = trtp.from_shape_expr((b, kv_heads, kv_splits, rows), dtype=trt.float32)
-        return partial_out, partial_lse, k_cache.aliased(), v_cache.aliased()
-
-    @trtp.aot_impl("dflash::DFlashBlockAttentionSplit")
-    def _split_aot(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, scale: float, window: int, kv_splits: int, outputs, tactic):
-        inputs = dict(q=q, k_ctx_new=k_ctx_new, k_cache=k_cache)
-        return aot_result("DFlashBlockAttentionSplit", inputs, dict(scale=scale, window=window, kv_splits=kv_splits))
-
-    @trtp.register("dflash::DFlashAttentionMerge")
-    def _merge_desc(partial_out: TensorDesc, partial_lse: TensorDesc, like: TensorDesc) -> TensorDesc:
-        return like.like()
-
-    @trtp.aot_impl("dflash::DFlashAttentionMerge")
-    def _merge_aot(partial_out, partial_lse, like, outputs, tactic):
-        return aot_result("DFlashAttentionMerge", dict(partial_out=partial_out, like=like), {})
-
-    @trtp.register("dflash::DFlashTargetAttention")
-    def _target_desc(q: TensorDesc, k_new: TensorDesc, v_new: TensorDesc, k_cache: TensorDesc, v_cache: TensorDesc,
-                     starts: TensorDesc, sinks: TensorDesc, scale: float, window: int, has_sinks: int) -> tuple[TensorDesc, TensorDesc, TensorDesc]:
-        b, tokens, heads, _ = q.shape_expr
-        out = trtp.from_shape_expr((b, tokens, heads, v_cache.shape_expr[3]), dtype=q.dtype)  # q's dtype, v's head dim
-        return out, k_cache.aliased(), v_cache.aliased()
-
-    @trtp.aot_impl("dflash::DFlashTargetAttention")
-    def _target_aot(q, k_new, v_new, k_cache, v_cache, starts, sinks, scale: float, window: int, has_sinks: int, outputs, tactic):
-        inputs = dict(q=q, k_new=k_new, v_new=v_new, k_cache=k_cache, v_cache=v_cache, starts=starts, sinks=sinks)
-        return aot_result("DFlashTargetAttention", inputs, dict(scale=scale, window=window, has_sinks=has_sinks))
-
-    @trtp.register("dflash::DFlashVerifyPositions")
-    def _positions_desc(target_logits: TensorDesc, block_tokens: TensorDesc, draft_probs: TensorDesc, temperature: TensorDesc,
-                        top_k: TensorDesc, top_p: TensorDesc, seed: TensorDesc, start: TensorDesc, has_draft_probs: int) -> TensorDesc:
-        b, block, _ = target_logits.shape_expr
-        return trtp.from_shape_expr((b, block, 2), dtype=trt.int32)
-
-    @trtp.aot_impl("dflash::DFlashVerifyPositions")
-    def _positions_aot(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, has_draft_probs: int, outputs, tactic):
-        return aot_result("DFlashVerifyPositions", dict(target_logits=target_logits), dict(has_draft_probs=has_draft_probs))
-
-    @trtp.register("dflash::DFlashVerifyCommit")
-    def _commit_desc(decisions: TensorDesc, block_tokens: TensorDesc, start: TensorDesc, stop_ids: TensorDesc) -> TensorDesc:
-        return trtp.from_shape_expr((block_tokens.shape_expr[0], 5), dtype=trt.int64)
-
-    @trtp.aot_impl("dflash::DFlashVerifyCommit")
-    def _commit_aot(decisions, block_tokens, start, stop_ids, outputs, tactic):
-        return aot_result("DFlashVerifyCommit", dict(block_tokens=block_tokens, stop_ids=stop_ids), {})
+    for spec in onnx_nodes.NODES:
+        _register_node(trtp, spec, _output_descs(trt, trtp, spec.op_type), aot_result)
 
     _REGISTERED["config"] = (target.name, str(prebuilt))
     return [spec.plugin_id for spec in onnx_nodes.NODES]
 
+
+def _register_node(trtp, spec: onnx_nodes.NodeSpec, outputs, aot_result) -> None:
+    """`@trtp.register` and `@trtp.aot_impl` for one node, with the parameters TensorRT reads from the
+    functions' signatures: the node's inputs (TensorDesc), then its attributes typed by their defaults."""
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    tensors = [inspect.Parameter(name, kind, annotation=trtp.TensorDesc) for name in spec.inputs]
+    fields = [inspect.Parameter(name, kind, annotation=type(default)) for name, default in spec.attributes.items()]
+    returns = trtp.TensorDesc if len(spec.outputs) == 1 else tuple[(trtp.TensorDesc,) * len(spec.outputs)]
+
+    def describe(*args, **kwargs):
+        bound = register_signature.bind(*args, **kwargs)
+        descs = {name: bound.arguments[name] for name in spec.inputs}
+        return outputs(descs, {name: bound.arguments[name] for name in spec.attributes})
+
+    def aot_impl(*args, **kwargs):
+        bound = aot_signature.bind(*args, **kwargs)
+        descs = {name: bound.arguments[name] for name in spec.inputs}
+        return aot_result(spec.op_type, descs, {name: bound.arguments[name] for name in spec.attributes})
+
+    register_signature = inspect.Signature(tensors + fields, return_annotation=returns)
+    aot_signature = inspect.Signature(tensors + fields + [inspect.Parameter("outputs", kind), inspect.Parameter("tactic", kind)])
+    trtp.register(spec.plugin_id)(with_signature(describe, register_signature))
+    trtp.aot_impl(spec.plugin_id)(with_signature(aot_impl, aot_signature))
+
+
+def _output_descs(trt, trtp, node: str):
+    """The output TensorDescs of `node` from its input descs and attributes (by name)."""
+
+    def attention(inputs: dict, attributes: dict):
+        return inputs["q"].like(), inputs["k_cache"].aliased(), inputs["v_cache"].aliased()
+
+    def attention_split(inputs: dict, attributes: dict):
+        b, block, heads, head_dim = inputs["q"].shape_expr
+        kv_heads, kv_splits = inputs["k_cache"].shape_expr[2], attributes["kv_splits"]
+        rows = block * (heads // kv_heads)
+        partial_out = trtp.from_shape_expr((b, kv_heads, kv_splits, rows, head_dim), dtype=trt.float32)
+        partial_lse = trtp.from_shape_expr((b, kv_heads, kv_splits, rows), dtype=trt.float32)
+        return partial_out, partial_lse, inputs["k_cache"].aliased(), inputs["v_cache"].aliased()
+
+    def merge(inputs: dict, attributes: dict):
+        return inputs["like"].like()
+
+    def target_attention(inputs: dict, attributes: dict):
+        b, tokens, heads, _ = inputs["q"].shape_expr
+        out = trtp.from_shape_expr((b, tokens, heads, inputs["v_cache"].shape_expr[3]), dtype=inputs["q"].dtype)  # q's dtype, v's head dim
+        return out, inputs["k_cache"].aliased(), inputs["v_cache"].aliased()
+
+    def verify_positions(inputs: dict, attributes: dict):
+        b, block, _ = inputs["target_logits"].shape_expr
+        return trtp.from_shape_expr((b, block, 2), dtype=trt.int32)
+
+    def verify_commit(inputs: dict, attributes: dict):
+        return trtp.from_shape_expr((inputs["block_tokens"].shape_expr[0], 5), dtype=trt.int64)
+
+    return {
+        "DFlashBlockAttention": attention, "DFlashBlockAttentionSplit": attention_split, "DFlashAttentionMerge": merge,
+        "DFlashTargetAttention": target_attention, "DFlashVerifyPositions": verify_positions, "DFlashVerifyCommit": verify_commit,
+    }[node]

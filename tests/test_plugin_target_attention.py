@@ -223,7 +223,7 @@ def test_launch_plan_of_a_qwen3_8b_verify_step():
     config = launch.target_attention_config(128, 128, 16, 4)
     assert (config.block_m, config.block_n, config.num_warps) == (64, 64, 8)
     assert launch.target_attention_grid(8, 16, 8, 4, config.block_m) == (1, 8, 8)
-    tokens, capacity, kv_heads, group, window, scale_bits = launch.target_attention_scalars(16, 8192, 8, 4, 0, 128**-0.5)
+    tokens, capacity, kv_heads, group, window, scale_bits = launch.target_attention_scalars(16, 8192, 8, 4, dict(window=0, scale=128**-0.5))
     assert (tokens, capacity, kv_heads, group, window) == (16, 8192, 8, 4, 0)
     assert scale_bits == launch.float_bits(128**-0.5)
 

@@ -9,12 +9,12 @@ symbolic shape expressions there.
 from __future__ import annotations
 
 import dataclasses
-import struct
 
 import torch
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.plugins import kernels
+from trtllm_dflash.plugins.attention_options import BLOCK_ATTENTION, TARGET_ATTENTION, AttentionOptions, float_bits  # noqa: F401  (float_bits: re-exported)
 
 ATTENTION_HEAD_DIMS = (16, 32, 64, 128, 256)  # powers of two: tl.dot tiles
 MAX_BLOCK = 16
@@ -24,11 +24,6 @@ COMMIT_BLOCK_S = 16
 
 def next_power_of_2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
-
-
-def float_bits(value: float) -> int:
-    """The int32 bit pattern of a float32 (plugin scalars are integers; the kernel bitcasts back)."""
-    return struct.unpack("<i", struct.pack("<f", float(value)))[0]
 
 
 def cdiv(a, b):
@@ -108,15 +103,16 @@ def target_attention_config_for_tile(head_dim_k: int, head_dim_v: int, block_m: 
 
 
 # Grids and int32 scalars of every kernel, shared by the torch launches below and the TensorRT
-# plugins (where the sizes are symbolic shape expressions).
+# plugins (where the sizes are symbolic shape expressions). `options` are an attention op's option
+# values or its node's attributes, by name (`attention_options`); what is not given takes its default.
 
 
 def attention_grid(batch, block, kv_heads, group: int, block_m: int, splits):
     return (cdiv(block * group, block_m) * splits, kv_heads, batch)
 
 
-def attention_scalars(block, num_new, capacity, kv_heads, group: int, window: int, scale: float, splits):
-    return (block, num_new, capacity, kv_heads, group, int(window), float_bits(scale), splits)
+def attention_scalars(block, num_new, capacity, kv_heads, group: int, options: dict, splits):
+    return (block, num_new, capacity, kv_heads, group, *BLOCK_ATTENTION.kernel_scalars(options), splits)
 
 
 def merge_grid(batch, block, kv_heads, group: int, block_m: int):
@@ -131,8 +127,8 @@ def target_attention_grid(batch, tokens, kv_heads, group: int, block_m: int):
     return (cdiv(tokens * group, block_m), kv_heads, batch)
 
 
-def target_attention_scalars(tokens, capacity, kv_heads, group: int, window: int, scale: float):
-    return (tokens, capacity, kv_heads, group, int(window), float_bits(scale))
+def target_attention_scalars(tokens, capacity, kv_heads, group: int, options: dict):
+    return (tokens, capacity, kv_heads, group, *TARGET_ATTENTION.kernel_scalars(options))
 
 
 def verify_positions_grid(batch, block):
@@ -189,7 +185,7 @@ def target_attention_supported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     )
 
 
-def _check_target_attention_inputs(q, k_new, v_new, k_cache, v_cache, starts, sinks) -> None:
+def _check_target_attention_inputs(q, k_new, v_new, k_cache, v_cache, starts, options: dict) -> None:
     if q.dim() != 4 or k_cache.dim() != 4 or v_cache.dim() != 4:
         raise DFlashError("target attention takes q [b,T,Hq,Dk] and caches [b,S,Hkv,D]")
     batch, tokens, num_heads, head_dim_k = q.shape
@@ -208,12 +204,12 @@ def _check_target_attention_inputs(q, k_new, v_new, k_cache, v_cache, starts, si
             raise DFlashError(f"{name} is not contiguous", "pass a contiguous cache (a slice of rows of a contiguous buffer is fine)")
     if tuple(starts.shape) != (batch,):
         raise DFlashError(f"starts has shape {tuple(starts.shape)}, expected {(batch,)}")
-    if sinks is not None and tuple(sinks.shape) != (num_heads,):
-        raise DFlashError(f"sinks has shape {tuple(sinks.shape)}, expected {(num_heads,)}")
+    TARGET_ATTENTION.check_shapes(options, q.shape, DFlashError)
     if q.dtype not in TARGET_ATTENTION_DTYPES:
         raise DFlashError(f"target attention runs in float16/bfloat16/float32, not {q.dtype}")
 
 
+@TARGET_ATTENTION.takes_options(torch.Tensor)
 def target_attention(
     q: torch.Tensor,
     k_new: torch.Tensor,
@@ -221,15 +217,14 @@ def target_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     starts: torch.Tensor,
-    sinks: torch.Tensor | None,
-    scale: float,
-    window: int = 0,
+    **options,
 ) -> torch.Tensor:
     """Run the target-attention kernel: writes the block into the caches in place, returns `[b,T,Hq,Dv]`.
 
-    One launch (what a TensorRT plugin can do too); see `reference.target_attention`.
+    One launch (what a TensorRT plugin can do too); see `reference.target_attention`. Options
+    (sinks, scale, window): `attention_options.TARGET_ATTENTION`.
     """
-    _check_target_attention_inputs(q, k_new, v_new, k_cache, v_cache, starts, sinks)
+    _check_target_attention_inputs(q, k_new, v_new, k_cache, v_cache, starts, options)
     batch, tokens, num_heads, head_dim_k = q.shape
     capacity, kv_heads, head_dim_v = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
     out = q.new_empty(batch, tokens, num_heads, head_dim_v)
@@ -237,19 +232,25 @@ def target_attention(
         return out
     group = num_heads // kv_heads
     config = target_attention_config(head_dim_k, head_dim_v, tokens, group)
-    has_sinks = sinks is not None
-    sinks = sinks.to(torch.float32).contiguous() if has_sinks else torch.zeros(1, dtype=torch.float32, device=q.device)
     module = kernels.for_tensor_device("attention", q.device)
     grid = target_attention_grid(batch, tokens, kv_heads, group, config.block_m)
-    scalars = target_attention_scalars(tokens, capacity, kv_heads, group, window, scale)
+    scalars = target_attention_scalars(tokens, capacity, kv_heads, group, options)
     module.target_attention_kernel[grid](
         q.contiguous(), k_new.contiguous(), v_new.contiguous(), k_cache, v_cache,
-        starts.to(torch.int64).contiguous(), sinks, *scalars, out, k_cache, v_cache,
+        starts.to(torch.int64).contiguous(), *_option_tensors(TARGET_ATTENTION, options, q.device), *scalars, out, k_cache, v_cache,
         HEAD_DIM_K=head_dim_k, HEAD_DIM_V=head_dim_v, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        HAS_SINKS=has_sinks, IEEE=q.dtype == torch.float32,
+        **TARGET_ATTENTION.kernel_constexprs(TARGET_ATTENTION.present(options)), IEEE=q.dtype == torch.float32,
         **_launch_options(q.device, config.num_warps, config.num_stages),
     )
     return out
+
+
+def _option_tensors(op_options: AttentionOptions, options: dict, device: torch.device) -> list[torch.Tensor]:
+    """The kernel's option pointers: each tensor option in float32, or a placeholder it does not read."""
+    return [
+        options[o.name].to(torch.float32).contiguous() if options.get(o.name) is not None else torch.zeros(1, dtype=torch.float32, device=device)
+        for o in op_options.tensors
+    ]
 
 
 # ----------------------------------------------------------------------------- benchmark shapes
@@ -346,6 +347,7 @@ def _check_attention_inputs(q, k_block, v_block, k_ctx, v_ctx, new_counts, k_cac
         raise DFlashError(f"block attention runs in float16/bfloat16/float32, not {q.dtype}")
 
 
+@BLOCK_ATTENTION.takes_options(torch.Tensor)
 def block_attention(
     q: torch.Tensor,
     k_block: torch.Tensor,
@@ -356,12 +358,16 @@ def block_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     cache_lens: torch.Tensor,
-    scale: float,
-    window: int = 0,
+    *,
     kv_splits: int | None = None,
+    **options,
 ) -> torch.Tensor:
-    """Run the block-attention kernel(s); appends the new context to the caches in place."""
+    """Run the block-attention kernel(s); appends the new context to the caches in place.
+
+    Options (scale, window): `attention_options.BLOCK_ATTENTION`; `kv_splits` overrides the split count.
+    """
     _check_attention_inputs(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens)
+    BLOCK_ATTENTION.check_shapes(options, q.shape, DFlashError)
     batch, block, num_heads, head_dim = q.shape
     capacity, kv_heads = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty_like(q)
@@ -379,18 +385,20 @@ def block_attention(
     inputs = (
         q.contiguous(), k_block.contiguous(), v_block.contiguous(), k_ctx_new.contiguous(), v_ctx_new.contiguous(),
         new_counts.to(torch.int64).contiguous(), k_cache, v_cache, cache_lens.to(torch.int64).contiguous(),
+        *_option_tensors(BLOCK_ATTENTION, options, q.device),
     )
-    constants = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_T=config.block_t, IEEE=q.dtype == torch.float32)
-    options = _launch_options(q.device, config.num_warps, config.num_stages)
+    constants = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_T=config.block_t,
+                     **BLOCK_ATTENTION.kernel_constexprs(BLOCK_ATTENTION.present(options)), IEEE=q.dtype == torch.float32)
+    launch_options = _launch_options(q.device, config.num_warps, config.num_stages)
     grid = attention_grid(batch, block, kv_heads, group, config.block_m, splits)
-    scalars = attention_scalars(block, num_new, capacity, kv_heads, group, window, scale, splits)
+    scalars = attention_scalars(block, num_new, capacity, kv_heads, group, options, splits)
     if splits == 1:
-        module.block_attention_kernel[grid](*inputs, *scalars, out, k_cache, v_cache, **constants, **options)
+        module.block_attention_kernel[grid](*inputs, *scalars, out, k_cache, v_cache, **constants, **launch_options)
         return out
     rows = block * group
     partial_out = torch.empty(batch, kv_heads, splits, rows, head_dim, dtype=torch.float32, device=q.device)
     partial_lse = torch.empty(batch, kv_heads, splits, rows, dtype=torch.float32, device=q.device)
-    module.block_attention_split_kernel[grid](*inputs, *scalars, partial_out, partial_lse, k_cache, v_cache, **constants, **options)
+    module.block_attention_split_kernel[grid](*inputs, *scalars, partial_out, partial_lse, k_cache, v_cache, **constants, **launch_options)
     module.merge_kernel[merge_grid(batch, block, kv_heads, group, config.block_m)](
         partial_out, partial_lse, q, *merge_scalars(block, kv_heads, group, splits), out,
         HEAD_DIM=head_dim, BLOCK_M=config.block_m, **_launch_options(q.device, 4, 1),

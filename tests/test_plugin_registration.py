@@ -1,0 +1,140 @@
+"""`tensorrt_plugins.register_plugins` against a stand-in for `tensorrt.plugin` (TensorRT does not
+install on CPU machines): the registered functions must have the signatures TensorRT reads (node
+inputs as TensorDesc, then the node's attributes as typed fields, the aot_impl's names in the same
+order plus outputs and tactic), describe the outputs, and launch what `plan_launch` plans."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import types
+import typing
+
+import pytest
+
+from trtllm_dflash.plugins import attention_options, onnx_nodes, tensorrt_plugins
+
+
+class TensorDesc:
+    """A TensorRT tensor descriptor with integer shapes."""
+
+    def __init__(self, shape, dtype):
+        self.shape_expr, self.dtype = tuple(shape), dtype
+
+    def like(self):
+        return TensorDesc(self.shape_expr, self.dtype)
+
+    def aliased(self):
+        desc = self.like()
+        desc.alias_of = self
+        return desc
+
+
+def fake_tensorrt():
+    trt = types.ModuleType("tensorrt")
+    trt.__version__ = "10.13.0"
+    for name in ("float32", "float16", "bfloat16", "fp8", "int32", "int64"):
+        setattr(trt, name, name)
+    trtp = types.ModuleType("tensorrt.plugin")
+    trtp.TensorDesc = TensorDesc
+    trtp.registered, trtp.aot = {}, {}
+
+    def register(plugin_id):
+        def decorate(fn):
+            tensors, fields = [], {}
+            for name, param in inspect.signature(fn).parameters.items():  # what TensorRT checks
+                assert inspect.isclass(param.annotation), f"{plugin_id}: {name} is annotated {param.annotation!r}, not a class"
+                assert param.default is inspect.Parameter.empty, f"{plugin_id}: {name} has a default"
+                if issubclass(param.annotation, TensorDesc):
+                    assert not fields, f"{plugin_id}: tensor {name} after the attributes"
+                    tensors.append(name)
+                else:
+                    assert param.annotation in (int, float, bytes, bool, str), f"{plugin_id}: {name}"
+                    fields[name] = param.annotation
+            returns = inspect.signature(fn).return_annotation
+            outputs = typing.get_args(returns) if typing.get_origin(returns) is tuple else (returns,)
+            assert all(o is TensorDesc for o in outputs), f"{plugin_id}: returns {returns!r}"
+            trtp.registered[plugin_id] = (fn, tensors, fields, len(outputs))
+            return fn
+
+        return decorate
+
+    def aot_impl(plugin_id):
+        def decorate(fn):
+            _, tensors, fields, _ = trtp.registered[plugin_id]
+            assert list(inspect.signature(fn).parameters) == [*tensors, *fields, "outputs", "tactic"], plugin_id
+            trtp.aot[plugin_id] = fn
+            return fn
+
+        return decorate
+
+    class KernelLaunchParams:
+        pass
+
+    trtp.register, trtp.aot_impl, trtp.KernelLaunchParams = register, aot_impl, KernelLaunchParams
+    trtp.SymIntExprs = lambda n: [None] * n
+    trtp.SymInt32 = lambda value: value
+    trtp.from_shape_expr = lambda shape, dtype: TensorDesc(shape, dtype)
+    trt.plugin = trtp
+    return trt, trtp
+
+
+@pytest.fixture
+def registered(monkeypatch):
+    trt, trtp = fake_tensorrt()
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    monkeypatch.setitem(sys.modules, "tensorrt.plugin", trtp)
+    monkeypatch.setattr(tensorrt_plugins, "_REGISTERED", {})
+    monkeypatch.setattr(tensorrt_plugins, "compiled_kernel", lambda variant, arch, prebuilt=None: (variant.function, "ptx", 0))
+    ids = tensorrt_plugins.register_plugins("sm_90a")
+    return ids, trtp
+
+
+def test_every_node_registers_with_its_inputs_and_typed_attributes(registered):
+    ids, trtp = registered
+    assert ids == [spec.plugin_id for spec in onnx_nodes.NODES] == list(trtp.registered) == list(trtp.aot)
+    fields = {plugin_id: entry[2] for plugin_id, entry in trtp.registered.items()}
+    # the plugin fields engines were built with: names and types must not change
+    assert fields == {
+        "dflash::DFlashBlockAttention": {"scale": float, "window": int},
+        "dflash::DFlashBlockAttentionSplit": {"scale": float, "window": int, "kv_splits": int},
+        "dflash::DFlashAttentionMerge": {},
+        "dflash::DFlashTargetAttention": {"scale": float, "window": int, "has_sinks": int},
+        "dflash::DFlashVerifyPositions": {"has_draft_probs": int},
+        "dflash::DFlashVerifyCommit": {},
+    }
+    for spec in onnx_nodes.NODES:
+        assert trtp.registered[spec.plugin_id][1] == list(spec.inputs)
+        assert trtp.registered[spec.plugin_id][3] == len(spec.outputs)
+
+
+def test_target_attention_describes_and_launches_like_the_plan(registered):
+    _, trtp = registered
+    b, t, heads, kv_heads, dk, dv, capacity = 2, 16, 32, 8, 128, 64, 4096
+    inputs = dict(
+        q=TensorDesc((b, t, heads, dk), "bfloat16"), k_new=TensorDesc((b, t, kv_heads, dk), "bfloat16"),
+        v_new=TensorDesc((b, t, kv_heads, dv), "bfloat16"), k_cache=TensorDesc((b, capacity, kv_heads, dk), "bfloat16"),
+        v_cache=TensorDesc((b, capacity, kv_heads, dv), "bfloat16"), starts=TensorDesc((b,), "int64"),
+        sinks=TensorDesc((heads,), "float32"),
+    )
+    attributes = dict(scale=0.125, window=128, has_sinks=1)
+    describe, _, _, _ = trtp.registered["dflash::DFlashTargetAttention"]
+    out, k_out, v_out = describe(*inputs.values(), *attributes.values())
+    assert out.shape_expr == (b, t, heads, dv) and out.dtype == "bfloat16"
+    assert k_out.alias_of is inputs["k_cache"] and v_out.alias_of is inputs["v_cache"]
+
+    name, ptx, params, scalars = trtp.aot["dflash::DFlashTargetAttention"](*inputs.values(), *attributes.values(), outputs=None, tactic=0)
+    plan = tensorrt_plugins.plan_launch("DFlashTargetAttention", {k: v.shape_expr for k, v in inputs.items()},
+                                        {k: v.dtype for k, v in inputs.items()}, attributes)
+    assert name == "target_attention_kernel" and dict(plan.variant.constexprs)["HAS_SINKS"] is True
+    assert (params.grid_x, params.grid_y, params.grid_z) == tuple(plan.grid) == (1, kv_heads, b)
+    assert tuple(scalars) == plan.scalars == (t, capacity, kv_heads, heads // kv_heads, 128, attention_options.float_bits(0.125))
+
+
+def test_split_attention_describes_its_partials(registered):
+    _, trtp = registered
+    q, cache = TensorDesc((1, 16, 8, 64), "float16"), TensorDesc((1, 1024, 2, 64), "float16")
+    inputs = [q, q, q, cache, cache, TensorDesc((1,), "int64"), cache, cache, TensorDesc((1,), "int64")]
+    describe, _, _, _ = trtp.registered["dflash::DFlashBlockAttentionSplit"]
+    partial_out, partial_lse, _, _ = describe(*inputs, scale=0.1, window=0, kv_splits=4)
+    assert partial_out.shape_expr == (1, 2, 4, 64, 64) and partial_lse.shape_expr == (1, 2, 4, 64)
