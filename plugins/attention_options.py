@@ -109,10 +109,10 @@ class AttentionOptions:
 
     # ------------------------------------------------------------------ Python arguments
 
-    def parameters(self, tensor: object, defaults: bool) -> list[inspect.Parameter]:
+    def parameters(self, tensor: object) -> list[inspect.Parameter]:
         """The options as parameters after an op's own: `tensor | None` (unannotated for tensor=None)
-        / `float` / `int`, with their defaults (Python entry points) or without (torch op schemas and
-        their ONNX translations, where every caller passes all)."""
+        / `float` / `int`, the optional ones with their defaults (so a new option with a default
+        changes no caller)."""
         params = []
         for option in self.call_order:
             if isinstance(option, TensorOption):
@@ -120,12 +120,11 @@ class AttentionOptions:
                 default = None
             else:
                 annotation, default = option.type, option.default
-            has_default = defaults and not option.required
             params.append(inspect.Parameter(option.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=annotation,
-                                            default=default if has_default else inspect.Parameter.empty))
+                                            default=inspect.Parameter.empty if option.required else default))
         return params
 
-    def takes_options(self, tensor: object, defaults: bool = True) -> Callable:
+    def takes_options(self, tensor: object) -> Callable:
         """Decorate `fn(<the op's own parameters>, [*, keyword-only ones], **options)` to take this op's
         options after its own positional parameters.
 
@@ -138,7 +137,7 @@ class AttentionOptions:
             own = inspect.signature(fn, eval_str=True)  # real types: the wrapper has other globals
             positional = [p for p in own.parameters.values() if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD]
             keyword = [p for p in own.parameters.values() if p.kind == inspect.Parameter.KEYWORD_ONLY]
-            signature = inspect.Signature(positional + self.parameters(tensor, defaults) + keyword, return_annotation=own.return_annotation)
+            signature = inspect.Signature(positional + self.parameters(tensor) + keyword, return_annotation=own.return_annotation)
             scalars = {o.name: o.type for o in self.scalars}
             names = list(signature.parameters)
             fallback = {n: p.default for n, p in signature.parameters.items() if p.default is not inspect.Parameter.empty}

@@ -43,7 +43,7 @@ def _attention(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v
 
 
 @torch.library.custom_op("dflash::block_attention", mutates_args=("k_cache", "v_cache"))
-@BLOCK_ATTENTION.takes_options(torch.Tensor, defaults=False)
+@BLOCK_ATTENTION.takes_options(torch.Tensor)
 def block_attention(
     q: torch.Tensor,
     k_block: torch.Tensor,
@@ -66,7 +66,7 @@ def _block_attention_fake(q, *args):
 
 
 @torch.library.custom_op("dflash::block_attention_functional", mutates_args=())
-@BLOCK_ATTENTION.takes_options(torch.Tensor, defaults=False)
+@BLOCK_ATTENTION.takes_options(torch.Tensor)
 def block_attention_functional(
     q: torch.Tensor,
     k_block: torch.Tensor,
@@ -121,7 +121,7 @@ def _target_attention(q, k_new, v_new, k_cache, v_cache, starts, **options):
 
 
 @torch.library.custom_op("dflash::target_attention", mutates_args=("k_cache", "v_cache"))
-@TARGET_ATTENTION.takes_options(torch.Tensor, defaults=False)
+@TARGET_ATTENTION.takes_options(torch.Tensor)
 def target_attention(
     q: torch.Tensor,
     k_new: torch.Tensor,
@@ -141,7 +141,7 @@ def _target_attention_fake(q, k_new, v_new, k_cache, v_cache, *args):
 
 
 @torch.library.custom_op("dflash::target_attention_functional", mutates_args=())
-@TARGET_ATTENTION.takes_options(torch.Tensor, defaults=False)
+@TARGET_ATTENTION.takes_options(torch.Tensor)
 def target_attention_functional(
     q: torch.Tensor,
     k_new: torch.Tensor,

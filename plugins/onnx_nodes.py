@@ -270,7 +270,7 @@ def custom_translation_table(kv_splits: int = 1) -> dict:
             for o in options.tensors
         ]
 
-    @BLOCK_OPTIONS.takes_options(None, defaults=False)
+    @BLOCK_OPTIONS.takes_options(None)
     def block_attention(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, **options):
         inputs = (q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, *option_inputs(BLOCK_OPTIONS, options))
         attributes = {**BLOCK_OPTIONS.attribute_values(options), **plugin}
@@ -279,7 +279,7 @@ def custom_translation_table(kv_splits: int = 1) -> dict:
         partial_out, partial_lse, k_out, v_out = dflash.DFlashBlockAttentionSplit(*inputs, **attributes, kv_splits=kv_splits)
         return dflash.DFlashAttentionMerge(partial_out, partial_lse, q, **plugin), k_out, v_out
 
-    @TARGET_OPTIONS.takes_options(None, defaults=False)
+    @TARGET_OPTIONS.takes_options(None)
     def target_attention(q, k_new, v_new, k_cache, v_cache, starts, **options):
         return dflash.DFlashTargetAttention(
             q, k_new, v_new, k_cache, v_cache, op.Cast(starts, to=onnx.TensorProto.INT64), *option_inputs(TARGET_OPTIONS, options),

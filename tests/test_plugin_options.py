@@ -18,8 +18,8 @@ def test_existing_options_keep_their_signatures_schemas_and_attributes():
     assert str(inspect.signature(ops.block_attention)).endswith("cache_lens: torch.Tensor, scale: float, window: int = 0) -> torch.Tensor")
     assert str(inspect.signature(launch.block_attention)).endswith("scale: float, window: int = 0, *, kv_splits: int | None = None) -> torch.Tensor")
     schema = str(torch.ops.dflash.target_attention.default._schema)
-    assert schema.endswith("Tensor(a3!) k_cache, Tensor(a4!) v_cache, Tensor starts, Tensor? sinks, float scale, SymInt window) -> Tensor")
-    assert str(torch.ops.dflash.block_attention_functional.default._schema).endswith("Tensor cache_lens, float scale, SymInt window) -> (Tensor, Tensor, Tensor)")
+    assert schema.endswith("Tensor(a3!) k_cache, Tensor(a4!) v_cache, Tensor starts, Tensor? sinks, float scale, SymInt window=0) -> Tensor")
+    assert str(torch.ops.dflash.block_attention_functional.default._schema).endswith("Tensor cache_lens, float scale, SymInt window=0) -> (Tensor, Tensor, Tensor)")
     assert onnx_nodes.TARGET_ATTENTION.inputs[-1] == "sinks"
     assert onnx_nodes.TARGET_ATTENTION.attributes == {"scale": 1.0, "window": 0, "has_sinks": 0}
     assert onnx_nodes.BLOCK_ATTENTION.attributes == {"scale": 1.0, "window": 0}
@@ -48,10 +48,11 @@ def test_a_new_scalar_option_reaches_every_layer_from_its_row():
     assert options.kernel_scalar_params()[-1] == ("softcap", "i32")
     assert options.kernel_scalars(dict(scale=1.0, softcap=30.0))[-1] == attention_options.float_bits(30.0)
 
-    @options.takes_options(torch.Tensor, defaults=False)
+    @options.takes_options(torch.Tensor)
     def op(q: torch.Tensor, **values) -> torch.Tensor:
         return values
 
-    assert str(inspect.signature(op)) == "(q: torch.Tensor, sinks: Optional[torch.Tensor], scale: float, window: int, softcap: float) -> torch.Tensor"
+    assert str(inspect.signature(op)) == "(q: torch.Tensor, sinks: Optional[torch.Tensor], scale: float, window: int = 0, softcap: float = 0.0) -> torch.Tensor"
     assert op(1, None, 1, 0, 30) == dict(sinks=None, scale=1.0, window=0, softcap=30.0)
+    assert op(1, None, 1) == dict(sinks=None, scale=1.0, window=0, softcap=0.0)  # callers that predate it are unchanged
     assert options.attribute_values(dict(sinks=torch.zeros(2), scale=0.5, window=4, softcap=30)) == dict(scale=0.5, window=4, softcap=30.0, has_sinks=1)
