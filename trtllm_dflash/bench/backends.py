@@ -137,19 +137,19 @@ class BuildBackend(RuntimeBackend):
     """
 
     def __init__(self, build: Path, device: str = "cpu") -> None:
+        from trtllm_dflash.backends import PipelineSource, get_backend
+        from trtllm_dflash.backends.trt import engines_folder
+
         build = Path(build).expanduser()
+        if device == "cuda" and not torch.cuda.is_available():
+            raise DFlashError("--device cuda was asked for but no CUDA GPU is visible", "use --device cpu (runs the build's ONNX graphs)")
+        backend = get_backend("trt")
+        ar, dflash = (backend.open_pipeline(PipelineSource(build=build, speculative=d, onnx=device != "cuda"), device=device) for d in (False, True))
         if device == "cuda":
-            if not torch.cuda.is_available():
-                raise DFlashError("--device cuda was asked for but no CUDA GPU is visible", "use --device cpu (runs the build's ONNX graphs)")
-            from trtllm_dflash.runtime.trt_runtime import load_engine_pipeline
-
-            folder = build / "engines" if (build / "engines" / "engines.json").is_file() else build
-            ar, dflash = (load_engine_pipeline(folder, drafter=d, device="cuda") for d in (False, True))
-            self.name, self.artifacts = "tensorrt", str(folder)
+            self.name, self.artifacts = "tensorrt", str(engines_folder(build))
         else:
-            from trtllm_dflash.runtime.artifacts import export_dir_of, load_onnx_pipeline
+            from trtllm_dflash.runtime.artifacts import export_dir_of
 
-            ar, dflash = (load_onnx_pipeline(build, drafter=d) for d in (False, True))
             self.name, self.artifacts = "onnxruntime", str(export_dir_of(build))
         if dflash.runtime.drafter_config is None:
             raise DFlashError(f"the build {build} has no drafter", "rebuild it with a drafter (the recipe's drafter section)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from trtllm_dflash.backends import BACKEND_NAMES
 from trtllm_dflash.catalog.families import choose_runtime
 from trtllm_dflash.catalog.gpus import CPU, resolve_gpu
 from trtllm_dflash.catalog.models import resolve_model
@@ -91,7 +92,7 @@ def plan_deployment(
         from trtllm_dflash.errors import UnknownNameError
 
         raise UnknownNameError(f"unknown KV cache precision {kv_cache!r}", "use bf16, fp16 or fp8")
-    if runtime is not None and runtime not in ("trt", "trtllm", "torch"):
+    if runtime is not None and runtime not in BACKEND_NAMES:
         from trtllm_dflash.errors import UnknownNameError
 
         raise UnknownNameError(f"unknown runtime {runtime!r}", "use trt, trtllm or torch")

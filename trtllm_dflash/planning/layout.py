@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from trtllm_dflash.backends import get_backend
 from trtllm_dflash.catalog.models import ModelSpec
 from trtllm_dflash.planning.candidate import Candidate
 from trtllm_dflash.planning.records import Layout, Refusal
@@ -23,7 +24,7 @@ def layout_refusals(cfg: Candidate) -> list[Refusal]:
     if layout.num_gpus > cfg.gpu.max_gpus_per_node:
         out.append(Refusal("layout", f"{layout.num_gpus} GPUs exceed one {cfg.gpu.name} node ({cfg.gpu.max_gpus_per_node})",
                            f"use --num-gpus {cfg.gpu.max_gpus_per_node} or fewer (multi-node is not planned)"))
-    if cfg.backend in ("trt", "torch") and layout.num_gpus > 1:
+    if not get_backend(cfg.backend).multi_gpu and layout.num_gpus > 1:
         out.append(Refusal("layout", f"runtime {cfg.backend} runs on one GPU, not {layout.num_gpus}",
                            "use --num-gpus 1, or --runtime trtllm (TensorRT-LLM) for tensor/expert parallelism"))
     if model.num_heads % (1 if layout.attention_dp else layout.tp):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from trtllm_dflash.backends import get_backend
 from trtllm_dflash.catalog.models import ModelSpec
 from trtllm_dflash.planning.candidate import Candidate
 from trtllm_dflash.planning.records import Layout, MemoryBudget, Precision
@@ -177,11 +178,7 @@ def memory_budget(cfg: Candidate) -> tuple[MemoryBudget, int, int, int, int]:
 
 
 def uses_cuda_graphs(cfg: Candidate) -> bool:
-    if cfg.backend == "trtllm":
-        return cfg.recipe is None or cfg.recipe.trtllm is None or cfg.recipe.trtllm.cuda_graph is not None
-    if cfg.backend == "trt":
-        return cfg.recipe is None or cfg.recipe.trt is None or cfg.recipe.trt.cuda_graphs
-    return False
+    return get_backend(cfg.backend).uses_cuda_graphs(cfg.recipe)
 
 
 def max_concurrency(cfg: Candidate) -> tuple[MemoryBudget, int, int, int, int]:

@@ -1,0 +1,49 @@
+"""The `trt` backend: this toolkit's TensorRT engines (on CPU: the ONNX graphs they are built from).
+
+Its build exports the graphs, checks them against the torch runtime and builds the engines; its
+Triton repository holds Python-backend models that drive the engines (or, until engines are
+built, the build's checkpoints on the torch runtime).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trtllm_dflash.backends.base import Backend, PipelineSource
+from trtllm_dflash.errors import DFlashError
+
+
+class TrtBackend(Backend):
+    name = "trt"
+    title = "TensorRT engines"
+    build_stages = ("export", "validate", "engines")
+
+    def unquantized_note(self, quant: str) -> str:
+        return f"{quant} weights are cast at export"
+
+    def uses_cuda_graphs(self, recipe: Any) -> bool:
+        return recipe is None or recipe.trt is None or recipe.trt.cuda_graphs
+
+    def write_build_repository(self, build_dir: Path, manifest: dict, out: Path, force: bool = False) -> Path:
+        from trtllm_dflash.serving.repository import models_from_build, write_repository
+
+        return write_repository(out, models_from_build(build_dir), source={"build": str(build_dir)}, force=force)
+
+    def open_pipeline(self, source: PipelineSource, device: str = "cuda", max_context: int | None = None):
+        """The engines (on a GPU), or with `source.onnx` the graphs they were built from (on CPU, onnxruntime)."""
+        if source.build is None:
+            raise DFlashError("the trt backend runs a build's engines, and no build was named", "pass --engines BUILD (or --onnx BUILD on CPU)")
+        build = Path(source.build).expanduser()
+        if source.onnx:
+            from trtllm_dflash.runtime.artifacts import load_onnx_pipeline
+
+            return load_onnx_pipeline(build, drafter=source.speculative, max_context=max_context)
+        from trtllm_dflash.runtime.trt_runtime import load_engine_pipeline
+
+        return load_engine_pipeline(engines_folder(build), drafter=source.speculative, device=device, max_context=max_context)
+
+
+def engines_folder(build: Path) -> Path:
+    """A build's engines/ folder, given the build directory or the folder itself."""
+    return build / "engines" if (build / "engines" / "engines.json").is_file() else build
