@@ -24,6 +24,15 @@ LAST_STAGE = "repository"
 
 
 @dataclasses.dataclass(frozen=True)
+class BuildStep:
+    """One stage `dflash-trt build` runs; `needs` lists what must be present (doctor checks them)."""
+
+    name: str
+    description: str
+    needs: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class PipelineSource:
     """Where a pipeline's weights come from: checkpoints (`target`, `drafter`) or a build directory."""
 
@@ -66,6 +75,11 @@ class Backend(abc.ABC):
         return f"serve it with `dflash-trt serve {repository}`"
 
     @abc.abstractmethod
+    def plan_steps(self, cfg: Any) -> list[BuildStep]:
+        """The build steps after the checkpoints for a planned deployment (`dflash-trt plan`):
+        `cfg` is a trtllm_dflash.planning.candidate.Candidate, the result BuildSteps."""
+
+    @abc.abstractmethod
     def write_build_repository(self, build_dir: Path, manifest: dict, out: Path, force: bool = False) -> Path:
         """The Triton repository of a build (`dflash-trt repo --build`, the build's repository stage)."""
 
@@ -79,3 +93,19 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def open_pipeline(self, source: PipelineSource, device: str = "cpu", max_context: int | None = None):
         """A DFlashPipeline over this backend's artifacts (what `generate`, the Triton model and `bench` decode with)."""
+
+
+def quantize_samples(cfg: Any) -> str:
+    """The calibration text of the quantize step, for its description."""
+    calibration = cfg.recipe.quantization.calibration if cfg.recipe is not None else None
+    return f"{calibration.num_samples} samples of {calibration.dataset}" if calibration else "builtin calibration text"
+
+
+def quantized_precisions(cfg: Any) -> set[str]:
+    """The precisions ModelOpt must produce (none for a 16-bit or as-published deployment)."""
+    p = cfg.precision
+    return {p.weights, p.experts} - {"bf16", "fp16", "fp32", cfg.model.native_expert_precision}
+
+
+def quantize_needs(quantized: set[str]) -> tuple[str, ...]:
+    return ("modelopt", "torch", "nvfp4-gpu") if "nvfp4" in quantized else ("modelopt", "torch")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtllm_dflash.backends.base import Backend, PipelineSource
+from trtllm_dflash.backends.base import Backend, BuildStep, PipelineSource
 from trtllm_dflash.errors import DFlashError
 
 
@@ -17,6 +17,9 @@ class TorchBackend(Backend):
     name = "torch"
     title = "the checkpoints on the torch runtime"
     needs_build = False
+
+    def plan_steps(self, cfg: Any) -> list[BuildStep]:
+        return [BuildStep("repository", "write the Triton model repository (Python backend, torch runtime, decoupled)")]
 
     def write_build_repository(self, build_dir: Path, manifest: dict, out: Path, force: bool = False) -> Path:
         from trtllm_dflash.serving.repository import models_from_build, write_repository

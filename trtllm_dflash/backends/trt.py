@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtllm_dflash.backends.base import Backend, PipelineSource
+from trtllm_dflash.backends.base import Backend, BuildStep, PipelineSource, quantize_needs, quantize_samples, quantized_precisions
 from trtllm_dflash.errors import DFlashError
 
 
@@ -24,6 +24,26 @@ class TrtBackend(Backend):
 
     def uses_cuda_graphs(self, recipe: Any) -> bool:
         return recipe is None or recipe.trt is None or recipe.trt.cuda_graphs
+
+    def plan_steps(self, cfg: Any) -> list[BuildStep]:
+        model, p, gpu, steps = cfg.model, cfg.precision, cfg.gpu, []
+        arch = f"{gpu.sm_arch} (SM {gpu.compute_capability_str})"
+        flavour = cfg.recipe.trt_flavour() if cfg.recipe is not None else gpu.trt_flavour
+        plugins = cfg.recipe is None or cfg.recipe.trt is None or cfg.recipe.trt.use_plugins
+        quantized = quantized_precisions(cfg)
+        if quantized:
+            steps.append(BuildStep("quantize", f"ModelOpt {'/'.join(sorted(quantized))} PTQ of the target ({quantize_samples(cfg)}); "
+                                   f"KV cache {p.kv_cache}; drafter stays {p.drafter}", quantize_needs(quantized)))
+        steps.append(BuildStep("export", f"ONNX graphs: target (prefill + verify, taps {list(model.drafter.target_layer_ids) if model.drafter else []}) "
+                               f"and drafter block forward ({'DFlash plugin nodes' if plugins else 'plugin-free'})",
+                               ("torch", "onnx")))
+        if plugins:
+            steps.append(BuildStep("plugins", f"compile the DFlash Triton kernels ahead of time for {gpu.sm_arch}", ("triton",)))
+        engine_needs = ("tensorrt-rtx",) if flavour == "tensorrt-rtx" else ("tensorrt", "cuda-gpu")
+        steps.append(BuildStep("engines", f"{flavour} engines for {arch}: batch <= {cfg.max_batch}, tokens <= {cfg.max_num_tokens}, "
+                               f"sequence <= {cfg.context}, block {cfg.block_size}", engine_needs))
+        steps.append(BuildStep("repository", "write the Triton model repository (Python backend driving the engines, decoupled)"))
+        return steps
 
     def write_build_repository(self, build_dir: Path, manifest: dict, out: Path, force: bool = False) -> Path:
         from trtllm_dflash.serving.repository import models_from_build, write_repository

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtllm_dflash.backends.base import Backend, PipelineSource
+from trtllm_dflash.backends.base import Backend, BuildStep, PipelineSource, quantize_needs, quantize_samples, quantized_precisions
 from trtllm_dflash.errors import DFlashError
 
 
@@ -25,6 +25,20 @@ class TrtllmBackend(Backend):
 
     def uses_cuda_graphs(self, recipe: Any) -> bool:
         return recipe is None or recipe.trtllm is None or recipe.trtllm.cuda_graph is not None
+
+    def plan_steps(self, cfg: Any) -> list[BuildStep]:
+        model, p, steps = cfg.model, cfg.precision, []
+        quantized = quantized_precisions(cfg)
+        if model.native_expert_precision == "mxfp4" and p.experts == "nvfp4" and p.weights == "bf16":
+            steps.append(BuildStep("quantize", "convert the MXFP4 experts to NVFP4 with ModelOpt (bit-exact, no calibration)",
+                                   ("modelopt",)))
+        elif quantized:
+            steps.append(BuildStep("quantize", f"ModelOpt {'/'.join(sorted(quantized))} PTQ of the target ({quantize_samples(cfg)}); "
+                                   "export a Hugging Face checkpoint TensorRT-LLM loads", quantize_needs(quantized)))
+        steps.append(BuildStep("config", f"write and validate the TensorRT-LLM LLM-API options (DFlash speculative_config, "
+                               f"tp {cfg.layout.tp} / ep {cfg.layout.ep}, KV {p.kv_cache}); model.yaml and trtllm-serve config"))
+        steps.append(BuildStep("repository", "write the Triton repository (tensorrt_llm Python model, decoupled)"))
+        return steps
 
     def checked_options(self, recipe: Any, drafter_dir: str | Path | None = None) -> tuple[dict[str, Any], list[str]]:
         """The recipe's LLM-API options, checked key by key (the build's plan and its trtllm stage both use these)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from trtllm_dflash.backends.base import BuildStep
 from trtllm_dflash.errors import PlanRefusedError
 
 
@@ -22,15 +23,6 @@ class Layout:
     tp: int
     ep: int
     attention_dp: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class BuildStep:
-    """One stage `dflash-trt build` runs; `needs` lists what must be present (doctor checks them)."""
-
-    name: str
-    description: str
-    needs: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
