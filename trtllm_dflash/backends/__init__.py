@@ -30,6 +30,11 @@ def get_backend(name: str) -> Backend:
         raise UnknownNameError(f"unknown backend {name!r}", f"use {', '.join(BACKEND_NAMES[:-1])} or {BACKEND_NAMES[-1]}") from None
 
 
+def multi_gpu_backend() -> str:
+    """The backend that spreads a model over several GPUs (what `plan` proposes when one GPU is too few)."""
+    return next(name for name, backend in BACKENDS.items() if backend.multi_gpu)
+
+
 def backend_of_build(manifest: dict) -> Backend:
     """The backend a build was made for: the one whose own stage finished, else the one its recipe names."""
     stages = manifest.get("stages") or {}
@@ -51,4 +56,4 @@ def write_build_repository(build_dir: str | Path, out: str | Path | None = None,
     return backend_of_build(manifest).write_build_repository(build_dir, manifest, out, force)
 
 
-__all__ = ["BACKENDS", "BACKEND_NAMES", "Backend", "PipelineSource", "backend_of_build", "get_backend", "write_build_repository"]
+__all__ = ["BACKENDS", "BACKEND_NAMES", "Backend", "PipelineSource", "backend_of_build", "get_backend", "multi_gpu_backend", "write_build_repository"]

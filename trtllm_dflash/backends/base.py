@@ -50,6 +50,8 @@ class Backend(abc.ABC):
     title: str  # what it is, for messages
     multi_gpu: bool = False  # whether it spreads a model over several GPUs (tensor / expert parallelism)
     needs_build: bool = True  # False: it serves the checkpoints as they are
+    runs_on_cpu: bool = False  # whether it decodes without a GPU
+    default_kv_fraction: float | None = None  # share of free memory for KV caches, where it differs from the planner's
     build_stages: tuple[str, ...] = ()  # the stages between quantize and repository
 
     def support(self, family: FamilySpec) -> Support:

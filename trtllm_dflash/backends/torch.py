@@ -17,6 +17,7 @@ class TorchBackend(Backend):
     name = "torch"
     title = "the checkpoints on the torch runtime"
     needs_build = False
+    runs_on_cpu = True
 
     def plan_steps(self, cfg: Any) -> list[BuildStep]:
         return [BuildStep("repository", "write the Triton model repository (Python backend, torch runtime, decoupled)")]

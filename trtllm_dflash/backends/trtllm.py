@@ -18,6 +18,7 @@ class TrtllmBackend(Backend):
     name = "trtllm"
     title = "TensorRT-LLM's DFlash mode"
     multi_gpu = True
+    default_kv_fraction = 0.85  # as a trtllm recipe's kv_cache_free_gpu_memory_fraction defaults
     build_stages = ("trtllm",)
 
     def unquantized_note(self, quant: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from trtllm_dflash.backends import multi_gpu_backend
 from trtllm_dflash.planning.candidate import Candidate, with_changes
 from trtllm_dflash.planning.layout import default_layout, layout_refusals
 from trtllm_dflash.planning.memory import GPU_COUNTS, max_concurrency
@@ -25,17 +26,17 @@ def nearest_that_fits(cfg: Candidate) -> tuple[str, Candidate] | None:
     current = cfg.precision.experts if cfg.model.native_expert_precision != "bf16" else cfg.precision.weights
     quants = [q for q in lower.get(current, []) if gpu.supports(q)]
     candidates: list[tuple[str, Candidate]] = []
+    multi = multi_gpu_backend()  # every count in `more` is above one GPU
+    switch = f" --runtime {multi}" if cfg.backend != multi else ""
     for n in more:
-        runtime = "trtllm" if n > 1 else cfg.backend
-        candidates.append((f"--num-gpus {n}" + (" --runtime trtllm" if runtime != cfg.backend else ""),
-                           with_changes(cfg, layout=default_layout(cfg.model, n), backend=runtime)))
+        candidates.append((f"--num-gpus {n}{switch}", with_changes(cfg, layout=default_layout(cfg.model, n), backend=multi)))
     for q in quants:
         candidates.append((f"--quant {q}", with_changes(cfg, precision=precision_for(cfg.model, gpu, q, cfg.precision.kv_cache))))
     for q in quants:
         for n in more:
-            candidates.append((f"--quant {q} --num-gpus {n}" + (" --runtime trtllm" if cfg.backend != "trtllm" else ""), with_changes(
+            candidates.append((f"--quant {q} --num-gpus {n}{switch}", with_changes(
                 cfg, precision=precision_for(cfg.model, gpu, q, cfg.precision.kv_cache),
-                layout=default_layout(cfg.model, n), backend="trtllm")))
+                layout=default_layout(cfg.model, n), backend=multi)))
     if cfg.precision.kv_cache != "fp8" and gpu.supports_fp8:
         candidates.append(("--kv-cache fp8", with_changes(cfg, precision=dataclasses.replace(cfg.precision, kv_cache="fp8"))))
     shorter = [c for c in (cfg.context // 2, cfg.context // 4, cfg.context // 8) if c >= 1024]

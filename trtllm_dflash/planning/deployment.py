@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from trtllm_dflash.backends import BACKEND_NAMES
+from trtllm_dflash.backends import BACKEND_NAMES, get_backend, multi_gpu_backend
 from trtllm_dflash.catalog.families import choose_runtime
 from trtllm_dflash.catalog.gpus import CPU, resolve_gpu
 from trtllm_dflash.catalog.models import resolve_model
@@ -96,7 +96,7 @@ def plan_deployment(
         from trtllm_dflash.errors import UnknownNameError
 
         raise UnknownNameError(f"unknown runtime {runtime!r}", "use trt, trtllm or torch")
-    if runtime is not None and runtime != "torch" and gpu_spec is None:
+    if runtime is not None and not get_backend(runtime).runs_on_cpu and gpu_spec is None:
         raise PlanRefusedError(f"runtime {runtime} needs a GPU; on cpu only the torch runtime runs", "use --runtime torch or name a GPU")
     if num_gpus is not None and num_gpus < 1:
         raise PlanRefusedError(f"--num-gpus must be >= 1, got {num_gpus}", "pass a positive GPU count")
@@ -135,13 +135,13 @@ def plan_deployment(
         ctx = context or min(DEFAULT_CONTEXT, spec.max_position_embeddings)
         base = Candidate(spec, gpu_spec, runtime, precision, default_layout(spec, num_gpus or 1), ctx, batch,
                        min(ctx, DEFAULT_CONTEXT), block, frozenset({block - 1}),
-                       DEFAULT_KV_FRACTION if runtime != "trtllm" else 0.85)
+                       get_backend(runtime).default_kv_fraction or DEFAULT_KV_FRACTION)
         cfg = base
         if num_gpus is None and gpu_spec is not None and not fits(base):
             # Smallest GPU count that fits at this precision.
             for n in GPU_COUNTS:
                 if n <= gpu_spec.max_gpus_per_node:
-                    multi = "trtllm" if n > 1 and runtime != "torch" else runtime
+                    multi = multi_gpu_backend() if n > 1 and get_backend(runtime).needs_build else runtime
                     candidate = with_changes(base, layout=default_layout(spec, n), backend=multi)
                     if fits(candidate):
                         cfg = candidate
