@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from trtllm_dflash.backends import get_backend
+
 BackendName = Literal["trt", "trtllm", "torch"]  # trtllm_dflash.backends
 # fp32 is for the torch runtime on CPU (the embedded demo); GPUs use bf16/fp16 and below.
 WeightPrecision = Literal["fp32", "bf16", "fp16", "fp8", "nvfp4"]
@@ -252,11 +254,12 @@ class Recipe(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Recipe":
-        if self.runtime != "trtllm" and self.parallelism.num_gpus > 1:
+        backend = get_backend(self.runtime)
+        if not backend.multi_gpu and self.parallelism.num_gpus > 1:
             raise ValueError(
                 f"runtime {self.runtime} runs on one GPU; use runtime: trtllm for {self.parallelism.num_gpus} GPUs"
             )
-        if self.gpu == "cpu" and self.runtime != "torch":
+        if self.gpu == "cpu" and not backend.runs_on_cpu:
             raise ValueError(f"gpu: cpu runs only runtime: torch (this recipe says runtime: {self.runtime})")
         if self.trtllm is not None and self.trtllm.max_concurrency is not None and self.drafter.draft_len_schedule:
             raise ValueError(
