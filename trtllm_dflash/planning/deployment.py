@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from trtllm_dflash.backends import BACKEND_NAMES, get_backend, multi_gpu_backend
-from trtllm_dflash.catalog.families import choose_runtime
+from trtllm_dflash.backends.choice import choose_backend
 from trtllm_dflash.catalog.gpus import CPU, resolve_gpu
 from trtllm_dflash.catalog.models import resolve_model
 from trtllm_dflash.errors import PlanRefusedError, RecipeError
@@ -130,7 +130,7 @@ def plan_deployment(
         precision = precision_for(spec, gpu_spec, quant, kv_cache.lower() if kv_cache else None)
         block = spec.drafter.block_size if spec.drafter else 2
         if runtime is None:
-            runtime = choose_runtime(spec.name, spec.family, None, num_gpus or 1, gpu_spec is not None).runtime
+            runtime = choose_backend(spec.name, spec.family, None, num_gpus or 1, gpu_spec is not None).backend
         batch = max_batch or DEFAULT_MAX_BATCH
         ctx = context or min(DEFAULT_CONTEXT, spec.max_position_embeddings)
         base = Candidate(spec, gpu_spec, runtime, precision, default_layout(spec, num_gpus or 1), ctx, batch,
@@ -154,7 +154,7 @@ def plan_deployment(
         notes.append(f"context {cfg.context} exceeds {spec.name}'s {spec.max_position_embeddings} positions")
 
     try:
-        choice = choose_runtime(spec.name, spec.family, cfg.backend, cfg.layout.num_gpus, cfg.gpu is not None)
+        choice = choose_backend(spec.name, spec.family, cfg.backend, cfg.layout.num_gpus, cfg.gpu is not None)
     except PlanRefusedError as exc:
         cfg = with_changes(cfg, backend_reason=f"refused: {exc.problem}")
         return make_plan(cfg, [Refusal("runtime", exc.problem, exc.fix or "")], notes)
