@@ -30,3 +30,13 @@ def test_recipes_accept_backend_as_the_new_spelling_of_runtime():
     data["runtime"] = "trtllm"
     with pytest.raises(ValueError, match="disagree"):
         Recipe.model_validate(data)
+
+
+@pytest.mark.parametrize("flag", ["--backend", "--runtime"])
+def test_plan_and_build_take_backend_and_its_old_spelling_runtime(flag, run_main):
+    import json
+
+    code, out, _ = run_main("plan", "--model", "qwen3-8b", "--gpu", "h100", flag, "trtllm", "--json")
+    assert code == 0 and json.loads(out)["runtime"] == "trtllm"
+    code, out, _ = run_main("build", "--model", "qwen3-8b", "--gpu", "h100", flag, "trtllm", "--dry-run", "--json")
+    assert code == 0 and [s["name"] for s in json.loads(out)["stages"]] == ["checkpoints", "quantize", "trtllm", "repository"]
