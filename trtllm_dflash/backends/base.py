@@ -53,6 +53,7 @@ class Backend(abc.ABC):
     runs_on_cpu: bool = False  # whether it decodes without a GPU
     default_kv_fraction: float | None = None  # share of free memory for KV caches, where it differs from the planner's
     build_stages: tuple[str, ...] = ()  # the stages between quantize and repository
+    repository_title = "the Triton model repository"  # what `dflash-trt repo` says it wrote
 
     def support(self, family: FamilySpec) -> Support:
         """Whether it serves this target family, and why (the catalog's column for this backend)."""
@@ -69,8 +70,6 @@ class Backend(abc.ABC):
     def uses_cuda_graphs(self, recipe: Any) -> bool:
         """Whether the deployment captures CUDA graphs (they take memory in the plan)."""
         return False
-
-    repository_title = "the Triton model repository"
 
     def serve_hint(self, repository: Path) -> str:
         """How to serve the repository it writes."""
@@ -97,6 +96,9 @@ class Backend(abc.ABC):
         """A DFlashPipeline over this backend's artifacts (what `generate`, the Triton model and `bench` decode with)."""
 
 
+# shared by the plan_steps of the backends that quantize (trt, trtllm)
+
+
 def quantize_samples(cfg: Any) -> str:
     """The calibration text of the quantize step, for its description."""
     calibration = cfg.recipe.quantization.calibration if cfg.recipe is not None else None
@@ -110,4 +112,5 @@ def quantized_precisions(cfg: Any) -> set[str]:
 
 
 def quantize_needs(quantized: set[str]) -> tuple[str, ...]:
+    """What the quantize step needs installed (NVFP4 calibration also needs a Blackwell GPU)."""
     return ("modelopt", "torch", "nvfp4-gpu") if "nvfp4" in quantized else ("modelopt", "torch")

@@ -20,6 +20,7 @@ class TrtllmBackend(Backend):
     multi_gpu = True
     default_kv_fraction = 0.85  # as a trtllm recipe's kv_cache_free_gpu_memory_fraction defaults
     build_stages = ("trtllm",)
+    repository_title = "the TensorRT-LLM LLM-API repository"
 
     def unquantized_note(self, quant: str) -> str:
         return "TensorRT-LLM loads the checkpoint as published"
@@ -48,8 +49,6 @@ class TrtllmBackend(Backend):
         options, notes = llm_api_options(recipe, drafter_dir)
         validate_options(options, LLMApiOptions, f"TensorRT-LLM options of {recipe.name}")
         return options, notes
-
-    repository_title = "the TensorRT-LLM LLM-API repository"
 
     def serve_hint(self, repository: Path) -> str:
         return f"serve it in NVIDIA's Triton TensorRT-LLM container: tritonserver --model-repository {repository}"
