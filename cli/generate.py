@@ -11,6 +11,10 @@ from rich.console import Console
 
 from trtllm_dflash.cli.common import quiet_libraries, read_prompts
 from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.sampling_params import SamplingError, SamplingParams
+
+# SamplingParams' fields as this command's flags (its errors name the flag to fix)
+FLAGS = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}
 
 
 def generate(
@@ -41,6 +45,7 @@ def generate(
 ) -> None:
     """Generate text for one or more prompts; prints tokens, acceptance lengths and speed."""
     template_kwargs = _template_kwargs(chat, chat_template_kwargs)
+    _check_sampling(SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))
     if url is not None:  # through a server: the client does the rest
         if chat:
             raise DFlashError("--chat with --url is not supported (the Triton models take text)", "drop --chat, or send chat requests to the OpenAI front end (`dflash-trt serve --openai-port`)")
@@ -55,14 +60,6 @@ def generate(
         raise DFlashError("no model to run", "pass --target DIR (and --drafter DIR), --target demo --drafter demo, --engines BUILD or --onnx BUILD")
     if device not in ("cpu", "cuda"):
         raise DFlashError(f"unknown device {device!r}", "use --device cpu or --device cuda")
-    if max_new_tokens <= 0:
-        raise DFlashError(f"--max-new-tokens must be > 0, got {max_new_tokens}", "pass a positive number")
-    if temperature < 0:
-        raise DFlashError(f"--temperature must be >= 0, got {temperature}", "use 0 for greedy decoding")
-    if not 0 < top_p <= 1:
-        raise DFlashError(f"--top-p must be in (0, 1], got {top_p}", "use 1 to disable nucleus sampling")
-    if top_k < 0:
-        raise DFlashError(f"--top-k must be >= 0, got {top_k}", "use 0 to disable top-k")
     if block_size is not None and block_size < 2:
         raise DFlashError(f"--block-size must be >= 2, got {block_size}", "use the drafter's block size")
     prompts = read_prompts(prompt, prompt_file)
@@ -101,6 +98,14 @@ def generate(
             f"[dim]{len(out.token_ids)} tokens, {mode}, {out.num_target_forwards} target forwards, "
             f"{out.tokens_per_second:.1f} tok/s, finish: {out.finish_reason}[/]\n"
         )
+
+
+def _check_sampling(params: SamplingParams) -> None:
+    """The sampling flags checked before a model loads, by the same check the decoder runs."""
+    try:
+        params.validate()
+    except SamplingError as exc:
+        raise exc.renamed(FLAGS) from None
 
 
 def _template_kwargs(chat: bool, text: Optional[str]) -> Optional[dict]:

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from trtllm_dflash.serving import DEFAULT_HOST
-from trtllm_dflash.serving.openai_server import DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_QUEUED, DEFAULT_MAX_REQUEST_BYTES
+from trtllm_dflash.serving.openai_frontend import DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_QUEUED, DEFAULT_MAX_REQUEST_BYTES
 
 
 # The OpenAI front end's exposure options, shared with `dflash-trt serve --openai-port`.

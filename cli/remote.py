@@ -28,7 +28,6 @@ def generate_remote(
     if protocol == "grpc" and grpc_url is None:
         grpc_url = f"{urlparse(url if '://' in url else 'http://' + url).hostname}:8001"
     client = DFlashClient(url, model=model, grpc_url=grpc_url)
-    sampling = {("max_tokens" if k == "max_new_tokens" else k): v for k, v in sampling.items()}
     console = Console(highlight=False)
     for prompt in prompts:
         if stream:

@@ -38,7 +38,7 @@ def repo(
     """Write a Triton Inference Server model repository that serves DFlash (and its AR baseline)."""
     from trtllm_dflash.backends import get_backend, write_build_repository
     from trtllm_dflash.serving import repository
-    from trtllm_dflash.serving.config import ServingConfig
+    from trtllm_dflash.serving.model_parameters import ServingConfig
 
     sources = [s for s in (model, build, recipe) if s is not None]
     if len(sources) != 1:

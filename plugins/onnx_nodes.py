@@ -34,6 +34,7 @@ from onnx import helper
 from onnx.defs import OpSchema
 from onnx.reference.op_run import OpRun
 
+from trtllm_dflash.graphs import names  # the graph tensors these ports take and give
 from trtllm_dflash.plugins import custom_ops, reference  # noqa: F401  (custom_ops registers torch.ops.dflash.*)
 
 DOMAIN = "dflash"
@@ -64,7 +65,7 @@ class NodeSpec:
         return f"{PLUGIN_NAMESPACE}::{self.op_type}"
 
 
-ATTENTION_INPUTS = ("q", "k_block", "v_block", "k_ctx_new", "v_ctx_new", "new_counts", "k_cache", "v_cache", "cache_lens")
+ATTENTION_INPUTS = ("q", "k_block", "v_block", "k_ctx_new", "v_ctx_new", names.NEW_COUNTS, "k_cache", "v_cache", names.CACHE_LENS)
 CACHE_ALIASES = {"k_cache_out": "k_cache", "v_cache_out": "v_cache"}
 
 BLOCK_ATTENTION = NodeSpec(
@@ -95,7 +96,7 @@ ATTENTION_MERGE = NodeSpec(
 )
 TARGET_ATTENTION = NodeSpec(
     "DFlashTargetAttention",
-    ("q", "k_new", "v_new", "k_cache", "v_cache", "starts", "sinks"),
+    ("q", "k_new", "v_new", "k_cache", "v_cache", names.STARTS, "sinks"),
     ("out", "k_cache_out", "v_cache_out"),
     {"scale": 1.0, "window": 0, "has_sinks": 0},
     ("q", "k_cache", "v_cache"),
@@ -105,7 +106,7 @@ TARGET_ATTENTION = NodeSpec(
 )
 VERIFY_POSITIONS = NodeSpec(
     "DFlashVerifyPositions",
-    ("target_logits", "block_tokens", "draft_probs", "temperature", "top_k", "top_p", "seed", "start"),
+    ("target_logits", "block_tokens", names.DRAFT_PROBS, *names.SAMPLING_INPUTS, "start"),
     ("decisions",),
     {"has_draft_probs": 1},
     ("int32",),
@@ -115,7 +116,7 @@ VERIFY_POSITIONS = NodeSpec(
 VERIFY_COMMIT = NodeSpec(
     "DFlashVerifyCommit",
     ("decisions", "block_tokens", "start", "stop_ids"),
-    ("result",),
+    (names.RESULT,),
     {},
     ("int64",),
     "Accepted count, bonus, next start, committed length, stop flag (reference.verify_commit); "

@@ -20,6 +20,7 @@ import dataclasses
 from pathlib import Path
 
 from trtllm_dflash.errors import DFlashError, MissingDependencyError
+from trtllm_dflash.graphs import names
 from trtllm_dflash.plugins import aot, onnx_nodes
 from trtllm_dflash.plugins.kernels import launch
 
@@ -92,7 +93,7 @@ def _plan_target_attention(shapes: dict, dtypes: dict, attributes: dict) -> Laun
     """DFlashTargetAttention: one kernel variant per (key, value) head dims, dtypes, query tile and sinks flag."""
     batch, tokens, heads, head_dim_k = shapes["q"]
     capacity, kv_heads, head_dim_v = shapes["v_cache"][1], shapes["v_cache"][2], shapes["v_cache"][3]
-    for name, expected in (("k_new", dtypes["q"]), ("v_new", dtypes["q"]), ("v_cache", dtypes["k_cache"]), ("starts", "int64"), ("sinks", "float32")):
+    for name, expected in (("k_new", dtypes["q"]), ("v_new", dtypes["q"]), ("v_cache", dtypes["k_cache"]), (names.STARTS, "int64"), ("sinks", "float32")):
         if name in dtypes and dtypes[name] != expected:
             raise DFlashError(f"DFlashTargetAttention input {name} is {dtypes[name]}, expected {expected}", "export with onnx_nodes.custom_translation_table (it casts starts and sinks)")
     group = _required(heads, "number of query heads") // _required(kv_heads, "number of KV heads")

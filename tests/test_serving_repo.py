@@ -45,7 +45,7 @@ def tiny_pair(tmp_path_factory):
 
 
 def test_repo_writes_decoupled_dflash_and_baseline_models(tiny_pair, tmp_path):
-    from trtllm_dflash.serving.config import ServingConfig
+    from trtllm_dflash.serving.model_parameters import ServingConfig
 
     target, drafter = tiny_pair
     out = tmp_path / "repo"
@@ -92,7 +92,7 @@ def test_repo_checks_the_pair_before_writing(tiny_pair, tmp_path):
 
 
 def test_serving_config_rejects_bad_parameters():
-    from trtllm_dflash.serving.config import ServingConfig
+    from trtllm_dflash.serving.model_parameters import ServingConfig
 
     with pytest.raises(DFlashError, match="max_batch"):
         ServingConfig.from_parameters({"target": {"string_value": "demo"}, "max_batch": {"string_value": "0"}})
@@ -182,7 +182,8 @@ def test_parse_inputs_checks_types_and_shapes():
         "sampling_param_stop": np.array([b"\n", b"END"], dtype=np.object_),
         "streaming": np.array([True]),
     })
-    assert (parsed.text, parsed.max_tokens, parsed.temperature, parsed.stop, parsed.streaming) == ("hello", 7, 0.5, ("\n", "END"), True)
+    params = parsed.params
+    assert (parsed.text, params.max_new_tokens, params.temperature, params.stop, parsed.streaming) == ("hello", 7, 0.5, ("\n", "END"), True)
     with pytest.raises(DFlashError, match="text_input is missing"):
         parse_inputs({"sampling_param_max_tokens": np.array([3], dtype=np.int32)})
     with pytest.raises(DFlashError, match="sampling_param_max_tokens has type float32"):
@@ -223,8 +224,9 @@ def test_decoder_cancel_frees_the_row_and_leaves_the_others_unchanged(tiny_pair)
 
 
 def test_engine_streams_and_drops_a_client_that_went_away(tiny_pair):
-    from trtllm_dflash.serving.config import ServingConfig
-    from trtllm_dflash.serving.engine import ServingEngine
+    from trtllm_dflash.serving.model_parameters import ServingConfig
+    from trtllm_dflash.sampling_params import SamplingParams
+    from trtllm_dflash.serving.batching_loop import BatchingLoop
     from trtllm_dflash.serving.protocol import GenerateInputs
 
     class Sink:
@@ -240,10 +242,10 @@ def test_engine_streams_and_drops_a_client_that_went_away(tiny_pair):
         def cancelled(self):
             return self.leave_after is not None and len(self.responses) >= self.leave_after
 
-    engine = ServingEngine(ServingConfig(target=str(tiny_pair[0]), drafter=str(tiny_pair[1]), max_context=128, max_tokens=64))
+    engine = BatchingLoop(ServingConfig(target=str(tiny_pair[0]), drafter=str(tiny_pair[1]), max_context=128, max_tokens=64))
     stays, leaves = Sink(), Sink(leave_after=1)
-    engine.accept(GenerateInputs("abc", streaming=True, max_tokens=24), stays)
-    engine.accept(GenerateInputs("xyz", streaming=True, max_tokens=24), leaves)
+    engine.accept(GenerateInputs("abc", SamplingParams(max_new_tokens=24), streaming=True), stays)
+    engine.accept(GenerateInputs("xyz", SamplingParams(max_new_tokens=24), streaming=True), leaves)
     engine.start()
     try:
         import time
@@ -264,7 +266,7 @@ def test_engine_streams_and_drops_a_client_that_went_away(tiny_pair):
 
 def test_repo_from_a_build_uses_its_engines_when_built_else_its_checkpoints(tiny_pair, tmp_path):
     """The manifest format of `dflash-trt build` (issue 4): complete stages with their summaries."""
-    from trtllm_dflash.serving.config import ServingConfig
+    from trtllm_dflash.serving.model_parameters import ServingConfig
 
     target, drafter = tiny_pair
     build = tmp_path / "build"
@@ -304,7 +306,7 @@ def test_repo_from_a_build_uses_its_engines_when_built_else_its_checkpoints(tiny
 def test_repo_for_the_demo_takes_its_limits_from_the_demo_recipe(tmp_path):
     from trtllm_dflash.demo import DEMO_DIR
     from trtllm_dflash.recipes import find_recipe
-    from trtllm_dflash.serving.config import ServingConfig
+    from trtllm_dflash.serving.model_parameters import ServingConfig
 
     if not (DEMO_DIR / "target" / "config.json").is_file():
         pytest.skip("the embedded demo pair is not in this checkout")
@@ -324,7 +326,7 @@ def test_recipe_draft_length_schedule_reaches_the_served_decoder(tmp_path):
     """A recipe's draft_len_schedule is written to config.pbtxt and parsed back into the model's decoder."""
     from trtllm_dflash.demo import DEMO_DIR
     from trtllm_dflash.recipes import find_recipe
-    from trtllm_dflash.serving.config import ServingConfig
+    from trtllm_dflash.serving.model_parameters import ServingConfig
 
     if not (DEMO_DIR / "target" / "config.json").is_file():
         pytest.skip("the embedded demo pair is not in this checkout")

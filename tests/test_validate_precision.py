@@ -187,16 +187,16 @@ def test_a_graph_with_a_scale_one_percent_off_fails_validation(tiny, variant):
 
 def test_a_graph_whose_block_sees_empty_cache_slots_fails_validation(tiny, monkeypatch, tmp_path):
     """A wrong mask (the drafter's block attends to every slot, valid or not) fails at BF16."""
-    from trtllm_dflash.builder import export
     from trtllm_dflash.builder.export import DTYPES, Bounds, export_drafter
     from trtllm_dflash.checkpoints import load_drafter, load_target
+    from trtllm_dflash.graphs import drafter as drafter_graph
 
     wrong = tmp_path / "export"
     shutil.copytree(tiny["out"] / "export", wrong)
     info = json.loads((wrong / "graphs.json").read_text())
     target = load_target(tiny["target"], dtype=DTYPES["bf16"])
     drafter = load_drafter(tiny["drafter"], target)
-    monkeypatch.setattr(export, "visibility", lambda keys, valid, queries, window, causal: torch.ones_like(valid).unsqueeze(1).unsqueeze(1).expand(-1, -1, queries.shape[1], -1))
+    monkeypatch.setattr(drafter_graph, "visibility", lambda keys, valid, queries, window, causal: torch.ones_like(valid).unsqueeze(1).unsqueeze(1).expand(-1, -1, queries.shape[1], -1))
     export_drafter(drafter, target.model.get_input_embeddings(), target.model.get_output_embeddings(),
                    wrong / "native" / "drafter.onnx", "bf16", Bounds(**info["bounds"]))
     with pytest.raises(validate.ValidationError, match="differs from the torch runtime"):

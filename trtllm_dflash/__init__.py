@@ -20,7 +20,7 @@ _EXPORTS = {
     "GenerationOutput": "trtllm_dflash.api",
     "Decoder": "trtllm_dflash.decoding",
     "Request": "trtllm_dflash.decoding",
-    "SamplingParams": "trtllm_dflash.decoding",
+    "SamplingParams": "trtllm_dflash.sampling_params",
     "SequenceResult": "trtllm_dflash.decoding",
     "load_target": "trtllm_dflash.checkpoints",
     "load_drafter": "trtllm_dflash.checkpoints",
@@ -35,7 +35,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from trtllm_dflash.api import DFlashPipeline, GenerationOutput
     from trtllm_dflash.checkpoints import load_drafter, load_target, save_drafter, validate_pair
     from trtllm_dflash.config import DrafterConfig
-    from trtllm_dflash.decoding import Decoder, Request, SamplingParams, SequenceResult
+    from trtllm_dflash.decoding import Decoder, Request, SequenceResult
+    from trtllm_dflash.sampling_params import SamplingParams
     from trtllm_dflash.errors import DFlashError
     from trtllm_dflash.modeling.drafter import DFlashDrafter
 

@@ -116,7 +116,7 @@ def load_target(
     dtype = dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
     if (getattr(config, "quantization_config", None) or {}).get("quant_method") == "modelopt":
         # ModelOpt FP8 output of `dflash-trt build` (transformers has no loader for it)
-        from trtllm_dflash.builder.quantize import load_modelopt_model
+        from trtllm_dflash.modelopt_checkpoints import load_modelopt_model
 
         model = load_modelopt_model(path, device, dtype)
         return Target(model=model, tokenizer=_load_tokenizer(path, require_tokenizer), path=path)

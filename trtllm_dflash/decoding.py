@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import secrets
 import time
 from collections import deque
@@ -25,39 +24,8 @@ import torch
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.plugins import reference, rng
 from trtllm_dflash.runtime.base import Runtime, SamplingTensors
-from trtllm_dflash.request_limits import MIN_TEMPERATURE, SEED_MAX, TOP_K_MAX
-
-
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingParams:
-    """How one request is decoded."""
-
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
-
-    def validate(self) -> None:
-        """The one range check of a request's sampling values (the API, the decoder and the
-        served model all call it): NaN and infinities never reach the sampler, and every value
-        fits the int64/float32 tensors and the 32-bit counter-based RNG it is used in."""
-        if self.max_new_tokens <= 0:
-            raise DFlashError(f"max_new_tokens must be > 0, got {self.max_new_tokens}", "pass a positive number")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):  # NaN fails every comparison
-            raise DFlashError(f"temperature must be >= 0 and finite, got {self.temperature}", "use 0 for greedy decoding")
-        if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
-            raise DFlashError(f"top_p must be in (0, 1], got {self.top_p}", "use 1 to disable nucleus sampling")
-        if not 0 <= self.top_k <= TOP_K_MAX:
-            raise DFlashError(f"top_k must be in [0, {TOP_K_MAX}], got {self.top_k}", "use 0 to disable top-k")
-        if self.seed is not None and not 0 <= self.seed <= SEED_MAX:
-            raise DFlashError(
-                f"seed must be in [0, {SEED_MAX}], got {self.seed}",
-                "pass a 32-bit seed (the sampler's random numbers are keyed on 32 bits: a larger seed would repeat a smaller one's)",
-            )
+from trtllm_dflash.request_limits import MIN_TEMPERATURE
+from trtllm_dflash.sampling_params import SamplingParams  # noqa: F401 - re-exported: decoding.SamplingParams
 
 
 @dataclasses.dataclass

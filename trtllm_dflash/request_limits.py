@@ -1,6 +1,6 @@
 """The limits every front end applies to a request, in one place (no torch: the OpenAI front end
-imports it too). `SamplingParams.validate` and the served model enforce them; the OpenAI front end
-refuses out-of-range values with a 400 before a request reaches Triton.
+imports it too). `trtllm_dflash.sampling_params` is what checks them; the decoder's sampler reads
+MIN_TEMPERATURE.
 """
 
 # top_k above the vocabulary size means "off".

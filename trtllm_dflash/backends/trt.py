@@ -56,10 +56,10 @@ class TrtBackend(Backend):
             raise DFlashError("the trt backend runs a build's engines, and no build was named", "pass --engines BUILD (or --onnx BUILD on CPU)")
         build = Path(source.build).expanduser()
         if source.onnx:
-            from trtllm_dflash.runtime.artifacts import load_onnx_pipeline
+            from trtllm_dflash.build_pipelines import load_onnx_pipeline
 
             return load_onnx_pipeline(build, drafter=source.speculative, max_context=max_context)
-        from trtllm_dflash.runtime.trt_runtime import load_engine_pipeline
+        from trtllm_dflash.build_pipelines import load_engine_pipeline
 
         return load_engine_pipeline(engines_folder(build), drafter=source.speculative, device=device, max_context=max_context)
 

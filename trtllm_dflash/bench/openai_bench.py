@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.extras import require
+from trtllm_dflash.sampling_params import SamplingError, SamplingParams
 
 
 @dataclasses.dataclass
@@ -55,9 +56,9 @@ def percentiles(values: Sequence[float], points: Sequence[int] = (50, 90, 99)) -
     return result
 
 
-async def _one(client, model: str, prompt: str, max_tokens: int, chat: bool) -> RequestTiming:
+async def _one(client, model: str, prompt: str, max_new_tokens: int, chat: bool) -> RequestTiming:
     started = time.perf_counter()
-    kwargs = dict(model=model, max_tokens=max_tokens, temperature=0.0, stream=True, stream_options={"include_usage": True})
+    kwargs = dict(model=model, max_tokens=max_new_tokens, temperature=0.0, stream=True, stream_options={"include_usage": True})
     if chat:
         stream = await client.chat.completions.create(messages=[{"role": "user", "content": prompt}], **kwargs)
     else:
@@ -87,7 +88,7 @@ async def _one(client, model: str, prompt: str, max_tokens: int, chat: bool) -> 
                          (first or end) - started, gaps, tau, "".join(parts))
 
 
-async def _level(client, model: str, prompts: list[str], concurrency: int, max_tokens: int, chat: bool) -> tuple[list[RequestTiming], float]:
+async def _level(client, model: str, prompts: list[str], concurrency: int, max_new_tokens: int, chat: bool) -> tuple[list[RequestTiming], float]:
     queue: asyncio.Queue = asyncio.Queue()
     for index, prompt in enumerate(prompts):
         queue.put_nowait((index, prompt))
@@ -96,7 +97,7 @@ async def _level(client, model: str, prompts: list[str], concurrency: int, max_t
     async def user() -> None:
         while not queue.empty():
             index, prompt = queue.get_nowait()
-            results[index] = await _one(client, model, prompt, max_tokens, chat)
+            results[index] = await _one(client, model, prompt, max_new_tokens, chat)
 
     started = time.perf_counter()
     await asyncio.gather(*(user() for _ in range(min(concurrency, len(prompts)))))
@@ -127,7 +128,7 @@ def run_openai_bench(
     models: Sequence[str],
     prompts: list[str],
     concurrency: Sequence[int],
-    max_tokens: int,
+    max_new_tokens: int,
     chat: bool = True,
     api_key: str = "unused",
     progress: Callable[[str, int, int], None] | None = None,
@@ -137,8 +138,10 @@ def run_openai_bench(
     levels = sorted(set(int(c) for c in concurrency))
     if not levels or levels[0] < 1:
         raise DFlashError(f"concurrency levels must be >= 1, got {list(concurrency)}", "e.g. --concurrency 1,4,16")
-    if max_tokens < 1:
-        raise DFlashError(f"--max-new-tokens must be >= 1, got {max_tokens}", "pass a positive number")
+    try:
+        SamplingParams(max_new_tokens=max_new_tokens).validate()
+    except SamplingError as exc:
+        raise exc.renamed({"max_new_tokens": "--max-new-tokens"}) from None
     if not models:
         raise DFlashError("no model named", "pass --model NAME (comma-separated for several)")
 
@@ -152,13 +155,13 @@ def run_openai_bench(
             if missing:
                 raise DFlashError(f"model(s) {', '.join(missing)} not served at {url} (it serves {', '.join(served)})", "pass a served --model")
             for model in models:  # warm-up: one short request each
-                await _one(client, model, prompts[0], min(max_tokens, 8), chat)
+                await _one(client, model, prompts[0], min(max_new_tokens, 8), chat)
             rows = []
             for index, level in enumerate(levels):
                 requests = [prompts[i % len(prompts)] for i in range(max(len(prompts), level))]
                 order = list(models) if index % 2 == 0 else list(reversed(models))
                 for model in order:
-                    timings, seconds = await _level(client, model, requests, level, max_tokens, chat)
+                    timings, seconds = await _level(client, model, requests, level, max_new_tokens, chat)
                     rows.append({"model": model, "concurrency": level, **summarize(timings, seconds),
                                  "texts": [t.text for t in timings]})
                 if progress:
@@ -169,7 +172,7 @@ def run_openai_bench(
     rows.sort(key=lambda r: (list(models).index(r["model"]), r["concurrency"]))
     return {
         "system": {"backend": "openai", "url": url, "models": list(models), "api": "chat" if chat else "completions"},
-        "settings": {"prompts": len(prompts), "max_new_tokens": max_tokens, "temperature": 0.0, "concurrency": levels},
+        "settings": {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "temperature": 0.0, "concurrency": levels},
         "rows": rows,
     }
 

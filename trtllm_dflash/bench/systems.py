@@ -210,7 +210,7 @@ class ServerSystem(BenchSystem):
 
         from trtllm_dflash.checkpoints import resolve_checkpoint
         from trtllm_dflash.config import DrafterConfig
-        from trtllm_dflash.serving.config import ServingConfig
+        from trtllm_dflash.serving.model_parameters import ServingConfig
 
         host = self.clients[True].url.split("://", 1)[1]
         parameters = httpclient.InferenceServerClient(host).get_model_config(model).get("parameters", {})
@@ -236,7 +236,7 @@ class ServerSystem(BenchSystem):
                 except queue.Empty:
                     return
                 try:
-                    done = client.complete(prompt, protocol=self.protocol, max_tokens=max_new_tokens, temperature=0.0)
+                    done = client.complete(prompt, protocol=self.protocol, max_new_tokens=max_new_tokens, temperature=0.0)
                 except Exception as exc:  # noqa: BLE001 - re-raised below, in the caller's thread
                     errors.append(exc)
                     return

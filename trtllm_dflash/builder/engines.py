@@ -25,14 +25,7 @@ from typing import Any
 from trtllm_dflash.builder.export import Bounds
 from trtllm_dflash.builder.stages import StageBlocked
 from trtllm_dflash.errors import DFlashError
-
-INSTALL_HINT = {
-    "tensorrt": (
-        "install full TensorRT on the GPU machine: `pip install 'trtllm-dflash[trt]'` (the wheel comes from "
-        "pypi.nvidia.com), or run the build inside NVIDIA's container nvcr.io/nvidia/tensorrt:25.10-py3"
-    ),
-    "tensorrt-rtx": "`pip install 'trtllm-dflash[rtx]'` (tensorrt-rtx-cu13-libs and tensorrt-rtx-cu13-bindings from PyPI)",
-}
+from trtllm_dflash.runtime.tensorrt_flavours import INSTALL_HINT, import_tensorrt
 
 
 class EngineBuildError(DFlashError):
@@ -55,11 +48,7 @@ class Flavour:
 def load_flavour(name: str) -> Flavour:
     """Import a TensorRT flavour, or say exactly what to install."""
     try:
-        if name == "tensorrt-rtx":
-            # the `tensorrt_rtx` top package re-exports these bindings; its plugin subpackage is broken on Linux
-            import tensorrt_rtx_bindings as trt
-        else:
-            import tensorrt as trt
+        trt = import_tensorrt(name)
     except ImportError as exc:
         raise StageBlocked(f"{name} is not installed ({exc})", INSTALL_HINT[name]) from None
     return Flavour(name, trt, trt.__version__)

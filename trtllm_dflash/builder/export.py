@@ -1,4 +1,8 @@
-"""ONNX graphs of the target and the drafter, with explicit KV-cache inputs and outputs.
+"""ONNX export of the target and the drafter graphs, with explicit KV-cache inputs and outputs, and graphs.json.
+
+The graph modules themselves (`TargetGraph`, `VerifyingTargetGraph`, `DrafterGraph`, masks, the
+cache-shape probe, dense MoE experts) live in trtllm_dflash/graphs, below the runtimes; their
+tensor names in trtllm_dflash/graphs/names.py. This module traces them and writes the files.
 
 Target graph (prefill and block verification in one graph):
     inputs   input_ids [b, T] int64       tokens at positions starts[r] + t
@@ -38,7 +42,6 @@ so the same model and bounds give byte-identical files.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -47,12 +50,22 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from trtllm_dflash import hf_compat
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.hf_compat import Cache, CacheLayerMixin
+from trtllm_dflash.graphs import names
+from trtllm_dflash.graphs.concat_cache import LayerCache
+from trtllm_dflash.graphs.dense_experts import dense_experts
+from trtllm_dflash.graphs.drafter import DrafterGraph
+from trtllm_dflash.graphs.dtypes import DTYPES, cast_parameters
+from trtllm_dflash.graphs.target import TargetGraph, UnsupportedTargetError, VerifyingTargetGraph, check_exportable, verifying_target_refusal
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# DTYPES, cast_parameters, TargetGraph and UnsupportedTargetError are imported from here by older
+# callers; they live in trtllm_dflash.graphs.
+__all__ = [
+    "DTYPES", "ONNX_FLOATS", "OPSET", "Bounds", "GraphInfo", "TargetGraph", "UnsupportedTargetError", "cast_parameters",
+    "export_drafter", "export_pair", "export_target", "export_verifying_target", "write_graphs_json",
+]
+
 ONNX_FLOATS = {1: torch.float32, 16: torch.bfloat16, 10: torch.float16}  # onnx.TensorProto FLOAT, BFLOAT16, FLOAT16
 OPSET = 20
 
@@ -66,339 +79,6 @@ class Bounds:
     max_seq_len: int  # cache slots
     block_size: int
 
-
-# ----------------------------------------------------------------------------- masks
-
-
-def visibility(
-    key_positions: torch.Tensor, key_valid: torch.Tensor, query_positions: torch.Tensor, window: int, causal: bool
-) -> torch.Tensor:
-    """`[b, 1, Q, K]` mask: a valid key is visible (causally, and within `window` if > 0)."""
-    keys = key_positions.unsqueeze(1)  # [b, 1, K]
-    queries = query_positions.unsqueeze(2)  # [b, Q, 1]
-    visible = key_valid.unsqueeze(1).expand(-1, queries.shape[1], -1)
-    if causal or window > 0:
-        visible = visible & (keys <= queries)
-    if window > 0:
-        visible = visible & (keys > queries - window)
-    return visible.unsqueeze(1)
-
-
-# ----------------------------------------------------------------------------- target
-
-
-class _ConcatLayer(CacheLayerMixin):
-    """A transformers cache layer that returns [past inputs; new K/V] and remembers the new K/V.
-
-    A layer without past inputs (the shape probe, see TargetGraph.probe_cache_layers) returns the
-    new K/V alone. A layer whose attention never calls `update` (Gemma 4's KV-sharing layers read
-    the producer layer's [past; new] K/V) keeps no cache: the graph has no inputs or outputs for it.
-    """
-
-    is_compileable = False
-    is_sliding = False
-
-    def __init__(self, owner: "ConcatCache", index: int) -> None:
-        super().__init__()
-        self.owner = owner
-        self.index = index
-        self.is_initialized = True
-
-    def lazy_initialization(self, key_states, value_states) -> None:
-        pass
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        # Hugging Face attention hands over [b, kv_heads, T, D]; our caches are token-major
-        self.owner.new[self.index] = (key_states.transpose(1, 2), value_states.transpose(1, 2))
-        past = self.owner.past.get(self.index)
-        if past is None:
-            return key_states, value_states
-        past_k, past_v = past
-        keys = torch.cat([past_k.transpose(1, 2).to(key_states.dtype), key_states], dim=2)
-        values = torch.cat([past_v.transpose(1, 2).to(value_states.dtype), value_states], dim=2)
-        return keys, values
-
-    def get_seq_length(self) -> int:
-        return self.owner.total
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.owner.total, 0
-
-    def get_max_length(self) -> int:
-        return self.owner.total
-
-
-class ConcatCache(Cache):
-    """Cache object for one traced forward pass: past K/V are graph inputs, new K/V graph outputs.
-
-    `past` maps a decoder layer index to its past (keys, values) `[b, S, kv_heads, D]`; layers
-    that own no cache are absent from it.
-    """
-
-    def __init__(self, past: dict[int, tuple[torch.Tensor, torch.Tensor]], total: int, num_layers: int) -> None:
-        self.past = past
-        self.total = total
-        self.new: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_layers
-        super().__init__(layers=[_ConcatLayer(self, i) for i in range(num_layers)])
-
-
-@dataclasses.dataclass(frozen=True)
-class LayerCache:
-    """The per-token K/V shape one decoder layer writes: `[kv_heads, key_dim]` and `[kv_heads, value_dim]`."""
-
-    kv_heads: int
-    key_dim: int
-    value_dim: int
-
-    def to_dict(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
-
-
-class UnsupportedTargetError(DFlashError):
-    """A target whose layers our engines cannot run (recurrent state, latent attention)."""
-
-
-def check_exportable(config) -> None:
-    """Refuse targets whose layers our graphs cannot express: they keep K/V caches only.
-
-    Gated DeltaNet hybrids (Qwen3.5 / Qwen3.6 / Qwen3-Next) carry a recurrent state per row that
-    must be rolled back per accepted draft; DeepSeek-style MLA would need its compressed latent
-    cache. TensorRT-LLM (and the torch runtime) run both.
-    """
-    config = config.get_text_config()
-    model_type = getattr(config, "model_type", "this target")
-    if "linear_attention" in (getattr(config, "layer_types", None) or []):
-        raise UnsupportedTargetError(
-            f"{model_type} has Gated DeltaNet linear-attention layers; our engines keep no recurrent state",
-            "use runtime: trtllm or torch",
-        )
-    if getattr(config, "kv_lora_rank", None):
-        raise UnsupportedTargetError(
-            f"{model_type} has multi-head latent attention (MLA) layers; our engines keep no latent KV cache",
-            "use runtime: trtllm or torch",
-        )
-
-
-class TargetGraph(nn.Module):
-    """A Hugging Face causal LM as one prefill/verify step with explicit caches and hidden taps.
-
-    `past_keys` / `past_values` hold one tensor per layer in `cache_layers` (the layers whose
-    attention writes K/V, in order), found by running the model once (`probe_cache_layers`), so
-    per-layer shapes and KV-sharing layers come from the model's own code, not from its config.
-    Eager-attention models (gpt-oss: attention sinks) add the mask to the scores, so they get
-    additive float masks (0 / dtype min) as in the torch runtime.
-    """
-
-    def __init__(self, model: nn.Module, layer_ids: list[int]) -> None:
-        super().__init__()
-        self.decoder = model.get_decoder()
-        self.lm_head = model.get_output_embeddings()
-        config = model.config.get_text_config()
-        self.num_layers = int(config.num_hidden_layers)
-        self.layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * self.num_layers)
-        self.sliding_window = int(getattr(config, "sliding_window", None) or 0)
-        self.softcap = getattr(config, "final_logit_softcapping", None)
-        self.additive_masks = hf_compat.attention_implementation(config) == "eager"
-        self.dtype = model.get_input_embeddings().weight.dtype  # the compute dtype (FP8 layers keep E4M3 weights)
-        self.layer_ids = list(layer_ids)
-        self.cache_shapes = self.probe_cache_layers()
-        self.cache_layers = [i for i, shape in enumerate(self.cache_shapes) if shape is not None]
-
-    def _masks(self, key_positions: torch.Tensor, key_valid: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
-        """One mask per attention kind (a single 4D mask where there is one kind), as the torch runtime builds them."""
-        masks = {}
-        for kind in set(self.layer_types):
-            visible = visibility(key_positions, key_valid, positions, self.sliding_window if kind == "sliding_attention" else 0, True)
-            if self.additive_masks:  # eager attention adds the mask to the scores
-                visible = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)
-            masks[kind] = visible
-        return masks if len(masks) > 1 else next(iter(masks.values()))
-
-    def _decode(self, input_ids, positions, masks, cache: ConcatCache | None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        taps: dict[int, torch.Tensor] = {}
-        hooks = [
-            self.decoder.layers[i].register_forward_hook(
-                lambda module, args, output, i=i: taps.__setitem__(i, output[0] if isinstance(output, tuple) else output)
-            )
-            for i in self.layer_ids
-        ]
-        try:
-            hidden = hf_compat.forward_with_cache(
-                self.decoder, cache, input_ids=input_ids, position_ids=positions, attention_mask=masks, use_cache=cache is not None
-            ).last_hidden_state
-        finally:
-            for hook in hooks:
-                hook.remove()
-        return hidden, taps
-
-    @torch.no_grad()
-    def probe_cache_layers(self) -> list[LayerCache | None]:
-        """Run two tokens through the model and record the K/V shape each layer writes (None: no cache)."""
-        device = self.lm_head.weight.device  # the torch runtime probes a model on its GPU
-        input_ids = torch.zeros(2, 2, dtype=torch.long, device=device)
-        positions = torch.arange(2, device=device).expand(2, -1)
-        masks = self._masks(positions, torch.ones(2, 2, dtype=torch.bool, device=device), positions, self.dtype)
-        cache = ConcatCache({}, 2, self.num_layers)
-        self._decode(input_ids, positions, masks, cache)
-        shapes: list[LayerCache | None] = []
-        for written in cache.new:  # token-major [b, T, kv_heads, D]
-            shapes.append(None if written is None else LayerCache(int(written[0].shape[2]), int(written[0].shape[3]), int(written[1].shape[3])))
-        return shapes
-
-    def forward(self, input_ids, starts, logit_index, past_keys: tuple, past_values: tuple):
-        batch, tokens = input_ids.shape
-        past_len = past_keys[0].shape[1]
-        steps = torch.arange(tokens, device=input_ids.device)
-        positions = starts.view(-1, 1) + steps
-        slots = torch.arange(past_len, device=input_ids.device).view(1, -1)
-        key_positions = torch.cat([slots.expand(batch, -1), positions], dim=1)
-        key_valid = torch.cat([slots < starts.view(-1, 1), torch.ones_like(positions, dtype=torch.bool)], dim=1)
-        masks = self._masks(key_positions, key_valid, positions, self.dtype)
-        past = {layer: (k, v) for layer, k, v in zip(self.cache_layers, past_keys, past_values)}
-        cache = ConcatCache(past, past_len + tokens, self.num_layers)
-        hidden, taps = self._decode(input_ids, positions, masks, cache)
-        features = torch.cat([taps[i] for i in self.layer_ids], dim=-1)
-        picked = hidden.gather(1, logit_index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-        logits = self.lm_head(picked)
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        new_keys = tuple(cache.new[i][0] for i in self.cache_layers)
-        new_values = tuple(cache.new[i][1] for i in self.cache_layers)
-        return logits, features, new_keys, new_values
-
-
-def _pick(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """`values [b, T, ...]` at `index [b, n]` per row, as one flat Gather (onnx.reference's
-    GatherElements cannot index more than 32 positions)."""
-    batch, tokens = values.shape[:2]
-    flat = (torch.arange(batch, device=index.device).view(-1, 1) * tokens + index).reshape(-1)
-    picked = values.reshape(batch * tokens, *values.shape[2:]).index_select(0, flat)
-    return picked.reshape(batch, index.shape[1], *values.shape[2:])
-
-
-class VerifyingTargetGraph(TargetGraph):
-    """The plugin variant of the target: in-place cache attention, verification inside the graph.
-
-    Every attention layer runs `dflash::target_attention_functional` (the `DFlashTargetAttention`
-    node): the block's K/V are written into `cache_key_i` / `cache_value_i` `[b, capacity, ...]` at
-    each row's positions and attention reads only the row's own slots, so nothing is concatenated
-    or copied and the cost follows each row's length, not the capacity. The caches come back as
-    `present_key_i` / `present_value_i`, which the node aliases to its inputs (one buffer per layer
-    in an engine). The logits at `logit_index` go straight into `dflash::verify_block` (the
-    `DFlashVerifyPositions` + `DFlashVerifyCommit` nodes): the graph returns per row the packed
-    verification result `[b, 5]` (accepted drafts, bonus token, next start, committed, stopped)
-    and the tapped features of every position, never the logits.
-
-    The verified block is `input_ids` at `logit_index`; its first token sits at position
-    `starts + logit_index[:, 0]`. At prefill `logit_index` is each row's last prompt token (a block
-    of one: no drafts, the first token is sampled); at verify it is every block position.
-    `draft_probs [b, >= n-1, V]` (float32) is the drafter's processed distribution for sampled rows
-    (zeros read as q = 0, what greedy and autoregressive rows pass).
-    """
-
-    def __init__(self, model: nn.Module, layer_ids: list[int]) -> None:
-        super().__init__(model, layer_ids)
-        from trtllm_dflash.modeling import target_attention
-
-        self.model = model
-        self.windows = target_attention.layer_windows(model.config)
-
-    def forward(self, input_ids, starts, logit_index, draft_probs, temperature, top_k, top_p, seed, cache_keys: tuple, cache_values: tuple):
-        from trtllm_dflash.modeling import target_attention
-
-        positions = starts.view(-1, 1) + torch.arange(input_ids.shape[1], device=input_ids.device)
-        caches = {layer: (k, v) for layer, k, v in zip(self.cache_layers, cache_keys, cache_values)}
-        step = target_attention.TargetAttentionStep(caches, starts, self.windows, functional=True)
-        masks = target_attention.placeholder_masks(self.model.config, input_ids)
-        with target_attention.use_dflash_attention(self.model), step.active():
-            hidden, taps = self._decode(input_ids, positions, masks, None)
-        features = torch.cat([taps[i] for i in self.layer_ids], dim=-1)
-        logits = self.lm_head(_pick(hidden, logit_index))
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        block = _pick(input_ids, logit_index)
-        drafts = draft_probs[:, : logit_index.shape[1] - 1]
-        result = torch.ops.dflash.verify_block(logits, block, drafts, temperature, top_k, top_p, seed, starts + logit_index[:, 0])
-        present_keys = tuple(step.updated[i][0] for i in self.cache_layers)
-        present_values = tuple(step.updated[i][1] for i in self.cache_layers)
-        return result, features, present_keys, present_values
-
-
-# ----------------------------------------------------------------------------- drafter
-
-
-def native_block_attention(q, keys, values, mask, scale: float) -> torch.Tensor:
-    """Masked attention of `q [b, B, Hq, D]` over `keys/values [b, K, Hkv, D]` with plain ops."""
-    heads, kv_heads = q.shape[2], keys.shape[2]
-    if heads != kv_heads:
-        keys = keys.repeat_interleave(heads // kv_heads, dim=2)
-        values = values.repeat_interleave(heads // kv_heads, dim=2)
-    out = nn.functional.scaled_dot_product_attention(
-        q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask, scale=scale
-    )
-    return out.transpose(1, 2)
-
-
-class DrafterGraph(nn.Module):
-    """One DFlash drafting step with the draft cache as inputs/outputs (KV injection, non-causal).
-
-    `plugin=False`: attention over [past cache; new context; block] with plain ops and a mask.
-    `plugin=True`: the DFlash block-attention plugin op (`dflash::block_attention_functional`),
-    which appends the new context to the cache itself (in place inside an engine); the new
-    context K/V are graph outputs in both variants, so a runtime treats them the same.
-    """
-
-    def __init__(self, drafter: DFlashDrafter, embedding: nn.Module, lm_head: nn.Module, plugin: bool = False) -> None:
-        super().__init__()
-        self.drafter = drafter
-        self.embedding = embedding
-        self.lm_head = lm_head
-        self.plugin = plugin
-
-    def forward(self, block_ids, ctx_features, new_counts, cache_lens, past_keys: tuple, past_values: tuple):
-        drafter = self.drafter
-        batch, block = block_ids.shape
-        rows, past_len = ctx_features.shape[1], past_keys[0].shape[1]
-        device = block_ids.device
-        ctx_steps = torch.arange(rows, device=device).view(1, -1)
-        ctx_positions = cache_lens.view(-1, 1) + ctx_steps
-        context_len = cache_lens + new_counts
-        block_positions = context_len.view(-1, 1) + torch.arange(block, device=device)
-        slots = torch.arange(past_len, device=device).view(1, -1)
-        key_positions = torch.cat([slots.expand(batch, -1), ctx_positions, block_positions], dim=1)
-        key_valid = torch.cat(
-            [slots < cache_lens.view(-1, 1), ctx_steps < new_counts.view(-1, 1), torch.ones_like(block_positions, dtype=torch.bool)],
-            dim=1,
-        )
-        windows = sorted({layer.self_attn.window for layer in drafter.layers})
-        masks = {} if self.plugin else {w: visibility(key_positions, key_valid, block_positions, w, False) for w in windows}
-
-        embeds = drafter.embed(block_ids, self.embedding)
-        ctx_hidden = drafter.context_hidden(ctx_features)
-        ctx_rope = drafter.rope(ctx_hidden, ctx_positions)
-        block_rope = drafter.rope(embeds, block_positions)
-        x = embeds
-        new_keys, new_values = [], []
-        for layer, past_k, past_v in zip(drafter.layers, past_keys, past_values):
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = attn.project_queries(h, block_rope)
-            k_block, v_block = attn.project_keys_values(h, block_rope)
-            k_ctx, v_ctx = attn.project_keys_values(ctx_hidden, ctx_rope)
-            if self.plugin:
-                out, _, _ = torch.ops.dflash.block_attention_functional(
-                    q, k_block, v_block, k_ctx, v_ctx, new_counts, past_k, past_v, cache_lens, float(attn.scale), int(attn.window)
-                )
-            else:
-                keys = torch.cat([past_k.to(k_block.dtype), k_ctx, k_block], dim=1)
-                values = torch.cat([past_v.to(v_block.dtype), v_ctx, v_block], dim=1)
-                out = native_block_attention(q, keys, values, masks[attn.window], attn.scale)
-            x = layer._finish(x, attn.o_proj(out.flatten(-2)))
-            new_keys.append(k_ctx)
-            new_values.append(v_ctx)
-        hidden = drafter.norm(x)
-        logits = drafter.logits(hidden[:, 1:], self.lm_head)
-        return logits, tuple(new_keys), tuple(new_values)
 
 
 # ----------------------------------------------------------------------------- export
@@ -427,16 +107,6 @@ class GraphInfo:
         return dataclasses.asdict(self)
 
 
-def cast_parameters(module: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """Cast weights in place but not buffers: RoPE frequencies stay as the torch runtime keeps them."""
-    for parameter in module.parameters():
-        parameter.data = parameter.data.to(dtype)
-    return module
-
-
-def _cache_names(layers: list[int], prefix: str) -> tuple[list[str], list[str]]:
-    return [f"{prefix}_key_{i}" for i in layers], [f"{prefix}_value_{i}" for i in layers]
-
 
 def _uniform(shapes: list[LayerCache | None]) -> tuple[int, int]:
     """(kv_heads, head_dim) when every cached layer has the same K and V shape, else (0, 0)."""
@@ -447,52 +117,6 @@ def _uniform(shapes: list[LayerCache | None]) -> tuple[int, int]:
             return heads, key_dim
     return 0, 0
 
-
-DENSE_EXPERTS = "dflash_dense"
-
-
-def dense_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-    """MoE experts as plain batched matmuls over ALL experts, weighted by a dense routing matrix.
-
-    For export only (a transformers experts implementation, see `exportable_experts`): every token
-    goes through every expert and unselected experts get weight 0, so the result is the routed
-    sum; the graph is MatMul/Equal/ReduceSum with the weights kept as `[experts, ...]` tensors,
-    no data-dependent shapes and no per-token weight copies.
-    """
-    experts = torch.arange(self.num_experts, device=hidden_states.device)
-    routing = ((top_k_index.unsqueeze(-1) == experts).to(hidden_states.dtype) * top_k_weights.unsqueeze(-1).to(hidden_states.dtype)).sum(1)
-
-    def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        # x [E or 1, T, in]; weight [E, in, out] (transposed layout) or [E, out, in]
-        out = torch.matmul(x, weight if self.is_transposed else weight.transpose(1, 2))
-        return out + bias.unsqueeze(1) if bias is not None else out
-
-    x = hidden_states.unsqueeze(0)  # [1, T, H], broadcast over the experts
-    if self.has_gate:
-        projected = self._apply_gate(linear(x, self.gate_up_proj, self.gate_up_proj_bias if self.has_bias else None))
-    else:
-        projected = self.act_fn(linear(x, self.up_proj, self.up_proj_bias if self.has_bias else None))
-    out = linear(projected, self.down_proj, self.down_proj_bias if self.has_bias else None)  # [E, T, H]
-    if self.has_post_expert_norm:
-        out = self.post_expert_norm(out)
-    return (out * routing.transpose(0, 1).unsqueeze(-1)).sum(0).to(hidden_states.dtype)
-
-
-def exportable_experts(model: nn.Module) -> str | None:
-    """Switch MoE experts to `dense_experts_forward`; returns the implementation to restore (None: no experts).
-
-    transformers' default `grouped_mm` experts are a custom op without an ONNX translation, its
-    eager path loops over the experts a batch hits (data-dependent control flow), and its
-    `batched_mm` path copies each token's top-k expert weights (gigabytes per step at gpt-oss
-    sizes). Dense experts compute num_experts / top_k times the routed FLOPs but read each expert
-    weight once per call, which is what a decode step of a batch of blocks needs anyway.
-    """
-    if not hf_compat.can_set_experts(model):
-        return None
-    hf_compat.register_experts(DENSE_EXPERTS, dense_experts_forward)
-    previous = hf_compat.experts_implementation(model)
-    model.set_experts_implementation(DENSE_EXPERTS)
-    return previous
 
 
 def normalize(program) -> None:
@@ -606,19 +230,8 @@ def _needs_external_data(module: nn.Module) -> bool:
     return size > 1_500_000_000
 
 
-def _describe(names: list[str], dims: list[list[str | int]], dtypes: list[str]) -> list[dict[str, Any]]:
-    return [{"name": n, "dims": d, "dtype": t} for n, d, t in zip(names, dims, dtypes)]
-
-
-@contextlib.contextmanager
-def _dense_experts(model: nn.Module):
-    """MoE experts as `dense_experts_forward` for the duration of an export, restored afterwards."""
-    previous = exportable_experts(model)
-    try:
-        yield
-    finally:
-        if previous is not None:
-            model.set_experts_implementation(previous)
+def _describe(tensor_names: list[str], dims: list[list[str | int]], dtypes: list[str]) -> list[dict[str, Any]]:
+    return [{"name": n, "dims": d, "dtype": t} for n, d, t in zip(tensor_names, dims, dtypes)]
 
 
 def _cache_examples(shapes: list[LayerCache | None], cached: list[int], batch: int, slots: int, dtype: torch.dtype):
@@ -645,7 +258,7 @@ def export_target(
     config = model.config.get_text_config()
     num_layers = int(config.num_hidden_layers)
     torch_dtype = DTYPES[dtype]
-    with _dense_experts(model):
+    with dense_experts(model):
         graph = TargetGraph(cast_parameters(model, torch_dtype).eval(), layer_ids).eval()
         shapes, cached = graph.cache_shapes, graph.cache_layers
 
@@ -662,10 +275,10 @@ def export_target(
         )
         cache_dims = tuple({0: batch, 1: past} for _ in cached)
         dynamic = ({0: batch, 1: tokens}, {0: batch}, {0: batch, 1: picks}, cache_dims, cache_dims)
-        past_k, past_v = _cache_names(cached, "past")
-        new_k, new_v = _cache_names(cached, "new")
-        input_names = ["input_ids", "starts", "logit_index", *past_k, *past_v]
-        output_names = ["logits", "features", *new_k, *new_v]
+        past_k, past_v = names.cache_names(names.PAST, cached)
+        new_k, new_v = names.cache_names(names.NEW, cached)
+        input_names = [names.INPUT_IDS, names.STARTS, names.LOGIT_INDEX, *past_k, *past_v]
+        output_names = [names.LOGITS, names.FEATURES, *new_k, *new_v]
         from trtllm_dflash.builder import fp8
 
         translations = fp8.translation_table() if fp8.has_fp8(graph) else None  # FP8 layers -> Q/DQ
@@ -688,12 +301,6 @@ def export_target(
         cache_layers=[shape.to_dict() if shape is not None else None for shape in shapes],
     )
 
-
-def verifying_target_refusal(model: nn.Module) -> str | None:
-    """Why this target gets no verifying (plugin) target graph (None: it does)."""
-    from trtllm_dflash.modeling import target_attention
-
-    return target_attention.unsupported_reason(model.config)
 
 
 def export_verifying_target(
@@ -719,7 +326,7 @@ def export_verifying_target(
     config = model.config.get_text_config()
     vocab = int(config.vocab_size)
     torch_dtype = DTYPES[dtype]
-    with _dense_experts(model):
+    with dense_experts(model):
         graph = VerifyingTargetGraph(cast_parameters(model, torch_dtype).eval(), layer_ids).eval()
         shapes, cached = graph.cache_shapes, graph.cache_layers
         batch = Dim("batch", min=1, max=bounds.max_batch)
@@ -742,10 +349,10 @@ def export_verifying_target(
         cache_dims = tuple({0: batch, 1: capacity} for _ in cached)
         rows = {0: batch}
         dynamic = ({0: batch, 1: tokens}, rows, {0: batch, 1: picks}, {0: batch, 1: drafts}, rows, rows, rows, rows, cache_dims, cache_dims)
-        cache_k, cache_v = _cache_names(cached, "cache")
-        present_k, present_v = _cache_names(cached, "present")
-        input_names = ["input_ids", "starts", "logit_index", "draft_probs", "temperature", "top_k", "top_p", "seed", *cache_k, *cache_v]
-        output_names = ["result", "features", *present_k, *present_v]
+        cache_k, cache_v = names.cache_names(names.CACHE, cached)
+        present_k, present_v = names.cache_names(names.PRESENT, cached)
+        input_names = [names.INPUT_IDS, names.STARTS, names.LOGIT_INDEX, names.DRAFT_PROBS, *names.SAMPLING_INPUTS, *cache_k, *cache_v]
+        output_names = [names.RESULT, names.FEATURES, *present_k, *present_v]
         translations = dict(onnx_nodes.custom_translation_table(kv_splits=1))
         if fp8.has_fp8(graph):
             translations.update(fp8.translation_table())
@@ -822,10 +429,10 @@ def export_drafter(
     )
     cache_dims = tuple({0: batch, 1: past} for _ in range(num_layers))
     dynamic = ({0: batch, 1: block}, {0: batch, 1: rows}, {0: batch}, {0: batch}, cache_dims, cache_dims)
-    past_k, past_v = _cache_names(list(range(num_layers)), "past")
-    new_k, new_v = _cache_names(list(range(num_layers)), "new")
-    input_names = ["block_ids", "ctx_features", "new_counts", "cache_lens", *past_k, *past_v]
-    output_names = ["logits", *new_k, *new_v]
+    past_k, past_v = names.cache_names(names.PAST, list(range(num_layers)))
+    new_k, new_v = names.cache_names(names.NEW, list(range(num_layers)))
+    input_names = [names.BLOCK_IDS, names.CTX_FEATURES, names.NEW_COUNTS, names.CACHE_LENS, *past_k, *past_v]
+    output_names = [names.LOGITS, *new_k, *new_v]
     with torch.no_grad():
         _export(graph, args, dynamic, input_names, output_names, path, translations)
     cache = ["batch", "past", config.num_key_value_heads, config.head_dim]

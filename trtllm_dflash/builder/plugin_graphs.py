@@ -5,7 +5,7 @@ The plugins part of the toolkit (`trtllm_dflash.plugins.onnx_nodes`) defines the
 (`DFlashBlockAttention`, `DFlashTargetAttention`, `DFlashVerifyPositions` + `DFlashVerifyCommit`;
 domain `dflash`, with `plugin_namespace`/`plugin_version`/`aot`), the torch ops that stand for
 them during export, their onnxscript translations and their CPU evaluators for `onnx.reference`.
-The plugin target graph (`export.VerifyingTargetGraph`) keeps its caches in place and returns
+The plugin target graph (`graphs.target.VerifyingTargetGraph`) keeps its caches in place and returns
 verification results instead of logits; targets its attention node cannot express keep the
 native target graph.
 
@@ -42,15 +42,6 @@ def export_options(variant: str) -> tuple[bool, dict | None]:
     from trtllm_dflash.plugins import onnx_nodes
 
     return True, onnx_nodes.custom_translation_table(kv_splits=1)
-
-
-def cpu_evaluators(variant: str) -> list[type]:
-    """`onnx.reference` OpRun classes for the plugin nodes of a graph variant (none for native)."""
-    if variant == "native":
-        return []
-    from trtllm_dflash.plugins import onnx_nodes
-
-    return onnx_nodes.evaluators()
 
 
 def engine_support(variant: str, flavour: str) -> str | None:

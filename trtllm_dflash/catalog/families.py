@@ -17,7 +17,7 @@ trtllm_dflash/serving/trtllm_llm_args.json for the pinned source commit):
 Our `trt` engines export GQA decoder layers (full, sliding-window, attention sinks, per-layer
 head dims, shared KV) and MoE experts as a dense graph (every expert, unselected ones weighted 0:
 exact, num_experts / top_k times the routed compute, so TensorRT-LLM stays the choice for MoE);
-they have no linear-attention (recurrent) state and no MLA latent cache (builder/export.py).
+they have no linear-attention (recurrent) state and no MLA latent cache (graphs/target.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""PyTorch modeling: the DFlash drafter and the KV caches of the torch runtime."""
+"""PyTorch modeling: the DFlash drafter, the KV caches of the torch runtime, FP8 linear layers."""
 
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 

@@ -1,7 +1,8 @@
-"""Pipelines over what `dflash-trt build` wrote: the ONNX graphs (CPU) and the engines (GPU).
+"""What a build directory holds besides its graphs and engines, as the runtimes read it.
 
 A build directory carries everything a runtime needs besides the weights' graphs: the drafter's
 config.json and the target's tokenizer, generation config and config.json (no weights).
+Pipelines over a build: trtllm_dflash/build_pipelines.py.
 """
 
 from __future__ import annotations
@@ -40,15 +41,3 @@ def export_dir_of(path: str | Path) -> Path:
         if (candidate / "graphs.json").is_file():
             return candidate
     raise DFlashError(f"{path} holds no exported graphs (graphs.json)", "pass the --out directory of a `dflash-trt build` whose export stage finished")
-
-
-def load_onnx_pipeline(build_dir: str | Path, max_context: int | None = None, variant: str = "native", drafter: bool = True):
-    """A DFlashPipeline that runs a build's ONNX graphs on CPU with onnxruntime (`drafter=False`: AR)."""
-    from trtllm_dflash.api import DFlashPipeline
-    from trtllm_dflash.runtime.onnx_runtime import OnnxRuntime
-
-    export_dir = export_dir_of(build_dir)
-    runtime = OnnxRuntime(export_dir, variant, drafter=drafter)
-    tokenizer, stops = tokenizer_and_stops(export_dir / "tokenizer")
-    limit = int(runtime.info["bounds"]["max_seq_len"])
-    return DFlashPipeline(runtime, tokenizer, stops, max_context=min(max_context or limit, limit))

@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from trtllm_dflash.config import DrafterConfig
+from trtllm_dflash.graphs import names
 from trtllm_dflash.plugins import ops
 
 
@@ -49,6 +50,11 @@ class Runtime(abc.ABC):
     @property
     def has_drafter(self) -> bool:
         return self.drafter_config is not None
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether some target layers carry a recurrent state (linear attention) that `commit` selects per row."""
+        return False
 
     @abc.abstractmethod
     def allocate(self, max_batch: int, capacity: int) -> None:
@@ -231,8 +237,8 @@ def verifying_graph_inputs(
     if draft_probs is None:
         draft_probs = zero_draft_probs(batch, max(index.shape[1] - 1, 1))
     return {
-        "input_ids": tokens, "starts": starts, "logit_index": index, "draft_probs": draft_probs,
-        "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p, "seed": sampling.seed,
+        names.INPUT_IDS: tokens, names.STARTS: starts, names.LOGIT_INDEX: index, names.DRAFT_PROBS: draft_probs,
+        names.TEMPERATURE: sampling.temperature, names.TOP_K: sampling.top_k, names.TOP_P: sampling.top_p, names.SEED: sampling.seed,
     }
 
 

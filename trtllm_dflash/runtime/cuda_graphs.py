@@ -8,10 +8,10 @@ How (`TorchRuntime(..., cuda_graphs=True)` installs this on the runtime instance
 - one graph per pass and shape, captured at the first step that needs it. Keys are the batch
   bucket (1, 2, 4, 8, ... up to max_batch), the block length, the drafter's context width and,
   for the verify pass, a span bucket;
-- inputs are copied into static buffers, the graph is replayed, and views of its static outputs
-  are returned. Logits are valid until the same graph replays again, which the decoding loop
-  never needs: it consumes them within the step. The tapped features are copied, because the
-  next step's draft pass reads them;
+- inputs are copied into static buffers (keyed by the graph tensor names, graphs/names.py),
+  the graph is replayed, and views of its static outputs are returned. Logits are valid until
+  the same graph replays again, which the decoding loop never needs: it consumes them within the
+  step. The tapped features are copied, because the next step's draft pass reads them;
 - rows past the live ones are padding. Live rows are always rows 0..n-1 (the loop compacts
   them), so padding rows are free cache rows. Nothing live reads them, and the prefill of the
   next request to take such a row overwrites every slot it will read (slot == position);
@@ -33,15 +33,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.runtime.base import TargetOutput
-
-if TYPE_CHECKING:
-    from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+from trtllm_dflash.graphs import names
+from trtllm_dflash.runtime.base import CachedRuntime, TargetOutput
 
 MIN_SPAN = 256  # smallest span bucket of the verify pass
 WARMUP_RUNS = 2  # eager runs before a capture: cuBLAS handles, Triton compiles, allocator warm-up
@@ -69,7 +67,7 @@ def span_bucket(span: int, capacity: int) -> int:
     return min(max(rounded, MIN_SPAN), capacity)
 
 
-def check_supported(runtime: "TorchRuntime") -> None:
+def check_supported(runtime: CachedRuntime) -> None:
     """Refuse the runtimes whose passes cannot be replayed from a graph, in one line."""
     if runtime.device.type != "cuda":
         raise DFlashError(
@@ -134,7 +132,7 @@ class StepGraphs:
     rows past the live ones), and run eagerly.
     """
 
-    def __init__(self, runtime: "TorchRuntime") -> None:
+    def __init__(self, runtime: CachedRuntime) -> None:
         check_supported(runtime)
         self.runtime = runtime
         self._eager_target = runtime.target_forward
@@ -146,7 +144,7 @@ class StepGraphs:
         self.counts: collections.Counter[str] = collections.Counter()
 
     @classmethod
-    def install(cls, runtime: "TorchRuntime") -> "StepGraphs":
+    def install(cls, runtime: CachedRuntime) -> "StepGraphs":
         """Route this runtime instance's passes (and cache allocation) through the graphs."""
         graphs = cls(runtime)
         runtime.target_forward = graphs.target_forward
@@ -209,10 +207,10 @@ class StepGraphs:
         padded_span = span_bucket(span, self.runtime.capacity)
 
         def run(static: dict[str, torch.Tensor]) -> TargetOutput:
-            return self._eager_target(slice(0, bucket), static["tokens"], static["starts"], padded_span)
+            return self._eager_target(slice(0, bucket), static[names.INPUT_IDS], static[names.STARTS], padded_span)
 
         with torch.inference_mode():
-            out = self._replay(("target", bucket, length, padded_span), bucket, "target verify", {"tokens": tokens, "starts": starts}, run)
+            out = self._replay(("target", bucket, length, padded_span), bucket, "target verify", {names.INPUT_IDS: tokens, names.STARTS: starts}, run)
             features = out.features[:count].clone() if out.features is not None else None
         return TargetOutput(logits=out.logits[:count], features=features)
 
@@ -226,9 +224,11 @@ class StepGraphs:
             return self._eager_draft(rows, block, ctx_features, new_counts, cache_lens)
 
         def run(static: dict[str, torch.Tensor]) -> torch.Tensor:
-            return self._eager_draft(slice(0, bucket), static["block"], static["ctx"], static["new_counts"], static["cache_lens"])
+            return self._eager_draft(
+                slice(0, bucket), static[names.BLOCK_IDS], static[names.CTX_FEATURES], static[names.NEW_COUNTS], static[names.CACHE_LENS]
+            )
 
-        inputs = {"block": block, "ctx": ctx_features, "new_counts": new_counts, "cache_lens": cache_lens}
+        inputs = {names.BLOCK_IDS: block, names.CTX_FEATURES: ctx_features, names.NEW_COUNTS: new_counts, names.CACHE_LENS: cache_lens}
         with torch.inference_mode():
             logits = self._replay(("draft", bucket, length, width), bucket, "drafter", inputs, run)
         return logits[:count]

@@ -24,6 +24,7 @@ import torch
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.extras import require
+from trtllm_dflash.graphs import names
 from trtllm_dflash.plugins import reference
 from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, SamplingTensors, TargetOutput, VerifyOutput, verifying_graph_inputs
 
@@ -98,6 +99,15 @@ class GraphSession:
         return dict(zip(self.output_names, self._session.run(None, feed)))
 
 
+def plugin_evaluators(variant: str) -> list[type]:
+    """`onnx.reference` OpRun classes for the plugin nodes of a graph variant (none for native)."""
+    if variant == "native":
+        return []
+    from trtllm_dflash.plugins import onnx_nodes  # needs onnx, which only plugin graphs need here
+
+    return onnx_nodes.evaluators()
+
+
 def _graph_file(export_dir: Path, variant: str, graph: dict) -> Path:
     return export_dir / (graph.get("dir") or variant) / graph["file"]
 
@@ -135,9 +145,7 @@ class OnnxRuntime(CachedRuntime):
             raise DFlashError(f"{export_dir} has no '{variant}' graphs", f"use one of: {', '.join(info['variants'])}")
         graphs = info["variants"][variant]
         if custom_ops is None:  # the plugin nodes' CPU evaluators, when the graphs have plugin nodes
-            from trtllm_dflash.builder.plugin_graphs import cpu_evaluators
-
-            custom_ops = cpu_evaluators(variant)
+            custom_ops = plugin_evaluators(variant)
         self.info = info
         self.device = torch.device("cpu")
         self.vocab_size = int(info["vocab_size"])
@@ -159,8 +167,8 @@ class OnnxRuntime(CachedRuntime):
         """`past_key_i` / `past_value_i` of every layer i that owns a cache (unallocated layers have no inputs)."""
         feed = {}
         for i, layer in _cached(layers):
-            feed[f"past_key_{i}"] = _numpy(layer.keys[:, :past_len])
-            feed[f"past_value_{i}"] = _numpy(layer.values[:, :past_len])
+            feed[names.key_name(names.PAST, i)] = _numpy(layer.keys[:, :past_len])
+            feed[names.value_name(names.PAST, i)] = _numpy(layer.values[:, :past_len])
         return feed
 
     @property
@@ -179,14 +187,14 @@ class OnnxRuntime(CachedRuntime):
         slots = min(span, self.capacity)  # the graph reads and writes slots < span only
         layers = self.target_cache.rows(rows)
         for i, layer in _cached(layers):
-            feed[f"cache_key_{i}"] = _numpy(layer.keys[:, :slots])
-            feed[f"cache_value_{i}"] = _numpy(layer.values[:, :slots])
+            feed[names.key_name(names.CACHE, i)] = _numpy(layer.keys[:, :slots])
+            feed[names.value_name(names.CACHE, i)] = _numpy(layer.values[:, :slots])
         out = self.target_session.run(feed)
         for i, layer in _cached(layers):  # an engine updates them in place (aliased outputs)
-            layer.keys[:, :slots] = torch.from_numpy(out[f"present_key_{i}"]).to(layer.keys.dtype)
-            layer.values[:, :slots] = torch.from_numpy(out[f"present_value_{i}"]).to(layer.values.dtype)
-        result = torch.from_numpy(out["result"])
-        return VerifyOutput(result[:, 0].clone(), result[:, 1].clone(), torch.from_numpy(out["features"]))
+            layer.keys[:, :slots] = torch.from_numpy(out[names.key_name(names.PRESENT, i)]).to(layer.keys.dtype)
+            layer.values[:, :slots] = torch.from_numpy(out[names.value_name(names.PRESENT, i)]).to(layer.values.dtype)
+        result = torch.from_numpy(out[names.RESULT])
+        return VerifyOutput(result[:, 0].clone(), result[:, 1].clone(), torch.from_numpy(out[names.FEATURES]))
 
     @torch.inference_mode()
     def target_forward(self, rows, tokens, starts, span, logits_at=None) -> TargetOutput:
@@ -199,15 +207,19 @@ class OnnxRuntime(CachedRuntime):
             index = logits_at.view(-1, 1)
         else:
             index = torch.arange(count).expand(batch, -1)
-        feed = {"input_ids": _numpy(tokens, torch.int64), "starts": _numpy(starts, torch.int64), "logit_index": _numpy(index, torch.int64)}
+        feed = {
+            names.INPUT_IDS: _numpy(tokens, torch.int64),
+            names.STARTS: _numpy(starts, torch.int64),
+            names.LOGIT_INDEX: _numpy(index, torch.int64),
+        }
         feed.update(self._cache_feed(layers, past_len))
         out = self.target_session.run(feed)
         positions = starts.view(-1, 1) + torch.arange(count)
         row_index = torch.arange(batch).view(-1, 1)
         for i, layer in _cached(layers):
-            layer.keys[row_index, positions] = torch.from_numpy(out[f"new_key_{i}"]).to(layer.keys.dtype)
-            layer.values[row_index, positions] = torch.from_numpy(out[f"new_value_{i}"]).to(layer.values.dtype)
-        return TargetOutput(logits=torch.from_numpy(out["logits"]).float(), features=torch.from_numpy(out["features"]))
+            layer.keys[row_index, positions] = torch.from_numpy(out[names.key_name(names.NEW, i)]).to(layer.keys.dtype)
+            layer.values[row_index, positions] = torch.from_numpy(out[names.value_name(names.NEW, i)]).to(layer.values.dtype)
+        return TargetOutput(logits=torch.from_numpy(out[names.LOGITS]).float(), features=torch.from_numpy(out[names.FEATURES]))
 
     @torch.inference_mode()
     def draft_forward(self, rows, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:
@@ -215,16 +227,16 @@ class OnnxRuntime(CachedRuntime):
         # room for the new context too: plugin nodes append it to the cache they are given
         past_len = max(int((cache_lens + new_counts).max()), 1)
         feed = {
-            "block_ids": _numpy(block, torch.int64),
-            "ctx_features": _numpy(ctx_features, self.cache_dtype),
-            "new_counts": _numpy(new_counts, torch.int64),
-            "cache_lens": _numpy(cache_lens, torch.int64),
+            names.BLOCK_IDS: _numpy(block, torch.int64),
+            names.CTX_FEATURES: _numpy(ctx_features, self.cache_dtype),
+            names.NEW_COUNTS: _numpy(new_counts, torch.int64),
+            names.CACHE_LENS: _numpy(cache_lens, torch.int64),
         }
         feed.update(self._cache_feed(layers, past_len))
         out = self.drafter_session.run(feed)
         for i, layer in enumerate(layers):
             reference.append_context(
                 layer.keys, layer.values, cache_lens,
-                torch.from_numpy(out[f"new_key_{i}"]), torch.from_numpy(out[f"new_value_{i}"]), new_counts,
+                torch.from_numpy(out[names.key_name(names.NEW, i)]), torch.from_numpy(out[names.value_name(names.NEW, i)]), new_counts,
             )
-        return torch.from_numpy(out["logits"]).float()
+        return torch.from_numpy(out[names.LOGITS]).float()

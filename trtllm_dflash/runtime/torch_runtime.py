@@ -119,7 +119,7 @@ class TorchRuntime(CachedRuntime):
         )
         self._hf_cache = RaggedHFCache(self.target_cache, self.linear_states)
         if self.attention == "dflash":  # the op writes into allocated layers: give each the shape it writes
-            from trtllm_dflash.builder.export import TargetGraph
+            from trtllm_dflash.graphs.target import TargetGraph
 
             for i, shape in enumerate(TargetGraph(self.model, []).cache_shapes):
                 if shape is not None:

@@ -26,7 +26,9 @@ import torch
 
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import DFlashError, MissingDependencyError
+from trtllm_dflash.graphs import names
 from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, SamplingTensors, TargetOutput, VerifyOutput, verifying_graph_inputs
+from trtllm_dflash.runtime.tensorrt_flavours import INSTALL_HINT, import_tensorrt
 
 
 def _torch_dtype(trt, dtype) -> torch.dtype:
@@ -139,7 +141,7 @@ class TrtRuntime(CachedRuntime):
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.block_size = int(info["block_size"])
         self.target_verifies = bool(self.target.get("verifies"))  # the plugin target: in-place caches, verification inside
-        cache_prefix = "cache_key_" if self.target_verifies else "past_key_"
+        cache_prefix = names.key_prefix(names.CACHE if self.target_verifies else names.PAST)
         self.first_cache = next(n for n in self.target_engine.inputs if n.startswith(cache_prefix))
         self._zeros: dict[tuple[int, int], torch.Tensor] = {}
         self.cache_dtype = self.target_engine.dtypes[self.first_cache]
@@ -147,7 +149,7 @@ class TrtRuntime(CachedRuntime):
     # ------------------------------------------------------------------ caches
 
     def allocate(self, max_batch: int, capacity: int) -> None:
-        max_batch_engine = self.target_engine.max_shape("input_ids", 0)[0]
+        max_batch_engine = self.target_engine.max_shape(names.INPUT_IDS, 0)[0]
         max_slots = self.target_engine.max_shape(self.first_cache, 0)[1]
         if max_batch > max_batch_engine or capacity > max_slots:
             raise DFlashError(
@@ -164,8 +166,8 @@ class TrtRuntime(CachedRuntime):
         Layers without a cache (Gemma 4's KV-sharing layers) have no engine inputs."""
         feed = {}
         for i, layer in _cached(layers):
-            feed[f"past_key_{i}"] = layer.keys
-            feed[f"past_value_{i}"] = layer.values
+            feed[names.key_name(names.PAST, i)] = layer.keys
+            feed[names.value_name(names.PAST, i)] = layer.values
         return feed
 
     # ------------------------------------------------------------------ forward passes
@@ -177,15 +179,15 @@ class TrtRuntime(CachedRuntime):
         batch, count = tokens.shape
         layers = self.target_cache.rows(rows)
         index = logits_at.view(-1, 1) if logits_at is not None else torch.arange(count, device=self.device).expand(batch, -1)
-        profile = 0 if count <= self.target_engine.max_shape("input_ids", 0)[1] else 1
-        feed = {"input_ids": tokens, "starts": starts, "logit_index": index, **self._cache_feed(layers)}
+        profile = 0 if count <= self.target_engine.max_shape(names.INPUT_IDS, 0)[1] else 1
+        feed = {names.INPUT_IDS: tokens, names.STARTS: starts, names.LOGIT_INDEX: index, **self._cache_feed(layers)}
         out = self.target_engine.run(profile, feed)
         positions = starts.view(-1, 1) + torch.arange(count, device=self.device)
         row_index = torch.arange(batch, device=self.device).view(-1, 1)
         for i, layer in _cached(layers):
-            layer.keys[row_index, positions] = out[f"new_key_{i}"]
-            layer.values[row_index, positions] = out[f"new_value_{i}"]
-        return TargetOutput(logits=out["logits"], features=out["features"])
+            layer.keys[row_index, positions] = out[names.key_name(names.NEW, i)]
+            layer.values[row_index, positions] = out[names.value_name(names.NEW, i)]
+        return TargetOutput(logits=out[names.LOGITS], features=out[names.FEATURES])
 
     @torch.inference_mode()
     def target_verify(self, rows, tokens, starts, span, draft_probs, sampling: SamplingTensors, logits_at=None) -> VerifyOutput:
@@ -194,14 +196,15 @@ class TrtRuntime(CachedRuntime):
         if not self.target_verifies:
             return super().target_verify(rows, tokens, starts, span, draft_probs, sampling, logits_at)
         feed = verifying_graph_inputs(tokens, starts, draft_probs, sampling, logits_at, self._zero_draft_probs)
-        profile = 0 if tokens.shape[1] <= self.target_engine.max_shape("input_ids", 0)[1] else 1
+        profile = 0 if tokens.shape[1] <= self.target_engine.max_shape(names.INPUT_IDS, 0)[1] else 1
         aliases = {}
         for i, layer in _cached(self.target_cache.rows(rows)):
-            feed[f"cache_key_{i}"], feed[f"cache_value_{i}"] = layer.keys, layer.values
-            aliases[f"present_key_{i}"], aliases[f"present_value_{i}"] = f"cache_key_{i}", f"cache_value_{i}"
+            feed[names.key_name(names.CACHE, i)], feed[names.value_name(names.CACHE, i)] = layer.keys, layer.values
+            aliases[names.key_name(names.PRESENT, i)] = names.key_name(names.CACHE, i)
+            aliases[names.value_name(names.PRESENT, i)] = names.value_name(names.CACHE, i)
         out = self.target_engine.run(profile, feed, aliases)
-        result = out["result"]
-        return VerifyOutput(result[:, 0], result[:, 1], out["features"])
+        result = out[names.RESULT]
+        return VerifyOutput(result[:, 0], result[:, 1], out[names.FEATURES])
 
     def _zero_draft_probs(self, batch: int, drafts: int) -> torch.Tensor:
         """q = 0 for greedy and autoregressive steps, allocated once per shape."""
@@ -213,12 +216,13 @@ class TrtRuntime(CachedRuntime):
     @torch.inference_mode()
     def draft_forward(self, rows, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:
         layers = self.draft_cache.rows(rows)
-        feed = {"block_ids": block, "ctx_features": ctx_features, "new_counts": new_counts, "cache_lens": cache_lens, **self._cache_feed(layers)}
+        feed = {names.BLOCK_IDS: block, names.CTX_FEATURES: ctx_features, names.NEW_COUNTS: new_counts, names.CACHE_LENS: cache_lens}
+        feed.update(self._cache_feed(layers))
         out = self.drafter_engine.run(0, feed)
         for i, layer in enumerate(layers):
-            append_rows(layer.keys, cache_lens, out[f"new_key_{i}"], new_counts)
-            append_rows(layer.values, cache_lens, out[f"new_value_{i}"], new_counts)
-        return out["logits"]
+            append_rows(layer.keys, cache_lens, out[names.key_name(names.NEW, i)], new_counts)
+            append_rows(layer.values, cache_lens, out[names.value_name(names.NEW, i)], new_counts)
+        return out[names.LOGITS]
 
 
 def _cached(layers) -> list:
@@ -238,13 +242,8 @@ def append_rows(cache: torch.Tensor, lengths: torch.Tensor, new: torch.Tensor, c
 
 def _import_flavour(flavour: str, built_version: str):
     try:
-        if flavour == "tensorrt-rtx":
-            import tensorrt_rtx_bindings as trt
-        else:
-            import tensorrt as trt
+        trt = import_tensorrt(flavour)
     except ImportError:
-        from trtllm_dflash.builder.engines import INSTALL_HINT
-
         raise MissingDependencyError(f"the engines were built with {flavour} {built_version}, which is not installed", INSTALL_HINT[flavour]) from None
     if trt.__version__ != built_version:
         raise MissingDependencyError(
@@ -252,24 +251,6 @@ def _import_flavour(flavour: str, built_version: str):
             f"install {flavour}=={built_version}, or rebuild with `dflash-trt build --force`",
         )
     return trt
-
-
-def load_engine_pipeline(
-    engines_dir: str | Path, drafter: bool = True, device: str = "cuda", max_context: int | None = None, variant: str = "native"
-):
-    """A DFlashPipeline over the engines of a build (the serving model and `generate --engines` use it).
-
-    `drafter=False` runs the target engine alone (autoregressive: the serving baseline)."""
-    from trtllm_dflash.api import DFlashPipeline
-    from trtllm_dflash.runtime.artifacts import tokenizer_and_stops
-
-    if device == "cpu":
-        raise MissingDependencyError("TensorRT engines run on a GPU, not on the CPU", "use --device cuda, or `generate --onnx BUILD` on CPU")
-    engines_dir = Path(engines_dir)
-    runtime = TrtRuntime(engines_dir, variant, drafter)
-    tokenizer, stops = tokenizer_and_stops(engines_dir / "tokenizer")
-    limit = int(runtime.info["bounds"]["max_seq_len"])
-    return DFlashPipeline(runtime, tokenizer, stops, max_context=min(max_context or limit, limit))
 
 
 def engine_summary(engines_dir: str | Path) -> dict[str, Any]:

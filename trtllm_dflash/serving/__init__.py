@@ -1,11 +1,11 @@
 """Serving DFlash with Triton Inference Server (docs/serving.md).
 
-    config.py      ServingConfig: one served model (checkpoints/engines, runtime, limits)
+    model_parameters.py  ServingConfig: one served model's config.pbtxt parameters (checkpoints/engines, runtime, limits)
     protocol.py    the wire format: LLM-API style inputs/outputs, request bodies
     repository.py  writing a repository (Python-backend models), from a model, recipe or build
     trtllm.py      the `trtllm` runtime's repository (TensorRT-LLM LLM-API model) + key schema
-    engine.py      the in-flight batching loop over one Decoder (no Triton imports)
-    model.py       TritonPythonModel: the Python-backend glue around the engine
+    batching_loop.py  BatchingLoop: the in-flight batching loop over one Decoder (no Triton imports)
+    model.py       TritonPythonModel: the Python-backend glue around the loop
     metrics.py     Prometheus custom metrics, and reading them back
     server.py      launching tritonserver (NVIDIA container or nvidia-pytriton's binary)
     client.py      HTTP generate / generate_stream and gRPC streaming client

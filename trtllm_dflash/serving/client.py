@@ -84,7 +84,7 @@ class DFlashClient:
     """Talks to one model of a running server.
 
         client = DFlashClient("http://localhost:8000", model="dflash")
-        print(client.generate("def fib(n):", max_tokens=64).text)
+        print(client.generate("def fib(n):", max_new_tokens=64).text)
         for chunk in client.stream("def fib(n):", protocol="grpc", grpc_url="localhost:8001"):
             print(chunk.text, end="", flush=True)
     """

@@ -2,7 +2,7 @@
 
 Decoupled (one request, many responses), so `generate_stream` and gRPC streaming work; a
 non-streaming request gets exactly one response, so `generate` works too. `execute()` only
-parses, validates and queues; the ServingEngine's loop thread batches every live request into
+parses, validates and queues; the BatchingLoop's thread batches every live request into
 each decoding step and sends the responses.
 """
 
@@ -15,9 +15,10 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.serving.config import ServingConfig
-from trtllm_dflash.serving.engine import ServingEngine
-from trtllm_dflash.serving.protocol import INPUTS, parse_inputs
+from trtllm_dflash.sampling_params import SamplingError
+from trtllm_dflash.serving.batching_loop import BatchingLoop
+from trtllm_dflash.serving.model_parameters import ServingConfig
+from trtllm_dflash.serving.protocol import INPUT_NAMES, INPUTS, parse_inputs
 from trtllm_dflash.serving.metrics import TritonMetrics
 
 
@@ -49,14 +50,14 @@ class TritonPythonModel:
         model_dir = Path(args["model_repository"])
         try:
             config = ServingConfig.from_parameters(model_config.get("parameters", {})).resolved(model_dir)
-            self.engine = ServingEngine(config, TritonMetrics(self.name), log=pb_utils.Logger.log_error)
+            self.loop = BatchingLoop(config, TritonMetrics(self.name), log=pb_utils.Logger.log_error)
         except DFlashError as exc:
             raise pb_utils.TritonModelException(f"cannot load DFlash model {self.name}: {exc}") from None
-        self.engine.start()
-        mode = f"DFlash, block {self.engine.decoder.block_size}" if self.engine.decoder.speculative else "autoregressive"
+        self.loop.start()
+        mode = f"DFlash, block {self.loop.decoder.block_size}" if self.loop.decoder.speculative else "autoregressive"
         pb_utils.Logger.log_info(
-            f"{self.name}: {config.target} ({mode}) on {self.engine.pipeline.runtime.device}, max batch {config.max_batch}, "
-            f"max context {self.engine.max_context}, max tokens {self.engine.max_tokens}"
+            f"{self.name}: {config.target} ({mode}) on {self.loop.pipeline.runtime.device}, max batch {config.max_batch}, "
+            f"max context {self.loop.max_context}, max new tokens {self.loop.max_new_tokens_limit}"
         )
 
     def execute(self, requests: list) -> None:
@@ -68,7 +69,9 @@ class TritonPythonModel:
                     tensor = pb_utils.get_input_tensor_by_name(request, name)
                     if tensor is not None:
                         raw[name] = tensor.as_numpy()
-                self.engine.accept(parse_inputs(raw), sink)
+                self.loop.accept(parse_inputs(raw, self.loop.defaults), sink)
+            except SamplingError as exc:  # named as the request's inputs, not SamplingParams' fields
+                sink.error(str(exc.renamed(INPUT_NAMES)))
             except DFlashError as exc:
                 sink.error(str(exc))
             except Exception as exc:  # noqa: BLE001 - one bad request never takes the model down
@@ -76,4 +79,4 @@ class TritonPythonModel:
         return None
 
     def finalize(self) -> None:
-        self.engine.stop()
+        self.loop.stop()

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.sampling_params import SamplingParams
 
 # Inputs of the served model: (Triton datatype, numpy kinds accepted, optional). Names follow
 # TensorRT-LLM's LLM-API Triton model so its clients work unchanged. The integer inputs are
@@ -53,23 +54,34 @@ OUTPUTS: dict[str, tuple[str, list[int]]] = {
 }
 
 
+# The one mapping between the package's names for a request's values (SamplingParams' fields,
+# "prompt") and the model's inputs: request bodies, parsed inputs and error messages all use it.
+INPUT_NAMES: dict[str, str] = {
+    "prompt": "text_input",
+    "max_new_tokens": "sampling_param_max_tokens",
+    "temperature": "sampling_param_temperature",
+    "top_k": "sampling_param_top_k",
+    "top_p": "sampling_param_top_p",
+    "seed": "sampling_param_seed",
+    "stop": "sampling_param_stop",
+}
+
+
 @dataclasses.dataclass
 class GenerateInputs:
-    """One request's inputs after type checks."""
+    """One request's inputs after type checks (ranges are SamplingParams.validate's job)."""
 
     text: str
+    params: SamplingParams = SamplingParams()
     streaming: bool = False
-    max_tokens: int | None = None
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
     exclude_input: bool = True
 
 
-def parse_inputs(raw: dict[str, np.ndarray | None]) -> GenerateInputs:
-    """Turn the request's input tensors into GenerateInputs; DFlashError names a bad input."""
+def parse_inputs(raw: dict[str, np.ndarray | None], defaults: SamplingParams = SamplingParams()) -> GenerateInputs:
+    """Turn the request's input tensors into GenerateInputs; DFlashError names a bad input.
+
+    Values the request does not send come from `defaults` (the served model's).
+    """
     unknown = sorted(set(raw) - set(INPUTS))
     if unknown:
         raise DFlashError(f"unknown input(s) {', '.join(unknown)}", f"use only {', '.join(INPUTS)}")
@@ -89,18 +101,16 @@ def parse_inputs(raw: dict[str, np.ndarray | None]) -> GenerateInputs:
         if array.size != 1:
             raise DFlashError(f"input {name} has {array.size} values, expected one", "send one prompt per request")
         values[name] = _text(array.reshape(-1)[0], name) if kinds == "OSU" else array.reshape(-1)[0].item()
-    inputs = GenerateInputs(text=values["text_input"])
-    inputs.streaming = bool(values.get("streaming", False))
-    if "sampling_param_max_tokens" in values:
-        inputs.max_tokens = int(values["sampling_param_max_tokens"])
-    inputs.temperature = float(values.get("sampling_param_temperature", 0.0))
-    inputs.top_k = int(values.get("sampling_param_top_k", 0))
-    inputs.top_p = float(values.get("sampling_param_top_p", 1.0))
-    if "sampling_param_seed" in values:
-        inputs.seed = int(values["sampling_param_seed"])
-    inputs.stop = tuple(s for s in values.get("sampling_param_stop", ()) if s)
-    inputs.exclude_input = bool(values.get("sampling_param_exclude_input_from_output", True))
-    return inputs
+    types = {"max_new_tokens": int, "temperature": float, "top_k": int, "top_p": float, "seed": int}
+    given = {field: types[field](values[INPUT_NAMES[field]]) for field in types if INPUT_NAMES[field] in values}
+    if INPUT_NAMES["stop"] in values:
+        given["stop"] = tuple(s for s in values[INPUT_NAMES["stop"]] if s)
+    return GenerateInputs(
+        text=values["text_input"],
+        params=dataclasses.replace(defaults, **given),
+        streaming=bool(values.get("streaming", False)),
+        exclude_input=bool(values.get("sampling_param_exclude_input_from_output", True)),
+    )
 
 
 def _text(value: Any, name: str) -> str:
@@ -114,24 +124,38 @@ def _text(value: Any, name: str) -> str:
 
 def request_body(
     prompt: str,
-    max_tokens: int | None = None,
+    max_new_tokens: int | None = None,
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float = 1.0,
     seed: int | None = None,
     stop: Sequence[str] = (),
     streaming: bool = False,
+    max_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """The LLM-API style inputs of one request (JSON body of the generate endpoints)."""
-    body: dict[str, Any] = {"text_input": prompt, "streaming": streaming, "sampling_param_temperature": temperature}
+    """The LLM-API style inputs of one request (JSON body of the generate endpoints).
+
+    `max_new_tokens=None` leaves the length to the server's default; `max_tokens` is the older
+    spelling of `max_new_tokens`, still accepted.
+    """
     if max_tokens is not None:
-        body["sampling_param_max_tokens"] = max_tokens
+        if max_new_tokens is not None:
+            raise TypeError("pass max_new_tokens or its older spelling max_tokens, not both")
+        max_new_tokens = max_tokens
+    fields: dict[str, Any] = {"temperature": temperature}
+    if max_new_tokens is not None:
+        fields["max_new_tokens"] = max_new_tokens
     if top_k:
-        body["sampling_param_top_k"] = top_k
+        fields["top_k"] = top_k
     if top_p != 1.0:
-        body["sampling_param_top_p"] = top_p
+        fields["top_p"] = top_p
     if seed is not None:
-        body["sampling_param_seed"] = seed
+        fields["seed"] = seed
     if stop:
-        body["sampling_param_stop"] = list(stop)
-    return body
+        fields["stop"] = list(stop)
+    return {"text_input": prompt, "streaming": streaming, **{INPUT_NAMES[field]: value for field, value in fields.items()}}
+
+
+def params_body(prompt: str, params: SamplingParams, streaming: bool) -> dict[str, Any]:
+    """The request body of a prompt and its checked SamplingParams (the OpenAI front end's)."""
+    return request_body(prompt, params.max_new_tokens, params.temperature, params.top_k, params.top_p, params.seed, params.stop, streaming)

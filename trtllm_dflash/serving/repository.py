@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.serving.config import ServingConfig
+from trtllm_dflash.serving.model_parameters import ServingConfig
 from trtllm_dflash.serving.protocol import INPUTS, OUTPUTS
 
 MANIFEST = "dflash_repository.json"

@@ -1,4 +1,4 @@
-"""What one served DFlash model is: checkpoints (or engines), runtime, limits.
+"""What one served DFlash model is (its config.pbtxt parameters): checkpoints (or engines), runtime, limits.
 
 The repository writer stores these values as the `parameters` of the model's config.pbtxt
 (visible through Triton's model-config API, overridable when loading the model); the Python

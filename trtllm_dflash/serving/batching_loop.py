@@ -1,4 +1,4 @@
-"""The serving core: one Decoder, fed by request threads, stepped by one background thread.
+"""The serving loop: one Decoder, fed by request threads, stepped by one background thread.
 
 Triton calls `execute()` on its own thread; it only parses and validates a request (`accept`)
 and queues it. The loop thread owns the Decoder: between steps it admits queued requests,
@@ -9,6 +9,7 @@ code runs inside the Python backend and in plain Python.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import queue
 import threading
@@ -17,15 +18,12 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from trtllm_dflash.decoding import Decoder, Request, SamplingParams, SequenceResult, StepEvent
+from trtllm_dflash.decoding import Decoder, Request, SequenceResult, StepEvent
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.request_limits import MAX_STOP_CHARS, MAX_STOP_STRINGS, PROMPT_CHARS_PER_TOKEN
-from trtllm_dflash.serving.config import ServingConfig
+from trtllm_dflash.sampling_params import SamplingParams, check_prompt_text
+from trtllm_dflash.serving.model_parameters import ServingConfig
 from trtllm_dflash.serving.metrics import ServingMetrics
 from trtllm_dflash.serving.protocol import GenerateInputs
-
-
-# Request limits beyond the model's own (max_context, max_tokens) live in request_limits.py.
 
 
 class ResponseSink(Protocol):
@@ -60,7 +58,7 @@ class Job:
         return self.request.request_id
 
 
-class ServingEngine:
+class BatchingLoop:
     """A loaded target (+ drafter) and the in-flight batching loop over them."""
 
     def __init__(self, config: ServingConfig, metrics: ServingMetrics | None = None, log: Callable[[str], None] = print) -> None:
@@ -72,7 +70,10 @@ class ServingEngine:
         if self.tokenizer is None:
             raise DFlashError(f"target {config.target} has no tokenizer", "save the tokenizer next to the target; the server takes text")
         self.max_context = self.pipeline.max_context
-        self.max_tokens = min(config.max_tokens, self.max_context - 1)
+        # the repository's parameters keep their wire names (max_tokens, default_max_tokens)
+        self.max_new_tokens_limit = min(config.max_tokens, self.max_context - 1)
+        # what a request that leaves a value out gets
+        self.defaults = SamplingParams(max_new_tokens=min(config.default_max_tokens or 128, self.max_new_tokens_limit))
         self.decoder = self._new_decoder()
         self.draft_len = self.decoder.block_size - 1 if self.decoder.speculative else 0
         self.inbox: queue.Queue[Job] = queue.Queue()
@@ -90,49 +91,15 @@ class ServingEngine:
     def accept(self, inputs: GenerateInputs, sink: ResponseSink) -> Job:
         """Validate a request and queue it for the next step; DFlashError if it cannot run.
 
-        The request's limits, checked here once for every way in (HTTP, gRPC, the OpenAI front
-        end); the sampling values are range-checked by SamplingParams.validate. The cheap
-        bounds come first: a prompt of more than PROMPT_CHARS_PER_TOKEN characters per token of
-        the context cannot fit whatever the tokenizer does, so it is refused before tokenizing.
+        Checked here once for every way in (HTTP, gRPC, the OpenAI front end), all by
+        sampling_params: the prompt's length in characters first (a huge prompt is refused
+        before tokenizing), then the sampling values and this server's max_new_tokens bound.
         """
-        max_chars = self.max_context * PROMPT_CHARS_PER_TOKEN
-        if len(inputs.text) > max_chars:
-            raise DFlashError(
-                f"text_input has {len(inputs.text)} characters, more than this server's limit of {max_chars} "
-                f"({PROMPT_CHARS_PER_TOKEN} per token of its maximum context of {self.max_context})",
-                "shorten the prompt",
-            )
-        if len(inputs.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in inputs.stop):
-            raise DFlashError(
-                f"sampling_param_stop has {len(inputs.stop)} strings of up to {max(map(len, inputs.stop))} characters; "
-                f"this server takes at most {MAX_STOP_STRINGS} of at most {MAX_STOP_CHARS} characters",
-                "send fewer, shorter stop strings",
-            )
-        if not inputs.text.strip():
-            raise DFlashError("empty prompt", "send a non-empty text_input")
-        default = min(self.config.default_max_tokens or 128, self.max_tokens)
-        max_tokens = default if inputs.max_tokens is None else inputs.max_tokens
-        if max_tokens <= 0:
-            raise DFlashError(f"sampling_param_max_tokens must be > 0, got {max_tokens}", "ask for at least one token")
-        if max_tokens > self.max_tokens:
-            raise DFlashError(
-                f"sampling_param_max_tokens {max_tokens} is above this server's limit of {self.max_tokens}",
-                f"ask for at most {self.max_tokens} tokens",
-            )
-        params = SamplingParams(
-            max_new_tokens=max_tokens,
-            temperature=inputs.temperature,
-            top_k=inputs.top_k,
-            top_p=inputs.top_p,
-            seed=inputs.seed,
-            stop_token_ids=self.pipeline.stop_token_ids,
-        )
-        try:
-            params.validate()
-        except DFlashError as exc:  # name the request inputs, not the Python fields
-            raise DFlashError(_input_names(exc.problem), exc.fix) from None
-        prompt_ids = self.pipeline.encode(inputs.text)
-        request = Request(prompt_ids, params, request_id=next(self._ids))
+        check_prompt_text(inputs.text, self.max_context)
+        inputs.params.validate()
+        inputs.params.check_limit(self.max_new_tokens_limit)
+        params = dataclasses.replace(inputs.params, stop_token_ids=tuple(self.pipeline.stop_token_ids))  # the model's own
+        request = Request(self.pipeline.encode(inputs.text), params, request_id=next(self._ids))
         self.decoder.check(request)
         job = Job(request, inputs, sink)
         self.inbox.put(job)
@@ -238,7 +205,7 @@ class ServingEngine:
         """
         ids = result.token_ids
         full = self.tokenizer.decode(ids, skip_special_tokens=True)
-        stops = job.inputs.stop
+        stops = job.request.params.stop
         hits = [full.find(s) for s in stops if s in full]
         if hits:
             cut = min(hits)
@@ -308,19 +275,6 @@ def load_pipeline(config: ServingConfig):
         device = "cuda" if torch.cuda.is_available() else "cpu"
     source = PipelineSource(config.target, config.drafter, build=config.engines, speculative=config.speculative)
     return get_backend(config.runtime).open_pipeline(source, device=device, max_context=config.max_context)
-
-
-def _input_names(problem: str) -> str:
-    for field, name in (
-        ("max_new_tokens", "sampling_param_max_tokens"),
-        ("temperature", "sampling_param_temperature"),
-        ("top_p", "sampling_param_top_p"),
-        ("top_k", "sampling_param_top_k"),
-        ("seed", "sampling_param_seed"),
-    ):
-        if problem.startswith(field):
-            return name + problem[len(field) :]
-    return problem
 
 
 def _drain(inbox: queue.Queue) -> list:

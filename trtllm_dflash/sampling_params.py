@@ -1,0 +1,121 @@
+"""How one request is decoded, and the one check of its values and limits.
+
+Every way in (the Python API, `dflash-trt generate`, the Triton model, the OpenAI front end)
+builds a SamplingParams and lets it check itself; each maps a SamplingError to its own words (a
+CLI flag, a Triton input, an OpenAI field) with `SamplingError.renamed`, so the ranges and their
+messages are written here once. No torch: the OpenAI front end imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping
+
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.request_limits import MAX_STOP_CHARS, MAX_STOP_STRINGS, PROMPT_CHARS_PER_TOKEN, SEED_MAX, TOP_K_MAX
+
+
+class SamplingError(DFlashError):
+    """A sampling value or request limit out of range.
+
+    `field` is the package's name of the value (max_new_tokens, temperature, top_k, top_p, seed,
+    stop, prompt); a problem that names it starts with it, so a front end can say it in its own
+    words with `renamed`.
+    """
+
+    def __init__(self, field: str, problem: str, fix: str | None = None) -> None:
+        super().__init__(problem, fix)
+        self.field = field
+
+    def renamed(self, names: Mapping[str, str]) -> "SamplingError":
+        """The same error with the field called by a front end's name (`--top-k`, `sampling_param_top_k`)."""
+        name = names.get(self.field, self.field)
+        problem = name + self.problem[len(self.field) :] if self.problem.startswith(self.field) else self.problem
+        error = type(self).__new__(type(self))  # the same subclass, with its attributes
+        error.__dict__.update(self.__dict__)
+        DFlashError.__init__(error, problem, self.fix)
+        return error
+
+
+class PromptTooLongError(SamplingError):
+    """A prompt over the maximum context, counted in `unit` ("characters" or "tokens")."""
+
+    def __init__(self, length: int, unit: str, max_context: int, problem: str, fix: str) -> None:
+        super().__init__("prompt", problem, fix)
+        self.length, self.unit, self.max_context = length, unit, max_context
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How one request is decoded.
+
+    `stop` holds stop strings: text, so they are applied where tokens become text (the serving
+    loop); the Decoder itself stops on `stop_token_ids`.
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        """The one range check of a request's sampling values (the API, the CLI, the decoder and
+        both served front ends call it): NaN and infinities never reach the sampler, and every
+        value fits the int64/float32 tensors and the 32-bit counter-based RNG it is used in."""
+        if self.max_new_tokens <= 0:
+            raise SamplingError("max_new_tokens", f"max_new_tokens must be > 0, got {self.max_new_tokens}", "pass a positive number")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):  # NaN fails every comparison
+            raise SamplingError("temperature", f"temperature must be >= 0 and finite, got {self.temperature}", "use 0 for greedy decoding")
+        if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
+            raise SamplingError("top_p", f"top_p must be in (0, 1], got {self.top_p}", "use 1 to disable nucleus sampling")
+        if not 0 <= self.top_k <= TOP_K_MAX:
+            raise SamplingError("top_k", f"top_k must be in [0, {TOP_K_MAX}], got {self.top_k}", "use 0 to disable top-k")
+        if self.seed is not None and not 0 <= self.seed <= SEED_MAX:
+            raise SamplingError(
+                "seed", f"seed must be in [0, {SEED_MAX}], got {self.seed}",
+                "pass a 32-bit seed (the sampler's random numbers are keyed on 32 bits: a larger seed would repeat a smaller one's)",
+            )
+        if len(self.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in self.stop):
+            raise SamplingError(
+                "stop",
+                f"stop has {len(self.stop)} strings of up to {max(map(len, self.stop))} characters; "
+                f"this server takes at most {MAX_STOP_STRINGS} of at most {MAX_STOP_CHARS} characters",
+                "send fewer, shorter stop strings",
+            )
+
+    def check_limit(self, max_new_tokens_limit: int) -> None:
+        """A served model's own bound on max_new_tokens (its context and configuration)."""
+        if self.max_new_tokens > max_new_tokens_limit:
+            raise SamplingError(
+                "max_new_tokens", f"max_new_tokens {self.max_new_tokens} is above this server's limit of {max_new_tokens_limit}",
+                f"ask for at most {max_new_tokens_limit} tokens",
+            )
+
+
+def check_prompt_text(text: str, max_context: int | None) -> None:
+    """A prompt's text before it is tokenized: not empty, and not longer than `max_context` tokens
+    of text could be (PROMPT_CHARS_PER_TOKEN characters each), so a huge prompt costs nothing."""
+    if max_context is not None and len(text) > max_context * PROMPT_CHARS_PER_TOKEN:
+        limit = max_context * PROMPT_CHARS_PER_TOKEN
+        raise PromptTooLongError(
+            len(text), "characters", max_context,
+            f"prompt has {len(text)} characters, more than this server's limit of {limit} "
+            f"({PROMPT_CHARS_PER_TOKEN} per token of its maximum context of {max_context})",
+            "shorten the prompt",
+        )
+    if not text.strip():
+        raise SamplingError("prompt", "empty prompt", "send a non-empty prompt")
+
+
+def check_prompt_tokens(count: int, max_context: int | None) -> None:
+    """A tokenized prompt: it must leave room for at least one new token in the context."""
+    if max_context is not None and count >= max_context:
+        raise PromptTooLongError(
+            count, "tokens", max_context,
+            f"prompt has {count} tokens, which does not fit the maximum context of {max_context}",
+            "shorten the prompt",
+        )

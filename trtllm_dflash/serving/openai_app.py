@@ -1,0 +1,229 @@
+"""The OpenAI-compatible routes: `/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/health`.
+
+Each generation request is checked and translated by the Frontend, sent on Triton's gRPC stream,
+and answered as one OpenAI response or as server-sent events (one chunk per decoding step). Every
+error, including FastAPI's own, is answered with OpenAI's error body.
+"""
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import AsyncIterator
+
+from trtllm_dflash.extras import require_installed
+from trtllm_dflash.serving.openai_frontend import Frontend, ModelInfo
+from trtllm_dflash.serving.openai_gate import Gate
+from trtllm_dflash.serving.openai_schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest, OpenAIError
+from trtllm_dflash.serving.openai_triton import TritonStream
+
+log = logging.getLogger("uvicorn.error")  # uvicorn's logger: its lines share uvicorn's format and level
+
+
+def require_extra() -> None:
+    """FastAPI, uvicorn and tritonclient's asyncio gRPC client come with the `serve` extra."""
+    require_installed(("fastapi", "uvicorn", "tritonclient"), "the OpenAI-compatible server")
+
+
+def create_app(frontend: Frontend):
+    """The FastAPI app over a Frontend that has discovered its models."""
+    require_extra()
+    from contextlib import asynccontextmanager
+
+    from anyio import to_thread
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from starlette.background import BackgroundTask
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    @asynccontextmanager
+    async def lifespan(app):
+        await frontend.start()
+        yield
+        await frontend.stop()
+
+    app = FastAPI(title="trtllm-dflash OpenAI-compatible server", lifespan=lifespan)
+    app.state.frontend = frontend
+    app.add_middleware(Gate, frontend=frontend)
+
+    @app.exception_handler(OpenAIError)
+    async def openai_error(request: Request, exc: OpenAIError):
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception):
+        """A bug or an unforeseen failure: still an OpenAI body (uvicorn logs the traceback)."""
+        error = OpenAIError(500, "the server failed on this request (an internal error; its log has the details)", None, "internal_error", "server_error")
+        return JSONResponse(error.body(), status_code=500)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        if first.get("type") == "json_invalid":
+            message, param = "the request body is not valid JSON", None
+        elif not loc:  # the body as a whole: not an object, or not sent as JSON (curl -d sends a form)
+            message, param = "the request body must be a JSON object sent with Content-Type: application/json", None
+        else:
+            message, param = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid value')}", (loc[0] if loc else None)
+        return JSONResponse(OpenAIError(400, message, param).body(), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        """404, 405 (with Allow) and FastAPI's body errors (e.g. a body that is not UTF-8)."""
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        error = OpenAIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind=kind)
+        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+
+    @app.get("/health")
+    async def health():
+        if frontend.draining:  # load balancers stop sending here while the streams finish
+            return JSONResponse({"status": "draining"}, status_code=503)
+        try:
+            ok = frontend.client is not None and await frontend.client.is_server_ready()
+        except Exception:  # noqa: BLE001 - Triton down or restarting (serve supervises it): not ready, not a 500
+            ok = False
+        return JSONResponse({"status": "ok" if ok else "triton not ready"}, status_code=200 if ok else 503)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [_model_card(m) for m in frontend.models.values()]}
+
+    @app.get("/v1/models/{name}")
+    async def model(name: str):
+        return _model_card(frontend.model(name))
+
+    # Templating and tokenizing run in worker threads: a long prompt must not stall the event loop
+    # (and with it every other request's stream).
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request):
+        info = frontend.model(body.model)
+        params = frontend.sampling(body, info, "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens")
+        prompt = await to_thread.run_sync(frontend.chat_prompt, body, info)
+        await to_thread.run_sync(frontend.check_prompt, info, prompt, "messages")
+        return await _answer(request, body, info, frontend.open(info, prompt, params), chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        info = frontend.model(body.model)
+        prompt = body.prompt
+        if isinstance(prompt, list):
+            if len(prompt) != 1 or not isinstance(prompt[0], str):
+                raise OpenAIError(400, "prompt must be one string (lists of prompts and token ids are not supported); send one request per prompt", "prompt")
+            prompt = prompt[0]
+        params = frontend.sampling(body, info)
+        await to_thread.run_sync(frontend.check_prompt, info, prompt, "prompt")
+        return await _answer(request, body, info, frontend.open(info, prompt, params), chat=False)
+
+    async def _answer(request: Request, body: GenerationRequest, info: ModelInfo, stream: TritonStream, chat: bool):
+        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        created = int(time.time())
+        kind = "chat.completion" if chat else "text_completion"
+        if body.stream:
+            usage = bool(body.stream_options and body.stream_options.include_usage)
+            # the first response comes before any byte is sent, so request errors are plain 400s
+            iterator = stream.__aiter__()
+            try:
+                first = await iterator.__anext__()
+            except OpenAIError:
+                stream.close()
+                raise
+            events = _stream_events(iterator, first, ident, created, info.name, chat, usage)
+            return StreamingResponse(events, media_type="text/event-stream", background=BackgroundTask(stream.close))
+        task = asyncio.ensure_future(_collect(stream))
+        while True:  # a client that hangs up cancels its request
+            done, _ = await asyncio.wait({task}, timeout=0.25)
+            if done:
+                break
+            if await request.is_disconnected():
+                stream.close()
+                task.cancel()
+                return JSONResponse({}, status_code=499)
+        text, last = task.result()
+        choice = {"index": 0, "finish_reason": _finish_reason(last.get("finish_reason"))}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice.update(text=text, logprobs=None)
+        return {"id": ident, "object": kind, "created": created, "model": info.name, "choices": [choice], "usage": _usage(last)}
+
+    return app
+
+
+async def _collect(stream: TritonStream) -> tuple[str, dict]:
+    parts, last = [], {}
+    async for response in stream:
+        parts.append(response.get("text_output") or "")
+        last = response
+    return "".join(parts), last
+
+
+async def _stream_events(iterator, first: dict, ident: str, created: int, model: str, chat: bool, usage: bool) -> AsyncIterator[str]:
+    """OpenAI chunks: role first (chat), one chunk per decoding step, finish, usage, [DONE]."""
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    extra = {"usage": None} if usage else {}
+
+    def chunk(text: str | None, finish: str | None, role: bool = False) -> dict:
+        if chat:
+            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text is not None else {})
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        return {"id": ident, "object": kind, "created": created, "model": model, "choices": [choice], **extra}
+
+    if chat:
+        yield _sse(chunk(None, None, role=True))
+    last = first
+    try:
+        response = first
+        while True:
+            if response.get("text_output"):
+                yield _sse(chunk(response["text_output"], None))
+            last = response
+            if response.get("finish_reason"):
+                break
+            response = await iterator.__anext__()
+    except StopAsyncIteration:
+        pass
+    except OpenAIError as exc:  # mid-stream: the error travels as an event, then the stream ends
+        yield _sse(exc.body())
+        return
+    except Exception:  # noqa: BLE001 - headers are sent: an error event is the only way to say it
+        log.exception("the stream %s failed", ident)
+        yield _sse(OpenAIError(500, "the server failed on this request (an internal error; its log has the details)", None, "internal_error", "server_error").body())
+        return
+    yield _sse(chunk(None if chat else "", _finish_reason(last.get("finish_reason"))))
+    if usage:
+        yield _sse({"id": ident, "object": kind, "created": created, "model": model, "choices": [], "usage": _usage(last)})
+    yield _sse("[DONE]")
+
+
+def _model_card(info: ModelInfo) -> dict:
+    card = {"id": info.name, "object": "model", "created": info.created, "owned_by": "trtllm-dflash"}
+    card["dflash"] = {"speculative": info.speculative, "max_context": info.max_context, "max_tokens": info.max_new_tokens_limit}
+    return card
+
+
+def _usage(last: dict) -> dict:
+    prompt, completion = int(last.get("num_input_tokens") or 0), int(last.get("num_output_tokens") or 0)
+    return {
+        "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+        "dflash": {  # an extension: the acceptance of this request's speculative decoding
+            "mean_acceptance_length": round(float(last.get("mean_acceptance_length") or 0.0), 4),
+            "acceptance_rate": round(float(last.get("acceptance_rate") or 0.0), 4),
+            "accepted_draft_tokens": int(last.get("total_accepted_draft_tokens") or 0),
+            "draft_tokens": int(last.get("total_draft_tokens") or 0),
+            "time_to_first_token": round(float(last.get("time_to_first_token") or 0.0), 6),
+        },
+    }
+
+
+def _finish_reason(value: str | None) -> str:
+    return "stop" if value == "stop" else "length"  # "context": the context ran out
+
+
+def _sse(data: dict | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"

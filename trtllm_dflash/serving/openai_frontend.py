@@ -1,0 +1,249 @@
+"""The OpenAI front end's state: the served models it found, and each request's checks and translation.
+
+`Frontend` discovers the DFlash models Triton serves (with their limits and tokenizers), turns an
+OpenAI request into SamplingParams (whose checks are the only range checks; their errors become
+400s naming the OpenAI field), checks the prompt against the model's context, and opens the
+request on Triton's gRPC stream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.sampling_params import PromptTooLongError, SamplingError, SamplingParams, check_prompt_text, check_prompt_tokens
+from trtllm_dflash.serving.model_parameters import ServingConfig
+from trtllm_dflash.serving.openai_schemas import UNSUPPORTED, ChatCompletionRequest, GenerationRequest, OpenAIError
+from trtllm_dflash.serving.openai_triton import TritonStream
+from trtllm_dflash.serving.protocol import params_body
+
+log = logging.getLogger("uvicorn.error")  # uvicorn's logger: its lines share uvicorn's format and level
+
+DEFAULT_MAX_QUEUED = 256
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+DEFAULT_DRAIN_TIMEOUT = 30.0
+
+
+@dataclasses.dataclass
+class ModelInfo:
+    """One Triton model as the front end exposes it."""
+
+    name: str
+    tokenizer: Any
+    max_context: int | None  # prompt + generated tokens (None: not known, Triton checks)
+    max_new_tokens_limit: int | None  # largest max_tokens a request may ask for (None: not known)
+    default_max_new_tokens: int  # what a request that does not say gets
+    speculative: bool
+    created: int
+    max_batch: int = 0  # requests the model decodes at once (0: not known); sizes the queue bound
+    # one prompt tokenized at a time per tokenizer: a fast tokenizer used from two threads can
+    # fail ("Already borrowed") when one of them touches its padding/truncation settings
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
+def _tokenizer_dir(config: ServingConfig | None, name: str, override: str | None, repository: Path | None) -> Path:
+    from trtllm_dflash.checkpoints import resolve_checkpoint
+
+    if override:
+        return resolve_checkpoint(override, "tokenizer")
+    if config is None:
+        raise DFlashError(f"model {name!r} is not a trtllm-dflash Python-backend model", "pass --tokenizer DIR (the target's tokenizer) to serve it")
+    if config.runtime == "trt" and config.engines and config.target in ("", None):
+        raise DFlashError(f"model {name!r} names no target checkpoint", "pass --tokenizer DIR")
+    target = config.target
+    if target != "demo" and not Path(target).is_absolute():
+        if repository is None:
+            raise DFlashError(
+                f"model {name!r} names its target by a path relative to its repository ({target})",
+                "pass --tokenizer DIR (the target's tokenizer) or --repository REPO",
+            )
+        target = str((repository / name / target).resolve())
+    try:
+        return resolve_checkpoint(target, "target")
+    except DFlashError:
+        raise DFlashError(
+            f"model {name!r}'s target {target} is not on this machine (the front end tokenizes with it)",
+            "pass --tokenizer DIR with a copy of the target's tokenizer files",
+        ) from None
+
+
+def load_model_info(name: str, parameters: dict, tokenizer: str | None, repository: Path | None) -> ModelInfo:
+    """A ModelInfo from the model's config.pbtxt parameters (Triton's model-config API)."""
+    from transformers import AutoTokenizer
+
+    try:
+        config = ServingConfig.from_parameters(parameters)
+    except DFlashError:
+        config = None
+    folder = _tokenizer_dir(config, name, tokenizer, repository)
+    try:
+        tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - not a tokenizer folder
+        raise DFlashError(f"cannot load a tokenizer from {folder} for model {name!r} ({type(exc).__name__})", "pass --tokenizer DIR with tokenizer.json") from None
+    if config is None:
+        return ModelInfo(name, tok, None, None, 128, False, int(time.time()))
+    limit = min(config.max_tokens, config.max_context - 1)  # the parameters keep their wire names
+    default = min(config.default_max_tokens or 128, limit)
+    return ModelInfo(name, tok, config.max_context, limit, default, config.speculative, int(time.time()), config.max_batch)
+
+
+@dataclasses.dataclass
+class FrontendConfig:
+    triton_url: str  # gRPC host:port
+    models: Sequence[str] = ()  # expose only these (default: every DFlash model Triton serves)
+    tokenizer: str | None = None  # overrides the targets named in the model configs
+    repository: Path | None = None  # resolves relative target paths of the model configs
+    api_key: str | None = None  # required as `Authorization: Bearer KEY` on every route but /health
+    max_queued: int = DEFAULT_MAX_QUEUED  # requests in flight beyond what the models decode at once
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies get 413, unparsed
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT  # seconds in-flight requests get to finish on shutdown
+
+
+class Frontend:
+    """Model discovery, validation and request translation (the app's state)."""
+
+    def __init__(self, config: FrontendConfig) -> None:
+        self.config = config
+        self.client = None
+        self.models: dict[str, ModelInfo] = {}
+        self.in_flight = 0  # generation requests being answered (counted by Gate, on the event loop)
+        self.drain_deadline: float | None = None  # set when shutdown begins: new requests get 503
+
+    @property
+    def capacity(self) -> int:
+        """Generation requests admitted at once: what the models decode together, plus the queue."""
+        return sum(info.max_batch for info in self.models.values()) + self.config.max_queued
+
+    @property
+    def draining(self) -> bool:
+        return self.drain_deadline is not None
+
+    def drained(self) -> bool:
+        """Start draining (first call); True once no request is in flight or the drain timed out."""
+        if self.drain_deadline is None:
+            self.drain_deadline = time.monotonic() + self.config.drain_timeout
+            if self.in_flight:
+                log.info("draining: %d request(s) in flight get up to %.0f s to finish", self.in_flight, self.config.drain_timeout)
+        if self.in_flight and time.monotonic() >= self.drain_deadline:
+            log.warning("drain timeout: cutting %d request(s) still in flight", self.in_flight)
+            return True
+        return self.in_flight == 0
+
+    def discover(self) -> None:
+        """Find the served models and load their tokenizers (before serving: errors are clear lines)."""
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import InferenceServerException
+
+        client = grpcclient.InferenceServerClient(self.config.triton_url)
+        try:
+            index = client.get_model_repository_index(as_json=True)
+        except InferenceServerException as exc:
+            raise DFlashError(f"cannot reach Triton's gRPC endpoint at {self.config.triton_url} ({exc.message()})",
+                              "start `dflash-trt serve REPO` first or fix --triton-url (host:8001)") from None
+        ready = [m["name"] for m in index.get("models", []) if m.get("state") == "READY"]
+        for name in list(self.config.models) or ready:
+            if name not in ready:
+                raise DFlashError(f"model {name!r} is not ready on Triton at {self.config.triton_url} (ready: {', '.join(ready) or 'none'})",
+                                  "pass a served model with --model")
+            config = client.get_model_config(name, as_json=True)
+            parameters = config.get("config", config).get("parameters", {})
+            try:
+                self.models[name] = load_model_info(name, parameters, self.config.tokenizer, self.config.repository)
+            except DFlashError:
+                if self.config.models:  # named explicitly: say why it cannot be served
+                    raise
+        client.close()
+        if not self.models:
+            raise DFlashError(f"Triton at {self.config.triton_url} serves no DFlash model", "serve a repository written by `dflash-trt repo`")
+
+    async def start(self) -> None:
+        """The async gRPC client, created on the serving event loop."""
+        import tritonclient.grpc.aio as grpcaio
+
+        self.client = grpcaio.InferenceServerClient(self.config.triton_url)
+
+    async def stop(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+
+    def model(self, name: str) -> ModelInfo:
+        if name not in self.models:
+            raise OpenAIError(404, f"The model '{name}' does not exist; this server has {', '.join(self.models)}", "model", "model_not_found")
+        return self.models[name]
+
+    # ------------------------------------------------------------------ validation
+
+    def sampling(self, request: GenerationRequest, info: ModelInfo, max_tokens_field: str = "max_tokens") -> SamplingParams:
+        """The request's SamplingParams, checked by SamplingParams itself; OpenAI's defaults for
+        what the request leaves out. `max_tokens_field` is the field that carries the length
+        (chat requests may send max_completion_tokens instead)."""
+        extra = {**(request.model_extra or {}), "echo": getattr(request, "echo", None)}
+        for name, allowed in UNSUPPORTED.items():
+            if name in extra and not allowed(extra[name]):
+                raise OpenAIError(400, f"'{name}' is not supported by this server; leave it out", name, "unsupported_parameter")
+        if request.n not in (None, 1):
+            raise OpenAIError(400, f"n={request.n} is not supported: this server returns one choice per request; send n=1 and repeat the request for more", "n")
+        max_tokens = getattr(request, max_tokens_field)
+        stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+        params = SamplingParams(
+            max_new_tokens=info.default_max_new_tokens if max_tokens is None else max_tokens,
+            temperature=1.0 if request.temperature is None else request.temperature,
+            top_k=0 if request.top_k in (None, -1) else request.top_k,
+            top_p=1.0 if request.top_p is None else request.top_p,
+            seed=request.seed,
+            stop=tuple(s for s in stop if s),
+        )
+        try:
+            params.validate()
+            if info.max_new_tokens_limit is not None:
+                params.check_limit(info.max_new_tokens_limit)
+        except SamplingError as exc:
+            raise OpenAIError(400, str(exc.renamed({"max_new_tokens": max_tokens_field})), max_tokens_field if exc.field == "max_new_tokens" else exc.field) from None
+        return params
+
+    def check_prompt(self, info: ModelInfo, text: str, param: str) -> int:
+        """Prompt tokens (as the model will encode them); 400 when empty or over the context.
+
+        Blocking (it tokenizes): call it in a worker thread. A prompt too long by its character
+        count alone is refused before tokenizing, so a huge prompt costs nothing.
+        """
+        try:
+            check_prompt_text(text, info.max_context)
+            with info.lock:
+                count = len(info.tokenizer(text, add_special_tokens=False)["input_ids"])
+            check_prompt_tokens(count, info.max_context)
+        except PromptTooLongError as exc:  # in OpenAI's words, which clients look for
+            held = f", more than {exc.max_context} tokens of text can hold" if exc.unit == "characters" else ""
+            raise OpenAIError(
+                400, f"This model's maximum context length is {exc.max_context} tokens; the prompt has {exc.length} {exc.unit}{held}. Shorten it.",
+                param, "context_length_exceeded",
+            ) from None
+        except SamplingError as exc:
+            raise OpenAIError(400, str(exc), param) from None
+        return count
+
+    def chat_prompt(self, request: ChatCompletionRequest, info: ModelInfo) -> str:
+        from trtllm_dflash.chat import NoChatTemplateError, apply_chat_template
+
+        if not request.messages:
+            raise OpenAIError(400, "messages is empty; send at least one message", "messages")
+        for i, message in enumerate(request.messages):
+            if message.content is None and message.role != "assistant":
+                raise OpenAIError(400, f"messages[{i}] ({message.role}) has no content; give every message a content", "messages")
+        try:
+            return apply_chat_template(info.tokenizer, [m.model_dump() for m in request.messages], request.chat_template_kwargs)
+        except NoChatTemplateError:
+            raise OpenAIError(
+                400, f"model '{info.name}' has no chat template (its target tokenizer has none); use /v1/completions, "
+                "or add a chat_template to the target's tokenizer_config.json", "messages", "no_chat_template",
+            ) from None
+        except DFlashError as exc:
+            raise OpenAIError(400, str(exc), "messages") from None
+
+    def open(self, info: ModelInfo, prompt: str, params: SamplingParams) -> TritonStream:
+        return TritonStream(self.client, info.name, params_body(prompt, params, streaming=True))
