@@ -13,10 +13,13 @@ from __future__ import annotations
 import abc
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtllm_dflash.catalog.families import FamilySpec, Support
 from trtllm_dflash.errors import DFlashError
+
+if TYPE_CHECKING:
+    from trtllm_dflash.api import DFlashPipeline
 
 # build stages every backend runs, around its own (`Backend.build_stages`)
 FIRST_STAGES = ("checkpoints", "quantize")
@@ -92,7 +95,7 @@ class Backend(abc.ABC):
         )
 
     @abc.abstractmethod
-    def open_pipeline(self, source: PipelineSource, device: str = "cpu", max_context: int | None = None):
+    def open_pipeline(self, source: PipelineSource, device: str = "cpu", max_context: int | None = None) -> DFlashPipeline:
         """A DFlashPipeline over this backend's artifacts (what `generate`, the Triton model and `bench` decode with)."""
 
 

@@ -7,10 +7,13 @@ with transformers when the server starts.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtllm_dflash.backends.base import Backend, BuildStep, PipelineSource
 from trtllm_dflash.errors import DFlashError
+
+if TYPE_CHECKING:
+    from trtllm_dflash.api import DFlashPipeline
 
 
 class TorchBackend(Backend):
@@ -30,7 +33,7 @@ class TorchBackend(Backend):
     def write_recipe_repository(self, out: Path, recipe: Any, drafter_dir: str | None = None, force: bool = False) -> tuple[Path, list[str]]:
         raise DFlashError(f"recipe {recipe.name} serves its checkpoints directly", "write it with `dflash-trt repo --recipe` (the Python-backend models)")
 
-    def open_pipeline(self, source: PipelineSource, device: str = "cpu", max_context: int | None = None):
+    def open_pipeline(self, source: PipelineSource, device: str = "cpu", max_context: int | None = None) -> DFlashPipeline:
         from trtllm_dflash.api import DFlashPipeline
 
         if source.target is None:

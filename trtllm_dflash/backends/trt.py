@@ -2,16 +2,21 @@
 
 Its build exports the graphs, checks them against the torch runtime and builds the engines; its
 Triton repository holds Python-backend models that drive the engines (or, until engines are
-built, the build's checkpoints on the torch runtime).
+built, the build's checkpoints on the torch runtime). The runtimes (runtime/onnx_runtime.py,
+runtime/trt_runtime.py) run the graphs and engines; the pipelines here wrap one with the build's
+tokenizer and end-of-sequence ids, so the runtimes never import the API.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtllm_dflash.backends.base import Backend, BuildStep, PipelineSource, quantize_needs, quantize_samples, quantized_precisions
-from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.errors import DFlashError, MissingDependencyError
+
+if TYPE_CHECKING:
+    from trtllm_dflash.api import DFlashPipeline
 
 
 class TrtBackend(Backend):
@@ -50,20 +55,48 @@ class TrtBackend(Backend):
 
         return write_repository(out, models_from_build(build_dir), source={"build": str(build_dir)}, force=force)
 
-    def open_pipeline(self, source: PipelineSource, device: str = "cuda", max_context: int | None = None):
+    def open_pipeline(self, source: PipelineSource, device: str = "cuda", max_context: int | None = None) -> DFlashPipeline:
         """The engines (on a GPU), or with `source.onnx` the graphs they were built from (on CPU, onnxruntime)."""
         if source.build is None:
             raise DFlashError("the trt backend runs a build's engines, and no build was named", "pass --engines BUILD (or --onnx BUILD on CPU)")
         build = Path(source.build).expanduser()
         if source.onnx:
-            from trtllm_dflash.build_pipelines import load_onnx_pipeline
-
             return load_onnx_pipeline(build, drafter=source.speculative, max_context=max_context)
-        from trtllm_dflash.build_pipelines import load_engine_pipeline
-
         return load_engine_pipeline(engines_folder(build), drafter=source.speculative, device=device, max_context=max_context)
 
 
 def engines_folder(build: Path) -> Path:
     """A build's engines/ folder, given the build directory or the folder itself."""
     return build / "engines" if (build / "engines" / "engines.json").is_file() else build
+
+
+def load_onnx_pipeline(build_dir: str | Path, max_context: int | None = None, variant: str = "native", drafter: bool = True) -> DFlashPipeline:
+    """A DFlashPipeline that runs a build's ONNX graphs on CPU with onnxruntime (`drafter=False`: AR)."""
+    from trtllm_dflash.api import DFlashPipeline
+    from trtllm_dflash.runtime.artifacts import export_dir_of, tokenizer_and_stops
+    from trtllm_dflash.runtime.onnx_runtime import OnnxRuntime
+
+    export_dir = export_dir_of(build_dir)
+    runtime = OnnxRuntime(export_dir, variant, drafter=drafter)
+    tokenizer, stops = tokenizer_and_stops(export_dir / "tokenizer")
+    limit = int(runtime.info["bounds"]["max_seq_len"])
+    return DFlashPipeline(runtime, tokenizer, stops, max_context=min(max_context or limit, limit))
+
+
+def load_engine_pipeline(
+    engines_dir: str | Path, drafter: bool = True, device: str = "cuda", max_context: int | None = None, variant: str = "native"
+) -> DFlashPipeline:
+    """A DFlashPipeline over the engines of a build (the serving model and `generate --engines` use it).
+
+    `drafter=False` runs the target engine alone (autoregressive: the serving baseline)."""
+    from trtllm_dflash.api import DFlashPipeline
+    from trtllm_dflash.runtime.artifacts import tokenizer_and_stops
+    from trtllm_dflash.runtime.trt_runtime import TrtRuntime
+
+    if device == "cpu":
+        raise MissingDependencyError("TensorRT engines run on a GPU, not on the CPU", "use --device cuda, or `generate --onnx BUILD` on CPU")
+    engines_dir = Path(engines_dir)
+    runtime = TrtRuntime(engines_dir, variant, drafter)
+    tokenizer, stops = tokenizer_and_stops(engines_dir / "tokenizer")
+    limit = int(runtime.info["bounds"]["max_seq_len"])
+    return DFlashPipeline(runtime, tokenizer, stops, max_context=min(max_context or limit, limit))

@@ -8,10 +8,13 @@ This toolkit does not decode with it, so it opens no pipeline here.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtllm_dflash.backends.base import Backend, BuildStep, PipelineSource, quantize_needs, quantize_samples, quantized_precisions
 from trtllm_dflash.errors import DFlashError
+
+if TYPE_CHECKING:
+    from trtllm_dflash.api import DFlashPipeline
 
 
 class TrtllmBackend(Backend):
@@ -63,7 +66,7 @@ class TrtllmBackend(Backend):
 
         return write_trtllm_repository(out, recipe, drafter_dir=drafter_dir, force=force)
 
-    def open_pipeline(self, source: PipelineSource, device: str = "cuda", max_context: int | None = None):
+    def open_pipeline(self, source: PipelineSource, device: str = "cuda", max_context: int | None = None) -> DFlashPipeline:
         raise DFlashError(
             "a trtllm deployment is decoded by TensorRT-LLM, not by this toolkit's pipeline",
             "serve its repository in NVIDIA's Triton TensorRT-LLM container and pass --url",
