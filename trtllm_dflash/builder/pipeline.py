@@ -365,6 +365,7 @@ def make_stages(spec: BuildSpec, target_dir: Path, drafter_dir: Path) -> list[St
         lambda ctx: run_checkpoints(ctx, target_dir, drafter_dir),
         inputs={"target": [str(target_dir), listing(target_dir)], "drafter": [str(drafter_dir), listing(drafter_dir)]},
     )
+    # "runtime" stays the key (the backend's old name) so finished quantize stages are not rebuilt
     quant_inputs: dict[str, Any] = {"quantization": recipe["quantization"], "runtime": spec.backend}
     if spec.quantized:
         quant_inputs.update(modelopt=tools["modelopt"], torch=tools["torch"], transformers=tools["transformers"])
