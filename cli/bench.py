@@ -68,12 +68,12 @@ def bench(
     quiet_libraries()
     import torch
 
-    from trtllm_dflash.bench.backends import open_backend
+    from trtllm_dflash.bench.systems import open_system
     from trtllm_dflash.bench.report import print_report, write_json, write_plots
 
     if threads:
         torch.set_num_threads(threads)
-    backend = open_backend(model=model, target=target, drafter=drafter, build=build, url=url, device=device,
+    backend = open_system(model=model, target=target, drafter=drafter, build=build, url=url, device=device,
                            server_model=server_model, ar_model=ar_model, protocol=protocol)
     console = Console(highlight=False)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

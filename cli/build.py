@@ -68,13 +68,29 @@ def _short(summary: dict) -> str:
     return ": " + ", ".join(f"{k} {summary[k]}" for k in keys[:3])
 
 
+def render(plan, console: Console) -> None:
+    """The deployment plan, then the build's stages on this machine (also `build --dry-run`)."""
+    from trtllm_dflash.cli.plan import print_plan
+
+    print_plan(plan.spec.plan, console)
+    console.print(f"[bold]On this machine[/] ({escape(plan.spec.source)}):")
+    for stage in plan.stages:
+        mark = "[green]✓[/]" if stage.runs_here else ("[dim]-[/]" if stage.optional else "[yellow]✗[/]")
+        console.print(f"  {mark} [bold]{stage.name:12}[/] {escape(stage.action)}")
+        console.print(f"    {'':12} [dim]where:[/] {escape(stage.where)}; [dim]output:[/] {escape(stage.output)}")
+    for note in plan.notes:
+        console.print(f"  [dim]note:[/] {escape(note)}")
+    if plan.stops_before:
+        console.print(f"  [yellow]here the build stops before: {plan.stops_before} (finished stages are kept)[/]")
+
+
 def build(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name from the catalog (e.g. demo, qwen3-8b, gpt-oss-120b) or a target checkpoint directory."),
     gpu: Optional[str] = typer.Option(None, "--gpu", "-g", help="GPU type to build for (e.g. rtx-pro-6000, h100, b300)."),
     drafter: Optional[str] = typer.Option(None, "--drafter", help="DFlash drafter directory (z-lab layout); default: the catalog's drafter."),
     recipe: Optional[str] = typer.Option(None, "--recipe", help="Recipe YAML file or '<model>/<gpu>' name (docs/recipes.md); flags override it."),
     quant: Optional[str] = typer.Option(None, "--quant", "-q", help="bf16, fp16, fp8 or nvfp4 (gpt-oss: the experts, mxfp4 as shipped); default: the recipe's."),
-    runtime: Optional[str] = typer.Option(None, "--runtime", help="trt (our engines) or trtllm (TensorRT-LLM); default: the recipe's. One the target family cannot use is refused, naming the one that works."),
+    backend: Optional[str] = typer.Option(None, "--backend", "--runtime", help="Deployment backend: trt (our engines) or trtllm (TensorRT-LLM); default: the recipe's. One the target family cannot use is refused, naming the one that works. --runtime is the old spelling."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: out/<model>-<gpu>)."),
     calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration text for FP8/NVFP4: .txt (a sample per line) or .jsonl with 'text'."),
     max_batch: Optional[int] = typer.Option(None, "--max-batch", help="Largest batch the engines accept."),
@@ -86,13 +102,13 @@ def build(
     explain_bytes: bool = typer.Option(False, "--explain-bytes", help="After the export: print the bytes each engine reads and writes per verify step (`dflash-trt explain-bytes OUT`)."),
 ) -> None:
     """Build a DFlash deployment: checkpoints -> quantize -> ONNX -> validate -> engines -> repository."""
-    from trtllm_dflash.builder.plan import make_build_plan, render
+    from trtllm_dflash.builder.stage_plan import make_build_plan
     from trtllm_dflash.builder.spec import resolve_spec
 
     spec = resolve_spec(
         model, gpu, recipe, quant, drafter,
         max_batch=max_batch, max_input_len=max_input_len, max_seq_len=max_seq_len, calibration=calibration,
-        runtime=runtime,
+        runtime=backend,
     )
     console = Console(highlight=False)
     plan = make_build_plan(spec)

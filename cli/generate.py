@@ -67,20 +67,15 @@ def generate(
     quiet_libraries()
     if chat and (engines is not None or onnx is not None):
         raise DFlashError("--chat runs on --target models only", "pass --target DIR (the chat template comes from its tokenizer)")
+    from trtllm_dflash.backends import PipelineSource, get_backend
+
     if engines is not None:  # the TensorRT engines of a build (GPU)
-        from trtllm_dflash.build_pipelines import load_engine_pipeline
-
-        folder = engines / "engines" if (engines / "engines" / "engines.json").is_file() else engines
-        pipe = load_engine_pipeline(folder, device="cuda", max_context=max_context)
+        pipe = get_backend("trt").open_pipeline(PipelineSource(build=engines), device="cuda", max_context=max_context)
     elif onnx is not None:  # the exported graphs on CPU (what the engines were built from)
-        from trtllm_dflash.build_pipelines import load_onnx_pipeline
-
-        pipe = load_onnx_pipeline(onnx, max_context=max_context)
+        pipe = get_backend("trt").open_pipeline(PipelineSource(build=onnx, onnx=True), device="cpu", max_context=max_context)
         Console(stderr=True, highlight=False).print("[dim]running the build's ONNX graphs on CPU with onnxruntime[/]")
     else:
-        from trtllm_dflash.api import DFlashPipeline
-
-        pipe = DFlashPipeline.load(target, drafter, device=device, max_context=max_context)
+        pipe = get_backend("torch").open_pipeline(PipelineSource(target, drafter), device=device, max_context=max_context)
     outputs = pipe.generate(
         prompts,
         max_new_tokens=max_new_tokens,

@@ -77,7 +77,7 @@ def plan(
     kv_cache: Optional[str] = typer.Option(None, "--kv-cache", help="KV cache precision: bf16 | fp16 | fp8."),
     context: Optional[int] = typer.Option(None, "--context", "-L", help="Tokens per sequence (prompt + output) to budget KV for."),
     max_batch: Optional[int] = typer.Option(None, "--max-batch", help="Engine max batch (activations, CUDA graphs)."),
-    runtime: Optional[str] = typer.Option(None, "--runtime", help="trt | trtllm | torch (default: recipe, else by model)."),
+    backend: Optional[str] = typer.Option(None, "--backend", "--runtime", help="Deployment backend: trt | trtllm | torch (default: recipe, else by model). --runtime is the old spelling."),
     recipe_file: Optional[str] = typer.Option(
         None, "--recipe", help="Plan from this recipe (file or '<model>/<gpu>'); --model/--gpu then default to it."
     ),
@@ -97,7 +97,7 @@ def plan(
         raise DFlashError("plan needs a model and a GPU", "pass --model NAME --gpu GPU (or --recipe FILE)")
     result = plan_deployment(
         model, gpu, num_gpus=num_gpus, quant=quant, kv_cache=kv_cache, context=context,
-        max_batch=max_batch, runtime=runtime, recipe=recipe,
+        max_batch=max_batch, runtime=backend, recipe=recipe,
     )
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))

@@ -59,7 +59,7 @@ def show(
     recipe = resolve_recipe(name)
     if as_json:
         payload = {"name": recipe.name, "path": str(recipe.path), **recipe.model_dump(mode="json")}
-        if recipe.runtime == "trtllm":
+        if recipe.trtllm is not None:  # the LLM-API options of a trtllm recipe
             payload["llm_api_options"] = recipe.llm_api_options()
         print(json.dumps(payload, indent=2))
         return
@@ -72,7 +72,7 @@ def show(
     console.print("  drafts per step by concurrency: " + ", ".join(f">={c}: {n}" for c, n in schedule.items()))
     if recipe.trt_flavour():
         console.print(f"  TensorRT flavour: {recipe.trt_flavour()}")
-    if recipe.runtime == "trtllm":
+    if recipe.trtllm is not None:
         import yaml
 
         console.print("  TensorRT-LLM LLM-API options (model.yaml / trtllm-serve --config):")

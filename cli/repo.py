@@ -36,6 +36,7 @@ def repo(
     force: bool = typer.Option(False, "--force", help="Replace an existing --out."),
 ) -> None:
     """Write a Triton Inference Server model repository that serves DFlash (and its AR baseline)."""
+    from trtllm_dflash.backends import get_backend, write_build_repository
     from trtllm_dflash.serving import repository
     from trtllm_dflash.serving.model_parameters import ServingConfig
 
@@ -45,24 +46,18 @@ def repo(
     console = Console(highlight=False)
     limits: dict = {}
     if build is not None:
-        path = repository.write_build_repository(build, out, force=force)
+        path = write_build_repository(build, out, force=force)
         console.print(f"wrote {escape(str(path))} from the build in {escape(str(build))}; serve it with `dflash-trt serve {escape(str(path))}`")
         return
     found = _recipe_for(model, gpu, recipe)
-    if found is not None and found.runtime == "trtllm":
-        from trtllm_dflash.serving.trtllm import write_trtllm_repository
-
-        path, notes = write_trtllm_repository(out, found, drafter_dir=drafter, force=force)
-        console.print(f"wrote the TensorRT-LLM LLM-API repository for [bold]{escape(found.name)}[/] to {escape(str(path))}")
+    backend = get_backend(found.backend) if found is not None else None
+    if backend is not None and backend.needs_build:  # its own repository (trtllm), or built first (trt)
+        path, notes = backend.write_recipe_repository(out, found, drafter_dir=drafter, force=force)
+        console.print(f"wrote {backend.repository_title} for [bold]{escape(found.name)}[/] to {escape(str(path))}")
         for note in notes:
             console.print(f"[yellow]note:[/] {escape(note)}")
-        console.print("serve it in NVIDIA's Triton TensorRT-LLM container: tritonserver --model-repository " + escape(str(path)))
+        console.print(escape(backend.serve_hint(path)))
         return
-    if found is not None and found.runtime == "trt":
-        raise DFlashError(
-            f"recipe {found.name} serves TensorRT engines, which must be built first",
-            f"run `dflash-trt build --recipe {found.name} --out BUILD` on a GPU machine, then `dflash-trt repo --build BUILD --out {out}`",
-        )
     if found is not None:
         target, draft = found.model.checkpoint, found.drafter.checkpoint
         limits = {"max_batch": found.triton.max_batch_size, "max_context": found.limits.max_seq_len,

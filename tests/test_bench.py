@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from trtllm_dflash.bench.backends import BackendRun, PairBackend, open_backend
+from trtllm_dflash.bench.systems import SystemRun, PairSystem, open_system
 from trtllm_dflash.bench.measure import BenchConfig, default_block_sizes, run_bench
 from trtllm_dflash.bench.prompts import SET_NAMES, load_prompt_set
 from trtllm_dflash.cli.app import app
@@ -47,10 +47,10 @@ def test_bench_demo_writes_report_and_plots(tmp_path):
     assert "speedup" in result.output and "lossless" in result.output
 
 
-class CorruptingBackend(PairBackend):
+class CorruptingBackend(PairSystem):
     """A pair whose DFlash mode changes one token: the bench must report it as not lossless."""
 
-    def run(self, prompts, speculative, block_size, concurrency, max_new_tokens) -> BackendRun:
+    def run(self, prompts, speculative, block_size, concurrency, max_new_tokens) -> SystemRun:
         run = super().run(prompts, speculative, block_size, concurrency, max_new_tokens)
         if speculative:
             for result in run.results:
@@ -78,15 +78,15 @@ def tiny_qwen3_with_tokenizer(tmp_path_factory):
 
 def test_backend_choice_errors(tmp_path):
     with pytest.raises(DFlashError, match="holds no exported graphs"):
-        open_backend(build=tmp_path)
+        open_system(build=tmp_path)
     from trtllm_dflash.serving.server import free_port
 
     with pytest.raises(DFlashError, match="'dflash' is not ready on the server"):
-        open_backend(url=f"http://127.0.0.1:{free_port()}")
+        open_system(url=f"http://127.0.0.1:{free_port()}")
     with pytest.raises(DFlashError, match="exactly one"):
-        open_backend(model="demo", url="http://localhost:8000")
+        open_system(model="demo", url="http://localhost:8000")
     with pytest.raises(DFlashError, match="without --drafter"):
-        open_backend(target=str(tmp_path))
+        open_system(target=str(tmp_path))
 
 
 def test_prompt_sets(tmp_path):

@@ -142,11 +142,11 @@ def test_speculative_decode_through_the_graphs_equals_the_torch_runtime(onnx_run
 
 def test_bench_on_the_build_runs_its_graphs_and_matches_the_torch_runtime(build, reference):
     """`dflash-trt bench --build DIR` on CPU: the build's ONNX graphs, AR vs DFlash, lossless."""
-    from trtllm_dflash.bench.backends import open_backend
+    from trtllm_dflash.bench.systems import open_system
     from trtllm_dflash.bench.measure import BenchConfig, run_bench
     from trtllm_dflash.errors import DFlashError
 
-    backend = open_backend(build=build)
+    backend = open_system(build=build)
     assert backend.name == "onnxruntime" and backend.describe()["artifacts"].endswith("export")
     prompts = ["def __init__(self, name):", "import os\nimport sys\n"]
     report = run_bench(backend, prompts, BenchConfig(max_new_tokens=12, block_sizes=[2, backend.block_size], concurrency=[2], warmup=False))

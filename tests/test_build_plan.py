@@ -55,7 +55,7 @@ def test_dry_run_gpt_oss_on_b300_is_a_complete_trtllm_plan():
 
 
 def test_dry_run_for_every_shipped_engine_recipe():
-    from trtllm_dflash.builder.plan import make_build_plan
+    from trtllm_dflash.builder.stage_plan import make_build_plan
     from trtllm_dflash.builder.spec import resolve_spec
     from trtllm_dflash.recipes import list_recipes
 
@@ -74,7 +74,7 @@ def test_dry_run_for_every_shipped_engine_recipe():
 
 
 def test_demo_rtx_plan_builds_everything_here():
-    from trtllm_dflash.builder.plan import make_build_plan
+    from trtllm_dflash.builder.stage_plan import make_build_plan
     from trtllm_dflash.builder.spec import resolve_spec
 
     plan = make_build_plan(resolve_spec("demo", "rtx-pro-6000"))

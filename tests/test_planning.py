@@ -174,7 +174,7 @@ def test_layout_refusals():
 
 
 def test_nothing_fits_says_so(monkeypatch):
-    import trtllm_dflash.planning as planning
+    import trtllm_dflash.planning.memory as planning
 
     monkeypatch.setattr(planning, "host_memory_bytes", lambda: 24 * GIB)
     plan = plan_deployment("gpt-oss-120b", "cpu")  # FP32 on CPU: 467 GB of weights

@@ -296,7 +296,7 @@ def test_repo_from_a_build_uses_its_engines_when_built_else_its_checkpoints(tiny
     assert configs["ar"].drafter is None
     manifest["stages"]["engines"] = {"status": "complete", "dir": "engines", "summary": {}}
     (build / "manifest.json").write_text(json.dumps(manifest))
-    from trtllm_dflash.serving.repository import write_build_repository
+    from trtllm_dflash.backends import write_build_repository
 
     configs = served(write_build_repository(build))
     assert configs["dflash"].runtime == "trt" and configs["dflash"].engines == str(build / "engines")

@@ -19,7 +19,7 @@ import dataclasses
 import statistics
 from typing import Callable, Sequence
 
-from trtllm_dflash.bench.backends import BackendRun, BenchBackend
+from trtllm_dflash.bench.systems import SystemRun, BenchSystem
 from trtllm_dflash.errors import DFlashError
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -47,7 +47,7 @@ def _mode_key(block_size: int | None) -> str:
     return "ar" if block_size is None else f"dflash@{block_size}"
 
 
-def _step_means(runs: list[BackendRun]) -> dict:
+def _step_means(runs: list[SystemRun]) -> dict:
     steps = [s for run in runs for s in run.steps]
     if not steps:
         return {"steps": 0, "draft_ms": None, "verify_ms": None}
@@ -66,7 +66,7 @@ def _histogram(lengths: list[int], block_size: int) -> dict[str, int]:
 
 
 def run_bench(
-    backend: BenchBackend, prompts: list[str], config: BenchConfig, progress: Progress | None = None
+    backend: BenchSystem, prompts: list[str], config: BenchConfig, progress: Progress | None = None
 ) -> dict:
     """Measure everything listed in the module docstring; returns a JSON-ready report."""
     trained = backend.block_size
@@ -99,7 +99,7 @@ def run_bench(
 
     # ---- main comparison and block-size sweep, one prompt at a time, rotating order
     modes: list[int | None] = [None, *sweep]
-    per_mode: dict[str, list[BackendRun]] = {_mode_key(m): [] for m in modes}
+    per_mode: dict[str, list[SystemRun]] = {_mode_key(m): [] for m in modes}
     total = config.repeats * len(encoded)
     for index in range(total):
         ids = encoded[index % len(encoded)]

@@ -1,13 +1,14 @@
 """`dflash-trt build`: from checkpoints to ONNX graphs, TensorRT engines and a Triton repository.
 
 The build is a chain of stages (stages.py), each reading the previous stage's directory and
-writing its own under the output directory, with a manifest (manifest.py). spec, plan, stages,
-manifest and pipeline import no torch; the modules of the stages (quantize, fp8, export,
+writing its own under the output directory, with a manifest (manifest.py). spec, stage_plan,
+feasibility, stages, manifest and pipeline import no torch; the modules of the stages (quantize, fp8, export,
 validate, engines) are imported only when their stage runs, so planning a build (`--dry-run`)
 is instant on any machine.
 
     spec.py           the recipe (trtllm_dflash.recipes) with command-line overrides, planner-checked
-    plan.py           what runs on this machine, and output sizes (no torch import)
+    stage_plan.py     the build's stages on this machine: where each runs, output sizes (no torch import)
+    feasibility.py    what can run, decided once for the stage plan and the stages; the build's backend
     stages.py         atomic, skippable stage directories
     manifest.py       hashes, tool versions, atomic JSON
     pipeline.py       the stages of a build, in order, and manifest.json

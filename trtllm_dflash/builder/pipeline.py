@@ -5,8 +5,11 @@
     export       ONNX graphs of the target and the drafter (plain-op and plugin variants)
     validate     the graphs on CPU against the torch runtime (numerics + a greedy decode)
     engines      TensorRT / TensorRT-RTX engines from the graphs
-    trtllm       (runtime `trtllm`, instead of export/validate/engines) TensorRT-LLM's options
+    trtllm       (backend `trtllm`, instead of export/validate/engines) TensorRT-LLM's options
     repository   the Triton model repository (the serving part's writer)
+
+Which stages a build has is the backend's answer (trtllm_dflash.backends); what can run is
+decided once, in feasibility.py, for this and for the stage plan (`--dry-run`).
 
 A stage that cannot run on this machine (no GPU, no TensorRT) is recorded as blocked; the stages
 that do not need it still run (the repository then serves the torch runtime), and the same
@@ -23,7 +26,8 @@ from typing import Any
 
 from trtllm_dflash.builder import manifest as mf
 from trtllm_dflash.extras import require
-from trtllm_dflash.builder.plan import CPU_VALIDATION_MAX_PARAMS
+from trtllm_dflash.backends import write_build_repository
+from trtllm_dflash.builder.feasibility import backend_of, needs_expert_conversion, repository_writer, validation_skip_reason
 from trtllm_dflash.builder.spec import BuildSpec, export_support
 from trtllm_dflash.builder.stages import BuildResult, Reporter, Stage, StageBlocked, StageContext, StageRunner
 from trtllm_dflash.errors import CheckpointError, DFlashError
@@ -122,15 +126,14 @@ def _target_source(ctx: StageContext) -> Path:
 
 
 def run_quantize(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
-    model = spec.recipe.model_spec()
-    if model.native_expert_precision == "mxfp4" and spec.experts == "nvfp4" and not spec.quantized:
+    if needs_expert_conversion(spec):
         raise StageBlocked(
             "converting the published MXFP4 experts to NVFP4 is not implemented in this build",
             "serve the MXFP4 experts as published (`--quant mxfp4`; TensorRT-LLM runs them natively), "
             "or convert with ModelOpt's MXFP4-to-NVFP4 cast and pass the converted checkpoint as the model",
         )
     if not spec.quantized:
-        what = f"{spec.quant} weights are cast at export" if spec.runtime == "trt" else "TensorRT-LLM loads the checkpoint as published"
+        what = backend_of(spec).unquantized_note(spec.quant)
         return {"quant": spec.quant, "experts": spec.experts, "note": f"no quantization: {what}"}
     from trtllm_dflash.builder.quantize import quantize_target
 
@@ -213,10 +216,8 @@ def run_validate(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
 
     export = ctx.upstream["export"]["summary"]
     checkpoints = ctx.upstream["checkpoints"]["summary"]
-    params = spec.recipe.model_spec().params().total
-    if params > CPU_VALIDATION_MAX_PARAMS:
-        note = (f"skipped: a {params / 1e9:.1f}B-parameter target is too large to evaluate on CPU here; "
-                "the GPU losslessness gate (docs/build.md) checks the engines instead")
+    note = validation_skip_reason(spec)
+    if note is not None:
         (ctx.workdir / "report.json").write_text(json.dumps({"status": "skipped", "note": note}, indent=2) + "\n")
         return {"status": "skipped", "note": note}
     dtype = export["dtype"]
@@ -323,11 +324,8 @@ def run_engines(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
 def run_trtllm(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     import yaml
 
-    from trtllm_dflash.serving.trtllm import LLMApiOptions, llm_api_options, validate_options
-
     checkpoints = ctx.upstream["checkpoints"]["summary"]
-    options, notes = llm_api_options(spec.recipe, drafter_dir=checkpoints["drafter"]["path"])
-    validate_options(options, LLMApiOptions, f"TensorRT-LLM options of {spec.recipe.name}")
+    options, notes = backend_of(spec).checked_options(spec.recipe, checkpoints["drafter"]["path"])
     checked_by = check_with_tensorrt_llm({"model": checkpoints["target"]["path"], "backend": "pytorch", **options})
     (ctx.workdir / "llm_api.yaml").write_text(
         f"# {spec.recipe.name}: trtllm-serve {checkpoints['target']['path']} --backend pytorch --config llm_api.yaml\n"
@@ -346,19 +344,10 @@ def check_with_tensorrt_llm(options: dict[str, Any]) -> str:
     return "the LLM-API key schema and tensorrt_llm's TorchLlmArgs"
 
 
-def repository_writer():
-    """The serving part's repository module, when it is installed."""
-    try:
-        from trtllm_dflash.serving import repository
-    except ImportError:
-        return None
-    return repository
-
-
 def run_repository(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     """The serving part writes the repository from this build's manifest (engines when built)."""
     repository = repository_writer()
-    repository.write_build_repository(ctx.out, ctx.workdir / "triton", force=True)
+    write_build_repository(ctx.out, ctx.workdir / "triton", force=True)
     written = json.loads((ctx.workdir / "triton" / repository.MANIFEST).read_text())
     models = written.get("models", {})
     runtimes = sorted({str(m.get("runtime")) for m in models.values()})
@@ -376,7 +365,8 @@ def make_stages(spec: BuildSpec, target_dir: Path, drafter_dir: Path) -> list[St
         lambda ctx: run_checkpoints(ctx, target_dir, drafter_dir),
         inputs={"target": [str(target_dir), listing(target_dir)], "drafter": [str(drafter_dir), listing(drafter_dir)]},
     )
-    quant_inputs: dict[str, Any] = {"quantization": recipe["quantization"], "runtime": spec.runtime}
+    # "runtime" stays the key (the backend's old name) so finished quantize stages are not rebuilt
+    quant_inputs: dict[str, Any] = {"quantization": recipe["quantization"], "runtime": spec.backend}
     if spec.quantized:
         quant_inputs.update(modelopt=tools["modelopt"], torch=tools["torch"], transformers=tools["transformers"])
         dataset = Path(spec.calibration.dataset).expanduser()
@@ -387,32 +377,31 @@ def make_stages(spec: BuildSpec, target_dir: Path, drafter_dir: Path) -> list[St
         "repository", "Write the Triton model repository", lambda ctx: run_repository(ctx, spec),
         {"recipe": recipe, "toolkit": tools["trtllm_dflash"]}, ("checkpoints",), ("quantize", "engines", "trtllm"),
     )
-    if spec.runtime == "trtllm":
-        trtllm_stage = Stage(
+    bounds = [spec.max_batch, spec.max_input_len, spec.max_seq_len, spec.block_size]
+    flavour_version = tools["tensorrt_rtx"] if spec.trt_flavour == "tensorrt-rtx" else tools["tensorrt"]
+    own_stages = {
+        "trtllm": lambda: Stage(
             "trtllm", "Write and check the TensorRT-LLM configuration", lambda ctx: run_trtllm(ctx, spec),
             {"recipe": recipe, "tensorrt_llm": tools["tensorrt_llm"]}, ("checkpoints", "quantize"),
-        )
-        stages = [checkpoints, quantize, trtllm_stage]
-    else:
-        bounds = [spec.max_batch, spec.max_input_len, spec.max_seq_len, spec.block_size]
-        export = Stage(
+        ),
+        "export": lambda: Stage(
             "export", "Export the ONNX graphs", lambda ctx: run_export(ctx, spec),
             {"format": EXPORT_FORMAT, "dtype": spec.compute_dtype, "bounds": bounds, "graphs": list(spec.graphs),
              "tools": {k: tools[k] for k in ("torch", "transformers", "onnx", "onnxscript", "trtllm_dflash")}},
             ("checkpoints", "quantize"),
-        )
-        validate_stage = Stage(
+        ),
+        "validate": lambda: Stage(
             "validate", "Check the graphs on CPU against the torch runtime", lambda ctx: run_validate(ctx, spec),
             {"format": VALIDATE_FORMAT, "onnxruntime": tools["onnxruntime"], "torch": tools["torch"]}, ("checkpoints", "quantize", "export"),
-        )
-        flavour_version = tools["tensorrt_rtx"] if spec.trt_flavour == "tensorrt-rtx" else tools["tensorrt"]
-        engines = Stage(
+        ),
+        "engines": lambda: Stage(
             "engines", f"Build the engines ({spec.trt_flavour})", lambda ctx: run_engines(ctx, spec),
             {"flavour": spec.trt_flavour, "version": flavour_version, "gpu": spec.gpu.name, "bounds": bounds,
              "optimization_level": spec.builder_optimization_level},
             ("export", "validate"),
-        )
-        stages = [checkpoints, quantize, export, validate_stage, engines]
+        ),
+    }
+    stages = [checkpoints, quantize] + [own_stages[name]() for name in backend_of(spec).build_stages]
     if repository_writer() is not None:
         stages.append(repository)
     return stages

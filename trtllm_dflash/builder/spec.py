@@ -50,8 +50,14 @@ class BuildSpec:
         return self.recipe.gpu_spec()
 
     @property
+    def backend(self) -> str:
+        """The deployment backend (trt, trtllm or torch; trtllm_dflash.backends)."""
+        return self.recipe.backend
+
+    @property
     def runtime(self) -> str:
-        return self.recipe.runtime
+        """The backend's former name, kept for callers that still use it."""
+        return self.backend
 
     @property
     def source(self) -> str:
@@ -228,6 +234,7 @@ def resolve_spec(
     **overrides: Any,
 ) -> BuildSpec:
     """The recipe for model x GPU (or --recipe), with flags applied, accepted by the planner."""
+    from trtllm_dflash.backends import get_backend
     from trtllm_dflash.catalog.gpus import CPU
     from trtllm_dflash.planning import plan_deployment
     from trtllm_dflash.recipes import Recipe, find_recipe, resolve_recipe
@@ -257,7 +264,7 @@ def resolve_spec(
             raise SpecError(f"--model {model} is a file, not a model name or a checkpoint directory", "pass a name or a directory")
         else:
             chosen = find_recipe(model, gpu)
-    if chosen.gpu == CPU or chosen.runtime == "torch":
+    if chosen.gpu == CPU or not get_backend(chosen.backend).needs_build:
         raise SpecError(
             f"recipe {chosen.name} runs the torch runtime, which needs no build",
             f"serve it directly: `dflash-trt repo --model {chosen.model.name} --out REPO`, or build for a GPU (--gpu rtx-pro-6000)",

@@ -3,7 +3,8 @@
 A family is a transformers `model_type`. For each one the catalog records its attention kind
 (dense / sliding / sinks / hybrid-linear / MLA), whether it is MoE, and for each of the three
 runtimes whether it can serve the family and the reason. `plan` and `build` print the chosen
-runtime with its reason and refuse an impossible choice naming the runtime that works.
+runtime with its reason and refuse an impossible choice naming the runtime that works
+(trtllm_dflash.backends.choice decides, from these columns).
 
 Sources for the `trtllm` column (TensorRT-LLM's PyTorch-backend DFlash; see
 trtllm_dflash/serving/trtllm_llm_args.json for the pinned source commit):
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from trtllm_dflash.errors import PlanRefusedError
 
 RUNTIMES = ("trt", "trtllm", "torch")
 
@@ -115,42 +115,3 @@ _ALIASES = {"gemma4_text": "gemma4", "qwen3_5_text": "qwen3_5", "qwen3_5_moe_tex
 def family_spec(model_type: str) -> FamilySpec | None:
     """The catalog entry of a model_type, or None for a family the catalog does not know."""
     return FAMILIES.get(_ALIASES.get(model_type, model_type))
-
-
-@dataclasses.dataclass(frozen=True)
-class RuntimeChoice:
-    runtime: str
-    reason: str
-    note: str | None = None  # for 'unverified' support
-
-
-def choose_runtime(model_name: str, model_type: str, requested: str | None, num_gpus: int = 1,
-                   on_gpu: bool = True) -> RuntimeChoice:
-    """The runtime for a target (the requested one when it can serve it), with the reason.
-
-    Raises PlanRefusedError naming the runtime that works when the requested one cannot.
-    """
-    family = family_spec(model_type)
-    if not on_gpu:
-        if requested not in (None, "torch"):
-            raise PlanRefusedError(f"runtime {requested} needs a GPU; on cpu only the torch runtime runs",
-                                   "use --runtime torch or name a GPU")
-        return RuntimeChoice("torch", "cpu: only the torch runtime runs without a GPU")
-    if family is None:
-        runtime = requested or ("trtllm" if num_gpus > 1 else "trt")
-        return RuntimeChoice(runtime, f"{model_type} is not in the family catalog: {'requested' if requested else 'default'}"
-                             " runtime, unchecked", note=f"family {model_type} is not in the catalog; the runtime choice is not checked")
-    if requested is not None:
-        support = family.support(requested)
-        if not support.ok:
-            working = [r for r in ("trtllm", "trt", "torch") if r != requested and family.support(r).ok]
-            fix = f"use runtime: {working[0]}" + (f" (or {', '.join(working[1:])})" if len(working) > 1 else "")
-            raise PlanRefusedError(support.reason.format(name=model_name), fix)
-        note = f"runtime {requested} for {model_type} is unverified: {support.reason}" if support.status == "unverified" else None
-        return RuntimeChoice(requested, f"{model_type} ({family.attention} attention{', MoE' if family.moe else ''}): "
-                             f"{support.reason}", note)
-    runtime = "trtllm" if num_gpus > 1 and family.support("trtllm").ok else family.preferred
-    support = family.support(runtime)
-    why = "several GPUs need tensor/expert parallelism" if num_gpus > 1 and runtime != family.preferred else support.reason
-    return RuntimeChoice(runtime, f"{model_type} ({family.attention} attention{', MoE' if family.moe else ''}): {why}",
-                         f"runtime {runtime} for {model_type} is unverified: {support.reason}" if support.status == "unverified" else None)

@@ -14,7 +14,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-Runtime = Literal["trt", "trtllm", "torch"]
+from trtllm_dflash.backends import get_backend
+
+BackendName = Literal["trt", "trtllm", "torch"]  # trtllm_dflash.backends
 # fp32 is for the torch runtime on CPU (the embedded demo); GPUs use bf16/fp16 and below.
 WeightPrecision = Literal["fp32", "bf16", "fp16", "fp8", "nvfp4"]
 ExpertPrecision = Literal["fp32", "bf16", "fp16", "fp8", "nvfp4", "mxfp4"]
@@ -203,7 +205,7 @@ class Recipe(_Section):
     model: ModelSection
     drafter: DrafterSection
     gpu: str = Field(description="Catalog GPU name (h100, h200, b200, b300, gb200, gb300, rtx-pro-6000) or cpu.")
-    runtime: Runtime
+    runtime: BackendName  # the deployment backend; also accepted as `backend:`
     quantization: QuantizationSection = Field(default_factory=QuantizationSection)
     parallelism: ParallelismSection = Field(default_factory=ParallelismSection)
     limits: LimitsSection
@@ -229,7 +231,12 @@ class Recipe(_Section):
     @model_validator(mode="before")
     @classmethod
     def _runtime_sections(cls, data: Any) -> Any:
-        """The runtime's own section exists (with defaults) and no other runtime's section does."""
+        """`backend:` is the new spelling of `runtime:`; the backend's own section exists (with
+        defaults) and no other backend's section does."""
+        if isinstance(data, dict) and "backend" in data:
+            if "runtime" in data and data["runtime"] != data["backend"]:
+                raise ValueError(f"backend: {data['backend']} and runtime: {data['runtime']} disagree (runtime: is the old spelling of backend:)")
+            data = {**{k: v for k, v in data.items() if k != "backend"}, "runtime": data["backend"]}
         if not isinstance(data, dict) or data.get("runtime") not in ("trt", "trtllm", "torch"):
             return data
         runtime = data["runtime"]
@@ -240,13 +247,19 @@ class Recipe(_Section):
             data = {**data, runtime: {}}
         return data
 
+    @property
+    def backend(self) -> str:
+        """The deployment backend (trtllm_dflash.backends); `runtime:` is its spelling in the YAML."""
+        return self.runtime
+
     @model_validator(mode="after")
     def _consistent(self) -> "Recipe":
-        if self.runtime != "trtllm" and self.parallelism.num_gpus > 1:
+        backend = get_backend(self.runtime)
+        if not backend.multi_gpu and self.parallelism.num_gpus > 1:
             raise ValueError(
                 f"runtime {self.runtime} runs on one GPU; use runtime: trtllm for {self.parallelism.num_gpus} GPUs"
             )
-        if self.gpu == "cpu" and self.runtime != "torch":
+        if self.gpu == "cpu" and not backend.runs_on_cpu:
             raise ValueError(f"gpu: cpu runs only runtime: torch (this recipe says runtime: {self.runtime})")
         if self.trtllm is not None and self.trtllm.max_concurrency is not None and self.drafter.draft_len_schedule:
             raise ValueError(

@@ -2,7 +2,7 @@
 
 A build directory carries everything a runtime needs besides the weights' graphs: the drafter's
 config.json and the target's tokenizer, generation config and config.json (no weights).
-Pipelines over a build: trtllm_dflash/build_pipelines.py.
+Pipelines over a build: trtllm_dflash/backends/trt.py.
 """
 
 from __future__ import annotations

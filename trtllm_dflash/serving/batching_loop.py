@@ -19,7 +19,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from trtllm_dflash.decoding import Decoder, Request, SequenceResult, StepEvent
-from trtllm_dflash.errors import DFlashError, MissingDependencyError
+from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.sampling_params import SamplingParams, check_prompt_text
 from trtllm_dflash.serving.model_parameters import ServingConfig
 from trtllm_dflash.serving.metrics import ServingMetrics
@@ -266,23 +266,15 @@ def load_pipeline(config: ServingConfig):
     """The runtime named by the config: torch here; TensorRT engines on a GPU (loaded lazily)."""
     import torch
 
-    from trtllm_dflash.api import DFlashPipeline
+    from trtllm_dflash.backends import PipelineSource, get_backend
 
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     device = config.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if config.runtime == "trt":
-        try:
-            from trtllm_dflash.build_pipelines import load_engine_pipeline  # issue 4: the engine runtime
-        except ImportError:
-            raise MissingDependencyError(
-                f"this repository serves TensorRT engines from {config.engines}, but this trtllm-dflash has no engine runtime",
-                "install a trtllm-dflash with the TensorRT runtime and `pip install tensorrt`, on a GPU machine",
-            ) from None
-        return load_engine_pipeline(config.engines, drafter=config.speculative, device=device, max_context=config.max_context)
-    return DFlashPipeline.load(config.target, config.drafter, device=device, max_context=config.max_context)
+    source = PipelineSource(config.target, config.drafter, build=config.engines, speculative=config.speculative)
+    return get_backend(config.runtime).open_pipeline(source, device=device, max_context=config.max_context)
 
 
 def _drain(inbox: queue.Queue) -> list:

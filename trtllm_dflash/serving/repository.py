@@ -240,20 +240,3 @@ def models_from_build(build_dir: str | Path) -> list[tuple[str, ServingConfig]]:
     dflash = ServingConfig(**options)
     baseline = ServingConfig(**{**options, "drafter": None, "block_size": None, "draft_len_schedule": None})
     return [("dflash", dflash), ("ar", baseline)]
-
-
-def write_build_repository(build_dir: str | Path, out: str | Path | None = None, force: bool = False) -> Path:
-    """The repository stage of `dflash-trt build`: BUILD/repository by default.
-
-    A `trtllm` build gets the TensorRT-LLM LLM-API repository from the build's checked options
-    (`stages.trtllm`: llm_api.yaml); the others get the Python-backend models.
-    """
-    build_dir = Path(build_dir).expanduser().resolve()
-    out = Path(out) if out is not None else build_dir / "repository"
-    manifest = read_build(build_dir)
-    trtllm_stage = _stage(manifest, "trtllm")
-    if (manifest.get("recipe") or {}).get("runtime") == "trtllm" or trtllm_stage is not None:
-        from trtllm_dflash.serving.trtllm import write_build_llm_api_repository
-
-        return write_build_llm_api_repository(build_dir, manifest, out, force)
-    return write_repository(out, models_from_build(build_dir), source={"build": str(build_dir)}, force=force)

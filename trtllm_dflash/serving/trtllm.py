@@ -1,4 +1,4 @@
-"""The `trtllm` runtime's repository: TensorRT-LLM's LLM-API Triton model, configured for DFlash.
+"""The `trtllm` backend's repository: TensorRT-LLM's LLM-API Triton model, configured for DFlash.
 
 For recipes with `runtime: trtllm` (gpt-oss-120b on 8x B300 and friends) TensorRT-LLM's PyTorch
 backend runs the target and its native DFlash drafter; this toolkit writes and checks the
@@ -244,7 +244,7 @@ def write_trtllm_repository(
     out: str | Path, recipe, drafter_dir: str | Path | None = None, name: str = MODEL_NAME, force: bool = False
 ) -> tuple[Path, list[str]]:
     """Write the LLM-API repository of a `trtllm` recipe; returns (repository, notes)."""
-    if recipe.runtime != "trtllm":
+    if recipe.trtllm is None:  # only a trtllm recipe has TensorRT-LLM options
         raise DFlashError(f"recipe {recipe.name} has runtime {recipe.runtime}, not trtllm", "use `dflash-trt repo` without a trtllm recipe")
     options, notes = llm_api_options(recipe, drafter_dir)
     path = write_llm_api_repository(out, options, recipe.model.checkpoint, bool(recipe.triton.decoupled), recipe.name, notes, name, force)

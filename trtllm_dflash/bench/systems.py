@@ -1,12 +1,12 @@
 """What `dflash-trt bench` measures: a small interface, one implementation per kind of system.
 
-A backend decodes a batch of tokenized prompts either autoregressively or with DFlash, at a
+A system decodes a batch of tokenized prompts either autoregressively or with DFlash, at a
 given block size and concurrency, and reports what it produced and how long it took. The bench
 (measure.py) only talks to this interface, so the same interleaved measurement runs on:
-- `PairBackend`: a target/drafter checkpoint pair on the torch runtime;
-- `ServerBackend`: a running Triton server (serving, issue 5) holding a DFlash model and its
+- `PairSystem`: a target/drafter checkpoint pair on the torch runtime;
+- `ServerSystem`: a running Triton server (serving, issue 5) holding a DFlash model and its
   autoregressive baseline (the same target without the drafter), through the serving client;
-- `BuildBackend`: a `dflash-trt build` directory: its TensorRT engines on a GPU, or on CPU the
+- `BuildSystem`: a `dflash-trt build` directory: its TensorRT engines on a GPU, or on CPU the
   ONNX graphs they were built from (onnxruntime).
 """
 
@@ -26,19 +26,19 @@ from trtllm_dflash.errors import DFlashError
 
 
 @dataclasses.dataclass
-class BackendRun:
+class SystemRun:
     """One timed decode of a batch of requests."""
 
     results: list[SequenceResult]  # in request order
     seconds: float  # wall time of the whole batch
-    steps: list[StepStats]  # per decoding step (empty when the backend cannot see steps)
+    steps: list[StepStats]  # per decoding step (empty when the system cannot see steps)
 
     @property
     def generated_tokens(self) -> int:
         return sum(len(r.token_ids) for r in self.results)
 
 
-class BenchBackend(abc.ABC):
+class BenchSystem(abc.ABC):
     """A system under test that can decode autoregressively and with DFlash."""
 
     name: str
@@ -49,17 +49,18 @@ class BenchBackend(abc.ABC):
     @abc.abstractmethod
     def run(
         self, prompts: list[str], speculative: bool, block_size: int, concurrency: int, max_new_tokens: int
-    ) -> BackendRun:
+    ) -> SystemRun:
         """Decode every prompt greedily (temperature 0), at most `concurrency` at a time.
 
         Results come back in prompt order; `prompt_ids` and `token_ids` are token ids.
         """
 
     def describe(self) -> dict:
+        # "backend" is the system's key in bench.json (the report format predates the name)
         return {"backend": self.name, "device": self.device, "block_size": self.block_size}
 
 
-class RuntimeBackend(BenchBackend):
+class InProcessSystem(BenchSystem):
     """Two runtimes of the decoding loop in this process: the target alone and target + drafter.
 
     The autoregressive baseline is this package's own decoding loop without a drafter, on the
@@ -81,7 +82,7 @@ class RuntimeBackend(BenchBackend):
             self._encoded[prompt] = ids
         return self._encoded[prompt]
 
-    def run(self, prompts, speculative, block_size, concurrency, max_new_tokens) -> BackendRun:
+    def run(self, prompts, speculative, block_size, concurrency, max_new_tokens) -> SystemRun:
         runtime = self.dflash_runtime if speculative else self.ar_runtime
         prompts = [self.encode(p) for p in prompts]
         max_context = max(len(p) for p in prompts) + max_new_tokens + 1
@@ -96,10 +97,10 @@ class RuntimeBackend(BenchBackend):
         results = decoder.generate(requests)
         if self.device == "cuda":
             torch.cuda.synchronize()
-        return BackendRun(results, time.perf_counter() - started, list(decoder.stats))
+        return SystemRun(results, time.perf_counter() - started, list(decoder.stats))
 
 
-class PairBackend(RuntimeBackend):
+class PairSystem(InProcessSystem):
     """A target and its DFlash drafter checkpoints on the torch runtime (one loaded target)."""
 
     name = "torch"
@@ -129,7 +130,7 @@ class PairBackend(RuntimeBackend):
         }
 
 
-class BuildBackend(RuntimeBackend):
+class BuildSystem(InProcessSystem):
     """The artifacts of a `dflash-trt build`: its TensorRT engines on a GPU, its ONNX graphs on CPU.
 
     On CPU the graphs the engines were built from run with onnxruntime (the same graphs, not the
@@ -137,20 +138,19 @@ class BuildBackend(RuntimeBackend):
     """
 
     def __init__(self, build: Path, device: str = "cpu") -> None:
-        build = Path(build).expanduser()
-        if device == "cuda":
-            if not torch.cuda.is_available():
-                raise DFlashError("--device cuda was asked for but no CUDA GPU is visible", "use --device cpu (runs the build's ONNX graphs)")
-            from trtllm_dflash.build_pipelines import load_engine_pipeline
+        from trtllm_dflash.backends import PipelineSource, get_backend
+        from trtllm_dflash.backends.trt import engines_folder
 
-            folder = build / "engines" if (build / "engines" / "engines.json").is_file() else build
-            ar, dflash = (load_engine_pipeline(folder, drafter=d, device="cuda") for d in (False, True))
-            self.name, self.artifacts = "tensorrt", str(folder)
+        build = Path(build).expanduser()
+        if device == "cuda" and not torch.cuda.is_available():
+            raise DFlashError("--device cuda was asked for but no CUDA GPU is visible", "use --device cpu (runs the build's ONNX graphs)")
+        backend = get_backend("trt")
+        ar, dflash = (backend.open_pipeline(PipelineSource(build=build, speculative=d, onnx=device != "cuda"), device=device) for d in (False, True))
+        if device == "cuda":
+            self.name, self.artifacts = "tensorrt", str(engines_folder(build))
         else:
-            from trtllm_dflash.build_pipelines import load_onnx_pipeline
             from trtllm_dflash.runtime.artifacts import export_dir_of
 
-            ar, dflash = (load_onnx_pipeline(build, drafter=d) for d in (False, True))
             self.name, self.artifacts = "onnxruntime", str(export_dir_of(build))
         if dflash.runtime.drafter_config is None:
             raise DFlashError(f"the build {build} has no drafter", "rebuild it with a drafter (the recipe's drafter section)")
@@ -158,7 +158,7 @@ class BuildBackend(RuntimeBackend):
         block = min(int(dflash.runtime.drafter_config.block_size), int(dflash.runtime.info["bounds"]["block_size"]))
         super().__init__(ar.runtime, dflash.runtime, dflash.tokenizer, block, device)
 
-    def run(self, prompts, speculative, block_size, concurrency, max_new_tokens) -> BackendRun:
+    def run(self, prompts, speculative, block_size, concurrency, max_new_tokens) -> SystemRun:
         if block_size > self.block_size:
             raise DFlashError(f"block size {block_size} is beyond the build's bound {self.block_size}", f"sweep block sizes up to {self.block_size}")
         longest = max(len(self.encode(p)) for p in prompts) + max_new_tokens + 1
@@ -173,7 +173,7 @@ class BuildBackend(RuntimeBackend):
         return {**super().describe(), "artifacts": self.artifacts, "threads": torch.get_num_threads()}
 
 
-class ServerBackend(BenchBackend):
+class ServerSystem(BenchSystem):
     """A running DFlash Triton server: its DFlash model and its autoregressive baseline model.
 
     Requests are streamed through the serving client (`trtllm_dflash.serving.client`), from
@@ -221,7 +221,7 @@ class ServerBackend(BenchBackend):
             raise DFlashError(f"model {model!r} on {self.url} serves without a drafter", "pass the DFlash model with --server-model")
         return DrafterConfig.from_dir(resolve_checkpoint(served.drafter, "drafter")).block_size
 
-    def run(self, prompts, speculative, block_size, concurrency, max_new_tokens) -> BackendRun:
+    def run(self, prompts, speculative, block_size, concurrency, max_new_tokens) -> SystemRun:
         client = self.clients[speculative]
         jobs: queue.Queue = queue.Queue()
         for index, prompt in enumerate(prompts):
@@ -254,14 +254,14 @@ class ServerBackend(BenchBackend):
         seconds = time.perf_counter() - started
         if errors:
             raise errors[0]
-        return BackendRun([results[i] for i in range(len(prompts))], seconds, [])
+        return SystemRun([results[i] for i in range(len(prompts))], seconds, [])
 
     def describe(self) -> dict:
         return {**super().describe(), "url": self.url, "protocol": self.protocol,
                 "models": [self.clients[True].model, self.clients[False].model]}
 
 
-def open_backend(
+def open_system(
     model: str | None = None,
     target: str | None = None,
     drafter: str | None = None,
@@ -271,8 +271,8 @@ def open_backend(
     server_model: str = "dflash",
     ar_model: str = "ar",
     protocol: str = "http",
-) -> BenchBackend:
-    """The backend the command line names (exactly one of model, target+drafter, build, url)."""
+) -> BenchSystem:
+    """The system the command line names (exactly one of model, target+drafter, build, url)."""
     chosen = [name for name, value in (("--model", model), ("--target", target), ("--build", build), ("--url", url)) if value]
     if len(chosen) != 1:
         raise DFlashError(
@@ -280,16 +280,16 @@ def open_backend(
             "pass --model demo, or --target DIR --drafter DIR, or --build DIR, or --url URL",
         )
     if build is not None:
-        return BuildBackend(build, device)
+        return BuildSystem(build, device)
     if url is not None:
-        return ServerBackend(url, server_model, ar_model, protocol)
+        return ServerSystem(url, server_model, ar_model, protocol)
     if model is not None:
         if model != "demo":
             raise DFlashError(
                 f"--model {model} is not a pair this command can load",
                 "use --model demo (the embedded pair), or --target DIR --drafter DIR",
             )
-        return PairBackend("demo", "demo", device)
+        return PairSystem("demo", "demo", device)
     if drafter is None:
         raise DFlashError("--target given without --drafter", "pass the DFlash drafter with --drafter DIR")
-    return PairBackend(target, drafter, device)
+    return PairSystem(target, drafter, device)

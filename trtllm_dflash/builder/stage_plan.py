@@ -1,4 +1,4 @@
-"""What a build will do on THIS machine: each stage, whether it runs here, and its output size.
+"""The build's stage plan: what a build will do on THIS machine, each stage, where it runs, its output size.
 
 The deployment plan (memory per GPU, concurrency, refusals) is the planner's (`trtllm_dflash.
 planning`, printed by `dflash-trt plan`); this adds the build's view: where each stage can run
@@ -14,12 +14,10 @@ import importlib.util
 import os
 from pathlib import Path
 
-from trtllm_dflash.builder.spec import BuildSpec
+from trtllm_dflash.builder.feasibility import backend_of, needs_expert_conversion, repository_writer, validation_skip_reason
+from trtllm_dflash.builder.spec import BuildSpec, export_support
 
 BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nvfp4": 4.5 / 8, "mxfp4": 4.25 / 8}
-# Above this many target parameters the CPU check of the graphs is skipped (and recorded): the
-# float32 reference and the graph together need several times the weights in RAM.
-CPU_VALIDATION_MAX_PARAMS = 3e9
 
 
 @dataclasses.dataclass
@@ -104,8 +102,8 @@ def _checkpoint_where(spec: BuildSpec, params) -> tuple[str, bool]:
 
 
 def make_build_plan(spec: BuildSpec) -> BuildPlan:
-    from trtllm_dflash.builder.pipeline import repository_writer
-
+    """Each stage the build's backend needs, with where it can run here and what it writes."""
+    backend = backend_of(spec)
     deployment = spec.plan
     model = spec.recipe.model_spec()
     params = model.params()
@@ -118,9 +116,8 @@ def make_build_plan(spec: BuildSpec) -> BuildPlan:
 
     weights = deployment.budget.target_weights * deployment.layout.tp
     if not spec.quantized and spec.experts not in ("nvfp4",):
-        what = "nothing to do" + (f" ({spec.quant} weights are cast at export)" if spec.runtime == "trt" else " (TensorRT-LLM loads the checkpoint)")
-        stages.append(StagePlan("quantize", what, "here", True, "none"))
-    elif model.native_expert_precision == "mxfp4" and spec.experts == "nvfp4" and not spec.quantized:
+        stages.append(StagePlan("quantize", f"nothing to do ({backend.unquantized_note(spec.quant)})", "here", True, "none"))
+    elif needs_expert_conversion(spec):
         stages.append(StagePlan(
             "quantize", "convert the published MXFP4 experts to NVFP4",
             "not implemented in this build: serve the MXFP4 experts as published with --quant mxfp4 (TensorRT-LLM runs them natively)",
@@ -135,57 +132,8 @@ def make_build_plan(spec: BuildSpec) -> BuildPlan:
         kv = ", FP8 KV-cache scales" if spec.kv_cache_dtype == "fp8" else ""
         stages.append(StagePlan("quantize", f"ModelOpt FP8 PTQ ({spec.calibration.num_samples} samples of {spec.calibration.dataset} text{kv})", where, has_module("modelopt"), f"~{size(weights)} FP8 checkpoint"))
 
-    if spec.runtime == "trtllm":
-        from trtllm_dflash.serving.llm_args_check import pinned_source
-        from trtllm_dflash.serving.trtllm import LLMApiOptions, llm_api_options, validate_options
-
-        local = spec.drafter if Path(spec.drafter).expanduser().is_dir() else None
-        options, option_notes = llm_api_options(spec.recipe, local)
-        validate_options(options, LLMApiOptions, f"TensorRT-LLM options of {spec.recipe.name}")
-        notes.extend(option_notes)
-        notes.append(f"TensorRT-LLM options checked against the llm_args of {pinned_source()}")
-        stages.append(StagePlan("trtllm", "write llm_api.yaml (DFlash speculative_config, parallel layout, KV cache, CUDA graphs, MoE backend) and check every key", "here", True, "a few KB"))
-        notes.append("no TensorRT engines: TensorRT-LLM's PyTorch backend runs the checkpoints (its engine flow has no DFlash)")
-    else:
-        from trtllm_dflash.builder.spec import export_support
-
-        graph_bytes = BYTES[spec.compute_dtype]
-        target_graph = params.total * graph_bytes if spec.quant in ("fp32", "bf16", "fp16") else weights
-        drafter_params = model.drafter.num_params() if model.drafter else 0
-        drafter_graph = (drafter_params + params.embedding + params.lm_head) * graph_bytes
-        variants = list(spec.graphs)
-        blocked = export_support(spec)
-        stages.append(StagePlan(
-            "export", f"ONNX graphs ({', '.join(variants)}): target prefill/verify with KV-cache I/O and hidden taps {list(model.drafter.target_layer_ids) if model.drafter else []}; drafter block step",
-            "here (CPU)" if blocked is None else f"not supported: {blocked}", blocked is None, f"~{size((target_graph + drafter_graph) * len(variants))}",
-        ))
-        too_big = params.total > CPU_VALIDATION_MAX_PARAMS
-        stages.append(StagePlan(
-            "validate", "evaluate the graphs with onnxruntime on CPU against the torch runtime (prefill, verify, draft, greedy decode)",
-            "recorded as skipped: target too large for a CPU check (the GPU gate in docs/build.md checks the engines)" if too_big else "here (CPU)",
-            True, "report.json",
-        ))
-        flavour = spec.trt_flavour
-        if flavour == "tensorrt-rtx":
-            here = has_module("tensorrt_rtx_bindings")
-            where = "here (TensorRT-RTX builds ahead of time, no GPU needed)" if here else "needs TensorRT-RTX: pip install 'trtllm-dflash[rtx]'"
-        else:
-            here = has_module("tensorrt") and gpus > 0
-            if not has_module("tensorrt"):
-                where = f"needs full TensorRT and a {spec.gpu.name}: pip install 'trtllm-dflash[trt]' on the GPU machine, or NVIDIA's TensorRT container"
-            elif gpus == 0:
-                where = f"needs a {spec.gpu.name} (full TensorRT builds on the GPU it targets)"
-            else:
-                where = "here (GPU)"
-        stages.append(StagePlan("engines", f"{flavour} engines for SM {spec.gpu.compute_capability_str}: target (verify + prefill profiles) and drafter, batch <= {spec.max_batch}, sequence <= {spec.max_seq_len}", where, here, f"~{size(target_graph + drafter_graph)} per variant"))
-        if "plugin" in variants:
-            from trtllm_dflash.builder.plugin_graphs import engine_support
-
-            reason = engine_support("plugin", flavour)
-            engines_note = "engines from them too" if reason is None else f"engines from the native graphs only ({reason})"
-            notes.append(f"plugin graphs: the drafter with the DFlash block-attention plugin node, checked on CPU; {engines_note}")
-        if spec.kv_cache_dtype == "fp8":
-            notes.append("FP8 KV cache: the engines keep K/V in the graph's dtype (the FP8 KV cache is implemented for the trtllm runtime)")
+    for name in backend.build_stages:
+        STAGE_PLANNERS[name](spec, stages, notes, gpus)
     writer = repository_writer()
     stages.append(StagePlan(
         "repository", "Triton model repository (Python backend over the engines, or the tensorrt_llm model)",
@@ -194,18 +142,69 @@ def make_build_plan(spec: BuildSpec) -> BuildPlan:
     return BuildPlan(spec, stages, notes)
 
 
-def render(plan: BuildPlan, console) -> None:
-    from rich.markup import escape
+def _plan_trtllm(spec: BuildSpec, stages: list[StagePlan], notes: list[str], gpus: int) -> None:
+    from trtllm_dflash.serving.llm_args_check import pinned_source
 
-    from trtllm_dflash.cli.plan import print_plan
+    local = spec.drafter if Path(spec.drafter).expanduser().is_dir() else None
+    _, option_notes = backend_of(spec).checked_options(spec.recipe, local)
+    notes.extend(option_notes)
+    notes.append(f"TensorRT-LLM options checked against the llm_args of {pinned_source()}")
+    stages.append(StagePlan("trtllm", "write llm_api.yaml (DFlash speculative_config, parallel layout, KV cache, CUDA graphs, MoE backend) and check every key", "here", True, "a few KB"))
+    notes.append("no TensorRT engines: TensorRT-LLM's PyTorch backend runs the checkpoints (its engine flow has no DFlash)")
 
-    print_plan(plan.spec.plan, console)
-    console.print(f"[bold]On this machine[/] ({escape(plan.spec.source)}):")
-    for stage in plan.stages:
-        mark = "[green]✓[/]" if stage.runs_here else ("[dim]-[/]" if stage.optional else "[yellow]✗[/]")
-        console.print(f"  {mark} [bold]{stage.name:12}[/] {escape(stage.action)}")
-        console.print(f"    {'':12} [dim]where:[/] {escape(stage.where)}; [dim]output:[/] {escape(stage.output)}")
-    for note in plan.notes:
-        console.print(f"  [dim]note:[/] {escape(note)}")
-    if plan.stops_before:
-        console.print(f"  [yellow]here the build stops before: {plan.stops_before} (finished stages are kept)[/]")
+
+def _graph_bytes(spec: BuildSpec) -> tuple[float, float]:
+    """Bytes of the target's and the drafter's graphs (one variant)."""
+    model = spec.recipe.model_spec()
+    params = model.params()
+    graph_bytes = BYTES[spec.compute_dtype]
+    weights = spec.plan.budget.target_weights * spec.plan.layout.tp
+    target_graph = params.total * graph_bytes if spec.quant in ("fp32", "bf16", "fp16") else weights
+    drafter_params = model.drafter.num_params() if model.drafter else 0
+    return target_graph, (drafter_params + params.embedding + params.lm_head) * graph_bytes
+
+
+def _plan_export(spec: BuildSpec, stages: list[StagePlan], notes: list[str], gpus: int) -> None:
+    model = spec.recipe.model_spec()
+    variants = list(spec.graphs)
+    blocked = export_support(spec)
+    stages.append(StagePlan(
+        "export", f"ONNX graphs ({', '.join(variants)}): target prefill/verify with KV-cache I/O and hidden taps {list(model.drafter.target_layer_ids) if model.drafter else []}; drafter block step",
+        "here (CPU)" if blocked is None else f"not supported: {blocked}", blocked is None, f"~{size(sum(_graph_bytes(spec)) * len(variants))}",
+    ))
+
+
+def _plan_validate(spec: BuildSpec, stages: list[StagePlan], notes: list[str], gpus: int) -> None:
+    stages.append(StagePlan(
+        "validate", "evaluate the graphs with onnxruntime on CPU against the torch runtime (prefill, verify, draft, greedy decode)",
+        "recorded as skipped: target too large for a CPU check (the GPU gate in docs/build.md checks the engines)" if validation_skip_reason(spec) else "here (CPU)",
+        True, "report.json",
+    ))
+
+
+def _plan_engines(spec: BuildSpec, stages: list[StagePlan], notes: list[str], gpus: int) -> None:
+    flavour = spec.trt_flavour
+    if flavour == "tensorrt-rtx":
+        here = has_module("tensorrt_rtx_bindings")
+        where = "here (TensorRT-RTX builds ahead of time, no GPU needed)" if here else "needs TensorRT-RTX: pip install 'trtllm-dflash[rtx]'"
+    else:
+        here = has_module("tensorrt") and gpus > 0
+        if not has_module("tensorrt"):
+            where = f"needs full TensorRT and a {spec.gpu.name}: pip install 'trtllm-dflash[trt]' on the GPU machine, or NVIDIA's TensorRT container"
+        elif gpus == 0:
+            where = f"needs a {spec.gpu.name} (full TensorRT builds on the GPU it targets)"
+        else:
+            where = "here (GPU)"
+    stages.append(StagePlan("engines", f"{flavour} engines for SM {spec.gpu.compute_capability_str}: target (verify + prefill profiles) and drafter, batch <= {spec.max_batch}, sequence <= {spec.max_seq_len}", where, here, f"~{size(sum(_graph_bytes(spec)))} per variant"))
+    if "plugin" in spec.graphs:
+        from trtllm_dflash.builder.plugin_graphs import engine_support
+
+        reason = engine_support("plugin", flavour)
+        engines_note = "engines from them too" if reason is None else f"engines from the native graphs only ({reason})"
+        notes.append(f"plugin graphs: the drafter with the DFlash block-attention plugin node, checked on CPU; {engines_note}")
+    if spec.kv_cache_dtype == "fp8":
+        notes.append("FP8 KV cache: the engines keep K/V in the graph's dtype (the FP8 KV cache is implemented for the trtllm runtime)")
+
+
+# how each backend-specific stage is planned (the backend says which stages it needs)
+STAGE_PLANNERS = {"export": _plan_export, "validate": _plan_validate, "engines": _plan_engines, "trtllm": _plan_trtllm}

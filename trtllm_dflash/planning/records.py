@@ -1,0 +1,103 @@
+"""The values a deployment plan is made of: precision, layout, memory budget, build steps, refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from trtllm_dflash.backends.base import BuildStep
+from trtllm_dflash.errors import PlanRefusedError
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    weights: str  # dense linear layers of the target
+    experts: str  # MoE expert matrices (= weights for dense models)
+    kv_cache: str
+    drafter: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    num_gpus: int
+    tp: int
+    ep: int
+    attention_dp: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    kind: str  # "precision", "layout", "too-few-gpus", "does-not-fit"
+    problem: str
+    fix: str
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryBudget:
+    """Bytes per GPU."""
+
+    target_weights: int
+    drafter_weights: int
+    activations: int
+    cuda_graphs: int
+    runtime_reserve: int
+    kv_cache: int  # what is left for KV caches (after the runtime's free-memory fraction)
+    capacity: int  # the GPU's memory
+
+    @property
+    def fixed(self) -> int:
+        return self.target_weights + self.drafter_weights + self.activations + self.cuda_graphs + self.runtime_reserve
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    model: str
+    checkpoint: str
+    drafter: str | None
+    block_size: int
+    gpu: str
+    runtime: str
+    precision: Precision
+    layout: Layout
+    context: int
+    max_batch_size: int
+    max_num_tokens: int
+    budget: MemoryBudget
+    kv_bytes_per_token: int  # target, full-attention layers, per GPU
+    kv_bytes_per_sequence: int  # target + drafter at `context`, per GPU
+    drafter_kv_bytes_per_sequence: int
+    max_concurrency: int
+    runtime_reason: str
+    attention: str  # dense / sliding / sinks / hybrid-linear / mla
+    linear_state_bytes_per_sequence: int  # Gated DeltaNet state incl. rollback copies (in kv_bytes_per_sequence); 0 if none
+    recipe: str | None
+    steps: tuple[BuildStep, ...]
+    refusals: tuple[Refusal, ...]
+    notes: tuple[str, ...]
+    placeholder_shapes: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.refusals
+
+    def check(self) -> "Plan":
+        """Raise PlanRefusedError (one line: reason; nearest working combination) if refused."""
+        if self.refusals:
+            first = self.refusals[0]
+            raise PlanRefusedError(first.problem, first.fix)
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["ok"] = self.ok
+        out["budget"]["fixed"] = self.budget.fixed
+        return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The budget
+
+    @property
+    def backend(self) -> str:
+        """The deployment backend (trt / trtllm / torch); `runtime` is its spelling in the plan's JSON."""
+        return self.runtime
