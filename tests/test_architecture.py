@@ -1,0 +1,188 @@
+"""The package's rooms and what each may import (docs/architecture.md explains the layers).
+
+Every import is read from the source with `ast`, module-level and function-level alike (an import
+hidden inside a function is still a dependency), including `TYPE_CHECKING` blocks. The tests fail
+on an import cycle between files, on a file importing a higher layer, on a source file that no
+layer claims, and on a source file over 600 lines.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_LINES = 600
+
+# Top-level folders and the package each is installed as (pyproject's package-dir).
+PACKAGE_DIRS = {
+    "trtllm_dflash": "trtllm_dflash",
+    "plugins": "trtllm_dflash.plugins",
+    "cli": "trtllm_dflash.cli",
+    "engine_recipes": "trtllm_dflash.engine_recipes",
+}
+
+# Lowest first. A file may import files of its own layer and of the layers below it, never above.
+# Patterns are module names (fnmatch); the first layer whose pattern matches claims the file.
+LAYERS: list[tuple[str, list[str]]] = [
+    ("foundation", [
+        "trtllm_dflash.errors", "trtllm_dflash.hf_compat", "trtllm_dflash.request_limits",
+        "trtllm_dflash.extras", "trtllm_dflash.chat", "trtllm_dflash.config", "trtllm_dflash.version",
+        "trtllm_dflash.system_install", "trtllm_dflash.catalog", "trtllm_dflash.catalog.*",
+        "trtllm_dflash.demo", "trtllm_dflash.demo.corpus", "trtllm_dflash.engine_recipes*",
+        "trtllm_dflash.graphs.names",  # the graph tensor-name contract: plain strings, shared by all layers
+    ]),
+    ("kernels", ["trtllm_dflash.plugins", "trtllm_dflash.plugins.*"]),
+    ("modeling", [
+        "trtllm_dflash.modeling", "trtllm_dflash.modeling.*", "trtllm_dflash.graphs", "trtllm_dflash.graphs.*",
+        "trtllm_dflash.checkpoints", "trtllm_dflash.checkpoints.*", "trtllm_dflash.modelopt_checkpoints",
+    ]),
+    ("runtime", [
+        "trtllm_dflash.runtime", "trtllm_dflash.runtime.*", "trtllm_dflash.decoding",
+        "trtllm_dflash.sampling_params",
+    ]),
+    ("library", [
+        "trtllm_dflash", "trtllm_dflash.api", "trtllm_dflash.training", "trtllm_dflash.training.*",
+        "trtllm_dflash.testing", "trtllm_dflash.demo.*",
+    ]),
+    # what each backend serves, builds and writes: the Triton repository writers belong with it
+    ("backends", [
+        "trtllm_dflash.backends", "trtllm_dflash.backends.*", "trtllm_dflash.serving.repository",
+        "trtllm_dflash.serving.trtllm", "trtllm_dflash.serving.model_parameters", "trtllm_dflash.serving.llm_args_*",
+        "trtllm_dflash.serving.protocol",
+    ]),
+    ("recipes and planning", [
+        "trtllm_dflash.recipes", "trtllm_dflash.recipes.*", "trtllm_dflash.planning", "trtllm_dflash.planning.*",
+    ]),
+    ("build, serve, measure", [
+        "trtllm_dflash.builder", "trtllm_dflash.builder.*", "trtllm_dflash.serving", "trtllm_dflash.serving.*",
+        "trtllm_dflash.bench", "trtllm_dflash.bench.*",
+    ]),
+    ("commands", ["trtllm_dflash.cli", "trtllm_dflash.cli.*", "trtllm_dflash.selftest", "trtllm_dflash.doctor"]),
+]
+
+
+def source_files() -> dict[str, Path]:
+    """Module name -> file, for every Python file the package installs."""
+    modules = {}
+    for folder, package in PACKAGE_DIRS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join([package, *parts])] = path
+    return modules
+
+
+def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's own modules that `module` imports anywhere in its file."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(parent + ([base] if base else []))
+            # `from pkg import sub` imports the submodule when there is one, else a name of pkg.
+            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                found.add(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = source_files()
+    return {module: imports_of(module, path, modules) for module, path in modules.items()}
+
+
+def layer_of(module: str) -> int | None:
+    for index, (_, patterns) in enumerate(LAYERS):
+        if any(fnmatch.fnmatchcase(module, pattern) for pattern in patterns):
+            return index
+    return None
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one file (Tarjan)."""
+    index: dict[str, int] = {}
+    lowlink: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = lowlink[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                lowlink[node] = min(lowlink[node], lowlink[target])
+            elif target in on_stack:
+                lowlink[node] = min(lowlink[node], index[target])
+        if lowlink[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_every_source_file_has_a_layer():
+    unclaimed = sorted(module for module in source_files() if layer_of(module) is None)
+    assert not unclaimed, f"add these modules to a layer in LAYERS (and docs/architecture.md): {unclaimed}"
+
+
+def test_no_import_cycles():
+    found = cycles(import_graph())
+    assert not found, "import cycles (function-level imports count): " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_no_module_imports_a_higher_layer():
+    climbs = []
+    for module, targets in sorted(import_graph().items()):
+        own = layer_of(module)
+        for target in sorted(targets):
+            other = layer_of(target)
+            if own is not None and other is not None and other > own:
+                climbs.append(f"{module} ({LAYERS[own][0]}) imports {target} ({LAYERS[other][0]})")
+    assert not climbs, "imports that climb a layer:\n" + "\n".join(climbs)
+
+
+@pytest.mark.parametrize("folder", ["trtllm_dflash", "plugins", "cli", "benchmarks"])
+def test_no_source_file_over_the_line_limit(folder):
+    long_files = {
+        str(path.relative_to(ROOT)): count
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if (count := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long_files, f"split these files (over {MAX_LINES} lines): {long_files}"
+
+
+def test_the_checks_catch_what_they_guard(tmp_path):
+    """The graph reader sees function-level imports, and the cycle finder finds a two-file loop."""
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from trtllm_dflash.builder import export\n")
+    assert imports_of("trtllm_dflash.runtime.m", module, source_files()) == {"trtllm_dflash.builder.export"}
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert layer_of("trtllm_dflash.runtime.base") < layer_of("trtllm_dflash.builder.export")
