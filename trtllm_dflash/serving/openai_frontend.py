@@ -53,7 +53,7 @@ def _tokenizer_dir(config: ServingConfig | None, name: str, override: str | None
         return resolve_checkpoint(override, "tokenizer")
     if config is None:
         raise DFlashError(f"model {name!r} is not a trtllm-dflash Python-backend model", "pass --tokenizer DIR (the target's tokenizer) to serve it")
-    if config.runtime == "trt" and config.engines and config.target in ("", None):
+    if config.engines and config.target in ("", None):  # an engines-only model: no tokenizer to borrow
         raise DFlashError(f"model {name!r} names no target checkpoint", "pass --tokenizer DIR")
     target = config.target
     if target != "demo" and not Path(target).is_absolute():
