@@ -216,17 +216,28 @@ def compare(name: str, zlab, target_dir: Path, drafter_dir: Path, prompts: list[
 
 
 def step_breakdown(pipe: DFlashPipeline, prompts: list[list[int]], new_tokens: int) -> dict:
-    """Milliseconds per decode step in each phase, from wall clocks around the runtime's calls.
+    """Milliseconds per decode step in each phase, from wall clocks around the calls that exist.
 
-    Phases: draft (embedding, context projection, drafter layers, draft LM head), of which
-    context K/V (fc + hidden_norm + the per-layer K/V projections of new context rows);
-    verify (the target's forward pass with its taps, masks and cache writes), of which masks and
-    taps; the verification op; the rest of the step (sampling the drafts, the host read, commit
-    bookkeeping and Python per step).
+    draft: the whole drafter pass (embedding, context projection, layers, draft LM head), of which
+    context_kv (fc + hidden_norm, where a separate call), drafter_kv (the K/V projections of block
+    and context rows; in the fused step also the block's queries) and draft_attention (block
+    attention, including appending the new context K/V to the draft cache); verify: the target's
+    forward pass with its cache writes, of which masks and taps (where a separate call);
+    verify_op: the verification; rest: everything else in a step (draft sampling, the host read,
+    cache bookkeeping, Python per step). The prefill's target pass counts in verify too.
     """
+    from trtllm_dflash.modeling import drafter as drafter_module
+
     runtime = pipe.runtime
-    drafter = runtime.drafter
     clocks: dict[str, float] = {}
+    names = {
+        "draft_forward": "draft", "target_forward": "verify", "verify": "verify_op", "attention_masks": "masks",
+        "commit": "commit", "features": "taps", "context_hidden": "context_kv", "project_keys_values": "drafter_kv",
+        "project_step": "drafter_kv", "block_attention": "draft_attention",
+    }
+    owners = [runtime, runtime.taps, runtime.drafter, drafter_module.ops]
+    owners += [layer.self_attn for layer in runtime.drafter.layers]
+    originals = [(obj, attr, getattr(obj, attr)) for obj in owners for attr in names if attr in dir(obj)]
 
     def timed(name, fn):
         def wrapper(*a, **k):
@@ -238,14 +249,6 @@ def step_breakdown(pipe: DFlashPipeline, prompts: list[list[int]], new_tokens: i
 
         return wrapper
 
-    patches = [
-        (runtime, "draft_forward"), (runtime, "target_forward"), (runtime, "verify"),
-        (runtime, "attention_masks"), (runtime.taps, "features"), (drafter, "context_hidden"),
-    ]
-    patches += [(layer.self_attn, "project_keys_values") for layer in drafter.layers]
-    originals = [(obj, attr, getattr(obj, attr)) for obj, attr in patches]
-    names = {"draft_forward": "draft", "target_forward": "verify", "verify": "verify_op", "attention_masks": "masks",
-             "features": "taps", "context_hidden": "context_kv", "project_keys_values": "drafter_kv"}
     for obj, attr, fn in originals:
         setattr(obj, attr, timed(names[attr], fn))
     decoder = pipe.decoder(1)
@@ -263,8 +266,7 @@ def step_breakdown(pipe: DFlashPipeline, prompts: list[list[int]], new_tokens: i
     finally:
         for obj, attr, fn in originals:
             setattr(obj, attr, fn)
-    # the prefill is one target_forward too; it is counted in total and verify alike
-    per_step = {name: round(1000 * seconds / steps, 3) for name, seconds in clocks.items()}
+    per_step = {name: round(1000 * seconds / steps, 3) for name, seconds in sorted(clocks.items())}
     per_step["step_total"] = round(1000 * total / steps, 3)
     known = per_step.get("draft", 0) + per_step.get("verify", 0) + per_step.get("verify_op", 0)
     per_step["rest"] = round(per_step["step_total"] - known, 3)

@@ -125,7 +125,8 @@ class FusedDecoder:
 
     def __init__(self, decoder: nn.Module, layer_types: list[str]) -> None:
         self.decoder = decoder
-        self.layers = [FusedLayer(layer) for layer in decoder.layers]
+        with torch.inference_mode(False):  # the stacked weights outlive any inference-mode caller
+            self.layers = [FusedLayer(layer) for layer in decoder.layers]
         self.layer_types = layer_types
         self.attention = hf_compat.attention_function(decoder.config)
         # transformers' SDPA path repeats the key/value heads for GQA when a mask is given; SDPA's
