@@ -150,6 +150,8 @@ class FusedDecoder:
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
         batch, count = tokens.shape
         row_index = torch.arange(batch, device=tokens.device).view(-1, 1)
+        # one row writes a contiguous run of slots: a slice copy instead of a scatter
+        first = int(positions[0, 0]) if batch == 1 and positions.device.type == "cpu" else None
         outputs = {}
         for i, layer in enumerate(self.layers):
             mask = masks[self.layer_types[i]] if isinstance(masks, dict) else masks
@@ -163,8 +165,12 @@ class FusedDecoder:
                 qk = torch.cat([rms_norm(q, *layer.q_norm), rms_norm(k, *layer.k_norm)], dim=2)
             q, k = rotate(qk, cos, sin).split([layer.q_heads, layer.kv_heads], dim=2)
             keys, values = caches[i].keys, caches[i].values
-            keys[row_index, positions] = k.to(keys.dtype)
-            values[row_index, positions] = v.to(values.dtype)
+            if first is not None:
+                keys[0, first : first + count] = k[0]
+                values[0, first : first + count] = v[0]
+            else:
+                keys[row_index, positions] = k.to(keys.dtype)
+                values[row_index, positions] = v.to(values.dtype)
             q, keys, values = q.transpose(1, 2), keys[:, :span].transpose(1, 2), values[:, :span].transpose(1, 2)
             if self.sdpa:
                 out = F.scaled_dot_product_attention(
