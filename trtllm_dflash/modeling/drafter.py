@@ -134,9 +134,18 @@ class DFlashAttention(nn.Module):
         shape = (*h.shape[:-1], self.num_heads, self.head_dim)
         return apply_rope(self.q_norm(self.q_proj(h).view(shape)), *rope)
 
-    def step(self, h, rope, ctx_hidden, new_counts, cache: LayerCache, cache_lens, history: int = 0):
-        """One decoding step of this layer; `rope` covers the context rows then the block."""
+    def step(self, h, rope, ctx_hidden, new_counts, cache: LayerCache, cache_lens, history: int = 0, row: tuple[int, int] | None = None):
+        """One decoding step of this layer; `rope` covers the context rows then the block.
+
+        `row` (one row on the host: its cache length and new context count) writes the context
+        K/V straight into the cache as a slice copy, and the attention op gets no new rows.
+        """
         q, k, v, k_ctx, v_ctx = self.project_step(h, ctx_hidden, rope)
+        if row is not None and history == 0:
+            start, count = row
+            cache.keys[0, start : start + count] = k_ctx[0, :count]
+            cache.values[0, start : start + count] = v_ctx[0, :count]
+            k_ctx, v_ctx, new_counts, cache_lens = k_ctx[:, :0], v_ctx[:, :0], new_counts * 0, cache_lens + new_counts
         if history > 0 and bool(((cache_lens + new_counts) > history).any()):
             out = self._bounded_step(q, k, v, k_ctx, v_ctx, new_counts, cache, cache_lens, history)
         else:
@@ -257,8 +266,12 @@ class DFlashDrafter(nn.Module):
         rope = self.rope(block_embeds, positions)
         x = block_embeds
         history = self.config.history  # read per call: `config` may be replaced to change it
+        # one row on the CPU: its context rows are written into the cache by slice (host lengths are free there)
+        row = (int(cache_lens[0]), int(new_counts[0])) if block_embeds.shape[0] == 1 and cache_lens.device.type == "cpu" else None
         for layer, cache in zip(self.layers, caches):
-            attn = layer.self_attn.step(rms_norm(x, *norm_of(layer.input_layernorm)), rope, ctx_hidden, new_counts, cache, cache_lens, history)
+            attn = layer.self_attn.step(
+                rms_norm(x, *norm_of(layer.input_layernorm)), rope, ctx_hidden, new_counts, cache, cache_lens, history, row
+            )
             x = layer.finish_step(x, attn)
         return rms_norm(x, *norm_of(self.norm))
 
