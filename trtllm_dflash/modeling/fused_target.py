@@ -69,10 +69,11 @@ def _fuse(linears: list[nn.Linear]) -> torch.Tensor:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' RMSNorm, op for op (float32 statistics, weight applied in the input dtype)."""
-    dtype = x.dtype
+    if x.dtype == torch.float32:  # the same ops without the casts, which would be no-op calls
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
+    return weight * h.to(x.dtype)
 
 
 def norm_of(module: nn.Module) -> tuple[torch.Tensor, float]:
