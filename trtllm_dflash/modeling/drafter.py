@@ -20,7 +20,7 @@ from transformers import Qwen3Config
 
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.hf_compat import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
-from trtllm_dflash.modeling.fused_target import norm_of, rms_norm, rotate
+from trtllm_dflash.modeling.fused_ops import norm_of, rms_norm, rotate
 from trtllm_dflash.modeling.kv_cache import LayerCache
 from trtllm_dflash.plugins import ops
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trtllm_dflash import hf_compat
+from trtllm_dflash.modeling.fused_ops import norm_of, rms_norm, rotate
 
 # decoder layers whose forward is exactly: x + attn(rmsnorm(x)), then x + mlp(rmsnorm(x)),
 # with attention = (q/k/v proj, optional per-head q/k RMSNorm, RoPE, attention, o proj)
@@ -65,26 +66,6 @@ def _fuse(linears: list[nn.Linear]) -> torch.Tensor:
         linear.weight = nn.Parameter(fused[offset : offset + rows], requires_grad=linear.weight.requires_grad)
         offset += rows
     return fused
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' RMSNorm, op for op (float32 statistics, weight applied in the input dtype)."""
-    if x.dtype == torch.float32:  # the same ops without the casts, which would be no-op calls
-        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
-def norm_of(module: nn.Module) -> tuple[torch.Tensor, float]:
-    """(weight, eps) of an RMSNorm module."""
-    return module.weight, module.variance_epsilon
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on `[b, T, heads, D]` with cos/sin `[b, T, 1, D]` (transformers' rotate_half form)."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 def head_norm_weight(q_norm: nn.Module, k_norm: nn.Module, q_heads: int, kv_heads: int) -> tuple[torch.Tensor, float] | None:
