@@ -4,8 +4,9 @@ This is the reference for losslessness and the default on CPU. The target runs u
 `transformers` modeling code; only its KV cache (one slot per absolute position, per-row write
 positions) and its attention masks are ours, so any causal LM whose attention goes through
 `Cache.update` works. Plain dense targets (Qwen3, Llama, ...) run the same arithmetic in fewer
-calls (modeling/fused_target.py), only after a probe showed it bit-identical to transformers'. Tapped hidden states are taken with forward hooks on the decoder layers,
-which is exactly "the output of decoder layer i".
+calls (modeling/fused_target.py), only after a probe showed it bit-identical to transformers'.
+Tapped hidden states are taken with forward hooks on the decoder layers (the fused pass returns
+them itself), which is exactly "the output of decoder layer i".
 
 Families: each attention layer gets a cache of exactly the shape it writes (per-layer head dims,
 MLA's separate key/value dims; KV-sharing layers write nothing), sliding layers get windowed
