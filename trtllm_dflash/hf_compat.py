@@ -108,6 +108,15 @@ def register_attention(name: str, function: Callable) -> None:
     AttentionInterface.register(name, function)
 
 
+def attention_function(config) -> Callable:
+    """The attention function a config selects (`sdpa_attention_forward`, eager, a registered one),
+    called as the model's own attention modules call it."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.models.qwen3.modeling_qwen3 import eager_attention_forward
+
+    return ALL_ATTENTION_FUNCTIONS.get_interface(attention_implementation(config), eager_attention_forward)
+
+
 def attention_implementation(config) -> str:
     """The attention implementation a config selects (`eager`, `sdpa`, a registered name)."""
     return getattr(config, "_attn_implementation", None) or "sdpa"

@@ -14,11 +14,13 @@ Two entry points share the weights:
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import Qwen3Config
 
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.hf_compat import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
+from trtllm_dflash.modeling.fused_ops import norm_of, rms_norm, rotate
 from trtllm_dflash.modeling.kv_cache import LayerCache
 from trtllm_dflash.plugins import ops
 
@@ -53,6 +55,22 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (x * cos + rotate_half(x) * sin).to(x.dtype)
 
 
+def _stamp(tensors: list[torch.Tensor]) -> tuple:
+    return tuple((id(t), t._version) for t in tensors)
+
+
+def stacked_weights(cache: dict, linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weights (and biases) of `linears` stacked on the output axis, for one matmul in place of
+    several; kept in `cache` until a weight is replaced or changed in place (training)."""
+    params = [p for linear in linears for p in (linear.weight, linear.bias) if p is not None]
+    if cache.get("linear") != _stamp(params):
+        cache["linear"] = _stamp(params)
+        cache["weight"] = torch.cat([linear.weight.detach() for linear in linears])
+        biases = [linear.bias for linear in linears]
+        cache["bias"] = torch.cat([b.detach() for b in biases]) if all(b is not None for b in biases) else None
+    return cache["weight"], cache["bias"]
+
+
 class DFlashAttention(nn.Module):
     def __init__(self, config: DrafterConfig, layer: int) -> None:
         super().__init__()
@@ -69,6 +87,41 @@ class DFlashAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
         self.q_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.k_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self._stacked: dict = {}  # q/k/v weights as one matrix, for decoding (stacked_weights)
+
+    def project_step(self, h: torch.Tensor, ctx_hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
+        """Decoding: the block's queries, keys and values in one matmul, the context rows' keys
+        and values in another.
+
+        The same arithmetic as `project_queries` + `project_keys_values` twice, in a few calls
+        instead of dozens (a decoding step's cost at small sizes is mostly per call): the block's
+        queries and keys sit side by side in the projection's output and are normed and rotated
+        as one tensor. `rope` is cos/sin `[b, n + B, D]` over the context rows then the block.
+        Returns q, k, v, k_ctx, v_ctx.
+        """
+        n, (b, t) = ctx_hidden.shape[1], h.shape[:2]
+        weight, bias = stacked_weights(self._stacked, [self.q_proj, self.k_proj, self.v_proj])
+        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        cos, sin = rope[0].unsqueeze(2), rope[1].unsqueeze(2)
+        qkv = F.linear(h, weight, bias)
+        norm_weight, eps = self._head_norm()
+        qk = rms_norm(qkv[..., : q_width + kv_width].reshape(b, t, -1, self.head_dim), norm_weight, eps)
+        q, k = rotate(qk, cos[:, n:], sin[:, n:]).to(h.dtype).split([self.num_heads, self.num_kv_heads], dim=2)
+        v = qkv[..., q_width + kv_width :].reshape(b, t, -1, self.head_dim)
+        kv_ctx = F.linear(ctx_hidden, weight[q_width:], None if bias is None else bias[q_width:])
+        k_ctx = rms_norm(kv_ctx[..., :kv_width].reshape(b, n, -1, self.head_dim), norm_weight[self.num_heads :], eps)
+        k_ctx = rotate(k_ctx, cos[:, :n], sin[:, :n]).to(h.dtype)
+        v_ctx = kv_ctx[..., kv_width:].reshape(b, n, -1, self.head_dim)
+        return q, k, v, k_ctx, v_ctx
+
+    def _head_norm(self) -> tuple[torch.Tensor, float]:
+        """q_norm's and k_norm's weights side by side over the heads (cached, see stacked_weights)."""
+        params = [self.q_norm.weight, self.k_norm.weight]
+        if self._stacked.get("norm") != _stamp(params):
+            self._stacked["norm"] = _stamp(params)
+            q, k = (p.detach() for p in params)
+            self._stacked["norm_weight"] = torch.cat([q.expand(self.num_heads, -1), k.expand(self.num_kv_heads, -1)])
+        return self._stacked["norm_weight"], self.q_norm.variance_epsilon
 
     def project_keys_values(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
         """Keys (normed, rotated) and values `[b, T, Hkv, D]` of block or context rows."""
@@ -81,17 +134,25 @@ class DFlashAttention(nn.Module):
         shape = (*h.shape[:-1], self.num_heads, self.head_dim)
         return apply_rope(self.q_norm(self.q_proj(h).view(shape)), *rope)
 
-    def step(self, h, block_rope, ctx_hidden, ctx_rope, new_counts, cache: LayerCache, cache_lens, history: int = 0):
-        q = self.project_queries(h, block_rope)
-        k, v = self.project_keys_values(h, block_rope)
-        k_ctx, v_ctx = self.project_keys_values(ctx_hidden, ctx_rope)
+    def step(self, h, rope, ctx_hidden, new_counts, cache: LayerCache, cache_lens, history: int = 0, row: tuple[int, int] | None = None):
+        """One decoding step of this layer; `rope` covers the context rows then the block.
+
+        `row` (one row on the host: its cache length and new context count) writes the context
+        K/V straight into the cache as a slice copy, and the attention op gets no new rows.
+        """
+        q, k, v, k_ctx, v_ctx = self.project_step(h, ctx_hidden, rope)
+        if row is not None and history == 0:
+            start, count = row
+            cache.keys[0, start : start + count] = k_ctx[0, :count]
+            cache.values[0, start : start + count] = v_ctx[0, :count]
+            k_ctx, v_ctx, new_counts, cache_lens = k_ctx[:, :0], v_ctx[:, :0], new_counts * 0, cache_lens + new_counts
         if history > 0 and bool(((cache_lens + new_counts) > history).any()):
             out = self._bounded_step(q, k, v, k_ctx, v_ctx, new_counts, cache, cache_lens, history)
         else:
             out = ops.block_attention(
                 q, k, v, k_ctx, v_ctx, new_counts, cache.keys, cache.values, cache_lens, self.scale, self.window
             )
-        return self.o_proj(out.flatten(-2))
+        return F.linear(out.flatten(-2), self.o_proj.weight, self.o_proj.bias)
 
     def _bounded_step(self, q, k, v, k_ctx, v_ctx, new_counts, cache: LayerCache, cache_lens, history: int):
         """Block attention over only the last `history` context positions of each row.
@@ -136,10 +197,19 @@ class DFlashDecoderLayer(nn.Module):
         self.mlp = Qwen3MLP(shared)
         self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self._stacked: dict = {}  # gate/up weights as one matrix, for decoding (stacked_weights)
 
     def _finish(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         x = x + attn_out
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def finish_step(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """`_finish` for decoding: gate and up projections as one matmul, the norm inlined."""
+        x = x + attn_out
+        mlp = self.mlp
+        weight, bias = stacked_weights(self._stacked, [mlp.gate_proj, mlp.up_proj])
+        gate, up = F.linear(rms_norm(x, *norm_of(self.post_attention_layernorm)), weight, bias).chunk(2, dim=-1)
+        return x + F.linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
 
 
 class DFlashDrafter(nn.Module):
@@ -189,19 +259,21 @@ class DFlashDrafter(nn.Module):
         rows; the caller advances cache_lens by new_counts afterwards.
         """
         n, block = ctx_features.shape[1], block_embeds.shape[1]
-        ctx_positions = cache_lens.view(-1, 1) + torch.arange(n, device=cache_lens.device)
-        block_positions = (cache_lens + new_counts).view(-1, 1) + torch.arange(block, device=cache_lens.device)
-        ctx_hidden = self.context_hidden(ctx_features)
-        ctx_rope = self.rope(ctx_hidden, ctx_positions)
-        block_rope = self.rope(block_embeds, block_positions)
+        offsets = torch.arange(n + block, device=cache_lens.device)
+        # context row i at cache_lens + i, block token t at cache_lens + new_counts + t
+        positions = cache_lens.view(-1, 1) + offsets + torch.where(offsets < n, 0, new_counts.view(-1, 1) - n)
+        ctx_hidden = rms_norm(F.linear(ctx_features, self.fc.weight), *norm_of(self.hidden_norm))
+        rope = self.rope(block_embeds, positions)
         x = block_embeds
         history = self.config.history  # read per call: `config` may be replaced to change it
+        # one row on the CPU: its context rows are written into the cache by slice (host lengths are free there)
+        row = (int(cache_lens[0]), int(new_counts[0])) if block_embeds.shape[0] == 1 and cache_lens.device.type == "cpu" else None
         for layer, cache in zip(self.layers, caches):
             attn = layer.self_attn.step(
-                layer.input_layernorm(x), block_rope, ctx_hidden, ctx_rope, new_counts, cache, cache_lens, history
+                rms_norm(x, *norm_of(layer.input_layernorm)), rope, ctx_hidden, new_counts, cache, cache_lens, history, row
             )
-            x = layer._finish(x, attn)
-        return self.norm(x)
+            x = layer.finish_step(x, attn)
+        return rms_norm(x, *norm_of(self.norm))
 
     def forward_train(
         self,

@@ -3,8 +3,10 @@
 This is the reference for losslessness and the default on CPU. The target runs unmodified
 `transformers` modeling code; only its KV cache (one slot per absolute position, per-row write
 positions) and its attention masks are ours, so any causal LM whose attention goes through
-`Cache.update` works. Tapped hidden states are taken with forward hooks on the decoder layers,
-which is exactly "the output of decoder layer i".
+`Cache.update` works. Plain dense targets (Qwen3, Llama, ...) run the same arithmetic in fewer
+calls (modeling/fused_target.py), only after a probe showed it bit-identical to transformers'.
+Tapped hidden states are taken with forward hooks on the decoder layers (the fused pass returns
+them itself), which is exactly "the output of decoder layer i".
 
 Families: each attention layer gets a cache of exactly the shape it writes (per-layer head dims,
 MLA's separate key/value dims; KV-sharing layers write nothing), sliding layers get windowed
@@ -20,7 +22,7 @@ from transformers import PreTrainedModel
 
 from trtllm_dflash import hf_compat
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.modeling import linear_attention, target_attention
+from trtllm_dflash.modeling import fused_target, linear_attention, target_attention
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.modeling.kv_cache import RaggedHFCache, StaticKVCache
 from trtllm_dflash.modeling.taps import HiddenTaps
@@ -46,13 +48,21 @@ class TorchRuntime(CachedRuntime):
     """Runs a transformers causal LM and a DFlashDrafter with PyTorch."""
 
     def __init__(
-        self, target: PreTrainedModel, drafter: DFlashDrafter | None = None, attention: str = "auto", cuda_graphs: bool = False
+        self,
+        target: PreTrainedModel,
+        drafter: DFlashDrafter | None = None,
+        attention: str = "auto",
+        cuda_graphs: bool = False,
+        fused: bool = True,
     ) -> None:
         """`attention`: "hf" runs the model's own attention over our cache; "dflash" runs
         `dflash::target_attention` (the engines' op: the block written in place, each row read up
         to its own length) inside the model's code; "auto" picks dflash where the Triton kernels
         run (CUDA) and the model's attention is one the op expresses, else hf.
-        `cuda_graphs`: replay the draft and verify passes from CUDA graphs per batch bucket."""
+        `cuda_graphs`: replay the draft and verify passes from CUDA graphs per batch bucket.
+        `fused`: run the target's decoder layers with fewer calls (modeling/fused_target.py) where
+        they are plain dense layers and a probe at `allocate` shows bit-identical logits and taps;
+        otherwise, or with False, transformers' own forward."""
         self.model = target.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         self.drafter_config = drafter.config if drafter is not None else None
@@ -85,6 +95,9 @@ class TorchRuntime(CachedRuntime):
         # cuda_graphs: replay the draft and verify passes from CUDA graphs per batch bucket (runtime/cuda_graphs.py);
         # refused in one line off CUDA. It wraps this instance's target_forward, draft_forward and allocate.
         self.cuda_graphs = StepGraphs.install(self) if cuda_graphs else None
+        eligible = fused and self.attention == "hf" and not self.is_hybrid and not cuda_graphs
+        self._fused_candidate = eligible and fused_target.unsupported_reason(self.decoder) is None
+        self.fused: fused_target.FusedDecoder | None = None  # set by allocate once the probe matched
 
     def _pick_attention(self, attention: str) -> str:
         reason = target_attention.unsupported_reason(self.model.config)
@@ -124,6 +137,30 @@ class TorchRuntime(CachedRuntime):
             for i, shape in enumerate(TargetGraph(self.model, []).cache_shapes):
                 if shape is not None:
                     self.target_cache.allocate_layer(i, shape.kv_heads, shape.key_dim, shape.value_dim)
+        if self.fused is not None:  # the fused pass writes into allocated layers
+            for i, (kv_heads, head_dim) in enumerate(self.fused.cache_shapes()):
+                self.target_cache.allocate_layer(i, kv_heads, head_dim, head_dim)
+        elif self._fused_candidate:
+            self._fused_candidate = False  # probed once per runtime
+            self.fused = self._probe_fused()
+
+    def _probe_fused(self) -> fused_target.FusedDecoder | None:
+        """The fused decoder if it reproduces transformers' forward bit for bit on a probe block
+        (written to row 0's first slots, which the next prefill overwrites), else None."""
+        fused = fused_target.FusedDecoder(self.decoder, self.layer_types)
+        count = min(5, self.capacity)
+        tokens = (torch.arange(count, device=self.device) * 7919 % self.vocab_size).view(1, -1)
+        starts = torch.zeros(1, dtype=torch.long, device=self.device)
+        reference = self.target_forward(slice(0, 1), tokens, starts, count)
+        self.fused = fused
+        try:
+            candidate = self.target_forward(slice(0, 1), tokens, starts, count)
+        finally:
+            self.fused = None
+        same = torch.equal(reference.logits, candidate.logits) and (
+            reference.features is None or torch.equal(reference.features, candidate.features)
+        )
+        return fused if same else None
 
     def keep_rows(self, index: torch.Tensor) -> None:
         super().keep_rows(index)
@@ -155,7 +192,13 @@ class TorchRuntime(CachedRuntime):
     @torch.inference_mode()
     def target_forward(self, rows, tokens, starts, span, logits_at=None) -> TargetOutput:
         positions = starts.view(-1, 1) + torch.arange(tokens.shape[1], device=self.device)
-        if self.attention == "dflash":
+        features = None
+        if self.fused is not None:
+            masks = self.attention_masks(positions, span)
+            tap_ids = self.taps.layer_ids if self.taps else []
+            hidden, taps = self.fused.forward(tokens, positions, masks, self.target_cache.rows(rows), span, tap_ids)
+            features = torch.cat([taps[i] for i in tap_ids], dim=-1) if tap_ids else None
+        elif self.attention == "dflash":
             hidden = self._dflash_decoder(rows, tokens, starts, positions)
         else:
             # in prefill (logits_at) the tokens after logits_at[r] are padding
@@ -169,7 +212,9 @@ class TorchRuntime(CachedRuntime):
         logits = self.lm_head(hidden)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
-        return TargetOutput(logits=logits, features=self.taps.features() if self.taps else None)
+        if features is None and self.taps:
+            features = self.taps.features()
+        return TargetOutput(logits=logits, features=features)
 
     def _dflash_decoder(self, rows, tokens, starts, positions) -> torch.Tensor:
         """The decoder with every attention layer on `dflash::target_attention` over our cache rows."""
