@@ -25,7 +25,7 @@ from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.plugins import reference, rng
 from trtllm_dflash.runtime.base import Runtime, SamplingTensors
 from trtllm_dflash.request_limits import MIN_TEMPERATURE
-from trtllm_dflash.sampling_params import SamplingParams  # noqa: F401 - re-exported: decoding.SamplingParams
+from trtllm_dflash.sampling_params import SamplingParams, check_prompt_tokens  # SamplingParams is re-exported: decoding.SamplingParams
 
 
 @dataclasses.dataclass
@@ -168,13 +168,7 @@ class Decoder:
     def check(self, request: Request) -> None:
         """Raise DFlashError if the request cannot be decoded (before it is queued)."""
         request.params.validate()
-        if not request.prompt_ids:
-            raise DFlashError("empty prompt", "give at least one prompt token")
-        if len(request.prompt_ids) >= self.max_context:
-            raise DFlashError(
-                f"prompt of {len(request.prompt_ids)} tokens does not fit the maximum context of {self.max_context}",
-                "shorten the prompt or raise the maximum context length",
-            )
+        check_prompt_tokens(len(request.prompt_ids), self.max_context)
         vocab = self.runtime.vocab_size
         if min(request.prompt_ids) < 0 or max(request.prompt_ids) >= vocab:
             raise DFlashError(f"prompt token ids must be in [0, {vocab})", "tokenize with the target's tokenizer")

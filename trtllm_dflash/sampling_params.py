@@ -112,7 +112,9 @@ def check_prompt_text(text: str, max_context: int | None) -> None:
 
 
 def check_prompt_tokens(count: int, max_context: int | None) -> None:
-    """A tokenized prompt: it must leave room for at least one new token in the context."""
+    """A tokenized prompt: at least one token, and room for at least one new token in the context."""
+    if count < 1:
+        raise SamplingError("prompt", "empty prompt", "give at least one prompt token")
     if max_context is not None and count >= max_context:
         raise PromptTooLongError(
             count, "tokens", max_context,
