@@ -228,7 +228,7 @@ def recipe_kernel_space(recipe) -> KernelSpace:
     activation dtype, an FP8 KV cache if the recipe uses one, and the target's logits dtype. The
     target's attention: its layers' head dims and GQA ratios, its activation dtype and sinks (gpt-oss),
     over a cache in the activation dtype: the TensorRT engines keep the target's K/V in the graph's
-    dtype even when the recipe's (TensorRT-LLM) KV cache is FP8 (see builder/plan.py)."""
+    dtype even when the recipe's (TensorRT-LLM) KV cache is FP8 (see builder/stage_plan.py)."""
     from trtllm_dflash.catalog.gpus import resolve_gpu
     from trtllm_dflash.catalog.models import resolve_model
 

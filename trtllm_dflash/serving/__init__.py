@@ -1,15 +1,16 @@
 """Serving DFlash with Triton Inference Server (docs/serving.md).
 
-    model_parameters.py  ServingConfig: one served model's config.pbtxt parameters (checkpoints/engines, runtime, limits)
-    protocol.py    the wire format: LLM-API style inputs/outputs, request bodies
-    repository.py  writing a repository (Python-backend models), from a model, recipe or build
-    trtllm.py      the `trtllm` runtime's repository (TensorRT-LLM LLM-API model) + key schema
-    batching_loop.py  BatchingLoop: the in-flight batching loop over one Decoder (no Triton imports)
-    model.py       TritonPythonModel: the Python-backend glue around the loop
-    metrics.py     Prometheus custom metrics, and reading them back
-    server.py      launching tritonserver (NVIDIA container or nvidia-pytriton's binary)
-    client.py      HTTP generate / generate_stream and gRPC streaming client
-    openai_server.py  OpenAI-compatible front end (FastAPI) over Triton's async gRPC stream
+    model_parameters.py  ServingConfig: one served model's config.pbtxt parameters (checkpoints/engines, backend, limits)
+    protocol.py          the wire format: LLM-API style inputs/outputs, request bodies, Triton input names
+    repository.py        writing a repository of Python-backend models, from a model or a recipe
+    trtllm.py            the `trtllm` backend's repository (TensorRT-LLM LLM-API model) + key schema
+    batching_loop.py     BatchingLoop: the in-flight batching loop over one Decoder (no Triton imports)
+    model.py             TritonPythonModel: the Python-backend glue around the loop
+    metrics.py           Prometheus custom metrics, and reading them back
+    server.py            launching tritonserver (NVIDIA container or nvidia-pytriton's binary)
+    client.py            HTTP generate / generate_stream and gRPC streaming client
+    openai_*.py          the OpenAI-compatible front end over Triton's async gRPC stream: schemas,
+                         frontend (checks, translation), triton (the stream), gate, app, server
 """
 
 # Loopback unless the user opens the server deliberately (--host 0.0.0.0): the demo and a
