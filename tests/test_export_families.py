@@ -130,9 +130,9 @@ def test_hybrid_and_mla_targets_are_refused_at_export_with_one_line(family, tmp_
     with pytest.raises(UnsupportedTargetError) as error:
         export_target(model, [1, 2], tmp_path / "target.onnx", "fp32", BOUNDS)
     message = str(error.value)
-    assert "\n" not in message and message.endswith("use runtime: trtllm or torch")
+    assert "\n" not in message and message.endswith("use backend: trtllm or torch")
     if family in HYBRID_FAMILIES:
-        assert message == f"{config.model_type} has Gated DeltaNet linear-attention layers; our engines keep no recurrent state; use runtime: trtllm or torch"
+        assert message == f"{config.model_type} has Gated DeltaNet linear-attention layers; our engines keep no recurrent state; use backend: trtllm or torch"
     else:
         assert message.startswith("deepseek_v3 has multi-head latent attention (MLA)")
     assert not (tmp_path / "target.onnx").exists()

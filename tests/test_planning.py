@@ -169,7 +169,7 @@ def test_too_few_gpus_names_the_gpu_count_that_works():
 def test_layout_refusals():
     assert plan_deployment("qwen3-8b", "b300", num_gpus=16).refusals[0].problem == "16 GPUs exceed one b300 node (8)"
     single = plan_deployment("qwen3-8b", "b300", num_gpus=2)  # the recipe's runtime is trt
-    assert "runtime trt runs on one GPU" in single.refusals[0].problem and "--runtime trtllm" in single.refusals[0].fix
+    assert "backend trt runs on one GPU" in single.refusals[0].problem and "--backend trtllm" in single.refusals[0].fix
     assert plan_deployment("qwen3-8b", "b300", num_gpus=2, runtime="trtllm").ok
 
 

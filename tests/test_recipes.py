@@ -154,7 +154,7 @@ def test_yaml_syntax_error_and_duplicate_key_have_lines(tmp_path):
 
 def test_cross_field_rules(tmp_path):
     text = GOOD.read_text().replace("runtime: trt\n", "runtime: trtllm\n")  # and it still has a `trt:` section
-    assert "only for runtime: trt" in _errors(_write(tmp_path, text))[0]
+    assert "only for backend: trt" in _errors(_write(tmp_path, text))[0]
     multi = GOOD.read_text() + "parallelism:\n  num_gpus: 2\n  tp: 2\n"
     assert "runs on one GPU" in _errors(_write(tmp_path, multi))[0]
 

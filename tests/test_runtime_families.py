@@ -35,8 +35,8 @@ def test_new_recipes_plan_and_dry_run(name, run_main):
 def test_runtime_trt_is_refused_for_families_our_engines_cannot_serve(model, gpu, families):
     plan = plan_deployment(model, gpu, runtime="trt", num_gpus=8 if model == "kimi-k2.5" else None)
     assert not plan.ok and plan.refusals[0].kind == "runtime"
-    assert families in plan.refusals[0].problem and "use runtime: trtllm" in plan.refusals[0].fix
-    with pytest.raises(PlanRefusedError, match="use runtime: trtllm"):
+    assert families in plan.refusals[0].problem and "use backend: trtllm" in plan.refusals[0].fix
+    with pytest.raises(PlanRefusedError, match="use backend: trtllm"):
         plan.check()
 
 
@@ -51,7 +51,7 @@ def test_hybrid_recipe_with_runtime_trt_is_refused_by_build(tmp_path, run_main):
     assert code == 2
     line = err.strip().splitlines()[-1]
     assert "qwen3.5-27b is a hybrid Gated DeltaNet model; our engines have no linear-attention state" in line
-    assert "use runtime: trtllm (or torch)" in line
+    assert "use backend: trtllm (or torch)" in line
 
 
 def test_default_runtime_follows_the_family_with_its_reason():
@@ -170,7 +170,7 @@ def test_build_runtime_flag_refuses_trt_for_hybrids_naming_trtllm(run_main, mode
     code, out, err = run_main("build", "--model", model, "--gpu", gpu, "--runtime", "trt", "--dry-run")
     assert code == 2
     line = " ".join((out + err).split())
-    assert "Gated DeltaNet" in line and "use runtime: trtllm" in line
+    assert "Gated DeltaNet" in line and "use backend: trtllm" in line
 
 
 def test_build_runtime_flag_switches_a_dense_recipe_to_trtllm(run_main):

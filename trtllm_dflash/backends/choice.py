@@ -32,25 +32,25 @@ def choose_backend(model_name: str, model_type: str, requested: str | None, num_
     if not on_gpu:
         cpu = next(name for name, backend in BACKENDS.items() if backend.runs_on_cpu)
         if requested not in (None, cpu):
-            raise PlanRefusedError(f"runtime {requested} needs a GPU; on cpu only the {cpu} runtime runs",
-                                   f"use --runtime {cpu} or name a GPU")
-        return BackendChoice(cpu, f"cpu: only the {cpu} runtime runs without a GPU")
+            raise PlanRefusedError(f"backend {requested} needs a GPU; on cpu only the {cpu} backend runs",
+                                   f"use --backend {cpu} or name a GPU")
+        return BackendChoice(cpu, f"cpu: only the {cpu} backend runs without a GPU")
     if family is None:
         backend = requested or (multi_gpu_backend() if num_gpus > 1 else DEFAULT_BACKEND)
         return BackendChoice(backend, f"{model_type} is not in the family catalog: {'requested' if requested else 'default'}"
-                             " runtime, unchecked", note=f"family {model_type} is not in the catalog; the runtime choice is not checked")
+                             " backend, unchecked", note=f"family {model_type} is not in the catalog; the backend choice is not checked")
     kind = f"{model_type} ({family.attention} attention{', MoE' if family.moe else ''})"
     if requested is not None:
         support = BACKENDS[requested].support(family)
         if not support.ok:
             working = [name for name in SUGGESTION_ORDER if name != requested and BACKENDS[name].support(family).ok]
-            fix = f"use runtime: {working[0]}" + (f" (or {', '.join(working[1:])})" if len(working) > 1 else "")
+            fix = f"use backend: {working[0]}" + (f" (or {', '.join(working[1:])})" if len(working) > 1 else "")
             raise PlanRefusedError(support.reason.format(name=model_name), fix)
-        note = f"runtime {requested} for {model_type} is unverified: {support.reason}" if support.status == "unverified" else None
+        note = f"backend {requested} for {model_type} is unverified: {support.reason}" if support.status == "unverified" else None
         return BackendChoice(requested, f"{kind}: {support.reason}", note)
     multi = multi_gpu_backend()
     backend = multi if num_gpus > 1 and BACKENDS[multi].support(family).ok else family.preferred
     support = BACKENDS[backend].support(family)
     why = "several GPUs need tensor/expert parallelism" if num_gpus > 1 and backend != family.preferred else support.reason
     return BackendChoice(backend, f"{kind}: {why}",
-                         f"runtime {backend} for {model_type} is unverified: {support.reason}" if support.status == "unverified" else None)
+                         f"backend {backend} for {model_type} is unverified: {support.reason}" if support.status == "unverified" else None)

@@ -400,7 +400,7 @@ def export_drafter(
         raise UnsupportedTargetError(
             f"the drafter bounds its draft history (sliding_window_size={config.sliding_window_size}), "
             "which the drafter graph does not implement (it would attend to the whole history)",
-            "build without the bound (drop sliding_window_size) or serve the pair with runtime: torch",
+            "build without the bound (drop sliding_window_size) or serve the pair with backend: torch",
         )
     torch_dtype = DTYPES[dtype]
     num_layers = config.num_hidden_layers

@@ -281,5 +281,5 @@ def resolve_spec(
 def export_support(spec: BuildSpec) -> str | None:
     """None when the target's graphs can be exported at this precision, else why not."""
     if spec.quant == "nvfp4":
-        return "NVFP4 graphs (FP4 Q/DQ) are not exported by this build; deploy NVFP4 with runtime: trtllm, or use --quant fp8/bf16"
+        return "NVFP4 graphs (FP4 Q/DQ) are not exported by this build; deploy NVFP4 with backend: trtllm, or use --quant fp8/bf16"
     return None

@@ -35,12 +35,12 @@ def check_exportable(config) -> None:
     if "linear_attention" in (getattr(config, "layer_types", None) or []):
         raise UnsupportedTargetError(
             f"{model_type} has Gated DeltaNet linear-attention layers; our engines keep no recurrent state",
-            "use runtime: trtllm or torch",
+            "use backend: trtllm or torch",
         )
     if getattr(config, "kv_lora_rank", None):
         raise UnsupportedTargetError(
             f"{model_type} has multi-head latent attention (MLA) layers; our engines keep no latent KV cache",
-            "use runtime: trtllm or torch",
+            "use backend: trtllm or torch",
         )
 
 

@@ -27,7 +27,7 @@ def nearest_that_fits(cfg: Candidate) -> tuple[str, Candidate] | None:
     quants = [q for q in lower.get(current, []) if gpu.supports(q)]
     candidates: list[tuple[str, Candidate]] = []
     multi = multi_gpu_backend()  # every count in `more` is above one GPU
-    switch = f" --runtime {multi}" if cfg.backend != multi else ""
+    switch = f" --backend {multi}" if cfg.backend != multi else ""
     for n in more:
         candidates.append((f"--num-gpus {n}{switch}", with_changes(cfg, layout=default_layout(cfg.model, n), backend=multi)))
     for q in quants:

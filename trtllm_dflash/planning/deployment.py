@@ -95,9 +95,9 @@ def plan_deployment(
     if runtime is not None and runtime not in BACKEND_NAMES:
         from trtllm_dflash.errors import UnknownNameError
 
-        raise UnknownNameError(f"unknown runtime {runtime!r}", "use trt, trtllm or torch")
+        raise UnknownNameError(f"unknown backend {runtime!r}", "use trt, trtllm or torch")
     if runtime is not None and not get_backend(runtime).runs_on_cpu and gpu_spec is None:
-        raise PlanRefusedError(f"runtime {runtime} needs a GPU; on cpu only the torch runtime runs", "use --runtime torch or name a GPU")
+        raise PlanRefusedError(f"backend {runtime} needs a GPU; on cpu only the torch backend runs", "use --backend torch or name a GPU")
     if num_gpus is not None and num_gpus < 1:
         raise PlanRefusedError(f"--num-gpus must be >= 1, got {num_gpus}", "pass a positive GPU count")
     if context is not None and context < 1:

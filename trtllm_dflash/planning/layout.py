@@ -25,8 +25,8 @@ def layout_refusals(cfg: Candidate) -> list[Refusal]:
         out.append(Refusal("layout", f"{layout.num_gpus} GPUs exceed one {cfg.gpu.name} node ({cfg.gpu.max_gpus_per_node})",
                            f"use --num-gpus {cfg.gpu.max_gpus_per_node} or fewer (multi-node is not planned)"))
     if not get_backend(cfg.backend).multi_gpu and layout.num_gpus > 1:
-        out.append(Refusal("layout", f"runtime {cfg.backend} runs on one GPU, not {layout.num_gpus}",
-                           "use --num-gpus 1, or --runtime trtllm (TensorRT-LLM) for tensor/expert parallelism"))
+        out.append(Refusal("layout", f"backend {cfg.backend} runs on one GPU, not {layout.num_gpus}",
+                           "use --num-gpus 1, or --backend trtllm (TensorRT-LLM) for tensor/expert parallelism"))
     if model.num_heads % (1 if layout.attention_dp else layout.tp):
         out.append(Refusal("layout", f"tp={layout.tp} does not divide {model.num_heads} attention heads",
                            "use a tp that divides the head count"))

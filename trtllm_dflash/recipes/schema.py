@@ -242,7 +242,7 @@ class Recipe(_Section):
         runtime = data["runtime"]
         for section in ("trt", "trtllm"):
             if data.get(section) is not None and runtime != section:
-                raise ValueError(f"a '{section}' section is only for runtime: {section} (this recipe says runtime: {runtime})")
+                raise ValueError(f"a '{section}' section is only for backend: {section} (this recipe says backend: {runtime})")
         if runtime in ("trt", "trtllm") and data.get(runtime) is None:
             data = {**data, runtime: {}}
         return data
@@ -257,10 +257,10 @@ class Recipe(_Section):
         backend = get_backend(self.runtime)
         if not backend.multi_gpu and self.parallelism.num_gpus > 1:
             raise ValueError(
-                f"runtime {self.runtime} runs on one GPU; use runtime: trtllm for {self.parallelism.num_gpus} GPUs"
+                f"backend {self.runtime} runs on one GPU; use backend: trtllm for {self.parallelism.num_gpus} GPUs"
             )
         if self.gpu == "cpu" and not backend.runs_on_cpu:
-            raise ValueError(f"gpu: cpu runs only runtime: torch (this recipe says runtime: {self.runtime})")
+            raise ValueError(f"gpu: cpu runs only backend: torch (this recipe says backend: {self.runtime})")
         if self.trtllm is not None and self.trtllm.max_concurrency is not None and self.drafter.draft_len_schedule:
             raise ValueError(
                 "trtllm.max_concurrency cannot be combined with drafter.draft_len_schedule (TensorRT-LLM refuses both); "
@@ -341,7 +341,7 @@ class Recipe(_Section):
         """TensorRT-LLM LLM-API options (model.yaml of the Triton `tensorrt_llm` model, or
         `trtllm-serve --config`), for runtime: trtllm. Keys as listed in PLATFORM.md."""
         if self.trtllm is None:
-            raise ValueError(f"recipe {self.name} has runtime {self.runtime}, not trtllm")
+            raise ValueError(f"recipe {self.name} has backend {self.runtime}, not trtllm")
         spec: dict[str, Any] = {
             "decoding_type": "DFlash",
             "max_draft_len": self.max_draft_len,

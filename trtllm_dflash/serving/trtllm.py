@@ -245,7 +245,7 @@ def write_trtllm_repository(
 ) -> tuple[Path, list[str]]:
     """Write the LLM-API repository of a `trtllm` recipe; returns (repository, notes)."""
     if recipe.trtllm is None:  # only a trtllm recipe has TensorRT-LLM options
-        raise DFlashError(f"recipe {recipe.name} has runtime {recipe.runtime}, not trtllm", "use `dflash-trt repo` without a trtllm recipe")
+        raise DFlashError(f"recipe {recipe.name} has backend {recipe.runtime}, not trtllm", "use `dflash-trt repo` without a trtllm recipe")
     options, notes = llm_api_options(recipe, drafter_dir)
     path = write_llm_api_repository(out, options, recipe.model.checkpoint, bool(recipe.triton.decoupled), recipe.name, notes, name, force)
     return path, notes
