@@ -18,12 +18,32 @@ import sys
 from typing import Any, Callable, NamedTuple
 
 from torch import nn
-from transformers.cache_utils import Cache, CacheLayerMixin  # noqa: F401  (base classes of our caches)
+from transformers.cache_utils import Cache, CacheLayerMixin  # noqa: F401  (Cache: the base class of our caches)
 from transformers.models.qwen3.modeling_qwen3 import (  # noqa: F401  (the drafter's layers are Qwen3's)
     Qwen3MLP,
     Qwen3RMSNorm,
     Qwen3RotaryEmbedding,
 )
+
+class OwnedCacheLayer(CacheLayerMixin):
+    """A transformers cache layer whose storage lives in its owner (one of our `Cache` subclasses).
+
+    Subclasses implement `update`; the mixin's other hooks (lazy initialization, the compile and
+    sliding flags) are settled here, the one place that knows transformers' cache-layer protocol.
+    """
+
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, owner: Cache, index: int) -> None:
+        super().__init__()
+        self.owner = owner
+        self.index = index
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        pass
+
 
 # The transformers releases this module was tested against: the range pyproject.toml allows
 # (tests/test_hf_compat.py keeps the two in step). Newer releases may work; they are not known to.

@@ -12,28 +12,16 @@ import dataclasses
 
 import torch
 
-from trtllm_dflash.hf_compat import Cache, CacheLayerMixin
+from trtllm_dflash.hf_compat import Cache, OwnedCacheLayer
 
 
-class _ConcatLayer(CacheLayerMixin):
+class _ConcatLayer(OwnedCacheLayer):
     """A transformers cache layer that returns [past inputs; new K/V] and remembers the new K/V.
 
     A layer without past inputs (the shape probe, see TargetGraph.probe_cache_layers) returns the
     new K/V alone. A layer whose attention never calls `update` (Gemma 4's KV-sharing layers read
     the producer layer's [past; new] K/V) keeps no cache: the graph has no inputs or outputs for it.
     """
-
-    is_compileable = False
-    is_sliding = False
-
-    def __init__(self, owner: "ConcatCache", index: int) -> None:
-        super().__init__()
-        self.owner = owner
-        self.index = index
-        self.is_initialized = True
-
-    def lazy_initialization(self, key_states, value_states) -> None:
-        pass
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         # Hugging Face attention hands over [b, kv_heads, T, D]; our caches are token-major

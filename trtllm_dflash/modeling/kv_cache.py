@@ -12,7 +12,7 @@ import dataclasses
 
 import torch
 
-from trtllm_dflash.hf_compat import Cache, CacheLayerMixin
+from trtllm_dflash.hf_compat import Cache, OwnedCacheLayer
 
 
 @dataclasses.dataclass
@@ -89,21 +89,12 @@ class StaticKVCache:
         return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.layers if layer.keys is not None)
 
 
-class _RaggedLayer(CacheLayerMixin):
+class _RaggedLayer(OwnedCacheLayer):
     """A Hugging Face cache layer that writes each row's new keys at that row's own positions."""
 
-    is_compileable = False
-    is_sliding = False
-
     def __init__(self, owner: "RaggedHFCache", index: int) -> None:
-        super().__init__()
-        self.owner = owner
-        self.index = index
+        super().__init__(owner, index)
         self.buffers = owner.storage.layers[index]
-        self.is_initialized = True
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        pass
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         # key_states: [b, kv_heads, T, D] as Hugging Face attention modules produce them
