@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 
-def run_level(client, prompts: list[str], concurrency: int, requests: int, max_tokens: int, protocol: str) -> dict:
+def run_level(client, prompts: list[str], concurrency: int, requests: int, max_new_tokens: int, protocol: str) -> dict:
     """`requests` requests through `concurrency` users (each sends its next request when its last one ends)."""
     jobs: queue.Queue = queue.Queue()
     for i in range(requests):
@@ -43,7 +43,7 @@ def run_level(client, prompts: list[str], concurrency: int, requests: int, max_t
             except queue.Empty:
                 return
             try:
-                completion = client.complete(prompt, protocol=protocol, max_tokens=max_tokens)
+                completion = client.complete(prompt, protocol=protocol, max_new_tokens=max_new_tokens)
             except Exception as exc:  # noqa: BLE001
                 with lock:
                     errors.append(str(exc))
@@ -129,8 +129,8 @@ def main() -> None:
     try:
         clients = {name: DFlashClient(http, model=name, grpc_url=grpc, timeout=1800) for name in ("dflash", "ar")}
         for client in clients.values():  # warm up both models (first-call allocations)
-            client.complete(prompts[0], protocol=args.protocol, max_tokens=8)
-        sample = clients["dflash"].generate(prompts[0], max_tokens=args.max_tokens)
+            client.complete(prompts[0], protocol=args.protocol, max_new_tokens=8)
+        sample = clients["dflash"].generate(prompts[0], max_new_tokens=args.max_tokens)
         console.print(f"[bold]{prompts[0]}[/]{sample.text}")
         console.print(f"[dim]one request to dflash: {sample.num_output_tokens} tokens, tau {sample.mean_acceptance_length:.2f}, "
                       f"TTFT {1000 * sample.time_to_first_token:.0f} ms[/]")
