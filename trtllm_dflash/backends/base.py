@@ -83,9 +83,12 @@ class Backend(abc.ABC):
         """The build steps after the checkpoints for a planned deployment (`dflash-trt plan`):
         `cfg` is a trtllm_dflash.planning.candidate.Candidate, the result BuildSteps."""
 
-    @abc.abstractmethod
     def write_build_repository(self, build_dir: Path, manifest: dict, out: Path, force: bool = False) -> Path:
-        """The Triton repository of a build (`dflash-trt repo --build`, the build's repository stage)."""
+        """The Triton repository of a build (`dflash-trt repo --build`, the build's repository stage):
+        Python-backend models over our runtimes, unless the backend serves with something else."""
+        from trtllm_dflash.serving.repository import models_from_build, write_repository
+
+        return write_repository(out, models_from_build(build_dir), source={"build": str(build_dir)}, force=force)
 
     def write_recipe_repository(self, out: Path, recipe: Any, drafter_dir: str | None = None, force: bool = False) -> tuple[Path, list[str]]:
         """The Triton repository of a recipe, where no build is needed first; returns (repository, notes)."""

@@ -25,11 +25,6 @@ class TorchBackend(Backend):
     def plan_steps(self, cfg: Any) -> list[BuildStep]:
         return [BuildStep("repository", "write the Triton model repository (Python backend, torch runtime, decoupled)")]
 
-    def write_build_repository(self, build_dir: Path, manifest: dict, out: Path, force: bool = False) -> Path:
-        from trtllm_dflash.serving.repository import models_from_build, write_repository
-
-        return write_repository(out, models_from_build(build_dir), source={"build": str(build_dir)}, force=force)
-
     def write_recipe_repository(self, out: Path, recipe: Any, drafter_dir: str | None = None, force: bool = False) -> tuple[Path, list[str]]:
         raise DFlashError(f"recipe {recipe.name} serves its checkpoints directly", "write it with `dflash-trt repo --recipe` (the Python-backend models)")
 

@@ -50,11 +50,6 @@ class TrtBackend(Backend):
         steps.append(BuildStep("repository", "write the Triton model repository (Python backend driving the engines, decoupled)"))
         return steps
 
-    def write_build_repository(self, build_dir: Path, manifest: dict, out: Path, force: bool = False) -> Path:
-        from trtllm_dflash.serving.repository import models_from_build, write_repository
-
-        return write_repository(out, models_from_build(build_dir), source={"build": str(build_dir)}, force=force)
-
     def open_pipeline(self, source: PipelineSource, device: str = "cuda", max_context: int | None = None) -> DFlashPipeline:
         """The engines (on a GPU), or with `source.onnx` the graphs they were built from (on CPU, onnxruntime)."""
         if source.build is None:
