@@ -266,7 +266,7 @@ def resolve_spec(
             chosen = find_recipe(model, gpu)
     if chosen.gpu == CPU or not get_backend(chosen.backend).needs_build:
         raise SpecError(
-            f"recipe {chosen.name} runs the torch runtime, which needs no build",
+            f"recipe {chosen.name} runs the torch backend, which needs no build",
             f"serve it directly: `dflash-trt repo --model {chosen.model.name} --out REPO`, or build for a GPU (--gpu rtx-pro-6000)",
         )
     chosen = _apply(chosen, {"quant": quant, "drafter": drafter, **overrides})
