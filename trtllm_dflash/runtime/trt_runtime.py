@@ -19,6 +19,7 @@ against engines.json before anything is loaded, with a message naming what to do
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import DFlashError, MissingDependencyError
 from trtllm_dflash.graphs import names
 from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, SamplingTensors, TargetOutput, VerifyOutput, verifying_graph_inputs
+from trtllm_dflash.runtime.output_buffers import OutputBuffers
 from trtllm_dflash.runtime.tensorrt_flavours import INSTALL_HINT, import_tensorrt
 
 
@@ -66,18 +68,38 @@ class EngineGraph:
         self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.outputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
         self.dtypes = {n: _torch_dtype(trt, self.engine.get_tensor_dtype(n)) for n in names}
-        self._buffers: dict[tuple, torch.Tensor] = {}
+        self.buffers = OutputBuffers("cuda")
+        self._largest = [self._largest_outputs(profile) for profile in range(len(self.contexts))]
 
     def max_shape(self, name: str, profile: int = 0) -> tuple[int, ...]:
         return tuple(self.engine.get_tensor_profile_shape(name, profile)[2])
 
-    def run(self, profile: int, feed: dict[str, torch.Tensor], aliases: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
+    def _largest_outputs(self, profile: int) -> dict[str, int]:
+        """Elements of each output at the profile's largest input shapes: the cap of its buffer.
+
+        An output whose shape TensorRT cannot tell from the input shapes alone gets no cap."""
+        context = self.contexts[profile]
+        for name in self.inputs:
+            static = tuple(self.engine.get_tensor_shape(name))
+            if not context.set_input_shape(name, static if all(d >= 0 for d in static) else self.max_shape(name, profile)):
+                return {}
+        largest = {}
+        for name in self.outputs:
+            shape = tuple(context.get_tensor_shape(name))
+            if all(d >= 0 for d in shape):
+                largest[name] = math.prod(shape)
+        return largest
+
+    def run(
+        self, profile: int, feed: dict[str, torch.Tensor], aliases: dict[str, str] | None = None, role: str = "step"
+    ) -> dict[str, torch.Tensor]:
         """Enqueue one inference on torch's current CUDA stream; returns the output tensors.
 
         `aliases` maps outputs to the inputs they update in place (the plugin nodes' caches): they
-        are bound to the input's memory, so nothing is copied. Other outputs live in persistent
-        buffers, allocated once per (profile, shape) and reused by every later step of that shape
-        (what CUDA-graph capture of a step needs); read them before the next call of the same shape.
+        are bound to the input's memory, so nothing is copied. Other outputs are views of buffers
+        reused per (profile, name, role) and bucketed by size (runtime/output_buffers.py), so memory
+        stays bounded whatever the prompt lengths; read them before the next call of the same
+        profile and role (a "prefill" call does not overwrite a "step" call's outputs).
         """
         aliases = aliases or {}
         context = self.contexts[profile]
@@ -93,10 +115,8 @@ class EngineGraph:
                 outputs[name] = feed[aliases[name]]
             else:
                 shape = tuple(context.get_tensor_shape(name))
-                key = (profile, name, shape)
-                if key not in self._buffers:
-                    self._buffers[key] = torch.empty(shape, dtype=self.dtypes[name], device="cuda")
-                outputs[name] = self._buffers[key]
+                cap = self._largest[profile].get(name)
+                outputs[name] = self.buffers.view((profile, name, role), shape, self.dtypes[name], cap)
             context.set_tensor_address(name, outputs[name].data_ptr())
         if not context.execute_async_v3(torch.cuda.current_stream().cuda_stream):
             raise DFlashError("TensorRT failed to run an engine", "check the shapes against the recipe's limits")
@@ -181,7 +201,7 @@ class TrtRuntime(CachedRuntime):
         index = logits_at.view(-1, 1) if logits_at is not None else torch.arange(count, device=self.device).expand(batch, -1)
         profile = 0 if count <= self.target_engine.max_shape(names.INPUT_IDS, 0)[1] else 1
         feed = {names.INPUT_IDS: tokens, names.STARTS: starts, names.LOGIT_INDEX: index, **self._cache_feed(layers)}
-        out = self.target_engine.run(profile, feed)
+        out = self.target_engine.run(profile, feed, role=_role(logits_at))
         positions = starts.view(-1, 1) + torch.arange(count, device=self.device)
         row_index = torch.arange(batch, device=self.device).view(-1, 1)
         for i, layer in _cached(layers):
@@ -202,7 +222,7 @@ class TrtRuntime(CachedRuntime):
             feed[names.key_name(names.CACHE, i)], feed[names.value_name(names.CACHE, i)] = layer.keys, layer.values
             aliases[names.key_name(names.PRESENT, i)] = names.key_name(names.CACHE, i)
             aliases[names.value_name(names.PRESENT, i)] = names.value_name(names.CACHE, i)
-        out = self.target_engine.run(profile, feed, aliases)
+        out = self.target_engine.run(profile, feed, aliases, role=_role(logits_at))
         result = out[names.RESULT]
         return VerifyOutput(result[:, 0], result[:, 1], out[names.FEATURES])
 
@@ -223,6 +243,12 @@ class TrtRuntime(CachedRuntime):
             append_rows(layer.keys, cache_lens, out[names.key_name(names.NEW, i)], new_counts)
             append_rows(layer.values, cache_lens, out[names.value_name(names.NEW, i)], new_counts)
         return out[names.LOGITS]
+
+
+def _role(logits_at: torch.Tensor | None) -> str:
+    """A prefill's outputs get buffers of their own: the decoding loop still holds the last verify
+    step's features while it admits new rows, and concatenates them with the prefill's."""
+    return "step" if logits_at is None else "prefill"
 
 
 def _cached(layers) -> list:
