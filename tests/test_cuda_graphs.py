@@ -74,3 +74,38 @@ def test_new_caches_drop_the_graphs(rerun_graphs, tiny_qwen3):
     assert runtime.cuda_graphs.num_graphs > 0
     runtime.allocate(8, 64)
     assert runtime.cuda_graphs.num_graphs == 0 and runtime.cuda_graphs.buckets == (1, 2, 4, 8)
+
+
+def test_captures_record_in_thread_local_error_mode(monkeypatch):
+    """What `capture` hands torch. The capture itself needs CUDA (tests/test_cuda_graphs_gpu.py
+    captures while another thread allocates); here only the arguments are read."""
+    import inspect
+
+    assert cuda_graphs.CAPTURE_ERROR_MODE == "thread_local"
+    assert "capture_error_mode" in inspect.signature(torch.cuda.graph).parameters  # this torch takes the argument
+    received = {}
+
+    class Recorder:
+        def __init__(self, graph, **kwargs):
+            received.update(kwargs, graph=graph)
+
+    monkeypatch.setattr(torch.cuda, "graph", Recorder)
+    graph = object()
+    cuda_graphs.recording(graph, "pool")
+    assert received == {"graph": graph, "pool": "pool", "capture_error_mode": "thread_local"}
+
+
+def test_every_graph_capture_in_the_package_goes_through_the_thread_local_recording():
+    """A static check: `torch.cuda.graph(` is called in one place, `cuda_graphs.recording`, which
+    passes the mode; a second capture site elsewhere would have to pass it too."""
+    import ast
+    from pathlib import Path
+
+    root = Path(cuda_graphs.__file__).resolve().parents[1]
+    sites = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("torch.cuda.graph", "torch.cuda.graphs.graph"):
+                keywords = {k.arg: ast.unparse(k.value) for k in node.keywords}
+                sites.append((path.relative_to(root).as_posix(), keywords.get("capture_error_mode")))
+    assert sites == [("runtime/cuda_graphs.py", "CAPTURE_ERROR_MODE")]

@@ -6,11 +6,14 @@ Skipped where no GPU is visible (every CI machine). On a GPU machine: `pytest te
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
 from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
+from trtllm_dflash.runtime import cuda_graphs
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 
 pytestmark = [
@@ -87,3 +90,50 @@ def test_qwen3_8b_shaped_graphs_give_the_eager_tokens():
         runtime = TorchRuntime(target, pair_drafter, cuda_graphs=True)
         assert _decode(runtime, requests, max_batch=4) == eager
         assert runtime.cuda_graphs.counts["replayed"] > 0
+
+
+def test_a_capture_survives_another_thread_allocating_on_its_own_stream():
+    """A server thread that allocates fresh CUDA memory (cudaMalloc) and synchronizes its own
+    stream while a step is captured. In torch's default global mode that call is refused and the
+    capture is invalidated; in thread-local mode (cuda_graphs.CAPTURE_ERROR_MODE) both go on."""
+    x = torch.arange(4096, device="cuda", dtype=torch.float32)
+
+    def run() -> torch.Tensor:
+        y = x
+        for _ in range(400):  # long enough for the other thread to allocate during the capture
+            y = y * 1.0001 + 1
+        return y
+
+    busy, stop, errors, allocations = threading.Event(), threading.Event(), [], []
+
+    def server_thread() -> None:
+        stream = torch.cuda.Stream()
+        size = 1 << 20
+        try:
+            with torch.cuda.stream(stream):
+                while not stop.is_set():
+                    torch.empty(size, dtype=torch.uint8, device="cuda")  # a size the allocator has not cached
+                    stream.synchronize()
+                    allocations.append(size)
+                    size += 1 << 20
+                    busy.set()
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+            busy.set()
+
+    thread = threading.Thread(target=server_thread)
+    thread.start()
+    try:
+        busy.wait(timeout=30)
+        replay, out = cuda_graphs.capture(run, cuda_graphs.new_pool())
+    finally:
+        stop.set()
+        thread.join()
+    torch.cuda.empty_cache()
+    assert not errors, f"the other thread failed during the capture: {errors[0]!r}"
+    assert allocations  # the thread ran (whether a call fell inside the capture is up to the scheduler)
+    expected = run()
+    out.zero_()
+    replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)

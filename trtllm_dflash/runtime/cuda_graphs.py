@@ -43,6 +43,10 @@ from trtllm_dflash.runtime.base import CachedRuntime, TargetOutput
 
 MIN_SPAN = 256  # smallest span bucket of the verify pass
 WARMUP_RUNS = 2  # eager runs before a capture: cuBLAS handles, Triton compiles, allocator warm-up
+# Only the capturing thread is barred from CUDA calls that are unsafe during a capture. With
+# torch's default ("global"), a server thread that allocates or copies on its own stream while a
+# step is being captured invalidates the capture (and fails itself).
+CAPTURE_ERROR_MODE = "thread_local"
 
 
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
@@ -101,9 +105,14 @@ def capture(run: Callable[[], Any], pool: Any) -> tuple[Replay, Any]:
             run()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    with recording(graph, pool):
         outputs = run()
     return graph.replay, outputs
+
+
+def recording(graph: Any, pool: Any) -> Any:
+    """The context manager that records into `graph`: torch's, in thread-local error mode."""
+    return torch.cuda.graph(graph, pool=pool, capture_error_mode=CAPTURE_ERROR_MODE)
 
 
 def new_pool() -> Any:
