@@ -61,7 +61,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "trtllm_dflash.builder", "trtllm_dflash.builder.*", "trtllm_dflash.serving", "trtllm_dflash.serving.*",
         "trtllm_dflash.bench", "trtllm_dflash.bench.*",
     ]),
-    ("commands", ["trtllm_dflash.cli", "trtllm_dflash.cli.*", "trtllm_dflash.selftest", "trtllm_dflash.doctor"]),
+    ("commands", ["trtllm_dflash.cli", "trtllm_dflash.cli.*", "trtllm_dflash.selftest", "trtllm_dflash.selftest_*", "trtllm_dflash.doctor"]),
 ]
 
 

@@ -9,8 +9,8 @@ with a re-running stand-in for CUDA graphs. The GPU steps themselves only run on
 from __future__ import annotations
 
 import dataclasses
-
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -255,6 +255,102 @@ def test_gpu_tests_step_runs_pytest_and_names_failures(tmp_path):
     assert not outcome.passed
     assert "1 failed" in outcome.summary and "1 passed" in outcome.summary
     assert "FAILED tests/test_fake_gpu.py::test_broken" in outcome.summary
+
+
+def test_gpu_tests_step_says_each_test_as_it_finishes_and_lists_the_slowest(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_fake_gpu.py").write_text(textwrap.dedent("""
+        import time
+
+        import pytest
+
+        def test_quick():
+            pass
+
+        def test_slower():
+            time.sleep(0.3)
+
+        def test_skipped():
+            pytest.skip("needs a GPU")
+    """))
+    said: list[str] = []
+    outcome = selftest.gpu_tests_step(tmp_path, say=said.append)
+    assert outcome.passed
+    assert [line.split(" (")[0] for line in said] == [
+        "passed tests/test_fake_gpu.py::test_quick", "passed tests/test_fake_gpu.py::test_slower",
+        "skipped tests/test_fake_gpu.py::test_skipped",
+    ]
+    assert "slowest: tests/test_fake_gpu.py::test_slower (0." in outcome.summary
+    rows = [line for line in outcome.markdown.splitlines() if line.startswith("| `")]
+    assert rows[0].startswith("| `tests/test_fake_gpu.py::test_slower` | passed | 0.")  # slowest first
+
+
+def _state(pid: int) -> str:
+    """A process's state letter from /proc ("" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return ""
+
+
+def test_gpu_tests_stopped_at_the_limit_list_what_finished_and_what_was_running(tmp_path):
+    """The real pytest and plugin on a generated file whose fourth test sleeps past the limit."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_slow_gpu.py").write_text(textwrap.dedent(f"""
+        import subprocess
+        import time
+        from pathlib import Path
+
+        import pytest
+
+        def test_quick():
+            pass
+
+        def test_broken():
+            assert 1 == 2
+
+        def test_skipped():
+            pytest.skip("needs a GPU")
+
+        def test_hangs():
+            child = subprocess.Popen(["sleep", "300"])  # something pytest started, stopped with it
+            Path({str(tmp_path / "child.pid")!r}).write_text(str(child.pid))
+            time.sleep(300)
+
+        def test_never_reached():
+            pass
+    """))
+    said: list[str] = []
+    outcome = selftest.gpu_tests_step(tmp_path, say=said.append, limit_s=10)
+    assert not outcome.passed
+    summary = outcome.summary
+    assert summary.startswith("pytest stopped at its 10 s limit: 3 of 5 finished: 1 passed, 1 failed, 1 skipped;")
+    assert "running when stopped: tests/test_slow_gpu.py::test_hangs (running for " in summary
+    assert "failed: tests/test_slow_gpu.py::test_broken" in summary and "test_never_reached" not in summary
+    assert [line.split(" (")[0] for line in said] == [
+        "passed tests/test_slow_gpu.py::test_quick", "failed tests/test_slow_gpu.py::test_broken",
+        "skipped tests/test_slow_gpu.py::test_skipped",
+    ]
+    rows = [line for line in outcome.markdown.splitlines() if line.startswith("| `")]
+    assert len(rows) == 4
+    assert rows[0].startswith("| `tests/test_slow_gpu.py::test_quick` | passed | ") and rows[0].endswith(" s |")
+    assert rows[1].startswith("| `tests/test_slow_gpu.py::test_broken` | failed: ") and "assert 1 == 2" in rows[1]
+    assert rows[3].startswith("| `tests/test_slow_gpu.py::test_hangs` | **stopped while running** | ")
+    assert _state(int((tmp_path / "child.pid").read_text())) in ("", "Z")  # the whole process group was stopped
+
+
+def test_a_progress_line_cut_short_by_the_kill_is_ignored(tmp_path):
+    from trtllm_dflash import selftest_runs
+
+    path = tmp_path / "progress.jsonl"
+    path.write_text(
+        '{"event": "collected", "count": 2}\n{"event": "start", "test": "a", "time": 1.0}\n'
+        '{"event": "finish", "test": "a", "outcome": "passed", "seconds": 0.5}\n{"event": "start", "test": "b", "time": 2.0}\n{"event": "fin'
+    )
+    progress = selftest_runs.read_progress(path)
+    assert progress.collected == 2 and progress.running == {"b": 2.0}
+    assert progress.finished == [selftest_runs.TestRecord("a", "passed", 0.5)]
+    assert selftest_runs.counts_text(progress) == "1 of 2 finished: 1 passed"
 
 
 def test_gpu_tests_step_skips_without_a_tests_folder(tmp_path):

@@ -27,6 +27,7 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
+from trtllm_dflash import selftest_runs
 from trtllm_dflash.errors import DFlashError
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
@@ -222,30 +223,58 @@ def parse_pytest_counts(output: str) -> dict[str, int]:
     return counts
 
 
-def gpu_tests_step(root: Path | None = None) -> StepOutcome:
-    """The GPU-marked test files, in a pytest subprocess (its CUDA context ends with it)."""
+def gpu_test_files(root: Path) -> list[str]:
+    """The GPU test files (tests/test_*gpu*.py), relative to the checkout."""
+    return sorted(str(p.relative_to(root)) for p in (root / "tests").glob("test_*gpu*.py"))
+
+
+def gpu_tests_step(root: Path | None = None, say: Say | None = None, limit_s: float = GPU_TEST_TIMEOUT_S) -> StepOutcome:
+    """The GPU-marked test files, in a pytest subprocess (its CUDA context ends with it).
+
+    Each test's outcome and time is said as it finishes (`selftest_progress`, a pytest plugin),
+    so a run stopped at `limit_s` still reports the tests that finished and the one running."""
     root = root or repository_root()
     if root is None:
         raise SkipStep("no tests/ folder here: run the check from a checkout of the repository")
-    files = sorted(str(p.relative_to(root)) for p in (root / "tests").glob("test_*gpu*.py"))
+    files = gpu_test_files(root)
     if not files:
         raise SkipStep(f"no GPU test files (tests/test_*gpu*.py) under {root}")
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
-    try:
-        done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=GPU_TEST_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return StepOutcome(f"pytest did not finish within {GPU_TEST_TIMEOUT_S} s", passed=False)
-    output = done.stdout + done.stderr
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "trtllm_dflash.selftest_progress", *files]
+
+    def finished(record: selftest_runs.TestRecord) -> None:
+        if say is not None:
+            say(f"{record.outcome} {record.test} ({record.seconds:.1f} s)")
+
+    run = selftest_runs.run_with_progress([command], root, limit_s, finished)
+    progress = run.progress
+    slowest = selftest_runs.slowest(progress.finished)
+    if run.timed_out:
+        summary = selftest_runs.stopped_text(run)
+        failed = [r for r in progress.finished if r.outcome in ("failed", "error")]
+        if failed:
+            summary += "; failed: " + "; ".join(r.test for r in failed[:5]) + (f" and {len(failed) - 5} more" if len(failed) > 5 else "")
+        markdown = (
+            f"`pytest -q {' '.join(files)}` {summary}.\n\nEvery test that finished, in order, then the one stopped:\n\n"
+            + selftest_runs.records_table(progress.finished, run.running_for())
+        )
+        return StepOutcome(summary, markdown, passed=False)
+    output = run.output
     counts = parse_pytest_counts(output)
     counted = ", ".join(f"{n} {word}" for word, n in counts.items()) or "no summary line"
     failures = [line for line in output.splitlines() if line.startswith(("FAILED", "ERROR"))]
-    passed = done.returncode == 0 and counts.get("passed", 0) > 0 and not counts.get("failed") and not counts.get("error")
+    returncode = run.returncodes[0]
+    passed = returncode == 0 and counts.get("passed", 0) > 0 and not counts.get("failed") and not counts.get("error")
     summary = f"{counted} ({', '.join(files)})"
     if failures:
         summary += "; " + "; ".join(failures[:5]) + (f"; and {len(failures) - 5} more" if len(failures) > 5 else "")
     elif not passed:
-        summary += f"; pytest exit status {done.returncode}: " + " | ".join(output.strip().splitlines()[-3:])
-    return StepOutcome(summary, f"`pytest -q {' '.join(files)}`: {counted}.\n", passed)
+        summary += f"; pytest exit status {returncode}: " + " | ".join(output.strip().splitlines()[-3:])
+    if slowest:
+        summary += f"; slowest: {slowest[0].test} ({slowest[0].seconds:.1f} s)"
+    markdown = f"`pytest -q {' '.join(files)}`: {counted} in {run.seconds:.0f} s.\n"
+    if slowest:
+        markdown += "\nThe slowest tests:\n\n" + selftest_runs.records_table(slowest)
+    return StepOutcome(summary, markdown, passed)
 
 
 def kernel_benchmark_step(budget: Budget, say: Say) -> StepOutcome:
@@ -350,7 +379,7 @@ def tensorrt_step(env: GpuEnvironment, say: Say) -> StepOutcome:
 def gpu_steps(env: GpuEnvironment, budget: Budget, say: Say) -> list[Step]:
     """The check's steps in order (the test subprocess first, before this process holds GPU memory)."""
     return [
-        Step("GPU tests", gpu_tests_step, "tests"),
+        Step("GPU tests", lambda: gpu_tests_step(say=say), "tests"),
         Step("kernel benchmark", lambda: kernel_benchmark_step(budget, say), "kernels"),
         Step("decode: demo pair", lambda: demo_decode_step(budget, say), "decode-demo"),
         Step("decode: Qwen3-8B-shaped, 2 layers", lambda: qwen3_8b_shaped_decode_step(budget, say), "decode-qwen3-8b"),
