@@ -25,7 +25,7 @@ def selftest(
     out: Path = typer.Option(Path("benchmarks/RESULTS.md"), "--out", "-o", help="Markdown file the results section is appended to."),
     quick: bool = typer.Option(False, "--quick", help="Fewer kernel shapes, prompts and tokens (a few minutes)."),
     step: Optional[list[str]] = typer.Option(
-        None, "--step", help="Run only this step (repeatable): tests, kernels, decode-demo, decode-qwen3-8b, tensorrt."
+        None, "--step", help="Run only this step (repeatable): warmup, tests (brings warmup), kernels, decode-demo, decode-qwen3-8b, tensorrt."
     ),
 ) -> None:
     """GPU tests, kernel benchmark vs the bandwidth floor and SDPA, torch-runtime decode (DFlash vs AR, CUDA graphs off/on); appends the results to RESULTS.md."""

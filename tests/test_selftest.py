@@ -116,12 +116,13 @@ def test_step_runs_only_the_named_steps_in_order(run_main, monkeypatch, tmp_path
     calls: list[str] = []
     monkeypatch.setattr(selftest, "require_cuda", lambda: None)
     monkeypatch.setattr(selftest, "gpu_environment", lambda: ENV)
-    keyed = [dataclasses.replace(s, key=key) for s, key in zip(_fake_steps(calls), selftest.STEP_KEYS)]
+    keys = ("warmup", "kernels", "tests", "decode-qwen3-8b", "decode-demo")
+    keyed = [dataclasses.replace(s, key=key) for s, key in zip(_fake_steps(calls), keys)]
     monkeypatch.setattr(selftest, "gpu_steps", lambda env, budget, say: keyed)
     out = tmp_path / "RESULTS.md"
     code, _, _ = run_main("selftest", "--gpu", "--step", "decode-demo", "--step", "tests", "--out", str(out))
     assert code == 0
-    assert calls == ["first", "skipped"]  # the check's order, not the command line's
+    assert calls == ["first", "skipped", "last"]  # the check's order, not the command line's; the tests bring the warm-up
     assert "--step decode-demo --step tests" in out.read_text()
 
 
@@ -404,3 +405,85 @@ def test_measure_decode_compares_graphs_with_eager_and_leaves_no_hooks(rerun_gra
     assert [r.same_as_eager for r in results if r.cuda_graphs] == [True] * 4
     assert all(r.tau == 1.0 for r in results if not r.speculative)
     assert all(not layer._forward_hooks for layer in target.model.model.layers)
+
+
+# ------------------------------------------------------------------------------- kernel warm-up
+
+
+def _parametrized_grid(test) -> set[tuple]:
+    """Every parameter combination a test function's @pytest.mark.parametrize marks produce."""
+    import itertools
+
+    grids = []
+    for mark in reversed(test.pytestmark):  # marks are stored nearest-the-function first: top decorator first here
+        if mark.name == "parametrize":
+            names, values = mark.args
+            grids.append([v if len(names.split(",")) > 1 else (v,) for v in values])
+    return {tuple(p for part in combo for p in part) for combo in itertools.product(*grids)}
+
+
+def test_warmup_launches_exactly_the_gpu_tests_kernel_grids():
+    """The warm-up's grids are test_plugin_gpu.py's: if the tests gain a variant, so must the warm-up."""
+    import importlib.util
+
+    from trtllm_dflash import selftest_warmup
+
+    spec = importlib.util.spec_from_file_location("plugin_gpu_tests", Path(__file__).parent / "test_plugin_gpu.py")
+    tests = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tests)
+    cases = selftest_warmup.warmup_cases()
+    as_test_params = {
+        op: {(getattr(torch, c.params[0]), *c.params[1:]) for c in cases if c.op == op} for op in ("block_attention", "target_attention")
+    }
+    block = _parametrized_grid(tests.test_block_attention_on_gpu)  # (dtype, heads, kv_heads, head_dim, kv_splits, window)
+    target = _parametrized_grid(tests.test_target_attention_on_gpu)
+    assert as_test_params["block_attention"] == block and len(block) == 36
+    assert as_test_params["target_attention"] == target and len(target) == 60
+    assert [c.params for c in cases if c.op == "verify"] == [("float32", 8, 16, 151936)]
+    assert len({c.name for c in cases}) == len(cases) == 97
+
+
+
+def test_warmup_cases_launch_the_ops_with_arguments_they_accept():
+    """Three cases through the real ops on CPU (interpreted kernels, the verification reference):
+    the arguments the warm-up builds are the ones the ops take. On a GPU they compile."""
+    from trtllm_dflash import selftest_warmup
+
+    cases = {c.name: c for c in selftest_warmup.warmup_cases()}
+    for name in ("block_attention[float32-16-16-64-1-40]", "target_attention[float32-16-16-128-64-1-128-True]", "verify[float32-8-16-151936]"):
+        selftest_warmup.launch_case(cases[name], device="cpu")
+
+
+def test_a_warmup_worker_logs_every_case_and_goes_on_after_one_raises(monkeypatch, tmp_path):
+    from trtllm_dflash import selftest_runs, selftest_warmup
+    from trtllm_dflash.selftest_progress import PROGRESS_ENV
+
+    monkeypatch.setenv(PROGRESS_ENV, str(tmp_path / "progress.jsonl"))
+    cases = selftest_warmup.warmup_cases()[:3]
+
+    def launch(case):
+        if case is cases[1]:
+            raise RuntimeError("out of resource: shared memory, Required: 262144, Hardware limit: 232448\nmore")
+
+    selftest_warmup.run_worker(cases, launch)
+    progress = selftest_runs.read_progress(tmp_path / "progress.jsonl")
+    assert progress.collected == 3 and not progress.running
+    assert [(r.test, r.outcome) for r in progress.finished] == [(c.name, o) for c, o in zip(cases, ("passed", "failed", "passed"))]
+    assert progress.finished[1].error == "RuntimeError: out of resource: shared memory, Required: 262144, Hardware limit: 232448"
+
+
+def test_the_warmup_runs_its_worker_processes_and_reports_what_they_did(tmp_path):
+    """The real worker subprocesses on this CPU machine: every launch raises (no CUDA device), each
+    is logged and reported, and the step passes (the GPU tests report kernel failures themselves)."""
+    from trtllm_dflash import selftest_warmup
+
+    said: list[str] = []
+    run = selftest_warmup.run_warmup(tmp_path, said.append, workers=2)
+    assert run.returncodes == [0, 0] and not run.timed_out
+    assert run.progress.collected == 97 and len(run.progress.finished) == 97
+    assert {r.outcome for r in run.progress.finished} == {"failed"} and len(said) == 97
+    summary, markdown, passed = selftest_warmup.warmup_report(run, workers=2)
+    assert passed
+    assert summary.startswith("97 kernel launches of tests/test_plugin_gpu.py in 2 processes, ")
+    assert "; 97 raised (the GPU tests report them): block_attention[bfloat16-32-8-128-1-0] " in summary
+    assert "Launches that raised:" in markdown and markdown.count("| `") == 5 + 97  # the slowest five, then every one that raised

@@ -5,10 +5,12 @@ decode speed on CUDA) are checked only when someone with a GPU runs this. It mus
 10 minutes on one H100, run every step even when one fails, and leave its numbers in
 benchmarks/RESULTS.md with the GPU, driver, versions and date.
 
-Steps: the GPU tests (pytest), the kernel benchmark (bench/kernels.py), the torch-runtime decode
-of the demo pair and of a random Qwen3-8B-shaped 2-layer model, DFlash vs AR, CUDA graphs off
-and on (bench/decode.py), and a TensorRT engine build of the demo pair, skipped with the reason
-where TensorRT is not installed. Each step reports pass / fail / skip and its time.
+Steps: a warm-up that compiles the kernel variants the GPU tests launch (selftest_warmup.py),
+the GPU tests (pytest, each test reported as it finishes: selftest_runs.py), the kernel
+benchmark (bench/kernels.py), the torch-runtime decode of the demo pair and of a random
+Qwen3-8B-shaped 2-layer model, DFlash vs AR, CUDA graphs off and on (bench/decode.py), and a
+TensorRT engine build of the demo pair, skipped with the reason where TensorRT is not installed.
+Each step reports pass / fail / skip and its time.
 """
 
 from __future__ import annotations
@@ -277,6 +279,17 @@ def gpu_tests_step(root: Path | None = None, say: Say | None = None, limit_s: fl
     return StepOutcome(summary, markdown, passed)
 
 
+def warmup_step(say: Say | None = None, root: Path | None = None) -> StepOutcome:
+    """Compile the kernel variants the GPU tests launch, in parallel processes, before they are timed."""
+    from trtllm_dflash import selftest_warmup
+
+    root = root or repository_root() or Path.cwd()
+    workers = selftest_warmup.worker_count()
+    run = selftest_warmup.run_warmup(root, say, workers=workers)
+    summary, markdown, passed = selftest_warmup.warmup_report(run, workers)
+    return StepOutcome(summary, markdown, passed)
+
+
 def kernel_benchmark_step(budget: Budget, say: Say) -> StepOutcome:
     """The plugin kernels against the bandwidth floor and SDPA; fails only if verification disagrees
     with the reference (attention is checked against SDPA inside the benchmark)."""
@@ -379,6 +392,7 @@ def tensorrt_step(env: GpuEnvironment, say: Say) -> StepOutcome:
 def gpu_steps(env: GpuEnvironment, budget: Budget, say: Say) -> list[Step]:
     """The check's steps in order (the test subprocess first, before this process holds GPU memory)."""
     return [
+        Step("kernel warm-up", lambda: warmup_step(say), "warmup"),
         Step("GPU tests", lambda: gpu_tests_step(say=say), "tests"),
         Step("kernel benchmark", lambda: kernel_benchmark_step(budget, say), "kernels"),
         Step("decode: demo pair", lambda: demo_decode_step(budget, say), "decode-demo"),
@@ -387,7 +401,7 @@ def gpu_steps(env: GpuEnvironment, budget: Budget, say: Say) -> list[Step]:
     ]
 
 
-STEP_KEYS = ("tests", "kernels", "decode-demo", "decode-qwen3-8b", "tensorrt")
+STEP_KEYS = ("warmup", "tests", "kernels", "decode-demo", "decode-qwen3-8b", "tensorrt")
 
 
 def check_step_keys(keys: list[str]) -> None:
@@ -398,7 +412,10 @@ def check_step_keys(keys: list[str]) -> None:
 
 
 def select_steps(steps: list[Step], keys: list[str]) -> list[Step]:
-    """The steps named by `keys`, in the check's own order (all of them when none is named)."""
+    """The steps named by `keys`, in the check's own order (all of them when none is named).
+
+    The tests bring the warm-up with them: timed on a cold compile cache they measure the compiler."""
+    keys = [*keys, "warmup"] if "tests" in keys else keys
     return [step for step in steps if not keys or step.key in keys]
 
 
