@@ -131,18 +131,20 @@ def run_with_progress(
                         on_finish(record)
                 delivered[i] = len(finished)
 
-        while any(p.poll() is None for p in processes) and time.perf_counter() - started < limit_s:
-            deliver()
-            time.sleep(POLL_S)
-        stopped_at = time.time()
-        returncodes: list[int | None] = []
-        for process in processes:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)  # its own session: pytest and whatever it started
-                process.wait()
-                returncodes.append(None)
-            else:
-                returncodes.append(process.returncode)
+        try:
+            while any(p.poll() is None for p in processes) and time.perf_counter() - started < limit_s:
+                deliver()
+                time.sleep(POLL_S)
+        finally:  # also on Ctrl-C: their own sessions do not get the terminal's signal
+            stopped_at = time.time()
+            returncodes: list[int | None] = []
+            for process in processes:
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGKILL)  # pytest and whatever it started
+                    process.wait()
+                    returncodes.append(None)
+                else:
+                    returncodes.append(process.returncode)
         seconds = time.perf_counter() - started
         deliver()
         progress = Progress()
