@@ -108,3 +108,41 @@ def _head_dim_pair(text: str) -> tuple[int, int]:
     if len(dims) not in (1, 2) or any(d not in ATTENTION_HEAD_DIMS for d in dims):
         raise DFlashError(f"--target-head-dim {text!r} is not a supported head dim", f"use D or KxV with D, K, V in {ATTENTION_HEAD_DIMS}")
     return (dims[0], dims[-1])
+
+
+@app.command("audit")
+def audit(
+    arch: str = typer.Option("sm_90a,sm_100a", "--arch", help="Comma-separated targets to compile for (see `plugins build --arch`)."),
+    path: list[str] = typer.Option(["aot", "jit"], "--path", help="Launch paths: aot (TensorRT engines), jit (torch launches); repeatable."),
+    markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the full per-kernel table to this file."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Parallel compile processes (default: one per CPU)."),
+) -> None:
+    """Compile every kernel variant for each target (no GPU needed) and check what ptxas reports:
+    shared memory within the limit, no spills in 16-bit kernels, 16-byte global loads. Exit 1 on a problem."""
+    from trtllm_dflash.plugins import aot, kernel_audit
+
+    arches = aot.parse_arches(arch)
+    for name in path:
+        if name not in ("aot", "jit"):
+            raise DFlashError(f"--path {name!r} is not a launch path", "use aot or jit")
+    if jobs is not None and jobs < 1:
+        raise DFlashError(f"--jobs must be >= 1, got {jobs}", "pass a positive number")
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("compiling", total=None)
+        reports = kernel_audit.audit(arches, path, jobs=jobs, progress=lambda r: progress.update(task, advance=1, description=f"{r.arch} {r.label}"))
+    if markdown is not None:
+        markdown.write_text(kernel_audit.markdown_table(reports))
+    bad = [r for r in reports if r.problems()]
+    for a in arches:
+        for name in path:
+            mine = [r for r in reports if r.arch == a.name and r.path == name]
+            worst_shared = max(r.shared for r in mine)
+            spills = sum(1 for r in mine if r.spill_stores)
+            console.print(f"{a.name} {name}: {len(mine)} kernels, max shared {worst_shared} B (limit {mine[0].shared_limit} B), "
+                          f"{spills} spilling, {sum(1 for r in mine if r.problems())} with problems")
+    for r in bad:
+        console.print(f"  {r.path} {r.arch} {r.label}: {'; '.join(r.problems())}")
+    if bad:
+        raise typer.Exit(1)

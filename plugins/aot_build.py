@@ -28,7 +28,7 @@ from trtllm_dflash.plugins.aot_variants import KernelVariant, kernel_variants
 
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trtllm-dflash" / "kernels"
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: pointer alignment attributes
 
 
 @functools.cache
@@ -47,6 +47,7 @@ def cache_key(variant: KernelVariant, arch: Arch, triton_version: str) -> str:
         "format": CACHE_FORMAT, "source": source_digest(variant.source), "triton": triton_version,
         "arch": arch.name, "capability": arch.capability, "ptx_isa": arch.ptx_isa,
         "function": variant.function, "signature": variant.signature, "constexprs": variant.constexprs,
+        "attrs": sorted(variant.compile_attrs().items()),
         "num_warps": variant.num_warps, "num_stages": variant.num_stages, "fp_fusion": variant.enable_fp_fusion,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()

@@ -39,6 +39,7 @@ class Arch:
     cuda: str  # the CUDA toolkit that introduced this PTX ISA
     min_driver: str  # the Linux driver of that toolkit: the oldest that can JIT this PTX
     gpus: str
+    max_shared: int  # shared memory one program may opt in to (cudaDevAttrMaxSharedMemoryPerBlockOptin)
 
     @property
     def ptx_isa_text(self) -> str:
@@ -48,10 +49,10 @@ class Arch:
 ARCHES = {
     arch.name: arch
     for arch in (
-        Arch("sm_90a", 90, 80, "12.0", "525.60.13", "Hopper: H100, H200"),
-        Arch("sm_100a", 100, 87, "12.8", "570.26", "Blackwell: B200, GB200"),
-        Arch("sm_103a", 103, 88, "12.9", "575.51.03", "Blackwell Ultra: B300, GB300"),
-        Arch("sm_120", 120, 87, "12.8", "570.26", "RTX PRO 6000 Blackwell, GeForce RTX 50"),
+        Arch("sm_90a", 90, 80, "12.0", "525.60.13", "Hopper: H100, H200", 232_448),
+        Arch("sm_100a", 100, 87, "12.8", "570.26", "Blackwell: B200, GB200", 232_448),
+        Arch("sm_103a", 103, 88, "12.9", "575.51.03", "Blackwell Ultra: B300, GB300", 232_448),
+        Arch("sm_120", 120, 87, "12.8", "570.26", "RTX PRO 6000 Blackwell, GeForce RTX 50", 101_376),
     )
 }
 ALIASES = {"sm_120a": "sm_120", "sm90a": "sm_90a", "sm100a": "sm_100a", "sm103a": "sm_103a", "sm120": "sm_120"}
@@ -125,7 +126,7 @@ def compile_kernel(variant: KernelVariant, arch: Arch) -> CompiledKernel:
     from triton.compiler import ASTSource
 
     fn = getattr(kernels.load(variant.source, interpret=False), variant.function)
-    source = ASTSource(fn, signature=dict(variant.signature), constexprs=dict(variant.constexprs))
+    source = ASTSource(fn, signature=dict(variant.signature), constexprs=dict(variant.constexprs), attrs=variant.compile_attrs())
     options = dict(ptx_version=arch.ptx_isa, num_warps=variant.num_warps, num_stages=variant.num_stages,
                    enable_fp_fusion=variant.enable_fp_fusion)
     compiled = triton.compile(source, target=GPUTarget("cuda", arch.capability, 32), options=options)

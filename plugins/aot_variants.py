@@ -17,6 +17,13 @@ from trtllm_dflash.plugins.attention_options import BLOCK_ATTENTION, TARGET_ATTE
 from trtllm_dflash.plugins.kernels import launch
 
 
+# Every pointer a kernel receives is 16-byte aligned: TensorRT requires 256-byte aligned engine I/O
+# addresses (`IExecutionContext::setTensorAddress`) and allocates activations itself, and the torch
+# path's launches pass whole (caching-allocator, 256-byte aligned) tensors, where Triton's JIT
+# specializes the same way. Telling the compiler (`tt.divisibility`) is what turns the K/V and
+# logits loads into 16-byte vectors and `cp.async` copies instead of 2-byte loads.
+POINTER_ALIGNMENT = 16
+
 TORCH_TO_TRITON = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8e4nv", "int32": "i32", "int64": "i64"}
 
 
@@ -32,6 +39,10 @@ class KernelVariant:
     num_warps: int
     num_stages: int
     enable_fp_fusion: bool
+
+    def compile_attrs(self) -> dict:
+        """Triton's per-parameter attributes: every pointer parameter divisible by POINTER_ALIGNMENT bytes."""
+        return {(index,): [["tt.divisibility", POINTER_ALIGNMENT]] for index, (_, kind) in enumerate(self.signature) if kind.startswith("*")}
 
     @property
     def label(self) -> str:
@@ -55,11 +66,14 @@ def _attention_signature(dtype: str, cache_dtype: str, split: bool) -> tuple:
 
 
 def attention_variants(
-    head_dim: int, dtype: str, cache_dtype: str, block_m: int, present: Mapping[str, bool] | None = None
+    head_dim: int, dtype: str, cache_dtype: str, block_m: int, present: Mapping[str, bool] | None = None,
+    shared_budget: int | None = None,
 ) -> list[KernelVariant]:
     """The direct and split attention kernels and the merge kernel for one query-tile size (and, per
-    tensor option of `attention_options.BLOCK_ATTENTION`, whether it is present)."""
-    config = launch.attention_config_for_tile(head_dim, block_m)
+    tensor option of `attention_options.BLOCK_ATTENTION`, whether it is present), with the tiles that
+    fit `shared_budget` (default: the dtype's)."""
+    config = launch.attention_config_for_tile(head_dim, block_m, dtype, shared_budget)
+    block_m = config.block_m
     constexprs = (
         ("HEAD_DIM", head_dim), ("BLOCK_M", block_m), ("BLOCK_N", config.block_n), ("BLOCK_T", config.block_t),
         *BLOCK_ATTENTION.kernel_constexprs(present or {}).items(), ("IEEE", dtype == "float32"),
@@ -93,12 +107,14 @@ def _target_attention_signature(dtype: str, cache_dtype: str) -> tuple:
 
 
 def target_attention_variant(
-    head_dim_k: int, head_dim_v: int, dtype: str, cache_dtype: str, block_m: int, present: Mapping[str, bool]
+    head_dim_k: int, head_dim_v: int, dtype: str, cache_dtype: str, block_m: int, present: Mapping[str, bool],
+    shared_budget: int | None = None,
 ) -> KernelVariant:
     """The DFlashTargetAttention kernel for one (key, value) head-dim pair, dtype, query tile and the
     tensor options present (`{"sinks": True}`); scalar options such as the window are runtime
     scalars: full and sliding layers share a variant."""
-    config = launch.target_attention_config_for_tile(head_dim_k, head_dim_v, block_m)
+    config = launch.target_attention_config_for_tile(head_dim_k, head_dim_v, block_m, dtype, shared_budget)
+    block_m = config.block_m
     constexprs = (
         ("HEAD_DIM_K", head_dim_k), ("HEAD_DIM_V", head_dim_v), ("BLOCK_M", block_m), ("BLOCK_N", config.block_n),
         *TARGET_ATTENTION.kernel_constexprs(present).items(), ("IEEE", dtype == "float32"),
@@ -107,11 +123,14 @@ def target_attention_variant(
                          _target_attention_signature(dtype, cache_dtype), constexprs, config.num_warps, config.num_stages, True)
 
 
-def target_query_tiles(head_dim_k: int, head_dim_v: int, blocks: Iterable[int], groups: Iterable[int]) -> list[int]:
+def target_query_tiles(
+    head_dim_k: int, head_dim_v: int, blocks: Iterable[int], groups: Iterable[int], dtype: str = "bfloat16",
+    shared_budget: int | None = None,
+) -> list[int]:
     """The query tiles a target with these GQA groups launches for verify blocks of these sizes,
     and for a prefill or a dynamic token dimension (which take the MAX_BLOCK tile)."""
     tokens = set(blocks) | {launch.MAX_BLOCK}
-    return sorted({launch.target_attention_config(head_dim_k, head_dim_v, t, g).block_m for t in tokens for g in groups})
+    return sorted({launch.target_attention_config(head_dim_k, head_dim_v, t, g, dtype, shared_budget).block_m for t in tokens for g in groups})
 
 
 def verify_variants(logits_dtype: str) -> list[KernelVariant]:
@@ -133,9 +152,11 @@ def commit_variant() -> KernelVariant:
                          (("BLOCK_T", launch.MAX_BLOCK), ("BLOCK_S", launch.COMMIT_BLOCK_S)), 1, 1, False)
 
 
-def query_tiles(head_dim: int, blocks: Iterable[int], groups: Iterable[int]) -> list[int]:
-    """The query-tile sizes (BLOCK_M) that drafters with these block sizes and GQA groups use."""
-    return sorted({launch.attention_config(head_dim, b, g).block_m for b in blocks for g in groups})
+def query_tiles(
+    head_dim: int, blocks: Iterable[int], groups: Iterable[int], dtype: str = "bfloat16", shared_budget: int | None = None
+) -> list[int]:
+    """The query-tile sizes (BLOCK_M) that drafters with these block sizes, GQA groups and dtype use."""
+    return sorted({launch.attention_config(head_dim, b, g, dtype, shared_budget).block_m for b in blocks for g in groups})
 
 
 def kernel_variants(
@@ -149,6 +170,7 @@ def kernel_variants(
     target_groups: Iterable[int] | None = None,
     target_dtypes: Iterable[str] | None = None,
     target_sinks: Iterable[bool] = (False,),
+    shared_budget: int | None = None,
 ) -> list[KernelVariant]:
     """Every kernel variant a drafter and its target in this space launch (default: the whole
     supported space, without attention-sink variants).
@@ -156,6 +178,7 @@ def kernel_variants(
     The target's attention takes its (key, value) head dims, GQA groups and activation dtypes from
     `target_*`, defaulting to the drafter's (square head dims); its cache has the activation dtype.
     `target_sinks` lists the HAS_SINKS values to build: (True,) for gpt-oss, (False, True) for both.
+    `shared_budget` bounds every tile's shared memory (default: the dtype's, `launch.shared_budget_for`).
     """
     blocks, groups = list(blocks), list(groups)
     variants = []
@@ -163,17 +186,17 @@ def kernel_variants(
         for dtype in dtypes:
             caches = [dtype] + (["float8_e4m3fn"] if fp8_kv_cache else [])
             for cache_dtype in caches:
-                for block_m in query_tiles(head_dim, blocks, groups):
-                    for variant in attention_variants(head_dim, dtype, cache_dtype, block_m):
+                for block_m in query_tiles(head_dim, blocks, groups, dtype, shared_budget):
+                    for variant in attention_variants(head_dim, dtype, cache_dtype, block_m, shared_budget=shared_budget):
                         if variant not in variants:
                             variants.append(variant)
     target_head_dims = list(target_head_dims) if target_head_dims is not None else [(d, d) for d in head_dims]
     target_groups = list(target_groups) if target_groups is not None else groups
     for head_dim_k, head_dim_v in target_head_dims:
         for dtype in (target_dtypes if target_dtypes is not None else dtypes):
-            for block_m in target_query_tiles(head_dim_k, head_dim_v, blocks, target_groups):
+            for block_m in target_query_tiles(head_dim_k, head_dim_v, blocks, target_groups, dtype, shared_budget):
                 for has_sinks in target_sinks:
-                    variant = target_attention_variant(head_dim_k, head_dim_v, dtype, dtype, block_m, {"sinks": has_sinks})
+                    variant = target_attention_variant(head_dim_k, head_dim_v, dtype, dtype, block_m, {"sinks": has_sinks}, shared_budget)
                     if variant not in variants:
                         variants.append(variant)
     for logits_dtype in logits_dtypes:

@@ -63,7 +63,7 @@ def plan_launch(node: str, shapes: dict, dtypes: dict, attributes: dict) -> Laun
         capacity, kv_heads = shapes["k_cache"][1], shapes["k_cache"][2]
         group = _required(heads, "number of query heads") // _required(kv_heads, "number of KV heads")
         tile_block = constant(block) or launch.MAX_BLOCK  # a dynamic block size gets the tile of the largest
-        config = launch.attention_config(_required(head_dim, "head dimension"), tile_block, group)
+        config = launch.attention_config(_required(head_dim, "head dimension"), tile_block, group, dtypes["q"])
         split = node == "DFlashBlockAttentionSplit"
         splits = int(attributes.get("kv_splits", 2)) if split else 1
         options = onnx_nodes.BLOCK_OPTIONS
@@ -78,7 +78,7 @@ def plan_launch(node: str, shapes: dict, dtypes: dict, attributes: dict) -> Laun
         batch, block, heads, head_dim = shapes["like"]
         kv_heads, splits = shapes["partial_out"][1], shapes["partial_out"][2]
         group = _required(heads, "number of query heads") // _required(kv_heads, "number of KV heads")
-        config = launch.attention_config(_required(head_dim, "head dimension"), constant(block) or launch.MAX_BLOCK, group)
+        config = launch.attention_config(_required(head_dim, "head dimension"), constant(block) or launch.MAX_BLOCK, group, dtypes["like"])
         variant = aot.attention_variants(config.head_dim, dtypes["like"], dtypes["like"], config.block_m)[2]
         return Launch(variant, launch.merge_grid(batch, block, kv_heads, group, config.block_m),
                       launch.merge_scalars(block, kv_heads, group, splits))
@@ -114,7 +114,7 @@ def _plan_target_attention(shapes: dict, dtypes: dict, attributes: dict) -> Laun
     group = _required(heads, "number of query heads") // _required(kv_heads, "number of KV heads")
     head_dim_k, head_dim_v = _required(head_dim_k, "key head dimension"), _required(head_dim_v, "value head dimension")
     # a dynamic token dimension (verify and prefill in one engine) gets the tile of the largest block
-    config = launch.target_attention_config(head_dim_k, head_dim_v, constant(tokens) or launch.MAX_BLOCK, group)
+    config = launch.target_attention_config(head_dim_k, head_dim_v, constant(tokens) or launch.MAX_BLOCK, group, dtypes["q"])
     variant = aot.target_attention_variant(head_dim_k, head_dim_v, dtypes["q"], dtypes["k_cache"], config.block_m,
                                            options.present_in(attributes))
     return Launch(

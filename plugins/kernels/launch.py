@@ -31,6 +31,67 @@ def cdiv(a, b):
     return (a + b - 1) // b
 
 
+# Shared memory. A TensorRT AOT plugin launch gets `shared_mem` bytes of dynamic shared memory, and
+# nothing in TensorRT's documentation says it raises a kernel's limit above the 48 KiB every CUDA
+# device grants without an opt-in (docs/plugins.md, "Shared memory"), so 16-bit tiles (what engines
+# run) stay within ENGINE_SHARED_BUDGET, and torch launches take the same tiles: one set of
+# compiled variants, all audited (plugins/kernel_audit.py). Float32 tiles are launched by torch
+# only (tests, reference runs), through Triton's launcher, which opts in to more: they get the
+# smallest opt-in limit of the kernel targets (sm_120's 99 KiB).
+ENGINE_SHARED_BUDGET = 48 * 1024
+FLOAT32_SHARED_BUDGET = 99 * 1024
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def dtype_name(dtype) -> str:
+    """`torch.bfloat16` or "bfloat16" -> "bfloat16"."""
+    return str(dtype).removeprefix("torch.")
+
+
+def shared_budget_for(dtype: str) -> int:
+    """The shared memory a tile of this activation dtype is sized for (see above)."""
+    return FLOAT32_SHARED_BUDGET if DTYPE_BYTES.get(dtype_name(dtype), 2) == 4 else ENGINE_SHARED_BUDGET
+
+
+def tile_shared_bytes(block_m: int, block_n: int, head_dim_k: int, head_dim_v: int, element_bytes: int, num_stages: int, streams: int) -> int:
+    """Shared memory of one flash-attention program, an upper estimate of Triton's layout (checked
+    against the compiler by tests/test_kernel_audit.py): the query tile with a key and a value tile
+    per streamed load (`streams`: 2 for the drafter's cache + new rows, 1 for the target), buffered
+    `num_stages` times when software-pipelined; or the float32 output tile a split program writes
+    (Triton converts its layout through shared memory), whichever is larger (the allocations are
+    reused)."""
+    kv_tile = block_n * (head_dim_k + head_dim_v)
+    operands = element_bytes * (block_m * head_dim_k + max(num_stages, 1) * streams * kv_tile)
+    return max(operands, 4 * block_m * head_dim_v)
+
+
+def fit_tiles(head_dim_k: int, head_dim_v: int, block_m: int, dtype: str, shared_budget: int | None, streams: int) -> tuple[int, int, int, int]:
+    """(block_m, block_n, num_warps, num_stages) within `shared_budget` bytes (default: the dtype's).
+
+    16-bit tiles start double buffered; float32 ones single, with at most 2048 query elements (fp32
+    dots run on FMA units, and larger tiles spill hundreds of bytes per thread). Then the stage
+    count, the key tile and the query tile shrink, in that order, until the estimate fits. 8 warps
+    above 4 KiB of queries: with 4, ptxas (sm_90a) spills 50-650 bytes per thread in the 16-bit
+    32 x 128 and 16/32 x 256 drafter tiles (tests/test_kernel_audit.py)."""
+    element_bytes = DTYPE_BYTES.get(dtype_name(dtype), 2)
+    budget = shared_budget if shared_budget is not None else shared_budget_for(dtype)
+    block_n = 64 if max(head_dim_k, head_dim_v) <= 128 else 32
+    num_stages = 2 if element_bytes <= 2 else 1
+    if element_bytes == 4:
+        block_m = min(block_m, max(16, 2048 // head_dim_k))
+    while tile_shared_bytes(block_m, block_n, head_dim_k, head_dim_v, element_bytes, num_stages, streams) > budget:
+        if num_stages > 1:
+            num_stages -= 1
+        elif block_n > 16:
+            block_n //= 2
+        elif block_m > 16:
+            block_m //= 2
+        else:
+            raise DFlashError(f"no attention tile of head dims {head_dim_k}/{head_dim_v} fits {budget} bytes of shared memory")
+    num_warps = 4 if block_m * head_dim_k * element_bytes <= 16 * 128 * 2 else 8
+    return block_m, block_n, num_warps, num_stages
+
+
 @dataclasses.dataclass(frozen=True)
 class AttentionConfig:
     """Compile-time tiles of one block-attention kernel variant."""
@@ -46,21 +107,25 @@ class AttentionConfig:
         return cdiv(block * group, self.block_m)
 
 
-def attention_config(head_dim: int, block: int = MAX_BLOCK, group: int = 1) -> AttentionConfig:
-    """Tile sizes for a KV head's packed query rows (block x group) and a head dimension."""
+def attention_config(
+    head_dim: int, block: int = MAX_BLOCK, group: int = 1, dtype: str = "bfloat16", shared_budget: int | None = None
+) -> AttentionConfig:
+    """Tile sizes for a KV head's packed query rows (block x group), a head dimension and a dtype,
+    within a shared-memory budget (default: the dtype's, `shared_budget_for`)."""
     if not 1 <= block <= MAX_BLOCK:
         raise DFlashError(f"block attention supports blocks of 1..{MAX_BLOCK} tokens, not {block}", "use a smaller block size")
     cap = 128 if head_dim <= 128 else 64
-    return attention_config_for_tile(head_dim, min(max(16, next_power_of_2(block * group)), cap))
+    return attention_config_for_tile(head_dim, min(max(16, next_power_of_2(block * group)), cap), dtype, shared_budget)
 
 
-def attention_config_for_tile(head_dim: int, block_m: int) -> AttentionConfig:
-    """The rest of the configuration follows from the head dimension and the query tile."""
+def attention_config_for_tile(
+    head_dim: int, block_m: int, dtype: str = "bfloat16", shared_budget: int | None = None
+) -> AttentionConfig:
+    """The rest of the configuration follows from the head dimension, the query tile and the budget."""
     if head_dim not in ATTENTION_HEAD_DIMS:
         raise DFlashError(f"block attention supports head_dim {ATTENTION_HEAD_DIMS}, not {head_dim}", "use a supported drafter")
-    block_n = 64 if head_dim <= 128 else 32
-    num_warps = 4 if block_m * head_dim <= 64 * 128 else 8
-    return AttentionConfig(head_dim, block_m, block_n, MAX_BLOCK, num_warps, 2)
+    block_m, block_n, num_warps, num_stages = fit_tiles(head_dim, head_dim, block_m, dtype, shared_budget, streams=2)
+    return AttentionConfig(head_dim, block_m, block_n, MAX_BLOCK, num_warps, num_stages)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +143,10 @@ class TargetAttentionConfig:
         return cdiv(tokens * group, self.block_m)
 
 
-def target_attention_config(head_dim_k: int, head_dim_v: int, tokens: int = MAX_BLOCK, group: int = 1) -> TargetAttentionConfig:
+def target_attention_config(
+    head_dim_k: int, head_dim_v: int, tokens: int = MAX_BLOCK, group: int = 1, dtype: str = "bfloat16",
+    shared_budget: int | None = None,
+) -> TargetAttentionConfig:
     """Tiles for a target layer: the query tile packs a KV head's block x group rows, as the drafter's.
 
     A prefill (tokens > MAX_BLOCK) gets the tile of the largest verify block and more tiles, so one
@@ -86,20 +154,18 @@ def target_attention_config(head_dim_k: int, head_dim_v: int, tokens: int = MAX_
     """
     cap = 128 if max(head_dim_k, head_dim_v) <= 128 else 64
     block_m = min(max(16, next_power_of_2(min(max(tokens, 1), MAX_BLOCK) * group)), cap)
-    return target_attention_config_for_tile(head_dim_k, head_dim_v, block_m)
+    return target_attention_config_for_tile(head_dim_k, head_dim_v, block_m, dtype, shared_budget)
 
 
-def target_attention_config_for_tile(head_dim_k: int, head_dim_v: int, block_m: int) -> TargetAttentionConfig:
-    """The rest of the configuration follows from the head dims and the query tile (as for the drafter)."""
+def target_attention_config_for_tile(
+    head_dim_k: int, head_dim_v: int, block_m: int, dtype: str = "bfloat16", shared_budget: int | None = None
+) -> TargetAttentionConfig:
+    """The rest of the configuration follows from the head dims, the query tile and the budget (as for the drafter)."""
     for name, dim in (("key", head_dim_k), ("value", head_dim_v)):
         if dim not in ATTENTION_HEAD_DIMS:
             raise DFlashError(f"target attention supports {name} head dims {ATTENTION_HEAD_DIMS}, not {dim}", "the torch reference runs other shapes")
-    widest = max(head_dim_k, head_dim_v)
-    block_n = 64 if widest <= 128 else 32
-    # 8 warps from a 16 x 128 tile on: with 4, ptxas (sm_90a) spills 400-1200 bytes per thread for
-    # the bf16 64 x 128 tile of a Qwen3-8B verify step, with 8 nothing (not timed on a GPU yet)
-    num_warps = 4 if block_m * widest < 16 * 128 else 8
-    return TargetAttentionConfig(head_dim_k, head_dim_v, block_m, block_n, num_warps, 2)
+    block_m, block_n, num_warps, num_stages = fit_tiles(head_dim_k, head_dim_v, block_m, dtype, shared_budget, streams=1)
+    return TargetAttentionConfig(head_dim_k, head_dim_v, block_m, block_n, num_warps, num_stages)
 
 
 # Grids and int32 scalars of every kernel, shared by the torch launches below and the TensorRT
@@ -231,7 +297,7 @@ def target_attention(
     if batch == 0 or tokens == 0:
         return out
     group = num_heads // kv_heads
-    config = target_attention_config(head_dim_k, head_dim_v, tokens, group)
+    config = target_attention_config(head_dim_k, head_dim_v, tokens, group, dtype_name(q.dtype))
     module = kernels.for_tensor_device("attention", q.device)
     grid = target_attention_grid(batch, tokens, kv_heads, group, config.block_m)
     scalars = target_attention_scalars(tokens, capacity, kv_heads, group, options)
@@ -374,7 +440,7 @@ def block_attention(
     if batch == 0 or block == 0:
         return out
     group = num_heads // kv_heads
-    config = attention_config(head_dim, block, group)
+    config = attention_config(head_dim, block, group, dtype_name(q.dtype))
     m_tiles = config.m_tiles(block, group)
     splits = kv_splits or default_kv_splits(batch, kv_heads, m_tiles, capacity, q.device)
     module = kernels.for_tensor_device("attention", q.device)
