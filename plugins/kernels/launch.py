@@ -123,12 +123,24 @@ def merge_scalars(block, kv_heads, group: int, splits):
     return (block, kv_heads, group, splits)
 
 
-def target_attention_grid(batch, tokens, kv_heads, group: int, block_m: int):
-    return (cdiv(tokens * group, block_m), kv_heads, batch)
+def target_attention_grid(batch, tokens, kv_heads, group: int, block_m: int, splits=1):
+    return (cdiv(tokens * group, block_m) * splits, kv_heads, batch)
 
 
 def target_attention_scalars(tokens, capacity, kv_heads, group: int, options: dict):
     return (tokens, capacity, kv_heads, group, *TARGET_ATTENTION.kernel_scalars(options))
+
+
+def target_attention_split_scalars(tokens, capacity, kv_heads, group: int, options: dict, splits):
+    return (*target_attention_scalars(tokens, capacity, kv_heads, group, options), splits)
+
+
+def target_merge_block_m(head_dim_v: int, tokens, group: int) -> int:
+    """The merge kernel's query tile for a target's partials: the drafter's merge tile for the value
+    head dim (what `tensorrt_plugins.plan_launch` picks for DFlashAttentionMerge; a prefill or a
+    dynamic token dimension takes the MAX_BLOCK tile)."""
+    tile_tokens = tokens if isinstance(tokens, int) and 1 <= tokens <= MAX_BLOCK else MAX_BLOCK
+    return attention_config(head_dim_v, tile_tokens, group).block_m
 
 
 def verify_positions_grid(batch, block):
@@ -147,6 +159,32 @@ def default_kv_splits(batch: int, num_kv_heads: int, m_tiles: int, capacity: int
     programs = max(batch * num_kv_heads * m_tiles, 1)
     wanted = cdiv(2 * sms, programs)
     return int(max(1, min(wanted, cdiv(capacity, 512), 64)))
+
+
+MIN_KEYS_PER_SPLIT = 512  # below this a split's partials (read + written in fp32) cost more than its keys save
+MAX_KV_SPLITS = 64
+
+
+def target_kv_splits(batch: int, num_kv_heads: int, m_tiles: int, prefix: int, sms: int) -> int:
+    """KV splits of a target-attention launch: about two programs per SM when batch x KV heads x query
+    tiles is fewer, but at least MIN_KEYS_PER_SPLIT prefix keys per split; 1 when the grid is full.
+
+    `prefix` is the committed length the launch is sized for (the cache capacity less the block, or
+    a recipe's context). A pure function of the shape, so an export or a CUDA graph can fix it.
+    """
+    programs = max(batch * num_kv_heads * m_tiles, 1)
+    if programs >= sms:
+        return 1
+    wanted = cdiv(2 * sms, programs)
+    return int(max(1, min(wanted, prefix // MIN_KEYS_PER_SPLIT, MAX_KV_SPLITS)))
+
+
+def default_target_kv_splits(batch: int, num_kv_heads: int, m_tiles: int, tokens: int, capacity: int, device: torch.device) -> int:
+    """`target_kv_splits` for this device (1 off CUDA), with the prefix bounded by the capacity."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return target_kv_splits(batch, num_kv_heads, m_tiles, max(capacity - tokens, 0), sms)
 
 
 def attention_supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -217,11 +255,15 @@ def target_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     starts: torch.Tensor,
+    *,
+    kv_splits: int | None = None,
     **options,
 ) -> torch.Tensor:
-    """Run the target-attention kernel: writes the block into the caches in place, returns `[b,T,Hq,Dv]`.
+    """Run the target-attention kernel(s): writes the block into the caches in place, returns `[b,T,Hq,Dv]`.
 
-    One launch (what a TensorRT plugin can do too); see `reference.target_attention`. Options
+    One launch with one split (what DFlashTargetAttention does), else the split kernel and the
+    merge (DFlashTargetAttentionSplit + DFlashAttentionMerge); see `reference.target_attention`.
+    `kv_splits` overrides the split count `default_target_kv_splits` picks from the shape. Options
     (sinks, scale, window): `attention_options.TARGET_ATTENTION`.
     """
     _check_target_attention_inputs(q, k_new, v_new, k_cache, v_cache, starts, options)
@@ -232,15 +274,30 @@ def target_attention(
         return out
     group = num_heads // kv_heads
     config = target_attention_config(head_dim_k, head_dim_v, tokens, group)
+    m_tiles = config.m_tiles(tokens, group)
+    splits = kv_splits or default_target_kv_splits(batch, kv_heads, m_tiles, tokens, capacity, q.device)
     module = kernels.for_tensor_device("attention", q.device)
-    grid = target_attention_grid(batch, tokens, kv_heads, group, config.block_m)
-    scalars = target_attention_scalars(tokens, capacity, kv_heads, group, options)
-    module.target_attention_kernel[grid](
+    grid = target_attention_grid(batch, tokens, kv_heads, group, config.block_m, splits)
+    inputs = (
         q.contiguous(), k_new.contiguous(), v_new.contiguous(), k_cache, v_cache,
-        starts.to(torch.int64).contiguous(), *_option_tensors(TARGET_ATTENTION, options, q.device), *scalars, out, k_cache, v_cache,
-        HEAD_DIM_K=head_dim_k, HEAD_DIM_V=head_dim_v, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        **TARGET_ATTENTION.kernel_constexprs(TARGET_ATTENTION.present(options)), IEEE=q.dtype == torch.float32,
-        **_launch_options(q.device, config.num_warps, config.num_stages),
+        starts.to(torch.int64).contiguous(), *_option_tensors(TARGET_ATTENTION, options, q.device),
+    )
+    constants = dict(HEAD_DIM_K=head_dim_k, HEAD_DIM_V=head_dim_v, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                     **TARGET_ATTENTION.kernel_constexprs(TARGET_ATTENTION.present(options)), IEEE=q.dtype == torch.float32)
+    launch_options = _launch_options(q.device, config.num_warps, config.num_stages)
+    if splits == 1:
+        scalars = target_attention_scalars(tokens, capacity, kv_heads, group, options)
+        module.target_attention_kernel[grid](*inputs, *scalars, out, k_cache, v_cache, **constants, **launch_options)
+        return out
+    rows = tokens * group
+    partial_out = torch.empty(batch, kv_heads, splits, rows, head_dim_v, dtype=torch.float32, device=q.device)
+    partial_lse = torch.empty(batch, kv_heads, splits, rows, dtype=torch.float32, device=q.device)
+    scalars = target_attention_split_scalars(tokens, capacity, kv_heads, group, options, splits)
+    module.target_attention_split_kernel[grid](*inputs, *scalars, partial_out, partial_lse, k_cache, v_cache, **constants, **launch_options)
+    merge_m = target_merge_block_m(head_dim_v, tokens, group)
+    module.merge_kernel[merge_grid(batch, tokens, kv_heads, group, merge_m)](
+        partial_out, partial_lse, q, *merge_scalars(tokens, kv_heads, group, splits), out,
+        HEAD_DIM=head_dim_v, BLOCK_M=merge_m, **_launch_options(q.device, 4, 1),
     )
     return out
 
