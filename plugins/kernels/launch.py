@@ -135,12 +135,11 @@ def target_attention_split_scalars(tokens, capacity, kv_heads, group: int, optio
     return (*target_attention_scalars(tokens, capacity, kv_heads, group, options), splits)
 
 
-def target_merge_block_m(head_dim_v: int, tokens, group: int) -> int:
-    """The merge kernel's query tile for a target's partials: the drafter's merge tile for the value
-    head dim (what `tensorrt_plugins.plan_launch` picks for DFlashAttentionMerge; a prefill or a
-    dynamic token dimension takes the MAX_BLOCK tile)."""
+def merge_block_m(head_dim: int, tokens, group: int) -> int:
+    """The merge kernel's query tile: the drafter's tile for the partials' head dim (a target's value
+    head dim). A prefill, or a token count that is not a build-time constant, takes the MAX_BLOCK tile."""
     tile_tokens = tokens if isinstance(tokens, int) and 1 <= tokens <= MAX_BLOCK else MAX_BLOCK
-    return attention_config(head_dim_v, tile_tokens, group).block_m
+    return attention_config(head_dim, tile_tokens, group).block_m
 
 
 def verify_positions_grid(batch, block):
@@ -294,7 +293,7 @@ def target_attention(
     partial_lse = torch.empty(batch, kv_heads, splits, rows, dtype=torch.float32, device=q.device)
     scalars = target_attention_split_scalars(tokens, capacity, kv_heads, group, options, splits)
     module.target_attention_split_kernel[grid](*inputs, *scalars, partial_out, partial_lse, k_cache, v_cache, **constants, **launch_options)
-    merge_m = target_merge_block_m(head_dim_v, tokens, group)
+    merge_m = merge_block_m(head_dim_v, tokens, group)
     module.merge_kernel[merge_grid(batch, tokens, kv_heads, group, merge_m)](
         partial_out, partial_lse, q, *merge_scalars(tokens, kv_heads, group, splits), out,
         HEAD_DIM=head_dim_v, BLOCK_M=merge_m, **_launch_options(q.device, 4, 1),
