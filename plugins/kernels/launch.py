@@ -160,7 +160,9 @@ def default_kv_splits(batch: int, num_kv_heads: int, m_tiles: int, capacity: int
     return int(max(1, min(wanted, cdiv(capacity, 512), 64)))
 
 
-MIN_KEYS_PER_SPLIT = 512  # below this a split's partials (read + written in fp32) cost more than its keys save
+# each split writes, and the merge reads, T*g*Dv fp32 partials: at a Qwen3-8B verify step 512 keys
+# per split keep those under 25% of the K/V bytes (docs/plugins.md, "KV split")
+MIN_KEYS_PER_SPLIT = 512
 MAX_KV_SPLITS = 64
 
 
