@@ -8,12 +8,18 @@ batch 1/8/32); any shape option replaces them with the grid the options describe
     python benchmarks/bench_kernels.py                 # prints a markdown report
     python benchmarks/bench_kernels.py --quick         # a smaller set of shapes
     python benchmarks/bench_kernels.py --markdown out.md
+    python benchmarks/bench_kernels.py --target-only --json target.json   # target attention only
+
+Target attention is timed with the KV split the shape gets and with one split, against the bandwidth
+floor and the fastest torch SDPA backend for the step (`trtllm_dflash.bench.sdpa_baseline`: flash,
+memory-efficient, cuDNN and math, each fed the layout and mask it accepts; the table names the winner).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import platform
 import sys
 
@@ -48,6 +54,13 @@ def shapes_from_args(args) -> tuple[list[bench.AttentionShape], list[bench.Verif
     return attention, verify
 
 
+def target_only_tables(result: bench.KernelBenchmark) -> str:
+    """The bandwidth line, the target-attention table and its goals (what --target-only measured)."""
+    goals = [f"- {line}" for line in bench.goal_lines(result)]
+    return "\n".join([f"Measured copy bandwidth: {result.bandwidth / 1e9:.0f} GB/s (device-to-device, read + write).", "",
+                      bench.target_table(result.target), "", "Goals (reported, not enforced):", "", *goals, ""])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the smaller shape lists (QUICK_*_SHAPES)")
@@ -60,7 +73,9 @@ def main() -> None:
     parser.add_argument("--contexts", type=_ints, default=None, help="e.g. 1024,8192,32768")
     parser.add_argument("--batches", type=_ints, default=None, help="e.g. 1,8,32")
     parser.add_argument("--vocab", type=int, default=None)
+    parser.add_argument("--target-only", action="store_true", help="only target attention (launch.TARGET_ATTENTION_BENCH_SHAPES)")
     parser.add_argument("--markdown", help="also append the report to this file")
+    parser.add_argument("--json", help="also write the results (every SDPA candidate's time or refusal included) to this file")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("error: this benchmark needs an NVIDIA GPU with a CUDA build of torch; run it on a GPU machine", file=sys.stderr)
@@ -72,7 +87,7 @@ def main() -> None:
         sys.exit(2)
     import triton
 
-    attention, verify = shapes_from_args(args)
+    attention, verify = ([], []) if args.target_only else shapes_from_args(args)
     result = bench.run_kernel_benchmark(attention, verify, progress=lambda text: print(f"  {text}", file=sys.stderr))
     props = torch.cuda.get_device_properties(0)
     text = "\n".join([
@@ -81,12 +96,15 @@ def main() -> None:
         f"Command: `python {' '.join(sys.argv)}`  ",
         f"torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}, {platform.node()}",
         "",
-        bench.kernel_tables(result),
+        bench.kernel_tables(result) if not args.target_only else target_only_tables(result),
     ])
     print(text)
     if args.markdown:
         with open(args.markdown, "a") as f:
             f.write("\n" + text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": props.name, "sms": props.multi_processor_count, **bench.result_json(result)}, f, indent=1, default=str)
 
 
 if __name__ == "__main__":

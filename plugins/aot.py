@@ -47,7 +47,9 @@ from trtllm_dflash.plugins.aot_variants import (  # noqa: F401
     query_tiles,
     recipe_kernel_space,
     target_attention_shapes,
+    target_attention_split_variant,
     target_attention_variant,
+    target_merge_variant,
     target_query_tiles,
     verify_variants,
 )

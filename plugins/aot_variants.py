@@ -123,6 +123,34 @@ def target_attention_variant(
                          _target_attention_signature(dtype, cache_dtype), constexprs, config.num_warps, config.num_stages, True)
 
 
+def _target_attention_split_signature(dtype: str, cache_dtype: str) -> tuple:
+    t, c = f"*{TORCH_TO_TRITON[dtype]}", f"*{TORCH_TO_TRITON[cache_dtype]}"
+    return (
+        ("q_ptr", t), ("k_new_ptr", t), ("v_new_ptr", t), ("k_cache_ptr", c), ("v_cache_ptr", c),
+        ("starts_ptr", "*i64"), *TARGET_ATTENTION.kernel_pointer_params(),
+        ("tokens", "i32"), ("capacity", "i32"), ("num_kv_heads", "i32"), ("group", "i32"), *TARGET_ATTENTION.kernel_scalar_params(),
+        ("num_splits", "i32"),
+        ("partial_out_ptr", "*fp32"), ("partial_lse_ptr", "*fp32"), ("k_cache_out_ptr", c), ("v_cache_out_ptr", c),
+    )
+
+
+def target_attention_split_variant(
+    head_dim_k: int, head_dim_v: int, dtype: str, cache_dtype: str, block_m: int, present: Mapping[str, bool],
+    shared_budget: int | None = None,
+) -> KernelVariant:
+    """The DFlashTargetAttentionSplit kernel: the tiles and constexprs of `target_attention_variant`
+    (the split count is a runtime scalar: one variant serves every count)."""
+    unsplit = target_attention_variant(head_dim_k, head_dim_v, dtype, cache_dtype, block_m, present, shared_budget)
+    return dataclasses.replace(unsplit, node="DFlashTargetAttentionSplit", function="target_attention_split_kernel",
+                               signature=_target_attention_split_signature(dtype, cache_dtype))
+
+
+def target_merge_variant(head_dim_v: int, dtype: str, block_m: int) -> KernelVariant:
+    """The DFlashAttentionMerge kernel that combines a target's partials: the drafter's merge kernel
+    for the value head dim, with the tile `launch.merge_block_m` gives."""
+    return attention_variants(head_dim_v, dtype, dtype, block_m)[2]
+
+
 def target_query_tiles(
     head_dim_k: int, head_dim_v: int, blocks: Iterable[int], groups: Iterable[int], dtype: str = "bfloat16",
     shared_budget: int | None = None,
@@ -131,6 +159,12 @@ def target_query_tiles(
     and for a prefill or a dynamic token dimension (which take the MAX_BLOCK tile)."""
     tokens = set(blocks) | {launch.MAX_BLOCK}
     return sorted({launch.target_attention_config(head_dim_k, head_dim_v, t, g, dtype, shared_budget).block_m for t in tokens for g in groups})
+
+
+def target_merge_tiles(head_dim_v: int, blocks: Iterable[int], groups: Iterable[int], dtype: str = "bfloat16") -> list[int]:
+    """The merge tiles a target's split attention launches for these verify blocks and a prefill."""
+    tokens = set(blocks) | {launch.MAX_BLOCK}
+    return sorted({launch.merge_block_m(head_dim_v, t, g, dtype) for t in tokens for g in groups})
 
 
 def verify_variants(logits_dtype: str) -> list[KernelVariant]:
@@ -179,6 +213,7 @@ def kernel_variants(
     `target_*`, defaulting to the drafter's (square head dims); its cache has the activation dtype.
     `target_sinks` lists the HAS_SINKS values to build: (True,) for gpt-oss, (False, True) for both.
     `shared_budget` bounds every tile's shared memory (default: the dtype's, `launch.shared_budget_for`).
+    Each target variant comes with its KV-split form and the merges of its partials.
     """
     blocks, groups = list(blocks), list(groups)
     variants = []
@@ -196,9 +231,14 @@ def kernel_variants(
         for dtype in (target_dtypes if target_dtypes is not None else dtypes):
             for block_m in target_query_tiles(head_dim_k, head_dim_v, blocks, target_groups, dtype, shared_budget):
                 for has_sinks in target_sinks:
-                    variant = target_attention_variant(head_dim_k, head_dim_v, dtype, dtype, block_m, {"sinks": has_sinks}, shared_budget)
-                    if variant not in variants:
-                        variants.append(variant)
+                    for make in (target_attention_variant, target_attention_split_variant):
+                        variant = make(head_dim_k, head_dim_v, dtype, dtype, block_m, {"sinks": has_sinks}, shared_budget)
+                        if variant not in variants:
+                            variants.append(variant)
+            for block_m in target_merge_tiles(head_dim_v, blocks, target_groups, dtype):
+                variant = target_merge_variant(head_dim_v, dtype, block_m)
+                if variant not in variants:
+                    variants.append(variant)
     for logits_dtype in logits_dtypes:
         variants += verify_variants(logits_dtype)
     return variants + [commit_variant()]

@@ -185,3 +185,35 @@ def markdown_table(reports: list[KernelReport]) -> str:
             f"{r.spill_stores} | {r.vector_loads_16b} | {r.cp_async_16b} | {r.narrow_loads} | {'; '.join(r.problems()) or 'ok'} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m trtllm_dflash.plugins.kernel_audit --arch sm_90a,sm_100a --json OUT`: the audit as
+    JSON, for a process that runs beside something else (the test suite starts it in the background)."""
+    import argparse
+    import json
+
+    from trtllm_dflash.plugins.aot_compile import parse_arches
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="sm_90a,sm_100a")
+    parser.add_argument("--path", default="aot,jit")
+    parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--jobs", type=int, default=None)
+    args = parser.parse_args(argv)
+    reports = audit(parse_arches(args.arch), args.path.split(","), jobs=args.jobs)
+    staging = args.json.with_suffix(".partial")
+    staging.write_text(json.dumps([dataclasses.asdict(r) for r in reports]))
+    staging.rename(args.json)
+    return 0
+
+
+def read_reports(path: Path) -> list[KernelReport]:
+    """The reports `main` wrote."""
+    import json
+
+    return [KernelReport(**fields) for fields in json.loads(Path(path).read_text())]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -13,6 +13,8 @@ Each plugin kernel is one node (a TensorRT AOT plugin launches exactly one kerne
   `kv_splits` programs per KV head (long contexts, small batches), then merged;
 - `DFlashTargetAttention`: causal attention of a target layer over its in-place cache (the
   block's K/V written at each row's positions; sliding windows and attention sinks);
+- `DFlashTargetAttentionSplit` + `DFlashAttentionMerge`: the same, with each row's committed prefix
+  split over `kv_splits` programs per KV head and query tile (small batches, long contexts);
 - `DFlashVerifyPositions` + `DFlashVerifyCommit`: tree-free block verification.
 
 The caches are updated in place: the attention nodes output the updated caches, and the
@@ -96,7 +98,8 @@ ATTENTION_MERGE = NodeSpec(
     ("out",),
     {},
     ("like",),
-    "Merge of split attention (reference.merge_partials); `like` (the queries) gives shape and dtype.",
+    "Merge of split attention (reference.merge_partials); `like` (the queries) gives batch, tokens, heads "
+    "and dtype, partial_out the head dim (a target's value head dim).",
 )
 TARGET_ATTENTION = NodeSpec(
     "DFlashTargetAttention",
@@ -106,6 +109,16 @@ TARGET_ATTENTION = NodeSpec(
     ("q", "k_cache", "v_cache"),
     "Causal target attention over an in-place cache (reference.target_attention); with has_sinks=0 "
     "the sinks input is a placeholder and is not read.",
+    CACHE_ALIASES,
+)
+TARGET_ATTENTION_SPLIT = NodeSpec(
+    "DFlashTargetAttentionSplit",
+    TARGET_ATTENTION_INPUTS + TARGET_OPTIONS.input_names,
+    ("partial_out", "partial_lse", "k_cache_out", "v_cache_out"),
+    {**TARGET_OPTIONS.attributes(), "kv_splits": 2},
+    ("float32", "float32", "k_cache", "v_cache"),
+    "Per-split target attention outputs and log-sum-exps (reference.target_attention_partials), merged by "
+    "DFlashAttentionMerge; caches updated in place.",
     CACHE_ALIASES,
 )
 VERIFY_POSITIONS = NodeSpec(
@@ -126,7 +139,7 @@ VERIFY_COMMIT = NodeSpec(
     "Accepted count, bonus, next start, committed length, stop flag (reference.verify_commit); "
     "stop_ids [b, S] padded with -1.",
 )
-NODES = (BLOCK_ATTENTION, BLOCK_ATTENTION_SPLIT, ATTENTION_MERGE, TARGET_ATTENTION, VERIFY_POSITIONS, VERIFY_COMMIT)
+NODES = (BLOCK_ATTENTION, BLOCK_ATTENTION_SPLIT, ATTENTION_MERGE, TARGET_ATTENTION, TARGET_ATTENTION_SPLIT, VERIFY_POSITIONS, VERIFY_COMMIT)
 PLUGIN_ATTRIBUTES = {"plugin_namespace": PLUGIN_NAMESPACE, "plugin_version": PLUGIN_VERSION, "aot": 1}
 
 
@@ -220,6 +233,16 @@ class DFlashTargetAttention(_DFlashOp):
         return out.numpy(), k_out.numpy(), v_out.numpy()
 
 
+class DFlashTargetAttentionSplit(_DFlashOp):
+    def _run(self, q, k_new, v_new, k_cache, v_cache, starts, *option_inputs, **attributes):
+        k_out, v_out = _torch(k_cache).clone(), _torch(v_cache).clone()
+        partial_out, partial_lse = reference.target_attention_partials(
+            _torch(q), _torch(k_new), _torch(v_new), k_out, v_out, _torch(starts).to(torch.int64),
+            **_options(TARGET_OPTIONS, option_inputs, attributes), splits=int(attributes.get("kv_splits", 2)),
+        )
+        return partial_out.numpy(), partial_lse.numpy(), k_out.numpy(), v_out.numpy()
+
+
 class DFlashVerifyPositions(_DFlashOp):
     def _run(self, target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, has_draft_probs=1, **_):
         draft = _torch(draft_probs) if has_draft_probs else None
@@ -239,20 +262,22 @@ def evaluators() -> list[type[OpRun]]:
     """The OpRun classes for `onnx.reference.ReferenceEvaluator(model, new_ops=evaluators())`."""
     return [
         DFlashBlockAttention, DFlashBlockAttentionSplit, DFlashAttentionMerge, DFlashTargetAttention,
-        DFlashVerifyPositions, DFlashVerifyCommit,
+        DFlashTargetAttentionSplit, DFlashVerifyPositions, DFlashVerifyCommit,
     ]
 
 
 # ----------------------------------------------------------------------------- torch.onnx translation
 
 
-def custom_translation_table(kv_splits: int = 1) -> dict:
+def custom_translation_table(kv_splits: int = 1, target_kv_splits: int = 1) -> dict:
     """Translations of the `dflash::` torch ops into plugin nodes for the dynamo ONNX exporter.
 
     `kv_splits` > 1 exports block attention in its split form (two nodes), which keeps a long
     context spread over the GPU at small batch; pick it for the deployment's batch sizes
-    (`launch.default_kv_splits`). Export the drafter through `dflash::block_attention_functional`
-    (the in-place `dflash::block_attention` cannot be exported).
+    (`launch.default_kv_splits`). `target_kv_splits` > 1 does the same for the target's attention
+    (DFlashTargetAttentionSplit + DFlashAttentionMerge; `launch.target_kv_splits` picks it from the
+    batch, KV heads and context an engine is built for). Export the drafter through
+    `dflash::block_attention_functional` (the in-place `dflash::block_attention` cannot be exported).
     """
     import onnxscript
     from onnxscript import opset18 as op
@@ -262,6 +287,8 @@ def custom_translation_table(kv_splits: int = 1) -> dict:
     plugin = dict(PLUGIN_ATTRIBUTES)
     if kv_splits < 1:
         raise ValueError(f"kv_splits must be >= 1, not {kv_splits}")
+    if target_kv_splits < 1:
+        raise ValueError(f"target_kv_splits must be >= 1, not {target_kv_splits}")
 
     def option_inputs(options: AttentionOptions, values: dict) -> list:
         """Each tensor option as float32, or a placeholder the kernel does not read (its flag is 0)."""
@@ -281,10 +308,12 @@ def custom_translation_table(kv_splits: int = 1) -> dict:
 
     @TARGET_OPTIONS.takes_options(None)
     def target_attention(q, k_new, v_new, k_cache, v_cache, starts, **options):
-        return dflash.DFlashTargetAttention(
-            q, k_new, v_new, k_cache, v_cache, op.Cast(starts, to=onnx.TensorProto.INT64), *option_inputs(TARGET_OPTIONS, options),
-            **TARGET_OPTIONS.attribute_values(options), **plugin,
-        )
+        inputs = (q, k_new, v_new, k_cache, v_cache, op.Cast(starts, to=onnx.TensorProto.INT64), *option_inputs(TARGET_OPTIONS, options))
+        attributes = {**TARGET_OPTIONS.attribute_values(options), **plugin}
+        if target_kv_splits == 1:
+            return dflash.DFlashTargetAttention(*inputs, **attributes)
+        partial_out, partial_lse, k_out, v_out = dflash.DFlashTargetAttentionSplit(*inputs, **attributes, kv_splits=target_kv_splits)
+        return dflash.DFlashAttentionMerge(partial_out, partial_lse, q, **plugin), k_out, v_out
 
     def verify_block(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, stop_ids=None):
         has_draft_probs = int(draft_probs is not None)

@@ -397,9 +397,10 @@ def block_attention_partials(
 
 
 def merge_partials(partial_out: torch.Tensor, partial_lse: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """Combine `block_attention_partials` into `[b, B, Hq, D]` with `like`'s shape and dtype."""
-    batch, block, num_heads, head_dim = like.shape
-    kv_heads = partial_out.shape[1]
+    """Combine `block_attention_partials` (or `target_attention_partials`) into `[b, B, Hq, D]`:
+    `like`'s batch, block, heads and dtype, the partials' head dim (a target's value head dim)."""
+    batch, block, num_heads = like.shape[:3]
+    kv_heads, head_dim = partial_out.shape[1], partial_out.shape[-1]
     weights = torch.softmax(partial_lse, dim=2).nan_to_num(0.0)  # over splits
     merged = (weights.unsqueeze(-1) * partial_out).sum(dim=2)  # [b, Hkv, B*g, D]
     merged = merged.view(batch, kv_heads, block, num_heads // kv_heads, head_dim).permute(0, 2, 1, 3, 4)
@@ -469,3 +470,66 @@ def target_attention(
     else:
         weights = torch.softmax(scores, dim=-1)
     return torch.matmul(weights, values).transpose(1, 2).to(q.dtype)
+
+
+def target_attention_partials(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    starts: torch.Tensor,
+    sinks: torch.Tensor | None,
+    scale: float,
+    window: int,
+    splits: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split (flash-decoding) form of `target_attention`: per-split outputs and log-sum-exps.
+
+    Row r's committed prefix, cache slots `[lo, min(starts[r], S))` (lo = 0, or starts[r] - window + 1
+    on sliding layers: the window of the block's first token), is cut into `splits` chunks of
+    ceil(length / splits) slots; the last split also holds the block's own keys and the sinks, so
+    each counts once. Each query keeps `target_attention`'s visibility. Returns `partial_out
+    [b, Hkv, splits, T*g, Dv]` (float32, normalised within the split, 0 where it sees nothing) and
+    `partial_lse [b, Hkv, splits, T*g]` (natural log, -inf where it sees nothing), in
+    `block_attention_partials`' layout: `merge_partials` turns them into `target_attention`'s
+    output. Writes the block like `target_attention`.
+    """
+    write_block(k_cache, v_cache, starts, k_new, v_new)
+    batch, tokens, num_heads, head_dim_k = q.shape
+    capacity, kv_heads, head_dim_v = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
+    group = num_heads // kv_heads
+    device = q.device
+    out = torch.zeros(batch, kv_heads, splits, tokens * group, head_dim_v, dtype=torch.float32, device=device)
+    lse = torch.full((batch, kv_heads, splits, tokens * group), float("-inf"), dtype=torch.float32, device=device)
+    span = min(int(starts.max()) + tokens if batch else 0, capacity)
+    if span == 0:
+        return out, lse
+    # packed query rows [b, Hkv, T*g, Dk]: row m is token m // g, query head h*g + m % g
+    queries = q.float().view(batch, tokens, kv_heads, group, head_dim_k).permute(0, 2, 1, 3, 4).reshape(batch, kv_heads, tokens * group, head_dim_k)
+    keys = k_cache[:, :span].float().transpose(1, 2)  # [b, Hkv, span, Dk]
+    values = v_cache[:, :span].float().transpose(1, 2)
+    scores = torch.matmul(queries, keys.transpose(-1, -2)) * scale  # [b, Hkv, T*g, span]
+
+    starts = starts.view(-1, 1).to(torch.int64)
+    key_pos = torch.arange(span, device=device).view(1, -1)  # [1, span]
+    query_pos = (starts + torch.arange(tokens, device=device).repeat_interleave(group)).unsqueeze(-1)  # [b, T*g, 1]
+    visible = key_pos.unsqueeze(1) <= query_pos
+    lo = (starts - window + 1).clamp_min(0) if window > 0 else torch.zeros_like(starts)
+    if window > 0:
+        visible &= key_pos.unsqueeze(1) > query_pos - window
+    chunk = ((starts.clamp_max(capacity) - lo).clamp_min(0) + splits - 1) // splits
+    split_of_key = torch.where(key_pos < starts, (key_pos - lo) // chunk.clamp_min(1), splits - 1)  # [b, span]
+    for s in range(splits):
+        mask = (visible & (split_of_key == s).unsqueeze(1)).unsqueeze(1)  # [b, 1, T*g, span]
+        split_scores = scores.masked_fill(~mask, float("-inf"))
+        if sinks is not None and s == splits - 1:
+            sink = sinks.float()[torch.arange(kv_heads * group, device=device).view(kv_heads, 1, group)]  # [Hkv, 1, g]
+            sink = sink.expand(kv_heads, tokens, group).reshape(1, kv_heads, tokens * group, 1).expand(batch, -1, -1, -1)
+            split_scores = torch.cat([split_scores, sink], dim=-1)
+        split_lse = torch.logsumexp(split_scores, dim=-1)
+        seen = split_lse > float("-inf")
+        weights = torch.exp(split_scores - torch.where(seen, split_lse, 0.0).unsqueeze(-1))[..., :span]
+        out[:, :, s] = torch.matmul(weights, values)
+        lse[:, :, s] = split_lse
+    return out, lse

@@ -75,15 +75,17 @@ def plan_launch(node: str, shapes: dict, dtypes: dict, attributes: dict) -> Laun
             launch.attention_scalars(block, shapes["k_ctx_new"][1], capacity, kv_heads, group, attributes, splits),
         )
     if node == "DFlashAttentionMerge":
-        batch, block, heads, head_dim = shapes["like"]
-        kv_heads, splits = shapes["partial_out"][1], shapes["partial_out"][2]
+        # the partials' head dim: the drafter's, or a target's value head dim (its queries' may differ)
+        batch, block, heads = shapes["like"][:3]
+        kv_heads, splits, head_dim = shapes["partial_out"][1], shapes["partial_out"][2], shapes["partial_out"][4]
         group = _required(heads, "number of query heads") // _required(kv_heads, "number of KV heads")
-        config = launch.attention_config(_required(head_dim, "head dimension"), constant(block) or launch.MAX_BLOCK, group, dtypes["like"])
-        variant = aot.attention_variants(config.head_dim, dtypes["like"], dtypes["like"], config.block_m)[2]
-        return Launch(variant, launch.merge_grid(batch, block, kv_heads, group, config.block_m),
+        head_dim = _required(head_dim, "head dimension")
+        block_m = launch.merge_block_m(head_dim, constant(block), group, dtypes["like"])
+        variant = aot.attention_variants(head_dim, dtypes["like"], dtypes["like"], block_m)[2]
+        return Launch(variant, launch.merge_grid(batch, block, kv_heads, group, block_m),
                       launch.merge_scalars(block, kv_heads, group, splits))
-    if node == "DFlashTargetAttention":
-        return _plan_target_attention(shapes, dtypes, attributes)
+    if node in ("DFlashTargetAttention", "DFlashTargetAttentionSplit"):
+        return _plan_target_attention(node, shapes, dtypes, attributes)
     if node == "DFlashVerifyPositions":
         batch, block, vocab = shapes["target_logits"]
         return Launch(aot.verify_variants(dtypes["target_logits"])[0], launch.verify_positions_grid(batch, block),
@@ -102,25 +104,33 @@ def _check_option_dtypes(node: str, options, dtypes: dict) -> None:
                               "export with onnx_nodes.custom_translation_table (it casts the option inputs)")
 
 
-def _plan_target_attention(shapes: dict, dtypes: dict, attributes: dict) -> Launch:
-    """DFlashTargetAttention: one kernel variant per (key, value) head dims, dtypes, query tile and tensor options present."""
+def _plan_target_attention(node: str, shapes: dict, dtypes: dict, attributes: dict) -> Launch:
+    """DFlashTargetAttention(Split): one kernel variant per (key, value) head dims, dtypes, query tile and
+    tensor options present; the split form's count is the node's `kv_splits`."""
     batch, tokens, heads, head_dim_k = shapes["q"]
     capacity, kv_heads, head_dim_v = shapes["v_cache"][1], shapes["v_cache"][2], shapes["v_cache"][3]
     for name, expected in (("k_new", dtypes["q"]), ("v_new", dtypes["q"]), ("v_cache", dtypes["k_cache"]), (names.STARTS, "int64")):
         if name in dtypes and dtypes[name] != expected:
-            raise DFlashError(f"DFlashTargetAttention input {name} is {dtypes[name]}, expected {expected}", "export with onnx_nodes.custom_translation_table (it casts starts and sinks)")
+            raise DFlashError(f"{node} input {name} is {dtypes[name]}, expected {expected}", "export with onnx_nodes.custom_translation_table (it casts starts and sinks)")
     options = onnx_nodes.TARGET_OPTIONS
-    _check_option_dtypes("DFlashTargetAttention", options, dtypes)
+    _check_option_dtypes(node, options, dtypes)
     group = _required(heads, "number of query heads") // _required(kv_heads, "number of KV heads")
     head_dim_k, head_dim_v = _required(head_dim_k, "key head dimension"), _required(head_dim_v, "value head dimension")
     # a dynamic token dimension (verify and prefill in one engine) gets the tile of the largest block
     config = launch.target_attention_config(head_dim_k, head_dim_v, constant(tokens) or launch.MAX_BLOCK, group, dtypes["q"])
-    variant = aot.target_attention_variant(head_dim_k, head_dim_v, dtypes["q"], dtypes["k_cache"], config.block_m,
-                                           options.present_in(attributes))
+    make_variant = aot.target_attention_split_variant if node == "DFlashTargetAttentionSplit" else aot.target_attention_variant
+    variant = make_variant(head_dim_k, head_dim_v, dtypes["q"], dtypes["k_cache"], config.block_m, options.present_in(attributes))
+    if node == "DFlashTargetAttention":
+        return Launch(
+            variant,
+            launch.target_attention_grid(batch, tokens, kv_heads, group, config.block_m),
+            launch.target_attention_scalars(tokens, capacity, kv_heads, group, attributes),
+        )
+    splits = int(attributes.get("kv_splits", 2))
     return Launch(
         variant,
-        launch.target_attention_grid(batch, tokens, kv_heads, group, config.block_m),
-        launch.target_attention_scalars(tokens, capacity, kv_heads, group, attributes),
+        launch.target_attention_grid(batch, tokens, kv_heads, group, config.block_m, splits),
+        launch.target_attention_split_scalars(tokens, capacity, kv_heads, group, attributes, splits),
     )
 
 
@@ -250,12 +260,21 @@ def _output_descs(trt, trtp, node: str):
         return partial_out, partial_lse, inputs["k_cache"].aliased(), inputs["v_cache"].aliased()
 
     def merge(inputs: dict, attributes: dict):
-        return inputs["like"].like()
+        b, block, heads = inputs["like"].shape_expr[:3]  # the queries; the head dim is the partials' (a target's Dv)
+        return trtp.from_shape_expr((b, block, heads, inputs["partial_out"].shape_expr[4]), dtype=inputs["like"].dtype)
 
     def target_attention(inputs: dict, attributes: dict):
         b, tokens, heads, _ = inputs["q"].shape_expr
         out = trtp.from_shape_expr((b, tokens, heads, inputs["v_cache"].shape_expr[3]), dtype=inputs["q"].dtype)  # q's dtype, v's head dim
         return out, inputs["k_cache"].aliased(), inputs["v_cache"].aliased()
+
+    def target_attention_split(inputs: dict, attributes: dict):
+        b, tokens, heads, _ = inputs["q"].shape_expr
+        kv_heads, head_dim_v, kv_splits = inputs["v_cache"].shape_expr[2], inputs["v_cache"].shape_expr[3], attributes["kv_splits"]
+        rows = tokens * (heads // kv_heads)
+        partial_out = trtp.from_shape_expr((b, kv_heads, kv_splits, rows, head_dim_v), dtype=trt.float32)
+        partial_lse = trtp.from_shape_expr((b, kv_heads, kv_splits, rows), dtype=trt.float32)
+        return partial_out, partial_lse, inputs["k_cache"].aliased(), inputs["v_cache"].aliased()
 
     def verify_positions(inputs: dict, attributes: dict):
         b, block, _ = inputs["target_logits"].shape_expr
@@ -266,5 +285,6 @@ def _output_descs(trt, trtp, node: str):
 
     return {
         "DFlashBlockAttention": attention, "DFlashBlockAttentionSplit": attention_split, "DFlashAttentionMerge": merge,
-        "DFlashTargetAttention": target_attention, "DFlashVerifyPositions": verify_positions, "DFlashVerifyCommit": verify_commit,
+        "DFlashTargetAttention": target_attention, "DFlashTargetAttentionSplit": target_attention_split,
+        "DFlashVerifyPositions": verify_positions, "DFlashVerifyCommit": verify_commit,
     }[node]

@@ -15,13 +15,54 @@ def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False, help="also run tests marked slow")
 
 
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection
 def pytest_collection_modifyitems(config, items):
+    _start_kernel_audit(config, items)
     if config.getoption("--runslow"):
         return
     skip_slow = pytest.mark.skip(reason="slow test: run with --runslow (make test-all)")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip_slow)
+
+
+def _start_kernel_audit(config, items) -> None:
+    """The kernel audit (tests/test_kernel_audit.py) compiles every kernel variant for two GPU
+    targets: minutes of single-threaded compiler work. The suite runs torch on one thread, so the
+    audit runs beside it, in a background process started here, and its tests go last."""
+    import importlib.util
+
+    audit_items = [item for item in items if "kernel_audit_reports" in getattr(item, "fixturenames", ())]
+    if not audit_items or importlib.util.find_spec("triton") is None:
+        return
+    items[:] = [item for item in items if item not in audit_items] + audit_items
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    out = Path(tempfile.mkdtemp(prefix="kernel-audit-")) / "reports.json"
+    log = open(out.with_suffix(".log"), "w")
+    command = [sys.executable, "-m", "trtllm_dflash.plugins.kernel_audit", "--arch", "sm_90a,sm_100a", "--json", str(out), "--jobs", "1"]
+    config._kernel_audit = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), out, log)
+
+
+def pytest_sessionfinish(session):
+    running = getattr(session.config, "_kernel_audit", None)
+    if running is not None and running[0].poll() is None:
+        running[0].kill()
+
+
+@pytest.fixture(scope="session")
+def kernel_audit_reports(request):
+    """Every kernel variant's compiler report for sm_90a and sm_100a (`plugins/kernel_audit.py`)."""
+    pytest.importorskip("triton")
+    from trtllm_dflash.plugins import kernel_audit
+
+    process, out, log = request.config._kernel_audit
+    code = process.wait()
+    log.close()
+    assert code == 0, f"the kernel audit failed:\n{out.with_suffix('.log').read_text()[-4000:]}"
+    return kernel_audit.read_reports(out)
 
 
 @pytest.fixture

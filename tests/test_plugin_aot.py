@@ -171,7 +171,7 @@ def shapes_for(node: str, s=QWEN3_8B, splits=4):
             q=attention["q"], k_new=(b, block, s["kv_heads"], s["head_dim"]), v_new=(b, block, s["kv_heads"], s["head_dim"]),
             k_cache=attention["k_cache"], v_cache=attention["k_cache"], starts=(b,), sinks=(s["heads"],),
         ),
-    }[node]
+    }[node if node != "DFlashTargetAttentionSplit" else "DFlashTargetAttention"]
 
 
 @pytest.mark.parametrize("node", list(NODES))
@@ -190,6 +190,7 @@ def test_tensorrt_launch_plans_match_the_kernel_abi(node):
         "DFlashVerifyPositions": (16, 2, 1),
         "DFlashVerifyCommit": (2, 1, 1),
         "DFlashTargetAttention": (1, 8, 2),  # 16 x 4 query rows in one 64-row tile per KV head and row
+        "DFlashTargetAttentionSplit": (4, 8, 2),
     }[node]
     assert tuple(plan.grid) == expected_grid
     if node.startswith("DFlashBlockAttention"):
@@ -197,8 +198,9 @@ def test_tensorrt_launch_plans_match_the_kernel_abi(node):
         assert (block, num_new, capacity, kv_heads, group, window) == (16, 5, 4096, 8, 4, 0)
         assert struct.unpack("<f", struct.pack("<i", scale_bits))[0] == pytest.approx(128**-0.5)
         assert splits == (4 if node.endswith("Split") else 1)
-    if node == "DFlashTargetAttention":
-        tokens, capacity, kv_heads, group, window, scale_bits = plan.scalars
+    if node.startswith("DFlashTargetAttention"):
+        tokens, capacity, kv_heads, group, window, scale_bits, *splits = plan.scalars
+        assert splits == ([4] if node.endswith("Split") else [])
         assert (tokens, capacity, kv_heads, group, window) == (16, 4096, 8, 4, 0)
         assert struct.unpack("<f", struct.pack("<i", scale_bits))[0] == pytest.approx(128**-0.5)
 

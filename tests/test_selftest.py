@@ -185,7 +185,7 @@ def test_target_attention_rows_and_goals():
     shape = launch.TARGET_ATTENTION_BENCH_SHAPES[0]
     result = kernels.KernelBenchmark(3.0e12, [], [], [kernels.TargetAttentionResult(shape, 0.010, 0.008, 0.009)])
     text = kernels.kernel_tables(result)
-    assert f"| {shape.name} | 32 / 8 / 128 | 16 | 1024 | 1 | 0.0100 | 0.0080 | 80% | 0.0090 | 0.90x |" in text
+    assert f"| {shape.name} | 32 / 8 / 128 | 16 | 1024 | 1 | 1 | 0.0100 | - | {shape.bytes_moved() / 1e6:.1f} | 0.0080 | 80% | - | 0.0090 | 0.90x |" in text
     goals = kernels.goal_lines(result)
     assert goals[0].startswith(">= 70% of the bandwidth floor: met at 1 of 1 shapes")
     assert goals[1].startswith("attention faster than torch SDPA: MISSED at 0 of 1 shapes") and f"target {shape.name} (0.90x)" in goals[1]

@@ -15,7 +15,10 @@ one split the program writes the final output directly.
 `target_attention_kernel` (semantics `reference.target_attention`) is the target's layer: q/out
 `[b, T, Hq, Dk|Dv]`, the block's keys/values `[b, T, Hkv, Dk|Dv]`, caches `[b, capacity, Hkv, Dk|Dv]`
 (slot == position); it writes the block at each row's positions and attends causally over the
-row's own slots, with the same GQA packing and flash step (no KV split yet).
+row's own slots, with the same GQA packing and flash step. Its split form
+(`target_attention_split_kernel`, semantics `reference.target_attention_partials`) cuts each row's
+committed prefix over `num_splits` programs and writes partials in the drafter's layout, so
+`merge_kernel` combines them too.
 
 Parameter order is inputs, then scalars, then outputs: the calling convention of TensorRT's
 ahead-of-time plugins, so the same compiled kernel is launched by torch and by TensorRT.
@@ -263,9 +266,57 @@ def target_attention_kernel(
     Token t is written by the program whose tile holds its first packed query row (for a verify
     block that is the single tile), so a long prefill writes in parallel.
     """
-    m_tile = tl.program_id(0)
+    _target_attention(
+        q_ptr, k_new_ptr, v_new_ptr, k_cache_ptr, v_cache_ptr, starts_ptr, sinks_ptr,
+        tokens, capacity, num_kv_heads, group, window, scale_bits, 1,
+        out_ptr, out_ptr, k_cache_out_ptr, v_cache_out_ptr,
+        HEAD_DIM_K, HEAD_DIM_V, BLOCK_M, BLOCK_N, HAS_SINKS, False, IEEE,
+    )
+
+
+@triton.jit
+def target_attention_split_kernel(
+    # inputs
+    q_ptr, k_new_ptr, v_new_ptr, k_cache_ptr, v_cache_ptr, starts_ptr, sinks_ptr,
+    # scalars
+    tokens, capacity, num_kv_heads, group, window, scale_bits, num_splits,
+    # outputs (the caches alias the cache inputs)
+    partial_out_ptr, partial_lse_ptr, k_cache_out_ptr, v_cache_out_ptr,
+    # compile-time configuration
+    HEAD_DIM_K: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_SINKS: tl.constexpr, IEEE: tl.constexpr,
+):
+    """Node DFlashTargetAttentionSplit: one program per (query tile x KV split, KV head, row).
+
+    Semantics `reference.target_attention_partials`; `merge_kernel` combines the partials. Each
+    row's committed prefix is cut into `num_splits` chunks of slots; the last split also attends
+    the block's own keys and adds the sinks, so both count once. The block is written by split 0
+    of the tile that owns each token, and, as in the unsplit kernel, no program reads a slot the
+    launch writes: the splits need no ordering between them.
+    """
+    _target_attention(
+        q_ptr, k_new_ptr, v_new_ptr, k_cache_ptr, v_cache_ptr, starts_ptr, sinks_ptr,
+        tokens, capacity, num_kv_heads, group, window, scale_bits, num_splits,
+        partial_out_ptr, partial_lse_ptr, k_cache_out_ptr, v_cache_out_ptr,
+        HEAD_DIM_K, HEAD_DIM_V, BLOCK_M, BLOCK_N, HAS_SINKS, True, IEEE,
+    )
+
+
+@triton.jit
+def _target_attention(
+    q_ptr, k_new_ptr, v_new_ptr, k_cache_ptr, v_cache_ptr, starts_ptr, sinks_ptr,
+    tokens, capacity, num_kv_heads, group, window, scale_bits, num_splits,
+    out_ptr, lse_ptr, k_cache_out_ptr, v_cache_out_ptr,
+    HEAD_DIM_K: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_SINKS: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    split = pid % num_splits
+    m_tile = pid // num_splits
     head = tl.program_id(1)
     row = tl.program_id(2).to(tl.int64)
+    first_split = split == 0
+    last_split = split == num_splits - 1
 
     start = tl.load(starts_ptr + row).to(tl.int32)
     dk = tl.arange(0, HEAD_DIM_K)
@@ -280,9 +331,10 @@ def target_attention_kernel(
     v_dtype = v_cache_out_ptr.dtype.element_ty
     m0 = m_tile * BLOCK_M
 
-    # Write the tokens this tile owns at their positions (slots past the capacity are dropped).
+    # Write the tokens this tile owns at their positions (slots past the capacity are dropped);
+    # with a KV split, split 0 of the tile writes them.
     own_lo = (m0 + group - 1) // group
-    own_hi = tl.minimum((m0 + BLOCK_M + group - 1) // group, tokens)
+    own_hi = tl.where(first_split, tl.minimum((m0 + BLOCK_M + group - 1) // group, tokens), own_lo)
     for t0 in range(own_lo, own_hi, BLOCK_N):
         tt = t0 + tl.arange(0, BLOCK_N)
         ok = (tt < own_hi) & (start + tt < capacity)
@@ -314,23 +366,28 @@ def target_attention_kernel(
     t_first = m0 // group
     t_last = tl.minimum((m0 + BLOCK_M - 1) // group, tokens - 1)
 
-    # The committed prefix: cache slots [lo, start), starting at the window of the tile's first
-    # query, so a step costs O(length) (O(window) on sliding layers), never O(capacity).
-    lo = tl.where(sliding, tl.maximum(start + t_first - window + 1, 0), 0)
+    # The committed prefix: cache slots [row_lo, hi) (row_lo: the window of the row's first token),
+    # this split's chunk of it, from the window of the tile's first query on, so a step costs
+    # O(length) (O(window) on sliding layers), never O(capacity).
+    row_lo = tl.where(sliding, tl.maximum(start - window + 1, 0), 0)
     hi = tl.minimum(start, capacity)
-    for n0 in range(lo, hi, BLOCK_N):
+    chunk = (tl.maximum(hi - row_lo, 0) + num_splits - 1) // num_splits
+    c_start = row_lo + split * chunk
+    c_end = tl.minimum(c_start + chunk, hi)
+    lo = tl.maximum(c_start, tl.where(sliding, tl.maximum(start + t_first - window + 1, 0), 0))
+    for n0 in range(lo, c_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
-        ok = pos < hi
+        ok = pos < c_end
         slot = pos[:, None].to(tl.int64)
         k = tl.load(k_cache_ptr + k_cache_base + slot * k_stride + dk[None, :], mask=ok[:, None], other=0.0)
         v = tl.load(v_cache_ptr + v_cache_base + slot * v_stride + dv[None, :], mask=ok[:, None], other=0.0)
         visible = ok[None, :] & (pos[None, :] > query_pos[:, None] - reach)
         m_i, l_i, acc = _online_update(q, k.to(compute_dtype), v.to(compute_dtype), visible, m_i, l_i, acc, qk_scale, IEEE)
 
-    # The block's own keys t' <= t (causal, windowed) from the inputs, up to the tile's last token;
-    # those at positions past the capacity were not written and are not seen.
+    # The block's own keys t' <= t (causal, windowed) from the inputs, up to the tile's last token
+    # (the last split only); those at positions past the capacity were not written and are not seen.
     b_lo = tl.where(sliding, tl.maximum(t_first - window + 1, 0), 0)
-    b_hi = tl.minimum(t_last + 1, capacity - start)
+    b_hi = tl.where(last_split, tl.minimum(t_last + 1, capacity - start), b_lo)
     for n0 in range(b_lo, b_hi, BLOCK_N):
         tb = n0 + tl.arange(0, BLOCK_N)
         ok = tb < b_hi
@@ -343,14 +400,23 @@ def target_attention_kernel(
         m_i, l_i, acc = _online_update(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE)
 
     if HAS_SINKS:
-        # gpt-oss: one more logit per query head in the denominator, with no value.
+        # gpt-oss: one more logit per query head in the denominator, with no value (the last split's).
         sink = tl.load(sinks_ptr + q_head, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+        sink = tl.where(last_split, sink, float("-inf"))
         m_new = tl.maximum(m_i, sink)
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.exp2(sink - m_use)
         acc = acc * alpha[:, None]
+        m_i = m_new
 
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    out_offs = ((row * tokens + t) * num_heads + q_head)[:, None] * HEAD_DIM_V + dv[None, :]
-    tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    has_keys = l_i > 0
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if SPLIT:
+        part = ((row * num_kv_heads + head) * num_splits + split) * (tokens * group) + rows
+        tl.store(out_ptr + part[:, None] * HEAD_DIM_V + dv[None, :], out, mask=row_ok[:, None])
+        lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+        tl.store(lse_ptr + part, lse, mask=row_ok)
+    else:
+        out_offs = ((row * tokens + t) * num_heads + q_head)[:, None] * HEAD_DIM_V + dv[None, :]
+        tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])

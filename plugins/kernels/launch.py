@@ -1,4 +1,4 @@
-"""Host side of the plugin kernels: tile configuration, grids, argument checks, launches.
+"""Host side of the plugin kernels: grids, argument checks, launches (tiles: `tiles.py`).
 
 The same configuration functions feed the torch launches here and the ahead-of-time builds
 (`plugins/aot.py`, `plugins/tensorrt_plugins.py`), so an engine runs the tiles that were tested.
@@ -16,156 +16,27 @@ from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.plugins import kernels
 from trtllm_dflash.plugins.attention_options import BLOCK_ATTENTION, TARGET_ATTENTION, AttentionOptions, float_bits  # noqa: F401  (float_bits: re-exported)
 
-ATTENTION_HEAD_DIMS = (16, 32, 64, 128, 256)  # powers of two: tl.dot tiles
-MAX_BLOCK = 16
-VERIFY_BLOCK_V = 1024
-COMMIT_BLOCK_S = 16
-
-
-def next_power_of_2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
-
-
-def cdiv(a, b):
-    """Ceiling division with `//` only (works on TensorRT shape expressions too)."""
-    return (a + b - 1) // b
-
-
-# Shared memory. A TensorRT AOT plugin launch gets `shared_mem` bytes of dynamic shared memory, and
-# nothing in TensorRT's documentation says it raises a kernel's limit above the 48 KiB every CUDA
-# device grants without an opt-in (docs/plugins.md, "Shared memory"), so 16-bit tiles (what engines
-# run) stay within ENGINE_SHARED_BUDGET, and torch launches take the same tiles: one set of
-# compiled variants, all audited (plugins/kernel_audit.py). Float32 tiles are launched by torch
-# only (tests, reference runs), through Triton's launcher, which opts in to more: they get the
-# smallest opt-in limit of the kernel targets (sm_120's 99 KiB).
-ENGINE_SHARED_BUDGET = 48 * 1024
-FLOAT32_SHARED_BUDGET = 99 * 1024
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-
-
-def dtype_name(dtype) -> str:
-    """`torch.bfloat16` or "bfloat16" -> "bfloat16"."""
-    return str(dtype).removeprefix("torch.")
-
-
-def shared_budget_for(dtype: str) -> int:
-    """The shared memory a tile of this activation dtype is sized for (see above)."""
-    return FLOAT32_SHARED_BUDGET if DTYPE_BYTES.get(dtype_name(dtype), 2) == 4 else ENGINE_SHARED_BUDGET
-
-
-def tile_shared_bytes(block_m: int, block_n: int, head_dim_k: int, head_dim_v: int, element_bytes: int, num_stages: int, streams: int) -> int:
-    """Shared memory of one flash-attention program, an upper estimate of Triton's layout (checked
-    against the compiler by tests/test_kernel_audit.py): the query tile with a key and a value tile
-    per streamed load (`streams`: 2 for the drafter's cache + new rows, 1 for the target), buffered
-    `num_stages` times when software-pipelined; or the float32 output tile a split program writes
-    (Triton converts its layout through shared memory), whichever is larger (the allocations are
-    reused)."""
-    kv_tile = block_n * (head_dim_k + head_dim_v)
-    operands = element_bytes * (block_m * head_dim_k + max(num_stages, 1) * streams * kv_tile)
-    return max(operands, 4 * block_m * head_dim_v)
-
-
-def fit_tiles(head_dim_k: int, head_dim_v: int, block_m: int, dtype: str, shared_budget: int | None, streams: int) -> tuple[int, int, int, int]:
-    """(block_m, block_n, num_warps, num_stages) within `shared_budget` bytes (default: the dtype's).
-
-    16-bit tiles start double buffered; float32 ones single, with at most 2048 query elements (fp32
-    dots run on FMA units, and larger tiles spill hundreds of bytes per thread). Then the stage
-    count, the key tile and the query tile shrink, in that order, until the estimate fits. 8 warps
-    above 4 KiB of queries: with 4, ptxas (sm_90a) spills 50-650 bytes per thread in the 16-bit
-    32 x 128 and 16/32 x 256 drafter tiles (tests/test_kernel_audit.py)."""
-    element_bytes = DTYPE_BYTES.get(dtype_name(dtype), 2)
-    budget = shared_budget if shared_budget is not None else shared_budget_for(dtype)
-    block_n = 64 if max(head_dim_k, head_dim_v) <= 128 else 32
-    num_stages = 2 if element_bytes <= 2 else 1
-    if element_bytes == 4:
-        block_m = min(block_m, max(16, 2048 // head_dim_k))
-    while tile_shared_bytes(block_m, block_n, head_dim_k, head_dim_v, element_bytes, num_stages, streams) > budget:
-        if num_stages > 1:
-            num_stages -= 1
-        elif block_n > 16:
-            block_n //= 2
-        elif block_m > 16:
-            block_m //= 2
-        else:
-            raise DFlashError(f"no attention tile of head dims {head_dim_k}/{head_dim_v} fits {budget} bytes of shared memory")
-    num_warps = 4 if block_m * head_dim_k * element_bytes <= 16 * 128 * 2 else 8
-    return block_m, block_n, num_warps, num_stages
-
-
-@dataclasses.dataclass(frozen=True)
-class AttentionConfig:
-    """Compile-time tiles of one block-attention kernel variant."""
-
-    head_dim: int
-    block_m: int  # packed query rows (block position x GQA group) per program
-    block_n: int  # context keys per step
-    block_t: int  # block keys (one tile holds the whole block)
-    num_warps: int
-    num_stages: int
-
-    def m_tiles(self, block, group):
-        return cdiv(block * group, self.block_m)
-
-
-def attention_config(
-    head_dim: int, block: int = MAX_BLOCK, group: int = 1, dtype: str = "bfloat16", shared_budget: int | None = None
-) -> AttentionConfig:
-    """Tile sizes for a KV head's packed query rows (block x group), a head dimension and a dtype,
-    within a shared-memory budget (default: the dtype's, `shared_budget_for`)."""
-    if not 1 <= block <= MAX_BLOCK:
-        raise DFlashError(f"block attention supports blocks of 1..{MAX_BLOCK} tokens, not {block}", "use a smaller block size")
-    cap = 128 if head_dim <= 128 else 64
-    return attention_config_for_tile(head_dim, min(max(16, next_power_of_2(block * group)), cap), dtype, shared_budget)
-
-
-def attention_config_for_tile(
-    head_dim: int, block_m: int, dtype: str = "bfloat16", shared_budget: int | None = None
-) -> AttentionConfig:
-    """The rest of the configuration follows from the head dimension, the query tile and the budget."""
-    if head_dim not in ATTENTION_HEAD_DIMS:
-        raise DFlashError(f"block attention supports head_dim {ATTENTION_HEAD_DIMS}, not {head_dim}", "use a supported drafter")
-    block_m, block_n, num_warps, num_stages = fit_tiles(head_dim, head_dim, block_m, dtype, shared_budget, streams=2)
-    return AttentionConfig(head_dim, block_m, block_n, MAX_BLOCK, num_warps, num_stages)
-
-
-@dataclasses.dataclass(frozen=True)
-class TargetAttentionConfig:
-    """Compile-time tiles of one target-attention kernel variant (keys and values may differ in width)."""
-
-    head_dim_k: int
-    head_dim_v: int
-    block_m: int  # packed query rows (block token x GQA group) per program
-    block_n: int  # keys per step, for the cached prefix and for the block's own keys
-    num_warps: int
-    num_stages: int
-
-    def m_tiles(self, tokens, group):
-        return cdiv(tokens * group, self.block_m)
-
-
-def target_attention_config(
-    head_dim_k: int, head_dim_v: int, tokens: int = MAX_BLOCK, group: int = 1, dtype: str = "bfloat16",
-    shared_budget: int | None = None,
-) -> TargetAttentionConfig:
-    """Tiles for a target layer: the query tile packs a KV head's block x group rows, as the drafter's.
-
-    A prefill (tokens > MAX_BLOCK) gets the tile of the largest verify block and more tiles, so one
-    compiled variant serves an engine whose token dimension is dynamic.
-    """
-    cap = 128 if max(head_dim_k, head_dim_v) <= 128 else 64
-    block_m = min(max(16, next_power_of_2(min(max(tokens, 1), MAX_BLOCK) * group)), cap)
-    return target_attention_config_for_tile(head_dim_k, head_dim_v, block_m, dtype, shared_budget)
-
-
-def target_attention_config_for_tile(
-    head_dim_k: int, head_dim_v: int, block_m: int, dtype: str = "bfloat16", shared_budget: int | None = None
-) -> TargetAttentionConfig:
-    """The rest of the configuration follows from the head dims, the query tile and the budget (as for the drafter)."""
-    for name, dim in (("key", head_dim_k), ("value", head_dim_v)):
-        if dim not in ATTENTION_HEAD_DIMS:
-            raise DFlashError(f"target attention supports {name} head dims {ATTENTION_HEAD_DIMS}, not {dim}", "the torch reference runs other shapes")
-    block_m, block_n, num_warps, num_stages = fit_tiles(head_dim_k, head_dim_v, block_m, dtype, shared_budget, streams=1)
-    return TargetAttentionConfig(head_dim_k, head_dim_v, block_m, block_n, num_warps, num_stages)
+from trtllm_dflash.plugins.kernels.tiles import (  # noqa: F401  (re-exported: the launch API)
+    ATTENTION_HEAD_DIMS,
+    MAX_BLOCK,
+    VERIFY_BLOCK_V,
+    COMMIT_BLOCK_S,
+    next_power_of_2,
+    cdiv,
+    ENGINE_SHARED_BUDGET,
+    FLOAT32_SHARED_BUDGET,
+    DTYPE_BYTES,
+    dtype_name,
+    shared_budget_for,
+    tile_shared_bytes,
+    fit_tiles,
+    AttentionConfig,
+    attention_config,
+    attention_config_for_tile,
+    TargetAttentionConfig,
+    target_attention_config,
+    target_attention_config_for_tile,
+)
 
 
 # Grids and int32 scalars of every kernel, shared by the torch launches below and the TensorRT
@@ -189,12 +60,24 @@ def merge_scalars(block, kv_heads, group: int, splits):
     return (block, kv_heads, group, splits)
 
 
-def target_attention_grid(batch, tokens, kv_heads, group: int, block_m: int):
-    return (cdiv(tokens * group, block_m), kv_heads, batch)
+def target_attention_grid(batch, tokens, kv_heads, group: int, block_m: int, splits=1):
+    return (cdiv(tokens * group, block_m) * splits, kv_heads, batch)
 
 
 def target_attention_scalars(tokens, capacity, kv_heads, group: int, options: dict):
     return (tokens, capacity, kv_heads, group, *TARGET_ATTENTION.kernel_scalars(options))
+
+
+def target_attention_split_scalars(tokens, capacity, kv_heads, group: int, options: dict, splits):
+    return (*target_attention_scalars(tokens, capacity, kv_heads, group, options), splits)
+
+
+def merge_block_m(head_dim: int, tokens, group: int, dtype: str = "bfloat16") -> int:
+    """The merge kernel's query tile: the drafter's tile for the partials' head dim (a target's value
+    head dim) and the output dtype. A prefill, or a token count that is not a build-time constant,
+    takes the MAX_BLOCK tile."""
+    tile_tokens = tokens if isinstance(tokens, int) and 1 <= tokens <= MAX_BLOCK else MAX_BLOCK
+    return attention_config(head_dim, tile_tokens, group, dtype).block_m
 
 
 def verify_positions_grid(batch, block):
@@ -213,6 +96,34 @@ def default_kv_splits(batch: int, num_kv_heads: int, m_tiles: int, capacity: int
     programs = max(batch * num_kv_heads * m_tiles, 1)
     wanted = cdiv(2 * sms, programs)
     return int(max(1, min(wanted, cdiv(capacity, 512), 64)))
+
+
+# each split writes, and the merge reads, T*g*Dv fp32 partials: at a Qwen3-8B verify step 512 keys
+# per split keep those under 25% of the K/V bytes (docs/plugins.md, "KV split")
+MIN_KEYS_PER_SPLIT = 512
+MAX_KV_SPLITS = 64
+
+
+def target_kv_splits(batch: int, num_kv_heads: int, m_tiles: int, prefix: int, sms: int) -> int:
+    """KV splits of a target-attention launch: about two programs per SM when batch x KV heads x query
+    tiles is fewer, but at least MIN_KEYS_PER_SPLIT prefix keys per split; 1 when the grid is full.
+
+    `prefix` is the committed length the launch is sized for (the cache capacity less the block, or
+    a recipe's context). A pure function of the shape, so an export or a CUDA graph can fix it.
+    """
+    programs = max(batch * num_kv_heads * m_tiles, 1)
+    if programs >= sms:
+        return 1
+    wanted = cdiv(2 * sms, programs)
+    return int(max(1, min(wanted, prefix // MIN_KEYS_PER_SPLIT, MAX_KV_SPLITS)))
+
+
+def default_target_kv_splits(batch: int, num_kv_heads: int, m_tiles: int, tokens: int, capacity: int, device: torch.device) -> int:
+    """`target_kv_splits` for this device (1 off CUDA), with the prefix bounded by the capacity."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return target_kv_splits(batch, num_kv_heads, m_tiles, max(capacity - tokens, 0), sms)
 
 
 def attention_supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -283,11 +194,15 @@ def target_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     starts: torch.Tensor,
+    *,
+    kv_splits: int | None = None,
     **options,
 ) -> torch.Tensor:
-    """Run the target-attention kernel: writes the block into the caches in place, returns `[b,T,Hq,Dv]`.
+    """Run the target-attention kernel(s): writes the block into the caches in place, returns `[b,T,Hq,Dv]`.
 
-    One launch (what a TensorRT plugin can do too); see `reference.target_attention`. Options
+    One launch with one split (what DFlashTargetAttention does), else the split kernel and the
+    merge (DFlashTargetAttentionSplit + DFlashAttentionMerge); see `reference.target_attention`.
+    `kv_splits` overrides the split count `default_target_kv_splits` picks from the shape. Options
     (sinks, scale, window): `attention_options.TARGET_ATTENTION`.
     """
     _check_target_attention_inputs(q, k_new, v_new, k_cache, v_cache, starts, options)
@@ -298,15 +213,30 @@ def target_attention(
         return out
     group = num_heads // kv_heads
     config = target_attention_config(head_dim_k, head_dim_v, tokens, group, dtype_name(q.dtype))
+    m_tiles = config.m_tiles(tokens, group)
+    splits = kv_splits or default_target_kv_splits(batch, kv_heads, m_tiles, tokens, capacity, q.device)
     module = kernels.for_tensor_device("attention", q.device)
-    grid = target_attention_grid(batch, tokens, kv_heads, group, config.block_m)
-    scalars = target_attention_scalars(tokens, capacity, kv_heads, group, options)
-    module.target_attention_kernel[grid](
+    grid = target_attention_grid(batch, tokens, kv_heads, group, config.block_m, splits)
+    inputs = (
         q.contiguous(), k_new.contiguous(), v_new.contiguous(), k_cache, v_cache,
-        starts.to(torch.int64).contiguous(), *_option_tensors(TARGET_ATTENTION, options, q.device), *scalars, out, k_cache, v_cache,
-        HEAD_DIM_K=head_dim_k, HEAD_DIM_V=head_dim_v, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        **TARGET_ATTENTION.kernel_constexprs(TARGET_ATTENTION.present(options)), IEEE=q.dtype == torch.float32,
-        **_launch_options(q.device, config.num_warps, config.num_stages),
+        starts.to(torch.int64).contiguous(), *_option_tensors(TARGET_ATTENTION, options, q.device),
+    )
+    constants = dict(HEAD_DIM_K=head_dim_k, HEAD_DIM_V=head_dim_v, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                     **TARGET_ATTENTION.kernel_constexprs(TARGET_ATTENTION.present(options)), IEEE=q.dtype == torch.float32)
+    launch_options = _launch_options(q.device, config.num_warps, config.num_stages)
+    if splits == 1:
+        scalars = target_attention_scalars(tokens, capacity, kv_heads, group, options)
+        module.target_attention_kernel[grid](*inputs, *scalars, out, k_cache, v_cache, **constants, **launch_options)
+        return out
+    rows = tokens * group
+    partial_out = torch.empty(batch, kv_heads, splits, rows, head_dim_v, dtype=torch.float32, device=q.device)
+    partial_lse = torch.empty(batch, kv_heads, splits, rows, dtype=torch.float32, device=q.device)
+    scalars = target_attention_split_scalars(tokens, capacity, kv_heads, group, options, splits)
+    module.target_attention_split_kernel[grid](*inputs, *scalars, partial_out, partial_lse, k_cache, v_cache, **constants, **launch_options)
+    merge_m = merge_block_m(head_dim_v, tokens, group, dtype_name(q.dtype))
+    module.merge_kernel[merge_grid(batch, tokens, kv_heads, group, merge_m)](
+        partial_out, partial_lse, q, *merge_scalars(tokens, kv_heads, group, splits), out,
+        HEAD_DIM=head_dim_v, BLOCK_M=merge_m, **_launch_options(q.device, 4, 1),
     )
     return out
 

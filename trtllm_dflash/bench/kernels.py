@@ -113,12 +113,18 @@ class VerifyResult(_VersusFloor):
 
 @dataclasses.dataclass
 class TargetAttentionResult(_VersusFloorAndSdpa):
-    """The target's causal attention over its in-place cache (`launch.TARGET_ATTENTION_BENCH_SHAPES`)."""
+    """The target's causal attention over its in-place cache (`launch.TARGET_ATTENTION_BENCH_SHAPES`)
+    against the fastest SDPA backend that computes the same step (`sdpa_baseline`)."""
 
     shape: object  # launch.TargetAttentionShape
-    ours_ms: float
+    ours_ms: float  # the launch as shipped: KV splits picked from the shape
     floor_ms: float
-    sdpa_ms: float
+    sdpa_ms: float  # the fastest SDPA candidate
+    kv_splits: int = 1
+    unsplit_ms: float | None = None  # the same kernel with one split (None: not timed)
+    sdpa_backend: str = ""  # the fastest candidate's name, e.g. "FLASH_ATTENTION (gqa, lower-right mask)"
+    sdpa_timings: list = dataclasses.field(default_factory=list)  # sdpa_baseline.SdpaTiming per candidate
+    bytes_moved: int = 0
 
 
 @dataclasses.dataclass
@@ -197,36 +203,42 @@ def bench_attention(shape: AttentionShape, bandwidth: float) -> AttentionResult:
     return AttentionResult(s, splits, ms_ours, floor_bytes / bandwidth * 1e3, ms_sdpa)
 
 
-def bench_target_attention(shape, bandwidth: float) -> TargetAttentionResult:
-    """Our target attention (block written in place, causal over the row) vs SDPA on the same step."""
+def bench_target_attention(
+    shape, bandwidth: float, timer: Callable[[Callable[[], object]], float] | None = None,
+    device: torch.device | None = None, kv_splits: int | None = None,
+) -> TargetAttentionResult:
+    """Our target attention (block written in place, causal over the row), with the shape's KV split and
+    with one split, vs the fastest SDPA backend on the same step. `timer` and `device` default to
+    do_bench on CUDA; the tests pass a CPU timer (the kernel then runs in Triton's interpreter)."""
+    from trtllm_dflash.bench import sdpa_baseline
     from trtllm_dflash.plugins.kernels import launch
 
     s = shape
-    inputs = launch.target_attention_bench_inputs(s, torch.device("cuda"))
+    device = device or torch.device("cuda")
+    timer = timer or _median_ms
+    inputs = launch.target_attention_bench_inputs(s, device)
     scale = s.head_dim_k**-0.5
+    group = s.heads // s.kv_heads
+    m_tiles = launch.target_attention_config(s.head_dim_k, s.head_dim_v, s.tokens, group).m_tiles(s.tokens, group)
+    capacity = inputs["k_cache"].shape[1]
+    splits = kv_splits or launch.default_target_kv_splits(s.batch, s.kv_heads, m_tiles, s.tokens, capacity, device)
 
-    def ours():
-        return launch.target_attention(**inputs, sinks=None, scale=scale, window=s.window)
+    def ours(count=splits):
+        return launch.target_attention(**inputs, sinks=None, scale=scale, window=s.window, kv_splits=count)
 
     got = ours()  # writes the block, so the cache holds this step's keys for torch too
-    span = s.context + s.tokens
-    keys = inputs["k_cache"][:, :span].transpose(1, 2).contiguous()
-    values = inputs["v_cache"][:, :span].transpose(1, 2).contiguous()
-    queries = inputs["q"].transpose(1, 2).contiguous()
-    query_pos = s.context + torch.arange(s.tokens, device="cuda").view(-1, 1)
-    visible = torch.arange(span, device="cuda").view(1, -1) <= query_pos
-    if s.window > 0:
-        visible &= torch.arange(span, device="cuda").view(1, -1) > query_pos - s.window
-
-    def sdpa():
-        return torch.nn.functional.scaled_dot_product_attention(queries, keys, values, attn_mask=visible, scale=scale, enable_gqa=True)
-
-    torch.testing.assert_close(got.float(), sdpa().transpose(1, 2).float(), atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(ours(1).float(), got.float(), atol=3e-2, rtol=3e-2)
+    operands = sdpa_baseline.verify_operands(inputs["q"], inputs["k_cache"], inputs["v_cache"], s.context, scale, s.window)
+    timings = sdpa_baseline.time_candidates(operands, got, timer)
+    best = sdpa_baseline.fastest(timings)
     floor_bytes = s.bytes_moved()
-    ms_ours, ms_sdpa = _median_ms(ours), _median_ms(sdpa)
-    del inputs, keys, values
-    torch.cuda.empty_cache()
-    return TargetAttentionResult(s, ms_ours, floor_bytes / bandwidth * 1e3, ms_sdpa)
+    ms_ours = timer(ours)
+    ms_unsplit = timer(lambda: ours(1)) if splits > 1 else ms_ours
+    del inputs, operands
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return TargetAttentionResult(s, ms_ours, floor_bytes / bandwidth * 1e3, best.ms, splits, ms_unsplit,
+                                 best.candidate.name, timings, floor_bytes)
 
 
 def bench_verify(shape: VerifyShape, bandwidth: float) -> VerifyResult:
@@ -285,6 +297,37 @@ def run_kernel_benchmark(
         say(f"target attention {shape.name}")
         target.append(bench_target_attention(shape, bandwidth))
     return KernelBenchmark(bandwidth, attention, verify, target)
+
+
+def target_table(results: list[TargetAttentionResult]) -> str:
+    """Markdown: target attention with the shape's KV split and with one, against the floor and the
+    fastest SDPA backend (named), then the SDPA candidates that refused a shape."""
+    lines = [
+        "Target attention (bf16; the block written into the cache in place, causal over each row's own length; "
+        "SDPA: the fastest backend that computes the same step, `trtllm_dflash.bench.sdpa_baseline`):",
+        "",
+        "| shape | heads / KV / head_dim | tokens | context | batch | KV splits | ours (ms) | ours, 1 split (ms) | MB moved | "
+        "floor (ms) | % of floor | best SDPA backend | SDPA (ms) | SDPA / ours |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    for r in results:
+        s = r.shape
+        unsplit = f"{r.unsplit_ms:.4f}" if r.unsplit_ms is not None else "-"
+        lines.append(
+            f"| {s.name} | {s.heads} / {s.kv_heads} / {s.head_dim_k} | {s.tokens} | {s.context} | {s.batch} | {r.kv_splits} | "
+            f"{r.ours_ms:.4f} | {unsplit} | {(r.bytes_moved or s.bytes_moved()) / 1e6:.1f} | {r.floor_ms:.4f} | {r.floor_fraction:.0%} | "
+            f"{r.sdpa_backend or '-'} | {r.sdpa_ms:.4f} | {r.sdpa_ratio:.2f}x |"
+        )
+    refused = sorted({(t.candidate.name, t.refused) for r in results for t in r.sdpa_timings if t.ms is None})
+    if refused:
+        lines += ["", "SDPA candidates that did not run (on at least one shape):", ""]
+        lines += [f"- {name}: {why}" for name, why in refused]
+    return "\n".join(lines)
+
+
+def result_json(result: KernelBenchmark) -> dict:
+    """The whole benchmark as plain data (for a JSON file beside the markdown)."""
+    return dataclasses.asdict(result)
 
 
 def goal_lines(result: KernelBenchmark) -> list[str]:
@@ -366,18 +409,6 @@ def kernel_tables(result: KernelBenchmark) -> str:
             f"{r.floor_fraction:.0%} | {'yes' if r.equal_to_reference else 'NO'} |"
         )
     if result.target:
-        lines += [
-            "",
-            "Target attention (bf16; the block written into the cache in place, causal over each row's own length):",
-            "",
-            "| shape | heads / KV / head_dim | tokens | context | batch | ours (ms) | floor (ms) | % of floor | torch SDPA (ms) | SDPA / ours |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for r in result.target:
-            s = r.shape
-            lines.append(
-                f"| {s.name} | {s.heads} / {s.kv_heads} / {s.head_dim_k} | {s.tokens} | {s.context} | {s.batch} | {r.ours_ms:.4f} | "
-                f"{r.floor_ms:.4f} | {r.floor_fraction:.0%} | {r.sdpa_ms:.4f} | {r.sdpa_ratio:.2f}x |"
-            )
+        lines += ["", target_table(result.target)]
     lines += ["", "Goals (reported, not enforced):", ""] + [f"- {line}" for line in goal_lines(result)]
     return "\n".join(lines) + "\n"

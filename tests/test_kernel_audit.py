@@ -1,0 +1,106 @@
+"""Every plugin kernel variant, compiled for Hopper (sm_90a) and Blackwell (sm_100a) on this CPU
+machine, checked against what the compiler reports (`plugins/kernel_audit.py`):
+
+- shared memory within what its launch gets (48 KiB for an engine's AOT launch, the arch's opt-in
+  limit for a torch launch);
+- no spills in the 16-bit variants (`ptxas -v`, Triton's bundled ptxas);
+- 16-byte vector loads or cp.async in every attention and verification kernel, and no global load
+  narrower than 4 bytes.
+
+The full audit runs in a background process started by conftest.py while the rest of the suite
+runs, so its tests come last.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+pytest.importorskip("triton")
+
+from trtllm_dflash.plugins import aot, kernel_audit  # noqa: E402
+from trtllm_dflash.plugins.kernels import launch  # noqa: E402
+
+ARCHES = ("sm_90a", "sm_100a")
+
+
+def test_every_variant_fits_and_streams_on_hopper_and_blackwell(kernel_audit_reports):
+    reports = kernel_audit_reports
+    for arch in ARCHES:
+        for path, expected in (("aot", kernel_audit.aot_variants()), ("jit", kernel_audit.jit_variants(aot.ARCHES[arch]))):
+            labels = {r.label for r in reports if r.arch == arch and r.path == path}
+            assert labels == {v.label for v in expected}, f"{arch} {path}: not every variant was audited"
+    bad = [r for r in reports if r.problems()]
+    table = kernel_audit.markdown_table(bad)
+    assert not bad, f"{len(bad)} of {len(reports)} kernels would fail or crawl on the GPU:\n{table}"
+    # what the audit saw, for the CI log
+    sixteen = [r for r in reports if r.sixteen_bit]
+    print(f"\n{len(reports)} kernels: max shared {max(r.shared for r in reports if r.path == 'aot')} B (aot), "
+          f"{max(r.shared for r in reports)} B (jit); 16-bit: {len(sixteen)}, max {max(r.registers for r in sixteen)} registers, "
+          f"0 spills; 16-byte loads in every streaming kernel")
+
+
+def test_the_tile_estimate_bounds_what_the_compiler_allocates(kernel_audit_reports):
+    """`launch.tile_shared_bytes` sizes the tiles before anything is compiled: it must never be below
+    the compiler's figure, or a tile chosen to fit could overflow."""
+    for r in kernel_audit_reports:
+        if r.function not in ("block_attention_kernel", "block_attention_split_kernel", "target_attention_kernel", "target_attention_split_kernel"):
+            continue
+        c = dict(_variant(r).constexprs)
+        dtype = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[r.data_dtype]
+        dk, dv = c.get("HEAD_DIM_K", c.get("HEAD_DIM")), c.get("HEAD_DIM_V", c.get("HEAD_DIM"))
+        streams = 2 if r.function.startswith("block") else 1
+        estimate = launch.tile_shared_bytes(c["BLOCK_M"], c["BLOCK_N"], dk, dv, launch.DTYPE_BYTES[dtype], r.num_stages, streams)
+        assert r.shared <= estimate, f"{r.arch} {r.label}: compiler {r.shared} B > estimate {estimate} B"
+
+
+def _variant(report: kernel_audit.KernelReport):
+    for variant in kernel_audit.jit_variants(aot.ARCHES[report.arch]):
+        if variant.label == report.label:
+            return variant
+    raise AssertionError(report.label)
+
+
+def test_the_audit_fails_kernels_compiled_without_alignment_hints(monkeypatch):
+    """What the engines compiled before: no pointer alignment, so the Qwen3-8B verify step's target
+    attention reads K/V two bytes at a time and spills. The audit must catch it."""
+    variant = aot.target_attention_variant(128, 128, "bfloat16", "bfloat16", 64, {"sinks": False})
+    arch = aot.ARCHES["sm_90a"]
+    aligned = kernel_audit.report(aot.compile_kernel(variant, arch), "aot")
+    assert aligned.problems() == [], aligned
+    assert aligned.vector_loads_16b > 0 and aligned.narrow_loads == 0
+    monkeypatch.setattr(type(variant), "compile_attrs", lambda self: {})
+    unaligned = kernel_audit.report(aot.compile_kernel(variant, arch), "aot")
+    assert unaligned.vector_loads_16b == 0 and unaligned.narrow_loads > 100
+    assert "no 16-byte vector load or cp.async" in unaligned.problems()
+
+
+def test_problems_name_each_limit():
+    base = kernel_audit.KernelReport(
+        label="k", node="n", function="target_attention_kernel", arch="sm_90a", path="aot", data_dtype="bf16", num_warps=8,
+        num_stages=1, shared=49152, shared_limit=49152, registers=165, spill_stores=0, spill_loads=0,
+        vector_loads_16b=12, cp_async_16b=0, narrow_loads=0,
+    )
+    assert base.problems() == []
+    assert kernel_audit.shared_limit(aot.ARCHES["sm_90a"], "aot") == 48 * 1024
+    assert kernel_audit.shared_limit(aot.ARCHES["sm_90a"], "jit") == 232_448
+    assert dataclasses.replace(base, shared=49153).problems() == ["49153 B of shared memory > 49152 B"]
+    assert dataclasses.replace(base, spill_stores=20, spill_loads=28).problems() == ["spills 20 B stores / 28 B loads"]
+    assert dataclasses.replace(base, data_dtype="fp32", spill_stores=20).problems() == []  # only 16-bit kernels must not spill
+    assert dataclasses.replace(base, vector_loads_16b=0).problems() == ["no 16-byte vector load or cp.async"]
+    assert dataclasses.replace(base, narrow_loads=3).problems() == ["3 global loads narrower than 4 bytes"]
+    commit = dataclasses.replace(base, function="verify_commit_kernel", vector_loads_16b=0, narrow_loads=0)
+    assert commit.problems() == []
+
+
+def test_load_widths_read_ptx_vector_and_scalar_loads():
+    ptx = """
+    @%p1 ld.global.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd1 + 0 ];
+    ld.global.L1::evict_last.v2.b64 { %rd5, %rd6 }, [ %rd2 + 0 ];
+    @%p2 ld.global.b16 { %rs1 }, [ %rd3 + 0 ];
+    ld.global.b64 %rd7, [%rd4];
+    cp.async.cg.shared.global [ %r9 + 0 ], [ %rd8 + 0 ], 0x10, %r10;
+    """
+    assert kernel_audit.load_widths(ptx) == [16, 16, 2, 8]
+    assert len(kernel_audit._CP_ASYNC_16.findall(ptx)) == 1

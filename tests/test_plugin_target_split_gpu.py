@@ -1,0 +1,43 @@
+"""The compiled target-attention KV split on an NVIDIA GPU against the torch reference and the unsplit
+kernel. Skipped where no GPU is visible (every CI machine); `make gpu-check` runs it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from test_plugin_gpu import TOLERANCE, target_case  # noqa: E402
+
+from trtllm_dflash.plugins import reference  # noqa: E402
+from trtllm_dflash.plugins.kernels import launch  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("kv_splits", [None, 3, 16])  # None: what the shape picks
+@pytest.mark.parametrize("window,with_sinks", [(0, False), (128, True)])
+def test_target_attention_kv_split_on_gpu(dtype, kv_splits, window, with_sinks):
+    # a Qwen3-8B verify step over up to 8k of context, rows ragged (one at 0, one past the capacity)
+    case = target_case(2, 16, 32, 8, 128, 128, 8208, dtype)
+    sinks = torch.randn(32, generator=torch.Generator().manual_seed(1)) if with_sinks else None
+    options = dict(sinks=None if sinks is None else sinks.cuda(), scale=128**-0.5, window=window)
+    split, unsplit = {k: v.cuda() for k, v in case.items()}, {k: v.cuda() for k, v in case.items()}
+    out = launch.target_attention(**split, **options, kv_splits=kv_splits)
+    one = launch.target_attention(**unsplit, **options, kv_splits=1)
+    expected = reference.target_attention(**case, sinks=sinks, scale=128**-0.5, window=window)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out.cpu().float(), expected.float(), atol=tol, rtol=tol)
+    torch.testing.assert_close(out.float(), one.float(), atol=tol, rtol=tol)
+    assert torch.equal(split["k_cache"].cpu(), case["k_cache"]) and torch.equal(split["v_cache"].cpu(), case["v_cache"])
+
+
+def test_the_shape_picks_splits_on_this_gpu():
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert launch.default_target_kv_splits(1, 8, 1, 16, 8208, torch.device("cuda")) == launch.target_kv_splits(1, 8, 1, 8192, sms) > 1
+    assert launch.default_target_kv_splits(64, 8, 1, 16, 8208, torch.device("cuda")) == 1
