@@ -84,10 +84,16 @@ def plan_launch(node: str, shapes: dict, dtypes: dict, attributes: dict) -> Laun
                       launch.merge_scalars(block, kv_heads, group, splits))
     if node == "DFlashTargetAttention":
         return _plan_target_attention(shapes, dtypes, attributes)
+    if node == "DFlashVerifyPartials":
+        batch, block, vocab = shapes["target_logits"]
+        divisible = launch.verify_vocab_divisible(constant(vocab))
+        return Launch(aot.verify_partials_variant(dtypes["target_logits"], divisible),
+                      launch.verify_partials_grid(batch, block, vocab), (block, vocab))
     if node == "DFlashVerifyPositions":
         batch, block, vocab = shapes["target_logits"]
-        return Launch(aot.verify_variants(dtypes["target_logits"])[0], launch.verify_positions_grid(batch, block),
-                      (block, vocab, int(attributes.get("has_draft_probs", 1))))
+        divisible = launch.verify_vocab_divisible(constant(vocab))
+        return Launch(aot.verify_variants(dtypes["target_logits"], divisible)[0], launch.verify_positions_grid(batch, block),
+                      (block, vocab, int(attributes.get("has_draft_probs", 1)), shapes["chunk_max"][2]))
     if node == "DFlashVerifyCommit":
         batch, block = shapes["block_tokens"]
         return Launch(aot.commit_variant(), launch.verify_commit_grid(batch), (block, shapes["stop_ids"][1]))
@@ -257,6 +263,11 @@ def _output_descs(trt, trtp, node: str):
         out = trtp.from_shape_expr((b, tokens, heads, inputs["v_cache"].shape_expr[3]), dtype=inputs["q"].dtype)  # q's dtype, v's head dim
         return out, inputs["k_cache"].aliased(), inputs["v_cache"].aliased()
 
+    def verify_partials(inputs: dict, attributes: dict):
+        b, block, vocab = inputs["target_logits"].shape_expr
+        shape = (b, block, launch.verify_num_chunks(vocab))
+        return trtp.from_shape_expr(shape, dtype=trt.float32), trtp.from_shape_expr(shape, dtype=trt.int32)
+
     def verify_positions(inputs: dict, attributes: dict):
         b, block, _ = inputs["target_logits"].shape_expr
         return trtp.from_shape_expr((b, block, 2), dtype=trt.int32)
@@ -266,5 +277,6 @@ def _output_descs(trt, trtp, node: str):
 
     return {
         "DFlashBlockAttention": attention, "DFlashBlockAttentionSplit": attention_split, "DFlashAttentionMerge": merge,
-        "DFlashTargetAttention": target_attention, "DFlashVerifyPositions": verify_positions, "DFlashVerifyCommit": verify_commit,
+        "DFlashTargetAttention": target_attention, "DFlashVerifyPartials": verify_partials,
+        "DFlashVerifyPositions": verify_positions, "DFlashVerifyCommit": verify_commit,
     }[node]

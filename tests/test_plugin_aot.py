@@ -165,7 +165,8 @@ def shapes_for(node: str, s=QWEN3_8B, splits=4):
         "DFlashBlockAttention": attention,
         "DFlashBlockAttentionSplit": attention,
         "DFlashAttentionMerge": dict(partial_out=(b, s["kv_heads"], splits, rows, s["head_dim"]), like=attention["q"]),
-        "DFlashVerifyPositions": dict(target_logits=(b, block, s["vocab"])),
+        "DFlashVerifyPartials": dict(target_logits=(b, block, s["vocab"])),
+        "DFlashVerifyPositions": dict(target_logits=(b, block, s["vocab"]), chunk_max=(b, block, 38)),
         "DFlashVerifyCommit": dict(block_tokens=(b, block), stop_ids=(b, 3)),
         "DFlashTargetAttention": dict(
             q=attention["q"], k_new=(b, block, s["kv_heads"], s["head_dim"]), v_new=(b, block, s["kv_heads"], s["head_dim"]),
@@ -187,6 +188,7 @@ def test_tensorrt_launch_plans_match_the_kernel_abi(node):
         "DFlashBlockAttention": (1, 8, 2),  # 16 x 4 query rows in one 64-row tile
         "DFlashBlockAttentionSplit": (4, 8, 2),
         "DFlashAttentionMerge": (1, 8, 2),
+        "DFlashVerifyPartials": (38, 16, 2),  # 151936 logits in chunks of 4096
         "DFlashVerifyPositions": (16, 2, 1),
         "DFlashVerifyCommit": (2, 1, 1),
         "DFlashTargetAttention": (1, 8, 2),  # 16 x 4 query rows in one 64-row tile per KV head and row

@@ -100,6 +100,7 @@ def test_every_node_registers_with_its_inputs_and_typed_attributes(registered):
         "dflash::DFlashBlockAttentionSplit": {"scale": float, "window": int, "kv_splits": int},
         "dflash::DFlashAttentionMerge": {},
         "dflash::DFlashTargetAttention": {"scale": float, "window": int, "has_sinks": int},
+        "dflash::DFlashVerifyPartials": {},
         "dflash::DFlashVerifyPositions": {"has_draft_probs": int},
         "dflash::DFlashVerifyCommit": {},
     }
