@@ -205,6 +205,19 @@ def test_tensorrt_launch_plans_match_the_kernel_abi(node):
         assert struct.unpack("<f", struct.pack("<i", scale_bits))[0] == pytest.approx(128**-0.5)
 
 
+def test_verification_plans_follow_the_vocabulary():
+    """Chunks from the vocabulary; aligned-row variants only for a vocabulary that is a multiple of 16."""
+    for vocab, chunks, divisible in ((151936, 38, True), (32001, 8, False)):
+        partials = tensorrt_plugins.plan_launch("DFlashVerifyPartials", dict(target_logits=(4, 16, vocab)), dict(target_logits="bfloat16"), {})
+        assert tuple(partials.grid) == (chunks, 16, 4) and partials.scalars == (16, vocab)
+        assert dict(partials.variant.constexprs)["VOCAB_DIVISIBLE"] is divisible
+        shapes = dict(target_logits=(4, 16, vocab), chunk_max=(4, 16, chunks))
+        positions = tensorrt_plugins.plan_launch("DFlashVerifyPositions", shapes, dict(target_logits="bfloat16"), dict(has_draft_probs=0))
+        assert tuple(positions.grid) == (16, 4, 1) and positions.scalars == (16, vocab, 0, chunks)
+        assert dict(positions.variant.constexprs)["VOCAB_DIVISIBLE"] is divisible
+        assert partials.variant in aot.kernel_variants() and positions.variant in aot.kernel_variants()
+
+
 def test_target_attention_plans_prefill_sinks_and_value_dims():
     shapes = shapes_for("DFlashTargetAttention", {**QWEN3_8B, "block": 40})  # a 40-token prefill
     shapes["v_new"], shapes["v_cache"] = (2, 40, 8, 64), (2, 4096, 8, 64)

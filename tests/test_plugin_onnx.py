@@ -122,6 +122,21 @@ def test_verify_nodes_match_the_torch_op(monkeypatch):
     assert result[:, 0].max() > 0
 
 
+def test_verify_partials_node_splits_the_vocabulary_like_the_kernel():
+    from trtllm_dflash.plugins.kernels import launch
+
+    g = torch.Generator().manual_seed(3)
+    vocab = 2 * launch.VERIFY_CHUNK_V + 808  # three chunks, the last one partial; not a multiple of 16
+    logits = torch.randn(2, 2, vocab, generator=g)
+    logits[1, 0, [5, launch.VERIFY_CHUNK_V + 5]] = 9.0  # the same maximum in two chunks
+    expected = launch.verify_partials(logits)  # the interpreted kernel
+    like = [torch.zeros(2, 2, 3), torch.zeros(2, 2, 3, dtype=torch.int32)]
+    chunk_max, chunk_index = evaluate(single_node_model(onnx_nodes.VERIFY_PARTIALS, [logits], like), [logits])
+    np.testing.assert_array_equal(chunk_max, expected[0].numpy())
+    np.testing.assert_array_equal(chunk_index, expected[1].numpy())
+    assert chunk_index[1, 0].tolist()[:2] == [5, launch.VERIFY_CHUNK_V + 5]
+
+
 @pytest.mark.parametrize("kv_splits", [1, 3])
 def test_torch_export_emits_plugin_nodes_that_evaluate_like_torch(monkeypatch, kv_splits):
     class Step(torch.nn.Module):
