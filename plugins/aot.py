@@ -51,5 +51,6 @@ from trtllm_dflash.plugins.aot_variants import (  # noqa: F401
     target_attention_variant,
     target_merge_variant,
     target_query_tiles,
+    verify_partials_variant,
     verify_variants,
 )

@@ -167,14 +167,27 @@ def target_merge_tiles(head_dim_v: int, blocks: Iterable[int], groups: Iterable[
     return sorted({launch.merge_block_m(head_dim_v, t, g, dtype) for t in tokens for g in groups})
 
 
-def verify_variants(logits_dtype: str) -> list[KernelVariant]:
+def verify_partials_variant(logits_dtype: str, vocab_divisible: bool = True) -> KernelVariant:
+    """Stage 1 of the split argmax (DFlashVerifyPartials): chunk maxima and their first indices."""
+    signature = (
+        ("logits_ptr", f"*{TORCH_TO_TRITON[logits_dtype]}"), ("block", "i32"), ("vocab", "i32"),
+        ("chunk_max_ptr", "*fp32"), ("chunk_index_ptr", "*i32"),
+    )
+    constexprs = (("BLOCK_V", launch.VERIFY_BLOCK_V), ("CHUNK_V", launch.VERIFY_CHUNK_V), ("VOCAB_DIVISIBLE", vocab_divisible))
+    return KernelVariant("DFlashVerifyPartials", "verify", "verify_partials_kernel", signature, constexprs, 4, 1, False)
+
+
+def verify_variants(logits_dtype: str, vocab_divisible: bool = True) -> list[KernelVariant]:
+    """The per-position kernel (DFlashVerifyPositions) for one logits dtype; `vocab_divisible`: the
+    vocabulary is a multiple of 16, so rows are 16-byte aligned (`launch.verify_vocab_divisible`)."""
     positions = (
         ("logits_ptr", f"*{TORCH_TO_TRITON[logits_dtype]}"), ("tokens_ptr", "*i64"), ("draft_probs_ptr", "*fp32"),
         ("temperature_ptr", "*fp32"), ("top_k_ptr", "*i64"), ("top_p_ptr", "*fp32"), ("seed_ptr", "*i64"),
-        ("start_ptr", "*i64"), ("block", "i32"), ("vocab", "i32"), ("has_draft_probs", "i32"), ("decisions_ptr", "*i32"),
+        ("start_ptr", "*i64"), ("chunk_max_ptr", "*fp32"), ("chunk_index_ptr", "*i32"),
+        ("block", "i32"), ("vocab", "i32"), ("has_draft_probs", "i32"), ("num_chunks", "i32"), ("decisions_ptr", "*i32"),
     )
-    return [KernelVariant("DFlashVerifyPositions", "verify", "verify_positions_kernel", positions,
-                          (("BLOCK_V", launch.VERIFY_BLOCK_V),), 4, 1, False)]
+    constexprs = (("BLOCK_V", launch.VERIFY_BLOCK_V), ("BLOCK_C", launch.VERIFY_BLOCK_C), ("VOCAB_DIVISIBLE", vocab_divisible))
+    return [KernelVariant("DFlashVerifyPositions", "verify", "verify_positions_kernel", positions, constexprs, 4, 1, False)]
 
 
 def commit_variant() -> KernelVariant:
@@ -205,6 +218,7 @@ def kernel_variants(
     target_dtypes: Iterable[str] | None = None,
     target_sinks: Iterable[bool] = (False,),
     shared_budget: int | None = None,
+    vocab_divisible: Iterable[bool] = (True, False),
 ) -> list[KernelVariant]:
     """Every kernel variant a drafter and its target in this space launch (default: the whole
     supported space, without attention-sink variants).
@@ -214,6 +228,8 @@ def kernel_variants(
     `target_sinks` lists the HAS_SINKS values to build: (True,) for gpt-oss, (False, True) for both.
     `shared_budget` bounds every tile's shared memory (default: the dtype's, `launch.shared_budget_for`).
     Each target variant comes with its KV-split form and the merges of its partials.
+    `vocab_divisible` lists the verification kernels' VOCAB_DIVISIBLE values (vocabularies that are
+    multiples of 16, and the others).
     """
     blocks, groups = list(blocks), list(groups)
     variants = []
@@ -240,7 +256,8 @@ def kernel_variants(
                 if variant not in variants:
                     variants.append(variant)
     for logits_dtype in logits_dtypes:
-        variants += verify_variants(logits_dtype)
+        for divisible in vocab_divisible:
+            variants += [verify_partials_variant(logits_dtype, divisible), *verify_variants(logits_dtype, divisible)]
     return variants + [commit_variant()]
 
 

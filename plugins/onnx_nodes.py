@@ -15,7 +15,8 @@ Each plugin kernel is one node (a TensorRT AOT plugin launches exactly one kerne
   block's K/V written at each row's positions; sliding windows and attention sinks);
 - `DFlashTargetAttentionSplit` + `DFlashAttentionMerge`: the same, with each row's committed prefix
   split over `kv_splits` programs per KV head and query tile (small batches, long contexts);
-- `DFlashVerifyPositions` + `DFlashVerifyCommit`: tree-free block verification.
+- `DFlashVerifyPartials` + `DFlashVerifyPositions` + `DFlashVerifyCommit`: tree-free block
+  verification (the argmax split over vocabulary chunks, per-position decisions, the commit).
 
 The caches are updated in place: the attention nodes output the updated caches, and the
 TensorRT plugins declare those outputs aliased to the cache inputs (`TensorDesc.aliased()`),
@@ -40,6 +41,7 @@ from onnx.reference.op_run import OpRun
 from trtllm_dflash.graphs import names  # the graph tensors these ports take and give
 from trtllm_dflash.plugins import attention_options, custom_ops, reference  # noqa: F401  (custom_ops registers torch.ops.dflash.*)
 from trtllm_dflash.plugins.attention_options import AttentionOptions
+from trtllm_dflash.plugins.kernels import launch
 
 DOMAIN = "dflash"
 DOMAIN_VERSION = 1
@@ -121,14 +123,24 @@ TARGET_ATTENTION_SPLIT = NodeSpec(
     "DFlashAttentionMerge; caches updated in place.",
     CACHE_ALIASES,
 )
+VERIFY_PARTIALS = NodeSpec(
+    "DFlashVerifyPartials",
+    ("target_logits",),
+    ("chunk_max", "chunk_index"),
+    {},
+    ("float32", "int32"),
+    "Per chunk of launch.VERIFY_CHUNK_V logits, the maximum and the first index of it "
+    "(reference.verify_partials): the argmax split over the vocabulary.",
+)
 VERIFY_POSITIONS = NodeSpec(
     "DFlashVerifyPositions",
-    ("target_logits", "block_tokens", names.DRAFT_PROBS, *names.SAMPLING_INPUTS, "start"),
+    ("target_logits", "block_tokens", names.DRAFT_PROBS, *names.SAMPLING_INPUTS, "start", "chunk_max", "chunk_index"),
     ("decisions",),
     {"has_draft_probs": 1},
     ("int32",),
-    "Per-position accept flags and emitted tokens (reference.verify_positions); with "
-    "has_draft_probs=0 the draft_probs input is a placeholder and is not read.",
+    "Per-position accept flags and emitted tokens (reference.verify_positions); chunk_max/chunk_index "
+    "are DFlashVerifyPartials' outputs for the same logits; with has_draft_probs=0 the draft_probs "
+    "input is a placeholder and is not read.",
 )
 VERIFY_COMMIT = NodeSpec(
     "DFlashVerifyCommit",
@@ -139,7 +151,7 @@ VERIFY_COMMIT = NodeSpec(
     "Accepted count, bonus, next start, committed length, stop flag (reference.verify_commit); "
     "stop_ids [b, S] padded with -1.",
 )
-NODES = (BLOCK_ATTENTION, BLOCK_ATTENTION_SPLIT, ATTENTION_MERGE, TARGET_ATTENTION, TARGET_ATTENTION_SPLIT, VERIFY_POSITIONS, VERIFY_COMMIT)
+NODES = (BLOCK_ATTENTION, BLOCK_ATTENTION_SPLIT, ATTENTION_MERGE, TARGET_ATTENTION, TARGET_ATTENTION_SPLIT, VERIFY_PARTIALS, VERIFY_POSITIONS, VERIFY_COMMIT)
 PLUGIN_ATTRIBUTES = {"plugin_namespace": PLUGIN_NAMESPACE, "plugin_version": PLUGIN_VERSION, "aot": 1}
 
 
@@ -243,8 +255,15 @@ class DFlashTargetAttentionSplit(_DFlashOp):
         return partial_out.numpy(), partial_lse.numpy(), k_out.numpy(), v_out.numpy()
 
 
+class DFlashVerifyPartials(_DFlashOp):
+    def _run(self, target_logits, **_):
+        chunk_max, chunk_index = reference.verify_partials(_torch(target_logits), launch.VERIFY_CHUNK_V)
+        return chunk_max.numpy(), chunk_index.numpy()
+
+
 class DFlashVerifyPositions(_DFlashOp):
-    def _run(self, target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, has_draft_probs=1, **_):
+    def _run(self, target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, chunk_max, chunk_index,
+             has_draft_probs=1, **_):
         draft = _torch(draft_probs) if has_draft_probs else None
         decisions = reference.verify_positions(
             _torch(target_logits), _torch(block_tokens), draft, _torch(temperature), _torch(top_k), _torch(top_p),
@@ -262,7 +281,7 @@ def evaluators() -> list[type[OpRun]]:
     """The OpRun classes for `onnx.reference.ReferenceEvaluator(model, new_ops=evaluators())`."""
     return [
         DFlashBlockAttention, DFlashBlockAttentionSplit, DFlashAttentionMerge, DFlashTargetAttention,
-        DFlashTargetAttentionSplit, DFlashVerifyPositions, DFlashVerifyCommit,
+        DFlashTargetAttentionSplit, DFlashVerifyPartials, DFlashVerifyPositions, DFlashVerifyCommit,
     ]
 
 
@@ -322,8 +341,9 @@ def custom_translation_table(kv_splits: int = 1, target_kv_splits: int = 1) -> d
         if stop_ids is None:
             batch = op.Shape(block_tokens, start=0, end=1)
             stop_ids = op.Expand(op.Constant(value_ints=[-1]), op.Concat(batch, op.Constant(value_ints=[1]), axis=0))
+        chunk_max, chunk_index = dflash.DFlashVerifyPartials(target_logits, **plugin)
         decisions = dflash.DFlashVerifyPositions(
-            target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start,
+            target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, chunk_max, chunk_index,
             has_draft_probs=has_draft_probs, **plugin,
         )
         return dflash.DFlashVerifyCommit(decisions, block_tokens, start, stop_ids, **plugin)

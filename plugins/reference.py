@@ -245,6 +245,20 @@ def verify_positions(
     return torch.stack([accept.to(torch.int32), emit.to(torch.int32)], dim=-1)
 
 
+def verify_partials(target_logits: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 1 of the split argmax: per chunk of `chunk` logits of `[b, B, V]`, the float32 maximum
+    and the int32 first index of it, `[b, B, ceil(V / chunk)]` each. `verify_positions` does not
+    need them (they only spread the argmax over more programs); the first maximal chunk holds the
+    row's argmax."""
+    batch, block, vocab = target_logits.shape
+    chunks = -(-vocab // chunk)
+    padded = torch.full((batch, block, chunks * chunk), float("-inf"), dtype=torch.float32, device=target_logits.device)
+    padded[..., :vocab] = target_logits.float()
+    values, index = padded.view(batch, block, chunks, chunk).max(dim=-1)  # torch: the first index of the maximum
+    index = index + torch.arange(chunks, device=target_logits.device) * chunk
+    return values, index.to(torch.int32)
+
+
 def verify_commit(
     decisions: torch.Tensor, block_tokens: torch.Tensor, start: torch.Tensor, stop_ids: torch.Tensor | None = None
 ) -> torch.Tensor:

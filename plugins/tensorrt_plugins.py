@@ -86,10 +86,16 @@ def plan_launch(node: str, shapes: dict, dtypes: dict, attributes: dict) -> Laun
                       launch.merge_scalars(block, kv_heads, group, splits))
     if node in ("DFlashTargetAttention", "DFlashTargetAttentionSplit"):
         return _plan_target_attention(node, shapes, dtypes, attributes)
+    if node == "DFlashVerifyPartials":
+        batch, block, vocab = shapes["target_logits"]
+        divisible = launch.verify_vocab_divisible(constant(vocab))
+        return Launch(aot.verify_partials_variant(dtypes["target_logits"], divisible),
+                      launch.verify_partials_grid(batch, block, vocab), (block, vocab))
     if node == "DFlashVerifyPositions":
         batch, block, vocab = shapes["target_logits"]
-        return Launch(aot.verify_variants(dtypes["target_logits"])[0], launch.verify_positions_grid(batch, block),
-                      (block, vocab, int(attributes.get("has_draft_probs", 1))))
+        divisible = launch.verify_vocab_divisible(constant(vocab))
+        return Launch(aot.verify_variants(dtypes["target_logits"], divisible)[0], launch.verify_positions_grid(batch, block),
+                      (block, vocab, int(attributes.get("has_draft_probs", 1)), shapes["chunk_max"][2]))
     if node == "DFlashVerifyCommit":
         batch, block = shapes["block_tokens"]
         return Launch(aot.commit_variant(), launch.verify_commit_grid(batch), (block, shapes["stop_ids"][1]))
@@ -276,6 +282,11 @@ def _output_descs(trt, trtp, node: str):
         partial_lse = trtp.from_shape_expr((b, kv_heads, kv_splits, rows), dtype=trt.float32)
         return partial_out, partial_lse, inputs["k_cache"].aliased(), inputs["v_cache"].aliased()
 
+    def verify_partials(inputs: dict, attributes: dict):
+        b, block, vocab = inputs["target_logits"].shape_expr
+        shape = (b, block, launch.verify_num_chunks(vocab))
+        return trtp.from_shape_expr(shape, dtype=trt.float32), trtp.from_shape_expr(shape, dtype=trt.int32)
+
     def verify_positions(inputs: dict, attributes: dict):
         b, block, _ = inputs["target_logits"].shape_expr
         return trtp.from_shape_expr((b, block, 2), dtype=trt.int32)
@@ -285,6 +296,6 @@ def _output_descs(trt, trtp, node: str):
 
     return {
         "DFlashBlockAttention": attention, "DFlashBlockAttentionSplit": attention_split, "DFlashAttentionMerge": merge,
-        "DFlashTargetAttention": target_attention, "DFlashTargetAttentionSplit": target_attention_split,
+        "DFlashTargetAttention": target_attention, "DFlashTargetAttentionSplit": target_attention_split, "DFlashVerifyPartials": verify_partials,
         "DFlashVerifyPositions": verify_positions, "DFlashVerifyCommit": verify_commit,
     }[node]

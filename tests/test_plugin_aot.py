@@ -165,7 +165,8 @@ def shapes_for(node: str, s=QWEN3_8B, splits=4):
         "DFlashBlockAttention": attention,
         "DFlashBlockAttentionSplit": attention,
         "DFlashAttentionMerge": dict(partial_out=(b, s["kv_heads"], splits, rows, s["head_dim"]), like=attention["q"]),
-        "DFlashVerifyPositions": dict(target_logits=(b, block, s["vocab"])),
+        "DFlashVerifyPartials": dict(target_logits=(b, block, s["vocab"])),
+        "DFlashVerifyPositions": dict(target_logits=(b, block, s["vocab"]), chunk_max=(b, block, 38)),
         "DFlashVerifyCommit": dict(block_tokens=(b, block), stop_ids=(b, 3)),
         "DFlashTargetAttention": dict(
             q=attention["q"], k_new=(b, block, s["kv_heads"], s["head_dim"]), v_new=(b, block, s["kv_heads"], s["head_dim"]),
@@ -187,6 +188,7 @@ def test_tensorrt_launch_plans_match_the_kernel_abi(node):
         "DFlashBlockAttention": (1, 8, 2),  # 16 x 4 query rows in one 64-row tile
         "DFlashBlockAttentionSplit": (4, 8, 2),
         "DFlashAttentionMerge": (1, 8, 2),
+        "DFlashVerifyPartials": (38, 16, 2),  # 151936 logits in chunks of 4096
         "DFlashVerifyPositions": (16, 2, 1),
         "DFlashVerifyCommit": (2, 1, 1),
         "DFlashTargetAttention": (1, 8, 2),  # 16 x 4 query rows in one 64-row tile per KV head and row
@@ -203,6 +205,19 @@ def test_tensorrt_launch_plans_match_the_kernel_abi(node):
         assert splits == ([4] if node.endswith("Split") else [])
         assert (tokens, capacity, kv_heads, group, window) == (16, 4096, 8, 4, 0)
         assert struct.unpack("<f", struct.pack("<i", scale_bits))[0] == pytest.approx(128**-0.5)
+
+
+def test_verification_plans_follow_the_vocabulary():
+    """Chunks from the vocabulary; aligned-row variants only for a vocabulary that is a multiple of 16."""
+    for vocab, chunks, divisible in ((151936, 38, True), (32001, 8, False)):
+        partials = tensorrt_plugins.plan_launch("DFlashVerifyPartials", dict(target_logits=(4, 16, vocab)), dict(target_logits="bfloat16"), {})
+        assert tuple(partials.grid) == (chunks, 16, 4) and partials.scalars == (16, vocab)
+        assert dict(partials.variant.constexprs)["VOCAB_DIVISIBLE"] is divisible
+        shapes = dict(target_logits=(4, 16, vocab), chunk_max=(4, 16, chunks))
+        positions = tensorrt_plugins.plan_launch("DFlashVerifyPositions", shapes, dict(target_logits="bfloat16"), dict(has_draft_probs=0))
+        assert tuple(positions.grid) == (16, 4, 1) and positions.scalars == (16, vocab, 0, chunks)
+        assert dict(positions.variant.constexprs)["VOCAB_DIVISIBLE"] is divisible
+        assert partials.variant in aot.kernel_variants() and positions.variant in aot.kernel_variants()
 
 
 def test_target_attention_plans_prefill_sinks_and_value_dims():

@@ -90,9 +90,10 @@ def test_target_attention_never_reads_past_a_rows_positions_on_gpu():
     assert torch.equal(dirty, clean)
 
 
-def test_verification_on_gpu_is_identical_to_the_reference():
+@pytest.mark.parametrize("vocab", [151936, 32001])  # aligned rows (16-byte loads), and not
+def test_verification_on_gpu_is_identical_to_the_reference(vocab):
     g = torch.Generator().manual_seed(1)
-    batch, block, vocab = 8, 16, 151936
+    batch, block = 8, 16
     logits = torch.randn(batch, block, vocab, generator=g) * 4
     temperature = torch.tensor([0.0, 1.0, 0.7, 1.0, 0.0, 0.9, 1.2, 0.6])
     top_k = torch.tensor([0, 0, 50, 0, 0, 20, 0, 1000])

@@ -110,11 +110,31 @@ def test_verify_nodes_match_the_torch_op(monkeypatch):
     stop_ids = torch.tensor([[-1], [inputs[1][1, 2].item()], [-1]])
     expected = torch.ops.dflash.verify_block(*inputs, stop_ids)
     decisions_like = torch.zeros(3, 4, 2, dtype=torch.int32)
-    (decisions,) = evaluate(single_node_model(onnx_nodes.VERIFY_POSITIONS, inputs, [decisions_like]), inputs)
+    partials_like = [torch.zeros(3, 4, 1), torch.zeros(3, 4, 1, dtype=torch.int32)]  # 60 logits: one chunk
+    chunk_max, chunk_index = evaluate(single_node_model(onnx_nodes.VERIFY_PARTIALS, inputs[:1], partials_like), inputs[:1])
+    np.testing.assert_array_equal(chunk_max, inputs[0].max(-1, keepdim=True).values.numpy())
+    np.testing.assert_array_equal(chunk_index[..., 0], inputs[0].argmax(-1).numpy())
+    positions_inputs = inputs + [torch.from_numpy(chunk_max), torch.from_numpy(chunk_index)]
+    (decisions,) = evaluate(single_node_model(onnx_nodes.VERIFY_POSITIONS, positions_inputs, [decisions_like]), positions_inputs)
     commit_inputs = [torch.from_numpy(decisions), inputs[1], inputs[7], stop_ids]
     (result,) = evaluate(single_node_model(onnx_nodes.VERIFY_COMMIT, commit_inputs, [expected]), commit_inputs)
     np.testing.assert_array_equal(result, expected.numpy())
     assert result[:, 0].max() > 0
+
+
+def test_verify_partials_node_splits_the_vocabulary_like_the_kernel():
+    from trtllm_dflash.plugins.kernels import launch
+
+    g = torch.Generator().manual_seed(3)
+    vocab = 2 * launch.VERIFY_CHUNK_V + 808  # three chunks, the last one partial; not a multiple of 16
+    logits = torch.randn(2, 2, vocab, generator=g)
+    logits[1, 0, [5, launch.VERIFY_CHUNK_V + 5]] = 9.0  # the same maximum in two chunks
+    expected = launch.verify_partials(logits)  # the interpreted kernel
+    like = [torch.zeros(2, 2, 3), torch.zeros(2, 2, 3, dtype=torch.int32)]
+    chunk_max, chunk_index = evaluate(single_node_model(onnx_nodes.VERIFY_PARTIALS, [logits], like), [logits])
+    np.testing.assert_array_equal(chunk_max, expected[0].numpy())
+    np.testing.assert_array_equal(chunk_index, expected[1].numpy())
+    assert chunk_index[1, 0].tolist()[:2] == [5, launch.VERIFY_CHUNK_V + 5]
 
 
 @pytest.mark.parametrize("kv_splits", [1, 3])
@@ -135,7 +155,8 @@ def test_torch_export_emits_plugin_nodes_that_evaluate_like_torch(monkeypatch, k
     model = program.model_proto
     plugin_nodes = [n.op_type for n in model.graph.node if n.domain == "dflash"]
     attention = ["DFlashBlockAttention"] if kv_splits == 1 else ["DFlashBlockAttentionSplit", "DFlashAttentionMerge"]
-    assert plugin_nodes == attention + ["DFlashVerifyPositions", "DFlashVerifyCommit"] * 2
+    # both verifications read the same logits: the exporter keeps one DFlashVerifyPartials for them
+    assert plugin_nodes == attention + ["DFlashVerifyPartials"] + ["DFlashVerifyPositions", "DFlashVerifyCommit"] * 2
     outputs = evaluate(model, args)
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # compare with the kernels
     expected = Step()(*[a.clone() for a in args])

@@ -101,6 +101,7 @@ def test_every_node_registers_with_its_inputs_and_typed_attributes(registered):
         "dflash::DFlashAttentionMerge": {},
         "dflash::DFlashTargetAttention": {"scale": float, "window": int, "has_sinks": int},
         "dflash::DFlashTargetAttentionSplit": {"scale": float, "window": int, "has_sinks": int, "kv_splits": int},
+        "dflash::DFlashVerifyPartials": {},
         "dflash::DFlashVerifyPositions": {"has_draft_probs": int},
         "dflash::DFlashVerifyCommit": {},
     }

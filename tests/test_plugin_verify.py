@@ -39,12 +39,12 @@ def make_block(seed, logits, runs, draft_probs=None):
     return tokens
 
 
-def compare(logits, tokens, draft_probs, temperature, top_k, top_p, seed=None, start=None, stop_ids=None, block_v=256):
+def compare(logits, tokens, draft_probs, temperature, top_k, top_p, seed=None, start=None, stop_ids=None, block_v=256, chunk_v=None):
     batch = logits.shape[0]
     seed = torch.arange(batch) * 7919 - 3 if seed is None else seed
     start = torch.arange(batch) * 13 + 5 if start is None else start
     args = (logits, tokens, draft_probs, temperature, top_k, top_p, seed, start, stop_ids)
-    decisions = launch.verify_positions(*args[:-1], block_v=block_v)
+    decisions = launch.verify_positions(*args[:-1], block_v=block_v, chunk_v=chunk_v)
     got = launch.verify_commit(decisions, tokens, start, stop_ids)
     expected = reference.verify_block_packed(*args)
     assert torch.equal(got, expected), f"kernel\n{got}\nreference\n{expected}"
@@ -165,6 +165,63 @@ def test_vocabulary_of_262k_is_processed_in_chunks():
     q = torch.softmax(torch.randn(2, 1, vocab, generator=g), -1)
     got = compare(logits, tokens, q, *params([0.0, 1.0]), block_v=4096)
     assert got[0, 0] == 1
+
+
+# ----------------------------------------------------------------------------- the vocabulary split
+
+
+@pytest.mark.parametrize("vocab,dtype", [(1000, torch.float32), (1024, torch.bfloat16), (777, torch.float16)])
+def test_chunk_maxima_are_the_reference_partials(vocab, dtype):
+    """Stage 1 alone: every chunk's maximum and first index, ties inside a chunk and across chunks."""
+    g = torch.Generator().manual_seed(8)
+    logits = (torch.randn(2, 3, vocab, generator=g) * 3).to(dtype)
+    logits[0, 0, [70, 90, 300]] = 20.0  # a tie inside the chunk [64, 128), and one in a later chunk
+    logits[1, 2, -1] = 20.0  # the maximum is the last logit, in a partial chunk
+    chunk_max, chunk_index = launch.verify_partials(logits, chunk_v=64, block_v=32)
+    expected_max, expected_index = reference.verify_partials(logits, 64)
+    assert chunk_max.shape == (2, 3, -(-vocab // 64))
+    assert torch.equal(chunk_max, expected_max) and torch.equal(chunk_index, expected_index)
+    assert chunk_index[0, 0, 1] == 70
+    first = chunk_max.argmax(-1, keepdim=True)  # the first maximal chunk holds the row's argmax
+    assert torch.equal(chunk_index.gather(-1, first).squeeze(-1).long(), logits.float().argmax(-1))
+
+
+@pytest.mark.parametrize("vocab", [1000, 1024])  # not a multiple of 16 / a multiple of 16 (aligned rows)
+def test_split_vocabulary_greedy_and_sampled_rows(vocab):
+    """Chunks of 128 logits (7 of them and a partial one): greedy ties across chunks, top-k, top-p
+    and both, rows mixed, against the reference."""
+    g = torch.Generator().manual_seed(9)
+    batch, block = 6, 4
+    logits = torch.randn(batch, block, vocab, generator=g) * 3
+    logits[0, 1, [100, 700]] = 30.0  # a greedy tie across chunks: the first index wins
+    temperature, top_k, top_p = params([0.0, 1.0, 0.8, 1.2, 0.7, 1.0], [0, 40, 0, 25, 0, 1], [1.0, 1.0, 0.85, 0.9, 1.0, 0.5])
+    q = reference.process_logits(logits[:, 1:] + torch.randn(batch, block - 1, vocab, generator=g), temperature, top_k, top_p)
+    tokens = make_block(9, logits, [2, 1, 0, 3, 1, 2])
+    got = compare(logits, tokens, q, temperature, top_k, top_p, block_v=128, chunk_v=128)
+    assert got[0, 0] == 2 and tokens[0, 2] == 100
+    compare(logits[:3], tokens[:3], None, temperature[:3], top_k[:3], top_p[:3], block_v=128, chunk_v=128)  # no draft distributions
+
+
+def test_split_vocabulary_keeps_ties_together_at_the_thresholds():
+    """Eight tied logits around every threshold, spread over several chunks of 16."""
+    batch, block, vocab = 4, 3, 100
+    logits = torch.zeros(batch, block, vocab)
+    logits[..., ::12] = 2.0  # tied tokens 0, 12, ..., 96: one per chunk of 16 or so
+    logits[..., [5, 17, 29, 41]] = torch.tensor([3.0, 1.0, 1.0, -1.0])
+    temperature, top_k, top_p = params([1.0, 1.0, 0.5, 1.0], [3, 10, 0, 5], [1.0, 1.0, 0.3, 0.6])
+    q = reference.process_logits(logits[:, 1:] + 0.5 * torch.randn(batch, block - 1, vocab), temperature, top_k, top_p)
+    tokens = torch.randint(0, vocab, (batch, block))
+    compare(logits, tokens, q, temperature, top_k, top_p, block_v=16, chunk_v=16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_split_vocabulary_half_precision(dtype):
+    g = torch.Generator().manual_seed(10)
+    vocab = 1000
+    logits = (torch.randn(3, 4, vocab, generator=g) * 3).to(dtype)
+    temperature, top_k, top_p = params([0.0, 0.8, 1.0], [0, 10, 30], [1.0, 1.0, 0.9])
+    q = reference.process_logits(logits[:, 1:].float() + torch.randn(3, 3, vocab, generator=g), temperature, top_k, top_p)
+    compare(logits, make_block(10, logits, [1, 2, 0]), q, temperature, top_k, top_p, block_v=64, chunk_v=128)
 
 
 # ----------------------------------------------------------------------------- losslessness

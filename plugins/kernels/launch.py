@@ -38,6 +38,13 @@ from trtllm_dflash.plugins.kernels.tiles import (  # noqa: F401  (re-exported: t
     target_attention_config_for_tile,
 )
 
+# Logits per program of the split argmax: 38 chunks of a 151,936 vocabulary, so batch 1 x block 16
+# launches 608 programs (4.6 per SM of an H100's 132); each reads 8 KB (bf16) in four 16-byte
+# vector loads per thread.
+VERIFY_CHUNK_V = 4 * VERIFY_BLOCK_V
+VERIFY_BLOCK_C = 64  # chunk maxima combined per step by the positions kernel
+VERIFY_ALIGN = 16  # a vocabulary that is a multiple of this starts every row 16-byte aligned
+
 
 # Grids and int32 scalars of every kernel, shared by the torch launches below and the TensorRT
 # plugins (where the sizes are symbolic shape expressions). `options` are an attention op's option
@@ -80,8 +87,21 @@ def merge_block_m(head_dim: int, tokens, group: int, dtype: str = "bfloat16") ->
     return attention_config(head_dim, tile_tokens, group, dtype).block_m
 
 
+def verify_num_chunks(vocab, chunk_v: int = VERIFY_CHUNK_V):
+    return cdiv(vocab, chunk_v)
+
+
+def verify_partials_grid(batch, block, vocab, chunk_v: int = VERIFY_CHUNK_V):
+    return (verify_num_chunks(vocab, chunk_v), block, batch)
+
+
 def verify_positions_grid(batch, block):
     return (block, batch, 1)
+
+
+def verify_vocab_divisible(vocab: int | None) -> bool:
+    """Whether rows of this vocabulary start 16-element aligned (False when unknown at build time)."""
+    return vocab is not None and vocab % VERIFY_ALIGN == 0
 
 
 def verify_commit_grid(batch):
@@ -402,6 +422,26 @@ def block_attention(
     return out
 
 
+def verify_partials(target_logits: torch.Tensor, chunk_v: int = VERIFY_CHUNK_V, block_v: int = VERIFY_BLOCK_V) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 1 of the argmax: per chunk of `chunk_v` logits, float32 `[b, B, chunks]` maxima and
+    int32 first indices of them (`reference.verify_partials`)."""
+    batch, block, vocab = target_logits.shape
+    device = target_logits.device
+    if chunk_v % block_v:
+        raise DFlashError(f"the verification chunk ({chunk_v}) must be a multiple of the tile ({block_v})")
+    chunks = verify_num_chunks(vocab, chunk_v)
+    chunk_max = torch.empty(batch, block, chunks, dtype=torch.float32, device=device)
+    chunk_index = torch.empty(batch, block, chunks, dtype=torch.int32, device=device)
+    if batch == 0 or chunks == 0:
+        return chunk_max, chunk_index
+    kernels.for_tensor_device("verify", device).verify_partials_kernel[verify_partials_grid(batch, block, vocab, chunk_v)](
+        target_logits.contiguous(), block, vocab, chunk_max, chunk_index,
+        BLOCK_V=block_v, CHUNK_V=chunk_v, VOCAB_DIVISIBLE=verify_vocab_divisible(vocab),
+        **_launch_options(device, 4, 1, fp_fusion=False),
+    )
+    return chunk_max, chunk_index
+
+
 def verify_positions(
     target_logits: torch.Tensor,
     block_tokens: torch.Tensor,
@@ -412,8 +452,10 @@ def verify_positions(
     seed: torch.Tensor,
     start: torch.Tensor,
     block_v: int = VERIFY_BLOCK_V,
+    chunk_v: int | None = None,
 ) -> torch.Tensor:
-    """The per-position kernel: int32 `[b, B, 2]` decisions (`reference.verify_positions`)."""
+    """Both stages: the split argmax, then the per-position kernel: int32 `[b, B, 2]` decisions
+    (`reference.verify_positions`). `chunk_v` (default 4 tiles) is the split's chunk size."""
     batch, block, vocab = target_logits.shape
     device = target_logits.device
     if tuple(block_tokens.shape) != (batch, block):
@@ -425,14 +467,17 @@ def verify_positions(
     decisions = torch.empty(batch, block, 2, dtype=torch.int32, device=device)
     if batch == 0:
         return decisions
+    target_logits = target_logits.contiguous()
+    chunk_max, chunk_index = verify_partials(target_logits, chunk_v or VERIFY_CHUNK_V // VERIFY_BLOCK_V * block_v, block_v)
     has_draft = draft_probs is not None and block > 1
     draft_probs = draft_probs.to(torch.float32) if has_draft else torch.zeros(1, dtype=torch.float32, device=device)
     kernels.for_tensor_device("verify", device).verify_positions_kernel[verify_positions_grid(batch, block)](
-        target_logits.contiguous(), block_tokens.to(torch.int64).contiguous(), draft_probs.contiguous(),
+        target_logits, block_tokens.to(torch.int64).contiguous(), draft_probs.contiguous(),
         temperature.to(torch.float32).contiguous(), top_k.to(torch.int64).contiguous(),
         top_p.to(torch.float32).contiguous(), seed.to(torch.int64).contiguous(), start.to(torch.int64).contiguous(),
-        block, vocab, int(has_draft), decisions,
-        BLOCK_V=block_v, **_launch_options(device, 4, 1, fp_fusion=False),
+        chunk_max, chunk_index, block, vocab, int(has_draft), chunk_max.shape[2], decisions,
+        BLOCK_V=block_v, BLOCK_C=VERIFY_BLOCK_C, VOCAB_DIVISIBLE=verify_vocab_divisible(vocab),
+        **_launch_options(device, 4, 1, fp_fusion=False),
     )
     return decisions
 
@@ -468,9 +513,10 @@ def verify_block(
     start: torch.Tensor,
     stop_ids: torch.Tensor | None = None,
     block_v: int = VERIFY_BLOCK_V,
+    chunk_v: int | None = None,
 ) -> torch.Tensor:
-    """Both verification kernels; returns the packed `[b, 5]` int64 result (`reference.VERIFY_RESULT_COLUMNS`)."""
-    decisions = verify_positions(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, block_v)
+    """The verification kernels; returns the packed `[b, 5]` int64 result (`reference.VERIFY_RESULT_COLUMNS`)."""
+    decisions = verify_positions(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, block_v, chunk_v)
     return verify_commit(decisions, block_tokens, start, stop_ids)
 
 

@@ -1,17 +1,27 @@
 """Triton kernels of the tree-free block verification plugin.
 
-Semantics: `trtllm_dflash.plugins.reference.verify_block_packed`. Two kernels:
-- `verify_positions_kernel`, one program per (block position t, sequence): the target's decision
-  at t, i.e. whether draft token t+1 is accepted, and the token to emit if the accepted run ends
-  at t (argmax for greedy rows; for sampled rows a sample of the residual max(0, p - q), or of p
-  at the last position). Positions are independent, so all B of them run in parallel.
+Semantics: `trtllm_dflash.plugins.reference.verify_block_packed`. Three kernels:
+- `verify_partials_kernel`, one program per (vocabulary chunk, block position t, sequence): the
+  chunk's maximum logit and the first index of it, so the argmax over the vocabulary is spread
+  over many programs (16 block positions at batch 1 would fill a tenth of an H100);
+- `verify_positions_kernel`, one program per (block position t, sequence): combines the chunks
+  into the argmax, then the target's decision at t, i.e. whether draft token t+1 is accepted, and
+  the token to emit if the accepted run ends at t (argmax for greedy rows; for sampled rows a
+  sample of the residual max(0, p - q), or of p at the last position). Positions are independent,
+  so all B of them run in parallel.
 - `verify_commit_kernel`, one program per sequence: the accepted count (leading accepted
   positions), the bonus token, the next start and the committed length cut at a stop token.
 
 Sampling follows the reference exactly: temperature, then top-k and top-p thresholds with ties
-kept together (found by radix selection on an order-preserving integer key of the scaled logit,
-4 bits per pass, so any vocabulary size works with a fixed tile), then the exponential race with
-uniforms from the counter RNG (`plugins/rng.py`), computed here on uint32.
+kept together (found by radix selection on an order-preserving integer key of the scaled logit, so
+any vocabulary size works with a fixed tile: top-k counts 8 bits per pass, top-p masses 4 bits per
+pass, the first top-p pass also giving the top-k mass), then the exponential race with uniforms
+from the counter RNG (`plugins/rng.py`), computed here on uint32. Divisions and exponentials that
+decide sampled tokens are IEEE-rounded (`tl.div_rn`, libdevice `expf`/`logf` when compiled), not
+the approximate instructions `/` and `tl.exp` compile to, so a GPU decides near-ties as the CPU does.
+
+`VOCAB_DIVISIBLE` (the vocabulary is a multiple of 16, as Qwen3's, Llama 3's and gpt-oss's are)
+tells the compiler that every row starts 16-element aligned, so logits stream in 16-byte vectors.
 
 Parameter order is inputs, then scalars, then outputs (TensorRT's ahead-of-time plugin convention).
 Reductions use the builtin `tl.reduce` with Triton's combine functions (see `attention.py`).
@@ -19,6 +29,7 @@ Reductions use the builtin `tl.reduce` with Triton's combine functions (see `att
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import libdevice
 
 from trtllm_dflash.plugins import rng
 
@@ -29,6 +40,50 @@ SUM = tl.standard._sum_combine
 MAX = tl.standard._elementwise_max
 MIN = tl.standard._elementwise_min
 ARGMAX = tl.standard._argmax_combine_tie_break_left  # first index of the maximum
+
+
+# ----------------------------------------------------------------------------- precise math
+# The interpreter runs numpy's float32 exp/log (it has no libdevice); compiled kernels call
+# libdevice's IEEE-accurate expf/logf instead of ex2.approx/lg2.approx. Which one is decided when
+# `kernels.load` executes this file in its interpreted or compiled form.
+
+if triton.knobs.runtime.interpret:
+
+    @triton.jit
+    def precise_exp(x):
+        return tl.exp(x)
+
+    @triton.jit
+    def precise_log(x):
+        return tl.log(x)
+
+else:
+
+    @triton.jit
+    def precise_exp(x):
+        return libdevice.exp(x)
+
+    @triton.jit
+    def precise_log(x):
+        return libdevice.log(x)
+
+
+@triton.jit
+def row_offset(position, vocab, VOCAB_DIVISIBLE: tl.constexpr):
+    """Element offset of row `position` of a `[..., vocab]` tensor, 16-aligned when the vocabulary is."""
+    offset = position * vocab
+    if VOCAB_DIVISIBLE:
+        offset = tl.multiple_of(offset, 16)
+    return offset
+
+
+@triton.jit
+def in_vocab(offs, vocab, VOCAB_DIVISIBLE: tl.constexpr):
+    """`offs < vocab`, written so that the compiler sees the mask constant over 16 elements when the
+    vocabulary is a multiple of 16 (a plain comparison with a runtime scalar splits vector loads)."""
+    if VOCAB_DIVISIBLE:
+        return (offs // 16) < (vocab // 16)
+    return offs < vocab
 
 
 # ----------------------------------------------------------------------------- counter RNG
@@ -73,25 +128,25 @@ def order_key(s):
 
 @triton.jit
 def _scaled(row_ptr, offs, ok, temperature):
-    return tl.load(row_ptr + offs, mask=ok, other=float("-inf")).to(tl.float32) / temperature
+    return tl.div_rn(tl.load(row_ptr + offs, mask=ok, other=float("-inf")).to(tl.float32), temperature)
 
 
 @triton.jit
-def _kth_largest_key(row_ptr, vocab, temperature, k, BLOCK_V: tl.constexpr):
-    """Key of the k-th largest scaled logit: top-k keeps exactly the keys >= it."""
-    bins = tl.arange(0, 16)
+def _kth_largest_key(row_ptr, vocab, temperature, k, BLOCK_V: tl.constexpr, VOCAB_DIVISIBLE: tl.constexpr):
+    """Key of the k-th largest scaled logit: top-k keeps exactly the keys >= it (4 passes of 8-bit digits)."""
+    bins = tl.arange(0, 256)
     prefix = tl.full((), 0, tl.int64)
     remaining = k.to(tl.int64)
-    for rnd in range(8):  # not unrolled: keeps the kernel small
-        shift = 28 - 4 * rnd
-        hist = tl.full([16], 0, tl.int32)
+    for rnd in range(4):  # not unrolled: keeps the kernel small
+        shift = 24 - 8 * rnd
+        hist = tl.full([256], 0, tl.int32)
         for v0 in range(0, vocab, BLOCK_V):
             offs = v0 + tl.arange(0, BLOCK_V)
-            ok = offs < vocab
+            ok = in_vocab(offs, vocab, VOCAB_DIVISIBLE)
             key = order_key(_scaled(row_ptr, offs, ok, temperature))
-            match = ok & ((key >> (shift + 4)) == (prefix >> (shift + 4)))
-            hist += tl.histogram(((key >> shift) & 15).to(tl.int32), 16, mask=match)
-        at_least = tl.reduce(tl.where(bins[None, :] >= bins[:, None], hist[None, :], 0), 1, SUM)
+            match = ok & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
+            hist += tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=match)
+        at_least = tl.associative_scan(hist, 0, SUM, reverse=True)  # keys in bins >= d
         digit = tl.reduce((at_least >= remaining).to(tl.int32), 0, SUM) - 1
         remaining -= tl.reduce(tl.where(bins > digit, hist, 0), 0, SUM).to(tl.int64)
         prefix = prefix | (digit.to(tl.int64) << shift)
@@ -99,55 +154,111 @@ def _kth_largest_key(row_ptr, vocab, temperature, k, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _kept_mass(row_ptr, vocab, temperature, row_max, threshold, divisor, BLOCK_V: tl.constexpr):
+def _kept_mass(row_ptr, vocab, temperature, row_max, threshold, divisor, BLOCK_V: tl.constexpr, VOCAB_DIVISIBLE: tl.constexpr):
     """Sum over keys >= threshold of exp(s - max) / divisor (the softmax normaliser, or the top-p mass)."""
     total = tl.full([BLOCK_V], 0.0, tl.float32)
     for v0 in range(0, vocab, BLOCK_V):
         offs = v0 + tl.arange(0, BLOCK_V)
-        ok = offs < vocab
+        ok = in_vocab(offs, vocab, VOCAB_DIVISIBLE)
         s = _scaled(row_ptr, offs, ok, temperature)
-        e = tl.exp(s - row_max) / divisor
+        e = tl.div_rn(precise_exp(s - row_max), divisor)
         total += tl.where(ok & (order_key(s) >= threshold), e, 0.0)
     return tl.reduce(total, 0, SUM)
 
 
 @triton.jit
-def _top_p_key(row_ptr, vocab, temperature, row_max, z_k, top_k_key, top_p, BLOCK_V: tl.constexpr):
-    """Smallest kept key of top-p: the key where the mass from the top first reaches top_p."""
+def _mass_histogram(row_ptr, vocab, temperature, row_max, top_k_key, prefix, shift, BLOCK_V: tl.constexpr, VOCAB_DIVISIBLE: tl.constexpr):
+    """exp(s - max) summed per 4-bit digit at `shift`, over keys >= top_k_key matching `prefix` above it."""
     bins = tl.arange(0, 16)
+    weight = tl.full([16], 0.0, tl.float32)
+    for v0 in range(0, vocab, BLOCK_V):
+        offs = v0 + tl.arange(0, BLOCK_V)
+        ok = in_vocab(offs, vocab, VOCAB_DIVISIBLE)
+        s = _scaled(row_ptr, offs, ok, temperature)
+        key = order_key(s)
+        match = ok & (key >= top_k_key) & ((key >> (shift + 4)) == (prefix >> (shift + 4)))
+        mass = tl.where(match, precise_exp(s - row_max), 0.0)
+        digit = ((key >> shift) & 15).to(tl.int32)
+        for b in tl.static_range(16):
+            weight += tl.where(bins == b, tl.reduce(tl.where(digit == b, mass, 0.0), 0, SUM), 0.0)
+    return weight
+
+
+@triton.jit
+def _top_p_key(row_ptr, vocab, temperature, row_max, top_k_key, top_p, BLOCK_V: tl.constexpr, VOCAB_DIVISIBLE: tl.constexpr):
+    """(smallest kept key of top-p, z_k, z_p): the key where the mass from the top first reaches
+    top_p of the top-k mass z_k, and the kept mass as a fraction of z_k (the top-p normaliser).
+
+    Radix selection on 4-bit digits over unnormalised masses exp(s - max): the first pass sees every
+    key >= top_k_key, so its total is z_k and no separate normaliser pass is needed; the kept mass is
+    what the passes found above the key plus the key's own bin."""
+    bins = tl.arange(0, 16)
+    weight = _mass_histogram(row_ptr, vocab, temperature, row_max, top_k_key, tl.full((), 0, tl.int64), 28, BLOCK_V, VOCAB_DIVISIBLE)
+    z_k = tl.reduce(weight, 0, SUM)
+    remaining = top_p * z_k
+    above = tl.full((), 0.0, tl.float32)
     prefix = tl.full((), 0, tl.int64)
-    remaining = top_p
     found = tl.full((), 1, tl.int32)
     for rnd in range(8):  # not unrolled: keeps the kernel small
         shift = 28 - 4 * rnd
-        weight = tl.full([16], 0.0, tl.float32)
-        for v0 in range(0, vocab, BLOCK_V):
-            offs = v0 + tl.arange(0, BLOCK_V)
-            ok = offs < vocab
-            s = _scaled(row_ptr, offs, ok, temperature)
-            key = order_key(s)
-            match = ok & (key >= top_k_key) & ((key >> (shift + 4)) == (prefix >> (shift + 4)))
-            prob = tl.exp(s - row_max) / z_k
-            hit = (((key >> shift) & 15).to(tl.int32)[:, None] == bins[None, :]) & match[:, None]
-            weight += tl.reduce(tl.where(hit, prob[:, None], 0.0), 0, SUM)
-        at_least = tl.reduce(tl.where(bins[None, :] >= bins[:, None], weight[None, :], 0.0), 1, SUM)
+        if rnd > 0:
+            weight = _mass_histogram(row_ptr, vocab, temperature, row_max, top_k_key, prefix, shift, BLOCK_V, VOCAB_DIVISIBLE)
+        at_least = tl.associative_scan(weight, 0, SUM, reverse=True)
         count = tl.reduce((at_least >= remaining).to(tl.int32), 0, SUM)
         found = found & (count > 0).to(tl.int32)
         digit = tl.maximum(count - 1, 0)
-        remaining -= tl.reduce(tl.where(bins > digit, weight, 0.0), 0, SUM)
+        greater = tl.reduce(tl.where(bins > digit, weight, 0.0), 0, SUM)
+        remaining -= greater
+        above += greater
+        if rnd == 7:
+            above += tl.reduce(tl.where(bins == digit, weight, 0.0), 0, SUM)
         prefix = prefix | (digit.to(tl.int64) << shift)
-    return tl.where(found != 0, prefix, 0)
+    kept = tl.where(found != 0, above, z_k)
+    return tl.where(found != 0, prefix, 0), z_k, tl.div_rn(kept, z_k)
 
 
 @triton.jit
 def _prob(s, row_max, threshold, z_k, z_p, use_top_p):
     """Processed probability of scaled logits `s` (reference: softmax, mask, renormalise)."""
-    p = tl.exp(s - row_max) / z_k
-    p = tl.where(use_top_p, p / z_p, p)
+    p = tl.div_rn(precise_exp(s - row_max), z_k)
+    p = tl.where(use_top_p, tl.div_rn(p, z_p), p)
     return tl.where(order_key(s) >= threshold, p, 0.0)
 
 
 # ----------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def verify_partials_kernel(
+    # inputs
+    logits_ptr,
+    # scalars
+    block,
+    vocab,
+    # outputs
+    chunk_max_ptr,
+    chunk_index_ptr,
+    # compile-time configuration
+    BLOCK_V: tl.constexpr,
+    CHUNK_V: tl.constexpr,
+    VOCAB_DIVISIBLE: tl.constexpr,
+):
+    """The maximum logit of one chunk of CHUNK_V logits and the first index of it (stage 1 of the argmax)."""
+    chunk = tl.program_id(0)
+    position = tl.program_id(2).to(tl.int64) * block + tl.program_id(1)
+    row_ptr = logits_ptr + row_offset(position, vocab, VOCAB_DIVISIBLE)
+    best = tl.full((), float("-inf"), tl.float32)
+    best_index = tl.full((), 0, tl.int32) + chunk * CHUNK_V
+    for v0 in tl.static_range(0, CHUNK_V, BLOCK_V):  # unrolled: the tiles' loads are in flight together
+        offs = chunk * CHUNK_V + v0 + tl.arange(0, BLOCK_V)
+        x = tl.load(row_ptr + offs, mask=in_vocab(offs, vocab, VOCAB_DIVISIBLE), other=float("-inf")).to(tl.float32)
+        tile_max, tile_index = tl.reduce((x, tl.arange(0, BLOCK_V)), 0, ARGMAX)
+        better = tile_max > best
+        best_index = tl.where(better, chunk * CHUNK_V + v0 + tile_index, best_index)
+        best = tl.where(better, tile_max, best)
+    chunks = (vocab + CHUNK_V - 1) // CHUNK_V
+    tl.store(chunk_max_ptr + position * chunks + chunk, best)
+    tl.store(chunk_index_ptr + position * chunks + chunk, best_index)
 
 
 @triton.jit
@@ -161,55 +272,64 @@ def verify_positions_kernel(
     top_p_ptr,
     seed_ptr,
     start_ptr,
+    chunk_max_ptr,
+    chunk_index_ptr,
     # scalars
     block,
     vocab,
     has_draft_probs,
+    num_chunks,
     # outputs
     decisions_ptr,
     # compile-time configuration
     BLOCK_V: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    VOCAB_DIVISIBLE: tl.constexpr,
 ):
     t = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
-    row_ptr = logits_ptr + (row * block + t) * vocab
+    position_index = row * block + t
+    row_ptr = logits_ptr + row_offset(position_index, vocab, VOCAB_DIVISIBLE)
     temperature = tl.load(temperature_ptr + row).to(tl.float32)
     has_draft = t < block - 1
     draft = tl.load(tokens_ptr + row * block + t + 1, mask=has_draft, other=0)
 
-    # Greedy: the first index of the maximum.
+    # Greedy: the first index of the maximum, from the chunks' maxima (the first chunk wins ties).
     best = tl.full((), float("-inf"), tl.float32)
     best_index = tl.full((), 0, tl.int32)
-    for v0 in range(0, vocab, BLOCK_V):
-        offs = v0 + tl.arange(0, BLOCK_V)
-        x = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
-        chunk_max, chunk_index = tl.reduce((x, tl.arange(0, BLOCK_V)), 0, ARGMAX)
-        better = chunk_max > best
-        best_index = tl.where(better, v0 + chunk_index, best_index)
-        best = tl.where(better, chunk_max, best)
+    for c0 in range(0, num_chunks, BLOCK_C):
+        cs = c0 + tl.arange(0, BLOCK_C)
+        ok = cs < num_chunks
+        chunk_max = tl.load(chunk_max_ptr + position_index * num_chunks + cs, mask=ok, other=float("-inf"))
+        chunk_index = tl.load(chunk_index_ptr + position_index * num_chunks + cs, mask=ok, other=0)
+        tile_max, tile_position = tl.reduce((chunk_max, tl.arange(0, BLOCK_C)), 0, ARGMAX)
+        tile_index = tl.reduce(tl.where(tl.arange(0, BLOCK_C) == tile_position, chunk_index, 0), 0, SUM)
+        better = tile_max > best
+        best_index = tl.where(better, tile_index, best_index)
+        best = tl.where(better, tile_max, best)
     accept = (has_draft & (draft == best_index)).to(tl.int32)
     emit = best_index
 
     if temperature > 0:
-        row_max = best / temperature
+        row_max = tl.div_rn(best, temperature)
         top_k = tl.load(top_k_ptr + row).to(tl.int64)
         top_p = tl.load(top_p_ptr + row).to(tl.float32)
         threshold = tl.full((), 0, tl.int64)
         if (top_k > 0) & (top_k < vocab):
-            threshold = _kth_largest_key(row_ptr, vocab, temperature, top_k, BLOCK_V)
-        z_k = _kept_mass(row_ptr, vocab, temperature, row_max, threshold, 1.0, BLOCK_V)
+            threshold = _kth_largest_key(row_ptr, vocab, temperature, top_k, BLOCK_V, VOCAB_DIVISIBLE)
         use_top_p = top_p < 1.0
         z_p = tl.full((), 1.0, tl.float32)
         if use_top_p:
-            top_p_key = _top_p_key(row_ptr, vocab, temperature, row_max, z_k, threshold, top_p, BLOCK_V)
+            top_p_key, z_k, z_p = _top_p_key(row_ptr, vocab, temperature, row_max, threshold, top_p, BLOCK_V, VOCAB_DIVISIBLE)
             threshold = tl.maximum(threshold, top_p_key)
-            z_p = _kept_mass(row_ptr, vocab, temperature, row_max, threshold, z_k, BLOCK_V)
+        else:
+            z_k = _kept_mass(row_ptr, vocab, temperature, row_max, threshold, 1.0, BLOCK_V, VOCAB_DIVISIBLE)
 
         # Accept draft token t+1 with probability min(1, p/q): u * q < p.
         use_q = (has_draft.to(tl.int32) * has_draft_probs) != 0
         q_len = tl.where(use_q, vocab, 0)  # masks as `offs < q_len`: the interpreter turns bool & bool into int32
-        draft_q_ptr = draft_probs_ptr + (row * (block - 1) + t) * vocab
-        p_draft = _prob(tl.load(row_ptr + draft).to(tl.float32) / temperature, row_max, threshold, z_k, z_p, use_top_p)
+        draft_q_ptr = draft_probs_ptr + row_offset(row * (block - 1) + t, vocab, VOCAB_DIVISIBLE)
+        p_draft = _prob(tl.div_rn(tl.load(row_ptr + draft).to(tl.float32), temperature), row_max, threshold, z_k, z_p, use_top_p)
         q_draft = tl.load(draft_q_ptr + draft, mask=use_q, other=0.0).to(tl.float32)
         seed = tl.load(seed_ptr + row)
         position = tl.load(start_ptr + row) + t + 1
@@ -226,18 +346,18 @@ def verify_positions_kernel(
         mass = tl.full([BLOCK_V], 0.0, tl.float32)
         for v0 in range(0, vocab, BLOCK_V):
             offs = v0 + tl.arange(0, BLOCK_V)
-            ok = offs < vocab
+            ok = in_vocab(offs, vocab, VOCAB_DIVISIBLE)
             prob = tl.where(ok, _prob(_scaled(row_ptr, offs, ok, temperature), row_max, threshold, z_k, z_p, use_top_p), 0.0)
-            exponential = -tl.log(uniform_from_key(bonus_key, offs))
-            race = tl.where(ok, prob / exponential, -1.0)
+            exponential = -precise_log(uniform_from_key(bonus_key, offs))
+            race = tl.where(ok, tl.div_rn(prob, exponential), -1.0)
             chunk_best, chunk_index = tl.reduce((race, tl.arange(0, BLOCK_V)), 0, ARGMAX)
             better = chunk_best > best_p
             index_p = tl.where(better, v0 + chunk_index, index_p)
             best_p = tl.where(better, chunk_best, best_p)
-            q = tl.load(draft_q_ptr + offs, mask=offs < q_len, other=0.0).to(tl.float32)
+            q = tl.load(draft_q_ptr + offs, mask=in_vocab(offs, q_len, VOCAB_DIVISIBLE), other=0.0).to(tl.float32)
             residual = tl.maximum(prob - q, 0.0)
             mass += residual
-            race = tl.where(ok, residual / exponential, -1.0)
+            race = tl.where(ok, tl.div_rn(residual, exponential), -1.0)
             chunk_best, chunk_index = tl.reduce((race, tl.arange(0, BLOCK_V)), 0, ARGMAX)
             better = chunk_best > best_r
             index_r = tl.where(better, v0 + chunk_index, index_r)
