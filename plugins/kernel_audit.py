@@ -32,11 +32,22 @@ from trtllm_dflash.plugins.aot_compile import Arch, CompiledKernel, _ptxas_path,
 from trtllm_dflash.plugins.aot_variants import KernelVariant, kernel_variants
 from trtllm_dflash.plugins.kernels import launch
 
-# Kernels that read global memory too little for its width to matter: the commit kernel reads at
-# most 16 decisions and 16 tokens per row (<= 256 bytes), one program per sequence.
-STREAMING_EXEMPT = {"verify_commit_kernel": "reads <= 256 bytes per row; latency-bound, not bandwidth-bound"}
+# Kernels exempt from the 16-byte-load check, and why: the commit kernel reads at most 16 decisions
+# and 16 tokens per row; a vocabulary that is not a multiple of 16 leaves the logits rows unaligned.
+STREAMING_EXEMPT = {
+    "verify_commit_kernel": "reads <= 256 bytes per row: latency-bound, not bandwidth-bound",
+    "VOCAB_DIVISIBLE=False": "vocabulary not a multiple of 16: its logits rows are not 16-byte aligned",
+}
 SIXTEEN_BIT = ("fp16", "bf16")
-# Data dtypes of a variant: its first pointer parameter (queries, partial outputs or logits).
+
+
+def streaming_exemption(variant: KernelVariant) -> str:
+    """Why this variant need not read 16 bytes at a time ("" when it must)."""
+    if variant.function in STREAMING_EXEMPT:
+        return STREAMING_EXEMPT[variant.function]
+    if dict(variant.constexprs).get("VOCAB_DIVISIBLE") is False:
+        return STREAMING_EXEMPT["VOCAB_DIVISIBLE=False"]
+    return ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +70,7 @@ class KernelReport:
     vector_loads_16b: int  # ld.global of 16 bytes per thread
     cp_async_16b: int  # cp.async copies of 16 bytes
     narrow_loads: int  # ld.global of fewer than 4 bytes per thread
+    exempt: str = ""  # why the 16-byte-load check does not apply (`streaming_exemption`)
 
     @property
     def sixteen_bit(self) -> bool:
@@ -71,7 +83,7 @@ class KernelReport:
             found.append(f"{self.shared} B of shared memory > {self.shared_limit} B")
         if self.sixteen_bit and (self.spill_stores or self.spill_loads):
             found.append(f"spills {self.spill_stores} B stores / {self.spill_loads} B loads")
-        if self.function not in STREAMING_EXEMPT:
+        if not self.exempt:
             if self.vector_loads_16b + self.cp_async_16b == 0:
                 found.append("no 16-byte vector load or cp.async")
             if self.narrow_loads:
@@ -136,7 +148,7 @@ def report(kernel: CompiledKernel, path: str) -> KernelReport:
         shared=kernel.shared, shared_limit=shared_limit(kernel.arch, path),
         registers=int(registers.group(1)) if registers else 0, spill_stores=spill_stores, spill_loads=spill_loads,
         vector_loads_16b=sum(1 for w in widths if w == 16), cp_async_16b=len(_CP_ASYNC_16.findall(kernel.ptx)),
-        narrow_loads=sum(1 for w in widths if w < 4),
+        narrow_loads=sum(1 for w in widths if w < 4), exempt=streaming_exemption(variant),
     )
 
 

@@ -108,14 +108,19 @@ def verify_commit_grid(batch):
     return (batch, 1, 1)
 
 
-def default_kv_splits(batch: int, num_kv_heads: int, m_tiles: int, capacity: int, device: torch.device) -> int:
-    """Enough programs to fill the GPU twice over, but at least 512 keys per split."""
-    if device.type != "cuda":
-        return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+def drafter_kv_splits(batch: int, num_kv_heads: int, m_tiles: int, capacity: int, sms: int) -> int:
+    """KV splits of a drafter block-attention launch: enough programs to fill `sms` SMs twice over,
+    but at least 512 keys per split."""
     programs = max(batch * num_kv_heads * m_tiles, 1)
     wanted = cdiv(2 * sms, programs)
     return int(max(1, min(wanted, cdiv(capacity, 512), 64)))
+
+
+def default_kv_splits(batch: int, num_kv_heads: int, m_tiles: int, capacity: int, device: torch.device) -> int:
+    """`drafter_kv_splits` for this device (1 off CUDA)."""
+    if device.type != "cuda":
+        return 1
+    return drafter_kv_splits(batch, num_kv_heads, m_tiles, capacity, torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 # each split writes, and the merge reads, T*g*Dv fp32 partials: at a Qwen3-8B verify step 512 keys
@@ -298,6 +303,14 @@ TARGET_ATTENTION_BENCH_SHAPES = tuple(
     for batch in (1, 8, 64)
     for context in (1024, 8192)
 )
+
+
+def block_attention_bytes(batch: int, block: int, heads: int, kv_heads: int, head_dim: int, context: int, new_rows: int, act_bytes: int = 2) -> int:
+    """Minimum HBM bytes of one drafter block-attention layer per step: the context K/V read, the
+    block's K/V and queries read, the outputs and the appended context rows written."""
+    return act_bytes * batch * (
+        2 * context * kv_heads * head_dim + 2 * block * kv_heads * head_dim + 2 * block * heads * head_dim + 2 * new_rows * kv_heads * head_dim
+    )
 
 
 def target_attention_bytes(

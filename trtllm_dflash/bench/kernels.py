@@ -188,12 +188,7 @@ def bench_attention(shape: AttentionShape, bandwidth: float) -> AttentionResult:
 
     torch.testing.assert_close(ours().float(), sdpa().transpose(1, 2).float(), atol=3e-2, rtol=3e-2)
     # bytes that must move: context K/V read, block K/V + queries read, outputs + appended rows written
-    floor_bytes = size * (
-        2 * s.batch * s.context * s.kv_heads * s.head_dim
-        + 2 * s.batch * s.block * s.kv_heads * s.head_dim
-        + 2 * s.batch * s.block * s.heads * s.head_dim
-        + 2 * s.batch * s.new_rows * s.kv_heads * s.head_dim
-    )
+    floor_bytes = launch.block_attention_bytes(s.batch, s.block, s.heads, s.kv_heads, s.head_dim, s.context, s.new_rows, size)
     ms_ours, ms_sdpa = _median_ms(ours), _median_ms(sdpa)
     group = s.heads // s.kv_heads
     m_tiles = launch.attention_config(s.head_dim, s.block, group).m_tiles(s.block, group)
