@@ -221,7 +221,9 @@ def test_bad_shapes_are_clear_errors():
 
 def test_launch_plan_of_a_qwen3_8b_verify_step():
     config = launch.target_attention_config(128, 128, 16, 4)
-    assert (config.block_m, config.block_n, config.num_warps) == (64, 64, 8)
+    # the 64 x 128 query tile; 32-key tiles keep it within an engine launch's 48 KiB of shared memory
+    assert (config.block_m, config.block_n, config.num_warps, config.num_stages) == (64, 32, 8, 1)
+    assert launch.tile_shared_bytes(64, 32, 128, 128, 2, 1, 1) <= launch.ENGINE_SHARED_BUDGET
     assert launch.target_attention_grid(8, 16, 8, 4, config.block_m) == (1, 8, 8)
     tokens, capacity, kv_heads, group, window, scale_bits = launch.target_attention_scalars(16, 8192, 8, 4, dict(window=0, scale=128**-0.5))
     assert (tokens, capacity, kv_heads, group, window) == (16, 8192, 8, 4, 0)

@@ -25,6 +25,7 @@ from trtllm_dflash.plugins.kernels.tiles import (  # noqa: F401  (re-exported: t
     cdiv,
     ENGINE_SHARED_BUDGET,
     FLOAT32_SHARED_BUDGET,
+    MAX_REGISTERS,
     DTYPE_BYTES,
     dtype_name,
     shared_budget_for,
@@ -537,4 +538,4 @@ def _launch_options(device: torch.device, num_warps: int, num_stages: int, fp_fu
     """Compile options for GPU launches (the interpreter takes none)."""
     if device.type != "cuda":
         return {}
-    return dict(num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=fp_fusion)
+    return dict(num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=fp_fusion, maxnreg=MAX_REGISTERS)

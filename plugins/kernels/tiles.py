@@ -37,6 +37,12 @@ def cdiv(a, b):
 ENGINE_SHARED_BUDGET = 48 * 1024
 FLOAT32_SHARED_BUDGET = 99 * 1024
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+# Triton's own barriers and scratch in shared memory (up to 544 bytes seen on sm_100a), kept out of
+# the tiles' share of the budget.
+SHARED_SLACK = 1024
+# Registers per thread a kernel may use (PTX `.maxnreg`). Left alone, ptxas caps some 8-warp kernels
+# at 128 and spills 4-16 bytes (float8 caches, attention sinks); 255 lets them keep their 130-160.
+MAX_REGISTERS = 255
 
 
 def dtype_name(dtype) -> str:
@@ -58,7 +64,7 @@ def tile_shared_bytes(block_m: int, block_n: int, head_dim_k: int, head_dim_v: i
     reused)."""
     kv_tile = block_n * (head_dim_k + head_dim_v)
     operands = element_bytes * (block_m * head_dim_k + max(num_stages, 1) * streams * kv_tile)
-    return max(operands, 4 * block_m * head_dim_v)
+    return max(operands, 4 * block_m * head_dim_v) + SHARED_SLACK
 
 
 def fit_tiles(head_dim_k: int, head_dim_v: int, block_m: int, dtype: str, shared_budget: int | None, streams: int) -> tuple[int, int, int, int]:
@@ -75,6 +81,8 @@ def fit_tiles(head_dim_k: int, head_dim_v: int, block_m: int, dtype: str, shared
     num_stages = 2 if element_bytes <= 2 else 1
     if element_bytes == 4:
         block_m = min(block_m, max(16, 2048 // head_dim_k))
+    if streams == 2 and head_dim_k >= 256:  # the drafter's 32 x 256 tile spills ~300 bytes even at 255 registers
+        block_m = 16
     while tile_shared_bytes(block_m, block_n, head_dim_k, head_dim_v, element_bytes, num_stages, streams) > budget:
         if num_stages > 1:
             num_stages -= 1
