@@ -25,6 +25,7 @@ from trtllm_dflash.extras import require
 from trtllm_dflash.plugins import aot_compile, kernels, rng
 from trtllm_dflash.plugins.aot_compile import MIN_TENSORRT, Arch, CompiledKernel, compile_kernel
 from trtllm_dflash.plugins.aot_variants import KernelVariant, kernel_variants
+from trtllm_dflash.plugins.kernels import launch
 
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trtllm-dflash" / "kernels"
@@ -49,6 +50,7 @@ def cache_key(variant: KernelVariant, arch: Arch, triton_version: str) -> str:
         "function": variant.function, "signature": variant.signature, "constexprs": variant.constexprs,
         "attrs": sorted(variant.compile_attrs().items()),
         "num_warps": variant.num_warps, "num_stages": variant.num_stages, "fp_fusion": variant.enable_fp_fusion,
+        "maxnreg": launch.MAX_REGISTERS,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 

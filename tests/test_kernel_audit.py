@@ -106,3 +106,10 @@ def test_load_widths_read_ptx_vector_and_scalar_loads():
     """
     assert kernel_audit.load_widths(ptx) == [16, 16, 2, 8]
     assert len(kernel_audit._CP_ASYNC_16.findall(ptx)) == 1
+
+
+def test_audit_command_refuses_an_unknown_path_or_arch_in_one_line(run_main):
+    code, _, err = run_main("plugins", "audit", "--path", "both")
+    assert code == 2 and err.strip().splitlines() == ["error: --path 'both' is not a launch path; use aot or jit"]
+    code, _, err = run_main("plugins", "audit", "--arch", "sm_75")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "unknown GPU architecture 'sm_75'" in err
