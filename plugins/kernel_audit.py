@@ -32,12 +32,9 @@ from trtllm_dflash.plugins.aot_compile import Arch, CompiledKernel, _ptxas_path,
 from trtllm_dflash.plugins.aot_variants import KernelVariant, kernel_variants
 from trtllm_dflash.plugins.kernels import launch
 
-# Kernels exempt from the 16-byte-load check, and why: the commit kernel reads at most 16 decisions
-# and 16 tokens per row; a vocabulary that is not a multiple of 16 leaves the logits rows unaligned.
-STREAMING_EXEMPT = {
-    "verify_commit_kernel": "reads <= 256 bytes per row: latency-bound, not bandwidth-bound",
-    "VOCAB_DIVISIBLE=False": "vocabulary not a multiple of 16: its logits rows are not 16-byte aligned",
-}
+# Variants exempt from the 16-byte-load check, and why.
+SMALL_READS = "reads <= 256 bytes per row: latency-bound, not bandwidth-bound"  # the commit kernel
+UNALIGNED_ROWS = "vocabulary not a multiple of 16: its logits rows are not 16-byte aligned"
 SIXTEEN_BIT = ("fp16", "bf16")
 # Narrow loads a streaming kernel may keep: single gathered elements (the draft token's logit).
 MAX_GATHERS = 2
@@ -45,10 +42,10 @@ MAX_GATHERS = 2
 
 def streaming_exemption(variant: KernelVariant) -> str:
     """Why this variant need not read 16 bytes at a time ("" when it must)."""
-    if variant.function in STREAMING_EXEMPT:
-        return STREAMING_EXEMPT[variant.function]
+    if variant.function == "verify_commit_kernel":
+        return SMALL_READS
     if dict(variant.constexprs).get("VOCAB_DIVISIBLE") is False:
-        return STREAMING_EXEMPT["VOCAB_DIVISIBLE=False"]
+        return UNALIGNED_ROWS
     return ""
 
 

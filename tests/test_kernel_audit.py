@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("triton")
 
 from trtllm_dflash.plugins import aot, kernel_audit  # noqa: E402
+from trtllm_dflash.plugins.aot_variants import TORCH_TO_TRITON  # noqa: E402
 from trtllm_dflash.plugins.kernels import launch  # noqa: E402
 
 ARCHES = ("sm_90a", "sm_100a")
@@ -44,22 +45,17 @@ def test_every_variant_fits_and_streams_on_hopper_and_blackwell(kernel_audit_rep
 def test_the_tile_estimate_bounds_what_the_compiler_allocates(kernel_audit_reports):
     """`launch.tile_shared_bytes` sizes the tiles before anything is compiled: it must never be below
     the compiler's figure, or a tile chosen to fit could overflow."""
+    variants = {(arch, v.label): v for arch in ARCHES for v in kernel_audit.jit_variants(aot.ARCHES[arch])}
+    torch_dtype = {triton: torch for torch, triton in TORCH_TO_TRITON.items()}
     for r in kernel_audit_reports:
         if r.function not in ("block_attention_kernel", "block_attention_split_kernel", "target_attention_kernel", "target_attention_split_kernel"):
             continue
-        c = dict(_variant(r).constexprs)
-        dtype = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[r.data_dtype]
+        c = dict(variants[(r.arch, r.label)].constexprs)
+        dtype = torch_dtype[r.data_dtype]
         dk, dv = c.get("HEAD_DIM_K", c.get("HEAD_DIM")), c.get("HEAD_DIM_V", c.get("HEAD_DIM"))
         streams = 2 if r.function.startswith("block") else 1
         estimate = launch.tile_shared_bytes(c["BLOCK_M"], c["BLOCK_N"], dk, dv, launch.DTYPE_BYTES[dtype], r.num_stages, streams)
         assert r.shared <= estimate, f"{r.arch} {r.label}: compiler {r.shared} B > estimate {estimate} B"
-
-
-def _variant(report: kernel_audit.KernelReport):
-    for variant in kernel_audit.jit_variants(aot.ARCHES[report.arch]):
-        if variant.label == report.label:
-            return variant
-    raise AssertionError(report.label)
 
 
 def test_the_audit_fails_kernels_compiled_without_alignment_hints(monkeypatch):
