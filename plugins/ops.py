@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from trtllm_dflash.plugins import custom_ops, reference
+from trtllm_dflash.plugins import custom_ops, reference, reference_dflash2
 from trtllm_dflash.plugins.attention_options import BLOCK_ATTENTION, TARGET_ATTENTION
 
 
@@ -91,3 +91,25 @@ def verify_block_packed(
     if custom_ops.kernels_enabled(target_logits.device):
         return torch.ops.dflash.verify_block(*args)
     return reference.verify_block_packed(*args)
+
+
+def grouped_dynamic_conv(
+    x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, residual: torch.Tensor | None = None
+) -> torch.Tensor:
+    """DFlash V2's grouped dynamic causal convolution along a block; see `reference_dflash2`."""
+    return reference_dflash2.grouped_dynamic_conv(x, delta, base, residual)
+
+
+def candidate_select(
+    unary: torch.Tensor,
+    z: torch.Tensor,
+    anchor: torch.Tensor,
+    predecessor: torch.Tensor,
+    successor: torch.Tensor,
+    temperature: torch.Tensor,
+    seed: torch.Tensor,
+    positions: torch.Tensor,
+    top_k: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DFlash V2's candidate selector walk: (tokens, candidate ids, candidate q); see `reference_dflash2`."""
+    return reference_dflash2.candidate_select(unary, z, anchor, predecessor, successor, temperature, seed, positions, top_k)
