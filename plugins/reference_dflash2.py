@@ -5,8 +5,8 @@ plugins are checked against them.
 
 - Grouped dynamic causal convolution along a draft block (t = 0 is the anchor; taps never cross
   the block): `out[t, c] = sum_{k<K} [t-k >= 0] (base[k, c] + delta[t, k, c // group]) * x[t-k, c]`,
-  computed in float32. With `residual`, the output is `residual + conv` in float32 (the V2
-  drafter keeps its residual stream in float32); otherwise it is cast to `x`'s dtype.
+  computed in float32 (float64 for float64 inputs). With `residual`, the output is `residual + conv`
+  in that precision (the V2 drafter keeps its residual stream in float32); otherwise it is cast to `x`'s dtype.
 - Candidate selector: at each draft position the `top_k` largest unary logits are the
   candidates (ties to the smaller id); the walk starts at the anchor and scores each candidate
   c as `unary[c] + <successor[c], predecessor[prev] * z_t>`, where prev is the previous pick.
@@ -31,21 +31,22 @@ def grouped_dynamic_conv(
     kernel_size, hidden = base.shape
     groups = delta.shape[-1]
     group = hidden // groups
-    x32 = x.float()
+    accumulate = torch.promote_types(x.dtype, torch.float32)  # float32 (float64 models stay float64)
+    x32 = x.to(accumulate)
     # [.., T, K, H]: the dynamic part repeated over each group's channels, plus the base
-    coefficients = base.float() + delta.float().repeat_interleave(group, dim=-1)
+    coefficients = base.to(accumulate) + delta.to(accumulate).repeat_interleave(group, dim=-1)
     out = torch.zeros_like(x32)
     steps = x.shape[-2]
     for k in range(min(kernel_size, steps)):
         out[..., k:, :] += coefficients[..., k:, k, :] * x32[..., : steps - k, :]
     if residual is not None:
-        return residual.float() + out
+        return residual.to(accumulate) + out
     return out.to(x.dtype)
 
 
 def candidates(unary: torch.Tensor, top_k: int) -> torch.Tensor:
     """Token ids of the `top_k` largest logits of `unary [..., V]`, best first, ties to the smaller id."""
-    order = torch.sort(unary.float(), dim=-1, descending=True, stable=True).indices
+    order = torch.sort(unary.to(torch.promote_types(unary.dtype, torch.float32)), dim=-1, descending=True, stable=True).indices
     return order[..., : min(top_k, unary.shape[-1])]
 
 
@@ -70,18 +71,19 @@ def candidate_select(
     """
     steps = unary.shape[1]
     cand = candidates(unary, top_k)  # [b, T, k]
-    cand_unary = unary.float().gather(-1, cand)
-    cand_successor = successor.float()[cand]  # [b, T, k, R]
+    accumulate = torch.promote_types(unary.dtype, torch.float32)  # float32 (float64 models stay float64)
+    cand_unary = unary.to(accumulate).gather(-1, cand)
+    cand_successor = successor.to(accumulate)[cand]  # [b, T, k, R]
     greedy = temperature <= 0
-    safe_t = torch.where(greedy, torch.ones_like(temperature), temperature).float().view(-1, 1)
+    safe_t = torch.where(greedy, torch.ones_like(temperature), temperature).to(accumulate).view(-1, 1)
     prev = anchor.long()
     tokens, probs = [], []
     for t in range(steps):
-        u = predecessor.float()[prev] * z[:, t].float()  # [b, R]
+        u = predecessor.to(accumulate)[prev] * z[:, t].to(accumulate)  # [b, R]
         score = cand_unary[:, t] + (cand_successor[:, t] * u.unsqueeze(1)).sum(-1)  # [b, k]
         best = score.max(dim=-1, keepdim=True).values
         greedy_pick = torch.where(score == best, cand[:, t], unary.shape[-1]).min(dim=-1).values
-        q = torch.softmax(score / safe_t, dim=-1)
+        q = torch.softmax(score / safe_t, dim=-1).float()
         key = rng.counter_key(seed, positions[:, t], rng.STREAM_DRAFT)
         race = q / -torch.log(rng.uniform_from_key(key.view(-1, 1), cand[:, t]))
         sampled_pick = cand[:, t].gather(-1, race.argmax(dim=-1, keepdim=True)).squeeze(-1)

@@ -208,13 +208,23 @@ def test_modelopt_options_we_cannot_run_are_refused(tmp_path, trained_pair, opti
 # ----------------------------------------------------------------------------- z-lab variants
 
 
-def test_dflash2_is_refused_naming_what_is_supported(tmp_path, tiny_qwen3, tiny_qwen3_drafter):
+def test_a_v2_config_over_v1_weights_names_the_missing_v2_tensors(tmp_path, tiny_qwen3, tiny_qwen3_drafter):
     drafter_dir = _copy(tiny_qwen3_drafter, tmp_path / "dflash2")
     config = _config(drafter_dir)
     config["architectures"] = ["DFlash2DraftModel"]
     config["dflash_config"].update({"conv_kernel_size": 2, "selector_top_k": 16})
     _write(drafter_dir, config)
-    with pytest.raises(CheckpointError, match="DFlash V2.*not supported yet.*DFlashDraftModel") as info:
+    with pytest.raises(CheckpointError, match="is missing .* tensor.*(_conv|candidate_selector)") as info:
+        load_drafter(drafter_dir, target=load_target(tiny_qwen3))
+    assert "\n" not in str(info.value)
+
+
+def test_speculators_dflash2_is_refused_naming_the_supported_layout(tmp_path, tiny_qwen3, tiny_qwen3_drafter):
+    drafter_dir = _copy(tiny_qwen3_drafter, tmp_path / "speculators-dflash2")
+    config = _config(drafter_dir)
+    config["speculators_config"] = {"algorithm": "dflash2"}
+    _write(drafter_dir, config)
+    with pytest.raises(CheckpointError, match="Speculators 'dflash2'.*DFlash2DraftModel layout") as info:
         load_drafter(drafter_dir, target=load_target(tiny_qwen3))
     assert "\n" not in str(info.value)
 

@@ -26,6 +26,7 @@ from trtllm_dflash import hf_compat
 from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.modeling import linear_attention
+from trtllm_dflash.runtime.base import Runtime
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 from trtllm_dflash.testing import (
     FAMILIES,
@@ -54,6 +55,10 @@ class OracleDrafts:
 
     def __getattr__(self, name):
         return getattr(self.runtime, name)
+
+    def propose(self, *args):
+        """The V1 head over this wrapper's draft logits (not the wrapped runtime's)."""
+        return Runtime.propose(self, *args)
 
     def draft_forward(self, rows, block, ctx_features, new_counts, cache_lens):
         logits = self.runtime.draft_forward(rows, block, ctx_features, new_counts, cache_lens).clone()

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import CheckpointError, CompatibilityError
+from trtllm_dflash.modeling.dflash2 import DFlash2Drafter
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
@@ -222,10 +223,11 @@ def load_drafter(
     elif config.block_size < 2:
         raise CompatibilityError(f"drafter block_size is {config.block_size}", "DFlash needs a block size >= 2")
     state = _normalize_drafter_state(read_drafter_weights(path), path)
-    drafter = DFlashDrafter(config)
+    drafter = new_drafter(config, _drafter_vocab(config, target, state))
     drafter.attach_own_weights(state.get("lm_head.weight"), state.get("embed_tokens.weight"))
     if target is not None:
         _check_own_weights(drafter, target.config)
+        _check_codebooks(state, target.config)
     expected = drafter.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -235,9 +237,12 @@ def load_drafter(
             "check that num_hidden_layers and target_layer_ids in config.json match the weights",
         )
     if unexpected:
+        v2 = any(name.startswith(V2_TENSOR_PREFIXES) or "_conv." in name for name in unexpected) and not config.is_v2
         raise CheckpointError(
             f"drafter {path} has {len(unexpected)} unexpected tensor(s), e.g. {', '.join(unexpected[:3])}",
-            "use a z-lab DFlash layout (layers.N.*, fc, hidden_norm, norm) or fix num_hidden_layers in config.json",
+            "these are DFlash V2 tensors: set architectures to [\"DFlash2DraftModel\"] in config.json"
+            if v2
+            else "use a z-lab DFlash layout (layers.N.*, fc, hidden_norm, norm) or fix num_hidden_layers in config.json",
         )
     for name, tensor in state.items():
         if tuple(tensor.shape) != tuple(expected[name].shape):
@@ -250,6 +255,30 @@ def load_drafter(
         dtype = dtype or next(target.model.parameters()).dtype
         device = next(target.model.parameters()).device
     return drafter.to(device=device, dtype=dtype or torch.float32).eval()
+
+
+V2_TENSOR_PREFIXES = ("candidate_selector.",)
+
+
+def new_drafter(config: DrafterConfig, vocab_size: int | None = None) -> DFlashDrafter:
+    """An initialised drafter of the config's kind (V2 needs the vocabulary for its codebooks)."""
+    if config.is_v2:
+        if vocab_size is None:
+            raise CheckpointError("a DFlash V2 drafter needs its vocabulary size", "set vocab_size in the drafter's config.json")
+        return DFlash2Drafter(config, vocab_size)
+    return DFlashDrafter(config)
+
+
+def _drafter_vocab(config: DrafterConfig, target: Target | None, state: dict[str, torch.Tensor]) -> int | None:
+    """The vocabulary of a V2 drafter's codebooks: the config's, else the target's, else the weights'."""
+    if not config.is_v2:
+        return None
+    if config.vocab_size is not None:
+        return config.vocab_size
+    if target is not None:
+        return int(target.config.vocab_size)
+    codebook = state.get("candidate_selector.predecessor_codebook")
+    return None if codebook is None else int(codebook.shape[0])
 
 
 def resolve_mask_token(path: Path, target: Target | None) -> int:
@@ -344,6 +373,17 @@ def _check_own_weights(drafter: DFlashDrafter, target_config) -> None:
             raise CompatibilityError(
                 f"drafter's own {name} has {rows} rows, the target vocabulary has {vocab} tokens",
                 "use the drafter trained for this target's tokenizer",
+            )
+
+
+def _check_codebooks(state: dict[str, torch.Tensor], target_config) -> None:
+    """A V2 drafter's selector codebooks have one row per target token."""
+    vocab = int(target_config.vocab_size)
+    for name in ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook"):
+        if name in state and state[name].shape[0] != vocab:
+            raise CompatibilityError(
+                f"drafter's {name} has {state[name].shape[0]} rows, the target vocabulary has {vocab} tokens",
+                "use the DFlash V2 drafter trained for this target's tokenizer",
             )
 
 

@@ -18,7 +18,14 @@ SLIDING_ATTENTION = "sliding_attention"
 # Window that turns a full layer causal without bounding it (`causal: true` exports): a sliding
 # window longer than any context is exactly causal attention.
 CAUSAL_WINDOW = 1 << 30
-SUPPORTED_FORMATS = "DFlash V1 drafters (DFlashDraftModel) in the z-lab, ModelOpt or Speculators layout"
+SUPPORTED_FORMATS = (
+    "DFlash V1 drafters (DFlashDraftModel) in the z-lab, ModelOpt or Speculators layout, "
+    "and DFlash V2 drafters (DFlash2DraftModel)"
+)
+V2_ARCHITECTURE = "DFlash2DraftModel"
+# DFlash V2's published sizes, used where a config leaves one out
+V2_DEFAULTS = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}
+MAX_BLOCK_SIZE = 16
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -66,6 +73,22 @@ class DrafterConfig:
     sliding_window_size: int | None = None
     # ModelOpt `causal: true`: causal attention inside the block in full layers too.
     causal: bool = False
+    # DFlash V2 (DFlash2DraftModel): grouped dynamic convolutions around every sublayer and the
+    # candidate selector head; all 0 for a V1 drafter.
+    conv_kernel_size: int = 0
+    conv_group_size: int = 0
+    selector_rank: int = 0
+    selector_top_k: int = 0
+
+    @property
+    def is_v2(self) -> bool:
+        """A DFlash V2 drafter (convolutions + candidate selector)."""
+        return V2_ARCHITECTURE in self.architectures
+
+    @property
+    def conv_groups(self) -> int:
+        """Channel groups of the V2 convolutions (each group shares one dynamic coefficient)."""
+        return self.hidden_size // self.conv_group_size if self.is_v2 else 0
 
     @property
     def num_taps(self) -> int:
@@ -141,6 +164,7 @@ class DrafterConfig:
                 architectures=tuple(get("architectures", ("DFlashDraftModel",))),
                 sliding_window_size=_optional_int(get("sliding_window_size", None)),
                 causal=bool(get("causal", False)),
+                **_v2_fields(get, source),
             )
         except (TypeError, ValueError) as exc:
             raise CheckpointError(f"{source} has a field of the wrong type ({exc})", "fix the value in config.json")
@@ -252,11 +276,38 @@ class DrafterConfig:
             "causal": self.causal or None,
         }
         out.update({k: v for k, v in optional.items() if v is not None})
+        if self.is_v2:
+            out["dflash_config"].update(
+                {"block_size": self.block_size, "is_causal": False, **{name: getattr(self, name) for name in V2_DEFAULTS}}
+            )
         if self.mask_token_id is None:
             del out["dflash_config"]["mask_token_id"]
         if self.num_target_layers is None:
             del out["num_target_layers"]
         return out
+
+
+def _v2_fields(get, source: str) -> dict[str, int]:
+    """The V2 fields of a DFlash2DraftModel config (checked), or nothing for V1."""
+    if V2_ARCHITECTURE not in tuple(get("architectures", ()) or ()):
+        return {}
+    if bool(get("is_causal", False)):
+        raise CheckpointError(
+            f"{source} is a DFlash V2 drafter with is_causal: true; V2 drafts the block non-causally",
+            "set is_causal to false (the published V2 drafters are non-causal)",
+        )
+    if get("mask_token_id", None) is None:
+        raise CheckpointError(f"{source} is a DFlash V2 drafter without mask_token_id", "add mask_token_id under dflash_config")
+    fields = {name: int(get(name, default)) for name, default in V2_DEFAULTS.items()}
+    block, hidden = int(get("block_size")), int(get("hidden_size"))
+    if not 2 <= block <= MAX_BLOCK_SIZE:
+        raise CheckpointError(f"{source} has block_size {block}; DFlash V2 blocks are 2..{MAX_BLOCK_SIZE}", "fix block_size")
+    if min(fields.values()) < 1 or hidden % fields["conv_group_size"]:
+        raise CheckpointError(
+            f"{source} has V2 sizes {fields} that do not fit hidden_size {hidden}",
+            "conv_kernel_size, selector_rank and selector_top_k must be >= 1 and conv_group_size must divide hidden_size",
+        )
+    return fields
 
 
 def _optional_float(value: Any) -> float | None:
@@ -269,11 +320,10 @@ def _optional_int(value: Any) -> int | None:
 
 def _refuse_unsupported_formats(raw: dict[str, Any], source: str) -> None:
     """Drafter families that look like DFlash but run differently: refuse them by name."""
-    architectures = raw.get("architectures") or ()
-    if "DFlash2DraftModel" in architectures or (raw.get("speculators_config") or {}).get("algorithm") == "dflash2":
+    if (raw.get("speculators_config") or {}).get("algorithm") == "dflash2":
         raise CheckpointError(
-            f"{source} is a DFlash V2 drafter (DFlash2DraftModel), which is not supported yet",
-            f"use one of the supported drafters: {SUPPORTED_FORMATS}",
+            f"{source} is a Speculators 'dflash2' checkpoint (experimental, its tensor layout is not published)",
+            f"use the drafter in the inco.ai / z-lab DFlash2DraftModel layout, or one of: {SUPPORTED_FORMATS}",
         )
     projector = (raw.get("dflash_config") or {}).get("projector_type")
     if projector not in (None, "dflash"):

@@ -22,7 +22,6 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.plugins import reference, rng
 from trtllm_dflash.runtime.base import Runtime, SamplingTensors
 from trtllm_dflash.request_limits import MIN_TEMPERATURE
 from trtllm_dflash.sampling_params import SamplingParams, check_prompt_tokens  # SamplingParams is re-exported: decoding.SamplingParams
@@ -284,10 +283,10 @@ class Decoder:
             drafted_len = block_size if draft_len > 0 else 2
             block = torch.full((n, drafted_len), self.mask_token_id, dtype=torch.long, device=self.device)
             block[:, 0] = self.anchor
-            draft_logits = self.runtime.draft_forward(
-                rows, block, self.ctx_features, self.ctx_counts, self.starts - self.ctx_counts
+            proposal = self.runtime.propose(
+                rows, block, self.ctx_features, self.ctx_counts, self.starts - self.ctx_counts, self.sampling
             )
-            block[:, 1:], draft_probs = self._sample_drafts(draft_logits)
+            block[:, 1:], draft_probs = proposal.tokens, proposal.probs
             block = block[:, :verified_len]
             if draft_probs is not None:
                 draft_probs = draft_probs[:, :draft_len]
@@ -325,14 +324,6 @@ class Decoder:
         self.stats.append(StepStats(n, drafted - started, verified - drafted, committed))
         self._drop(finished)
         return events
-
-    def _sample_drafts(self, draft_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft tokens at block positions 1..B-1 (argmax, or sampled from the processed q)."""
-        if self.sampling.all_greedy:
-            return draft_logits.argmax(dim=-1), None
-        positions = self.starts.view(-1, 1) + torch.arange(1, draft_logits.shape[1] + 1, device=self.device)
-        s = self.sampling
-        return reference.sample_tokens(draft_logits, s.temperature, s.top_k, s.top_p, s.seed, positions, rng.STREAM_DRAFT)
 
     # ------------------------------------------------------------------ bookkeeping
 

@@ -233,6 +233,34 @@ def make_tiny_drafter(path: str | Path, target_path: str | Path, seed: int = 0, 
     return save_drafter(DFlashDrafter(config), path)
 
 
+def make_tiny_v2_drafter(path: str | Path, target_path: str | Path, seed: int = 0, selector_top_k: int = 8, **kwargs) -> Path:
+    """A random DFlash V2 drafter (DFlash2DraftModel) for the target at `target_path`, in the published
+    tensor layout: random convolution projections and base kernels, random codebooks."""
+    from transformers import AutoConfig
+
+    from trtllm_dflash.modeling.dflash2 import DFlash2Drafter
+
+    torch.manual_seed(seed)
+    target_config = AutoConfig.from_pretrained(target_path).get_text_config()
+    v1 = DFlashDrafter(tiny_drafter_config(target_config, **kwargs))
+    drafter = DFlash2Drafter.from_v1(v1, int(target_config.vocab_size), selector_rank=16, selector_top_k=selector_top_k)
+    perturb_v2(drafter, seed)
+    return save_drafter(drafter, path)
+
+
+def perturb_v2(drafter, seed: int = 0, scale: float = 0.3) -> None:
+    """Move a V2 drafter's convolutions and codebooks away from identity / zero (tests)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in drafter.layers:
+            for conv in (layer.attention_conv, layer.mlp_conv):
+                for param in (conv.kernel_projection.weight, conv.base_kernel):
+                    param.add_(scale * torch.randn(param.shape, generator=generator).to(param))
+        selector = drafter.candidate_selector
+        for param in (selector.hidden_projection.weight, selector.predecessor_codebook, selector.successor_codebook):
+            param.copy_(torch.randn(param.shape, generator=generator).to(param))
+
+
 # token ids below TINY_VOCAB, so a trained pair can be served with the character tokenizer
 CYCLES = ((5, 17, 9, 30, 22, 11, 41), (60, 73, 66, 88, 95, 61, 84, 79, 57, 70, 99))
 

@@ -199,6 +199,18 @@ class DFlashDecoderLayer(nn.Module):
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self._stacked: dict = {}  # gate/up weights as one matrix, for decoding (stacked_weights)
 
+    def step(self, x, rope, ctx_hidden, new_counts, cache: LayerCache, cache_lens, history: int = 0, row=None) -> torch.Tensor:
+        """One decoding step of this layer over the block `x [b, B, H]`."""
+        attn = self.self_attn.step(
+            rms_norm(x, *norm_of(self.input_layernorm)), rope, ctx_hidden, new_counts, cache, cache_lens, history, row
+        )
+        return self.finish_step(x, attn)
+
+    def forward_train(self, x, block_rope, ctx_hidden, ctx_rope, mask, block_size: int) -> torch.Tensor:
+        """Uncached forward of many blocks laid end to end on the token axis (training)."""
+        attn = self.self_attn.forward_train(self.input_layernorm(x), block_rope, ctx_hidden, ctx_rope, mask)
+        return self._finish(x, attn)
+
     def _finish(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         x = x + attn_out
         return x + self.mlp(self.post_attention_layernorm(x))
@@ -215,11 +227,13 @@ class DFlashDecoderLayer(nn.Module):
 class DFlashDrafter(nn.Module):
     """Weights and forward passes of a DFlash drafter; tensor names match z-lab checkpoints."""
 
+    decoder_layer = DFlashDecoderLayer
+
     def __init__(self, config: DrafterConfig) -> None:
         super().__init__()
         self.config = config
         shared = hf_config(config)
-        self.layers = nn.ModuleList(DFlashDecoderLayer(config, i, shared) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(self.decoder_layer(config, i, shared) for i in range(config.num_hidden_layers))
         self.fc = nn.Linear(config.num_taps * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -264,15 +278,20 @@ class DFlashDrafter(nn.Module):
         positions = cache_lens.view(-1, 1) + offsets + torch.where(offsets < n, 0, new_counts.view(-1, 1) - n)
         ctx_hidden = rms_norm(F.linear(ctx_features, self.fc.weight), *norm_of(self.hidden_norm))
         rope = self.rope(block_embeds, positions)
-        x = block_embeds
+        x = self.residual(block_embeds)
         history = self.config.history  # read per call: `config` may be replaced to change it
         # one row on the CPU: its context rows are written into the cache by slice (host lengths are free there)
         row = (int(cache_lens[0]), int(new_counts[0])) if block_embeds.shape[0] == 1 and cache_lens.device.type == "cpu" else None
         for layer, cache in zip(self.layers, caches):
-            attn = layer.self_attn.step(
-                rms_norm(x, *norm_of(layer.input_layernorm)), rope, ctx_hidden, new_counts, cache, cache_lens, history, row
-            )
-            x = layer.finish_step(x, attn)
+            x = layer.step(x, rope, ctx_hidden, new_counts, cache, cache_lens, history, row)
+        return self.final_norm(x)
+
+    def residual(self, block_embeds: torch.Tensor) -> torch.Tensor:
+        """The residual stream a step starts from (V1: the embeddings themselves)."""
+        return block_embeds
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The final norm of the residual stream, in the drafter's dtype."""
         return rms_norm(x, *norm_of(self.norm))
 
     def forward_train(
@@ -282,20 +301,20 @@ class DFlashDrafter(nn.Module):
         ctx_features: torch.Tensor,
         ctx_positions: torch.Tensor,
         mask: torch.Tensor | dict[int, torch.Tensor],
+        block_size: int | None = None,
     ) -> torch.Tensor:
-        """Uncached forward of many blocks at once (training).
+        """Uncached forward of many blocks of `block_size` (default: the config's) at once (training).
 
         mask `[b, 1, Q, S + Q]` (True = visible), or one mask per sliding window (0 = full layers).
         """
         ctx_hidden = self.context_hidden(ctx_features)
         ctx_rope = self.rope(ctx_hidden, ctx_positions)
         block_rope = self.rope(block_embeds, block_positions)
-        x = block_embeds
+        x = self.residual(block_embeds)
         for layer in self.layers:
             layer_mask = mask[layer.self_attn.window] if isinstance(mask, dict) else mask
-            attn = layer.self_attn.forward_train(layer.input_layernorm(x), block_rope, ctx_hidden, ctx_rope, layer_mask)
-            x = layer._finish(x, attn)
-        return self.norm(x)
+            x = layer.forward_train(x, block_rope, ctx_hidden, ctx_rope, layer_mask, block_size or self.config.block_size)
+        return self.final_norm(x)
 
     def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """Draft logits through the drafter's own LM head if it has one, else the target's

@@ -16,7 +16,7 @@ import torch
 
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.graphs import names
-from trtllm_dflash.plugins import ops
+from trtllm_dflash.plugins import ops, reference, rng
 
 
 @dataclasses.dataclass
@@ -102,6 +102,25 @@ class Runtime(abc.ABC):
         The first new_counts[r] rows of `ctx_features [b, n, F]` are appended to the draft cache
         at positions cache_lens[r]...; the block's own keys/values are not kept.
         """
+
+    def propose(
+        self,
+        rows: slice,
+        block: torch.Tensor,
+        ctx_features: torch.Tensor,
+        new_counts: torch.Tensor,
+        cache_lens: torch.Tensor,
+        sampling: "SamplingTensors",
+    ) -> "Proposal":
+        """Draft tokens for block positions 1..B-1 of `block [b, B]` and their distribution q.
+
+        The drafter's pass is `draft_forward` (same arguments); the block's anchor sits at
+        position cache_lens + new_counts. The default is DFlash V1's head: argmax of the draft
+        logits, or a sample from their processed distribution. Runtimes of V2 drafters override it
+        with the candidate selector.
+        """
+        logits = self.draft_forward(rows, block, ctx_features, new_counts, cache_lens)
+        return sample_drafts(logits, sampling, draft_positions(cache_lens + new_counts, logits.shape[1]))
 
     def target_verify(
         self,
@@ -240,6 +259,29 @@ def verifying_graph_inputs(
         names.INPUT_IDS: tokens, names.STARTS: starts, names.LOGIT_INDEX: index, names.DRAFT_PROBS: draft_probs,
         names.TEMPERATURE: sampling.temperature, names.TOP_K: sampling.top_k, names.TOP_P: sampling.top_p, names.SEED: sampling.seed,
     }
+
+
+@dataclasses.dataclass
+class Proposal:
+    """A drafted block: tokens `[b, B-1]` at block positions 1..B-1 and the draft distribution q
+    `[b, B-1, V]` verification tests them against (None when every row is greedy)."""
+
+    tokens: torch.Tensor
+    probs: torch.Tensor | None
+
+
+def draft_positions(anchor_positions: torch.Tensor, count: int) -> torch.Tensor:
+    """Absolute positions `[b, count]` of the drafted tokens after each row's anchor."""
+    return anchor_positions.view(-1, 1) + torch.arange(1, count + 1, device=anchor_positions.device)
+
+
+def sample_drafts(logits: torch.Tensor, sampling: "SamplingTensors", positions: torch.Tensor) -> Proposal:
+    """DFlash V1's head: argmax of the draft logits `[b, B-1, V]`, or a sample from the processed q."""
+    if sampling.all_greedy:
+        return Proposal(logits.argmax(dim=-1), None)
+    s = sampling
+    tokens, probs = reference.sample_tokens(logits, s.temperature, s.top_k, s.top_p, s.seed, positions, rng.STREAM_DRAFT)
+    return Proposal(tokens, probs)
 
 
 @dataclasses.dataclass

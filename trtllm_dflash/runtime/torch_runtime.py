@@ -27,7 +27,7 @@ from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.modeling.kv_cache import RaggedHFCache, StaticKVCache
 from trtllm_dflash.modeling.taps import HiddenTaps
 from trtllm_dflash.plugins import custom_ops
-from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, TargetOutput
+from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, Proposal, SamplingTensors, TargetOutput, draft_positions
 from trtllm_dflash.runtime.cuda_graphs import StepGraphs
 
 FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"
@@ -227,6 +227,19 @@ class TorchRuntime(CachedRuntime):
 
     @torch.inference_mode()
     def draft_forward(self, rows, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:
+        """Draft logits (a V2 drafter's unary logits, before its selector)."""
+        return self.drafter.logits(self._draft_hidden(rows, block, ctx_features, new_counts, cache_lens), self.lm_head)
+
+    def _draft_hidden(self, rows, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:
+        """The drafter's final hidden states at block positions 1..B-1."""
         embeds = self.drafter.embed(block, self.embedding)
-        hidden = self.drafter.step(embeds, ctx_features, new_counts, cache_lens, self.draft_cache.rows(rows))
-        return self.drafter.logits(hidden[:, 1:], self.lm_head)
+        return self.drafter.step(embeds, ctx_features, new_counts, cache_lens, self.draft_cache.rows(rows))[:, 1:]
+
+    @torch.inference_mode()
+    def propose(self, rows, block, ctx_features, new_counts, cache_lens, sampling: SamplingTensors) -> Proposal:
+        if not self.drafter_config.is_v2:
+            return super().propose(rows, block, ctx_features, new_counts, cache_lens, sampling)
+        hidden = self._draft_hidden(rows, block, ctx_features, new_counts, cache_lens)
+        positions = draft_positions(cache_lens + new_counts, hidden.shape[1])
+        tokens, probs = self.drafter.propose(hidden, self.lm_head, block[:, 0], sampling.temperature, sampling.seed, positions)
+        return Proposal(tokens, probs)
