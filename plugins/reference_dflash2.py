@@ -46,8 +46,18 @@ def grouped_dynamic_conv(
 
 def candidates(unary: torch.Tensor, top_k: int) -> torch.Tensor:
     """Token ids of the `top_k` largest logits of `unary [..., V]`, best first, ties to the smaller id."""
-    order = torch.sort(unary.to(torch.promote_types(unary.dtype, torch.float32)), dim=-1, descending=True, stable=True).indices
-    return order[..., : min(top_k, unary.shape[-1])]
+    k = min(top_k, unary.shape[-1])
+    values = unary.to(torch.promote_types(unary.dtype, torch.float32))
+    # the k-th largest value; every larger token is a candidate, and of the tokens equal to it the
+    # smallest ids fill the remaining places (exact ties without sorting the vocabulary)
+    threshold = values.topk(k, dim=-1).values[..., -1:]
+    greater = values > threshold
+    equal = values == threshold
+    room = k - greater.sum(dim=-1, keepdim=True)
+    chosen = greater | (equal & (equal.cumsum(dim=-1) <= room))
+    ids = chosen.nonzero()[:, -1].view(*values.shape[:-1], k)  # ascending ids, k per position
+    order = torch.sort(values.gather(-1, ids), dim=-1, descending=True, stable=True).indices
+    return ids.gather(-1, order)
 
 
 def candidate_select(

@@ -207,3 +207,12 @@ def test_save_and_load_round_trip_keeps_v2(tmp_path, dense_target):
     assert DrafterConfig.from_dir(tmp_path / "again") == dataclasses.replace(drafter.config)
     for name, tensor in drafter.state_dict().items():
         assert torch.equal(tensor, again.state_dict()[name]), name
+
+
+def test_candidates_are_the_top_k_with_ties_to_the_smaller_id():
+    """The vocabulary-wide top-k (no full sort) equals the definition: a stable descending sort."""
+    generator = torch.Generator().manual_seed(0)
+    for vocab, k in [(5, 5), (37, 16), (300, 16), (300, 1)]:
+        for unary in (torch.randint(-2, 3, (3, 4, vocab), generator=generator).float(), torch.randn(3, 4, vocab, generator=generator)):
+            expected = torch.sort(unary, dim=-1, descending=True, stable=True).indices[..., :k]
+            assert torch.equal(reference_dflash2.candidates(unary, k), expected)
