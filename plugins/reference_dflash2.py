@@ -86,20 +86,25 @@ def candidate_select(
     cand_successor = successor.to(accumulate)[cand]  # [b, T, k, R]
     greedy = temperature <= 0
     safe_t = torch.where(greedy, torch.ones_like(temperature), temperature).to(accumulate).view(-1, 1)
+    all_greedy = bool(greedy.all())
     prev = anchor.long()
     tokens, probs = [], []
     for t in range(steps):
         u = predecessor.to(accumulate)[prev] * z[:, t].to(accumulate)  # [b, R]
         score = cand_unary[:, t] + (cand_successor[:, t] * u.unsqueeze(1)).sum(-1)  # [b, k]
         best = score.max(dim=-1, keepdim=True).values
-        greedy_pick = torch.where(score == best, cand[:, t], unary.shape[-1]).min(dim=-1).values
-        q = torch.softmax(score / safe_t, dim=-1).float()
-        key = rng.counter_key(seed, positions[:, t], rng.STREAM_DRAFT)
-        race = q / -torch.log(rng.uniform_from_key(key.view(-1, 1), cand[:, t]))
-        sampled_pick = cand[:, t].gather(-1, race.argmax(dim=-1, keepdim=True)).squeeze(-1)
-        pick = torch.where(greedy, greedy_pick, sampled_pick)
+        pick = torch.where(score == best, cand[:, t], unary.shape[-1]).min(dim=-1).values
         one_hot = (cand[:, t] == pick.view(-1, 1)).float()
-        probs.append(torch.where(greedy.view(-1, 1), one_hot, q))
+        if all_greedy:  # no row samples: skip the softmax and the race
+            probs.append(one_hot)
+        else:
+            q = torch.softmax(score / safe_t, dim=-1).float()
+            key = rng.counter_key(seed, positions[:, t], rng.STREAM_DRAFT)
+            race = q / -torch.log(rng.uniform_from_key(key.view(-1, 1), cand[:, t]))
+            sampled_pick = cand[:, t].gather(-1, race.argmax(dim=-1, keepdim=True)).squeeze(-1)
+            pick = torch.where(greedy, pick, sampled_pick)
+            one_hot = (cand[:, t] == pick.view(-1, 1)).float()
+            probs.append(torch.where(greedy.view(-1, 1), one_hot, q))
         tokens.append(pick)
         prev = pick
     return torch.stack(tokens, dim=1), cand, torch.stack(probs, dim=1)
