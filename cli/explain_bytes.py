@@ -62,6 +62,10 @@ def print_traffic(report: dict, console: Console | None = None) -> None:
             f"  {variant}: {human_bytes(traffic.total)} per step (target engine {human_bytes(traffic.graph_total('target'))}, "
             f"drafter engine {human_bytes(traffic.graph_total('drafter'))}, runtime {human_bytes(traffic.graph_total('runtime'))})"
         )
+    v2 = [item for item in next(iter(report.values())).items if item.what.startswith("V2 ")]
+    if v2:
+        parts = ", ".join(f"{item.what[3:]} {human_bytes(item.read + item.written)}" for item in v2)
+        console.print(f"  DFlash V2 drafter, included above (every variant): {escape(parts)}")
     if "native" in report and "plugin" in report and report["native"].total:
         console.print(f"  plugin / native: {report['plugin'].total / report['native'].total:.3f}")
 

@@ -74,6 +74,10 @@ class Backend(abc.ABC):
         """Whether the deployment captures CUDA graphs (they take memory in the plan)."""
         return False
 
+    def v2_refusal(self, drafter: str) -> tuple[str, str] | None:
+        """(problem, fix) when this backend cannot decode the DFlash V2 drafter `drafter`, else None."""
+        return None
+
     def serve_hint(self, repository: Path) -> str:
         """How to serve the repository it writes."""
         return f"serve it with `dflash-trt serve {repository}`"

@@ -3,6 +3,8 @@
 TensorRT-LLM runs the checkpoints itself; the build writes and checks its LLM-API options, and
 the Triton repository is the `tensorrt_llm` model of NVIDIA's Triton TensorRT-LLM container.
 This toolkit does not decode with it, so it opens no pipeline here.
+
+DFlash V2 drafters are refused (serving/trtllm.py says why and what was read).
 """
 
 from __future__ import annotations
@@ -52,6 +54,11 @@ class TrtllmBackend(Backend):
         options, notes = llm_api_options(recipe, drafter_dir)
         validate_options(options, LLMApiOptions, f"TensorRT-LLM options of {recipe.name}")
         return options, notes
+
+    def v2_refusal(self, drafter: str) -> tuple[str, str] | None:
+        from trtllm_dflash.serving.trtllm import v2_refusal
+
+        return v2_refusal(drafter)
 
     def serve_hint(self, repository: Path) -> str:
         return f"serve it in NVIDIA's Triton TensorRT-LLM container: tritonserver --model-repository {repository}"

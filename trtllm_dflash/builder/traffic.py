@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 # The model lives in three modules, one job each; their public names are importable from here.
-from trtllm_dflash.builder.traffic_closed_form import LayerShape, ModelShape, closed_form, explain_model
+from trtllm_dflash.builder.traffic_closed_form import LayerShape, ModelShape, V2Shape, closed_form, explain_model, v2_items
 from trtllm_dflash.builder.traffic_onnx import find_graphs_json, load_build, summarize_graph
 from trtllm_dflash.builder.traffic_steps import (
     CATEGORIES,
@@ -67,8 +67,8 @@ from trtllm_dflash.builder.traffic_steps import (
 
 __all__ = [
     "CATEGORIES", "TRAFFIC_FILE", "CacheTensor", "GraphSummary", "Item", "LayerShape", "ModelShape", "Step", "StepTraffic",
-    "Tensor", "TrafficError", "cache_reads", "closed_form", "default_step", "explain", "explain_model", "find_graphs_json",
-    "graph_items", "load_build", "resolve_dim", "runtime_items", "summarize_graph", "verify_step", "write_traffic_json",
+    "Tensor", "TrafficError", "V2Shape", "cache_reads", "closed_form", "default_step", "explain", "explain_model", "find_graphs_json",
+    "graph_items", "load_build", "resolve_dim", "runtime_items", "summarize_graph", "v2_items", "verify_step", "write_traffic_json",
 ]
 
 TRAFFIC_FILE = "traffic.json"

@@ -2,6 +2,13 @@
 
 `closed_form` gives the summaries the export of a variant would have, so `explain_model` gives the
 same bytes per step as a build's graphs. The counting rules: builder/traffic.py.
+
+A DFlash V2 drafter (DFlash2DraftModel) adds `v2_items` to every variant: its convolution weights
+(kernel_projection, base_kernel) and the selector's hidden_projection, read once per call; the
+codebook rows the candidate walk gathers (P[prev] and S[c_k] of the top-k candidates per drafted
+position, never the whole [V, R] codebooks); and the candidates the top-k writes and the walk reads.
+The top-k's pass over the unary logits is the drafter-logits read the runtime items already count.
+Like the V1 counts, intermediate activations (conv inputs and outputs, the FP32 residual) are not.
 """
 
 from __future__ import annotations
@@ -10,7 +17,9 @@ import dataclasses
 import math
 from typing import Iterable
 
-from trtllm_dflash.builder.traffic_steps import CacheTensor, GraphSummary, Step, StepTraffic, Tensor, TrafficError, verify_step
+from trtllm_dflash.builder.traffic_steps import (
+    CacheTensor, GraphSummary, Item, Step, StepTraffic, Tensor, TrafficError, verify_step,
+)
 from trtllm_dflash.graphs import names
 
 
@@ -22,6 +31,21 @@ class LayerShape:
     key_dim: int
     value_dim: int
     window: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class V2Shape:
+    """What a DFlash V2 drafter reads beyond V1's: weights read whole, and the codebooks' row size."""
+
+    conv_weight_bytes: int
+    projection_weight_bytes: int
+    codebook_row_bytes: int  # one row of one codebook: R x itemsize
+    top_k: int
+
+    @classmethod
+    def from_drafter(cls, drafter, act_bytes: int = 2) -> "V2Shape":
+        return cls(drafter.conv_params() * act_bytes, drafter.selector_projection_params() * act_bytes,
+                   drafter.selector_rank * act_bytes, drafter.selector_top_k)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +66,7 @@ class ModelShape:
     vocab: int
     features: int
     act_bytes: int = 2
+    v2: V2Shape | None = None  # a DFlash V2 drafter's extra reads (v2_items)
 
     @classmethod
     def from_catalog(cls, spec, weight_bytes: float = 2, act_bytes: int = 2) -> "ModelShape":
@@ -61,16 +86,19 @@ class ModelShape:
             LayerShape(drafter.num_kv_heads, drafter.head_dim, drafter.head_dim, drafter.attention(i).window) for i in range(drafter.num_layers)
         ]
         lm_head = spec.vocab_size * d  # tied or not, the LM head GEMM reads the whole table
+        v2 = V2Shape.from_drafter(drafter, act_bytes) if drafter.is_v2 else None
+        v1_drafter = drafter.dense_params() - drafter.conv_params() - drafter.selector_projection_params()
         return cls(
             tuple(target_layers),
             math.ceil(linear * weight_bytes) + (p.other + lm_head) * act_bytes,
             d * act_bytes,
             tuple(drafter_layers),
-            drafter.num_params() * act_bytes + lm_head * act_bytes,
+            v1_drafter * act_bytes + lm_head * act_bytes,
             d * act_bytes,
             spec.vocab_size,
             len(drafter.target_layer_ids) * drafter.hidden_size,
             act_bytes,
+            v2,
         )
 
 
@@ -126,6 +154,27 @@ def closed_form(shape: ModelShape, variant: str) -> tuple[GraphSummary, GraphSum
     return target, drafter
 
 
+def v2_items(v2: V2Shape, step: Step) -> list[Item]:
+    """A V2 drafter's reads beyond V1's in one step (the module docstring says what is counted)."""
+    drafted = step.batch * (step.block - 1)  # positions the candidate walk scores
+    candidates = drafted * v2.top_k * (8 + 4)  # int64 ids + fp32 unary scores
+    return [
+        Item("drafter", "weights", "V2 grouped dynamic convolutions (kernel_projection, base_kernel; 2 per layer)",
+             v2.conv_weight_bytes, 0),
+        Item("drafter", "weights", "V2 selector hidden_projection", v2.projection_weight_bytes, 0),
+        Item("drafter", "weights", f"V2 codebook rows: P[prev] + S[c_k] of {v2.top_k} candidates per drafted position",
+             drafted * (1 + v2.top_k) * v2.codebook_row_bytes, 0),
+        Item("drafter", "activations", f"V2 top-{v2.top_k} candidates (ids, unary scores): written, read by the walk",
+             candidates, candidates),
+    ]
+
+
 def explain_model(shape: ModelShape, step: Step, variants: Iterable[str] = ("native", "plugin")) -> dict[str, StepTraffic]:
     """Bytes per verify step of a model from its shape alone (no export), per variant."""
-    return {variant: verify_step(*closed_form(shape, variant), step, variant) for variant in variants}
+    report = {}
+    for variant in variants:
+        traffic = verify_step(*closed_form(shape, variant), step, variant)
+        if shape.v2 is not None:
+            traffic.items.extend(v2_items(shape.v2, step))
+        report[variant] = traffic
+    return report

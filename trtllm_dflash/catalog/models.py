@@ -60,6 +60,8 @@ Hybrid Gated DeltaNet and MLA targets (issue 10; the family and runtime per mode
   derived (the DFLASH.md default taps) and is unknown offline: the recipes leave taps and mask out
   and `build --drafter DIR` reads them from the drafter's config.json.
 - gpt-oss-120b drafter block 10, 8 layers, taps [1,9,17,25,33]: as above (z-lab model card).
+DFlash V2 drafters (DFlash2DraftModel): z-lab/Qwen3.8-27B-DFlash2 and incoai/Muse-Glimmer-30B-DFlash2, with
+their sources, in drafters_v2.py; their targets' shapes are derived from the drafters' configs (unverified).
 Not verified: the mask token ids of the drafters other than Qwen3-8B (the builder reads them
 from the drafter's config.json), and the per-layer norm counts of Gemma 4 (a few MB at most).
 """
@@ -71,22 +73,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from trtllm_dflash.catalog.drafters import FULL, SLIDING, AttentionShape, DrafterSpec
+from trtllm_dflash.catalog.drafters_v2 import V2_DRAFTERS
 from trtllm_dflash.errors import UnknownNameError
 
-FULL = "full_attention"
-SLIDING = "sliding_attention"
 LINEAR = "linear_attention"  # Gated DeltaNet layers of Qwen3.5 / Qwen3-Next: a recurrent state, no KV cache
 GIB = 1024**3
-
-
-@dataclasses.dataclass(frozen=True)
-class AttentionShape:
-    """The KV-cache-relevant shape of one attention layer."""
-
-    num_kv_heads: int
-    head_dim: int
-    window: int = 0  # 0: full attention (the cache grows with the context)
-    k_eq_v: bool = False  # the layer has no V projection (Gemma 4 global layers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,37 +100,6 @@ class ParamBreakdown:
     @property
     def total(self) -> int:
         return self.embedding + self.lm_head + self.attention_linear + self.mlp_linear + self.expert_linear + self.other
-
-
-@dataclasses.dataclass(frozen=True)
-class DrafterSpec:
-    """A DFlash drafter's published shape (a stack of Qwen3-style decoder layers, no embedding/LM head)."""
-
-    checkpoint: str
-    num_layers: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    block_size: int
-    target_layer_ids: tuple[int, ...]
-    layer_types: tuple[str, ...] = ()  # empty: every layer full (non-causal) attention
-    sliding_window: int = 0
-    mask_token_id: int | None = None  # None: not verified; read from the drafter's config.json
-    published_size_gib: float | None = None
-    source: str = ""
-
-    def attention(self, layer: int) -> AttentionShape:
-        sliding = bool(self.layer_types) and self.layer_types[layer] == SLIDING
-        return AttentionShape(self.num_kv_heads, self.head_dim, self.sliding_window if sliding else 0)
-
-    def num_params(self) -> int:
-        """Decoder layers + fc + hidden_norm + norm (embedding and LM head are the target's)."""
-        d, h, kv, hd, ffn = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate_size
-        attention = d * h * hd + 2 * d * kv * hd + h * hd * d
-        per_layer = attention + 3 * d * ffn + 2 * d + 2 * hd  # + input/post-attention norms, q/k norms
-        return self.num_layers * per_layer + len(self.target_layer_ids) * d * d + 2 * d
 
 
 @dataclasses.dataclass(frozen=True)
@@ -460,6 +421,23 @@ MODELS: dict[str, ModelSpec] = {
                    "q_lora 1536, rope 64, 384 experts top-8 + 1 shared, first layer dense, vocab 163840; 1.04T total / "
                    "32B active); derived for K2.5's text tower, not verified here",
         ),
+        # DFlash V2 pairs: the drafters and their sources are in drafters_v2.py; the targets' shapes are derived.
+        _hybrid(
+            "qwen3.8-27b", "Qwen/Qwen3.8-27B", "qwen3_5", 64, 5120, 24, 4, 17408, 48, V2_DRAFTERS["qwen3.8-27b"],
+            "derived, unverified: the Qwen3.5/3.6-27B shape (64 layers, hidden 5120, vocab 248320); its DFlash2 drafter "
+            "records 64 target layers, vocab 248320 and the family's mask 248070, and MLX quantization configs of it "
+            "name Gated DeltaNet (linear_attn) layers",
+            ("qwen/qwen3.8-27b",), published_params=27.0e9,
+        ),
+        ModelSpec(
+            name="muse-glimmer-30b", checkpoint="meta-models/Muse-Glimmer-30B", family="muse_glimmer",
+            num_layers=52, hidden_size=6656, num_heads=52, num_kv_heads=8, head_dim=128, intermediate_size=19968,
+            vocab_size=202048, max_position_embeddings=131072, published_params=30.0e9,
+            drafter=V2_DRAFTERS["muse-glimmer-30b"], aliases=("meta-models/muse-glimmer-30b", "muse-glimmer"),
+            source="derived, unverified: layers, width, KV heads, FFN, vocab and positions from its DFlash2 drafter's "
+                   "config.json (z-lab drafters echo the target's widths); 52 x 128 query heads assumed; 28.7B counted "
+                   "against the published 30B (the vision tower is not counted)",
+        ),
     )
 }
 
@@ -540,6 +518,11 @@ def drafter_from_config_file(path: Path, checkpoint: str) -> DrafterSpec:
         sliding_window=int(cfg.sliding_window or 0),
         mask_token_id=cfg.mask_token_id,
         source=f"read from {path}",
+        conv_kernel_size=cfg.conv_kernel_size,
+        conv_group_size=cfg.conv_group_size,
+        selector_rank=cfg.selector_rank,
+        selector_top_k=cfg.selector_top_k,
+        vocab_size=int(cfg.vocab_size or 0) if cfg.is_v2 else 0,
     )
 
 

@@ -6,7 +6,8 @@ import dataclasses
 from typing import Any
 
 from trtllm_dflash.backends import BACKEND_NAMES, get_backend, multi_gpu_backend
-from trtllm_dflash.backends.choice import choose_backend
+from trtllm_dflash.backends.choice import SUGGESTION_ORDER, choose_backend
+from trtllm_dflash.catalog.families import family_spec
 from trtllm_dflash.catalog.gpus import CPU, resolve_gpu
 from trtllm_dflash.catalog.models import resolve_model
 from trtllm_dflash.errors import PlanRefusedError, RecipeError
@@ -103,6 +104,7 @@ def plan_deployment(
     if context is not None and context < 1:
         raise PlanRefusedError(f"--context must be >= 1, got {context}", "pass a positive token count")
 
+    asked = runtime  # a backend named on the command line (not chosen by default)
     notes: list[str] = []
     overridden = any(v is not None for v in (num_gpus, quant, kv_cache, context, max_batch, runtime))
     if recipe is not None:
@@ -148,11 +150,18 @@ def plan_deployment(
                         break
         notes.append(f"no shipped recipe for {spec.name} on {gpu_spec.name if gpu_spec else CPU}: defaults chosen")
 
+    if spec.drafter is not None and spec.drafter.is_v2:
+        d = spec.drafter
+        notes.append(f"DFlash V2 drafter: its weights include {d.conv_params() / 1e6:.1f}M convolution, "
+                     f"{d.selector_projection_params() / 1e6:.1f}M selector projection and {d.codebook_params() / 1e6:.1f}M "
+                     "codebook parameters")
     if spec.placeholder:
         notes.append("the demo checkpoint is not built yet: shapes are a placeholder")
     if cfg.context > spec.max_position_embeddings:
         notes.append(f"context {cfg.context} exceeds {spec.name}'s {spec.max_position_embeddings} positions")
 
+    if asked is None and cfg.recipe is None:
+        cfg = with_changes(cfg, backend=v2_capable_backend(cfg))
     try:
         choice = choose_backend(spec.name, spec.family, cfg.backend, cfg.layout.num_gpus, cfg.gpu is not None)
     except PlanRefusedError as exc:
@@ -161,6 +170,9 @@ def plan_deployment(
     cfg = with_changes(cfg, backend_reason=choice.reason)
     if choice.note:
         notes.append(choice.note)
+    v2_refusal = get_backend(cfg.backend).v2_refusal(spec.drafter.checkpoint) if spec.drafter and spec.drafter.is_v2 else None
+    if v2_refusal is not None:
+        return make_plan(cfg, [Refusal("runtime", *v2_refusal)], notes)
 
     refusals = precision_refusals(cfg)
     if refusals:
@@ -194,3 +206,16 @@ def plan_deployment(
         notes.append(f"KV cache holds {concurrency} sequences of {cfg.context} tokens, fewer than max_batch_size "
                      f"{cfg.max_batch}: the scheduler will queue the rest (or shorten --context)")
     return make_plan(cfg, [], notes)
+
+
+def v2_capable_backend(cfg: Candidate) -> str:
+    """The default backend, or for a DFlash V2 drafter the first one that decodes V2 and serves the family."""
+    drafter = cfg.model.drafter
+    if drafter is None or not drafter.is_v2 or get_backend(cfg.backend).v2_refusal(drafter.checkpoint) is None:
+        return cfg.backend
+    family = family_spec(cfg.model.family)
+    for name in SUGGESTION_ORDER:
+        backend = get_backend(name)
+        if backend.v2_refusal(drafter.checkpoint) is None and (family is None or backend.support(family).ok):
+            return name
+    return cfg.backend

@@ -13,6 +13,14 @@ configuration:
 
 Options are checked against TensorRT-LLM's own argument classes, extracted from its llm_args.py at a
 pinned commit (trtllm_llm_args.json; llm_args_check.py); unknown keys, wrong types and values fail.
+
+DFlash V2 drafters (DFlash2DraftModel) are refused. TensorRT-LLM's DFlash mode, as read in
+tensorrt_llm/_torch/models/modeling_dflash.py at commit 009d8fa431bd3de92245aab80f8b57dc70da1ac4
+(the newest stored version; no release tag resolvable offline), builds every drafter but Laguna's as
+a plain DFlash stack from its model_type and loads the weights with allow_partial_loading: the V2
+convolutions and candidate selector would be dropped without an error. Its DFlashDecodingConfig has
+no DFlash2 option and nothing there detects V2 from the checkpoint (its DFlash2 tests, PR #19159,
+are not in a release we can read).
 """
 
 from __future__ import annotations
@@ -142,6 +150,17 @@ def validate_model_yaml(path: str | Path) -> TritonModelYaml:
 # ---------------------------------------------------------------------- writing the repository
 
 
+def v2_refusal(drafter: str) -> tuple[str, str]:
+    """(problem, fix) of a DFlash V2 drafter on this backend (see the module docstring)."""
+    return (f"{drafter} is a DFlash V2 drafter (DFlash2DraftModel), which TensorRT-LLM's DFlash mode does not run "
+            "(it would load it without its convolutions and candidate selector)",
+            "use --backend torch (or trt), which decode DFlash V2 drafters")
+
+
+def _refuse_v2(drafter: str) -> None:
+    raise DFlashError(*v2_refusal(drafter))
+
+
 def llm_api_options(recipe, drafter_dir: str | Path | None = None) -> tuple[dict[str, Any], list[str]]:
     """The LLM-API options of a `trtllm` recipe, and notes for the user.
 
@@ -156,7 +175,11 @@ def llm_api_options(recipe, drafter_dir: str | Path | None = None) -> tuple[dict
 
         path = resolve_checkpoint(drafter_dir, "drafter")
         drafter = DrafterConfig.from_dir(path)
+        if drafter.is_v2:
+            _refuse_v2(str(drafter_dir))
         speculative_model = str(path.resolve())
+    if drafter_dir is None and _catalog_drafter_is_v2(recipe):
+        _refuse_v2(recipe.drafter.checkpoint)
     options = recipe.llm_api_options(speculative_model)
     spec = options["speculative_config"]
     if drafter_dir is not None:
@@ -174,15 +197,24 @@ def llm_api_options(recipe, drafter_dir: str | Path | None = None) -> tuple[dict
     return options, notes
 
 
-def _catalog_mask_token(recipe) -> int | None:
+def _catalog_drafter(recipe):
+    """The catalog's shape of the recipe's drafter, when the catalog knows that checkpoint."""
     try:
         spec = recipe.model_spec()
     except DFlashError:
         return None
     drafter = getattr(spec, "drafter", None)
-    if drafter is None or drafter.checkpoint != recipe.drafter.checkpoint:
-        return None
-    return drafter.mask_token_id
+    return drafter if drafter is not None and drafter.checkpoint == recipe.drafter.checkpoint else None
+
+
+def _catalog_mask_token(recipe) -> int | None:
+    drafter = _catalog_drafter(recipe)
+    return None if drafter is None else drafter.mask_token_id
+
+
+def _catalog_drafter_is_v2(recipe) -> bool:
+    drafter = _catalog_drafter(recipe)
+    return drafter is not None and drafter.is_v2
 
 
 def model_yaml(model: str, options: dict[str, Any], decoupled: bool = True) -> dict[str, Any]:
