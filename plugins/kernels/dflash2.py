@@ -103,14 +103,6 @@ def uniform_from_key(key, index):
 
 
 @triton.jit
-def aligned(offset, UNIT: tl.constexpr, ALIGNED: tl.constexpr):
-    """`offset`, declared a multiple of UNIT elements when ALIGNED (what lets rows stream in 16-byte vectors)."""
-    if ALIGNED:
-        offset = tl.multiple_of(offset, UNIT)
-    return offset
-
-
-@triton.jit
 def below(offs, limit, UNIT: tl.constexpr, ALIGNED: tl.constexpr):
     """`offs < limit`, written so the compiler sees the mask constant over UNIT elements when `limit`
     is a multiple of UNIT (a plain comparison with a runtime scalar splits vector loads)."""
@@ -145,6 +137,9 @@ def grouped_conv_kernel(
     """`out[t, c] = sum_k [t >= k] (base[k, c] + delta[t, k, c // GROUP]) x[t - k, c]` (+ residual)
     for one block and BLOCK_C channels. ALIGNED: the hidden size is a multiple of BLOCK_C."""
     BLOCK_G: tl.constexpr = BLOCK_C // GROUP
+    # what the compiler may assume of row offsets (an `if` around tl.multiple_of would drop the hint)
+    C_UNIT: tl.constexpr = BLOCK_C if ALIGNED else 1
+    G_UNIT: tl.constexpr = BLOCK_G if ALIGNED else 1
     tile = tl.program_id(0)
     block = tl.program_id(1).to(tl.int64)
     groups = hidden // GROUP
@@ -158,13 +153,13 @@ def grouped_conv_kernel(
     acc = tl.full([BLOCK_T, BLOCK_C], 0.0, tl.float32)
     for k in tl.static_range(KERNEL_SIZE):
         tap_ok = row_ok & (t >= k)
-        x = tl.load(x_ptr + aligned((rows - k) * hidden, BLOCK_C, ALIGNED)[:, None] + c[None, :], mask=tap_ok[:, None] & c_ok[None, :], other=0.0)
-        d = tl.load(delta_ptr + aligned((rows * KERNEL_SIZE + k) * groups, BLOCK_G, ALIGNED)[:, None] + g[None, :],
+        x = tl.load(x_ptr + tl.multiple_of((rows - k) * hidden, C_UNIT)[:, None] + c[None, :], mask=tap_ok[:, None] & c_ok[None, :], other=0.0)
+        d = tl.load(delta_ptr + tl.multiple_of((rows * KERNEL_SIZE + k) * groups, G_UNIT)[:, None] + g[None, :],
                     mask=row_ok[:, None] & g_ok[None, :], other=0.0).to(tl.float32)
         d = tl.reshape(tl.broadcast_to(d[:, :, None], (BLOCK_T, BLOCK_G, GROUP)), (BLOCK_T, BLOCK_C))  # per channel
-        base = tl.load(base_ptr + k * hidden + c, mask=c_ok, other=0.0).to(tl.float32)
+        base = tl.load(base_ptr + tl.multiple_of(k * hidden, C_UNIT) + c, mask=c_ok, other=0.0).to(tl.float32)
         acc += (base[None, :] + d) * x.to(tl.float32)
-    out_offs = aligned(rows * hidden, BLOCK_C, ALIGNED)[:, None] + c[None, :]
+    out_offs = tl.multiple_of(rows * hidden, C_UNIT)[:, None] + c[None, :]
     ok = row_ok[:, None] & c_ok[None, :]
     if HAS_RESIDUAL:
         acc = tl.load(residual_ptr + out_offs, mask=ok, other=0.0) + acc

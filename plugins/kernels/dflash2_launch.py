@@ -14,7 +14,7 @@ from trtllm_dflash.plugins import kernels
 from trtllm_dflash.plugins.kernels.tiles import MAX_BLOCK, MAX_REGISTERS, cdiv, next_power_of_2
 
 CONV_BLOCK_C = 128  # channels per program: with groups of 16, 8 coefficients (16 bytes of bf16) per row
-CONV_WARPS = 4
+CONV_WARPS = 2
 SELECT_BLOCK_V = 1024  # logits per selection round of the partials kernel
 SELECT_CHUNK_V = 4 * SELECT_BLOCK_V  # logits per program: 64 chunks of a 262,144 vocabulary
 SELECT_BLOCK_M = 1024  # partial entries per selection round of the merge kernel
