@@ -14,7 +14,7 @@ from typing import Iterable, Mapping
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.plugins.attention_options import BLOCK_ATTENTION, TARGET_ATTENTION
-from trtllm_dflash.plugins.kernels import launch
+from trtllm_dflash.plugins.kernels import dflash2_launch, launch
 
 
 # Every pointer a kernel receives is 16-byte aligned: TensorRT requires 256-byte aligned engine I/O
@@ -199,6 +199,62 @@ def commit_variant() -> KernelVariant:
                          (("BLOCK_T", launch.MAX_BLOCK), ("BLOCK_S", launch.COMMIT_BLOCK_S)), 1, 1, False)
 
 
+# ----------------------------------------------------------------------------- DFlash V2
+# The V2 drafter's kernels (`kernels/dflash2.py`) with the published V2 configuration as defaults:
+# conv_kernel_size 2, conv_group_size 16, selector_top_k 16, selector_rank 256.
+
+
+def dflash2_conv_variant(dtype: str, has_residual: bool, aligned: bool = True, kernel_size: int = 2, group: int = 16) -> KernelVariant:
+    """DFlash2GroupedConv: x, delta and base in `dtype`; a float32 residual and output when
+    `has_residual`, else x's dtype out; `aligned`: the hidden size is a multiple of the channel tile."""
+    t = f"*{TORCH_TO_TRITON[dtype]}"
+    signature = (
+        ("x_ptr", t), ("delta_ptr", t), ("base_ptr", t), ("residual_ptr", "*fp32"), ("steps", "i32"), ("hidden", "i32"),
+        ("out_ptr", "*fp32" if has_residual else t),
+    )
+    constexprs = (("KERNEL_SIZE", kernel_size), ("GROUP", group), ("BLOCK_T", launch.MAX_BLOCK), ("BLOCK_C", dflash2_launch.CONV_BLOCK_C),
+                  ("HAS_RESIDUAL", has_residual), ("ALIGNED", aligned))
+    return KernelVariant("DFlash2GroupedConv", "dflash2", "grouped_conv_kernel", signature, constexprs, dflash2_launch.CONV_WARPS, 1, True)
+
+
+def dflash2_topk_partials_variant(unary_dtype: str, vocab_divisible: bool = True, top_k: int = 16) -> KernelVariant:
+    """DFlash2TopKPartials: the top-k of each vocabulary chunk of the unary logits."""
+    signature = (("unary_ptr", f"*{TORCH_TO_TRITON[unary_dtype]}"), ("vocab", "i32"), ("values_ptr", "*fp32"), ("ids_ptr", "*i32"))
+    constexprs = (("TOP_K", top_k), ("BLOCK_K", dflash2_launch.block_k(top_k)), ("BLOCK_V", dflash2_launch.SELECT_BLOCK_V),
+                  ("CHUNK_V", dflash2_launch.SELECT_CHUNK_V), ("VOCAB_DIVISIBLE", vocab_divisible))
+    return KernelVariant("DFlash2TopKPartials", "dflash2", "topk_partials_kernel", signature, constexprs, 4, 1, False)
+
+
+def dflash2_topk_merge_variant(top_k: int = 16) -> KernelVariant:
+    """DFlash2TopKMerge: the top-k of the chunks' partials (float32 values, int32 ids in every case)."""
+    signature = (("values_ptr", "*fp32"), ("ids_ptr", "*i32"), ("num_chunks", "i32"), ("cand_ptr", "*i64"), ("cand_unary_ptr", "*fp32"))
+    constexprs = (("TOP_K", top_k), ("BLOCK_K", dflash2_launch.block_k(top_k)), ("BLOCK_M", dflash2_launch.SELECT_BLOCK_M))
+    return KernelVariant("DFlash2TopKMerge", "dflash2", "topk_merge_kernel", signature, constexprs, 4, 1, False)
+
+
+def dflash2_select_variant(dtype: str, top_k: int = 16, rank: int = 256) -> KernelVariant:
+    """DFlash2CandidateSelect: the walk, with z and the codebooks in `dtype`."""
+    t = f"*{TORCH_TO_TRITON[dtype]}"
+    signature = (
+        ("cand_ptr", "*i64"), ("cand_unary_ptr", "*fp32"), ("z_ptr", t), ("anchor_ptr", "*i64"), ("predecessor_ptr", t),
+        ("successor_ptr", t), ("temperature_ptr", "*fp32"), ("seed_ptr", "*i64"), ("positions_ptr", "*i64"),
+        ("steps", "i32"), ("tokens_ptr", "*i64"), ("probs_ptr", "*fp32"),
+    )
+    constexprs = (("TOP_K", top_k), ("BLOCK_K", dflash2_launch.block_k(top_k)), ("RANK", rank))
+    return KernelVariant("DFlash2CandidateSelect", "dflash2", "candidate_select_kernel", signature, constexprs, 4, 1, False)
+
+
+def dflash2_variants(dtype: str, aligned: Iterable[bool] = (True, False), kernel_size: int = 2, top_k: int = 16, rank: int = 256) -> list[KernelVariant]:
+    """Every V2 kernel a drafter with activations (and unary logits) in `dtype` launches; `aligned`
+    lists the ALIGNED / VOCAB_DIVISIBLE values to build (hidden sizes of a multiple of 128 and
+    vocabularies of a multiple of 16, and the others)."""
+    variants = []
+    for is_aligned in aligned:
+        variants += [dflash2_conv_variant(dtype, has_residual, is_aligned, kernel_size) for has_residual in (False, True)]
+        variants.append(dflash2_topk_partials_variant(dtype, is_aligned, top_k))
+    return variants + [dflash2_topk_merge_variant(top_k), dflash2_select_variant(dtype, top_k, rank)]
+
+
 def query_tiles(
     head_dim: int, blocks: Iterable[int], groups: Iterable[int], dtype: str = "bfloat16", shared_budget: int | None = None
 ) -> list[int]:
@@ -219,6 +275,7 @@ def kernel_variants(
     target_sinks: Iterable[bool] = (False,),
     shared_budget: int | None = None,
     vocab_divisible: Iterable[bool] = (True, False),
+    dflash2_dtypes: Iterable[str] = (),
 ) -> list[KernelVariant]:
     """Every kernel variant a drafter and its target in this space launch (default: the whole
     supported space, without attention-sink variants).
@@ -229,7 +286,8 @@ def kernel_variants(
     `shared_budget` bounds every tile's shared memory (default: the dtype's, `launch.shared_budget_for`).
     Each target variant comes with its KV-split form and the merges of its partials.
     `vocab_divisible` lists the verification kernels' VOCAB_DIVISIBLE values (vocabularies that are
-    multiples of 16, and the others).
+    multiples of 16, and the others). `dflash2_dtypes`: the DFlash V2 drafter kernels
+    (`dflash2_variants`) for these activation dtypes; none by default (a V1 drafter launches none).
     """
     blocks, groups = list(blocks), list(groups)
     variants = []
@@ -258,7 +316,10 @@ def kernel_variants(
     for logits_dtype in logits_dtypes:
         for divisible in vocab_divisible:
             variants += [verify_partials_variant(logits_dtype, divisible), *verify_variants(logits_dtype, divisible)]
-    return variants + [commit_variant()]
+    variants.append(commit_variant())
+    for dtype in dflash2_dtypes:
+        variants += [variant for variant in dflash2_variants(dtype, tuple(vocab_divisible)) if variant not in variants]
+    return variants
 
 
 PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -279,6 +340,7 @@ class KernelSpace:
     target_groups: tuple[int, ...] = ()
     target_dtypes: tuple[str, ...] = ()
     target_sinks: tuple[bool, ...] = (False,)
+    dflash2_dtypes: tuple[str, ...] = ()  # a DFlash V2 drafter's activation dtypes (its extra kernels)
 
     def options(self) -> dict:
         fields = dataclasses.asdict(self)

@@ -1,5 +1,5 @@
-"""The plugins as torch custom ops: `dflash::block_attention`, `dflash::target_attention` and
-`dflash::verify_block`.
+"""The plugins as torch custom ops: `dflash::block_attention`, `dflash::target_attention`,
+`dflash::verify_block`, and DFlash V2's `dflash::grouped_dynamic_conv` and `dflash::candidate_select`.
 
 Custom ops are opaque to torch.compile and torch.export, so graphs keep one node per plugin (the
 ONNX exporter maps it to the plugin's ONNX node, see `onnx_nodes.custom_translation_table`), and
@@ -7,8 +7,8 @@ each op has a fake implementation for shape propagation. At run time an op runs:
 - the compiled Triton kernels on CUDA tensors;
 - the same kernels through Triton's CPU interpreter when `TRITON_INTERPRET=1`;
 - otherwise, or for inputs the kernels do not cover (float64 models, head dims that are not a
-  power of two in 16..256, blocks over 16), the torch reference (`reference.py`), which defines
-  the semantics.
+  power of two in 16..256, blocks over 16), the torch reference (`reference.py`,
+  `reference_dflash2.py`), which defines the semantics.
 
 `dflash::block_attention` appends the new context rows to the caches in place (what a runtime
 wants). Mutating ops cannot be exported, so `dflash::block_attention_functional` returns the
@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from trtllm_dflash.plugins import kernels, reference
+from trtllm_dflash.plugins import kernels, reference, reference_dflash2
 from trtllm_dflash.plugins.attention_options import BLOCK_ATTENTION, TARGET_ATTENTION
-from trtllm_dflash.plugins.kernels import launch
+from trtllm_dflash.plugins.kernels import dflash2_launch, launch
 
 
 def kernels_enabled(device: torch.device) -> bool:
@@ -160,3 +160,43 @@ def target_attention_functional(
 @target_attention_functional.register_fake
 def _target_attention_functional_fake(q, k_new, v_new, k_cache, v_cache, *args):
     return q.new_empty((*q.shape[:-1], v_cache.shape[-1])), torch.empty_like(k_cache), torch.empty_like(v_cache)
+
+
+@torch.library.custom_op("dflash::grouped_dynamic_conv", mutates_args=())
+def grouped_dynamic_conv(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """DFlash V2's grouped dynamic causal conv along a block (`reference_dflash2.grouped_dynamic_conv`)."""
+    if kernels_enabled(x.device) and dflash2_launch.conv_supported(x, delta, base, residual):
+        return dflash2_launch.grouped_dynamic_conv(x, delta, base, residual)
+    return reference_dflash2.grouped_dynamic_conv(x, delta, base, residual)
+
+
+@grouped_dynamic_conv.register_fake
+def _grouped_dynamic_conv_fake(x, delta, base, residual=None):
+    return x.new_empty(x.shape, dtype=torch.float32 if residual is not None else x.dtype)
+
+
+@torch.library.custom_op("dflash::candidate_select", mutates_args=())
+def candidate_select(
+    unary: torch.Tensor,
+    z: torch.Tensor,
+    anchor: torch.Tensor,
+    predecessor: torch.Tensor,
+    successor: torch.Tensor,
+    temperature: torch.Tensor,
+    seed: torch.Tensor,
+    positions: torch.Tensor,
+    top_k: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DFlash V2's candidate selector: (tokens, candidate ids, candidate q) (`reference_dflash2.candidate_select`)."""
+    args = (unary, z, anchor, predecessor, successor, temperature, seed, positions, top_k)
+    if kernels_enabled(unary.device) and dflash2_launch.select_supported(unary, z, predecessor, successor, top_k):
+        return dflash2_launch.candidate_select(*args)
+    return reference_dflash2.candidate_select(*args)
+
+
+@candidate_select.register_fake
+def _candidate_select_fake(unary, z, anchor, predecessor, successor, temperature, seed, positions, top_k):
+    batch, steps, vocab = unary.shape
+    k = min(top_k, vocab)
+    return (unary.new_empty((batch, steps), dtype=torch.int64), unary.new_empty((batch, steps, k), dtype=torch.int64),
+            unary.new_empty((batch, steps, k), dtype=torch.float32))

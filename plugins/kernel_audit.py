@@ -35,6 +35,7 @@ from trtllm_dflash.plugins.kernels import launch
 # Variants exempt from the 16-byte-load check, and why.
 SMALL_READS = "reads <= 256 bytes per row: latency-bound, not bandwidth-bound"  # the commit kernel
 UNALIGNED_ROWS = "vocabulary not a multiple of 16: its logits rows are not 16-byte aligned"
+UNALIGNED_HIDDEN = "hidden size not a multiple of the channel tile: its rows are not 16-byte aligned"
 SIXTEEN_BIT = ("fp16", "bf16")
 # Narrow loads a streaming kernel may keep: single gathered elements (the draft token's logit).
 MAX_GATHERS = 2
@@ -46,6 +47,8 @@ def streaming_exemption(variant: KernelVariant) -> str:
         return SMALL_READS
     if dict(variant.constexprs).get("VOCAB_DIVISIBLE") is False:
         return UNALIGNED_ROWS
+    if dict(variant.constexprs).get("ALIGNED") is False:
+        return UNALIGNED_HIDDEN
     return ""
 
 
@@ -96,14 +99,16 @@ def shared_limit(arch: Arch, path: str) -> int:
 
 
 def aot_variants() -> list[KernelVariant]:
-    """What `dflash-trt plugins build` compiles with no variant flags, plus attention sinks and a float8 cache."""
-    return kernel_variants(fp8_kv_cache=True, target_sinks=(False, True))
+    """What `dflash-trt plugins build` compiles with no variant flags, plus attention sinks, a float8
+    cache and the DFlash V2 drafter kernels."""
+    return kernel_variants(fp8_kv_cache=True, target_sinks=(False, True), dflash2_dtypes=("bfloat16", "float16"))
 
 
 def jit_variants(arch: Arch) -> list[KernelVariant]:
     """The configurations the torch path launches on `arch`: the same space and tiles in float16,
     bfloat16 and float32 (tests and reference runs use float32)."""
-    return kernel_variants(dtypes=("bfloat16", "float16", "float32"), fp8_kv_cache=True, target_sinks=(False, True))
+    return kernel_variants(dtypes=("bfloat16", "float16", "float32"), fp8_kv_cache=True, target_sinks=(False, True),
+                           dflash2_dtypes=("bfloat16", "float16", "float32"))
 
 
 def ptxas_report(ptx: str, arch: Arch) -> str:

@@ -16,7 +16,10 @@ Each plugin kernel is one node (a TensorRT AOT plugin launches exactly one kerne
 - `DFlashTargetAttentionSplit` + `DFlashAttentionMerge`: the same, with each row's committed prefix
   split over `kv_splits` programs per KV head and query tile (small batches, long contexts);
 - `DFlashVerifyPartials` + `DFlashVerifyPositions` + `DFlashVerifyCommit`: tree-free block
-  verification (the argmax split over vocabulary chunks, per-position decisions, the commit).
+  verification (the argmax split over vocabulary chunks, per-position decisions, the commit);
+- DFlash V2's drafter nodes (`DFlash2GroupedConv`, `DFlash2TopKPartials` + `DFlash2TopKMerge` +
+  `DFlash2CandidateSelect`), defined in `dflash2_nodes` and part of NODES, `evaluators()` and
+  `custom_translation_table()` here.
 
 The caches are updated in place: the attention nodes output the updated caches, and the
 TensorRT plugins declare those outputs aliased to the cache inputs (`TensorDesc.aliased()`),
@@ -28,10 +31,8 @@ custom_translation_table=custom_translation_table())`.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
-import numpy as np
 import onnx
 import torch
 from onnx import helper
@@ -39,37 +40,19 @@ from onnx.defs import OpSchema
 from onnx.reference.op_run import OpRun
 
 from trtllm_dflash.graphs import names  # the graph tensors these ports take and give
-from trtllm_dflash.plugins import attention_options, custom_ops, reference  # noqa: F401  (custom_ops registers torch.ops.dflash.*)
+from trtllm_dflash.plugins import attention_options, custom_ops, dflash2_nodes, reference  # noqa: F401  (custom_ops registers torch.ops.dflash.*)
 from trtllm_dflash.plugins.attention_options import AttentionOptions
 from trtllm_dflash.plugins.kernels import launch
-
-DOMAIN = "dflash"
-DOMAIN_VERSION = 1
-PLUGIN_NAMESPACE = "dflash"
-PLUGIN_VERSION = "1"
-
-
-@dataclasses.dataclass(frozen=True)
-class NodeSpec:
-    """One plugin node: op type (== TensorRT plugin name), inputs, outputs, attributes."""
-
-    op_type: str
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    attributes: dict  # name -> default value (the type follows the default: float, int)
-    output_dtypes: tuple[str, ...]  # per output: the input whose dtype it has, or a fixed dtype
-    doc: str
-    aliases: dict = dataclasses.field(default_factory=dict)  # output -> the input it updates in place
-
-    def output_dtype(self, index: int, input_dtypes: dict):
-        """Output `index`'s dtype given the inputs' dtypes (any dtype objects, keyed by input name)."""
-        kind = self.output_dtypes[index]
-        return input_dtypes[kind] if kind in self.inputs else kind
-
-    @property
-    def plugin_id(self) -> str:
-        return f"{PLUGIN_NAMESPACE}::{self.op_type}"
-
+from trtllm_dflash.plugins.node_spec import (  # noqa: F401  (re-exported: the node contract)
+    DOMAIN,
+    DOMAIN_VERSION,
+    PLUGIN_ATTRIBUTES,
+    PLUGIN_NAMESPACE,
+    PLUGIN_VERSION,
+    NodeSpec,
+)
+from trtllm_dflash.plugins.node_spec import DFlashOp as _DFlashOp
+from trtllm_dflash.plugins.node_spec import to_torch as _torch
 
 ATTENTION_INPUTS = ("q", "k_block", "v_block", "k_ctx_new", "v_ctx_new", names.NEW_COUNTS, "k_cache", "v_cache", names.CACHE_LENS)
 TARGET_ATTENTION_INPUTS = ("q", "k_new", "v_new", "k_cache", "v_cache", names.STARTS)
@@ -151,8 +134,8 @@ VERIFY_COMMIT = NodeSpec(
     "Accepted count, bonus, next start, committed length, stop flag (reference.verify_commit); "
     "stop_ids [b, S] padded with -1.",
 )
-NODES = (BLOCK_ATTENTION, BLOCK_ATTENTION_SPLIT, ATTENTION_MERGE, TARGET_ATTENTION, TARGET_ATTENTION_SPLIT, VERIFY_PARTIALS, VERIFY_POSITIONS, VERIFY_COMMIT)
-PLUGIN_ATTRIBUTES = {"plugin_namespace": PLUGIN_NAMESPACE, "plugin_version": PLUGIN_VERSION, "aot": 1}
+V1_NODES = (BLOCK_ATTENTION, BLOCK_ATTENTION_SPLIT, ATTENTION_MERGE, TARGET_ATTENTION, TARGET_ATTENTION_SPLIT, VERIFY_PARTIALS, VERIFY_POSITIONS, VERIFY_COMMIT)
+NODES = V1_NODES + dflash2_nodes.NODES  # DFlash V2's drafter nodes: `dflash2_nodes`
 
 
 def make_node(spec: NodeSpec, inputs: list[str], outputs: list[str], name: str | None = None, **attributes) -> onnx.NodeProto:
@@ -190,14 +173,6 @@ def register_schemas() -> None:
 
 
 # ----------------------------------------------------------------------------- CPU evaluators
-
-
-def _torch(array: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.array(array))  # a writable copy (initializers are read-only)
-
-
-class _DFlashOp(OpRun):
-    op_domain = DOMAIN
 
 
 def _options(options: AttentionOptions, inputs: tuple, attributes: dict) -> dict:
@@ -281,7 +256,7 @@ def evaluators() -> list[type[OpRun]]:
     """The OpRun classes for `onnx.reference.ReferenceEvaluator(model, new_ops=evaluators())`."""
     return [
         DFlashBlockAttention, DFlashBlockAttentionSplit, DFlashAttentionMerge, DFlashTargetAttention,
-        DFlashTargetAttentionSplit, DFlashVerifyPartials, DFlashVerifyPositions, DFlashVerifyCommit,
+        DFlashTargetAttentionSplit, DFlashVerifyPartials, DFlashVerifyPositions, DFlashVerifyCommit, *dflash2_nodes.evaluators(),
     ]
 
 
@@ -352,4 +327,5 @@ def custom_translation_table(kv_splits: int = 1, target_kv_splits: int = 1) -> d
         torch.ops.dflash.block_attention_functional.default: block_attention,
         torch.ops.dflash.target_attention_functional.default: target_attention,
         torch.ops.dflash.verify_block.default: verify_block,
+        **dflash2_nodes.translations(dflash, op),
     }

@@ -11,6 +11,7 @@ import torch
 
 from trtllm_dflash.plugins import custom_ops, reference, reference_dflash2
 from trtllm_dflash.plugins.attention_options import BLOCK_ATTENTION, TARGET_ATTENTION
+from trtllm_dflash.plugins.kernels import dflash2_launch
 
 
 @BLOCK_ATTENTION.takes_options(torch.Tensor)
@@ -97,6 +98,8 @@ def grouped_dynamic_conv(
     x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, residual: torch.Tensor | None = None
 ) -> torch.Tensor:
     """DFlash V2's grouped dynamic causal convolution along a block; see `reference_dflash2`."""
+    if custom_ops.kernels_enabled(x.device) and dflash2_launch.conv_supported(x, delta, base, residual):
+        return torch.ops.dflash.grouped_dynamic_conv(x, delta, base, residual)
     return reference_dflash2.grouped_dynamic_conv(x, delta, base, residual)
 
 
@@ -112,4 +115,7 @@ def candidate_select(
     top_k: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """DFlash V2's candidate selector walk: (tokens, candidate ids, candidate q); see `reference_dflash2`."""
-    return reference_dflash2.candidate_select(unary, z, anchor, predecessor, successor, temperature, seed, positions, top_k)
+    args = (unary, z, anchor, predecessor, successor, temperature, seed, positions, top_k)
+    if custom_ops.kernels_enabled(unary.device) and dflash2_launch.select_supported(unary, z, predecessor, successor, top_k):
+        return torch.ops.dflash.candidate_select(*args)
+    return reference_dflash2.candidate_select(*args)

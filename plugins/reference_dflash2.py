@@ -79,21 +79,42 @@ def candidate_select(
     `[b, T, k]`, candidate probabilities `[b, T, k]` float32: the draft distribution q, one-hot
     at the pick for greedy rows).
     """
-    steps = unary.shape[1]
     cand = candidates(unary, top_k)  # [b, T, k]
     accumulate = torch.promote_types(unary.dtype, torch.float32)  # float32 (float64 models stay float64)
     cand_unary = unary.to(accumulate).gather(-1, cand)
+    tokens, probs = candidate_walk(cand, cand_unary, z, anchor, predecessor, successor, temperature, seed, positions)
+    return tokens, cand, probs
+
+
+def candidate_walk(
+    cand: torch.Tensor,
+    cand_unary: torch.Tensor,
+    z: torch.Tensor,
+    anchor: torch.Tensor,
+    predecessor: torch.Tensor,
+    successor: torch.Tensor,
+    temperature: torch.Tensor,
+    seed: torch.Tensor,
+    positions: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The walk of `candidate_select` given the candidates (ids `[b, T, k]`, float32 unary logits
+    `[b, T, k]`): (tokens `[b, T]`, candidate probabilities `[b, T, k]`). Split out so the walk's
+    node (DFlash2CandidateSelect) has a reference of its own."""
+    steps = cand.shape[1]
+    accumulate = torch.promote_types(cand_unary.dtype, torch.float32)  # float32 (float64 models stay float64)
+    cand_unary = cand_unary.to(accumulate)
     cand_successor = successor.to(accumulate)[cand]  # [b, T, k, R]
     greedy = temperature <= 0
     safe_t = torch.where(greedy, torch.ones_like(temperature), temperature).to(accumulate).view(-1, 1)
     all_greedy = bool(greedy.all())
+    no_token = torch.iinfo(torch.int64).max
     prev = anchor.long()
     tokens, probs = [], []
     for t in range(steps):
         u = predecessor.to(accumulate)[prev] * z[:, t].to(accumulate)  # [b, R]
         score = cand_unary[:, t] + (cand_successor[:, t] * u.unsqueeze(1)).sum(-1)  # [b, k]
         best = score.max(dim=-1, keepdim=True).values
-        pick = torch.where(score == best, cand[:, t], unary.shape[-1]).min(dim=-1).values
+        pick = torch.where(score == best, cand[:, t], no_token).min(dim=-1).values
         one_hot = (cand[:, t] == pick.view(-1, 1)).float()
         if all_greedy:  # no row samples: skip the softmax and the race
             probs.append(one_hot)
@@ -107,7 +128,41 @@ def candidate_select(
             probs.append(torch.where(greedy.view(-1, 1), one_hot, q))
         tokens.append(pick)
         prev = pick
-    return torch.stack(tokens, dim=1), cand, torch.stack(probs, dim=1)
+    return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
+
+
+# ----------------------------------------------------------------------------- split top-k
+# The kernels find the candidates in two stages, like verification's argmax: the top-k of each
+# chunk of the vocabulary, then the top-k of those. These are the stages' references (the ONNX
+# nodes DFlash2TopKPartials and DFlash2TopKMerge evaluate them); merged, they equal `candidates`.
+
+EMPTY_ID = -1  # a partial slot with no token (a chunk shorter than k); its value is -inf
+
+
+def topk_partials(unary: torch.Tensor, top_k: int, chunk_v: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per chunk of `chunk_v` logits of `unary [b, T, V]`, the `top_k` largest (ties to the smaller
+    id): float32 values and int32 ids `[b, T, chunks, top_k]`, empty slots (-inf, EMPTY_ID) last."""
+    *lead, vocab = unary.shape
+    chunks = -(-vocab // chunk_v)
+    values = torch.full((*lead, chunks, top_k), float("-inf"), dtype=torch.float32, device=unary.device)
+    ids = torch.full((*lead, chunks, top_k), EMPTY_ID, dtype=torch.int32, device=unary.device)
+    for c in range(chunks):
+        part = unary[..., c * chunk_v : (c + 1) * chunk_v].float()
+        best = candidates(part, top_k)
+        values[..., c, : best.shape[-1]] = part.gather(-1, best)
+        ids[..., c, : best.shape[-1]] = (best + c * chunk_v).to(torch.int32)
+    return values, ids
+
+
+def topk_merge(values: torch.Tensor, ids: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `top_k` largest of the partials `[b, T, chunks, k]` (ties to the smaller id, empty slots
+    after every token): int64 ids and float32 values `[b, T, top_k]`."""
+    values, ids = values.flatten(-2).float(), ids.flatten(-2).long()
+    ids = torch.where(ids < 0, torch.iinfo(torch.int64).max, ids)
+    by_id = torch.sort(ids, dim=-1, stable=True).indices
+    values, ids = values.gather(-1, by_id), ids.gather(-1, by_id)
+    order = torch.sort(values, dim=-1, descending=True, stable=True).indices[..., :top_k]
+    return ids.gather(-1, order), values.gather(-1, order)
 
 
 def scatter_draft_probs(cand: torch.Tensor, cand_probs: torch.Tensor, vocab: int) -> torch.Tensor:

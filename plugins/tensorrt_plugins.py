@@ -26,7 +26,7 @@ from trtllm_dflash.errors import DFlashError, MissingDependencyError
 from trtllm_dflash.graphs import names
 from trtllm_dflash.plugins import aot, onnx_nodes
 from trtllm_dflash.plugins.attention_options import with_signature
-from trtllm_dflash.plugins.kernels import launch
+from trtllm_dflash.plugins.kernels import dflash2_launch, launch
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "int32", "int64")
 
@@ -99,6 +99,8 @@ def plan_launch(node: str, shapes: dict, dtypes: dict, attributes: dict) -> Laun
     if node == "DFlashVerifyCommit":
         batch, block = shapes["block_tokens"]
         return Launch(aot.commit_variant(), launch.verify_commit_grid(batch), (block, shapes["stop_ids"][1]))
+    if node.startswith("DFlash2"):
+        return _plan_dflash2(node, shapes, dtypes, attributes)
     raise DFlashError(f"unknown DFlash plugin node {node!r}", f"use one of {', '.join(s.op_type for s in onnx_nodes.NODES)}")
 
 
@@ -138,6 +140,45 @@ def _plan_target_attention(node: str, shapes: dict, dtypes: dict, attributes: di
         launch.target_attention_grid(batch, tokens, kv_heads, group, config.block_m, splits),
         launch.target_attention_split_scalars(tokens, capacity, kv_heads, group, attributes, splits),
     )
+
+
+def _same_dtypes(node: str, dtypes: dict, names_: tuple, expected: str) -> None:
+    for name in names_:
+        if name in dtypes and dtypes[name] != expected:
+            raise DFlashError(f"{node} input {name} is {dtypes[name]}, expected {expected}",
+                              "export with onnx_nodes.custom_translation_table, with the drafter's tensors in one dtype")
+
+
+def _plan_dflash2(node: str, shapes: dict, dtypes: dict, attributes: dict) -> Launch:
+    """The DFlash V2 nodes (`dflash2_nodes`): sizes the kernels are built for (hidden size, conv taps
+    and groups, top-k, codebook rank) must be fixed when the engine is built."""
+    if node == "DFlash2GroupedConv":
+        *lead, steps, hidden = shapes["x"]
+        kernel_size, groups = (_required(d, what) for d, what in zip(shapes["delta"][-2:], ("conv kernel size", "number of conv groups")))
+        hidden = _required(hidden, "hidden size")
+        has_residual = bool(int(attributes.get("has_residual", 1)))
+        _same_dtypes(node, dtypes, ("delta", "base"), dtypes["x"])
+        _same_dtypes(node, dtypes, ("residual",), "float32")
+        blocks = 1
+        for size in lead:
+            blocks = blocks * size
+        variant = aot.dflash2_conv_variant(dtypes["x"], has_residual, dflash2_launch.conv_aligned(hidden), kernel_size, hidden // groups)
+        return Launch(variant, dflash2_launch.conv_grid(blocks, hidden), dflash2_launch.conv_scalars(steps, hidden))
+    top_k = int(attributes.get("top_k", 16))
+    if node == "DFlash2TopKPartials":
+        batch, steps, vocab = shapes["unary"]
+        variant = aot.dflash2_topk_partials_variant(dtypes["unary"], dflash2_launch.select_vocab_divisible(constant(vocab)), top_k)
+        return Launch(variant, dflash2_launch.topk_partials_grid(batch * steps, vocab), (vocab,))
+    if node == "DFlash2TopKMerge":
+        batch, steps, chunks = shapes["partial_values"][:3]
+        return Launch(aot.dflash2_topk_merge_variant(top_k), dflash2_launch.topk_merge_grid(batch * steps), (chunks,))
+    if node == "DFlash2CandidateSelect":
+        batch, steps, k = shapes["cand"]
+        rank = _required(shapes["z"][2], "selector rank")
+        _same_dtypes(node, dtypes, ("predecessor", "successor"), dtypes["z"])
+        variant = aot.dflash2_select_variant(dtypes["z"], _required(k, "selector top-k"), rank)
+        return Launch(variant, dflash2_launch.candidate_select_grid(batch), (steps,))
+    raise DFlashError(f"unknown DFlash plugin node {node!r}", f"use one of {', '.join(s.op_type for s in onnx_nodes.NODES)}")
 
 
 def compiled_kernel(variant: aot.KernelVariant, arch: aot.Arch, prebuilt: str | Path | None = None) -> tuple[str, str, int]:
@@ -294,8 +335,28 @@ def _output_descs(trt, trtp, node: str):
     def verify_commit(inputs: dict, attributes: dict):
         return trtp.from_shape_expr((inputs["block_tokens"].shape_expr[0], 5), dtype=trt.int64)
 
+    def dflash2_conv(inputs: dict, attributes: dict):
+        dtype = trt.float32 if int(attributes["has_residual"]) else inputs["x"].dtype
+        return trtp.from_shape_expr(tuple(inputs["x"].shape_expr), dtype=dtype)
+
+    def dflash2_topk_partials(inputs: dict, attributes: dict):
+        b, steps, vocab = inputs["unary"].shape_expr
+        shape = (b, steps, dflash2_launch.select_num_chunks(vocab), attributes["top_k"])
+        return trtp.from_shape_expr(shape, dtype=trt.float32), trtp.from_shape_expr(shape, dtype=trt.int32)
+
+    def dflash2_topk_merge(inputs: dict, attributes: dict):
+        b, steps = inputs["partial_values"].shape_expr[:2]
+        shape = (b, steps, attributes["top_k"])
+        return trtp.from_shape_expr(shape, dtype=trt.int64), trtp.from_shape_expr(shape, dtype=trt.float32)
+
+    def dflash2_candidate_select(inputs: dict, attributes: dict):
+        b, steps, k = inputs["cand"].shape_expr
+        return trtp.from_shape_expr((b, steps), dtype=trt.int64), trtp.from_shape_expr((b, steps, k), dtype=trt.float32)
+
     return {
         "DFlashBlockAttention": attention, "DFlashBlockAttentionSplit": attention_split, "DFlashAttentionMerge": merge,
         "DFlashTargetAttention": target_attention, "DFlashTargetAttentionSplit": target_attention_split, "DFlashVerifyPartials": verify_partials,
         "DFlashVerifyPositions": verify_positions, "DFlashVerifyCommit": verify_commit,
+        "DFlash2GroupedConv": dflash2_conv, "DFlash2TopKPartials": dflash2_topk_partials, "DFlash2TopKMerge": dflash2_topk_merge,
+        "DFlash2CandidateSelect": dflash2_candidate_select,
     }[node]

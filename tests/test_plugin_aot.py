@@ -17,6 +17,7 @@ from trtllm_dflash.plugins import aot, onnx_nodes, tensorrt_plugins  # noqa: E40
 
 EXPECTED_PTX = {"sm_90a": ("8.0", "sm_90a"), "sm_100a": ("8.7", "sm_100a"), "sm_103a": ("8.8", "sm_103a"), "sm_120": ("8.7", "sm_120a")}
 NODES = {spec.op_type: spec for spec in onnx_nodes.NODES}
+V1_NODES = {spec.op_type for spec in onnx_nodes.V1_NODES}  # what a (V1) drafter and its target launch
 
 
 def entry_params(ptx: str) -> int:
@@ -66,7 +67,7 @@ def test_recipe_picks_only_its_drafter_variants():
     assert space.arch == "sm_90a" and space.head_dims == (128,) and space.groups == (4,)  # 32 q heads / 8 kv heads
     assert 16 in space.blocks and space.dtypes == ("bfloat16",)
     variants = aot.kernel_variants(**space.options())
-    assert {v.node for v in variants} == set(NODES)
+    assert {v.node for v in variants} == V1_NODES
     assert len(variants) < len(aot.kernel_variants()) // 4
     assert {dict(v.constexprs).get("HEAD_DIM", 128) for v in variants} == {128}
     # the target's layers: 32 q heads / 8 KV heads, head dim 128, bf16, no sinks; the 64-row tile of a 16-token block
@@ -139,7 +140,7 @@ def test_cli_builds_ptx_and_cubin_for_every_listed_arch(tmp_path, run_main):
     for arch, (isa, target) in EXPECTED_PTX.items():
         assert manifest["arches"][arch]["ptx_isa"] == isa
         entries = [e for e in manifest["kernels"] if e["arch"] == arch]
-        assert {e["node"] for e in entries} == set(NODES)  # every kernel, for every arch
+        assert {e["node"] for e in entries} == V1_NODES  # every kernel, for every arch
         for entry in entries:
             ptx = (out / entry["ptx"]).read_text()
             assert re.search(rf"^\.version {re.escape(isa)}$", ptx, re.MULTILINE)  # a CUDA 13.0 (R580) driver takes <= 9.0
@@ -172,14 +173,20 @@ def shapes_for(node: str, s=QWEN3_8B, splits=4):
             q=attention["q"], k_new=(b, block, s["kv_heads"], s["head_dim"]), v_new=(b, block, s["kv_heads"], s["head_dim"]),
             k_cache=attention["k_cache"], v_cache=attention["k_cache"], starts=(b,), sinks=(s["heads"],),
         ),
+        # a V2 drafter of hidden 4096 (256 groups of 16), 2 conv taps, a 262,144 vocabulary, rank 256
+        "DFlash2GroupedConv": dict(x=(b, block, 4096), delta=(b, block, 2, 256), base=(2, 4096), residual=(b, block, 4096)),
+        "DFlash2TopKPartials": dict(unary=(b, block - 1, 262144)),
+        "DFlash2TopKMerge": dict(partial_values=(b, block - 1, 64, 16)),
+        "DFlash2CandidateSelect": dict(cand=(b, block - 1, 16), z=(b, block - 1, 256)),
     }[node if node != "DFlashTargetAttentionSplit" else "DFlashTargetAttention"]
 
 
 @pytest.mark.parametrize("node", list(NODES))
 def test_tensorrt_launch_plans_match_the_kernel_abi(node):
     dtypes = dict(q="bfloat16", k_cache="bfloat16", like="bfloat16", target_logits="float32",
-                  k_new="bfloat16", v_new="bfloat16", v_cache="bfloat16", starts="int64", sinks="float32")
-    attributes = dict(scale=128**-0.5, window=0, kv_splits=4, has_draft_probs=1)
+                  k_new="bfloat16", v_new="bfloat16", v_cache="bfloat16", starts="int64", sinks="float32",
+                  x="bfloat16", delta="bfloat16", base="bfloat16", residual="float32", unary="bfloat16", z="bfloat16")
+    attributes = dict(scale=128**-0.5, window=0, kv_splits=4, has_draft_probs=1, has_residual=1, top_k=16)
     plan = tensorrt_plugins.plan_launch(node, shapes_for(node), dtypes, attributes)
     spec = NODES[node]
     assert plan.variant.node == node
@@ -193,6 +200,10 @@ def test_tensorrt_launch_plans_match_the_kernel_abi(node):
         "DFlashVerifyCommit": (2, 1, 1),
         "DFlashTargetAttention": (1, 8, 2),  # 16 x 4 query rows in one 64-row tile per KV head and row
         "DFlashTargetAttentionSplit": (4, 8, 2),
+        "DFlash2GroupedConv": (32, 2, 1),  # 4096 channels in tiles of 128, one program row per block
+        "DFlash2TopKPartials": (64, 30, 1),  # 262144 logits in chunks of 4096, 2 x 15 positions
+        "DFlash2TopKMerge": (30, 1, 1),
+        "DFlash2CandidateSelect": (2, 1, 1),
     }[node]
     assert tuple(plan.grid) == expected_grid
     if node.startswith("DFlashBlockAttention"):

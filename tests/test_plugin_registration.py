@@ -104,6 +104,10 @@ def test_every_node_registers_with_its_inputs_and_typed_attributes(registered):
         "dflash::DFlashVerifyPartials": {},
         "dflash::DFlashVerifyPositions": {"has_draft_probs": int},
         "dflash::DFlashVerifyCommit": {},
+        "dflash::DFlash2GroupedConv": {"has_residual": int},
+        "dflash::DFlash2TopKPartials": {"top_k": int},
+        "dflash::DFlash2TopKMerge": {"top_k": int},
+        "dflash::DFlash2CandidateSelect": {},
     }
     for spec in onnx_nodes.NODES:
         assert trtp.registered[spec.plugin_id][1] == list(spec.inputs)

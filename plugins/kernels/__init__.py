@@ -18,7 +18,7 @@ from types import ModuleType
 
 from trtllm_dflash.extras import require
 
-KERNEL_SOURCES = ("attention", "verify")
+KERNEL_SOURCES = ("attention", "verify", "dflash2")
 _HERE = Path(__file__).parent
 
 
