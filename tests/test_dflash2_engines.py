@@ -179,3 +179,27 @@ def test_tensorrt_rtx_builds_the_v2_drafter_engine(exported, tmp_path):
         engines.profiles("drafter", BOUNDS), (12, 0),
     )
     assert built["bytes"] == (tmp_path / "drafter.engine").stat().st_size > 0
+
+
+@pytest.mark.slow  # the whole build (export, validate, two TensorRT-RTX engines): ~50-90 s on 2 CPU cores
+def test_a_demo_build_with_a_v2_drafter_validates_and_builds_tensorrt_rtx_engines(tmp_path):
+    """`dflash-trt build --model demo --drafter V2`: the validate stage passes the V2 graphs against the
+    torch runtime (proposals included) and the engines stage builds real TensorRT-RTX plans."""
+    pytest.importorskip("tensorrt_rtx_bindings", reason="needs TensorRT-RTX: pip install 'trtllm-dflash[rtx]'")
+    from typer.testing import CliRunner
+
+    from trtllm_dflash.cli.app import app
+
+    drafter = make_demo_v2_drafter(tmp_path / "drafter")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["build", "--model", "demo", "--drafter", str(drafter), "--gpu", "rtx-pro-6000", "--out", str(out)])
+    assert result.exit_code == 0, (result.output, result.exception)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] is True and manifest["stages"]["validate"]["summary"]["status"] == "passed"
+    report = json.loads((out / "validate" / "report.json").read_text())["variants"]["native"]
+    compared = {c["name"] for c in report["comparisons"]}
+    assert {"draft.tokens (greedy, filled draft cache)", "draft.q (sampled, filled draft cache)"} <= compared
+    assert report["greedy_decode_equal"]
+    assert (out / "engines" / "native" / "drafter.engine").stat().st_size > 0
+    graphs = json.loads((out / "export" / "graphs.json").read_text())
+    assert graphs["variants"]["native"]["drafter"]["head"] == HEAD_SCORES
