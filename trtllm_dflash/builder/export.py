@@ -29,6 +29,10 @@ Drafter graph (one block-diffusion step, the target's embedding and LM head incl
     outputs  logits [b, B - 1, V] (predictions for block positions 1..B-1) and
              new_key_i / new_value_i [b, n, kv_heads, head_dim] (context K/V the runtime appends
              at slots cache_lens[r] + i for i < new_counts[r]; the block's K/V are not kept)
+    V2 drafters (graphs/drafter_v2.py; graphs.json `head`): native graphs return logits (unary),
+             candidates [b, B - 1, k] and selector_scores [b, B - 1, k, k] before the new K/V, and
+             the runtime walks the scores; plugin graphs also take temperature [b] and seed [b]
+             (after the caches) and return draft_tokens, candidates and candidate_probs instead
 
 Native graphs concatenate [past cache; new keys] and mask by position instead of scattering into
 the cache inside the graph, so they use only plain ONNX ops (the `native` variant); the `plugin`
