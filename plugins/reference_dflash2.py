@@ -104,28 +104,14 @@ def candidate_walk(
     accumulate = torch.promote_types(cand_unary.dtype, torch.float32)  # float32 (float64 models stay float64)
     cand_unary = cand_unary.to(accumulate)
     cand_successor = successor.to(accumulate)[cand]  # [b, T, k, R]
-    greedy = temperature <= 0
-    safe_t = torch.where(greedy, torch.ones_like(temperature), temperature).to(accumulate).view(-1, 1)
-    all_greedy = bool(greedy.all())
-    no_token = torch.iinfo(torch.int64).max
+    no_token = torch.iinfo(torch.int64).max  # greater than every id: loses every greedy tie
     prev = anchor.long()
     tokens, probs = [], []
     for t in range(steps):
         u = predecessor.to(accumulate)[prev] * z[:, t].to(accumulate)  # [b, R]
         score = cand_unary[:, t] + (cand_successor[:, t] * u.unsqueeze(1)).sum(-1)  # [b, k]
-        best = score.max(dim=-1, keepdim=True).values
-        pick = torch.where(score == best, cand[:, t], no_token).min(dim=-1).values
-        one_hot = (cand[:, t] == pick.view(-1, 1)).float()
-        if all_greedy:  # no row samples: skip the softmax and the race
-            probs.append(one_hot)
-        else:
-            q = torch.softmax(score / safe_t, dim=-1).float()
-            key = rng.counter_key(seed, positions[:, t], rng.STREAM_DRAFT)
-            race = q / -torch.log(rng.uniform_from_key(key.view(-1, 1), cand[:, t]))
-            sampled_pick = cand[:, t].gather(-1, race.argmax(dim=-1, keepdim=True)).squeeze(-1)
-            pick = torch.where(greedy, pick, sampled_pick)
-            one_hot = (cand[:, t] == pick.view(-1, 1)).float()
-            probs.append(torch.where(greedy.view(-1, 1), one_hot, q))
+        pick, q = select_step(score, cand[:, t], temperature, seed, positions[:, t], no_token)
+        probs.append(q)
         tokens.append(pick)
         prev = pick
     return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
@@ -163,6 +149,28 @@ def topk_merge(values: torch.Tensor, ids: torch.Tensor, top_k: int) -> tuple[tor
     values, ids = values.gather(-1, by_id), ids.gather(-1, by_id)
     order = torch.sort(values, dim=-1, descending=True, stable=True).indices[..., :top_k]
     return ids.gather(-1, order), values.gather(-1, order)
+
+
+def select_step(
+    score: torch.Tensor, cand: torch.Tensor, temperature: torch.Tensor, seed: torch.Tensor, positions: torch.Tensor, vocab: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One position of the walk, from the candidates' scores `[b, k]` (ids `cand [b, k]`, absolute
+    `positions [b]`; `vocab`: any id above every candidate): (pick `[b]`, q over the candidates
+    `[b, k]` float32). Shared by the walk above and by runtimes that walk precomputed scores (the V2
+    drafter graphs without plugin nodes)."""
+    greedy = temperature <= 0
+    best = score.max(dim=-1, keepdim=True).values
+    pick = torch.where(score == best, cand, vocab).min(dim=-1).values
+    if bool(greedy.all()):  # no row samples: skip the softmax and the race
+        return pick, (cand == pick.view(-1, 1)).float()
+    safe_t = torch.where(greedy, torch.ones_like(temperature), temperature).to(score.dtype).view(-1, 1)
+    q = torch.softmax(score / safe_t, dim=-1).float()
+    key = rng.counter_key(seed, positions, rng.STREAM_DRAFT)
+    race = q / -torch.log(rng.uniform_from_key(key.view(-1, 1), cand))
+    sampled_pick = cand.gather(-1, race.argmax(dim=-1, keepdim=True)).squeeze(-1)
+    pick = torch.where(greedy, pick, sampled_pick)
+    one_hot = (cand == pick.view(-1, 1)).float()
+    return pick, torch.where(greedy.view(-1, 1), one_hot, q)
 
 
 def scatter_draft_probs(cand: torch.Tensor, cand_probs: torch.Tensor, vocab: int) -> torch.Tensor:

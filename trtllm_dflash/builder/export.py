@@ -29,6 +29,10 @@ Drafter graph (one block-diffusion step, the target's embedding and LM head incl
     outputs  logits [b, B - 1, V] (predictions for block positions 1..B-1) and
              new_key_i / new_value_i [b, n, kv_heads, head_dim] (context K/V the runtime appends
              at slots cache_lens[r] + i for i < new_counts[r]; the block's K/V are not kept)
+    V2 drafters (graphs/drafter_v2.py; graphs.json `head`): native graphs return logits (unary),
+             candidates [b, B - 1, k] and selector_scores [b, B - 1, k, k] before the new K/V, and
+             the runtime walks the scores; plugin graphs also take temperature [b] and seed [b]
+             (after the caches) and return draft_tokens, candidates and candidate_probs instead
 
 Native graphs concatenate [past cache; new keys] and mask by position instead of scattering into
 the cache inside the graph, so they use only plain ONNX ops (the `native` variant); the `plugin`
@@ -51,7 +55,7 @@ import torch
 from torch import nn
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.graphs import names
+from trtllm_dflash.graphs import drafter_v2, names
 from trtllm_dflash.graphs.concat_cache import LayerCache
 from trtllm_dflash.graphs.dense_experts import dense_experts
 from trtllm_dflash.graphs.drafter import DrafterGraph
@@ -102,6 +106,8 @@ class GraphInfo:
     cache_layers: list[dict[str, int] | None] = dataclasses.field(default_factory=list)
     # a verifying target graph (VerifyingTargetGraph): caches in place, returns verification results
     verifies: bool = False
+    # a drafter graph's head (graphs/drafter_v2.py): V1 logits, or a V2 selector's scores or walk
+    head: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -404,7 +410,8 @@ def export_drafter(
         )
     torch_dtype = DTYPES[dtype]
     num_layers = config.num_hidden_layers
-    graph = DrafterGraph(
+    head = drafter_v2.head_of(config, plugin)
+    graph = (drafter_v2.DrafterV2Graph if config.is_v2 else DrafterGraph)(
         cast_parameters(drafter, torch_dtype).eval(),
         cast_parameters(copy.deepcopy(embedding), torch_dtype),
         cast_parameters(copy.deepcopy(lm_head), torch_dtype),
@@ -431,8 +438,11 @@ def export_drafter(
     dynamic = ({0: batch, 1: block}, {0: batch, 1: rows}, {0: batch}, {0: batch}, cache_dims, cache_dims)
     past_k, past_v = names.cache_names(names.PAST, list(range(num_layers)))
     new_k, new_v = names.cache_names(names.NEW, list(range(num_layers)))
-    input_names = [names.BLOCK_IDS, names.CTX_FEATURES, names.NEW_COUNTS, names.CACHE_LENS, *past_k, *past_v]
-    output_names = [names.LOGITS, *new_k, *new_v]
+    sampling = drafter_v2.sampling_inputs(head)  # the plugin walk samples inside: temperature, seed
+    args += (torch.tensor([0.0, 0.8]), torch.tensor([3, 4]))[: len(sampling)]
+    dynamic += ({0: batch},) * len(sampling)
+    input_names = [names.BLOCK_IDS, names.CTX_FEATURES, names.NEW_COUNTS, names.CACHE_LENS, *past_k, *past_v, *sampling]
+    output_names = [*drafter_v2.head_outputs(head), *new_k, *new_v]
     with torch.no_grad():
         _export(graph, args, dynamic, input_names, output_names, path, translations)
     cache = ["batch", "past", config.num_key_value_heads, config.head_dim]
@@ -440,8 +450,9 @@ def export_drafter(
         file=path.name,
         inputs=_describe(
             input_names,
-            [["batch", "block"], ["batch", "ctx_rows", features], ["batch"], ["batch"]] + [cache] * (2 * num_layers),
-            ["int64", dtype, "int64", "int64"] + [dtype] * (2 * num_layers),
+            [["batch", "block"], ["batch", "ctx_rows", features], ["batch"], ["batch"]] + [cache] * (2 * num_layers)
+            + [["batch"]] * len(sampling),
+            ["int64", dtype, "int64", "int64"] + [dtype] * (2 * num_layers) + ["fp32", "int64"][: len(sampling)],
         ),
         outputs=output_names,
         num_layers=num_layers,
@@ -451,6 +462,7 @@ def export_drafter(
         variant=variant,
         dir=variant,
         cache_layers=[LayerCache(config.num_key_value_heads, config.head_dim, config.head_dim).to_dict()] * num_layers,
+        head=head,
     )
 
 

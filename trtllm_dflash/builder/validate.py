@@ -3,7 +3,9 @@
 Both runtimes get the same calls through the `Runtime` interface: a ragged prefill, a verify
 step on top of the filled cache, and two drafter steps (the second with a non-empty draft cache).
 Logits (for a verifying target graph, which returns none: its accepted counts and bonus tokens,
-which must be equal), hidden-state taps, draft logits and the KV caches written by each runtime are compared
+which must be equal), hidden-state taps, draft logits (a V2 drafter's unary logits; a V2 graph that
+walks its selector inside returns none), a V2 drafter's proposals (greedy and sampled with fixed
+seeds: equal tokens, close q) and the KV caches written by each runtime are compared
 (per layer, with each layer's own shape; layers that keep no cache in the torch runtime, such as
 Gemma 4's KV-sharing layers, must keep none in the graphs either); then a short greedy
 speculative decode must give the same tokens.
@@ -128,13 +130,17 @@ def compare_runtimes(
         mask = reference.drafter_config.mask_token_id
         draft_block = torch.full((2, block_size), mask, dtype=torch.long)
         draft_block[:, 0] = block[:, 0]
-        first = [rt.draft_forward(rows, draft_block, prefill_features, lengths, torch.zeros(2, dtype=torch.long)) for rt in (candidate, reference)]
-        results.append(compare("draft.logits (empty draft cache)", first[0], first[1], logits=True))
         accepted = torch.tensor([min(2, block_size - 1), 0])
-        second = [
-            rt.draft_forward(rows, draft_block, verify[1].features, accepted + 1, lengths) for rt in (candidate, reference)
-        ]
-        results.append(compare("draft.logits (filled draft cache)", second[0], second[1], logits=True))
+        steps = {
+            "empty draft cache": (prefill_features, lengths, torch.zeros(2, dtype=torch.long)),
+            "filled draft cache": (verify[1].features, accepted + 1, lengths),
+        }
+        for label, (features, counts, cache_lens) in steps.items():
+            if _has_draft_logits(candidate):
+                logits = [rt.draft_forward(rows, draft_block, features, counts, cache_lens) for rt in (candidate, reference)]
+                results.append(compare(f"draft.logits ({label})", logits[0], logits[1], logits=True))
+            if reference.drafter_config.is_v2:  # the selector's walk: the same drafts and the same q
+                results.extend(_compare_proposals(candidate, reference, rows, (draft_block, features, counts, cache_lens), label))
 
     written = int(lengths.max()) + block_size
     for label, cand_cache, ref_cache in _caches(candidate, reference):
@@ -146,6 +152,31 @@ def compare_runtimes(
                 continue
             results.append(compare(f"{label}.key[{i}]", a.keys[:, :written], b.keys[:, :written]))
             results.append(compare(f"{label}.value[{i}]", a.values[:, :written], b.values[:, :written]))
+    return results
+
+
+def _has_draft_logits(runtime: Runtime) -> bool:
+    """False for a V2 drafter graph that walks its selector inside (it returns draft tokens)."""
+    from trtllm_dflash.graphs.drafter_v2 import HEAD_PLUGIN
+
+    graph = getattr(runtime, "drafter", None)
+    return not (isinstance(graph, dict) and graph.get("head") == HEAD_PLUGIN)
+
+
+def _compare_proposals(candidate: Runtime, reference: Runtime, rows: slice, args: tuple, label: str) -> list[Comparison]:
+    """A V2 drafter's proposals for one draft step, greedy and sampled (fixed seeds): equal tokens,
+    close q. Proposing again writes the same context K/V into the draft cache (same slots, same values)."""
+    zeros = torch.zeros(2, dtype=torch.long)
+    settings = {
+        "greedy": SamplingTensors(torch.zeros(2), zeros, torch.ones(2), zeros),
+        "sampled": SamplingTensors(torch.tensor([1.0, 0.7]), zeros, torch.ones(2), torch.tensor([11, 12])),
+    }
+    results = []
+    for name, sampling in settings.items():
+        got, expected = (rt.propose(rows, *args, sampling) for rt in (candidate, reference))
+        results.append(same_tokens(f"draft.tokens ({name}, {label})", got.tokens, expected.tokens))
+        if expected.probs is not None:
+            results.append(compare(f"draft.q ({name}, {label})", got.probs, expected.probs))
     return results
 
 

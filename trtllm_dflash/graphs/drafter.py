@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -38,6 +40,20 @@ class DrafterGraph(nn.Module):
         self.plugin = plugin
 
     def forward(self, block_ids, ctx_features, new_counts, cache_lens, past_keys: tuple, past_values: tuple):
+        step = self.prepare(block_ids, ctx_features, new_counts, cache_lens, past_keys)
+        x = step.embeds
+        new_keys, new_values = [], []
+        for layer, past_k, past_v in zip(self.drafter.layers, past_keys, past_values):
+            out, k_ctx, v_ctx = self.attend(layer.self_attn, layer.input_layernorm(x), step, past_k, past_v)
+            x = layer._finish(x, out)
+            new_keys.append(k_ctx)
+            new_values.append(v_ctx)
+        hidden = self.drafter.norm(x)
+        logits = self.drafter.logits(hidden[:, 1:], self.lm_head)
+        return logits, tuple(new_keys), tuple(new_values)
+
+    def prepare(self, block_ids, ctx_features, new_counts, cache_lens, past_keys: tuple) -> "StepInputs":
+        """What every layer of a step shares: embeddings, context hidden states, RoPE, masks."""
         drafter = self.drafter
         batch, block = block_ids.shape
         rows, past_len = ctx_features.shape[1], past_keys[0].shape[1]
@@ -54,30 +70,38 @@ class DrafterGraph(nn.Module):
         )
         windows = sorted({layer.self_attn.window for layer in drafter.layers})
         masks = {} if self.plugin else {w: visibility(key_positions, key_valid, block_positions, w, False) for w in windows}
-
         embeds = drafter.embed(block_ids, self.embedding)
         ctx_hidden = drafter.context_hidden(ctx_features)
-        ctx_rope = drafter.rope(ctx_hidden, ctx_positions)
-        block_rope = drafter.rope(embeds, block_positions)
-        x = embeds
-        new_keys, new_values = [], []
-        for layer, past_k, past_v in zip(drafter.layers, past_keys, past_values):
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = attn.project_queries(h, block_rope)
-            k_block, v_block = attn.project_keys_values(h, block_rope)
-            k_ctx, v_ctx = attn.project_keys_values(ctx_hidden, ctx_rope)
-            if self.plugin:
-                out, _, _ = torch.ops.dflash.block_attention_functional(
-                    q, k_block, v_block, k_ctx, v_ctx, new_counts, past_k, past_v, cache_lens, float(attn.scale), int(attn.window)
-                )
-            else:
-                keys = torch.cat([past_k.to(k_block.dtype), k_ctx, k_block], dim=1)
-                values = torch.cat([past_v.to(v_block.dtype), v_ctx, v_block], dim=1)
-                out = native_block_attention(q, keys, values, masks[attn.window], attn.scale)
-            x = layer._finish(x, attn.o_proj(out.flatten(-2)))
-            new_keys.append(k_ctx)
-            new_values.append(v_ctx)
-        hidden = drafter.norm(x)
-        logits = drafter.logits(hidden[:, 1:], self.lm_head)
-        return logits, tuple(new_keys), tuple(new_values)
+        return StepInputs(
+            embeds, ctx_hidden, drafter.rope(ctx_hidden, ctx_positions), drafter.rope(embeds, block_positions),
+            masks, new_counts, cache_lens,
+        )
+
+    def attend(self, attn, h, step: "StepInputs", past_k, past_v):
+        """One layer's attention of the block `h` over [past cache; new context; block]:
+        (o_proj output, new context keys, new context values)."""
+        q = attn.project_queries(h, step.block_rope)
+        k_block, v_block = attn.project_keys_values(h, step.block_rope)
+        k_ctx, v_ctx = attn.project_keys_values(step.ctx_hidden, step.ctx_rope)
+        if self.plugin:
+            out, _, _ = torch.ops.dflash.block_attention_functional(
+                q, k_block, v_block, k_ctx, v_ctx, step.new_counts, past_k, past_v, step.cache_lens, float(attn.scale), int(attn.window)
+            )
+        else:
+            keys = torch.cat([past_k.to(k_block.dtype), k_ctx, k_block], dim=1)
+            values = torch.cat([past_v.to(v_block.dtype), v_ctx, v_block], dim=1)
+            out = native_block_attention(q, keys, values, step.masks[attn.window], attn.scale)
+        return attn.o_proj(out.flatten(-2)), k_ctx, v_ctx
+
+
+@dataclasses.dataclass
+class StepInputs:
+    """The per-step tensors every drafter layer reads (`DrafterGraph.prepare`)."""
+
+    embeds: torch.Tensor
+    ctx_hidden: torch.Tensor
+    ctx_rope: tuple
+    block_rope: tuple
+    masks: dict
+    new_counts: torch.Tensor
+    cache_lens: torch.Tensor

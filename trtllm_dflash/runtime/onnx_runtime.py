@@ -25,8 +25,12 @@ from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.extras import require
 from trtllm_dflash.graphs import names
+from trtllm_dflash.graphs.drafter_v2 import HEAD_LOGITS, HEAD_PLUGIN
 from trtllm_dflash.plugins import reference
-from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, SamplingTensors, TargetOutput, VerifyOutput, verifying_graph_inputs
+from trtllm_dflash.runtime import selector
+from trtllm_dflash.runtime.base import (
+    CachedRuntime, CacheShape, Proposal, SamplingTensors, TargetOutput, VerifyOutput, verifying_graph_inputs,
+)
 
 
 
@@ -223,6 +227,24 @@ class OnnxRuntime(CachedRuntime):
 
     @torch.inference_mode()
     def draft_forward(self, rows, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:
+        """Draft logits (a V2 drafter's unary logits, before its selector)."""
+        out = self._draft_outputs(rows, block, ctx_features, new_counts, cache_lens)
+        return selector.draft_logits(self.drafter_head, out).float()
+
+    @torch.inference_mode()
+    def propose(self, rows, block, ctx_features, new_counts, cache_lens, sampling: SamplingTensors) -> Proposal:
+        if not self.drafter_config.is_v2:
+            return super().propose(rows, block, ctx_features, new_counts, cache_lens, sampling)
+        sampling_feed = {names.TEMPERATURE: _numpy(sampling.temperature, torch.float32), names.SEED: _numpy(sampling.seed, torch.int64)}
+        out = self._draft_outputs(rows, block, ctx_features, new_counts, cache_lens, sampling_feed)
+        return selector.proposal(self.drafter_head, out, sampling, cache_lens + new_counts, self.vocab_size)
+
+    @property
+    def drafter_head(self) -> str:
+        return self.drafter.get("head") or HEAD_LOGITS
+
+    def _draft_outputs(self, rows, block, ctx_features, new_counts, cache_lens, sampling_feed=None) -> dict[str, torch.Tensor]:
+        """One drafter graph call (the new context appended to the draft cache); its outputs by name."""
         layers = self.draft_cache.rows(rows)
         # room for the new context too: plugin nodes append it to the cache they are given
         past_len = max(int((cache_lens + new_counts).max()), 1)
@@ -233,10 +255,11 @@ class OnnxRuntime(CachedRuntime):
             names.CACHE_LENS: _numpy(cache_lens, torch.int64),
         }
         feed.update(self._cache_feed(layers, past_len))
-        out = self.drafter_session.run(feed)
+        if self.drafter_head == HEAD_PLUGIN:
+            feed.update(sampling_feed or {})
+        out = {name: torch.from_numpy(array) for name, array in self.drafter_session.run(feed).items()}
         for i, layer in enumerate(layers):
             reference.append_context(
-                layer.keys, layer.values, cache_lens,
-                torch.from_numpy(out[names.key_name(names.NEW, i)]), torch.from_numpy(out[names.value_name(names.NEW, i)]), new_counts,
+                layer.keys, layer.values, cache_lens, out[names.key_name(names.NEW, i)], out[names.value_name(names.NEW, i)], new_counts
             )
-        return torch.from_numpy(out[names.LOGITS]).float()
+        return out

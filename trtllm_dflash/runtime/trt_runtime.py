@@ -28,7 +28,11 @@ import torch
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import DFlashError, MissingDependencyError
 from trtllm_dflash.graphs import names
-from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, SamplingTensors, TargetOutput, VerifyOutput, verifying_graph_inputs
+from trtllm_dflash.graphs.drafter_v2 import HEAD_LOGITS, HEAD_PLUGIN
+from trtllm_dflash.runtime import selector
+from trtllm_dflash.runtime.base import (
+    CachedRuntime, CacheShape, Proposal, SamplingTensors, TargetOutput, VerifyOutput, verifying_graph_inputs,
+)
 from trtllm_dflash.runtime.output_buffers import OutputBuffers
 from trtllm_dflash.runtime.tensorrt_flavours import INSTALL_HINT, import_tensorrt
 
@@ -235,14 +239,34 @@ class TrtRuntime(CachedRuntime):
 
     @torch.inference_mode()
     def draft_forward(self, rows, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:
+        """Draft logits (a V2 drafter's unary logits, before its selector)."""
+        return selector.draft_logits(self.drafter_head, self._draft_outputs(rows, block, ctx_features, new_counts, cache_lens))
+
+    @torch.inference_mode()
+    def propose(self, rows, block, ctx_features, new_counts, cache_lens, sampling: SamplingTensors) -> Proposal:
+        """V2 drafters: the engine's selector inputs walked on the GPU (native), or the engine's walk (plugin)."""
+        if not self.drafter_config.is_v2:
+            return super().propose(rows, block, ctx_features, new_counts, cache_lens, sampling)
+        sampling_feed = {names.TEMPERATURE: sampling.temperature, names.SEED: sampling.seed}
+        out = self._draft_outputs(rows, block, ctx_features, new_counts, cache_lens, sampling_feed)
+        return selector.proposal(self.drafter_head, out, sampling, cache_lens + new_counts, self.vocab_size)
+
+    @property
+    def drafter_head(self) -> str:
+        return self.drafter.get("head") or HEAD_LOGITS
+
+    def _draft_outputs(self, rows, block, ctx_features, new_counts, cache_lens, sampling_feed=None) -> dict[str, torch.Tensor]:
+        """One drafter engine call (the new context appended to the draft cache); its outputs by name."""
         layers = self.draft_cache.rows(rows)
         feed = {names.BLOCK_IDS: block, names.CTX_FEATURES: ctx_features, names.NEW_COUNTS: new_counts, names.CACHE_LENS: cache_lens}
         feed.update(self._cache_feed(layers))
+        if self.drafter_head == HEAD_PLUGIN:
+            feed.update(sampling_feed or {})
         out = self.drafter_engine.run(0, feed)
         for i, layer in enumerate(layers):
             append_rows(layer.keys, cache_lens, out[names.key_name(names.NEW, i)], new_counts)
             append_rows(layer.values, cache_lens, out[names.value_name(names.NEW, i)], new_counts)
-        return out[names.LOGITS]
+        return out
 
 
 def _role(logits_at: torch.Tensor | None) -> str:
