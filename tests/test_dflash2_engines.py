@@ -149,18 +149,29 @@ def test_decoding_through_the_v2_graphs_equals_the_torch_runtime_and_the_target(
     assert max(tau for r in sampled + greedy for tau in r.acceptance_lengths) > 1  # some drafts were accepted
 
 
-def test_the_plugin_variant_refuses_a_v2_drafter_until_its_nodes_are_registered(exported, tmp_path):
-    from trtllm_dflash.graphs import dflash2_plugin_ops
-    from trtllm_dflash.graphs.target import UnsupportedTargetError
+@pytest.mark.slow  # a plugin export of the demo pair (~25 s) and decoding through the nodes' CPU evaluators (~15 s)
+def test_the_plugin_variant_runs_v2_through_its_plugin_nodes(tmp_path):
+    """The plugin drafter graph holds the V2 nodes (conv, top-k partials + merge, the walk); decoded
+    through their CPU evaluators it gives the torch runtime's tokens, greedy and sampled."""
+    import onnx
 
-    if dflash2_plugin_ops.missing() is None:
-        pytest.skip("the V2 plugin ops are registered: the plugin variant exports V2 drafters")
-    target = load_target(exported["target"], dtype=torch.float16)
-    model = target.model
-    with pytest.raises(UnsupportedTargetError) as error:
-        export_drafter(load_drafter(exported["drafter"], target), model.get_input_embeddings(), model.get_output_embeddings(),
-                       tmp_path / "drafter.onnx", "fp16", BOUNDS, "plugin", plugin=True)
-    assert "V2 plugin nodes not registered" in str(error.value) and "\n" not in str(error.value)
+    from trtllm_dflash.demo import DEMO_DIR
+    from trtllm_dflash.runtime.onnx_runtime import OnnxRuntime
+
+    drafter_dir = make_demo_v2_drafter(tmp_path / "drafter")
+    target = load_target(DEMO_DIR / "target", dtype=torch.float16)
+    export_pair(target.model, load_drafter(drafter_dir, target), tmp_path / "export", "fp16", BOUNDS, variants=("plugin",))
+    graph = onnx.load(str(tmp_path / "export" / "plugin" / "drafter.onnx"))
+    assert {n.op_type for n in graph.graph.node if n.domain == "dflash"} >= {
+        "DFlash2GroupedConv", "DFlash2TopKPartials", "DFlash2TopKMerge", "DFlash2CandidateSelect",
+    }
+    graphs = OnnxRuntime(tmp_path / "export", "plugin")
+    reference = _reference({"target": DEMO_DIR / "target", "drafter": drafter_dir})
+    for temperature in (0.0, 1.0):
+        got = _decode(graphs, PROMPTS[:2], temperature=temperature, seed=11)
+        expected = _decode(reference, PROMPTS[:2], temperature=temperature, seed=11)
+        assert [r.token_ids for r in got] == [r.token_ids for r in expected]
+        assert [r.acceptance_lengths for r in got] == [r.acceptance_lengths for r in expected]
 
 
 # ----------------------------------------------------------------------------- TensorRT-RTX
