@@ -330,19 +330,39 @@ def drafter_v2(
     for name in ("config.json", "model.safetensors"):
         shutil.copy2(run_dir / name, out / name)
     log(f"drafter-v2: wrote {out}")
+    torch.set_num_threads(threads)
+    card_data = json.loads((DEMO_DIR / "demo_card.json").read_text())
+    evaluation = card_data["evaluation"]
+    prompts = [json.loads(line)["prompt"] for line in HELD_OUT_PROMPTS.read_text().splitlines()][: evaluation["held_out_prompts"]]
+    by_block = evaluate_pair(prompts, [8], evaluation["max_new_tokens"], drafter=out)
+    log(f"drafter-v2: {by_block}")
+    summary = json.loads((run_dir / "training.json").read_text())
+    options = {k: v for k, v in summary["options"].items() if k not in ("data_cache", "init_from")}
+    card_data["drafter_v2"] = {
+        **summary["drafter"], "init_from": "trtllm_dflash/demo/drafter", "dtype": "bfloat16", "options": options,
+        "num_sequences": summary["num_sequences"], "final": summary["final"], "history": summary["history"],
+        "data_seconds": summary["data_seconds"], "train_seconds": summary["train_seconds"],
+        "bytes_on_disk": sum(f.stat().st_size for f in out.iterdir()),
+        "evaluation": {"held_out_prompts": len(prompts), "max_new_tokens": evaluation["max_new_tokens"], "temperature": 0.0,
+                       "by_block_size": by_block},
+        "command": f"python benchmarks/train_demo.py drafter-v2 --steps {steps} --sequences {sequences} --selector-rank {selector_rank} --threads {threads}",
+    }
+    (DEMO_DIR / "demo_card.json").write_text(json.dumps(card_data, indent=2) + "\n")
+    (DEMO_DIR / "README.md").write_text(render_readme(card_data))
     return out
 
 
 # ----------------------------------------------------------------------------- card
 
 
-def evaluate_pair(prompts: list[str], block_sizes: list[int], max_new_tokens: int) -> dict:
-    """Mean tau of the shipped pair per block size, and whether it matches the target's greedy output."""
+def evaluate_pair(prompts: list[str], block_sizes: list[int], max_new_tokens: int, drafter: str | Path = "demo") -> dict:
+    """Mean tau of the shipped pair (or the target with `drafter`) per block size, and whether it
+    matches the target's greedy output."""
     from trtllm_dflash.api import DFlashPipeline
 
     ar = DFlashPipeline.load("demo")
     reference = [o.token_ids for o in ar.generate(prompts, max_new_tokens=max_new_tokens, stop_token_ids=(), max_batch=1)]
-    pipe = DFlashPipeline.load("demo", "demo")
+    pipe = DFlashPipeline.load("demo", drafter)
     results = {}
     for size in block_sizes:
         outputs = pipe.generate(prompts, max_new_tokens=max_new_tokens, stop_token_ids=(), block_size=size, max_batch=1)
@@ -376,6 +396,8 @@ def card(
     drafter_summary = json.loads((work / "drafter-run" / "training.json").read_text())
     sizes = {name: sum(f.stat().st_size for f in (DEMO_DIR / name).iterdir()) for name in ("target", "drafter")}
     train_files, _ = corpus.split_files()
+    card_file = DEMO_DIR / "demo_card.json"
+    previous = json.loads(card_file.read_text()) if card_file.is_file() else {}
     card_data = {
         "built": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()} CPU, {torch.get_num_threads()} threads (shared)",
@@ -398,6 +420,7 @@ def card(
         "bytes_on_disk": sizes,
         "evaluation": {"held_out_prompts": len(prompts), "max_new_tokens": max_new_tokens, "temperature": 0.0,
                        "by_block_size": evaluation},
+        **({"drafter_v2": previous["drafter_v2"]} if "drafter_v2" in previous else {}),
         "commands": [
             "python benchmarks/train_demo.py tokenizer",
             f"python benchmarks/train_demo.py target --steps {target_summary['steps']}",
@@ -440,7 +463,25 @@ Rebuild (seeded; same Python version gives the same data):
 
     {chr(10).join('    ' + c if i else c for i, c in enumerate(card_data['commands']))}
 
-Details: `demo_card.json`; held-out prompts: `heldout_prompts.jsonl` (the bench's `stdlib` set).
+{render_v2(card_data)}Details: `demo_card.json`; held-out prompts: `heldout_prompts.jsonl` (the bench's `stdlib` set).
+"""
+
+
+def render_v2(card_data: dict) -> str:
+    """The README's paragraph on the V2 drafter, when one is shipped."""
+    v2 = card_data.get("drafter_v2")
+    if not v2:
+        return ""
+    evaluation = v2["evaluation"]["by_block_size"]["8"]
+    final = v2["final"]
+    return f"""A DFlash V2 drafter (`drafter_v2/`, DFlash2DraftModel) for the same target, started from `drafter/`
+(identity convolutions, a selector that changes nothing yet) and trained {v2['options']['steps']} steps on
+{v2['num_sequences']} target-regenerated sequences ({v2['train_seconds'] / 60:.0f} min): selector rank {v2['selector_rank']},
+top-{v2['selector_top_k']} candidates, {v2['bytes_on_disk'] / 2**20:.1f} MB. Final base loss {final.get('base_loss')}, selector loss
+{final.get('selector_loss')}, candidate recall {final.get('candidate_recall')}, selector accuracy {final.get('selector_accuracy')}.
+Held-out, block 8: tau {evaluation['mean_tau']}, {evaluation['identical_to_target']}/{evaluation['prompts']} identical to the target.
+Rebuild: `{v2['command']}`.
+
 """
 
 
