@@ -45,6 +45,14 @@ def train_drafter(
     seed: int = typer.Option(0, "--seed", help="Seed of initialisation, data order and anchors."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads."),
     cache_features: bool = typer.Option(True, "--cache-features/--no-cache-features", help="Keep target features in memory after the first epoch."),
+    v2: bool = typer.Option(False, "--v2", help="Train a DFlash V2 drafter (grouped dynamic convs + candidate selector), from scratch or --init-from a V1 drafter."),
+    init_from: Optional[Path] = typer.Option(
+        None, "--init-from",
+        help="With --v2: start from this V1 drafter (DFlash2Drafter.from_v1: identity convs, a selector that changes nothing yet; its layers, taps and mask id are kept).",
+    ),
+    selector_rank: int = typer.Option(256, "--selector-rank", help="With --v2: rank R of the selector codebooks (2*V*R weights; published: 256)."),
+    selector_top_k: int = typer.Option(16, "--selector-top-k", help="With --v2: candidates per draft position (published: 16)."),
+    selector_loss_weight: float = typer.Option(1.0, "--selector-loss-weight", help="With --v2: loss = base + weight * selector loss."),
 ) -> None:
     """Train a DFlash drafter for a frozen target (paper recipe) and write it in the z-lab layout."""
     from trtllm_dflash.training.run import TrainDrafterOptions, check_options, train_drafter as run
@@ -54,15 +62,16 @@ def train_drafter(
         target_layer_ids=_layer_ids(target_layer_ids), mask_token_id=mask_token_id, steps=steps, lr=lr,
         batch_size=batch_size, seq_len=seq_len, anchors=anchors, gamma=gamma, regenerate=regenerate,
         prompt_tokens=prompt_tokens, max_sequences=max_sequences, data_cache=data_cache, checkpoint_every=checkpoint_every,
-        resume=resume, seed=seed, threads=threads, cache_features=cache_features,
+        resume=resume, seed=seed, threads=threads, cache_features=cache_features, v2=v2, init_from=init_from,
+        selector_rank=selector_rank, selector_top_k=selector_top_k, selector_loss_weight=selector_loss_weight,
     )
     quiet_libraries()
     checked = check_options(options)  # every input error surfaces here, before anything is loaded
     console = Console(highlight=False)
-    console.print(
-        f"training a {layers}-layer drafter (block {block_size}, taps {list(checked.target_layer_ids)}, "
-        f"mask id {checked.mask_token_id}) for {checked.target_dir} on {len(checked.data_files)} file(s)"
-    )
+    shape = f"taps {list(checked.target_layer_ids)}, mask id {checked.mask_token_id}"
+    kind = f"a V2 drafter from {init_from} (block {block_size}" if init_from else (
+        f"a {layers}-layer {'V2 ' if v2 else ''}drafter (block {block_size}, {shape}")
+    console.print(f"training {kind}) for {checked.target_dir} on {len(checked.data_files)} file(s)")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console) as bar:
@@ -75,6 +84,8 @@ def train_drafter(
             if phase not in tasks:
                 tasks[phase] = bar.add_task(phase, total=total, info="", completed=0)
             info = f"loss {metrics['loss']:.3f} acc {metrics['accuracy']:.2f}" if "loss" in metrics else ""
+            if "selector_accuracy" in metrics:
+                info += f" selector acc {metrics['selector_accuracy']:.2f} recall {metrics['candidate_recall']:.2f}"
             bar.update(tasks[phase], completed=done, info=info)
 
         summary = run(options, progress)

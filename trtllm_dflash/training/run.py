@@ -6,6 +6,10 @@ loaded or any data is generated, so a typo costs a second, not an hour. Training
 `<out>/checkpoint/` (safetensors only) every `checkpoint_every` steps; `resume=True` continues
 from it with the same batches and anchors. The result is a z-lab layout drafter in `<out>`
 (config.json + model.safetensors) plus `training.json` (options, losses, time, tau).
+
+`v2=True` trains a DFlash V2 drafter (convolutions + candidate selector); `init_from` starts it
+from an existing V1 drafter (`DFlash2Drafter.from_v1`: identity convolutions, a selector that
+changes nothing yet), whose layers, taps and mask token it keeps.
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from typing import Callable, Sequence
 
 import torch
 
-from trtllm_dflash.checkpoints import TOKENIZER_FILES, load_target, resolve_checkpoint, save_drafter
-from trtllm_dflash.config import DrafterConfig, default_target_layer_ids
+from trtllm_dflash.checkpoints import TOKENIZER_FILES, load_drafter, load_target, new_drafter, resolve_checkpoint, save_drafter
+from trtllm_dflash.config import MAX_BLOCK_SIZE, V2_ARCHITECTURE, V2_DEFAULTS, DrafterConfig, default_target_layer_ids
 from trtllm_dflash.errors import CheckpointError, DFlashError
+from trtllm_dflash.modeling.dflash2 import DFlash2Drafter
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.training import data as datamod
 from trtllm_dflash.training.checkpoint import load_checkpoint, save_checkpoint
@@ -66,6 +71,11 @@ class TrainDrafterOptions:
     seed: int = 0
     threads: int | None = None
     save_dtype: str = "bfloat16"
+    v2: bool = False  # train a DFlash V2 drafter (DFlash2DraftModel)
+    init_from: str | Path | None = None  # V2: start from this V1 drafter (its layers, taps, mask id)
+    selector_rank: int = V2_DEFAULTS["selector_rank"]
+    selector_top_k: int = V2_DEFAULTS["selector_top_k"]
+    selector_loss_weight: float = 1.0
 
 
 @dataclasses.dataclass
@@ -101,6 +111,17 @@ def check_options(options: TrainDrafterOptions) -> CheckedOptions:
         raise DFlashError(f"--prompt-tokens must be in (0, {o.seq_len}), got {o.prompt_tokens}", "lower --prompt-tokens")
     if o.data_cache and Path(o.data_cache).expanduser().is_dir():
         raise DFlashError(f"--data-cache {o.data_cache} is a directory", "pass a file path (a .safetensors file)")
+    if o.init_from is not None and not o.v2:
+        raise DFlashError("--init-from starts a V2 drafter from a V1 one", "add --v2 (or leave out --init-from)")
+    if o.init_from is not None and not (resolve_checkpoint(o.init_from, "drafter") / "config.json").is_file():
+        raise CheckpointError(f"--init-from {o.init_from} has no config.json", "point it at a V1 drafter directory (z-lab layout)")
+    if o.v2:
+        if o.block_size > MAX_BLOCK_SIZE:
+            raise DFlashError(f"DFlash V2 blocks are 2..{MAX_BLOCK_SIZE}, got --block-size {o.block_size}", "use --block-size 8 or 16")
+        if o.selector_rank < 1 or o.selector_top_k < 1:
+            raise DFlashError(f"--selector-rank and --selector-top-k must be >= 1, got {o.selector_rank} and {o.selector_top_k}", "the published sizes are 256 and 16")
+        if not o.selector_loss_weight >= 0:
+            raise DFlashError(f"--selector-loss-weight must be >= 0, got {o.selector_loss_weight}", "the default is 1.0")
     if o.save_dtype not in ("bfloat16", "float16", "float32"):
         raise DFlashError(f"unknown --save-dtype {o.save_dtype!r}", "use bfloat16, float16 or float32")
 
@@ -248,12 +269,13 @@ def train_drafter(options: TrainDrafterOptions, progress: Progress | None = None
     sequences = prepare_sequences(checked, target, progress)  # creates `checkpoint` once the data is ready
     data_seconds = time.perf_counter() - started
 
-    config = drafter_config(target.config, checked)
     torch.manual_seed(o.seed)
-    drafter = DFlashDrafter(config).to(next(target.model.parameters()).dtype)
+    drafter = initial_drafter(checked, target).to(next(target.model.parameters()).dtype)
+    config = drafter.config
     train_config = TrainConfig(
         steps=o.steps, lr=o.lr, warmup_fraction=o.warmup_fraction, grad_clip=o.grad_clip,
         weight_decay=o.weight_decay, num_anchors=o.anchors, block_size=o.block_size, gamma=o.gamma, seed=o.seed,
+        selector_loss_weight=o.selector_loss_weight,
     )
     trainer = DrafterTrainer(target.model, drafter, train_config)
     history: list[dict] = []
@@ -304,7 +326,10 @@ def train_drafter(options: TrainDrafterOptions, progress: Progress | None = None
         "drafter": {"layers": config.num_hidden_layers, "block_size": config.block_size,
                     "target_layer_ids": list(config.target_layer_ids), "mask_token_id": config.mask_token_id,
                     "gamma": o.gamma or default_gamma(o.block_size),
-                    "parameters": sum(p.numel() for p in drafter.parameters())},
+                    "parameters": sum(p.numel() for p in drafter.parameters()),
+                    **({"architecture": V2_ARCHITECTURE, "selector_rank": config.selector_rank,
+                        "selector_top_k": config.selector_top_k, "init_from": str(o.init_from) if o.init_from else None}
+                       if config.is_v2 else {})},
         "final": history[-1] if history else {},
         "history": history,
         "data_seconds": round(data_seconds, 1),
@@ -315,9 +340,32 @@ def train_drafter(options: TrainDrafterOptions, progress: Progress | None = None
     return summary
 
 
+def initial_drafter(checked: CheckedOptions, target) -> DFlashDrafter:
+    """The drafter training starts from: a fresh V1 or V2 drafter shaped like the target, or
+    (`init_from`) a V2 drafter converted from a V1 one, drafting exactly what it drafts."""
+    o = checked.options
+    vocab = int(target.config.vocab_size)
+    sizes = {"selector_rank": o.selector_rank, "selector_top_k": o.selector_top_k}
+    if o.init_from is not None:
+        v1 = load_drafter(o.init_from, target=target, dtype=torch.float32)
+        if v1.config.is_v2:
+            raise DFlashError(f"--init-from {o.init_from} is already a V2 drafter", "pass a V1 drafter (DFlashDraftModel)")
+        return DFlash2Drafter.from_v1(v1, vocab, **sizes)
+    config = drafter_config(target.config, checked)
+    if o.v2:
+        config = dataclasses.replace(config, architectures=(V2_ARCHITECTURE,), **{**V2_DEFAULTS, **sizes})
+        if config.hidden_size % config.conv_group_size:
+            raise DFlashError(
+                f"hidden size {config.hidden_size} is not a multiple of the V2 conv group {config.conv_group_size}",
+                "DFlash V2 needs a target whose hidden size is a multiple of 16",
+            )
+    return new_drafter(config, vocab)
+
+
 def _cast(drafter: DFlashDrafter, dtype: torch.dtype) -> DFlashDrafter:
     """A copy of the drafter in `dtype` (the trained one stays as it is)."""
-    copy = DFlashDrafter(drafter.config)
+    selector = getattr(drafter, "candidate_selector", None)
+    copy = new_drafter(drafter.config, None if selector is None else selector.predecessor_codebook.shape[0])
     copy.load_state_dict(drafter.state_dict())
     return copy.to(dtype)
 
@@ -341,9 +389,11 @@ def _features(
 
 
 def _mean_metrics(window: list[dict], step: int) -> dict:
-    keys = ("loss", "accuracy")
+    keys = ("loss", "accuracy", "base_loss", "selector_loss", "candidate_recall", "selector_accuracy")
     out = {"step": step}
     for key in keys:
+        if not any(key in m for m in window) and key not in ("loss", "accuracy"):
+            continue
         values = [m[key] for m in window if key in m and not math.isnan(m[key])]
         out[key] = round(sum(values) / len(values), 4) if values else float("nan")
     out["lr"] = window[-1]["lr"] if window else 0.0

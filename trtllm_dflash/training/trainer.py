@@ -2,7 +2,8 @@
 
 Only the draft layers, `fc`, `hidden_norm` and `norm` are trained; the target (and with it the
 embedding and LM head the drafter borrows) stays frozen. AdamW, linear warmup + cosine decay,
-gradient clipping, as in the paper.
+gradient clipping, as in the paper. A DFlash V2 drafter trains all of its weights, the
+convolutions and the candidate selector included (objective.selector_loss).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class TrainConfig:
     block_size: int | None = None  # default: the drafter config's
     gamma: float | None = None
     seed: int = 0
+    selector_loss_weight: float = 1.0  # V2 drafters: loss = base + weight * selector loss
 
 
 @dataclasses.dataclass
@@ -38,6 +40,20 @@ class TrainState:
 
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # input_ids [b, S], loss_mask [b, S] (1 = trained position)
+
+
+@torch.no_grad()
+def unstick_selector(drafter: DFlashDrafter, seed: int = 0) -> None:
+    """Give a V2 drafter whose codebooks are both zero (`from_v1`, or a fresh one) a random
+    predecessor codebook. The selector's extra score is bilinear in the two codebooks, so at
+    zero/zero neither gets a gradient; with the successor still zero the drafter drafts exactly
+    as before, and training can move it."""
+    selector = getattr(drafter, "candidate_selector", None)
+    if selector is None or selector.predecessor_codebook.any() or selector.successor_codebook.any():
+        return
+    generator = torch.Generator().manual_seed(seed)
+    codebook = selector.predecessor_codebook
+    codebook.copy_(torch.randn(codebook.shape, generator=generator).to(codebook))
 
 
 class DrafterTrainer:
@@ -55,6 +71,7 @@ class DrafterTrainer:
         self.lm_head = target.get_output_embeddings()
         self.windows = sorted({drafter.config.window_of(i) for i in range(drafter.config.num_hidden_layers)})
         self.generator = torch.Generator().manual_seed(config.seed)
+        unstick_selector(drafter, config.seed)
         self.optimizer = torch.optim.AdamW(
             [p for p in drafter.parameters() if p.requires_grad], lr=config.lr, weight_decay=config.weight_decay
         )
@@ -82,7 +99,7 @@ class DrafterTrainer:
         lr = cosine_lr(self.step_index, config.steps, config.lr, config.warmup_fraction)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        loss, metrics = dflash_loss(self.drafter, self.embedding, self.lm_head, features, batch)
+        loss, metrics = dflash_loss(self.drafter, self.embedding, self.lm_head, features, batch, config.selector_loss_weight)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), config.grad_clip))
