@@ -3,6 +3,7 @@ token is not a candidate, and a freshly converted V2 drafter has exactly its V1'
 
 from __future__ import annotations
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -117,3 +118,41 @@ def test_the_shipped_demo_v2_drafter_is_lossless_on_held_out_prompts():
     outputs = pipe.generate(prompts, max_new_tokens=32, stop_token_ids=(), max_batch=1)
     assert [o.token_ids for o in outputs] == [r.token_ids for r in reference]
     assert all(a >= 1 for o in outputs for a in o.acceptance_lengths)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"init_from": "demo"}, "--init-from starts a V2 drafter"),
+    ({"v2": True, "block_size": 32}, "DFlash V2 blocks are 2..16"),
+    ({"v2": True, "selector_rank": 0}, "--selector-rank and --selector-top-k must be >= 1"),
+])
+def test_bad_v2_options_fail_before_anything_loads(tmp_path, change, message):
+    from trtllm_dflash.errors import DFlashError
+    from trtllm_dflash.training.run import TrainDrafterOptions, check_options
+
+    options = TrainDrafterOptions(target=tmp_path / "missing", data=[tmp_path / "missing.txt"], out=tmp_path / "out", **change)
+    with pytest.raises(DFlashError, match=message):
+        check_options(options)
+
+
+def test_train_drafter_v2_from_a_v1_drafter_writes_a_loadable_v2(tmp_path):
+    from typer.testing import CliRunner
+
+    from trtllm_dflash.checkpoints import load_drafter
+    from trtllm_dflash.cli.app import app
+    from trtllm_dflash.testing import make_tiny_drafter
+
+    target = make_tiny_target(tmp_path / "target", "qwen3", seed=6, tokenizer=True)
+    v1 = make_tiny_drafter(tmp_path / "v1", target, seed=7, num_layers=1, block_size=4, mask_token_id=1)
+    (tmp_path / "data.txt").write_text("\n".join("abcabcabd" * 4 for _ in range(8)))
+    out = tmp_path / "v2"
+    result = CliRunner().invoke(app, [
+        "train-drafter", "--target", str(target), "--data", str(tmp_path / "data.txt"), "--out", str(out), "--v2",
+        "--init-from", str(v1), "--block-size", "4", "--steps", "3", "--batch-size", "2", "--seq-len", "24",
+        "--anchors", "4", "--selector-rank", "8", "--selector-top-k", "8", "--mask-token-id", "1", "--threads", "1",
+    ])
+    assert result.exit_code == 0, result.output
+    history = json.loads((out / "training.json").read_text())["history"]
+    assert {"base_loss", "selector_loss", "candidate_recall", "selector_accuracy"} <= set(history[-1])
+    drafter = load_drafter(out, target=load_target(target))
+    assert drafter.config.is_v2 and drafter.config.selector_rank == 8 and drafter.config.num_hidden_layers == 1
+    assert drafter.candidate_selector.successor_codebook.any()

@@ -1,6 +1,7 @@
 """The embedded demo pair: a small target LM and its DFlash drafter, shipped with the package.
 
 The name `demo` selects it wherever a model is named (`--target demo`, `--model demo`).
+`drafter_v2_dir()` is a DFlash V2 drafter for the same target, trained from the V1 drafter.
 """
 
 from __future__ import annotations
@@ -27,3 +28,7 @@ def target_dir() -> Path:
 
 def drafter_dir() -> Path:
     return _require(DEMO_DIR / "drafter")
+
+
+def drafter_v2_dir() -> Path:
+    return _require(DEMO_DIR / "drafter_v2")
