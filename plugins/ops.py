@@ -11,7 +11,6 @@ import torch
 
 from trtllm_dflash.plugins import custom_ops, reference, reference_dflash2
 from trtllm_dflash.plugins.attention_options import BLOCK_ATTENTION, TARGET_ATTENTION
-from trtllm_dflash.plugins.kernels import dflash2_launch
 
 
 @BLOCK_ATTENTION.takes_options(torch.Tensor)
@@ -98,7 +97,7 @@ def grouped_dynamic_conv(
     x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, residual: torch.Tensor | None = None
 ) -> torch.Tensor:
     """DFlash V2's grouped dynamic causal convolution along a block; see `reference_dflash2`."""
-    if custom_ops.kernels_enabled(x.device) and dflash2_launch.conv_supported(x, delta, base, residual):
+    if custom_ops.kernels_enabled(x.device):  # the op itself falls back where its kernel does not fit
         return torch.ops.dflash.grouped_dynamic_conv(x, delta, base, residual)
     return reference_dflash2.grouped_dynamic_conv(x, delta, base, residual)
 
@@ -116,6 +115,6 @@ def candidate_select(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """DFlash V2's candidate selector walk: (tokens, candidate ids, candidate q); see `reference_dflash2`."""
     args = (unary, z, anchor, predecessor, successor, temperature, seed, positions, top_k)
-    if custom_ops.kernels_enabled(unary.device) and dflash2_launch.select_supported(unary, z, predecessor, successor, top_k):
+    if custom_ops.kernels_enabled(unary.device):  # the op itself falls back where its kernels do not fit
         return torch.ops.dflash.candidate_select(*args)
     return reference_dflash2.candidate_select(*args)

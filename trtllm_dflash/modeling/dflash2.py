@@ -130,13 +130,11 @@ class DFlash2Drafter(DFlashDrafter):
         v2_sizes = {**V2_DEFAULTS, **sizes}
         config = dataclasses.replace(drafter.config, architectures=(V2_ARCHITECTURE,), **v2_sizes)
         v2 = cls(config, vocab_size)
-        v2.load_state_dict(drafter.state_dict(), strict=False)
         v2.attach_own_weights(
             drafter.lm_head.weight if drafter.lm_head is not None else None,
             drafter.embed_tokens.weight if drafter.embed_tokens is not None else None,
         )
-        if drafter.lm_head is not None or drafter.embed_tokens is not None:
-            v2.load_state_dict(drafter.state_dict(), strict=False)
+        v2.load_state_dict(drafter.state_dict(), strict=False)  # every V1 tensor; the V2 ones keep their identity init
         for layer in v2.layers:
             for conv in (layer.attention_conv, layer.mlp_conv):
                 nn.init.zeros_(conv.kernel_projection.weight)
