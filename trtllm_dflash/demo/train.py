@@ -256,28 +256,44 @@ def drafter(
             batch_size=batch_size, seq_len=seq_len, anchors=anchors, regenerate=True, prompt_tokens=prompt_tokens,
             max_sequences=sequences, regenerate_batch=64, checkpoint_every=100, seed=SEED, threads=threads,
             cache_features=True,  # 16k x 192 x 4 x 128 bf16 features = 3 GB of RAM; the target forward costs more than the drafter step
-            data_cache=work / f"drafter-data-{_short_hash(target_dir / 'model.safetensors')}-{sequences}x{seq_len}-p{prompt_tokens}.safetensors",
+            data_cache=_drafter_data_cache(work, target_dir, sequences, seq_len, prompt_tokens),
             resume=(run_dir / "checkpoint" / "state.json").is_file(),
         )
         if options.resume:
             log(f"drafter: resuming {run_dir}")
-        last = [0.0]
-
-        def progress(phase: str, done: int, total: int, metrics: dict) -> None:
-            if phase == "checkpoint":
-                log(f"drafter step {done}/{total} loss {metrics['loss']:.4f} accuracy {metrics['accuracy']:.3f}")
-            elif time.perf_counter() - last[0] > 60:
-                last[0] = time.perf_counter()
-                log(f"drafter {phase} {done}/{total}")
-
-        summary = train_drafter(options, progress)
+        summary = train_drafter(options, _training_progress("drafter"))
         log(f"drafter: final loss {summary['final']['loss']:.4f}, {summary['train_seconds'] / 60:.1f} min training")
-    out = DEMO_DIR / "drafter"
+    out = _install_drafter(run_dir, DEMO_DIR / "drafter", "drafter")
+    return out
+
+
+def _drafter_data_cache(work: Path, target_dir: Path, sequences: int, seq_len: int, prompt_tokens: int) -> Path:
+    """The regenerated training windows, cached per target weights and window shape (V1 and V2 share them)."""
+    return work / f"drafter-data-{_short_hash(target_dir / 'model.safetensors')}-{sequences}x{seq_len}-p{prompt_tokens}.safetensors"
+
+
+def _training_progress(label: str, extra_metrics: tuple[str, ...] = ()):
+    """A train_drafter progress callback: every checkpoint's metrics, other phases at most once a minute."""
+    last = [0.0]
+
+    def progress(phase: str, done: int, total: int, metrics: dict) -> None:
+        if phase == "checkpoint":
+            extra = "".join(f" {k} {metrics[k]:.4f}" for k in extra_metrics)
+            log(f"{label} step {done}/{total} loss {metrics['loss']:.4f} accuracy {metrics['accuracy']:.3f}{extra}")
+        elif time.perf_counter() - last[0] > 60:
+            last[0] = time.perf_counter()
+            log(f"{label} {phase} {done}/{total}")
+
+    return progress
+
+
+def _install_drafter(run_dir: Path, out: Path, label: str) -> Path:
+    """Copy a finished run's config and weights into the package's demo folder."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     for name in ("config.json", "model.safetensors"):
         shutil.copy2(run_dir / name, out / name)
-    log(f"drafter: wrote {out}")
+    log(f"{label}: wrote {out}")
     return out
 
 
@@ -309,27 +325,14 @@ def drafter_v2(
             max_sequences=sequences, regenerate_batch=64, checkpoint_every=50, seed=SEED, threads=threads,
             cache_features=True, v2=True, init_from=v1_dir, selector_rank=selector_rank, selector_top_k=16,
             selector_loss_weight=selector_loss_weight,
-            data_cache=work / f"drafter-data-{_short_hash(target_dir / 'model.safetensors')}-{sequences}x{seq_len}-p{prompt_tokens}.safetensors",
+            data_cache=_drafter_data_cache(work, target_dir, sequences, seq_len, prompt_tokens),
             resume=(run_dir / "checkpoint" / "state.json").is_file(),
         )
-        last = [0.0]
-
-        def progress(phase: str, done: int, total: int, metrics: dict) -> None:
-            if phase == "checkpoint":
-                extra = " ".join(f"{k} {metrics[k]:.4f}" for k in ("base_loss", "selector_loss", "candidate_recall", "selector_accuracy"))
-                log(f"drafter-v2 step {done}/{total} loss {metrics['loss']:.4f} accuracy {metrics['accuracy']:.3f} {extra}")
-            elif time.perf_counter() - last[0] > 60:
-                last[0] = time.perf_counter()
-                log(f"drafter-v2 {phase} {done}/{total}")
-
-        summary = train_drafter(options, progress)
+        summary = train_drafter(
+            options, _training_progress("drafter-v2", ("base_loss", "selector_loss", "candidate_recall", "selector_accuracy"))
+        )
         log(f"drafter-v2: final {summary['final']}, {summary['train_seconds'] / 60:.1f} min training")
-    out = DEMO_DIR / "drafter_v2"
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy2(run_dir / name, out / name)
-    log(f"drafter-v2: wrote {out}")
+    out = _install_drafter(run_dir, DEMO_DIR / "drafter_v2", "drafter-v2")
     torch.set_num_threads(threads)
     card_data = json.loads((DEMO_DIR / "demo_card.json").read_text())
     evaluation = card_data["evaluation"]
