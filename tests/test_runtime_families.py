@@ -24,7 +24,7 @@ def test_new_recipes_plan_and_dry_run(name, run_main):
     assert f"runtime {find_recipe(*name.split('/')).runtime}:" in " ".join(out.split())
     code, out, err = run_main("build", "--recipe", name, "--dry-run")
     assert code == 0, out + err
-    assert "checked against the llm_args of NVIDIA/TensorRT-LLM@" in " ".join(out.split())
+    assert "checked against the llm_args of v1.4.0rc1 (NVIDIA/TensorRT-LLM@0372799d1543)" in " ".join(out.split())
 
 
 @pytest.mark.parametrize("model, gpu, families", [
@@ -93,7 +93,7 @@ def _good_options():
     (lambda o: o["kv_cache_config"].update(free_gpu_memory_fraction=1.5), "free_gpu_memory_fraction: 1.5 must be <= 1.0"),
     (lambda o: o["speculative_config"].update(max_concurrency=32), "max_concurrency: cannot be combined with draft_len_schedule"),
     (lambda o: o["speculative_config"].update(draft_len_schedule={4: 5}), "must equal max_draft_len 9"),
-    (lambda o: o["speculative_config"].update(attention_backend="FA4"), "attention_backend: 'FA4' is not one of"),
+    (lambda o: o["speculative_config"].update(attention_backend="FA3"), "attention_backend: 'FA3' is not one of"),
 ])
 def test_llm_api_options_are_checked_against_the_pinned_llm_args(change, message):
     from trtllm_dflash.serving.trtllm import LLMApiOptions, validate_options

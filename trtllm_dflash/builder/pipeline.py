@@ -324,24 +324,19 @@ def run_engines(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
 def run_trtllm(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     import yaml
 
+    from trtllm_dflash.serving.llm_args_check import pinned_source
+    from trtllm_dflash.serving.trtllm import check_installed_tensorrt_llm
+
     checkpoints = ctx.upstream["checkpoints"]["summary"]
     options, notes = backend_of(spec).checked_options(spec.recipe, checkpoints["drafter"]["path"])
-    checked_by = check_with_tensorrt_llm({"model": checkpoints["target"]["path"], "backend": "pytorch", **options})
+    checked_by = check_installed_tensorrt_llm(options, f"the options of {spec.recipe.name}")
     (ctx.workdir / "llm_api.yaml").write_text(
         f"# {spec.recipe.name}: trtllm-serve {checkpoints['target']['path']} --backend pytorch --config llm_api.yaml\n"
+        f"# every key checked against TensorRT-LLM {pinned_source()}\n"
         + yaml.safe_dump(options, sort_keys=False)
     )
-    return {"file": "llm_api.yaml", "checked_by": checked_by, "notes": notes, "speculative_config": options["speculative_config"]}
-
-
-def check_with_tensorrt_llm(options: dict[str, Any]) -> str:
-    """Also validate with TensorRT-LLM's own argument model where it is installed (GPU machines)."""
-    try:
-        from tensorrt_llm.llmapi.llm_args import TorchLlmArgs  # type: ignore[import-not-found]
-    except Exception:  # noqa: BLE001 - not installed (a placeholder sdist on PyPI, see PLATFORM.md)
-        return "the LLM-API key schema of trtllm_dflash.serving.trtllm (tensorrt_llm is not installed here)"
-    TorchLlmArgs(**options)
-    return "the LLM-API key schema and tensorrt_llm's TorchLlmArgs"
+    return {"file": "llm_api.yaml", "checked_by": checked_by, "tensorrt_llm": pinned_source(), "notes": notes,
+            "speculative_config": options["speculative_config"]}
 
 
 def run_repository(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:

@@ -24,6 +24,13 @@ KVCachePrecision = Literal["fp32", "bf16", "fp16", "fp8"]
 DrafterPrecision = Literal["fp32", "bf16", "fp16", "fp8"]
 TRTFlavour = Literal["auto", "tensorrt", "tensorrt-rtx"]
 MoEBackend = Literal["TRTLLM", "CUTLASS", "TRITON"]
+# DFlashDecodingConfig.attention_backend (TensorRT-LLM 1.4): the drafter's attention kernels
+DraftAttentionBackend = Literal["VANILLA", "TRTLLM", "FA4"]
+# which SM majors each one runs on (its field description): VANILLA anywhere, TRTLLM SM100/103, FA4 SM90
+DRAFT_ATTENTION_SM = {"TRTLLM": (10,), "FA4": (9,)}
+# MoE backends that run gpt-oss's MXFP4 experts (TensorRT-LLM's gpt-oss deployment guide): Hopper
+# TRITON (BF16 activations) or CUTLASS; Blackwell TRTLLM (MXFP8 activations) or CUTLASS
+MOE_BACKENDS_BY_SM = {9: ("TRITON", "CUTLASS"), 10: ("TRTLLM", "CUTLASS")}
 
 
 def trtllm_draft_len_schedule(schedule: dict[int, int], max_batch_size: int) -> dict[int, int]:
@@ -178,7 +185,10 @@ class TRTLLMSection(_Section):
     """TensorRT-LLM PyTorch-backend (LLM API) options for runtime: trtllm."""
 
     moe_backend: MoEBackend | None = Field(
-        default=None, description="Hopper: TRITON; Blackwell: TRTLLM (latency) or CUTLASS (throughput)."
+        default=None, description="Hopper: TRITON or CUTLASS; Blackwell: TRTLLM (the default there) or CUTLASS."
+    )
+    attention_backend: DraftAttentionBackend | None = Field(
+        default=None, description="The DFlash drafter's attention: VANILLA (any GPU), TRTLLM (Blackwell), FA4 (Hopper)."
     )
     cuda_graph: CudaGraphSection | None = Field(default_factory=CudaGraphSection)
     kv_cache_free_gpu_memory_fraction: float = Field(default=0.85, gt=0.0, lt=1.0)
@@ -270,11 +280,21 @@ class Recipe(_Section):
             from trtllm_dflash.catalog.gpus import resolve_gpu
 
             major = resolve_gpu(self.gpu).compute_capability[0]
-            allowed = ("TRITON",) if major == 9 else ("TRTLLM", "CUTLASS") if major == 10 else ()
+            allowed = MOE_BACKENDS_BY_SM.get(major, ())
             if allowed and self.trtllm.moe_backend not in allowed:
                 raise ValueError(
                     f"trtllm.moe_backend {self.trtllm.moe_backend} is not the MoE backend for {self.gpu} "
                     f"(SM {major}.x); use {' or '.join(allowed)}"
+                )
+        if self.trtllm is not None and self.trtllm.attention_backend in DRAFT_ATTENTION_SM and self.gpu != "cpu":
+            from trtllm_dflash.catalog.gpus import resolve_gpu
+
+            major = resolve_gpu(self.gpu).compute_capability[0]
+            if major not in DRAFT_ATTENTION_SM[self.trtllm.attention_backend]:
+                fits = [name for name, sms in DRAFT_ATTENTION_SM.items() if major in sms]
+                raise ValueError(
+                    f"trtllm.attention_backend {self.trtllm.attention_backend} does not run on {self.gpu} (SM {major}.x); "
+                    f"use {' or '.join(['VANILLA', *fits])}"
                 )
         if self.triton.max_batch_size > self.limits.max_batch_size:
             raise ValueError(
@@ -355,6 +375,8 @@ class Recipe(_Section):
             spec["draft_len_schedule"] = trtllm_draft_len_schedule(self.drafter.draft_len_schedule, self.limits.max_batch_size)
         if self.trtllm.max_concurrency is not None:
             spec["max_concurrency"] = self.trtllm.max_concurrency
+        if self.trtllm.attention_backend is not None:
+            spec["attention_backend"] = self.trtllm.attention_backend
         options: dict[str, Any] = {
             "tensor_parallel_size": self.parallelism.tp,
             "moe_expert_parallel_size": self.parallelism.ep,

@@ -5,11 +5,16 @@ pinned commit: class -> field -> type / allowed literal values / default / bound
 cross-field rules this toolkit relies on. It replaces a hand-made key list, so a key, a type or
 a value that the pinned TensorRT-LLM would reject is refused here, at configuration time.
 `python -m trtllm_dflash.serving.llm_args_extract CHECKOUT` regenerates it from a local checkout.
+
+Where TensorRT-LLM is installed (the GPU node), `installed_llm_args()` extracts the same table from
+the installed package's own llm_args.py (read with `ast`, never imported), so options written
+against the pinned release are checked against the version that will run them, key by key.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -24,9 +29,47 @@ def llm_args_data(path: str | None = None) -> dict[str, Any]:
     return json.loads(Path(path or DATA).read_text())
 
 
+def source_name(data: dict[str, Any]) -> str:
+    """'v1.4.0rc1 (NVIDIA/TensorRT-LLM@0372799d1543)' or, for an untagged extract, the repository@commit."""
+    src = data["source"]
+    where = f"{src['repository']}@{src['commit'][:12]}"
+    return f"{src['release_tag']} ({where})" if src.get("release_tag") else where
+
+
 def pinned_source() -> str:
-    src = llm_args_data()["source"]
-    return f"{src['repository']}@{src['commit'][:12]}" + (f" ({src['release_tag']})" if src.get("release_tag") else "")
+    return source_name(llm_args_data())
+
+
+def pinned_version() -> str | None:
+    """The TensorRT-LLM version the pinned extract is of ('1.4.0rc1'), when it is a release."""
+    tag = llm_args_data()["source"].get("release_tag")
+    return tag[1:] if tag and tag.startswith("v") else tag
+
+
+def installed_llm_args() -> dict[str, Any] | None:
+    """The extract of the installed TensorRT-LLM's llm_args.py (None when it is not installed).
+
+    The package is located, not imported (importing it needs CUDA and its bindings).
+    """
+    from trtllm_dflash.serving.llm_args_extract import extract
+
+    try:
+        spec = importlib.util.find_spec("tensorrt_llm")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(next(iter(spec.submodule_search_locations)))
+    source, version_file = root / "llmapi" / "llm_args.py", root / "version.py"
+    if not source.is_file():
+        return None  # the placeholder sdist on PyPI installs no package source
+    version = "unknown"
+    if version_file.is_file():
+        for line in version_file.read_text().splitlines():
+            if line.startswith("__version__"):
+                version = line.split("=", 1)[1].strip().strip("\"'")
+    return {"source": {"repository": "tensorrt_llm", "commit": f"installed {version}", "release_tag": f"v{version}"},
+            "rules": llm_args_data().get("rules", {}), "classes": extract(source)}
 
 
 def class_fields(name: str, data: dict[str, Any] | None = None) -> tuple[dict[str, Any], bool]:
@@ -46,6 +89,8 @@ def class_fields(name: str, data: dict[str, Any] | None = None) -> tuple[dict[st
 
 def _type_problem(value: Any, spec: dict[str, Any]) -> str | None:
     kind = spec["type"]
+    if value is None and spec.get("nullable"):  # e.g. cuda_graph_config: null turns CUDA graphs off
+        return None
     optional = kind.startswith("optional[")
     if optional:
         if value is None:
@@ -76,9 +121,9 @@ def _type_problem(value: Any, spec: dict[str, Any]) -> str | None:
     return None
 
 
-def check_class(options: dict[str, Any], name: str, where: str = "") -> list[str]:
-    """Every problem of `options` against class `name`, as 'key.path: problem'."""
-    data = llm_args_data()
+def check_class(options: dict[str, Any], name: str, where: str = "", data: dict[str, Any] | None = None) -> list[str]:
+    """Every problem of `options` against class `name` of `data` (default: the pinned extract), as 'key.path: problem'."""
+    data = data or llm_args_data()
     fields, complete = class_fields(name, data)
     problems = []
     for key, value in options.items():
@@ -88,7 +133,7 @@ def check_class(options: dict[str, Any], name: str, where: str = "") -> list[str
             close = [f for f in fields if f.replace("_", "") == key.replace("_", "") or f.startswith(key) or key.startswith(f)]
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             more = "" if complete else "; if it is a real key of that release, regenerate the extract"
-            problems.append(f"{path}: unknown LLM-API key{hint}: not a field of {name} in TensorRT-LLM {pinned_source()}{more}")
+            problems.append(f"{path}: unknown LLM-API key{hint}: not a field of {name} in TensorRT-LLM {source_name(data)}{more}")
             continue
         problem = _type_problem(value, spec)
         if problem:
@@ -99,7 +144,7 @@ def check_class(options: dict[str, Any], name: str, where: str = "") -> list[str
                 problems.append(f"{path}.{spec['discriminator']}: {value.get(spec['discriminator'])!r} is not 'DFlash' "
                                 "(this toolkit writes DFlash speculative configs only)")
                 continue
-            problems += check_class(value, nested, f"{path}.")
+            problems += check_class(value, nested, f"{path}.", data)
     if name == "DFlashDecodingConfig":
         problems += check_decoding_rules(options, where)
     return problems

@@ -134,6 +134,28 @@ def validate_options(options: dict[str, Any], schema: type[BaseModel] = TritonMo
     return options
 
 
+def check_installed_tensorrt_llm(options: dict[str, Any], source: str = "the LLM-API options") -> str:
+    """Check options against the TensorRT-LLM installed here too, when there is one; says what checked them.
+
+    The options were written against the pinned release; a node with another version gets one line
+    naming each key that version does not know, before TensorRT-LLM starts.
+    """
+    from trtllm_dflash.serving.llm_args_check import ROOT, check_class, installed_llm_args, pinned_source, source_name
+
+    options = {k: v for k, v in options.items() if k != "triton_config"}
+    installed = installed_llm_args()
+    if installed is None:
+        return f"the llm_args of TensorRT-LLM {pinned_source()} (tensorrt_llm is not installed here)"
+    problems = check_class(options, ROOT, data=installed)
+    if problems:
+        raise DFlashError(
+            f"{source} were checked against TensorRT-LLM {pinned_source()}, but the TensorRT-LLM installed here "
+            f"({source_name(installed)}) refuses them: {'; '.join(problems)}",
+            f"install tensorrt_llm {pinned_source().split()[0].lstrip('v')} (or a release that has these keys), or remove them",
+        )
+    return f"the llm_args of TensorRT-LLM {pinned_source()} and of the installed {source_name(installed)}"
+
+
 def validate_model_yaml(path: str | Path) -> TritonModelYaml:
     """Validate a written model.yaml (or trtllm-serve YAML when it has no triton_config)."""
     path = Path(path)
@@ -264,6 +286,17 @@ if not os.path.isfile(_SOURCE):
         f"{{_SOURCE}} not found: serve this repository in NVIDIA's Triton TensorRT-LLM container, "
         "or set TRTLLM_LLMAPI_MODEL to the LLM-API model.py of tensorrtllm_backend (all_models/llmapi)"
     )
+# model.yaml was checked against the TensorRT-LLM release its header names; where trtllm-dflash is
+# installed beside TensorRT-LLM, a key this container's version does not know stops here, in one line
+try:
+    from trtllm_dflash.serving.trtllm import check_installed_tensorrt_llm
+except ImportError:
+    check_installed_tensorrt_llm = None
+if check_installed_tensorrt_llm is not None:
+    import yaml
+
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "model.yaml")) as _options:
+        check_installed_tensorrt_llm(yaml.safe_load(_options), "model.yaml")
 sys.path.insert(0, os.path.dirname(_SOURCE))
 _spec = importlib.util.spec_from_file_location("trtllm_llmapi_model", _SOURCE)
 _module = importlib.util.module_from_spec(_spec)
@@ -317,6 +350,8 @@ def write_llm_api_repository(
 
 
 def _yaml(options: dict[str, Any], title: str) -> str:
-    return f"# {title}\n# Written by dflash-trt repo; checked against the LLM-API keys of trtllm_dflash.serving.trtllm.\n" + yaml.safe_dump(
+    from trtllm_dflash.serving.llm_args_check import pinned_source
+
+    return f"# {title}\n# Written by dflash-trt; every key checked against TensorRT-LLM {pinned_source()}.\n" + yaml.safe_dump(
         options, sort_keys=False, default_flow_style=None
     )
