@@ -116,7 +116,7 @@ class QuantizationSection(_Section):
     kv_cache: KVCachePrecision = "bf16"
     drafter: DrafterPrecision = Field(default="bf16", description="Drafter weights; BF16 unless a recipe says otherwise. nvfp4: ModelOpt PTQ on a CUDA GPU, fc kept BF16.")
     calibration: CalibrationSection | None = Field(
-        default=None, description="Needed for FP8/NVFP4 PTQ of BF16 checkpoints; not for MXFP4 -> NVFP4 conversion."
+        default=None, description="Calibration text for FP8/NVFP4 PTQ, and for the activation scales of MXFP4 -> NVFP4 experts."
     )
 
     @property
