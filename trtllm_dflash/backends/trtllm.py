@@ -37,8 +37,9 @@ class TrtllmBackend(Backend):
         model, p, steps = cfg.model, cfg.precision, []
         quantized = quantized_precisions(cfg)
         if model.native_expert_precision == "mxfp4" and p.experts == "nvfp4" and p.weights == "bf16":
-            steps.append(BuildStep("quantize", "convert the MXFP4 experts to NVFP4 with ModelOpt (bit-exact, no calibration)",
-                                   ("modelopt",)))
+            steps.append(BuildStep("quantize", "cast the MXFP4 experts to NVFP4 with ModelOpt (weights exact where the block scales "
+                                   f"fit E4M3, activation scales calibrated on {quantize_samples(cfg)}; needs a CUDA GPU)",
+                                   ("modelopt", "torch", "cuda-gpu")))
         elif quantized:
             steps.append(BuildStep("quantize", f"ModelOpt {'/'.join(sorted(quantized))} PTQ of the target ({quantize_samples(cfg)}); "
                                    "export a Hugging Face checkpoint TensorRT-LLM loads", quantize_needs(quantized)))

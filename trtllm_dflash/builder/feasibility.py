@@ -19,8 +19,19 @@ def backend_of(spec: BuildSpec) -> Backend:
 
 
 def needs_expert_conversion(spec: BuildSpec) -> bool:
-    """Published MXFP4 experts asked for as NVFP4: a conversion this build does not implement."""
+    """Published MXFP4 experts asked for as NVFP4: ModelOpt casts the weights and calibrates the
+    activation scales (a CUDA GPU; builder/nvfp4.py)."""
     return spec.recipe.model_spec().native_expert_precision == "mxfp4" and spec.experts == "nvfp4" and not spec.quantized
+
+
+def quantizes_drafter(spec: BuildSpec) -> bool:
+    """`quantization.drafter: nvfp4`: the quantize stage also calibrates the drafter (fc kept BF16)."""
+    return spec.drafter_quant == "nvfp4"
+
+
+def has_quantize_work(spec: BuildSpec) -> bool:
+    """Whether the quantize stage runs ModelOpt at all (else it records that nothing was needed)."""
+    return spec.quantized or needs_expert_conversion(spec) or quantizes_drafter(spec)
 
 
 def validation_skip_reason(spec: BuildSpec) -> str | None:

@@ -27,7 +27,9 @@ from typing import Any
 from trtllm_dflash.builder import manifest as mf
 from trtllm_dflash.extras import require
 from trtllm_dflash.backends import write_build_repository
-from trtllm_dflash.builder.feasibility import backend_of, needs_expert_conversion, repository_writer, validation_skip_reason
+from trtllm_dflash.builder.feasibility import (
+    backend_of, has_quantize_work, needs_expert_conversion, quantizes_drafter, repository_writer, validation_skip_reason,
+)
 from trtllm_dflash.builder.spec import BuildSpec, export_support
 from trtllm_dflash.builder.stages import BuildResult, Reporter, Stage, StageBlocked, StageContext, StageRunner
 from trtllm_dflash.errors import CheckpointError, DFlashError
@@ -126,20 +128,30 @@ def _target_source(ctx: StageContext) -> Path:
 
 
 def run_quantize(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
-    if needs_expert_conversion(spec):
-        raise StageBlocked(
-            "converting the published MXFP4 experts to NVFP4 is not implemented in this build",
-            "serve the MXFP4 experts as published (`--quant mxfp4`; TensorRT-LLM runs them natively), "
-            "or convert with ModelOpt's MXFP4-to-NVFP4 cast and pass the converted checkpoint as the model",
-        )
-    if not spec.quantized:
+    """ModelOpt PTQ of the target (FP8 / NVFP4, or gpt-oss's MXFP4 experts cast to NVFP4) and of an NVFP4 drafter."""
+    if not has_quantize_work(spec):
         what = backend_of(spec).unquantized_note(spec.quant)
         return {"quant": spec.quant, "experts": spec.experts, "note": f"no quantization: {what}"}
     from trtllm_dflash.builder.quantize import quantize_target
+    from trtllm_dflash.builder.quantize_drafter import quantize_drafter
 
-    target = Path(ctx.upstream["checkpoints"]["summary"]["target"]["path"])
-    summary = quantize_target(target, ctx.workdir / "target", spec.quant, spec.kv_cache_dtype, spec.calibration, ctx.status)
-    return {**summary, "target_dir": "target"}
+    checkpoints = ctx.upstream["checkpoints"]["summary"]
+    target = Path(checkpoints["target"]["path"])
+    summary: dict[str, Any] = {"quant": spec.quant, "experts": spec.experts}
+    experts = needs_expert_conversion(spec)
+    if spec.quantized or experts:
+        summary = {**quantize_target(target, ctx.workdir / "target", spec.quant, spec.kv_cache_dtype, spec.calibration, ctx.status,
+                                     experts_from_mxfp4=experts), "target_dir": "target"}
+    if quantizes_drafter(spec):
+        drafter = quantize_drafter(Path(checkpoints["drafter"]["path"]), target, ctx.workdir / "drafter", spec.calibration, ctx.status)
+        summary.update(drafter_quantization=drafter, drafter_dir="drafter")
+    return summary
+
+
+def quantized_drafter_dir(ctx: StageContext) -> Path:
+    """The NVFP4 drafter when the quantize stage wrote one, else the drafter as given."""
+    written = ctx.upstream["quantize"]["summary"].get("drafter_dir")
+    return ctx.upstream_dir("quantize") / written if written else Path(ctx.upstream["checkpoints"]["summary"]["drafter"]["path"])
 
 
 def load_graph_target(spec: BuildSpec, source: Path, dtype: str):
@@ -171,7 +183,7 @@ def run_export(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
         require(module, "export", "ONNX export")
     reason = export_support(spec)
     if reason is not None:
-        raise StageBlocked(f"cannot export the {spec.quant} target: {reason.split(';')[0]}", reason.split("; ", 1)[-1])
+        raise StageBlocked(f"cannot export NVFP4 graphs: {reason.split(';')[0]}", reason.split("; ", 1)[-1])
     source = _target_source(ctx)
     checkpoints = ctx.upstream["checkpoints"]["summary"]
     block_size = spec.block_size or checkpoints["drafter"]["block_size"]
@@ -327,11 +339,11 @@ def run_trtllm(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     from trtllm_dflash.serving.llm_args_check import pinned_source
     from trtllm_dflash.serving.trtllm import check_installed_tensorrt_llm
 
-    checkpoints = ctx.upstream["checkpoints"]["summary"]
-    options, notes = backend_of(spec).checked_options(spec.recipe, checkpoints["drafter"]["path"])
+    target = _target_source(ctx)  # the quantized checkpoint when there is one
+    options, notes = backend_of(spec).checked_options(spec.recipe, str(quantized_drafter_dir(ctx)))
     checked_by = check_installed_tensorrt_llm(options, f"the options of {spec.recipe.name}")
     (ctx.workdir / "llm_api.yaml").write_text(
-        f"# {spec.recipe.name}: trtllm-serve {checkpoints['target']['path']} --backend pytorch --config llm_api.yaml\n"
+        f"# {spec.recipe.name}: trtllm-serve {target} --backend pytorch --config llm_api.yaml\n"
         f"# every key checked against TensorRT-LLM {pinned_source()}\n"
         + yaml.safe_dump(options, sort_keys=False)
     )
@@ -362,7 +374,7 @@ def make_stages(spec: BuildSpec, target_dir: Path, drafter_dir: Path) -> list[St
     )
     # "runtime" stays the key (the backend's old name) so finished quantize stages are not rebuilt
     quant_inputs: dict[str, Any] = {"quantization": recipe["quantization"], "runtime": spec.backend}
-    if spec.quantized:
+    if has_quantize_work(spec):
         quant_inputs.update(modelopt=tools["modelopt"], torch=tools["torch"], transformers=tools["transformers"])
         dataset = Path(spec.calibration.dataset).expanduser()
         if spec.calibration.dataset != "builtin" and dataset.is_file():
@@ -445,7 +457,9 @@ def write_manifest(out: Path, spec: BuildSpec, result: BuildResult) -> dict:
         target = "demo" if spec.target == "demo" and not quantize.get("target_dir") else (
             str(out / "quantize" / quantize["target_dir"]) if quantize.get("target_dir") else checkpoints["target"]["path"]
         )
-        manifest["checkpoints"] = {"target": target, "drafter": "demo" if spec.drafter == "demo" else checkpoints["drafter"]["path"]}
+        drafter = str(out / "quantize" / quantize["drafter_dir"]) if quantize.get("drafter_dir") else (
+            "demo" if spec.drafter == "demo" else checkpoints["drafter"]["path"])
+        manifest["checkpoints"] = {"target": target, "drafter": drafter}
     if "engines" in records:
         manifest["engines"] = "engines"
     if "repository" in records:

@@ -1,12 +1,13 @@
 """Post-training quantization of the target with NVIDIA ModelOpt, and loading what it exports.
 
 FP8 (E4M3 weights and activations, per-tensor scales; optionally an FP8 KV cache) calibrates on
-CPU or GPU; NVFP4 calibration needs CUDA (ModelOpt computes its block scales with CUDA kernels),
-so on a machine without a GPU the stage stops with that reason and the build resumes there on a
-GPU machine. The output is a Hugging Face checkpoint in ModelOpt's format (`quant_method:
+CPU or GPU; NVFP4 calibration needs CUDA (ModelOpt computes its block scales with CUDA kernels;
+an H100 runs its NVFP4 emulation), so on a machine without a GPU the stage stops with that reason
+and the build resumes on a GPU machine. The output is a Hugging Face checkpoint in ModelOpt's format (`quant_method:
 modelopt`, FP8 weights with `weight_scale`/`input_scale`), which TensorRT-LLM loads directly and
 which `modelopt_checkpoints.load_modelopt_model` loads for the torch runtime, simulating the FP8 arithmetic.
-The drafter is not quantized: it is small, and its accuracy is what tau depends on.
+NVFP4 experts of gpt-oss come from its published MXFP4 ones (nvfp4.py: the weights are cast,
+the activation scales calibrated). The drafter is quantized separately (quantize_drafter.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 
+from trtllm_dflash.builder import nvfp4
 from trtllm_dflash.builder.stages import StageBlocked
 from trtllm_dflash.errors import CheckpointError, DFlashError
 from trtllm_dflash.modelopt_checkpoints import FP8_MAX, fake_quantize_fp8, is_modelopt_checkpoint, load_modelopt_model
@@ -54,26 +56,52 @@ def calibration_texts(calibration) -> list[str]:
 def quant_config(quant: str, kv_cache_dtype: str) -> dict[str, Any]:
     import modelopt.torch.quantization as mtq
 
-    if quant == "fp8":
-        config = copy.deepcopy(mtq.FP8_DEFAULT_CFG)
-    elif quant == "nvfp4":
-        config = copy.deepcopy(mtq.NVFP4_DEFAULT_CFG)
-    else:
+    if quant == "nvfp4":
+        return nvfp4.dense_config(kv_cache_dtype)
+    if quant != "fp8":
         raise ValueError(quant)
+    config = copy.deepcopy(mtq.FP8_DEFAULT_CFG)
     if kv_cache_dtype == "fp8":
         kv = copy.deepcopy(mtq.FP8_KV_CFG)["quant_cfg"]
         config["quant_cfg"] = list(config["quant_cfg"]) + list(kv) if isinstance(kv, list) else {**config["quant_cfg"], **kv}
     return config
 
 
-def require_cuda_for(quant: str) -> None:
-    if quant == "nvfp4" and not torch.cuda.is_available():
-        raise StageBlocked(
-            "NVFP4 calibration needs a CUDA GPU: ModelOpt computes NVFP4 block scales with CUDA kernels "
-            "(on CPU it fails with 'amax must be a CUDA tensor')",
-            "run the same `dflash-trt build` on a Blackwell GPU machine (the finished stages are reused), "
-            "or use --quant fp8 / bf16 here",
-        )
+def require_cuda_for(quant: str, experts_from_mxfp4: bool = False) -> None:
+    """NVFP4 (dense PTQ, or the cast of published MXFP4 experts) refuses without CUDA; FP8 runs anywhere."""
+    if experts_from_mxfp4:
+        nvfp4.require_cuda("converting the MXFP4 experts to NVFP4 (activation scales from calibration)")
+    elif quant == "nvfp4":
+        nvfp4.require_cuda("NVFP4 PTQ of the target")
+
+
+def _import_modelopt():
+    try:
+        import modelopt.torch.quantization as mtq
+        from modelopt.torch.export import export_hf_checkpoint
+    except ImportError as exc:
+        raise StageBlocked(f"nvidia-modelopt is not installed ({exc})", "pip install 'trtllm-dflash[quant]'") from None
+    return mtq, export_hf_checkpoint
+
+
+def _load_mxfp4_target(target_dir: Path, device: str):
+    """gpt-oss with its MXFP4 experts dequantized to BF16 by transformers (exact: E2M1 x 2^k fits BF16)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Mxfp4Config
+
+    model = AutoModelForCausalLM.from_pretrained(
+        target_dir, quantization_config=Mxfp4Config(dequantize=True), dtype=torch.bfloat16, device_map=device,
+        trust_remote_code=False, local_files_only=True,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(target_dir, trust_remote_code=False, local_files_only=True)
+    return model.eval(), tokenizer
+
+
+def calibration_batches(tokenizer, calibration, device: str) -> list[torch.Tensor]:
+    """Token ids of each calibration sample, cut to the recipe's calibration length."""
+    return [
+        tokenizer(text, return_tensors="pt", truncation=True, max_length=calibration.max_seq_len)["input_ids"].to(device)
+        for text in calibration_texts(calibration)
+    ]
 
 
 def quantize_target(
@@ -83,42 +111,54 @@ def quantize_target(
     kv_cache_dtype: str,
     calibration,
     progress: Callable[[str], None] = lambda text: None,
+    experts_from_mxfp4: bool = False,
 ) -> dict[str, Any]:
-    """Calibrate the target with ModelOpt and export it as a quantized Hugging Face checkpoint."""
-    require_cuda_for(quant)
+    """Calibrate the target with ModelOpt and export it as a quantized Hugging Face checkpoint.
+
+    `experts_from_mxfp4`: the target is gpt-oss as published; its experts are cast to NVFP4
+    (weights exactly where the scales fit, see nvfp4.py) and calibrated for their activation
+    scales; everything else stays as published.
+    """
+    require_cuda_for(quant, experts_from_mxfp4)
     progress("importing ModelOpt")
-    try:
-        import modelopt.torch.quantization as mtq
-        from modelopt.torch.export import export_hf_checkpoint
-    except ImportError as exc:
-        raise StageBlocked(f"nvidia-modelopt is not installed ({exc})", "pip install 'trtllm-dflash[quant]'") from None
+    mtq, export_hf_checkpoint = _import_modelopt()
     from trtllm_dflash.checkpoints import load_target
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    target = load_target(target_dir, device=device, dtype=dtype)
-    if target.tokenizer is None:
+    if experts_from_mxfp4:
+        model, tokenizer = _load_mxfp4_target(target_dir, device)
+        config, label = nvfp4.experts_config(kv_cache_dtype), "nvfp4 experts"
+    else:
+        target = load_target(target_dir, device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
+        model, tokenizer = target.model, target.tokenizer
+        config, label = quant_config(quant, kv_cache_dtype), quant
+    if tokenizer is None:
         raise CheckpointError(f"target {target_dir} has no tokenizer, so it cannot be calibrated", "save the tokenizer next to the model")
-    texts = calibration_texts(calibration)
-    batches = [
-        target.tokenizer(text, return_tensors="pt", truncation=True, max_length=calibration.max_seq_len)["input_ids"].to(device)
-        for text in texts
-    ]
+    batches = calibration_batches(tokenizer, calibration, device)
 
     def forward_loop(model) -> None:
         for i, ids in enumerate(batches):
-            progress(f"calibrating {quant}: sample {i + 1}/{len(batches)}")
+            progress(f"calibrating {label}: sample {i + 1}/{len(batches)}")
             model(ids)
 
-    model = target.model
     with torch.no_grad():
-        model = mtq.quantize(model, quant_config(quant, kv_cache_dtype), forward_loop=forward_loop)
+        model = mtq.quantize(model, config, forward_loop=forward_loop)
+    extra: dict[str, Any] = {}
+    if experts_from_mxfp4:
+        progress("pinning the expert weight scales to the MXFP4 source")
+        cast = nvfp4.pin_expert_amax(model, target_dir)
+        extra["expert_cast"] = {
+            "tensors": len(cast), "exact_tensors": sum(e["exact_blocks"] == e["blocks"] for e in cast.values()),
+            "inexact": {name: e for name, e in cast.items() if e["exact_blocks"] < e["blocks"]},
+        }
     progress("exporting the quantized checkpoint")
     out_dir.mkdir(parents=True, exist_ok=True)
     export_hf_checkpoint(model, export_dir=out_dir)
     _copy_tokenizer(target_dir, out_dir)
     counts = _count_quantized(out_dir)
-    return {"quant": quant, "kv_cache_dtype": kv_cache_dtype, "calibration_samples": len(batches), "device": device, **counts}
+    if quant == "nvfp4" or experts_from_mxfp4:
+        extra["layout"] = nvfp4.nvfp4_layout(out_dir)
+    return {"quant": label, "kv_cache_dtype": kv_cache_dtype, "calibration_samples": len(batches), "device": device, **counts, **extra}
 
 
 def _copy_tokenizer(source: Path, dest: Path) -> None:

@@ -280,6 +280,9 @@ def resolve_spec(
 
 def export_support(spec: BuildSpec) -> str | None:
     """None when the target's graphs can be exported at this precision, else why not."""
-    if spec.quant == "nvfp4":
-        return "NVFP4 graphs (FP4 Q/DQ) are not exported by this build; deploy NVFP4 with backend: trtllm, or use --quant fp8/bf16"
+    which = "target" if spec.quant == "nvfp4" else "drafter" if spec.drafter_quant == "nvfp4" else None
+    if which is not None:
+        return (f"the ONNX export has no NVFP4 form for the {which} (FLOAT4E2M1 weights with blocked E4M3 DequantizeLinear "
+                "and a per-tensor scale are not written, so TensorRT would get no FP4 GEMMs); "
+                "deploy NVFP4 with backend: trtllm, or use --quant fp8/bf16 and a bf16 drafter for trt engines")
     return None

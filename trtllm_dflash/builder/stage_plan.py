@@ -14,7 +14,9 @@ import importlib.util
 import os
 from pathlib import Path
 
-from trtllm_dflash.builder.feasibility import backend_of, needs_expert_conversion, repository_writer, validation_skip_reason
+from trtllm_dflash.builder.feasibility import (
+    backend_of, has_quantize_work, needs_expert_conversion, quantizes_drafter, repository_writer, validation_skip_reason,
+)
 from trtllm_dflash.builder.spec import BuildSpec, export_support
 
 BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nvfp4": 4.5 / 8, "mxfp4": 4.25 / 8}
@@ -115,18 +117,26 @@ def make_build_plan(spec: BuildSpec) -> BuildPlan:
     stages.append(StagePlan("checkpoints", "validate the target/drafter pair; check and hash every safetensors file", where, here, "digests"))
 
     weights = deployment.budget.target_weights * deployment.layout.tp
-    if not spec.quantized and spec.experts not in ("nvfp4",):
+    samples = f"{spec.calibration.num_samples} samples of {spec.calibration.dataset} text"
+    drafter_too = "; the drafter in NVFP4 (fc kept BF16)" if quantizes_drafter(spec) else ""
+    nvfp4_here = gpus > 0 and has_module("modelopt")
+    nvfp4_where = "here (CUDA GPU)" if nvfp4_here else (
+        "needs a CUDA GPU: ModelOpt computes NVFP4 scales with CUDA kernels (an H100/H200 emulates NVFP4; Blackwell serves it)")
+    if not has_quantize_work(spec):
         stages.append(StagePlan("quantize", f"nothing to do ({backend.unquantized_note(spec.quant)})", "here", True, "none"))
     elif needs_expert_conversion(spec):
         stages.append(StagePlan(
-            "quantize", "convert the published MXFP4 experts to NVFP4",
-            "not implemented in this build: serve the MXFP4 experts as published with --quant mxfp4 (TensorRT-LLM runs them natively)",
-            False, f"~{size(weights)} NVFP4 checkpoint",
+            "quantize", "cast the published MXFP4 experts to NVFP4 with ModelOpt (weights exact where the block scales fit "
+            f"E4M3 under one tensor scale, else the error is reported; activation scales calibrated on {samples}){drafter_too}",
+            nvfp4_where, nvfp4_here, f"~{size(weights)} NVFP4 checkpoint",
         ))
-    elif "nvfp4" in (spec.quant, spec.experts):
-        here = gpus > 0 and has_module("modelopt")
-        where = "here (CUDA GPU)" if here else "needs a CUDA GPU: ModelOpt's NVFP4 calibration runs CUDA kernels"
-        stages.append(StagePlan("quantize", f"ModelOpt NVFP4 PTQ ({spec.calibration.num_samples} samples of {spec.calibration.dataset} text)", where, here, f"~{size(weights)} NVFP4 checkpoint"))
+    elif "nvfp4" in (spec.quant, spec.experts) or (not spec.quantized and quantizes_drafter(spec)):
+        what = "ModelOpt NVFP4 PTQ (weights, activation scales" + (", FP8 KV-cache scales" if spec.kv_cache_dtype == "fp8" else "")
+        action = f"{what}; {samples}){drafter_too}" if spec.quantized else f"ModelOpt NVFP4 PTQ of the drafter, fc kept BF16 ({samples})"
+        stages.append(StagePlan("quantize", action, nvfp4_where, nvfp4_here, f"~{size(weights)} NVFP4 checkpoint" if spec.quantized else "NVFP4 drafter"))
+    elif quantizes_drafter(spec):  # FP8 target (calibrates anywhere) with an NVFP4 drafter (needs CUDA)
+        stages.append(StagePlan("quantize", f"ModelOpt FP8 PTQ of the target and NVFP4 PTQ of the drafter, fc kept BF16 ({samples})",
+                                nvfp4_where, nvfp4_here, f"~{size(weights)} FP8 checkpoint"))
     else:
         where = "here (GPU)" if gpus else "here on CPU (ModelOpt FP8 PTQ runs on CPU; a GPU is much faster for large models)"
         kv = ", FP8 KV-cache scales" if spec.kv_cache_dtype == "fp8" else ""

@@ -5,6 +5,8 @@ They differ in the scales:
 
     MXFP4  one E8M0 scale (a power of two, 2^(s - 127)) per 32 elements, no tensor scale
     NVFP4  one E4M3 scale per 16 elements, times one float32 scale per tensor
+           (ModelOpt writes them as `weight` uint8 [out, in/2], `weight_scale` F8_E4M3
+           [out, in/16] and `weight_scale_2` F32 []; value = e2m1 * weight_scale * weight_scale_2)
 
 gpt-oss stores each expert projection as `<proj>_blocks` [E, out, in/32, 16] uint8 and
 `<proj>_scales` [E, out, in/32] uint8 (the OCP MX layout), with `quantization_config.quant_method:
@@ -64,6 +66,22 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     exponent = scales.to(torch.int32) - E8M0_BIAS
     out = torch.ldexp(values, exponent.unsqueeze(-1).float())
     return out.flatten(-2).to(dtype)
+
+
+def dequantize_nvfp4(
+    packed: torch.Tensor, block_scales: torch.Tensor, global_scale: torch.Tensor | float, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """NVFP4 `weight` [..., K/2] uint8, `weight_scale` [..., K/16] (E4M3) and `weight_scale_2` -> [..., K].
+
+    Computed in float32: an E2M1 value times an E4M3 scale times a power-of-two tensor scale is
+    exact there, so a converted MXFP4 tensor can be compared with its source bit for bit.
+    """
+    values = decode_e2m1(unpack_codes(packed), torch.float32)
+    if values.shape[-1] != block_scales.shape[-1] * NVFP4_BLOCK:
+        raise ValueError(f"NVFP4 weight {tuple(packed.shape)} and block scales {tuple(block_scales.shape)} do not match "
+                         f"(K/2 and K/{NVFP4_BLOCK})")
+    scale = block_scales.float().unsqueeze(-1) * torch.as_tensor(global_scale, dtype=torch.float32)
+    return (values.unflatten(-1, (-1, NVFP4_BLOCK)) * scale).flatten(-2).to(dtype)
 
 
 def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,7 +21,7 @@ BackendName = Literal["trt", "trtllm", "torch"]  # trtllm_dflash.backends
 WeightPrecision = Literal["fp32", "bf16", "fp16", "fp8", "nvfp4"]
 ExpertPrecision = Literal["fp32", "bf16", "fp16", "fp8", "nvfp4", "mxfp4"]
 KVCachePrecision = Literal["fp32", "bf16", "fp16", "fp8"]
-DrafterPrecision = Literal["fp32", "bf16", "fp16", "fp8"]
+DrafterPrecision = Literal["fp32", "bf16", "fp16", "fp8", "nvfp4"]
 TRTFlavour = Literal["auto", "tensorrt", "tensorrt-rtx"]
 MoEBackend = Literal["TRTLLM", "CUTLASS", "TRITON"]
 # DFlashDecodingConfig.attention_backend (TensorRT-LLM 1.4): the drafter's attention kernels
@@ -121,9 +121,9 @@ class QuantizationSection(_Section):
         default=None, description="MoE expert weights; default: same as `weights` (gpt-oss ships MXFP4)."
     )
     kv_cache: KVCachePrecision = "bf16"
-    drafter: DrafterPrecision = Field(default="bf16", description="Drafter weights; BF16 unless a recipe says otherwise.")
+    drafter: DrafterPrecision = Field(default="bf16", description="Drafter weights; BF16 unless a recipe says otherwise. nvfp4: ModelOpt PTQ on a CUDA GPU, fc kept BF16.")
     calibration: CalibrationSection | None = Field(
-        default=None, description="Needed for FP8/NVFP4 PTQ of BF16 checkpoints; not for MXFP4 -> NVFP4 conversion."
+        default=None, description="Calibration text for FP8/NVFP4 PTQ, and for the activation scales of MXFP4 -> NVFP4 experts."
     )
 
     @property
