@@ -41,7 +41,7 @@ def test_dry_run_gpt_oss_on_b300_is_a_complete_trtllm_plan():
     deployment = plan["deployment"]
     assert deployment["ok"] and deployment["runtime"] == "trtllm"
     assert deployment["layout"] == {"num_gpus": 8, "tp": 8, "ep": 8, "attention_dp": False}
-    assert deployment["precision"]["kv_cache"] == "fp8" and deployment["precision"]["experts"] == "nvfp4"
+    assert deployment["precision"]["kv_cache"] == "fp8" and deployment["precision"]["experts"] == "mxfp4"
     assert deployment["max_concurrency"] > 0
     names = [s["name"] for s in plan["stages"]]
     assert names == ["checkpoints", "quantize", "trtllm", "repository"]  # no engines for the trtllm runtime
@@ -69,8 +69,30 @@ def test_dry_run_for_every_shipped_engine_recipe():
         names = [s.name for s in plan.stages]
         assert names[:2] == ["checkpoints", "quantize"]
         assert ("engines" in names) == (recipe.runtime == "trt")
+        for stage in plan.stages:  # here a stage may wait for a GPU or a download, never for a missing feature
+            assert stage.runs_here or any(need in stage.where for need in MACHINE_NEEDS), (recipe.name, stage)
+            assert not any(word in stage.where for word in ("not implemented", "not supported")), (recipe.name, stage)
         built += 1
     assert built >= 10
+
+
+MACHINE_NEEDS = ("needs a CUDA GPU", "needs full TensorRT", "needs a ", "downloaded")
+
+
+def test_every_recipe_runs_every_stage_on_its_own_gpu_machine(monkeypatch):
+    """On the recipe's GPU, with the extras installed and the checkpoints cached, no stage stops the build."""
+    from trtllm_dflash.builder import stage_plan
+    from trtllm_dflash.builder.spec import resolve_spec
+    from trtllm_dflash.recipes import list_recipes
+
+    monkeypatch.setattr(stage_plan, "has_module", lambda name: True)
+    monkeypatch.setattr(stage_plan, "hf_cached", lambda repo: True)
+    for recipe in list_recipes():
+        if recipe.runtime == "torch":
+            continue
+        monkeypatch.setattr(stage_plan, "cuda_devices", lambda n=recipe.parallelism.num_gpus: n)
+        plan = stage_plan.make_build_plan(resolve_spec(recipe=recipe.path))
+        assert plan.stops_before is None, (recipe.name, [(s.name, s.where) for s in plan.stages if not s.runs_here])
 
 
 def test_demo_rtx_plan_builds_everything_here():

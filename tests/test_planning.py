@@ -74,17 +74,17 @@ def test_llama_3_1_8b_fp8_on_one_h100():
 
 
 def test_gpt_oss_120b_on_8_b300_tp8_ep8():
-    plan = plan_deployment("gpt-oss-120b", "b300")  # recipe: 8 GPUs, TP8/EP8, NVFP4 experts, BF16 rest, FP8 KV
+    plan = plan_deployment("gpt-oss-120b", "b300")  # recipe: 8 GPUs, TP8/EP8, MXFP4 experts as published, BF16 rest, FP8 KV
     assert (plan.layout.num_gpus, plan.layout.tp, plan.layout.ep) == (8, 8, 8)
-    assert (plan.precision.weights, plan.precision.experts) == ("bf16", "nvfp4")
+    assert (plan.precision.weights, plan.precision.experts) == ("bf16", "mxfp4")
     b = plan.budget
     attention = 36 * (2880 * 4096 + 2 * 2880 * 512 + 4096 * 2880)  # q, k, v, o
     experts = 36 * 128 * (2880 * 5760 + 2880 * 2880)  # gate_up + down per expert
     embed_and_head = 2 * 201088 * 2880
     small = 2880 + 36 * (2 * 2880 + (4096 + 2 * 512 + 2880) + 64 + (2880 * 128 + 128) + 128 * (2 * 2880 + 2880))
     #        final norm, per layer: norms, attention biases, sinks, router (+bias), expert biases (BF16, on every GPU)
-    per_gpu = attention * 2 // 8 + int(experts * 4.5 / 8) // 8 + embed_and_head * 2 // 8 + small * 2
-    assert b.target_weights == per_gpu == 8_697_780_864
+    per_gpu = attention * 2 // 8 + int(experts * 4.25 / 8) // 8 + embed_and_head * 2 // 8 + small * 2
+    assert b.target_weights == per_gpu == 8_249_883_264
     drafter = 8 * (2880 * 4096 * 2 + 2 * 2880 * 512 + 3 * 2880 * 7680 + 2 * 2880 + 2 * 64) + 5 * 2880 * 2880 + 2 * 2880
     assert b.drafter_weights == drafter * 2 == 1_569_406_208  # BF16, whole on every GPU
     tokens = max(16384, 512 * 10)
@@ -99,7 +99,7 @@ def test_gpt_oss_120b_on_8_b300_tp8_ep8():
     assert plan.kv_bytes_per_token == 18 * 2 * 64 == 2304
     assert plan.kv_bytes_per_sequence == target_seq + drafter_seq == 172_261_376
     fixed = b.target_weights + b.drafter_weights + b.activations + b.cuda_graphs + b.runtime_reserve
-    assert plan.max_concurrency == int((288e9 - fixed) * 0.85) // (target_seq + drafter_seq) == 1346
+    assert plan.max_concurrency == int((288e9 - fixed) * 0.85) // (target_seq + drafter_seq) == 1349
 
 
 def test_gpt_oss_120b_mxfp4_weights_on_one_gpu_match_the_checkpoint():
@@ -133,8 +133,10 @@ def test_build_steps_follow_the_runtime():
     assert [s.name for s in rtx.steps] == ["checkpoints", "export", "engines", "repository"]  # plugin-free, no PTQ
     assert rtx.steps[2].needs == ("tensorrt-rtx",)
     big = plan_deployment("gpt-oss-120b", "b300")
-    assert [s.name for s in big.steps] == ["checkpoints", "quantize", "config", "repository"]
-    assert "MXFP4 experts to NVFP4" in big.steps[1].description
+    assert [s.name for s in big.steps] == ["checkpoints", "config", "repository"]  # MXFP4 experts as published
+    nvfp4 = plan_deployment("gpt-oss-120b", "b300", quant="nvfp4")  # opt-in: converted on a GPU
+    assert [s.name for s in nvfp4.steps] == ["checkpoints", "quantize", "config", "repository"]
+    assert "MXFP4 experts to NVFP4" in nvfp4.steps[1].description
 
 
 # ----- refusals -----
@@ -198,7 +200,7 @@ def test_bad_names_and_values():
 def test_cli_plan_prints_budget_and_steps(run_main):
     code, out, err = run_main("plan", "--model", "gpt-oss-120b", "--gpu", "b300")
     assert code == 0 and err == ""
-    assert "8x b300" in out and "max concurrency" in out and "1346 sequences" in out and "quantize" in out
+    assert "8x b300" in out and "max concurrency" in out and "1349 sequences" in out and "repository" in out
 
 
 def test_cli_plan_json_and_refusal_exit_code(run_main):

@@ -50,10 +50,10 @@ def test_every_shipped_recipe_validates_and_agrees_with_the_catalogs(path):
 def test_specific_announced_settings():
     big = find_recipe("openai/gpt-oss-120b", "B300")
     assert (big.runtime, big.parallelism.num_gpus, big.parallelism.tp, big.parallelism.ep) == ("trtllm", 8, 8, 8)
-    assert (big.quantization.weights, big.quantization.experts, big.trtllm.moe_backend) == ("bf16", "nvfp4", "TRTLLM")
-    assert find_recipe("gpt-oss-120b", "h200").quantization.experts == "mxfp4"  # no NVFP4 on Hopper
+    assert (big.quantization.weights, big.quantization.experts, big.trtllm.moe_backend) == ("bf16", "mxfp4", "TRTLLM")
+    assert find_recipe("gpt-oss-120b", "h200").quantization.experts == "mxfp4"  # as published, everywhere
     assert find_recipe("qwen3-8b", "h100").quantization.weights == "fp8"
-    assert find_recipe("qwen3-8b", "b300").quantization.weights == "nvfp4"
+    assert find_recipe("qwen3-8b", "b300").quantization.weights == "fp8"  # our engines carry FP8 Q/DQ, not FP4 yet
     assert find_recipe("llama-3.1-8b", "h100").drafter.block_size == 10
     assert find_recipe("gemma-4-31b", "b300").parallelism.num_gpus == 1
     assert resolve_model(find_recipe("qwen3-coder", "b200").model.name).drafter.num_layers == 8

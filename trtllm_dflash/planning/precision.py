@@ -21,10 +21,10 @@ def precision_for(model: ModelSpec, gpu: GPUSpec | None, quant: str | None, kv: 
     else:
         default_kv, drafter = ("fp8" if gpu.supports_fp8 else "bf16"), "bf16"
     if model.native_expert_precision != "bf16":  # gpt-oss: MXFP4 experts as shipped
+        # TensorRT-LLM runs the published MXFP4 experts on Hopper and Blackwell (docs/build.md), so
+        # that is the default; NVFP4 experts (a ModelOpt conversion + calibration on a GPU) are opt-in.
         if gpu is None:
             native = "fp32"
-        elif gpu.supports_nvfp4:
-            native = "nvfp4"
         else:
             native = model.native_expert_precision if gpu.supports(model.native_expert_precision) else "bf16"
         experts = quant or native
