@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from trtllm_dflash import DFlashPipeline
 from trtllm_dflash.checkpoints import load_target
 from trtllm_dflash.errors import CheckpointError
-from trtllm_dflash.testing import make_tiny_drafter, make_tiny_mxfp4_target
+from trtllm_dflash.testing import GPT_OSS_MXFP4_CONFIG, make_tiny_drafter, make_tiny_mxfp4_target, make_tiny_target
 
 NEW_TOKENS = 16
 PROMPTS = ([5, 17, 9, 30], [60, 73, 66, 88, 95, 61, 84, 79, 57], [3])
@@ -112,6 +112,14 @@ def test_malformed_mxfp4_checkpoint_is_refused_in_one_line(mxfp4_target, tmp_pat
     with pytest.raises(CheckpointError, match=message) as info:
         load_target(broken)
     assert "\n" not in str(info.value)
+
+
+def test_unquantized_experts_under_an_mxfp4_config_are_refused(tmp_path):
+    path = make_tiny_target(tmp_path / "bf16", "gpt_oss")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "quantization_config": GPT_OSS_MXFP4_CONFIG}))
+    with pytest.raises(CheckpointError, match="stores model.layers.0.mlp.experts.gate_up_proj unquantized"):
+        load_target(path)
 
 
 def test_mxfp4_sizes_must_be_whole_blocks(tmp_path):

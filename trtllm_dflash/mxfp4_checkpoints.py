@@ -89,10 +89,14 @@ def check_mxfp4_tensors(index: Mapping[str, tuple[str, tuple[int, ...]]], config
             for suffix, shape in (("blocks", blocks_shape), ("scales", scales_shape)):
                 name = f"{base}_{suffix}"
                 if name not in index:
-                    found = "a BF16 " + proj if base in index else f"no {name}"
+                    if base in index:  # unquantized experts under an MXFP4 config.json
+                        raise CheckpointError(
+                            f"MXFP4 target {where} stores {base} unquantized, but config.json says quant_method mxfp4",
+                            "drop quantization_config from config.json (the experts are not MXFP4)",
+                        )
                     raise CheckpointError(
-                        f"MXFP4 target {where} has {found} (quant_method mxfp4 needs {proj}_blocks and {proj}_scales in every layer)",
-                        "use the complete published checkpoint, or drop quantization_config from config.json for BF16 experts",
+                        f"MXFP4 target {where} has no {name} (quant_method mxfp4 needs {proj}_blocks and {proj}_scales in every layer)",
+                        "re-download the complete checkpoint",
                     )
                 dtype, got = index[name]
                 if dtype != "U8" or got != shape:
