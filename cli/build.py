@@ -88,6 +88,7 @@ def build(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name from the catalog (e.g. demo, qwen3-8b, gpt-oss-120b) or a target checkpoint directory."),
     gpu: Optional[str] = typer.Option(None, "--gpu", "-g", help="GPU type to build for (e.g. rtx-pro-6000, h100, b300)."),
     drafter: Optional[str] = typer.Option(None, "--drafter", help="DFlash drafter directory (z-lab layout); default: the catalog's drafter."),
+    target: Optional[str] = typer.Option(None, "--target", help="Local target checkpoint directory standing in for --model's (the catalog model's recipe and memory plan are kept; another family is refused)."),
     recipe: Optional[str] = typer.Option(None, "--recipe", help="Recipe YAML file or '<model>/<gpu>' name (docs/recipes.md); flags override it."),
     quant: Optional[str] = typer.Option(None, "--quant", "-q", help="bf16, fp16, fp8 or nvfp4 (gpt-oss: the experts, mxfp4 as shipped); default: the recipe's."),
     backend: Optional[str] = typer.Option(None, "--backend", "--runtime", help="Deployment backend: trt (our engines) or trtllm (TensorRT-LLM); default: the recipe's. One the target family cannot use is refused, naming the one that works. --runtime is the old spelling."),
@@ -108,7 +109,7 @@ def build(
     spec = resolve_spec(
         model, gpu, recipe, quant, drafter,
         max_batch=max_batch, max_input_len=max_input_len, max_seq_len=max_seq_len, calibration=calibration,
-        runtime=backend,
+        runtime=backend, target=target,
     )
     console = Console(highlight=False)
     plan = make_build_plan(spec)

@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("modeling", [
         "trtllm_dflash.modeling", "trtllm_dflash.modeling.*", "trtllm_dflash.graphs", "trtllm_dflash.graphs.*",
         "trtllm_dflash.checkpoints", "trtllm_dflash.checkpoints.*", "trtllm_dflash.modelopt_checkpoints",
+        "trtllm_dflash.mxfp4_checkpoints",
     ]),
     ("runtime", [
         "trtllm_dflash.runtime", "trtllm_dflash.runtime.*", "trtllm_dflash.decoding",

@@ -124,14 +124,24 @@ def load_target(
     cls = model_class(config)
     if not isinstance(config, cls.config_class):  # a text class for a multimodal config (Qwen3.5 repos)
         config = config.get_text_config()
+    implementations = dict(
+        attn_implementation=attention_implementation(config),
+        # torch's grouped_mm (the default MoE path) has no float64 kernel; float64 is for tests
+        **({"experts_implementation": "eager"} if dtype == torch.float64 else {}),
+    )
+    if (getattr(config, "quantization_config", None) or {}).get("quant_method") == "mxfp4":
+        # gpt-oss as published: MXFP4 experts, dequantized by our codec (transformers' quantizer would fetch kernels)
+        from trtllm_dflash.mxfp4_checkpoints import load_mxfp4_model
+
+        model = load_mxfp4_model(path, config, dtype, **implementations)
+        model.to(device).eval()
+        return Target(model=model, tokenizer=_load_tokenizer(path, require_tokenizer), path=path)
     try:
         model = cls.from_pretrained(
             path,
             config=config,
             dtype=dtype,
-            attn_implementation=attention_implementation(config),
-            # torch's grouped_mm (the default MoE path) has no float64 kernel; float64 is for tests
-            **({"experts_implementation": "eager"} if dtype == torch.float64 else {}),
+            **implementations,
             use_safetensors=True,
             trust_remote_code=False,
             local_files_only=True,

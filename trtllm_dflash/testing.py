@@ -152,6 +152,47 @@ def make_tiny_target(
     return path
 
 
+
+# config.json's quantization_config of openai/gpt-oss-20b and -120b: only the MoE experts are MXFP4
+GPT_OSS_MXFP4_CONFIG = {
+    "quant_method": "mxfp4",
+    "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
+}
+
+
+def make_tiny_mxfp4_target(path: str | Path, seed: int = 0, tokenizer: bool = False, **config_kwargs) -> Path:
+    """A random tiny gpt-oss target saved as OpenAI publishes gpt-oss: the experts as MXFP4
+    `<proj>_blocks` / `<proj>_scales` uint8 tensors (our writer, the OCP MX rule), everything else
+    BF16, and `quantization_config` with `quant_method: mxfp4`. Hidden and intermediate sizes are
+    multiples of 32 (one MXFP4 block)."""
+    import json
+
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from trtllm_dflash.modeling.fp4 import quantize_mxfp4
+
+    torch.manual_seed(seed)
+    config = tiny_target_config("gpt_oss", **config_kwargs)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    _spread_logits(model)
+    state = {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()}
+    for layer in range(config.num_hidden_layers):
+        for proj in ("gate_up_proj", "down_proj"):
+            name = f"model.layers.{layer}.mlp.experts.{proj}"
+            blocks, scales = quantize_mxfp4(state.pop(name).transpose(1, 2))  # [E, in, out] -> the checkpoint's [E, out, in]
+            state[f"{name}_blocks"], state[f"{name}_scales"] = blocks.contiguous(), scales.contiguous()
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    config.save_pretrained(path)
+    raw = json.loads((path / "config.json").read_text())
+    raw["quantization_config"] = GPT_OSS_MXFP4_CONFIG
+    (path / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
+    if tokenizer:
+        make_tiny_tokenizer(path)
+    return path
+
 # multimodal checkpoints whose text path is a supported family (what the real repos hold)
 MULTIMODAL_FAMILIES = {"qwen3_5": "qwen3_5", "gemma4": "gemma4", "kimi_k25": "deepseek_v3"}
 

@@ -94,9 +94,11 @@ def _target_config(path: Path) -> Any:
 def run_checkpoints(ctx: StageContext, target_dir: Path, drafter_dir: Path) -> dict[str, Any]:
     from trtllm_dflash.checkpoints import _check_safetensors_headers, _require_safetensors, validate_pair
     from trtllm_dflash.config import DrafterConfig
+    from trtllm_dflash.mxfp4_checkpoints import check_mxfp4_tensors, is_mxfp4_checkpoint, tensor_index
 
     drafter_config = DrafterConfig.from_dir(drafter_dir)
-    validate_pair(_target_config(target_dir), drafter_config)
+    target_config = _target_config(target_dir)
+    validate_pair(target_config, drafter_config)
     cache = mf.HashCache(ctx.out / ".cache" / "hashes.json")
     summary: dict[str, Any] = {}
     for role, path in (("target", target_dir), ("drafter", drafter_dir)):
@@ -107,6 +109,10 @@ def run_checkpoints(ctx: StageContext, target_dir: Path, drafter_dir: Path) -> d
             digests[file.name] = cache.digest(file)
         summary[role] = {"path": str(path), "sha256": digests}
     cache.save()
+    if is_mxfp4_checkpoint(vars(target_config)):  # gpt-oss as published: every expert's blocks and scales are there
+        ctx.status("checking the MXFP4 experts")
+        projections = check_mxfp4_tensors(tensor_index(_require_safetensors(target_dir, "target")), vars(target_config), target_dir)
+        summary["target"]["experts"] = {"format": "mxfp4", "projections": projections}
     summary["drafter"].update(
         block_size=drafter_config.block_size,
         mask_token_id=drafter_config.mask_token_id,
@@ -347,7 +353,7 @@ def run_trtllm(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
         f"# every key checked against TensorRT-LLM {pinned_source()}\n"
         + yaml.safe_dump(options, sort_keys=False)
     )
-    return {"file": "llm_api.yaml", "checked_by": checked_by, "tensorrt_llm": pinned_source(), "notes": notes,
+    return {"file": "llm_api.yaml", "checked_by": checked_by, "tensorrt_llm": pinned_source(), "notes": [*spec.notes, *notes],
             "speculative_config": options["speculative_config"]}
 
 

@@ -31,6 +31,7 @@ class BuildSpec:
 
     recipe: Any  # trtllm_dflash.recipes.Recipe
     plan: Any  # trtllm_dflash.planning.Plan
+    notes: tuple[str, ...] = ()  # what the plan should tell the user about the flags (a --target stand-in)
 
     # ---- identity
     @property
@@ -201,6 +202,10 @@ def _apply(recipe, overrides: dict[str, Any]):
         q["calibration"] = {**(q.get("calibration") or {}), "dataset": str(overrides["calibration"])}
     if overrides.get("drafter"):
         data["drafter"]["checkpoint"] = str(overrides["drafter"])
+    if overrides.get("target"):
+        data["model"]["checkpoint"] = str(overrides["target"])
+    if overrides.get("drafter_section"):
+        data["drafter"] = {**overrides["drafter_section"], "checkpoint": data["drafter"]["checkpoint"]}
     runtime = (overrides.get("runtime") or "").strip().lower()
     if runtime and runtime != data["runtime"]:
         data["runtime"] = runtime  # the planner refuses one the family cannot use
@@ -231,9 +236,12 @@ def resolve_spec(
     recipe: str | Path | None = None,
     quant: str | None = None,
     drafter: str | None = None,
+    target: str | None = None,
     **overrides: Any,
 ) -> BuildSpec:
-    """The recipe for model x GPU (or --recipe), with flags applied, accepted by the planner."""
+    """The recipe for model x GPU (or --recipe), with flags applied, accepted by the planner.
+
+    `target` is a local checkpoint standing in for the recipe model's (builder/stand_in.py)."""
     from trtllm_dflash.backends import get_backend
     from trtllm_dflash.catalog.gpus import CPU
     from trtllm_dflash.planning import plan_deployment
@@ -252,6 +260,11 @@ def resolve_spec(
         if not gpu:
             raise SpecError("no GPU given", "pass --gpu NAME (see `dflash-trt recipes list`)")
         local = Path(model).expanduser()
+        if target is not None and model != "demo" and local.is_dir():
+            raise SpecError(
+                f"--target {target} stands in for a catalog model's checkpoint, but --model {model} is already a directory",
+                "pass the catalog name as --model (for example --model gpt-oss-120b), or drop --target",
+            )
         if model != "demo" and local.is_dir():
             from trtllm_dflash.recipes.loader import canonical_gpu_name
 
@@ -269,13 +282,24 @@ def resolve_spec(
             f"recipe {chosen.name} runs the torch backend, which needs no build",
             f"serve it directly: `dflash-trt repo --model {chosen.model.name} --out REPO`, or build for a GPU (--gpu rtx-pro-6000)",
         )
+    notes: list[str] = []
+    if target is not None:
+        from trtllm_dflash.builder.stand_in import check_stand_in, drafter_overrides
+
+        stand_in = check_stand_in(chosen.model_spec(), target)
+        notes.extend(stand_in.notes)
+        overrides["target"] = str(stand_in.path)
+        if drafter is not None:
+            section, drafter_notes = drafter_overrides(chosen.drafter.model_dump(mode="python"), drafter)
+            overrides["drafter_section"] = section
+            notes.extend(drafter_notes)
     chosen = _apply(chosen, {"quant": quant, "drafter": drafter, **overrides})
     try:
         plan = plan_deployment(chosen.model.name, chosen.gpu, recipe=chosen)
     except RecipeError:
         raise
     plan.check()  # refusals: precision the GPU cannot run (naming the GPUs that can), layout, does not fit
-    return BuildSpec(chosen, plan)
+    return BuildSpec(chosen, plan, tuple(notes))
 
 
 def export_support(spec: BuildSpec) -> str | None:

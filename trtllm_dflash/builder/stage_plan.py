@@ -111,7 +111,7 @@ def make_build_plan(spec: BuildSpec) -> BuildPlan:
     params = model.params()
     gpus = cuda_devices()
     stages: list[StagePlan] = []
-    notes: list[str] = []
+    notes: list[str] = list(spec.notes)
 
     where, here = _checkpoint_where(spec, params)
     stages.append(StagePlan("checkpoints", "validate the target/drafter pair; check and hash every safetensors file", where, here, "digests"))
