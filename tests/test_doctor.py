@@ -42,7 +42,7 @@ def test_stages_follow_from_capabilities():
     assert by_name["engines-tensorrt-rtx"].can_run == have["tensorrt-rtx"]
     assert by_name["engines-tensorrt"].can_run == (have["tensorrt"] and have["cuda-gpu"])
     if not report.gpus.gpus:
-        assert not by_name["quantize-nvfp4"].can_run and "nvfp4-gpu" in by_name["quantize-nvfp4"].missing
+        assert not by_name["quantize-nvfp4"].can_run and "cuda-gpu" in by_name["quantize-nvfp4"].missing
     status = stage_status("x", "", ("torch", "no-such-thing"), have)
     assert not status.can_run and status.missing[-1] == "no-such-thing"
 

@@ -122,5 +122,5 @@ def quantized_precisions(cfg: Any) -> set[str]:
 
 
 def quantize_needs(quantized: set[str]) -> tuple[str, ...]:
-    """What the quantize step needs installed (NVFP4 calibration also needs a Blackwell GPU)."""
-    return ("modelopt", "torch", "nvfp4-gpu") if "nvfp4" in quantized else ("modelopt", "torch")
+    """What the quantize step needs (NVFP4 calibration also needs a CUDA GPU; Hopper runs ModelOpt's emulation)."""
+    return ("modelopt", "torch", "cuda-gpu") if "nvfp4" in quantized else ("modelopt", "torch")
