@@ -137,6 +137,11 @@ def build(
         print_build_traffic(Path(out_dir), console)
     if result.complete:
         console.print(f"[bold green]build complete[/]: {escape(str(manifest))}")
+        repository = Path(out_dir) / "repository" / "triton"
+        if repository.is_dir():
+            from trtllm_dflash.backends import get_backend
+
+            console.print(escape(get_backend(spec.backend).serve_hint(repository)), soft_wrap=True)
         return
     for stage, blocked in result.blocked.items():
         console.print(f"[bold yellow]{stage} cannot run here[/]: {escape(blocked.problem)}; {escape(blocked.fix)}")

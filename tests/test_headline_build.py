@@ -146,3 +146,14 @@ def test_a_malformed_mxfp4_stand_in_stops_at_the_checkpoints_stage(tmp_path, sta
     assert "has no model.layers.1.mlp.experts.gate_up_proj_scales" in one_error_line(result)
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text()) if (tmp_path / "out" / "manifest.json").is_file() else {}
     assert not manifest.get("complete")
+
+
+def test_headline_build_prints_the_command_that_starts_it(headline, stand_ins):
+    result, out = headline
+    target, drafter = stand_ins
+    line = next(line for line in result.stdout.splitlines() if "tritonserver --model-repository" in line)
+    repository = (out / "repository" / "triton").resolve()
+    assert line.endswith(f"tritonserver --model-repository {repository}")
+    for mounted in (repository, target.resolve(), drafter.resolve()):  # model.yaml names them by absolute path
+        assert f"-v {mounted}:{mounted}" in line
+    assert "TensorRT-LLM 1.4.0rc1 or later" in line

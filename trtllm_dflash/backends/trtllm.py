@@ -62,7 +62,7 @@ class TrtllmBackend(Backend):
         return v2_refusal(drafter)
 
     def serve_hint(self, repository: Path) -> str:
-        return f"serve it in NVIDIA's Triton TensorRT-LLM container: tritonserver --model-repository {repository}"
+        return f"start it on the GPU node (Triton's TensorRT-LLM container, TensorRT-LLM {_checked_release()} or later): {serve_command(repository)}"
 
     def write_build_repository(self, build_dir: Path, manifest: dict, out: Path, force: bool = False) -> Path:
         from trtllm_dflash.serving.trtllm import write_build_llm_api_repository
@@ -79,3 +79,33 @@ class TrtllmBackend(Backend):
             "a trtllm deployment is decoded by TensorRT-LLM, not by this toolkit's pipeline",
             "serve its repository in NVIDIA's Triton TensorRT-LLM container and pass --url",
         )
+
+
+# NVIDIA's Triton container with TensorRT-LLM and its LLM-API model (all_models/llmapi); pick the
+# month whose TensorRT-LLM is the release the options were checked against, or newer
+TRITON_TRTLLM_IMAGE = "nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3"
+
+
+def _checked_release() -> str:
+    from trtllm_dflash.serving.llm_args_check import pinned_version
+
+    return pinned_version() or "1.4"
+
+
+def serve_command(repository: Path) -> str:
+    """The one command that starts a written LLM-API repository: the checkpoints it names are mounted at their paths."""
+    import yaml
+
+    repository = Path(repository).resolve()
+    mounts = [repository]
+    try:
+        options = yaml.safe_load((repository / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        options = {}
+    for path in (options.get("model"), (options.get("speculative_config") or {}).get("speculative_model")):
+        if isinstance(path, str) and Path(path).is_absolute():
+            mounts.append(Path(path))
+    volumes = " ".join(f"-v {m}:{m}" for m in dict.fromkeys(mounts))
+    return (f"docker run --rm --gpus all --ipc host --shm-size 2g -p 8000:8000 -p 8001:8001 {volumes} "
+            f"{TRITON_TRTLLM_IMAGE} tritonserver --model-repository {repository}")
+
