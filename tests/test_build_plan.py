@@ -13,21 +13,11 @@ import pytest
 from trtllm_dflash.builder import stages as stage_mod
 from trtllm_dflash.builder.stages import Stage, StageBlocked, StageRunner
 from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.testing import one_error_line, run_cli
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200", **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-c", "from trtllm_dflash.cli.app import main; main()", *args],
-        capture_output=True, text=True, env=environment, timeout=300,
-    )
-
-
-def one_error_line(result: subprocess.CompletedProcess) -> str:
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
+    return run_cli(*args, env=env)
 
 
 # ----------------------------------------------------------------------------- plan

@@ -9,32 +9,19 @@ real CLI in a child process, offline."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from trtllm_dflash.testing import make_tiny_drafter, make_tiny_mxfp4_target, make_tiny_target
+from trtllm_dflash.testing import make_tiny_drafter, make_tiny_mxfp4_target, make_tiny_target, one_error_line, run_cli
 
 HEADLINE = ("build", "--gpu", "b300", "--model", "gpt-oss-120b")
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "400"}
-    return subprocess.run(
-        [sys.executable, "-c", "from trtllm_dflash.cli.app import main; main()", *args],
-        capture_output=True, text=True, env=environment, timeout=300,
-    )
-
-
-def one_error_line(result: subprocess.CompletedProcess) -> str:
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
+    return run_cli(*args, columns=400)
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,9 @@ with `save_pretrained` (safetensors), drafters are random DFlashDrafters saved i
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -460,3 +463,21 @@ def make_qwen3_8b_shaped_drafter(
     finally:
         torch.set_default_dtype(previous)
     return drafter.eval()
+
+
+def run_cli(*args: str, env: dict | None = None, columns: int = 200) -> subprocess.CompletedProcess:
+    """`dflash-trt ARGS` in a child process, offline, as a user runs it (tests of the command line)."""
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": str(columns), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-c", "from trtllm_dflash.cli.app import main; main()", *args],
+        capture_output=True, text=True, env=environment, timeout=300,
+    )
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    """The single `error: ...` line of a refused command (exit 2); fails on anything else."""
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
