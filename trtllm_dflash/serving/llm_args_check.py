@@ -1,7 +1,7 @@
 """Check LLM-API options against TensorRT-LLM's own argument classes, read from its source.
 
 `trtllm_llm_args.json` (beside this file) is an extract of tensorrt_llm/llmapi/llm_args.py at a
-pinned commit: class -> field -> type / allowed literal values / default / bounds, plus the
+pinned release (v1.4.0rc1; the file records its tag, commit and how it was read): class -> field -> type / allowed literal values / default / bounds, plus the
 cross-field rules this toolkit relies on. It replaces a hand-made key list, so a key, a type or
 a value that the pinned TensorRT-LLM would reject is refused here, at configuration time.
 `python -m trtllm_dflash.serving.llm_args_extract CHECKOUT` regenerates it from a local checkout.

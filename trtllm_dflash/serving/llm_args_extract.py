@@ -1,7 +1,7 @@
 """Regenerate trtllm_llm_args.json from a local TensorRT-LLM checkout (no import of tensorrt_llm).
 
-    git clone --branch v1.3.0rcN https://github.com/NVIDIA/TensorRT-LLM && \\
-    python -m trtllm_dflash.serving.llm_args_extract TensorRT-LLM --tag v1.3.0rcN
+    git clone --branch v1.4.0rc1 https://github.com/NVIDIA/TensorRT-LLM && \\
+    python -m trtllm_dflash.serving.llm_args_extract TensorRT-LLM --tag v1.4.0rc1
 
 Reads tensorrt_llm/llmapi/llm_args.py with `ast`: for each class this toolkit writes options for,
 every public annotated field with its type, literal values, default and ge/gt/le bounds. The

@@ -12,7 +12,7 @@ configuration:
     REPO/trtllm-serve.yaml           the same options for `trtllm-serve MODEL --config`
 
 Options are checked against TensorRT-LLM's own argument classes, extracted from its llm_args.py at a
-pinned commit (trtllm_llm_args.json; llm_args_check.py); unknown keys, wrong types and values fail.
+pinned release, v1.4.0rc1 (trtllm_llm_args.json; llm_args_check.py); unknown keys, wrong types and values fail.
 
 DFlash V2 drafters (DFlash2DraftModel) are refused. TensorRT-LLM's DFlash mode, as read in
 tensorrt_llm/_torch/models/modeling_dflash.py at commit 009d8fa431bd3de92245aab80f8b57dc70da1ac4
@@ -272,7 +272,7 @@ def render_config(name: str, decoupled: bool) -> str:
 MODEL_PY = f'''"""TensorRT-LLM LLM-API Triton model (written by `dflash-trt repo`).
 
 Runs the LLM-API model.py of NVIDIA's Triton TensorRT-LLM container
-(nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3, TensorRT-LLM 1.3 or later for DFlash)
+(nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3, TensorRT-LLM 1.4.0rc1 or later: the options were checked against it)
 with the model.yaml next to this file. Set TRTLLM_LLMAPI_MODEL to use another copy of it.
 """
 
