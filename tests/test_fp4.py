@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from trtllm_dflash.hf_compat import transformers_mxfp4_dequantize
 from trtllm_dflash.modeling.fp4 import (
     E2M1_VALUES, decode_e2m1, dequantize_mxfp4, encode_e2m1, expert_weight_layout, pack_codes, quantize_mxfp4, unpack_codes,
 )
@@ -12,14 +13,12 @@ from trtllm_dflash.modeling.fp4 import (
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dequantize_equals_transformers_gpt_oss_conversion(dtype):
-    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
-
     torch.manual_seed(0)
     weight = torch.randn(3, 40, 96) * torch.logspace(-4, 1, 96)  # blocks of very different magnitudes
     blocks, scales = quantize_mxfp4(weight)
     assert blocks.shape == (3, 40, 3, 16) and scales.shape == (3, 40, 3) and blocks.dtype == scales.dtype == torch.uint8
     ours = expert_weight_layout(dequantize_mxfp4(blocks, scales, dtype))
-    assert torch.equal(ours, convert_moe_packed_tensors(blocks, scales, dtype=dtype))
+    assert torch.equal(ours, transformers_mxfp4_dequantize(blocks, scales, dtype))
 
 
 def test_quantize_is_the_ocp_rule_and_round_trips():

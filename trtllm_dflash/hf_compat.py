@@ -163,3 +163,10 @@ def can_set_experts(model: nn.Module) -> bool:
 
 def experts_implementation(model: nn.Module) -> str | None:
     return getattr(model.config, "_experts_implementation", None)
+
+
+def transformers_mxfp4_dequantize(blocks, scales, dtype):
+    """transformers' own gpt-oss MXFP4 dequantization ([E, in, out]): the reference our codec is tested against."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    return convert_moe_packed_tensors(blocks, scales, dtype=dtype)
