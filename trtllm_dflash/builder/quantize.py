@@ -84,18 +84,6 @@ def _import_modelopt():
     return mtq, export_hf_checkpoint
 
 
-def _load_mxfp4_target(target_dir: Path, device: str):
-    """gpt-oss with its MXFP4 experts dequantized to BF16 by transformers (exact: E2M1 x 2^k fits BF16)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Mxfp4Config
-
-    model = AutoModelForCausalLM.from_pretrained(
-        target_dir, quantization_config=Mxfp4Config(dequantize=True), dtype=torch.bfloat16, device_map=device,
-        trust_remote_code=False, local_files_only=True,
-    )
-    tokenizer = AutoTokenizer.from_pretrained(target_dir, trust_remote_code=False, local_files_only=True)
-    return model.eval(), tokenizer
-
-
 def calibration_batches(tokenizer, calibration, device: str) -> list[torch.Tensor]:
     """Token ids of each calibration sample, cut to the recipe's calibration length."""
     return [
@@ -125,12 +113,13 @@ def quantize_target(
     from trtllm_dflash.checkpoints import load_target
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    # an MXFP4 gpt-oss loads with its experts dequantized exactly (E2M1 x 2^k fits BF16; mxfp4_checkpoints.py)
+    dtype = torch.bfloat16 if device == "cuda" or experts_from_mxfp4 else torch.float32
+    target = load_target(target_dir, device=device, dtype=dtype)
+    model, tokenizer = target.model, target.tokenizer
     if experts_from_mxfp4:
-        model, tokenizer = _load_mxfp4_target(target_dir, device)
         config, label = nvfp4.experts_config(kv_cache_dtype), "nvfp4 experts"
     else:
-        target = load_target(target_dir, device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
-        model, tokenizer = target.model, target.tokenizer
         config, label = quant_config(quant, kv_cache_dtype), quant
     if tokenizer is None:
         raise CheckpointError(f"target {target_dir} has no tokenizer, so it cannot be calibrated", "save the tokenizer next to the model")
