@@ -77,15 +77,25 @@ def _require_safetensors(path: Path, role: str) -> list[Path]:
     raise CheckpointError(f"{role} {path} has no *.safetensors weights", f"point at a complete {role} checkpoint")
 
 
+def _read_header(file: Path) -> tuple[int, dict]:
+    with open(file, "rb") as handle:
+        header_len = int.from_bytes(handle.read(8), "little")
+        if header_len <= 0 or header_len > file.stat().st_size - 8:
+            raise ValueError("header length out of range")
+        return header_len, json.loads(handle.read(header_len))
+
+
+def safetensors_header(file: Path) -> dict:
+    """The JSON header of a safetensors file (name -> dtype, shape, data_offsets), read without the
+    tensors; ValueError when its length is out of range or it is not JSON."""
+    return _read_header(file)[1]
+
+
 def _check_safetensors_headers(files: list[Path]) -> None:
     """Fail early, with the file name, on a truncated or corrupted safetensors file."""
     for file in files:
         try:
-            with open(file, "rb") as handle:
-                header_len = int.from_bytes(handle.read(8), "little")
-                if header_len <= 0 or header_len > file.stat().st_size - 8:
-                    raise ValueError("header length out of range")
-                header = json.loads(handle.read(header_len))
+            header_len, header = _read_header(file)
             data_len = file.stat().st_size - 8 - header_len
             ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"]
             if ends and max(ends) > data_len:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from trtllm_dflash.builder.stages import StageBlocked
+from trtllm_dflash.checkpoints import safetensors_header
 from trtllm_dflash.modeling.fp4 import MXFP4_BLOCK, dequantize_mxfp4, dequantize_nvfp4
 
 GPU_FIX = ("run the same `dflash-trt build` on a machine with a CUDA GPU (finished stages are reused): "
@@ -42,11 +43,13 @@ def require_cuda(what: str) -> None:
         )
 
 
-def _with_kv(config: dict[str, Any], kv_cache_dtype: str) -> dict[str, Any]:
+def with_kv_cache(config: dict[str, Any], kv_cache_dtype: str) -> dict[str, Any]:
+    """`config` plus ModelOpt's FP8 KV-cache quantizers when the KV cache is FP8 (FP8 and NVFP4 PTQ alike)."""
     import modelopt.torch.quantization as mtq
 
     if kv_cache_dtype == "fp8":
-        config["quant_cfg"] = list(config["quant_cfg"]) + list(copy.deepcopy(mtq.FP8_KV_CFG)["quant_cfg"])
+        kv = copy.deepcopy(mtq.FP8_KV_CFG)["quant_cfg"]
+        config["quant_cfg"] = list(config["quant_cfg"]) + list(kv) if isinstance(kv, list) else {**config["quant_cfg"], **kv}
     return config
 
 
@@ -54,7 +57,7 @@ def dense_config(kv_cache_dtype: str) -> dict[str, Any]:
     """ModelOpt's NVFP4 PTQ (weights and activations, E4M3 scale per 16, FP32 per tensor), plus the FP8 KV cache."""
     import modelopt.torch.quantization as mtq
 
-    return _with_kv(copy.deepcopy(mtq.NVFP4_DEFAULT_CFG), kv_cache_dtype)
+    return with_kv_cache(copy.deepcopy(mtq.NVFP4_DEFAULT_CFG), kv_cache_dtype)
 
 
 def experts_config(kv_cache_dtype: str) -> dict[str, Any]:
@@ -74,7 +77,7 @@ def experts_config(kv_cache_dtype: str) -> dict[str, Any]:
         {"quantizer_name": "*mlp.experts*weight_quantizer", "cfg": static},
         {"quantizer_name": "*mlp.experts*input_quantizer", "cfg": copy.deepcopy(nvfp4)},
     ]
-    return _with_kv({**copy.deepcopy(mtq.NVFP4_DEFAULT_CFG), "quant_cfg": quant_cfg}, kv_cache_dtype)
+    return with_kv_cache({**copy.deepcopy(mtq.NVFP4_DEFAULT_CFG), "quant_cfg": quant_cfg}, kv_cache_dtype)
 
 
 def drafter_config() -> dict[str, Any]:
@@ -179,9 +182,7 @@ def nvfp4_layout(directory: Path) -> dict[str, Any]:
     """
     counts: dict[str, int] = {}
     for file in directory.glob("*.safetensors"):
-        with open(file, "rb") as handle:
-            header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
-        for name, info in header.items():
+        for name, info in safetensors_header(file).items():
             if name == "__metadata__":
                 continue
             suffix = name.rsplit(".", 1)[-1] if "." in name else name

@@ -22,6 +22,7 @@ import torch
 
 from trtllm_dflash.builder import nvfp4
 from trtllm_dflash.builder.stages import StageBlocked
+from trtllm_dflash.checkpoints import safetensors_header
 from trtllm_dflash.errors import CheckpointError, DFlashError
 from trtllm_dflash.modelopt_checkpoints import FP8_MAX, fake_quantize_fp8, is_modelopt_checkpoint, load_modelopt_model
 
@@ -60,11 +61,7 @@ def quant_config(quant: str, kv_cache_dtype: str) -> dict[str, Any]:
         return nvfp4.dense_config(kv_cache_dtype)
     if quant != "fp8":
         raise ValueError(quant)
-    config = copy.deepcopy(mtq.FP8_DEFAULT_CFG)
-    if kv_cache_dtype == "fp8":
-        kv = copy.deepcopy(mtq.FP8_KV_CFG)["quant_cfg"]
-        config["quant_cfg"] = list(config["quant_cfg"]) + list(kv) if isinstance(kv, list) else {**config["quant_cfg"], **kv}
-    return config
+    return nvfp4.with_kv_cache(copy.deepcopy(mtq.FP8_DEFAULT_CFG), kv_cache_dtype)
 
 
 def require_cuda_for(quant: str, experts_from_mxfp4: bool = False) -> None:
@@ -75,7 +72,8 @@ def require_cuda_for(quant: str, experts_from_mxfp4: bool = False) -> None:
         nvfp4.require_cuda("NVFP4 PTQ of the target")
 
 
-def _import_modelopt():
+def import_modelopt():
+    """ModelOpt's quantization and HF export, or a blocked stage naming the extra to install."""
     try:
         import modelopt.torch.quantization as mtq
         from modelopt.torch.export import export_hf_checkpoint
@@ -109,7 +107,7 @@ def quantize_target(
     """
     require_cuda_for(quant, experts_from_mxfp4)
     progress("importing ModelOpt")
-    mtq, export_hf_checkpoint = _import_modelopt()
+    mtq, export_hf_checkpoint = import_modelopt()
     from trtllm_dflash.checkpoints import load_target
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -159,9 +157,7 @@ def _copy_tokenizer(source: Path, dest: Path) -> None:
 def _count_quantized(directory: Path) -> dict[str, int]:
     quantized = total = 0
     for file in directory.glob("*.safetensors"):
-        with open(file, "rb") as handle:
-            header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
-        for name, info in header.items():
+        for name, info in safetensors_header(file).items():
             if name.endswith(".weight"):
                 total += 1
                 quantized += info["dtype"] in ("F8_E4M3", "U8")

@@ -22,8 +22,7 @@ from typing import Any, Callable
 import torch
 
 from trtllm_dflash.builder import nvfp4
-from trtllm_dflash.builder.quantize import calibration_batches
-from trtllm_dflash.builder.stages import StageBlocked
+from trtllm_dflash.builder.quantize import calibration_batches, import_modelopt
 
 NVFP4_GROUP = 16
 
@@ -37,10 +36,7 @@ def quantize_drafter(
 ) -> dict[str, Any]:
     """Calibrate the drafter in NVFP4 on the target's hidden states and write the quantized drafter."""
     nvfp4.require_cuda("NVFP4 quantization of the drafter")
-    try:
-        import modelopt.torch.quantization as mtq
-    except ImportError as exc:
-        raise StageBlocked(f"nvidia-modelopt is not installed ({exc})", "pip install 'trtllm-dflash[quant]'") from None
+    mtq, _ = import_modelopt()
     from trtllm_dflash.checkpoints import load_drafter, load_target
     from trtllm_dflash.modeling.taps import HiddenTaps
 
@@ -104,7 +100,7 @@ def write_quantized_drafter(drafter: torch.nn.Module, source_dir: Path, out_dir:
         state[f"{name}.input_scale"] = get_activation_scaling_factor(module).float().reshape(())
         quantized.append(name)
     for key, tensor in drafter.state_dict().items():
-        if key.endswith(("_quantizer._amax", "_quantizer._global_amax", "_quantizer._pre_quant_scale")) or "_quantizer." in key:
+        if "_quantizer." in key:  # ModelOpt's calibration state (amax, pre-quant scales), not weights
             continue
         if key not in state:
             state[key] = tensor.detach().to(torch.bfloat16) if tensor.is_floating_point() else tensor.detach()
