@@ -246,8 +246,13 @@ def _per_query_head(q_shape: tuple) -> tuple:
 
 
 SCALE = ScalarOption("scale", float, 1.0, required=True, kernel_param="scale_bits")
-WINDOW = ScalarOption("window", int, 0)  # 0: full attention; w > 0: a query at p sees keys in (p - w, p]
+# The target's window (causal): a query at p sees keys in (p - w, p]; 0: every earlier key.
+WINDOW = ScalarOption("window", int, 0)
+# The drafter's window and causal flag: `draft_window.DraftWindow` (never causal unless `causal` is 1;
+# a window w > 0 is symmetric, |p - j| < w, over context and block keys alike).
+DRAFT_WINDOW = ScalarOption("window", int, 0)
+DRAFT_CAUSAL = ScalarOption("causal", int, 0)
 SINKS = TensorOption("sinks", _per_query_head, required=True)  # gpt-oss: one extra logit per query head
 
-BLOCK_ATTENTION = AttentionOptions("block_attention", (WINDOW, SCALE))
+BLOCK_ATTENTION = AttentionOptions("block_attention", (DRAFT_WINDOW, DRAFT_CAUSAL, SCALE))
 TARGET_ATTENTION = AttentionOptions("target_attention", (SINKS, WINDOW, SCALE))

@@ -15,7 +15,9 @@ from onnx.reference.op_run import OpRun
 DOMAIN = "dflash"
 DOMAIN_VERSION = 1
 PLUGIN_NAMESPACE = "dflash"
-PLUGIN_VERSION = "1"
+# 2: the drafter block attention's window is symmetric (never causal) and it takes `causal` (issue 29);
+# engines built with version 1 plugins ran sliding draft layers causally and must be rebuilt.
+PLUGIN_VERSION = "2"
 PLUGIN_ATTRIBUTES = {"plugin_namespace": PLUGIN_NAMESPACE, "plugin_version": PLUGIN_VERSION, "aot": 1}
 
 

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from trtllm_dflash.plugins import rng
+from trtllm_dflash.plugins.draft_window import draft_visible
 
 
 # ----------------------------------------------------------------------------- sampling
@@ -304,15 +305,17 @@ def block_attention(
     cache_lens: torch.Tensor,
     scale: float,
     window: int = 0,
+    causal: int = 0,
 ) -> torch.Tensor:
     """KV-injected block attention of one draft layer (appends the new context to the cache).
 
     q `[b, B, Hq, D]` and k/v_block `[b, B, Hkv, D]` come from the block tokens (after norm and
     RoPE), k/v_ctx_new `[b, n, Hkv, D]` from the new context rows (first new_counts[r] valid).
     After the append, row r has context length `L_r = cache_lens[r] + new_counts[r]`, and the block
-    sits at positions L_r .. L_r+B-1. With window == 0 the block attends to all L_r context
-    slots and bidirectionally to itself; with window > 0 (sliding layers) a query at position p
-    sees keys at positions j with p - window < j <= p. Returns `[b, B, Hq, D]` in q's dtype.
+    sits at positions L_r .. L_r+B-1. Which of the L_r context slots and B block keys a query sees
+    is `draft_window.draft_visible(window, causal)`: with window == 0 (full layers) all of them,
+    bidirectionally; with window > 0 (sliding layers) those within window - 1 positions on either
+    side. Returns `[b, B, Hq, D]` in q's dtype.
     """
     append_context(k_cache, v_cache, cache_lens, k_ctx_new, v_ctx_new, new_counts)
     batch, block, num_heads, head_dim = q.shape
@@ -321,7 +324,7 @@ def block_attention(
     compute = torch.promote_types(q.dtype, torch.float32)  # fp32 accumulation, fp64 stays fp64
     keys = torch.cat([k_cache[:, :span].to(compute), k_block.to(compute)], dim=1)
     values = torch.cat([v_cache[:, :span].to(compute), v_block.to(compute)], dim=1)
-    if batch == 1 and window == 0:  # one row, full attention: every key is visible, no mask needed
+    if batch == 1 and window == 0 and not causal:  # one row, full attention: every key is visible, no mask needed
         out = F.scaled_dot_product_attention(
             q.to(compute).transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), scale=scale,
             enable_gqa=num_heads != keys.shape[2],
@@ -334,8 +337,7 @@ def block_attention(
     key_pos = torch.where(is_ctx, key_pos, ctx_lens.view(-1, 1, 1) + key_pos - span)
     query_pos = ctx_lens.view(-1, 1, 1) + torch.arange(block, device=q.device).view(1, -1, 1)
     visible = torch.where(is_ctx, key_pos < ctx_lens.view(-1, 1, 1), torch.ones_like(is_ctx))
-    if window > 0:
-        visible = visible & (key_pos <= query_pos) & (key_pos > query_pos - window)
+    visible = visible & draft_visible(query_pos, key_pos, window, causal)
 
     out = F.scaled_dot_product_attention(
         q.to(compute).transpose(1, 2),
@@ -361,6 +363,7 @@ def block_attention_partials(
     scale: float,
     window: int,
     splits: int,
+    causal: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The split (flash-decoding) form of `block_attention`: per-split outputs and log-sum-exps.
 
@@ -397,9 +400,7 @@ def block_attention_partials(
             keys, values, key_pos = torch.cat(keys), torch.cat(values), torch.cat(key_pos)
             if keys.shape[0] == 0:
                 continue
-            visible = torch.ones(q_pos.shape[0], key_pos.shape[0], dtype=torch.bool, device=q.device)
-            if window > 0:
-                visible = (key_pos.view(1, -1) <= q_pos.view(-1, 1)) & (key_pos.view(1, -1) > q_pos.view(-1, 1) - window)
+            visible = draft_visible(q_pos.view(-1, 1), key_pos.view(1, -1), window, causal)
             scores = torch.einsum("hmd,nhd->hmn", queries, keys) * scale
             scores = scores.masked_fill(~visible, float("-inf"))
             row_lse = torch.logsumexp(scores, dim=-1)
@@ -497,6 +498,7 @@ def target_attention_partials(
     scale: float,
     window: int,
     splits: int,
+    causal: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The split (flash-decoding) form of `target_attention`: per-split outputs and log-sum-exps.
 

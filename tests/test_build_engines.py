@@ -200,7 +200,7 @@ def test_plugin_graph_holds_the_tensorrt_plugin_node(plugin_export, reference):
     nodes = [n for n in model.graph.node if n.domain == onnx_nodes.DOMAIN]
     assert [n.op_type for n in nodes] == ["DFlashBlockAttention"] * reference.drafter_config.num_hidden_layers
     attributes = {a.name: onnx.helper.get_attribute_value(a) for a in nodes[0].attribute}
-    assert attributes["plugin_namespace"] == b"dflash" and attributes["plugin_version"] == b"1" and attributes["aot"] == 1
+    assert attributes["plugin_namespace"] == b"dflash" and attributes["plugin_version"] == b"2" and attributes["aot"] == 1
     assert attributes["scale"] == pytest.approx(reference.drafter_config.head_dim ** -0.5)
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from trtllm_dflash.config import DrafterConfig, default_target_layer_ids
 from trtllm_dflash.errors import CheckpointError
+from trtllm_dflash.plugins.draft_window import DraftWindow
 
 QWEN3_8B_B16 = {
     "architectures": ["DFlashDraftModel"],
@@ -36,7 +37,7 @@ def test_reads_the_published_qwen3_8b_config():
     assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (32, 8, 128)
     assert config.rope_theta == 1e6 and config.rms_norm_eps == 1e-6 and config.vocab_size == 151936
     assert config.num_target_layers == 36 and not config.attention_bias
-    assert [config.window_of(i) for i in range(5)] == [0] * 5
+    assert {config.attention_of(i) for i in range(5)} == {DraftWindow(0)}
     assert config.input_embedding_scale is None and config.output_multiplier is None
 
 
@@ -72,7 +73,8 @@ def test_sliding_layers_and_optional_scalings():
         final_logit_softcapping=30.0,
     )
     config = DrafterConfig.from_dict(raw)
-    assert [config.window_of(i) for i in range(5)] == [256, 0, 256, 0, 0]
+    assert [config.attention_of(i).window for i in range(5)] == [256, 0, 256, 0, 0]
+    assert not any(config.attention_of(i).causal for i in range(5))  # sliding layers are not causal
     assert (config.input_embedding_scale, config.output_multiplier, config.final_logit_softcapping) == (64.0, 0.5, 30.0)
 
 

@@ -14,6 +14,7 @@ from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.modeling.kv_cache import StaticKVCache
+from trtllm_dflash.plugins.draft_window import DraftWindow
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 from trtllm_dflash.training.objective import make_block_batch
 
@@ -35,8 +36,11 @@ def _rope(x, positions, theta):
 def naive_block(drafter: DFlashDrafter, ctx_features: torch.Tensor, block_embeds: torch.Tensor) -> torch.Tensor:
     """DFLASH.md, literally: recompute everything for one sequence whose block starts at len(ctx).
 
-    Masks, written out: sliding layers see keys j with p - window < j <= p; `causal` makes full
-    layers causal inside the block; `sliding_window_size` W hides context positions j < S - W.
+    Masks, written out from z-lab's DFlashDraftModel (is_causal = False, `sliding_window` W handed
+    to flash attention: window (W - 1, W - 1)): a sliding layer's query at p sees keys j with
+    |p - j| <= W - 1, context and block alike, never causally; ModelOpt's `use_swa` windows the
+    sliding layers by `swa_window_size`, or every layer without layer_types; `causal` (ModelOpt)
+    adds j <= p; `sliding_window_size` W hides context positions j < S - W.
     """
     c = drafter.config
     S, B = ctx_features.shape[0], block_embeds.shape[0]
@@ -56,11 +60,14 @@ def naive_block(drafter: DFlashDrafter, ctx_features: torch.Tensor, block_embeds
         k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
         scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(c.head_dim)
         sliding = bool(c.layer_types) and c.layer_types[i] == "sliding_attention"
+        window = c.sliding_window if sliding else None
+        if c.swa_window_size is not None:
+            window = c.swa_window_size if (sliding or not c.layer_types) else None
         visible = torch.ones(B, S + B, dtype=torch.bool)
-        if sliding or c.causal:
+        if window is not None:
+            visible &= (k_pos.view(1, -1) - q_pos.view(-1, 1)).abs() <= window - 1
+        if c.causal:
             visible &= k_pos.view(1, -1) <= q_pos.view(-1, 1)
-        if sliding:
-            visible &= k_pos.view(1, -1) > q_pos.view(-1, 1) - c.sliding_window
         if c.sliding_window_size:
             visible &= (k_pos.view(1, -1) >= S - c.sliding_window_size) | (k_pos.view(1, -1) >= S)
         scores = scores.masked_fill(~visible, float("-inf"))
@@ -91,6 +98,9 @@ SLIDING = ("sliding_attention", "full_attention", "sliding_attention")
 VARIANTS = {
     "full": ((), None, {}),
     "sliding": (SLIDING, 5, {}),
+    "sliding-inside-block": (SLIDING, 2, {}),  # window 2 < block 4: the block's own keys are cut both ways
+    "use_swa+layer_types": (SLIDING, None, {"swa_window_size": 3}),  # ModelOpt / DeepSpec: sliding layers only
+    "use_swa": ((), None, {"swa_window_size": 3}),  # no layer_types: every layer
     # bounded draft history (z-lab sliding_window_size), alone and with sliding layers
     "history": ((), None, {"sliding_window_size": 4}),
     "history+sliding": (SLIDING, 3, {"sliding_window_size": 6}),
@@ -132,7 +142,7 @@ def test_training_forward_equals_decoding_step(variant):
     input_ids = torch.randint(1, 50, (1, S))
     embedding = torch.nn.Embedding(50, 32).double()
     anchors = torch.tensor([[3, 7, 9]])
-    windows = sorted({drafter.config.window_of(i) for i in range(3)})
+    windows = drafter.config.attentions
     batch = make_block_batch(
         input_ids, anchors, torch.ones_like(input_ids), 4, mask_token_id=0, windows=windows,
         history=drafter.config.history,
@@ -149,7 +159,7 @@ def test_training_forward_equals_decoding_step(variant):
 def test_block_masks_block_other_blocks_and_later_context():
     input_ids = torch.arange(10).view(1, -1)
     batch = make_block_batch(input_ids, torch.tensor([[2, 6]]), torch.ones_like(input_ids), 3, mask_token_id=99)
-    mask = batch.masks[0][0, 0]  # [6 queries, 10 ctx + 6 block]
+    mask = batch.masks[DraftWindow()][0, 0]  # [6 queries, 10 ctx + 6 block]
     assert mask[:3, :10].sum(-1).tolist() == [2, 2, 2]  # block at anchor 2 sees ctx 0, 1
     assert mask[3:, :10].sum(-1).tolist() == [6, 6, 6]
     assert mask[:3, 10:13].all() and not mask[:3, 13:].any()

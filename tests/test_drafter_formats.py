@@ -22,6 +22,7 @@ from trtllm_dflash.checkpoints import load_drafter, load_target, save_drafter
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import CheckpointError, CompatibilityError
 from trtllm_dflash.modeling.drafter import DFlashDrafter
+from trtllm_dflash.plugins.draft_window import DraftWindow
 from trtllm_dflash.testing import make_tiny_drafter, make_tiny_target, tiny_drafter_config
 
 NEW_TOKENS = 24
@@ -156,7 +157,7 @@ def test_modelopt_causal_export_runs_causal_block_attention(tmp_path, trained_pa
     target_dir, zlab_dir, prompts = trained_pair
     modelopt_dir = _to_modelopt(zlab_dir, tmp_path / "modelopt", causal=True)
     config = DrafterConfig.from_dir(modelopt_dir)
-    assert config.causal and config.window_of(0) > 1 << 20
+    assert config.attention_of(0) == DraftWindow(0, causal=True)
     _assert_lossless(target_dir, modelopt_dir, prompts)
 
 
@@ -189,7 +190,9 @@ def test_modelopt_fp8_export_is_dequantized(tmp_path, trained_pair):
 @pytest.mark.parametrize(
     "options,quant,message",
     [
-        ({"use_swa": True, "swa_window_size": 64, "causal": False}, None, "use_swa"),
+        ({"use_swa": True, "swa_window_size": 0}, None, "swa_window_size is 0"),
+        ({"projector_type": "domino"}, None, "'domino' head"),
+        ({"shift_label": True}, None, "DSpark heads"),
         ({"attention_sink_bias": True}, None, "attention sinks"),
         ({"projector_type": "dspark", "markov_rank": 8}, None, "dspark"),
         ({}, "NVFP4", "quantized with NVFP4"),
@@ -248,7 +251,7 @@ def test_sliding_draft_layers_decode_losslessly(tmp_path, tiny_qwen3):
         tmp_path / "sliding", tiny_qwen3, seed=4, block_size=6,
         layer_types=("sliding_attention", "full_attention"), sliding_window=5,
     )
-    assert DrafterConfig.from_dir(drafter_dir).window_of(0) == 5
+    assert DrafterConfig.from_dir(drafter_dir).attention_of(0) == DraftWindow(5)
     _assert_lossless(tiny_qwen3, drafter_dir, [[5, 9, 11, 3, 7, 8, 20, 30, 40], [60, 61]])
 
 

@@ -207,8 +207,8 @@ def test_tensorrt_launch_plans_match_the_kernel_abi(node):
     }[node]
     assert tuple(plan.grid) == expected_grid
     if node.startswith("DFlashBlockAttention"):
-        block, num_new, capacity, kv_heads, group, window, scale_bits, splits = plan.scalars
-        assert (block, num_new, capacity, kv_heads, group, window) == (16, 5, 4096, 8, 4, 0)
+        block, num_new, capacity, kv_heads, group, window, causal, scale_bits, splits = plan.scalars
+        assert (block, num_new, capacity, kv_heads, group, window, causal) == (16, 5, 4096, 8, 4, 0, 0)
         assert struct.unpack("<f", struct.pack("<i", scale_bits))[0] == pytest.approx(128**-0.5)
         assert splits == (4 if node.endswith("Split") else 1)
     if node.startswith("DFlashTargetAttention"):

@@ -44,17 +44,46 @@ def make_case(seed, batch, block, heads, kv_heads, head_dim, dtype, capacity=48,
     )
 
 
-def run_both(case, window=0, kv_splits=1):
+def run_both(case, window=0, kv_splits=1, causal=0):
     """Kernel and reference on separate copies of the caches; returns outputs and caches."""
     mine = {k: v.clone() if torch.is_tensor(v) else v for k, v in case.items()}
     theirs = {k: v.clone() if torch.is_tensor(v) else v for k, v in case.items()}
-    out = launch.block_attention(**mine, window=window, kv_splits=kv_splits)
-    ref = reference.block_attention(**theirs, window=window)
+    out = launch.block_attention(**mine, window=window, causal=causal, kv_splits=kv_splits)
+    ref = reference.block_attention(**theirs, window=window, causal=causal)
     return out, ref, mine, theirs
 
 
-def assert_matches(case, window=0, kv_splits=1):
-    out, ref, mine, theirs = run_both(case, window, kv_splits)
+def written_out(case, window=0, causal=0):
+    """The published rule, one query at a time (independent of the reference's masks): a block
+    query at position p sees context slot j < L and block key L + t' iff |p - key| <= window - 1
+    (window > 0) and key <= p (causal only); z-lab's DFlashDraftModel, flash window (W-1, W-1)."""
+    q, kb, vb = case["q"].double(), case["k_block"].double(), case["v_block"].double()
+    batch, block, heads, _ = q.shape
+    group = heads // kb.shape[2]
+    out = torch.zeros_like(q)
+    for r in range(batch):
+        cached, new = int(case["cache_lens"][r]), int(case["new_counts"][r])
+        length = cached + new
+        keys = torch.cat([case["k_cache"][r, :cached].double(), case["k_ctx_new"][r, :new].double(), kb[r]])
+        values = torch.cat([case["v_cache"][r, :cached].double(), case["v_ctx_new"][r, :new].double(), vb[r]])
+        for t in range(block):
+            p = length + t
+            seen = [j for j in range(length + block) if (window == 0 or abs(p - j) <= window - 1) and (not causal or j <= p)]
+            for h in range(heads):
+                k, v = keys[seen, h // group], values[seen, h // group]
+                out[r, t, h] = torch.softmax(k @ q[r, t, h] * case["scale"], 0) @ v
+    return out
+
+
+@pytest.mark.parametrize("window,causal", [(0, 0), (1, 0), (3, 0), (9, 0), (0, 1), (3, 1)])
+def test_reference_is_the_published_rule(window, causal):
+    case = make_case(11, 3, 6, 4, 2, 16, torch.float32)
+    ref = reference.block_attention(**{k: v.clone() if torch.is_tensor(v) else v for k, v in case.items()}, window=window, causal=causal)
+    torch.testing.assert_close(ref.double(), written_out(case, window, causal), atol=1e-5, rtol=1e-5)
+
+
+def assert_matches(case, window=0, kv_splits=1, causal=0):
+    out, ref, mine, theirs = run_both(case, window, kv_splits, causal)
     dtype = case["q"].dtype
     assert out.dtype == dtype and out.shape == ref.shape
     torch.testing.assert_close(out.float(), ref.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
@@ -83,16 +112,22 @@ def test_half_precision_inputs_accumulate_in_float32(dtype):
 
 
 @pytest.mark.parametrize("window", [1, 3, 9, 100])
-def test_sliding_window_layers_are_causal_inside_the_block(window):
-    # window 1: each query sees only itself; 3 < block: the window cuts inside the block;
-    # 9: reaches back into the context; 100: longer than every sequence
+def test_sliding_window_layers_are_symmetric_inside_the_block(window):
+    # window 1: each query sees only itself; 3 < block: the window cuts inside the block, on both
+    # sides; 9: reaches back into the context; 100: longer than every sequence
     assert_matches(make_case(3, 3, 6, 4, 2, 64, torch.float32), window=window)
 
 
-@pytest.mark.parametrize("kv_splits,window", [(3, 0), (5, 0), (4, 5)])
-def test_split_context_is_merged_exactly(kv_splits, window):
+@pytest.mark.parametrize("window", [0, 3])
+def test_causal_drafters(window):
+    # ModelOpt `causal: true`: causal inside the block, alone and with a window
+    assert_matches(make_case(3, 3, 6, 4, 2, 64, torch.float32), window=window, causal=1)
+
+
+@pytest.mark.parametrize("kv_splits,window,causal", [(3, 0, 0), (5, 0, 0), (4, 5, 0), (4, 2, 0), (3, 3, 1)])
+def test_split_context_is_merged_exactly(kv_splits, window, causal):
     # more splits than some rows have context: empty splits must not disturb the merge
-    assert_matches(make_case(4, 3, 4, 8, 2, 64, torch.float32), window=window, kv_splits=kv_splits)
+    assert_matches(make_case(4, 3, 4, 8, 2, 64, torch.float32), window=window, kv_splits=kv_splits, causal=causal)
 
 
 def test_split_kernel_half_precision():
@@ -119,10 +154,10 @@ def test_kernel_result_does_not_depend_on_the_batch():
 def test_reference_split_form_merges_to_the_reference():
     """The split semantics the partial ONNX node exposes, checked within the reference."""
     case = make_case(8, 3, 5, 4, 2, 64, torch.float32)
-    for window in (0, 4):
-        full = reference.block_attention(**{k: v.clone() if torch.is_tensor(v) else v for k, v in case.items()}, window=window)
+    for window, causal in ((0, 0), (4, 0), (2, 0), (3, 1)):
+        full = reference.block_attention(**{k: v.clone() if torch.is_tensor(v) else v for k, v in case.items()}, window=window, causal=causal)
         parts = reference.block_attention_partials(
-            **{k: v.clone() if torch.is_tensor(v) else v for k, v in case.items()}, window=window, splits=4
+            **{k: v.clone() if torch.is_tensor(v) else v for k, v in case.items()}, window=window, splits=4, causal=causal
         )
         torch.testing.assert_close(reference.merge_partials(*parts, case["q"]), full, atol=1e-5, rtol=1e-5)
 

@@ -71,7 +71,7 @@ def test_nodes_carry_the_tensorrt_plugin_contract():
         node = onnx_nodes.make_node(spec, list(spec.inputs), list(spec.outputs))
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         assert node.op_type == spec.op_type and node.domain == "dflash"
-        assert attributes["plugin_namespace"] == b"dflash" and attributes["plugin_version"] == b"1"
+        assert attributes["plugin_namespace"] == b"dflash" and attributes["plugin_version"] == b"2"
         assert attributes["aot"] == 1
         assert onnx.defs.has(spec.op_type, "dflash")
     with pytest.raises(ValueError, match="no attribute"):

@@ -15,15 +15,17 @@ from trtllm_dflash.plugins.kernels import launch
 
 def test_existing_options_keep_their_signatures_schemas_and_attributes():
     assert str(inspect.signature(ops.target_attention)).endswith("starts: torch.Tensor, sinks: Optional[torch.Tensor], scale: float, window: int = 0) -> torch.Tensor")
-    assert str(inspect.signature(ops.block_attention)).endswith("cache_lens: torch.Tensor, scale: float, window: int = 0) -> torch.Tensor")
-    assert str(inspect.signature(launch.block_attention)).endswith("scale: float, window: int = 0, *, kv_splits: int | None = None) -> torch.Tensor")
+    # the drafter's op: window (symmetric, issue 29) then causal (ModelOpt `causal: true`)
+    assert str(inspect.signature(ops.block_attention)).endswith("cache_lens: torch.Tensor, scale: float, window: int = 0, causal: int = 0) -> torch.Tensor")
+    assert str(inspect.signature(launch.block_attention)).endswith("scale: float, window: int = 0, causal: int = 0, *, kv_splits: int | None = None) -> torch.Tensor")
     schema = str(torch.ops.dflash.target_attention.default._schema)
     assert schema.endswith("Tensor(a3!) k_cache, Tensor(a4!) v_cache, Tensor starts, Tensor? sinks, float scale, SymInt window=0) -> Tensor")
-    assert str(torch.ops.dflash.block_attention_functional.default._schema).endswith("Tensor cache_lens, float scale, SymInt window=0) -> (Tensor, Tensor, Tensor)")
+    assert str(torch.ops.dflash.block_attention_functional.default._schema).endswith("Tensor cache_lens, float scale, SymInt window=0, SymInt causal=0) -> (Tensor, Tensor, Tensor)")
     assert onnx_nodes.TARGET_ATTENTION.inputs[-1] == "sinks"
     assert onnx_nodes.TARGET_ATTENTION.attributes == {"scale": 1.0, "window": 0, "has_sinks": 0}
-    assert onnx_nodes.BLOCK_ATTENTION.attributes == {"scale": 1.0, "window": 0}
-    assert onnx_nodes.BLOCK_ATTENTION_SPLIT.attributes == {"scale": 1.0, "window": 0, "kv_splits": 2}
+    assert onnx_nodes.BLOCK_ATTENTION.attributes == {"scale": 1.0, "window": 0, "causal": 0}
+    assert onnx_nodes.BLOCK_ATTENTION_SPLIT.attributes == {"scale": 1.0, "window": 0, "causal": 0, "kv_splits": 2}
+    assert attention_options.BLOCK_ATTENTION.kernel_scalar_params() == (("window", "i32"), ("causal", "i32"), ("scale_bits", "i32"))
     # kernel order: the window, then the scale's bits
     assert attention_options.TARGET_ATTENTION.kernel_scalar_params() == (("window", "i32"), ("scale_bits", "i32"))
     assert attention_options.TARGET_ATTENTION.kernel_scalars(dict(scale=0.5)) == (0, attention_options.float_bits(0.5))

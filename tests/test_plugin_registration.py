@@ -12,7 +12,7 @@ import typing
 
 import pytest
 
-from trtllm_dflash.plugins import attention_options, onnx_nodes, tensorrt_plugins
+from trtllm_dflash.plugins import attention_options, node_spec, onnx_nodes, tensorrt_plugins
 
 
 class TensorDesc:
@@ -94,10 +94,12 @@ def test_every_node_registers_with_its_inputs_and_typed_attributes(registered):
     ids, trtp = registered
     assert ids == [spec.plugin_id for spec in onnx_nodes.NODES] == list(trtp.registered) == list(trtp.aot)
     fields = {plugin_id: entry[2] for plugin_id, entry in trtp.registered.items()}
-    # the plugin fields engines were built with: names and types must not change
+    # the plugin fields engines were built with: names and types change only with PLUGIN_VERSION
+    # (version 2: the drafter's window became symmetric and `causal` was added, issue 29)
+    assert node_spec.PLUGIN_VERSION == "2"
     assert fields == {
-        "dflash::DFlashBlockAttention": {"scale": float, "window": int},
-        "dflash::DFlashBlockAttentionSplit": {"scale": float, "window": int, "kv_splits": int},
+        "dflash::DFlashBlockAttention": {"scale": float, "window": int, "causal": int},
+        "dflash::DFlashBlockAttentionSplit": {"scale": float, "window": int, "causal": int, "kv_splits": int},
         "dflash::DFlashAttentionMerge": {},
         "dflash::DFlashTargetAttention": {"scale": float, "window": int, "has_sinks": int},
         "dflash::DFlashTargetAttentionSplit": {"scale": float, "window": int, "has_sinks": int, "kv_splits": int},
@@ -142,5 +144,5 @@ def test_split_attention_describes_its_partials(registered):
     q, cache = TensorDesc((1, 16, 8, 64), "float16"), TensorDesc((1, 1024, 2, 64), "float16")
     inputs = [q, q, q, cache, cache, TensorDesc((1,), "int64"), cache, cache, TensorDesc((1,), "int64")]
     describe, _, _, _ = trtp.registered["dflash::DFlashBlockAttentionSplit"]
-    partial_out, partial_lse, _, _ = describe(*inputs, scale=0.1, window=0, kv_splits=4)
+    partial_out, partial_lse, _, _ = describe(*inputs, scale=0.1, window=0, causal=0, kv_splits=4)
     assert partial_out.shape_expr == (1, 2, 4, 64, 64) and partial_lse.shape_expr == (1, 2, 4, 64)

@@ -196,7 +196,7 @@ def test_a_graph_whose_block_sees_empty_cache_slots_fails_validation(tiny, monke
     info = json.loads((wrong / "graphs.json").read_text())
     target = load_target(tiny["target"], dtype=DTYPES["bf16"])
     drafter = load_drafter(tiny["drafter"], target)
-    monkeypatch.setattr(drafter_graph, "visibility", lambda keys, valid, queries, window, causal: torch.ones_like(valid).unsqueeze(1).unsqueeze(1).expand(-1, -1, queries.shape[1], -1))
+    monkeypatch.setattr(drafter_graph, "draft_mask", lambda window, keys, valid, queries: torch.ones_like(valid).unsqueeze(1).unsqueeze(1).expand(-1, -1, queries.shape[1], -1))
     export_drafter(drafter, target.model.get_input_embeddings(), target.model.get_output_embeddings(),
                    wrong / "native" / "drafter.onnx", "bf16", Bounds(**info["bounds"]))
     with pytest.raises(validate.ValidationError, match="differs from the torch runtime"):

@@ -12,12 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_dflash.errors import CheckpointError
+from trtllm_dflash.plugins.draft_window import DraftWindow
 
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
-# Window that turns a full layer causal without bounding it (`causal: true` exports): a sliding
-# window longer than any context is exactly causal attention.
-CAUSAL_WINDOW = 1 << 30
 SUPPORTED_FORMATS = (
     "DFlash V1 drafters (DFlashDraftModel) in the z-lab, ModelOpt or Speculators layout, "
     "and DFlash V2 drafters (DFlash2DraftModel)"
@@ -26,6 +24,14 @@ V2_ARCHITECTURE = "DFlash2DraftModel"
 # DFlash V2's published sizes, used where a config leaves one out
 V2_DEFAULTS = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}
 MAX_BLOCK_SIZE = 16
+# Drafter heads other than DFlash's own that checkpoints name in dflash_config.projector_type, and what defines them.
+PROJECTOR_RUNNERS = {
+    "dspark": "TensorRT-LLM's decoding_type DSpark (deepseek-ai/DeepSpec)",
+    "domino": "ModelOpt's Domino head export",
+    "lilicorr": "ModelOpt's LiliCorr head export",
+}
+# The DSpark head switches TensorRT-LLM recognises in a drafter config (any of them set: a DSpark drafter).
+DSPARK_HEAD_KEYS = ("shift_label", "use_confidence_head", "enable_confidence_head", "markov_rank")
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -73,6 +79,9 @@ class DrafterConfig:
     sliding_window_size: int | None = None
     # ModelOpt `causal: true`: causal attention inside the block in full layers too.
     causal: bool = False
+    # ModelOpt / DeepSpec `dflash_config.use_swa: true, swa_window_size: W`: the same symmetric
+    # window as a sliding layer's, on the sliding layers when layer_types says which, else on all.
+    swa_window_size: int | None = None
     # DFlash V2 (DFlash2DraftModel): grouped dynamic convolutions around every sublayer and the
     # candidate selector head; all 0 for a V1 drafter.
     conv_kernel_size: int = 0
@@ -94,11 +103,20 @@ class DrafterConfig:
     def num_taps(self) -> int:
         return len(self.target_layer_ids)
 
-    def window_of(self, layer: int) -> int:
-        """Sliding window of a draft layer (causal inside the block), 0 for full non-causal attention."""
-        if self.layer_types and self.layer_types[layer] == SLIDING_ATTENTION:
-            return int(self.sliding_window or 0)
-        return CAUSAL_WINDOW if self.causal else 0
+    def attention_of(self, layer: int) -> DraftWindow:
+        """Which keys layer `layer`'s block queries see (`draft_window`: never causal unless the
+        export says `causal: true`; a sliding layer's window is symmetric)."""
+        sliding = bool(self.layer_types) and self.layer_types[layer] == SLIDING_ATTENTION
+        if self.swa_window_size is not None:
+            window = self.swa_window_size if sliding or not self.layer_types else 0
+        else:
+            window = int(self.sliding_window or 0) if sliding else 0
+        return DraftWindow(window, self.causal)
+
+    @property
+    def attentions(self) -> list[DraftWindow]:
+        """The distinct layer windows, in a stable order (one mask each)."""
+        return sorted({self.attention_of(i) for i in range(self.num_hidden_layers)}, key=lambda w: (w.window, w.causal))
 
     @property
     def history(self) -> int:
@@ -164,6 +182,7 @@ class DrafterConfig:
                 architectures=tuple(get("architectures", ("DFlashDraftModel",))),
                 sliding_window_size=_optional_int(get("sliding_window_size", None)),
                 causal=bool(get("causal", False)),
+                swa_window_size=_swa_window(dflash, source),
                 **_v2_fields(get, source),
             )
         except (TypeError, ValueError) as exc:
@@ -276,6 +295,8 @@ class DrafterConfig:
             "causal": self.causal or None,
         }
         out.update({k: v for k, v in optional.items() if v is not None})
+        if self.swa_window_size is not None:
+            out["dflash_config"].update({"use_swa": True, "swa_window_size": self.swa_window_size})
         if self.is_v2:
             out["dflash_config"].update(
                 {"block_size": self.block_size, "is_causal": False, **{name: getattr(self, name) for name in V2_DEFAULTS}}
@@ -310,6 +331,20 @@ def _v2_fields(get, source: str) -> dict[str, int]:
     return fields
 
 
+def _swa_window(dflash: dict[str, Any], source: str) -> int | None:
+    """ModelOpt's / DeepSpec's `use_swa` + `swa_window_size` (TensorRT-LLM reads them from
+    dflash_config), checked; None when the drafter does not use them."""
+    if not dflash.get("use_swa"):
+        return None
+    window = dflash.get("swa_window_size")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise CheckpointError(
+            f"{source} sets dflash_config.use_swa but swa_window_size is {window!r}",
+            "set dflash_config.swa_window_size to the window the drafter was trained with (a positive integer)",
+        )
+    return window
+
+
 def _optional_float(value: Any) -> float | None:
     return None if value is None else float(value)
 
@@ -325,27 +360,35 @@ def _refuse_unsupported_formats(raw: dict[str, Any], source: str) -> None:
             f"{source} is a Speculators 'dflash2' checkpoint (experimental, its tensor layout is not published)",
             f"use the drafter in the inco.ai / z-lab DFlash2DraftModel layout, or one of: {SUPPORTED_FORMATS}",
         )
-    projector = (raw.get("dflash_config") or {}).get("projector_type")
+    dflash = raw.get("dflash_config") or {}
+    projector = dflash.get("projector_type")
     if projector not in (None, "dflash"):
+        runner = PROJECTOR_RUNNERS.get(str(projector).lower(), f"ModelOpt's {projector} export")
         raise CheckpointError(
-            f"{source} is a DFlash drafter with a '{projector}' head (ModelOpt {projector}), which is not supported",
+            f"{source} is a DFlash drafter with a '{projector}' head, which this toolkit does not run ({runner} defines it)",
             f"use one of the supported drafters: {SUPPORTED_FORMATS}",
+        )
+    dspark = [key for key in DSPARK_HEAD_KEYS if dflash.get(key) or raw.get(key) or raw.get(f"dspark_{key}")]
+    if dspark or raw.get("dspark_config"):
+        raise CheckpointError(
+            f"{source} declares DSpark heads ({', '.join(dspark) or 'dspark_config'}), which this toolkit does not run "
+            "(TensorRT-LLM runs them with speculative_config.decoding_type: DSpark)",
+            f"use one of the supported drafters: {SUPPORTED_FORMATS}",
+        )
+    if any("laguna" in str(arch).lower() for arch in raw.get("architectures") or ()):
+        raise CheckpointError(
+            f"{source} is a Laguna DFlash drafter (causal sliding layers, per-head output gates, per-tap feature norms), "
+            "which this toolkit does not run (TensorRT-LLM's DFlashLagunaForCausalLM and vLLM's laguna_dflash do)",
+            f"serve it with TensorRT-LLM or vLLM, or use one of: {SUPPORTED_FORMATS}",
         )
 
 
 def _refuse_unsupported_modelopt_options(dflash: dict[str, Any], source: str) -> None:
     """ModelOpt export options that this drafter cannot run exactly."""
-    if dflash.get("use_swa"):
-        raise CheckpointError(
-            f"{source} uses ModelOpt's non-causal sliding window (use_swa, swa_window_size "
-            f"{dflash.get('swa_window_size')}): each block query sees its own window of the context, "
-            "which this drafter does not implement",
-            "export the drafter without dflash_swa_window_size (full attention), or use sliding_window_size "
-            "(a window shared by the whole block)",
-        )
     if dflash.get("attention_sink_bias"):
         raise CheckpointError(
-            f"{source} uses attention sinks (attention_sink_bias), which this drafter does not implement",
+            f"{source} uses draft attention sinks (attention_sink_bias), whose definition for DFlash drafters "
+            "is not published; this toolkit does not run them",
             "use a drafter trained without attention sinks",
         )
 

@@ -62,7 +62,7 @@ def block_attention_kernel(
     # inputs
     q_ptr, k_block_ptr, v_block_ptr, k_ctx_ptr, v_ctx_ptr, new_counts_ptr, k_cache_ptr, v_cache_ptr, cache_lens_ptr,
     # scalars (int32: TensorRT passes plugin scalars as integers, so the scale travels as its bits)
-    block, num_new, capacity, num_kv_heads, group, window, scale_bits, num_splits,
+    block, num_new, capacity, num_kv_heads, group, window, causal, scale_bits, num_splits,
     # outputs (the caches alias the cache inputs)
     out_ptr, k_cache_out_ptr, v_cache_out_ptr,
     # compile-time configuration
@@ -71,7 +71,7 @@ def block_attention_kernel(
     """Node DFlashBlockAttention: the whole context in one program per (query tile, KV head, row)."""
     _block_attention(
         q_ptr, k_block_ptr, v_block_ptr, k_ctx_ptr, v_ctx_ptr, new_counts_ptr, k_cache_ptr, v_cache_ptr, cache_lens_ptr,
-        block, num_new, capacity, num_kv_heads, group, window, scale_bits, 1,
+        block, num_new, capacity, num_kv_heads, group, window, causal, scale_bits, 1,
         out_ptr, out_ptr, k_cache_out_ptr, v_cache_out_ptr,
         HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_T, False, IEEE,
     )
@@ -82,7 +82,7 @@ def block_attention_split_kernel(
     # inputs
     q_ptr, k_block_ptr, v_block_ptr, k_ctx_ptr, v_ctx_ptr, new_counts_ptr, k_cache_ptr, v_cache_ptr, cache_lens_ptr,
     # scalars
-    block, num_new, capacity, num_kv_heads, group, window, scale_bits, num_splits,
+    block, num_new, capacity, num_kv_heads, group, window, causal, scale_bits, num_splits,
     # outputs
     partial_out_ptr, partial_lse_ptr, k_cache_out_ptr, v_cache_out_ptr,
     # compile-time configuration
@@ -91,7 +91,7 @@ def block_attention_split_kernel(
     """Node DFlashBlockAttentionSplit: one program per (query tile x split, KV head, row)."""
     _block_attention(
         q_ptr, k_block_ptr, v_block_ptr, k_ctx_ptr, v_ctx_ptr, new_counts_ptr, k_cache_ptr, v_cache_ptr, cache_lens_ptr,
-        block, num_new, capacity, num_kv_heads, group, window, scale_bits, num_splits,
+        block, num_new, capacity, num_kv_heads, group, window, causal, scale_bits, num_splits,
         partial_out_ptr, partial_lse_ptr, k_cache_out_ptr, v_cache_out_ptr,
         HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_T, True, IEEE,
     )
@@ -100,7 +100,7 @@ def block_attention_split_kernel(
 @triton.jit
 def _block_attention(
     q_ptr, k_block_ptr, v_block_ptr, k_ctx_ptr, v_ctx_ptr, new_counts_ptr, k_cache_ptr, v_cache_ptr, cache_lens_ptr,
-    block, num_new, capacity, num_kv_heads, group, window, scale_bits, num_splits,
+    block, num_new, capacity, num_kv_heads, group, window, causal, scale_bits, num_splits,
     out_ptr, lse_ptr, k_cache_out_ptr, v_cache_out_ptr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
     SPLIT: tl.constexpr, IEEE: tl.constexpr,
@@ -146,9 +146,10 @@ def _block_attention(
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     acc = tl.full([BLOCK_M, HEAD_DIM], 0.0, tl.float32)
     qk_scale = scale_bits.to(tl.float32, bitcast=True) * 1.4426950408889634
-    # Sliding layers see keys j with p - window < j <= p; full layers get an unbounded window and no
-    # causal cut inside the block. (Vector-only masks: the CPU interpreter mishandles bool scalar
-    # & vector.)
+    # `draft_window.DraftWindow`: a query at p sees a key at j iff |p - j| < window on sliding layers
+    # (symmetric, never causal), every key on full layers, and j <= p as well for causal drafters.
+    # Context keys all lie before every query, so only the lower bound cuts them. (Vector-only masks:
+    # the CPU interpreter mishandles bool scalar & vector.)
     sliding = window > 0
     reach = tl.where(sliding, window, 1 << 30)
 
@@ -174,14 +175,15 @@ def _block_attention(
         visible = ok[None, :] & (pos[None, :] > query_pos[:, None] - reach)
         m_i, l_i, acc = _online_update(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE)
 
-    # The block's own keys, handled by the last split: non-causal, or causal + windowed.
+    # The block's own keys, handled by the last split: within the window on both sides, and not
+    # after the query for causal drafters.
     if split == num_splits - 1:
         tb = tl.arange(0, BLOCK_T)
         tb_ok = tb < block
         b_offs = ((row * block + tb) * num_kv_heads + head).to(tl.int64)[:, None] * HEAD_DIM + dims[None, :]
         k = tl.load(k_block_ptr + b_offs, mask=tb_ok[:, None], other=0.0).to(compute_dtype)
         v = tl.load(v_block_ptr + b_offs, mask=tb_ok[:, None], other=0.0).to(compute_dtype)
-        last_visible = tl.where(sliding, t, BLOCK_T)
+        last_visible = tl.where(causal != 0, t, tl.minimum(t + reach - 1, BLOCK_T))
         visible = (tb_ok[None, :] & row_ok[:, None]) & (tb[None, :] <= last_visible[:, None]) & (tb[None, :] > t[:, None] - reach)
         m_i, l_i, acc = _online_update(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE)
 

@@ -69,8 +69,7 @@ def drafter_forward(drafter, target_model, input_ids: torch.Tensor, features: to
     config = drafter.config
     seq_len = input_ids.shape[1]
     starts = torch.arange(1, max(seq_len - 1, 2), config.block_size, device=input_ids.device)[None]
-    windows = sorted({config.window_of(i) for i in range(config.num_hidden_layers)})
-    batch = make_block_batch(input_ids, starts, torch.ones_like(input_ids), config.block_size, config.mask_token_id, windows,
+    batch = make_block_batch(input_ids, starts, torch.ones_like(input_ids), config.block_size, config.mask_token_id, config.attentions,
                              history=config.history)
     embeds = drafter.embed(batch.block_tokens, target_model.get_input_embeddings())
     ctx_positions = torch.arange(seq_len, device=input_ids.device).expand(input_ids.shape[0], -1)

@@ -7,8 +7,8 @@ import dataclasses
 import torch
 from torch import nn
 
-from trtllm_dflash.graphs.masks import visibility
 from trtllm_dflash.modeling.drafter import DFlashDrafter
+from trtllm_dflash.plugins.draft_window import DraftWindow
 
 
 def native_block_attention(q, keys, values, mask, scale: float) -> torch.Tensor:
@@ -21,6 +21,13 @@ def native_block_attention(q, keys, values, mask, scale: float) -> torch.Tensor:
         q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask, scale=scale
     )
     return out.transpose(1, 2)
+
+
+def draft_mask(window: DraftWindow, key_positions, key_valid, query_positions) -> torch.Tensor:
+    """`[b, 1, Q, K]`: a valid key that `window` lets the query see (`draft_window`, the definition
+    the plugin op and every runtime share)."""
+    visible = window.visible(query_positions.unsqueeze(2), key_positions.unsqueeze(1))
+    return (key_valid.unsqueeze(1) & visible).unsqueeze(1)
 
 
 class DrafterGraph(nn.Module):
@@ -68,8 +75,8 @@ class DrafterGraph(nn.Module):
             [slots < cache_lens.view(-1, 1), ctx_steps < new_counts.view(-1, 1), torch.ones_like(block_positions, dtype=torch.bool)],
             dim=1,
         )
-        windows = sorted({layer.self_attn.window for layer in drafter.layers})
-        masks = {} if self.plugin else {w: visibility(key_positions, key_valid, block_positions, w, False) for w in windows}
+        windows = [] if self.plugin else drafter.config.attentions  # the plugin op masks by itself
+        masks = {window: draft_mask(window, key_positions, key_valid, block_positions) for window in windows}
         embeds = drafter.embed(block_ids, self.embedding)
         ctx_hidden = drafter.context_hidden(ctx_features)
         return StepInputs(
@@ -85,12 +92,13 @@ class DrafterGraph(nn.Module):
         k_ctx, v_ctx = attn.project_keys_values(step.ctx_hidden, step.ctx_rope)
         if self.plugin:
             out, _, _ = torch.ops.dflash.block_attention_functional(
-                q, k_block, v_block, k_ctx, v_ctx, step.new_counts, past_k, past_v, step.cache_lens, float(attn.scale), int(attn.window)
+                q, k_block, v_block, k_ctx, v_ctx, step.new_counts, past_k, past_v, step.cache_lens, float(attn.scale),
+                attn.attention.window, int(attn.attention.causal),
             )
         else:
             keys = torch.cat([past_k.to(k_block.dtype), k_ctx, k_block], dim=1)
             values = torch.cat([past_v.to(v_block.dtype), v_ctx, v_block], dim=1)
-            out = native_block_attention(q, keys, values, step.masks[attn.window], attn.scale)
+            out = native_block_attention(q, keys, values, step.masks[attn.attention], attn.scale)
         return attn.o_proj(out.flatten(-2)), k_ctx, v_ctx
 
 

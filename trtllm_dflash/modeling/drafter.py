@@ -78,7 +78,7 @@ class DFlashAttention(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.scale = self.head_dim**-0.5
-        self.window = config.window_of(layer)
+        self.attention = config.attention_of(layer)  # which keys a block query sees (draft_window)
         bias = config.attention_bias
         hidden = config.hidden_size
         self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
@@ -150,7 +150,8 @@ class DFlashAttention(nn.Module):
             out = self._bounded_step(q, k, v, k_ctx, v_ctx, new_counts, cache, cache_lens, history)
         else:
             out = ops.block_attention(
-                q, k, v, k_ctx, v_ctx, new_counts, cache.keys, cache.values, cache_lens, self.scale, self.window
+                q, k, v, k_ctx, v_ctx, new_counts, cache.keys, cache.values, cache_lens, self.scale,
+                self.attention.window, int(self.attention.causal),
             )
         return F.linear(out.flatten(-2), self.o_proj.weight, self.o_proj.bias)
 
@@ -172,7 +173,7 @@ class DFlashAttention(nn.Module):
                 ops.block_attention(
                     q[row], k[row], v[row], k_ctx[row, skip:], v_ctx[row, skip:],
                     new_counts[row] - skip, cache.keys[row, lo:], cache.values[row, lo:],
-                    cache_lens[row] + skip - lo, self.scale, self.window,
+                    cache_lens[row] + skip - lo, self.scale, self.attention.window, int(self.attention.causal),
                 )
             )
         return torch.cat(outs, dim=0)
@@ -305,14 +306,14 @@ class DFlashDrafter(nn.Module):
     ) -> torch.Tensor:
         """Uncached forward of many blocks of `block_size` (default: the config's) at once (training).
 
-        mask `[b, 1, Q, S + Q]` (True = visible), or one mask per sliding window (0 = full layers).
+        mask `[b, 1, Q, S + Q]` (True = visible), or one mask per layer window (`DraftWindow`).
         """
         ctx_hidden = self.context_hidden(ctx_features)
         ctx_rope = self.rope(ctx_hidden, ctx_positions)
         block_rope = self.rope(block_embeds, block_positions)
         x = self.residual(block_embeds)
         for layer in self.layers:
-            layer_mask = mask[layer.self_attn.window] if isinstance(mask, dict) else mask
+            layer_mask = mask[layer.self_attn.attention] if isinstance(mask, dict) else mask
             x = layer.forward_train(x, block_rope, ctx_hidden, ctx_rope, layer_mask, block_size or self.config.block_size)
         return self.final_norm(x)
 

@@ -21,6 +21,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from trtllm_dflash.plugins.draft_window import DraftWindow
+
 IGNORE = -100
 GAMMA_BY_BLOCK = {16: 7.0, 10: 5.0, 8: 4.0}
 
@@ -55,7 +57,7 @@ class BlockBatch:
     block_positions: torch.Tensor  # [b, A*B]: absolute positions a + k
     labels: torch.Tensor  # [b, A*(B-1)]: token at a + k for k >= 1, IGNORE where none
     weights: torch.Tensor  # [b, A*(B-1)]
-    masks: dict[int, torch.Tensor]  # window (0 = full) -> [b, 1, A*B, S + A*B] visibility
+    masks: dict[DraftWindow, torch.Tensor]  # layer window -> [b, 1, A*B, S + A*B] visibility
     previous: torch.Tensor | None = None  # [b, A*(B-1)]: the true token at a + k - 1 (the anchor for k = 1)
 
 
@@ -65,14 +67,16 @@ def make_block_batch(
     loss_mask: torch.Tensor,
     block_size: int,
     mask_token_id: int,
-    windows: Sequence[int] = (0,),
+    windows: Sequence[DraftWindow] = (DraftWindow(),),
     gamma: float | None = None,
     history: int = 0,
 ) -> BlockBatch:
     """Build the blocks for anchors `[b, A]` (-1 = unused) over sequences `input_ids [b, S]`.
 
-    `history` > 0 (a drafter's `sliding_window_size`) limits every layer's context to the last
-    `history` positions before the anchor, as the decoding step does.
+    `windows` are the drafter's layer windows (`DrafterConfig.attentions`), one mask each, by the
+    rule the decoding step uses (`draft_window`). `history` > 0 (a drafter's `sliding_window_size`)
+    limits every layer's context to the last `history` positions before the anchor, as the
+    decoding step does.
     """
     batch, seq_len = input_ids.shape
     num_anchors = anchors.shape[1]
@@ -104,12 +108,9 @@ def make_block_batch(
         ctx_visible = ctx_visible & (ctx_pos.view(1, 1, -1) >= q_anchor.unsqueeze(-1) - history)
     same_block = q_block.view(-1, 1) == q_block.view(1, -1)  # [Q, Q]
     masks = {}
-    for window in sorted(set(windows)):
-        ctx_ok, blk_ok = ctx_visible, same_block.unsqueeze(0).expand(batch, -1, -1)
-        if window > 0:
-            ctx_ok = ctx_ok & (ctx_pos.view(1, 1, -1) > q_pos.unsqueeze(-1) - window)
-            k_pos = q_pos.unsqueeze(1)  # [b, 1, Q]
-            blk_ok = blk_ok & (k_pos <= q_pos.unsqueeze(-1)) & (k_pos > q_pos.unsqueeze(-1) - window)
+    for window in windows:
+        ctx_ok = ctx_visible & window.visible(q_pos.unsqueeze(-1), ctx_pos.view(1, 1, -1))
+        blk_ok = same_block.unsqueeze(0) & window.visible(q_pos.unsqueeze(-1), q_pos.unsqueeze(1))
         masks[window] = torch.cat([ctx_ok, blk_ok], dim=-1).unsqueeze(1)
     return BlockBatch(
         block_size=block_size,

@@ -69,7 +69,7 @@ class DrafterTrainer:
         self.decoder = decoder
         self.embedding = target.get_input_embeddings()
         self.lm_head = target.get_output_embeddings()
-        self.windows = sorted({drafter.config.window_of(i) for i in range(drafter.config.num_hidden_layers)})
+        self.windows = drafter.config.attentions
         self.generator = torch.Generator().manual_seed(config.seed)
         unstick_selector(drafter, config.seed)
         self.optimizer = torch.optim.AdamW(
