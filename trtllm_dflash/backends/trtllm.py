@@ -4,7 +4,8 @@ TensorRT-LLM runs the checkpoints itself; the build writes and checks its LLM-AP
 the Triton repository is the `tensorrt_llm` model of NVIDIA's Triton TensorRT-LLM container.
 This toolkit does not decode with it, so it opens no pipeline here.
 
-DFlash V2 drafters are refused (serving/trtllm.py says why and what was read).
+DFlash V2 drafters run with drafter attention VANILLA or FA4; drafter_support in serving/trtllm.py says
+which drafters run as published, which differently and which are refused, and what was read.
 """
 
 from __future__ import annotations
@@ -48,18 +49,19 @@ class TrtllmBackend(Backend):
         steps.append(BuildStep("repository", "write the Triton repository (tensorrt_llm Python model, decoupled)"))
         return steps
 
-    def checked_options(self, recipe: Any, drafter_dir: str | Path | None = None) -> tuple[dict[str, Any], list[str]]:
-        """The recipe's LLM-API options, checked key by key (the build's plan and its trtllm stage both use these)."""
+    def checked_options(self, recipe: Any, drafter_dir: str | Path | None = None,
+                        overlay_at: str | Path | None = None) -> tuple[dict[str, Any], list[str]]:
+        """The recipe's LLM-API options, checked key by key (the build's plan and its trtllm stage both use these);
+        `overlay_at`: where the drafter config overlay will be, when the drafter needs one."""
         from trtllm_dflash.serving.trtllm import LLMApiOptions, llm_api_options, validate_options
 
-        options, notes = llm_api_options(recipe, drafter_dir)
+        options, notes = llm_api_options(recipe, drafter_dir, overlay_at)
         validate_options(options, LLMApiOptions, f"TensorRT-LLM options of {recipe.name}")
         return options, notes
 
     def v2_refusal(self, drafter: str) -> tuple[str, str] | None:
-        from trtllm_dflash.serving.trtllm import v2_refusal
-
-        return v2_refusal(drafter)
+        """None: TensorRT-LLM runs DFlash V2 drafters (drafter attention VANILLA or FA4, checked with the options)."""
+        return None
 
     def serve_hint(self, repository: Path) -> str:
         return f"start it on the GPU node (Triton's TensorRT-LLM container, TensorRT-LLM {_checked_release()} or later): {serve_command(repository)}"
@@ -81,9 +83,12 @@ class TrtllmBackend(Backend):
         )
 
 
-# NVIDIA's Triton container with TensorRT-LLM and its LLM-API model (all_models/llmapi); pick the
-# month whose TensorRT-LLM is the release the options were checked against, or newer
-TRITON_TRTLLM_IMAGE = "nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3"
+# NVIDIA's Triton container with TensorRT-LLM. Which month ships TensorRT-LLM 1.4.0rc1 (the release the
+# options were checked against) is unknown here: the Triton release notes read (26.06, 26.10) do not say in
+# the stored text. So the command takes the image from $DFLASH_TRT_TRITON_IMAGE when set, else from the
+# shell variable TRITON_IMAGE, which the shell refuses to leave empty with the line below.
+TRITON_IMAGE_ENV = "DFLASH_TRT_TRITON_IMAGE"
+TRITON_IMAGE_HINT = "nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3 whose tensorrt_llm.__version__ is the options' release"
 
 
 def _checked_release() -> str:
@@ -93,19 +98,35 @@ def _checked_release() -> str:
 
 
 def serve_command(repository: Path) -> str:
-    """The one command that starts a written LLM-API repository: the checkpoints it names are mounted at their paths."""
+    """The one command that starts a written LLM-API repository: the checkpoints it names, the drafter a
+    config overlay links to and NVIDIA's LLM-API model folder are mounted at their own paths."""
+    import json
+    import os
+
     import yaml
+
+    from trtllm_dflash.serving.trtllm import LLMAPI_MODEL_ENV, OVERLAY_RECORD
 
     repository = Path(repository).resolve()
     mounts = [repository]
+    version_dir = repository / "tensorrt_llm" / "1"
     try:
-        options = yaml.safe_load((repository / "tensorrt_llm" / "1" / "model.yaml").read_text())
+        options = yaml.safe_load((version_dir / "model.yaml").read_text())
     except (OSError, yaml.YAMLError):
         options = {}
     for path in (options.get("model"), (options.get("speculative_config") or {}).get("speculative_model")):
         if isinstance(path, str) and Path(path).is_absolute():
             mounts.append(Path(path))
+            record = Path(path) / OVERLAY_RECORD
+            if record.is_file():
+                mounts.append(Path(json.loads(record.read_text())["source"]))
+    env = ""
+    recorded = version_dir / "llmapi_model.txt"
+    if recorded.is_file():
+        llmapi = Path(recorded.read_text().strip())
+        mounts.append(llmapi)
+        env = f"-e {LLMAPI_MODEL_ENV}={llmapi} "
     volumes = " ".join(f"-v {m}:{m}" for m in dict.fromkeys(mounts))
-    return (f"docker run --rm --gpus all --ipc host --shm-size 2g -p 8000:8000 -p 8001:8001 {volumes} "
-            f"{TRITON_TRTLLM_IMAGE} tritonserver --model-repository {repository}")
-
+    image = os.environ.get(TRITON_IMAGE_ENV) or f'"${{TRITON_IMAGE:?set TRITON_IMAGE to {TRITON_IMAGE_HINT} ({_checked_release()})}}"'
+    return (f"docker run --rm --gpus all --ipc host --shm-size 2g -p 8000:8000 -p 8001:8001 {volumes} {env}"
+            f"{image} tritonserver --model-repository {repository}")

@@ -343,10 +343,14 @@ def run_trtllm(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     import yaml
 
     from trtllm_dflash.serving.llm_args_check import pinned_source
-    from trtllm_dflash.serving.trtllm import check_installed_tensorrt_llm
+    from trtllm_dflash.serving.trtllm import check_installed_tensorrt_llm, local_drafter_overlay, write_drafter_overlay
 
     target = _target_source(ctx)  # the quantized checkpoint when there is one
-    options, notes = backend_of(spec).checked_options(spec.recipe, str(quantized_drafter_dir(ctx)))
+    drafter = quantized_drafter_dir(ctx)
+    options, notes = backend_of(spec).checked_options(spec.recipe, str(drafter), ctx.out / "trtllm" / "drafter")
+    overlay = local_drafter_overlay(drafter, spec.recipe.trtllm.attention_backend)
+    if overlay is not None:  # TensorRT-LLM reads the drafter's semantics from this config.json (serving/trtllm.py)
+        write_drafter_overlay(drafter, ctx.workdir / "drafter", overlay)
     checked_by = check_installed_tensorrt_llm(options, f"the options of {spec.recipe.name}")
     (ctx.workdir / "llm_api.yaml").write_text(
         f"# {spec.recipe.name}: trtllm-serve {target} --backend pytorch --config llm_api.yaml\n"

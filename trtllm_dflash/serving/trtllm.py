@@ -7,24 +7,43 @@ configuration:
     REPO/tensorrt_llm/config.pbtxt   Python backend, decoupled, the LLM-API model's inputs/outputs
     REPO/tensorrt_llm/1/model.yaml   LLM-API options (speculative_config: DFlash, parallelism, KV
                                      cache, CUDA graphs, MoE backend) + triton_config
-    REPO/tensorrt_llm/1/model.py     loads the LLM-API model.py of NVIDIA's Triton TensorRT-LLM
-                                     container (its code is not copied here)
+    REPO/tensorrt_llm/1/model.py     loads NVIDIA's LLM-API model.py (+ helpers.py) from the folder
+                                     find_llmapi_model names (its code is not copied here)
     REPO/trtllm-serve.yaml           the same options for `trtllm-serve MODEL --config`
 
 Options are checked against TensorRT-LLM's own argument classes, extracted from its llm_args.py at a
 pinned release, v1.4.0rc1 (trtllm_llm_args.json; llm_args_check.py); unknown keys, wrong types and values fail.
 
-DFlash V2 drafters (DFlash2DraftModel) are refused. TensorRT-LLM's DFlash mode, as read in
-tensorrt_llm/_torch/models/modeling_dflash.py at commit 009d8fa431bd3de92245aab80f8b57dc70da1ac4
-(the newest stored version; no release tag resolvable offline), builds every drafter but Laguna's as
-a plain DFlash stack from its model_type and loads the weights with allow_partial_loading: the V2
-convolutions and candidate selector would be dropped without an error. Its DFlashDecodingConfig has
-no DFlash2 option and nothing there detects V2 from the checkpoint (its DFlash2 tests, PR #19159,
-are not in a release we can read).
+Drafters, as TensorRT-LLM's DFlash mode runs them (read in NVIDIA/TensorRT-LLM, the newest versions the
+search index holds; v1.4.0rc1 was cut from main on 2026-10-22, after PR #19159 merged on 2026-09-14):
+- tensorrt_llm/_torch/models/modeling_dflash.py, the DFlash 2 version (DFlash2BlockConv,
+  DFlash2CandidateSelector, _is_dflash2_architecture; the index gives no commit for it) and
+  7c7504c08f1f (FA4): a checkpoint whose `architectures` has the "dflash2" stem, or whose dflash_config
+  has conv_kernel_size / selector_rank, is a DFlash 2 drafter; it needs dflash_config.{conv_kernel_size,
+  conv_group_size, selector_rank, selector_top_k} and honours the TOP-LEVEL `is_causal` (V2 only): false
+  gives non-causal sliding layers with flash-attention window (W-1, W-1). V1 drafters ignore is_causal:
+  a layer with a sliding window runs CAUSALLY, window (W-1, 0). dflash_config.use_swa / swa_window_size
+  replaces the window with (W-1, W-1) on the sliding layers (all layers without layer_types) but leaves
+  `causal` as it was.
+- tests/unittest/_torch/speculative/hw_agnostic/test_dflash2_semantics.py @10e95278445b (PR #19159):
+  the drafter attention backends VANILLA and FA4 run the released V2 drafter's non-causal 2048 window;
+  TRTLLM refuses any non-causal finite window ("flashinfer's trtllm-gen context kernel refuses causal=False
+  with any finite window_left").
+- tensorrt_llm/_torch/pyexecutor/config_utils.py @2c36f34b5d18 (get_layer_attention_window): an explicit
+  `use_sliding_window: false` turns the inferred window off.
+So V2 drafters run here with drafter attention VANILLA (written explicitly) or FA4, never TRTLLM, and a
+drafter whose reference semantics TensorRT-LLM would not reproduce from its own config.json gets a config
+overlay (drafter_overlay: config.json patched, every other file linked) that makes it run them.
+
+The LLM-API Triton model is NVIDIA's (TensorRT-LLM's triton_backend/all_models/llmapi/tensorrt_llm, at
+the tag of the container's tensorrt_llm.__version__); its code is not copied: find_llmapi_model says
+where it is looked for, and the written model.py loads it from there.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -36,7 +55,14 @@ from trtllm_dflash.serving.protocol import INPUTS
 from trtllm_dflash.serving.repository import check_model_name, pbtxt_string, staged_directory, write_manifest
 
 MODEL_NAME = "tensorrt_llm"
-CONTAINER_MODEL = "/app/all_models/llmapi/tensorrt_llm/1/model.py"
+# Where NVIDIA's LLM-API Triton model is looked for (find_llmapi_model), in this order: the folder given
+# explicitly, $DFLASH_TRT_LLMAPI_MODEL, a TensorRT-LLM clone in the working directory (Triton's "Deploying
+# an LLM with Triton and TRT-LLM" page clones it there), the path older tensorrtllm_backend images used.
+LLMAPI_MODEL_ENV = "DFLASH_TRT_LLMAPI_MODEL"
+LLMAPI_MODEL_SUBDIR = "triton_backend/all_models/llmapi/tensorrt_llm"
+LLMAPI_MODEL_PLACES = ("TensorRT-LLM/" + LLMAPI_MODEL_SUBDIR, "/app/all_models/llmapi/tensorrt_llm")
+LLMAPI_MODEL_FILES = ("config.pbtxt", "1/model.py", "1/model.yaml", "1/helpers.py")
+TENSORRT_LLM_REPO = "https://github.com/NVIDIA/TensorRT-LLM.git"
 
 
 # ---------------------------------------------------------------------- the checked LLM-API keys
@@ -172,38 +198,212 @@ def validate_model_yaml(path: str | Path) -> TritonModelYaml:
 # ---------------------------------------------------------------------- writing the repository
 
 
-def v2_refusal(drafter: str) -> tuple[str, str]:
-    """(problem, fix) of a DFlash V2 drafter on this backend (see the module docstring)."""
-    return (f"{drafter} is a DFlash V2 drafter (DFlash2DraftModel), which TensorRT-LLM's DFlash mode does not run "
-            "(it would load it without its convolutions and candidate selector)",
-            "use --backend torch (or trt), which decode DFlash V2 drafters")
+# ---------------------------------------------------------------------- drafters, as TensorRT-LLM runs them
+
+SLIDING = "sliding_attention"
+V2_DFLASH_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+# A finite non-causal window is what TensorRT-LLM's TRTLLM drafter attention cannot run (PR #19159).
+TWO_SIDED_BACKENDS = ("VANILLA", "FA4")
+OVERLAY_RECORD = "dflash-trt-overlay.json"
+Attention = tuple[bool, tuple[int, int]]  # (causal, flash-attention (left, right) window; -1: unbounded)
 
 
-def _refuse_v2(drafter: str) -> None:
-    raise DFlashError(*v2_refusal(drafter))
+class DrafterNote(tuple):
+    """drafter_support's answer for a drafter TensorRT-LLM runs, but not as its reference defines it:
+    (what differs, how to run it exactly). A plain tuple is a refusal; None runs as published."""
+
+    def __new__(cls, note: str, fix: str) -> "DrafterNote":
+        return super().__new__(cls, (note, fix))
 
 
-def llm_api_options(recipe, drafter_dir: str | Path | None = None) -> tuple[dict[str, Any], list[str]]:
+def _is_v2_config(raw: dict[str, Any]) -> bool:
+    """TensorRT-LLM's DFlash 2 test: the "dflash2" stem in architectures, or V2 sizes in dflash_config."""
+    dflash = raw.get("dflash_config") or {}
+    stem = any("dflash2" in str(a).lower().replace("_", "").replace("-", "") for a in raw.get("architectures") or ())
+    return stem or int(dflash.get("conv_kernel_size") or 0) > 0 or int(dflash.get("selector_rank") or 0) > 0
+
+
+def _trtllm_window(raw: dict[str, Any], layer: int) -> int | None:
+    """config_utils.get_layer_attention_window: the sliding window TensorRT-LLM infers for a layer."""
+    if raw.get("use_sliding_window") is False or raw.get("sliding_window") is None:
+        return None
+    types = raw.get("layer_types")
+    if types:
+        if "sliding" not in str(types[layer % len(types)]).lower():
+            return None
+    elif isinstance(raw.get("max_window_layers"), int) and layer < raw["max_window_layers"]:
+        return None
+    return int(raw["sliding_window"])
+
+
+def trtllm_block_attention(raw: dict[str, Any], layer: int) -> Attention:
+    """How TensorRT-LLM's DFlash block decode attends in draft layer `layer` of a drafter config.json
+    (DFlashForCausalLM._get_attention_mask_args, then the use_swa window; see the module docstring)."""
+    types = raw.get("layer_types")
+    window = _trtllm_window(raw, layer)
+    sliding = (bool(types) and "sliding" in str(types[layer % len(types)]).lower()) or window is not None
+    explicit = raw.get("is_causal") if _is_v2_config(raw) else None  # the top-level key, V2 only
+    if explicit is not None:
+        causal = bool(explicit)
+    else:
+        causal = sliding and window is not None
+    span = (-1, -1) if window is None else ((window - 1, 0) if causal else (window - 1, window - 1))
+    dflash = raw.get("dflash_config") or {}
+    if dflash.get("use_swa") and (not types or layer >= len(types) or types[layer] == SLIDING):
+        swa = int(dflash.get("swa_window_size") or 0)
+        span = (swa - 1, swa - 1)
+    return causal, span
+
+
+def reference_block_attention(raw: dict[str, Any], layer: int) -> Attention:
+    """How the drafter's reference attends (z-lab's DFlashDraftModel, ModelOpt / DeepSpec exports, our
+    runtimes): non-causal unless the export says `causal: true`; a sliding layer (with use_swa and no
+    layer_types: every layer) sees |q - k| <= W - 1."""
+    dflash = raw.get("dflash_config") or {}
+    types = raw.get("layer_types") or ()
+    sliding = bool(types) and types[layer] == SLIDING
+    window = 0
+    if dflash.get("use_swa"):
+        window = int(dflash.get("swa_window_size") or 0) if sliding or not types else 0
+    elif sliding:
+        window = int(raw.get("sliding_window") or 0)
+    causal = bool(raw.get("causal") or dflash.get("causal"))
+    span = (-1, -1) if not window else ((window - 1, 0) if causal else (window - 1, window - 1))
+    return causal, span
+
+
+def _trtllm_layers(raw: dict[str, Any]) -> list[Attention]:
+    return [trtllm_block_attention(raw, i) for i in range(int(raw.get("num_hidden_layers") or 0))]
+
+
+def _reference_layers(raw: dict[str, Any]) -> list[Attention]:
+    return [reference_block_attention(raw, i) for i in range(int(raw.get("num_hidden_layers") or 0))]
+
+
+def drafter_overlay(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """config.json for TensorRT-LLM when the drafter's own would not run as its reference: V2 sizes and
+    the top-level is_causal where TensorRT-LLM reads them, and for sliding layers `use_sliding_window:
+    false` (no causal inferred window) + use_swa with the same window. None when the drafter's config.json
+    already runs as published, or when no config TensorRT-LLM reads expresses it (drafter_support)."""
+    config = json.loads(json.dumps(raw))
+    dflash = config.setdefault("dflash_config", {})
+    if _is_v2_config(raw):
+        for key in V2_DFLASH_KEYS + ("mask_token_id", "block_size"):
+            if dflash.get(key) is None and config.get(key) is not None:
+                dflash[key] = config[key]
+        if config.get("is_causal") is None:
+            config["is_causal"] = bool(dflash.get("is_causal", False))
+    reference = _reference_layers(raw)
+    if _trtllm_layers(config) != reference:
+        config["use_sliding_window"] = False
+        if SLIDING in (config.get("layer_types") or ()) and not dflash.get("use_swa") and config.get("sliding_window"):
+            dflash.update(use_swa=True, swa_window_size=int(config["sliding_window"]))
+    if _trtllm_layers(config) != reference or config == raw:
+        return None
+    return config
+
+
+def drafter_support(config, attention_backend: str | None = None) -> tuple[str, str] | None:
+    """Whether the trtllm backend runs a drafter (a trtllm_dflash.config.DrafterConfig) as published.
+
+    None: TensorRT-LLM runs it as its reference defines it (through drafter_overlay where its
+    config.json alone would not). A DrafterNote (note, fix): it runs, differently (lower acceptance,
+    output still exact). Any other (problem, fix): the backend refuses it. `attention_backend` is the
+    recipe's trtllm.attention_backend (None: VANILLA, TensorRT-LLM's default).
+    """
+    raw = config.to_dict()
+    if getattr(config, "causal", False):
+        raw["causal"] = True
+    name = "DFlash V2 drafter" if config.is_v2 else "drafter"
+    backend = attention_backend or "VANILLA"
+    if getattr(config, "sliding_window_size", None):
+        return DrafterNote(f"the {name} bounds its context to the last {config.sliding_window_size} positions "
+                           "(z-lab sliding_window_size); TensorRT-LLM's DFlash mode lets it see the whole context",
+                           "use --backend torch or trt for the bounded history")
+    runs = drafter_overlay(raw) or raw
+    differ = [f"layer {i}: (causal, window) {got} instead of {want}"
+              for i, (got, want) in enumerate(zip(_trtllm_layers(runs), _reference_layers(raw))) if got != want]
+    if differ:
+        return DrafterNote(f"TensorRT-LLM runs this {name} differently ({differ[0]}): lower acceptance, output still exact",
+                           "use --backend torch or trt to run it as published")
+    two_sided = [i for i, (causal, span) in enumerate(_trtllm_layers(runs)) if not causal and span != (-1, -1)]
+    if backend not in TWO_SIDED_BACKENDS and two_sided:
+        problem = (f"the {name} attends non-causally within a sliding window in layers {two_sided}, which TensorRT-LLM's "
+                   f"{backend} drafter attention refuses (NVIDIA/TensorRT-LLM PR #19159)")
+        fix = "set trtllm.attention_backend to VANILLA (or FA4 on Hopper)"
+        causal_fallback = not config.is_v2 and _trtllm_layers(raw) != _reference_layers(raw) and not any(
+            not c and s != (-1, -1) for c, s in _trtllm_layers(raw))
+        if causal_fallback:  # its own config.json runs causally there, which the TRTLLM kernel can do
+            return DrafterNote(f"with drafter attention {backend}, TensorRT-LLM runs this drafter's sliding layers {two_sided} "
+                               "causally (no overlay: its kernel has no non-causal window): lower acceptance, output still exact",
+                               fix + " to run them as published")
+        return problem, fix
+    return None
+
+
+def v2_refusal(drafter: str) -> tuple[str, str] | None:
+    """None: TensorRT-LLM runs DFlash V2 drafters (module docstring); their drafter attention is checked
+    by drafter_support / llm_api_options."""
+    return None
+
+
+def write_drafter_overlay(drafter_dir: str | Path, dest: str | Path, overlay: dict[str, Any]) -> Path:
+    """The overlay drafter directory: `overlay` as config.json, every other file of the drafter linked
+    (absolute links: serve_command mounts the source at the same path), and a record of the source."""
+    source, dest = Path(drafter_dir).resolve(), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for item in sorted(source.iterdir()):
+        if item.name not in ("config.json", OVERLAY_RECORD) and not (dest / item.name).exists():
+            (dest / item.name).symlink_to(item)
+    (dest / "config.json").write_text(json.dumps(overlay, indent=2) + "\n")
+    (dest / OVERLAY_RECORD).write_text(json.dumps({"source": str(source), "why": "TensorRT-LLM runs the drafter as published"}) + "\n")
+    return dest
+
+
+def local_drafter_overlay(drafter_dir: str | Path, attention_backend: str | None = None) -> dict[str, Any] | None:
+    """The overlay config.json a local drafter needs on this backend, or None."""
+    from trtllm_dflash.checkpoints import resolve_checkpoint
+    from trtllm_dflash.config import DrafterConfig
+
+    path = resolve_checkpoint(drafter_dir, "drafter")
+    if drafter_support(DrafterConfig.from_dir(path), attention_backend) is not None:
+        return None  # refused, or run without the overlay (a note says how)
+    return drafter_overlay(json.loads((path / "config.json").read_text()))
+
+
+def llm_api_options(recipe, drafter_dir: str | Path | None = None, overlay_at: str | Path | None = None) -> tuple[dict[str, Any], list[str]]:
     """The LLM-API options of a `trtllm` recipe, and notes for the user.
 
-    With `drafter_dir` (a local copy of the drafter) the speculative model points there and the
-    mask token id / tapped layers come from its config.json when the recipe does not pin them.
+    With `drafter_dir` (a local copy of the drafter) the speculative model points there (or at
+    `overlay_at`, where the caller writes write_drafter_overlay, when local_drafter_overlay says the
+    drafter needs one) and the mask token id / tapped layers come from its config.json when the recipe
+    does not pin them. A drafter the backend refuses (drafter_support) stops here in one line.
     """
     notes: list[str] = []
     speculative_model = None
+    backend = recipe.trtllm.attention_backend if recipe.trtllm is not None else None
+    drafter = None
     if drafter_dir is not None:
         from trtllm_dflash.checkpoints import resolve_checkpoint
         from trtllm_dflash.config import DrafterConfig
 
         path = resolve_checkpoint(drafter_dir, "drafter")
         drafter = DrafterConfig.from_dir(path)
-        if drafter.is_v2:
-            _refuse_v2(str(drafter_dir))
+        _check_drafter(drafter, backend, str(drafter_dir), notes)
         speculative_model = str(path.resolve())
-    if drafter_dir is None and _catalog_drafter_is_v2(recipe):
-        _refuse_v2(recipe.drafter.checkpoint)
+        if local_drafter_overlay(path, backend) is not None:
+            if overlay_at is not None:
+                speculative_model = str(Path(overlay_at).resolve())
+            notes.append(f"drafter config overlay ({overlay_at or 'written with the options'}): TensorRT-LLM reads the V2 sizes, "
+                         "is_causal and sliding windows from it, so it runs the drafter as published")
+    else:
+        catalog = _catalog_drafter(recipe)
+        if catalog is not None and (catalog.is_v2 or SLIDING in tuple(catalog.layer_types)):
+            _check_catalog_drafter(catalog, backend, recipe.drafter.checkpoint, notes)
     options = recipe.llm_api_options(speculative_model)
     spec = options["speculative_config"]
+    if ((drafter is not None and drafter.is_v2) or _catalog_drafter_is_v2(recipe)) and "attention_backend" not in spec:
+        spec["attention_backend"] = "VANILLA"  # TRTLLM cannot run V2's non-causal windows: never leave it to a default
     if drafter_dir is not None:
         spec.setdefault("mask_token_id", drafter.mask_token_id)
         spec.setdefault("target_layer_ids", list(drafter.target_layer_ids))
@@ -217,6 +417,30 @@ def llm_api_options(recipe, drafter_dir: str | Path | None = None) -> tuple[dict
                 f"{spec['speculative_model']}; pass --drafter DIR (a local copy) to write it from its config.json"
             )
     return options, notes
+
+
+def _check_drafter(drafter, backend: str | None, name: str, notes: list[str]) -> None:
+    support = drafter_support(drafter, backend)
+    if isinstance(support, DrafterNote):
+        notes.append(f"{name}: {support[0]}; {support[1]}")
+    elif support is not None:
+        raise DFlashError(f"{name}: {support[0]}", support[1])
+
+
+def _check_catalog_drafter(catalog, backend: str | None, name: str, notes: list[str]) -> None:
+    """A catalog drafter with sliding layers or V2 heads, before its config.json is here."""
+    sliding = [i for i, t in enumerate(catalog.layer_types) if t == SLIDING]
+    if (backend or "VANILLA") not in TWO_SIDED_BACKENDS:
+        if catalog.is_v2:
+            raise DFlashError(f"{name} is a DFlash V2 drafter whose sliding layers attend non-causally, which TensorRT-LLM's "
+                              f"{backend} drafter attention refuses (NVIDIA/TensorRT-LLM PR #19159)",
+                              "set trtllm.attention_backend to VANILLA (or FA4 on Hopper)")
+        notes.append(f"{name}: with drafter attention {backend}, TensorRT-LLM runs sliding layers {sliding} causally "
+                     "(lower acceptance, output still exact); set trtllm.attention_backend to VANILLA (or FA4 on Hopper) "
+                     "to run them as published")
+    elif sliding and not catalog.is_v2:
+        notes.append(f"{name}: sliding layers {sliding} run as published through a drafter config overlay written with the "
+                     "options (TensorRT-LLM alone would run them causally); pass --drafter DIR to write it")
 
 
 def _catalog_drafter(recipe):
@@ -248,19 +472,95 @@ def model_yaml(model: str, options: dict[str, Any], decoupled: bool = True) -> d
     return {"model": model, "backend": "pytorch", **options, "triton_config": {"max_batch_size": 0, "decoupled": decoupled}}
 
 
+# NVIDIA's LLM-API model's own config.pbtxt, as read in NVIDIA/TensorRT-LLM
+# triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt @0a71057313ec (the newest version the search
+# index holds; the v1.4.0rc1 tag commit 0372799d itself is not in it) and @c8c6df08bd0e (the same inputs
+# and outputs without image_url / LoRA). name -> (data_type, dims, optional).
+LLMAPI_INPUTS: dict[str, tuple[str, str, bool]] = {
+    "text_input": ("TYPE_STRING", "-1", False),
+    "streaming": ("TYPE_BOOL", "1", True),
+    "sampling_param_best_of": ("TYPE_INT32", "1", True),
+    "sampling_param_temperature": ("TYPE_FP32", "1", True),
+    "sampling_param_top_k": ("TYPE_INT32", "1", True),
+    "sampling_param_top_p": ("TYPE_FP32", "1", True),
+    "sampling_param_frequency_penalty": ("TYPE_FP32", "1", True),
+    "sampling_param_presence_penalty": ("TYPE_FP32", "1", True),
+    "sampling_param_max_tokens": ("TYPE_INT32", "1", True),
+    "sampling_param_stop": ("TYPE_STRING", "-1", True),
+    "sampling_param_seed": ("TYPE_UINT64", "1", True),
+    "sampling_param_exclude_input_from_output": ("TYPE_BOOL", "1", True),
+    "sampling_param_return_perf_metrics": ("TYPE_BOOL", "1", True),
+    "return_finish_reason": ("TYPE_BOOL", "1", True),
+    "return_stop_reason": ("TYPE_BOOL", "1", True),
+    "return_cumulative_logprob": ("TYPE_BOOL", "1", True),
+    "stop": ("TYPE_BOOL", "1", True),
+}
+LLMAPI_OUTPUTS: dict[str, tuple[str, str]] = {
+    "text_output": ("TYPE_STRING", "-1"),
+    "finish_reason": ("TYPE_STRING", "-1"),
+    "stop_reason": ("TYPE_STRING", "-1"),
+    "cumulative_logprob": ("TYPE_FP32", "-1"),
+    "kv_cache_reused_block": ("TYPE_INT32", "-1"),
+    "kv_cache_missed_block": ("TYPE_INT32", "-1"),
+    "kv_cache_alloc_new_blocks": ("TYPE_INT32", "-1"),
+    "kv_cache_alloc_total_blocks": ("TYPE_INT32", "-1"),
+    "kv_cache_hit_rate": ("TYPE_FP32", "-1"),
+    "arrival_time_ns": ("TYPE_INT64", "1"),
+    "first_scheduled_time_ns": ("TYPE_INT64", "1"),
+    "first_token_time_ns": ("TYPE_INT64", "1"),
+    "last_token_time_ns": ("TYPE_INT64", "1"),
+    "acceptance_rate": ("TYPE_FP32", "1"),
+    "total_accepted_draft_tokens": ("TYPE_INT32", "1"),
+    "total_draft_tokens": ("TYPE_INT32", "1"),
+}
+# Where ours differs, and why: our clients send these integers as INT64 (protocol.INPUTS) over gRPC, and
+# the LLM-API model reads every sampling input with .item() (helpers.get_input_scalar_by_name), so a
+# wider integer reaches SamplingParams unchanged.
+WIDENED_INPUTS = {"sampling_param_max_tokens": "TYPE_INT64", "sampling_param_top_k": "TYPE_INT64",
+                  "sampling_param_seed": "TYPE_INT64"}
+
+
+def find_llmapi_model(explicit: str | Path | None = None) -> Path | None:
+    """NVIDIA's LLM-API Triton model folder (config.pbtxt, 1/model.py, 1/helpers.py): `explicit`, then
+    $DFLASH_TRT_LLMAPI_MODEL, then LLMAPI_MODEL_PLACES; None when none has it."""
+    env = os.environ.get(LLMAPI_MODEL_ENV)
+    candidates = [explicit] if explicit is not None else ([env] if env else list(LLMAPI_MODEL_PLACES))
+    for candidate in candidates:
+        folder = Path(candidate).expanduser()
+        if folder.name == "1" or (folder / "model.py").is_file() and not (folder / "1").is_dir():
+            folder = folder.parent  # the version folder or model.py's folder was given
+        if all((folder / name).is_file() for name in ("1/model.py", "1/helpers.py")):
+            return folder.resolve()
+    return None
+
+
+def llmapi_model_refusal(looked: str | Path | None = None) -> tuple[str, str]:
+    """(problem, fix) when NVIDIA's LLM-API model is not where it is looked for."""
+    from trtllm_dflash.serving.llm_args_check import pinned_version
+
+    tag = f"v{pinned_version() or '1.4.0rc1'}"
+    where = str(looked) if looked is not None else (os.environ.get(LLMAPI_MODEL_ENV) or " or ".join(LLMAPI_MODEL_PLACES))
+    return (f"NVIDIA's LLM-API Triton model (1/model.py + 1/helpers.py) is not in {where}",
+            f"git clone -b {tag} {TENSORRT_LLM_REPO} (the tag of your container's tensorrt_llm.__version__) and set "
+            f"{LLMAPI_MODEL_ENV}=$PWD/TensorRT-LLM/{LLMAPI_MODEL_SUBDIR}")
+
+
+def require_llmapi_model(explicit: str | Path | None = None) -> Path:
+    """find_llmapi_model, or one line naming what to clone and at which tag."""
+    found = find_llmapi_model(explicit)
+    if found is None:
+        raise DFlashError(*llmapi_model_refusal(explicit))
+    return found
+
+
 def render_config(name: str, decoupled: bool) -> str:
-    """config.pbtxt of the LLM-API Python model (inputs as the LLM-API model reads them)."""
+    """config.pbtxt: the LLM-API model's own inputs and outputs (LLMAPI_INPUTS / LLMAPI_OUTPUTS, with
+    WIDENED_INPUTS), so its clients, ours (HTTP and gRPC) and the OpenAI front end all reach it."""
     inputs = ",\n".join(
-        f"  {{ name: {pbtxt_string(n)} data_type: {dtype} dims: [ {'-1' if n == 'sampling_param_stop' else '1'} ]"
-        f"{' optional: true' if optional else ''} }}"
-        for n, (dtype, _, optional) in INPUTS.items()
+        f"  {{ name: {pbtxt_string(n)} data_type: {WIDENED_INPUTS.get(n, dtype)} dims: [ {dims} ]{' optional: true' if optional else ''} }}"
+        for n, (dtype, dims, optional) in LLMAPI_INPUTS.items()
     )
-    outputs = ",\n".join(
-        f"  {{ name: {pbtxt_string(n)} data_type: {dtype} dims: [ 1 ] }}"
-        for n, dtype in (("text_output", "TYPE_STRING"), ("finish_reason", "TYPE_STRING"), ("stop_reason", "TYPE_STRING"),
-                         ("cumulative_logprob", "TYPE_STRING"), ("acceptance_rate", "TYPE_STRING"),
-                         ("total_accepted_draft_tokens", "TYPE_STRING"), ("total_draft_tokens", "TYPE_STRING"))
-    )
+    outputs = ",\n".join(f"  {{ name: {pbtxt_string(n)} data_type: {dtype} dims: [ {dims} ] }}" for n, (dtype, dims) in LLMAPI_OUTPUTS.items())
     return (
         f"name: {pbtxt_string(name)}\nbackend: \"python\"\nmax_batch_size: 0\n"
         f"model_transaction_policy {{ decoupled: {'true' if decoupled else 'false'} }}\n\n"
@@ -271,20 +571,26 @@ def render_config(name: str, decoupled: bool) -> str:
 
 MODEL_PY = f'''"""TensorRT-LLM LLM-API Triton model (written by `dflash-trt repo`).
 
-Runs the LLM-API model.py of NVIDIA's Triton TensorRT-LLM container
-(nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3, TensorRT-LLM 1.4.0rc1 or later: the options were checked against it)
-with the model.yaml next to this file. Set TRTLLM_LLMAPI_MODEL to use another copy of it.
+Runs NVIDIA's LLM-API model.py (TensorRT-LLM's {LLMAPI_MODEL_SUBDIR}, at the tag of this container's
+tensorrt_llm.__version__; the options were checked against 1.4.0rc1) with the model.yaml next to this file.
+The folder comes from ${LLMAPI_MODEL_ENV}, else from llmapi_model.txt written beside this file.
 """
 
 import importlib.util
 import os
 import sys
 
-_SOURCE = os.environ.get("TRTLLM_LLMAPI_MODEL", "{CONTAINER_MODEL}")
-if not os.path.isfile(_SOURCE):
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_FOLDER = os.environ.get("{LLMAPI_MODEL_ENV}")
+if not _FOLDER and os.path.isfile(os.path.join(_HERE, "llmapi_model.txt")):
+    with open(os.path.join(_HERE, "llmapi_model.txt")) as _recorded:
+        _FOLDER = _recorded.read().strip()
+_SOURCE = os.path.join(_FOLDER or "", "1", "model.py")
+if not _FOLDER or not os.path.isfile(_SOURCE) or not os.path.isfile(os.path.join(_FOLDER, "1", "helpers.py")):
     raise ImportError(
-        f"{{_SOURCE}} not found: serve this repository in NVIDIA's Triton TensorRT-LLM container, "
-        "or set TRTLLM_LLMAPI_MODEL to the LLM-API model.py of tensorrtllm_backend (all_models/llmapi)"
+        f"NVIDIA's LLM-API Triton model (1/model.py + 1/helpers.py) is not in {{_FOLDER or 'any folder'}}: "
+        "git clone -b v<tensorrt_llm.__version__ of this container> {TENSORRT_LLM_REPO}, mount it and set "
+        "{LLMAPI_MODEL_ENV}=<clone>/{LLMAPI_MODEL_SUBDIR}"
     )
 # model.yaml was checked against the TensorRT-LLM release its header names; where trtllm-dflash is
 # installed beside TensorRT-LLM, a key this container's version does not know stops here, in one line
@@ -295,9 +601,9 @@ except ImportError:
 if check_installed_tensorrt_llm is not None:
     import yaml
 
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "model.yaml")) as _options:
+    with open(os.path.join(_HERE, "model.yaml")) as _options:
         check_installed_tensorrt_llm(yaml.safe_load(_options), "model.yaml")
-sys.path.insert(0, os.path.dirname(_SOURCE))
+sys.path.insert(0, os.path.dirname(_SOURCE))  # its model.py imports helpers from its own folder
 _spec = importlib.util.spec_from_file_location("trtllm_llmapi_model", _SOURCE)
 _module = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_module)
@@ -311,8 +617,12 @@ def write_trtllm_repository(
     """Write the LLM-API repository of a `trtllm` recipe; returns (repository, notes)."""
     if recipe.trtllm is None:  # only a trtllm recipe has TensorRT-LLM options
         raise DFlashError(f"recipe {recipe.name} has backend {recipe.runtime}, not trtllm", "use `dflash-trt repo` without a trtllm recipe")
-    options, notes = llm_api_options(recipe, drafter_dir)
-    path = write_llm_api_repository(out, options, recipe.model.checkpoint, bool(recipe.triton.decoupled), recipe.name, notes, name, force)
+    overlay_at = Path(out).expanduser().resolve() / "drafter"
+    options, notes = llm_api_options(recipe, drafter_dir, overlay_at)
+    overlay = local_drafter_overlay(drafter_dir, recipe.trtllm.attention_backend) if drafter_dir is not None else None
+    extra = (lambda staging: write_drafter_overlay(drafter_dir, staging / "drafter", overlay)) if overlay is not None else None
+    path = write_llm_api_repository(out, options, recipe.model.checkpoint, bool(recipe.triton.decoupled), recipe.name, notes, name,
+                                    force, extra=extra)
     return path, notes
 
 
@@ -329,9 +639,12 @@ def write_build_llm_api_repository(build_dir: Path, manifest: dict, out: str | P
 
 
 def write_llm_api_repository(
-    out: str | Path, options: dict, model: str, decoupled: bool, title: str, notes: list[str], name: str = MODEL_NAME, force: bool = False
+    out: str | Path, options: dict, model: str, decoupled: bool, title: str, notes: list[str], name: str = MODEL_NAME, force: bool = False,
+    extra=None, llmapi_model: str | Path | None = None,
 ) -> Path:
-    """tensorrt_llm/{config.pbtxt, 1/model.yaml, 1/model.py} and trtllm-serve.yaml, both checked."""
+    """tensorrt_llm/{config.pbtxt, 1/model.yaml, 1/model.py} and trtllm-serve.yaml, both checked; `extra(staging)`
+    writes more (the drafter overlay). NVIDIA's LLM-API model folder, where find_llmapi_model finds it here, is
+    recorded in 1/llmapi_model.txt (the start command mounts it); where not, the notes say what to clone."""
     check_model_name(name)
     model_options = model_yaml(model, options, decoupled)
     validate_options(model_options, TritonModelYaml, f"model.yaml of {title}")
@@ -344,6 +657,13 @@ def write_llm_api_repository(
         (model_dir / "config.pbtxt").write_text(render_config(name, decoupled))
         (model_dir / "1" / "model.yaml").write_text(_yaml(model_options, f"{title}: TensorRT-LLM LLM-API options (DFlash) + triton_config"))
         (model_dir / "1" / "model.py").write_text(MODEL_PY)
+        found = find_llmapi_model(llmapi_model)
+        if found is not None:
+            (model_dir / "1" / "llmapi_model.txt").write_text(f"{found}\n")
+        else:
+            notes = [*notes, "{}; to start it: {}".format(*llmapi_model_refusal(llmapi_model))]
+        if extra is not None:
+            extra(staging)
         (staging / "trtllm-serve.yaml").write_text(_yaml(serve_options, f"{title}: `{command}`"))
         write_manifest(staging, {name: {"runtime": "trtllm", "source": title}}, {"source": title, "trtllm_serve": command, "notes": notes})
     return Path(out).expanduser().resolve()
