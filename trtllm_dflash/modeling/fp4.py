@@ -21,6 +21,7 @@ import torch
 # E2M1: code -> value (sign bit 3, exponent bits 2..1, mantissa bit 0); the OCP MX table
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 E2M1_MAX = 6.0
+E4M3_MAX = 448.0
 E8M0_BIAS = 127
 MXFP4_BLOCK = 32
 NVFP4_BLOCK = 16
@@ -73,15 +74,43 @@ def dequantize_nvfp4(
 ) -> torch.Tensor:
     """NVFP4 `weight` [..., K/2] uint8, `weight_scale` [..., K/16] (E4M3) and `weight_scale_2` -> [..., K].
 
-    Computed in float32: an E2M1 value times an E4M3 scale times a power-of-two tensor scale is
-    exact there, so a converted MXFP4 tensor can be compared with its source bit for bit.
+    Correctly rounded: an E2M1 value (2 significant bits) times an E4M3 scale (4 bits) is exact in
+    float32, so multiplying that by the float32 tensor scale rounds once, giving the float32
+    nearest to the exact product (exact when the tensor scale is a power of two, as in a
+    converted MXFP4 tensor). ModelOpt's own dequantize multiplies the two scales first and rounds
+    twice, so it can differ from this in the last bit. float64 output is exact for any scale.
     """
-    values = decode_e2m1(unpack_codes(packed), torch.float32)
-    if values.shape[-1] != block_scales.shape[-1] * NVFP4_BLOCK:
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    values = decode_e2m1(unpack_codes(packed), work)
+    if values.shape[:-1] != block_scales.shape[:-1] or values.shape[-1] != block_scales.shape[-1] * NVFP4_BLOCK:
         raise ValueError(f"NVFP4 weight {tuple(packed.shape)} and block scales {tuple(block_scales.shape)} do not match "
-                         f"(K/2 and K/{NVFP4_BLOCK})")
-    scale = block_scales.float().unsqueeze(-1) * torch.as_tensor(global_scale, dtype=torch.float32)
-    return (values.unflatten(-1, (-1, NVFP4_BLOCK)) * scale).flatten(-2).to(dtype)
+                         f"([..., K/2] and [..., K/{NVFP4_BLOCK}])")
+    blocks = values.unflatten(-1, (-1, NVFP4_BLOCK)) * block_scales.to(work).unsqueeze(-1)  # exact
+    return (blocks * torch.as_tensor(global_scale, dtype=torch.float32).to(work)).flatten(-2).to(dtype)
+
+
+def quantize_nvfp4(weight: torch.Tensor, global_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """weights [..., K] (K a multiple of 16) -> (`weight` uint8 [..., K/2], `weight_scale` E4M3 [..., K/16],
+    `weight_scale_2` float32 []), ModelOpt's dynamic NVFP4 rule (NVFP4QTensor.quantize):
+
+        weight_scale_2 = amax(|w|) / (6 * 448)
+        weight_scale   = E4M3(clamp(block_amax / (6 * weight_scale_2), 2^-9, 448)), 1.0 for an all-zero block
+        codes          = E2M1(w / (weight_scale * weight_scale_2)), ties to even, two per byte, low nibble first
+
+    Used to write NVFP4 checkpoints in ModelOpt's layout where ModelOpt cannot calibrate (CPU tests).
+    """
+    if weight.shape[-1] % NVFP4_BLOCK:
+        raise ValueError(f"the last dimension ({weight.shape[-1]}) must be a multiple of {NVFP4_BLOCK}")
+    w = weight.float()
+    if global_scale is None:
+        global_scale = w.abs().amax() / (E2M1_MAX * E4M3_MAX)
+    global_scale = torch.as_tensor(global_scale, dtype=torch.float32).reshape(())
+    grouped = w.unflatten(-1, (-1, NVFP4_BLOCK))
+    block = grouped.abs().amax(-1) / (E2M1_MAX * global_scale)
+    block = torch.where(block == 0, torch.ones_like(block), block)
+    block_scales = block.clamp(min=2.0**-9, max=E4M3_MAX).to(torch.float8_e4m3fn)
+    codes = encode_e2m1(grouped / (block_scales.float() * global_scale).unsqueeze(-1))
+    return pack_codes(codes.flatten(-2)), block_scales, global_scale
 
 
 def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
