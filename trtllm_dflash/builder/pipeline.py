@@ -149,8 +149,17 @@ def run_quantize(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
         summary = {**quantize_target(target, ctx.workdir / "target", spec.quant, spec.kv_cache_dtype, spec.calibration, ctx.status,
                                      experts_from_mxfp4=experts), "target_dir": "target"}
     if quantizes_drafter(spec):
-        drafter = quantize_drafter(Path(checkpoints["drafter"]["path"]), target, ctx.workdir / "drafter", spec.calibration, ctx.status)
-        summary.update(drafter_quantization=drafter, drafter_dir="drafter")
+        from trtllm_dflash.builder.validate import quantized_drafter_acceptance
+
+        source = Path(checkpoints["drafter"]["path"])
+        drafter = quantize_drafter(source, target, ctx.workdir / "drafter", spec.calibration, ctx.status)
+        # what the quantization cost: tau of the written drafter (loaded by our loader) beside the original's
+        acceptance = quantized_drafter_acceptance(target, source, ctx.workdir / "drafter", spec.calibration, ctx.status)
+        tau = acceptance["tau"]
+        note = (f"drafter {drafter['quant']}: tau {tau['quantized']:.2f} vs {tau['unquantized']:.2f} unquantized "
+                f"on {acceptance['prompts']} prompts, output = the target's")
+        summary.update(drafter_quantization={**drafter, "acceptance": acceptance}, drafter_dir="drafter",
+                       note="; ".join(n for n in (summary.get("note"), note) if n))
     return summary
 
 

@@ -242,3 +242,71 @@ def validate_graphs(
         "greedy_decode_equal": True,
         "greedy_tokens": got,
     }
+
+
+# ----------------------------------------------------------------------------- a quantized drafter's acceptance
+
+
+def decode_with(target_model, drafter, prompts: list[list[int]], max_new_tokens: int):
+    """Greedy results (tokens, acceptance lengths) of the torch runtime: speculative with `drafter`,
+    autoregressive without one."""
+    from trtllm_dflash.decoding import Decoder, Request, SamplingParams
+    from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+
+    context = max(len(p) for p in prompts) + max_new_tokens + 1
+    decoder = Decoder(TorchRuntime(target_model, drafter), max_batch=len(prompts), max_context=context)
+    with torch.no_grad():
+        return decoder.generate([Request(list(p), SamplingParams(max_new_tokens=max_new_tokens)) for p in prompts])
+
+
+def pooled_tau(results) -> float:
+    """Mean acceptance length over every verify step of every prompt (as `dflash-trt bench` pools it)."""
+    lengths = [a for r in results for a in r.acceptance_lengths]
+    return sum(lengths) / len(lengths) if lengths else 0.0
+
+
+def drafter_acceptance(
+    target_model, drafters: dict[str, Any], prompts: list[list[int]], max_new_tokens: int = 32
+) -> dict[str, Any]:
+    """The acceptance (tau) of each drafter in `drafters` (e.g. {"bf16": ..., "nvfp4": ...}) on the
+    same prompts, greedy, through the torch runtime; every output must be the target's own greedy
+    output (autoregressive, same target), else ValidationError. A quantized drafter changes only tau,
+    so tau beside the unquantized drafter's is what its quantization cost."""
+    expected = [r.token_ids for r in decode_with(target_model, None, prompts, max_new_tokens)]
+    report: dict[str, Any] = {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "tau": {}, "per_prompt_tau": {}}
+    for name, drafter in drafters.items():
+        results = decode_with(target_model, drafter, prompts, max_new_tokens)
+        if [r.token_ids for r in results] != expected:
+            raise ValidationError(
+                f"greedy decoding with the {name} drafter differs from the target's own output",
+                "this is a bug in the drafter loading or the decoding loop; report it with the build's manifest.json",
+            )
+        report["tau"][name] = round(pooled_tau(results), 4)
+        report["per_prompt_tau"][name] = [round(r.mean_acceptance_length, 4) for r in results]
+    report["outputs_equal_target"] = True
+    return report
+
+
+def quantized_drafter_acceptance(
+    target_dir, drafter_dir, quantized_dir, calibration, progress=lambda text: None,
+    num_prompts: int = 8, prompt_tokens: int = 64, max_new_tokens: int = 32,
+) -> dict[str, Any]:
+    """The build's check of a quantized drafter: loaded by our loader (dequantized exactly, the
+    same files TensorRT-LLM gets), its tau beside the unquantized drafter's on the same prompts
+    (the first `prompt_tokens` of each calibration sample), both decoding the target's own output.
+    Runs on CUDA when there is a GPU, else on CPU, in the target's bf16 on CUDA, float32 on CPU."""
+    from trtllm_dflash.builder.quantize import calibration_texts
+    from trtllm_dflash.checkpoints import load_drafter, load_target
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    progress("measuring the quantized drafter's acceptance against the unquantized one")
+    target = load_target(target_dir, device=device, dtype=dtype, require_tokenizer=True)
+    prompts = [target.tokenizer(text)["input_ids"][:prompt_tokens] for text in calibration_texts(calibration)]
+    prompts = [p for p in prompts if len(p) >= 2][:num_prompts]
+    if not prompts:
+        raise ValidationError("no calibration sample gives a prompt of 2 tokens or more", "give longer calibration samples")
+    drafters = {"unquantized": load_drafter(drafter_dir, target), "quantized": load_drafter(quantized_dir, target)}
+    report = drafter_acceptance(target.model, drafters, prompts, max_new_tokens)
+    report.update(device=device, dtype=str(dtype).removeprefix("torch."), prompt_source="calibration samples, first tokens")
+    return report
