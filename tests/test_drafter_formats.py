@@ -195,7 +195,7 @@ def test_modelopt_fp8_export_is_dequantized(tmp_path, trained_pair):
         ({"shift_label": True}, None, "DSpark heads"),
         ({"attention_sink_bias": True}, None, "attention sinks"),
         ({"projector_type": "dspark", "markov_rank": 8}, None, "dspark"),
-        ({}, "NVFP4", "quantized with NVFP4"),
+        ({}, "W4A8_AWQ", "quantized with W4A8_AWQ"),  # FP8 and NVFP4 load: tests/test_drafter_quantized.py
     ],
 )
 def test_modelopt_options_we_cannot_run_are_refused(tmp_path, trained_pair, options, quant, message):

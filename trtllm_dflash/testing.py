@@ -305,6 +305,67 @@ def perturb_v2(drafter, seed: int = 0, scale: float = 0.3) -> None:
             param.copy_(torch.randn(param.shape, generator=generator).to(param))
 
 
+MODELOPT_QUANTIZED_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def write_modelopt_drafter(source_dir: str | Path, dest_dir: str | Path, algo: str, kv_cache_fp8: bool = True) -> Path:
+    """A z-lab drafter re-written as ModelOpt exports a quantized one, byte for byte, without ModelOpt
+    (which cannot calibrate NVFP4 without CUDA for a whole model): every decoder-layer linear
+    quantized, `fc`, norms and any own LM head / embedding kept as they come (as our build keeps fc).
+
+        FP8    `weight` F8_E4M3 = w / s, `weight_scale` F32 [] s = amax / 448
+        NVFP4  `weight` U8 [out, in/2] (E2M1 codes, low nibble first), `weight_scale` F8_E4M3
+               [out, in/16], `weight_scale_2` F32 [] (modeling/fp4.quantize_nvfp4: NVFP4QTensor's rule)
+
+    plus an `input_scale` F32 [] per linear and, with `kv_cache_fp8`, `k_proj.k_scale` / `v_proj.v_scale`,
+    and hf_quant_config.json + config.json `quantization_config` naming `algo`. Tests read it back
+    with our loader; tests/test_drafter_quantized.py checks the bytes against ModelOpt's own packing.
+    """
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from trtllm_dflash.modeling.fp4 import quantize_nvfp4
+
+    source_dir, dest_dir = Path(source_dir), Path(dest_dir)
+    if algo not in ("FP8", "NVFP4"):
+        raise ValueError(f"algo is {algo!r}: FP8 or NVFP4")
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    state: dict[str, torch.Tensor] = {}
+    kept = set()
+    for file in sorted(source_dir.glob("*.safetensors")):
+        for name, tensor in load_file(str(file)).items():
+            module = name.removesuffix(".weight")
+            if not (name.endswith(".weight") and module.rsplit(".", 1)[-1] in MODELOPT_QUANTIZED_LINEARS):
+                state[name] = tensor
+                if name.endswith(".weight") and tensor.dim() == 2:
+                    kept.add(module)
+                continue
+            if algo == "FP8":
+                scale = (tensor.float().abs().amax() / 448.0).reshape(())
+                state[name] = (tensor.float() / scale).to(torch.float8_e4m3fn)
+                state[f"{module}.weight_scale"] = scale
+            else:
+                state[name], state[f"{module}.weight_scale"], state[f"{module}.weight_scale_2"] = quantize_nvfp4(tensor)
+            state[f"{module}.input_scale"] = torch.tensor(0.5)
+            if kv_cache_fp8 and module.endswith(("k_proj", "v_proj")):
+                kv = module.rsplit(".", 1)[-1][0]  # "k" or "v"
+                state[f"{module}.{kv}_scale"] = torch.tensor(0.25)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(dest_dir / "model.safetensors"))
+    for file in source_dir.iterdir():
+        if file.is_file() and file.suffix != ".safetensors" and file.name != "model.safetensors.index.json":
+            shutil.copy2(file, dest_dir / file.name)
+    quantization = {"quant_algo": algo, "kv_cache_quant_algo": "FP8" if kv_cache_fp8 else None, "exclude_modules": sorted(kept)}
+    if algo == "NVFP4":
+        quantization["group_size"] = 16
+    (dest_dir / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt"}, "quantization": quantization}, indent=2))
+    config = json.loads((dest_dir / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "modelopt", **quantization}
+    (dest_dir / "config.json").write_text(json.dumps(config, indent=2))
+    return dest_dir
+
+
 # token ids below TINY_VOCAB, so a trained pair can be served with the character tokenizer
 CYCLES = ((5, 17, 9, 30, 22, 11, 41), (60, 73, 66, 88, 95, 61, 84, 79, 57, 70, 99))
 
