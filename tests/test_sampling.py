@@ -25,12 +25,17 @@ PROMPT = [1, 2, 3]
 SAMPLES = 3000
 
 
-def _small_vocab_pair(root, family: str, block_size: int = 4):
+def _small_vocab_pair(root, family: str, block_size: int = 4, **drafter_options):
     target = make_tiny_target(root / "target", family, seed=11, vocab_size=VOCAB)
     drafter = make_tiny_drafter(
-        root / "drafter", target, seed=12, block_size=block_size, mask_token_id=VOCAB - 1, target_layer_ids=(1, 2)
+        root / "drafter", target, seed=12, block_size=block_size, mask_token_id=VOCAB - 1, target_layer_ids=(1, 2),
+        **drafter_options,
     )
     return target, drafter
+
+
+# a drafter whose first layer is sliding with window 2: it cuts the 3-token prompt and the block of 4
+SLIDING_DRAFTER = {"layer_types": ("sliding_attention", "full_attention"), "sliding_window": 2}
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +48,14 @@ def small_vocab_pair(tmp_path_factory):
 # state the first one rolled back to (with block 4 all three tokens come from one pass). This
 # checks the sampling path on those families; the exactness of the rolled-back state itself is
 # checked token for token (test_families.py), where a wrong state cannot hide in the noise.
-@pytest.fixture(scope="module", params=[("llama", 4), ("qwen3_5", 2), ("gpt_oss", 2)], ids=lambda p: p[0])
+# "llama-sliding-drafter": the llama pair with a sliding-window draft layer (tests/test_sliding_drafters.py).
+@pytest.fixture(
+    scope="module", params=[("llama", 4, {}), ("qwen3_5", 2, {}), ("gpt_oss", 2, {}), ("llama", 4, SLIDING_DRAFTER)],
+    ids=["llama", "qwen3_5", "gpt_oss", "llama-sliding-drafter"],
+)
 def family_pair(request, tmp_path_factory):
-    family, block_size = request.param
-    return _small_vocab_pair(tmp_path_factory.mktemp(f"small-vocab-{family}"), family, block_size)
+    family, block_size, drafter_options = request.param
+    return _small_vocab_pair(tmp_path_factory.mktemp(f"small-vocab-{family}"), family, block_size, **drafter_options)
 
 
 def exact_distribution(target_dir, temperature, top_k, top_p) -> dict[tuple[int, ...], float]:

@@ -402,12 +402,9 @@ def export_drafter(
     from torch.export import Dim
 
     config = drafter.config
-    if config.sliding_window_size:
-        raise UnsupportedTargetError(
-            f"the drafter bounds its draft history (sliding_window_size={config.sliding_window_size}), "
-            "which the drafter graph does not implement (it would attend to the whole history)",
-            "build without the bound (drop sliding_window_size) or serve the pair with backend: torch",
-        )
+    refusal = drafter_graph_refusal(config)
+    if refusal is not None:
+        raise UnsupportedTargetError(*refusal)
     torch_dtype = DTYPES[dtype]
     num_layers = config.num_hidden_layers
     head = drafter_v2.head_of(config, plugin)
@@ -470,6 +467,18 @@ def write_graphs_json(directory: Path, info: dict[str, Any]) -> Path:
     path = directory / "graphs.json"
     path.write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     return path
+
+
+def drafter_graph_refusal(config) -> tuple[str, str] | None:
+    """(problem, fix) when the drafter graphs (and so the trt backend's engines) cannot run this
+    drafter (a DrafterConfig) as published, else None."""
+    if config.sliding_window_size:
+        return (
+            f"the drafter bounds its draft history (sliding_window_size={config.sliding_window_size}), "
+            "which the drafter graph does not implement (it would attend to the whole history)",
+            "build without the bound (drop sliding_window_size) or serve the pair with backend: torch",
+        )
+    return None
 
 
 def export_pair(
