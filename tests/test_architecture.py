@@ -30,7 +30,7 @@ PACKAGE_DIRS = {
 LAYERS: list[tuple[str, list[str]]] = [
     ("foundation", [
         "trtllm_dflash.errors", "trtllm_dflash.hf_compat", "trtllm_dflash.request_limits",
-        "trtllm_dflash.extras", "trtllm_dflash.chat", "trtllm_dflash.config", "trtllm_dflash.version",
+        "trtllm_dflash.extras", "trtllm_dflash.chat", "trtllm_dflash.config", "trtllm_dflash.draft_window", "trtllm_dflash.version",
         "trtllm_dflash.system_install", "trtllm_dflash.catalog", "trtllm_dflash.catalog.*",
         "trtllm_dflash.demo", "trtllm_dflash.demo.corpus", "trtllm_dflash.engine_recipes*",
         "trtllm_dflash.graphs.names",  # the graph tensor-name contract: plain strings, shared by all layers
@@ -52,7 +52,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     # what each backend serves, builds and writes: the Triton repository writers belong with it
     ("backends", [
         "trtllm_dflash.backends", "trtllm_dflash.backends.*", "trtllm_dflash.serving.repository",
-        "trtllm_dflash.serving.trtllm", "trtllm_dflash.serving.model_parameters", "trtllm_dflash.serving.llm_args_*",
+        "trtllm_dflash.serving.trtllm", "trtllm_dflash.serving.trtllm_drafters", "trtllm_dflash.serving.model_parameters", "trtllm_dflash.serving.llm_args_*",
         "trtllm_dflash.serving.protocol",
     ]),
     ("recipes and planning", [

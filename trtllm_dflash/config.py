@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_dflash.errors import CheckpointError
-from trtllm_dflash.plugins.draft_window import DraftWindow
+from trtllm_dflash.draft_window import DraftWindow
 
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
