@@ -289,23 +289,58 @@ def test_v2_sliding_drafter_accepts_what_the_reference_accepts(tmp_path, target,
 # ----------------------------------------------------------------------------- the ONNX graphs
 
 
+BOUNDS_KW = dict(max_batch=4, max_input_len=48, max_seq_len=128, block_size=8)
+
+
 def export_sliding_pair(root: Path, variant: str) -> tuple[Path, Path]:
     """The demo target and a sliding V1 drafter (use_swa on layers 0 and 2) exported in float32."""
     from trtllm_dflash.builder.export import Bounds, export_pair
 
     drafter_dir = sliding_variant(DEMO_DIR / "drafter", root / "drafter", VARIANTS["use_swa+layer_types"])
     target = load_target(DEMO_DIR / "target", dtype=torch.float32)
-    bounds = Bounds(max_batch=4, max_input_len=48, max_seq_len=128, block_size=8)
-    export_pair(target.model, load_drafter(drafter_dir, target), root / "export", "fp32", bounds, variants=(variant,))
+    export_pair(target.model, load_drafter(drafter_dir, target), root / "export", "fp32", Bounds(**BOUNDS_KW), variants=(variant,))
     return drafter_dir, root / "export"
 
 
-@pytest.mark.parametrize("variant", ["native", pytest.param("plugin", marks=pytest.mark.slow)])  # plugin: ~50 s export
-def test_the_exported_graphs_accept_what_the_reference_accepts(tmp_path, target, prompts, variant):
-    """The ONNX graphs (float32): the native masks on onnxruntime, or the DFlash block-attention
-    nodes on their CPU evaluators; the reference's acceptance lengths, step for step, for the batch
-    of ragged rows."""
+@pytest.fixture(scope="module")
+def native_export(tmp_path_factory) -> tuple[Path, Path]:
+    return export_sliding_pair(tmp_path_factory.mktemp("sliding-native"), "native")
+
+
+def test_the_native_graphs_accept_what_the_reference_accepts(native_export, target, prompts):
+    """The drafter graph's own masks (graphs/drafter.py) on onnxruntime, float32: the reference's
+    acceptance lengths, step for step, for the batch of ragged rows."""
     from trtllm_dflash.runtime.onnx_runtime import OnnxRuntime
 
-    drafter_dir, export = export_sliding_pair(tmp_path, variant)
-    assert_reference_steps(decode(OnnxRuntime(export, variant), prompts), target, drafter_dir, prompts)
+    drafter_dir, export = native_export
+    assert_reference_steps(decode(OnnxRuntime(export, "native"), prompts), target, drafter_dir, prompts)
+
+
+@pytest.mark.slow  # a plugin export of the demo pair (~35 s) and decoding through the nodes' CPU evaluators
+def test_the_plugin_nodes_accept_what_the_reference_accepts(tmp_path, target, prompts):
+    """The DFlash block-attention nodes (window and causal attributes) on their CPU evaluators."""
+    import onnx
+
+    from trtllm_dflash.runtime.onnx_runtime import OnnxRuntime
+
+    drafter_dir, export = export_sliding_pair(tmp_path, "plugin")
+    nodes = [n for n in onnx.load(str(export / "plugin" / "drafter.onnx")).graph.node if n.op_type == "DFlashBlockAttention"]
+    windows = [next(a.i for a in n.attribute if a.name == "window") for n in nodes]
+    assert windows == [WINDOW, 0, WINDOW]
+    assert_reference_steps(decode(OnnxRuntime(export, "plugin"), prompts), target, drafter_dir, prompts)
+
+
+def test_tensorrt_rtx_builds_the_sliding_drafter_engine(native_export, tmp_path):
+    """The sliding drafter's native graph parses and builds into a real TensorRT-RTX engine for
+    SM 12.0, ahead of time on this CPU machine (running it needs the GPU)."""
+    pytest.importorskip("tensorrt_rtx_bindings", reason="needs TensorRT-RTX: pip install 'trtllm-dflash[rtx]'")
+    from trtllm_dflash.builder import engines
+    from trtllm_dflash.builder.export import Bounds
+
+    _, export = native_export
+    info = json.loads((export / "graphs.json").read_text())["variants"]["native"]["drafter"]
+    built = engines.build_engine(
+        engines.load_flavour("tensorrt-rtx"), export / "native" / "drafter.onnx", tmp_path / "drafter.engine", info,
+        engines.profiles("drafter", Bounds(**BOUNDS_KW)), (12, 0),
+    )
+    assert built["bytes"] == (tmp_path / "drafter.engine").stat().st_size > 0
