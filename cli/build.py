@@ -16,6 +16,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from trtllm_dflash.errors import DFlashError
+
 EXIT_STOPPED = 3
 
 
@@ -101,6 +103,7 @@ def build(
     force: bool = typer.Option(False, "--force", help="Rebuild every stage even if its inputs are unchanged."),
     as_json: bool = typer.Option(False, "--json", help="With --dry-run: print the plan as JSON."),
     explain_bytes: bool = typer.Option(False, "--explain-bytes", help="After the export: print the bytes each engine reads and writes per verify step (`dflash-trt explain-bytes OUT`)."),
+    llmapi_model: Optional[Path] = typer.Option(None, "--llmapi-model", help="trtllm builds: NVIDIA's LLM-API Triton model folder (TensorRT-LLM's triton_backend/all_models/llmapi/tensorrt_llm at your container's tag), recorded in the repository and mounted by the printed command; default: $DFLASH_TRT_LLMAPI_MODEL, ./TensorRT-LLM, /app."),
 ) -> None:
     """Build a DFlash deployment: checkpoints -> quantize -> ONNX -> validate -> engines -> repository."""
     from trtllm_dflash.builder.stage_plan import make_build_plan
@@ -111,6 +114,12 @@ def build(
         max_batch=max_batch, max_input_len=max_input_len, max_seq_len=max_seq_len, calibration=calibration,
         runtime=backend, target=target,
     )
+    if llmapi_model is not None:  # checked before the build starts; the pipeline's repository writer finds it in the environment
+        if spec.backend != "trtllm":
+            raise DFlashError(f"--llmapi-model is for trtllm builds, and this build's backend is {spec.backend}", "drop --llmapi-model")
+        from trtllm_dflash.serving.trtllm import use_llmapi_model
+
+        use_llmapi_model(llmapi_model)
     console = Console(highlight=False)
     plan = make_build_plan(spec)
     if dry_run:

@@ -34,6 +34,10 @@ def repo(
     device: str = typer.Option("auto", "--device", help="auto (cuda when present), cpu or cuda."),
     threads: int = typer.Option(0, "--threads", help="torch CPU threads per model (0 = torch's default)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out."),
+    llmapi_model: Optional[Path] = typer.Option(
+        None, "--llmapi-model", help="trtllm recipes and builds: NVIDIA's LLM-API Triton model folder (TensorRT-LLM's "
+        "triton_backend/all_models/llmapi/tensorrt_llm at your container's tag); default: $DFLASH_TRT_LLMAPI_MODEL, ./TensorRT-LLM, /app."
+    ),
 ) -> None:
     """Write a Triton Inference Server model repository that serves DFlash (and its AR baseline)."""
     from trtllm_dflash.backends import get_backend, write_build_repository
@@ -46,13 +50,21 @@ def repo(
     console = Console(highlight=False)
     limits: dict = {}
     if build is not None:
+        if llmapi_model is not None:
+            _trtllm_only(get_backend(_build_backend(build)), "--build")
+            from trtllm_dflash.serving.trtllm import use_llmapi_model
+
+            use_llmapi_model(llmapi_model)  # the build's writer finds it there
         path = write_build_repository(build, out, force=force)
         console.print(f"wrote {escape(str(path))} from the build in {escape(str(build))}; serve it with `dflash-trt serve {escape(str(path))}`")
         return
     found = _recipe_for(model, gpu, recipe)
     backend = get_backend(found.backend) if found is not None else None
+    if llmapi_model is not None:
+        _trtllm_only(backend, "the recipe" if found is not None else "--model DIR")
     if backend is not None and backend.needs_build:  # its own repository (trtllm), or built first (trt)
-        path, notes = backend.write_recipe_repository(out, found, drafter_dir=drafter, force=force)
+        extra = {"llmapi_model": llmapi_model} if llmapi_model is not None else {}
+        path, notes = backend.write_recipe_repository(out, found, drafter_dir=drafter, force=force, **extra)
         console.print(f"wrote {backend.repository_title} for [bold]{escape(found.name)}[/] to {escape(str(path))}")
         for note in notes:
             console.print(f"[yellow]note:[/] {escape(note)}")
@@ -83,6 +95,20 @@ def repo(
         kind = "DFlash" if config.speculative else "autoregressive"
         console.print(f"[bold]{escape(model_name)}[/]: {kind}, {escape(config.target)} on the {config.runtime} runtime, max batch {config.max_batch}")
     console.print(f"wrote {escape(str(path))}; serve it with `dflash-trt serve {escape(str(path))}`")
+
+
+def _trtllm_only(backend, what: str) -> None:
+    """--llmapi-model names the model of a trtllm repository; elsewhere it would be silently ignored."""
+    if backend is None or backend.name != "trtllm":
+        raise DFlashError(f"--llmapi-model is for trtllm repositories, and {what} is served by "
+                          f"{'this toolkit' if backend is None else backend.name}", "drop --llmapi-model")
+
+
+def _build_backend(build: Path) -> str:
+    from trtllm_dflash.backends import backend_of_build
+    from trtllm_dflash.serving.repository import read_build
+
+    return backend_of_build(read_build(Path(build).expanduser().resolve())).name
 
 
 def _recipe_for(model: str | None, gpu: str | None, recipe: str | None):

@@ -71,10 +71,12 @@ class TrtllmBackend(Backend):
 
         return write_build_llm_api_repository(build_dir, manifest, out, force)
 
-    def write_recipe_repository(self, out: Path, recipe: Any, drafter_dir: str | None = None, force: bool = False) -> tuple[Path, list[str]]:
+    def write_recipe_repository(self, out: Path, recipe: Any, drafter_dir: str | None = None, force: bool = False,
+                                llmapi_model: str | Path | None = None) -> tuple[Path, list[str]]:
+        """`llmapi_model`: NVIDIA's LLM-API model folder given with --llmapi-model (else found as find_llmapi_model says)."""
         from trtllm_dflash.serving.trtllm import write_trtllm_repository
 
-        return write_trtllm_repository(out, recipe, drafter_dir=drafter_dir, force=force)
+        return write_trtllm_repository(out, recipe, drafter_dir=drafter_dir, force=force, llmapi_model=llmapi_model)
 
     def open_pipeline(self, source: PipelineSource, device: str = "cuda", max_context: int | None = None) -> DFlashPipeline:
         raise DFlashError(

@@ -376,15 +376,27 @@ def find_llmapi_model(explicit: str | Path | None = None) -> Path | None:
     return None
 
 
+LLMAPI_MODEL_OPTION = "--llmapi-model"
+LLMAPI_MODEL_NEEDS = ("1/model.py", "1/helpers.py")  # what the written model.py loads (model.py imports helpers)
+
+
 def llmapi_model_refusal(looked: str | Path | None = None) -> tuple[str, str]:
-    """(problem, fix) when NVIDIA's LLM-API model is not where it is looked for."""
+    """(problem, fix) when NVIDIA's LLM-API model is not where it is looked for; `looked` is the folder given
+    with --llmapi-model, whose missing files are named."""
     from trtllm_dflash.serving.llm_args_check import pinned_version
 
     tag = f"v{pinned_version() or '1.4.0rc1'}"
-    where = str(looked) if looked is not None else (os.environ.get(LLMAPI_MODEL_ENV) or " or ".join(LLMAPI_MODEL_PLACES))
+    clone = f"git clone -b {tag} {TENSORRT_LLM_REPO} (the tag of your container's tensorrt_llm.__version__)"
+    if looked is not None:
+        folder = Path(looked).expanduser()
+        missing = [name for name in LLMAPI_MODEL_NEEDS if not (folder / name).is_file()]
+        what = "does not exist" if not folder.is_dir() else f"lacks {' and '.join(missing)}"
+        return (f"{LLMAPI_MODEL_OPTION} {looked} is not NVIDIA's LLM-API Triton model: it {what}",
+                f"{clone} and pass {LLMAPI_MODEL_OPTION} TensorRT-LLM/{LLMAPI_MODEL_SUBDIR}")
+    where = os.environ.get(LLMAPI_MODEL_ENV) or " or ".join(LLMAPI_MODEL_PLACES)
     return (f"NVIDIA's LLM-API Triton model (1/model.py + 1/helpers.py) is not in {where}",
-            f"git clone -b {tag} {TENSORRT_LLM_REPO} (the tag of your container's tensorrt_llm.__version__) and set "
-            f"{LLMAPI_MODEL_ENV}=$PWD/TensorRT-LLM/{LLMAPI_MODEL_SUBDIR}")
+            f"{clone} and pass {LLMAPI_MODEL_OPTION} $PWD/TensorRT-LLM/{LLMAPI_MODEL_SUBDIR} "
+            f"(or set {LLMAPI_MODEL_ENV} to it)")
 
 
 def require_llmapi_model(explicit: str | Path | None = None) -> Path:
@@ -392,6 +404,15 @@ def require_llmapi_model(explicit: str | Path | None = None) -> Path:
     found = find_llmapi_model(explicit)
     if found is None:
         raise DFlashError(*llmapi_model_refusal(explicit))
+    return found
+
+
+def use_llmapi_model(explicit: str | Path) -> Path:
+    """`--llmapi-model DIR` for code paths that cannot carry it (the build pipeline, `repo --build`): checked
+    now (one line naming what to clone), then exported as $DFLASH_TRT_LLMAPI_MODEL for this process, where
+    find_llmapi_model looks next."""
+    found = require_llmapi_model(explicit)
+    os.environ[LLMAPI_MODEL_ENV] = str(found)
     return found
 
 
@@ -454,9 +475,13 @@ TritonPythonModel = _module.TritonPythonModel
 
 
 def write_trtllm_repository(
-    out: str | Path, recipe, drafter_dir: str | Path | None = None, name: str = MODEL_NAME, force: bool = False
+    out: str | Path, recipe, drafter_dir: str | Path | None = None, name: str = MODEL_NAME, force: bool = False,
+    llmapi_model: str | Path | None = None,
 ) -> tuple[Path, list[str]]:
-    """Write the LLM-API repository of a `trtllm` recipe; returns (repository, notes)."""
+    """Write the LLM-API repository of a `trtllm` recipe; returns (repository, notes). `llmapi_model`: NVIDIA's
+    LLM-API model folder (--llmapi-model), refused in one line when it is not one."""
+    if llmapi_model is not None:
+        require_llmapi_model(llmapi_model)  # before anything is written
     if recipe.trtllm is None:  # only a trtllm recipe has TensorRT-LLM options
         raise DFlashError(f"recipe {recipe.name} has backend {recipe.runtime}, not trtllm", "use `dflash-trt repo` without a trtllm recipe")
     overlay_at = Path(out).expanduser().resolve() / "drafter"
@@ -464,11 +489,12 @@ def write_trtllm_repository(
     overlay = local_drafter_overlay(drafter_dir, recipe.trtllm.attention_backend) if drafter_dir is not None else None
     extra = (lambda staging: write_drafter_overlay(drafter_dir, staging / "drafter", overlay)) if overlay is not None else None
     path = write_llm_api_repository(out, options, recipe.model.checkpoint, bool(recipe.triton.decoupled), recipe.name, notes, name,
-                                    force, extra=extra)
+                                    force, extra=extra, llmapi_model=llmapi_model)
     return path, notes
 
 
-def write_build_llm_api_repository(build_dir: Path, manifest: dict, out: str | Path, force: bool = False) -> Path:
+def write_build_llm_api_repository(build_dir: Path, manifest: dict, out: str | Path, force: bool = False,
+                                   llmapi_model: str | Path | None = None) -> Path:
     """The LLM-API repository of a `trtllm` build, from the options its trtllm stage checked."""
     stage = (manifest.get("stages") or {}).get("trtllm") or {}
     try:
@@ -477,7 +503,7 @@ def write_build_llm_api_repository(build_dir: Path, manifest: dict, out: str | P
         options = yaml.safe_load(options_file.read_text())
     except (KeyError, TypeError, OSError, yaml.YAMLError) as exc:
         raise DFlashError(f"the build in {build_dir} has no usable trtllm stage ({exc})", "re-run `dflash-trt build` for it") from None
-    return write_llm_api_repository(out, options, target, True, str(build_dir), [], MODEL_NAME, force)
+    return write_llm_api_repository(out, options, target, True, str(build_dir), [], MODEL_NAME, force, llmapi_model=llmapi_model)
 
 
 def write_llm_api_repository(
@@ -499,11 +525,11 @@ def write_llm_api_repository(
         (model_dir / "config.pbtxt").write_text(render_config(name, decoupled))
         (model_dir / "1" / "model.yaml").write_text(_yaml(model_options, f"{title}: TensorRT-LLM LLM-API options (DFlash) + triton_config"))
         (model_dir / "1" / "model.py").write_text(MODEL_PY)
-        found = find_llmapi_model(llmapi_model)
+        found = require_llmapi_model(llmapi_model) if llmapi_model is not None else find_llmapi_model()
         if found is not None:
             (model_dir / "1" / "llmapi_model.txt").write_text(f"{found}\n")
         else:
-            notes = [*notes, "{}; to start it: {}".format(*llmapi_model_refusal(llmapi_model))]
+            notes.append("{}; to start it: {}".format(*llmapi_model_refusal()))  # the caller prints its notes
         if extra is not None:
             extra(staging)
         (staging / "trtllm-serve.yaml").write_text(_yaml(serve_options, f"{title}: `{command}`"))
