@@ -48,7 +48,20 @@ def generate_remote(
         if as_json:
             print(json.dumps({"prompt": prompt, **out.to_json()}), flush=True)
             continue
-        console.print(
-            f"[dim]{out.num_output_tokens} tokens, tau {out.mean_acceptance_length:.2f}, TTFT {out.time_to_first_token * 1000:.0f} ms, "
-            f"{out.tokens_per_second:.1f} tok/s (server), finish: {out.finish_reason}[/]\n"
-        )
+        console.print(f"[dim]{escape(_figures(out))}[/]\n")
+
+
+def _figures(out) -> str:
+    """What the server reported: NVIDIA's LLM-API model sends no token counts or tau, only an acceptance rate."""
+    parts = []
+    if out.num_output_tokens:
+        parts.append(f"{out.num_output_tokens} tokens")
+    if out.mean_acceptance_length:
+        parts.append(f"tau {out.mean_acceptance_length:.2f}")
+    elif out.acceptance_rate:
+        parts.append(f"draft acceptance {out.acceptance_rate:.0%}")
+    if out.time_to_first_token:
+        parts.append(f"TTFT {out.time_to_first_token * 1000:.0f} ms")
+    if out.tokens_per_second:
+        parts.append(f"{out.tokens_per_second:.1f} tok/s (server)")
+    return ", ".join(parts + [f"finish: {out.finish_reason or 'not reported'}"])

@@ -195,6 +195,13 @@ class ServerSystem(BenchSystem):
         grpc_url = f"{urlparse(url if '://' in url else 'http://' + url).hostname}:8001" if protocol == "grpc" else None
         self.url, self.protocol = url, protocol
         self.clients = {True: DFlashClient(url, model=model, grpc_url=grpc_url), False: DFlashClient(url, model=ar_model, grpc_url=grpc_url)}
+        if self.clients[True].speaks_llmapi(protocol):
+            raise DFlashError(
+                f"model {model!r} on {url} is NVIDIA's LLM-API model (a trtllm repository): it sends no token ids or per-step "
+                "acceptance and its repository has no autoregressive baseline, so this side-by-side bench cannot measure it",
+                "bench trtllm-serve with the repository's trtllm-serve.yaml through `dflash-trt bench --openai-url http://HOST:8000/v1 "
+                "--model NAME`, or send single requests with `dflash-trt generate --url`",
+            )
         for client in self.clients.values():
             if not client.ready():
                 raise DFlashError(

@@ -4,6 +4,12 @@ The HTTP side uses Triton's generate extension (`/v2/models/<m>/generate[_stream
 JSON or server-sent events out), which tritonclient does not wrap, so it is plain urllib; the
 gRPC side is `tritonclient.grpc` bidirectional streaming (what decoupled models need). Both
 return the same `Chunk` / `Completion` objects, so callers can switch protocols freely.
+
+The same client talks to NVIDIA's LLM-API model (the `trtllm` backend's `tensorrt_llm`): the model's
+metadata says which one is served (protocol.LLMAPI_MARKER), and for that one each request sets the
+flags it needs to send a finish reason and acceptance figures and to leave the prompt out, and its
+cumulative text is turned into steps (protocol.LLMApiStream). It sends no token ids: such completions
+have none, and their token counts and tau are 0 (unknown).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import numpy as np
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.extras import require
-from trtllm_dflash.serving.protocol import INPUTS, request_body
+from trtllm_dflash.serving.protocol import INPUTS, LLMAPI_FLAGS, LLMAPI_MARKER, LLMApiStream, llmapi_body, request_body
 
 
 class ServerError(DFlashError):
@@ -37,6 +43,7 @@ class Chunk:
     acceptance_lengths: list[int]
     final: bool
     stats: dict[str, Any]
+    full_text: str | None = None  # the whole text so far, where the server sends it (NVIDIA's LLM-API model)
 
 
 @dataclasses.dataclass
@@ -62,7 +69,7 @@ class Completion:
             raise ServerError("the server sent no response", "check the server log")
         last = chunks[-1].stats
         return cls(
-            text="".join(c.text for c in chunks),
+            text=chunks[-1].full_text if chunks[-1].full_text is not None else "".join(c.text for c in chunks),
             token_ids=[t for c in chunks for t in c.token_ids],
             acceptance_lengths=[a for c in chunks for a in c.acceptance_lengths],
             finish_reason=str(last.get("finish_reason", "")),
@@ -95,6 +102,7 @@ class DFlashClient:
         self.grpc_url = grpc_url
         self.timeout = timeout
         self._local = threading.local()
+        self._declared: dict[str, frozenset[str]] = {}  # protocol -> the model's declared inputs
 
     # ------------------------------------------------------------------ health
 
@@ -108,15 +116,46 @@ class DFlashClient:
         except Exception:  # noqa: BLE001 - not reachable == not ready
             return False
 
+    def speaks_llmapi(self, protocol: str = "http") -> bool:
+        """Whether the model is NVIDIA's LLM-API model (it declares protocol.LLMAPI_MARKER), not ours."""
+        return LLMAPI_MARKER in self._inputs(protocol)
+
+    def _inputs(self, protocol: str) -> frozenset[str]:
+        """The model's declared input names (its metadata, asked once per protocol); empty when it cannot be
+        read, so the request itself then says what is wrong."""
+        if protocol not in self._declared:
+            names: list[str] = []
+            try:
+                if protocol == "grpc" and self.grpc_url:
+                    grpcclient = require("tritonclient.grpc", "serve", "gRPC requests")
+                    metadata = grpcclient.InferenceServerClient(self.grpc_url).get_model_metadata(self.model, as_json=True)
+                else:
+                    with urllib.request.urlopen(f"{self.url}/v2/models/{self.model}", timeout=min(self.timeout, 30.0)) as response:
+                        metadata = json.loads(response.read())
+                names = [entry["name"] for entry in metadata.get("inputs", [])]
+            except Exception:  # noqa: BLE001 - not reachable or not served: the request reports it
+                return frozenset()
+            self._declared[protocol] = frozenset(names)
+        return self._declared[protocol]
+
+    def _body(self, prompt: str, streaming: bool, protocol: str, **sampling) -> tuple[dict[str, Any], LLMApiStream | None]:
+        """The request body, and for NVIDIA's LLM-API model the reader of its responses."""
+        body = request_body(prompt, streaming=streaming, **sampling)
+        declared = self._inputs(protocol)
+        if LLMAPI_MARKER not in declared:
+            return body, None
+        return llmapi_body(body, declared), LLMApiStream()
+
     # ------------------------------------------------------------------ HTTP (generate extension)
 
     def generate(self, prompt: str, **sampling) -> Completion:
         """One request, one JSON response (POST /v2/models/<model>/generate)."""
         started = time.perf_counter()
-        with self._post("generate", request_body(prompt, streaming=False, **sampling)) as response:
+        body, reader = self._body(prompt, False, "http", **sampling)
+        with self._post("generate", body) as response:
             data = json.loads(response.read())
         latency = time.perf_counter() - started
-        return Completion.from_chunks([_chunk(data, final=True)], latency, latency)
+        return Completion.from_chunks([_chunk(data, final=True, reader=reader)], latency, latency)
 
     def stream(self, prompt: str, protocol: str = "http", **sampling) -> Iterator[Chunk]:
         """Responses as the server commits tokens: HTTP server-sent events, or gRPC streaming."""
@@ -125,7 +164,8 @@ class DFlashClient:
             return
         if protocol != "http":
             raise DFlashError(f"unknown protocol {protocol!r}", "use http or grpc")
-        with self._post("generate_stream", request_body(prompt, streaming=True, **sampling)) as response:
+        body, reader = self._body(prompt, True, "http", **sampling)
+        with self._post("generate_stream", body) as response:
             for line in response:
                 line = line.strip()
                 if not line.startswith(b"data:"):
@@ -133,7 +173,7 @@ class DFlashClient:
                 data = json.loads(line[5:])
                 if "error" in data:
                     raise ServerError(f"server error: {data['error']}")
-                chunk = _chunk(data, final=bool(data.get("finish_reason")))
+                chunk = _chunk(data, final=None, reader=reader)
                 yield chunk
                 if chunk.final:
                     return
@@ -176,7 +216,8 @@ class DFlashClient:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
         finished = False
         try:
-            inputs = grpc_inputs(request_body(prompt, streaming=True, **sampling))
+            body, reader = self._body(prompt, True, "grpc", **sampling)
+            inputs = grpc_inputs(body)
             client.async_stream_infer(self.model, inputs, enable_empty_final_response=True)
             while True:
                 try:
@@ -190,7 +231,7 @@ class DFlashClient:
                 response = result.get_response()
                 final = response.parameters["triton_final_response"].bool_param
                 if response.outputs:
-                    yield _chunk({out.name: _grpc_value(result, out.name) for out in response.outputs}, final=final)
+                    yield _chunk({out.name: _grpc_value(result, out.name) for out in response.outputs}, final=final, reader=reader)
                 if final:
                     finished = True
                     return
@@ -205,7 +246,7 @@ def grpc_inputs(body: dict[str, Any]) -> list:
 
     inputs = []
     for name, value in body.items():
-        dtype = INPUTS[name][0]
+        dtype = INPUTS[name][0] if name in INPUTS else LLMAPI_FLAGS[name]
         if dtype == "TYPE_STRING":
             array = np.array([v.encode() for v in (value if isinstance(value, list) else [value])], dtype=np.object_)
             triton = "BYTES"
@@ -247,12 +288,21 @@ def _as_list(value: Any) -> list:
     return list(value) if isinstance(value, list) else [value]
 
 
-def _chunk(data: dict[str, Any], final: bool) -> Chunk:
+def _chunk(data: dict[str, Any], final: bool | None, reader: LLMApiStream | None = None) -> Chunk:
+    """A Chunk of one response; `final=None`: final when it carries a finish reason (HTTP streams). With
+    `reader` the response is NVIDIA's LLM-API model's (cumulative text, string metrics)."""
+    full_text = None
+    if reader is not None:
+        data = reader.step(data)
+        full_text = data.pop("full_text")
     stats = {k: v for k, v in data.items() if k not in ("text_output", "output_ids", "acceptance_lengths", "model_name", "model_version")}
+    if stats.get("finish_reason") is None:
+        stats.pop("finish_reason", None)
     return Chunk(
         text=data.get("text_output") or "",
         token_ids=[int(t) for t in _as_list(data.get("output_ids"))],
         acceptance_lengths=[int(a) for a in _as_list(data.get("acceptance_lengths"))],
-        final=final,
+        final=bool(stats.get("finish_reason")) if final is None else final,
         stats=stats,
+        full_text=full_text,
     )

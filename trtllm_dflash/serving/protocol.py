@@ -159,3 +159,84 @@ def request_body(
 def params_body(prompt: str, params: SamplingParams, streaming: bool) -> dict[str, Any]:
     """The request body of a prompt and its checked SamplingParams (the OpenAI front end's)."""
     return request_body(prompt, params.max_new_tokens, params.temperature, params.top_k, params.top_p, params.seed, params.stop, streaming)
+
+
+# ---------------------------------------------------------------------- NVIDIA's LLM-API Triton model
+#
+# The `trtllm` backend's repository serves NVIDIA's own model (TensorRT-LLM's
+# triton_backend/all_models/llmapi/tensorrt_llm; read at 1/model.py @044a90d209e3 and @b35ac1b64368,
+# 1/helpers.py @0df60f9ad779), which speaks the same input names but differently:
+# - finish_reason / stop_reason / cumulative_logprob are sent only when the request sets
+#   return_finish_reason / return_stop_reason / return_cumulative_logprob (helpers.get_output_config_from_request,
+#   default False), as str(value): "None" on every streamed response before the last;
+# - acceptance_rate, total_accepted_draft_tokens, total_draft_tokens and the *_time_ns timings only with
+#   sampling_param_return_perf_metrics, as strings (np.asarray(..., dtype=<text_output's dtype>));
+# - text_output is CompletionOutput.text: the whole text so far on every streamed response (cumulative);
+# - a non-streamed text starts with the prompt unless sampling_param_exclude_input_from_output is set (its
+#   default there is False; TensorRT-LLM's createResult keeps the prompt tokens then), and no token ids are sent.
+# A model that declares LLMAPI_MARKER is taken to be that model: our own does not declare it.
+LLMAPI_MARKER = "return_finish_reason"
+LLMAPI_FLAGS: dict[str, str] = {
+    "return_finish_reason": "TYPE_BOOL",
+    "sampling_param_exclude_input_from_output": "TYPE_BOOL",
+    "sampling_param_return_perf_metrics": "TYPE_BOOL",
+}
+
+
+def llmapi_body(body: dict[str, Any], declared: set[str] | frozenset[str]) -> dict[str, Any]:
+    """A request body for NVIDIA's LLM-API model: the flags that make it send a finish reason and acceptance
+    figures and leave the prompt out of the text, each only where the model declares it (Triton refuses others)."""
+    return {**body, **{flag: True for flag in LLMAPI_FLAGS if flag in declared}}
+
+
+class LLMApiStream:
+    """One request's responses from NVIDIA's LLM-API model, as this package's responses.
+
+    Its text is cumulative: each response becomes the new part (`text_output`) and the whole text so far
+    (`full_text`). Detokenized text may rewrite its tail (a partial UTF-8 character becomes the character),
+    so the new part starts where the texts stop agreeing, and `full_text` is the one to keep. finish_reason
+    "None" (not finished) becomes None; the strings of its perf metrics become numbers under our names.
+    """
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def step(self, data: dict[str, Any]) -> dict[str, Any]:
+        """Our response dict for one of its responses (HTTP JSON or gRPC outputs, decoded)."""
+        text = _first(data.get("text_output")) or ""
+        common = 0
+        for old, new in zip(self.text, text):
+            if old != new:
+                break
+            common += 1
+        out: dict[str, Any] = {"text_output": text[common:], "full_text": text}
+        self.text = text
+        reason = _first(data.get("finish_reason"))
+        out["finish_reason"] = None if reason in (None, "", "None") else str(reason)
+        for name, kind in (("acceptance_rate", float), ("total_accepted_draft_tokens", int), ("total_draft_tokens", int)):
+            value = _number(data.get(name), kind)
+            if value is not None:
+                out[name] = value
+        arrival, first = _number(data.get("arrival_time_ns"), int), _number(data.get("first_token_time_ns"), int)
+        if arrival is not None and first is not None and first >= arrival:
+            out["time_to_first_token"] = (first - arrival) / 1e9
+        return out
+
+
+def _first(value: Any) -> Any:
+    """Triton's JSON writes one-element tensors as scalars, gRPC gives lists: the one value either way."""
+    if isinstance(value, (list, tuple)):
+        return value[0] if value else None
+    return value
+
+
+def _number(value: Any, kind: type) -> Any:
+    value = _first(value)
+    if value is None:
+        return None
+    for convert in ((kind, lambda v: int(float(v))) if kind is int else (kind,)):  # "12" or "12.0"
+        try:
+            return convert(value)
+        except (TypeError, ValueError, OverflowError):
+            continue
+    return None
