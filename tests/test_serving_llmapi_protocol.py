@@ -193,3 +193,28 @@ def test_a_rewritten_tail_is_sent_as_the_new_part_and_the_whole_text_kept():
               for t, f in (("caf\ufffd", "None"), ("café au", "None"), ("café au lait", "length"))]
     assert [c.text for c in chunks] == ["caf\ufffd", "é au", " lait"] and [c.final for c in chunks] == [False, False, True]
     assert Completion.from_chunks(chunks).text == "café au lait"
+
+
+def test_the_openai_front_end_serves_the_llmapi_model(server):
+    """`serve --openai-port` in front of the trtllm repository: completions and streams carry the model's
+    text once (not its cumulative text again), end with its finish reason, and count usage with the tokenizer."""
+    openai = pytest.importorskip("openai")
+    from transformers import AutoTokenizer
+
+    from trtllm_dflash.demo import DEMO_DIR
+    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.server import free_port
+
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_DIR / "target")
+    expected = expected_text(PROMPT, MAX_TOKENS)
+    words = [WORDS[(len(PROMPT) + i) % len(WORDS)] for i in range(MAX_TOKENS)]
+    with OpenAIServer(server.endpoints.grpc, port=free_port(), tokenizer=str(DEMO_DIR / "target")) as front:
+        client = openai.OpenAI(base_url=front.url, api_key="unused", max_retries=0, timeout=60)
+        done = client.completions.create(model="tensorrt_llm", prompt=PROMPT, max_tokens=MAX_TOKENS)
+        assert done.choices[0].text == expected and done.choices[0].finish_reason == "length"
+        assert done.usage.completion_tokens == len(tokenizer(expected, add_special_tokens=False)["input_ids"]) > 0
+        assert done.usage.prompt_tokens == len(tokenizer(PROMPT, add_special_tokens=False)["input_ids"])
+        chunks = list(client.completions.create(model="tensorrt_llm", prompt=PROMPT, max_tokens=MAX_TOKENS, stream=True))
+        texts = [c.choices[0].text for c in chunks if c.choices]
+        assert texts == ["".join(words[0:3]), words[3], "".join(words[4:6]), "".join(words[6:9]), ""]  # one chunk a step
+        assert chunks[-1].choices[0].finish_reason == "length"

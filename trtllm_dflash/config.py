@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trtllm_dflash.errors import CheckpointError
 from trtllm_dflash.draft_window import DraftWindow
+from trtllm_dflash.errors import CheckpointError
 
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"

@@ -20,7 +20,7 @@ from trtllm_dflash.sampling_params import PromptTooLongError, SamplingError, Sam
 from trtllm_dflash.serving.model_parameters import ServingConfig
 from trtllm_dflash.serving.openai_schemas import UNSUPPORTED, ChatCompletionRequest, GenerationRequest, OpenAIError
 from trtllm_dflash.serving.openai_triton import TritonStream
-from trtllm_dflash.serving.protocol import params_body
+from trtllm_dflash.serving.protocol import LLMAPI_MARKER, LLMApiStream, llmapi_body, params_body
 
 log = logging.getLogger("uvicorn.error")  # uvicorn's logger: its lines share uvicorn's format and level
 
@@ -41,6 +41,8 @@ class ModelInfo:
     speculative: bool
     created: int
     max_batch: int = 0  # requests the model decodes at once (0: not known); sizes the queue bound
+    # NVIDIA's LLM-API model (the trtllm backend's repository): its declared inputs; empty for ours
+    llmapi_inputs: frozenset = frozenset()
     # one prompt tokenized at a time per tokenizer: a fast tokenizer used from two threads can
     # fail ("Already borrowed") when one of them touches its padding/truncation settings
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -152,8 +154,12 @@ class Frontend:
                                   "pass a served model with --model")
             config = client.get_model_config(name, as_json=True)
             parameters = config.get("config", config).get("parameters", {})
+            inputs = frozenset(i["name"] for i in client.get_model_metadata(name, as_json=True).get("inputs", []))
             try:
-                self.models[name] = load_model_info(name, parameters, self.config.tokenizer, self.config.repository)
+                info = load_model_info(name, parameters, self.config.tokenizer, self.config.repository)
+                if LLMAPI_MARKER in inputs:  # NVIDIA's LLM-API model: asked for its finish reason and figures
+                    info = dataclasses.replace(info, llmapi_inputs=inputs, speculative=True)
+                self.models[name] = info
             except DFlashError:
                 if self.config.models:  # named explicitly: say why it cannot be served
                     raise
@@ -246,4 +252,12 @@ class Frontend:
             raise OpenAIError(400, str(exc), "messages") from None
 
     def open(self, info: ModelInfo, prompt: str, params: SamplingParams) -> TritonStream:
-        return TritonStream(self.client, info.name, params_body(prompt, params, streaming=True))
+        body = params_body(prompt, params, streaming=True)
+        if not info.llmapi_inputs:
+            return TritonStream(self.client, info.name, body)
+
+        def count_tokens(text: str) -> int:
+            with info.lock:
+                return len(info.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+        return TritonStream(self.client, info.name, llmapi_body(body, info.llmapi_inputs), LLMApiStream(), count_tokens, prompt)

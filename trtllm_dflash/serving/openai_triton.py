@@ -2,22 +2,29 @@
 
 The per-step responses of the served model (serving/protocol.py's outputs) come back as dicts;
 an error from Triton becomes an OpenAIError; closing the stream early cancels the request, which
-Triton passes on to the model's loop (its decoder row is freed between steps).
+Triton passes on to the model's loop (its decoder row is freed between steps). NVIDIA's LLM-API
+model (the trtllm backend's repository) answers with its whole text so far and string figures:
+a `protocol.LLMApiStream` turns those into the same per-step dicts, and the token counts it does
+not send are counted with the model's tokenizer (`count_tokens`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import numpy as np
 
 from trtllm_dflash.serving.client import grpc_inputs
 from trtllm_dflash.serving.openai_schemas import OpenAIError
+from trtllm_dflash.serving.protocol import LLMApiStream
 
 STATS = ("mean_acceptance_length", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
          "num_input_tokens", "num_output_tokens", "time_to_first_token", "tokens_per_second", "finish_reason")
+# what NVIDIA's LLM-API model sends (protocol.py's notes), read when the request asked for it
+LLMAPI_OUTPUTS = ("text_output", "finish_reason", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
+                  "arrival_time_ns", "first_token_time_ns")
 
 
 def _value(result, name: str) -> Any:
@@ -34,8 +41,10 @@ def _value(result, name: str) -> Any:
 class TritonStream:
     """One request on Triton's gRPC stream: iterate the step responses; cancel() ends it there."""
 
-    def __init__(self, client, model: str, body: dict) -> None:
+    def __init__(self, client, model: str, body: dict, reader: LLMApiStream | None = None,
+                 count_tokens: Callable[[str], int] | None = None, prompt: str = "") -> None:
         self._done = asyncio.Event()
+        self._reader, self._count, self._prompt = reader, count_tokens, prompt
         inputs = grpc_inputs(body)
 
         async def requests():
@@ -53,7 +62,12 @@ class TritonStream:
                 if error is not None:
                     self.finished = True
                     raise OpenAIError(400, error.message() if isinstance(error, InferenceServerException) else str(error))
-                response = {name: _value(result, name) for name in ("text_output", "output_ids", *STATS)}
+                if self._reader is None:
+                    response = {name: _value(result, name) for name in ("text_output", "output_ids", *STATS)}
+                else:
+                    response = self._reader.step({name: _value(result, name) for name in LLMAPI_OUTPUTS})
+                    if response.get("finish_reason") and self._count is not None:  # usage: ids are not sent
+                        response.update(num_input_tokens=self._count(self._prompt), num_output_tokens=self._count(response["full_text"]))
                 yield response
                 if response.get("finish_reason"):
                     self.finished = True
