@@ -14,7 +14,8 @@ The pair is the shipped demo target with its trained drafters (V1 and V2), their
 rewritten to sliding variants with a window of 12 and prompts of 27-40 tokens, so the window cuts
 the context and, at 12 < 8 + 12, reaches into the block from both sides only on long contexts.
 Runtimes checked: the torch runtime (batch of 3 ragged rows), the exported ONNX graphs (native
-masks) and the plugin variant (the DFlash block-attention nodes, evaluated by their CPU evaluators).
+masks; V1, and V2 under --runslow), the plugin variant (the DFlash block-attention nodes on their
+CPU evaluators; --runslow) and a TensorRT-RTX engine build of the sliding drafter graph.
 The plugin kernel itself is checked against the same rule in tests/test_plugin_attention.py.
 """
 
@@ -313,6 +314,30 @@ def test_the_native_graphs_accept_what_the_reference_accepts(native_export, targ
     from trtllm_dflash.runtime.onnx_runtime import OnnxRuntime
 
     drafter_dir, export = native_export
+    assert_reference_steps(decode(OnnxRuntime(export, "native"), prompts), target, drafter_dir, prompts)
+
+
+@pytest.mark.slow  # ~18 s: the V2 drafter graph's export (V2 graphs against the torch runtime: test_dflash2_engines.py)
+def test_the_native_v2_graphs_accept_what_the_reference_accepts(native_export, target, prompts, tmp_path):
+    """The sliding V2 drafter's graph (its convolutions and selector scores, the same masks) beside the
+    exported target graph: the reference's acceptance lengths, step for step."""
+    import shutil as sh
+
+    from trtllm_dflash.builder.export import Bounds, export_drafter, write_graphs_json
+    from trtllm_dflash.runtime.onnx_runtime import OnnxRuntime
+
+    drafter_dir = sliding_variant(DEMO_DIR / "drafter_v2", tmp_path / "v2", VARIANTS["sliding"])
+    export = sh.copytree(native_export[1], tmp_path / "export")  # the target graph is the same: only the drafter changes
+    target32 = load_target(DEMO_DIR / "target", dtype=torch.float32)
+    drafter = load_drafter(drafter_dir, target32)
+    model = target32.model
+    info = json.loads((export / "graphs.json").read_text())
+    info["variants"]["native"]["drafter"] = export_drafter(
+        drafter, model.get_input_embeddings(), model.get_output_embeddings(), export / "native" / "drafter.onnx", "fp32",
+        Bounds(**BOUNDS_KW),
+    ).to_dict()
+    write_graphs_json(export, info)
+    (export / "drafter" / "config.json").write_text(json.dumps(drafter.config.to_dict(), indent=2))
     assert_reference_steps(decode(OnnxRuntime(export, "native"), prompts), target, drafter_dir, prompts)
 
 
