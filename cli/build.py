@@ -1,8 +1,10 @@
 """`dflash-trt build`: plan and run the build of one model for one GPU type.
 
-Exit status: 0 when every stage finished (or was unchanged), 2 on bad input (one line), 3 when
-the build stopped cleanly before a stage this machine cannot run (no GPU, no TensorRT): the
-finished stages stay valid and the same command on a suitable machine continues from there.
+Exit status: 0 when every stage finished (or was unchanged), 2 on bad input or a full disk (one
+line), 3 when the build stopped cleanly before a stage this machine cannot run (no GPU, no
+TensorRT): the finished stages stay valid and the same command on a suitable machine continues
+from there. A killed or failed stage leaves manifest.json incomplete (that stage `running` or
+`failed`); rerunning the same command finishes it.
 """
 
 from __future__ import annotations
@@ -61,6 +63,16 @@ class RichReporter:
     def stage_failed(self, stage, error) -> None:
         self._stop()
         self.console.print(f"[red]✗ {stage.name}[/] failed")
+
+
+def _command_line() -> str | None:
+    """The build command as typed (recorded in the manifest: what a refusal of the unfinished build tells to rerun)."""
+    import shlex
+    import sys
+
+    if sys.argv[1:2] != ["build"]:  # called in-process (tests, other commands): no command line to repeat
+        return None
+    return "dflash-trt " + shlex.join(sys.argv[1:])
 
 
 def _short(summary: dict) -> str:
@@ -138,7 +150,7 @@ def build(
     from trtllm_dflash.cli.common import quiet_libraries
 
     quiet_libraries()
-    result = run_build(spec, out_dir, force=force, reporter=RichReporter(console))
+    result = run_build(spec, out_dir, force=force, reporter=RichReporter(console), command=_command_line(), plan=plan)
     manifest = Path(out_dir) / "manifest.json"
     if explain_bytes and (Path(out_dir) / "export" / "graphs.json").is_file():
         from trtllm_dflash.cli.explain_bytes import print_build_traffic

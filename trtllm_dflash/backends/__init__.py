@@ -16,7 +16,7 @@ from trtllm_dflash.backends.base import Backend, PipelineSource
 from trtllm_dflash.backends.torch import TorchBackend
 from trtllm_dflash.backends.trt import TrtBackend
 from trtllm_dflash.backends.trtllm import TrtllmBackend
-from trtllm_dflash.errors import UnknownNameError
+from trtllm_dflash.errors import DFlashError, UnknownNameError
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (TrtBackend(), TrtllmBackend(), TorchBackend())}
 BACKEND_NAMES = tuple(BACKENDS)
@@ -46,14 +46,81 @@ def backend_of_build(manifest: dict) -> Backend:
     return BACKENDS.get(name, BACKENDS[TrtBackend.name])
 
 
-def write_build_repository(build_dir: str | Path, out: str | Path | None = None, force: bool = False) -> Path:
-    """The Triton repository of a `dflash-trt build` (BUILD/repository by default), written by the build's backend."""
+# a planned stage in one of these states stopped cleanly: blocked on this machine (no GPU, no TensorRT)
+# and what needs it; the build says so and its repository serves the torch runtime meanwhile
+SETTLED = ("complete", "blocked", "not run")
+
+
+def unfinished_stages(manifest: dict) -> list[tuple[str, str]]:
+    """(stage, status) of every planned stage a build did not settle: `running` (killed, or still
+    going), `failed`, `pending` (never reached) or `missing` from the manifest.
+
+    Manifests written before the plan was recorded (no `planned`) that claim to be complete are
+    checked against their backend's own stages: a killed build of that version said complete
+    after its first stages."""
+    stages = manifest.get("stages") or {}
+    planned = manifest.get("planned")
+    if not isinstance(planned, list):
+        if manifest.get("complete") is not True:
+            return []
+        backend = backend_of_build(manifest)
+        planned = [name for name in backend.stage_names() if name != "repository" or name in stages]  # repository: optional
+    unfinished = []
+    for name in planned:
+        status = (stages.get(name) or {}).get("status", "missing")
+        if status not in SETTLED:
+            unfinished.append((name, status))
+    return unfinished
+
+
+def build_in_progress(build_dir: Path) -> bool:
+    """Whether a `dflash-trt build` holds the build's lock now (its `running` stage is really running)."""
+    import fcntl
+
+    lock = build_dir / ".build.lock"
+    if not lock.is_file():
+        return False
+    with open(lock, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return False
+
+
+def check_build_finished(build_dir: Path, manifest: dict) -> None:
+    """Refuse, in one line, a build whose planned stages did not all finish or stop cleanly."""
+    unfinished = unfinished_stages(manifest)
+    if not unfinished:
+        return
+    listed = ", ".join(f"{name} ({status})" for name, status in unfinished)
+    if build_in_progress(build_dir):
+        raise DFlashError(f"the build in {build_dir} is still running ({listed})", "wait for it to finish, then rerun this command")
+    command = manifest.get("command")
+    rerun = f"`{command}`" if command else f"the same `dflash-trt build ... --out {build_dir}` command"
+    raise DFlashError(
+        f"the build in {build_dir} is unfinished: {listed} (killed or failed)",
+        f"rerun {rerun} (finished stages are skipped), then this command",
+    )
+
+
+def write_build_repository(
+    build_dir: str | Path, out: str | Path | None = None, force: bool = False, require_finished: bool = True,
+) -> Path:
+    """The Triton repository of a `dflash-trt build` (BUILD/repository by default), written by the build's backend.
+
+    An unfinished build (a stage killed, failed or never reached) is refused: its repository would
+    silently serve less than the build promised (the torch runtime instead of missing engines).
+    The build's own repository stage passes require_finished=False: it runs inside the build."""
     from trtllm_dflash.serving.repository import read_build
 
     build_dir = Path(build_dir).expanduser().resolve()
     out = Path(out) if out is not None else build_dir / "repository"
     manifest = read_build(build_dir)
+    if require_finished:
+        check_build_finished(build_dir, manifest)
     return backend_of_build(manifest).write_build_repository(build_dir, manifest, out, force)
 
 
-__all__ = ["BACKENDS", "BACKEND_NAMES", "Backend", "PipelineSource", "backend_of_build", "get_backend", "multi_gpu_backend", "write_build_repository"]
+__all__ = ["BACKENDS", "BACKEND_NAMES", "Backend", "PipelineSource", "backend_of_build", "check_build_finished", "get_backend", "multi_gpu_backend", "unfinished_stages", "write_build_repository"]

@@ -14,6 +14,10 @@ decided once, in feasibility.py, for this and for the stage plan (`--dry-run`).
 A stage that cannot run on this machine (no GPU, no TensorRT) is recorded as blocked; the stages
 that do not need it still run (the repository then serves the torch runtime), and the same
 command on a suitable machine continues from the finished stages.
+
+manifest.json lists the planned stages and is rewritten (atomically) before each stage starts and
+after it ends: `complete` is true only when every planned stage finished, and a build killed or
+failed mid-stage leaves that stage `running` or `failed`, which `dflash-trt repo --build` refuses.
 """
 
 from __future__ import annotations
@@ -373,7 +377,7 @@ def run_trtllm(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
 def run_repository(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     """The serving part writes the repository from this build's manifest (engines when built)."""
     repository = repository_writer()
-    write_build_repository(ctx.out, ctx.workdir / "triton", force=True)
+    write_build_repository(ctx.out, ctx.workdir / "triton", force=True, require_finished=False)  # this build, mid-run
     written = json.loads((ctx.workdir / "triton" / repository.MANIFEST).read_text())
     models = written.get("models", {})
     runtimes = sorted({str(m.get("runtime")) for m in models.values()})
@@ -433,8 +437,9 @@ def make_stages(spec: BuildSpec, target_dir: Path, drafter_dir: Path) -> list[St
     return stages
 
 
-def write_manifest(out: Path, spec: BuildSpec, result: BuildResult) -> dict:
-    """manifest.json: recipe, input digests, tool versions, and every stage's outputs and digests."""
+def write_manifest(out: Path, spec: BuildSpec, result: BuildResult, command: str | None = None) -> dict:
+    """manifest.json: recipe, input digests, tool versions, every planned stage's status (outputs and
+    digests when finished) and `command`, the build command a rerun repeats to finish it."""
     records = result.records
     previous = mf.read_json(out / "manifest.json") or {}
     engines = records.get("engines", {}).get("summary", {})
@@ -456,11 +461,19 @@ def write_manifest(out: Path, spec: BuildSpec, result: BuildResult) -> dict:
         stages[name] = {"status": "blocked", "missing": blocked.problem, "how_to_get_it": blocked.fix}
     for name, needs in result.not_run.items():
         stages[name] = {"status": "not run", "needs": needs}
+    for name, started in result.running.items():
+        stages[name] = {"status": "running", "started": started, "pid": os.getpid()}
+    for name, why in result.failed.items():
+        stages[name] = {"status": "failed", "error": why}
+    for name in result.planned:  # not reached yet (finished ones of an earlier run are checked when reached)
+        stages.setdefault(name, {"status": "pending"})
     manifest: dict[str, Any] = {
         "format": 1,
         "created": previous.get("created", mf.now()),
         "updated": mf.now(),
         "complete": result.complete,
+        "planned": list(result.planned),
+        "command": command or previous.get("command"),
         "recipe": spec.to_dict(),
         "inputs": {role: checkpoints[role]["sha256"] for role in ("target", "drafter") if role in checkpoints},
         "tools": {
@@ -487,14 +500,28 @@ def write_manifest(out: Path, spec: BuildSpec, result: BuildResult) -> dict:
     return manifest
 
 
-def run_build(spec: BuildSpec, out: Path, force: bool = False, reporter: Reporter | None = None) -> BuildResult:
-    """Run every stage of the build for `spec` into `out` (skipping unchanged stages)."""
+def run_build(
+    spec: BuildSpec, out: Path, force: bool = False, reporter: Reporter | None = None,
+    command: str | None = None, plan: Any = None,
+) -> BuildResult:
+    """Run every stage of the build for `spec` into `out` (skipping unchanged stages).
+
+    `command` (the CLI's own words) is recorded so that a refusal of the unfinished build can say
+    what to rerun; `plan` (stage_plan.BuildPlan, made here when not given) gives each stage the
+    size of its output, named when the disk fills."""
     runner = StageRunner(out, reporter, force)
     target_dir = resolve_checkpoint_dir(spec.target, "target")
     drafter_dir = resolve_checkpoint_dir(spec.drafter, "drafter")
     stages = make_stages(spec, target_dir, drafter_dir)
+    if plan is None:
+        from trtllm_dflash.builder.stage_plan import make_build_plan
+
+        plan = make_build_plan(spec)
+    sizes = {s.name: s.output for s in plan.stages if s.output.startswith("~")}
+    for stage in stages:
+        stage.size = sizes.get(stage.name)
     with runner:
-        return runner.run(stages, lambda result: write_manifest(runner.out, spec, result))
+        return runner.run(stages, lambda result: write_manifest(runner.out, spec, result, command))
 
 
 def load_manifest(out: Path) -> dict:
