@@ -30,6 +30,12 @@ MAX_REQUEST_BYTES = typer.Option(
     DEFAULT_MAX_REQUEST_BYTES, "--max-request-bytes", min=1024, help="Largest request body accepted (413 past it, before parsing).",
 )
 
+ALLOW_REQUEST_CHAT_TEMPLATE = typer.Option(
+    False, "--allow-request-chat-template",
+    help="Let requests replace the model's chat template (chat_template_kwargs.chat_template): a Jinja program from the client, "
+    "run sandboxed and bounded in time and size. Off: such requests get 400.",
+)
+
 
 def openai_front(
     triton_url: str = typer.Option("127.0.0.1:8001", "--triton-url", help="Triton's gRPC endpoint, host:port."),
@@ -42,6 +48,7 @@ def openai_front(
     max_queued: int = MAX_QUEUED,
     drain_timeout: float = DRAIN_TIMEOUT,
     max_request_bytes: int = MAX_REQUEST_BYTES,
+    allow_request_chat_template: bool = ALLOW_REQUEST_CHAT_TEMPLATE,
 ) -> None:
     """Serve /v1/chat/completions, /v1/completions and /v1/models in front of a running Triton."""
     from trtllm_dflash.cli.common import quiet_libraries
@@ -50,7 +57,8 @@ def openai_front(
     quiet_libraries()
     console = Console(highlight=False)
     front = OpenAIServer(triton_url, host=host, port=port, models=model or (), tokenizer=tokenizer, repository=repository,
-                         api_key=api_key, max_queued=max_queued, max_request_bytes=max_request_bytes, drain_timeout=drain_timeout)
+                         api_key=api_key, max_queued=max_queued, max_request_bytes=max_request_bytes, drain_timeout=drain_timeout,
+                         allow_request_chat_template=allow_request_chat_template)
     server = front.uvicorn_server()
     console.print(f"OpenAI API on {front.url} -> Triton {escape(triton_url)} (models: {', '.join(front.frontend.models)}); Ctrl-C stops it")
     server.run()  # in this thread: uvicorn handles Ctrl-C and SIGTERM (a drain first, then exit)

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from trtllm_dflash.cli.openai_front import API_KEY, DRAIN_TIMEOUT, MAX_QUEUED, MAX_REQUEST_BYTES
+from trtllm_dflash.cli.openai_front import ALLOW_REQUEST_CHAT_TEMPLATE, API_KEY, DRAIN_TIMEOUT, MAX_QUEUED, MAX_REQUEST_BYTES
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.serving import DEFAULT_HOST
 
@@ -36,6 +36,7 @@ def serve(
     max_queued: int = MAX_QUEUED,
     drain_timeout: float = DRAIN_TIMEOUT,
     max_request_bytes: int = MAX_REQUEST_BYTES,
+    allow_request_chat_template: bool = ALLOW_REQUEST_CHAT_TEMPLATE,
 ) -> None:
     """Start tritonserver, wait until every model is ready, print the endpoints; Ctrl-C stops it.
 
@@ -55,7 +56,8 @@ def serve(
         if openai_port in (http_port, grpc_port, metrics_port):
             raise DFlashError(f"--openai-port {openai_port} is one of Triton's ports", "pick a different --openai-port")
         front = OpenAIServer(server.endpoints.grpc, host=openai_host, port=openai_port, tokenizer=tokenizer, repository=server.repository,
-                             api_key=api_key, max_queued=max_queued, max_request_bytes=max_request_bytes, drain_timeout=drain_timeout)
+                             api_key=api_key, max_queued=max_queued, max_request_bytes=max_request_bytes, drain_timeout=drain_timeout,
+                             allow_request_chat_template=allow_request_chat_template)
     console.print(f"starting tritonserver on {escape(str(server.repository))} (models: {', '.join(server.models)}) ...")
     started = time.monotonic()
     for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C and `kill` stop the server cleanly,

@@ -91,11 +91,12 @@ class OpenAIServer:
     def __init__(self, triton_url: str, host: str = "127.0.0.1", port: int = 8080, models: Sequence[str] = (),
                  tokenizer: str | None = None, repository: str | Path | None = None, log_level: str = "warning",
                  startup_timeout: float = 300.0, api_key: str | None = None, max_queued: int = DEFAULT_MAX_QUEUED,
-                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT) -> None:
+                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
+                 allow_request_chat_template: bool = False) -> None:
         require_extra()
         self.host, self.port = host, port
         self.config = FrontendConfig(triton_url, tuple(models), tokenizer, Path(repository).resolve() if repository else None,
-                                     api_key or None, max_queued, max_request_bytes, drain_timeout)
+                                     api_key or None, max_queued, max_request_bytes, drain_timeout, allow_request_chat_template)
         self.log_level = log_level
         self.startup_timeout = startup_timeout
         self.frontend: Frontend | None = None
