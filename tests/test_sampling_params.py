@@ -75,4 +75,4 @@ def test_triton_inputs_map_to_and_from_sampling_params_by_one_table():
     defaults = SamplingParams(max_new_tokens=5)
     assert parse_inputs({"text_input": np.array([b"hi"], dtype=np.object_)}, defaults).params == defaults
     assert request_body("hi", max_tokens=4) == request_body("hi", max_new_tokens=4)  # the older spelling still works
-    assert set(INPUT_NAMES) == {"prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop"}
+    assert set(INPUT_NAMES) == {"prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "min_tokens", "ignore_eos"}

@@ -333,7 +333,8 @@ class Decoder:
         room = min(params.max_new_tokens - len(result.token_ids), self.max_context - len(result.prompt_ids) - len(result.token_ids))
         new = tokens[: max(room, 0)]
         for k, token in enumerate(new):
-            if token in params.stop_token_ids:
+            # a stop token is kept and decoding goes on while min_tokens / ignore_eos say it may not end the request
+            if token in params.stop_token_ids and params.stops_at(len(result.token_ids) + k + 1):
                 new = new[: k + 1]
                 result.finish_reason = "stop"
                 break

@@ -51,7 +51,10 @@ class SamplingParams:
     """How one request is decoded.
 
     `stop` holds stop strings: text, so they are applied where tokens become text (the serving
-    loop); the Decoder itself stops on `stop_token_ids`.
+    loop); the Decoder itself stops on `stop_token_ids`. `min_tokens` and `ignore_eos` fix output
+    lengths (what benchmark clients send): neither stop tokens nor stop strings end a request
+    before `min_tokens` tokens, and with `ignore_eos` stop tokens never do (stop strings, the
+    context and max_new_tokens still do).
     """
 
     max_new_tokens: int = 128
@@ -61,6 +64,13 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()
+    min_tokens: int = 0
+    ignore_eos: bool = False
+
+    def stops_at(self, generated: int) -> bool:
+        """Whether a stop token may end the request when it is generated token number `generated`
+        (1-based): not with ignore_eos, and not while fewer than min_tokens tokens came before it."""
+        return not self.ignore_eos and generated > self.min_tokens
 
     def validate(self) -> None:
         """The one range check of a request's sampling values (the API, the CLI, the decoder and
@@ -78,6 +88,11 @@ class SamplingParams:
             raise SamplingError(
                 "seed", f"seed must be in [0, {SEED_MAX}], got {self.seed}",
                 "pass a 32-bit seed (the sampler's random numbers are keyed on 32 bits: a larger seed would repeat a smaller one's)",
+            )
+        if not 0 <= self.min_tokens <= self.max_new_tokens:
+            raise SamplingError(
+                "min_tokens", f"min_tokens must be in [0, {self.max_new_tokens}] (no more than the tokens asked for), got {self.min_tokens}",
+                "lower min_tokens or ask for more tokens",
             )
         if len(self.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in self.stop):
             raise SamplingError(

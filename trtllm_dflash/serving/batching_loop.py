@@ -206,12 +206,17 @@ class BatchingLoop:
         ids = result.token_ids
         full = self.tokenizer.decode(ids, skip_special_tokens=True)
         stops = job.request.params.stop
-        hits = [full.find(s) for s in stops if s in full]
+        # min_tokens: only a stop string completed after the first min_tokens tokens counts, so the
+        # search for each starts where an occurrence would end past their text
+        min_tokens = job.request.params.min_tokens
+        floor = -1 if len(ids) <= min_tokens else len(self.tokenizer.decode(ids[:min_tokens], skip_special_tokens=True)) if min_tokens else 0
+        starts = {s: max(0, floor - len(s) + 1) for s in stops}
+        hits = [hit for s in stops if floor >= 0 and (hit := full.find(s, starts[s])) >= 0]
         if hits:
             cut = min(hits)
             # keep the ids up to the one that completed the stop string
-            decoded = (self.tokenizer.decode(ids[:k], skip_special_tokens=True) for k in range(1, len(ids) + 1))
-            keep = 1 + next(k for k, text in enumerate(decoded) if any(s in text for s in stops))
+            decoded = (self.tokenizer.decode(ids[:k], skip_special_tokens=True) for k in range(max(1, min_tokens + 1), len(ids) + 1))
+            keep = max(1, min_tokens + 1) + next(k for k, text in enumerate(decoded) if any(text.find(s, starts[s]) >= 0 for s in stops))
             del ids[keep:]
             job.final_text, job.final_ids = full[:cut], ids
             return None, ids

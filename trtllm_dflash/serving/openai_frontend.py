@@ -18,9 +18,9 @@ from typing import Any, Sequence
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.sampling_params import PromptTooLongError, SamplingError, SamplingParams, check_prompt_text, check_prompt_tokens
 from trtllm_dflash.serving.model_parameters import ServingConfig
-from trtllm_dflash.serving.openai_schemas import UNSUPPORTED, ChatCompletionRequest, GenerationRequest, OpenAIError
+from trtllm_dflash.serving.openai_schemas import IGNORED, UNSUPPORTED, ChatCompletionRequest, GenerationRequest, OpenAIError
 from trtllm_dflash.serving.openai_triton import TritonStream
-from trtllm_dflash.serving.protocol import LLMAPI_MARKER, LLMApiStream, llmapi_body, params_body
+from trtllm_dflash.serving.protocol import INPUT_NAMES, LLMAPI_MARKER, OWN_ONLY_INPUTS, LLMApiStream, llmapi_body, params_body
 
 log = logging.getLogger("uvicorn.error")  # uvicorn's logger: its lines share uvicorn's format and level
 
@@ -104,6 +104,8 @@ class FrontendConfig:
     max_queued: int = DEFAULT_MAX_QUEUED  # requests in flight beyond what the models decode at once
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies get 413, unparsed
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT  # seconds in-flight requests get to finish on shutdown
+    # chat_template_kwargs.chat_template replaces the model's template (a program run on this host): off by default
+    allow_request_chat_template: bool = False
 
 
 class Frontend:
@@ -192,6 +194,9 @@ class Frontend:
         for name, allowed in UNSUPPORTED.items():
             if name in extra and not allowed(extra[name]):
                 raise OpenAIError(400, f"'{name}' is not supported by this server; leave it out", name, "unsupported_parameter")
+        for name in extra:
+            if name not in UNSUPPORTED and name not in IGNORED:
+                raise OpenAIError(400, f"'{name}' is not a parameter this server knows, so it would be ignored; leave it out", name, "unsupported_parameter")
         if request.n not in (None, 1):
             raise OpenAIError(400, f"n={request.n} is not supported: this server returns one choice per request; send n=1 and repeat the request for more", "n")
         max_tokens = getattr(request, max_tokens_field)
@@ -203,6 +208,8 @@ class Frontend:
             top_p=1.0 if request.top_p is None else request.top_p,
             seed=request.seed,
             stop=tuple(s for s in stop if s),
+            min_tokens=request.min_tokens or 0,
+            ignore_eos=bool(request.ignore_eos),
         )
         try:
             params.validate()
@@ -234,7 +241,8 @@ class Frontend:
         return count
 
     def chat_prompt(self, request: ChatCompletionRequest, info: ModelInfo) -> str:
-        from trtllm_dflash.chat import NoChatTemplateError, apply_chat_template
+        from trtllm_dflash.chat import RENDER_CHARS, NoChatTemplateError, RenderLimitError, TemplateKwargError, apply_chat_template, check_template_kwargs
+        from trtllm_dflash.request_limits import PROMPT_CHARS_PER_TOKEN
 
         if not request.messages:
             raise OpenAIError(400, "messages is empty; send at least one message", "messages")
@@ -242,7 +250,16 @@ class Frontend:
             if message.content is None and message.role != "assistant":
                 raise OpenAIError(400, f"messages[{i}] ({message.role}) has no content; give every message a content", "messages")
         try:
-            return apply_chat_template(info.tokenizer, [m.model_dump() for m in request.messages], request.chat_template_kwargs)
+            check_template_kwargs(info.tokenizer, request.chat_template_kwargs, self.config.allow_request_chat_template)
+        except TemplateKwargError as exc:
+            raise OpenAIError(400, str(exc), "chat_template_kwargs", "unsupported_template_kwarg") from None
+        # room for every message a body can carry, twice (templates repeat a system prompt), and for a
+        # text the context check then refuses in its own words (context_length_exceeded)
+        max_chars = max(RENDER_CHARS, 2 * self.config.max_request_bytes, (info.max_context or 0) * PROMPT_CHARS_PER_TOKEN + 1)
+        try:
+            return apply_chat_template(info.tokenizer, [m.model_dump() for m in request.messages], request.chat_template_kwargs, max_chars=max_chars)
+        except RenderLimitError as exc:
+            raise OpenAIError(400, str(exc), "messages", "chat_template_limit") from None
         except NoChatTemplateError:
             raise OpenAIError(
                 400, f"model '{info.name}' has no chat template (its target tokenizer has none); use /v1/completions, "
@@ -253,6 +270,10 @@ class Frontend:
 
     def open(self, info: ModelInfo, prompt: str, params: SamplingParams) -> TritonStream:
         body = params_body(prompt, params, streaming=True)
+        if info.llmapi_inputs:  # NVIDIA's model takes neither: refused rather than dropped
+            for field in ("min_tokens", "ignore_eos"):
+                if INPUT_NAMES[field] in OWN_ONLY_INPUTS & body.keys() and INPUT_NAMES[field] not in info.llmapi_inputs:
+                    raise OpenAIError(400, f"'{field}' is not supported by model '{info.name}' (NVIDIA's LLM-API model); leave it out", field, "unsupported_parameter")
         if not info.llmapi_inputs:
             return TritonStream(self.client, info.name, body)
 

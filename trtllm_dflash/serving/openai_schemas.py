@@ -85,6 +85,9 @@ class GenerationRequest(BaseModel):
     stream: Optional[StrictBool] = False
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None
+    # vLLM's extensions for fixed output lengths (benchmark clients send them); checked by SamplingParams
+    min_tokens: Optional[StrictInt] = None
+    ignore_eos: Optional[StrictBool] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -112,10 +115,12 @@ class CompletionRequest(GenerationRequest):
     echo: Optional[StrictBool] = False
 
 
-# OpenAI parameters this server does not implement: refused when set to anything but "off"
+# OpenAI parameters (and other servers' extensions) this server does not implement: refused when
+# set to anything but "off", so a client never gets an answer that silently ignored what it asked.
+# logprobs: 0 (completions: the chosen tokens' logprobs) is asked-for, not off: only null/false pass.
 UNSUPPORTED = {
-    "logprobs": lambda v: v in (None, False, 0),
-    "top_logprobs": lambda v: v in (None, 0),
+    "logprobs": lambda v: v is None or v is False,
+    "top_logprobs": lambda v: v is None or (v == 0 and v is not False),
     "logit_bias": lambda v: not v,
     "tools": lambda v: not v,
     "functions": lambda v: not v,
@@ -126,4 +131,30 @@ UNSUPPORTED = {
     "best_of": lambda v: v in (None, 1),
     "suffix": lambda v: not v,
     "echo": lambda v: not v,
+    # vLLM / TGI / TensorRT-LLM extensions
+    "repetition_penalty": lambda v: v is None or v == 1,
+    "length_penalty": lambda v: v is None or v == 1,
+    "min_p": lambda v: not v,
+    "typical_p": lambda v: v is None or v == 1,
+    "use_beam_search": lambda v: not v,
+    "beam_width": lambda v: v in (None, 1),
+    "stop_token_ids": lambda v: not v,
+    "bad_words": lambda v: not v,
+    "allowed_token_ids": lambda v: not v,
+    "include_stop_str_in_output": lambda v: not v,
+    "skip_special_tokens": lambda v: v is None or v is True,
+    "spaces_between_special_tokens": lambda v: v is None or v is True,
+    "prompt_logprobs": lambda v: v is None,
+    "truncate_prompt_tokens": lambda v: v is None,
+    "guided_json": lambda v: v is None,
+    "guided_regex": lambda v: v is None,
+    "guided_choice": lambda v: v is None,
+    "guided_grammar": lambda v: v is None,
+    "structured_outputs": lambda v: v is None,
+    "reasoning_effort": lambda v: v is None,
+    "modalities": lambda v: v is None or v == ["text"],
 }
+
+# Fields outside the schema that change nothing of the answer, so they are accepted and ignored;
+# any other unknown field is refused with a 400 naming it (an ignored field would be a silent lie).
+IGNORED = frozenset({"metadata", "store", "service_tier", "parallel_tool_calls", "prediction"})

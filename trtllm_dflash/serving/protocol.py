@@ -32,6 +32,8 @@ INPUTS: dict[str, tuple[str, str, bool]] = {
     "sampling_param_top_p": ("TYPE_FP32", "fiu", True),
     "sampling_param_seed": ("TYPE_INT64", "iu", True),
     "sampling_param_stop": ("TYPE_STRING", "OSU", True),
+    "sampling_param_min_tokens": ("TYPE_INT64", "iu", True),  # vLLM's names: what benchmark clients send
+    "sampling_param_ignore_eos": ("TYPE_BOOL", "b", True),
     "sampling_param_exclude_input_from_output": ("TYPE_BOOL", "b", True),
     "sampling_param_return_perf_metrics": ("TYPE_BOOL", "b", True),
 }
@@ -64,7 +66,11 @@ INPUT_NAMES: dict[str, str] = {
     "top_p": "sampling_param_top_p",
     "seed": "sampling_param_seed",
     "stop": "sampling_param_stop",
+    "min_tokens": "sampling_param_min_tokens",
+    "ignore_eos": "sampling_param_ignore_eos",
 }
+# Our inputs that NVIDIA's LLM-API model does not declare: sent only when set, refused for that model.
+OWN_ONLY_INPUTS = frozenset({"sampling_param_min_tokens", "sampling_param_ignore_eos"})
 
 
 @dataclasses.dataclass
@@ -101,7 +107,7 @@ def parse_inputs(raw: dict[str, np.ndarray | None], defaults: SamplingParams = S
         if array.size != 1:
             raise DFlashError(f"input {name} has {array.size} values, expected one", "send one prompt per request")
         values[name] = _text(array.reshape(-1)[0], name) if kinds == "OSU" else array.reshape(-1)[0].item()
-    types = {"max_new_tokens": int, "temperature": float, "top_k": int, "top_p": float, "seed": int}
+    types = {"max_new_tokens": int, "temperature": float, "top_k": int, "top_p": float, "seed": int, "min_tokens": int, "ignore_eos": bool}
     given = {field: types[field](values[INPUT_NAMES[field]]) for field in types if INPUT_NAMES[field] in values}
     if INPUT_NAMES["stop"] in values:
         given["stop"] = tuple(s for s in values[INPUT_NAMES["stop"]] if s)
@@ -132,6 +138,8 @@ def request_body(
     stop: Sequence[str] = (),
     streaming: bool = False,
     max_tokens: int | None = None,
+    min_tokens: int = 0,
+    ignore_eos: bool = False,
 ) -> dict[str, Any]:
     """The LLM-API style inputs of one request (JSON body of the generate endpoints).
 
@@ -153,12 +161,17 @@ def request_body(
         fields["seed"] = seed
     if stop:
         fields["stop"] = list(stop)
+    if min_tokens:  # sent only when set: repositories written before these inputs still take the rest
+        fields["min_tokens"] = min_tokens
+    if ignore_eos:
+        fields["ignore_eos"] = True
     return {"text_input": prompt, "streaming": streaming, **{INPUT_NAMES[field]: value for field, value in fields.items()}}
 
 
 def params_body(prompt: str, params: SamplingParams, streaming: bool) -> dict[str, Any]:
     """The request body of a prompt and its checked SamplingParams (the OpenAI front end's)."""
-    return request_body(prompt, params.max_new_tokens, params.temperature, params.top_k, params.top_p, params.seed, params.stop, streaming)
+    return request_body(prompt, params.max_new_tokens, params.temperature, params.top_k, params.top_p, params.seed, params.stop, streaming,
+                        min_tokens=params.min_tokens, ignore_eos=params.ignore_eos)
 
 
 # ---------------------------------------------------------------------- NVIDIA's LLM-API Triton model
