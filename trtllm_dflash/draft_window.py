@@ -41,10 +41,6 @@ class DraftWindow:
         """Boolean visibility, broadcast over `query_pos` and `key_pos` (absolute positions)."""
         return draft_visible(query_pos, key_pos, self.window, self.causal)
 
-    def reaches_back(self, context: int) -> int:
-        """Context positions a block's first query can see, of `context` before it."""
-        return min(context, self.window - 1) if self.window > 0 else context
-
 
 def draft_visible(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int, causal: bool | int = False) -> torch.Tensor:
     """The rule above on tensors: `window == 0 or |q - k| < window`, and `k <= q` when causal."""

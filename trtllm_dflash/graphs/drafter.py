@@ -7,8 +7,8 @@ import dataclasses
 import torch
 from torch import nn
 
-from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.draft_window import DraftWindow
+from trtllm_dflash.modeling.drafter import DFlashDrafter
 
 
 def native_block_attention(q, keys, values, mask, scale: float) -> torch.Tensor:
