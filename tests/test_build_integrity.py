@@ -121,6 +121,7 @@ def tiny_disk(tmp_path):
         subprocess.run(["umount", str(mount)], check=False)
 
 
+@pytest.mark.slow  # ~30 s: a real demo build up to its export, on a 2 MB tmpfs
 def test_a_full_disk_fails_in_one_line_and_keeps_the_finished_stages(tiny_disk, tmp_path):
     """~25 s: checkpoints and quantize fit, the export's graphs do not."""
     out, crashes = tiny_disk / "build", tmp_path / "crashes"

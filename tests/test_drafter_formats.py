@@ -246,15 +246,6 @@ def test_sliding_window_size_from_config_and_from_the_api(tmp_path, trained_pair
         load_drafter(bounded_dir, sliding_window_size=0)
 
 
-def test_sliding_draft_layers_decode_losslessly(tmp_path, tiny_qwen3):
-    drafter_dir = make_tiny_drafter(
-        tmp_path / "sliding", tiny_qwen3, seed=4, block_size=6,
-        layer_types=("sliding_attention", "full_attention"), sliding_window=5,
-    )
-    assert DrafterConfig.from_dir(drafter_dir).attention_of(0) == DraftWindow(5)
-    _assert_lossless(tiny_qwen3, drafter_dir, [[5, 9, 11, 3, 7, 8, 20, 30, 40], [60, 61]])
-
-
 # ----------------------------------------------------------------------------- mask token
 
 

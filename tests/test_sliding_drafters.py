@@ -13,9 +13,11 @@ loop (greedy; acceptance = leading drafts equal to the target's argmax, plus the
 The pair is the shipped demo target with its trained drafters (V1 and V2), their config.json
 rewritten to sliding variants with a window of 12 and prompts of 27-40 tokens, so the window cuts
 the context and, at 12 < 8 + 12, reaches into the block from both sides only on long contexts.
-Runtimes checked: the torch runtime (batch of 3 ragged rows), the exported ONNX graphs (native
-masks; V1, and V2 under --runslow), the plugin variant (the DFlash block-attention nodes on their
-CPU evaluators; --runslow) and a TensorRT-RTX engine build of the sliding drafter graph.
+Runtimes checked: the torch runtime (batch of 3 ragged rows); the drafter graph module the ONNX
+export traces, with its own masks and with the block-attention plugin op (two cached steps of a
+ragged batch); and, under --runslow (make test-all; ~2 minutes of exports), the exported ONNX
+graphs (V1 and V2 native masks, the plugin nodes on their CPU evaluators) and a TensorRT-RTX
+engine build of the sliding drafter graph.
 The plugin kernel itself is checked against the same rule in tests/test_plugin_attention.py.
 """
 
@@ -143,6 +145,23 @@ def reference_draft(w: dict, raw: dict, ctx_features, block_embeds, anchor: int,
     return tokens[0].tolist()
 
 
+def target_forward(model, taps: list[int], tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, tapped features) of `tokens`. Tap i is the output of decoder layer i (DFLASH.md);
+    Hugging Face's hidden_states[i + 1] is that except for the last layer, whose entry transformers
+    returns after the final norm, and the demo drafter taps the last layer (7 of 8): so the outputs
+    are read from the layers themselves."""
+    outputs = {}
+    hooks = [model.model.layers[i].register_forward_hook(lambda m, a, o, i=i: outputs.__setitem__(i, o[0] if isinstance(o, tuple) else o))
+             for i in taps]
+    try:
+        with torch.no_grad():
+            logits = model(torch.tensor([tokens])).logits[0]
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return logits, torch.cat([outputs[i][0] for i in taps], dim=-1)
+
+
 def reference_generate(target, drafter_dir: Path, prompt: list[int], max_new: int) -> tuple[list[int], list[int]]:
     """z-lab's dflash_generate, greedy, recomputing the target and the drafter from scratch each
     step: (generated tokens, acceptance length of every verify step)."""
@@ -154,18 +173,7 @@ def reference_generate(target, drafter_dir: Path, prompt: list[int], max_new: in
     embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
 
     def forward(tokens):
-        # tap i is the output of decoder layer i (DFLASH.md). Hugging Face's hidden_states[i + 1]
-        # is that, except for the last layer, whose entry transformers returns after the final norm;
-        # the demo drafter taps the last layer (7 of 8), so the outputs are read from the layers.
-        outputs = {}
-        hooks = [model.model.layers[i].register_forward_hook(lambda m, a, o, i=i: outputs.__setitem__(i, o[0] if isinstance(o, tuple) else o))
-                 for i in taps]
-        try:
-            logits = model(torch.tensor([tokens])).logits[0]
-        finally:
-            for hook in hooks:
-                hook.remove()
-        return logits, torch.cat([outputs[i][0] for i in taps], dim=-1)
+        return target_forward(model, taps, tokens)
 
     tokens = list(prompt)
     logits, _ = forward(tokens)
@@ -308,6 +316,55 @@ def native_export(tmp_path_factory) -> tuple[Path, Path]:
     return export_sliding_pair(tmp_path_factory.mktemp("sliding-native"), "native")
 
 
+@pytest.mark.parametrize("plugin", [False, True], ids=["native-masks", "plugin-op"])
+def test_the_drafter_graph_drafts_what_the_reference_drafts(tmp_path, target, prompts, plugin):
+    """The module the ONNX export traces (graphs/drafter.py: its own masks, or the block-attention
+    plugin op), two steps of a ragged batch of 2 (the second over the first's cached keys): every
+    row's drafts are the reference's. (The exported graphs themselves: the slow tests below.)"""
+    from trtllm_dflash.graphs.drafter import DrafterGraph
+
+    drafter_dir = sliding_variant(DEMO_DIR / "drafter", tmp_path / "sliding", VARIANTS["use_swa+layer_types"])
+    raw = json.loads((drafter_dir / "config.json").read_text())
+    drafter = load_drafter(drafter_dir, target, dtype=DTYPE)
+    model = target.model
+    graph = DrafterGraph(drafter, model.get_input_embeddings(), model.get_output_embeddings(), plugin=plugin)
+    weights = {k: v.to(DTYPE) for k, v in drafter.state_dict().items()}
+    rows = [prompts[0], prompts[1][:20]]
+    features = [target_forward(model, raw["dflash_config"]["target_layer_ids"], p)[1].to(DTYPE) for p in rows]
+    config, mask = drafter.config, raw["dflash_config"]["mask_token_id"]
+    cut = [len(rows[0]) - 9, len(rows[1]) - 3]  # step 1 sees the first `cut` positions, step 2 the rest
+    empty = torch.zeros(2, 128, config.num_key_value_heads, config.head_dim, dtype=DTYPE)  # the graphs' cache capacity
+    past_keys, past_values = [empty] * config.num_hidden_layers, [empty] * config.num_hidden_layers
+    cache_lens = torch.zeros(2, dtype=torch.long)
+    for step in range(2):
+        ends = cut if step == 0 else [len(r) for r in rows]
+        new = [end - int(start) for end, start in zip(ends, cache_lens)]
+        ctx = torch.zeros(2, max(new), features[0].shape[-1], dtype=DTYPE)
+        for r in range(2):
+            ctx[r, : new[r]] = features[r][int(cache_lens[r]) : ends[r]]
+        anchors = [rows[r][ends[r]] if ends[r] < len(rows[r]) else rows[r][-1] for r in range(2)]
+        block = torch.tensor([[a] + [mask] * (config.block_size - 1) for a in anchors])
+        with torch.no_grad():
+            logits, keys, values = graph(block, ctx, torch.tensor(new), cache_lens, tuple(past_keys), tuple(past_values))
+        for r in range(2):
+            embeds = model.get_input_embeddings()(block[r]).to(DTYPE)
+            expected = reference_draft(weights, raw, features[r][: ends[r]], embeds, anchors[r], ends[r], model.get_output_embeddings())
+            assert logits[r].argmax(-1).tolist() == expected, (step, r)
+        past_keys = [_grow(p, k, cache_lens, new, ends) for p, k in zip(past_keys, keys)]
+        past_values = [_grow(p, v, cache_lens, new, ends) for p, v in zip(past_values, values)]
+        cache_lens = torch.tensor(ends)
+
+
+def _grow(past: torch.Tensor, new_rows: torch.Tensor, cache_lens: torch.Tensor, new: list[int], ends: list[int]) -> torch.Tensor:
+    """The draft cache the next step reads: row r's slots [0, ends[r]) hold its context keys (or values)."""
+    cache = torch.zeros_like(past)
+    for r, start in enumerate(cache_lens.tolist()):
+        cache[r, :start] = past[r, :start]
+        cache[r, start : ends[r]] = new_rows[r, : new[r]]
+    return cache
+
+
+@pytest.mark.slow  # ~35 s: the demo target's and the drafter's ONNX export
 def test_the_native_graphs_accept_what_the_reference_accepts(native_export, target, prompts):
     """The drafter graph's own masks (graphs/drafter.py) on onnxruntime, float32: the reference's
     acceptance lengths, step for step, for the batch of ragged rows."""
@@ -355,6 +412,7 @@ def test_the_plugin_nodes_accept_what_the_reference_accepts(tmp_path, target, pr
     assert_reference_steps(decode(OnnxRuntime(export, "plugin"), prompts), target, drafter_dir, prompts)
 
 
+@pytest.mark.slow  # the native export (~35 s); the engine build itself takes ~2 s
 def test_tensorrt_rtx_builds_the_sliding_drafter_engine(native_export, tmp_path):
     """The sliding drafter's native graph parses and builds into a real TensorRT-RTX engine for
     SM 12.0, ahead of time on this CPU machine (running it needs the GPU)."""
