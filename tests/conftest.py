@@ -118,6 +118,21 @@ def tiny_qwen3_drafter(tmp_path_factory, tiny_qwen3):
 
 
 @pytest.fixture(scope="session")
+def demo_build(tmp_path_factory):
+    """One `dflash-trt build --model demo --gpu rtx-pro-6000` per session (~45 s: export, validate,
+    TensorRT-RTX engines ahead of time). Tests copy it: a copy is a complete build, where rerunning
+    the same command skips every stage (tests/test_build_engines.py checks that)."""
+    from typer.testing import CliRunner
+
+    from trtllm_dflash.cli.app import app
+
+    out = tmp_path_factory.mktemp("demo-build") / "out"
+    result = CliRunner().invoke(app, ["build", "--model", "demo", "--gpu", "rtx-pro-6000", "--out", str(out)], catch_exceptions=True)
+    assert result.exit_code == 0, (result.output, result.exception)
+    return out
+
+
+@pytest.fixture(scope="session")
 def trained_pair(tmp_path_factory):
     """(target_dir, drafter_dir, prompts): a tiny pair whose drafter proposes the target's tokens."""
     import torch

@@ -60,9 +60,13 @@ def pair(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="module")
-def build(pair, tmp_path_factory) -> Path:
+def build(pair, tmp_path_factory, request) -> Path:
+    """The build these tests check (and may damage): a copy of the session's demo build, on which
+    the same command then runs again (skipping every stage), or a fresh build of the tiny pair."""
     out = tmp_path_factory.mktemp("build") / "out"
     gpu = ["--gpu", "rtx-pro-6000"] if HAVE_DEMO else []
+    if HAVE_DEMO:
+        shutil.copytree(request.getfixturevalue("demo_build"), out, symlinks=True)
     result = invoke("build", *pair["args"], *gpu, "--out", str(out))
     assert result.exit_code == 0, (result.output, result.exception)
     return out
