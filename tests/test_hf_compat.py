@@ -170,9 +170,35 @@ def test_qwen3_blocks_compute_what_the_drafter_assumes():
     torch.testing.assert_close(cos[0, 0], torch.ones(config.head_dim))
 
 
+def test_chat_templates_compile_through_the_routed_compiler(monkeypatch):
+    """chat.py's bounded rendering: while active, transformers' apply_chat_template renders the
+    template our compiler returns (compiled in a copy of its sandbox); otherwise its own."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+    from transformers.utils import chat_template_utils
+
+    monkeypatch.setattr(chat_template_utils, "_compile_jinja_template", chat_template_utils._compile_jinja_template)  # restored after
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    environment = hf_compat.chat_template_environment()
+    assert environment.is_safe_attribute("x", "__class__", None) is False  # the sandbox, not a plain Environment
+    seen, active = [], [True]
+
+    def compile_template(text):
+        seen.append(text)
+        return environment.from_string(text.replace("m['content']", "m['content'] | upper"))
+
+    assert hf_compat.route_chat_template_compilation(compile_template, lambda: active[0])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({"a": 0}, unk_token="a")))
+    messages = [{"role": "user", "content": "hi"}]
+    assert tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False) == "HI" and seen == [template]
+    active[0] = False
+    assert tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False) == "hi" and seen == [template]
+
+
 @pytest.mark.parametrize("module", ["trtllm_dflash", "plugins", "cli", "tests", "benchmarks"])
 def test_no_transformers_internals_outside_the_compat_module(module):
-    pattern = re.compile(r"transformers\.(cache_utils|integrations|models\.)|\._(attn|experts)_implementation\b|\.cache_params\b")
+    pattern = re.compile(r"transformers\.(cache_utils|integrations|models\.|utils\.chat_template_utils)|\._(attn|experts)_implementation\b|\.cache_params\b")
     offenders = []
     for path in (ROOT / module).rglob("*.py"):
         if path.name in {"hf_compat.py", "test_hf_compat.py"}:

@@ -141,9 +141,9 @@ def apply_chat_template(
 
 # ---------------------------------------------------------------------- bounded rendering
 #
-# transformers compiles a template once (utils.chat_template_utils._compile_jinja_template, an
-# ImmutableSandboxedEnvironment) and renders it in render_jinja_template. Within `_bounds` that
-# compile function returns the same template compiled in an environment whose string-building
+# transformers compiles a template once (in its sandboxed Jinja environment) and renders it;
+# hf_compat.route_chat_template_compilation, the one place that knows where, sends the compile
+# through `_bounded_template` within `_bounds`: the same template compiled in an environment whose string-building
 # operations check sizes first (`*`, `+`, `%`, `**`, calls, filters) and whose output is counted
 # as it is produced; other threads and callers get transformers' own. Time is bounded by a trace
 # function on the template's own code (every line of it, so loops with empty bodies too).
@@ -205,35 +205,33 @@ _install_lock = threading.Lock()
 
 
 def _install() -> None:
-    """Route transformers' template compilation through `_compile` (once; a no-op where its internals differ)."""
+    """Route transformers' template compilation through `_bounded_template` while a render is
+    bounded (once; where transformers compiles elsewhere, only the time bound and the final length
+    check remain)."""
     global _installed
     with _install_lock:
         if _installed:
             return
         _installed = True
-        try:
-            from transformers.utils import chat_template_utils as ctu
-        except ImportError:
-            return
-        original, fresh = getattr(ctu, "_compile_jinja_template", None), getattr(ctu, "_cached_compile_jinja_template", None)
-        if original is None or fresh is None:
-            return
+        from trtllm_dflash import hf_compat  # imports transformers: only once a template is rendered
 
-        @functools.lru_cache(maxsize=64)
-        def bounded(template: str):
-            environment = fresh("").environment  # transformers' environment, before the template is compiled in it
-            _bound_environment(environment)
-            compiled = environment.from_string(template)  # intercepted operators are compile-time
-            names = compiled.root_render_func.__globals__  # the template module's: `~` is str_join / markup_join there
-            for name in ("str_join", "markup_join"):
-                if callable(names.get(name)):
-                    names[name] = _bounded_join(names[name])
-            return compiled
+        hf_compat.route_chat_template_compilation(_bounded_template, lambda: _current() is not None)
 
-        def compile_template(template: str):
-            return bounded(template) if _current() is not None else original(template)
 
-        ctu._compile_jinja_template = compile_template
+@functools.lru_cache(maxsize=64)
+def _bounded_template(template: str):
+    """`template` compiled in a fresh copy of transformers' sandboxed environment whose
+    string-building operations are bounded."""
+    from trtllm_dflash import hf_compat
+
+    environment = hf_compat.chat_template_environment()
+    _bound_environment(environment)
+    compiled = environment.from_string(template)  # intercepted operators are compile-time
+    names = compiled.root_render_func.__globals__  # the template module's: `~` is str_join / markup_join there
+    for name in ("str_join", "markup_join"):
+        if callable(names.get(name)):
+            names[name] = _bounded_join(names[name])
+    return compiled
 
 
 _DIGITS = re.compile(r"\d+")

@@ -170,3 +170,36 @@ def transformers_mxfp4_dequantize(blocks, scales, dtype):
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
     return convert_moe_packed_tensors(blocks, scales, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- chat template compilation
+#
+# transformers (5.17-5.24) compiles a chat template once, in utils.chat_template_utils:
+# `_compile_jinja_template` (lru-cached) calls `_cached_compile_jinja_template`, which builds its
+# ImmutableSandboxedEnvironment and compiles the template there. chat.py bounds rendering by
+# compiling in an environment of its own; these two functions are all it knows of that.
+
+
+def chat_template_environment() -> Any:
+    """A fresh copy of the sandboxed Jinja environment transformers compiles chat templates in."""
+    from transformers.utils import chat_template_utils
+
+    return chat_template_utils._cached_compile_jinja_template("").environment
+
+
+def route_chat_template_compilation(compile_template: Callable[[str], Any], active: Callable[[], bool]) -> bool:
+    """Have transformers compile chat templates with `compile_template` while `active()` is true,
+    with its own compiler otherwise. False (nothing changed) where transformers compiles elsewhere."""
+    try:
+        from transformers.utils import chat_template_utils
+    except ImportError:
+        return False
+    original = getattr(chat_template_utils, "_compile_jinja_template", None)
+    if original is None or getattr(chat_template_utils, "_cached_compile_jinja_template", None) is None:
+        return False
+
+    def compile_routed(template: str):
+        return compile_template(template) if active() else original(template)
+
+    chat_template_utils._compile_jinja_template = compile_routed
+    return True
