@@ -47,6 +47,11 @@ class ModelInfo:
     # fail ("Already borrowed") when one of them touches its padding/truncation settings
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
+    def count_tokens(self, text: str) -> int:
+        """Tokens of `text` as the model encodes a prompt (blocking: it tokenizes, under `lock`)."""
+        with self.lock:
+            return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
 
 def _tokenizer_dir(config: ServingConfig | None, name: str, override: str | None, repository: Path | None) -> Path:
     from trtllm_dflash.checkpoints import resolve_checkpoint
@@ -227,8 +232,7 @@ class Frontend:
         """
         try:
             check_prompt_text(text, info.max_context)
-            with info.lock:
-                count = len(info.tokenizer(text, add_special_tokens=False)["input_ids"])
+            count = info.count_tokens(text)
             check_prompt_tokens(count, info.max_context)
         except PromptTooLongError as exc:  # in OpenAI's words, which clients look for
             held = f", more than {exc.max_context} tokens of text can hold" if exc.unit == "characters" else ""
@@ -270,15 +274,9 @@ class Frontend:
 
     def open(self, info: ModelInfo, prompt: str, params: SamplingParams) -> TritonStream:
         body = params_body(prompt, params, streaming=True)
-        if info.llmapi_inputs:  # NVIDIA's model takes neither: refused rather than dropped
-            for field in ("min_tokens", "ignore_eos"):
-                if INPUT_NAMES[field] in OWN_ONLY_INPUTS & body.keys() and INPUT_NAMES[field] not in info.llmapi_inputs:
-                    raise OpenAIError(400, f"'{field}' is not supported by model '{info.name}' (NVIDIA's LLM-API model); leave it out", field, "unsupported_parameter")
         if not info.llmapi_inputs:
             return TritonStream(self.client, info.name, body)
-
-        def count_tokens(text: str) -> int:
-            with info.lock:
-                return len(info.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-        return TritonStream(self.client, info.name, llmapi_body(body, info.llmapi_inputs), LLMApiStream(), count_tokens, prompt)
+        for field, wire in INPUT_NAMES.items():  # ours alone (min_tokens, ignore_eos): refused rather than dropped
+            if wire in OWN_ONLY_INPUTS and wire in body and wire not in info.llmapi_inputs:
+                raise OpenAIError(400, f"'{field}' is not supported by model '{info.name}' (NVIDIA's LLM-API model); leave it out", field, "unsupported_parameter")
+        return TritonStream(self.client, info.name, llmapi_body(body, info.llmapi_inputs), LLMApiStream(), info.count_tokens, prompt)
