@@ -38,6 +38,8 @@ from trtllm_dflash.plugins import reference_dflash2
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 from trtllm_dflash.sampling_params import SamplingParams
 
+from test_drafter import _rms, _rope  # the drafter's norm and RoPE written from the spec (tests/test_drafter.py)
+
 WINDOW = 12
 NEW_TOKENS = 40
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -66,19 +68,6 @@ def layer_windows(raw: dict) -> list[int | None]:
         else:
             windows.append(raw["sliding_window"] if sliding else None)
     return windows
-
-
-def _rms(x, weight, eps):
-    return weight * (x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-
-
-def _rope(x, positions, theta):
-    dim = x.shape[-1]
-    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    angles = positions.double().unsqueeze(-1) * inv_freq
-    cos, sin = torch.cat([angles, angles], -1).cos().unsqueeze(-2), torch.cat([angles, angles], -1).sin().unsqueeze(-2)
-    half = dim // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
 
 
 def _attention(w: dict, prefix: str, raw: dict, h, ctx, window, start):
