@@ -17,14 +17,13 @@ from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.recipes import find_recipe
 from trtllm_dflash.serving import trtllm
-from trtllm_dflash.serving.trtllm import (
+from trtllm_dflash.serving.trtllm import llm_api_options, write_trtllm_repository
+from trtllm_dflash.serving.trtllm_drafters import (
     DrafterNote,
     drafter_overlay,
     drafter_support,
-    llm_api_options,
     reference_block_attention,
     trtllm_block_attention,
-    write_trtllm_repository,
 )
 
 BASE = {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,

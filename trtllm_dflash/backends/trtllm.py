@@ -107,7 +107,8 @@ def serve_command(repository: Path) -> str:
 
     import yaml
 
-    from trtllm_dflash.serving.trtllm import LLMAPI_MODEL_ENV, OVERLAY_RECORD
+    from trtllm_dflash.serving.trtllm import LLMAPI_MODEL_ENV
+    from trtllm_dflash.serving.trtllm_drafters import OVERLAY_RECORD
 
     repository = Path(repository).resolve()
     mounts = [repository]

@@ -356,7 +356,8 @@ def run_trtllm(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     import yaml
 
     from trtllm_dflash.serving.llm_args_check import pinned_source
-    from trtllm_dflash.serving.trtllm import check_installed_tensorrt_llm, local_drafter_overlay, write_drafter_overlay
+    from trtllm_dflash.serving.trtllm import check_installed_tensorrt_llm
+    from trtllm_dflash.serving.trtllm_drafters import local_drafter_overlay, write_drafter_overlay
 
     target = _target_source(ctx)  # the quantized checkpoint when there is one
     drafter = quantized_drafter_dir(ctx)

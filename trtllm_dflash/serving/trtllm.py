@@ -53,17 +53,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.serving.protocol import INPUTS
 from trtllm_dflash.serving.repository import check_model_name, pbtxt_string, staged_directory, write_manifest
-from trtllm_dflash.serving.trtllm_drafters import (  # noqa: F401 (the drafter checks, re-exported)
-    OVERLAY_RECORD,
+from trtllm_dflash.serving.trtllm_drafters import (
     SLIDING,
     TWO_SIDED_BACKENDS,
     DrafterNote,
-    drafter_overlay,
     drafter_support,
     local_drafter_overlay,
-    reference_block_attention,
-    trtllm_block_attention,
-    v2_refusal,
     write_drafter_overlay,
 )
 

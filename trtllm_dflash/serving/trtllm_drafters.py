@@ -153,12 +153,6 @@ def drafter_support(config, attention_backend: str | None = None) -> tuple[str, 
     return None
 
 
-def v2_refusal(drafter: str) -> tuple[str, str] | None:
-    """None: TensorRT-LLM runs DFlash V2 drafters (module docstring); their drafter attention is checked
-    by drafter_support / llm_api_options."""
-    return None
-
-
 def write_drafter_overlay(drafter_dir: str | Path, dest: str | Path, overlay: dict[str, Any]) -> Path:
     """The overlay drafter directory: `overlay` as config.json, every other file of the drafter linked
     (absolute links: serve_command mounts the source at the same path), and a record of the source."""
