@@ -327,6 +327,7 @@ def write_modelopt_drafter(source_dir: str | Path, dest_dir: str | Path, algo: s
     from safetensors.torch import load_file, save_file
 
     from trtllm_dflash.modeling.fp4 import quantize_nvfp4
+    from trtllm_dflash.modeling.fp8_linear import FP8_MAX
 
     source_dir, dest_dir = Path(source_dir), Path(dest_dir)
     if algo not in ("FP8", "NVFP4"):
@@ -343,7 +344,7 @@ def write_modelopt_drafter(source_dir: str | Path, dest_dir: str | Path, algo: s
                     kept.add(module)
                 continue
             if algo == "FP8":
-                scale = (tensor.float().abs().amax() / 448.0).reshape(())
+                scale = (tensor.float().abs().amax() / FP8_MAX).reshape(())
                 state[name] = (tensor.float() / scale).to(torch.float8_e4m3fn)
                 state[f"{module}.weight_scale"] = scale
             else:

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import torch
 
+from trtllm_dflash.modeling.fp8_linear import FP8_MAX
+
 # E2M1: code -> value (sign bit 3, exponent bits 2..1, mantissa bit 0); the OCP MX table
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 E2M1_MAX = 6.0
-E4M3_MAX = 448.0
+E4M3_MAX = FP8_MAX  # largest finite E4M3 (NVFP4 block scales)
 E8M0_BIAS = 127
 MXFP4_BLOCK = 32
 NVFP4_BLOCK = 16
