@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from trtllm_dflash.builder.manifest import files_digest, now, read_json, sha256_json, write_json_atomic
+from trtllm_dflash.builder.stage_plan import size
 from trtllm_dflash.errors import DFlashError, MissingDependencyError
 
 STAGE_FILE = "stage.json"
@@ -59,13 +60,6 @@ def space_error(exc: BaseException) -> OSError | BaseException | None:
     return None
 
 
-def human_bytes(value: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if value >= scale:
-            return f"{value / scale:.1f} {unit}"
-    return f"{value:.0f} B"
-
-
 def out_of_space(error: BaseException, what: str, out: Path, needed: str | None = None) -> OutOfSpace:
     """One line for a full disk: the directory that filled (the --out directory for anything under
     it, else the file's own folder), the space the step needs when the plan knows it, else the space free."""
@@ -79,7 +73,7 @@ def out_of_space(error: BaseException, what: str, out: Path, needed: str | None 
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     try:
-        free = f"{human_bytes(shutil.disk_usage(probe).free)} free there now"
+        free = f"{size(shutil.disk_usage(probe).free)} free there now"  # as the plan writes the stage sizes
     except OSError:
         free = "free space unknown"
     kind = "disk quota exceeded" if isinstance(error, OSError) and error.errno == errno.EDQUOT else "no space left on device"
