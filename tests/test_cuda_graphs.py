@@ -109,3 +109,28 @@ def test_every_graph_capture_in_the_package_goes_through_the_thread_local_record
                 keywords = {k.arg: ast.unparse(k.value) for k in node.keywords}
                 sites.append((path.relative_to(root).as_posix(), keywords.get("capture_error_mode")))
     assert sites == [("runtime/cuda_graphs.py", "CAPTURE_ERROR_MODE")]
+
+
+def _raised(error: Exception, during: Exception | None = None) -> Exception:
+    """`error` as raised: inside an `except` for `during` where given (Python sets __context__)."""
+    try:
+        if during is None:
+            raise error
+        try:
+            raise during
+        except Exception:
+            raise error
+    except Exception as exc:  # noqa: BLE001 - returned for inspection
+        return exc
+
+
+def test_only_a_capture_spoiled_from_outside_is_tried_again():
+    from trtllm_dflash.runtime.cuda_graphs import invalidated_by_another_thread
+
+    invalidated = RuntimeError("CUDA error: operation failed due to a previous error during capture")
+    not_permitted = RuntimeError("CUDA error: operation not permitted when stream is capturing")
+    assert invalidated_by_another_thread(_raised(invalidated))
+    # a host read inside the pass: capture_end reports the invalidation on top of the pass's own error
+    assert not invalidated_by_another_thread(_raised(invalidated, during=not_permitted))
+    assert not invalidated_by_another_thread(_raised(not_permitted))
+    assert not invalidated_by_another_thread(_raised(RuntimeError("CUDA out of memory")))

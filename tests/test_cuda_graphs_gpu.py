@@ -13,6 +13,7 @@ import torch
 
 from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
+from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime import cuda_graphs
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 
@@ -107,15 +108,19 @@ def test_a_capture_survives_another_thread_allocating_on_its_own_stream():
     busy, stop, errors, allocations = threading.Event(), threading.Event(), [], []
 
     def server_thread() -> None:
+        # New sizes make the allocator cudaMalloc; their total stays bounded (~8 GiB cached), so it
+        # never frees cached blocks to make room: that cudaFree synchronizes the whole device, which
+        # invalidates a capture in every mode (test_a_capture_spoiled_by_another_thread_... below).
         stream = torch.cuda.Stream()
         size = 1 << 20
         try:
             with torch.cuda.stream(stream):
                 while not stop.is_set():
-                    torch.empty(size, dtype=torch.uint8, device="cuda")  # a size the allocator has not cached
+                    if size <= 128 << 20:
+                        torch.empty(size, dtype=torch.uint8, device="cuda")  # a size the allocator has not cached
+                        allocations.append(size)
+                        size += 1 << 20
                     stream.synchronize()
-                    allocations.append(size)
-                    size += 1 << 20
                     busy.set()
         except Exception as exc:  # noqa: BLE001 - reported by the assertion below
             errors.append(exc)
@@ -137,3 +142,59 @@ def test_a_capture_survives_another_thread_allocating_on_its_own_stream():
     replay()
     torch.cuda.synchronize()
     assert torch.equal(out, expected)
+
+
+def _spoiling_captures(monkeypatch, how_many: int) -> list[int]:
+    """Make the next `how_many` captures fail the way a server thread's device-wide synchronize
+    makes them fail: that thread's call is refused and the capture in progress is invalidated."""
+    spoiled, real_capture = [], cuda_graphs.capture
+
+    def capture(run, pool):
+        calls = [0]
+
+        def run_and_spoil():
+            calls[0] += 1
+            out = run()
+            if calls[0] > cuda_graphs.WARMUP_RUNS and len(spoiled) < how_many:  # the recorded run
+                other = threading.Thread(target=lambda: _try(torch.cuda.synchronize))
+                other.start()
+                other.join()
+                spoiled.append(1)
+            return out
+
+        return real_capture(run_and_spoil, pool)
+
+    monkeypatch.setattr(cuda_graphs, "capture", capture)
+    return spoiled
+
+
+def _try(call) -> None:
+    try:
+        call()
+    except Exception:  # noqa: BLE001 - the refusal is the point: "operation not permitted when stream is capturing"
+        pass
+
+
+def test_a_capture_spoiled_by_another_thread_runs_the_step_eagerly_and_is_tried_again(demo_pair, monkeypatch):
+    """A server thread's torch.cuda.synchronize during a capture: that step runs eagerly, a later
+    step captures the graph (the verify pass's on its third try), and the tokens are the eager
+    runtime's (one row: the graph runs the eager shapes)."""
+    target, drafter = demo_pair
+    requests = _requests(target.config.vocab_size, 1, SamplingParams(max_new_tokens=32, temperature=0.0))
+    eager = _decode(TorchRuntime(target.model, drafter), requests, max_batch=1)
+    spoiled = _spoiling_captures(monkeypatch, how_many=3)
+    runtime = TorchRuntime(target.model, drafter, cuda_graphs=True)
+    assert _decode(runtime, requests, max_batch=1) == eager
+    counts = runtime.cuda_graphs.counts
+    assert len(spoiled) == 3 and counts["invalidated"] == 3
+    assert counts["captured"] > 0 and counts["replayed"] > counts["captured"]
+
+
+def test_a_capture_spoiled_every_time_fails_in_one_line(demo_pair, monkeypatch):
+    target, drafter = demo_pair
+    _spoiling_captures(monkeypatch, how_many=1000)
+    runtime = TorchRuntime(target.model, drafter, cuda_graphs=True)
+    requests = _requests(target.config.vocab_size, 1, SamplingParams(max_new_tokens=24, temperature=0.0))
+    with pytest.raises(DFlashError, match="capturing the .* pass in a CUDA graph failed"):
+        _decode(runtime, requests, max_batch=1)
+    assert runtime.cuda_graphs.counts["invalidated"] >= cuda_graphs.MAX_CAPTURE_TRIES - 1

@@ -43,9 +43,12 @@ from trtllm_dflash.runtime.base import CachedRuntime, TargetOutput
 
 MIN_SPAN = 256  # smallest span bucket of the verify pass
 WARMUP_RUNS = 2  # eager runs before a capture: cuBLAS handles, Triton compiles, allocator warm-up
+MAX_CAPTURE_TRIES = 3  # captures of one key that another thread may invalidate before the step fails
 # Only the capturing thread is barred from CUDA calls that are unsafe during a capture. With
 # torch's default ("global"), a server thread that allocates or copies on its own stream while a
-# step is being captured invalidates the capture (and fails itself).
+# step is being captured invalidates the capture (and fails itself). A device-wide synchronize
+# in another thread invalidates it in every mode (measured on an H200): such a step runs eagerly
+# and the capture is tried again (StepGraphs._replay).
 CAPTURE_ERROR_MODE = "thread_local"
 
 
@@ -110,6 +113,23 @@ def capture(run: Callable[[], Any], pool: Any) -> tuple[Replay, Any]:
     return graph.replay, outputs
 
 
+def invalidated_by_another_thread(exc: BaseException) -> bool:
+    """Whether a capture failed only because something outside the pass invalidated it.
+
+    A device-wide synchronize in any other thread (torch.cuda.synchronize, empty_cache, the
+    allocator freeing cached blocks under memory pressure) invalidates a capture in every error
+    mode (seen on an H200, benchmarks/RESULTS.md); the pass itself was fine and a later capture
+    can succeed. A pass that is itself uncapturable (a host read inside it) raises "not permitted"
+    in the capturing thread first, and torch's capture_end then reports the invalidation on top:
+    that one is never retried."""
+    chain, seen = [], exc
+    while seen is not None:
+        chain.append(str(seen))
+        seen = seen.__cause__ or seen.__context__
+    invalidated = "previous error during capture" in chain[0] or "CaptureInvalidated" in chain[0]
+    return invalidated and not any("not permitted when stream is capturing" in text for text in chain)
+
+
 def recording(graph: Any, pool: Any) -> Any:
     """The context manager that records into `graph`: torch's, in thread-local error mode."""
     return torch.cuda.graph(graph, pool=pool, capture_error_mode=CAPTURE_ERROR_MODE)
@@ -148,6 +168,7 @@ class StepGraphs:
         self._eager_draft = runtime.draft_forward
         self._eager_allocate = runtime.allocate
         self._graphs: dict[tuple, _Graph] = {}
+        self._invalidated: collections.Counter[tuple] = collections.Counter()  # failed captures in a row, per key
         self._pool: Any = None
         self.buckets = batch_buckets(runtime.max_batch)
         self.counts: collections.Counter[str] = collections.Counter()
@@ -172,6 +193,15 @@ class StepGraphs:
         self._eager_allocate(max_batch, capacity)
         self.buckets = batch_buckets(max_batch)
 
+    def _abandon_pool(self) -> None:
+        """After a failed capture: torch's capture_end raised before it stopped routing allocations
+        to the pool ("beginAllocateToPool: already recording" at the next capture), so stop that
+        here and give later captures a fresh pool."""
+        end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+        if end is not None and self._pool is not None:
+            end(torch.cuda.current_device(), self._pool)
+        self._pool = None
+
     def _bucket(self, rows: slice, count: int) -> int | None:
         if rows.start not in (0, None) or rows.stop != count or rows.step not in (1, None):
             return None
@@ -193,11 +223,17 @@ class StepGraphs:
             except DFlashError:
                 raise
             except Exception as exc:  # e.g. a host read inside the pass ("operation not permitted when stream is capturing")
+                self._invalidated[key] += 1
+                self._abandon_pool()
+                if invalidated_by_another_thread(exc) and self._invalidated[key] < MAX_CAPTURE_TRIES:
+                    self.counts["invalidated"] += 1
+                    return None  # nothing captured ran: the caller runs this step eagerly, the next one tries again
                 reason = (str(exc).strip().splitlines() or [""])[0]
                 raise DFlashError(
                     f"capturing the {what} pass in a CUDA graph failed ({type(exc).__name__}: {reason})",
                     "run without CUDA graphs (cuda_graphs=False)",
                 ) from exc
+            self._invalidated.pop(key, None)
             self._graphs[key] = graph
             self.counts["captured"] += 1
         graph.replay()
@@ -220,6 +256,8 @@ class StepGraphs:
 
         with torch.inference_mode():
             out = self._replay(("target", bucket, length, padded_span), bucket, "target verify", {names.INPUT_IDS: tokens, names.STARTS: starts}, run)
+            if out is None:
+                return self._eager_target(rows, tokens, starts, span, logits_at)
             features = out.features[:count].clone() if out.features is not None else None
         return TargetOutput(logits=out.logits[:count], features=features)
 
@@ -240,4 +278,6 @@ class StepGraphs:
         inputs = {names.BLOCK_IDS: block, names.CTX_FEATURES: ctx_features, names.NEW_COUNTS: new_counts, names.CACHE_LENS: cache_lens}
         with torch.inference_mode():
             logits = self._replay(("draft", bucket, length, width), bucket, "drafter", inputs, run)
+        if logits is None:
+            return self._eager_draft(rows, block, ctx_features, new_counts, cache_lens)
         return logits[:count]
