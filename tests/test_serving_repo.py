@@ -342,3 +342,18 @@ def test_recipe_draft_length_schedule_reaches_the_served_decoder(tmp_path):
     assert "draft_len_schedule" not in ar
     with pytest.raises(DFlashError, match="not a schedule like"):
         ServingConfig.from_parameters({"target": "demo", "draft_len_schedule": "1=7"})
+
+
+def test_config_strings_round_trip_through_protobuf_text_format():
+    """Paths with spaces, quotes, backslashes, control and non-ASCII characters read back exactly
+    as Triton's parser reads config.pbtxt (json.dumps' \\u escapes did not: Triton saw mangled paths)."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from trtllm_dflash.serving.repository import pbtxt_string
+
+    value = '/data/ü 日本/"quoted" back\\slash\ttab'
+    text = f'name: "m"\nparameters {{ key: "target" value: {{ string_value: {pbtxt_string(value)} }} }}'
+    assert text.isascii()
+    parsed = text_format.Parse(text, model_config_pb2.ModelConfig())
+    assert parsed.parameters["target"].string_value == value

@@ -65,8 +65,20 @@ class TritonPythonModel:
 
 
 def pbtxt_string(value: str) -> str:
-    """A protobuf text-format string literal."""
-    return json.dumps(value)
+    """A protobuf text-format string literal: UTF-8 bytes outside printable ASCII as octal escapes.
+
+    Not JSON: protobuf's text format has no \\u escapes (json.dumps wrote them, and Triton read a
+    non-ASCII checkpoint path back mangled, so the model found no directory)."""
+    escaped = []
+    for byte in value.encode("utf-8"):
+        char = chr(byte)
+        if char in '"\\':
+            escaped.append("\\" + char)
+        elif 0x20 <= byte < 0x7F:
+            escaped.append(char)
+        else:
+            escaped.append(f"\\{byte:03o}")
+    return '"' + "".join(escaped) + '"'
 
 
 def render_config(name: str, config: ServingConfig, inputs: dict = INPUTS, outputs: dict = OUTPUTS) -> str:
