@@ -10,7 +10,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from trtllm_dflash.serving import DEFAULT_HOST
-from trtllm_dflash.serving.openai_frontend import DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_QUEUED, DEFAULT_MAX_REQUEST_BYTES
+from trtllm_dflash.serving.openai_frontend import (
+    DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_QUEUED, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT,
+)
 
 
 # The OpenAI front end's exposure options, shared with `dflash-trt serve --openai-port`.
@@ -28,6 +30,14 @@ DRAIN_TIMEOUT = typer.Option(
 )
 MAX_REQUEST_BYTES = typer.Option(
     DEFAULT_MAX_REQUEST_BYTES, "--max-request-bytes", min=1024, help="Largest request body accepted (413 past it, before parsing).",
+)
+READ_TIMEOUT = typer.Option(
+    DEFAULT_READ_TIMEOUT, "--read-timeout", min=0.1,
+    help="Seconds a client gets to send a request's headers, and again its body; slower ones get 408 and are disconnected.",
+)
+MAX_CONNECTIONS = typer.Option(
+    DEFAULT_MAX_CONNECTIONS, "--max-connections", min=1,
+    help="Open HTTP connections to the OpenAI API at once; past it, new ones get 503 and are closed. Keep it above max_batch + --max-queued.",
 )
 
 ALLOW_REQUEST_CHAT_TEMPLATE = typer.Option(
@@ -49,6 +59,8 @@ def openai_front(
     drain_timeout: float = DRAIN_TIMEOUT,
     max_request_bytes: int = MAX_REQUEST_BYTES,
     allow_request_chat_template: bool = ALLOW_REQUEST_CHAT_TEMPLATE,
+    read_timeout: float = READ_TIMEOUT,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> None:
     """Serve /v1/chat/completions, /v1/completions and /v1/models in front of a running Triton."""
     from trtllm_dflash.cli.common import quiet_libraries
@@ -58,7 +70,8 @@ def openai_front(
     console = Console(highlight=False)
     front = OpenAIServer(triton_url, host=host, port=port, models=model or (), tokenizer=tokenizer, repository=repository,
                          api_key=api_key, max_queued=max_queued, max_request_bytes=max_request_bytes, drain_timeout=drain_timeout,
-                         allow_request_chat_template=allow_request_chat_template)
+                         allow_request_chat_template=allow_request_chat_template, read_timeout=read_timeout,
+                         max_connections=max_connections)
     server = front.uvicorn_server()
     console.print(f"OpenAI API on {front.url} -> Triton {escape(triton_url)} (models: {', '.join(front.frontend.models)}); Ctrl-C stops it")
     server.run()  # in this thread: uvicorn handles Ctrl-C and SIGTERM (a drain first, then exit)

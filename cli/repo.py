@@ -114,9 +114,11 @@ def _build_backend(build: Path) -> str:
 def _recipe_for(model: str | None, gpu: str | None, recipe: str | None):
     """The recipe named by --recipe, or by --model NAME --gpu GPU (None for a checkpoint directory)."""
     from trtllm_dflash.recipes import find_recipe, resolve_recipe
+    from trtllm_dflash.recipes.loader import check_model_link
 
     if recipe is not None:
         return resolve_recipe(recipe)
+    check_model_link(model)  # a broken link is neither a directory nor a recipe name
     if Path(model).expanduser().is_dir():
         if gpu is not None:
             raise DFlashError("--gpu selects a recipe, but --model is a checkpoint directory", "drop --gpu, or name the model")

@@ -8,6 +8,8 @@ holds it. Duplicate keys, which PyYAML would silently collapse to the last one, 
 from __future__ import annotations
 
 import difflib
+import errno
+import os
 import typing
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from trtllm_dflash.errors import RecipeError
+from trtllm_dflash.errors import CheckpointError, RecipeError
 from trtllm_dflash.recipes.schema import Recipe
 
 
@@ -71,8 +73,29 @@ def list_recipes() -> list[Recipe]:
     return sorted((load_recipe(p) for p in sorted(recipes_dir().glob("*/*.yaml"))), key=lambda r: r.name)
 
 
+def check_model_link(model: str) -> None:
+    """CheckpointError for a --model that is a broken symbolic link (a loop, or pointing nowhere).
+
+    Neither a file nor a directory, it would otherwise be taken for a recipe name ("no recipe for
+    PATH"), which hides what is wrong with the path.
+    """
+    path = Path(model).expanduser()
+    if not os.path.lexists(path) or os.path.exists(path):
+        return
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CheckpointError(f"--model {model} is a symbolic link loop (it leads back to itself)",
+                                  "point the link at a Hugging Face model directory, or pass a model name") from None
+    target = Path(os.readlink(path)) if path.is_symlink() else path
+    raise CheckpointError(f"--model {model} is a symbolic link to {path.parent / target}, which does not exist",
+                          "fix the link, or pass the checkpoint directory itself")
+
+
 def find_recipe(model: str, gpu: str) -> Recipe:
     """The shipped recipe for a model on a GPU (names or aliases: 'gpt-oss-120b', 'B300', ...)."""
+    check_model_link(model)
     model_key, gpu_key = canonical_model_name(model), canonical_gpu_name(gpu)
     path = recipes_dir() / model_key / f"{gpu_key}.yaml"
     if path.is_file():

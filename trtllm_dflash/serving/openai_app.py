@@ -20,6 +20,8 @@ from trtllm_dflash.serving.openai_triton import TritonStream
 
 log = logging.getLogger("uvicorn.error")  # uvicorn's logger: its lines share uvicorn's format and level
 
+HEALTH_TIMEOUT = 1.0  # seconds /health waits for Triton's readiness before answering 503
+
 
 def require_extra() -> None:
     """FastAPI, uvicorn and tritonclient's asyncio gRPC client come with the `serve` extra."""
@@ -79,13 +81,22 @@ def create_app(frontend: Frontend):
 
     @app.get("/health")
     async def health():
+        """200 while Triton is ready, else 503 within HEALTH_TIMEOUT: a probe must not hang on a
+        Triton that is stopped, restarting or wedged (a port that accepts but never answers)."""
         if frontend.draining:  # load balancers stop sending here while the streams finish
             return JSONResponse({"status": "draining"}, status_code=503)
+        ok, why = False, "the front end's gRPC client is not started"
         try:
-            ok = frontend.client is not None and await frontend.client.is_server_ready()
-        except Exception:  # noqa: BLE001 - Triton down or restarting (serve supervises it): not ready, not a 500
-            ok = False
-        return JSONResponse({"status": "ok" if ok else "triton not ready"}, status_code=200 if ok else 503)
+            if frontend.client is not None:
+                ok, why = await asyncio.wait_for(  # the gRPC deadline, and a bound of our own
+                    frontend.client.is_server_ready(client_timeout=HEALTH_TIMEOUT), HEALTH_TIMEOUT + 0.5), "it says it is not ready"
+        except Exception as exc:  # noqa: BLE001 - Triton down or restarting (serve supervises it): not ready, not a 500
+            why = _triton_failure(exc)
+        if ok:
+            return JSONResponse({"status": "ok"})
+        error = OpenAIError(503, f"the model server (Triton at {frontend.config.triton_url}) is not ready: {why}; "
+                                 "retry once it has started", None, "model_server_not_ready", "server_error")
+        return JSONResponse({"status": "not ready", **error.body()}, status_code=503)
 
     @app.get("/v1/models")
     async def models():
@@ -199,6 +210,17 @@ async def _stream_events(iterator, first: dict, ident: str, created: int, model:
     if usage:
         yield _sse({"id": ident, "object": kind, "created": created, "model": model, "choices": [], "usage": _usage(last)})
     yield _sse("[DONE]")
+
+
+def _triton_failure(exc: Exception) -> str:
+    """Why Triton's readiness probe failed, in a few words (a gRPC status, or the exception's type)."""
+    status = getattr(exc, "status", None)
+    code = str(status() or "") if callable(status) else ""
+    if "DEADLINE_EXCEEDED" in code or isinstance(exc, asyncio.TimeoutError):
+        return f"it did not answer within {HEALTH_TIMEOUT:g} s"
+    if "UNAVAILABLE" in code:
+        return "nothing answers on its gRPC port"
+    return f"the probe failed ({code or type(exc).__name__})"
 
 
 def _model_card(info: ModelInfo) -> dict:

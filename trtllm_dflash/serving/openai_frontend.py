@@ -27,6 +27,8 @@ log = logging.getLogger("uvicorn.error")  # uvicorn's logger: its lines share uv
 DEFAULT_MAX_QUEUED = 256
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 DEFAULT_DRAIN_TIMEOUT = 30.0
+DEFAULT_READ_TIMEOUT = 10.0  # seconds for a request's headers, and again for its body (slow-loris clients)
+DEFAULT_MAX_CONNECTIONS = 1024  # open HTTP connections; above the in-flight bound (max_batch + max_queued)
 
 
 @dataclasses.dataclass
@@ -111,6 +113,8 @@ class FrontendConfig:
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT  # seconds in-flight requests get to finish on shutdown
     # chat_template_kwargs.chat_template replaces the model's template (a program run on this host): off by default
     allow_request_chat_template: bool = False
+    read_timeout: float = DEFAULT_READ_TIMEOUT  # a client slower to send its headers (or its body) gets 408 and is cut off
+    max_connections: int = DEFAULT_MAX_CONNECTIONS  # connections past it get 503 and are closed at once
 
 
 class Frontend:

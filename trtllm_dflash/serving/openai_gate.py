@@ -1,11 +1,13 @@
 """The gate in front of every route of the OpenAI front end: what makes it safe to expose.
 
-An optional API key, a bounded request body (413), a bounded number of requests in flight (429
-past it), and a drain on shutdown (503 to new requests while the streams in flight finish).
+An optional API key, a bounded request body (413) read within a deadline (408), only uncompressed
+bodies (415), a bounded number of requests in flight (429 past it), and a drain on shutdown (503
+to new requests while the streams in flight finish).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from typing import Awaitable, Callable
 
@@ -43,10 +45,14 @@ class Gate:
         if generate and frontend.draining:
             return await refuse(OpenAIError(503, "the server is shutting down; send the request to another replica or retry after it restarts",
                                             None, "server_shutting_down", "server_error"))
-        body = await _read_body(scope, receive, config.max_request_bytes)
+        if error := _encoding_error(scope):
+            return await refuse(error)
+        try:
+            body = await _read_body(scope, receive, config.max_request_bytes, config.read_timeout)
+        except OpenAIError as error:
+            return await refuse(error)
         if body is None:
-            return await refuse(OpenAIError(413, f"the request body is larger than this server's limit of {config.max_request_bytes} bytes",
-                                            None, "request_too_large"))
+            return  # the client left mid-body: nobody to answer
         if generate and frontend.in_flight >= frontend.capacity:
             return await refuse(OpenAIError(429, f"this server has {frontend.in_flight} requests in flight, its limit; retry shortly",
                                             None, "rate_limit_exceeded", "rate_limit_error", {"Retry-After": "1"}))
@@ -74,19 +80,38 @@ def _auth_error(scope: dict, key: str) -> OpenAIError | None:
     return OpenAIError(401, message, None, "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
 
-async def _read_body(scope: dict, receive: Callable, limit: int) -> bytes | None:
-    """The request body, or None when it is over `limit` bytes (or the client left mid-body).
+def _encoding_error(scope: dict) -> OpenAIError | None:
+    """415 for a compressed body: it would be parsed as JSON and fail as "not valid JSON",
+    which does not say why (and inflating it here would make the body bound meaningless)."""
+    encoding = dict(scope["headers"]).get(b"content-encoding", b"").decode("latin-1").strip()
+    if encoding.lower() in ("", "identity"):
+        return None
+    return OpenAIError(415, f"Content-Encoding: {encoding[:64]} is not supported; send the request body uncompressed "
+                       "(plain JSON with Content-Type: application/json) and drop the Content-Encoding header",
+                       None, "unsupported_content_encoding")
+
+
+async def _read_body(scope: dict, receive: Callable, limit: int, timeout: float) -> bytes | None:
+    """The request body, or None when the client left mid-body; OpenAIError 413 when it is over
+    `limit` bytes, 408 when it takes longer than `timeout` seconds to arrive.
 
     A body over the limit is read on without being kept, up to 4x the limit, before the 413 is
     sent: a client still writing its body when the server closes the connection gets a reset
-    instead of the answer. A declared Content-Length past that is refused at once.
+    instead of the answer. A declared Content-Length past that is refused at once. The deadline
+    covers the whole body, so a client sending a byte a second (slow loris) is cut off.
     """
+    too_large = OpenAIError(413, f"the request body is larger than this server's limit of {limit} bytes", None, "request_too_large")
     declared = dict(scope["headers"]).get(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > 4 * limit:
-        return None
+        raise too_large
+    deadline = asyncio.get_running_loop().time() + timeout
     chunks, size = [], 0
     while True:
-        message = await receive()
+        try:
+            message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
+        except asyncio.TimeoutError:
+            raise OpenAIError(408, f"the request body did not arrive within {timeout:g} s ({size} bytes came); send it at once",
+                              None, "request_timeout", headers={"Connection": "close"}) from None
         if message["type"] != "http.request":
             return None  # http.disconnect: nobody to answer
         chunk = message.get("body", b"")
@@ -94,7 +119,9 @@ async def _read_body(scope: dict, receive: Callable, limit: int) -> bytes | None
         if size <= limit:
             chunks.append(chunk)
         if not message.get("more_body", False) or size > 4 * limit:
-            return b"".join(chunks) if size <= limit else None
+            if size > limit:
+                raise too_large
+            return b"".join(chunks)
 
 
 def _replay(body: bytes, receive: Callable) -> Callable:

@@ -14,7 +14,9 @@ clients, benchmarks and UIs speak OpenAI's. The front end
   the model's loop drops it from the batch between decoding steps (its decoder row is freed);
 - is safe to expose (`Gate`): an optional API key, a bounded request body, a bounded number of
   requests in flight (429 past it), a drain on shutdown (503 to new requests while streams
-  finish), strict request types and ranges, and an OpenAI error body on every error.
+  finish), strict request types and ranges, and an OpenAI error body on every error; and here,
+  deadlines for a request's headers and body (slow clients get 408 and are cut off) and a bound
+  on open connections.
 
 FastAPI + uvicorn serve the HTTP side; `tritonclient.grpc.aio` the Triton side. The parts:
 
@@ -27,6 +29,7 @@ FastAPI + uvicorn serve the HTTP side; `tritonclient.grpc.aio` the Triton side. 
 """
 
 import ipaddress
+import json
 import logging
 import threading
 import time
@@ -36,8 +39,10 @@ from typing import Sequence
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.serving.openai_app import create_app, require_extra
 from trtllm_dflash.serving.openai_frontend import (
-    DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_QUEUED, DEFAULT_MAX_REQUEST_BYTES, Frontend, FrontendConfig,
+    DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_QUEUED, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT,
+    Frontend, FrontendConfig,
 )
+from trtllm_dflash.serving.openai_schemas import OpenAIError
 
 log = logging.getLogger("uvicorn.error")  # uvicorn's logger: its lines share uvicorn's format and level
 
@@ -81,6 +86,83 @@ def _draining_server(config, frontend: Frontend):
     return DrainingServer(config)
 
 
+def _raw_response(status: int, reason: str, error: OpenAIError) -> bytes:
+    """An HTTP/1.1 answer that closes the connection, written before (or without) a parsed request."""
+    body = json.dumps(error.body()).encode()
+    head = f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    return head.encode() + body
+
+
+def guarded_protocol(read_timeout: float, max_connections: int) -> type:
+    """uvicorn's h11 protocol with a deadline on each request's headers and a bound on connections.
+
+    uvicorn times out idle keep-alive connections, but its timer restarts on every byte, and the
+    first request of a connection has none: 200 clients sending a byte a second hold 200
+    connections forever (slow loris). Here a request's headers must be in `read_timeout` seconds
+    after the connection opens or the previous answer ends (and so must the rest of a body the
+    answer did not wait for), else 408 and the connection is closed; Gate gives the body the same
+    deadline. Connections past `max_connections` get 503 and are closed at once.
+    """
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    warned = [0.0]  # when the last "too many connections" line was logged (one per 10 s)
+
+    class GuardedProtocol(H11Protocol):
+        _timer = None
+        _bytes = 0  # received since the deadline was set: a request had begun
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                if time.monotonic() - warned[0] > 10:
+                    warned[0] = time.monotonic()
+                    log.warning("%d connections are open, the limit (--max-connections): new ones get 503", max_connections)
+                error = OpenAIError(503, f"this server has {max_connections} connections open, its limit; retry shortly",
+                                    None, "too_many_connections", "server_error")
+                transport.write(_raw_response(503, "Service Unavailable", error))
+                transport.close()
+                return
+            self._arm()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            self._bytes += len(data)
+            super().data_received(data)
+            if self.conn.our_state is h11.SEND_RESPONSE:  # the headers are in: the body's deadline is Gate's
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing() and self.conn.our_state is not h11.SEND_RESPONSE:
+                self._arm()  # the next request's headers (or the rest of this one's body) are due
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._bytes = 0
+            self._timer = self.loop.call_later(read_timeout, self._expired)
+
+        def _disarm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _expired(self) -> None:
+            self._timer = None
+            if self.transport.is_closing():
+                return
+            if self._bytes and self.conn.our_state is h11.IDLE:  # a request had begun: say why it is cut off
+                error = OpenAIError(408, f"the request headers did not arrive within {read_timeout:g} s; send them at once",
+                                    None, "request_timeout")
+                self.transport.write(_raw_response(408, "Request Timeout", error))
+            self.transport.close()
+
+    return GuardedProtocol
+
+
 class OpenAIServer:
     """uvicorn serving the app in a background thread; a context manager (tests, `serve --openai-port`).
 
@@ -92,11 +174,13 @@ class OpenAIServer:
                  tokenizer: str | None = None, repository: str | Path | None = None, log_level: str = "warning",
                  startup_timeout: float = 300.0, api_key: str | None = None, max_queued: int = DEFAULT_MAX_QUEUED,
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
-                 allow_request_chat_template: bool = False) -> None:
+                 allow_request_chat_template: bool = False, read_timeout: float = DEFAULT_READ_TIMEOUT,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
         require_extra()
         self.host, self.port = host, port
         self.config = FrontendConfig(triton_url, tuple(models), tokenizer, Path(repository).resolve() if repository else None,
-                                     api_key or None, max_queued, max_request_bytes, drain_timeout, allow_request_chat_template)
+                                     api_key or None, max_queued, max_request_bytes, drain_timeout, allow_request_chat_template,
+                                     read_timeout, max_connections)
         self.log_level = log_level
         self.startup_timeout = startup_timeout
         self.frontend: Frontend | None = None
@@ -121,7 +205,7 @@ class OpenAIServer:
         self.frontend.discover()
         app = create_app(self.frontend)
         config = uvicorn.Config(app, host=self.host, port=self.port, log_level=self.log_level, lifespan="on",
-                                timeout_graceful_shutdown=GRACE)
+                                timeout_graceful_shutdown=GRACE, http=guarded_protocol(self.config.read_timeout, self.config.max_connections))
         warning = exposure_warning(self.host, self.port, self.config.api_key)
         if warning:
             log.warning(warning)  # after uvicorn.Config, which sets up uvicorn's loggers
