@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Optional
 
@@ -56,7 +57,7 @@ def repo(
 
             use_llmapi_model(llmapi_model)  # the build's writer finds it there
         path = write_build_repository(build, out, force=force)
-        console.print(f"wrote {escape(str(path))} from the build in {escape(str(build))}; serve it with `dflash-trt serve {escape(str(path))}`")
+        console.print(f"wrote {escape(str(path))} from the build in {escape(str(build))}; serve it with `dflash-trt serve {escape(shlex.quote(str(path)))}`")
         return
     found = _recipe_for(model, gpu, recipe)
     backend = get_backend(found.backend) if found is not None else None
@@ -94,7 +95,7 @@ def repo(
     for model_name, config in models:
         kind = "DFlash" if config.speculative else "autoregressive"
         console.print(f"[bold]{escape(model_name)}[/]: {kind}, {escape(config.target)} on the {config.runtime} runtime, max batch {config.max_batch}")
-    console.print(f"wrote {escape(str(path))}; serve it with `dflash-trt serve {escape(str(path))}`")
+    console.print(f"wrote {escape(str(path))}; serve it with `dflash-trt serve {escape(shlex.quote(str(path)))}`")
 
 
 def _trtllm_only(backend, what: str) -> None:

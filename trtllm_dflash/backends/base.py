@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,7 +81,7 @@ class Backend(abc.ABC):
 
     def serve_hint(self, repository: Path) -> str:
         """How to serve the repository it writes."""
-        return f"serve it with `dflash-trt serve {repository}`"
+        return f"serve it with `dflash-trt serve {shlex.quote(str(repository))}`"
 
     @abc.abstractmethod
     def plan_steps(self, cfg: Any) -> list[BuildStep]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -81,8 +82,24 @@ def pbtxt_string(value: str) -> str:
     return '"' + "".join(escaped) + '"'
 
 
+def check_servable_paths(config: ServingConfig) -> None:
+    """Refuse checkpoint and engine paths the Python backend cannot open, before anything is written.
+
+    Its stub starts Python in the C locale, so file names are ASCII there: a path with "ü" or
+    "日本" fails in the tokenizer (seen with tritonserver 2.51), whatever the server's LANG.
+    The repository itself may live anywhere: `serve` hands Triton an ASCII link to it."""
+    for what, path in (("target", config.target), ("drafter", config.drafter), ("engines", config.engines)):
+        if path is not None and not path.isascii():
+            raise DFlashError(
+                f"the {what} path {path} has non-ASCII characters, which Triton's Python backend cannot open "
+                "(its stub runs Python with ASCII file names)",
+                f"link or move it to an ASCII path (ln -s '{path}' /data/{what}) and pass that",
+            )
+
+
 def render_config(name: str, config: ServingConfig, inputs: dict = INPUTS, outputs: dict = OUTPUTS) -> str:
     """config.pbtxt of one decoupled Python-backend model."""
+    check_servable_paths(config)
     lines = [
         f"name: {pbtxt_string(name)}",
         'backend: "python"',
@@ -197,7 +214,8 @@ def check_checkpoints(target: str, drafter: str | None) -> tuple[str, str | None
         drafter_dir = resolve_checkpoint(drafter, "drafter")
         target_config = AutoConfig.from_pretrained(target_dir, local_files_only=True, trust_remote_code=False)
         validate_pair(target_config.get_text_config(), DrafterConfig.from_dir(drafter_dir))
-    record = lambda name, path: "demo" if name == "demo" else str(path.resolve())  # noqa: E731
+    # absolute, links kept: a link is how a checkpoint under a non-ASCII path is served (check_servable_paths)
+    record = lambda name, path: "demo" if name == "demo" else os.path.abspath(path)  # noqa: E731
     return record(target, target_dir), (record(drafter, drafter_dir) if drafter is not None else None)
 
 
