@@ -20,6 +20,8 @@ from trtllm_dflash.serving.client import grpc_inputs
 from trtllm_dflash.serving.openai_schemas import OpenAIError
 from trtllm_dflash.serving.protocol import LLMApiStream
 
+# Triton's words for a model whose Python backend process died: a 503 to retry, not a 400
+MODEL_PROCESS_DOWN = ("Stub process", "is not healthy")
 STATS = ("mean_acceptance_length", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
          "num_input_tokens", "num_output_tokens", "time_to_first_token", "tokens_per_second", "finish_reason")
 # what NVIDIA's LLM-API model sends (protocol.py's notes), read when the request asked for it
@@ -55,13 +57,18 @@ class TritonStream:
         self.finished = False
 
     async def __aiter__(self) -> AsyncIterator[dict]:
+        import grpc
         from tritonclient.utils import InferenceServerException
 
         try:
             async for result, error in self._call:
                 if error is not None:
                     self.finished = True
-                    raise OpenAIError(400, error.message() if isinstance(error, InferenceServerException) else str(error))
+                    message = error.message() if isinstance(error, InferenceServerException) else str(error)
+                    if any(mark in message for mark in MODEL_PROCESS_DOWN):  # not the request's fault
+                        raise OpenAIError(503, f"the model's process is down ({message}); `dflash-trt serve` restarts it: retry shortly",
+                                          None, "model_server_not_ready", "server_error")
+                    raise OpenAIError(400, message)
                 if self._reader is None:
                     response = {name: _value(result, name) for name in ("text_output", "output_ids", *STATS)}
                 else:
@@ -75,6 +82,10 @@ class TritonStream:
         except InferenceServerException as exc:
             self.finished = True
             raise OpenAIError(502, f"Triton stream failed: {exc.message()}", kind="server_error") from None
+        except grpc.RpcError as exc:  # the server went away mid-stream (killed, or restarted by `serve`)
+            self.finished = True
+            raise OpenAIError(503, f"the model server's stream broke ({exc.code().name}: {exc.details()}); retry shortly",
+                              None, "model_server_not_ready", "server_error") from None
         finally:
             self.close()
 
