@@ -37,6 +37,19 @@ def serve(
     drain_timeout: float = DRAIN_TIMEOUT,
     max_request_bytes: int = MAX_REQUEST_BYTES,
     allow_request_chat_template: bool = ALLOW_REQUEST_CHAT_TEMPLATE,
+    triton_restricted_http: Optional[str] = typer.Option(
+        None, "--triton-restricted-http", metavar="GROUPS",
+        help="Triton API groups that answer on its HTTP port only to requests with the header `dflash-admin-token: TOKEN` "
+        "(TOKEN derived from --api-key: `python -m trtllm_dflash.serving.triton_access`; without a key, nobody's). "
+        "Default: shared-memory, model-repository, statistics, trace, logging (comma-separated; `none` opens all). "
+        "health, metadata, inference (/generate) and model-config stay open.",
+    ),
+    triton_restricted_grpc: Optional[str] = typer.Option(
+        None, "--triton-restricted-grpc", metavar="GROUPS",
+        help="The same on Triton's gRPC port (metadata `triton-grpc-protocol-dflash-admin-token: TOKEN`). "
+        "Default: shared-memory, statistics, trace, logging; health, metadata, inference, model-config and "
+        "model-repository stay open (the OpenAI front end reads the last two there without the header).",
+    ),
 ) -> None:
     """Start tritonserver, wait until every model is ready, print the endpoints; Ctrl-C stops it.
 
@@ -47,7 +60,8 @@ def serve(
 
     console = Console(highlight=False)
     server = TritonServer(
-        repository, http_port, grpc_port, metrics_port, host=host, log_file=log_file, verbose=verbose, http=not no_triton_http
+        repository, http_port, grpc_port, metrics_port, host=host, log_file=log_file, verbose=verbose, http=not no_triton_http,
+        api_key=api_key, http_restricted=triton_restricted_http, grpc_restricted=triton_restricted_grpc,
     )
     front = None
     if openai_port is not None:

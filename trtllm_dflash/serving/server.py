@@ -174,7 +174,15 @@ class TritonServer:
         verbose: bool = False,
         startup_timeout: float = 600.0,
         http: bool = True,
+        api_key: str | None = None,
+        http_restricted: str | tuple[str, ...] | list[str] | None = None,
+        grpc_restricted: str | tuple[str, ...] | list[str] | None = None,
     ) -> None:
+        """http_restricted / grpc_restricted: Triton API groups closed to requests without the
+        admin header ("a,b", a sequence, "none"; None: triton_access's defaults); api_key derives
+        the header's token (without one it is random: the groups are closed to everyone)."""
+        from trtllm_dflash.serving import triton_access
+
         self.repository = Path(repository).expanduser().resolve()
         if not self.repository.is_dir():
             raise DFlashError(f"repository {self.repository} does not exist", "write one with `dflash-trt repo --model demo --out REPO`")
@@ -203,6 +211,13 @@ class TritonServer:
             grpc=f"{client_host}:{grpc_port}",
             metrics=f"http://{client_host}:{metrics_port}/metrics",
         )
+        # Triton's admin APIs (triton_access.py) answer only requests carrying this token in the
+        # header triton_access.HEADER: derived from api_key, else random and told to nobody
+        self.http_restricted = triton_access.restricted_groups(
+            triton_access.HTTP_RESTRICTED if http_restricted is None else http_restricted, "--triton-restricted-http (http_restricted=)")
+        self.grpc_restricted = triton_access.restricted_groups(
+            triton_access.GRPC_RESTRICTED if grpc_restricted is None else grpc_restricted, "--triton-restricted-grpc (grpc_restricted=)")
+        self.admin_token = triton_access.admin_token(api_key)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -216,6 +231,9 @@ class TritonServer:
         if not self.http:
             args.append("--allow-http=false")
         args.append(f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}")
+        from trtllm_dflash.serving.triton_access import restriction_args
+
+        args += restriction_args(self.http_restricted, self.grpc_restricted, self.admin_token, with_http=self.http)
         env = dict(os.environ)
         if pytriton_server is not None:
             args.append(f"--backend-directory={prepare_backends(pytriton_server, self._workdir)}")
