@@ -11,7 +11,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from trtllm_dflash.cli.openai_front import ALLOW_REQUEST_CHAT_TEMPLATE, API_KEY, DRAIN_TIMEOUT, MAX_QUEUED, MAX_REQUEST_BYTES
+from trtllm_dflash.cli.openai_front import (
+    ALLOW_REQUEST_CHAT_TEMPLATE, API_KEY, DRAIN_TIMEOUT, MAX_CONNECTIONS, MAX_QUEUED, MAX_REQUEST_BYTES, READ_TIMEOUT,
+)
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.serving import DEFAULT_HOST
 
@@ -37,6 +39,8 @@ def serve(
     drain_timeout: float = DRAIN_TIMEOUT,
     max_request_bytes: int = MAX_REQUEST_BYTES,
     allow_request_chat_template: bool = ALLOW_REQUEST_CHAT_TEMPLATE,
+    read_timeout: float = READ_TIMEOUT,
+    max_connections: int = MAX_CONNECTIONS,
     triton_restricted_http: Optional[str] = typer.Option(
         None, "--triton-restricted-http", metavar="GROUPS",
         help="Triton API groups that answer on its HTTP port only to requests with the header `dflash-admin-token: TOKEN` "
@@ -53,8 +57,9 @@ def serve(
 ) -> None:
     """Start tritonserver, wait until every model is ready, print the endpoints; Ctrl-C stops it.
 
-    tritonserver is supervised: if it dies on its own it is restarted on the same ports (at
-    most 5 times in 10 minutes; then `serve` exits with an error).
+    tritonserver is supervised: if it, or a model's process, dies on its own it is restarted on the
+    same ports (at most 5 times in 10 minutes; then `serve` exits with an error). Nothing of it
+    outlives `serve`, however `serve` ends (a watchdog kills what is left).
     """
     from trtllm_dflash.serving.server import TritonServer
 
@@ -71,7 +76,8 @@ def serve(
             raise DFlashError(f"--openai-port {openai_port} is one of Triton's ports", "pick a different --openai-port")
         front = OpenAIServer(server.endpoints.grpc, host=openai_host, port=openai_port, tokenizer=tokenizer, repository=server.repository,
                              api_key=api_key, max_queued=max_queued, max_request_bytes=max_request_bytes, drain_timeout=drain_timeout,
-                             allow_request_chat_template=allow_request_chat_template)
+                             allow_request_chat_template=allow_request_chat_template,
+                             read_timeout=read_timeout, max_connections=max_connections)
     console.print(f"starting tritonserver on {escape(str(server.repository))} (models: {', '.join(server.models)}) ...")
     started = time.monotonic()
     for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C and `kill` stop the server cleanly,
@@ -79,6 +85,8 @@ def serve(
     try:
         endpoints = server.start()
         console.print(f"[green]ready[/] in {time.monotonic() - started:.0f} s; log: {escape(str(server.log_path))}")
+        for folder in server.cleaned_leftovers:  # what a killed server (and its watchdog) left behind
+            console.print(f"[yellow]cleaned up after a server whose owner is gone: {escape(str(folder))}[/]")
         if endpoints.http is not None:
             console.print(f"  HTTP     {endpoints.http}  (POST /v2/models/<model>/generate, /generate_stream)")
         else:

@@ -7,13 +7,16 @@ instead of hanging, the dead server's shared memory is removed and greedy output
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 import threading
 import time
 import urllib.error
 import urllib.request
 
+import httpx
 import numpy as np
 import pytest
 
@@ -177,6 +180,7 @@ def _stream_first_chunk_then_rest(client, prompt: str, outcome: dict, first: thr
     finally:
         first.set()
         outcome["seconds"] = time.monotonic() - started
+        outcome["at"] = time.monotonic()
 
 
 def test_deep_json_segfault_is_survived_with_the_same_outputs(supervised):
@@ -324,3 +328,75 @@ def test_a_temperature_too_cold_for_float32_is_greedy_in_the_decoder():
     tensors = _sampling_tensors(params, torch.device("cpu"))
     assert tensors.temperature.tolist()[:3] == [0.0, 0.0, 0.0]
     assert tensors.temperature[3].item() == pytest.approx(MIN_TEMPERATURE) and tensors.temperature[4].item() == pytest.approx(0.7)
+
+
+def _openai_stream(url: str, prompt: str, outcome: dict, first: threading.Event) -> None:
+    """A streamed /v1/completions; records its events, how it ended and when."""
+    import httpx
+
+    body = {"model": "dflash", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True, "ignore_eos": True}
+    try:
+        with httpx.stream("POST", f"{url}/completions", json=body, timeout=httpx.Timeout(120, connect=10)) as response:
+            outcome["status"] = response.status_code
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    first.set()
+                    data = line[len("data: "):]
+                    outcome.setdefault("events", []).append(data)
+                    if data != "[DONE]" and "error" in json.loads(data):
+                        outcome["end"] = "error event"
+                    elif data == "[DONE]":
+                        outcome.setdefault("end", "finished")
+        outcome.setdefault("end", "closed without [DONE]")
+    except Exception as exc:  # noqa: BLE001
+        outcome["end"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        outcome["at"] = time.monotonic()
+        first.set()
+
+
+def test_a_killed_model_process_is_noticed_streams_end_and_it_comes_back(supervised):
+    """SIGKILL of the `dflash` model's stub (an OOM kill) during streams: supervision notices it,
+    every stream in flight ends with an error within 30 s (an error event on the OpenAI API), the
+    OpenAI /health says 503 meanwhile, and the model answers again with the same greedy tokens."""
+    from trtllm_dflash.serving.client import DFlashClient
+    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.server import free_port
+
+    before = _greedy(supervised, PROMPTS[0])
+    restarts = len(supervised.restarts)
+    with OpenAIServer(supervised.endpoints.grpc, host="127.0.0.1", port=free_port(), repository=supervised.repository) as front:
+        url = front.url
+        streams = []
+        for i in range(4):
+            outcome, first = {"kind": "openai"}, threading.Event()
+            streams.append((threading.Thread(target=_openai_stream, args=(url, PROMPTS[i % len(PROMPTS)], outcome, first)), outcome, first))
+        for i in range(2):
+            client = DFlashClient(supervised.endpoints.http, grpc_url=supervised.endpoints.grpc, timeout=120)
+            outcome, first = {"kind": "triton"}, threading.Event()
+            streams.append((threading.Thread(target=_stream_first_chunk_then_rest, args=(client, PROMPTS[i], outcome, first)), outcome, first))
+        for thread, _, _ in streams:
+            thread.start()
+        for _, _, first in streams:
+            assert first.wait(60)
+        (stub,) = [pid for pid, name in supervised.stubs.items() if name.startswith("dflash_")]
+        os.kill(stub, signal.SIGKILL)
+        killed = time.monotonic()
+
+        saw_503 = False
+        while not (len(supervised.restarts) > restarts and supervised.process is not None and supervised.ready()):
+            assert time.monotonic() - killed < 120, f"not serving 120 s after the kill: {supervised.supervision_log}"
+            with httpx.Client(timeout=5) as probe:
+                saw_503 |= probe.get(url.rsplit("/v1", 1)[0] + "/health").status_code == 503
+            time.sleep(0.2)
+        for thread, _, _ in streams:
+            thread.join(max(0.0, 30 - (time.monotonic() - killed)))
+            assert not thread.is_alive(), "a stream was still open 30 s after its model process died"
+        ends = [(o["kind"], o["end"], o["at"] < killed) for _, o, _ in streams]
+        for kind, end, before_kill in ends:  # cut by the kill: an error, never a quiet end
+            assert before_kill or end == "error event" or end.startswith("ServerError"), ends
+        assert any(kind == "openai" and end == "error event" for kind, end, _ in ends), ends
+        assert any(kind == "triton" and end.startswith("ServerError") for kind, end, _ in ends), ends
+        assert saw_503, "the OpenAI /health never said 503 while the model was down"
+        assert any("stub of dflash_" in line for line in supervised.supervision_log), supervised.supervision_log
+    assert _greedy(supervised, PROMPTS[0]) == before

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import socket
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Callable
 
 from trtllm_dflash.errors import DFlashError, MissingDependencyError
-from trtllm_dflash.serving import DEFAULT_HOST
+from trtllm_dflash.serving import DEFAULT_HOST, server_watch
 from trtllm_dflash.serving.repository import PYTHONPATH_ENV, model_names
 
 CONTAINER_ROOT = Path("/opt/tritonserver")
@@ -49,6 +50,10 @@ SHM_DIR = Path("/dev/shm")
 # retry (or a broken environment) must end `serve`, not keep it restarting forever.
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 600.0
+# Paths tritonserver may be given as they are (see TritonServer.served_repository)
+SAFE_PATH = re.compile(r"[A-Za-z0-9_./+=@%:,-]+")
+# Log lines that mean a Python backend stub died while its model was loading
+STUB_DEATH_MARKS = ("terminate called after throwing", "Stub process", "Failed to initialize stub")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +202,9 @@ class TritonServer:
         self.http = http  # False: no HTTP port (--allow-http=false); gRPC and metrics stay
         self.verbose = verbose
         self.startup_timeout = startup_timeout
-        self._workdir = Path(tempfile.mkdtemp(prefix="dflash-tritonserver-"))
+        # backend and stub paths live here: plain ASCII, like the repository path (served_repository)
+        temp_root = tempfile.gettempdir() if SAFE_PATH.fullmatch(tempfile.gettempdir()) else "/tmp"
+        self._workdir = Path(tempfile.mkdtemp(prefix=server_watch.WORKDIR_PREFIX, dir=temp_root))
         self.log_path = Path(log_file) if log_file else self._workdir / "tritonserver.log"
         self.process: subprocess.Popen | None = None
         # the Python backend names its regions /dev/shm/<prefix><uuid>: ours alone start with this
@@ -205,6 +212,9 @@ class TritonServer:
         self.restarts: list[float] = []  # monotonic times of the restarts supervise() made
         self.started_at: float | None = None
         self.removed_shm: list[str] = []  # names of the shared-memory files the last stop() removed
+        self.stubs: dict[int, str] = {}  # the Python backend stubs when the server became ready
+        self.cleaned_leftovers: list[Path] = []  # folders of dead servers the last start() cleaned
+        self._watchdog: subprocess.Popen | None = None  # kills the server if this process dies
         client_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
         self.endpoints = Endpoints(
             http=f"http://{client_host}:{http_port}" if http else None,
@@ -223,7 +233,7 @@ class TritonServer:
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         binary, libs, pytriton_server = find_tritonserver()
-        args = [str(binary), f"--model-repository={self.repository}", "--log-verbose=0", "--exit-timeout-secs=20"]
+        args = [str(binary), f"--model-repository={self.served_repository()}", "--log-verbose=0", "--exit-timeout-secs=20"]
         for flag, port in self.ports.items():
             args.append(f"{flag}={port}")
         for service in ("http", "grpc", "metrics"):
@@ -243,8 +253,23 @@ class TritonServer:
         env.setdefault("HF_HUB_OFFLINE", "1")
         return args, env
 
+    def served_repository(self) -> Path:
+        """The repository path tritonserver is given: a link without spaces or non-ASCII characters.
+
+        The Python backend starts each model's stub through a shell command line built from the
+        path unquoted (a space split it: the stub died parsing its arguments, `stol`, and the
+        server waited forever), and the stub's interpreter may not decode non-ASCII paths. Triton
+        does not resolve the link, so every path it hands out stays plain ASCII."""
+        if SAFE_PATH.fullmatch(str(self.repository)):
+            return self.repository
+        link = self._workdir / "repository"
+        if not link.is_symlink():
+            link.symlink_to(self.repository, target_is_directory=True)
+        return link
+
     def start(self) -> Endpoints:
         """Start the server and block until every model of the repository is ready."""
+        self.cleaned_leftovers = server_watch.clean_leftovers(self._workdir.parent)
         for flag, port in self.ports.items():
             if flag == "--http-port" and not self.http:
                 continue
@@ -261,16 +286,21 @@ class TritonServer:
             start_new_session=True,  # Ctrl-C reaches us; we stop the server in order
         )
         log.close()
+        server_watch.write_owner(self._workdir, self.process.pid, self.shm_prefix)
+        if self._watchdog is None or self._watchdog.poll() is not None:
+            self._watchdog = server_watch.start_watchdog(self._workdir)
         try:
             self.wait_ready()
         except BaseException:
             self.stop()
             raise
         self.started_at = time.monotonic()
+        self.stubs = self.stub_processes()
         return self.endpoints
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
+        log_start = self._log_size()
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise DFlashError(
@@ -279,8 +309,49 @@ class TritonServer:
                 )
             if self.ready():
                 return
+            fatal = self._stub_failure_in_log(log_start)
+            if fatal:  # tritonserver itself would wait for the dead stub until our timeout
+                raise DFlashError(
+                    f"a model's Python backend stub died while the repository was loading ({fatal}):\n{self.log_tail()}",
+                    f"read the full log at {self.log_path}",
+                )
             time.sleep(0.25)
         raise DFlashError(f"tritonserver was not ready after {self.startup_timeout:.0f} s:\n{self.log_tail()}", f"read {self.log_path}")
+
+    def _log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def _stub_failure_in_log(self, since: int) -> str | None:
+        """The first line after byte `since` of the log that says a stub died (None if none does)."""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(since)
+                text = log.read().decode("utf-8", errors="replace")
+        except OSError:
+            return None
+        return next((line.strip() for line in text.splitlines() if any(mark in line for mark in STUB_DEATH_MARKS)), None)
+
+    def stub_processes(self) -> dict[int, str]:
+        """The live Python backend stubs of this server: pid -> model instance (e.g. "dflash_0_0")."""
+        stubs = {}
+        if self.process is None:
+            return stubs
+        for pid in process_group_members(self.process.pid):
+            try:
+                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if args and args[0].endswith(b"triton_python_backend_stub") and len(args) > 8:
+                stubs[pid] = args[8].decode(errors="replace")
+        return stubs
+
+    def dead_stubs(self) -> list[str]:
+        """Model instances whose stub, alive when the server became ready, is gone."""
+        alive = self.stub_processes()
+        return sorted(name for pid, name in self.stubs.items() if pid not in alive)
 
     def ready(self) -> bool:
         """Server ready and every model ready (asked over HTTP, or over gRPC with HTTP off)."""
@@ -320,19 +391,26 @@ class TritonServer:
             process = self.process
             if process is None:
                 return
-            if process.poll() is None:
+            dead = self.dead_stubs() if process.poll() is None else []
+            if process.poll() is None and not dead:
                 stop_event.wait(poll)
                 continue
             if stop_event.is_set():
                 return
             code, now = process.returncode, time.monotonic()
             uptime = now - self.started_at if self.started_at is not None else 0.0
-            self.stop()  # its stubs, its shared memory, its backend folder
+            # a dead stub: Triton answers that model's requests with errors forever and its
+            # streams hang, so the whole server goes, at once (no graceful wait for requests
+            # that cannot finish), and comes back on the same ports
+            self.stop(graceful=not dead, final=False)  # its stubs, its shared memory, its backend folder
             removed = self.removed_shm
             deaths.append(now)
             while deaths and now - deaths[0] > window:
                 deaths.popleft()
-            what = f"tritonserver died unexpectedly ({describe_exit(code)}, {uptime:.0f} s after it was ready)"
+            what = (
+                f"the Python backend stub of {', '.join(dead)} died ({uptime:.0f} s after the server was ready); tritonserver stopped"
+                if dead else f"tritonserver died unexpectedly ({describe_exit(code)}, {uptime:.0f} s after it was ready)"
+            )
             cleaned = f"removed {len(removed)} shared-memory file(s) it left in {SHM_DIR}"
             if len(deaths) > max_restarts:
                 raise DFlashError(
@@ -342,14 +420,14 @@ class TritonServer:
                 )
             log(f"{what}; log: {self.log_path}; {cleaned}; restarting it on the same ports "
                 f"(restart {len(deaths)} of at most {max_restarts} per {window / 60:g} min)")
-            self._note_in_log(f"dflash-trt serve: tritonserver died unexpectedly ({describe_exit(code)}); restarting it")
+            self._note_in_log(f"dflash-trt serve: {what}; restarting it")
             self.restart()
             self.restarts.append(time.monotonic())
             log(f"tritonserver ready again after {time.monotonic() - now:.0f} s")
 
     def restart(self, port_wait: float = 30.0) -> Endpoints:
         """Stop what is left of the server and start it again on the same ports."""
-        self.stop()
+        self.stop(final=False)
         deadline = time.monotonic() + port_wait
         while time.monotonic() < deadline and not all(
             _port_free(port) for flag, port in self.ports.items() if self.http or flag != "--http-port"
@@ -382,11 +460,18 @@ class TritonServer:
         except OSError:
             pass
 
-    def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGINT (Triton unloads the models and exits), then SIGKILL if it does not."""
+    def stop(self, timeout: float = 30.0, graceful: bool = True, final: bool = True) -> int | None:
+        """SIGINT (Triton unloads the models and exits), then SIGKILL if it does not.
+
+        `graceful=False`: SIGKILL at once. `final=False` (a restart follows): the watchdog and
+        the working folder stay."""
         process, self.process = self.process, None
+        self.stubs = {}
         code = None
-        if process is not None and process.poll() is None:
+        if process is not None and process.poll() is None and not graceful:
+            os.killpg(process.pid, signal.SIGKILL)
+            code = process.wait()
+        elif process is not None and process.poll() is None:
             process.send_signal(signal.SIGINT)
             try:
                 code = process.wait(timeout)
@@ -403,6 +488,10 @@ class TritonServer:
             self.removed_shm = self.remove_shm()
         for folder in ("backends", "python-bin"):
             shutil.rmtree(self._workdir / folder, ignore_errors=True)
+        if final:
+            server_watch.remove_workdir(self._workdir, keep=(self.log_path.name,) if self.log_path.parent == self._workdir else ())
+            server_watch.stop_watchdog(self._watchdog)
+            self._watchdog = None
         return code
 
     def log_tail(self, lines: int = 30) -> str:
