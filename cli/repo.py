@@ -115,7 +115,7 @@ def _build_backend(build: Path) -> str:
 def _recipe_for(model: str | None, gpu: str | None, recipe: str | None):
     """The recipe named by --recipe, or by --model NAME --gpu GPU (None for a checkpoint directory)."""
     from trtllm_dflash.recipes import find_recipe, resolve_recipe
-    from trtllm_dflash.recipes.loader import check_model_link
+    from trtllm_dflash.catalog.models import check_model_link
 
     if recipe is not None:
         return resolve_recipe(recipe)

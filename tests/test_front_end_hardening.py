@@ -185,14 +185,15 @@ def test_a_compressed_body_gets_415_naming_the_encoding(monkeypatch, encoding):
 # ---------------------------------------------------------------------- --model paths
 
 
-@pytest.mark.parametrize("command", [["repo"], ["repo", "--gpu", "h100"], ["build", "--gpu", "h100"]])
+@pytest.mark.parametrize("command", [["repo"], ["repo", "--gpu", "h100"], ["build", "--gpu", "h100"], ["plan", "--gpu", "h100"]])
 def test_a_model_that_is_a_broken_link_is_named_as_one(tmp_path, command):
     loop, dangling = tmp_path / "loop", tmp_path / "dangling"
     os.symlink(loop.name, loop)
     os.symlink(tmp_path / "gone", dangling)
     for model, problem in ((loop, f"--model {loop} is a symbolic link loop"),
                            (dangling, f"--model {dangling} is a symbolic link to {tmp_path / 'gone'}, which does not exist")):
-        result = CliRunner().invoke(app, [*command, "--model", str(model), "--out", str(tmp_path / "out")])
+        out = [] if command[0] == "plan" else ["--out", str(tmp_path / "out")]
+        result = CliRunner().invoke(app, [*command, "--model", str(model), *out])
         assert result.exit_code != 0
         assert isinstance(result.exception, DFlashError), (result.output, result.exception)
         assert str(result.exception.problem).startswith(problem) and "recipe" not in result.exception.problem

@@ -69,13 +69,15 @@ from the drafter's config.json), and the per-layer norm counts of Gemma 4 (a few
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from trtllm_dflash.catalog.drafters import FULL, SLIDING, AttentionShape, DrafterSpec
 from trtllm_dflash.catalog.drafters_v2 import V2_DRAFTERS
-from trtllm_dflash.errors import UnknownNameError
+from trtllm_dflash.errors import CheckpointError, UnknownNameError
 
 LINEAR = "linear_attention"  # Gated DeltaNet layers of Qwen3.5 / Qwen3-Next: a recurrent state, no KV cache
 GIB = 1024**3
@@ -469,6 +471,7 @@ def resolve_model(name_or_path: str | Path) -> ModelSpec:
     guessed: the spec's drafter is None).
     """
     text = str(name_or_path)
+    check_model_link(text)
     key = _key(text)
     if key == DEMO:
         return demo_model()
@@ -482,6 +485,26 @@ def resolve_model(name_or_path: str | Path) -> ModelSpec:
         f"unknown model {text!r}",
         f"use one of: {', '.join(model_names())}, or a Hugging Face model directory with a config.json",
     )
+
+
+def check_model_link(model: str) -> None:
+    """CheckpointError for a --model that is a broken symbolic link (a loop, or pointing nowhere).
+
+    Neither a file nor a directory, it would otherwise be taken for a recipe name ("no recipe for
+    PATH"), which hides what is wrong with the path.
+    """
+    path = Path(model).expanduser()
+    if not os.path.lexists(path) or os.path.exists(path):
+        return
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CheckpointError(f"--model {model} is a symbolic link loop (it leads back to itself)",
+                                  "point the link at a Hugging Face model directory, or pass a model name") from None
+    target = Path(os.readlink(path)) if path.is_symlink() else path
+    raise CheckpointError(f"--model {model} is a symbolic link to {path.parent / target}, which does not exist",
+                          "fix the link, or pass the checkpoint directory itself")
 
 
 def demo_model() -> ModelSpec:

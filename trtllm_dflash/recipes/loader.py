@@ -8,8 +8,6 @@ holds it. Duplicate keys, which PyYAML would silently collapse to the last one, 
 from __future__ import annotations
 
 import difflib
-import errno
-import os
 import typing
 from pathlib import Path
 from typing import Any
@@ -17,7 +15,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from trtllm_dflash.errors import CheckpointError, RecipeError
+from trtllm_dflash.catalog.models import check_model_link
+from trtllm_dflash.errors import RecipeError
 from trtllm_dflash.recipes.schema import Recipe
 
 
@@ -71,26 +70,6 @@ def load_recipe(path: str | Path) -> Recipe:
 def list_recipes() -> list[Recipe]:
     """Every recipe shipped in engine_recipes/, sorted by name."""
     return sorted((load_recipe(p) for p in sorted(recipes_dir().glob("*/*.yaml"))), key=lambda r: r.name)
-
-
-def check_model_link(model: str) -> None:
-    """CheckpointError for a --model that is a broken symbolic link (a loop, or pointing nowhere).
-
-    Neither a file nor a directory, it would otherwise be taken for a recipe name ("no recipe for
-    PATH"), which hides what is wrong with the path.
-    """
-    path = Path(model).expanduser()
-    if not os.path.lexists(path) or os.path.exists(path):
-        return
-    try:
-        os.stat(path)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise CheckpointError(f"--model {model} is a symbolic link loop (it leads back to itself)",
-                                  "point the link at a Hugging Face model directory, or pass a model name") from None
-    target = Path(os.readlink(path)) if path.is_symlink() else path
-    raise CheckpointError(f"--model {model} is a symbolic link to {path.parent / target}, which does not exist",
-                          "fix the link, or pass the checkpoint directory itself")
 
 
 def find_recipe(model: str, gpu: str) -> Recipe:
