@@ -80,7 +80,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         print("error: this benchmark needs an NVIDIA GPU with a CUDA build of torch; run it on a GPU machine", file=sys.stderr)
         sys.exit(2)
-    from trtllm_dflash.plugins import kernels
+    from trtllm_dflash.ops import kernels
 
     if not kernels.triton_available():
         print("error: triton is not installed; pip install 'trtllm-dflash[kernels]'", file=sys.stderr)

@@ -41,9 +41,10 @@ def build(
 
     space = None
     if recipe is not None:
+        from trtllm_dflash.builder.kernel_space import recipe_kernel_space
         from trtllm_dflash.recipes.loader import resolve_recipe
 
-        space = aot.recipe_kernel_space(resolve_recipe(recipe))
+        space = recipe_kernel_space(resolve_recipe(recipe))
         picked = {"--head-dim": head_dim, "--dtype": dtype, "--block-size": block_size, "--gqa-group": gqa_group, "--logits-dtype": logits_dtype,
                   "--target-head-dim": target_head_dim, "--target-gqa-group": target_gqa_group}
         flags = {"--fp8-kv-cache": fp8_kv_cache, "--attention-sinks": attention_sinks}
@@ -98,7 +99,7 @@ def build(
 
 def _head_dim_pair(text: str) -> tuple[int, int]:
     """`128` -> (128, 128); `128x64` -> (128, 64): key and value head dims of a target layer."""
-    from trtllm_dflash.plugins.kernels.launch import ATTENTION_HEAD_DIMS
+    from trtllm_dflash.ops.kernels.launch import ATTENTION_HEAD_DIMS
 
     parts = text.lower().split("x")
     try:

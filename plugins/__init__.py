@@ -1,10 +1,10 @@
-"""The DFlash TensorRT plugins: KV-injected block attention and tree-free block verification.
+"""The DFlash TensorRT plugins: the ops of `trtllm_dflash.ops` packaged for TensorRT engines.
 
-Imported as `trtllm_dflash.plugins`. `reference` (with `rng`) defines the semantics in plain torch;
-`kernels` holds the Triton kernels; `custom_ops` exposes them as `dflash::` torch ops; `ops` is what
-runtimes call (a kernel where one can run, else the reference); `onnx_nodes` is the ONNX contract
-with TensorRT; `tensorrt_plugins` and `aot` (`aot_variants`, `aot_compile`, `aot_build`) register and
-compile the kernels for TensorRT engines. `attention_options` declares the attention ops' options
-(scale, window, sinks) once, for all of these layers.
-See docs/plugins.md.
+Imported as `trtllm_dflash.plugins`. The math itself (reference semantics, Triton kernels, the
+`dflash::` torch ops, the attention options) is `trtllm_dflash.ops`, which the decoder runs
+everywhere; this package holds what only an engine needs: `onnx_nodes` and `dflash2_nodes` (the
+ONNX contract with TensorRT and its CPU evaluation, on `node_spec`), `tensorrt_plugins` (the
+registration), `aot` (`aot_variants`, `aot_compile`, `aot_build`: ahead-of-time compilation of the
+kernels) and `kernel_audit` (the compiler's resource report). Which kernels a recipe needs is the
+builder's choice (`builder.kernel_space`). See docs/plugins.md.
 """

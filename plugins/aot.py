@@ -1,8 +1,8 @@
 """Ahead-of-time compilation of the plugin kernels for the deployment GPUs, without a GPU.
 
 One name for the three steps, each in its own module:
-- `aot_variants`: which kernel variants a deployment launches (`kernel_variants`, `KernelSpace`,
-  `recipe_kernel_space`);
+- `aot_variants`: the kernel variants a kernel space holds (`kernel_variants`, `KernelSpace`; a
+  recipe's space is chosen by `builder.kernel_space`);
 - `aot_compile`: the deployment targets (`ARCHES`) and the compilation of one variant for one of
   them, with the oldest PTX ISA that supports it and TensorRT's kernel ABI (`compile_kernel`);
 - `aot_build`: many variants for many targets through a cache and a process pool, into a directory
@@ -50,8 +50,6 @@ from trtllm_dflash.plugins.aot_variants import (  # noqa: F401
     dflash2_variants,
     kernel_variants,
     query_tiles,
-    recipe_kernel_space,
-    target_attention_shapes,
     target_attention_split_variant,
     target_attention_variant,
     target_merge_variant,

@@ -22,10 +22,11 @@ from typing import Callable
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.extras import require
-from trtllm_dflash.plugins import aot_compile, kernels, rng
+from trtllm_dflash.plugins import aot_compile
+from trtllm_dflash.ops import kernels, rng
 from trtllm_dflash.plugins.aot_compile import MIN_TENSORRT, Arch, CompiledKernel, compile_kernel
 from trtllm_dflash.plugins.aot_variants import KernelVariant, kernel_variants
-from trtllm_dflash.plugins.kernels import launch
+from trtllm_dflash.ops.kernels import launch
 
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trtllm-dflash" / "kernels"

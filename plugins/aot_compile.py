@@ -25,9 +25,9 @@ from pathlib import Path
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.extras import require
-from trtllm_dflash.plugins import kernels
+from trtllm_dflash.ops import kernels
 from trtllm_dflash.plugins.aot_variants import KernelVariant
-from trtllm_dflash.plugins.kernels import launch
+from trtllm_dflash.ops.kernels import launch
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,8 +23,8 @@ import onnx
 import torch
 from onnx.reference.op_run import OpRun
 
-from trtllm_dflash.plugins import custom_ops, reference_dflash2  # noqa: F401  (custom_ops registers torch.ops.dflash.*)
-from trtllm_dflash.plugins.kernels import dflash2_launch
+from trtllm_dflash.ops import custom_ops, reference_dflash2  # noqa: F401  (custom_ops registers torch.ops.dflash.*)
+from trtllm_dflash.ops.kernels import dflash2_launch
 from trtllm_dflash.plugins.node_spec import PLUGIN_ATTRIBUTES, DFlashOp, NodeSpec, to_torch
 
 GROUPED_CONV = NodeSpec(

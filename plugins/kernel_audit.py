@@ -30,7 +30,7 @@ from typing import Callable, Iterable
 
 from trtllm_dflash.plugins.aot_compile import Arch, CompiledKernel, _ptxas_path, compile_kernel
 from trtllm_dflash.plugins.aot_variants import KernelVariant, kernel_variants
-from trtllm_dflash.plugins.kernels import launch
+from trtllm_dflash.ops.kernels import launch
 
 # Variants exempt from the 16-byte-load check, and why.
 SMALL_READS = "reads <= 256 bytes per row: latency-bound, not bandwidth-bound"  # the commit kernel

@@ -40,9 +40,10 @@ from onnx.defs import OpSchema
 from onnx.reference.op_run import OpRun
 
 from trtllm_dflash.graphs import names  # the graph tensors these ports take and give
-from trtllm_dflash.plugins import attention_options, custom_ops, dflash2_nodes, reference  # noqa: F401  (custom_ops registers torch.ops.dflash.*)
-from trtllm_dflash.plugins.attention_options import AttentionOptions
-from trtllm_dflash.plugins.kernels import launch
+from trtllm_dflash.ops import attention_options, custom_ops, reference  # noqa: F401  (custom_ops registers torch.ops.dflash.*)
+from trtllm_dflash.plugins import dflash2_nodes  # noqa: F401
+from trtllm_dflash.ops.attention_options import AttentionOptions
+from trtllm_dflash.ops.kernels import launch
 from trtllm_dflash.plugins.node_spec import (  # noqa: F401  (re-exported: the node contract)
     DOMAIN,
     DOMAIN_VERSION,

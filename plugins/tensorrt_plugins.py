@@ -25,8 +25,8 @@ from pathlib import Path
 from trtllm_dflash.errors import DFlashError, MissingDependencyError
 from trtllm_dflash.graphs import names
 from trtllm_dflash.plugins import aot, onnx_nodes
-from trtllm_dflash.plugins.attention_options import with_signature
-from trtllm_dflash.plugins.kernels import dflash2_launch, launch
+from trtllm_dflash.ops.attention_options import with_signature
+from trtllm_dflash.ops.kernels import dflash2_launch, launch
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "int32", "int64")
 

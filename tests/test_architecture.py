@@ -35,7 +35,8 @@ LAYERS: list[tuple[str, list[str]]] = [
         "trtllm_dflash.demo", "trtllm_dflash.demo.corpus", "trtllm_dflash.engine_recipes*",
         "trtllm_dflash.graphs.names",  # the graph tensor-name contract: plain strings, shared by all layers
     ]),
-    ("kernels", ["trtllm_dflash.plugins", "trtllm_dflash.plugins.*"]),
+    # the DFlash math (reference ops, Triton kernels, torch ops), then its TensorRT packaging
+    ("kernels", ["trtllm_dflash.ops", "trtllm_dflash.ops.*", "trtllm_dflash.plugins", "trtllm_dflash.plugins.*"]),
     ("modeling", [
         "trtllm_dflash.modeling", "trtllm_dflash.modeling.*", "trtllm_dflash.graphs", "trtllm_dflash.graphs.*",
         "trtllm_dflash.checkpoints", "trtllm_dflash.checkpoints.*", "trtllm_dflash.modelopt_checkpoints",

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from trtllm_dflash.bench import kernels, sdpa_baseline
-from trtllm_dflash.plugins import reference
-from trtllm_dflash.plugins.kernels import launch
+from trtllm_dflash.ops import reference
+from trtllm_dflash.ops.kernels import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = launch.TargetAttentionShape("tiny-verify", batch=2, tokens=4, heads=4, kv_heads=2, head_dim_k=16, head_dim_v=16, context=40)

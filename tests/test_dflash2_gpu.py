@@ -11,8 +11,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from trtllm_dflash.plugins import reference_dflash2  # noqa: E402
-from trtllm_dflash.plugins.kernels import dflash2_launch  # noqa: E402
+from trtllm_dflash.ops import reference_dflash2  # noqa: E402
+from trtllm_dflash.ops.kernels import dflash2_launch  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

@@ -18,8 +18,10 @@ from onnx.reference import ReferenceEvaluator
 pytest.importorskip("triton")
 
 from trtllm_dflash.errors import DFlashError  # noqa: E402
-from trtllm_dflash.plugins import dflash2_nodes, kernel_audit, onnx_nodes, ops, reference_dflash2, tensorrt_plugins  # noqa: E402
-from trtllm_dflash.plugins.kernels import dflash2_launch  # noqa: E402
+from trtllm_dflash.plugins import dflash2_nodes, kernel_audit, onnx_nodes, tensorrt_plugins  # noqa: E402
+from trtllm_dflash import ops
+from trtllm_dflash.ops import reference_dflash2
+from trtllm_dflash.ops.kernels import dflash2_launch  # noqa: E402
 
 CHUNK, TILE = 256, 128  # small selection chunks, so tiny vocabularies span several
 

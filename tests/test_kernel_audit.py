@@ -21,7 +21,7 @@ pytest.importorskip("triton")
 
 from trtllm_dflash.plugins import aot, kernel_audit  # noqa: E402
 from trtllm_dflash.plugins.aot_variants import TORCH_TO_TRITON  # noqa: E402
-from trtllm_dflash.plugins.kernels import launch  # noqa: E402
+from trtllm_dflash.ops.kernels import launch  # noqa: E402
 
 ARCHES = ("sm_90a", "sm_100a")
 

@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("triton")
 
 from trtllm_dflash.errors import DFlashError, MissingDependencyError  # noqa: E402
+from trtllm_dflash.builder.kernel_space import recipe_kernel_space  # noqa: E402
 from trtllm_dflash.plugins import aot, onnx_nodes, tensorrt_plugins  # noqa: E402
 
 EXPECTED_PTX = {"sm_90a": ("8.0", "sm_90a"), "sm_100a": ("8.7", "sm_100a"), "sm_103a": ("8.8", "sm_103a"), "sm_120": ("8.7", "sm_120a")}
@@ -63,7 +64,7 @@ def test_a_rebuild_with_nothing_changed_compiles_nothing(tmp_path, run_main):
 def test_recipe_picks_only_its_drafter_variants():
     from trtllm_dflash.recipes.loader import resolve_recipe
 
-    space = aot.recipe_kernel_space(resolve_recipe("qwen3-8b/h100"))
+    space = recipe_kernel_space(resolve_recipe("qwen3-8b/h100"))
     assert space.arch == "sm_90a" and space.head_dims == (128,) and space.groups == (4,)  # 32 q heads / 8 kv heads
     assert 16 in space.blocks and space.dtypes == ("bfloat16",)
     variants = aot.kernel_variants(**space.options())
@@ -79,13 +80,13 @@ def test_recipe_picks_only_its_drafter_variants():
 def test_recipe_target_variants_follow_the_targets_layers():
     from trtllm_dflash.recipes.loader import resolve_recipe
 
-    gpt_oss = aot.recipe_kernel_space(resolve_recipe("gpt-oss-20b/h100"))  # 64 q heads / 8 KV, head dim 64, sinks
+    gpt_oss = recipe_kernel_space(resolve_recipe("gpt-oss-20b/h100"))  # 64 q heads / 8 KV, head dim 64, sinks
     assert (gpt_oss.target_head_dims, gpt_oss.target_groups, gpt_oss.target_sinks) == (((64, 64),), (8,), (True,))
     variants = [v for v in aot.kernel_variants(**gpt_oss.options()) if v.node == "DFlashTargetAttention"]
     assert variants and all(dict(v.constexprs)["HAS_SINKS"] for v in variants)
-    gemma = aot.recipe_kernel_space(resolve_recipe("gemma-4-31b-it/b300"))  # global layers' head dim 512: native path
+    gemma = recipe_kernel_space(resolve_recipe("gemma-4-31b-it/b300"))  # global layers' head dim 512: native path
     assert gemma.target_head_dims == ((256, 256),) and gemma.target_groups == (2,)
-    kimi = aot.recipe_kernel_space(resolve_recipe("kimi-k2.5/b300"))  # MLA: not this kernel
+    kimi = recipe_kernel_space(resolve_recipe("kimi-k2.5/b300"))  # MLA: not this kernel
     assert kimi.target_head_dims == () and not any(v.node == "DFlashTargetAttention" for v in aot.kernel_variants(**kimi.options()))
 
 

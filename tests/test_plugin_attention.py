@@ -1,7 +1,7 @@
 """The block-attention Triton kernels (run by Triton's CPU interpreter) against the torch reference.
 
 `launch.block_attention` picks the interpreted kernel instance for CPU tensors, so these tests need
-no TRITON_INTERPRET in the environment (see `plugins/kernels/__init__.py`). Grids stay small: the
+no TRITON_INTERPRET in the environment (see `trtllm_dflash/ops/kernels/__init__.py`). Grids stay small: the
 interpreter runs every program in Python.
 """
 
@@ -13,8 +13,8 @@ import torch
 pytest.importorskip("triton")
 
 from trtllm_dflash.errors import DFlashError  # noqa: E402
-from trtllm_dflash.plugins import reference  # noqa: E402
-from trtllm_dflash.plugins.kernels import launch  # noqa: E402
+from trtllm_dflash.ops import reference  # noqa: E402
+from trtllm_dflash.ops.kernels import launch  # noqa: E402
 
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 

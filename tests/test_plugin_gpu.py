@@ -10,8 +10,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from trtllm_dflash.plugins import ops, reference  # noqa: E402
-from trtllm_dflash.plugins.kernels import launch  # noqa: E402
+from trtllm_dflash.ops import reference  # noqa: E402
+from trtllm_dflash import ops
+from trtllm_dflash.ops.kernels import launch  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

@@ -12,7 +12,8 @@ from onnx.reference import ReferenceEvaluator
 
 pytest.importorskip("triton")
 
-from trtllm_dflash.plugins import onnx_nodes, reference  # noqa: E402
+from trtllm_dflash.ops import reference  # noqa: E402
+from trtllm_dflash.plugins import onnx_nodes  # noqa: E402
 
 FLOAT, INT64, INT32 = TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32
 
@@ -123,7 +124,7 @@ def test_verify_nodes_match_the_torch_op(monkeypatch):
 
 
 def test_verify_partials_node_splits_the_vocabulary_like_the_kernel():
-    from trtllm_dflash.plugins.kernels import launch
+    from trtllm_dflash.ops.kernels import launch
 
     g = torch.Generator().manual_seed(3)
     vocab = 2 * launch.VERIFY_CHUNK_V + 808  # three chunks, the last one partial; not a multiple of 16

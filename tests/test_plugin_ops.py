@@ -10,8 +10,10 @@ import torch
 pytest.importorskip("triton")
 
 from trtllm_dflash.api import DFlashPipeline  # noqa: E402
-from trtllm_dflash.plugins import custom_ops, ops, reference  # noqa: E402
-from trtllm_dflash.plugins.kernels import launch  # noqa: E402
+from trtllm_dflash.ops import reference  # noqa: E402
+from trtllm_dflash import ops
+from trtllm_dflash.ops import custom_ops
+from trtllm_dflash.ops.kernels import launch  # noqa: E402
 
 
 def attention_args(seed=0):

@@ -8,9 +8,11 @@ import inspect
 import pytest
 import torch
 
-from trtllm_dflash.plugins import attention_options, custom_ops, ops, onnx_nodes  # noqa: F401
-from trtllm_dflash.plugins.attention_options import SCALE, SINKS, WINDOW, AttentionOptions, ScalarOption
-from trtllm_dflash.plugins.kernels import launch
+from trtllm_dflash.plugins import onnx_nodes  # noqa: F401
+from trtllm_dflash import ops
+from trtllm_dflash.ops import attention_options, custom_ops
+from trtllm_dflash.ops.attention_options import SCALE, SINKS, WINDOW, AttentionOptions, ScalarOption
+from trtllm_dflash.ops.kernels import launch
 
 
 def test_existing_options_keep_their_signatures_schemas_and_attributes():

@@ -12,7 +12,8 @@ import typing
 
 import pytest
 
-from trtllm_dflash.plugins import attention_options, node_spec, onnx_nodes, tensorrt_plugins
+from trtllm_dflash.plugins import node_spec, onnx_nodes, tensorrt_plugins
+from trtllm_dflash.ops import attention_options
 
 
 class TensorDesc:

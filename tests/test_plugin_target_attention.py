@@ -13,8 +13,10 @@ import torch
 pytest.importorskip("triton")
 
 from trtllm_dflash.errors import DFlashError  # noqa: E402
-from trtllm_dflash.plugins import custom_ops, ops, reference  # noqa: E402
-from trtllm_dflash.plugins.kernels import launch  # noqa: E402
+from trtllm_dflash.ops import reference  # noqa: E402
+from trtllm_dflash import ops
+from trtllm_dflash.ops import custom_ops
+from trtllm_dflash.ops.kernels import launch  # noqa: E402
 
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
@@ -103,7 +105,7 @@ def test_a_dominant_sink_does_not_overflow():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_accumulates_in_float32(dtype):
-    # the interpreter computes bf16 dots in float32 (see plugins/kernels/__init__.py); a GPU's
+    # the interpreter computes bf16 dots in float32 (see trtllm_dflash/ops/kernels/__init__.py); a GPU's
     # tensor cores round p to bf16 before p @ v: the tolerance covers both
     assert_matches(make_case(5, tokens=16, heads=8, kv_heads=2, dtype=dtype), sinks=torch.randn(8), window=11)
 

@@ -14,8 +14,9 @@ pytest.importorskip("triton")
 
 from test_plugin_target_attention import TOLERANCE, clone, make_case  # noqa: E402
 
-from trtllm_dflash.plugins import kernels, reference  # noqa: E402
-from trtllm_dflash.plugins.kernels import launch  # noqa: E402
+from trtllm_dflash.ops import reference  # noqa: E402
+from trtllm_dflash.ops import kernels
+from trtllm_dflash.ops.kernels import launch  # noqa: E402
 
 
 def assert_split_matches(case, splits, sinks=None, window=0, scale=0.2):

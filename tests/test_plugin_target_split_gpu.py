@@ -10,8 +10,8 @@ pytest.importorskip("triton")
 
 from test_plugin_gpu import TOLERANCE, target_case  # noqa: E402
 
-from trtllm_dflash.plugins import reference  # noqa: E402
-from trtllm_dflash.plugins.kernels import launch  # noqa: E402
+from trtllm_dflash.ops import reference  # noqa: E402
+from trtllm_dflash.ops.kernels import launch  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

@@ -16,8 +16,10 @@ from onnx.reference import ReferenceEvaluator
 from test_plugin_registration import TensorDesc, fake_tensorrt
 from test_target_attention import inputs
 
-from trtllm_dflash.plugins import aot, onnx_nodes, reference, tensorrt_plugins
-from trtllm_dflash.plugins.kernels import launch
+from trtllm_dflash.builder.kernel_space import recipe_kernel_space
+from trtllm_dflash.plugins import aot, onnx_nodes, tensorrt_plugins
+from trtllm_dflash.ops import reference
+from trtllm_dflash.ops.kernels import launch
 
 
 def _info(name, tensor):
@@ -140,7 +142,7 @@ def test_split_node_describes_its_partials_and_the_merge_the_value_head_dim(monk
 def test_kernel_variants_carry_the_split_and_its_merges():
     from trtllm_dflash.recipes.loader import resolve_recipe
 
-    space = aot.recipe_kernel_space(resolve_recipe("qwen3-8b/h100"))
+    space = recipe_kernel_space(resolve_recipe("qwen3-8b/h100"))
     variants = aot.kernel_variants(**space.options())
     by_node: dict[str, list] = {}
     for v in variants:

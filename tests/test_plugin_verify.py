@@ -13,8 +13,9 @@ from scipy import stats
 
 pytest.importorskip("triton")
 
-from trtllm_dflash.plugins import kernels, reference, rng  # noqa: E402
-from trtllm_dflash.plugins.kernels import launch  # noqa: E402
+from trtllm_dflash.ops import rng  # noqa: E402
+from trtllm_dflash.ops import kernels, reference
+from trtllm_dflash.ops.kernels import launch  # noqa: E402
 
 
 def params(temps, top_ks=None, top_ps=None):

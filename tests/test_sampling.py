@@ -17,7 +17,8 @@ from scipy.stats import chisquare
 from trtllm_dflash import DFlashPipeline
 from trtllm_dflash.checkpoints import load_target
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
-from trtllm_dflash.plugins import ops, reference, rng
+from trtllm_dflash import ops
+from trtllm_dflash.ops import reference, rng
 from trtllm_dflash.testing import make_tiny_drafter, make_tiny_target
 
 VOCAB = 8

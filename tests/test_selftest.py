@@ -180,7 +180,7 @@ def test_kernel_tables_and_goals():
 
 
 def test_target_attention_rows_and_goals():
-    from trtllm_dflash.plugins.kernels import launch
+    from trtllm_dflash.ops.kernels import launch
 
     shape = launch.TARGET_ATTENTION_BENCH_SHAPES[0]
     result = kernels.KernelBenchmark(3.0e12, [], [], [kernels.TargetAttentionResult(shape, 0.010, 0.008, 0.009)])

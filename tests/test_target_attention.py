@@ -17,7 +17,9 @@ import torch
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from trtllm_dflash.plugins import onnx_nodes, ops, reference
+from trtllm_dflash.plugins import onnx_nodes
+from trtllm_dflash import ops
+from trtllm_dflash.ops import reference
 
 
 def inputs(seed=0, batch=3, tokens=4, heads=4, kv_heads=2, key_dim=16, value_dim=16, capacity=32, starts=(7, 0, 19)):

@@ -5,7 +5,7 @@ MIN_TEMPERATURE.
 
 # top_k above the vocabulary size means "off".
 TOP_K_MAX = 2**31 - 1
-# The seed is hashed on its low 32 bits (plugins/rng.py, the Triton verify kernel): larger seeds
+# The seed is hashed on its low 32 bits (trtllm_dflash/ops/rng.py, the Triton verify kernel): larger seeds
 # are refused rather than silently sharing a smaller seed's random stream.
 SEED_MAX = 2**32 - 1
 # Below this a temperature is greedy: the sampler divides float32 logits by it, and at ~1e-37 the

@@ -70,8 +70,8 @@ def launch_case(case: WarmupCase, device: str = "cuda") -> None:
     """Launch the case's kernels once on random inputs of the test's shapes (values do not matter)."""
     import torch
 
-    from trtllm_dflash.plugins import ops
-    from trtllm_dflash.plugins.kernels import launch
+    from trtllm_dflash import ops
+    from trtllm_dflash.ops.kernels import launch
 
     g = torch.Generator(device=device).manual_seed(0)
 

@@ -1,7 +1,7 @@
 """A paper model of one Qwen3-8B DFlash step's plugin kernels on an H100, for docs/plugins.md.
 
 For each kernel at batch 1, 8 and 64 (8k tokens of context, 16-token blocks): its grid and program
-count from the same functions the launches use (`plugins/kernels/launch.py`), the bytes it must
+count from the same functions the launches use (`trtllm_dflash/ops/kernels/launch.py`), the bytes it must
 move, and a modelled time. The model is deliberately simple: a kernel streams its bytes at the
 H100's bandwidth, and a launch with fewer programs than SMs gets only their share of it (one
 program streams at most what one SM can). No GPU ran this; `dflash-trt selftest --gpu` measures
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from trtllm_dflash.plugins.kernels import launch
+from trtllm_dflash.ops.kernels import launch
 
 H100_SMS = 132
 # About 90% of the H100 SXM's 3.35 TB/s HBM3 peak: what device-to-device copies typically reach.

@@ -159,7 +159,7 @@ def _median_ms(fn: Callable[[], object]) -> float:
 
 def bench_attention(shape: AttentionShape, bandwidth: float) -> AttentionResult:
     """Our block attention vs SDPA on one shape (outputs checked equal first)."""
-    from trtllm_dflash.plugins.kernels import launch
+    from trtllm_dflash.ops.kernels import launch
 
     s = shape
     dtype = getattr(torch, s.dtype)
@@ -206,7 +206,7 @@ def bench_target_attention(
     with one split, vs the fastest SDPA backend on the same step. `timer` and `device` default to
     do_bench on CUDA; the tests pass a CPU timer (the kernel then runs in Triton's interpreter)."""
     from trtllm_dflash.bench import sdpa_baseline
-    from trtllm_dflash.plugins.kernels import launch
+    from trtllm_dflash.ops.kernels import launch
 
     s = shape
     device = device or torch.device("cuda")
@@ -238,8 +238,8 @@ def bench_target_attention(
 
 def bench_verify(shape: VerifyShape, bandwidth: float) -> VerifyResult:
     """Both verification kernels on one shape, checked equal to the torch reference."""
-    from trtllm_dflash.plugins import reference
-    from trtllm_dflash.plugins.kernels import launch
+    from trtllm_dflash.ops import reference
+    from trtllm_dflash.ops.kernels import launch
 
     s = shape
     batch, block, vocab = s.batch, s.block, s.vocab
@@ -285,7 +285,7 @@ def run_kernel_benchmark(
     for shape in verify_shapes:
         say(f"verify {shape.logits_dtype} {shape.mode} batch {shape.batch}")
         verify.append(bench_verify(shape, bandwidth))
-    from trtllm_dflash.plugins.kernels import launch
+    from trtllm_dflash.ops.kernels import launch
 
     target = []
     for shape in launch.TARGET_ATTENTION_BENCH_SHAPES if target_shapes is None else target_shapes:

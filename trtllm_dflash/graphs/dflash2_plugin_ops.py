@@ -1,7 +1,7 @@
 """The one place the V2 drafter graph calls the DFlash V2 plugin ops (`torch.ops.dflash`).
 
 Export traces these calls into the plugin nodes (`grouped_dynamic_conv`, `candidate_select`);
-their semantics are `plugins/reference_dflash2.py`. Importing this module registers them (with
+their semantics are `trtllm_dflash/ops/reference_dflash2.py`. Importing this module registers them (with
 the other `dflash::` ops); `missing()` names any that are still absent, and the plugin variant then
 refuses V2 drafters in one line.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from trtllm_dflash.plugins import custom_ops  # noqa: F401  (registers torch.ops.dflash.*)
+from trtllm_dflash.ops import custom_ops  # noqa: F401  (registers torch.ops.dflash.*
 
 OPS = ("grouped_dynamic_conv", "candidate_select")
 

@@ -11,7 +11,7 @@
 Attention, KV injection, `fc` / `hidden_norm` and the caches are V1's (modeling/drafter.py);
 tensor names match the published checkpoints (`layers.{i}.attention_conv.kernel_projection.weight`,
 `.base_kernel`, `candidate_selector.hidden_projection.weight`, `.predecessor_codebook`,
-`.successor_codebook`). The ops' semantics are `plugins/reference_dflash2.py`.
+`.successor_codebook`). The ops' semantics are `trtllm_dflash/ops/reference_dflash2.py`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from trtllm_dflash.config import V2_ARCHITECTURE, V2_DEFAULTS, DrafterConfig
 from trtllm_dflash.modeling.drafter import DFlashDecoderLayer, DFlashDrafter, stacked_weights
 from trtllm_dflash.modeling.fused_ops import norm_of, rms_norm
 from trtllm_dflash.modeling.kv_cache import LayerCache
-from trtllm_dflash.plugins import ops
-from trtllm_dflash.plugins.reference_dflash2 import scatter_draft_probs
+from trtllm_dflash import ops
+from trtllm_dflash.ops.reference_dflash2 import scatter_draft_probs
 
 
 class GroupedDynamicConv(nn.Module):

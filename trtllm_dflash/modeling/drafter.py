@@ -22,7 +22,7 @@ from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.hf_compat import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
 from trtllm_dflash.modeling.fused_ops import norm_of, rms_norm, rotate
 from trtllm_dflash.modeling.kv_cache import LayerCache
-from trtllm_dflash.plugins import ops
+from trtllm_dflash import ops
 
 
 def hf_config(config: DrafterConfig) -> Qwen3Config:

@@ -16,7 +16,8 @@ import torch
 
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.graphs import names
-from trtllm_dflash.plugins import ops, reference, rng
+from trtllm_dflash import ops
+from trtllm_dflash.ops import reference, rng
 
 
 @dataclasses.dataclass

@@ -26,7 +26,7 @@ from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.extras import require
 from trtllm_dflash.graphs import names
 from trtllm_dflash.graphs.drafter_v2 import HEAD_LOGITS, HEAD_PLUGIN
-from trtllm_dflash.plugins import reference
+from trtllm_dflash.ops import reference
 from trtllm_dflash.runtime import selector
 from trtllm_dflash.runtime.base import (
     CachedRuntime, CacheShape, Proposal, SamplingTensors, TargetOutput, VerifyOutput, verifying_graph_inputs,

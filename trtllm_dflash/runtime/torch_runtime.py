@@ -26,7 +26,7 @@ from trtllm_dflash.modeling import fused_target, linear_attention, target_attent
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.modeling.kv_cache import RaggedHFCache, StaticKVCache
 from trtllm_dflash.modeling.taps import HiddenTaps
-from trtllm_dflash.plugins import custom_ops
+from trtllm_dflash.ops import custom_ops
 from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, Proposal, SamplingTensors, TargetOutput, draft_positions
 from trtllm_dflash.runtime.cuda_graphs import StepGraphs
 

@@ -165,7 +165,7 @@ def selector_loss(selector, hidden: torch.Tensor, unary: torch.Tensor, batch: Bl
     logits keep theirs. score[c] = unary[c] + <successor[c], predecessor[prev] * hidden_projection(h)>
     with prev the true previous token; the label is the true token's index among the candidates.
     """
-    from trtllm_dflash.plugins.reference_dflash2 import candidates
+    from trtllm_dflash.ops.reference_dflash2 import candidates
 
     if batch.previous is None:
         raise ValueError("the block batch has no previous tokens (build it with make_block_batch)")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.plugins import kernels
-from trtllm_dflash.plugins.kernels.tiles import MAX_BLOCK, MAX_REGISTERS, cdiv, next_power_of_2
+from trtllm_dflash.ops import kernels
+from trtllm_dflash.ops.kernels.tiles import MAX_BLOCK, MAX_REGISTERS, cdiv, next_power_of_2
 
 CONV_BLOCK_C = 128  # channels per program: with groups of 16, 8 coefficients (16 bytes of bf16) per row
 CONV_WARPS = 2

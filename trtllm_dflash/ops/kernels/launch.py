@@ -13,10 +13,10 @@ import dataclasses
 import torch
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.plugins import kernels
-from trtllm_dflash.plugins.attention_options import BLOCK_ATTENTION, TARGET_ATTENTION, AttentionOptions, float_bits  # noqa: F401  (float_bits: re-exported)
+from trtllm_dflash.ops import kernels
+from trtllm_dflash.ops.attention_options import BLOCK_ATTENTION, TARGET_ATTENTION, AttentionOptions, float_bits  # noqa: F401  (float_bits: re-exported)
 
-from trtllm_dflash.plugins.kernels.tiles import (  # noqa: F401  (re-exported: the launch API)
+from trtllm_dflash.ops.kernels.tiles import (  # noqa: F401  (re-exported: the launch API)
     ATTENTION_HEAD_DIMS,
     MAX_BLOCK,
     VERIFY_BLOCK_V,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trtllm_dflash.plugins import rng
+from trtllm_dflash.ops import rng
 from trtllm_dflash.draft_window import draft_visible
 
 

@@ -1,16 +1,20 @@
-"""Entry points the runtimes call for the two DFlash plugins.
+"""The DFlash ops: KV-injected block attention, the target's in-place attention, block verification.
 
-Each op runs the Triton kernels (through the `dflash::` torch custom ops) where they can run, that
-is on CUDA tensors, or on CPU when `TRITON_INTERPRET=1` asks for Triton's interpreter, and the
-torch reference otherwise, so the torch runtime has one code path on CPU and GPU.
+`reference` (with `rng`, and `reference_dflash2` for V2 drafters) defines their semantics in plain
+torch; `kernels` holds the Triton kernels and their launchers; `custom_ops` exposes them as
+`dflash::` torch ops; `attention_options` declares the attention ops' options (scale, window,
+sinks) once. The functions below are the entry points the runtimes call: each runs the Triton
+kernels (through the `dflash::` ops) where they can run, that is on CUDA tensors, or on CPU when
+`TRITON_INTERPRET=1` asks for Triton's interpreter, and the torch reference otherwise, so the
+torch runtime has one code path on CPU and GPU. TensorRT packaging lives in `trtllm_dflash.plugins`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from trtllm_dflash.plugins import custom_ops, reference, reference_dflash2
-from trtllm_dflash.plugins.attention_options import BLOCK_ATTENTION, TARGET_ATTENTION
+from trtllm_dflash.ops import custom_ops, reference, reference_dflash2
+from trtllm_dflash.ops.attention_options import BLOCK_ATTENTION, TARGET_ATTENTION
 
 
 @BLOCK_ATTENTION.takes_options(torch.Tensor)

@@ -1,7 +1,7 @@
 """Triton kernels of the attention plugins: the drafter's KV-injected block attention and the
 target's causal attention over an in-place cache (one kernel family, one flash step).
 
-Semantics: `trtllm_dflash.plugins.reference.block_attention` (and `block_attention_partials` /
+Semantics: `trtllm_dflash.ops.reference.block_attention` (and `block_attention_partials` /
 `merge_partials` for the split form). Layouts are token-major and contiguous: q/out
 `[b, B, Hq, D]`, block and new-context keys/values `[b, T, Hkv, D]`, caches `[b, capacity, Hkv, D]`
 with slot == absolute position.
@@ -26,7 +26,7 @@ ahead-of-time plugins, so the same compiled kernel is launched by torch and by T
 Reductions go through the builtin `tl.reduce` with Triton's own combine functions instead of the
 sum/max wrappers: those wrappers are `@triton.jit` functions bound to compiled or interpreted
 mode once, when triton is imported, which would tie this file to one mode
-(see `plugins/kernels/__init__.py`).
+(see `trtllm_dflash/ops/kernels/__init__.py`).
 """
 
 import triton

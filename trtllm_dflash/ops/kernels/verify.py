@@ -1,6 +1,6 @@
 """Triton kernels of the tree-free block verification plugin.
 
-Semantics: `trtllm_dflash.plugins.reference.verify_block_packed`. Three kernels:
+Semantics: `trtllm_dflash.ops.reference.verify_block_packed`. Three kernels:
 - `verify_partials_kernel`, one program per (vocabulary chunk, block position t, sequence): the
   chunk's maximum logit and the first index of it, so the argmax over the vocabulary is spread
   over many programs (16 block positions at batch 1 would fill a tenth of an H100);
@@ -16,7 +16,7 @@ Sampling follows the reference exactly: temperature, then top-k and top-p thresh
 kept together (found by radix selection on an order-preserving integer key of the scaled logit, so
 any vocabulary size works with a fixed tile: top-k counts 8 bits per pass, top-p masses 4 bits per
 pass, the first top-p pass also giving the top-k mass), then the exponential race with uniforms
-from the counter RNG (`plugins/rng.py`), computed here on uint32. Divisions and exponentials that
+from the counter RNG (`trtllm_dflash/ops/rng.py`), computed here on uint32. Divisions and exponentials that
 decide sampled tokens are IEEE-rounded (`tl.div_rn`, libdevice `expf`/`logf` when compiled), not
 the approximate instructions `/` and `tl.exp` compile to, so a GPU decides near-ties as the CPU does.
 
@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
-from trtllm_dflash.plugins import rng
+from trtllm_dflash.ops import rng
 
 ACCEPT_MIX = tl.constexpr((rng.STREAM_ACCEPT * rng.GOLDEN32) & rng.MASK32)
 BONUS_MIX = tl.constexpr((rng.STREAM_BONUS * rng.GOLDEN32) & rng.MASK32)

@@ -48,7 +48,7 @@ def load(name: str, interpret: bool = False) -> ModuleType:
     with triton.knobs.runtime.scope():
         triton.knobs.runtime.interpret = interpret
         mode = "interpreted" if interpret else "compiled"
-        spec = importlib.util.spec_from_file_location(f"trtllm_dflash.plugins.kernels._{name}_{mode}", _HERE / f"{name}.py")
+        spec = importlib.util.spec_from_file_location(f"trtllm_dflash.ops.kernels._{name}_{mode}", _HERE / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     return module

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from trtllm_dflash.plugins import kernels, reference, reference_dflash2
-from trtllm_dflash.plugins.attention_options import BLOCK_ATTENTION, TARGET_ATTENTION
-from trtllm_dflash.plugins.kernels import dflash2_launch, launch
+from trtllm_dflash.ops import kernels, reference, reference_dflash2
+from trtllm_dflash.ops.attention_options import BLOCK_ATTENTION, TARGET_ATTENTION
+from trtllm_dflash.ops.kernels import dflash2_launch, launch
 
 
 def kernels_enabled(device: torch.device) -> bool:

@@ -1,6 +1,6 @@
 """Triton kernels of the two DFlash V2 ops.
 
-Semantics: `trtllm_dflash.plugins.reference_dflash2`. Four kernels, one per plugin node:
+Semantics: `trtllm_dflash.ops.reference_dflash2`. Four kernels, one per plugin node:
 - `grouped_conv_kernel`, one program per (channel tile, block): the grouped dynamic causal
   convolution of one block's T <= 16 rows over BLOCK_C channels, in float32, plus the float32
   residual when there is one. The per-group coefficients are read once per group (BLOCK_C / GROUP
@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
-from trtllm_dflash.plugins import rng
+from trtllm_dflash.ops import rng
 
 DRAFT_MIX = tl.constexpr((rng.STREAM_DRAFT * rng.GOLDEN32) & rng.MASK32)
 GOLDEN = tl.constexpr(rng.GOLDEN32)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from trtllm_dflash.plugins import rng
+from trtllm_dflash.ops import rng
 
 
 def grouped_dynamic_conv(
