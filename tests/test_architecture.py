@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("foundation", [
         "trtllm_dflash.errors", "trtllm_dflash.hf_compat", "trtllm_dflash.request_limits",
         "trtllm_dflash.extras", "trtllm_dflash.chat", "trtllm_dflash.config", "trtllm_dflash.draft_window", "trtllm_dflash.version",
-        "trtllm_dflash.system_install", "trtllm_dflash.catalog", "trtllm_dflash.catalog.*",
+        "trtllm_dflash.checks.system_install", "trtllm_dflash.catalog", "trtllm_dflash.catalog.*",
         "trtllm_dflash.demo", "trtllm_dflash.demo.corpus", "trtllm_dflash.engine_recipes*",
         "trtllm_dflash.graphs.names",  # the graph tensor-name contract: plain strings, shared by all layers
     ]),
@@ -62,7 +62,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "trtllm_dflash.builder", "trtllm_dflash.builder.*", "trtllm_dflash.serving", "trtllm_dflash.serving.*",
         "trtllm_dflash.bench", "trtllm_dflash.bench.*",
     ]),
-    ("commands", ["trtllm_dflash.cli", "trtllm_dflash.cli.*", "trtllm_dflash.selftest", "trtllm_dflash.selftest_*", "trtllm_dflash.doctor"]),
+    ("commands", ["trtllm_dflash.cli", "trtllm_dflash.cli.*", "trtllm_dflash.checks", "trtllm_dflash.checks.*"]),
 ]
 
 
