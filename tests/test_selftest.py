@@ -365,7 +365,7 @@ def test_gpu_tests_step_skips_without_a_tests_folder(tmp_path):
 
 def test_qwen3_8b_shaped_pair_has_the_full_width_on_the_meta_device():
     from trtllm_dflash.checkpoints import validate_pair
-    from trtllm_dflash.testing import make_qwen3_8b_shaped_drafter, make_qwen3_8b_shaped_target
+    from trtllm_dflash.modeling.qwen3_8b_shaped import make_qwen3_8b_shaped_drafter, make_qwen3_8b_shaped_target
 
     target = make_qwen3_8b_shaped_target()  # meta: no memory
     drafter = make_qwen3_8b_shaped_drafter(target.config)

@@ -345,7 +345,7 @@ def qwen3_8b_shaped_decode_step(budget: Budget, say: Say) -> StepOutcome:
     import torch
 
     from trtllm_dflash.bench.decode import measure_decode
-    from trtllm_dflash.testing import make_qwen3_8b_shaped_drafter, make_qwen3_8b_shaped_target
+    from trtllm_dflash.modeling.qwen3_8b_shaped import make_qwen3_8b_shaped_drafter, make_qwen3_8b_shaped_target
 
     target = make_qwen3_8b_shaped_target(num_layers=2, device="cuda", dtype=torch.bfloat16)
     drafter = make_qwen3_8b_shaped_drafter(target.config, device="cuda", dtype=torch.bfloat16)
