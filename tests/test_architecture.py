@@ -48,7 +48,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ]),
     ("library", [
         "trtllm_dflash", "trtllm_dflash.api", "trtllm_dflash.training", "trtllm_dflash.training.*",
-        "trtllm_dflash.testing", "trtllm_dflash.demo.*",
+        "trtllm_dflash.testing",
     ]),
     # what each backend serves, builds and writes: the Triton repository writers belong with it
     ("backends", [
