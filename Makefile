@@ -62,7 +62,7 @@ lock: $(LATEST_VENV)/.installed
 
 gpu-check:
 ifeq ($(SYSTEM_PYTHON),1)
-	$(PYTHON) -m trtllm_dflash.system_install
+	$(PYTHON) -m trtllm_dflash.checks.system_install
 	$(PYTHON) -m trtllm_dflash.cli.app selftest --gpu --out benchmarks/RESULTS.md $(GPU_CHECK_ARGS)
 else
 	$(MAKE) setup

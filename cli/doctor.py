@@ -17,7 +17,7 @@ def doctor(
     recipe: Optional[str] = typer.Option(None, "--recipe", help="Also check the build steps of this recipe ('<model>/<gpu>' or file)."),
 ) -> None:
     """Report the GPU and driver, TensorRT flavour, TensorRT-LLM, ModelOpt, Triton, torch/CUDA, and runnable stages."""
-    from trtllm_dflash.doctor import collect, stage_status
+    from trtllm_dflash.checks.doctor import collect, stage_status
 
     report = collect(deep=deep)
     recipe_steps = []

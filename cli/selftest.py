@@ -1,4 +1,4 @@
-"""`dflash-trt selftest --gpu`: the GPU check (`make gpu-check`), steps and report in trtllm_dflash/selftest.py.
+"""`dflash-trt selftest --gpu`: the GPU check (`make gpu-check`), steps and report in trtllm_dflash/checks/selftest.py.
 
 Exit status: 0 when no step failed (skipped steps say why), 1 when one failed, 2 with one line
 where the check cannot start (no CUDA device, or no --gpu).
@@ -29,7 +29,7 @@ def selftest(
     ),
 ) -> None:
     """GPU tests, kernel benchmark vs the bandwidth floor and SDPA, torch-runtime decode (DFlash vs AR, CUDA graphs off/on); appends the results to RESULTS.md."""
-    from trtllm_dflash import selftest as check
+    from trtllm_dflash.checks import selftest as check
 
     if not gpu:
         raise DFlashError("selftest has only the GPU check so far", "run `dflash-trt selftest --gpu` (or `make gpu-check`) on a GPU machine")

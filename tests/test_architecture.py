@@ -3,7 +3,8 @@
 Every import is read from the source with `ast`, module-level and function-level alike (an import
 hidden inside a function is still a dependency), including `TYPE_CHECKING` blocks. The tests fail
 on an import cycle between files, on a file importing a higher layer, on a source file that no
-layer claims, and on a source file over 600 lines.
+layer claims, on shipped code importing the test fixtures (`testing.py`), and on a source file
+over 600 lines.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("foundation", [
         "trtllm_dflash.errors", "trtllm_dflash.hf_compat", "trtllm_dflash.request_limits",
         "trtllm_dflash.extras", "trtllm_dflash.chat", "trtllm_dflash.config", "trtllm_dflash.draft_window", "trtllm_dflash.version",
-        "trtllm_dflash.system_install", "trtllm_dflash.catalog", "trtllm_dflash.catalog.*",
+        "trtllm_dflash.checks.system_install", "trtllm_dflash.catalog", "trtllm_dflash.catalog.*",
         "trtllm_dflash.demo", "trtllm_dflash.demo.corpus", "trtllm_dflash.engine_recipes*",
         "trtllm_dflash.graphs.names",  # the graph tensor-name contract: plain strings, shared by all layers
     ]),
@@ -48,7 +49,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ]),
     ("library", [
         "trtllm_dflash", "trtllm_dflash.api", "trtllm_dflash.training", "trtllm_dflash.training.*",
-        "trtllm_dflash.testing", "trtllm_dflash.demo.*",
+        "trtllm_dflash.testing",
     ]),
     # what each backend serves, builds and writes: the Triton repository writers belong with it
     ("backends", [
@@ -63,7 +64,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "trtllm_dflash.builder", "trtllm_dflash.builder.*", "trtllm_dflash.serving", "trtllm_dflash.serving.*",
         "trtllm_dflash.bench", "trtllm_dflash.bench.*",
     ]),
-    ("commands", ["trtllm_dflash.cli", "trtllm_dflash.cli.*", "trtllm_dflash.selftest", "trtllm_dflash.selftest_*", "trtllm_dflash.doctor"]),
+    ("commands", ["trtllm_dflash.cli", "trtllm_dflash.cli.*", "trtllm_dflash.checks", "trtllm_dflash.checks.*"]),
 ]
 
 
@@ -171,6 +172,17 @@ def test_no_module_imports_a_higher_layer():
     assert not climbs, "imports that climb a layer:\n" + "\n".join(climbs)
 
 
+def test_shipped_code_does_not_import_the_test_fixtures():
+    """`testing.py` (tiny random checkpoints) is for tests, benchmarks and the checks package only:
+    a build, serve or library module that needs one of its models takes it from a module of its own."""
+    importers = sorted(
+        module
+        for module, targets in import_graph().items()
+        if "trtllm_dflash.testing" in targets and not fnmatch.fnmatchcase(module, "trtllm_dflash.checks.*")
+    )
+    assert not importers, f"these modules import trtllm_dflash.testing (only tests and checks/ may): {importers}"
+
+
 @pytest.mark.parametrize("folder", ["trtllm_dflash", "plugins", "cli", "benchmarks"])
 def test_no_source_file_over_the_line_limit(folder):
     long_files = {
@@ -186,5 +198,7 @@ def test_the_checks_catch_what_they_guard(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from trtllm_dflash.builder import export\n")
     assert imports_of("trtllm_dflash.runtime.m", module, source_files()) == {"trtllm_dflash.builder.export"}
+    module.write_text("def f():\n    from trtllm_dflash import testing\n")
+    assert imports_of("trtllm_dflash.builder.m", module, source_files()) == {"trtllm_dflash.testing"}
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
     assert layer_of("trtllm_dflash.runtime.base") < layer_of("trtllm_dflash.builder.export")

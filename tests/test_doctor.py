@@ -6,7 +6,7 @@ import importlib.util
 import json
 import sys
 
-from trtllm_dflash.doctor import STAGES, collect, stage_status
+from trtllm_dflash.checks.doctor import STAGES, collect, stage_status
 
 
 def _installed(module: str) -> bool:

@@ -215,7 +215,7 @@ def test_planning_needs_no_torch():
     """`dflash-trt plan` and `build --dry-run` must stay fast on CPU: the CLI and planner never import torch."""
     code = (
         "import sys; from trtllm_dflash.cli.app import app; from trtllm_dflash.planning import plan_deployment;"
-        "plan_deployment('gpt-oss-120b', 'b300'); import trtllm_dflash.doctor as d; d.collect();"
+        "plan_deployment('gpt-oss-120b', 'b300'); import trtllm_dflash.checks.doctor as d; d.collect();"
         "bad = [m for m in ('torch', 'transformers', 'tensorrt_rtx_bindings') if m in sys.modules]; print(bad)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trtllm_dflash import selftest
+from trtllm_dflash.checks import selftest
 from trtllm_dflash.bench import decode, kernels
 
 ENV = selftest.GpuEnvironment(
@@ -341,17 +341,17 @@ def test_gpu_tests_stopped_at_the_limit_list_what_finished_and_what_was_running(
 
 
 def test_a_progress_line_cut_short_by_the_kill_is_ignored(tmp_path):
-    from trtllm_dflash import selftest_runs
+    from trtllm_dflash.checks import runs
 
     path = tmp_path / "progress.jsonl"
     path.write_text(
         '{"event": "collected", "count": 2}\n{"event": "start", "test": "a", "time": 1.0}\n'
         '{"event": "finish", "test": "a", "outcome": "passed", "seconds": 0.5}\n{"event": "start", "test": "b", "time": 2.0}\n{"event": "fin'
     )
-    progress = selftest_runs.read_progress(path)
+    progress = runs.read_progress(path)
     assert progress.collected == 2 and progress.running == {"b": 2.0}
-    assert progress.finished == [selftest_runs.TestRecord("a", "passed", 0.5)]
-    assert selftest_runs.counts_text(progress) == "1 of 2 finished: 1 passed"
+    assert progress.finished == [runs.TestRecord("a", "passed", 0.5)]
+    assert runs.counts_text(progress) == "1 of 2 finished: 1 passed"
 
 
 def test_gpu_tests_step_skips_without_a_tests_folder(tmp_path):
@@ -365,7 +365,7 @@ def test_gpu_tests_step_skips_without_a_tests_folder(tmp_path):
 
 def test_qwen3_8b_shaped_pair_has_the_full_width_on_the_meta_device():
     from trtllm_dflash.checkpoints import validate_pair
-    from trtllm_dflash.testing import make_qwen3_8b_shaped_drafter, make_qwen3_8b_shaped_target
+    from trtllm_dflash.modeling.qwen3_8b_shaped import make_qwen3_8b_shaped_drafter, make_qwen3_8b_shaped_target
 
     target = make_qwen3_8b_shaped_target()  # meta: no memory
     drafter = make_qwen3_8b_shaped_drafter(target.config)
@@ -426,12 +426,12 @@ def test_warmup_launches_exactly_the_gpu_tests_kernel_grids():
     """The warm-up's grids are test_plugin_gpu.py's: if the tests gain a variant, so must the warm-up."""
     import importlib.util
 
-    from trtllm_dflash import selftest_warmup
+    from trtllm_dflash.checks import warmup
 
     spec = importlib.util.spec_from_file_location("plugin_gpu_tests", Path(__file__).parent / "test_plugin_gpu.py")
     tests = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tests)
-    cases = selftest_warmup.warmup_cases()
+    cases = warmup.warmup_cases()
     as_test_params = {
         op: {(getattr(torch, c.params[0]), *c.params[1:]) for c in cases if c.op == op} for op in ("block_attention", "target_attention")
     }
@@ -447,26 +447,26 @@ def test_warmup_launches_exactly_the_gpu_tests_kernel_grids():
 def test_warmup_cases_launch_the_ops_with_arguments_they_accept():
     """Three cases through the real ops on CPU (interpreted kernels, the verification reference):
     the arguments the warm-up builds are the ones the ops take. On a GPU they compile."""
-    from trtllm_dflash import selftest_warmup
+    from trtllm_dflash.checks import warmup
 
-    cases = {c.name: c for c in selftest_warmup.warmup_cases()}
+    cases = {c.name: c for c in warmup.warmup_cases()}
     for name in ("block_attention[float32-16-16-64-1-40]", "target_attention[float32-16-16-128-64-1-128-True]", "verify[float32-8-16-151936]"):
-        selftest_warmup.launch_case(cases[name], device="cpu")
+        warmup.launch_case(cases[name], device="cpu")
 
 
 def test_a_warmup_worker_logs_every_case_and_goes_on_after_one_raises(monkeypatch, tmp_path):
-    from trtllm_dflash import selftest_runs, selftest_warmup
-    from trtllm_dflash.selftest_progress import PROGRESS_ENV
+    from trtllm_dflash.checks import runs, warmup
+    from trtllm_dflash.checks.progress import PROGRESS_ENV
 
     monkeypatch.setenv(PROGRESS_ENV, str(tmp_path / "progress.jsonl"))
-    cases = selftest_warmup.warmup_cases()[:3]
+    cases = warmup.warmup_cases()[:3]
 
     def launch(case):
         if case is cases[1]:
             raise RuntimeError("out of resource: shared memory, Required: 262144, Hardware limit: 232448\nmore")
 
-    selftest_warmup.run_worker(cases, launch)
-    progress = selftest_runs.read_progress(tmp_path / "progress.jsonl")
+    warmup.run_worker(cases, launch)
+    progress = runs.read_progress(tmp_path / "progress.jsonl")
     assert progress.collected == 3 and not progress.running
     assert [(r.test, r.outcome) for r in progress.finished] == [(c.name, o) for c, o in zip(cases, ("passed", "failed", "passed"))]
     assert progress.finished[1].error == "RuntimeError: out of resource: shared memory, Required: 262144, Hardware limit: 232448"
@@ -475,14 +475,14 @@ def test_a_warmup_worker_logs_every_case_and_goes_on_after_one_raises(monkeypatc
 def test_the_warmup_runs_its_worker_processes_and_reports_what_they_did(tmp_path):
     """The real worker subprocesses on this CPU machine: every launch raises (no CUDA device), each
     is logged and reported, and the step passes (the GPU tests report kernel failures themselves)."""
-    from trtllm_dflash import selftest_warmup
+    from trtllm_dflash.checks import warmup
 
     said: list[str] = []
-    run = selftest_warmup.run_warmup(tmp_path, said.append, workers=2)
+    run = warmup.run_warmup(tmp_path, said.append, workers=2)
     assert run.returncodes == [0, 0] and not run.timed_out
     assert run.progress.collected == 97 and len(run.progress.finished) == 97
     assert {r.outcome for r in run.progress.finished} == {"failed"} and len(said) == 97
-    summary, markdown, passed = selftest_warmup.warmup_report(run, workers=2)
+    summary, markdown, passed = warmup.warmup_report(run, workers=2)
     assert passed
     assert summary.startswith("97 kernel launches of tests/test_plugin_gpu.py in 2 processes, ")
     assert "; 97 raised (the GPU tests report them): block_attention[bfloat16-32-8-128-1-0] " in summary

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trtllm_dflash import system_install
+from trtllm_dflash.checks import system_install
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,6 +1,6 @@
 """Train the embedded demo pair from the Python standard library's source (reproducible, seeded).
 
-    python -m trtllm_dflash.demo.train all          # or: python benchmarks/train_demo.py all
+    python -m trtllm_dflash.training.demo_pair all         # or: python benchmarks/train_demo.py all
 
 Stages, each resumable from its checkpoints in --work:
 1. `tokenizer`: byte-level BPE (tokenizers) on the training files, saved as a transformers fast
@@ -445,8 +445,8 @@ def render_readme(card_data: dict) -> str:
     return f"""# The embedded demo pair
 
 A small target LM and its DFlash drafter, trained by `python benchmarks/train_demo.py all`
-(`trtllm_dflash/demo/train.py`) on the Python standard library's own source, so every machine
-has the data and nothing is downloaded. `demo` selects this pair wherever a model is named.
+(`trtllm_dflash/training/demo_pair.py`) on the Python standard library's own source, so every
+machine has the data and nothing is downloaded. `demo` selects this pair wherever a model is named.
 It is a toy: it writes stdlib-flavoured Python, not answers to questions.
 
 - data: {card_data['data']['train_files']} stdlib files for training, {card_data['data']['held_out_files']} held out

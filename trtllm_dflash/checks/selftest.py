@@ -5,8 +5,8 @@ decode speed on CUDA) are checked only when someone with a GPU runs this. It mus
 10 minutes on one H100, run every step even when one fails, and leave its numbers in
 benchmarks/RESULTS.md with the GPU, driver, versions and date.
 
-Steps: a warm-up that compiles the kernel variants the GPU tests launch (selftest_warmup.py),
-the GPU tests (pytest, each test reported as it finishes: selftest_runs.py), the kernel
+Steps: a warm-up that compiles the kernel variants the GPU tests launch (warmup.py),
+the GPU tests (pytest, each test reported as it finishes: runs.py), the kernel
 benchmark (bench/kernels.py), the torch-runtime decode of the demo pair and of a random
 Qwen3-8B-shaped 2-layer model, DFlash vs AR, CUDA graphs off and on (bench/decode.py), and a
 TensorRT engine build of the demo pair, skipped with the reason where TensorRT is not installed.
@@ -29,7 +29,7 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from trtllm_dflash import selftest_runs
+from trtllm_dflash.checks import runs
 from trtllm_dflash.errors import DFlashError
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
@@ -208,7 +208,7 @@ QUICK = Budget(quick=True, prompts=4, max_new_tokens=64, batches=(1, 4), repeats
 
 def repository_root() -> Path | None:
     """The checkout whose tests/ to run: the working directory, else the one this package is in."""
-    for root in (Path.cwd(), Path(__file__).resolve().parent.parent):
+    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
         if (root / "tests").is_dir() and (root / "pyproject.toml").is_file():
             return root
     return None
@@ -233,7 +233,7 @@ def gpu_test_files(root: Path) -> list[str]:
 def gpu_tests_step(root: Path | None = None, say: Say | None = None, limit_s: float = GPU_TEST_TIMEOUT_S) -> StepOutcome:
     """The GPU-marked test files, in a pytest subprocess (its CUDA context ends with it).
 
-    Each test's outcome and time is said as it finishes (`selftest_progress`, a pytest plugin),
+    Each test's outcome and time is said as it finishes (`checks/progress.py`, a pytest plugin),
     so a run stopped at `limit_s` still reports the tests that finished and the one running."""
     root = root or repository_root()
     if root is None:
@@ -241,23 +241,23 @@ def gpu_tests_step(root: Path | None = None, say: Say | None = None, limit_s: fl
     files = gpu_test_files(root)
     if not files:
         raise SkipStep(f"no GPU test files (tests/test_*gpu*.py) under {root}")
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "trtllm_dflash.selftest_progress", *files]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "trtllm_dflash.checks.progress", *files]
 
-    def finished(record: selftest_runs.TestRecord) -> None:
+    def finished(record: runs.TestRecord) -> None:
         if say is not None:
             say(f"{record.outcome} {record.test} ({record.seconds:.1f} s)")
 
-    run = selftest_runs.run_with_progress([command], root, limit_s, finished)
+    run = runs.run_with_progress([command], root, limit_s, finished)
     progress = run.progress
-    slowest = selftest_runs.slowest(progress.finished)
+    slowest = runs.slowest(progress.finished)
     if run.timed_out:
-        summary = selftest_runs.stopped_text(run)
+        summary = runs.stopped_text(run)
         failed = [r for r in progress.finished if r.outcome in ("failed", "error")]
         if failed:
             summary += "; failed: " + "; ".join(r.test for r in failed[:5]) + (f" and {len(failed) - 5} more" if len(failed) > 5 else "")
         markdown = (
             f"`pytest -q {' '.join(files)}` {summary}.\n\nEvery test that finished, in order, then the one stopped:\n\n"
-            + selftest_runs.records_table(progress.finished, run.running_for())
+            + runs.records_table(progress.finished, run.running_for())
         )
         return StepOutcome(summary, markdown, passed=False)
     output = run.output
@@ -275,18 +275,18 @@ def gpu_tests_step(root: Path | None = None, say: Say | None = None, limit_s: fl
         summary += f"; slowest: {slowest[0].test} ({slowest[0].seconds:.1f} s)"
     markdown = f"`pytest -q {' '.join(files)}`: {counted} in {run.seconds:.0f} s.\n"
     if slowest:
-        markdown += "\nThe slowest tests:\n\n" + selftest_runs.records_table(slowest)
+        markdown += "\nThe slowest tests:\n\n" + runs.records_table(slowest)
     return StepOutcome(summary, markdown, passed)
 
 
 def warmup_step(say: Say | None = None, root: Path | None = None) -> StepOutcome:
     """Compile the kernel variants the GPU tests launch, in parallel processes, before they are timed."""
-    from trtllm_dflash import selftest_warmup
+    from trtllm_dflash.checks import warmup
 
     root = root or repository_root() or Path.cwd()
-    workers = selftest_warmup.worker_count()
-    run = selftest_warmup.run_warmup(root, say, workers=workers)
-    summary, markdown, passed = selftest_warmup.warmup_report(run, workers)
+    workers = warmup.worker_count()
+    run = warmup.run_warmup(root, say, workers=workers)
+    summary, markdown, passed = warmup.warmup_report(run, workers)
     return StepOutcome(summary, markdown, passed)
 
 
@@ -345,7 +345,7 @@ def qwen3_8b_shaped_decode_step(budget: Budget, say: Say) -> StepOutcome:
     import torch
 
     from trtllm_dflash.bench.decode import measure_decode
-    from trtllm_dflash.testing import make_qwen3_8b_shaped_drafter, make_qwen3_8b_shaped_target
+    from trtllm_dflash.modeling.qwen3_8b_shaped import make_qwen3_8b_shaped_drafter, make_qwen3_8b_shaped_target
 
     target = make_qwen3_8b_shaped_target(num_layers=2, device="cuda", dtype=torch.bfloat16)
     drafter = make_qwen3_8b_shaped_drafter(target.config, device="cuda", dtype=torch.bfloat16)

@@ -6,7 +6,7 @@ needs are importable in THIS interpreter (naming every missing one in one line),
 project without dependencies, without build isolation and without an index. Standard library
 only, so it runs before anything of ours is installed:
 
-    python -m trtllm_dflash.system_install            # from the repository root
+    python -m trtllm_dflash.checks.system_install           # from the repository root
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # beyond the base dependencies: the Triton kernels, and pytest for the GPU tests step
 EXTRAS = ("kernels",)
 DEV_PACKAGES = ("pytest",)

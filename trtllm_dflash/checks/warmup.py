@@ -12,8 +12,8 @@ The grids below are tests/test_plugin_gpu.py's parametrizations; tests/test_self
 that they stay equal. A launch that raises (a variant that does not fit the GPU) is listed and
 the warm-up goes on: the GPU tests report that failure themselves.
 
-A worker is `python -m trtllm_dflash.selftest_warmup INDEX COUNT`: it runs cases INDEX,
-INDEX + COUNT, ... and logs each to $DFLASH_SELFTEST_PROGRESS (selftest_progress's format).
+A worker is `python -m trtllm_dflash.checks.warmup INDEX COUNT`: it runs cases INDEX,
+INDEX + COUNT, ... and logs each to $DFLASH_SELFTEST_PROGRESS (progress.py's format).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from trtllm_dflash import selftest_runs
-from trtllm_dflash.selftest_progress import write_event
+from trtllm_dflash.checks import runs
+from trtllm_dflash.checks.progress import write_event
 
 WARMUP_TIMEOUT_S = 300
 MAX_WORKERS = 8
@@ -137,36 +137,36 @@ def worker_count() -> int:
     return max(1, min(MAX_WORKERS, (os.cpu_count() or 2) // 2))
 
 
-def run_warmup(cwd: Path, say: Callable[[str], None] | None = None, limit_s: float = WARMUP_TIMEOUT_S, workers: int | None = None) -> selftest_runs.LimitedRun:
+def run_warmup(cwd: Path, say: Callable[[str], None] | None = None, limit_s: float = WARMUP_TIMEOUT_S, workers: int | None = None) -> runs.LimitedRun:
     """All warm-up cases over `workers` subprocesses, stopped at `limit_s`."""
     workers = workers or worker_count()
-    commands = [[sys.executable, "-m", "trtllm_dflash.selftest_warmup", str(i), str(workers)] for i in range(workers)]
+    commands = [[sys.executable, "-m", "trtllm_dflash.checks.warmup", str(i), str(workers)] for i in range(workers)]
 
-    def finished(record: selftest_runs.TestRecord) -> None:
+    def finished(record: runs.TestRecord) -> None:
         if say is not None and record.outcome != "passed":
             say(f"warm-up {record.outcome} {record.test}: {record.error}")
 
-    return selftest_runs.run_with_progress(commands, cwd, limit_s, finished)
+    return runs.run_with_progress(commands, cwd, limit_s, finished)
 
 
-def warmup_report(run: selftest_runs.LimitedRun, workers: int) -> tuple[str, str, bool]:
+def warmup_report(run: runs.LimitedRun, workers: int) -> tuple[str, str, bool]:
     """(summary, markdown, passed): passed unless a worker crashed or the limit stopped them."""
     progress = run.progress
     raised = [r for r in progress.finished if r.outcome != "passed"]
     summary = f"{len(progress.finished)} kernel launches of tests/test_plugin_gpu.py in {workers} processes, {run.seconds:.0f} s"
     if run.timed_out:
-        summary = selftest_runs.stopped_text(run, "the warm-up")
+        summary = runs.stopped_text(run, "the warm-up")
     crashed = [code for code in run.returncodes if code not in (0, None)]
     if crashed:
         summary += f"; {len(crashed)} worker(s) exited with status {crashed[0]}: " + " | ".join(run.output.strip().splitlines()[-2:])
     if raised:
         summary += f"; {len(raised)} raised (the GPU tests report them): " + "; ".join(f"{r.test} {r.error[:100]}" for r in raised[:3])
-    slowest = selftest_runs.slowest(progress.finished, 5)
+    slowest = runs.slowest(progress.finished, 5)
     markdown = f"{summary}.\n"
     if slowest:
-        markdown += "\nThe slowest launches (compile included):\n\n" + selftest_runs.records_table(slowest)
+        markdown += "\nThe slowest launches (compile included):\n\n" + runs.records_table(slowest)
     if raised:
-        markdown += "\nLaunches that raised:\n\n" + selftest_runs.records_table(raised)
+        markdown += "\nLaunches that raised:\n\n" + runs.records_table(raised)
     return summary, markdown, not run.timed_out and not crashed
 
 

@@ -1,11 +1,11 @@
-"""A pytest plugin (`pytest -p trtllm_dflash.selftest_progress`) that logs each test as it runs.
+"""A pytest plugin (`pytest -p trtllm_dflash.checks.progress`) that logs each test as it runs.
 
 Why: the GPU check runs its tests under a time limit. pytest prints its summary only at the
 end, so a run stopped at the limit said nothing but "did not finish". This plugin appends one
 JSON line per event to the file named by $DFLASH_SELFTEST_PROGRESS, flushed at once: how many
 tests were collected, each test's start, and each test's outcome and duration (setup, call and
 teardown together) when it finishes. Whoever stopped pytest reads the file afterwards
-(`selftest_runs.read_progress`). Without the variable it does nothing.
+(`runs.read_progress`). Without the variable it does nothing.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Why: the check's test and warm-up steps run under time limits. A subprocess that reports only
 when it exits says nothing when it is stopped at the limit. Here each subprocess appends one
-JSON line per event to a progress file of its own (the pytest plugin `selftest_progress`, or the
+JSON line per event to a progress file of its own (the pytest plugin `progress`, or the
 warm-up workers, in the same format); the parent reads the files while the subprocesses run
 (each finished test or case is passed to a callback at once) and after it stopped them, so a
 stopped step still lists what finished, in how long, and what was running.
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from trtllm_dflash.selftest_progress import PROGRESS_ENV
+from trtllm_dflash.checks.progress import PROGRESS_ENV
 
 POLL_S = 0.25
 OUTCOMES = ("passed", "failed", "error", "skipped")

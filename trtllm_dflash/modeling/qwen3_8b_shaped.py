@@ -1,0 +1,123 @@
+"""Random-weight models at Qwen3-8B's full width, built in memory (nothing downloaded or written).
+
+Every GEMM and attention runs at the real checkpoint's width for a fraction of its weights, so the
+GPU check (`checks/selftest.py`: decode step costs, CUDA graphs) and the NVFP4 accuracy measurement
+(`builder/nvfp4_accuracy.py`) see real sizes without a download. `spread_logits` is the random-init
+adjustment the test fixtures (`testing.py`) use too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trtllm_dflash.config import DrafterConfig
+from trtllm_dflash.modeling.drafter import DFlashDrafter
+
+
+def spread_logits(model) -> None:
+    """Scale the LM head so random models have peaked, well-separated next-token distributions."""
+    with torch.no_grad():
+        head = model.get_output_embeddings()
+        if head.weight is not model.get_input_embeddings().weight:
+            head.weight.mul_(4.0)
+
+
+# Qwen3-8B's layer shape (catalog/models.py) and its DFlash drafter's mask token id
+QWEN3_8B_SHAPE = dict(
+    hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128, intermediate_size=12288, vocab_size=151936
+)
+QWEN3_8B_MASK_TOKEN_ID = 151669
+
+
+def qwen3_8b_shaped_config(num_layers: int = 2, vocab_size: int = QWEN3_8B_SHAPE["vocab_size"]):
+    """Qwen3-8B's config with `num_layers` layers: every GEMM and attention at full width, for a
+    fraction of the weights (2 layers + embedding + LM head: 1.6 B parameters, 3.3 GB in bf16)."""
+    from transformers import Qwen3Config
+
+    shape = {**QWEN3_8B_SHAPE, "vocab_size": vocab_size}
+    return Qwen3Config(
+        **shape,
+        num_hidden_layers=num_layers,
+        max_position_embeddings=40960,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        architectures=["Qwen3ForCausalLM"],
+    )
+
+
+def make_qwen3_8b_shaped_target(
+    num_layers: int = 2,
+    vocab_size: int = QWEN3_8B_SHAPE["vocab_size"],
+    device: str | torch.device = "meta",
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+):
+    """A random-weight Qwen3ForCausalLM of Qwen3-8B's width, built in memory on `device`.
+
+    Nothing is written to disk (full width is gigabytes). `device="meta"` allocates nothing and is
+    for checking shapes; on "cuda" the weights are initialised on the GPU directly.
+    """
+    from transformers import Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = qwen3_8b_shaped_config(num_layers, vocab_size)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # initialise in the final dtype: no full-precision copy on the GPU
+    try:
+        with torch.device(device):
+            model = Qwen3ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    if torch.device(device).type != "meta":
+        spread_logits(model)
+    return model.eval()
+
+
+def qwen3_8b_shaped_drafter_config(target_config, num_layers: int = 1, block_size: int = 16) -> DrafterConfig:
+    """z-lab/Qwen3-8B-DFlash-b16's layer shape for a target built by `make_qwen3_8b_shaped_target`.
+
+    The real drafter has 5 layers and taps 5 of the 36 target layers; against a 2-layer target it
+    would cost more than the target, so this one has `num_layers` (default 1) and taps every
+    target layer (at most 5)."""
+    layers = int(target_config.num_hidden_layers)
+    vocab = int(target_config.vocab_size)
+    return DrafterConfig(
+        hidden_size=QWEN3_8B_SHAPE["hidden_size"],
+        intermediate_size=QWEN3_8B_SHAPE["intermediate_size"],
+        num_hidden_layers=num_layers,
+        num_attention_heads=QWEN3_8B_SHAPE["num_attention_heads"],
+        num_key_value_heads=QWEN3_8B_SHAPE["num_key_value_heads"],
+        head_dim=QWEN3_8B_SHAPE["head_dim"],
+        num_target_layers=layers,
+        target_layer_ids=tuple(range(min(layers, 5))),
+        mask_token_id=QWEN3_8B_MASK_TOKEN_ID if QWEN3_8B_MASK_TOKEN_ID < vocab else vocab - 1,
+        block_size=block_size,
+        vocab_size=vocab,
+        rope_theta=1_000_000.0,
+        max_position_embeddings=40960,
+    )
+
+
+def make_qwen3_8b_shaped_drafter(
+    target_config,
+    num_layers: int = 1,
+    block_size: int = 16,
+    device: str | torch.device = "meta",
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+) -> DFlashDrafter:
+    """A random DFlash drafter matching `make_qwen3_8b_shaped_target` (see the config's docstring)."""
+    torch.manual_seed(seed)
+    config = qwen3_8b_shaped_drafter_config(target_config, num_layers, block_size)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            drafter = DFlashDrafter(config)
+    finally:
+        torch.set_default_dtype(previous)
+    return drafter.eval()
