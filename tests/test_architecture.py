@@ -52,8 +52,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     # what each backend serves, builds and writes: the Triton repository writers belong with it
     ("backends", [
         "trtllm_dflash.backends", "trtllm_dflash.backends.*", "trtllm_dflash.serving.repository",
-        "trtllm_dflash.serving.trtllm", "trtllm_dflash.serving.trtllm_drafters", "trtllm_dflash.serving.model_parameters", "trtllm_dflash.serving.llm_args_*",
-        "trtllm_dflash.serving.protocol",
+        "trtllm_dflash.serving.model_parameters", "trtllm_dflash.serving.protocol",
     ]),
     ("recipes and planning", [
         "trtllm_dflash.recipes", "trtllm_dflash.recipes.*", "trtllm_dflash.planning", "trtllm_dflash.planning.*",

@@ -120,7 +120,7 @@ def expected_text(prompt: str, count: int) -> str:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from trtllm_dflash.serving import trtllm
+    from trtllm_dflash.backends.trtllm import repository as trtllm
     from trtllm_dflash.serving.server import TritonServer, free_port
 
     root = tmp_path_factory.mktemp("llmapi-standin") / "repo"

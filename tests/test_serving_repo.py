@@ -106,7 +106,7 @@ def test_serving_config_rejects_bad_parameters():
 
 
 def test_trtllm_repository_for_gpt_oss_120b_on_b300_validates(tmp_path):
-    from trtllm_dflash.serving.trtllm import validate_model_yaml
+    from trtllm_dflash.backends.trtllm.options import validate_model_yaml
 
     out = tmp_path / "repo"
     result = _cli("repo", "--model", "gpt-oss-120b", "--gpu", "b300", "--out", str(out))
@@ -135,7 +135,7 @@ def test_trtllm_repository_for_gpt_oss_120b_on_b300_validates(tmp_path):
 
 def test_llm_api_schema_rejects_unknown_keys_and_wrong_types(tmp_path):
     from trtllm_dflash.recipes import find_recipe
-    from trtllm_dflash.serving.trtllm import llm_api_options, model_yaml, validate_model_yaml
+    from trtllm_dflash.backends.trtllm.options import llm_api_options, model_yaml, validate_model_yaml
 
     recipe = find_recipe("gpt-oss-120b", "b300")
     good = model_yaml(recipe.model.checkpoint, llm_api_options(recipe)[0])

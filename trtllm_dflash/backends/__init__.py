@@ -3,7 +3,7 @@
     base.py     Backend (families served, build stages, Triton repository, opening a pipeline), PipelineSource
     torch.py    the checkpoints on the torch runtime (no build)
     trt.py      this toolkit's TensorRT engines (ONNX graphs on CPU)
-    trtllm.py   TensorRT-LLM's native DFlash mode (its LLM-API Triton model)
+    trtllm/     TensorRT-LLM's native DFlash mode (its LLM-API options, drafters and Triton repository)
 
 A recipe's `backend:` (spelled `runtime:` before) and `--backend` (`--runtime`) name one of these.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from trtllm_dflash.backends.base import Backend, PipelineSource
 from trtllm_dflash.backends.torch import TorchBackend
 from trtllm_dflash.backends.trt import TrtBackend
-from trtllm_dflash.backends.trtllm import TrtllmBackend
+from trtllm_dflash.backends.trtllm.backend import TrtllmBackend
 from trtllm_dflash.errors import DFlashError, UnknownNameError
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (TrtBackend(), TrtllmBackend(), TorchBackend())}

@@ -3,7 +3,6 @@
     model_parameters.py  ServingConfig: one served model's config.pbtxt parameters (checkpoints/engines, backend, limits)
     protocol.py          the wire format: LLM-API style inputs/outputs, request bodies, Triton input names
     repository.py        writing a repository of Python-backend models, from a model or a recipe
-    trtllm.py            the `trtllm` backend's repository (TensorRT-LLM LLM-API model) + key schema
     batching_loop.py     BatchingLoop: the in-flight batching loop over one Decoder (no Triton imports)
     model.py             TritonPythonModel: the Python-backend glue around the loop
     metrics.py           Prometheus custom metrics, and reading them back
