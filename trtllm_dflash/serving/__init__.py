@@ -8,7 +8,7 @@
     metrics.py           Prometheus custom metrics, and reading them back
     server.py            launching tritonserver (NVIDIA container or nvidia-pytriton's binary)
     client.py            HTTP generate / generate_stream and gRPC streaming client
-    openai_*.py          the OpenAI-compatible front end over Triton's async gRPC stream: schemas,
+    openai/              the OpenAI-compatible front end over Triton's async gRPC stream: schemas,
                          frontend (checks, translation), triton (the stream), gate, app, server
 """
 
