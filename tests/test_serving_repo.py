@@ -226,6 +226,7 @@ def test_decoder_cancel_frees_the_row_and_leaves_the_others_unchanged(tiny_pair)
 def test_engine_streams_and_drops_a_client_that_went_away(tiny_pair):
     from trtllm_dflash.serving.model_parameters import ServingConfig
     from trtllm_dflash.sampling_params import SamplingParams
+    from trtllm_dflash.backends import open_served_pipeline
     from trtllm_dflash.serving.batching_loop import BatchingLoop
     from trtllm_dflash.serving.protocol import GenerateInputs
 
@@ -242,7 +243,8 @@ def test_engine_streams_and_drops_a_client_that_went_away(tiny_pair):
         def cancelled(self):
             return self.leave_after is not None and len(self.responses) >= self.leave_after
 
-    engine = BatchingLoop(ServingConfig(target=str(tiny_pair[0]), drafter=str(tiny_pair[1]), max_context=128, max_tokens=64))
+    config = ServingConfig(target=str(tiny_pair[0]), drafter=str(tiny_pair[1]), max_context=128, max_tokens=64)
+    engine = BatchingLoop(config, open_served_pipeline(config))  # the loop takes an opened pipeline
     stays, leaves = Sink(), Sink(leave_after=1)
     engine.accept(GenerateInputs("abc", SamplingParams(max_new_tokens=24), streaming=True), stays)
     engine.accept(GenerateInputs("xyz", SamplingParams(max_new_tokens=24), streaming=True), leaves)
