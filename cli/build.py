@@ -129,7 +129,7 @@ def build(
     if llmapi_model is not None:  # checked before the build starts; the pipeline's repository writer finds it in the environment
         if spec.backend != "trtllm":
             raise DFlashError(f"--llmapi-model is for trtllm builds, and this build's backend is {spec.backend}", "drop --llmapi-model")
-        from trtllm_dflash.serving.trtllm import use_llmapi_model
+        from trtllm_dflash.backends.trtllm.repository import use_llmapi_model
 
         use_llmapi_model(llmapi_model)
     console = Console(highlight=False)

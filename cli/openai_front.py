@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from trtllm_dflash.serving import DEFAULT_HOST
-from trtllm_dflash.serving.openai_frontend import (
+from trtllm_dflash.serving.openai.frontend import (
     DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_QUEUED, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT,
 )
 
@@ -64,7 +64,7 @@ def openai_front(
 ) -> None:
     """Serve /v1/chat/completions, /v1/completions and /v1/models in front of a running Triton."""
     from trtllm_dflash.cli.common import quiet_libraries
-    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.openai.server import OpenAIServer
 
     quiet_libraries()
     console = Console(highlight=False)

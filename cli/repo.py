@@ -53,7 +53,7 @@ def repo(
     if build is not None:
         if llmapi_model is not None:
             _trtllm_only(get_backend(_build_backend(build)), "--build")
-            from trtllm_dflash.serving.trtllm import use_llmapi_model
+            from trtllm_dflash.backends.trtllm.repository import use_llmapi_model
 
             use_llmapi_model(llmapi_model)  # the build's writer finds it there
         path = write_build_repository(build, out, force=force)

@@ -70,7 +70,7 @@ def serve(
     )
     front = None
     if openai_port is not None:
-        from trtllm_dflash.serving.openai_server import OpenAIServer
+        from trtllm_dflash.serving.openai.server import OpenAIServer
 
         if openai_port in (http_port, grpc_port, metrics_port):
             raise DFlashError(f"--openai-port {openai_port} is one of Triton's ports", "pick a different --openai-port")

@@ -2,9 +2,9 @@
 
 Every import is read from the source with `ast`, module-level and function-level alike (an import
 hidden inside a function is still a dependency), including `TYPE_CHECKING` blocks. The tests fail
-on an import cycle between files, on a file importing a higher layer, on a source file that no
-layer claims, on shipped code importing the test fixtures (`testing.py`), and on a source file
-over 600 lines.
+on an import cycle between files, on a file importing a higher layer, on two rooms (subpackages)
+listed in ONE_WAY_ROOMS importing each other, on a source file that no layer claims, on shipped
+code importing the test fixtures (`testing.py`), and on a source file over 600 lines.
 """
 
 from __future__ import annotations
@@ -51,11 +51,12 @@ LAYERS: list[tuple[str, list[str]]] = [
         "trtllm_dflash", "trtllm_dflash.api", "trtllm_dflash.training", "trtllm_dflash.training.*",
         "trtllm_dflash.testing",
     ]),
-    # what each backend serves, builds and writes: the Triton repository writers belong with it
+    # what each backend serves, builds and writes, and the Triton model that opens its pipeline; the
+    # serving helpers they use (repository writing, parameters, protocol, the batching loop) sit here too
     ("backends", [
         "trtllm_dflash.backends", "trtllm_dflash.backends.*", "trtllm_dflash.serving.repository",
-        "trtllm_dflash.serving.trtllm", "trtllm_dflash.serving.trtllm_drafters", "trtllm_dflash.serving.model_parameters", "trtllm_dflash.serving.llm_args_*",
-        "trtllm_dflash.serving.protocol",
+        "trtllm_dflash.serving.model_parameters", "trtllm_dflash.serving.protocol",
+        "trtllm_dflash.serving.batching_loop", "trtllm_dflash.serving.metrics",
     ]),
     ("recipes and planning", [
         "trtllm_dflash.recipes", "trtllm_dflash.recipes.*", "trtllm_dflash.planning", "trtllm_dflash.planning.*",
@@ -183,6 +184,34 @@ def test_shipped_code_does_not_import_the_test_fixtures():
     assert not importers, f"these modules import trtllm_dflash.testing (only tests and checks/ may): {importers}"
 
 
+def room_of(module: str) -> str:
+    """The room a module belongs to: trtllm_dflash.X for a module in or of the subpackage X."""
+    return ".".join(module.split(".")[:2])
+
+
+def imports_between(graph: dict[str, set[str]], room: str, other: str) -> list[str]:
+    """`module -> target` for every import (module- or function-level) from `room` into `other`."""
+    return [f"{module} -> {target}" for module, targets in sorted(graph.items()) if room_of(module) == room
+            for target in sorted(targets) if room_of(target) == other]
+
+
+# Rooms that must not import each other both ways: the first may import the second, never the reverse.
+ONE_WAY_ROOMS = [
+    # backends write their repositories with serving's helpers and run serving's BatchingLoop with the
+    # pipeline they open (backends/triton_model.py); serving never picks or imports a backend
+    ("trtllm_dflash.backends", "trtllm_dflash.serving"),
+]
+
+
+@pytest.mark.parametrize(("room", "other"), ONE_WAY_ROOMS)
+def test_rooms_do_not_import_each_other_both_ways(room, other):
+    graph = import_graph()
+    assert not imports_between(graph, other, room), (
+        f"{other} must not import {room} ({room} imports {other}, so the two rooms would import each other); "
+        f"let a caller in {room} or above pass in what {other} needs:\n"
+        + "\n".join(imports_between(graph, other, room)))
+
+
 @pytest.mark.parametrize("folder", ["trtllm_dflash", "plugins", "cli", "benchmarks"])
 def test_no_source_file_over_the_line_limit(folder):
     long_files = {
@@ -201,4 +230,6 @@ def test_the_checks_catch_what_they_guard(tmp_path):
     module.write_text("def f():\n    from trtllm_dflash import testing\n")
     assert imports_of("trtllm_dflash.builder.m", module, source_files()) == {"trtllm_dflash.testing"}
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    loop = {"trtllm_dflash.serving.x": {"trtllm_dflash.backends"}, "trtllm_dflash.backends.y": {"trtllm_dflash.serving.z"}}
+    assert imports_between(loop, "trtllm_dflash.serving", "trtllm_dflash.backends") == ["trtllm_dflash.serving.x -> trtllm_dflash.backends"]
     assert layer_of("trtllm_dflash.runtime.base") < layer_of("trtllm_dflash.builder.export")

@@ -94,7 +94,7 @@ def test_triton_repository_serves_a_v2_pair_as_offline(triton, reference):
 
 def test_openai_front_end_serves_a_v2_pair_as_offline(triton, reference):
     openai = pytest.importorskip("openai")
-    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.openai.server import OpenAIServer
     from trtllm_dflash.serving.server import free_port
 
     server, repo = triton

@@ -34,8 +34,8 @@ TIMEOUT = 1.0  # the read timeout the slow-client tests run with (the default is
 @contextlib.contextmanager
 def front_end(monkeypatch, triton_url: str | None = None, **options) -> Iterator:
     """An OpenAIServer on a free port with no models, in front of `triton_url` (default: a dead port)."""
-    from trtllm_dflash.serving.openai_frontend import Frontend
-    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.openai.frontend import Frontend
+    from trtllm_dflash.serving.openai.server import OpenAIServer
     from trtllm_dflash.serving.server import free_port
 
     monkeypatch.setattr(Frontend, "discover", lambda self: None)  # no Triton to list models from

@@ -58,7 +58,7 @@ def test_headline_build_completes_every_stage(headline, stand_ins):
 
 
 def test_headline_options_name_the_local_pair_and_pass_the_schema(headline, stand_ins):
-    from trtllm_dflash.serving.trtllm import validate_model_yaml
+    from trtllm_dflash.backends.trtllm.options import validate_model_yaml
 
     result, out = headline
     target, drafter = stand_ins
@@ -81,7 +81,7 @@ def test_headline_repository_is_what_the_llm_api_triton_model_reads(headline, st
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
-    from trtllm_dflash.serving.trtllm import validate_model_yaml
+    from trtllm_dflash.backends.trtllm.options import validate_model_yaml
 
     result, out = headline
     target, _ = stand_ins

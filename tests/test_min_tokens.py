@@ -81,7 +81,7 @@ def repo(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(repo):
-    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.openai.server import OpenAIServer
     from trtllm_dflash.serving.server import TritonServer, free_port
 
     with TritonServer(repo, free_port(), free_port(), free_port(), host="127.0.0.1", startup_timeout=600) as triton:

@@ -56,7 +56,7 @@ def triton(repo):
 
 @pytest.fixture(scope="module")
 def front(triton, repo):
-    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.openai.server import OpenAIServer
     from trtllm_dflash.serving.server import free_port
 
     with OpenAIServer(triton.endpoints.grpc, port=free_port(), repository=repo) as running:
@@ -247,7 +247,7 @@ def test_bad_requests_get_openai_errors_while_a_stream_goes_on(front, client, ch
 
 def test_template_less_target_refuses_chat_and_serves_completions(triton, tmp_path):
     from trtllm_dflash.checkpoints import resolve_checkpoint
-    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.openai.server import OpenAIServer
     from trtllm_dflash.serving.server import free_port
 
     tokenizer = tmp_path / "tokenizer"
@@ -434,7 +434,7 @@ def _until_text(events) -> None:
 
 
 def test_api_key_guards_every_route_but_health(triton, repo):
-    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.openai.server import OpenAIServer
     from trtllm_dflash.serving.server import free_port
 
     with OpenAIServer(triton.endpoints.grpc, port=free_port(), repository=repo, api_key="s3cret-key") as front:
@@ -456,7 +456,7 @@ def test_api_key_guards_every_route_but_health(triton, repo):
 
 
 def test_exposure_warning_without_a_key_off_loopback(triton, repo, capfd):
-    from trtllm_dflash.serving.openai_server import OpenAIServer, exposure_warning, is_loopback
+    from trtllm_dflash.serving.openai.server import OpenAIServer, exposure_warning, is_loopback
     from trtllm_dflash.serving.server import free_port
 
     assert [is_loopback(h) for h in ("127.0.0.1", "127.8.0.1", "::1", "[::1]", "localhost", "0.0.0.0", "::", "", "10.0.0.3", "example.com")] == \
@@ -502,7 +502,7 @@ def test_huge_bodies_are_refused_before_parsing(front):
 
 
 def test_unexpected_errors_are_openai_500s(triton, repo):
-    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.openai.server import OpenAIServer
     from trtllm_dflash.serving.server import free_port
 
     front = OpenAIServer(triton.endpoints.grpc, port=free_port(), repository=repo)
@@ -520,7 +520,7 @@ def test_unexpected_errors_are_openai_500s(triton, repo):
 
 
 def test_past_max_queued_new_requests_get_429_with_retry_after(triton, repo):
-    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.openai.server import OpenAIServer
     from trtllm_dflash.serving.server import free_port
 
     _wait_idle(triton)
@@ -592,7 +592,7 @@ def _until_draining(url: str) -> None:
 
 
 def test_stop_drains_streams_in_flight_and_refuses_new_requests(triton, repo):
-    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.openai.server import OpenAIServer
     from trtllm_dflash.serving.server import free_port
 
     _wait_idle(triton)
@@ -616,7 +616,7 @@ def test_stop_drains_streams_in_flight_and_refuses_new_requests(triton, repo):
 
 
 def test_a_drain_that_times_out_cuts_the_streams_and_frees_their_rows(triton, repo):
-    from trtllm_dflash.serving.openai_server import GRACE, OpenAIServer
+    from trtllm_dflash.serving.openai.server import GRACE, OpenAIServer
     from trtllm_dflash.serving.server import free_port
 
     _wait_idle(triton)

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from trtllm_dflash.chat import RenderLimitError, apply_chat_template
 from trtllm_dflash.cli.app import app
-from trtllm_dflash.serving.openai_frontend import DEFAULT_MAX_REQUEST_BYTES
+from trtllm_dflash.serving.openai.frontend import DEFAULT_MAX_REQUEST_BYTES
 
 openai = pytest.importorskip("openai")
 
@@ -70,7 +70,7 @@ def triton(tmp_path_factory):
 
 
 def _client(triton, allow: bool):
-    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.openai.server import OpenAIServer
     from trtllm_dflash.serving.server import free_port
 
     return OpenAIServer(triton.endpoints.grpc, port=free_port(), repository=triton.repository, allow_request_chat_template=allow)

@@ -80,7 +80,7 @@ def test_mla_kv_is_the_latent_per_token():
 
 
 def _good_options():
-    from trtllm_dflash.serving.trtllm import llm_api_options
+    from trtllm_dflash.backends.trtllm.options import llm_api_options
 
     return llm_api_options(find_recipe("gpt-oss-120b", "b300"))[0]
 
@@ -96,7 +96,7 @@ def _good_options():
     (lambda o: o["speculative_config"].update(attention_backend="FA3"), "attention_backend: 'FA3' is not one of"),
 ])
 def test_llm_api_options_are_checked_against_the_pinned_llm_args(change, message):
-    from trtllm_dflash.serving.trtllm import LLMApiOptions, validate_options
+    from trtllm_dflash.backends.trtllm.options import LLMApiOptions, validate_options
 
     options = _good_options()
     validate_options(options, LLMApiOptions)  # the shipped options pass
@@ -138,7 +138,7 @@ def test_trtllm_schedule_uses_tensorrt_llm_semantics():
 
 
 def test_extractor_reads_pydantic_fields_from_source(tmp_path):
-    from trtllm_dflash.serving.llm_args_extract import main
+    from trtllm_dflash.backends.trtllm.llm_args_extract import main
 
     src = tmp_path / "tensorrt_llm" / "llmapi"
     src.mkdir(parents=True)

@@ -360,7 +360,7 @@ def test_a_killed_model_process_is_noticed_streams_end_and_it_comes_back(supervi
     every stream in flight ends with an error within 30 s (an error event on the OpenAI API), the
     OpenAI /health says 503 meanwhile, and the model answers again with the same greedy tokens."""
     from trtllm_dflash.serving.client import DFlashClient
-    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.openai.server import OpenAIServer
     from trtllm_dflash.serving.server import free_port
 
     before = _greedy(supervised, PROMPTS[0])

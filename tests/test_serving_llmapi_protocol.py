@@ -120,7 +120,7 @@ def expected_text(prompt: str, count: int) -> str:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from trtllm_dflash.serving import trtllm
+    from trtllm_dflash.backends.trtllm import repository as trtllm
     from trtllm_dflash.serving.server import TritonServer, free_port
 
     root = tmp_path_factory.mktemp("llmapi-standin") / "repo"
@@ -202,7 +202,7 @@ def test_the_openai_front_end_serves_the_llmapi_model(server):
     from transformers import AutoTokenizer
 
     from trtllm_dflash.demo import DEMO_DIR
-    from trtllm_dflash.serving.openai_server import OpenAIServer
+    from trtllm_dflash.serving.openai.server import OpenAIServer
     from trtllm_dflash.serving.server import free_port
 
     tokenizer = AutoTokenizer.from_pretrained(DEMO_DIR / "target")

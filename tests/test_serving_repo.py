@@ -106,7 +106,7 @@ def test_serving_config_rejects_bad_parameters():
 
 
 def test_trtllm_repository_for_gpt_oss_120b_on_b300_validates(tmp_path):
-    from trtllm_dflash.serving.trtllm import validate_model_yaml
+    from trtllm_dflash.backends.trtllm.options import validate_model_yaml
 
     out = tmp_path / "repo"
     result = _cli("repo", "--model", "gpt-oss-120b", "--gpu", "b300", "--out", str(out))
@@ -135,7 +135,7 @@ def test_trtllm_repository_for_gpt_oss_120b_on_b300_validates(tmp_path):
 
 def test_llm_api_schema_rejects_unknown_keys_and_wrong_types(tmp_path):
     from trtllm_dflash.recipes import find_recipe
-    from trtllm_dflash.serving.trtllm import llm_api_options, model_yaml, validate_model_yaml
+    from trtllm_dflash.backends.trtllm.options import llm_api_options, model_yaml, validate_model_yaml
 
     recipe = find_recipe("gpt-oss-120b", "b300")
     good = model_yaml(recipe.model.checkpoint, llm_api_options(recipe)[0])
@@ -226,6 +226,7 @@ def test_decoder_cancel_frees_the_row_and_leaves_the_others_unchanged(tiny_pair)
 def test_engine_streams_and_drops_a_client_that_went_away(tiny_pair):
     from trtllm_dflash.serving.model_parameters import ServingConfig
     from trtllm_dflash.sampling_params import SamplingParams
+    from trtllm_dflash.backends import open_served_pipeline
     from trtllm_dflash.serving.batching_loop import BatchingLoop
     from trtllm_dflash.serving.protocol import GenerateInputs
 
@@ -242,7 +243,8 @@ def test_engine_streams_and_drops_a_client_that_went_away(tiny_pair):
         def cancelled(self):
             return self.leave_after is not None and len(self.responses) >= self.leave_after
 
-    engine = BatchingLoop(ServingConfig(target=str(tiny_pair[0]), drafter=str(tiny_pair[1]), max_context=128, max_tokens=64))
+    config = ServingConfig(target=str(tiny_pair[0]), drafter=str(tiny_pair[1]), max_context=128, max_tokens=64)
+    engine = BatchingLoop(config, open_served_pipeline(config))  # the loop takes an opened pipeline
     stays, leaves = Sink(), Sink(leave_after=1)
     engine.accept(GenerateInputs("abc", SamplingParams(max_new_tokens=24), streaming=True), stays)
     engine.accept(GenerateInputs("xyz", SamplingParams(max_new_tokens=24), streaming=True), leaves)

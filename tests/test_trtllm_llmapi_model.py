@@ -17,7 +17,7 @@ import pytest
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.recipes import find_recipe
-from trtllm_dflash.serving import trtllm
+from trtllm_dflash.backends.trtllm import repository as trtllm
 
 OFFICIAL_INPUTS = {
     "text_input": ("TYPE_STRING", "-1"), "streaming": ("TYPE_BOOL", "1"), "sampling_param_best_of": ("TYPE_INT32", "1"),
@@ -91,7 +91,7 @@ def test_the_model_is_found_where_the_docs_put_it_and_refused_in_one_line_elsewh
 
 
 def test_repository_records_the_model_and_the_command_mounts_it(tmp_path, monkeypatch):
-    from trtllm_dflash.backends.trtllm import serve_command
+    from trtllm_dflash.backends.trtllm.backend import serve_command
 
     folder = _llmapi_folder(tmp_path)
     monkeypatch.setenv(trtllm.LLMAPI_MODEL_ENV, str(folder))

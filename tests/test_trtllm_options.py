@@ -13,7 +13,7 @@ from trtllm_dflash.recipes import find_recipe, load_recipe, recipes_dir
 
 
 def test_the_snapshot_is_the_tagged_release():
-    from trtllm_dflash.serving.llm_args_check import class_fields, llm_args_data, pinned_source, pinned_version
+    from trtllm_dflash.backends.trtllm.llm_args_check import class_fields, llm_args_data, pinned_source, pinned_version
 
     source = llm_args_data()["source"]
     assert source["release_tag"] == "v1.4.0rc1" and source["commit"] == "0372799d1543ef5920c1318b829cf127800dbcb9"
@@ -26,7 +26,7 @@ def test_the_snapshot_is_the_tagged_release():
 
 
 def test_fa4_recipe_on_hopper_is_accepted(run_main, tmp_path):
-    from trtllm_dflash.serving.trtllm import LLMApiOptions, llm_api_options, validate_options
+    from trtllm_dflash.backends.trtllm.options import LLMApiOptions, llm_api_options, validate_options
 
     recipe = find_recipe("gpt-oss-120b", "h200")
     assert recipe.trtllm.attention_backend == "FA4"
@@ -118,7 +118,7 @@ def older_tensorrt_llm(tmp_path, monkeypatch):
 
 
 def test_a_node_with_another_version_gets_one_line_per_unknown_key(older_tensorrt_llm):
-    from trtllm_dflash.serving.trtllm import check_installed_tensorrt_llm, llm_api_options
+    from trtllm_dflash.backends.trtllm.options import check_installed_tensorrt_llm, llm_api_options
 
     hopper, _ = llm_api_options(find_recipe("gpt-oss-120b", "h200"))  # FA4: new in the pinned release
     with pytest.raises(DFlashError) as refused:
@@ -132,7 +132,7 @@ def test_a_node_with_another_version_gets_one_line_per_unknown_key(older_tensorr
 
 
 def test_without_tensorrt_llm_the_pinned_release_is_what_checked():
-    from trtllm_dflash.serving.trtllm import check_installed_tensorrt_llm, llm_api_options
+    from trtllm_dflash.backends.trtllm.options import check_installed_tensorrt_llm, llm_api_options
 
     options, _ = llm_api_options(find_recipe("gpt-oss-120b", "h200"))
     assert "v1.4.0rc1" in check_installed_tensorrt_llm(options) and "not installed here" in check_installed_tensorrt_llm(options)

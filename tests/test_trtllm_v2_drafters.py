@@ -16,9 +16,10 @@ import yaml
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.recipes import find_recipe
-from trtllm_dflash.serving import trtllm
-from trtllm_dflash.serving.trtllm import llm_api_options, write_trtllm_repository
-from trtllm_dflash.serving.trtllm_drafters import (
+from trtllm_dflash.backends.trtllm import options as trtllm
+from trtllm_dflash.backends.trtllm.options import llm_api_options
+from trtllm_dflash.backends.trtllm.repository import write_trtllm_repository
+from trtllm_dflash.backends.trtllm.drafters import (
     DrafterNote,
     drafter_overlay,
     drafter_support,

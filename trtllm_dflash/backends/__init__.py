@@ -1,22 +1,30 @@
 """Deployment backends behind one interface (base.py); `get_backend` is the only place that picks one by name.
 
-    base.py     Backend (families served, build stages, Triton repository, opening a pipeline), PipelineSource
-    torch.py    the checkpoints on the torch runtime (no build)
-    trt.py      this toolkit's TensorRT engines (ONNX graphs on CPU)
-    trtllm.py   TensorRT-LLM's native DFlash mode (its LLM-API Triton model)
+    base.py          Backend (families served, build stages, Triton repository, opening a pipeline), PipelineSource
+    torch.py         the checkpoints on the torch runtime (no build)
+    trt.py           this toolkit's TensorRT engines (ONNX graphs on CPU)
+    trtllm/          TensorRT-LLM's native DFlash mode (its LLM-API options, drafters and Triton repository)
+    triton_model.py  the Triton Python-backend model the trt and torch repositories run: it opens the
+                     pipeline (open_served_pipeline) and hands it to serving's BatchingLoop
 
 A recipe's `backend:` (spelled `runtime:` before) and `--backend` (`--runtime`) name one of these.
+Backends may use serving's repository helpers and batching loop; serving never imports backends.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trtllm_dflash.backends.base import Backend, PipelineSource
 from trtllm_dflash.backends.torch import TorchBackend
 from trtllm_dflash.backends.trt import TrtBackend
-from trtllm_dflash.backends.trtllm import TrtllmBackend
+from trtllm_dflash.backends.trtllm.backend import TrtllmBackend
 from trtllm_dflash.errors import DFlashError, UnknownNameError
+
+if TYPE_CHECKING:
+    from trtllm_dflash.api import DFlashPipeline
+    from trtllm_dflash.serving.model_parameters import ServingConfig
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (TrtBackend(), TrtllmBackend(), TorchBackend())}
 BACKEND_NAMES = tuple(BACKENDS)
@@ -28,6 +36,20 @@ def get_backend(name: str) -> Backend:
         return BACKENDS[name]
     except KeyError:
         raise UnknownNameError(f"unknown backend {name!r}", f"use {', '.join(BACKEND_NAMES[:-1])} or {BACKEND_NAMES[-1]}") from None
+
+
+def open_served_pipeline(config: ServingConfig) -> DFlashPipeline:
+    """The pipeline a served model's config.pbtxt parameters name, opened by their backend: torch
+    here; TensorRT engines on a GPU (loaded lazily). The Triton model hands it to serving's BatchingLoop."""
+    import torch
+
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    device = config.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    source = PipelineSource(config.target, config.drafter, build=config.engines, speculative=config.speculative)
+    return get_backend(config.runtime).open_pipeline(source, device=device, max_context=config.max_context)
 
 
 def multi_gpu_backend() -> str:
@@ -123,4 +145,4 @@ def write_build_repository(
     return backend_of_build(manifest).write_build_repository(build_dir, manifest, out, force)
 
 
-__all__ = ["BACKENDS", "BACKEND_NAMES", "Backend", "PipelineSource", "backend_of_build", "check_build_finished", "get_backend", "multi_gpu_backend", "unfinished_stages", "write_build_repository"]
+__all__ = ["BACKENDS", "BACKEND_NAMES", "Backend", "PipelineSource", "backend_of_build", "check_build_finished", "get_backend", "multi_gpu_backend", "open_served_pipeline", "unfinished_stages", "write_build_repository"]

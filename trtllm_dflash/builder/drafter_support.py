@@ -3,7 +3,7 @@
 Every row is a drafter config.json (a published variant, shrunk); every cell asks the check the
 backend itself applies: loading (`DrafterConfig.from_dict`, all backends), the drafter graphs of the
 `trt` backend (`export.drafter_graph_refusal`), TensorRT-LLM's DFlash mode for `trtllm`
-(`serving.trtllm_drafters.drafter_support`, with its default VANILLA drafter attention and with TRTLLM).
+(`backends.trtllm.drafters.drafter_support`, with its default VANILLA drafter attention and with TRTLLM).
 `python -m trtllm_dflash.builder.drafter_support docs/drafters.md` rewrites the table in place;
 tests/test_drafter_support.py fails when the page and the code disagree.
 """
@@ -80,7 +80,7 @@ def support(variant: Variant) -> dict[str, str]:
     """One cell per backend: "runs", "runs differently: ..." or "refused: ..."."""
     from trtllm_dflash.builder.export import drafter_graph_refusal
     from trtllm_dflash.config import DrafterConfig
-    from trtllm_dflash.serving.trtllm_drafters import DrafterNote, drafter_support
+    from trtllm_dflash.backends.trtllm.drafters import DrafterNote, drafter_support
 
     try:
         config = DrafterConfig.from_dict(variant.config(), source="config.json")

@@ -355,15 +355,15 @@ def run_engines(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
 def run_trtllm(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     import yaml
 
-    from trtllm_dflash.serving.llm_args_check import pinned_source
-    from trtllm_dflash.serving.trtllm import check_installed_tensorrt_llm
-    from trtllm_dflash.serving.trtllm_drafters import local_drafter_overlay, write_drafter_overlay
+    from trtllm_dflash.backends.trtllm.llm_args_check import pinned_source
+    from trtllm_dflash.backends.trtllm.options import check_installed_tensorrt_llm
+    from trtllm_dflash.backends.trtllm.drafters import local_drafter_overlay, write_drafter_overlay
 
     target = _target_source(ctx)  # the quantized checkpoint when there is one
     drafter = quantized_drafter_dir(ctx)
     options, notes = backend_of(spec).checked_options(spec.recipe, str(drafter), ctx.out / "trtllm" / "drafter")
     overlay = local_drafter_overlay(drafter, spec.recipe.trtllm.attention_backend)
-    if overlay is not None:  # TensorRT-LLM reads the drafter's semantics from this config.json (serving/trtllm.py)
+    if overlay is not None:  # TensorRT-LLM reads the drafter's semantics from this config.json (backends/trtllm/drafters.py)
         write_drafter_overlay(drafter, ctx.workdir / "drafter", overlay)
     checked_by = check_installed_tensorrt_llm(options, f"the options of {spec.recipe.name}")
     (ctx.workdir / "llm_api.yaml").write_text(

@@ -153,7 +153,7 @@ def make_build_plan(spec: BuildSpec) -> BuildPlan:
 
 
 def _plan_trtllm(spec: BuildSpec, stages: list[StagePlan], notes: list[str], gpus: int) -> None:
-    from trtllm_dflash.serving.llm_args_check import pinned_source
+    from trtllm_dflash.backends.trtllm.llm_args_check import pinned_source
 
     local = spec.drafter if Path(spec.drafter).expanduser().is_dir() else None
     _, option_notes = backend_of(spec).checked_options(spec.recipe, local)

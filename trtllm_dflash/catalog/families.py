@@ -7,7 +7,7 @@ runtime with its reason and refuse an impossible choice naming the runtime that 
 (trtllm_dflash.backends.choice decides, from these columns).
 
 Sources for the `trtllm` column (TensorRT-LLM's PyTorch-backend DFlash; see
-trtllm_dflash/serving/trtllm_llm_args.json for the pinned source commit):
+trtllm_dflash/backends/trtllm/llm_args.json for the pinned source commit):
 - PR NVIDIA/TensorRT-LLM#12794 ("Support DFlash in one-model spec dec", merged 2026-04):
   accuracy tests on Llama 3.1 8B, Qwen3 8B and GPT-OSS 20B.
 - tensorrt_llm/_torch/speculative/dflash.py (main, commit 00679c66): the DFlash worker uses the

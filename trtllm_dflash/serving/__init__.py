@@ -3,14 +3,15 @@
     model_parameters.py  ServingConfig: one served model's config.pbtxt parameters (checkpoints/engines, backend, limits)
     protocol.py          the wire format: LLM-API style inputs/outputs, request bodies, Triton input names
     repository.py        writing a repository of Python-backend models, from a model or a recipe
-    trtllm.py            the `trtllm` backend's repository (TensorRT-LLM LLM-API model) + key schema
-    batching_loop.py     BatchingLoop: the in-flight batching loop over one Decoder (no Triton imports)
-    model.py             TritonPythonModel: the Python-backend glue around the loop
+    batching_loop.py     BatchingLoop: the in-flight batching loop over one opened pipeline (no Triton imports)
     metrics.py           Prometheus custom metrics, and reading them back
     server.py            launching tritonserver (NVIDIA container or nvidia-pytriton's binary)
     client.py            HTTP generate / generate_stream and gRPC streaming client
-    openai_*.py          the OpenAI-compatible front end over Triton's async gRPC stream: schemas,
+    openai/              the OpenAI-compatible front end over Triton's async gRPC stream: schemas,
                          frontend (checks, translation), triton (the stream), gate, app, server
+
+The Python-backend glue around the loop (TritonPythonModel) is backends/triton_model.py: it picks the
+backend and opens the pipeline, and nothing here imports trtllm_dflash.backends.
 """
 
 # Loopback unless the user opens the server deliberately (--host 0.0.0.0): the demo and a

@@ -14,7 +14,7 @@ import itertools
 import queue
 import threading
 import time
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from trtllm_dflash.sampling_params import SamplingParams, check_prompt_text
 from trtllm_dflash.serving.model_parameters import ServingConfig
 from trtllm_dflash.serving.metrics import ServingMetrics
 from trtllm_dflash.serving.protocol import GenerateInputs
+
+if TYPE_CHECKING:
+    from trtllm_dflash.api import DFlashPipeline
 
 
 class ResponseSink(Protocol):
@@ -59,13 +62,17 @@ class Job:
 
 
 class BatchingLoop:
-    """A loaded target (+ drafter) and the in-flight batching loop over them."""
+    """A loaded target (+ drafter) and the in-flight batching loop over them.
 
-    def __init__(self, config: ServingConfig, metrics: ServingMetrics | None = None, log: Callable[[str], None] = print) -> None:
+    `pipeline` is already open (a DFlashPipeline of the backend `config` names): whoever builds the
+    loop opens it (the Triton model, backends/triton_model.py), so serving never picks a backend."""
+
+    def __init__(self, config: ServingConfig, pipeline: DFlashPipeline, metrics: ServingMetrics | None = None,
+                 log: Callable[[str], None] = print) -> None:
         self.config = config
         self.metrics = metrics or ServingMetrics()
         self.log = log
-        self.pipeline = load_pipeline(config)
+        self.pipeline = pipeline
         self.tokenizer = self.pipeline.tokenizer
         if self.tokenizer is None:
             raise DFlashError(f"target {config.target} has no tokenizer", "save the tokenizer next to the target; the server takes text")
@@ -265,21 +272,6 @@ class BatchingLoop:
         if error is not None:
             _safe(job.sink.error, error)
         self.metrics.request_done(outcome, None, None)
-
-
-def load_pipeline(config: ServingConfig):
-    """The runtime named by the config: torch here; TensorRT engines on a GPU (loaded lazily)."""
-    import torch
-
-    from trtllm_dflash.backends import PipelineSource, get_backend
-
-    if config.num_threads:
-        torch.set_num_threads(config.num_threads)
-    device = config.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    source = PipelineSource(config.target, config.drafter, build=config.engines, speculative=config.speculative)
-    return get_backend(config.runtime).open_pipeline(source, device=device, max_context=config.max_context)
 
 
 def _drain(inbox: queue.Queue) -> list:

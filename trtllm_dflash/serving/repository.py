@@ -3,7 +3,7 @@
     REPO/
       dflash/config.pbtxt     backend "python", decoupled, LLM-API style inputs/outputs, and the
                               ServingConfig as `parameters`
-      dflash/1/model.py       a few lines that import trtllm_dflash.serving.model
+      dflash/1/model.py       a few lines that import trtllm_dflash.backends.triton_model
       ar/...                  optional: the same target without the drafter (the baseline)
       dflash_repository.json  what wrote it and from what
 
@@ -52,7 +52,7 @@ class TritonPythonModel:
     config auto-complete pass, which runs this file in a separate short-lived stub."""
 
     def initialize(self, args):
-        from trtllm_dflash.serving.model import TritonPythonModel as DFlashModel
+        from trtllm_dflash.backends.triton_model import TritonPythonModel as DFlashModel
 
         self.model = DFlashModel()
         self.model.initialize(args)

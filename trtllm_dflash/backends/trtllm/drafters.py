@@ -1,9 +1,30 @@
 """TensorRT-LLM's DFlash mode and our drafters: how it runs each one, and the config overlay that
-makes it run a drafter as its reference defines it (the evidence is in serving/trtllm.py's docstring).
+makes it run a drafter as its reference defines it (the evidence below).
 
 `drafter_support(config)` answers, per drafter: None (runs as published, with the overlay where
 needed), a `DrafterNote` (runs differently: lower acceptance, output still exact) or (problem, fix)
 (refused). docs/drafters.md's backend table is generated from it.
+
+Drafters, as TensorRT-LLM's DFlash mode runs them (read in NVIDIA/TensorRT-LLM, the newest versions the
+search index holds; v1.4.0rc1 was cut from main on 2026-10-22, after PR #19159 merged on 2026-09-14):
+- tensorrt_llm/_torch/models/modeling_dflash.py, the DFlash 2 version (DFlash2BlockConv,
+  DFlash2CandidateSelector, _is_dflash2_architecture; the index gives no commit for it) and
+  7c7504c08f1f (FA4): a checkpoint whose `architectures` has the "dflash2" stem, or whose dflash_config
+  has conv_kernel_size / selector_rank, is a DFlash 2 drafter; it needs dflash_config.{conv_kernel_size,
+  conv_group_size, selector_rank, selector_top_k} and honours the TOP-LEVEL `is_causal` (V2 only): false
+  gives non-causal sliding layers with flash-attention window (W-1, W-1). V1 drafters ignore is_causal:
+  a layer with a sliding window runs CAUSALLY, window (W-1, 0). dflash_config.use_swa / swa_window_size
+  replaces the window with (W-1, W-1) on the sliding layers (all layers without layer_types) but leaves
+  `causal` as it was.
+- tests/unittest/_torch/speculative/hw_agnostic/test_dflash2_semantics.py @10e95278445b (PR #19159):
+  the drafter attention backends VANILLA and FA4 run the released V2 drafter's non-causal 2048 window;
+  TRTLLM refuses any non-causal finite window ("flashinfer's trtllm-gen context kernel refuses causal=False
+  with any finite window_left").
+- tensorrt_llm/_torch/pyexecutor/config_utils.py @2c36f34b5d18 (get_layer_attention_window): an explicit
+  `use_sliding_window: false` turns the inferred window off.
+So V2 drafters run here with drafter attention VANILLA (written explicitly) or FA4, never TRTLLM, and a
+drafter whose reference semantics TensorRT-LLM would not reproduce from its own config.json gets a config
+overlay (drafter_overlay: config.json patched, every other file linked) that makes it run them.
 """
 
 from __future__ import annotations

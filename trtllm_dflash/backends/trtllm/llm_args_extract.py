@@ -1,7 +1,7 @@
-"""Regenerate trtllm_llm_args.json from a local TensorRT-LLM checkout (no import of tensorrt_llm).
+"""Regenerate llm_args.json from a local TensorRT-LLM checkout (no import of tensorrt_llm).
 
     git clone --branch v1.4.0rc1 https://github.com/NVIDIA/TensorRT-LLM && \\
-    python -m trtllm_dflash.serving.llm_args_extract TensorRT-LLM --tag v1.4.0rc1
+    python -m trtllm_dflash.backends.trtllm.llm_args_extract TensorRT-LLM --tag v1.4.0rc1
 
 Reads tensorrt_llm/llmapi/llm_args.py with `ast`: for each class this toolkit writes options for,
 every public annotated field with its type, literal values, default and ge/gt/le bounds. The
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkout", type=Path, help="TensorRT-LLM source checkout")
     parser.add_argument("--tag", default=None, help="the release tag checked out (recorded)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("trtllm_llm_args.json"))
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("llm_args.json"))
     args = parser.parse_args(argv)
     source = args.checkout / "tensorrt_llm" / "llmapi" / "llm_args.py"
     if not source.is_file():

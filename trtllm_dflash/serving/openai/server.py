@@ -18,14 +18,8 @@ clients, benchmarks and UIs speak OpenAI's. The front end
   deadlines for a request's headers and body (slow clients get 408 and are cut off) and a bound
   on open connections.
 
-FastAPI + uvicorn serve the HTTP side; `tritonclient.grpc.aio` the Triton side. The parts:
-
-    openai_schemas.py   request bodies (strict types) and OpenAIError (the body of every refusal)
-    openai_frontend.py  Frontend: discovered models, SamplingParams and prompt checks, translation
-    openai_triton.py    TritonStream: one request on Triton's async gRPC stream
-    openai_gate.py      Gate: API key, body bound, in-flight bound, drain
-    openai_app.py       the FastAPI routes, responses and server-sent events
-    openai_server.py    OpenAIServer: uvicorn in a thread, draining on shutdown (this module)
+FastAPI + uvicorn serve the HTTP side; `tritonclient.grpc.aio` the Triton side. The parts are
+listed in this package's __init__.py.
 """
 
 import ipaddress
@@ -37,12 +31,12 @@ from pathlib import Path
 from typing import Sequence
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.serving.openai_app import create_app, require_extra
-from trtllm_dflash.serving.openai_frontend import (
+from trtllm_dflash.serving.openai.app import create_app, require_extra
+from trtllm_dflash.serving.openai.frontend import (
     DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_QUEUED, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT,
     Frontend, FrontendConfig,
 )
-from trtllm_dflash.serving.openai_schemas import OpenAIError
+from trtllm_dflash.serving.openai.schemas import OpenAIError
 
 log = logging.getLogger("uvicorn.error")  # uvicorn's logger: its lines share uvicorn's format and level
 

@@ -4,6 +4,10 @@ Decoupled (one request, many responses), so `generate_stream` and gRPC streaming
 non-streaming request gets exactly one response, so `generate` works too. `execute()` only
 parses, validates and queues; the BatchingLoop's thread batches every live request into
 each decoding step and sends the responses.
+
+It lives with the backends because it is where a backend is chosen: it opens the pipeline its
+config.pbtxt names (open_served_pipeline) and hands it to serving's BatchingLoop, which never
+imports backends.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from trtllm_dflash.backends import open_served_pipeline
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.sampling_params import SamplingError
 from trtllm_dflash.serving.batching_loop import BatchingLoop
@@ -50,7 +55,8 @@ class TritonPythonModel:
         model_dir = Path(args["model_repository"])
         try:
             config = ServingConfig.from_parameters(model_config.get("parameters", {})).resolved(model_dir)
-            self.loop = BatchingLoop(config, TritonMetrics(self.name), log=pb_utils.Logger.log_error)
+            metrics = TritonMetrics(self.name)
+            self.loop = BatchingLoop(config, open_served_pipeline(config), metrics, log=pb_utils.Logger.log_error)
         except DFlashError as exc:
             raise pb_utils.TritonModelException(f"cannot load DFlash model {self.name}: {exc}") from None
         self.loop.start()

@@ -4,7 +4,7 @@ TensorRT-LLM runs the checkpoints itself; the build writes and checks its LLM-AP
 the Triton repository is the `tensorrt_llm` model of NVIDIA's Triton TensorRT-LLM container.
 This toolkit does not decode with it, so it opens no pipeline here.
 
-DFlash V2 drafters run with drafter attention VANILLA or FA4; drafter_support in serving/trtllm.py says
+DFlash V2 drafters run with drafter attention VANILLA or FA4; drafter_support in drafters.py says
 which drafters run as published, which differently and which are refused, and what was read.
 """
 
@@ -53,7 +53,7 @@ class TrtllmBackend(Backend):
                         overlay_at: str | Path | None = None) -> tuple[dict[str, Any], list[str]]:
         """The recipe's LLM-API options, checked key by key (the build's plan and its trtllm stage both use these);
         `overlay_at`: where the drafter config overlay will be, when the drafter needs one."""
-        from trtllm_dflash.serving.trtllm import LLMApiOptions, llm_api_options, validate_options
+        from trtllm_dflash.backends.trtllm.options import LLMApiOptions, llm_api_options, validate_options
 
         options, notes = llm_api_options(recipe, drafter_dir, overlay_at)
         validate_options(options, LLMApiOptions, f"TensorRT-LLM options of {recipe.name}")
@@ -67,14 +67,14 @@ class TrtllmBackend(Backend):
         return f"start it on the GPU node (Triton's TensorRT-LLM container, TensorRT-LLM {_checked_release()} or later): {serve_command(repository)}"
 
     def write_build_repository(self, build_dir: Path, manifest: dict, out: Path, force: bool = False) -> Path:
-        from trtllm_dflash.serving.trtllm import write_build_llm_api_repository
+        from trtllm_dflash.backends.trtllm.repository import write_build_llm_api_repository
 
         return write_build_llm_api_repository(build_dir, manifest, out, force)
 
     def write_recipe_repository(self, out: Path, recipe: Any, drafter_dir: str | None = None, force: bool = False,
                                 llmapi_model: str | Path | None = None) -> tuple[Path, list[str]]:
         """`llmapi_model`: NVIDIA's LLM-API model folder given with --llmapi-model (else found as find_llmapi_model says)."""
-        from trtllm_dflash.serving.trtllm import write_trtllm_repository
+        from trtllm_dflash.backends.trtllm.repository import write_trtllm_repository
 
         return write_trtllm_repository(out, recipe, drafter_dir=drafter_dir, force=force, llmapi_model=llmapi_model)
 
@@ -94,7 +94,7 @@ TRITON_IMAGE_HINT = "nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3 whose
 
 
 def _checked_release() -> str:
-    from trtllm_dflash.serving.llm_args_check import pinned_version
+    from trtllm_dflash.backends.trtllm.llm_args_check import pinned_version
 
     return pinned_version() or "1.4"
 
@@ -107,8 +107,8 @@ def serve_command(repository: Path) -> str:
 
     import yaml
 
-    from trtllm_dflash.serving.trtllm import LLMAPI_MODEL_ENV
-    from trtllm_dflash.serving.trtllm_drafters import OVERLAY_RECORD
+    from trtllm_dflash.backends.trtllm.repository import LLMAPI_MODEL_ENV
+    from trtllm_dflash.backends.trtllm.drafters import OVERLAY_RECORD
 
     repository = Path(repository).resolve()
     mounts = [repository]

@@ -1,7 +1,7 @@
 """The OpenAI request bodies the front end accepts, and the error every refusal is answered with.
 
 Types are strict (pydantic); the ranges of the sampling values are checked by SamplingParams,
-whose errors the front end maps to OpenAIError (openai_frontend.py).
+whose errors the front end maps to OpenAIError (frontend.py).
 """
 
 from typing import Annotated, Any, Optional, Union

@@ -1,10 +1,10 @@
 """Check LLM-API options against TensorRT-LLM's own argument classes, read from its source.
 
-`trtllm_llm_args.json` (beside this file) is an extract of tensorrt_llm/llmapi/llm_args.py at a
+`llm_args.json` (beside this file) is an extract of tensorrt_llm/llmapi/llm_args.py at a
 pinned release (v1.4.0rc1; the file records its tag, commit and how it was read): class -> field -> type / allowed literal values / default / bounds, plus the
 cross-field rules this toolkit relies on. It replaces a hand-made key list, so a key, a type or
 a value that the pinned TensorRT-LLM would reject is refused here, at configuration time.
-`python -m trtllm_dflash.serving.llm_args_extract CHECKOUT` regenerates it from a local checkout.
+`python -m trtllm_dflash.backends.trtllm.llm_args_extract CHECKOUT` regenerates it from a local checkout.
 
 Where TensorRT-LLM is installed (the GPU node), `installed_llm_args()` extracts the same table from
 the installed package's own llm_args.py (read with `ast`, never imported), so options written
@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-DATA = Path(__file__).with_name("trtllm_llm_args.json")
+DATA = Path(__file__).with_name("llm_args.json")
 ROOT = "TorchLlmArgs"
 
 
@@ -51,7 +51,7 @@ def installed_llm_args() -> dict[str, Any] | None:
 
     The package is located, not imported (importing it needs CUDA and its bindings).
     """
-    from trtllm_dflash.serving.llm_args_extract import extract
+    from trtllm_dflash.backends.trtllm.llm_args_extract import extract
 
     try:
         spec = importlib.util.find_spec("tensorrt_llm")

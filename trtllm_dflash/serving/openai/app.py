@@ -13,10 +13,10 @@ import uuid
 from typing import AsyncIterator
 
 from trtllm_dflash.extras import require_installed
-from trtllm_dflash.serving.openai_frontend import Frontend, ModelInfo
-from trtllm_dflash.serving.openai_gate import Gate
-from trtllm_dflash.serving.openai_schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest, OpenAIError
-from trtllm_dflash.serving.openai_triton import TritonStream
+from trtllm_dflash.serving.openai.frontend import Frontend, ModelInfo
+from trtllm_dflash.serving.openai.gate import Gate
+from trtllm_dflash.serving.openai.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest, OpenAIError
+from trtllm_dflash.serving.openai.triton import TritonStream
 
 log = logging.getLogger("uvicorn.error")  # uvicorn's logger: its lines share uvicorn's format and level
 

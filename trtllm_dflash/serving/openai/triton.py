@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Callable
 import numpy as np
 
 from trtllm_dflash.serving.client import grpc_inputs
-from trtllm_dflash.serving.openai_schemas import OpenAIError
+from trtllm_dflash.serving.openai.schemas import OpenAIError
 from trtllm_dflash.serving.protocol import LLMApiStream
 
 # Triton's words for a model whose Python backend process died: a 503 to retry, not a 400

@@ -18,8 +18,8 @@ from typing import Any, Sequence
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.sampling_params import PromptTooLongError, SamplingError, SamplingParams, check_prompt_text, check_prompt_tokens
 from trtllm_dflash.serving.model_parameters import ServingConfig
-from trtllm_dflash.serving.openai_schemas import IGNORED, UNSUPPORTED, ChatCompletionRequest, GenerationRequest, OpenAIError
-from trtllm_dflash.serving.openai_triton import TritonStream
+from trtllm_dflash.serving.openai.schemas import IGNORED, UNSUPPORTED, ChatCompletionRequest, GenerationRequest, OpenAIError
+from trtllm_dflash.serving.openai.triton import TritonStream
 from trtllm_dflash.serving.protocol import INPUT_NAMES, LLMAPI_MARKER, OWN_ONLY_INPUTS, LLMApiStream, llmapi_body, params_body
 
 log = logging.getLogger("uvicorn.error")  # uvicorn's logger: its lines share uvicorn's format and level

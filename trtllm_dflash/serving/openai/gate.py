@@ -11,8 +11,8 @@ import asyncio
 import hmac
 from typing import Awaitable, Callable
 
-from trtllm_dflash.serving.openai_frontend import Frontend
-from trtllm_dflash.serving.openai_schemas import OpenAIError
+from trtllm_dflash.serving.openai.frontend import Frontend
+from trtllm_dflash.serving.openai.schemas import OpenAIError
 
 GENERATE_PATHS = ("/v1/chat/completions", "/v1/completions")  # counted in flight, drained, queue-bounded
 OPEN_PATHS = ("/health",)  # answered without the API key (load balancers, orchestrators)
