@@ -25,7 +25,7 @@ from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.demo import DEMO_DIR
 from trtllm_dflash.modeling.taps import HiddenTaps
 from trtllm_dflash.recipes.schema import CalibrationSection
-from trtllm_dflash.testing import write_modelopt_drafter
+from trtllm_dflash.checks.testing import write_modelopt_drafter
 
 
 def build_path_nvfp4(target, out: Path) -> Path:

@@ -91,7 +91,7 @@ def demo_pair() -> tuple[Path, Path, list[list[int]]]:
 
 def cycle_pair(root: Path, count: int) -> tuple[Path, Path, list[list[int]]]:
     """A trained cycle target (hidden 256, 8 layers) and its distilled drafter, made once under root."""
-    from trtllm_dflash import testing
+    from trtllm_dflash.checks import testing
 
     target_dir, drafter_dir = root / "target", root / "drafter"
     generator = torch.Generator().manual_seed(1)

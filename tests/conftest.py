@@ -98,21 +98,21 @@ def _quiet_transformers():
 
 @pytest.fixture(scope="session")
 def tiny_qwen3(tmp_path_factory):
-    from trtllm_dflash.testing import make_tiny_target
+    from trtllm_dflash.checks.testing import make_tiny_target
 
     return make_tiny_target(tmp_path_factory.mktemp("qwen3-target"), "qwen3", seed=1)
 
 
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory):
-    from trtllm_dflash.testing import make_tiny_target
+    from trtllm_dflash.checks.testing import make_tiny_target
 
     return make_tiny_target(tmp_path_factory.mktemp("llama-target"), "llama", seed=2)
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen3_drafter(tmp_path_factory, tiny_qwen3):
-    from trtllm_dflash.testing import make_tiny_drafter
+    from trtllm_dflash.checks.testing import make_tiny_drafter
 
     return make_tiny_drafter(tmp_path_factory.mktemp("qwen3-drafter"), tiny_qwen3, seed=3, block_size=8)
 
@@ -137,7 +137,7 @@ def trained_pair(tmp_path_factory):
     """(target_dir, drafter_dir, prompts): a tiny pair whose drafter proposes the target's tokens."""
     import torch
 
-    from trtllm_dflash.testing import cycle_sequences, make_cycle_pair
+    from trtllm_dflash.checks.testing import cycle_sequences, make_cycle_pair
 
     target_dir, drafter_dir = make_cycle_pair(tmp_path_factory.mktemp("cycle-pair"), block_size=8)
     prompts = cycle_sequences(4, 14, torch.Generator().manual_seed(123)).tolist()

@@ -49,7 +49,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ]),
     ("library", [
         "trtllm_dflash", "trtllm_dflash.api", "trtllm_dflash.training", "trtllm_dflash.training.*",
-        "trtllm_dflash.testing",
+        "trtllm_dflash.checks.testing",
     ]),
     # what each backend serves, builds and writes, and the Triton model that opens its pipeline; the
     # serving helpers they use (repository writing, parameters, protocol, the batching loop) sit here too
@@ -179,9 +179,9 @@ def test_shipped_code_does_not_import_the_test_fixtures():
     importers = sorted(
         module
         for module, targets in import_graph().items()
-        if "trtllm_dflash.testing" in targets and not fnmatch.fnmatchcase(module, "trtllm_dflash.checks.*")
+        if "trtllm_dflash.checks.testing" in targets and not fnmatch.fnmatchcase(module, "trtllm_dflash.checks.*")
     )
-    assert not importers, f"these modules import trtllm_dflash.testing (only tests and checks/ may): {importers}"
+    assert not importers, f"these modules import trtllm_dflash.checks.testing (only tests and checks/ may): {importers}"
 
 
 def room_of(module: str) -> str:
@@ -227,8 +227,8 @@ def test_the_checks_catch_what_they_guard(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from trtllm_dflash.builder import export\n")
     assert imports_of("trtllm_dflash.runtime.m", module, source_files()) == {"trtllm_dflash.builder.export"}
-    module.write_text("def f():\n    from trtllm_dflash import testing\n")
-    assert imports_of("trtllm_dflash.builder.m", module, source_files()) == {"trtllm_dflash.testing"}
+    module.write_text("def f():\n    from trtllm_dflash.checks import testing\n")
+    assert imports_of("trtllm_dflash.builder.m", module, source_files()) == {"trtllm_dflash.checks.testing"}
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
     loop = {"trtllm_dflash.serving.x": {"trtllm_dflash.backends"}, "trtllm_dflash.backends.y": {"trtllm_dflash.serving.z"}}
     assert imports_between(loop, "trtllm_dflash.serving", "trtllm_dflash.backends") == ["trtllm_dflash.serving.x -> trtllm_dflash.backends"]

@@ -69,7 +69,7 @@ def test_bench_detects_lossy_decoding(tiny_qwen3_with_tokenizer):
 
 @pytest.fixture(scope="module")
 def tiny_qwen3_with_tokenizer(tmp_path_factory):
-    from trtllm_dflash.testing import make_tiny_drafter, make_tiny_target
+    from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target
 
     target = make_tiny_target(tmp_path_factory.mktemp("bench-target"), "qwen3", seed=4, tokenizer=True)
     drafter = make_tiny_drafter(tmp_path_factory.mktemp("bench-drafter"), target, seed=4, block_size=4, mask_token_id=2)

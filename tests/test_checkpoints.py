@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from trtllm_dflash.checkpoints import load_drafter, load_target, validate_pair
 from trtllm_dflash.errors import CheckpointError, CompatibilityError
-from trtllm_dflash.testing import make_tiny_drafter
+from trtllm_dflash.checks.testing import make_tiny_drafter
 
 
 @pytest.fixture
@@ -125,7 +125,7 @@ def test_target_without_tokenizer_only_fails_when_one_is_needed(tiny_qwen3):
 def test_validate_pair_accepts_sliding_layers_only_with_a_window(tiny_qwen3):
     from transformers import AutoConfig
 
-    from trtllm_dflash.testing import tiny_drafter_config
+    from trtllm_dflash.checks.testing import tiny_drafter_config
 
     target_config = AutoConfig.from_pretrained(tiny_qwen3)
     ok = tiny_drafter_config(target_config, layer_types=("sliding_attention", "full_attention"), sliding_window=4)

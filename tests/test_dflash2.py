@@ -19,7 +19,7 @@ from trtllm_dflash.modeling.dflash2 import DFlash2Drafter
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.ops import reference_dflash2
 from trtllm_dflash.runtime.base import SamplingTensors
-from trtllm_dflash.testing import make_tiny_target, make_tiny_v2_drafter, perturb_v2, tiny_drafter_config
+from trtllm_dflash.checks.testing import make_tiny_target, make_tiny_v2_drafter, perturb_v2, tiny_drafter_config
 
 from test_lossless import hf_greedy
 from test_sampling import VOCAB, chi2_pvalue, exact_distribution, sample_speculatively

@@ -24,7 +24,7 @@ def _cli(*args: str) -> str:
 
 @pytest.fixture(scope="module")
 def v2_pair(tmp_path_factory):
-    from trtllm_dflash.testing import make_tiny_target, make_tiny_v2_drafter
+    from trtllm_dflash.checks.testing import make_tiny_target, make_tiny_v2_drafter
 
     root = tmp_path_factory.mktemp("v2-pair")
     target = make_tiny_target(root / "target", seed=21, tokenizer=True)

@@ -10,7 +10,7 @@ import torch
 
 from trtllm_dflash import DFlashPipeline
 from trtllm_dflash.checkpoints import load_target
-from trtllm_dflash.testing import make_tiny_drafter, make_tiny_target
+from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target
 
 NEW_TOKENS = 20
 

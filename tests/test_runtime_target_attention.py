@@ -13,7 +13,7 @@ from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
-from trtllm_dflash.testing import make_tiny_drafter, make_tiny_target
+from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target
 
 FAMILIES = ["qwen3", "llama", "gpt_oss", "gemma3", "qwen3_moe"]
 
@@ -57,7 +57,7 @@ def test_dflash_attention_decodes_like_the_models_own_attention(pair_dirs, famil
 def test_targets_the_op_cannot_express_are_refused(pair_dirs, tmp_path, family, reason):
     from transformers import AutoModelForCausalLM
 
-    from trtllm_dflash.testing import tiny_target_config
+    from trtllm_dflash.checks.testing import tiny_target_config
 
     model = AutoModelForCausalLM.from_config(tiny_target_config(family))
     with pytest.raises(DFlashError, match=reason) as error:

@@ -19,7 +19,7 @@ from trtllm_dflash.checkpoints import load_target
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash import ops
 from trtllm_dflash.ops import reference, rng
-from trtllm_dflash.testing import make_tiny_drafter, make_tiny_target
+from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target
 
 VOCAB = 8
 PROMPT = [1, 2, 3]

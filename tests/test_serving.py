@@ -37,7 +37,7 @@ def pair(request, tmp_path_factory):
     """(target, drafter) as the CLI names them."""
     if request.param == "demo":
         return "demo", "demo"
-    from trtllm_dflash.testing import make_tiny_drafter, make_tiny_target
+    from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target
 
     root = tmp_path_factory.mktemp("served-pair")
     target = make_tiny_target(root / "target", seed=11, tokenizer=True)

@@ -28,7 +28,7 @@ def _cli(*args: str) -> str:
 
 @pytest.fixture(scope="module")
 def hybrid_pair(tmp_path_factory):
-    from trtllm_dflash.testing import make_cycle_pair
+    from trtllm_dflash.checks.testing import make_cycle_pair
 
     target, drafter = make_cycle_pair(tmp_path_factory.mktemp("hybrid-pair"), block_size=8, family="qwen3_5", tokenizer=True)
     return str(target), str(drafter)
@@ -38,7 +38,7 @@ def hybrid_pair(tmp_path_factory):
 def prompts(hybrid_pair):
     from transformers import AutoTokenizer
 
-    from trtllm_dflash.testing import cycle_sequences
+    from trtllm_dflash.checks.testing import cycle_sequences
 
     tokenizer = AutoTokenizer.from_pretrained(hybrid_pair[0])
     windows = cycle_sequences(4, 14, torch.Generator().manual_seed(5)).tolist()

@@ -163,7 +163,7 @@ def test_streams_turn_cumulative_text_into_steps_and_end_on_the_last_response(cl
 
 
 def test_generate_url_prints_the_texts_and_the_figures_it_has(server):
-    from trtllm_dflash.testing import run_cli
+    from trtllm_dflash.checks.testing import run_cli
 
     for stream in ((), ("--stream",)):
         result = run_cli("generate", "--url", server.endpoints.http, "--model-name", "tensorrt_llm", "--prompt", PROMPT,
