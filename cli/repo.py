@@ -43,7 +43,7 @@ def repo(
     """Write a Triton Inference Server model repository that serves DFlash (and its AR baseline)."""
     from trtllm_dflash.backends import get_backend, write_build_repository
     from trtllm_dflash.serving import repository
-    from trtllm_dflash.serving.model_parameters import ServingConfig
+    from trtllm_dflash.serving.model_parameters import ServingConfig, recipe_limits, serving_limits
 
     sources = [s for s in (model, build, recipe) if s is not None]
     if len(sources) != 1:
@@ -73,9 +73,8 @@ def repo(
         return
     if found is not None:
         target, draft = found.model.checkpoint, found.drafter.checkpoint
-        limits = {"max_batch": found.triton.max_batch_size, "max_context": found.limits.max_seq_len,
-                  "max_tokens": found.limits.max_seq_len - found.limits.max_input_len, "block_size": found.drafter.block_size,
-                  "draft_len_schedule": found.drafter.draft_len_schedule}
+        limits = {"max_batch": found.triton.max_batch_size, **recipe_limits(found.limits.max_seq_len, found.limits.max_input_len),
+                  "block_size": found.drafter.block_size, "draft_len_schedule": found.drafter.draft_len_schedule}
         source = {"recipe": found.name}
     else:
         target, draft = model, drafter
@@ -85,8 +84,8 @@ def repo(
     overrides = {"max_batch": max_batch, "max_context": max_context, "max_tokens": max_tokens, "block_size": block_size}
     options.update(limits)
     options.update({k: v for k, v in overrides.items() if v is not None})  # flags override the recipe
-    if options.get("max_tokens") and options.get("max_context"):
-        options["max_tokens"] = min(options["max_tokens"], options["max_context"] - 1)
+    if options.get("max_tokens") and options.get("max_context"):  # a request leaves room for its prompt
+        options["max_tokens"] = serving_limits(options["max_context"], options["max_tokens"]).max_new_tokens
     models = [(name, _config(ServingConfig, target=target, drafter=draft, **options))]
     if draft is not None and baseline:
         ar_options = {k: v for k, v in options.items() if k not in ("block_size", "draft_len_schedule")}

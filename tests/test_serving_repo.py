@@ -359,3 +359,15 @@ def test_config_strings_round_trip_through_protobuf_text_format():
     assert text.isascii()
     parsed = text_format.Parse(text, model_config_pb2.ModelConfig())
     assert parsed.parameters["target"].string_value == value
+
+
+def test_serving_limits_are_worked_out_once():
+    """repo, the OpenAI front end and the batching loop read a model's limits from one function."""
+    from trtllm_dflash.serving.model_parameters import ServingConfig, ServingLimits, recipe_limits, serving_limits
+
+    assert serving_limits(256, 1000) == ServingLimits(256, 255, 128)  # the prompt keeps at least one token
+    assert serving_limits(256, 32, 64) == ServingLimits(256, 32, 32)
+    assert serving_limits(4096, 512, 16) == ServingLimits(4096, 512, 16)
+    assert recipe_limits(8192, 6144) == {"max_context": 8192, "max_tokens": 2048} and recipe_limits(None, 6144) == {}
+    config = ServingConfig(target="demo", max_context=300, max_tokens=400)
+    assert config.limits() == ServingLimits(300, 299, 128) and config.limits(200).max_new_tokens == 199

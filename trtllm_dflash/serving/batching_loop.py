@@ -76,11 +76,10 @@ class BatchingLoop:
         self.tokenizer = self.pipeline.tokenizer
         if self.tokenizer is None:
             raise DFlashError(f"target {config.target} has no tokenizer", "save the tokenizer next to the target; the server takes text")
-        self.max_context = self.pipeline.max_context
-        # the repository's parameters keep their wire names (max_tokens, default_max_tokens)
-        self.max_new_tokens_limit = min(config.max_tokens, self.max_context - 1)
+        limits = config.limits(self.pipeline.max_context)
+        self.max_context, self.max_new_tokens_limit = limits.max_context, limits.max_new_tokens
         # what a request that leaves a value out gets
-        self.defaults = SamplingParams(max_new_tokens=min(config.default_max_tokens or 128, self.max_new_tokens_limit))
+        self.defaults = SamplingParams(max_new_tokens=limits.default_new_tokens)
         self.decoder = self._new_decoder()
         self.draft_len = self.decoder.block_size - 1 if self.decoder.speculative else 0
         self.inbox: queue.Queue[Job] = queue.Queue()

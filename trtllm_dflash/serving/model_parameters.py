@@ -7,6 +7,7 @@ backend model reads them back from there. Kept apart from the code that loads an
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -15,6 +16,36 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from trtllm_dflash.errors import DFlashError
 
 Runtime = Literal["torch", "trt"]
+DEFAULT_NEW_TOKENS = 128  # what a request that does not say gets, unless the model sets default_max_tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingLimits:
+    """A served model's token limits, under one name each from the repository to the decoder.
+
+    The config.pbtxt parameters keep their wire names (`max_context`, `max_tokens`,
+    `default_max_tokens`); everything that serves reads them through `serving_limits`."""
+
+    max_context: int  # prompt + generated tokens of one request
+    max_new_tokens: int  # the most a request may ask to generate (OpenAI max_tokens, sampling_param_max_tokens)
+    default_new_tokens: int  # generated when a request does not say
+
+
+def serving_limits(max_context: int, max_tokens: int | None = None, default_max_tokens: int | None = None) -> ServingLimits:
+    """The limits of a model that holds `max_context` tokens: at least one of them is the prompt."""
+    limit = max_context - 1 if max_tokens is None else min(max_tokens, max_context - 1)
+    return ServingLimits(max_context, limit, min(default_max_tokens or DEFAULT_NEW_TOKENS, limit))
+
+
+def recipe_limits(max_seq_len: int | None, max_input_len: int | None) -> dict[str, int]:
+    """A recipe's TensorRT-LLM limits as repository parameters: the sequence holds the context, and
+    what the input may not take is what a request may generate."""
+    limits = {}
+    if max_seq_len:
+        limits["max_context"] = int(max_seq_len)
+        if max_input_len:
+            limits["max_tokens"] = int(max_seq_len) - int(max_input_len)
+    return limits
 
 
 class ServingConfig(BaseModel):
@@ -59,6 +90,10 @@ class ServingConfig(BaseModel):
     @property
     def speculative(self) -> bool:
         return self.drafter is not None
+
+    def limits(self, max_context: int | None = None) -> ServingLimits:
+        """This model's limits; `max_context`: what the opened pipeline holds, where it differs."""
+        return serving_limits(max_context or self.max_context, self.max_tokens, self.default_max_tokens)
 
     def resolved(self, model_dir: Path) -> "ServingConfig":
         """Checkpoint paths that are relative are relative to the model's directory in the repository."""

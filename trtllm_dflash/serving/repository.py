@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.serving.model_parameters import ServingConfig
+from trtllm_dflash.serving.model_parameters import ServingConfig, recipe_limits
 from trtllm_dflash.serving.protocol import INPUTS, OUTPUTS
 
 MANIFEST = "dflash_repository.json"
@@ -256,10 +256,7 @@ def models_from_build(build_dir: str | Path) -> list[tuple[str, ServingConfig]]:
     options: dict = {"target": target, "drafter": drafter}
     if recipe.get("max_batch"):
         options["max_batch"] = int(recipe["max_batch"])
-    if recipe.get("max_seq_len"):
-        options["max_context"] = int(recipe["max_seq_len"])
-        if recipe.get("max_input_len"):
-            options["max_tokens"] = int(recipe["max_seq_len"]) - int(recipe["max_input_len"])
+    options.update(recipe_limits(recipe.get("max_seq_len"), recipe.get("max_input_len")))
     if recipe.get("block_size"):
         options["block_size"] = int(recipe["block_size"])
     if recipe.get("draft_len_schedule"):

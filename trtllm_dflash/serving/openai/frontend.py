@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.sampling_params import PromptTooLongError, SamplingError, SamplingParams, check_prompt_text, check_prompt_tokens
-from trtllm_dflash.serving.model_parameters import ServingConfig
+from trtllm_dflash.serving.model_parameters import DEFAULT_NEW_TOKENS, ServingConfig
 from trtllm_dflash.serving.openai.schemas import IGNORED, UNSUPPORTED, ChatCompletionRequest, GenerationRequest, OpenAIError
 from trtllm_dflash.serving.openai.triton import TritonStream
 from trtllm_dflash.serving.protocol import INPUT_NAMES, LLMAPI_MARKER, OWN_ONLY_INPUTS, LLMApiStream, llmapi_body, params_body
@@ -95,10 +95,10 @@ def load_model_info(name: str, parameters: dict, tokenizer: str | None, reposito
     except Exception as exc:  # noqa: BLE001 - not a tokenizer folder
         raise DFlashError(f"cannot load a tokenizer from {folder} for model {name!r} ({type(exc).__name__})", "pass --tokenizer DIR with tokenizer.json") from None
     if config is None:
-        return ModelInfo(name, tok, None, None, 128, False, int(time.time()))
-    limit = min(config.max_tokens, config.max_context - 1)  # the parameters keep their wire names
-    default = min(config.default_max_tokens or 128, limit)
-    return ModelInfo(name, tok, config.max_context, limit, default, config.speculative, int(time.time()), config.max_batch)
+        return ModelInfo(name, tok, None, None, DEFAULT_NEW_TOKENS, False, int(time.time()))
+    limits = config.limits()
+    return ModelInfo(name, tok, limits.max_context, limits.max_new_tokens, limits.default_new_tokens, config.speculative,
+                     int(time.time()), config.max_batch)
 
 
 @dataclasses.dataclass
