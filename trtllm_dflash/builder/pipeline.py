@@ -96,9 +96,9 @@ def _target_config(path: Path) -> Any:
 
 
 def run_checkpoints(ctx: StageContext, target_dir: Path, drafter_dir: Path) -> dict[str, Any]:
-    from trtllm_dflash.checkpoints import _check_safetensors_headers, _require_safetensors, validate_pair
+    from trtllm_dflash.checkpoints.drafters import _check_safetensors_headers, _require_safetensors, validate_pair
     from trtllm_dflash.config import DrafterConfig
-    from trtllm_dflash.mxfp4_checkpoints import check_mxfp4_tensors, is_mxfp4_checkpoint, tensor_index
+    from trtllm_dflash.checkpoints.mxfp4 import check_mxfp4_tensors, is_mxfp4_checkpoint, tensor_index
 
     drafter_config = DrafterConfig.from_dir(drafter_dir)
     target_config = _target_config(target_dir)
@@ -179,7 +179,7 @@ def load_graph_target(spec: BuildSpec, source: Path, dtype: str):
     from trtllm_dflash.checkpoints import Target, load_target
 
     if spec.quant == "fp8":
-        from trtllm_dflash.builder.quantize import load_modelopt_model
+        from trtllm_dflash.checkpoints.modelopt import load_modelopt_model
 
         return Target(load_modelopt_model(source, "cpu", DTYPES[dtype], fp8_modules=True), None, source)
     return load_target(source, dtype=DTYPES[dtype])

@@ -127,7 +127,7 @@ def load_target(
     dtype = dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
     if (getattr(config, "quantization_config", None) or {}).get("quant_method") == "modelopt":
         # ModelOpt FP8 output of `dflash-trt build` (transformers has no loader for it)
-        from trtllm_dflash.modelopt_checkpoints import load_modelopt_model
+        from trtllm_dflash.checkpoints.modelopt import load_modelopt_model
 
         model = load_modelopt_model(path, device, dtype)
         return Target(model=model, tokenizer=_load_tokenizer(path, require_tokenizer), path=path)
@@ -141,7 +141,7 @@ def load_target(
     )
     if (getattr(config, "quantization_config", None) or {}).get("quant_method") == "mxfp4":
         # gpt-oss as published: MXFP4 experts, dequantized by our codec (transformers' quantizer would fetch kernels)
-        from trtllm_dflash.mxfp4_checkpoints import load_mxfp4_model
+        from trtllm_dflash.checkpoints.mxfp4 import load_mxfp4_model
 
         model = load_mxfp4_model(path, config, dtype, **implementations)
         model.to(device).eval()
