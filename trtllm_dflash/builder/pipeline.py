@@ -96,7 +96,7 @@ def _target_config(path: Path) -> Any:
 
 
 def run_checkpoints(ctx: StageContext, target_dir: Path, drafter_dir: Path) -> dict[str, Any]:
-    from trtllm_dflash.checkpoints.drafters import _check_safetensors_headers, _require_safetensors, validate_pair
+    from trtllm_dflash.checkpoints import check_safetensors_headers, require_safetensors, validate_pair
     from trtllm_dflash.config import DrafterConfig
     from trtllm_dflash.checkpoints.mxfp4 import check_mxfp4_tensors, is_mxfp4_checkpoint, tensor_index
 
@@ -106,7 +106,7 @@ def run_checkpoints(ctx: StageContext, target_dir: Path, drafter_dir: Path) -> d
     cache = mf.HashCache(ctx.out / ".cache" / "hashes.json")
     summary: dict[str, Any] = {}
     for role, path in (("target", target_dir), ("drafter", drafter_dir)):
-        _check_safetensors_headers(_require_safetensors(path, role))
+        check_safetensors_headers(require_safetensors(path, role))
         digests = {}
         for file in sorted(p for p in path.iterdir() if p.is_file()):
             ctx.status(f"hashing {role} {file.name}")
@@ -115,7 +115,7 @@ def run_checkpoints(ctx: StageContext, target_dir: Path, drafter_dir: Path) -> d
     cache.save()
     if is_mxfp4_checkpoint(vars(target_config)):  # gpt-oss as published: every expert's blocks and scales are there
         ctx.status("checking the MXFP4 experts")
-        projections = check_mxfp4_tensors(tensor_index(_require_safetensors(target_dir, "target")), vars(target_config), target_dir)
+        projections = check_mxfp4_tensors(tensor_index(require_safetensors(target_dir, "target")), vars(target_config), target_dir)
         summary["target"]["experts"] = {"format": "mxfp4", "projections": projections}
     summary["drafter"].update(
         block_size=drafter_config.block_size,
