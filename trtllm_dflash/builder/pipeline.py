@@ -40,10 +40,6 @@ from trtllm_dflash.errors import CheckpointError, DFlashError
 
 EXPORT_FORMAT = 2  # bump when the graphs change (2: exact attention scale, verifying plugin target), so old export stages are rebuilt
 VALIDATE_FORMAT = 2  # bump when the checks or the report change (2: dtype-derived tolerance, validated variants)
-TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
-    "merges.txt", "chat_template.jinja", "generation_config.json", "config.json",
-)
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -196,7 +192,7 @@ def run_export(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
 
     from trtllm_dflash.builder import plugin_graphs
     from trtllm_dflash.builder.export import export_pair
-    from trtllm_dflash.checkpoints import load_drafter
+    from trtllm_dflash.checkpoints import BUILD_TOKENIZER_FILES, load_drafter
 
     for module in ("onnx", "onnxscript"):  # torch.onnx's exporter imports them deep inside
         require(module, "export", "ONNX export")
@@ -221,7 +217,7 @@ def run_export(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     info = export_pair(target.model, drafter, ctx.workdir, dtype, bounds_of(spec, block_size), tuple(variants), ctx.status)
     tokenizer_dir = ctx.workdir / "tokenizer"
     tokenizer_dir.mkdir()
-    for name in TOKENIZER_FILES:
+    for name in BUILD_TOKENIZER_FILES:
         if (source / name).is_file():
             shutil.copy2(source / name, tokenizer_dir / name)
     # bytes each engine moves per verify step at the recipe's max batch, half the cache filled

@@ -17,7 +17,15 @@ from trtllm_dflash.checkpoints.paths import resolve_checkpoint
 from trtllm_dflash.checkpoints.weights import check_safetensors_headers, require_safetensors
 from trtllm_dflash.errors import CheckpointError
 
+# A directory holds a tokenizer (one AutoTokenizer can open) when it has any one of these.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+# What a build copies from the target into its tokenizer/ folder (export, then engines), so a runtime
+# opens the target's tokenizer and stop ids without the weights: the files above, those that complete
+# them (BPE merges, special tokens, chat template), and the generation config and config.json
+# (eos_token_id; the model type AutoTokenizer falls back to).
+BUILD_TOKENIZER_FILES = TOKENIZER_FILES + (
+    "merges.txt", "special_tokens_map.json", "chat_template.jinja", "generation_config.json", "config.json",
+)
 
 
 @dataclasses.dataclass
