@@ -9,17 +9,18 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from trtllm_dflash.checkpoints.modelopt import dequantize_drafter
-from trtllm_dflash.checkpoints.pair import check_codebooks, check_own_weights, validate_pair
+from trtllm_dflash.checkpoints.pair import check_codebooks, check_mask_token, check_own_weights, validate_pair
 from trtllm_dflash.checkpoints.paths import resolve_checkpoint
 from trtllm_dflash.checkpoints.targets import Target
 from trtllm_dflash.checkpoints.weights import check_safetensors_headers, require_safetensors
-from trtllm_dflash.config import DrafterConfig
+from trtllm_dflash.config import DrafterConfig, read_drafter_json
 from trtllm_dflash.errors import CheckpointError, CompatibilityError
 from trtllm_dflash.modeling.dflash2 import DFlash2Drafter
 from trtllm_dflash.modeling.drafter import DFlashDrafter
@@ -43,28 +44,55 @@ IGNORED_DRAFTER_TENSORS = ("verifier_norm.weight", "verifier_lm_head.weight")
 OWN_WEIGHTS = ("lm_head.weight", "embed_tokens.weight")
 
 
+@dataclasses.dataclass(frozen=True)
+class DrafterCheckpoint:
+    """A drafter directory with its config.json parsed once: the raw dict (what DrafterConfig does
+    not keep: the quantization config, a mask token named by its text) and the DrafterConfig."""
+
+    path: Path
+    raw: dict[str, Any]
+    config: DrafterConfig
+
+
+def read_drafter_checkpoint(path: str | Path) -> DrafterCheckpoint:
+    """A drafter's directory (a path, or `demo`) and its config.json, parsed once."""
+    path = resolve_checkpoint(path, "drafter")
+    raw = read_drafter_json(path)
+    return DrafterCheckpoint(path, raw, DrafterConfig.from_dict(raw, source=str(path / "config.json")))
+
+
 def load_drafter(
-    path: str | Path,
+    path: str | Path | DrafterCheckpoint,
     target: Target | None = None,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
     sliding_window_size: int | None = None,
+    *,
+    pair_checked: bool = False,
 ) -> DFlashDrafter:
     """Load a DFlash drafter (z-lab, ModelOpt or Speculators layout); with `target`, check first
-    that the pair fits. `sliding_window_size` overrides the checkpoint's bounded draft history."""
-    path = resolve_checkpoint(path, "drafter")
-    config = DrafterConfig.from_dir(path)
+    that the pair fits. `sliding_window_size` overrides the checkpoint's bounded draft history.
+
+    `path` may be a DrafterCheckpoint already read (its config.json is not parsed again).
+    `pair_checked`: the caller has run validate_pair on this target's config and this drafter's
+    (a build's checkpoints stage), so only what it could not see is checked again: a mask token
+    looked up here in the target's tokenizer."""
+    checkpoint = path if isinstance(path, DrafterCheckpoint) else read_drafter_checkpoint(path)
+    path, config = checkpoint.path, checkpoint.config
     if sliding_window_size is not None:
         if sliding_window_size <= 0:
             raise CompatibilityError(f"sliding_window_size is {sliding_window_size}", "pass a positive number of context positions")
         config = dataclasses.replace(config, sliding_window_size=sliding_window_size)
-    if config.mask_token_id is None:
-        config = dataclasses.replace(config, mask_token_id=resolve_mask_token(path, target))
-    if target is not None:
+    mask_looked_up = config.mask_token_id is None
+    if mask_looked_up:
+        config = dataclasses.replace(config, mask_token_id=resolve_mask_token(path, target, checkpoint.raw))
+    if target is not None and not pair_checked:
         validate_pair(target.config, config)
-    elif config.block_size < 2:
+    elif target is not None and mask_looked_up:
+        check_mask_token(target.config, config)
+    elif target is None and config.block_size < 2:
         raise CompatibilityError(f"drafter block_size is {config.block_size}", "DFlash needs a block size >= 2")
-    state = _normalize_drafter_state(read_drafter_weights(path), path)
+    state = _normalize_drafter_state(read_drafter_weights(path), path, checkpoint.raw)
     drafter = new_drafter(config, _drafter_vocab(config, target, state))
     drafter.attach_own_weights(state.get("lm_head.weight"), state.get("embed_tokens.weight"))
     if target is not None:
@@ -123,12 +151,12 @@ def _drafter_vocab(config: DrafterConfig, target: Target | None, state: dict[str
     return None if codebook is None else int(codebook.shape[0])
 
 
-def resolve_mask_token(path: Path, target: Target | None) -> int:
+def resolve_mask_token(path: Path, target: Target | None, raw: dict[str, Any] | None = None) -> int:
     """The mask token of a drafter whose config has no id: the token the config names
     (`dflash_config.mask_token`, as SGLang reads it), else the target tokenizer's mask token,
-    else the token `<|MASK|>` in its vocabulary."""
+    else the token `<|MASK|>` in its vocabulary. `raw`: the drafter's config.json, when parsed already."""
     tokenizer = target.tokenizer if target is not None else None
-    raw = json.loads((path / "config.json").read_text())
+    raw = raw if raw is not None else read_drafter_json(path)
     named = (raw.get("dflash_config") or {}).get("mask_token") or raw.get("mask_token")
     if tokenizer is not None:
         vocab = tokenizer.get_vocab()
@@ -153,15 +181,15 @@ def resolve_mask_token(path: Path, target: Target | None) -> int:
 MASK_TOKEN = "<|MASK|>"
 
 
-def _normalize_drafter_state(state: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
-    """Tensor names and dtypes as DFlashDrafter expects them, from any supported export."""
+def _normalize_drafter_state(state: dict[str, torch.Tensor], path: Path, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Tensor names and dtypes as DFlashDrafter expects them, from any supported export (`config`: its config.json)."""
     if "fc.weight" not in state:  # names under a module prefix (e.g. `model.fc.weight`)
         prefixes = [name[: -len("fc.weight")] for name in state if name.endswith(".fc.weight")]
         if len(prefixes) == 1:
             prefix = prefixes[0]
             state = {name.removeprefix(prefix): tensor for name, tensor in state.items()}
     state = {name: t for name, t in state.items() if name not in IGNORED_DRAFTER_TENSORS and "rotary_emb" not in name}
-    return dequantize_drafter(state, path)
+    return dequantize_drafter(state, path, config)
 
 
 def save_drafter(drafter: DFlashDrafter, path: str | Path) -> Path:

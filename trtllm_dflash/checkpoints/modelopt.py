@@ -11,6 +11,7 @@ Drafters: `load_drafter` (drafters.py) dequantizes an export's FP8 or NVFP4 weig
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -33,25 +34,26 @@ def fake_quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (q.float() * scale).to(x.dtype)
 
 
-def load_modelopt_model(path: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, fp8_modules: bool = False):
+def load_modelopt_model(
+    path: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, fp8_modules: bool = False, config=None
+):
     """Load a ModelOpt FP8 checkpoint into a transformers model that computes like the FP8 engine.
 
     Weights are dequantized exactly (FP8 value x weight_scale); each quantized Linear rounds its
     input to FP8 with the calibrated input_scale before the matmul. With `fp8_modules` the
     quantized layers become `FP8Linear` (FP8 weights kept, exported as Q/DQ ONNX) instead.
-    transformers itself has no loader for `quant_method: modelopt`.
+    transformers itself has no loader for `quant_method: modelopt`. `config`: the checkpoint's
+    transformers config when the caller has parsed it already (it is not changed).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    raw = json.loads((path / "config.json").read_text())
-    quant = raw["quantization_config"]
-    algo = quant.get("quant_algo")
+    config = copy.deepcopy(config) if config is not None else AutoConfig.from_pretrained(path, local_files_only=True)
+    algo = (getattr(config, "quantization_config", None) or {}).get("quant_algo")
     if algo != "FP8":
         raise CheckpointError(
             f"{path} is a ModelOpt {algo} checkpoint; the torch runtime loads ModelOpt FP8 only",
             "serve it with TensorRT-LLM or the engines built from it",
         )
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
     for attribute in ("quantization_config",):
         if hasattr(config, attribute):
             delattr(config, attribute)
@@ -109,10 +111,11 @@ FP8_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN")
 NVFP4_ALGOS = ("NVFP4", "W4A16_NVFP4")
 
 
-def dequantize_drafter(state: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
+def dequantize_drafter(state: dict[str, torch.Tensor], path: Path, config: dict[str, Any]) -> dict[str, torch.Tensor]:
     """A drafter export's tensors with its ModelOpt FP8 / NVFP4 weights dequantized to float32 (the
-    export's `quant_algo`, from hf_quant_config.json or config.json); an unquantized export as it comes."""
-    algo = _quant_algo(path)
+    export's `quant_algo`, from hf_quant_config.json or `config`, its parsed config.json); an
+    unquantized export as it comes."""
+    algo = _quant_algo(path, config)
     if algo in FP8_ALGOS:
         state = _dequantize_fp8(state, path)
     elif algo in NVFP4_ALGOS:
@@ -127,17 +130,18 @@ def dequantize_drafter(state: dict[str, torch.Tensor], path: Path) -> dict[str, 
     return state
 
 
-def _quant_algo(path: Path) -> str | None:
+def _quant_algo(path: Path, config: dict[str, Any]) -> str | None:
     """`quant_algo` of a ModelOpt export (hf_quant_config.json, or config.json's quantization_config);
     a quantization_config of another tool (no quant_algo) is refused rather than read as plain weights."""
     sources = []
-    for name in ("hf_quant_config.json", "config.json"):
-        if (path / name).is_file():
-            try:
-                raw = json.loads((path / name).read_text())
-            except json.JSONDecodeError as exc:
-                raise CheckpointError(f"{path / name} is not valid JSON ({exc.msg}, line {exc.lineno})", "fix or re-export it")
-            sources.append(raw if name == "hf_quant_config.json" else raw.get("quantization_config") or {})
+    if (path / "hf_quant_config.json").is_file():
+        try:
+            sources.append(json.loads((path / "hf_quant_config.json").read_text()))
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(
+                f"{path / 'hf_quant_config.json'} is not valid JSON ({exc.msg}, line {exc.lineno})", "fix or re-export it"
+            )
+    sources.append(config.get("quantization_config") or {})
     for source in sources:
         algo = (source.get("quantization") or {}).get("quant_algo", source.get("quant_algo"))
         if algo:

@@ -58,11 +58,7 @@ def validate_pair(target_config, drafter: DrafterConfig) -> None:
             f"target_layer_ids {list(drafter.target_layer_ids)} has ids outside [0, {layers}): {bad}",
             "ids name target decoder layers, 0-based (id i is the output of layer i)",
         )
-    if drafter.mask_token_id is not None and not 0 <= drafter.mask_token_id < vocab:
-        raise CompatibilityError(
-            f"mask_token_id {drafter.mask_token_id} is outside the target vocabulary [0, {vocab})",
-            "set dflash_config.mask_token_id to a token id of the target's vocabulary",
-        )
+    check_mask_token(target_config, drafter)
     if drafter.block_size < 2:
         raise CompatibilityError(f"drafter block_size is {drafter.block_size}", "DFlash needs a block size >= 2")
     if drafter.layer_types and len(drafter.layer_types) != drafter.num_hidden_layers:
@@ -78,3 +74,12 @@ def validate_pair(target_config, drafter: DrafterConfig) -> None:
             f"drafter sliding_window_size is {drafter.sliding_window_size}", "use a positive number of context positions or leave it unset"
         )
 
+
+def check_mask_token(target_config, drafter: DrafterConfig) -> None:
+    """The drafter's mask token (when it has one) is a token of the target's vocabulary."""
+    vocab = int(target_config.vocab_size)
+    if drafter.mask_token_id is not None and not 0 <= drafter.mask_token_id < vocab:
+        raise CompatibilityError(
+            f"mask_token_id {drafter.mask_token_id} is outside the target vocabulary [0, {vocab})",
+            "set dflash_config.mask_token_id to a token id of the target's vocabulary",
+        )

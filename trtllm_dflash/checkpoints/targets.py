@@ -75,8 +75,9 @@ def load_target(
         # ModelOpt FP8 output of `dflash-trt build` (transformers has no loader for it)
         from trtllm_dflash.checkpoints.modelopt import load_modelopt_model
 
-        model = load_modelopt_model(path, device, dtype)
-        return Target(model=model, tokenizer=_load_tokenizer(path, require_tokenizer), path=path)
+        model = load_modelopt_model(path, device, dtype, config=config)
+        return Target(model=model, tokenizer=_load_tokenizer(path, require_tokenizer, config), path=path)
+    checkpoint_config = config  # the whole config.json (a multimodal one too): what the tokenizer reads
     cls = model_class(config)
     if not isinstance(config, cls.config_class):  # a text class for a multimodal config (Qwen3.5 repos)
         config = config.get_text_config()
@@ -91,7 +92,7 @@ def load_target(
 
         model = load_mxfp4_model(path, config, dtype, **implementations)
         model.to(device).eval()
-        return Target(model=model, tokenizer=_load_tokenizer(path, require_tokenizer), path=path)
+        return Target(model=model, tokenizer=_load_tokenizer(path, require_tokenizer, checkpoint_config), path=path)
     try:
         model = cls.from_pretrained(
             path,
@@ -105,7 +106,7 @@ def load_target(
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"cannot load target weights from {path} ({str(exc).splitlines()[0]})", "check the checkpoint files") from None
     model.to(device).eval()
-    return Target(model=model, tokenizer=_load_tokenizer(path, require_tokenizer), path=path)
+    return Target(model=model, tokenizer=_load_tokenizer(path, require_tokenizer, checkpoint_config), path=path)
 
 
 def model_class(config):
@@ -136,11 +137,12 @@ def attention_implementation(config) -> str:
     return "sdpa" if getattr(model_class(config), "_supports_sdpa", False) else "eager"
 
 
-def _load_tokenizer(path: Path, required: bool):
+def _load_tokenizer(path: Path, required: bool, config):
+    """The target's tokenizer; `config` is the checkpoint's config, parsed already (AutoTokenizer would parse it again)."""
     from transformers import AutoTokenizer
 
     if any((path / name).is_file() for name in TOKENIZER_FILES):
-        return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        return AutoTokenizer.from_pretrained(path, config=config, local_files_only=True, trust_remote_code=False)
     if required:
         raise CheckpointError(f"target {path} has no tokenizer", "save the tokenizer next to the model (tokenizer.save_pretrained(dir))")
     return None
