@@ -22,6 +22,7 @@ failed mid-stage leaves that stage `running` or `failed`, which `dflash-trt repo
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -91,14 +92,45 @@ def _target_config(path: Path) -> Any:
     return SimpleNamespace(**raw.get("text_config", raw))
 
 
-def run_checkpoints(ctx: StageContext, target_dir: Path, drafter_dir: Path) -> dict[str, Any]:
-    from trtllm_dflash.checkpoints import check_safetensors_headers, require_safetensors, validate_pair
-    from trtllm_dflash.config import DrafterConfig
+class CheckpointPair:
+    """The build's target and drafter: each config.json parsed once per build and validate_pair run
+    once, by the first stage that needs the pair (checkpoints; export or validate when the
+    checkpoints stage finished in an earlier run). The stages after it load the drafter from
+    this parse, without checking the pair again."""
+
+    def __init__(self, target_dir: Path, drafter_dir: Path) -> None:
+        self.target_dir, self.drafter_dir = target_dir, drafter_dir
+        self._checked = False
+
+    @functools.cached_property
+    def drafter(self) -> Any:
+        """The drafter's DrafterCheckpoint (its directory, config.json and DrafterConfig)."""
+        from trtllm_dflash.checkpoints import read_drafter_checkpoint
+
+        return read_drafter_checkpoint(self.drafter_dir)
+
+    @functools.cached_property
+    def target_config(self) -> Any:
+        return _target_config(self.target_dir)
+
+    def checked(self) -> Any:
+        """The drafter's DrafterCheckpoint, once validate_pair has found that it fits the target."""
+        if not self._checked:
+            from trtllm_dflash.checkpoints import validate_pair
+
+            drafter = self.drafter  # the drafter's config first, as a drafter-only check would report it
+            validate_pair(self.target_config, drafter.config)
+            self._checked = True
+        return self.drafter
+
+
+def run_checkpoints(ctx: StageContext, pair: CheckpointPair) -> dict[str, Any]:
+    from trtllm_dflash.checkpoints import check_safetensors_headers, require_safetensors
     from trtllm_dflash.checkpoints.mxfp4 import check_mxfp4_tensors, is_mxfp4_checkpoint, tensor_index
 
-    drafter_config = DrafterConfig.from_dir(drafter_dir)
-    target_config = _target_config(target_dir)
-    validate_pair(target_config, drafter_config)
+    target_dir, drafter_dir = pair.target_dir, pair.drafter_dir
+    drafter_config = pair.checked().config
+    target_config = pair.target_config
     cache = mf.HashCache(ctx.out / ".cache" / "hashes.json")
     summary: dict[str, Any] = {}
     for role, path in (("target", target_dir), ("drafter", drafter_dir)):
@@ -187,7 +219,7 @@ def bounds_of(spec: BuildSpec, block_size: int):
     return Bounds(spec.max_batch, spec.max_input_len, spec.max_seq_len, block_size)
 
 
-def run_export(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
+def run_export(ctx: StageContext, spec: BuildSpec, pair: CheckpointPair) -> dict[str, Any]:
     import torch
 
     from trtllm_dflash.builder import plugin_graphs
@@ -205,7 +237,7 @@ def run_export(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     dtype = spec.compute_dtype
     ctx.status("loading the checkpoints")
     target = load_graph_target(spec, source, dtype)
-    drafter = load_drafter(checkpoints["drafter"]["path"], target)
+    drafter = load_drafter(pair.checked(), target, pair_checked=True)
     variants, unavailable = ["native"], {}
     if "plugin" in spec.graphs:
         reason = plugin_graphs.plugin_support()
@@ -234,7 +266,7 @@ def run_export(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     }
 
 
-def run_validate(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
+def run_validate(ctx: StageContext, spec: BuildSpec, pair: CheckpointPair) -> dict[str, Any]:
     """Every exported variant (native, plugin) against the torch runtime: the engines stage builds only these."""
     from trtllm_dflash.builder import validate
     from trtllm_dflash.checkpoints import load_drafter
@@ -242,7 +274,6 @@ def run_validate(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 
     export = ctx.upstream["export"]["summary"]
-    checkpoints = ctx.upstream["checkpoints"]["summary"]
     note = validation_skip_reason(spec)
     if note is not None:
         (ctx.workdir / "report.json").write_text(json.dumps({"status": "skipped", "note": note}, indent=2) + "\n")
@@ -250,7 +281,7 @@ def run_validate(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     dtype = export["dtype"]
     ctx.status("loading the torch reference")
     target = load_graph_target(spec, _target_source(ctx), dtype)
-    drafter = load_drafter(checkpoints["drafter"]["path"], target)
+    drafter = load_drafter(pair.checked(), target, pair_checked=True)
     # like with like: the graphs' rounded weights in float32 arithmetic, as the graphs are evaluated here
     target.model.float()
     drafter.float()
@@ -387,9 +418,10 @@ def run_repository(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
 def make_stages(spec: BuildSpec, target_dir: Path, drafter_dir: Path) -> list[Stage]:
     tools = mf.tool_versions()
     recipe = spec.fingerprint()
+    pair = CheckpointPair(target_dir, drafter_dir)
     checkpoints = Stage(
         "checkpoints", "Check and hash the checkpoints",
-        lambda ctx: run_checkpoints(ctx, target_dir, drafter_dir),
+        lambda ctx: run_checkpoints(ctx, pair),
         inputs={"target": [str(target_dir), listing(target_dir)], "drafter": [str(drafter_dir), listing(drafter_dir)]},
     )
     # "runtime" stays the key (the backend's old name) so finished quantize stages are not rebuilt
@@ -412,13 +444,13 @@ def make_stages(spec: BuildSpec, target_dir: Path, drafter_dir: Path) -> list[St
             {"recipe": recipe, "tensorrt_llm": tools["tensorrt_llm"]}, ("checkpoints", "quantize"),
         ),
         "export": lambda: Stage(
-            "export", "Export the ONNX graphs", lambda ctx: run_export(ctx, spec),
+            "export", "Export the ONNX graphs", lambda ctx: run_export(ctx, spec, pair),
             {"format": EXPORT_FORMAT, "dtype": spec.compute_dtype, "bounds": bounds, "graphs": list(spec.graphs),
              "tools": {k: tools[k] for k in ("torch", "transformers", "onnx", "onnxscript", "trtllm_dflash")}},
             ("checkpoints", "quantize"),
         ),
         "validate": lambda: Stage(
-            "validate", "Check the graphs on CPU against the torch runtime", lambda ctx: run_validate(ctx, spec),
+            "validate", "Check the graphs on CPU against the torch runtime", lambda ctx: run_validate(ctx, spec, pair),
             {"format": VALIDATE_FORMAT, "onnxruntime": tools["onnxruntime"], "torch": tools["torch"]}, ("checkpoints", "quantize", "export"),
         ),
         "engines": lambda: Stage(
