@@ -40,8 +40,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("kernels", ["trtllm_dflash.ops", "trtllm_dflash.ops.*", "trtllm_dflash.plugins", "trtllm_dflash.plugins.*"]),
     ("modeling", [
         "trtllm_dflash.modeling", "trtllm_dflash.modeling.*", "trtllm_dflash.graphs", "trtllm_dflash.graphs.*",
-        "trtllm_dflash.checkpoints", "trtllm_dflash.checkpoints.*", "trtllm_dflash.modelopt_checkpoints",
-        "trtllm_dflash.mxfp4_checkpoints",
+        "trtllm_dflash.checkpoints", "trtllm_dflash.checkpoints.*",
     ]),
     ("runtime", [
         "trtllm_dflash.runtime", "trtllm_dflash.runtime.*", "trtllm_dflash.decoding",

@@ -83,7 +83,7 @@ def test_fp8_target_exports_as_q_dq_graph_that_matches_torch_and_builds_with_ten
 
     from trtllm_dflash.builder import engines
     from trtllm_dflash.builder.export import Bounds, TargetGraph, export_target
-    from trtllm_dflash.builder.quantize import load_modelopt_model
+    from trtllm_dflash.checkpoints.modelopt import load_modelopt_model
     from trtllm_dflash.runtime.onnx_runtime import GraphSession
 
     _, out, _ = fp8_checkpoint

@@ -133,3 +133,27 @@ def test_validate_pair_accepts_sliding_layers_only_with_a_window(tiny_qwen3):
     bad = tiny_drafter_config(target_config, layer_types=("sliding_attention", "full_attention"))
     with pytest.raises(CompatibilityError, match="no sliding_window"):
         validate_pair(target_config, bad)
+
+
+def test_a_checked_pair_parses_the_drafter_config_once_and_still_checks_a_looked_up_mask_token(tmp_path, monkeypatch):
+    """What a build's export and validate stages do (builder/pipeline.py CheckpointPair): the drafter's
+    config.json parsed once, validate_pair not run again, but a mask token looked up in this
+    target's tokenizer is still checked against the target's vocabulary."""
+    from trtllm_dflash.checkpoints import drafters, read_drafter_checkpoint
+    from trtllm_dflash.testing import make_tiny_target
+
+    target_dir = make_tiny_target(tmp_path / "target", "qwen3", seed=4, tokenizer=True)
+    drafter_dir = make_tiny_drafter(tmp_path / "drafter", target_dir, seed=4)
+    raw = json.loads((drafter_dir / "config.json").read_text())
+    del raw["dflash_config"]["mask_token_id"]
+    raw["dflash_config"]["mask_token"] = "~"  # id 97 in the tiny tokenizer
+    (drafter_dir / "config.json").write_text(json.dumps(raw))
+    checkpoint = read_drafter_checkpoint(drafter_dir)
+    checked = []
+    monkeypatch.setattr(drafters, "validate_pair", lambda *args: checked.append(args))
+    monkeypatch.setattr(drafters, "read_drafter_json", lambda path: pytest.fail(f"{path}/config.json parsed again"))
+    assert load_drafter(checkpoint, load_target(target_dir), pair_checked=True).config.mask_token_id == 97
+    assert checked == []
+    small = make_tiny_target(tmp_path / "small", "qwen3", seed=4, tokenizer=True, vocab_size=96)
+    with pytest.raises(CompatibilityError, match=r"mask_token_id 97 is outside the target vocabulary \[0, 96\)"):
+        load_drafter(checkpoint, load_target(small), pair_checked=True)

@@ -5,7 +5,7 @@ Public API:
     Decoder, Request, SamplingParams, SequenceResult
                         the decoding loop over any runtime (decoding.py)
     load_target, load_drafter, save_drafter, validate_pair
-                        checkpoints (checkpoints.py)
+                        checkpoints (checkpoints/)
     DrafterConfig       the drafter's config.json (config.py)
     DFlashDrafter       the PyTorch drafter (modeling/drafter.py)
     DFlashError         user-facing errors (errors.py)

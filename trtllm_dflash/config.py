@@ -46,6 +46,20 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
     return [int(round(start + k * span / (num_draft_layers - 1))) for k in range(num_draft_layers)]
 
 
+def read_drafter_json(path: str | Path) -> dict[str, Any]:
+    """The parsed config.json of a drafter directory (CheckpointError when it is missing or not JSON)."""
+    config_path = Path(path) / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(
+            f"drafter directory {path} has no config.json",
+            "point --drafter at a z-lab style DFlash checkpoint (config.json + model.safetensors)",
+        )
+    try:
+        return json.loads(config_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{config_path} is not valid JSON ({exc.msg}, line {exc.lineno})", "fix or re-download it")
+
+
 @dataclasses.dataclass(frozen=True)
 class DrafterConfig:
     """Shape and DFlash parameters of a block-diffusion drafter."""
@@ -248,17 +262,7 @@ class DrafterConfig:
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "DrafterConfig":
-        config_path = Path(path) / "config.json"
-        if not config_path.is_file():
-            raise CheckpointError(
-                f"drafter directory {path} has no config.json",
-                "point --drafter at a z-lab style DFlash checkpoint (config.json + model.safetensors)",
-            )
-        try:
-            raw = json.loads(config_path.read_text())
-        except json.JSONDecodeError as exc:
-            raise CheckpointError(f"{config_path} is not valid JSON ({exc.msg}, line {exc.lineno})", "fix or re-download it")
-        return cls.from_dict(raw, source=str(config_path))
+        return cls.from_dict(read_drafter_json(path), source=str(Path(path) / "config.json"))
 
     def to_dict(self) -> dict[str, Any]:
         """The z-lab `config.json` layout (DFlash fields under `dflash_config`)."""

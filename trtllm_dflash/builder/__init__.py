@@ -12,7 +12,7 @@ is instant on any machine.
     stages.py         atomic, skippable stage directories
     manifest.py       hashes, tool versions, atomic JSON
     pipeline.py       the stages of a build, in order, and manifest.json
-    quantize.py       ModelOpt FP8 / NVFP4 (loading their checkpoints: trtllm_dflash/modelopt_checkpoints.py)
+    quantize.py       ModelOpt FP8 / NVFP4 (loading their checkpoints: trtllm_dflash/checkpoints/modelopt.py)
     fp8.py            FP8 linear layers (modeling/fp8_linear.py) as Q/DQ ONNX
     export.py         ONNX export of the graph modules (trtllm_dflash.graphs) and graphs.json
     plugin_graphs.py  the plugin graph variant (the plugins part's ONNX nodes)

@@ -22,6 +22,7 @@ failed mid-stage leaves that stage `running` or `failed`, which `dflash-trt repo
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -40,10 +41,6 @@ from trtllm_dflash.errors import CheckpointError, DFlashError
 
 EXPORT_FORMAT = 2  # bump when the graphs change (2: exact attention scale, verifying plugin target), so old export stages are rebuilt
 VALIDATE_FORMAT = 2  # bump when the checks or the report change (2: dtype-derived tolerance, validated variants)
-TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
-    "merges.txt", "chat_template.jinja", "generation_config.json", "config.json",
-)
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -95,18 +92,49 @@ def _target_config(path: Path) -> Any:
     return SimpleNamespace(**raw.get("text_config", raw))
 
 
-def run_checkpoints(ctx: StageContext, target_dir: Path, drafter_dir: Path) -> dict[str, Any]:
-    from trtllm_dflash.checkpoints import _check_safetensors_headers, _require_safetensors, validate_pair
-    from trtllm_dflash.config import DrafterConfig
-    from trtllm_dflash.mxfp4_checkpoints import check_mxfp4_tensors, is_mxfp4_checkpoint, tensor_index
+class CheckpointPair:
+    """The build's target and drafter: each config.json parsed once per build and validate_pair run
+    once, by the first stage that needs the pair (checkpoints; export or validate when the
+    checkpoints stage finished in an earlier run). The stages after it load the drafter from
+    this parse, without checking the pair again."""
 
-    drafter_config = DrafterConfig.from_dir(drafter_dir)
-    target_config = _target_config(target_dir)
-    validate_pair(target_config, drafter_config)
+    def __init__(self, target_dir: Path, drafter_dir: Path) -> None:
+        self.target_dir, self.drafter_dir = target_dir, drafter_dir
+        self._checked = False
+
+    @functools.cached_property
+    def drafter(self) -> Any:
+        """The drafter's DrafterCheckpoint (its directory, config.json and DrafterConfig)."""
+        from trtllm_dflash.checkpoints import read_drafter_checkpoint
+
+        return read_drafter_checkpoint(self.drafter_dir)
+
+    @functools.cached_property
+    def target_config(self) -> Any:
+        return _target_config(self.target_dir)
+
+    def checked(self) -> Any:
+        """The drafter's DrafterCheckpoint, once validate_pair has found that it fits the target."""
+        if not self._checked:
+            from trtllm_dflash.checkpoints import validate_pair
+
+            drafter = self.drafter  # the drafter's config first, as a drafter-only check would report it
+            validate_pair(self.target_config, drafter.config)
+            self._checked = True
+        return self.drafter
+
+
+def run_checkpoints(ctx: StageContext, pair: CheckpointPair) -> dict[str, Any]:
+    from trtllm_dflash.checkpoints import check_safetensors_headers, require_safetensors
+    from trtllm_dflash.checkpoints.mxfp4 import check_mxfp4_tensors, is_mxfp4_checkpoint, tensor_index
+
+    target_dir, drafter_dir = pair.target_dir, pair.drafter_dir
+    drafter_config = pair.checked().config
+    target_config = pair.target_config
     cache = mf.HashCache(ctx.out / ".cache" / "hashes.json")
     summary: dict[str, Any] = {}
     for role, path in (("target", target_dir), ("drafter", drafter_dir)):
-        _check_safetensors_headers(_require_safetensors(path, role))
+        check_safetensors_headers(require_safetensors(path, role))
         digests = {}
         for file in sorted(p for p in path.iterdir() if p.is_file()):
             ctx.status(f"hashing {role} {file.name}")
@@ -115,7 +143,7 @@ def run_checkpoints(ctx: StageContext, target_dir: Path, drafter_dir: Path) -> d
     cache.save()
     if is_mxfp4_checkpoint(vars(target_config)):  # gpt-oss as published: every expert's blocks and scales are there
         ctx.status("checking the MXFP4 experts")
-        projections = check_mxfp4_tensors(tensor_index(_require_safetensors(target_dir, "target")), vars(target_config), target_dir)
+        projections = check_mxfp4_tensors(tensor_index(require_safetensors(target_dir, "target")), vars(target_config), target_dir)
         summary["target"]["experts"] = {"format": "mxfp4", "projections": projections}
     summary["drafter"].update(
         block_size=drafter_config.block_size,
@@ -179,7 +207,7 @@ def load_graph_target(spec: BuildSpec, source: Path, dtype: str):
     from trtllm_dflash.checkpoints import Target, load_target
 
     if spec.quant == "fp8":
-        from trtllm_dflash.builder.quantize import load_modelopt_model
+        from trtllm_dflash.checkpoints.modelopt import load_modelopt_model
 
         return Target(load_modelopt_model(source, "cpu", DTYPES[dtype], fp8_modules=True), None, source)
     return load_target(source, dtype=DTYPES[dtype])
@@ -191,12 +219,12 @@ def bounds_of(spec: BuildSpec, block_size: int):
     return Bounds(spec.max_batch, spec.max_input_len, spec.max_seq_len, block_size)
 
 
-def run_export(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
+def run_export(ctx: StageContext, spec: BuildSpec, pair: CheckpointPair) -> dict[str, Any]:
     import torch
 
     from trtllm_dflash.builder import plugin_graphs
     from trtllm_dflash.builder.export import export_pair
-    from trtllm_dflash.checkpoints import load_drafter
+    from trtllm_dflash.checkpoints import BUILD_TOKENIZER_FILES, load_drafter
 
     for module in ("onnx", "onnxscript"):  # torch.onnx's exporter imports them deep inside
         require(module, "export", "ONNX export")
@@ -209,7 +237,7 @@ def run_export(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     dtype = spec.compute_dtype
     ctx.status("loading the checkpoints")
     target = load_graph_target(spec, source, dtype)
-    drafter = load_drafter(checkpoints["drafter"]["path"], target)
+    drafter = load_drafter(pair.checked(), target, pair_checked=True)
     variants, unavailable = ["native"], {}
     if "plugin" in spec.graphs:
         reason = plugin_graphs.plugin_support()
@@ -221,7 +249,7 @@ def run_export(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     info = export_pair(target.model, drafter, ctx.workdir, dtype, bounds_of(spec, block_size), tuple(variants), ctx.status)
     tokenizer_dir = ctx.workdir / "tokenizer"
     tokenizer_dir.mkdir()
-    for name in TOKENIZER_FILES:
+    for name in BUILD_TOKENIZER_FILES:
         if (source / name).is_file():
             shutil.copy2(source / name, tokenizer_dir / name)
     # bytes each engine moves per verify step at the recipe's max batch, half the cache filled
@@ -238,7 +266,7 @@ def run_export(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     }
 
 
-def run_validate(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
+def run_validate(ctx: StageContext, spec: BuildSpec, pair: CheckpointPair) -> dict[str, Any]:
     """Every exported variant (native, plugin) against the torch runtime: the engines stage builds only these."""
     from trtllm_dflash.builder import validate
     from trtllm_dflash.checkpoints import load_drafter
@@ -246,7 +274,6 @@ def run_validate(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 
     export = ctx.upstream["export"]["summary"]
-    checkpoints = ctx.upstream["checkpoints"]["summary"]
     note = validation_skip_reason(spec)
     if note is not None:
         (ctx.workdir / "report.json").write_text(json.dumps({"status": "skipped", "note": note}, indent=2) + "\n")
@@ -254,7 +281,7 @@ def run_validate(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     dtype = export["dtype"]
     ctx.status("loading the torch reference")
     target = load_graph_target(spec, _target_source(ctx), dtype)
-    drafter = load_drafter(checkpoints["drafter"]["path"], target)
+    drafter = load_drafter(pair.checked(), target, pair_checked=True)
     # like with like: the graphs' rounded weights in float32 arithmetic, as the graphs are evaluated here
     target.model.float()
     drafter.float()
@@ -391,9 +418,10 @@ def run_repository(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
 def make_stages(spec: BuildSpec, target_dir: Path, drafter_dir: Path) -> list[Stage]:
     tools = mf.tool_versions()
     recipe = spec.fingerprint()
+    pair = CheckpointPair(target_dir, drafter_dir)
     checkpoints = Stage(
         "checkpoints", "Check and hash the checkpoints",
-        lambda ctx: run_checkpoints(ctx, target_dir, drafter_dir),
+        lambda ctx: run_checkpoints(ctx, pair),
         inputs={"target": [str(target_dir), listing(target_dir)], "drafter": [str(drafter_dir), listing(drafter_dir)]},
     )
     # "runtime" stays the key (the backend's old name) so finished quantize stages are not rebuilt
@@ -416,13 +444,13 @@ def make_stages(spec: BuildSpec, target_dir: Path, drafter_dir: Path) -> list[St
             {"recipe": recipe, "tensorrt_llm": tools["tensorrt_llm"]}, ("checkpoints", "quantize"),
         ),
         "export": lambda: Stage(
-            "export", "Export the ONNX graphs", lambda ctx: run_export(ctx, spec),
+            "export", "Export the ONNX graphs", lambda ctx: run_export(ctx, spec, pair),
             {"format": EXPORT_FORMAT, "dtype": spec.compute_dtype, "bounds": bounds, "graphs": list(spec.graphs),
              "tools": {k: tools[k] for k in ("torch", "transformers", "onnx", "onnxscript", "trtllm_dflash")}},
             ("checkpoints", "quantize"),
         ),
         "validate": lambda: Stage(
-            "validate", "Check the graphs on CPU against the torch runtime", lambda ctx: run_validate(ctx, spec),
+            "validate", "Check the graphs on CPU against the torch runtime", lambda ctx: run_validate(ctx, spec, pair),
             {"format": VALIDATE_FORMAT, "onnxruntime": tools["onnxruntime"], "torch": tools["torch"]}, ("checkpoints", "quantize", "export"),
         ),
         "engines": lambda: Stage(

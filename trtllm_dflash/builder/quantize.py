@@ -5,7 +5,7 @@ CPU or GPU; NVFP4 calibration needs CUDA (ModelOpt computes its block scales wit
 an H100 runs its NVFP4 emulation), so on a machine without a GPU the stage stops with that reason
 and the build resumes on a GPU machine. The output is a Hugging Face checkpoint in ModelOpt's format (`quant_method:
 modelopt`, FP8 weights with `weight_scale`/`input_scale`), which TensorRT-LLM loads directly and
-which `modelopt_checkpoints.load_modelopt_model` loads for the torch runtime, simulating the FP8 arithmetic.
+which `checkpoints.modelopt.load_modelopt_model` loads for the torch runtime, simulating the FP8 arithmetic.
 NVFP4 experts of gpt-oss come from its published MXFP4 ones (nvfp4.py: the weights are cast,
 the activation scales calibrated). The drafter is quantized separately (quantize_drafter.py).
 """
@@ -24,10 +24,6 @@ from trtllm_dflash.builder import nvfp4
 from trtllm_dflash.builder.stages import StageBlocked
 from trtllm_dflash.checkpoints import safetensors_header
 from trtllm_dflash.errors import CheckpointError, DFlashError
-from trtllm_dflash.modelopt_checkpoints import FP8_MAX, fake_quantize_fp8, is_modelopt_checkpoint, load_modelopt_model
-
-# the loading side moved to trtllm_dflash.modelopt_checkpoints; these names stay importable from here
-__all__ = ["FP8_MAX", "fake_quantize_fp8", "is_modelopt_checkpoint", "load_modelopt_model", "quantize_target"]
 
 BUILTIN_CALIBRATION = Path(__file__).with_name("calibration.txt")
 
@@ -111,7 +107,7 @@ def quantize_target(
     from trtllm_dflash.checkpoints import load_target
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    # an MXFP4 gpt-oss loads with its experts dequantized exactly (E2M1 x 2^k fits BF16; mxfp4_checkpoints.py)
+    # an MXFP4 gpt-oss loads with its experts dequantized exactly (E2M1 x 2^k fits BF16; checkpoints/mxfp4.py)
     dtype = torch.bfloat16 if device == "cuda" or experts_from_mxfp4 else torch.float32
     target = load_target(target_dir, device=device, dtype=dtype)
     model, tokenizer = target.model, target.tokenizer
