@@ -211,6 +211,36 @@ def test_rooms_do_not_import_each_other_both_ways(room, other):
         + "\n".join(imports_between(graph, other, room)))
 
 
+MAX_LOOSE_MODULES = 10  # top-level modules of trtllm_dflash/ beside the subpackages
+
+
+def room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph read as rooms: a subpackage of trtllm_dflash, or one loose top-level module
+    (plugins/ and cli/ count as the trtllm_dflash.plugins / .cli they install as)."""
+    rooms: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        rooms.setdefault(room_of(module), set()).update(room_of(t) for t in targets if room_of(t) != room_of(module))
+    return rooms
+
+
+def test_no_import_loop_between_rooms():
+    """No room reaches itself through other rooms (function-level imports count): a newcomer can read
+    the rooms bottom-up."""
+    graph = import_graph()
+    rooms = room_graph(graph)
+    loops = cycles(rooms)
+    detail = []
+    for loop in loops:
+        detail += [f"  {room} -> {other}: {', '.join(imports_between(graph, room, other)[:3])}"
+                   for room in loop for other in sorted(rooms[room] & set(loop))]
+    assert not loops, "rooms importing each other in a loop:\n" + "\n".join(detail)
+
+
+def test_few_loose_modules_at_the_top():
+    loose = sorted(p.name for p in (ROOT / "trtllm_dflash").glob("*.py") if p.name != "__init__.py")
+    assert len(loose) <= MAX_LOOSE_MODULES, f"{len(loose)} loose modules in trtllm_dflash/ (at most {MAX_LOOSE_MODULES}): {loose}"
+
+
 @pytest.mark.parametrize("folder", ["trtllm_dflash", "plugins", "cli", "benchmarks"])
 def test_no_source_file_over_the_line_limit(folder):
     long_files = {
@@ -231,4 +261,9 @@ def test_the_checks_catch_what_they_guard(tmp_path):
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
     loop = {"trtllm_dflash.serving.x": {"trtllm_dflash.backends"}, "trtllm_dflash.backends.y": {"trtllm_dflash.serving.z"}}
     assert imports_between(loop, "trtllm_dflash.serving", "trtllm_dflash.backends") == ["trtllm_dflash.serving.x -> trtllm_dflash.backends"]
+    # a loop through three rooms is seen, though no two files import each other
+    planted = {"trtllm_dflash.ops.a": {"trtllm_dflash.modeling.b"}, "trtllm_dflash.modeling.b": {"trtllm_dflash.runtime.c"},
+               "trtllm_dflash.runtime.c": {"trtllm_dflash.ops"}, "trtllm_dflash.ops": set()}
+    assert cycles(planted) == [] and cycles(room_graph(planted)) == [sorted(["trtllm_dflash.ops", "trtllm_dflash.modeling", "trtllm_dflash.runtime"])]
+    assert cycles(room_graph(import_graph())) == []  # and the real graph, read the same way, has none
     assert layer_of("trtllm_dflash.runtime.base") < layer_of("trtllm_dflash.builder.export")
