@@ -13,9 +13,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtllm_dflash.errors import DFlashError, RecipeError
+
+if TYPE_CHECKING:
+    from trtllm_dflash.recipes.precision import Precision
 
 GRAPH_VARIANTS = ("native", "plugin")
 
@@ -65,7 +68,7 @@ class BuildSpec:
 
     # ---- precision
     @property
-    def precision(self):
+    def precision(self) -> Precision:
         """What the build quantizes and how (trtllm_dflash.recipes.precision.Precision): the value the
         planner made from the recipe (flags applied) and checked against the GPU; every stage asks it."""
         return self.plan.precision
@@ -276,4 +279,3 @@ def resolve_spec(
         raise
     plan.check()  # refusals: precision the GPU cannot run (naming the GPUs that can), layout, does not fit
     return BuildSpec(chosen, plan, tuple(notes))
-
