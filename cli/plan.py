@@ -24,7 +24,7 @@ def print_plan(plan, console: Console | None = None) -> None:
     where = f"{layout.num_gpus}x {plan.gpu}" if plan.gpu != CPU else "cpu"
     recipe = f" (recipe {plan.recipe})" if plan.recipe else ""
     console.print(f"[bold]Plan[/]: {plan.model} + {plan.drafter} (block {plan.block_size}) on {where}{recipe}")
-    experts = f", experts {p.experts}" if p.experts != p.weights else ""
+    experts = f", experts {p.moe_experts}" if p.moe_experts != p.weights else ""
     console.print(
         f"  runtime {plan.runtime} | tp {layout.tp}, ep {layout.ep}{', attention DP' if layout.attention_dp else ''} | "
         f"weights {p.weights}{experts}, KV {p.kv_cache}, drafter {p.drafter} | context {plan.context} tokens"

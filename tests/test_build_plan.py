@@ -93,7 +93,7 @@ def test_demo_rtx_plan_builds_everything_here():
     by_name = {s.name: s for s in plan.stages}
     assert by_name["engines"].runs_here and "ahead of time" in by_name["engines"].where
     assert plan.spec.graphs == ("native",)  # the recipe asks for plugin-free graphs (TensorRT-RTX)
-    assert plan.spec.compute_dtype == "fp16"
+    assert plan.spec.precision.compute_dtype == "fp16"
 
 
 def test_nvfp4_on_hopper_and_fp8_on_ampere_are_refused_at_plan_time(tmp_path):

@@ -13,13 +13,14 @@ from trtllm_dflash.builder.stages import StageBlocked
 @pytest.fixture(scope="module")
 def fp8_checkpoint(tmp_path_factory):
     from trtllm_dflash.builder.quantize import quantize_target
+    from trtllm_dflash.recipes.precision import Precision
     from trtllm_dflash.recipes.schema import CalibrationSection
     from trtllm_dflash.checks.testing import make_tiny_target
 
     root = tmp_path_factory.mktemp("fp8")
     target = make_tiny_target(root / "target", "llama", seed=2, num_layers=2, tokenizer=True)
     out = root / "quantized"
-    summary = quantize_target(target, out, "fp8", "bf16", CalibrationSection(num_samples=8, max_seq_len=64))
+    summary = quantize_target(target, out, Precision("fp8", kv_cache="bf16"), CalibrationSection(num_samples=8, max_seq_len=64))
     return target, out, summary
 
 
@@ -53,13 +54,14 @@ def test_fp8_checkpoint_loads_and_generates_close_to_the_original(fp8_checkpoint
 
 def test_nvfp4_is_deferred_to_a_gpu_with_the_reason():
     from trtllm_dflash.builder.quantize import require_cuda_for
+    from trtllm_dflash.recipes.precision import Precision
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: NVFP4 calibration runs here")
     with pytest.raises(StageBlocked) as error:
-        require_cuda_for("nvfp4")
+        require_cuda_for(Precision("nvfp4"))
     assert "CUDA" in error.value.problem and "Blackwell" in error.value.fix
-    require_cuda_for("fp8")  # FP8 calibrates on CPU
+    require_cuda_for(Precision("fp8"))  # FP8 calibrates on CPU
 
 
 def test_calibration_text_builtin_and_user_file(tmp_path):

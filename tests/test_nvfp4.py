@@ -130,14 +130,13 @@ def test_nvfp4_drafter_refuses_in_one_line(tmp_path):
 @NO_CUDA
 def test_gpt_oss_expert_cast_refuses_in_one_line(tmp_path):
     """gpt-oss with `--quant nvfp4` (experts): the quantize stage is the real cast, which needs CUDA for calibration."""
-    from trtllm_dflash.builder.feasibility import needs_expert_conversion
     from trtllm_dflash.builder.pipeline import run_quantize
     from trtllm_dflash.builder.spec import resolve_spec
     from trtllm_dflash.builder.stage_plan import make_build_plan
     from trtllm_dflash.builder.stages import StageBlocked, StageContext
 
     spec = resolve_spec(model="gpt-oss-120b", gpu="b300", quant="nvfp4")
-    assert needs_expert_conversion(spec)
+    assert spec.precision.converts_experts
     quantize = next(s for s in make_build_plan(spec).stages if s.name == "quantize")
     assert "not implemented" not in quantize.where + quantize.action and "needs a CUDA GPU" in quantize.where
     upstream = {"checkpoints": {"summary": {"target": {"path": str(tmp_path / "gpt-oss")}, "drafter": {"path": str(tmp_path / "d")}}}}
@@ -152,7 +151,8 @@ def test_gpt_oss_expert_cast_refuses_in_one_line(tmp_path):
 
 
 def test_trt_export_refuses_nvfp4_naming_what_is_missing():
-    from trtllm_dflash.builder.spec import export_support, resolve_spec
+    from trtllm_dflash.builder.feasibility import export_support
+    from trtllm_dflash.builder.spec import resolve_spec
 
     reason = export_support(resolve_spec(model="qwen3-8b", gpu="b200", quant="nvfp4"))
     assert reason is not None and "\n" not in reason

@@ -33,9 +33,10 @@ def test_qwen3_8b_shaped_nvfp4_stays_close_to_bf16():
 
 def test_demo_target_exports_the_layout_tensorrt_llm_loads(tmp_path):
     from trtllm_dflash.builder.quantize import quantize_target
+    from trtllm_dflash.recipes.precision import Precision
     from trtllm_dflash.recipes.schema import CalibrationSection
 
-    summary = quantize_target(DEMO_DIR / "target", tmp_path / "target", "nvfp4", "fp8", CalibrationSection(num_samples=8, max_seq_len=64))
+    summary = quantize_target(DEMO_DIR / "target", tmp_path / "target", Precision("nvfp4", kv_cache="fp8"), CalibrationSection(num_samples=8, max_seq_len=64))
     layout = summary["layout"]
     assert layout["quant_algo"] == "NVFP4" and layout["kv_cache_quant_algo"] == "FP8"
     tensors = layout["tensors"]

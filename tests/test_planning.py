@@ -76,7 +76,7 @@ def test_llama_3_1_8b_fp8_on_one_h100():
 def test_gpt_oss_120b_on_8_b300_tp8_ep8():
     plan = plan_deployment("gpt-oss-120b", "b300")  # recipe: 8 GPUs, TP8/EP8, MXFP4 experts as published, BF16 rest, FP8 KV
     assert (plan.layout.num_gpus, plan.layout.tp, plan.layout.ep) == (8, 8, 8)
-    assert (plan.precision.weights, plan.precision.experts) == ("bf16", "mxfp4")
+    assert (plan.precision.weights, plan.precision.moe_experts) == ("bf16", "mxfp4")
     b = plan.budget
     attention = 36 * (2880 * 4096 + 2 * 2880 * 512 + 4096 * 2880)  # q, k, v, o
     experts = 36 * 128 * (2880 * 5760 + 2880 * 2880)  # gate_up + down per expert

@@ -67,9 +67,9 @@ class Backend(abc.ABC):
         """Every stage of its build, in order."""
         return FIRST_STAGES + self.build_stages + (LAST_STAGE,)
 
-    def unquantized_note(self, quant: str) -> str:
+    def unquantized_note(self, weights: str) -> str:
         """What happens to 16-bit weights when the quantize stage has nothing to do."""
-        return f"{quant} weights are used as published"
+        return f"{weights} weights are used as published"
 
     def uses_cuda_graphs(self, recipe: Any) -> bool:
         """Whether the deployment captures CUDA graphs (they take memory in the plan)."""
@@ -107,19 +107,14 @@ class Backend(abc.ABC):
         """A DFlashPipeline over this backend's artifacts (what `generate`, the Triton model and `bench` decode with)."""
 
 
-# shared by the plan_steps of the backends that quantize (trt, trtllm)
+# shared by the plan_steps of the backends that quantize (trt, trtllm); what they quantize is the candidate's
+# precision (trtllm_dflash.recipes.precision.Precision, a layer above: read, never imported here)
 
 
 def quantize_samples(cfg: Any) -> str:
     """The calibration text of the quantize step, for its description."""
     calibration = cfg.recipe.quantization.calibration if cfg.recipe is not None else None
     return f"{calibration.num_samples} samples of {calibration.dataset}" if calibration else "builtin calibration text"
-
-
-def quantized_precisions(cfg: Any) -> set[str]:
-    """The precisions ModelOpt must produce (none for a 16-bit or as-published deployment)."""
-    p = cfg.precision
-    return {p.weights, p.experts} - {"bf16", "fp16", "fp32", cfg.model.native_expert_precision}
 
 
 def quantize_needs(quantized: set[str]) -> tuple[str, ...]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtllm_dflash.backends.base import Backend, BuildStep, PipelineSource, quantize_needs, quantize_samples, quantized_precisions
+from trtllm_dflash.backends.base import Backend, BuildStep, PipelineSource, quantize_needs, quantize_samples
 from trtllm_dflash.errors import DFlashError, MissingDependencyError
 
 if TYPE_CHECKING:
@@ -24,8 +24,8 @@ class TrtBackend(Backend):
     title = "TensorRT engines"
     build_stages = ("export", "validate", "engines")
 
-    def unquantized_note(self, quant: str) -> str:
-        return f"{quant} weights are cast at export"
+    def unquantized_note(self, weights: str) -> str:
+        return f"{weights} weights are cast at export"
 
     def uses_cuda_graphs(self, recipe: Any) -> bool:
         return recipe is None or recipe.trt is None or recipe.trt.cuda_graphs
@@ -35,7 +35,7 @@ class TrtBackend(Backend):
         arch = f"{gpu.sm_arch} (SM {gpu.compute_capability_str})"
         flavour = cfg.recipe.trt_flavour() if cfg.recipe is not None else gpu.trt_flavour
         plugins = cfg.recipe is None or cfg.recipe.trt is None or cfg.recipe.trt.use_plugins
-        quantized = quantized_precisions(cfg)
+        quantized = p.ptq_formats
         if quantized:
             steps.append(BuildStep("quantize", f"ModelOpt {'/'.join(sorted(quantized))} PTQ of the target ({quantize_samples(cfg)}); "
                                    f"KV cache {p.kv_cache}; drafter stays {p.drafter}", quantize_needs(quantized)))

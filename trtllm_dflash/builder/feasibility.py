@@ -1,5 +1,9 @@
 """What a build can do, decided once: the stage plan (`--dry-run`) and the stages themselves ask here.
 
+What it quantizes and how is not decided here but asked of the spec's precision
+(`spec.precision`, trtllm_dflash.recipes.precision): `needs_modelopt` (the quantize stage has work),
+`converts_experts` (gpt-oss's MXFP4 experts cast to NVFP4), `quantizes_drafter`, `quantized`.
+
 No torch import: `dflash-trt build --dry-run` reads these answers on any machine.
 """
 
@@ -18,20 +22,14 @@ def backend_of(spec: BuildSpec) -> Backend:
     return get_backend(spec.backend)
 
 
-def needs_expert_conversion(spec: BuildSpec) -> bool:
-    """Published MXFP4 experts asked for as NVFP4: ModelOpt casts the weights and calibrates the
-    activation scales (a CUDA GPU; builder/nvfp4.py)."""
-    return spec.recipe.model_spec().native_expert_precision == "mxfp4" and spec.experts == "nvfp4" and not spec.quantized
-
-
-def quantizes_drafter(spec: BuildSpec) -> bool:
-    """`quantization.drafter: nvfp4`: the quantize stage also calibrates the drafter (fc kept BF16)."""
-    return spec.drafter_quant == "nvfp4"
-
-
-def has_quantize_work(spec: BuildSpec) -> bool:
-    """Whether the quantize stage runs ModelOpt at all (else it records that nothing was needed)."""
-    return spec.quantized or needs_expert_conversion(spec) or quantizes_drafter(spec)
+def export_support(spec: BuildSpec) -> str | None:
+    """None when the target's graphs can be exported at this precision, else why not."""
+    which = spec.precision.nvfp4_export_gap
+    if which is not None:
+        return (f"the ONNX export has no NVFP4 form for the {which} (FLOAT4E2M1 weights with blocked E4M3 DequantizeLinear "
+                "and a per-tensor scale are not written, so TensorRT would get no FP4 GEMMs); "
+                "deploy NVFP4 with backend: trtllm, or use --quant fp8/bf16 and a bf16 drafter for trt engines")
+    return None
 
 
 def validation_skip_reason(spec: BuildSpec) -> str | None:

@@ -45,8 +45,9 @@ def recipe_kernel_space(recipe) -> KernelSpace:
         raise DFlashError(f"recipe {recipe.model.name}/cpu runs on CPU and needs no kernels", "pick a GPU recipe (`dflash-trt recipes list`)")
     block = min(recipe.drafter.block_size, launch.MAX_BLOCK)
     blocks = {block} | {d + 1 for d in (recipe.drafter.draft_len_schedule or {}).values() if 0 < d and d + 1 < block}
-    dtype = PRECISION_DTYPES.get(recipe.quantization.drafter, "bfloat16")  # FP8 drafter weights: BF16 activations
-    logits = PRECISION_DTYPES.get(recipe.quantization.weights, "bfloat16")
+    precision = recipe.precision
+    dtype = PRECISION_DTYPES.get(precision.drafter, "bfloat16")  # FP8 drafter weights: BF16 activations
+    logits = PRECISION_DTYPES.get(precision.weights, "bfloat16")
     target_dims, target_groups = target_attention_shapes(model)
     return KernelSpace(
         arch=resolve_gpu(recipe.gpu).sm_arch,
@@ -54,7 +55,7 @@ def recipe_kernel_space(recipe) -> KernelSpace:
         dtypes=(dtype,),
         blocks=tuple(sorted(blocks)),
         groups=(drafter.num_heads // drafter.num_kv_heads,),
-        fp8_kv_cache=recipe.quantization.kv_cache == "fp8",
+        fp8_kv_cache=precision.fp8_kv_cache,
         logits_dtypes=tuple(dict.fromkeys(("float32", logits))),
         target_head_dims=target_dims,
         target_groups=target_groups,

@@ -43,24 +43,24 @@ def require_cuda(what: str) -> None:
         )
 
 
-def with_kv_cache(config: dict[str, Any], kv_cache_dtype: str) -> dict[str, Any]:
+def with_kv_cache(config: dict[str, Any], kv_cache: str) -> dict[str, Any]:
     """`config` plus ModelOpt's FP8 KV-cache quantizers when the KV cache is FP8 (FP8 and NVFP4 PTQ alike)."""
     import modelopt.torch.quantization as mtq
 
-    if kv_cache_dtype == "fp8":
+    if kv_cache == "fp8":
         kv = copy.deepcopy(mtq.FP8_KV_CFG)["quant_cfg"]
         config["quant_cfg"] = list(config["quant_cfg"]) + list(kv) if isinstance(kv, list) else {**config["quant_cfg"], **kv}
     return config
 
 
-def dense_config(kv_cache_dtype: str) -> dict[str, Any]:
+def dense_config(kv_cache: str) -> dict[str, Any]:
     """ModelOpt's NVFP4 PTQ (weights and activations, E4M3 scale per 16, FP32 per tensor), plus the FP8 KV cache."""
     import modelopt.torch.quantization as mtq
 
-    return with_kv_cache(copy.deepcopy(mtq.NVFP4_DEFAULT_CFG), kv_cache_dtype)
+    return with_kv_cache(copy.deepcopy(mtq.NVFP4_DEFAULT_CFG), kv_cache)
 
 
-def experts_config(kv_cache_dtype: str) -> dict[str, Any]:
+def experts_config(kv_cache: str) -> dict[str, Any]:
     """NVFP4 for the MoE experts only (attention, router, embeddings stay BF16 as published).
 
     The weight quantizers are static-block, so their per-block amax can be pinned to the
@@ -77,7 +77,7 @@ def experts_config(kv_cache_dtype: str) -> dict[str, Any]:
         {"quantizer_name": "*mlp.experts*weight_quantizer", "cfg": static},
         {"quantizer_name": "*mlp.experts*input_quantizer", "cfg": copy.deepcopy(nvfp4)},
     ]
-    return with_kv_cache({**copy.deepcopy(mtq.NVFP4_DEFAULT_CFG), "quant_cfg": quant_cfg}, kv_cache_dtype)
+    return with_kv_cache({**copy.deepcopy(mtq.NVFP4_DEFAULT_CFG), "quant_cfg": quant_cfg}, kv_cache)
 
 
 def drafter_config() -> dict[str, Any]:

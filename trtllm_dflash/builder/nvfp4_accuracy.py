@@ -21,7 +21,7 @@ def _logits(model: torch.nn.Module, batches: list[torch.Tensor]) -> list[torch.T
 
 @torch.no_grad()
 def nvfp4_accuracy(model: torch.nn.Module, calibration: list[torch.Tensor], evaluation: list[torch.Tensor],
-                   kv_cache_dtype: str = "fp8") -> dict[str, Any]:
+                   kv_cache: str = "fp8") -> dict[str, Any]:
     """Quantize `model` in place (NVFP4 weights and activations, FP8 KV) and compare its logits on
     `evaluation` with the BF16 model's: ||q - r|| / ||r|| over all positions, and the share of
     positions whose greedy (argmax) token is the same."""
@@ -34,7 +34,7 @@ def nvfp4_accuracy(model: torch.nn.Module, calibration: list[torch.Tensor], eval
         for ids in calibration:
             m(input_ids=ids, use_cache=False)
 
-    mtq.quantize(model, nvfp4.dense_config(kv_cache_dtype), forward_loop=forward_loop)
+    mtq.quantize(model, nvfp4.dense_config(kv_cache), forward_loop=forward_loop)
     quantized = _logits(model, evaluation)
     diff = sum(float((q - r).pow(2).sum()) for q, r in zip(quantized, reference))
     norm = sum(float(r.pow(2).sum()) for r in reference)

@@ -32,10 +32,8 @@ from typing import Any
 from trtllm_dflash.builder import manifest as mf
 from trtllm_dflash.extras import require
 from trtllm_dflash.backends import write_build_repository
-from trtllm_dflash.builder.feasibility import (
-    backend_of, has_quantize_work, needs_expert_conversion, quantizes_drafter, repository_writer, validation_skip_reason,
-)
-from trtllm_dflash.builder.spec import BuildSpec, export_support
+from trtllm_dflash.builder.feasibility import backend_of, export_support, repository_writer, validation_skip_reason
+from trtllm_dflash.builder.spec import BuildSpec
 from trtllm_dflash.builder.stages import BuildResult, Reporter, Stage, StageBlocked, StageContext, StageRunner
 from trtllm_dflash.errors import CheckpointError, DFlashError
 
@@ -167,20 +165,19 @@ def _target_source(ctx: StageContext) -> Path:
 
 def run_quantize(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     """ModelOpt PTQ of the target (FP8 / NVFP4, or gpt-oss's MXFP4 experts cast to NVFP4) and of an NVFP4 drafter."""
-    if not has_quantize_work(spec):
-        what = backend_of(spec).unquantized_note(spec.quant)
-        return {"quant": spec.quant, "experts": spec.experts, "note": f"no quantization: {what}"}
+    precision = spec.precision
+    if not precision.needs_modelopt:
+        what = backend_of(spec).unquantized_note(precision.weights)
+        return {"quant": precision.weights, "experts": precision.moe_experts, "note": f"no quantization: {what}"}
     from trtllm_dflash.builder.quantize import quantize_target
     from trtllm_dflash.builder.quantize_drafter import quantize_drafter
 
     checkpoints = ctx.upstream["checkpoints"]["summary"]
     target = Path(checkpoints["target"]["path"])
-    summary: dict[str, Any] = {"quant": spec.quant, "experts": spec.experts}
-    experts = needs_expert_conversion(spec)
-    if spec.quantized or experts:
-        summary = {**quantize_target(target, ctx.workdir / "target", spec.quant, spec.kv_cache_dtype, spec.calibration, ctx.status,
-                                     experts_from_mxfp4=experts), "target_dir": "target"}
-    if quantizes_drafter(spec):
+    summary: dict[str, Any] = {"quant": precision.weights, "experts": precision.moe_experts}
+    if precision.quantized or precision.converts_experts:
+        summary = {**quantize_target(target, ctx.workdir / "target", precision, spec.calibration, ctx.status), "target_dir": "target"}
+    if precision.quantizes_drafter:
         from trtllm_dflash.builder.validate import quantized_drafter_acceptance
 
         source = Path(checkpoints["drafter"]["path"])
@@ -206,7 +203,7 @@ def load_graph_target(spec: BuildSpec, source: Path, dtype: str):
     from trtllm_dflash.builder.export import DTYPES
     from trtllm_dflash.checkpoints import Target, load_target
 
-    if spec.quant == "fp8":
+    if spec.precision.fp8_weights:
         from trtllm_dflash.checkpoints.modelopt import load_modelopt_model
 
         return Target(load_modelopt_model(source, "cpu", DTYPES[dtype], fp8_modules=True), None, source)
@@ -234,7 +231,7 @@ def run_export(ctx: StageContext, spec: BuildSpec, pair: CheckpointPair) -> dict
     source = _target_source(ctx)
     checkpoints = ctx.upstream["checkpoints"]["summary"]
     block_size = spec.block_size or checkpoints["drafter"]["block_size"]
-    dtype = spec.compute_dtype
+    dtype = spec.precision.compute_dtype
     ctx.status("loading the checkpoints")
     target = load_graph_target(spec, source, dtype)
     drafter = load_drafter(pair.checked(), target, pair_checked=True)
@@ -367,7 +364,7 @@ def run_engines(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
         "gpu": spec.gpu.name,
         "aot": flavour.aot,
         "dtype": export["dtype"],
-        "precision": f"{spec.quant} weights (FP8 as Q/DQ), {export['dtype']} activations; strongly typed" if spec.quant == "fp8"
+        "precision": f"{spec.precision.weights} weights (FP8 as Q/DQ), {export['dtype']} activations; strongly typed" if spec.precision.fp8_weights
         else f"{export['dtype']}, strongly typed (precision follows the graph)",
         "engines": built,
         "skipped_variants": skipped,
@@ -426,7 +423,7 @@ def make_stages(spec: BuildSpec, target_dir: Path, drafter_dir: Path) -> list[St
     )
     # "runtime" stays the key (the backend's old name) so finished quantize stages are not rebuilt
     quant_inputs: dict[str, Any] = {"quantization": recipe["quantization"], "runtime": spec.backend}
-    if has_quantize_work(spec):
+    if spec.precision.needs_modelopt:
         quant_inputs.update(modelopt=tools["modelopt"], torch=tools["torch"], transformers=tools["transformers"])
         dataset = Path(spec.calibration.dataset).expanduser()
         if spec.calibration.dataset != "builtin" and dataset.is_file():
@@ -445,7 +442,7 @@ def make_stages(spec: BuildSpec, target_dir: Path, drafter_dir: Path) -> list[St
         ),
         "export": lambda: Stage(
             "export", "Export the ONNX graphs", lambda ctx: run_export(ctx, spec, pair),
-            {"format": EXPORT_FORMAT, "dtype": spec.compute_dtype, "bounds": bounds, "graphs": list(spec.graphs),
+            {"format": EXPORT_FORMAT, "dtype": spec.precision.compute_dtype, "bounds": bounds, "graphs": list(spec.graphs),
              "tools": {k: tools[k] for k in ("torch", "transformers", "onnx", "onnxscript", "trtllm_dflash")}},
             ("checkpoints", "quantize"),
         ),

@@ -24,6 +24,7 @@ from trtllm_dflash.builder import nvfp4
 from trtllm_dflash.builder.stages import StageBlocked
 from trtllm_dflash.checkpoints import safetensors_header
 from trtllm_dflash.errors import CheckpointError, DFlashError
+from trtllm_dflash.recipes.precision import Precision
 
 BUILTIN_CALIBRATION = Path(__file__).with_name("calibration.txt")
 
@@ -50,21 +51,22 @@ def calibration_texts(calibration) -> list[str]:
     return texts[: calibration.num_samples]
 
 
-def quant_config(quant: str, kv_cache_dtype: str) -> dict[str, Any]:
+def quant_config(precision: Precision) -> dict[str, Any]:
+    """ModelOpt's config for PTQ of the target's weights (FP8 or NVFP4), with FP8 KV-cache scales when asked."""
     import modelopt.torch.quantization as mtq
 
-    if quant == "nvfp4":
-        return nvfp4.dense_config(kv_cache_dtype)
-    if quant != "fp8":
-        raise ValueError(quant)
-    return nvfp4.with_kv_cache(copy.deepcopy(mtq.FP8_DEFAULT_CFG), kv_cache_dtype)
+    if precision.weights == "nvfp4":
+        return nvfp4.dense_config(precision.kv_cache)
+    if not precision.fp8_weights:
+        raise ValueError(precision.weights)
+    return nvfp4.with_kv_cache(copy.deepcopy(mtq.FP8_DEFAULT_CFG), precision.kv_cache)
 
 
-def require_cuda_for(quant: str, experts_from_mxfp4: bool = False) -> None:
+def require_cuda_for(precision: Precision) -> None:
     """NVFP4 (dense PTQ, or the cast of published MXFP4 experts) refuses without CUDA; FP8 runs anywhere."""
-    if experts_from_mxfp4:
+    if precision.converts_experts:
         nvfp4.require_cuda("converting the MXFP4 experts to NVFP4 (activation scales from calibration)")
-    elif quant == "nvfp4":
+    elif precision.weights == "nvfp4":
         nvfp4.require_cuda("NVFP4 PTQ of the target")
 
 
@@ -89,19 +91,19 @@ def calibration_batches(tokenizer, calibration, device: str) -> list[torch.Tenso
 def quantize_target(
     target_dir: Path,
     out_dir: Path,
-    quant: str,
-    kv_cache_dtype: str,
+    precision: Precision,
     calibration,
     progress: Callable[[str], None] = lambda text: None,
-    experts_from_mxfp4: bool = False,
 ) -> dict[str, Any]:
     """Calibrate the target with ModelOpt and export it as a quantized Hugging Face checkpoint.
 
-    `experts_from_mxfp4`: the target is gpt-oss as published; its experts are cast to NVFP4
-    (weights exactly where the scales fit, see nvfp4.py) and calibrated for their activation
-    scales; everything else stays as published.
+    `precision` (the build's, recipes/precision.py) says how: FP8 or NVFP4 weights, or, when it
+    `converts_experts`, gpt-oss as published with its experts cast to NVFP4 (weights exactly where
+    the scales fit, see nvfp4.py) and calibrated for their activation scales, everything else as
+    published; FP8 KV-cache scales with `kv_cache: fp8`.
     """
-    require_cuda_for(quant, experts_from_mxfp4)
+    require_cuda_for(precision)
+    experts_from_mxfp4 = precision.converts_experts
     progress("importing ModelOpt")
     mtq, export_hf_checkpoint = import_modelopt()
     from trtllm_dflash.checkpoints import load_target
@@ -112,9 +114,9 @@ def quantize_target(
     target = load_target(target_dir, device=device, dtype=dtype)
     model, tokenizer = target.model, target.tokenizer
     if experts_from_mxfp4:
-        config, label = nvfp4.experts_config(kv_cache_dtype), "nvfp4 experts"
+        config, label = nvfp4.experts_config(precision.kv_cache), "nvfp4 experts"
     else:
-        config, label = quant_config(quant, kv_cache_dtype), quant
+        config, label = quant_config(precision), precision.weights
     if tokenizer is None:
         raise CheckpointError(f"target {target_dir} has no tokenizer, so it cannot be calibrated", "save the tokenizer next to the model")
     batches = calibration_batches(tokenizer, calibration, device)
@@ -139,9 +141,10 @@ def quantize_target(
     export_hf_checkpoint(model, export_dir=out_dir)
     _copy_tokenizer(target_dir, out_dir)
     counts = _count_quantized(out_dir)
-    if quant == "nvfp4" or experts_from_mxfp4:
+    if precision.weights == "nvfp4" or experts_from_mxfp4:
         extra["layout"] = nvfp4.nvfp4_layout(out_dir)
-    return {"quant": label, "kv_cache_dtype": kv_cache_dtype, "calibration_samples": len(batches), "device": device, **counts, **extra}
+    # the summary's keys are the manifest's (cli/build.py prints "quant"), kept as they were
+    return {"quant": label, "kv_cache_dtype": precision.kv_cache, "calibration_samples": len(batches), "device": device, **counts, **extra}
 
 
 def _copy_tokenizer(source: Path, dest: Path) -> None:

@@ -13,12 +13,14 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtllm_dflash.errors import DFlashError, RecipeError
 
+if TYPE_CHECKING:
+    from trtllm_dflash.recipes.precision import Precision
+
 GRAPH_VARIANTS = ("native", "plugin")
-FLOAT_DTYPES = ("fp32", "bf16", "fp16")
 
 
 class SpecError(DFlashError):
@@ -66,33 +68,10 @@ class BuildSpec:
 
     # ---- precision
     @property
-    def quant(self) -> str:
-        """Precision of the target's linear layers (experts: `experts`)."""
-        return self.recipe.quantization.weights
-
-    @property
-    def experts(self) -> str:
-        return self.recipe.quantization.experts
-
-    @property
-    def kv_cache_dtype(self) -> str:
-        return self.recipe.quantization.kv_cache
-
-    @property
-    def drafter_quant(self) -> str:
-        return self.recipe.quantization.drafter
-
-    @property
-    def compute_dtype(self) -> str:
-        """Dtype of the graphs' unquantized tensors (activations, norms, caches)."""
-        if self.quant in FLOAT_DTYPES:
-            return self.quant
-        return self.drafter_quant if self.drafter_quant in ("bf16", "fp16") else "bf16"
-
-    @property
-    def quantized(self) -> bool:
-        """Whether the target needs ModelOpt PTQ (FP8/NVFP4 weights or experts from a 16-bit checkpoint)."""
-        return self.quant in ("fp8", "nvfp4")
+    def precision(self) -> Precision:
+        """What the build quantizes and how (trtllm_dflash.recipes.precision.Precision): the value the
+        planner made from the recipe (flags applied) and checked against the GPU; every stage asks it."""
+        return self.plan.precision
 
     @property
     def calibration(self):
@@ -300,13 +279,3 @@ def resolve_spec(
         raise
     plan.check()  # refusals: precision the GPU cannot run (naming the GPUs that can), layout, does not fit
     return BuildSpec(chosen, plan, tuple(notes))
-
-
-def export_support(spec: BuildSpec) -> str | None:
-    """None when the target's graphs can be exported at this precision, else why not."""
-    which = "target" if spec.quant == "nvfp4" else "drafter" if spec.drafter_quant == "nvfp4" else None
-    if which is not None:
-        return (f"the ONNX export has no NVFP4 form for the {which} (FLOAT4E2M1 weights with blocked E4M3 DequantizeLinear "
-                "and a per-tensor scale are not written, so TensorRT would get no FP4 GEMMs); "
-                "deploy NVFP4 with backend: trtllm, or use --quant fp8/bf16 and a bf16 drafter for trt engines")
-    return None

@@ -14,10 +14,8 @@ import importlib.util
 import os
 from pathlib import Path
 
-from trtllm_dflash.builder.feasibility import (
-    backend_of, has_quantize_work, needs_expert_conversion, quantizes_drafter, repository_writer, validation_skip_reason,
-)
-from trtllm_dflash.builder.spec import BuildSpec, export_support
+from trtllm_dflash.builder.feasibility import backend_of, export_support, repository_writer, validation_skip_reason
+from trtllm_dflash.builder.spec import BuildSpec
 
 BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nvfp4": 4.5 / 8, "mxfp4": 4.25 / 8}
 
@@ -118,28 +116,29 @@ def make_build_plan(spec: BuildSpec) -> BuildPlan:
 
     weights = deployment.budget.target_weights * deployment.layout.tp
     samples = f"{spec.calibration.num_samples} samples of {spec.calibration.dataset} text"
-    drafter_too = "; the drafter in NVFP4 (fc kept BF16)" if quantizes_drafter(spec) else ""
+    precision = spec.precision
+    drafter_too = "; the drafter in NVFP4 (fc kept BF16)" if precision.quantizes_drafter else ""
     nvfp4_here = gpus > 0 and has_module("modelopt")
     nvfp4_where = "here (CUDA GPU)" if nvfp4_here else (
         "needs a CUDA GPU: ModelOpt computes NVFP4 scales with CUDA kernels (an H100/H200 emulates NVFP4; Blackwell serves it)")
-    if not has_quantize_work(spec):
-        stages.append(StagePlan("quantize", f"nothing to do ({backend.unquantized_note(spec.quant)})", "here", True, "none"))
-    elif needs_expert_conversion(spec):
+    if not precision.needs_modelopt:
+        stages.append(StagePlan("quantize", f"nothing to do ({backend.unquantized_note(precision.weights)})", "here", True, "none"))
+    elif precision.converts_experts:
         stages.append(StagePlan(
             "quantize", "cast the published MXFP4 experts to NVFP4 with ModelOpt (weights exact where the block scales fit "
             f"E4M3 under one tensor scale, else the error is reported; activation scales calibrated on {samples}){drafter_too}",
             nvfp4_where, nvfp4_here, f"~{size(weights)} NVFP4 checkpoint",
         ))
-    elif "nvfp4" in (spec.quant, spec.experts) or (not spec.quantized and quantizes_drafter(spec)):
-        what = "ModelOpt NVFP4 PTQ (weights, activation scales" + (", FP8 KV-cache scales" if spec.kv_cache_dtype == "fp8" else "")
-        action = f"{what}; {samples}){drafter_too}" if spec.quantized else f"ModelOpt NVFP4 PTQ of the drafter, fc kept BF16 ({samples})"
-        stages.append(StagePlan("quantize", action, nvfp4_where, nvfp4_here, f"~{size(weights)} NVFP4 checkpoint" if spec.quantized else "NVFP4 drafter"))
-    elif quantizes_drafter(spec):  # FP8 target (calibrates anywhere) with an NVFP4 drafter (needs CUDA)
+    elif precision.nvfp4_target or (not precision.quantized and precision.quantizes_drafter):
+        what = "ModelOpt NVFP4 PTQ (weights, activation scales" + (", FP8 KV-cache scales" if precision.fp8_kv_cache else "")
+        action = f"{what}; {samples}){drafter_too}" if precision.quantized else f"ModelOpt NVFP4 PTQ of the drafter, fc kept BF16 ({samples})"
+        stages.append(StagePlan("quantize", action, nvfp4_where, nvfp4_here, f"~{size(weights)} NVFP4 checkpoint" if precision.quantized else "NVFP4 drafter"))
+    elif precision.quantizes_drafter:  # FP8 target (calibrates anywhere) with an NVFP4 drafter (needs CUDA)
         stages.append(StagePlan("quantize", f"ModelOpt FP8 PTQ of the target and NVFP4 PTQ of the drafter, fc kept BF16 ({samples})",
                                 nvfp4_where, nvfp4_here, f"~{size(weights)} FP8 checkpoint"))
     else:
         where = "here (GPU)" if gpus else "here on CPU (ModelOpt FP8 PTQ runs on CPU; a GPU is much faster for large models)"
-        kv = ", FP8 KV-cache scales" if spec.kv_cache_dtype == "fp8" else ""
+        kv = ", FP8 KV-cache scales" if precision.fp8_kv_cache else ""
         stages.append(StagePlan("quantize", f"ModelOpt FP8 PTQ ({spec.calibration.num_samples} samples of {spec.calibration.dataset} text{kv})", where, has_module("modelopt"), f"~{size(weights)} FP8 checkpoint"))
 
     for name in backend.build_stages:
@@ -167,9 +166,9 @@ def _graph_bytes(spec: BuildSpec) -> tuple[float, float]:
     """Bytes of the target's and the drafter's graphs (one variant)."""
     model = spec.recipe.model_spec()
     params = model.params()
-    graph_bytes = BYTES[spec.compute_dtype]
+    graph_bytes = BYTES[spec.precision.compute_dtype]
     weights = spec.plan.budget.target_weights * spec.plan.layout.tp
-    target_graph = params.total * graph_bytes if spec.quant in ("fp32", "bf16", "fp16") else weights
+    target_graph = weights if spec.precision.quantized else params.total * graph_bytes
     drafter_params = model.drafter.num_params() if model.drafter else 0
     return target_graph, (drafter_params + params.embedding + params.lm_head) * graph_bytes
 
@@ -212,7 +211,7 @@ def _plan_engines(spec: BuildSpec, stages: list[StagePlan], notes: list[str], gp
         reason = engine_support("plugin", flavour)
         engines_note = "engines from them too" if reason is None else f"engines from the native graphs only ({reason})"
         notes.append(f"plugin graphs: the drafter with the DFlash block-attention plugin node, checked on CPU; {engines_note}")
-    if spec.kv_cache_dtype == "fp8":
+    if spec.precision.fp8_kv_cache:
         notes.append("FP8 KV cache: the engines keep K/V in the graph's dtype (the FP8 KV cache is implemented for the trtllm runtime)")
 
 

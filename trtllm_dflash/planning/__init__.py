@@ -8,7 +8,7 @@ the estimates (activations, CUDA graphs, runtime reserve) use named constants (m
 Combinations that cannot work are refused with the reason and the nearest combination that
 does: NVFP4 on Hopper, FP8 below SM 8.9, too few GPUs, or a model that does not fit at all.
 
-    records.py       the plan's values: Precision, Layout, MemoryBudget, BuildStep, Refusal, Plan
+    records.py       the plan's values: Layout, MemoryBudget, BuildStep, Refusal, Plan (its Precision: recipes/precision.py)
     candidate.py     one deployment under consideration (model, GPU, backend, precision, layout, limits)
     memory.py        bytes per GPU: weights, KV cache, linear-attention state, activations, CUDA graphs
     precision.py     default precisions per GPU, and refusals of those a GPU cannot run
@@ -25,7 +25,8 @@ from trtllm_dflash.planning.memory import (
     WORKSPACE_BYTES, activation_bytes, bytes_of, cuda_graph_batch_sizes, cuda_graph_bytes, drafter_kv_bytes_per_sequence,
     host_memory_bytes, kv_bytes_per_sequence, kv_heads_per_gpu, linear_state_bytes_per_sequence, target_weight_bytes,
 )
-from trtllm_dflash.planning.records import BuildStep, Layout, MemoryBudget, Plan, Precision, Refusal
+from trtllm_dflash.planning.records import BuildStep, Layout, MemoryBudget, Plan, Refusal
+from trtllm_dflash.recipes.precision import Precision
 
 __all__ = [
     "ACTIVATION_BYTES", "BYTES_PER_ELEMENT", "CUDA_GRAPH_BYTES", "DEFAULT_CONTEXT", "DEFAULT_KV_FRACTION", "DEFAULT_MAX_BATCH",

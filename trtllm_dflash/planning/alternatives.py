@@ -23,7 +23,7 @@ def nearest_that_fits(cfg: Candidate) -> tuple[str, Candidate] | None:
     counts = [n for n in GPU_COUNTS if n <= gpu.max_gpus_per_node]
     more = [n for n in counts if n > cfg.layout.num_gpus]
     lower = {"bf16": ["fp8", "nvfp4"], "fp16": ["fp8", "nvfp4"], "fp8": ["nvfp4"], "nvfp4": [], "mxfp4": ["nvfp4"]}
-    current = cfg.precision.experts if cfg.model.native_expert_precision != "bf16" else cfg.precision.weights
+    current = cfg.precision.moe_experts if cfg.model.native_expert_precision != "bf16" else cfg.precision.weights
     quants = [q for q in lower.get(current, []) if gpu.supports(q)]
     candidates: list[tuple[str, Candidate]] = []
     multi = multi_gpu_backend()  # every count in `more` is above one GPU
@@ -54,7 +54,7 @@ def precision_alternative(cfg: Candidate) -> tuple[str, Candidate] | None:
     if gpu is None:
         return None
     p = cfg.precision
-    wanted = p.experts if cfg.model.native_expert_precision != "bf16" else p.weights
+    wanted = p.moe_experts if cfg.model.native_expert_precision != "bf16" else p.weights
     fallback = {"nvfp4": ["fp8", "bf16"], "fp8": ["bf16"], "mxfp4": ["bf16"]}
     options = [wanted] if gpu.supports(wanted) else [q for q in fallback.get(wanted, ["bf16"]) if gpu.supports(q)]
     kv = p.kv_cache if gpu.supports(p.kv_cache) else ("fp8" if gpu.supports_fp8 else "bf16")
@@ -76,5 +76,5 @@ def describe_fit(cfg: Candidate) -> str:
     gpu = cfg.gpu
     where = f"{cfg.layout.num_gpus}x {gpu.name}" if gpu else "this CPU machine"
     p = cfg.precision
-    weights = f"{p.weights} weights" if p.weights == p.experts else f"{p.weights} weights, {p.experts} experts"
+    weights = f"{p.weights} weights" if p.weights == p.moe_experts else f"{p.weights} weights, {p.moe_experts} experts"
     return f"{where}, {weights}, KV {p.kv_cache}: {concurrency} sequence(s) of {cfg.context} tokens"

@@ -7,7 +7,8 @@ from typing import Any
 
 from trtllm_dflash.catalog.gpus import GPUSpec
 from trtllm_dflash.catalog.models import ModelSpec
-from trtllm_dflash.planning.records import Layout, Precision
+from trtllm_dflash.planning.records import Layout
+from trtllm_dflash.recipes.precision import Precision
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,8 @@ from trtllm_dflash.planning.memory import (
     max_concurrency,
 )
 from trtllm_dflash.planning.precision import precision_for, precision_refusals
-from trtllm_dflash.planning.records import Layout, Plan, Precision, Refusal
+from trtllm_dflash.planning.records import Layout, Plan, Refusal
+from trtllm_dflash.recipes.precision import Precision
 from trtllm_dflash.planning.steps import build_steps
 
 
@@ -112,10 +113,10 @@ def plan_deployment(
         if resolve_model(r.model.name).name != spec.name or r.gpu != (gpu_spec.name if gpu_spec else CPU):
             raise RecipeError(f"recipe {r.name} is for {r.model.name} on {r.gpu}, not {spec.name} on {gpu}",
                               "drop --model/--gpu, or pass the recipe written for them")
-        precision = Precision(r.quantization.weights, r.quantization.experts, r.quantization.kv_cache, r.quantization.drafter)
+        precision = Precision.from_quantization(r.quantization, spec.native_expert_precision)
         if quant is not None or kv_cache is not None:
-            precision = precision_for(spec, gpu_spec, quant or (r.quantization.experts if spec.native_expert_precision != "bf16"
-                                                                  else r.quantization.weights), kv_cache or precision.kv_cache)
+            recipe_quant = precision.moe_experts if spec.native_expert_precision != "bf16" else precision.weights
+            precision = precision_for(spec, gpu_spec, quant or recipe_quant, kv_cache or precision.kv_cache)
             precision = dataclasses.replace(precision, drafter=r.quantization.drafter)
         layout = Layout(r.parallelism.num_gpus, r.parallelism.tp, r.parallelism.ep, r.parallelism.attention_dp)
         if num_gpus is not None and num_gpus != layout.num_gpus:

@@ -11,7 +11,8 @@ import os
 from trtllm_dflash.backends import get_backend
 from trtllm_dflash.catalog.models import ModelSpec
 from trtllm_dflash.planning.candidate import Candidate
-from trtllm_dflash.planning.records import Layout, MemoryBudget, Precision
+from trtllm_dflash.planning.records import Layout, MemoryBudget
+from trtllm_dflash.recipes.precision import Precision
 
 GIB = 1024**3
 MIB = 1024**2
@@ -50,7 +51,7 @@ def target_weight_bytes(model: ModelSpec, precision: Precision, layout: Layout) 
     return (
         bytes_of(p.attention_linear, precision.weights) // attention_tp
         + bytes_of(p.mlp_linear, precision.weights) // layout.tp
-        + bytes_of(p.expert_linear, precision.experts) // layout.tp
+        + bytes_of(p.expert_linear, precision.moe_experts) // layout.tp
         + bytes_of(p.embedding + p.lm_head, "bf16") // layout.tp
         + bytes_of(p.other, "bf16")
     )

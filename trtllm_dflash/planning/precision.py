@@ -5,7 +5,8 @@ from __future__ import annotations
 from trtllm_dflash.catalog.gpus import GPUSpec, gpus_supporting
 from trtllm_dflash.catalog.models import ModelSpec
 from trtllm_dflash.planning.candidate import Candidate
-from trtllm_dflash.planning.records import Precision, Refusal
+from trtllm_dflash.planning.records import Refusal
+from trtllm_dflash.recipes.precision import Precision
 
 
 def best_weights(gpu: GPUSpec | None) -> str:
@@ -32,7 +33,7 @@ def precision_for(model: ModelSpec, gpu: GPUSpec | None, quant: str | None, kv: 
     else:
         weights = quant or best_weights(gpu)
         experts = weights
-    return Precision(weights, experts, kv or default_kv, drafter)
+    return Precision(weights, experts, kv or default_kv, drafter, model.native_expert_precision)
 
 
 def precision_refusals(cfg: Candidate) -> list[Refusal]:
@@ -40,7 +41,7 @@ def precision_refusals(cfg: Candidate) -> list[Refusal]:
         return []
     out = []
     p = cfg.precision
-    checks = [("weights", p.weights), ("experts", p.experts), ("KV cache", p.kv_cache), ("drafter", p.drafter)]
+    checks = [("weights", p.weights), ("experts", p.moe_experts), ("KV cache", p.kv_cache), ("drafter", p.drafter)]
     for what, precision in checks:
         if what == "experts" and not cfg.model.is_moe:
             continue

@@ -1,4 +1,5 @@
-"""The values a deployment plan is made of: precision, layout, memory budget, build steps, refusals."""
+"""The values a deployment plan is made of: layout, memory budget, build steps, refusals (and the
+precision, which is recipes/precision.py's value)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,7 @@ from typing import Any
 
 from trtllm_dflash.backends.base import BuildStep
 from trtllm_dflash.errors import PlanRefusedError
-
-
-@dataclasses.dataclass(frozen=True)
-class Precision:
-    weights: str  # dense linear layers of the target
-    experts: str  # MoE expert matrices (= weights for dense models)
-    kv_cache: str
-    drafter: str
+from trtllm_dflash.recipes.precision import Precision  # the one precision value (recipes/precision.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +84,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["ok"] = self.ok
+        out["precision"] = self.precision.to_dict()
         out["budget"]["fixed"] = self.budget.fixed
         return out
 

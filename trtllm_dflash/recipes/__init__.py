@@ -4,6 +4,7 @@
 
     recipe = find_recipe("gpt-oss-120b", "b300")
     recipe.runtime, recipe.quantization.experts, recipe.parallelism.tp, recipe.max_draft_len
+    recipe.precision.needs_modelopt  # what is quantized and how, decided once (precision.py)
 """
 
 from trtllm_dflash.recipes.loader import (
@@ -14,9 +15,11 @@ from trtllm_dflash.recipes.loader import (
     recipes_dir,
     resolve_recipe,
 )
+from trtllm_dflash.recipes.precision import Precision
 from trtllm_dflash.recipes.schema import Recipe
 
 __all__ = [
+    "Precision",
     "Recipe",
     "RecipeValidationError",
     "find_recipe",

@@ -332,6 +332,14 @@ class Recipe(_Section):
             return 0
         return length
 
+    @property
+    def precision(self):
+        """What this deployment quantizes and how (recipes/precision.py): the quantization section
+        with the model's published expert format, the one value the planner and the builder ask."""
+        from trtllm_dflash.recipes.precision import Precision
+
+        return Precision.from_recipe(self)
+
     def gpu_spec(self):
         """The catalog GPUSpec (None for gpu: cpu)."""
         from trtllm_dflash.catalog.gpus import CPU, resolve_gpu
@@ -385,7 +393,7 @@ class Recipe(_Section):
             "max_num_tokens": self.limits.tokens_per_step,
             "max_seq_len": self.limits.max_seq_len,
             "kv_cache_config": {
-                "dtype": "fp8" if self.quantization.kv_cache == "fp8" else "auto",
+                "dtype": "fp8" if self.precision.fp8_kv_cache else "auto",
                 "free_gpu_memory_fraction": self.trtllm.kv_cache_free_gpu_memory_fraction,
             },
             "speculative_config": spec,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtllm_dflash.backends.base import Backend, BuildStep, PipelineSource, quantize_needs, quantize_samples, quantized_precisions
+from trtllm_dflash.backends.base import Backend, BuildStep, PipelineSource, quantize_needs, quantize_samples
 from trtllm_dflash.errors import DFlashError
 
 if TYPE_CHECKING:
@@ -28,16 +28,16 @@ class TrtllmBackend(Backend):
     build_stages = ("trtllm",)
     repository_title = "the TensorRT-LLM LLM-API repository"
 
-    def unquantized_note(self, quant: str) -> str:
+    def unquantized_note(self, weights: str) -> str:
         return "TensorRT-LLM loads the checkpoint as published"
 
     def uses_cuda_graphs(self, recipe: Any) -> bool:
         return recipe is None or recipe.trtllm is None or recipe.trtllm.cuda_graph is not None
 
     def plan_steps(self, cfg: Any) -> list[BuildStep]:
-        model, p, steps = cfg.model, cfg.precision, []
-        quantized = quantized_precisions(cfg)
-        if model.native_expert_precision == "mxfp4" and p.experts == "nvfp4" and p.weights == "bf16":
+        p, steps = cfg.precision, []
+        quantized = p.ptq_formats
+        if p.converts_experts:
             steps.append(BuildStep("quantize", "cast the MXFP4 experts to NVFP4 with ModelOpt (weights exact where the block scales "
                                    f"fit E4M3, activation scales calibrated on {quantize_samples(cfg)}; needs a CUDA GPU)",
                                    ("modelopt", "torch", "cuda-gpu")))
