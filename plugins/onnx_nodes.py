@@ -39,8 +39,7 @@ from onnx import helper
 from onnx.defs import OpSchema
 from onnx.reference.op_run import OpRun
 
-from trtllm_dflash.graphs import names  # the graph tensors these ports take and give
-from trtllm_dflash.ops import attention_options, custom_ops, reference  # noqa: F401  (custom_ops registers torch.ops.dflash.*)
+from trtllm_dflash.ops import attention_options, custom_ops, reference, specs  # noqa: F401  (custom_ops registers torch.ops.dflash.*)
 from trtllm_dflash.plugins import dflash2_nodes  # noqa: F401
 from trtllm_dflash.ops.attention_options import AttentionOptions
 from trtllm_dflash.ops.kernels import launch
@@ -55,28 +54,29 @@ from trtllm_dflash.plugins.node_spec import (  # noqa: F401  (re-exported: the n
 from trtllm_dflash.plugins.node_spec import DFlashOp as _DFlashOp
 from trtllm_dflash.plugins.node_spec import to_torch as _torch
 
-ATTENTION_INPUTS = ("q", "k_block", "v_block", "k_ctx_new", "v_ctx_new", names.NEW_COUNTS, "k_cache", "v_cache", names.CACHE_LENS)
-TARGET_ATTENTION_INPUTS = ("q", "k_new", "v_new", "k_cache", "v_cache", names.STARTS)
-CACHE_ALIASES = {"k_cache_out": "k_cache", "v_cache_out": "v_cache"}
+# node inputs, outputs and in-place aliases from the ops' specs (`ops.specs`): a node of an in-place
+# op outputs the functional op's (out, k_cache_out, v_cache_out)
+BLOCK_SPEC, TARGET_SPEC = specs.BLOCK_ATTENTION, specs.TARGET_ATTENTION
 BLOCK_OPTIONS, TARGET_OPTIONS = attention_options.BLOCK_ATTENTION, attention_options.TARGET_ATTENTION
+PARTIAL_OUTPUTS = ("partial_out", "partial_lse")
 
 BLOCK_ATTENTION = NodeSpec(
     "DFlashBlockAttention",
-    ATTENTION_INPUTS + BLOCK_OPTIONS.input_names,
-    ("out", "k_cache_out", "v_cache_out"),
+    BLOCK_SPEC.node_inputs,
+    BLOCK_SPEC.functional().outputs,
     BLOCK_OPTIONS.attributes(),
     ("q", "k_cache", "v_cache"),
     "KV-injected block attention (reference.block_attention); caches updated in place.",
-    CACHE_ALIASES,
+    BLOCK_SPEC.aliases,
 )
 BLOCK_ATTENTION_SPLIT = NodeSpec(
     "DFlashBlockAttentionSplit",
-    ATTENTION_INPUTS + BLOCK_OPTIONS.input_names,
-    ("partial_out", "partial_lse", "k_cache_out", "v_cache_out"),
+    BLOCK_SPEC.node_inputs,
+    PARTIAL_OUTPUTS + tuple(BLOCK_SPEC.aliases),
     {**BLOCK_OPTIONS.attributes(), "kv_splits": 2},
     ("float32", "float32", "k_cache", "v_cache"),
     "Per-split attention outputs and log-sum-exps (reference.block_attention_partials).",
-    CACHE_ALIASES,
+    BLOCK_SPEC.aliases,
 )
 ATTENTION_MERGE = NodeSpec(
     "DFlashAttentionMerge",
@@ -89,23 +89,23 @@ ATTENTION_MERGE = NodeSpec(
 )
 TARGET_ATTENTION = NodeSpec(
     "DFlashTargetAttention",
-    TARGET_ATTENTION_INPUTS + TARGET_OPTIONS.input_names,
-    ("out", "k_cache_out", "v_cache_out"),
+    TARGET_SPEC.node_inputs,
+    TARGET_SPEC.functional().outputs,
     TARGET_OPTIONS.attributes(),
     ("q", "k_cache", "v_cache"),
     "Causal target attention over an in-place cache (reference.target_attention); with has_sinks=0 "
     "the sinks input is a placeholder and is not read.",
-    CACHE_ALIASES,
+    TARGET_SPEC.aliases,
 )
 TARGET_ATTENTION_SPLIT = NodeSpec(
     "DFlashTargetAttentionSplit",
-    TARGET_ATTENTION_INPUTS + TARGET_OPTIONS.input_names,
-    ("partial_out", "partial_lse", "k_cache_out", "v_cache_out"),
+    TARGET_SPEC.node_inputs,
+    PARTIAL_OUTPUTS + tuple(TARGET_SPEC.aliases),
     {**TARGET_OPTIONS.attributes(), "kv_splits": 2},
     ("float32", "float32", "k_cache", "v_cache"),
     "Per-split target attention outputs and log-sum-exps (reference.target_attention_partials), merged by "
     "DFlashAttentionMerge; caches updated in place.",
-    CACHE_ALIASES,
+    TARGET_SPEC.aliases,
 )
 VERIFY_PARTIALS = NodeSpec(
     "DFlashVerifyPartials",
@@ -118,8 +118,8 @@ VERIFY_PARTIALS = NodeSpec(
 )
 VERIFY_POSITIONS = NodeSpec(
     "DFlashVerifyPositions",
-    ("target_logits", "block_tokens", names.DRAFT_PROBS, *names.SAMPLING_INPUTS, "start", "chunk_max", "chunk_index"),
-    ("decisions",),
+    specs.VERIFY_POSITIONS.input_names + ("chunk_max", "chunk_index"),
+    specs.VERIFY_POSITIONS.outputs,
     {"has_draft_probs": 1},
     ("int32",),
     "Per-position accept flags and emitted tokens (reference.verify_positions); chunk_max/chunk_index "
@@ -128,8 +128,8 @@ VERIFY_POSITIONS = NodeSpec(
 )
 VERIFY_COMMIT = NodeSpec(
     "DFlashVerifyCommit",
-    ("decisions", "block_tokens", "start", "stop_ids"),
-    (names.RESULT,),
+    specs.VERIFY_COMMIT.input_names,
+    specs.VERIFY_COMMIT.outputs,
     {},
     ("int64",),
     "Accepted count, bonus, next start, committed length, stop flag (reference.verify_commit); "
