@@ -54,29 +54,27 @@ from trtllm_dflash.plugins.node_spec import (  # noqa: F401  (re-exported: the n
 from trtllm_dflash.plugins.node_spec import DFlashOp as _DFlashOp
 from trtllm_dflash.plugins.node_spec import to_torch as _torch
 
-# node inputs, outputs and in-place aliases from the ops' specs (`ops.specs`): a node of an in-place
-# op outputs the functional op's (out, k_cache_out, v_cache_out)
 BLOCK_SPEC, TARGET_SPEC = specs.BLOCK_ATTENTION, specs.TARGET_ATTENTION
 BLOCK_OPTIONS, TARGET_OPTIONS = attention_options.BLOCK_ATTENTION, attention_options.TARGET_ATTENTION
-PARTIAL_OUTPUTS = ("partial_out", "partial_lse")
 
-BLOCK_ATTENTION = NodeSpec(
-    "DFlashBlockAttention",
-    BLOCK_SPEC.node_inputs,
-    BLOCK_SPEC.functional().outputs,
-    BLOCK_OPTIONS.attributes(),
-    ("q", "k_cache", "v_cache"),
-    "KV-injected block attention (reference.block_attention); caches updated in place.",
-    BLOCK_SPEC.aliases,
+
+def attention_node(op_type: str, spec: specs.OpSpec, split: bool, doc: str) -> NodeSpec:
+    """An attention node from its op's spec (`ops.specs`): the op's inputs and tensor options, its
+    option attributes; outputs the functional op's (out, k_cache_out, v_cache_out), or for a split
+    node (attribute `kv_splits`) float32 (partial_out, partial_lse) and the caches; caches in place."""
+    caches = tuple(spec.aliases)
+    if split:
+        outputs, dtypes, attributes = ("partial_out", "partial_lse", *caches), ("float32", "float32"), {**spec.options.attributes(), "kv_splits": 2}
+    else:
+        outputs, dtypes, attributes = spec.functional().outputs, (spec.inputs[0].name,), spec.options.attributes()
+    return NodeSpec(op_type, spec.node_inputs, outputs, attributes, dtypes + spec.mutates, doc, spec.aliases)
+
+
+BLOCK_ATTENTION = attention_node(
+    "DFlashBlockAttention", BLOCK_SPEC, False, "KV-injected block attention (reference.block_attention); caches updated in place."
 )
-BLOCK_ATTENTION_SPLIT = NodeSpec(
-    "DFlashBlockAttentionSplit",
-    BLOCK_SPEC.node_inputs,
-    PARTIAL_OUTPUTS + tuple(BLOCK_SPEC.aliases),
-    {**BLOCK_OPTIONS.attributes(), "kv_splits": 2},
-    ("float32", "float32", "k_cache", "v_cache"),
-    "Per-split attention outputs and log-sum-exps (reference.block_attention_partials).",
-    BLOCK_SPEC.aliases,
+BLOCK_ATTENTION_SPLIT = attention_node(
+    "DFlashBlockAttentionSplit", BLOCK_SPEC, True, "Per-split attention outputs and log-sum-exps (reference.block_attention_partials)."
 )
 ATTENTION_MERGE = NodeSpec(
     "DFlashAttentionMerge",
@@ -87,25 +85,15 @@ ATTENTION_MERGE = NodeSpec(
     "Merge of split attention (reference.merge_partials); `like` (the queries) gives batch, tokens, heads "
     "and dtype, partial_out the head dim (a target's value head dim).",
 )
-TARGET_ATTENTION = NodeSpec(
-    "DFlashTargetAttention",
-    TARGET_SPEC.node_inputs,
-    TARGET_SPEC.functional().outputs,
-    TARGET_OPTIONS.attributes(),
-    ("q", "k_cache", "v_cache"),
+TARGET_ATTENTION = attention_node(
+    "DFlashTargetAttention", TARGET_SPEC, False,
     "Causal target attention over an in-place cache (reference.target_attention); with has_sinks=0 "
     "the sinks input is a placeholder and is not read.",
-    TARGET_SPEC.aliases,
 )
-TARGET_ATTENTION_SPLIT = NodeSpec(
-    "DFlashTargetAttentionSplit",
-    TARGET_SPEC.node_inputs,
-    PARTIAL_OUTPUTS + tuple(TARGET_SPEC.aliases),
-    {**TARGET_OPTIONS.attributes(), "kv_splits": 2},
-    ("float32", "float32", "k_cache", "v_cache"),
+TARGET_ATTENTION_SPLIT = attention_node(
+    "DFlashTargetAttentionSplit", TARGET_SPEC, True,
     "Per-split target attention outputs and log-sum-exps (reference.target_attention_partials), merged by "
     "DFlashAttentionMerge; caches updated in place.",
-    TARGET_SPEC.aliases,
 )
 VERIFY_PARTIALS = NodeSpec(
     "DFlashVerifyPartials",
