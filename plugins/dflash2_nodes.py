@@ -23,14 +23,14 @@ import onnx
 import torch
 from onnx.reference.op_run import OpRun
 
-from trtllm_dflash.ops import custom_ops, reference_dflash2  # noqa: F401  (custom_ops registers torch.ops.dflash.*)
+from trtllm_dflash.ops import custom_ops, reference_dflash2, specs  # noqa: F401  (custom_ops registers torch.ops.dflash.*)
 from trtllm_dflash.ops.kernels import dflash2_launch
 from trtllm_dflash.plugins.node_spec import PLUGIN_ATTRIBUTES, DFlashOp, NodeSpec, to_torch
 
 GROUPED_CONV = NodeSpec(
     "DFlash2GroupedConv",
-    ("x", "delta", "base", "residual"),
-    ("out",),
+    specs.GROUPED_DYNAMIC_CONV.input_names,
+    specs.GROUPED_DYNAMIC_CONV.outputs,
     {"has_residual": 1},
     ("x",),
     "DFlash V2's grouped dynamic causal conv along a block (reference_dflash2.grouped_dynamic_conv); "
@@ -56,8 +56,8 @@ TOPK_MERGE = NodeSpec(
 )
 CANDIDATE_SELECT = NodeSpec(
     "DFlash2CandidateSelect",
-    ("cand", "cand_unary", "z", "anchor", "predecessor", "successor", "temperature", "seed", "positions"),
-    ("tokens", "cand_probs"),
+    specs.CANDIDATE_WALK.input_names,
+    specs.CANDIDATE_WALK.outputs,
     {},
     ("int64", "float32"),
     "The selector's walk over the block, greedy or sampled with the counter RNG (reference_dflash2.candidate_walk).",

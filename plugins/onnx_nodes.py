@@ -39,8 +39,7 @@ from onnx import helper
 from onnx.defs import OpSchema
 from onnx.reference.op_run import OpRun
 
-from trtllm_dflash.graphs import names  # the graph tensors these ports take and give
-from trtllm_dflash.ops import attention_options, custom_ops, reference  # noqa: F401  (custom_ops registers torch.ops.dflash.*)
+from trtllm_dflash.ops import attention_options, custom_ops, reference, specs  # noqa: F401  (custom_ops registers torch.ops.dflash.*)
 from trtllm_dflash.plugins import dflash2_nodes  # noqa: F401
 from trtllm_dflash.ops.attention_options import AttentionOptions
 from trtllm_dflash.ops.kernels import launch
@@ -55,28 +54,27 @@ from trtllm_dflash.plugins.node_spec import (  # noqa: F401  (re-exported: the n
 from trtllm_dflash.plugins.node_spec import DFlashOp as _DFlashOp
 from trtllm_dflash.plugins.node_spec import to_torch as _torch
 
-ATTENTION_INPUTS = ("q", "k_block", "v_block", "k_ctx_new", "v_ctx_new", names.NEW_COUNTS, "k_cache", "v_cache", names.CACHE_LENS)
-TARGET_ATTENTION_INPUTS = ("q", "k_new", "v_new", "k_cache", "v_cache", names.STARTS)
-CACHE_ALIASES = {"k_cache_out": "k_cache", "v_cache_out": "v_cache"}
+BLOCK_SPEC, TARGET_SPEC = specs.BLOCK_ATTENTION, specs.TARGET_ATTENTION
 BLOCK_OPTIONS, TARGET_OPTIONS = attention_options.BLOCK_ATTENTION, attention_options.TARGET_ATTENTION
 
-BLOCK_ATTENTION = NodeSpec(
-    "DFlashBlockAttention",
-    ATTENTION_INPUTS + BLOCK_OPTIONS.input_names,
-    ("out", "k_cache_out", "v_cache_out"),
-    BLOCK_OPTIONS.attributes(),
-    ("q", "k_cache", "v_cache"),
-    "KV-injected block attention (reference.block_attention); caches updated in place.",
-    CACHE_ALIASES,
+
+def attention_node(op_type: str, spec: specs.OpSpec, split: bool, doc: str) -> NodeSpec:
+    """An attention node from its op's spec (`ops.specs`): the op's inputs and tensor options, its
+    option attributes; outputs the functional op's (out, k_cache_out, v_cache_out), or for a split
+    node (attribute `kv_splits`) float32 (partial_out, partial_lse) and the caches; caches in place."""
+    caches = tuple(spec.aliases)
+    if split:
+        outputs, dtypes, attributes = ("partial_out", "partial_lse", *caches), ("float32", "float32"), {**spec.options.attributes(), "kv_splits": 2}
+    else:
+        outputs, dtypes, attributes = spec.functional().outputs, (spec.inputs[0].name,), spec.options.attributes()
+    return NodeSpec(op_type, spec.node_inputs, outputs, attributes, dtypes + spec.mutates, doc, spec.aliases)
+
+
+BLOCK_ATTENTION = attention_node(
+    "DFlashBlockAttention", BLOCK_SPEC, False, "KV-injected block attention (reference.block_attention); caches updated in place."
 )
-BLOCK_ATTENTION_SPLIT = NodeSpec(
-    "DFlashBlockAttentionSplit",
-    ATTENTION_INPUTS + BLOCK_OPTIONS.input_names,
-    ("partial_out", "partial_lse", "k_cache_out", "v_cache_out"),
-    {**BLOCK_OPTIONS.attributes(), "kv_splits": 2},
-    ("float32", "float32", "k_cache", "v_cache"),
-    "Per-split attention outputs and log-sum-exps (reference.block_attention_partials).",
-    CACHE_ALIASES,
+BLOCK_ATTENTION_SPLIT = attention_node(
+    "DFlashBlockAttentionSplit", BLOCK_SPEC, True, "Per-split attention outputs and log-sum-exps (reference.block_attention_partials)."
 )
 ATTENTION_MERGE = NodeSpec(
     "DFlashAttentionMerge",
@@ -87,25 +85,15 @@ ATTENTION_MERGE = NodeSpec(
     "Merge of split attention (reference.merge_partials); `like` (the queries) gives batch, tokens, heads "
     "and dtype, partial_out the head dim (a target's value head dim).",
 )
-TARGET_ATTENTION = NodeSpec(
-    "DFlashTargetAttention",
-    TARGET_ATTENTION_INPUTS + TARGET_OPTIONS.input_names,
-    ("out", "k_cache_out", "v_cache_out"),
-    TARGET_OPTIONS.attributes(),
-    ("q", "k_cache", "v_cache"),
+TARGET_ATTENTION = attention_node(
+    "DFlashTargetAttention", TARGET_SPEC, False,
     "Causal target attention over an in-place cache (reference.target_attention); with has_sinks=0 "
     "the sinks input is a placeholder and is not read.",
-    CACHE_ALIASES,
 )
-TARGET_ATTENTION_SPLIT = NodeSpec(
-    "DFlashTargetAttentionSplit",
-    TARGET_ATTENTION_INPUTS + TARGET_OPTIONS.input_names,
-    ("partial_out", "partial_lse", "k_cache_out", "v_cache_out"),
-    {**TARGET_OPTIONS.attributes(), "kv_splits": 2},
-    ("float32", "float32", "k_cache", "v_cache"),
+TARGET_ATTENTION_SPLIT = attention_node(
+    "DFlashTargetAttentionSplit", TARGET_SPEC, True,
     "Per-split target attention outputs and log-sum-exps (reference.target_attention_partials), merged by "
     "DFlashAttentionMerge; caches updated in place.",
-    CACHE_ALIASES,
 )
 VERIFY_PARTIALS = NodeSpec(
     "DFlashVerifyPartials",
@@ -118,8 +106,8 @@ VERIFY_PARTIALS = NodeSpec(
 )
 VERIFY_POSITIONS = NodeSpec(
     "DFlashVerifyPositions",
-    ("target_logits", "block_tokens", names.DRAFT_PROBS, *names.SAMPLING_INPUTS, "start", "chunk_max", "chunk_index"),
-    ("decisions",),
+    specs.VERIFY_POSITIONS.input_names + ("chunk_max", "chunk_index"),
+    specs.VERIFY_POSITIONS.outputs,
     {"has_draft_probs": 1},
     ("int32",),
     "Per-position accept flags and emitted tokens (reference.verify_positions); chunk_max/chunk_index "
@@ -128,8 +116,8 @@ VERIFY_POSITIONS = NodeSpec(
 )
 VERIFY_COMMIT = NodeSpec(
     "DFlashVerifyCommit",
-    ("decisions", "block_tokens", "start", "stop_ids"),
-    (names.RESULT,),
+    specs.VERIFY_COMMIT.input_names,
+    specs.VERIFY_COMMIT.outputs,
     {},
     ("int64",),
     "Accepted count, bonus, next start, committed length, stop flag (reference.verify_commit); "
@@ -185,50 +173,32 @@ def _options(options: AttentionOptions, inputs: tuple, attributes: dict) -> dict
     return {o.name: {**tensors, **scalars}[o.name] for o in options.call_order}
 
 
-class DFlashBlockAttention(_DFlashOp):
-    def _run(self, q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, *option_inputs, **attributes):
-        k_out, v_out = _torch(k_cache).clone(), _torch(v_cache).clone()
-        out = reference.block_attention(
-            _torch(q), _torch(k_block), _torch(v_block), _torch(k_ctx_new), _torch(v_ctx_new), _torch(new_counts),
-            k_out, v_out, _torch(cache_lens), **_options(BLOCK_OPTIONS, option_inputs, attributes),
-        )
-        return out.numpy(), k_out.numpy(), v_out.numpy()
+def _attention_evaluator(node: NodeSpec, spec: specs.OpSpec, reference_fn, splits: bool = False) -> type[OpRun]:
+    """The evaluator of an attention node: `reference_fn` on the op's inputs (copies: `_torch`), its
+    options from the option inputs and attributes (`kv_splits` as `splits` for a split node); outputs
+    the reference's, then the updated caches."""
+    count = len(spec.inputs)
+    updated = [spec.index(name) for name in spec.mutates]
+
+    def _run(self, *inputs, **attributes):
+        args = [_torch(x) for x in inputs[:count]]
+        extra = dict(splits=int(attributes.get("kv_splits", 2))) if splits else {}
+        outputs = reference_fn(*args, **_options(spec.options, inputs[count:], attributes), **extra)
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        return (*(o.numpy() for o in outputs), *(args[i].numpy() for i in updated))
+
+    return type(node.op_type, (_DFlashOp,), {"_run": _run})
 
 
-class DFlashBlockAttentionSplit(_DFlashOp):
-    def _run(self, q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, *option_inputs, **attributes):
-        k_out, v_out = _torch(k_cache).clone(), _torch(v_cache).clone()
-        partial_out, partial_lse = reference.block_attention_partials(
-            _torch(q), _torch(k_block), _torch(v_block), _torch(k_ctx_new), _torch(v_ctx_new), _torch(new_counts),
-            k_out, v_out, _torch(cache_lens), **_options(BLOCK_OPTIONS, option_inputs, attributes),
-            splits=int(attributes.get("kv_splits", 2)),
-        )
-        return partial_out.numpy(), partial_lse.numpy(), k_out.numpy(), v_out.numpy()
+DFlashBlockAttention = _attention_evaluator(BLOCK_ATTENTION, BLOCK_SPEC, reference.block_attention)
+DFlashBlockAttentionSplit = _attention_evaluator(BLOCK_ATTENTION_SPLIT, BLOCK_SPEC, reference.block_attention_partials, splits=True)
+DFlashTargetAttention = _attention_evaluator(TARGET_ATTENTION, TARGET_SPEC, reference.target_attention)
+DFlashTargetAttentionSplit = _attention_evaluator(TARGET_ATTENTION_SPLIT, TARGET_SPEC, reference.target_attention_partials, splits=True)
 
 
 class DFlashAttentionMerge(_DFlashOp):
     def _run(self, partial_out, partial_lse, like, **_):
         return (reference.merge_partials(_torch(partial_out), _torch(partial_lse), _torch(like)).numpy(),)
-
-
-class DFlashTargetAttention(_DFlashOp):
-    def _run(self, q, k_new, v_new, k_cache, v_cache, starts, *option_inputs, **attributes):
-        k_out, v_out = _torch(k_cache).clone(), _torch(v_cache).clone()
-        out = reference.target_attention(
-            _torch(q), _torch(k_new), _torch(v_new), k_out, v_out, _torch(starts).to(torch.int64),
-            **_options(TARGET_OPTIONS, option_inputs, attributes),
-        )
-        return out.numpy(), k_out.numpy(), v_out.numpy()
-
-
-class DFlashTargetAttentionSplit(_DFlashOp):
-    def _run(self, q, k_new, v_new, k_cache, v_cache, starts, *option_inputs, **attributes):
-        k_out, v_out = _torch(k_cache).clone(), _torch(v_cache).clone()
-        partial_out, partial_lse = reference.target_attention_partials(
-            _torch(q), _torch(k_new), _torch(v_new), k_out, v_out, _torch(starts).to(torch.int64),
-            **_options(TARGET_OPTIONS, option_inputs, attributes), splits=int(attributes.get("kv_splits", 2)),
-        )
-        return partial_out.numpy(), partial_lse.numpy(), k_out.numpy(), v_out.numpy()
 
 
 class DFlashVerifyPartials(_DFlashOp):
@@ -292,23 +262,26 @@ def custom_translation_table(kv_splits: int = 1, target_kv_splits: int = 1) -> d
             for o in options.tensors
         ]
 
-    @BLOCK_OPTIONS.takes_options(None)
-    def block_attention(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, **options):
-        inputs = (q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, *option_inputs(BLOCK_OPTIONS, options))
-        attributes = {**BLOCK_OPTIONS.attribute_values(options), **plugin}
-        if kv_splits == 1:
-            return dflash.DFlashBlockAttention(*inputs, **attributes)
-        partial_out, partial_lse, k_out, v_out = dflash.DFlashBlockAttentionSplit(*inputs, **attributes, kv_splits=kv_splits)
-        return dflash.DFlashAttentionMerge(partial_out, partial_lse, q, **plugin), k_out, v_out
+    def attention(spec: specs.OpSpec, node, split_node, splits: int, int64: tuple[str, ...] = ()):
+        """An attention op's translation: one node, or with `splits` > 1 its split node + the merge;
+        the inputs named in `int64` cast to int64, each tensor option an input (`option_inputs`)."""
+        count = len(spec.inputs)
 
-    @TARGET_OPTIONS.takes_options(None)
-    def target_attention(q, k_new, v_new, k_cache, v_cache, starts, **options):
-        inputs = (q, k_new, v_new, k_cache, v_cache, op.Cast(starts, to=onnx.TensorProto.INT64), *option_inputs(TARGET_OPTIONS, options))
-        attributes = {**TARGET_OPTIONS.attribute_values(options), **plugin}
-        if target_kv_splits == 1:
-            return dflash.DFlashTargetAttention(*inputs, **attributes)
-        partial_out, partial_lse, k_out, v_out = dflash.DFlashTargetAttentionSplit(*inputs, **attributes, kv_splits=target_kv_splits)
-        return dflash.DFlashAttentionMerge(partial_out, partial_lse, q, **plugin), k_out, v_out
+        def translate(*args):
+            inputs = [op.Cast(x, to=onnx.TensorProto.INT64) if name in int64 else x for name, x in zip(spec.input_names, args)]
+            options = dict(zip(spec.names[count:], args[count:]))
+            inputs += option_inputs(spec.options, options)
+            attributes = {**spec.options.attribute_values(options), **plugin}
+            if splits == 1:
+                return node(*inputs, **attributes)
+            partial_out, partial_lse, k_out, v_out = split_node(*inputs, **attributes, kv_splits=splits)
+            return dflash.DFlashAttentionMerge(partial_out, partial_lse, args[0], **plugin), k_out, v_out
+
+        return spec.functional().takes(None, name=spec.name)(translate)
+
+    block_attention = attention(BLOCK_SPEC, dflash.DFlashBlockAttention, dflash.DFlashBlockAttentionSplit, kv_splits)
+    target_attention = attention(TARGET_SPEC, dflash.DFlashTargetAttention, dflash.DFlashTargetAttentionSplit, target_kv_splits,
+                                 int64=("starts",))
 
     def verify_block(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, stop_ids=None):
         has_draft_probs = int(draft_probs is not None)

@@ -15,16 +15,18 @@ wants). Mutating ops cannot be exported, so `dflash::block_attention_functional`
 updated caches instead; its ONNX/TensorRT node aliases them to the input caches, which makes
 the append in place inside an engine too. `dflash::target_attention` (causal attention of a
 target layer over its in-place cache) and `dflash::target_attention_functional` follow the same
-pattern. The attention ops' options (scale, window, sinks) come from `attention_options`: their
-schemas are the ops' own tensors followed by the options, none with a default.
+pattern. Each op's signature (so its schema), its in-place inputs and the functional form's
+extra outputs come from its spec (`specs`; the attention ops' options from `attention_options`):
+what is written here is which kernel covers which inputs, and the fake (shape) functions.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
-from trtllm_dflash.ops import kernels, reference, reference_dflash2
-from trtllm_dflash.ops.attention_options import BLOCK_ATTENTION, TARGET_ATTENTION
+from trtllm_dflash.ops import kernels, reference, reference_dflash2, specs
 from trtllm_dflash.ops.kernels import dflash2_launch, launch
 
 
@@ -35,168 +37,88 @@ def kernels_enabled(device: torch.device) -> bool:
     return device.type == "cuda" or kernels.interpreter_requested()
 
 
-def _attention(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, **options):
-    args = (q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens)
-    if kernels_enabled(q.device) and launch.attention_supported(q, k_cache):
-        return launch.block_attention(*args, *options.values())  # positionally: the cheap call
-    return reference.block_attention(*args, **options)
+def _kernel_or_reference(spec: specs.OpSpec, module, supported: Callable, checked: tuple[str, ...], reference_fn: Callable) -> Callable:
+    """`module.<spec.op_name>` (the launcher, looked up per call) where the kernels run and `supported(<checked inputs>)`,
+    else `reference_fn`; all take the spec's parameters positionally."""
+    picks = [spec.index(name) for name in checked]
+
+    def run(*args):
+        if kernels_enabled(args[0].device) and supported(*(args[i] for i in picks)):
+            return getattr(module, spec.op_name)(*args)
+        return reference_fn(*args)
+
+    return run
 
 
-@torch.library.custom_op("dflash::block_attention", mutates_args=("k_cache", "v_cache"))
-@BLOCK_ATTENTION.takes_options(torch.Tensor)
-def block_attention(
-    q: torch.Tensor,
-    k_block: torch.Tensor,
-    v_block: torch.Tensor,
-    k_ctx_new: torch.Tensor,
-    v_ctx_new: torch.Tensor,
-    new_counts: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    cache_lens: torch.Tensor,
-    **options,
-) -> torch.Tensor:
-    """KV-injected block attention; appends the new context to `k_cache`/`v_cache` in place."""
-    return _attention(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens, **options)
+def _functional(spec: specs.OpSpec, run: Callable) -> Callable:
+    """`run` on copies of the inputs `spec` updates in place, returning (output, *updated copies)."""
+    mutated = [spec.index(name) for name in spec.mutates]
+
+    def run_functional(*args):
+        args = list(args)
+        for i in mutated:
+            args[i] = args[i].clone()
+        return (run(*args), *(args[i] for i in mutated))
+
+    return run_functional
 
 
-@block_attention.register_fake
-def _block_attention_fake(q, *args):
-    return torch.empty_like(q)
+def register(spec: specs.OpSpec, run: Callable, fake: Callable, doc: str):
+    """`dflash::<op>` with the spec's signature, running `run(*args)`, shaped by `fake(*args)`; for an
+    in-place op also `dflash::<op>_functional`. Returns the op (and the functional one)."""
+    op = torch.library.custom_op(f"dflash::{spec.op_name}", mutates_args=spec.mutates)(
+        spec.takes(torch.Tensor, name=spec.op_name, doc=doc)(run))
+    op.register_fake(fake)
+    if not spec.mutates:
+        return op
+    functional = spec.functional()
+    mutated = [spec.index(name) for name in spec.mutates]
+    functional_op = torch.library.custom_op(f"dflash::{functional.name}", mutates_args=())(
+        functional.takes(torch.Tensor, name=functional.name, doc="The exportable form: returns (output, *updated caches).")(
+            _functional(spec, run)))
+    functional_op.register_fake(lambda *args: (fake(*args), *(torch.empty_like(args[i]) for i in mutated)))
+    return op, functional_op
 
 
-@torch.library.custom_op("dflash::block_attention_functional", mutates_args=())
-@BLOCK_ATTENTION.takes_options(torch.Tensor)
-def block_attention_functional(
-    q: torch.Tensor,
-    k_block: torch.Tensor,
-    v_block: torch.Tensor,
-    k_ctx_new: torch.Tensor,
-    v_ctx_new: torch.Tensor,
-    new_counts: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    cache_lens: torch.Tensor,
-    **options,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The exportable form: returns (output, updated k_cache, updated v_cache)."""
-    k_out, v_out = k_cache.clone(), v_cache.clone()
-    out = _attention(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_out, v_out, cache_lens, **options)
-    return out, k_out, v_out
+block_attention, block_attention_functional = register(
+    specs.BLOCK_ATTENTION,
+    _kernel_or_reference(specs.BLOCK_ATTENTION, launch, launch.attention_supported, ("q", "k_cache"), reference.block_attention),
+    lambda q, *args: torch.empty_like(q),
+    "KV-injected block attention; appends the new context to `k_cache`/`v_cache` in place.",
+)
+target_attention, target_attention_functional = register(
+    specs.TARGET_ATTENTION,
+    _kernel_or_reference(specs.TARGET_ATTENTION, launch, launch.target_attention_supported, ("q", "k_cache", "v_cache"),
+                         reference.target_attention),
+    lambda q, k_new, v_new, k_cache, v_cache, *args: q.new_empty((*q.shape[:-1], v_cache.shape[-1])),
+    "Causal block attention of a target layer; writes the block's K/V into the caches in place.",
+)
+verify_block = register(
+    specs.VERIFY_BLOCK_PACKED,
+    _kernel_or_reference(specs.VERIFY_BLOCK_PACKED, launch, launch.verify_supported, ("target_logits",), reference.verify_block_packed),
+    lambda target_logits, *args: target_logits.new_empty((target_logits.shape[0], len(reference.VERIFY_RESULT_COLUMNS)), dtype=torch.int64),
+    "Tree-free block verification; returns int64 `[b, 5]` (`reference.VERIFY_RESULT_COLUMNS`).",
+)
+grouped_dynamic_conv = register(
+    specs.GROUPED_DYNAMIC_CONV,
+    _kernel_or_reference(specs.GROUPED_DYNAMIC_CONV, dflash2_launch, dflash2_launch.conv_supported, ("x", "delta", "base", "residual"),
+                         reference_dflash2.grouped_dynamic_conv),
+    lambda x, delta, base, residual=None: x.new_empty(x.shape, dtype=torch.float32 if residual is not None else x.dtype),
+    "DFlash V2's grouped dynamic causal conv along a block (`reference_dflash2.grouped_dynamic_conv`).",
+)
 
 
-@block_attention_functional.register_fake
-def _block_attention_functional_fake(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, *args):
-    return torch.empty_like(q), torch.empty_like(k_cache), torch.empty_like(v_cache)
-
-
-@torch.library.custom_op("dflash::verify_block", mutates_args=())
-def verify_block(
-    target_logits: torch.Tensor,
-    block_tokens: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    seed: torch.Tensor,
-    start: torch.Tensor,
-    stop_ids: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Tree-free block verification; returns int64 `[b, 5]` (`reference.VERIFY_RESULT_COLUMNS`)."""
-    if kernels_enabled(target_logits.device) and launch.verify_supported(target_logits):
-        return launch.verify_block(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, stop_ids)
-    return reference.verify_block_packed(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, stop_ids)
-
-
-@verify_block.register_fake
-def _verify_block_fake(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, stop_ids=None):
-    return target_logits.new_empty((target_logits.shape[0], len(reference.VERIFY_RESULT_COLUMNS)), dtype=torch.int64)
-
-
-def _target_attention(q, k_new, v_new, k_cache, v_cache, starts, **options):
-    args = (q, k_new, v_new, k_cache, v_cache, starts)
-    if kernels_enabled(q.device) and launch.target_attention_supported(q, k_cache, v_cache):
-        return launch.target_attention(*args, *options.values())
-    return reference.target_attention(*args, **options)
-
-
-@torch.library.custom_op("dflash::target_attention", mutates_args=("k_cache", "v_cache"))
-@TARGET_ATTENTION.takes_options(torch.Tensor)
-def target_attention(
-    q: torch.Tensor,
-    k_new: torch.Tensor,
-    v_new: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    starts: torch.Tensor,
-    **options,
-) -> torch.Tensor:
-    """Causal block attention of a target layer; writes the block's K/V into the caches in place."""
-    return _target_attention(q, k_new, v_new, k_cache, v_cache, starts, **options)
-
-
-@target_attention.register_fake
-def _target_attention_fake(q, k_new, v_new, k_cache, v_cache, *args):
-    return q.new_empty((*q.shape[:-1], v_cache.shape[-1]))
-
-
-@torch.library.custom_op("dflash::target_attention_functional", mutates_args=())
-@TARGET_ATTENTION.takes_options(torch.Tensor)
-def target_attention_functional(
-    q: torch.Tensor,
-    k_new: torch.Tensor,
-    v_new: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    starts: torch.Tensor,
-    **options,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The exportable form: returns (output, updated k_cache, updated v_cache)."""
-    k_out, v_out = k_cache.clone(), v_cache.clone()
-    out = _target_attention(q, k_new, v_new, k_out, v_out, starts, **options)
-    return out, k_out, v_out
-
-
-@target_attention_functional.register_fake
-def _target_attention_functional_fake(q, k_new, v_new, k_cache, v_cache, *args):
-    return q.new_empty((*q.shape[:-1], v_cache.shape[-1])), torch.empty_like(k_cache), torch.empty_like(v_cache)
-
-
-@torch.library.custom_op("dflash::grouped_dynamic_conv", mutates_args=())
-def grouped_dynamic_conv(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """DFlash V2's grouped dynamic causal conv along a block (`reference_dflash2.grouped_dynamic_conv`)."""
-    if kernels_enabled(x.device) and dflash2_launch.conv_supported(x, delta, base, residual):
-        return dflash2_launch.grouped_dynamic_conv(x, delta, base, residual)
-    return reference_dflash2.grouped_dynamic_conv(x, delta, base, residual)
-
-
-@grouped_dynamic_conv.register_fake
-def _grouped_dynamic_conv_fake(x, delta, base, residual=None):
-    return x.new_empty(x.shape, dtype=torch.float32 if residual is not None else x.dtype)
-
-
-@torch.library.custom_op("dflash::candidate_select", mutates_args=())
-def candidate_select(
-    unary: torch.Tensor,
-    z: torch.Tensor,
-    anchor: torch.Tensor,
-    predecessor: torch.Tensor,
-    successor: torch.Tensor,
-    temperature: torch.Tensor,
-    seed: torch.Tensor,
-    positions: torch.Tensor,
-    top_k: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """DFlash V2's candidate selector: (tokens, candidate ids, candidate q) (`reference_dflash2.candidate_select`)."""
-    args = (unary, z, anchor, predecessor, successor, temperature, seed, positions, top_k)
-    if kernels_enabled(unary.device) and dflash2_launch.select_supported(unary, z, predecessor, successor, top_k):
-        return dflash2_launch.candidate_select(*args)
-    return reference_dflash2.candidate_select(*args)
-
-
-@candidate_select.register_fake
-def _candidate_select_fake(unary, z, anchor, predecessor, successor, temperature, seed, positions, top_k):
+def _candidate_select_fake(unary, *args):
     batch, steps, vocab = unary.shape
-    k = min(top_k, vocab)
+    k = min(args[-1], vocab)  # top_k
     return (unary.new_empty((batch, steps), dtype=torch.int64), unary.new_empty((batch, steps, k), dtype=torch.int64),
             unary.new_empty((batch, steps, k), dtype=torch.float32))
+
+
+candidate_select = register(
+    specs.CANDIDATE_SELECT,
+    _kernel_or_reference(specs.CANDIDATE_SELECT, dflash2_launch, dflash2_launch.select_supported,
+                         ("unary", "z", "predecessor", "successor", "top_k"), reference_dflash2.candidate_select),
+    _candidate_select_fake,
+    "DFlash V2's candidate selector: (tokens, candidate ids, candidate q) (`reference_dflash2.candidate_select`).",
+)
