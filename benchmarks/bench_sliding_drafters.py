@@ -28,7 +28,7 @@ import torch
 from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.decoding import Decoder, Request
 from trtllm_dflash.demo import DEMO_DIR
-from trtllm_dflash.draft_window import DraftWindow
+from trtllm_dflash.contracts.draft_window import DraftWindow
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 from trtllm_dflash.sampling_params import SamplingParams
 

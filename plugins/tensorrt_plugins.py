@@ -23,7 +23,7 @@ import inspect
 from pathlib import Path
 
 from trtllm_dflash.errors import DFlashError, MissingDependencyError
-from trtllm_dflash.graphs import names
+from trtllm_dflash.contracts import names
 from trtllm_dflash.plugins import aot, onnx_nodes
 from trtllm_dflash.ops.attention_options import with_signature
 from trtllm_dflash.ops.kernels import dflash2_launch, launch

@@ -30,11 +30,10 @@ PACKAGE_DIRS = {
 # Patterns are module names (fnmatch); the first layer whose pattern matches claims the file.
 LAYERS: list[tuple[str, list[str]]] = [
     ("foundation", [
-        "trtllm_dflash.errors", "trtllm_dflash.hf_compat", "trtllm_dflash.request_limits",
-        "trtllm_dflash.extras", "trtllm_dflash.chat", "trtllm_dflash.config", "trtllm_dflash.draft_window", "trtllm_dflash.version",
+        "trtllm_dflash.errors", "trtllm_dflash.hf_compat", "trtllm_dflash.contracts", "trtllm_dflash.contracts.*",
+        "trtllm_dflash.extras", "trtllm_dflash.chat", "trtllm_dflash.config", "trtllm_dflash.version",
         "trtllm_dflash.checks.system_install", "trtllm_dflash.catalog", "trtllm_dflash.catalog.*",
         "trtllm_dflash.demo", "trtllm_dflash.demo.corpus", "trtllm_dflash.engine_recipes*",
-        "trtllm_dflash.graphs.names",  # the graph tensor-name contract: plain strings, shared by all layers
     ]),
     # the DFlash math (reference ops, Triton kernels, torch ops), then its TensorRT packaging
     ("kernels", ["trtllm_dflash.ops", "trtllm_dflash.ops.*", "trtllm_dflash.plugins", "trtllm_dflash.plugins.*"]),

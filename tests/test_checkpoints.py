@@ -140,7 +140,7 @@ def test_a_checked_pair_parses_the_drafter_config_once_and_still_checks_a_looked
     config.json parsed once, validate_pair not run again, but a mask token looked up in this
     target's tokenizer is still checked against the target's vocabulary."""
     from trtllm_dflash.checkpoints import drafters, read_drafter_checkpoint
-    from trtllm_dflash.testing import make_tiny_target
+    from trtllm_dflash.checks.testing import make_tiny_target
 
     target_dir = make_tiny_target(tmp_path / "target", "qwen3", seed=4, tokenizer=True)
     drafter_dir = make_tiny_drafter(tmp_path / "drafter", target_dir, seed=4)

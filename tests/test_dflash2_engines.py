@@ -16,7 +16,7 @@ import torch
 
 from trtllm_dflash.builder.export import Bounds, export_drafter, export_pair
 from trtllm_dflash.checkpoints import load_drafter, load_target, save_drafter
-from trtllm_dflash.graphs import names
+from trtllm_dflash.contracts import names
 from trtllm_dflash.graphs.drafter_v2 import HEAD_SCORES, native_conv, selector_scores
 from trtllm_dflash.ops import reference_dflash2
 from trtllm_dflash.runtime.base import SamplingTensors

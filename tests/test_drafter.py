@@ -14,7 +14,7 @@ from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.modeling.kv_cache import StaticKVCache
-from trtllm_dflash.draft_window import DraftWindow
+from trtllm_dflash.contracts.draft_window import DraftWindow
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 from trtllm_dflash.training.objective import make_block_batch
 

@@ -43,7 +43,7 @@ def test_wheel_contains_recipes_and_package_data(tmp_path):
     assert not warnings, "\n".join(warnings)
     wheel = next(tmp_path.glob("trtllm_dflash-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    assert "trtllm_dflash/plugins/reference.py" in names
+    assert "trtllm_dflash/ops/reference.py" in names and "trtllm_dflash/plugins/onnx_nodes.py" in names
     assert "trtllm_dflash/cli/app.py" in names
     recipes = [n for n in names if n.startswith("trtllm_dflash/engine_recipes/") and n.endswith(".yaml")]
     assert len(recipes) == len(list((ROOT / "engine_recipes").rglob("*.yaml")))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.request_limits import MAX_STOP_STRINGS, PROMPT_CHARS_PER_TOKEN, SEED_MAX, TOP_K_MAX
+from trtllm_dflash.contracts.request_limits import MAX_STOP_STRINGS, PROMPT_CHARS_PER_TOKEN, SEED_MAX, TOP_K_MAX
 from trtllm_dflash.sampling_params import (
     PromptTooLongError, SamplingError, SamplingParams, check_prompt_text, check_prompt_tokens,
 )

@@ -22,7 +22,7 @@ import pytest
 
 from test_serving import MAX_CONTEXT, MAX_TOKENS, PROMPTS, _post, pair, repo  # noqa: F401 (fixtures)
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.request_limits import MIN_TEMPERATURE, PROMPT_CHARS_PER_TOKEN
+from trtllm_dflash.contracts.request_limits import MIN_TEMPERATURE, PROMPT_CHARS_PER_TOKEN
 
 DEEP_JSON = b'{"text_input": ' + b"[" * 40000 + b"]" * 40000 + b"}"
 

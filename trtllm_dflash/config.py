@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trtllm_dflash.draft_window import DraftWindow
+from trtllm_dflash.contracts.draft_window import DraftWindow
 from trtllm_dflash.errors import CheckpointError
 
 FULL_ATTENTION = "full_attention"

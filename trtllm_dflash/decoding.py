@@ -23,7 +23,7 @@ import torch
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.base import Runtime, SamplingTensors
-from trtllm_dflash.request_limits import MIN_TEMPERATURE
+from trtllm_dflash.contracts.request_limits import MIN_TEMPERATURE
 from trtllm_dflash.sampling_params import SamplingParams, check_prompt_tokens  # SamplingParams is re-exported: decoding.SamplingParams
 
 

@@ -13,7 +13,7 @@ import math
 from typing import Mapping
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.request_limits import MAX_STOP_CHARS, MAX_STOP_STRINGS, PROMPT_CHARS_PER_TOKEN, SEED_MAX, TOP_K_MAX
+from trtllm_dflash.contracts.request_limits import MAX_STOP_CHARS, MAX_STOP_STRINGS, PROMPT_CHARS_PER_TOKEN, SEED_MAX, TOP_K_MAX
 
 
 class SamplingError(DFlashError):

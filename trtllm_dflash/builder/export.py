@@ -2,7 +2,7 @@
 
 The graph modules themselves (`TargetGraph`, `VerifyingTargetGraph`, `DrafterGraph`, masks, the
 cache-shape probe, dense MoE experts) live in trtllm_dflash/graphs, below the runtimes; their
-tensor names in trtllm_dflash/graphs/names.py. This module traces them and writes the files.
+tensor names in trtllm_dflash/contracts/names.py. This module traces them and writes the files.
 
 Target graph (prefill and block verification in one graph):
     inputs   input_ids [b, T] int64       tokens at positions starts[r] + t
@@ -55,7 +55,8 @@ import torch
 from torch import nn
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.graphs import drafter_v2, names
+from trtllm_dflash.contracts import names
+from trtllm_dflash.graphs import drafter_v2
 from trtllm_dflash.graphs.concat_cache import LayerCache
 from trtllm_dflash.graphs.dense_experts import dense_experts
 from trtllm_dflash.graphs.drafter import DrafterGraph

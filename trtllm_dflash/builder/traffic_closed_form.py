@@ -20,7 +20,7 @@ from typing import Iterable
 from trtllm_dflash.builder.traffic_steps import (
     CacheTensor, GraphSummary, Item, Step, StepTraffic, Tensor, TrafficError, verify_step,
 )
-from trtllm_dflash.graphs import names
+from trtllm_dflash.contracts import names
 
 
 @dataclasses.dataclass(frozen=True)

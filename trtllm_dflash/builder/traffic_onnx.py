@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from trtllm_dflash.builder.traffic_steps import CacheTensor, GraphSummary, Tensor, TrafficError
-from trtllm_dflash.graphs import names
+from trtllm_dflash.contracts import names
 
 # bits per element of each ONNX TensorProto data type (onnx.TensorProto.DataType)
 _BITS = {

@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.graphs import names
+from trtllm_dflash.contracts import names
 
 CATEGORIES = ("weights", "target cache", "draft cache", "logits", "draft probs", "activations")
 _NEW_KV_PREFIXES = names.prefixes(names.NEW)

@@ -7,7 +7,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from trtllm_dflash.draft_window import DraftWindow
+from trtllm_dflash.contracts.draft_window import DraftWindow
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 
 

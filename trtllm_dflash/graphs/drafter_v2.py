@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trtllm_dflash.graphs import dflash2_plugin_ops, names
+from trtllm_dflash.contracts import names
+from trtllm_dflash.graphs import dflash2_plugin_ops
 from trtllm_dflash.graphs.drafter import DrafterGraph
 from trtllm_dflash.graphs.target import UnsupportedTargetError
 from trtllm_dflash.modeling.fused_ops import norm_of, rms_norm

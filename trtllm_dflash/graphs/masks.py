@@ -3,7 +3,7 @@
 The graphs mask by position over `[past cache; new keys]` instead of scattering into the cache, so
 one boolean mask per attention kind (full or a sliding window) says everything; the torch runtime
 builds the same masks over its slot == position caches. The drafter's masks (never causal, a
-symmetric window) come from `trtllm_dflash/draft_window.py`.
+symmetric window) come from `trtllm_dflash/contracts/draft_window.py`.
 """
 
 from __future__ import annotations

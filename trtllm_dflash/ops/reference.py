@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from trtllm_dflash.ops import rng
-from trtllm_dflash.draft_window import draft_visible
+from trtllm_dflash.contracts.draft_window import draft_visible
 
 
 # ----------------------------------------------------------------------------- sampling

@@ -22,7 +22,7 @@ import dataclasses
 import inspect
 from typing import Callable, Optional
 
-from trtllm_dflash.graphs import names
+from trtllm_dflash.contracts import names
 from trtllm_dflash.ops.attention_options import BLOCK_ATTENTION as _BLOCK_OPTIONS
 from trtllm_dflash.ops.attention_options import TARGET_ATTENTION as _TARGET_OPTIONS
 from trtllm_dflash.ops.attention_options import AttentionOptions, _bind, with_signature

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from trtllm_dflash.config import DrafterConfig
-from trtllm_dflash.graphs import names
+from trtllm_dflash.contracts import names
 from trtllm_dflash import ops
 from trtllm_dflash.ops import reference, rng
 

@@ -8,7 +8,7 @@ How (`TorchRuntime(..., cuda_graphs=True)` installs this on the runtime instance
 - one graph per pass and shape, captured at the first step that needs it. Keys are the batch
   bucket (1, 2, 4, 8, ... up to max_batch), the block length, the drafter's context width and,
   for the verify pass, a span bucket;
-- inputs are copied into static buffers (keyed by the graph tensor names, graphs/names.py),
+- inputs are copied into static buffers (keyed by the graph tensor names, trtllm_dflash/contracts/names.py),
   the graph is replayed, and views of its static outputs are returned. Logits are valid until
   the same graph replays again, which the decoding loop never needs: it consumes them within the
   step. The tapped features are copied, because the next step's draft pass reads them;
@@ -38,7 +38,7 @@ from typing import Any, Callable
 import torch
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.graphs import names
+from trtllm_dflash.contracts import names
 from trtllm_dflash.runtime.base import CachedRuntime, TargetOutput
 
 MIN_SPAN = 256  # smallest span bucket of the verify pass

@@ -24,7 +24,7 @@ import torch
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.extras import require
-from trtllm_dflash.graphs import names
+from trtllm_dflash.contracts import names
 from trtllm_dflash.graphs.drafter_v2 import HEAD_LOGITS, HEAD_PLUGIN
 from trtllm_dflash.ops import reference
 from trtllm_dflash.runtime import selector

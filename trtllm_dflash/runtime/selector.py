@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.graphs import names
+from trtllm_dflash.contracts import names
 from trtllm_dflash.graphs.drafter_v2 import HEAD_PLUGIN, HEAD_SCORES
 from trtllm_dflash.ops import reference_dflash2
 from trtllm_dflash.runtime.base import Proposal, SamplingTensors, draft_positions

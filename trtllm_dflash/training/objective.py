@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from trtllm_dflash.draft_window import DraftWindow
+from trtllm_dflash.contracts.draft_window import DraftWindow
 
 IGNORE = -100
 GAMMA_BY_BLOCK = {16: 7.0, 10: 5.0, 8: 4.0}

@@ -250,7 +250,7 @@ class Frontend:
 
     def chat_prompt(self, request: ChatCompletionRequest, info: ModelInfo) -> str:
         from trtllm_dflash.chat import RENDER_CHARS, NoChatTemplateError, RenderLimitError, TemplateKwargError, apply_chat_template, check_template_kwargs
-        from trtllm_dflash.request_limits import PROMPT_CHARS_PER_TOKEN
+        from trtllm_dflash.contracts.request_limits import PROMPT_CHARS_PER_TOKEN
 
         if not request.messages:
             raise OpenAIError(400, "messages is empty; send at least one message", "messages")

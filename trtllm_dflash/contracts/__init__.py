@@ -1,0 +1,7 @@
+"""Contracts every layer shares, with no behaviour of their own to speak of.
+
+`names`: the graph tensor names (`input_ids`, `starts`, `cache_lens`, `past_key_{i}`, ...) that
+export, the ops, the plugin nodes and every runtime agree on; `draft_window`: which keys a draft
+query sees; `request_limits`: the bounds of a request's values that the wire and the sampler share.
+They import nothing of the package, so any room may import them.
+"""
