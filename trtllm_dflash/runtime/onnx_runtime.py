@@ -25,11 +25,11 @@ from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.extras import require
 from trtllm_dflash.contracts import names
-from trtllm_dflash.graphs.drafter_v2 import HEAD_LOGITS, HEAD_PLUGIN
+from trtllm_dflash.graphs.drafter_v2 import HEAD_PLUGIN
 from trtllm_dflash.ops import reference
 from trtllm_dflash.runtime import selector
 from trtllm_dflash.runtime.base import (
-    CachedRuntime, CacheShape, Proposal, SamplingTensors, TargetOutput, VerifyOutput, verifying_graph_inputs,
+    CachedRuntime, CacheShape, SamplingTensors, TargetOutput, VerifyOutput, verifying_graph_inputs,
 )
 
 
@@ -128,7 +128,7 @@ def _numpy(t: torch.Tensor, dtype=None) -> np.ndarray:
     return np.ascontiguousarray(array.numpy())
 
 
-class OnnxRuntime(CachedRuntime):
+class OnnxRuntime(selector.GraphDrafterHead, CachedRuntime):
     """Runs an export directory's target and drafter graphs with the decoding loop's interface."""
 
     def __init__(
@@ -231,17 +231,8 @@ class OnnxRuntime(CachedRuntime):
         out = self._draft_outputs(rows, block, ctx_features, new_counts, cache_lens)
         return selector.draft_logits(self.drafter_head, out).float()
 
-    @torch.inference_mode()
-    def propose(self, rows, block, ctx_features, new_counts, cache_lens, sampling: SamplingTensors) -> Proposal:
-        if not self.drafter_config.is_v2:
-            return super().propose(rows, block, ctx_features, new_counts, cache_lens, sampling)
-        sampling_feed = {names.TEMPERATURE: _numpy(sampling.temperature, torch.float32), names.SEED: _numpy(sampling.seed, torch.int64)}
-        out = self._draft_outputs(rows, block, ctx_features, new_counts, cache_lens, sampling_feed)
-        return selector.proposal(self.drafter_head, out, sampling, cache_lens + new_counts, self.vocab_size)
-
-    @property
-    def drafter_head(self) -> str:
-        return self.drafter.get("head") or HEAD_LOGITS
+    def _sampling_feed(self, sampling: SamplingTensors) -> dict[str, np.ndarray]:
+        return {names.TEMPERATURE: _numpy(sampling.temperature, torch.float32), names.SEED: _numpy(sampling.seed, torch.int64)}
 
     def _draft_outputs(self, rows, block, ctx_features, new_counts, cache_lens, sampling_feed=None) -> dict[str, torch.Tensor]:
         """One drafter graph call (the new context appended to the draft cache); its outputs by name."""
