@@ -14,7 +14,6 @@ of operations (16-bit arithmetic on the GPU is what the engine check of docs/bui
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -28,6 +27,7 @@ from trtllm_dflash.contracts import names
 from trtllm_dflash.graphs.drafter_v2 import HEAD_PLUGIN
 from trtllm_dflash.ops import reference
 from trtllm_dflash.runtime import selector
+from trtllm_dflash.runtime.artifacts import read_index
 from trtllm_dflash.runtime.base import (
     CachedRuntime, CacheShape, SamplingTensors, TargetOutput, VerifyOutput, verifying_graph_inputs,
 )
@@ -141,10 +141,7 @@ class OnnxRuntime(selector.GraphDrafterHead, CachedRuntime):
     ) -> None:
         """`drafter=False` runs the target graph alone (autoregressive: the bench's baseline)."""
         export_dir = Path(export_dir)
-        info_file = export_dir / "graphs.json"
-        if not info_file.is_file():
-            raise DFlashError(f"{export_dir} has no graphs.json", "point at the export/ directory of a `dflash-trt build`")
-        info = json.loads(info_file.read_text())
+        info = read_index(export_dir, "graphs.json", "point at the export/ directory of a `dflash-trt build`")
         if variant not in info["variants"]:
             raise DFlashError(f"{export_dir} has no '{variant}' graphs", f"use one of: {', '.join(info['variants'])}")
         graphs = info["variants"][variant]

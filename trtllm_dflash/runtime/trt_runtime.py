@@ -30,6 +30,7 @@ from trtllm_dflash.errors import DFlashError, MissingDependencyError
 from trtllm_dflash.contracts import names
 from trtllm_dflash.graphs.drafter_v2 import HEAD_PLUGIN
 from trtllm_dflash.runtime import selector
+from trtllm_dflash.runtime.artifacts import read_index
 from trtllm_dflash.runtime.base import (
     CachedRuntime, CacheShape, SamplingTensors, TargetOutput, VerifyOutput, verifying_graph_inputs,
 )
@@ -132,10 +133,7 @@ class TrtRuntime(selector.GraphDrafterHead, CachedRuntime):
 
     def __init__(self, engines_dir: str | Path, variant: str = "native", drafter: bool = True) -> None:
         engines_dir = Path(engines_dir)
-        info_file = engines_dir / "engines.json"
-        if not info_file.is_file():
-            raise DFlashError(f"{engines_dir} has no engines.json", "point --engines at the engines/ folder of a `dflash-trt build`")
-        info = json.loads(info_file.read_text())
+        info = read_index(engines_dir, "engines.json", "point --engines at the engines/ folder of a `dflash-trt build`")
         if variant not in info["engines"]:
             raise DFlashError(f"{engines_dir} has no {variant} engines (built: {', '.join(info['engines'])})", "pick a built variant")
         self.info = info
