@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import typer
 from rich.console import Console
@@ -69,7 +69,7 @@ def bench(
     import torch
 
     from trtllm_dflash.bench.systems import open_system
-    from trtllm_dflash.bench.report import print_report, write_json, write_plots
+    from trtllm_dflash.bench.report import print_report, write_plots
 
     if threads:
         torch.set_num_threads(threads)
@@ -86,13 +86,7 @@ def bench(
             bar.update(tasks[phase], completed=done)
 
         report = run_bench(backend, prompt_texts, config, progress)
-    report["settings"]["prompt_set"] = prompts
-    print_report(report, console)
-    if out is not None:
-        written = [write_json(report, out / "bench.json")]
-        if not no_plots:
-            written += write_plots(report, out)
-        console.print("wrote " + ", ".join(str(p) for p in written))
+    _finish(report, prompts, console, out, no_plots, print_report, write_plots)
 
 
 def _bench_openai(url: str, model: Optional[str], api: str, prompts: str, num_prompts: Optional[int], max_new_tokens: int,
@@ -100,7 +94,6 @@ def _bench_openai(url: str, model: Optional[str], api: str, prompts: str, num_pr
     """bench --openai-url: the streamed sweep of trtllm_dflash.bench.openai_bench."""
     from trtllm_dflash.bench.openai_bench import print_openai_report, run_openai_bench, write_openai_plot
     from trtllm_dflash.bench.prompts import load_prompt_set
-    from trtllm_dflash.bench.report import write_json
 
     if others:
         raise DFlashError(f"--openai-url and {' and '.join(others)} name two systems", "benchmark one at a time")
@@ -112,10 +105,18 @@ def _bench_openai(url: str, model: Optional[str], api: str, prompts: str, num_pr
     console = Console(highlight=False)
     report = run_openai_bench(url, [m.strip() for m in model.split(",") if m.strip()], prompt_texts,
                               _int_list(concurrency, "--concurrency") or [1], max_new_tokens, chat=api == "chat")
+    _finish(report, prompts, console, out, no_plots, print_openai_report, write_openai_plot)
+
+
+def _finish(report: dict, prompts: str, console: Console, out: Optional[Path], no_plots: bool,
+            print_table: Callable[[dict, Console], None], write_plots: Callable[[dict, Path], list]) -> None:
+    """Both kinds of bench: name the prompt set in the report, print its table, write bench.json and plots under `out`."""
+    from trtllm_dflash.bench.report import write_json
+
     report["settings"]["prompt_set"] = prompts
-    print_openai_report(report, console)
+    print_table(report, console)
     if out is not None:
         written = [write_json(report, out / "bench.json")]
         if not no_plots:
-            written += write_openai_plot(report, out)
+            written += write_plots(report, out)
         console.print("wrote " + ", ".join(str(p) for p in written))

@@ -197,21 +197,13 @@ def write_openai_plot(report: dict, out_dir) -> list:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    from trtllm_dflash.bench.report import _save
+    from trtllm_dflash.bench.report import _save, pareto_figure
 
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+    curves = []
     for model in report["system"]["models"]:
         rows = [r for r in report["rows"] if r["model"] == model]
-        xs, ys = [r["per_user_tokens_per_second"] for r in rows], [r["throughput"] for r in rows]
-        ax.plot(xs, ys, marker="o", label=model)
-        for r, x, y in zip(rows, xs, ys):
-            ax.annotate(f"c={r['concurrency']}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    ax.set_xlabel("per-user tokens/s")
-    ax.set_ylabel("throughput, tokens/s")
-    ax.set_title(f"throughput vs interactivity ({report['system']['url']})")
-    ax.grid(alpha=0.3)
-    ax.legend()
+        curves.append((model, "o", rows, [r["concurrency"] for r in rows]))
+    fig = pareto_figure(curves, report["system"]["url"], "per-user tokens/s")
     out_dir.mkdir(parents=True, exist_ok=True)
     return [_save(fig, out_dir / "pareto.png")]

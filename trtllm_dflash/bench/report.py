@@ -78,19 +78,10 @@ def write_plots(report: dict, out_dir: Path) -> list[Path]:
     written = []
     title = f"{report['system']['backend']} on {report['system']['device']}"
 
-    fig, ax = plt.subplots(figsize=(6, 4.5))
-    for key, label, marker in (("ar", "autoregressive", "o"), ("dflash", "DFlash", "s")):
-        xs = [row[key]["per_user_tokens_per_second"] for row in report["concurrency"]]
-        ys = [row[key]["throughput"] for row in report["concurrency"]]
-        ax.plot(xs, ys, marker=marker, label=label)
-        for row, x, y in zip(report["concurrency"], xs, ys):
-            ax.annotate(f"c={row['concurrency']}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    ax.set_xlabel("per-user tokens/s (interactivity)")
-    ax.set_ylabel("throughput, tokens/s")
-    ax.set_title(f"throughput vs interactivity ({title})")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    written.append(_save(fig, out_dir / "pareto.png"))
+    rows = report["concurrency"]
+    curves = [(label, marker, [row[key] for row in rows], [row["concurrency"] for row in rows])
+              for key, label, marker in (("ar", "autoregressive", "o"), ("dflash", "DFlash", "s"))]
+    written.append(_save(pareto_figure(curves, title, "per-user tokens/s (interactivity)"), out_dir / "pareto.png"))
 
     hist = report["summary"]["tau_histogram"]
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -129,6 +120,25 @@ def write_plots(report: dict, out_dir: Path) -> list[Path]:
     ax.legend()
     written.append(_save(fig, out_dir / "step_times.png"))
     return written
+
+
+def pareto_figure(curves: list[tuple[str, str, list[dict], list[int]]], title: str, xlabel: str):
+    """Throughput against per-user tokens/s: one line a curve (label, marker, its rows of
+    `per_user_tokens_per_second` and `throughput`, the concurrency of each row), each point labelled c=N."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for label, marker, rows, concurrencies in curves:
+        xs, ys = [r["per_user_tokens_per_second"] for r in rows], [r["throughput"] for r in rows]
+        ax.plot(xs, ys, marker=marker, label=label)
+        for concurrency, x, y in zip(concurrencies, xs, ys):
+            ax.annotate(f"c={concurrency}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("throughput, tokens/s")
+    ax.set_title(f"throughput vs interactivity ({title})")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return fig
 
 
 def _save(fig, path: Path) -> Path:

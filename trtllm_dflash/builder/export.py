@@ -46,6 +46,7 @@ so the same model and bounds give byte-identical files.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -255,6 +256,26 @@ def _cache_dims(shapes: list[LayerCache | None], cached: list[int], slots: str) 
     return keys + values
 
 
+@contextlib.contextmanager
+def _dense_target_graph(graph_class: type, model: nn.Module, layer_ids: list[int], torch_dtype: torch.dtype):
+    """A target graph (`graph_class`) of `model` cast to torch_dtype, its experts dense while it is exported."""
+    with dense_experts(model):
+        yield graph_class(cast_parameters(model, torch_dtype).eval(), layer_ids).eval()
+
+
+def _target_info(
+    path: Path, input_names: list[str], input_dims: list[list[str | int]], input_dtypes: list[str], output_names: list[str],
+    num_layers: int, shapes: list[LayerCache | None], dtype: str, variant: str, **extra: Any,
+) -> GraphInfo:
+    """The GraphInfo of a target graph (native or verifying): its inputs, outputs and per-layer caches."""
+    kv_heads, head_dim = _uniform(shapes)
+    return GraphInfo(
+        file=path.name, inputs=_describe(input_names, input_dims, input_dtypes), outputs=output_names,
+        num_layers=num_layers, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, variant=variant,
+        cache_layers=[shape.to_dict() if shape is not None else None for shape in shapes], **extra,
+    )
+
+
 def export_target(
     model: nn.Module, layer_ids: list[int], path: Path, dtype: str, bounds: Bounds, variant: str = "native"
 ) -> GraphInfo:
@@ -263,10 +284,8 @@ def export_target(
 
     check_exportable(model.config)
     config = model.config.get_text_config()
-    num_layers = int(config.num_hidden_layers)
     torch_dtype = DTYPES[dtype]
-    with dense_experts(model):
-        graph = TargetGraph(cast_parameters(model, torch_dtype).eval(), layer_ids).eval()
+    with _dense_target_graph(TargetGraph, model, layer_ids, torch_dtype) as graph:
         shapes, cached = graph.cache_shapes, graph.cache_layers
 
         batch = Dim("batch", min=1, max=bounds.max_batch)
@@ -291,21 +310,9 @@ def export_target(
         translations = fp8.translation_table() if fp8.has_fp8(graph) else None  # FP8 layers -> Q/DQ
         with torch.no_grad():
             _export(graph, args, dynamic, input_names, output_names, path, translations)
-    kv_heads, head_dim = _uniform(shapes)
-    return GraphInfo(
-        file=path.name,
-        inputs=_describe(
-            input_names,
-            [["batch", "tokens"], ["batch"], ["batch", "picked"]] + _cache_dims(shapes, cached, "past"),
-            ["int64", "int64", "int64"] + [dtype] * (2 * len(cached)),
-        ),
-        outputs=output_names,
-        num_layers=num_layers,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        dtype=dtype,
-        variant=variant,
-        cache_layers=[shape.to_dict() if shape is not None else None for shape in shapes],
+    return _target_info(
+        path, input_names, [["batch", "tokens"], ["batch"], ["batch", "picked"]] + _cache_dims(shapes, cached, "past"),
+        ["int64", "int64", "int64"] + [dtype] * (2 * len(cached)), output_names, int(config.num_hidden_layers), shapes, dtype, variant,
     )
 
 
@@ -333,8 +340,7 @@ def export_verifying_target(
     config = model.config.get_text_config()
     vocab = int(config.vocab_size)
     torch_dtype = DTYPES[dtype]
-    with dense_experts(model):
-        graph = VerifyingTargetGraph(cast_parameters(model, torch_dtype).eval(), layer_ids).eval()
+    with _dense_target_graph(VerifyingTargetGraph, model, layer_ids, torch_dtype) as graph:
         shapes, cached = graph.cache_shapes, graph.cache_layers
         batch = Dim("batch", min=1, max=bounds.max_batch)
         tokens = Dim("tokens", min=1, max=bounds.max_input_len)
@@ -365,24 +371,12 @@ def export_verifying_target(
             translations.update(fp8.translation_table())
         with torch.no_grad():
             _export(graph, args, dynamic, input_names, output_names, path, translations)
-    kv_heads, head_dim = _uniform(shapes)
-    return GraphInfo(
-        file=path.name,
-        inputs=_describe(
-            input_names,
-            [["batch", "tokens"], ["batch"], ["batch", "picked"], ["batch", "drafts", vocab], ["batch"], ["batch"], ["batch"], ["batch"]]
-            + _cache_dims(shapes, cached, "capacity"),
-            ["int64", "int64", "int64", "fp32", "fp32", "int64", "fp32", "int64"] + [dtype] * (2 * len(cached)),
-        ),
-        outputs=output_names,
-        num_layers=int(config.num_hidden_layers),
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        dtype=dtype,
-        variant=variant,
-        dir=variant,
-        cache_layers=[shape.to_dict() if shape is not None else None for shape in shapes],
-        verifies=True,
+    return _target_info(
+        path, input_names,
+        [["batch", "tokens"], ["batch"], ["batch", "picked"], ["batch", "drafts", vocab], ["batch"], ["batch"], ["batch"], ["batch"]]
+        + _cache_dims(shapes, cached, "capacity"),
+        ["int64", "int64", "int64", "fp32", "fp32", "int64", "fp32", "int64"] + [dtype] * (2 * len(cached)),
+        output_names, int(config.num_hidden_layers), shapes, dtype, variant, dir=variant, verifies=True,
     )
 
 

@@ -287,38 +287,40 @@ def _every_sixth_global(num_layers: int) -> tuple[str, ...]:
     return tuple(FULL if (layer + 1) % 6 == 0 else SLIDING for layer in range(num_layers))
 
 
+
+def _gpt_oss(name: str, layers: int, experts: int, params: float, checkpoint_gib: float, drafter: "DrafterSpec",
+             aliases: tuple[str, ...], source: str) -> "ModelSpec":
+    """A gpt-oss size: the family's widths, alternating sliding (128) / full layers, MXFP4 experts with biases, sinks."""
+    return ModelSpec(
+        name=name, checkpoint=f"openai/{name}", family="gpt_oss",
+        num_layers=layers, hidden_size=2880, num_heads=64, num_kv_heads=8, head_dim=64, intermediate_size=0,
+        vocab_size=201088, max_position_embeddings=131072,
+        layer_types=_alternating(layers, SLIDING, FULL), sliding_window=128,
+        num_experts=experts, experts_per_token=4, moe_intermediate_size=2880,
+        attention_bias=True, expert_bias=True, attention_sinks=True, native_expert_precision="mxfp4",
+        published_params=params, published_checkpoint_gib=checkpoint_gib, drafter=drafter, aliases=aliases, source=source,
+    )
+
+
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
-        ModelSpec(
-            name="gpt-oss-120b", checkpoint="openai/gpt-oss-120b", family="gpt_oss",
-            num_layers=36, hidden_size=2880, num_heads=64, num_kv_heads=8, head_dim=64, intermediate_size=0,
-            vocab_size=201088, max_position_embeddings=131072,
-            layer_types=_alternating(36, SLIDING, FULL), sliding_window=128,
-            num_experts=128, experts_per_token=4, moe_intermediate_size=2880,
-            attention_bias=True, expert_bias=True, attention_sinks=True, native_expert_precision="mxfp4",
-            published_params=116.83e9, published_checkpoint_gib=60.8,
-            drafter=DrafterSpec(
+        _gpt_oss(
+            "gpt-oss-120b", 36, 128, 116.83e9, 60.8,
+            DrafterSpec(
                 "z-lab/gpt-oss-120b-DFlash", 8, 2880, 7680, 64, 8, 64, 10, (1, 9, 17, 25, 33),
                 published_size_gib=1.46, source="z-lab model card (0.8B, block 10); config table; head_dim derived",
             ),
-            aliases=("openai/gpt-oss-120b", "gpt-oss", "gptoss-120b"),
-            source="transformers GptOssConfig defaults; OpenAI model card (116.83B, 60.8 GiB)",
+            ("openai/gpt-oss-120b", "gpt-oss", "gptoss-120b"),
+            "transformers GptOssConfig defaults; OpenAI model card (116.83B, 60.8 GiB)",
         ),
-        ModelSpec(
-            name="gpt-oss-20b", checkpoint="openai/gpt-oss-20b", family="gpt_oss",
-            num_layers=24, hidden_size=2880, num_heads=64, num_kv_heads=8, head_dim=64, intermediate_size=0,
-            vocab_size=201088, max_position_embeddings=131072,
-            layer_types=_alternating(24, SLIDING, FULL), sliding_window=128,
-            num_experts=32, experts_per_token=4, moe_intermediate_size=2880,
-            attention_bias=True, expert_bias=True, attention_sinks=True, native_expert_precision="mxfp4",
-            published_params=20.91e9, published_checkpoint_gib=12.8,
-            drafter=DrafterSpec(
+        _gpt_oss(
+            "gpt-oss-20b", 24, 32, 20.91e9, 12.8,
+            DrafterSpec(
                 "z-lab/gpt-oss-20b-DFlash", 8, 2880, 7680, 64, 8, 64, 8, (1, 6, 11, 16, 21),
                 published_size_gib=1.46, source="config table; head_dim derived",
             ),
-            aliases=("openai/gpt-oss-20b",),
-            source="OpenAI model card (24 layers, 32 experts, 20.91B, 12.8 GiB)",
+            ("openai/gpt-oss-20b",), "OpenAI model card (24 layers, 32 experts, 20.91B, 12.8 GiB)",
         ),
         ModelSpec(
             name="qwen3-8b", checkpoint="Qwen/Qwen3-8B", family="qwen3",

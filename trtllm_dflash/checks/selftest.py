@@ -315,52 +315,58 @@ def _decode_outcome(results, note: str) -> StepOutcome:
 
 def demo_decode_step(budget: Budget, say: Say) -> StepOutcome:
     """The shipped demo pair on CUDA: a trained drafter, so tau and the speedup are real."""
-    import torch
-
     from trtllm_dflash import demo
-    from trtllm_dflash.bench.decode import measure_decode
     from trtllm_dflash.bench.prompts import load_prompt_set
     from trtllm_dflash.checkpoints import load_drafter, load_target
 
-    target = load_target(demo.target_dir(), device="cuda")
-    drafter = load_drafter(demo.drafter_dir(), target=target)
-    texts = load_prompt_set("stdlib", limit=budget.prompts)
-    prompts = [list(target.tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
-    results = measure_decode(
-        "demo", target.model, drafter, prompts, budget.batches, budget.max_new_tokens, budget.repeats, progress=say
-    )
-    dtype = str(next(target.model.parameters()).dtype).replace("torch.", "")
-    note = (
-        f"Demo pair (8-layer Qwen3 target, 3-layer block-8 drafter), {dtype}, {len(prompts)} held-out `stdlib` prompts x "
-        f"{budget.max_new_tokens} tokens, greedy, no stop tokens; median of {budget.repeats} timed passes after a warm-up. "
-        "A batch of B serves the prompts B at a time (in-flight batching)."
-    )
-    del target, drafter
-    torch.cuda.empty_cache()
-    return _decode_outcome(results, note)
+    def load():
+        target = load_target(demo.target_dir(), device="cuda")
+        drafter = load_drafter(demo.drafter_dir(), target=target)
+        texts = load_prompt_set("stdlib", limit=budget.prompts)
+        prompts = [list(target.tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
+        dtype = str(next(target.model.parameters()).dtype).replace("torch.", "")
+        note = (
+            f"Demo pair (8-layer Qwen3 target, 3-layer block-8 drafter), {dtype}, {len(prompts)} held-out `stdlib` prompts x "
+            f"{budget.max_new_tokens} tokens, greedy, no stop tokens; median of {budget.repeats} timed passes after a warm-up. "
+            "A batch of B serves the prompts B at a time (in-flight batching)."
+        )
+        return target.model, drafter, prompts, note
+
+    return _timed_decode("demo", load, budget, say)
 
 
 def qwen3_8b_shaped_decode_step(budget: Budget, say: Say) -> StepOutcome:
     """Qwen3-8B's full width with 2 random layers: real GEMM and attention sizes in a few GB."""
     import torch
 
-    from trtllm_dflash.bench.decode import measure_decode
     from trtllm_dflash.modeling.qwen3_8b_shaped import make_qwen3_8b_shaped_drafter, make_qwen3_8b_shaped_target
 
-    target = make_qwen3_8b_shaped_target(num_layers=2, device="cuda", dtype=torch.bfloat16)
-    drafter = make_qwen3_8b_shaped_drafter(target.config, device="cuda", dtype=torch.bfloat16)
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, 150000, (64 + 16 * i,), generator=g).tolist() for i in range(budget.prompts)]
-    results = measure_decode(
-        "qwen3-8b-shaped", target, drafter, prompts, budget.batches, budget.max_new_tokens, budget.repeats, progress=say
-    )
-    note = (
-        "Random weights at Qwen3-8B's width (hidden 4096, 32/8 heads, head_dim 128, FFN 12288, vocab 151936), "
-        f"2 target layers, a 1-layer block-16 drafter tapping both; bf16; {len(prompts)} random prompts of 64-"
-        f"{64 + 16 * (len(prompts) - 1)} tokens x {budget.max_new_tokens} new. The drafter is random, so tau is about 1: "
-        "the DFlash rows measure what a draft + 16-token verify step costs at full width, not a speedup."
-    )
-    del target, drafter
+    def load():
+        target = make_qwen3_8b_shaped_target(num_layers=2, device="cuda", dtype=torch.bfloat16)
+        drafter = make_qwen3_8b_shaped_drafter(target.config, device="cuda", dtype=torch.bfloat16)
+        g = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(0, 150000, (64 + 16 * i,), generator=g).tolist() for i in range(budget.prompts)]
+        note = (
+            "Random weights at Qwen3-8B's width (hidden 4096, 32/8 heads, head_dim 128, FFN 12288, vocab 151936), "
+            f"2 target layers, a 1-layer block-16 drafter tapping both; bf16; {len(prompts)} random prompts of 64-"
+            f"{64 + 16 * (len(prompts) - 1)} tokens x {budget.max_new_tokens} new. The drafter is random, so tau is about 1: "
+            "the DFlash rows measure what a draft + 16-token verify step costs at full width, not a speedup."
+        )
+        return target, drafter, prompts, note
+
+    return _timed_decode("qwen3-8b-shaped", load, budget, say)
+
+
+def _timed_decode(name: str, load: Callable[[], tuple], budget: Budget, say: Say) -> StepOutcome:
+    """measure_decode on what `load` returns (target model, drafter, prompts, the step's note); the GPU
+    memory is given back afterwards, the loader's other objects (a Target, a tokenizer) already gone."""
+    import torch
+
+    from trtllm_dflash.bench.decode import measure_decode
+
+    model, drafter, prompts, note = load()
+    results = measure_decode(name, model, drafter, prompts, budget.batches, budget.max_new_tokens, budget.repeats, progress=say)
+    del model, drafter
     torch.cuda.empty_cache()
     return _decode_outcome(results, note)
 

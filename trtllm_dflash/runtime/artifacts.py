@@ -41,3 +41,11 @@ def export_dir_of(path: str | Path) -> Path:
         if (candidate / "graphs.json").is_file():
             return candidate
     raise DFlashError(f"{path} holds no exported graphs (graphs.json)", "pass the --out directory of a `dflash-trt build` whose export stage finished")
+
+
+def read_index(folder: Path, name: str, fix: str) -> dict:
+    """A build folder's JSON index (graphs.json, engines.json); a DFlashError saying `fix` where it has none."""
+    index = folder / name
+    if not index.is_file():
+        raise DFlashError(f"{folder} has no {name}", fix)
+    return json.loads(index.read_text())

@@ -14,7 +14,6 @@ of operations (16-bit arithmetic on the GPU is what the engine check of docs/bui
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -25,11 +24,12 @@ from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.extras import require
 from trtllm_dflash.contracts import names
-from trtllm_dflash.graphs.drafter_v2 import HEAD_LOGITS, HEAD_PLUGIN
+from trtllm_dflash.graphs.drafter_v2 import HEAD_PLUGIN
 from trtllm_dflash.ops import reference
 from trtllm_dflash.runtime import selector
+from trtllm_dflash.runtime.artifacts import read_index
 from trtllm_dflash.runtime.base import (
-    CachedRuntime, CacheShape, Proposal, SamplingTensors, TargetOutput, VerifyOutput, verifying_graph_inputs,
+    CachedRuntime, CacheShape, SamplingTensors, TargetOutput, VerifyOutput, verifying_graph_inputs,
 )
 
 
@@ -128,7 +128,7 @@ def _numpy(t: torch.Tensor, dtype=None) -> np.ndarray:
     return np.ascontiguousarray(array.numpy())
 
 
-class OnnxRuntime(CachedRuntime):
+class OnnxRuntime(selector.GraphDrafterHead, CachedRuntime):
     """Runs an export directory's target and drafter graphs with the decoding loop's interface."""
 
     def __init__(
@@ -141,10 +141,7 @@ class OnnxRuntime(CachedRuntime):
     ) -> None:
         """`drafter=False` runs the target graph alone (autoregressive: the bench's baseline)."""
         export_dir = Path(export_dir)
-        info_file = export_dir / "graphs.json"
-        if not info_file.is_file():
-            raise DFlashError(f"{export_dir} has no graphs.json", "point at the export/ directory of a `dflash-trt build`")
-        info = json.loads(info_file.read_text())
+        info = read_index(export_dir, "graphs.json", "point at the export/ directory of a `dflash-trt build`")
         if variant not in info["variants"]:
             raise DFlashError(f"{export_dir} has no '{variant}' graphs", f"use one of: {', '.join(info['variants'])}")
         graphs = info["variants"][variant]
@@ -231,17 +228,8 @@ class OnnxRuntime(CachedRuntime):
         out = self._draft_outputs(rows, block, ctx_features, new_counts, cache_lens)
         return selector.draft_logits(self.drafter_head, out).float()
 
-    @torch.inference_mode()
-    def propose(self, rows, block, ctx_features, new_counts, cache_lens, sampling: SamplingTensors) -> Proposal:
-        if not self.drafter_config.is_v2:
-            return super().propose(rows, block, ctx_features, new_counts, cache_lens, sampling)
-        sampling_feed = {names.TEMPERATURE: _numpy(sampling.temperature, torch.float32), names.SEED: _numpy(sampling.seed, torch.int64)}
-        out = self._draft_outputs(rows, block, ctx_features, new_counts, cache_lens, sampling_feed)
-        return selector.proposal(self.drafter_head, out, sampling, cache_lens + new_counts, self.vocab_size)
-
-    @property
-    def drafter_head(self) -> str:
-        return self.drafter.get("head") or HEAD_LOGITS
+    def _sampling_feed(self, sampling: SamplingTensors) -> dict[str, np.ndarray]:
+        return {names.TEMPERATURE: _numpy(sampling.temperature, torch.float32), names.SEED: _numpy(sampling.seed, torch.int64)}
 
     def _draft_outputs(self, rows, block, ctx_features, new_counts, cache_lens, sampling_feed=None) -> dict[str, torch.Tensor]:
         """One drafter graph call (the new context appended to the draft cache); its outputs by name."""

@@ -13,7 +13,7 @@ import torch
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.contracts import names
-from trtllm_dflash.graphs.drafter_v2 import HEAD_PLUGIN, HEAD_SCORES
+from trtllm_dflash.graphs.drafter_v2 import HEAD_LOGITS, HEAD_PLUGIN, HEAD_SCORES
 from trtllm_dflash.ops import reference_dflash2
 from trtllm_dflash.runtime.base import Proposal, SamplingTensors, draft_positions
 
@@ -55,3 +55,27 @@ def draft_logits(head: str, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
     if head == HEAD_PLUGIN:
         raise DFlashError("the V2 plugin drafter graph returns draft tokens, not logits", "call propose")
     return outputs[names.LOGITS]
+
+
+class GraphDrafterHead:
+    """`propose` and `drafter_head` of a runtime that runs exported drafter graphs (ONNX Runtime, TensorRT).
+
+    Mixed in before CachedRuntime: V1 drafters keep the base class's head; V2 drafters are walked
+    here over `_draft_outputs` (one drafter graph call, given the sampling inputs a plugin graph
+    takes, as `_sampling_feed` shapes them for its engine).
+    """
+
+    @property
+    def drafter_head(self) -> str:
+        return self.drafter.get("head") or HEAD_LOGITS
+
+    def _sampling_feed(self, sampling: SamplingTensors) -> dict:
+        raise NotImplementedError
+
+    @torch.inference_mode()
+    def propose(self, rows, block, ctx_features, new_counts, cache_lens, sampling: SamplingTensors) -> Proposal:
+        """V2 drafters: the graph's selector inputs walked here (native), or the graph's walk (plugin)."""
+        if not self.drafter_config.is_v2:
+            return super().propose(rows, block, ctx_features, new_counts, cache_lens, sampling)
+        out = self._draft_outputs(rows, block, ctx_features, new_counts, cache_lens, self._sampling_feed(sampling))
+        return proposal(self.drafter_head, out, sampling, cache_lens + new_counts, self.vocab_size)

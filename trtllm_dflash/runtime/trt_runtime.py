@@ -28,10 +28,11 @@ import torch
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import DFlashError, MissingDependencyError
 from trtllm_dflash.contracts import names
-from trtllm_dflash.graphs.drafter_v2 import HEAD_LOGITS, HEAD_PLUGIN
+from trtllm_dflash.graphs.drafter_v2 import HEAD_PLUGIN
 from trtllm_dflash.runtime import selector
+from trtllm_dflash.runtime.artifacts import read_index
 from trtllm_dflash.runtime.base import (
-    CachedRuntime, CacheShape, Proposal, SamplingTensors, TargetOutput, VerifyOutput, verifying_graph_inputs,
+    CachedRuntime, CacheShape, SamplingTensors, TargetOutput, VerifyOutput, verifying_graph_inputs,
 )
 from trtllm_dflash.runtime.output_buffers import OutputBuffers
 from trtllm_dflash.runtime.tensorrt_flavours import INSTALL_HINT, import_tensorrt
@@ -127,15 +128,12 @@ class EngineGraph:
         return outputs
 
 
-class TrtRuntime(CachedRuntime):
+class TrtRuntime(selector.GraphDrafterHead, CachedRuntime):
     """Target and drafter TensorRT engines of one build, on the current CUDA device."""
 
     def __init__(self, engines_dir: str | Path, variant: str = "native", drafter: bool = True) -> None:
         engines_dir = Path(engines_dir)
-        info_file = engines_dir / "engines.json"
-        if not info_file.is_file():
-            raise DFlashError(f"{engines_dir} has no engines.json", "point --engines at the engines/ folder of a `dflash-trt build`")
-        info = json.loads(info_file.read_text())
+        info = read_index(engines_dir, "engines.json", "point --engines at the engines/ folder of a `dflash-trt build`")
         if variant not in info["engines"]:
             raise DFlashError(f"{engines_dir} has no {variant} engines (built: {', '.join(info['engines'])})", "pick a built variant")
         self.info = info
@@ -242,18 +240,8 @@ class TrtRuntime(CachedRuntime):
         """Draft logits (a V2 drafter's unary logits, before its selector)."""
         return selector.draft_logits(self.drafter_head, self._draft_outputs(rows, block, ctx_features, new_counts, cache_lens))
 
-    @torch.inference_mode()
-    def propose(self, rows, block, ctx_features, new_counts, cache_lens, sampling: SamplingTensors) -> Proposal:
-        """V2 drafters: the engine's selector inputs walked on the GPU (native), or the engine's walk (plugin)."""
-        if not self.drafter_config.is_v2:
-            return super().propose(rows, block, ctx_features, new_counts, cache_lens, sampling)
-        sampling_feed = {names.TEMPERATURE: sampling.temperature, names.SEED: sampling.seed}
-        out = self._draft_outputs(rows, block, ctx_features, new_counts, cache_lens, sampling_feed)
-        return selector.proposal(self.drafter_head, out, sampling, cache_lens + new_counts, self.vocab_size)
-
-    @property
-    def drafter_head(self) -> str:
-        return self.drafter.get("head") or HEAD_LOGITS
+    def _sampling_feed(self, sampling: SamplingTensors) -> dict[str, torch.Tensor]:
+        return {names.TEMPERATURE: sampling.temperature, names.SEED: sampling.seed}
 
     def _draft_outputs(self, rows, block, ctx_features, new_counts, cache_lens, sampling_feed=None) -> dict[str, torch.Tensor]:
         """One drafter engine call (the new context appended to the draft cache); its outputs by name."""
