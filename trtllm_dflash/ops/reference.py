@@ -150,14 +150,18 @@ def verify_block(
         if block > 1 and draft_probs is not None:  # without q there is no residual: sample p
             rejected = num_accepted < block - 1
             q = draft_probs[rows, num_accepted.clamp_max(block - 2)]
-            residual = (p - q).clamp_min(0)
-            mass = residual.sum(dim=-1, keepdim=True)
-            residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p)
-            p = torch.where(rejected.view(-1, 1), residual, p)
+            p = torch.where(rejected.view(-1, 1), _residual(p, q), p)
         key = rng.counter_key(seed, start + num_accepted + 1, rng.STREAM_BONUS)
         sampled_bonus = sample_from_probs(p, key)
         bonus = torch.where(greedy, bonus, sampled_bonus)
     return num_accepted, bonus
+
+
+def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The distribution a rejection samples from: normalize(max(0, p - q)), or p where that has no mass."""
+    residual = (p - q).clamp_min(0)
+    mass = residual.sum(dim=-1, keepdim=True)
+    return torch.where(mass > 0, residual / mass.clamp_min(1e-30), p)
 
 
 VERIFY_RESULT_COLUMNS = ("accepted", "bonus", "next_start", "committed", "stopped")
@@ -237,10 +241,7 @@ def verify_positions(
             u = rng.uniform(seed.view(-1, 1), positions[:, :-1], rng.STREAM_ACCEPT)
             accept[:, :-1] = torch.where(greedy, accept[:, :-1], u * q_draft < p_draft)
             if draft_probs is not None:
-                residual = (p[:, :-1] - q).clamp_min(0)
-                mass = residual.sum(dim=-1, keepdim=True)
-                residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p[:, :-1])
-                dist = torch.cat([residual, p[:, -1:]], dim=1)
+                dist = torch.cat([_residual(p[:, :-1], q), p[:, -1:]], dim=1)
         sampled = sample_from_probs(dist, rng.counter_key(seed.view(-1, 1), positions, rng.STREAM_BONUS))
         emit = torch.where(greedy, posterior, sampled)
     return torch.stack([accept.to(torch.int32), emit.to(torch.int32)], dim=-1)
@@ -442,6 +443,17 @@ def write_block(
     v_cache[rows, slots[valid]] = v_new[valid].to(v_cache.dtype)
 
 
+def _causal_visible(query_pos: torch.Tensor, span: int, window: int) -> torch.Tensor:
+    """`[b, M, span]`: which of the slots 0..span-1 the queries at positions `query_pos [b, M]` see:
+    j <= position, and j > position - window on sliding layers (window > 0)."""
+    query_pos = query_pos.unsqueeze(-1)
+    key_pos = torch.arange(span, device=query_pos.device).view(1, 1, -1)
+    visible = key_pos <= query_pos
+    if window > 0:
+        visible = visible & (key_pos > query_pos - window)
+    return visible
+
+
 def target_attention(
     q: torch.Tensor,
     k_new: torch.Tensor,
@@ -472,11 +484,7 @@ def target_attention(
     group = num_heads // keys.shape[1]
     if group > 1:
         keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
-    query_pos = starts.view(-1, 1, 1).to(torch.int64) + torch.arange(tokens, device=q.device).view(1, -1, 1)
-    key_pos = torch.arange(span, device=q.device).view(1, 1, -1)
-    visible = key_pos <= query_pos
-    if window > 0:
-        visible = visible & (key_pos > query_pos - window)
+    visible = _causal_visible(starts.view(-1, 1).to(torch.int64) + torch.arange(tokens, device=q.device), span, window)
     scores = torch.matmul(q.to(compute).transpose(1, 2), keys.transpose(-1, -2)) * scale  # [b, Hq, T, span]
     scores = scores.masked_fill(~visible.unsqueeze(1), float("-inf"))
     if sinks is not None:
@@ -529,11 +537,8 @@ def target_attention_partials(
 
     starts = starts.view(-1, 1).to(torch.int64)
     key_pos = torch.arange(span, device=device).view(1, -1)  # [1, span]
-    query_pos = (starts + torch.arange(tokens, device=device).repeat_interleave(group)).unsqueeze(-1)  # [b, T*g, 1]
-    visible = key_pos.unsqueeze(1) <= query_pos
+    visible = _causal_visible(starts + torch.arange(tokens, device=device).repeat_interleave(group), span, window)  # [b, T*g, span]
     lo = (starts - window + 1).clamp_min(0) if window > 0 else torch.zeros_like(starts)
-    if window > 0:
-        visible &= key_pos.unsqueeze(1) > query_pos - window
     chunk = ((starts.clamp_max(capacity) - lo).clamp_min(0) + splits - 1) // splits
     split_of_key = torch.where(key_pos < starts, (key_pos - lo) // chunk.clamp_min(1), splits - 1)  # [b, span]
     for s in range(splits):

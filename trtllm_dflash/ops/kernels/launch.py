@@ -188,13 +188,28 @@ def target_attention_supported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     )
 
 
+def _check_heads(num_heads: int, kv_heads: int, model: str) -> None:
+    if kv_heads == 0 or num_heads % kv_heads:
+        raise DFlashError(f"{num_heads} query heads are not a multiple of {kv_heads} KV heads", f"check the {model} config")
+
+
+def _check_contiguous_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not t.is_contiguous():
+            raise DFlashError(f"{name} is not contiguous", "pass a contiguous cache (a slice of rows of a contiguous buffer is fine)")
+
+
+def _check_dtype(op: str, q: torch.Tensor, dtypes: tuple) -> None:
+    if q.dtype not in dtypes:
+        raise DFlashError(f"{op} runs in float16/bfloat16/float32, not {q.dtype}")
+
+
 def _check_target_attention_inputs(q, k_new, v_new, k_cache, v_cache, starts, options: dict) -> None:
     if q.dim() != 4 or k_cache.dim() != 4 or v_cache.dim() != 4:
         raise DFlashError("target attention takes q [b,T,Hq,Dk] and caches [b,S,Hkv,D]")
     batch, tokens, num_heads, head_dim_k = q.shape
     capacity, kv_heads, head_dim_v = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
-    if kv_heads == 0 or num_heads % kv_heads:
-        raise DFlashError(f"{num_heads} query heads are not a multiple of {kv_heads} KV heads", "check the target config")
+    _check_heads(num_heads, kv_heads, "target")
     expected = {
         "k_new": (batch, tokens, kv_heads, head_dim_k), "v_new": (batch, tokens, kv_heads, head_dim_v),
         "k_cache": (batch, capacity, kv_heads, head_dim_k), "v_cache": (batch, capacity, kv_heads, head_dim_v),
@@ -202,14 +217,11 @@ def _check_target_attention_inputs(q, k_new, v_new, k_cache, v_cache, starts, op
     for name, t in (("k_new", k_new), ("v_new", v_new), ("k_cache", k_cache), ("v_cache", v_cache)):
         if tuple(t.shape) != expected[name]:
             raise DFlashError(f"{name} has shape {tuple(t.shape)}, expected {expected[name]}")
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if not t.is_contiguous():
-            raise DFlashError(f"{name} is not contiguous", "pass a contiguous cache (a slice of rows of a contiguous buffer is fine)")
+    _check_contiguous_caches(k_cache, v_cache)
     if tuple(starts.shape) != (batch,):
         raise DFlashError(f"starts has shape {tuple(starts.shape)}, expected {(batch,)}")
     TARGET_ATTENTION.check_shapes(options, q.shape, DFlashError)
-    if q.dtype not in TARGET_ATTENTION_DTYPES:
-        raise DFlashError(f"target attention runs in float16/bfloat16/float32, not {q.dtype}")
+    _check_dtype("target attention", q, TARGET_ATTENTION_DTYPES)
 
 
 @TARGET_ATTENTION.takes_options(torch.Tensor)
@@ -254,12 +266,20 @@ def target_attention(
         scalars = target_attention_scalars(tokens, capacity, kv_heads, group, options)
         module.target_attention_kernel[grid](*inputs, *scalars, out, k_cache, v_cache, **constants, **launch_options)
         return out
+    scalars = target_attention_split_scalars(tokens, capacity, kv_heads, group, options, splits)
+    merge_m = merge_block_m(head_dim_v, tokens, group, dtype_name(q.dtype))
+    return _split_and_merge(module, module.target_attention_split_kernel, grid, (*inputs, *scalars), constants, launch_options,
+                            q, k_cache, v_cache, out, kv_heads, group, splits, merge_m)
+
+
+def _split_and_merge(module, split_kernel, grid, args, constants, launch_options, q, k_cache, v_cache, out, kv_heads, group, splits, merge_m):
+    """The split launch of an attention kernel (`args`: its inputs and scalars), then the merge into `out
+    [b, T, Hq, Dv]`: one launch each, through float32 partials `[b, Hkv, splits, T*g, (Dv)]`."""
+    batch, tokens, _, head_dim_v = out.shape
     rows = tokens * group
     partial_out = torch.empty(batch, kv_heads, splits, rows, head_dim_v, dtype=torch.float32, device=q.device)
     partial_lse = torch.empty(batch, kv_heads, splits, rows, dtype=torch.float32, device=q.device)
-    scalars = target_attention_split_scalars(tokens, capacity, kv_heads, group, options, splits)
-    module.target_attention_split_kernel[grid](*inputs, *scalars, partial_out, partial_lse, k_cache, v_cache, **constants, **launch_options)
-    merge_m = merge_block_m(head_dim_v, tokens, group, dtype_name(q.dtype))
+    split_kernel[grid](*args, partial_out, partial_lse, k_cache, v_cache, **constants, **launch_options)
     module.merge_kernel[merge_grid(batch, tokens, kv_heads, group, merge_m)](
         partial_out, partial_lse, q, *merge_scalars(tokens, kv_heads, group, splits), out,
         HEAD_DIM=head_dim_v, BLOCK_M=merge_m, **_launch_options(q.device, 4, 1),
@@ -360,8 +380,7 @@ def verify_supported(target_logits: torch.Tensor) -> bool:
 def _check_attention_inputs(q, k_block, v_block, k_ctx, v_ctx, new_counts, k_cache, v_cache, cache_lens) -> None:
     batch, block, num_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
-    if num_heads % kv_heads:
-        raise DFlashError(f"{num_heads} query heads are not a multiple of {kv_heads} KV heads", "check the drafter config")
+    _check_heads(num_heads, kv_heads, "drafter")
     for name, t in (("k_block", k_block), ("v_block", v_block)):
         if tuple(t.shape) != (batch, block, kv_heads, head_dim):
             raise DFlashError(f"{name} has shape {tuple(t.shape)}, expected {(batch, block, kv_heads, head_dim)}")
@@ -371,10 +390,8 @@ def _check_attention_inputs(q, k_block, v_block, k_ctx, v_ctx, new_counts, k_cac
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if t.shape != k_cache.shape or t.shape[0] != batch or t.shape[3] != head_dim:
             raise DFlashError(f"{name} has shape {tuple(t.shape)}, expected [{batch}, capacity, {kv_heads}, {head_dim}]")
-        if not t.is_contiguous():
-            raise DFlashError(f"{name} is not contiguous", "pass a contiguous cache (a slice of rows of a contiguous buffer is fine)")
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise DFlashError(f"block attention runs in float16/bfloat16/float32, not {q.dtype}")
+    _check_contiguous_caches(k_cache, v_cache)
+    _check_dtype("block attention", q, (torch.float16, torch.bfloat16, torch.float32))
 
 
 @BLOCK_ATTENTION.takes_options(torch.Tensor)
@@ -425,15 +442,8 @@ def block_attention(
     if splits == 1:
         module.block_attention_kernel[grid](*inputs, *scalars, out, k_cache, v_cache, **constants, **launch_options)
         return out
-    rows = block * group
-    partial_out = torch.empty(batch, kv_heads, splits, rows, head_dim, dtype=torch.float32, device=q.device)
-    partial_lse = torch.empty(batch, kv_heads, splits, rows, dtype=torch.float32, device=q.device)
-    module.block_attention_split_kernel[grid](*inputs, *scalars, partial_out, partial_lse, k_cache, v_cache, **constants, **launch_options)
-    module.merge_kernel[merge_grid(batch, block, kv_heads, group, config.block_m)](
-        partial_out, partial_lse, q, *merge_scalars(block, kv_heads, group, splits), out,
-        HEAD_DIM=head_dim, BLOCK_M=config.block_m, **_launch_options(q.device, 4, 1),
-    )
-    return out
+    return _split_and_merge(module, module.block_attention_split_kernel, grid, (*inputs, *scalars), constants, launch_options,
+                            q, k_cache, v_cache, out, kv_heads, group, splits, config.block_m)
 
 
 def verify_partials(target_logits: torch.Tensor, chunk_v: int = VERIFY_CHUNK_V, block_v: int = VERIFY_BLOCK_V) -> tuple[torch.Tensor, torch.Tensor]:
