@@ -118,6 +118,24 @@ def tiny_qwen3_drafter(tmp_path_factory, tiny_qwen3):
 
 
 @pytest.fixture(scope="session")
+def demo_triton(tmp_path_factory):
+    """One tritonserver on a small demo repository (max context 512, 128 new tokens, batch 4) for
+    the test modules that only need a server to talk to (min_tokens, chat templates): each started
+    its own (~12 s of repository writing and start-up apiece on the 2-core machine)."""
+    from typer.testing import CliRunner
+
+    from trtllm_dflash.cli.app import app
+    from trtllm_dflash.serving.server import TritonServer, free_port
+
+    out = tmp_path_factory.mktemp("demo-triton") / "repository"
+    result = CliRunner().invoke(app, ["repo", "--model", "demo", "--out", str(out), "--max-context", "512", "--max-tokens", "128",
+                                      "--max-batch", "4", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    with TritonServer(out, free_port(), free_port(), free_port(), host="127.0.0.1", startup_timeout=600) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
 def demo_build(tmp_path_factory):
     """One `dflash-trt build --model demo --gpu rtx-pro-6000` per session (~45 s: export, validate,
     TensorRT-RTX engines ahead of time). Tests copy it: a copy is a complete build, where rerunning

@@ -7,9 +7,7 @@ greedy and sampled, and the speculative model answers as the `ar` model does."""
 from __future__ import annotations
 
 import pytest
-from typer.testing import CliRunner
 
-from trtllm_dflash.cli.app import app
 from trtllm_dflash.decoding import Request
 from trtllm_dflash.sampling_params import SamplingError, SamplingParams
 
@@ -71,22 +69,12 @@ openai = pytest.importorskip("openai")
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("repo") / "repository"
-    result = CliRunner().invoke(app, ["repo", "--model", "demo", "--out", str(out), "--max-context", "512", "--max-tokens", "128",
-                                      "--max-batch", "4", "--threads", "1"])
-    assert result.exit_code == 0, result.output
-    return out
-
-
-@pytest.fixture(scope="module")
-def client(repo):
+def client(demo_triton):
     from trtllm_dflash.serving.openai.server import OpenAIServer
-    from trtllm_dflash.serving.server import TritonServer, free_port
+    from trtllm_dflash.serving.server import free_port
 
-    with TritonServer(repo, free_port(), free_port(), free_port(), host="127.0.0.1", startup_timeout=600) as triton:
-        with OpenAIServer(triton.endpoints.grpc, port=free_port(), repository=repo) as front:
-            yield openai.OpenAI(base_url=front.url, api_key="unused", max_retries=0, timeout=300)
+    with OpenAIServer(demo_triton.endpoints.grpc, port=free_port(), repository=demo_triton.repository) as front:
+        yield openai.OpenAI(base_url=front.url, api_key="unused", max_retries=0, timeout=300)
 
 
 def _complete(client, model: str = "dflash", **extra):

@@ -9,10 +9,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from typer.testing import CliRunner
 
 from trtllm_dflash.chat import RenderLimitError, apply_chat_template
-from trtllm_dflash.cli.app import app
 from trtllm_dflash.serving.openai.frontend import DEFAULT_MAX_REQUEST_BYTES
 
 openai = pytest.importorskip("openai")
@@ -58,15 +56,9 @@ def test_time_bound_stops_a_loop(tokenizer):
 
 
 @pytest.fixture(scope="module")
-def triton(tmp_path_factory):
-    from trtllm_dflash.serving.server import TritonServer, free_port
-
-    out = tmp_path_factory.mktemp("repo") / "repository"
-    result = CliRunner().invoke(app, ["repo", "--model", "demo", "--out", str(out), "--max-context", "512", "--max-tokens", "64",
-                                      "--max-batch", "4", "--threads", "1"])
-    assert result.exit_code == 0, result.output
-    with TritonServer(out, free_port(), free_port(), free_port(), host="127.0.0.1", startup_timeout=600) as running:
-        yield running
+def triton(demo_triton):
+    """The session's demo tritonserver (tests/conftest.py)."""
+    return demo_triton
 
 
 def _client(triton, allow: bool):
