@@ -43,9 +43,9 @@ from typing import Callable
 from trtllm_dflash.errors import DFlashError, MissingDependencyError
 from trtllm_dflash.serving import DEFAULT_HOST, server_watch
 from trtllm_dflash.serving.repository import PYTHONPATH_ENV, model_names
+from trtllm_dflash.serving.server_watch import SHM_DIR, process_group_members
 
 CONTAINER_ROOT = Path("/opt/tritonserver")
-SHM_DIR = Path("/dev/shm")
 # A server that dies this often is not restarted again: a request that crashes it on every
 # retry (or a broken environment) must end `serve`, not keep it restarting forever.
 MAX_RESTARTS = 5
@@ -270,6 +270,7 @@ class TritonServer:
     def start(self) -> Endpoints:
         """Start the server and block until every model of the repository is ready."""
         self.cleaned_leftovers = server_watch.clean_leftovers(self._workdir.parent)
+        self._workdir.mkdir(parents=True, exist_ok=True)  # a final stop() removed it
         for flag, port in self.ports.items():
             if flag == "--http-port" and not self.http:
                 continue
@@ -437,21 +438,11 @@ class TritonServer:
 
     def shm_files(self) -> list[Path]:
         """The /dev/shm files of this server's Python backend (its regions, alive or left behind)."""
-        try:
-            return sorted(p for p in SHM_DIR.iterdir() if p.name.startswith(self.shm_prefix))
-        except OSError:
-            return []
+        return server_watch.shm_regions(self.shm_prefix)
 
     def remove_shm(self) -> list[str]:
         """Remove this server's shared-memory regions (call only when it is not running)."""
-        removed = []
-        for path in self.shm_files():
-            try:
-                path.unlink()
-                removed.append(path.name)
-            except OSError:  # gone already, or not ours to remove
-                pass
-        return removed
+        return server_watch.remove_shm_regions(self.shm_prefix)
 
     def _note_in_log(self, line: str) -> None:
         try:
@@ -486,12 +477,13 @@ class TritonServer:
             _kill_group(process.pid)
             # a server that exits cleanly unlinks its regions; one that crashed leaves them
             self.removed_shm = self.remove_shm()
-        for folder in ("backends", "python-bin"):
-            shutil.rmtree(self._workdir / folder, ignore_errors=True)
-        if final:
+        if final:  # the working folder goes, but for the log that was written there
             server_watch.remove_workdir(self._workdir, keep=(self.log_path.name,) if self.log_path.parent == self._workdir else ())
             server_watch.stop_watchdog(self._watchdog)
             self._watchdog = None
+        else:  # a restart follows: it prepares the backends and the interpreter links again
+            for folder in ("backends", "python-bin"):
+                shutil.rmtree(self._workdir / folder, ignore_errors=True)
         return code
 
     def log_tail(self, lines: int = 30) -> str:
@@ -518,19 +510,6 @@ def _port_free(port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def process_group_members(pgid: int) -> list[int]:
-    """Pids of the live processes in a process group (Linux /proc; empty where there is none)."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
-            members.append(int(stat.parent.name))
-    return members
 
 
 def describe_exit(code: int | None) -> str:

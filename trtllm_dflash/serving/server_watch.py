@@ -66,21 +66,49 @@ def owner_alive(owner: dict) -> bool:
     return start is not None and start == owner.get("start_time")
 
 
-def server_processes(owner: dict) -> list[int]:
-    """Live processes of the recorded server: its group's members whose command line names its shm prefix."""
-    pgid, prefix, found = int(owner.get("server_pgid", 0) or 0), owner["shm_prefix"].encode(), []
-    if pgid <= 0:
-        return found
+def process_group_members(pgid: int) -> list[int]:
+    """Pids of the live processes in a process group (Linux /proc; empty where there is none)."""
+    members = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
-            if fields[0] == "Z" or int(fields[2]) != pgid:
-                continue
-            if prefix in (stat.parent / "cmdline").read_bytes():
-                found.append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
+            members.append(int(stat.parent.name))
+    return members
+
+
+def server_processes(owner: dict) -> list[int]:
+    """Live processes of the recorded server: its group's members whose command line names its shm prefix."""
+    pgid, prefix, found = int(owner.get("server_pgid", 0) or 0), owner["shm_prefix"].encode(), []
+    for pid in process_group_members(pgid) if pgid > 0 else []:
+        try:
+            if prefix in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
             continue
     return found
+
+
+def shm_regions(prefix: str) -> list[Path]:
+    """The /dev/shm files of the server whose Python backend names its regions `prefix`<uuid>."""
+    try:
+        return sorted(p for p in SHM_DIR.iterdir() if p.name.startswith(prefix))
+    except OSError:
+        return []
+
+
+def remove_shm_regions(prefix: str) -> list[str]:
+    """Remove a stopped server's shared-memory regions; the names of those removed."""
+    removed = []
+    for path in shm_regions(prefix):
+        try:
+            path.unlink()
+            removed.append(path.name)
+        except OSError:  # gone already, or not ours to remove
+            pass
+    return removed
 
 
 def remove_server(workdir: Path, owner: dict, keep: tuple[str, ...] = ()) -> list[str]:
@@ -95,17 +123,7 @@ def remove_server(workdir: Path, owner: dict, keep: tuple[str, ...] = ()) -> lis
     deadline = time.monotonic() + 10
     while server_processes(owner) and time.monotonic() < deadline:
         time.sleep(0.05)
-    removed = []
-    try:
-        regions = [p for p in SHM_DIR.iterdir() if p.name.startswith(owner["shm_prefix"])]
-    except OSError:
-        regions = []
-    for path in regions:
-        try:
-            path.unlink()
-            removed.append(path.name)
-        except OSError:
-            pass
+    removed = remove_shm_regions(owner["shm_prefix"])
     remove_workdir(workdir, keep)
     return removed
 
