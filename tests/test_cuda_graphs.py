@@ -134,3 +134,11 @@ def test_only_a_capture_spoiled_from_outside_is_tried_again():
     assert not invalidated_by_another_thread(_raised(invalidated, during=not_permitted))
     assert not invalidated_by_another_thread(_raised(not_permitted))
     assert not invalidated_by_another_thread(_raised(RuntimeError("CUDA out of memory")))
+
+
+def test_the_private_torch_call_a_failed_capture_needs_is_there():
+    """StepGraphs._abandon_pool ends the pool's recording through torch._C._cuda_endAllocateToPool,
+    the one private torch call of the package (no public API undoes capture_begin's routing). Without
+    it a retried capture fails with "beginAllocateToPool: already recording" (seen on an H200): a
+    torch release that drops it must fail here, on CPU, not in a server on a GPU."""
+    assert callable(getattr(torch._C, "_cuda_endAllocateToPool", None))
