@@ -93,57 +93,6 @@ def test_qwen3_8b_shaped_graphs_give_the_eager_tokens():
         assert runtime.cuda_graphs.counts["replayed"] > 0
 
 
-def test_a_capture_survives_another_thread_allocating_on_its_own_stream():
-    """A server thread that allocates fresh CUDA memory (cudaMalloc) and synchronizes its own
-    stream while a step is captured. In torch's default global mode that call is refused and the
-    capture is invalidated; in thread-local mode (cuda_graphs.CAPTURE_ERROR_MODE) both go on."""
-    x = torch.arange(4096, device="cuda", dtype=torch.float32)
-
-    def run() -> torch.Tensor:
-        y = x
-        for _ in range(400):  # long enough for the other thread to allocate during the capture
-            y = y * 1.0001 + 1
-        return y
-
-    busy, stop, errors, allocations = threading.Event(), threading.Event(), [], []
-
-    def server_thread() -> None:
-        # New sizes make the allocator cudaMalloc; their total stays bounded (~8 GiB cached), so it
-        # never frees cached blocks to make room: that cudaFree synchronizes the whole device, which
-        # invalidates a capture in every mode (test_a_capture_spoiled_by_another_thread_... below).
-        stream = torch.cuda.Stream()
-        size = 1 << 20
-        try:
-            with torch.cuda.stream(stream):
-                while not stop.is_set():
-                    if size <= 128 << 20:
-                        torch.empty(size, dtype=torch.uint8, device="cuda")  # a size the allocator has not cached
-                        allocations.append(size)
-                        size += 1 << 20
-                    stream.synchronize()
-                    busy.set()
-        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
-            errors.append(exc)
-            busy.set()
-
-    thread = threading.Thread(target=server_thread)
-    thread.start()
-    try:
-        busy.wait(timeout=30)
-        replay, out = cuda_graphs.capture(run, cuda_graphs.new_pool())
-    finally:
-        stop.set()
-        thread.join()
-    torch.cuda.empty_cache()
-    assert not errors, f"the other thread failed during the capture: {errors[0]!r}"
-    assert allocations  # the thread ran (whether a call fell inside the capture is up to the scheduler)
-    expected = run()
-    out.zero_()
-    replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, expected)
-
-
 def _spoiling_captures(monkeypatch, how_many: int) -> list[int]:
     """Make the next `how_many` captures fail the way a server thread's device-wide synchronize
     makes them fail: that thread's call is refused and the capture in progress is invalidated."""
@@ -198,3 +147,72 @@ def test_a_capture_spoiled_every_time_fails_in_one_line(demo_pair, monkeypatch):
     with pytest.raises(DFlashError, match="capturing the .* pass in a CUDA graph failed"):
         _decode(runtime, requests, max_batch=1)
     assert runtime.cuda_graphs.counts["invalidated"] >= cuda_graphs.MAX_CAPTURE_TRIES - 1
+
+
+def test_a_capture_amid_another_threads_allocations_replays_exactly_or_fails_as_retryable():
+    """Another thread allocates fresh CUDA memory (cudaMalloc) and synchronizes its own stream
+    while a step is captured: the contract StepGraphs relies on is that the capture then either
+    replays exactly or fails with an invalidation it retries (never a failure it cannot tell apart).
+
+    Measured on an H200 (torch 2.11, 2026-11-26): run alone the capture survived three times out
+    of three; after the other tests of this file the foreign thread's call was refused ("operation
+    not permitted when stream is capturing") even in thread-local mode, and the capture was
+    invalidated. So the served model makes every CUDA call on its one loop thread
+    (serving/batching_loop.py: request threads only parse and queue), and this
+    test runs last in the file: a refused foreign call once left the next captures failing."""
+    x = torch.arange(4096, device="cuda", dtype=torch.float32)
+
+    def run() -> torch.Tensor:
+        y = x
+        for _ in range(400):  # long enough for the other thread to allocate during the capture
+            y = y * 1.0001 + 1
+        return y
+
+    busy, stop, errors, allocations = threading.Event(), threading.Event(), [], []
+
+    def server_thread() -> None:
+        # New sizes make the allocator cudaMalloc; their total stays bounded (~8 GiB cached), so it
+        # never frees cached blocks to make room: that cudaFree synchronizes the whole device, which
+        # invalidates a capture in every mode (test_a_capture_spoiled_by_another_thread_... below).
+        stream = torch.cuda.Stream()
+        size = 1 << 20
+        try:
+            with torch.cuda.stream(stream):
+                while not stop.is_set():
+                    if size <= 128 << 20:
+                        torch.empty(size, dtype=torch.uint8, device="cuda")  # a size the allocator has not cached
+                        allocations.append(size)
+                        size += 1 << 20
+                    stream.synchronize()
+                    busy.set()
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+            busy.set()
+
+    thread = threading.Thread(target=server_thread)
+    thread.start()
+    try:
+        busy.wait(timeout=30)
+        pool = cuda_graphs.new_pool()
+        try:
+            replay, out = cuda_graphs.capture(run, pool)
+        except Exception as exc:  # noqa: BLE001 - classified below
+            replay, out, spoiled = None, None, exc
+            torch._C._cuda_endAllocateToPool(torch.cuda.current_device(), pool)  # noqa: SLF001 - as StepGraphs._abandon_pool
+        else:
+            spoiled = None
+    finally:
+        stop.set()
+        thread.join()
+    torch.cuda.empty_cache()
+    refused = [e for e in errors if "not permitted when stream is capturing" not in str(e)]
+    assert not refused, f"the other thread failed for another reason: {refused[0]!r}"
+    assert allocations  # the thread ran (whether a call fell inside the capture is up to the scheduler)
+    if spoiled is not None:
+        assert cuda_graphs.invalidated_by_another_thread(spoiled), f"not an invalidation StepGraphs retries: {spoiled!r}"
+        return
+    expected = run()
+    out.zero_()
+    replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)

@@ -248,14 +248,17 @@ def test_gpu_tests_step_runs_pytest_and_names_failures(tmp_path):
         def test_fine():
             pass
 
-        def test_broken():
+        def test_broken_with_a_name_long_enough_that_pytest_cuts_its_summary_line_before_the_message():
             assert 1 == 2
     """))
     (tmp_path / "tests" / "test_other.py").write_text("def test_not_collected():\n    raise SystemExit\n")
     outcome = selftest.gpu_tests_step(tmp_path)
     assert not outcome.passed
     assert "1 failed" in outcome.summary and "1 passed" in outcome.summary
-    assert "FAILED tests/test_fake_gpu.py::test_broken" in outcome.summary
+    name = "tests/test_fake_gpu.py::test_broken_with_a_name_long_enough_that_pytest_cuts_its_summary_line_before_the_message"
+    # the message survives however long the name: the GPU run of 2026-11-26 reported a failure without it
+    assert f"FAILED {name}: assert 1 == 2" in outcome.summary
+    assert "The tests that failed" in outcome.markdown and "failed: assert 1 == 2" in outcome.markdown
 
 
 def test_gpu_tests_step_says_each_test_as_it_finishes_and_lists_the_slowest(tmp_path):

@@ -245,7 +245,7 @@ def gpu_tests_step(root: Path | None = None, say: Say | None = None, limit_s: fl
 
     def finished(record: runs.TestRecord) -> None:
         if say is not None:
-            say(f"{record.outcome} {record.test} ({record.seconds:.1f} s)")
+            say(f"{record.outcome} {record.test} ({record.seconds:.1f} s)" + (f": {record.error}" if record.error else ""))
 
     run = runs.run_with_progress([command], root, limit_s, finished)
     progress = run.progress
@@ -263,7 +263,11 @@ def gpu_tests_step(root: Path | None = None, say: Say | None = None, limit_s: fl
     output = run.output
     counts = parse_pytest_counts(output)
     counted = ", ".join(f"{n} {word}" for word, n in counts.items()) or "no summary line"
-    failures = [line for line in output.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    failed = [r for r in progress.finished if r.outcome in ("failed", "error")]
+    # pytest's own summary lines are cut to the terminal's width, the message first: the records keep it
+    failures = [f"{r.outcome.upper()} {r.test}: {r.error}" for r in failed] or [
+        line for line in output.splitlines() if line.startswith(("FAILED", "ERROR"))
+    ]
     returncode = run.returncodes[0]
     passed = returncode == 0 and counts.get("passed", 0) > 0 and not counts.get("failed") and not counts.get("error")
     summary = f"{counted} ({', '.join(files)})"
@@ -274,6 +278,8 @@ def gpu_tests_step(root: Path | None = None, say: Say | None = None, limit_s: fl
     if slowest:
         summary += f"; slowest: {slowest[0].test} ({slowest[0].seconds:.1f} s)"
     markdown = f"`pytest -q {' '.join(files)}`: {counted} in {run.seconds:.0f} s.\n"
+    if failed:
+        markdown += "\nThe tests that failed, with the line pytest reports:\n\n" + runs.records_table(failed)
     if slowest:
         markdown += "\nThe slowest tests:\n\n" + runs.records_table(slowest)
     return StepOutcome(summary, markdown, passed)

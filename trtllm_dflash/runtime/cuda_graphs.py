@@ -46,9 +46,10 @@ WARMUP_RUNS = 2  # eager runs before a capture: cuBLAS handles, Triton compiles,
 MAX_CAPTURE_TRIES = 3  # captures of one key that another thread may invalidate before the step fails
 # Only the capturing thread is barred from CUDA calls that are unsafe during a capture. With
 # torch's default ("global"), a server thread that allocates or copies on its own stream while a
-# step is being captured invalidates the capture (and fails itself). A device-wide synchronize
-# in another thread invalidates it in every mode (measured on an H200): such a step runs eagerly
-# and the capture is tried again (StepGraphs._replay).
+# step is being captured fails itself and invalidates the capture. In thread-local mode that thread
+# goes on; the capture can still be invalidated (a device-wide synchronize in another thread in
+# every mode, and on an H200 a foreign cudaMalloc after other work in the process): such a step
+# runs eagerly and the capture is tried again (StepGraphs._replay).
 CAPTURE_ERROR_MODE = "thread_local"
 
 
