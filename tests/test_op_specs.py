@@ -1,6 +1,6 @@
-"""Each op's spec (`ops.specs`) against every layer that still writes the op's signature by hand:
-the reference functions and the launchers keep readable signatures, and must equal the spec's
-inputs + options; the entry points, `dflash::` ops and plugin nodes are derived from it."""
+"""Each op's spec (`ops.specs`) against every layer: the reference functions write the op's
+signature out (the one place it is written by hand, to be read) and must equal the spec's inputs +
+options; the launchers, entry points, `dflash::` ops and plugin nodes are derived from the spec."""
 
 from __future__ import annotations
 
@@ -14,35 +14,66 @@ from trtllm_dflash.ops import reference, reference_dflash2, specs
 from trtllm_dflash.ops.kernels import dflash2_launch, launch
 from trtllm_dflash.plugins import dflash2_nodes, onnx_nodes
 
-# per spec: the functions that implement it by hand, whose leading parameters must be the spec's
-HAND_WRITTEN = {
-    specs.BLOCK_ATTENTION: (reference.block_attention, launch.block_attention),
-    specs.TARGET_ATTENTION: (reference.target_attention, launch.target_attention),
-    specs.VERIFY_BLOCK: (reference.verify_block,),
-    specs.VERIFY_BLOCK_PACKED: (reference.verify_block_packed, launch.verify_block),
-    specs.VERIFY_POSITIONS: (reference.verify_positions, launch.verify_positions),
-    specs.VERIFY_COMMIT: (reference.verify_commit, launch.verify_commit),
-    specs.GROUPED_DYNAMIC_CONV: (reference_dflash2.grouped_dynamic_conv, dflash2_launch.grouped_dynamic_conv),
-    specs.CANDIDATE_WALK: (reference_dflash2.candidate_walk, dflash2_launch.candidate_walk),
-    specs.CANDIDATE_SELECT: (reference_dflash2.candidate_select, dflash2_launch.candidate_select),
+# per spec: the reference function that writes its signature out, and the launcher derived from the spec
+REFERENCE = {
+    specs.BLOCK_ATTENTION: reference.block_attention,
+    specs.TARGET_ATTENTION: reference.target_attention,
+    specs.VERIFY_BLOCK: reference.verify_block,
+    specs.VERIFY_BLOCK_PACKED: reference.verify_block_packed,
+    specs.VERIFY_POSITIONS: reference.verify_positions,
+    specs.VERIFY_COMMIT: reference.verify_commit,
+    specs.GROUPED_DYNAMIC_CONV: reference_dflash2.grouped_dynamic_conv,
+    specs.CANDIDATE_WALK: reference_dflash2.candidate_walk,
+    specs.CANDIDATE_SELECT: reference_dflash2.candidate_select,
+}
+LAUNCHERS = {
+    specs.BLOCK_ATTENTION: launch.block_attention,
+    specs.TARGET_ATTENTION: launch.target_attention,
+    specs.VERIFY_BLOCK_PACKED: launch.verify_block,
+    specs.VERIFY_POSITIONS: launch.verify_positions,
+    specs.VERIFY_COMMIT: launch.verify_commit,
+    specs.GROUPED_DYNAMIC_CONV: dflash2_launch.grouped_dynamic_conv,
+    specs.CANDIDATE_WALK: dflash2_launch.candidate_walk,
+    specs.CANDIDATE_SELECT: dflash2_launch.candidate_select,
 }
 
 
 def test_every_spec_is_checked():
-    assert set(HAND_WRITTEN) == set(specs.SPECS)
+    assert set(REFERENCE) == set(specs.SPECS)
+    assert set(LAUNCHERS) == set(specs.SPECS) - {specs.VERIFY_BLOCK}  # its kernel is the packed op's
 
 
 @pytest.mark.parametrize("spec", specs.SPECS, ids=lambda s: s.name)
-def test_hand_written_signatures_equal_the_spec(spec):
-    for fn in HAND_WRITTEN[spec]:
+def test_signatures_equal_the_spec(spec):
+    for fn in (REFERENCE[spec], LAUNCHERS.get(spec, REFERENCE[spec])):
         params = list(inspect.signature(fn).parameters.values())
         positional = [p for p in params if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD]
-        names = tuple(p.name for p in positional[: len(spec.names)])
-        assert names == spec.names, f"{fn.__module__}.{fn.__name__}"
-        extra = positional[len(spec.names):]  # a launcher's tuning knobs, after the spec's, all optional
-        assert all(p.default is not inspect.Parameter.empty for p in extra), f"{fn.__module__}.{fn.__name__}"
-        defaults = {p.name: p.default for p in positional[: len(spec.names)]}
+        assert tuple(p.name for p in positional) == spec.names, f"{fn.__module__}.{fn.__name__}"
+        extra = [p for p in params if p.kind != inspect.Parameter.POSITIONAL_OR_KEYWORD]  # a launcher's knobs
+        assert all(p.kind == inspect.Parameter.KEYWORD_ONLY and p.default is not inspect.Parameter.empty for p in extra)
+        defaults = {p.name: p.default for p in positional}
         assert defaults == {p.name: p.default for p in spec.parameters(torch.Tensor)}, f"{fn.__module__}.{fn.__name__}"
+
+
+@pytest.mark.parametrize("spec", LAUNCHERS, ids=lambda s: s.name)
+def test_launchers_do_not_write_the_signature_again(spec):
+    """A launcher's own source takes `inputs` (the spec's named tuple), never the op's parameters."""
+    source = inspect.getsource(inspect.getmodule(LAUNCHERS[spec]))
+    name = LAUNCHERS[spec].__name__
+    assert f"@specs.{next(k for k, v in vars(specs).items() if v is spec)}.launcher(torch.Tensor)\ndef {name}(inputs" in source
+
+
+def test_a_launcher_binds_like_python_and_hands_on_named_inputs():
+    seen = {}
+
+    @specs.VERIFY_COMMIT.launcher(torch.Tensor)
+    def commit(inputs, *, knob: int = 1):
+        seen.update(inputs._asdict(), knob=knob)
+
+    commit(1, 2, start=3, knob=4)
+    assert seen == {"decisions": 1, "block_tokens": 2, "start": 3, "stop_ids": None, "knob": 4}
+    with pytest.raises(TypeError, match="start"):
+        commit(1, 2)
 
 
 def test_entry_points_and_custom_ops_are_the_specs():

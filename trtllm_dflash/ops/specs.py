@@ -7,8 +7,10 @@ hand in each layer. Now each op is one `OpSpec` below, and the layers derive fro
   Python would and hands the arguments on positionally, in spec order (kernel else reference);
 - `custom_ops`: the `dflash::` op's signature (so its schema), the in-place inputs, the functional
   form's extra outputs, and the registration;
-- `reference`, `reference_dflash2`, `kernels.launch`: their functions keep readable signatures,
-  which `tests/test_op_specs.py` checks against the spec (parameters == inputs + options);
+- `reference`, `reference_dflash2`: the one place an op's signature is written out, to be read
+  as its definition; `tests/test_op_specs.py` checks it against the spec (inputs + options);
+- `kernels.launch`, `kernels.dflash2_launch`: each launcher takes the spec's parameters through
+  `OpSpec.launcher` and reads them from one named tuple (`inputs.q`, ...);
 - `plugins.onnx_nodes`, `plugins.dflash2_nodes`: a node's inputs, outputs and aliases.
 
 The options of the attention ops are `attention_options` rows (`OpSpec.options`): after the op's
@@ -18,6 +20,7 @@ neither torch nor TensorRT: callers pass their tensor type in.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import inspect
 from typing import Callable, Optional
@@ -150,6 +153,29 @@ class OpSpec:
             if doc is not None:
                 wrapped.__doc__ = doc
             return wrapped
+
+        return decorate
+
+
+    def launcher(self, tensor: object) -> Callable:
+        """Decorate a kernel launcher `fn(inputs, *, [keyword-only knobs], **options)` to take this
+        op's parameters without writing them again.
+
+        The result has the spec's signature then `fn`'s knobs (like `takes`); `fn` gets the op's
+        inputs as one named tuple (`inputs.q`, `inputs.k_cache`, ...) and the options by name. The
+        reference function is where an op's signature is written out, once, to be read."""
+        count = len(self.inputs)
+        option_names = self.names[count:]
+        inputs_type = collections.namedtuple(f"{self.name}_inputs", self.input_names)
+
+        def decorate(fn: Callable) -> Callable:
+            def call(*args, **knobs):
+                return fn(inputs_type._make(args[:count]), **knobs, **dict(zip(option_names, args[count:])))
+
+            own = inspect.signature(fn, eval_str=True).parameters.values()
+            call.__signature__ = inspect.Signature([p for p in own if p.kind == inspect.Parameter.KEYWORD_ONLY])
+            call.__module__, call.__qualname__ = fn.__module__, fn.__qualname__
+            return self.takes(tensor, name=fn.__name__, doc=fn.__doc__)(call)
 
         return decorate
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.ops import kernels
+from trtllm_dflash.ops import kernels, specs
 from trtllm_dflash.ops.kernels.tiles import MAX_BLOCK, MAX_REGISTERS, cdiv, next_power_of_2
 
 CONV_BLOCK_C = 128  # channels per program: with groups of 16, 8 coefficients (16 bytes of bf16) per row
@@ -110,8 +110,10 @@ def select_supported(unary: torch.Tensor, z: torch.Tensor, predecessor: torch.Te
 # ----------------------------------------------------------------------------- launches
 
 
-def grouped_dynamic_conv(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+@specs.GROUPED_DYNAMIC_CONV.launcher(torch.Tensor)
+def grouped_dynamic_conv(inputs) -> torch.Tensor:
     """Run the conv kernel (`reference_dflash2.grouped_dynamic_conv`): float32 with a residual, else x's dtype."""
+    x, delta, base, residual = inputs
     if not conv_supported(x, delta, base, residual):
         raise DFlashError(f"the grouped conv kernel does not cover x {tuple(x.shape)} {x.dtype}, delta {tuple(delta.shape)}, "
                           f"base {tuple(base.shape)}", "call ops.grouped_dynamic_conv, which falls back to the reference")
@@ -162,53 +164,35 @@ def topk_merge(values: torch.Tensor, ids: torch.Tensor, top_k: int) -> tuple[tor
     return cand, cand_unary
 
 
-def candidate_walk(
-    cand: torch.Tensor,
-    cand_unary: torch.Tensor,
-    z: torch.Tensor,
-    anchor: torch.Tensor,
-    predecessor: torch.Tensor,
-    successor: torch.Tensor,
-    temperature: torch.Tensor,
-    seed: torch.Tensor,
-    positions: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@specs.CANDIDATE_WALK.launcher(torch.Tensor)
+def candidate_walk(inputs) -> tuple[torch.Tensor, torch.Tensor]:
     """The walk: int64 tokens `[b, T]` and float32 candidate probabilities `[b, T, k]` (`reference_dflash2.candidate_walk`)."""
-    batch, steps, top_k = cand.shape
-    device = cand.device
+    batch, steps, top_k = inputs.cand.shape
+    device = inputs.cand.device
     tokens = torch.empty(batch, steps, dtype=torch.int64, device=device)
     probs = torch.empty(batch, steps, top_k, dtype=torch.float32, device=device)
     if tokens.numel() == 0:
         return tokens, probs
     kernels.for_tensor_device("dflash2", device).candidate_select_kernel[candidate_select_grid(batch)](
-        cand.to(torch.int64).contiguous(), cand_unary.to(torch.float32).contiguous(), z.contiguous(),
-        anchor.to(torch.int64).contiguous(), predecessor.contiguous(), successor.contiguous(),
-        temperature.to(torch.float32).contiguous(), seed.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous(),
-        steps, tokens, probs, TOP_K=top_k, BLOCK_K=block_k(top_k), RANK=z.shape[-1],
+        inputs.cand.to(torch.int64).contiguous(), inputs.cand_unary.to(torch.float32).contiguous(), inputs.z.contiguous(),
+        inputs.anchor.to(torch.int64).contiguous(), inputs.predecessor.contiguous(), inputs.successor.contiguous(),
+        inputs.temperature.to(torch.float32).contiguous(), inputs.seed.to(torch.int64).contiguous(),
+        inputs.positions.to(torch.int64).contiguous(),
+        steps, tokens, probs, TOP_K=top_k, BLOCK_K=block_k(top_k), RANK=inputs.z.shape[-1],
         **_launch_options(device, 4, fp_fusion=False),
     )
     return tokens, probs
 
 
-def candidate_select(
-    unary: torch.Tensor,
-    z: torch.Tensor,
-    anchor: torch.Tensor,
-    predecessor: torch.Tensor,
-    successor: torch.Tensor,
-    temperature: torch.Tensor,
-    seed: torch.Tensor,
-    positions: torch.Tensor,
-    top_k: int,
-    chunk_v: int = SELECT_CHUNK_V,
-    block_v: int = SELECT_BLOCK_V,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+@specs.CANDIDATE_SELECT.launcher(torch.Tensor)
+def candidate_select(inputs, *, chunk_v: int = SELECT_CHUNK_V, block_v: int = SELECT_BLOCK_V) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The three selector kernels: (tokens, candidate ids, candidate probabilities), as `reference_dflash2.candidate_select`."""
-    if not select_supported(unary, z, predecessor, successor, top_k):
+    unary, z, top_k = inputs.unary, inputs.z, inputs.top_k
+    if not select_supported(unary, z, inputs.predecessor, inputs.successor, top_k):
         raise DFlashError(f"the selector kernels do not cover unary {tuple(unary.shape)}, z {tuple(z.shape)}, top_k {top_k}",
                           "call ops.candidate_select, which falls back to the reference")
     cand, cand_unary = topk_merge(*topk_partials(unary, top_k, chunk_v, block_v), top_k)
-    tokens, probs = candidate_walk(cand, cand_unary, z, anchor, predecessor, successor, temperature, seed, positions)
+    tokens, probs = candidate_walk(cand, cand_unary, *inputs[1:-1])  # the walk takes the select's inputs after unary, but top_k
     return tokens, cand, probs
 
 

@@ -13,7 +13,7 @@ import dataclasses
 import torch
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.ops import kernels
+from trtllm_dflash.ops import kernels, specs
 from trtllm_dflash.ops.attention_options import BLOCK_ATTENTION, TARGET_ATTENTION, AttentionOptions, float_bits  # noqa: F401  (float_bits: re-exported)
 
 from trtllm_dflash.ops.kernels.tiles import (  # noqa: F401  (re-exported: the launch API)
@@ -204,7 +204,8 @@ def _check_dtype(op: str, q: torch.Tensor, dtypes: tuple) -> None:
         raise DFlashError(f"{op} runs in float16/bfloat16/float32, not {q.dtype}")
 
 
-def _check_target_attention_inputs(q, k_new, v_new, k_cache, v_cache, starts, options: dict) -> None:
+def _check_target_attention_inputs(inputs, options: dict) -> None:
+    q, k_cache, v_cache = inputs.q, inputs.k_cache, inputs.v_cache
     if q.dim() != 4 or k_cache.dim() != 4 or v_cache.dim() != 4:
         raise DFlashError("target attention takes q [b,T,Hq,Dk] and caches [b,S,Hkv,D]")
     batch, tokens, num_heads, head_dim_k = q.shape
@@ -214,28 +215,19 @@ def _check_target_attention_inputs(q, k_new, v_new, k_cache, v_cache, starts, op
         "k_new": (batch, tokens, kv_heads, head_dim_k), "v_new": (batch, tokens, kv_heads, head_dim_v),
         "k_cache": (batch, capacity, kv_heads, head_dim_k), "v_cache": (batch, capacity, kv_heads, head_dim_v),
     }
-    for name, t in (("k_new", k_new), ("v_new", v_new), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if tuple(t.shape) != expected[name]:
-            raise DFlashError(f"{name} has shape {tuple(t.shape)}, expected {expected[name]}")
+    for name, want in expected.items():
+        t = getattr(inputs, name)
+        if tuple(t.shape) != want:
+            raise DFlashError(f"{name} has shape {tuple(t.shape)}, expected {want}")
     _check_contiguous_caches(k_cache, v_cache)
-    if tuple(starts.shape) != (batch,):
-        raise DFlashError(f"starts has shape {tuple(starts.shape)}, expected {(batch,)}")
+    if tuple(inputs.starts.shape) != (batch,):
+        raise DFlashError(f"starts has shape {tuple(inputs.starts.shape)}, expected {(batch,)}")
     TARGET_ATTENTION.check_shapes(options, q.shape, DFlashError)
     _check_dtype("target attention", q, TARGET_ATTENTION_DTYPES)
 
 
-@TARGET_ATTENTION.takes_options(torch.Tensor)
-def target_attention(
-    q: torch.Tensor,
-    k_new: torch.Tensor,
-    v_new: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    starts: torch.Tensor,
-    *,
-    kv_splits: int | None = None,
-    **options,
-) -> torch.Tensor:
+@specs.TARGET_ATTENTION.launcher(torch.Tensor)
+def target_attention(inputs, *, kv_splits: int | None = None, **options) -> torch.Tensor:
     """Run the target-attention kernel(s): writes the block into the caches in place, returns `[b,T,Hq,Dv]`.
 
     One launch with one split (what DFlashTargetAttention does), else the split kernel and the
@@ -243,7 +235,8 @@ def target_attention(
     `kv_splits` overrides the split count `default_target_kv_splits` picks from the shape. Options
     (sinks, scale, window): `attention_options.TARGET_ATTENTION`.
     """
-    _check_target_attention_inputs(q, k_new, v_new, k_cache, v_cache, starts, options)
+    _check_target_attention_inputs(inputs, options)
+    q, k_cache, v_cache = inputs.q, inputs.k_cache, inputs.v_cache
     batch, tokens, num_heads, head_dim_k = q.shape
     capacity, kv_heads, head_dim_v = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
     out = q.new_empty(batch, tokens, num_heads, head_dim_v)
@@ -255,20 +248,20 @@ def target_attention(
     splits = kv_splits or default_target_kv_splits(batch, kv_heads, m_tiles, tokens, capacity, q.device)
     module = kernels.for_tensor_device("attention", q.device)
     grid = target_attention_grid(batch, tokens, kv_heads, group, config.block_m, splits)
-    inputs = (
-        q.contiguous(), k_new.contiguous(), v_new.contiguous(), k_cache, v_cache,
-        starts.to(torch.int64).contiguous(), *_option_tensors(TARGET_ATTENTION, options, q.device),
+    kernel_args = (
+        q.contiguous(), inputs.k_new.contiguous(), inputs.v_new.contiguous(), k_cache, v_cache,
+        inputs.starts.to(torch.int64).contiguous(), *_option_tensors(TARGET_ATTENTION, options, q.device),
     )
     constants = dict(HEAD_DIM_K=head_dim_k, HEAD_DIM_V=head_dim_v, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                      **TARGET_ATTENTION.kernel_constexprs(TARGET_ATTENTION.present(options)), IEEE=q.dtype == torch.float32)
     launch_options = _launch_options(q.device, config.num_warps, config.num_stages)
     if splits == 1:
         scalars = target_attention_scalars(tokens, capacity, kv_heads, group, options)
-        module.target_attention_kernel[grid](*inputs, *scalars, out, k_cache, v_cache, **constants, **launch_options)
+        module.target_attention_kernel[grid](*kernel_args, *scalars, out, k_cache, v_cache, **constants, **launch_options)
         return out
     scalars = target_attention_split_scalars(tokens, capacity, kv_heads, group, options, splits)
     merge_m = merge_block_m(head_dim_v, tokens, group, dtype_name(q.dtype))
-    return _split_and_merge(module, module.target_attention_split_kernel, grid, (*inputs, *scalars), constants, launch_options,
+    return _split_and_merge(module, module.target_attention_split_kernel, grid, (*kernel_args, *scalars), constants, launch_options,
                             q, k_cache, v_cache, out, kv_heads, group, splits, merge_m)
 
 
@@ -377,14 +370,15 @@ def verify_supported(target_logits: torch.Tensor) -> bool:
     return target_logits.dtype in (torch.float16, torch.bfloat16, torch.float32) and 1 <= target_logits.shape[1] <= MAX_BLOCK
 
 
-def _check_attention_inputs(q, k_block, v_block, k_ctx, v_ctx, new_counts, k_cache, v_cache, cache_lens) -> None:
+def _check_attention_inputs(inputs) -> None:
+    q, k_cache, v_cache = inputs.q, inputs.k_cache, inputs.v_cache
     batch, block, num_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     _check_heads(num_heads, kv_heads, "drafter")
-    for name, t in (("k_block", k_block), ("v_block", v_block)):
+    for name, t in (("k_block", inputs.k_block), ("v_block", inputs.v_block)):
         if tuple(t.shape) != (batch, block, kv_heads, head_dim):
             raise DFlashError(f"{name} has shape {tuple(t.shape)}, expected {(batch, block, kv_heads, head_dim)}")
-    for name, t in (("k_ctx_new", k_ctx), ("v_ctx_new", v_ctx)):
+    for name, t in (("k_ctx_new", inputs.k_ctx_new), ("v_ctx_new", inputs.v_ctx_new)):
         if t.dim() != 4 or t.shape[0] != batch or tuple(t.shape[2:]) != (kv_heads, head_dim):
             raise DFlashError(f"{name} has shape {tuple(t.shape)}, expected [{batch}, n, {kv_heads}, {head_dim}]")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -394,26 +388,14 @@ def _check_attention_inputs(q, k_block, v_block, k_ctx, v_ctx, new_counts, k_cac
     _check_dtype("block attention", q, (torch.float16, torch.bfloat16, torch.float32))
 
 
-@BLOCK_ATTENTION.takes_options(torch.Tensor)
-def block_attention(
-    q: torch.Tensor,
-    k_block: torch.Tensor,
-    v_block: torch.Tensor,
-    k_ctx_new: torch.Tensor,
-    v_ctx_new: torch.Tensor,
-    new_counts: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    cache_lens: torch.Tensor,
-    *,
-    kv_splits: int | None = None,
-    **options,
-) -> torch.Tensor:
+@specs.BLOCK_ATTENTION.launcher(torch.Tensor)
+def block_attention(inputs, *, kv_splits: int | None = None, **options) -> torch.Tensor:
     """Run the block-attention kernel(s); appends the new context to the caches in place.
 
     Options (scale, window): `attention_options.BLOCK_ATTENTION`; `kv_splits` overrides the split count.
     """
-    _check_attention_inputs(q, k_block, v_block, k_ctx_new, v_ctx_new, new_counts, k_cache, v_cache, cache_lens)
+    _check_attention_inputs(inputs)
+    q, k_cache, v_cache, k_ctx_new, v_ctx_new = inputs.q, inputs.k_cache, inputs.v_cache, inputs.k_ctx_new, inputs.v_ctx_new
     BLOCK_ATTENTION.check_shapes(options, q.shape, DFlashError)
     batch, block, num_heads, head_dim = q.shape
     capacity, kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -429,9 +411,9 @@ def block_attention(
     if num_new == 0:  # a zero-size tensor may have no storage; the kernel never reads it then
         k_ctx_new = k_ctx_new.new_zeros(batch, 1, kv_heads, head_dim)
         v_ctx_new = v_ctx_new.new_zeros(batch, 1, kv_heads, head_dim)
-    inputs = (
-        q.contiguous(), k_block.contiguous(), v_block.contiguous(), k_ctx_new.contiguous(), v_ctx_new.contiguous(),
-        new_counts.to(torch.int64).contiguous(), k_cache, v_cache, cache_lens.to(torch.int64).contiguous(),
+    kernel_args = (
+        q.contiguous(), inputs.k_block.contiguous(), inputs.v_block.contiguous(), k_ctx_new.contiguous(), v_ctx_new.contiguous(),
+        inputs.new_counts.to(torch.int64).contiguous(), k_cache, v_cache, inputs.cache_lens.to(torch.int64).contiguous(),
         *_option_tensors(BLOCK_ATTENTION, options, q.device),
     )
     constants = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_T=config.block_t,
@@ -440,9 +422,9 @@ def block_attention(
     grid = attention_grid(batch, block, kv_heads, group, config.block_m, splits)
     scalars = attention_scalars(block, num_new, capacity, kv_heads, group, options, splits)
     if splits == 1:
-        module.block_attention_kernel[grid](*inputs, *scalars, out, k_cache, v_cache, **constants, **launch_options)
+        module.block_attention_kernel[grid](*kernel_args, *scalars, out, k_cache, v_cache, **constants, **launch_options)
         return out
-    return _split_and_merge(module, module.block_attention_split_kernel, grid, (*inputs, *scalars), constants, launch_options,
+    return _split_and_merge(module, module.block_attention_split_kernel, grid, (*kernel_args, *scalars), constants, launch_options,
                             q, k_cache, v_cache, out, kv_heads, group, splits, config.block_m)
 
 
@@ -466,20 +448,11 @@ def verify_partials(target_logits: torch.Tensor, chunk_v: int = VERIFY_CHUNK_V, 
     return chunk_max, chunk_index
 
 
-def verify_positions(
-    target_logits: torch.Tensor,
-    block_tokens: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    seed: torch.Tensor,
-    start: torch.Tensor,
-    block_v: int = VERIFY_BLOCK_V,
-    chunk_v: int | None = None,
-) -> torch.Tensor:
+@specs.VERIFY_POSITIONS.launcher(torch.Tensor)
+def verify_positions(inputs, *, block_v: int = VERIFY_BLOCK_V, chunk_v: int | None = None) -> torch.Tensor:
     """Both stages: the split argmax, then the per-position kernel: int32 `[b, B, 2]` decisions
     (`reference.verify_positions`). `chunk_v` (default 4 tiles) is the split's chunk size."""
+    target_logits, block_tokens, draft_probs = inputs.target_logits, inputs.block_tokens, inputs.draft_probs
     batch, block, vocab = target_logits.shape
     device = target_logits.device
     if tuple(block_tokens.shape) != (batch, block):
@@ -497,8 +470,8 @@ def verify_positions(
     draft_probs = draft_probs.to(torch.float32) if has_draft else torch.zeros(1, dtype=torch.float32, device=device)
     kernels.for_tensor_device("verify", device).verify_positions_kernel[verify_positions_grid(batch, block)](
         target_logits, block_tokens.to(torch.int64).contiguous(), draft_probs.contiguous(),
-        temperature.to(torch.float32).contiguous(), top_k.to(torch.int64).contiguous(),
-        top_p.to(torch.float32).contiguous(), seed.to(torch.int64).contiguous(), start.to(torch.int64).contiguous(),
+        inputs.temperature.to(torch.float32).contiguous(), inputs.top_k.to(torch.int64).contiguous(),
+        inputs.top_p.to(torch.float32).contiguous(), inputs.seed.to(torch.int64).contiguous(), inputs.start.to(torch.int64).contiguous(),
         chunk_max, chunk_index, block, vocab, int(has_draft), chunk_max.shape[2], decisions,
         BLOCK_V=block_v, BLOCK_C=VERIFY_BLOCK_C, VOCAB_DIVISIBLE=verify_vocab_divisible(vocab),
         **_launch_options(device, 4, 1, fp_fusion=False),
@@ -506,10 +479,10 @@ def verify_positions(
     return decisions
 
 
-def verify_commit(
-    decisions: torch.Tensor, block_tokens: torch.Tensor, start: torch.Tensor, stop_ids: torch.Tensor | None = None
-) -> torch.Tensor:
+@specs.VERIFY_COMMIT.launcher(torch.Tensor)
+def verify_commit(inputs) -> torch.Tensor:
     """The per-sequence kernel: int64 `[b, 5]` (`reference.verify_commit`)."""
+    block_tokens, stop_ids = inputs.block_tokens, inputs.stop_ids
     batch, block = block_tokens.shape
     device = block_tokens.device
     result = torch.empty(batch, 5, dtype=torch.int64, device=device)
@@ -519,29 +492,18 @@ def verify_commit(
     if num_stop == 0:
         stop_ids = torch.full((1, 1), -1, dtype=torch.int64, device=device)
     kernels.for_tensor_device("verify", device).verify_commit_kernel[verify_commit_grid(batch)](
-        decisions.contiguous(), block_tokens.to(torch.int64).contiguous(), start.to(torch.int64).contiguous(),
+        inputs.decisions.contiguous(), block_tokens.to(torch.int64).contiguous(), inputs.start.to(torch.int64).contiguous(),
         stop_ids.to(torch.int64).contiguous(), block, num_stop, result,
         BLOCK_T=MAX_BLOCK, BLOCK_S=COMMIT_BLOCK_S, **_launch_options(device, 1, 1),
     )
     return result
 
 
-def verify_block(
-    target_logits: torch.Tensor,
-    block_tokens: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    seed: torch.Tensor,
-    start: torch.Tensor,
-    stop_ids: torch.Tensor | None = None,
-    block_v: int = VERIFY_BLOCK_V,
-    chunk_v: int | None = None,
-) -> torch.Tensor:
+@specs.VERIFY_BLOCK_PACKED.launcher(torch.Tensor)
+def verify_block(inputs, *, block_v: int = VERIFY_BLOCK_V, chunk_v: int | None = None) -> torch.Tensor:
     """The verification kernels; returns the packed `[b, 5]` int64 result (`reference.VERIFY_RESULT_COLUMNS`)."""
-    decisions = verify_positions(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, block_v, chunk_v)
-    return verify_commit(decisions, block_tokens, start, stop_ids)
+    decisions = verify_positions(*inputs[: len(specs.VERIFY_POSITIONS.inputs)], block_v=block_v, chunk_v=chunk_v)
+    return verify_commit(decisions, inputs.block_tokens, inputs.start, inputs.stop_ids)
 
 
 def _launch_options(device: torch.device, num_warps: int, num_stages: int, fp_fusion: bool = True) -> dict:
