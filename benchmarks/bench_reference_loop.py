@@ -115,7 +115,7 @@ def cycle_pair(root: Path, count: int) -> tuple[Path, Path, list[list[int]]]:
         target.save_pretrained(target_dir, safe_serialization=True)
         drafter_config = testing.tiny_drafter_config(config, num_layers=2, block_size=8, target_layer_ids=(1, 4, 6), mask_token_id=0)
         drafter = DFlashDrafter(drafter_config)
-        trainer = DrafterTrainer(target, drafter, TrainConfig(steps=200, lr=3e-3, num_anchors=16, seed=0))
+        trainer = DrafterTrainer(target, drafter, TrainConfig(steps=200, lr=3e-3, anchors=16, seed=0))
 
         def batches():
             while True:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+import typing
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import typer
 from rich.console import Console
@@ -15,38 +18,58 @@ from trtllm_dflash.serving.openai.frontend import (
 )
 
 
-# The OpenAI front end's exposure options, shared with `dflash-trt serve --openai-port`.
-API_KEY = typer.Option(
-    None, "--api-key", envvar="DFLASH_API_KEY", show_envvar=True,
-    help="Require `Authorization: Bearer KEY` on the OpenAI API (all but /health). Prefer the environment variable: flags show in `ps`.",
-)
-MAX_QUEUED = typer.Option(
-    DEFAULT_MAX_QUEUED, "--max-queued", min=0,
-    help="Requests admitted beyond what the models decode at once (their max_batch); past that, 429 with Retry-After.",
-)
-DRAIN_TIMEOUT = typer.Option(
-    DEFAULT_DRAIN_TIMEOUT, "--drain-timeout", min=0.0,
-    help="On SIGTERM / Ctrl-C, seconds the requests in flight get to finish (new ones get 503) before the OpenAI API stops.",
-)
-MAX_REQUEST_BYTES = typer.Option(
-    DEFAULT_MAX_REQUEST_BYTES, "--max-request-bytes", min=1024, help="Largest request body accepted (413 past it, before parsing).",
-)
-READ_TIMEOUT = typer.Option(
-    DEFAULT_READ_TIMEOUT, "--read-timeout", min=0.1,
-    help="Seconds a client gets to send a request's headers, and again its body; slower ones get 408 and are disconnected.",
-)
-MAX_CONNECTIONS = typer.Option(
-    DEFAULT_MAX_CONNECTIONS, "--max-connections", min=1,
-    help="Open HTTP connections to the OpenAI API at once; past it, new ones get 503 and are closed. Keep it above max_batch + --max-queued.",
+# The OpenAI front end's exposure options, shared with `dflash-trt serve --openai-port`: (parameter, type, option).
+FRONT_END_OPTIONS = (
+    ("api_key", Optional[str], typer.Option(
+        None, "--api-key", envvar="DFLASH_API_KEY", show_envvar=True,
+        help="Require `Authorization: Bearer KEY` on the OpenAI API (all but /health). Prefer the environment variable: flags show in `ps`.",
+    )),
+    ("max_queued", int, typer.Option(
+        DEFAULT_MAX_QUEUED, "--max-queued", min=0,
+        help="Requests admitted beyond what the models decode at once (their max_batch); past that, 429 with Retry-After.",
+    )),
+    ("drain_timeout", float, typer.Option(
+        DEFAULT_DRAIN_TIMEOUT, "--drain-timeout", min=0.0,
+        help="On SIGTERM / Ctrl-C, seconds the requests in flight get to finish (new ones get 503) before the OpenAI API stops.",
+    )),
+    ("max_request_bytes", int, typer.Option(
+        DEFAULT_MAX_REQUEST_BYTES, "--max-request-bytes", min=1024, help="Largest request body accepted (413 past it, before parsing).",
+    )),
+    ("allow_request_chat_template", bool, typer.Option(
+        False, "--allow-request-chat-template",
+        help="Let requests replace the model's chat template (chat_template_kwargs.chat_template): a Jinja program from the client, "
+        "run sandboxed and bounded in time and size. Off: such requests get 400.",
+    )),
+    ("read_timeout", float, typer.Option(
+        DEFAULT_READ_TIMEOUT, "--read-timeout", min=0.1,
+        help="Seconds a client gets to send a request's headers, and again its body; slower ones get 408 and are disconnected.",
+    )),
+    ("max_connections", int, typer.Option(
+        DEFAULT_MAX_CONNECTIONS, "--max-connections", min=1,
+        help="Open HTTP connections to the OpenAI API at once; past it, new ones get 503 and are closed. Keep it above max_batch + --max-queued.",
+    )),
 )
 
-ALLOW_REQUEST_CHAT_TEMPLATE = typer.Option(
-    False, "--allow-request-chat-template",
-    help="Let requests replace the model's chat template (chat_template_kwargs.chat_template): a Jinja program from the client, "
-    "run sandboxed and bounded in time and size. Off: such requests get 400.",
-)
+
+def with_front_end_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Give a typer command the front end's options, written once above: it declares a `front_end`
+    parameter and receives them there as one dict, ready for `OpenAIServer(..., **front_end)`."""
+    own = [p for p in inspect.signature(command).parameters.values() if p.name != "front_end"]
+    added = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=option, annotation=kind)
+             for name, kind, option in FRONT_END_OPTIONS]
+
+    @functools.wraps(command)
+    def run(**arguments: Any) -> Any:
+        front_end = {name: arguments.pop(name) for name, _, _ in FRONT_END_OPTIONS}
+        return command(**arguments, front_end=front_end)
+
+    hints = {name: kind for name, kind in typing.get_type_hints(command).items() if name != "front_end"}
+    run.__signature__ = inspect.Signature(own + added, return_annotation=None)
+    run.__annotations__ = {**hints, **{name: kind for name, kind, _ in FRONT_END_OPTIONS}}
+    return run
 
 
+@with_front_end_options
 def openai_front(
     triton_url: str = typer.Option("127.0.0.1:8001", "--triton-url", help="Triton's gRPC endpoint, host:port."),
     model: Optional[list[str]] = typer.Option(None, "--model", help="Triton model to expose (repeatable; default: every DFlash model it serves)."),
@@ -54,13 +77,7 @@ def openai_front(
     repository: Optional[Path] = typer.Option(None, "--repository", help="The served repository, to find targets named by relative paths."),
     host: str = typer.Option(DEFAULT_HOST, "--host", help="Address to listen on (0.0.0.0 for every interface)."),
     port: int = typer.Option(8080, "--port", help="HTTP port of the OpenAI API (/v1/...)."),
-    api_key: Optional[str] = API_KEY,
-    max_queued: int = MAX_QUEUED,
-    drain_timeout: float = DRAIN_TIMEOUT,
-    max_request_bytes: int = MAX_REQUEST_BYTES,
-    allow_request_chat_template: bool = ALLOW_REQUEST_CHAT_TEMPLATE,
-    read_timeout: float = READ_TIMEOUT,
-    max_connections: int = MAX_CONNECTIONS,
+    front_end: Optional[dict] = None,
 ) -> None:
     """Serve /v1/chat/completions, /v1/completions and /v1/models in front of a running Triton."""
     from trtllm_dflash.cli.common import quiet_libraries
@@ -68,10 +85,7 @@ def openai_front(
 
     quiet_libraries()
     console = Console(highlight=False)
-    front = OpenAIServer(triton_url, host=host, port=port, models=model or (), tokenizer=tokenizer, repository=repository,
-                         api_key=api_key, max_queued=max_queued, max_request_bytes=max_request_bytes, drain_timeout=drain_timeout,
-                         allow_request_chat_template=allow_request_chat_template, read_timeout=read_timeout,
-                         max_connections=max_connections)
+    front = OpenAIServer(triton_url, host=host, port=port, models=model or (), tokenizer=tokenizer, repository=repository, **front_end)
     server = front.uvicorn_server()
     console.print(f"OpenAI API on {front.url} -> Triton {escape(triton_url)} (models: {', '.join(front.frontend.models)}); Ctrl-C stops it")
     server.run()  # in this thread: uvicorn handles Ctrl-C and SIGTERM (a drain first, then exit)

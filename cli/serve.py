@@ -11,13 +11,12 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from trtllm_dflash.cli.openai_front import (
-    ALLOW_REQUEST_CHAT_TEMPLATE, API_KEY, DRAIN_TIMEOUT, MAX_CONNECTIONS, MAX_QUEUED, MAX_REQUEST_BYTES, READ_TIMEOUT,
-)
+from trtllm_dflash.cli.openai_front import with_front_end_options
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.serving import DEFAULT_HOST
 
 
+@with_front_end_options
 def serve(
     repository: Path = typer.Argument(..., help="Model repository (from `dflash-trt repo`)."),
     http_port: int = typer.Option(8000, "--http-port", help="HTTP/REST port (generate, generate_stream, health)."),
@@ -34,13 +33,6 @@ def serve(
     no_triton_http: bool = typer.Option(
         False, "--no-triton-http", help="Do not open Triton's HTTP port (gRPC and metrics stay; the OpenAI front end uses gRPC)."
     ),
-    api_key: Optional[str] = API_KEY,
-    max_queued: int = MAX_QUEUED,
-    drain_timeout: float = DRAIN_TIMEOUT,
-    max_request_bytes: int = MAX_REQUEST_BYTES,
-    allow_request_chat_template: bool = ALLOW_REQUEST_CHAT_TEMPLATE,
-    read_timeout: float = READ_TIMEOUT,
-    max_connections: int = MAX_CONNECTIONS,
     triton_restricted_http: Optional[str] = typer.Option(
         None, "--triton-restricted-http", metavar="GROUPS",
         help="Triton API groups that answer on its HTTP port only to requests with the header `dflash-admin-token: TOKEN` "
@@ -54,6 +46,7 @@ def serve(
         "Default: shared-memory, statistics, trace, logging; health, metadata, inference, model-config and "
         "model-repository stay open (the OpenAI front end reads the last two there without the header).",
     ),
+    front_end: Optional[dict] = None,
 ) -> None:
     """Start tritonserver, wait until every model is ready, print the endpoints; Ctrl-C stops it.
 
@@ -66,7 +59,7 @@ def serve(
     console = Console(highlight=False)
     server = TritonServer(
         repository, http_port, grpc_port, metrics_port, host=host, log_file=log_file, verbose=verbose, http=not no_triton_http,
-        api_key=api_key, http_restricted=triton_restricted_http, grpc_restricted=triton_restricted_grpc,
+        api_key=front_end["api_key"], http_restricted=triton_restricted_http, grpc_restricted=triton_restricted_grpc,
     )
     front = None
     if openai_port is not None:
@@ -75,9 +68,7 @@ def serve(
         if openai_port in (http_port, grpc_port, metrics_port):
             raise DFlashError(f"--openai-port {openai_port} is one of Triton's ports", "pick a different --openai-port")
         front = OpenAIServer(server.endpoints.grpc, host=openai_host, port=openai_port, tokenizer=tokenizer, repository=server.repository,
-                             api_key=api_key, max_queued=max_queued, max_request_bytes=max_request_bytes, drain_timeout=drain_timeout,
-                             allow_request_chat_template=allow_request_chat_template,
-                             read_timeout=read_timeout, max_connections=max_connections)
+                             **front_end)
     console.print(f"starting tritonserver on {escape(str(server.repository))} (models: {', '.join(server.models)}) ...")
     started = time.monotonic()
     for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C and `kill` stop the server cleanly,

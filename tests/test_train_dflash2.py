@@ -60,7 +60,7 @@ def test_the_v2_loss_decreases_in_a_few_steps(pair):
     target, v1, input_ids, loss_mask = pair
     v2 = DFlash2Drafter.from_v1(v1, int(target.config.vocab_size), selector_rank=8, selector_top_k=8).train()
     # every eligible position is an anchor at every step: the same blocks each time
-    trainer = DrafterTrainer(target.model, v2, TrainConfig(steps=10, lr=1e-2, warmup_fraction=0.0, num_anchors=32, block_size=BLOCK))
+    trainer = DrafterTrainer(target.model, v2, TrainConfig(steps=10, lr=1e-2, warmup_fraction=0.0, anchors=32, block_size=BLOCK))
     assert v2.candidate_selector.predecessor_codebook.any()  # unstuck: a zero/zero bilinear term gets no gradient
     assert not v2.candidate_selector.successor_codebook.any()  # ... and drafts as V1 until trained
     features = trainer.target_features(input_ids)

@@ -406,7 +406,7 @@ def make_cycle_pair(
         make_tiny_tokenizer(target_dir)
 
     drafter = DFlashDrafter(tiny_drafter_config(config, block_size=block_size, target_layer_ids=(1, 3), mask_token_id=0))
-    trainer = DrafterTrainer(target, drafter, TrainConfig(steps=200, lr=1e-2, num_anchors=16, seed=seed))
+    trainer = DrafterTrainer(target, drafter, TrainConfig(steps=200, lr=1e-2, anchors=16, seed=seed))
 
     def batches():
         while True:  # as long as the generations it will draft for: positions do not extrapolate

@@ -39,27 +39,21 @@ DATA_CACHE = "data.safetensors"
 SUMMARY = "training.json"
 
 
-@dataclasses.dataclass
-class TrainDrafterOptions:
-    """What `dflash-trt train-drafter` takes (defaults follow the paper where they fit a CPU)."""
+@dataclasses.dataclass(kw_only=True)
+class TrainDrafterOptions(TrainConfig):
+    """What `dflash-trt train-drafter` takes (defaults follow the paper where they fit a CPU): the
+    optimisation settings of `TrainConfig` (steps, lr, anchors, gamma, seed, ...), and the run's."""
 
     target: str | Path
     data: Sequence[str | Path]
     out: str | Path
     layers: int = 1
-    block_size: int = 16
+    block_size: int = 16  # TrainConfig's, with the paper's default
     target_layer_ids: Sequence[int] | None = None  # default: z-lab's rule for max(layers, 3) taps
     mask_token_id: int | None = None  # default: the tokenizer's mask token
     intermediate_size: int | None = None  # default: the target's
-    steps: int = 1000
-    lr: float = 6e-4
-    warmup_fraction: float = 0.04
-    grad_clip: float = 1.0
-    weight_decay: float = 0.0
     batch_size: int = 8
     seq_len: int = 512
-    anchors: int = 512  # per sequence, as in the paper; fewer when the sequence is shorter
-    gamma: float | None = None  # default: 7 for B=16, 5 for B=10, 4 for B=8
     regenerate: bool = False
     prompt_tokens: int = 64  # prompt length cut from plain-text sequences when regenerating
     max_sequences: int | None = None  # random subset of the data (seeded)
@@ -68,14 +62,12 @@ class TrainDrafterOptions:
     cache_features: bool = True  # keep target features in memory after the first epoch
     checkpoint_every: int = 100
     resume: bool = False
-    seed: int = 0
     threads: int | None = None
     save_dtype: str = "bfloat16"
     v2: bool = False  # train a DFlash V2 drafter (DFlash2DraftModel)
     init_from: str | Path | None = None  # V2: start from this V1 drafter (its layers, taps, mask id)
     selector_rank: int = V2_DEFAULTS["selector_rank"]
     selector_top_k: int = V2_DEFAULTS["selector_top_k"]
-    selector_loss_weight: float = 1.0
 
 
 @dataclasses.dataclass
@@ -272,11 +264,7 @@ def train_drafter(options: TrainDrafterOptions, progress: Progress | None = None
     torch.manual_seed(o.seed)
     drafter = initial_drafter(checked, target).to(next(target.model.parameters()).dtype)
     config = drafter.config
-    train_config = TrainConfig(
-        steps=o.steps, lr=o.lr, warmup_fraction=o.warmup_fraction, grad_clip=o.grad_clip,
-        weight_decay=o.weight_decay, num_anchors=o.anchors, block_size=o.block_size, gamma=o.gamma, seed=o.seed,
-        selector_loss_weight=o.selector_loss_weight,
-    )
+    train_config = TrainConfig(**{f.name: getattr(o, f.name) for f in dataclasses.fields(TrainConfig)})
     trainer = DrafterTrainer(target.model, drafter, train_config)
     history: list[dict] = []
     previous_seconds = 0.0

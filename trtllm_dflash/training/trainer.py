@@ -25,9 +25,9 @@ class TrainConfig:
     warmup_fraction: float = 0.04
     grad_clip: float = 1.0
     weight_decay: float = 0.0
-    num_anchors: int = 512
+    anchors: int = 512  # per sequence, as in the paper; fewer when the sequence is shorter
     block_size: int | None = None  # default: the drafter config's
-    gamma: float | None = None
+    gamma: float | None = None  # default: 7 for B=16, 5 for B=10, 4 for B=8
     seed: int = 0
     selector_loss_weight: float = 1.0  # V2 drafters: loss = base + weight * selector loss
 
@@ -91,7 +91,7 @@ class DrafterTrainer:
         eligible = loss_mask.bool().clone()
         eligible[:, 0] = False  # a block needs some context before its anchor
         eligible[:, -1] = False  # and at least one position after it
-        anchors = sample_anchors(eligible.cpu(), config.num_anchors, self.generator).to(input_ids.device)
+        anchors = sample_anchors(eligible.cpu(), config.anchors, self.generator).to(input_ids.device)
         batch = make_block_batch(
             input_ids, anchors, loss_mask, self.block_size, self.drafter.config.mask_token_id, self.windows, config.gamma,
             history=self.drafter.config.history,
