@@ -134,12 +134,13 @@ class Joiner(threading.Thread):
         sent = time.perf_counter()
         try:
             with httpx.stream("POST", f"{self.url}/v1/completions", json=body, timeout=600) as answer:
-                for line in answer.iter_lines():
-                    if line.startswith("data: {") and '"text": ""' not in line:
+                first = True
+                for line in answer.iter_lines():  # read to the end: the request runs its whole length
+                    if first and line.startswith("data: {") and '"text": ""' not in line:
                         self.ttfts.append(time.perf_counter() - sent)
-                        break
-                for _ in answer.iter_lines():
-                    pass
+                        first = False
+                if answer.status_code != 200:
+                    self.errors.append(f"HTTP {answer.status_code}")
         except httpx.HTTPError as exc:
             self.errors.append(repr(exc))
 
