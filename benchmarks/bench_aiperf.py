@@ -3,8 +3,9 @@
 1. prefix: 64-token prompts alone, then behind one shared 1,400-token prefix (aiperf's
    --num-prefix-prompts 1 --prefix-prompt-length 1400): TTFT p50 of each and their ratio.
 2. long prompts: 4 streams of 128 tokens (concurrency 4), inter-token latency p90 alone, then while
-   3,000-token prompts join at ~0.7/s (sent by this script, each a different slice of Python's
-   standard library so no prefix is shared; their own time to first token is reported too).
+   3,000-token prompts join at ~0.7/s (Poisson arrivals sent by this script during aiperf's
+   profiling phase only, each a different slice of Python's standard library so no prefix is
+   shared; their own time to first token is reported too).
 3. throughput: a plain run at concurrency 8; output tokens/s, requests/s, and aiperf's speculative
    decoding figures when it printed its "Spec Decode" section (from the server's
    metrics.speculative_decoding, serving/openai/spec_stats.py).
@@ -48,6 +49,7 @@ from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.extras import install_hint
 
 EXPORT = "profile_export_aiperf.json"
+PROFILING_STARTED, PROFILING_DONE = "Phase profiling (profiling) started", "All credits completed"  # aiperf 0.13's log
 
 
 def find_aiperf(explicit: str | None) -> str:
@@ -75,8 +77,12 @@ class Bench:
         self.args, self.aiperf, self.out = args, aiperf, out
         self.console: dict[str, str] = {}
 
-    def profile(self, name: str, *options: str) -> dict:
-        """Run `aiperf profile` and return its JSON export (metric tag -> stats)."""
+    def profile(self, name: str, *options: str, during: "Joiner | None" = None) -> dict:
+        """Run `aiperf profile` and return its JSON export (metric tag -> stats).
+
+        `during` runs only while aiperf's profiling phase does (not its start-up or warm-up, which
+        would otherwise queue behind it): started and stopped on aiperf 0.13's own log lines.
+        """
         artifacts = self.out / name
         command = [
             self.aiperf, "profile", "--url", self.args.url, "--endpoint-type", "completions", "--streaming",
@@ -85,14 +91,29 @@ class Bench:
             "--warmup-request-count", str(self.args.warmup), "--artifact-dir", str(artifacts), *options,
         ]
         print(f"$ {shlex.join(command)}", flush=True)
-        run = subprocess.run(command, capture_output=True, text=True, timeout=self.args.timeout)
-        self.console[name] = run.stdout + run.stderr
+        lines = []
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as run:
+            try:
+                for line in run.stdout:
+                    lines.append(line)
+                    if during is not None and PROFILING_STARTED in line and not during.is_alive():
+                        during.start()
+                    elif during is not None and PROFILING_DONE in line:
+                        during.stop.set()
+                returncode = run.wait(timeout=self.args.timeout)
+            finally:
+                if run.poll() is None:
+                    run.terminate()
+        self.console[name] = "".join(lines)
         (self.out / f"{name}.log").write_text(self.console[name])
         export = next(artifacts.rglob(EXPORT), None)
-        if run.returncode != 0 or export is None:
+        if returncode != 0 or export is None:
             tail = "\n".join(self.console[name].splitlines()[-15:])
-            raise DFlashError(f"aiperf run {name!r} failed (exit {run.returncode}); its output ends:\n{tail}",
+            raise DFlashError(f"aiperf run {name!r} failed (exit {returncode}); its output ends:\n{tail}",
                               f"see {self.out / (name + '.log')}; is the server up at {self.args.url}?")
+        if during is not None and during.ident is None:  # never started
+            raise DFlashError(f"aiperf's log of {name!r} never said '{PROFILING_STARTED}': the long prompts were not sent",
+                              "this script reads aiperf 0.13's log lines; check the aiperf version")
         return json.loads(export.read_text())
 
 
@@ -155,7 +176,8 @@ class Joiner(threading.Thread):
 
     def finish(self) -> None:
         self.stop.set()
-        self.join()
+        if self.is_alive():
+            self.join()
         for thread in self._threads:
             thread.join(600)
 
@@ -179,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="artifact folder (default: a new temporary one)")
     parser.add_argument("--cases", default="prefix,long,throughput", help="comma-separated subset of prefix,long,throughput")
     parser.add_argument("--requests", type=int, default=16, help="requests per aiperf run (case 1 and 3)")
-    parser.add_argument("--stream-requests", type=int, default=12, help="requests per run of the 4 streams (case 2)")
+    parser.add_argument("--stream-requests", type=int, default=24, help="requests per run of the 4 streams (case 2)")
     parser.add_argument("--warmup", type=int, default=2, help="warm-up requests per aiperf run")
     parser.add_argument("--prefix-tokens", type=int, default=1400)
     parser.add_argument("--long-tokens", type=int, default=3000)
@@ -242,10 +264,11 @@ def run_cases(bench: Bench, cases: list[str], card: dict) -> list[tuple[str, str
         from transformers import AutoTokenizer
 
         prompts = long_prompts(AutoTokenizer.from_pretrained(args.tokenizer), args.long_tokens, 64)
-        joiner = Joiner(args.url, args.model, prompts, args.long_rate, max_tokens=8)
-        joiner.start()
+        joiner = Joiner(args.url, args.model, prompts[1:], args.long_rate, max_tokens=8)
+        joiner._one(prompts[0])  # one long prompt on an idle server: what each costs (load <= 1 needs it < 1 / rate)
+        single = joiner.ttfts.pop() if joiner.ttfts else float("nan")
         try:
-            joined = bench.profile("streams-joined", *common)
+            joined = bench.profile("streams-joined", *common, during=joiner)
         finally:
             joiner.finish()
         if joiner.errors:
@@ -257,8 +280,9 @@ def run_cases(bench: Bench, cases: list[str], card: dict) -> list[tuple[str, str
             ("2 long prompts", f"same, {args.long_tokens}-token prompts joining at ~{args.long_rate}/s ({len(waits)} joined)", "ITL p90", f"{b:.1f} ms"),
             ("2 long prompts", "ratio (goal <= 1.5x)", "joined / alone", f"{b / a:.2f}x"),
         ]
+        rows.append(("2 long prompts", f"one {args.long_tokens}-token prompt on the idle server", "TTFT", f"{single:.2f} s"))
         if waits:
-            rows.append(("2 long prompts", "the long prompts themselves", "TTFT p50 / max", f"{waits[len(waits) // 2]:.2f} s / {waits[-1]:.2f} s"))
+            rows.append(("2 long prompts", "the joining long prompts", "TTFT p50 / max", f"{waits[len(waits) // 2]:.2f} s / {waits[-1]:.2f} s"))
     if "throughput" in cases:
         run = bench.profile("throughput", "--isl", "128", "--osl", "128", "--concurrency", "8", "--request-count", str(2 * args.requests))
         rows += [
