@@ -82,6 +82,7 @@ class BatchingLoop:
         self.defaults = SamplingParams(max_new_tokens=limits.default_new_tokens)
         self.decoder = self._new_decoder()
         self.draft_len = self.decoder.block_size - 1 if self.decoder.speculative else 0
+        self.metrics.speculative(self.draft_len)
         self.inbox: queue.Queue[Job] = queue.Queue()
         self.jobs: dict[Any, Job] = {}
         self._ids = itertools.count()

@@ -4,6 +4,12 @@ Inside Triton they are custom metrics of the Python backend (`pb_utils.MetricFam
 with Triton's own on the metrics port (`/metrics`, Prometheus text). Every metric carries the
 label `model` so a repository with a DFlash and an autoregressive model can be compared.
 `read_metrics` parses that page back for clients, tests and benchmarks.
+
+A drafting model also counts its drafts as vLLM does (vllm/v1/spec_decode/metrics.py,
+SpecDecodingProm), under our prefix: dflash_spec_decode_num_drafts_total (verify steps, one per
+request per step), _num_draft_tokens_total, _num_accepted_tokens_total (accepted drafts, the bonus
+token not counted) and _num_accepted_tokens_per_pos_total{position} (steps that accepted the draft
+at 0-based position p), so vLLM's PromQL for acceptance rate and length works with the prefix changed.
 """
 
 from __future__ import annotations
@@ -32,6 +38,9 @@ class ServingMetrics:
 
     def tokens(self, count: int) -> None:
         """Tokens generated (prefill first tokens included)."""
+
+    def speculative(self, draft_len: int) -> None:
+        """The model drafts `draft_len` tokens per step (0: it does not draft); told once, before any step."""
 
     def accepted(self, length: int) -> None:
         """One request's tokens committed by one verify step (tau of that step, bonus included)."""
@@ -75,6 +84,29 @@ class TritonMetrics(ServingMetrics):
         self.requests = {o: requests.Metric(labels={**labels, "outcome": o}) for o in ("success", "error", "cancelled")}
         self.live = make("live_requests", family.GAUGE, "Requests in the decoding batch")
         self.waiting = make("waiting_requests", family.GAUGE, "Requests waiting to join the batch")
+        self._family, self._labels = family, labels
+        self.draft_len = 0
+
+    def speculative(self, draft_len):
+        """vLLM's four spec-decode counters (the module's docstring), made only for a drafting model."""
+        if draft_len <= 0 or self.draft_len:
+            return
+        self.draft_len = draft_len
+        kinds = {
+            "num_drafts_total": "Verify steps of drafting requests (one per request per step)",
+            "num_draft_tokens_total": "Draft tokens proposed",
+            "num_accepted_tokens_total": "Draft tokens accepted (the bonus token not counted)",
+            "num_accepted_tokens_per_pos_total": "Steps that accepted the draft token at this 0-based position",
+        }
+        families = {}
+        for name, description in kinds.items():
+            families[name] = self._family(name=PREFIX + "spec_decode_" + name, description=description, kind=self._family.COUNTER)
+            self._families.append(families[name])
+        self.drafts = families["num_drafts_total"].Metric(labels=self._labels)
+        self.draft_tokens = families["num_draft_tokens_total"].Metric(labels=self._labels)
+        self.accepted_tokens = families["num_accepted_tokens_total"].Metric(labels=self._labels)
+        per_position = families["num_accepted_tokens_per_pos_total"]
+        self.per_position = [per_position.Metric(labels={**self._labels, "position": str(p)}) for p in range(draft_len)]
 
     def step(self, batch_size, draft_seconds, verify_seconds):
         self.batch.observe(batch_size)
@@ -87,6 +119,14 @@ class TritonMetrics(ServingMetrics):
 
     def accepted(self, length):
         self.acceptance.observe(length)
+        if self.draft_len:
+            accepted = length - 1
+            self.drafts.increment(1)
+            self.draft_tokens.increment(self.draft_len)
+            if accepted:
+                self.accepted_tokens.increment(accepted)
+            for counter in self.per_position[:accepted]:
+                counter.increment(1)
 
     def first_token(self, seconds):
         self.ttft.observe(seconds)
@@ -118,7 +158,8 @@ def read_metrics(url: str, model: str, timeout: float = 10.0) -> dict[str, float
     """The dflash_* metrics of one model from a Prometheus page (e.g. http://host:8002/metrics).
 
     Histograms come back as Histogram(count, sum); counters and gauges as numbers, with
-    requests_total split as requests_total{outcome}.
+    requests_total split as requests_total{outcome} and spec_decode_num_accepted_tokens_per_pos_total
+    as ..._total{position}.
     """
     text_string_to_metric_families = require("prometheus_client.parser", "serve", "reading metrics").text_string_to_metric_families
 
@@ -140,5 +181,6 @@ def read_metrics(url: str, model: str, timeout: float = 10.0) -> dict[str, float
                     histogram.sum = sample.value
             elif not sample.name.endswith("_created"):
                 key = sample.name[len(PREFIX) :]  # counters keep their _total suffix here
-                values[f"{key}{{{sample.labels['outcome']}}}" if "outcome" in sample.labels else key] = sample.value
+                split = sample.labels.get("outcome", sample.labels.get("position"))
+                values[f"{key}{{{split}}}" if split is not None else key] = sample.value
     return values

@@ -16,6 +16,7 @@ from trtllm_dflash.extras import require_installed
 from trtllm_dflash.serving.openai.frontend import Frontend, ModelInfo
 from trtllm_dflash.serving.openai.gate import Gate
 from trtllm_dflash.serving.openai.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest, OpenAIError
+from trtllm_dflash.serving.openai.spec_stats import avg_decoded_tokens_per_iter, speculative_decoding
 from trtllm_dflash.serving.openai.triton import TritonStream
 
 log = logging.getLogger("uvicorn.error")  # uvicorn's logger: its lines share uvicorn's format and level
@@ -133,6 +134,9 @@ def create_app(frontend: Frontend):
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         created = int(time.time())
         kind = "chat.completion" if chat else "text_completion"
+        # vLLM's and TensorRT-LLM's per-request figures: only for our own drafting models (NVIDIA's
+        # LLM-API model sends no acceptance lengths, an autoregressive model has none to tell)
+        spec = info.speculative and not info.llmapi_inputs
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             # the first response comes before any byte is sent, so request errors are plain 400s
@@ -142,7 +146,7 @@ def create_app(frontend: Frontend):
             except OpenAIError:
                 stream.close()
                 raise
-            events = _stream_events(iterator, first, ident, created, info.name, chat, usage)
+            events = _stream_events(iterator, first, ident, created, info.name, chat, usage, spec)
             return StreamingResponse(events, media_type="text/event-stream", background=BackgroundTask(stream.close))
         task = asyncio.ensure_future(_collect(stream))
         while True:  # a client that hangs up cancels its request
@@ -153,27 +157,39 @@ def create_app(frontend: Frontend):
                 stream.close()
                 task.cancel()
                 return JSONResponse({}, status_code=499)
-        text, last = task.result()
+        text, last, lengths = task.result()
         choice = {"index": 0, "finish_reason": _finish_reason(last.get("finish_reason"))}
         if chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice.update(text=text, logprobs=None)
-        return {"id": ident, "object": kind, "created": created, "model": info.name, "choices": [choice], "usage": _usage(last)}
+        answer = {"id": ident, "object": kind, "created": created, "model": info.name, "choices": [choice], "usage": _usage(last)}
+        if spec:
+            choice["avg_decoded_tokens_per_iter"] = avg_decoded_tokens_per_iter(lengths)
+            answer["metrics"] = _metrics(lengths, last)
+        return answer
 
     return app
 
 
-async def _collect(stream: TritonStream) -> tuple[str, dict]:
-    parts, last = [], {}
+async def _collect(stream: TritonStream) -> tuple[str, dict, list[int]]:
+    """The whole text, the last response (its totals) and every step's acceptance length."""
+    parts, last, lengths = [], {}, []
     async for response in stream:
         parts.append(response.get("text_output") or "")
+        lengths += response.get("acceptance_lengths") or []
         last = response
-    return "".join(parts), last
+    return "".join(parts), last, lengths
 
 
-async def _stream_events(iterator, first: dict, ident: str, created: int, model: str, chat: bool, usage: bool) -> AsyncIterator[str]:
-    """OpenAI chunks: role first (chat), one chunk per decoding step, finish, usage, [DONE]."""
+async def _stream_events(iterator, first: dict, ident: str, created: int, model: str, chat: bool, usage: bool,
+                         spec: bool = False) -> AsyncIterator[str]:
+    """OpenAI chunks: role first (chat), one chunk per decoding step, finish, usage, [DONE].
+
+    With `spec`, the speculative statistics ride where vLLM and TensorRT-LLM put them: the finish
+    chunk's choice carries avg_decoded_tokens_per_iter, and `metrics.speculative_decoding` goes on
+    the usage chunk (on the finish chunk when no usage chunk was asked for): once per request.
+    """
     kind = "chat.completion.chunk" if chat else "text_completion"
     extra = {"usage": None} if usage else {}
 
@@ -187,10 +203,11 @@ async def _stream_events(iterator, first: dict, ident: str, created: int, model:
 
     if chat:
         yield _sse(chunk(None, None, role=True))
-    last = first
+    last, lengths = first, []
     try:
         response = first
         while True:
+            lengths += response.get("acceptance_lengths") or []
             if response.get("text_output"):
                 yield _sse(chunk(response["text_output"], None))
             last = response
@@ -206,9 +223,17 @@ async def _stream_events(iterator, first: dict, ident: str, created: int, model:
         log.exception("the stream %s failed", ident)
         yield _sse(OpenAIError(500, "the server failed on this request (an internal error; its log has the details)", None, "internal_error", "server_error").body())
         return
-    yield _sse(chunk(None if chat else "", _finish_reason(last.get("finish_reason"))))
+    finish = chunk(None if chat else "", _finish_reason(last.get("finish_reason")))
+    if spec:
+        finish["choices"][0]["avg_decoded_tokens_per_iter"] = avg_decoded_tokens_per_iter(lengths)
+        if not usage:
+            finish["metrics"] = _metrics(lengths, last)
+    yield _sse(finish)
     if usage:
-        yield _sse({"id": ident, "object": kind, "created": created, "model": model, "choices": [], "usage": _usage(last)})
+        tail = {"id": ident, "object": kind, "created": created, "model": model, "choices": [], "usage": _usage(last)}
+        if spec:
+            tail["metrics"] = _metrics(lengths, last)
+        yield _sse(tail)
     yield _sse("[DONE]")
 
 
@@ -241,6 +266,11 @@ def _usage(last: dict) -> dict:
             "time_to_first_token": round(float(last.get("time_to_first_token") or 0.0), 6),
         },
     }
+
+
+def _metrics(lengths: list[int], last: dict) -> dict:
+    """vLLM's top-level `metrics` object (spec_stats.py): what aiperf's spec-decode section reads."""
+    return {"speculative_decoding": speculative_decoding(lengths, int(last.get("total_draft_tokens") or 0))}
 
 
 def _finish_reason(value: str | None) -> str:

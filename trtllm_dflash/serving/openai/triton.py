@@ -22,7 +22,8 @@ from trtllm_dflash.serving.protocol import LLMApiStream
 
 # Triton's words for a model whose Python backend process died: a 503 to retry, not a 400
 MODEL_PROCESS_DOWN = ("Stub process", "is not healthy")
-STATS = ("mean_acceptance_length", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
+LISTS = ("output_ids", "acceptance_lengths")  # tensors read whole; the others are one value
+STATS = ("acceptance_lengths", "mean_acceptance_length", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
          "num_input_tokens", "num_output_tokens", "time_to_first_token", "tokens_per_second", "finish_reason")
 # what NVIDIA's LLM-API model sends (protocol.py's notes), read when the request asked for it
 LLMAPI_OUTPUTS = ("text_output", "finish_reason", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
@@ -37,7 +38,7 @@ def _value(result, name: str) -> Any:
         values = [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
     else:
         values = array.reshape(-1).tolist()
-    return values if name == "output_ids" else (values[0] if values else None)
+    return values if name in LISTS else (values[0] if values else None)
 
 
 class TritonStream:
