@@ -23,6 +23,7 @@ from transformers import PreTrainedModel
 from trtllm_dflash import hf_compat
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.modeling import fused_target, linear_attention, target_attention
+from trtllm_dflash.modeling.cache_attention import AttentionPlan
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.modeling.kv_cache import RaggedHFCache, StaticKVCache
 from trtllm_dflash.modeling.taps import HiddenTaps
@@ -194,9 +195,10 @@ class TorchRuntime(CachedRuntime):
         positions = starts.view(-1, 1) + torch.arange(tokens.shape[1], device=self.device)
         features = None
         if self.fused is not None:
-            masks = self.attention_masks(positions, span)
+            # one plan per pass: each row group reads only its live slots, masks only where needed
+            plan = AttentionPlan.make(starts.tolist(), tokens.shape[1], set(self.windows), self.dtype, self.device)
             tap_ids = self.taps.layer_ids if self.taps else []
-            hidden, taps = self.fused.forward(tokens, positions, masks, self.target_cache.rows(rows), span, tap_ids)
+            hidden, taps = self.fused.forward(tokens, positions, plan, self.target_cache.rows(rows), self.windows, tap_ids)
             features = torch.cat([taps[i] for i in tap_ids], dim=-1) if tap_ids else None
         elif self.attention == "dflash":
             hidden = self._dflash_decoder(rows, tokens, starts, positions)
