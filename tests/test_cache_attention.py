@@ -26,16 +26,16 @@ def masked_reference(q, keys, values, starts, count, window, scale):
     return out.transpose(1, 2)
 
 
-@pytest.mark.parametrize("count", [1, 4])
+@pytest.mark.parametrize("count", [1, 4, 9])
 @pytest.mark.parametrize("window", [0, 6, 64])
-def test_plan_equals_the_masked_attention_over_the_longest_span(count, window):
+@pytest.mark.parametrize("starts", [[3, 3, 40, 17], [0, 0]])  # level rows, a long one, a short one; a prefill
+def test_plan_equals_the_masked_attention_over_the_longest_span(count, window, starts):
     generator = torch.Generator().manual_seed(0)
-    starts = [3, 3, 40, 17]  # level rows, a long one, a short one
     q = torch.randn(len(starts), 4, count, 8, generator=generator, dtype=torch.float64)
     keys = torch.randn(len(starts), 80, 2, 8, generator=generator, dtype=torch.float64)
     values = torch.randn(len(starts), 80, 2, 8, generator=generator, dtype=torch.float64)
     plan = AttentionPlan.make(starts, count, {window}, torch.float64, torch.device("cpu"))
-    assert [(g.rows.start, g.rows.stop) for g in plan.groups] == [(0, 2), (2, 3), (3, 4)]
+    assert [(g.rows.start, g.rows.stop) for g in plan.groups] == ([(0, 2), (2, 3), (3, 4)] if len(starts) == 4 else [(0, 2)])
     got = plan.attend(q, keys, values, window, 0.35)
     want = masked_reference(q, keys, values, starts, count, window, 0.35)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
@@ -55,6 +55,11 @@ def test_plan_masks_only_where_needed_and_reads_only_the_live_slots():
     assert float(sliding[0, 0, 7, 0]) < 0 and float(sliding[0, 0, 0, 0]) == 0
     short = AttentionPlan.make([3], 4, {16}, torch.float32, torch.device("cpu")).groups[0]
     assert short.reads == {16: (0, 7)}  # a window that does not bite reads from slot 0
+    prefill = AttentionPlan.make([0, 0], 20, {0, 16}, torch.float32, torch.device("cpu")).groups[0]
+    assert prefill.causal == {0: True, 16: False} and prefill.masks[0] is None  # SDPA's is_causal, no mask
+    assert prefill.masks[16].shape == (1, 1, 20, 20)  # the window bites inside the prompt: masked
+    eager = AttentionPlan.make([0], 20, {0}, torch.float32, torch.device("cpu"), sdpa=False).groups[0]
+    assert eager.causal == {0: False} and eager.masks[0].shape == (1, 1, 20, 20)
 
 
 def sliding_qwen3(root, window: int):

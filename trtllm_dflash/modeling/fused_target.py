@@ -167,6 +167,10 @@ class FusedDecoder:
                 outputs[i] = x
         return rms_norm(x, *norm_of(self.decoder.norm)), outputs
 
+    def plan(self, starts: list[int], count: int, windows: set[int], dtype: torch.dtype, device: torch.device) -> AttentionPlan:
+        """This pass's AttentionPlan, with explicit masks where the model's own attention runs."""
+        return AttentionPlan.make(starts, count, windows, dtype, device, sdpa=self.sdpa)
+
     def _model_attention(self, layer: FusedLayer, plan: AttentionPlan, q, keys, values, window: int) -> torch.Tensor:
         """The model's own attention function (eager and others) over each row group's live slots."""
         outs = []

@@ -23,7 +23,6 @@ from transformers import PreTrainedModel
 from trtllm_dflash import hf_compat
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.modeling import fused_target, linear_attention, target_attention
-from trtllm_dflash.modeling.cache_attention import AttentionPlan
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.modeling.kv_cache import RaggedHFCache, StaticKVCache
 from trtllm_dflash.modeling.taps import HiddenTaps
@@ -196,7 +195,7 @@ class TorchRuntime(CachedRuntime):
         features = None
         if self.fused is not None:
             # one plan per pass: each row group reads only its live slots, masks only where needed
-            plan = AttentionPlan.make(starts.tolist(), tokens.shape[1], set(self.windows), self.dtype, self.device)
+            plan = self.fused.plan(starts.tolist(), tokens.shape[1], set(self.windows), self.dtype, self.device)
             tap_ids = self.taps.layer_ids if self.taps else []
             hidden, taps = self.fused.forward(tokens, positions, plan, self.target_cache.rows(rows), self.windows, tap_ids)
             features = torch.cat([taps[i] for i in tap_ids], dim=-1) if tap_ids else None
