@@ -297,7 +297,8 @@ def context_curve(zlab, root: Path, contexts: list[int], args) -> list[dict]:
     rotates), so the ratios are taken side by side. Per step: each generation's decode time (its
     wall time less its time to first token, i.e. less the target's prefill; the drafter's first
     pass over the prompt's context counts as decode on both sides) divided by its verify steps.
-    The speedups are z-lab's time over ours, for the whole generation and for decode alone.
+    The speedups are z-lab's time over ours, for the whole generation and for decode alone;
+    `*_prefill_ms` is the mean time to first token.
     """
     from transformers import AutoModelForCausalLM
 
@@ -337,6 +338,8 @@ def context_curve(zlab, root: Path, contexts: list[int], args) -> list[dict]:
         row = {"context": context, "generations": args.repeats * len(prompts), "identical_outputs": same}
         for name in runs:
             row[f"{name}_decode_ms_per_step"] = round(1000 * decode[name] / steps[name], 2)
+        for name in runs:
+            row[f"{name}_prefill_ms"] = round(1000 * (seconds[name] - decode[name]) / row["generations"], 1)
         for kind in ("dflash", "ar"):
             row[f"{kind}_decode_speedup_vs_zlab"] = round(decode[f"zlab_{kind}"] / decode[f"ours_{kind}"], 3)
             row[f"{kind}_total_speedup_vs_zlab"] = round(seconds[f"zlab_{kind}"] / seconds[f"ours_{kind}"], 3)
