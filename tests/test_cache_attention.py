@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trtllm_dflash import DFlashPipeline
+from trtllm_dflash import DFlashPipeline, hf_compat
 from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.checks import testing
 from trtllm_dflash.modeling.cache_attention import AttentionPlan
@@ -76,10 +76,11 @@ def sliding_qwen3(root, window: int):
     return root
 
 
-@pytest.mark.parametrize("window", [0, 6])
-def test_fast_path_gives_the_masked_paths_tokens(tmp_path, window):
-    """The fused pass (plan: no mask for level single rows, live slots only) against transformers'
-    own attention over the longest span with our boolean masks; window 6 bites in every prompt."""
+@pytest.mark.parametrize("window,attention", [(0, "sdpa"), (6, "sdpa"), (6, "eager")])
+def test_fast_path_gives_the_masked_paths_tokens(tmp_path, window, attention):
+    """The fused pass (plan: no mask for level single rows, is_causal prefills, live slots only)
+    against transformers' own attention over the longest span with our masks; window 6 bites in
+    every prompt; eager runs the model's attention function with the plan's explicit masks."""
     if window:
         target_dir = sliding_qwen3(tmp_path / "target", window)
     else:
@@ -90,12 +91,14 @@ def test_fast_path_gives_the_masked_paths_tokens(tmp_path, window):
     for fused in (True, False):
         for drafter in (drafter_dir, None):
             target = load_target(target_dir)
+            hf_compat.set_attention_implementation(target.model.config, attention)
             runtime = TorchRuntime(target.model, load_drafter(drafter, target=target) if drafter else None, fused=fused)
             outputs = DFlashPipeline(runtime).generate(prompts, max_new_tokens=20, stop_token_ids=())
             assert (runtime.fused is not None) == fused
             results[fused, drafter is None] = [(o.token_ids, o.acceptance_lengths) for o in outputs]
             if window:
                 assert runtime.windows == [window, 0, window, 0]
+            assert runtime.additive_masks == (attention == "eager")
     assert results[True, False] == results[False, False]
     assert results[True, True] == results[False, True]
     assert [tokens for tokens, _ in results[True, False]] == [tokens for tokens, _ in results[True, True]]
