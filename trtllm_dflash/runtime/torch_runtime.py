@@ -4,7 +4,9 @@ This is the reference for losslessness and the default on CPU. The target runs u
 `transformers` modeling code; only its KV cache (one slot per absolute position, per-row write
 positions) and its attention masks are ours, so any causal LM whose attention goes through
 `Cache.update` works. Plain dense targets (Qwen3, Llama, ...) run the same arithmetic in fewer
-calls (modeling/fused_target.py), only after a probe showed it bit-identical to transformers'.
+calls (modeling/fused_target.py), only after a probe showed it bit-identical to transformers', and
+attend over each row's live slots with a mask only where one is needed (modeling/cache_attention.py:
+one plan per pass; a prefill is SDPA's is_causal, one query row per sequence needs no mask).
 Tapped hidden states are taken with forward hooks on the decoder layers (the fused pass returns
 them itself), which is exactly "the output of decoder layer i".
 
