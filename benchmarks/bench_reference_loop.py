@@ -26,6 +26,9 @@ Pairs:
   `--work-dir` and reused from there; its prompts are cycle windows (the demo prompts mean
   nothing to it). Its acceptance is high, the demo pair's moderate: two regimes.
 
+`--contexts 150,1000,2000,3500` instead times the per-step cost against the context length on a
+third pair, `long` (see `context_curve`): DFlash and AR (z-lab's loop at block 1), ours vs z-lab's.
+
 `--profile` also prints where our step time goes (see `step_breakdown`).
 """
 
@@ -89,8 +92,10 @@ def demo_pair() -> tuple[Path, Path, list[list[int]]]:
     return DEMO / "target", DEMO / "drafter", prompts
 
 
-def cycle_pair(root: Path, count: int) -> tuple[Path, Path, list[list[int]]]:
-    """A trained cycle target (hidden 256, 8 layers) and its distilled drafter, made once under root."""
+def cycle_pair(
+    root: Path, count: int, num_layers: int = 8, hidden: int = 256, prompt_len: int = 20, max_positions: int = 1024
+) -> tuple[Path, Path, list[list[int]]]:
+    """A trained cycle target (default hidden 256, 8 layers) and its distilled drafter, made once under root."""
     from trtllm_dflash.checks import testing
 
     target_dir, drafter_dir = root / "target", root / "drafter"
@@ -102,7 +107,8 @@ def cycle_pair(root: Path, count: int) -> tuple[Path, Path, list[list[int]]]:
         from trtllm_dflash.training.trainer import DrafterTrainer, TrainConfig
 
         torch.manual_seed(0)
-        config = testing.tiny_target_config("qwen3", vocab_size=128, num_layers=8, hidden_size=256)
+        config = testing.tiny_target_config("qwen3", vocab_size=128, num_layers=num_layers, hidden_size=hidden)
+        config.max_position_embeddings = max_positions
         target = AutoModelForCausalLM.from_config(config)
         optimizer = torch.optim.AdamW(target.parameters(), lr=2e-3)
         for _ in range(150):
@@ -113,7 +119,7 @@ def cycle_pair(root: Path, count: int) -> tuple[Path, Path, list[list[int]]]:
             optimizer.step()
         target.eval()
         target.save_pretrained(target_dir, safe_serialization=True)
-        drafter_config = testing.tiny_drafter_config(config, num_layers=2, block_size=8, target_layer_ids=(1, 4, 6), mask_token_id=0)
+        drafter_config = testing.tiny_drafter_config(config, num_layers=2, block_size=8, target_layer_ids=(1, num_layers // 2, num_layers - 2), mask_token_id=0)
         drafter = DFlashDrafter(drafter_config)
         trainer = DrafterTrainer(target, drafter, TrainConfig(steps=200, lr=3e-3, anchors=16, seed=0))
 
@@ -125,7 +131,7 @@ def cycle_pair(root: Path, count: int) -> tuple[Path, Path, list[list[int]]]:
         trainer.train(batches())
         trainer.close()
         save_drafter(drafter, drafter_dir)
-    prompts = testing.cycle_sequences(count, 20, torch.Generator().manual_seed(7)).tolist()
+    prompts = testing.cycle_sequences(count, prompt_len, torch.Generator().manual_seed(7)).tolist()
     return target_dir, drafter_dir, prompts
 
 
@@ -147,20 +153,24 @@ def target_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
     return out
 
 
-def run_zlab(zlab, draft, target, prompt: list[int], new_tokens: int) -> tuple[float, list[int], list[int]]:
+def run_zlab(zlab, draft, target, prompt: list[int], new_tokens: int, block_size: int | None = None):
+    """(wall s, tokens, acceptance lengths, time to first token s) of z-lab's `dflash_generate`;
+    `block_size=1` is its loop without a drafter (autoregressive)."""
     started = time.perf_counter()
     stats = zlab.dflash_generate(
-        draft, target, torch.tensor([prompt]), max_new_tokens=new_tokens, stop_token_ids=None, temperature=0.0, return_stats=True
+        draft, target, torch.tensor([prompt]), max_new_tokens=new_tokens, stop_token_ids=None, temperature=0.0,
+        block_size=block_size, return_stats=True,
     )
     elapsed = time.perf_counter() - started
-    return elapsed, stats.output_ids[0, len(prompt):].tolist(), list(stats.acceptance_lengths)
+    return elapsed, stats.output_ids[0, len(prompt):].tolist(), list(stats.acceptance_lengths), stats.time_to_first_token
 
 
-def run_ours(pipe: DFlashPipeline, prompt: list[int], new_tokens: int) -> tuple[float, list[int], list[int]]:
+def run_ours(pipe: DFlashPipeline, prompt: list[int], new_tokens: int):
+    """(wall s, tokens, acceptance lengths, time to first token s) of our public path."""
     started = time.perf_counter()
     out = pipe.generate([prompt], max_new_tokens=new_tokens, stop_token_ids=(), max_batch=1)[0]
     elapsed = time.perf_counter() - started
-    return elapsed, out.token_ids, out.acceptance_lengths
+    return elapsed, out.token_ids, out.acceptance_lengths, out.time_to_first_token
 
 
 def compare(name: str, zlab, target_dir: Path, drafter_dir: Path, prompts: list[list[int]], args) -> dict:
@@ -182,9 +192,9 @@ def compare(name: str, zlab, target_dir: Path, drafter_dir: Path, prompts: list[
             order = ("ours", "zlab") if (i + repeat) % 2 == 0 else ("zlab", "ours")
             for who in order:
                 if who == "ours":
-                    elapsed, tokens, accepted = run_ours(pipe, prompt, args.max_new_tokens)
+                    elapsed, tokens, accepted, _ = run_ours(pipe, prompt, args.max_new_tokens)
                 else:
-                    elapsed, tokens, accepted = run_zlab(zlab, zlab_draft, zlab_target, prompt, args.max_new_tokens)
+                    elapsed, tokens, accepted, _ = run_zlab(zlab, zlab_draft, zlab_target, prompt, args.max_new_tokens)
                 times[who] += elapsed
                 steps[who] += accepted
                 mismatches[who] += tokens != expected[i]
@@ -274,6 +284,77 @@ def step_breakdown(pipe: DFlashPipeline, prompts: list[list[int]], new_tokens: i
     return per_step
 
 
+# ----------------------------------------------------------------------------- cost against the context
+
+
+def context_curve(zlab, root: Path, contexts: list[int], args) -> list[dict]:
+    """Per-step cost of ours and z-lab's loop, DFlash and AR, at each context length.
+
+    The pair is a Qwen3-architecture one that is not shipped (6-layer target, hidden 192; 2-layer
+    z-lab-layout drafter, block 8), trained on token cycles like `cycle`, with room for 4,096
+    positions. Prompts are cycle windows of each context length. AR is z-lab's loop at block 1
+    against our pipeline without a drafter. The four runs of one prompt are interleaved (the order
+    rotates), so the ratios are taken side by side. Per step: each generation's decode time (its
+    wall time less its time to first token, i.e. less the target's prefill; the drafter's first
+    pass over the prompt's context counts as decode on both sides) divided by its verify steps.
+    The speedups are z-lab's time over ours, for the whole generation and for decode alone;
+    `*_prefill_ms` is the mean time to first token.
+    """
+    from transformers import AutoModelForCausalLM
+
+    target_dir, drafter_dir, _ = cycle_pair(root, 1, num_layers=6, hidden=192, max_positions=4096)
+    pipes = {"dflash": DFlashPipeline.load(target_dir, drafter_dir), "ar": DFlashPipeline.load(target_dir)}
+    zlab_target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    zlab_draft = zlab.DFlashDraftModel.from_pretrained(drafter_dir, dtype=torch.float32).eval()
+    runs = {
+        "ours_dflash": lambda p: run_ours(pipes["dflash"], p, args.max_new_tokens),
+        "zlab_dflash": lambda p: run_zlab(zlab, zlab_draft, zlab_target, p, args.max_new_tokens),
+        "ours_ar": lambda p: run_ours(pipes["ar"], p, args.max_new_tokens),
+        "zlab_ar": lambda p: run_zlab(zlab, zlab_draft, zlab_target, p, args.max_new_tokens, block_size=1),
+    }
+    warm = testing_prompts(1, 64, seed=3)[0]
+    for run in runs.values():
+        run(warm)
+    rows = []
+    for context in contexts:
+        prompts = testing_prompts(args.prompts, context, seed=context)
+        seconds = {name: 0.0 for name in runs}
+        decode = {name: 0.0 for name in runs}
+        steps = {name: 0 for name in runs}
+        outputs: dict[str, list] = {name: [] for name in runs}
+        committed = 0
+        names = list(runs)
+        for repeat in range(args.repeats):
+            for i, prompt in enumerate(prompts):
+                shift = (i + repeat * len(prompts)) % len(names)
+                for name in names[shift:] + names[:shift]:
+                    elapsed, tokens, accepted, first = runs[name](prompt)
+                    seconds[name] += elapsed
+                    decode[name] += elapsed - first
+                    steps[name] += len(accepted) if accepted else len(tokens)
+                    committed += sum(accepted) if name == "ours_dflash" else 0
+                    outputs[name].append(tokens)
+        same = all(outputs[name] == outputs["zlab_ar"] for name in runs)
+        row = {"context": context, "generations": args.repeats * len(prompts), "identical_outputs": same}
+        for name in runs:
+            row[f"{name}_decode_ms_per_step"] = round(1000 * decode[name] / steps[name], 2)
+        for name in runs:
+            row[f"{name}_prefill_ms"] = round(1000 * (seconds[name] - decode[name]) / row["generations"], 1)
+        for kind in ("dflash", "ar"):
+            row[f"{kind}_decode_speedup_vs_zlab"] = round(decode[f"zlab_{kind}"] / decode[f"ours_{kind}"], 3)
+            row[f"{kind}_total_speedup_vs_zlab"] = round(seconds[f"zlab_{kind}"] / seconds[f"ours_{kind}"], 3)
+        row["tau_ours"] = round(committed / steps["ours_dflash"], 2)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def testing_prompts(count: int, length: int, seed: int) -> list[list[int]]:
+    from trtllm_dflash.checks import testing
+
+    return testing.cycle_sequences(count, length, torch.Generator().manual_seed(seed)).tolist()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--zlab-dir", type=Path, required=True, help="a checkout of github.com/z-lab/dflash")
@@ -285,11 +366,20 @@ def main() -> None:
     parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "dflash-bench-reference-loop")
     parser.add_argument("--profile", action="store_true", help="also print our step-time breakdown")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument(
+        "--contexts", help="comma-separated context lengths (e.g. 150,1000,2000,3500): the per-step cost curve on the "
+        "`long` pair, DFlash and AR, instead of --pairs"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     zlab = import_zlab(args.zlab_dir)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch 1, greedy, {args.max_new_tokens} new tokens", flush=True)
+    if args.contexts:
+        results = context_curve(zlab, args.work_dir / "long", [int(c) for c in args.contexts.split(",")], args)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2) + "\n")
+        return
     results = []
     for name in args.pairs.split(","):
         if name == "demo":

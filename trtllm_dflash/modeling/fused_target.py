@@ -8,7 +8,8 @@ each as one matmul over weights concatenated once (the modules' weights become v
 nothing is stored twice), norms inlined, and attention through the model's own attention function.
 
 It covers only decoder layers it knows to be plain (`SUPPORTED_LAYERS`: RMSNorm, RoPE, a SiLU
-gated MLP, optional q/k norms), and the torch runtime uses it only after a probe shows logits and
+gated MLP, optional q/k norms), attends over only the live slots of each row group and masks
+only where one is needed (modeling/cache_attention.py), and the torch runtime uses it only after a probe shows logits and
 tapped hidden states bit-identical to transformers' forward (see `TorchRuntime`); every other
 target runs transformers' code unchanged.
 """
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trtllm_dflash import hf_compat
+from trtllm_dflash.modeling.cache_attention import AttentionPlan
 from trtllm_dflash.modeling.fused_ops import norm_of, rms_norm, rotate
 
 # decoder layers whose forward is exactly: x + attn(rmsnorm(x)), then x + mlp(rmsnorm(x)),
@@ -120,12 +122,14 @@ class FusedDecoder:
         return [(layer.splits[1] // layer.head_dim, layer.head_dim) for layer in self.layers]
 
     @torch.inference_mode()
-    def forward(self, tokens, positions, masks, caches, span: int, taps: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    def forward(
+        self, tokens, positions, plan: AttentionPlan, caches, windows: list[int], taps: list[int]
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Final-normed hidden states `[b, T, H]` and the outputs of the `taps` layers.
 
         `caches[i]` is layer i's LayerCache over this pass's rows (slot == position); the block's
-        keys/values are written at `positions [b, T]` and attention reads slots `[0, span)`.
-        `masks` is one mask, or one per layer kind, as `TorchRuntime.attention_masks` builds them.
+        keys/values are written at `positions [b, T]` and attention reads, per row group, only the
+        live slots `plan` names for layer i's sliding window `windows[i]` (0: full attention).
         """
         x = self.decoder.embed_tokens(tokens)
         cos, sin = self.decoder.rotary_emb(x, positions)
@@ -136,7 +140,6 @@ class FusedDecoder:
         first = int(positions[0, 0]) if batch == 1 and positions.device.type == "cpu" else None
         outputs = {}
         for i, layer in enumerate(self.layers):
-            mask = masks[self.layer_types[i]] if isinstance(masks, dict) else masks
             qkv = F.linear(rms_norm(x, *layer.input_norm), layer.qkv, layer.qkv_bias)
             qk = qkv[..., : layer.splits[0] + layer.splits[1]].view(batch, count, -1, layer.head_dim)
             v = qkv[..., layer.splits[0] + layer.splits[1] :].view(batch, count, -1, layer.head_dim)
@@ -153,18 +156,29 @@ class FusedDecoder:
             else:
                 keys[row_index, positions] = k.to(keys.dtype)
                 values[row_index, positions] = v.to(values.dtype)
-            q, keys, values = q.transpose(1, 2), keys[:, :span].transpose(1, 2), values[:, :span].transpose(1, 2)
             if self.sdpa:
-                out = F.scaled_dot_product_attention(
-                    q, keys, values, attn_mask=mask, scale=layer.scaling, enable_gqa=layer.q_heads != layer.kv_heads
-                ).transpose(1, 2)
+                out = plan.attend(q.transpose(1, 2), keys, values, windows[i], layer.scaling)
             else:
-                out, _ = self.attention(
-                    layer.attn, q, keys, values, mask, dropout=0.0, scaling=layer.scaling, sliding_window=layer.sliding_window
-                )
+                out = self._model_attention(layer, plan, q.transpose(1, 2), keys, values, windows[i])
             x = x + F.linear(out.reshape(batch, count, -1), layer.o_proj.weight, layer.o_proj.bias)
             gate, up = F.linear(rms_norm(x, *layer.post_norm), layer.gate_up).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, layer.down_proj.weight, layer.down_proj.bias)
             if i in taps:
                 outputs[i] = x
         return rms_norm(x, *norm_of(self.decoder.norm)), outputs
+
+    def plan(self, starts: list[int], count: int, windows: set[int], dtype: torch.dtype, device: torch.device) -> AttentionPlan:
+        """This pass's AttentionPlan, with explicit masks where the model's own attention runs."""
+        return AttentionPlan.make(starts, count, windows, dtype, device, sdpa=self.sdpa)
+
+    def _model_attention(self, layer: FusedLayer, plan: AttentionPlan, q, keys, values, window: int) -> torch.Tensor:
+        """The model's own attention function (eager and others) over each row group's live slots."""
+        outs = []
+        for group in plan.groups:
+            lo, hi = group.reads[window]
+            out, _ = self.attention(
+                layer.attn, q[group.rows], keys[group.rows, lo:hi].transpose(1, 2), values[group.rows, lo:hi].transpose(1, 2),
+                group.masks[window], dropout=0.0, scaling=layer.scaling, sliding_window=layer.sliding_window,
+            )
+            outs.append(out)
+        return outs[0] if len(outs) == 1 else torch.cat(outs)

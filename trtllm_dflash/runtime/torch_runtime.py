@@ -4,7 +4,9 @@ This is the reference for losslessness and the default on CPU. The target runs u
 `transformers` modeling code; only its KV cache (one slot per absolute position, per-row write
 positions) and its attention masks are ours, so any causal LM whose attention goes through
 `Cache.update` works. Plain dense targets (Qwen3, Llama, ...) run the same arithmetic in fewer
-calls (modeling/fused_target.py), only after a probe showed it bit-identical to transformers'.
+calls (modeling/fused_target.py), only after a probe showed it bit-identical to transformers', and
+attend over each row's live slots with a mask only where one is needed (modeling/cache_attention.py:
+one plan per pass; a prefill is SDPA's is_causal, one query row per sequence needs no mask).
 Tapped hidden states are taken with forward hooks on the decoder layers (the fused pass returns
 them itself), which is exactly "the output of decoder layer i".
 
@@ -194,9 +196,10 @@ class TorchRuntime(CachedRuntime):
         positions = starts.view(-1, 1) + torch.arange(tokens.shape[1], device=self.device)
         features = None
         if self.fused is not None:
-            masks = self.attention_masks(positions, span)
+            # one plan per pass: each row group reads only its live slots, masks only where needed
+            plan = self.fused.plan(starts.tolist(), tokens.shape[1], set(self.windows), self.dtype, self.device)
             tap_ids = self.taps.layer_ids if self.taps else []
-            hidden, taps = self.fused.forward(tokens, positions, masks, self.target_cache.rows(rows), span, tap_ids)
+            hidden, taps = self.fused.forward(tokens, positions, plan, self.target_cache.rows(rows), self.windows, tap_ids)
             features = torch.cat([taps[i] for i in tap_ids], dim=-1) if tap_ids else None
         elif self.attention == "dflash":
             hidden = self._dflash_decoder(rows, tokens, starts, positions)
