@@ -87,6 +87,10 @@ class LinearStates:
 
     def __init__(self, modules: dict[int, nn.Module], max_batch: int, dtype: torch.dtype, device: torch.device) -> None:
         self.capture_positions = True
+        self.max_batch = max_batch
+        # prefix caching: the state after `keep_at[r]` tokens of the next prefill, kept per row in `kept`
+        self.keep_at: dict[int, int] = {}  # absolute row -> prompt length at which to keep the state
+        self.kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> (conv, recurrent) [max_batch, ...]
         self.layers: dict[int, LinearLayerState] = {}
         for index, module in modules.items():
             conv = torch.zeros(max_batch, module.conv_dim, module.conv_kernel_size - 1, dtype=dtype, device=device)
@@ -109,6 +113,28 @@ class LinearStates:
         for layer in self.layers.values():
             layer.conv[:count] = layer.conv.index_select(0, index)
             layer.recurrent[:count] = layer.recurrent.index_select(0, index)
+        for conv, recurrent in self.kept.values():
+            conv[:count] = conv.index_select(0, index)
+            recurrent[:count] = recurrent.index_select(0, index)
+
+    def keep_state(self, row: int, layer_index: int, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
+        """Keep one row's state at a prefix's end (prefix caching), beside its live state."""
+        if layer_index not in self.kept:
+            layer = self.layers[layer_index]
+            with torch.inference_mode(False):  # first kept inside a forward pass; the buffers outlive it
+                self.kept[layer_index] = (torch.zeros_like(layer.conv), torch.zeros_like(layer.recurrent))
+        self.kept[layer_index][0][row] = conv
+        self.kept[layer_index][1][row] = recurrent
+
+    def export_state(self, row: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of the state `keep_state` kept for `row`, by layer."""
+        return {i: (conv[row].clone(), recurrent[row].clone()) for i, (conv, recurrent) in self.kept.items()}
+
+    def import_state(self, row: int, saved: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Make saved states (`export_state`) the row's live state."""
+        for i, (conv, recurrent) in saved.items():
+            self.layers[i].conv[row] = conv
+            self.layers[i].recurrent[row] = recurrent
 
     @property
     def nbytes(self) -> int:
@@ -210,12 +236,18 @@ def gated_delta_net_forward(module: nn.Module, original, hidden_states: torch.Te
         core = torch.zeros(batch, length, module.num_v_heads, module.head_v_dim, dtype=hidden_states.dtype, device=hidden_states.device)
         finals = []
         for r, n in enumerate(valid.tolist()):
-            out, final = chunk_gated_delta_rule(
-                query[r : r + 1, :n], key[r : r + 1, :n], value[r : r + 1, :n], g=g[r : r + 1, :n], beta=beta[r : r + 1, :n],
-                initial_state=recurrent[r : r + 1].clone(), output_final_state=True, use_qk_l2norm_in_kernel=True,
-            )
-            core[r, :n] = out[0]
-            finals.append(final)
+            state = recurrent[r : r + 1].clone()
+            # prefix caching: run the row in two pieces and keep the state between them
+            cut = states.keep_at.get((rows.start or 0) + r, 0) - int(cache.positions[r, 0])
+            for lo, hi in ((0, cut), (cut, n)) if 0 < cut < n else ((0, n),):
+                out, state = chunk_gated_delta_rule(
+                    query[r : r + 1, lo:hi], key[r : r + 1, lo:hi], value[r : r + 1, lo:hi], g=g[r : r + 1, lo:hi],
+                    beta=beta[r : r + 1, lo:hi], initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                )
+                core[r, lo:hi] = out[0]
+                if hi == cut:
+                    states.keep_state((rows.start or 0) + r, module.layer_idx, window[r, :, cut : cut + window.shape[-1] - length], state[0])
+            finals.append(state)
         _store_conv(layer, rows, window, valid)
         layer.recurrent[rows] = torch.cat(finals).to(layer.recurrent.dtype)
     elif not states.capture_positions:  # benchmark baseline only (see LinearStates)
