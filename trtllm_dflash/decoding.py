@@ -295,9 +295,12 @@ class Decoder:
             if cached[i]:
                 self.runtime.import_prefix(rows.start + i, matches[i][: cached[i] // cache.block_tokens])
             end = cache.storable(lengths[i]) * cache.block_tokens
+            # hybrid: also keep the state where the prompt leaves the cached blocks, for the next prompt sharing them
+            parting = cache.depth(request.prompt_ids) if hybrid else 0
+            states = tuple(p for p in {end, parting} if cached[i] < p <= end) if hybrid else ()
             if end > cached[i]:
-                self._prefix_stores[id(request)] = (cached[i], end)
-            keep_state.append(end if end > cached[i] else 0)
+                self._prefix_stores[id(request)] = (cached[i], end, states)
+            keep_state.append(states)
         if hybrid:
             self.runtime.keep_prefix_state(rows, keep_state)
         return cached
@@ -313,10 +316,10 @@ class Decoder:
             noted = self._prefix_stores.pop(id(live.request), None)
             if noted is None or (self.speculative and not live.result.acceptance_lengths):
                 continue
-            start, end = noted
+            start, end, states = noted
             names = cache.names(live.request.prompt_ids, end // size)
             for b in reversed(range(start // size, end // size)):  # deepest first: the root is evicted last
-                state = self.runtime.is_hybrid and b == len(names) - 1
+                state = (b + 1) * size in states
                 if names[b] not in cache or (state and not cache.has_state(names[b])):
                     cache.insert(names[b], self.runtime.export_prefix(i, b * size, (b + 1) * size, state=state))
 

@@ -96,9 +96,9 @@ class Runtime(abc.ABC):
         """Why this runtime cannot export and import prompt prefixes (None: it can)."""
         return f"the {type(self).__name__} runtime does not export its caches"
 
-    def keep_prefix_state(self, rows: slice, lengths: list[int]) -> None:
-        """Before a prefill of `rows`: keep each row's recurrent state after lengths[r] tokens (0: none),
-        for `export_prefix(..., state=True)`. Only hybrid targets keep such a state."""
+    def keep_prefix_state(self, rows: slice, lengths: list[tuple[int, ...]]) -> None:
+        """Before a prefill of `rows`: keep each row's recurrent state after each of lengths[r] prompt
+        tokens (at most two), for `export_prefix(..., state=True)`. Only hybrid targets keep such a state."""
 
     def export_prefix(self, row: int, start: int, end: int, state: bool = False) -> PrefixBlock:
         """Copies of row `row`'s target and drafter caches at positions [start, end) (and, for a hybrid

@@ -6,7 +6,10 @@ caching. Causal attention makes the K/V at a position a function of the tokens u
 block's target K/V, and the drafter's context K/V projected from the target's features there, are
 the same for every prompt that starts with those tokens. A hybrid target's linear-attention layers
 keep no per-position K/V but one recurrent / convolution state, so a block may also carry the state
-after its last token; a hybrid prompt can only resume at a block that has one.
+after its last token; a hybrid prompt can only resume at a block that has one. The states kept are
+those at a stored prompt's last whole block and at the block where a prompt left the cached blocks
+(where prompts sharing a prefix part ways, e.g. after a system prompt): the first prompt of a
+shared prefix stores its blocks, the second marks where they part, and the third resumes there.
 
 Entries are copies (`PrefixBlock`, made by `Runtime.export_prefix`), not views of a live row: a
 row can leave or be compacted at any time, and a restore (`Runtime.import_prefix`) copies them
@@ -105,6 +108,15 @@ class PrefixCache:
             self.stats.hits += 1
             self.stats.hit_tokens += found[-1][1].end
         return [block for _, block in found]
+
+    def depth(self, tokens: Sequence[int]) -> int:
+        """Tokens of `tokens` covered by cached blocks, states or not (no LRU refresh)."""
+        count = 0
+        for name in self.names(tokens, self.storable(len(tokens))):
+            if name not in self.blocks:
+                break
+            count += 1
+        return count * self.block_tokens
 
     def __contains__(self, name: bytes) -> bool:
         return name in self.blocks

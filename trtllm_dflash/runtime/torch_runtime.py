@@ -179,14 +179,14 @@ class TorchRuntime(CachedRuntime):
             return super().prefix_cache_refusal()
         return None  # hybrid targets too: their linear states are kept at the prefix's end (keep_prefix_state)
 
-    def keep_prefix_state(self, rows: slice, lengths: list[int]) -> None:
+    def keep_prefix_state(self, rows: slice, lengths: list[tuple[int, ...]]) -> None:
         if self.linear_states is not None:
-            self.linear_states.keep_at = {rows.start + i: n for i, n in enumerate(lengths) if n > 0}
+            self.linear_states.keep_states_at(rows, lengths)
 
     def export_prefix(self, row: int, start: int, end: int, state: bool = False) -> PrefixBlock:
         block = super().export_prefix(row, start, end, state)
         if state and self.linear_states is not None:
-            block.state = self.linear_states.export_state(row)
+            block.state = self.linear_states.export_state(row, end)
         return block
 
     def import_prefix(self, row: int, blocks: list[PrefixBlock]) -> None:
