@@ -161,3 +161,60 @@ def test_a_drafter_with_a_bounded_history_is_refused(dense):
             Decoder(dense, max_batch=1, max_context=64, prefix_cache=PrefixCache(1 << 20))
     finally:
         dense.drafter_config = config
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.responses, self.errors = [], []
+
+    def send(self, outputs, final):
+        self.responses.append((outputs, final))
+
+    def error(self, message):
+        self.errors.append(message)
+
+    def cancelled(self):
+        return False
+
+
+def test_served_model_reuses_prefixes_and_answers_as_offline(hybrid_trained_pair):
+    """The serving loop (what the Triton model runs) with its prefix cache on: shared-prefix prompts,
+    concurrent, decode what the same pipeline decodes offline without a cache."""
+    import time
+
+    from transformers import AutoTokenizer
+
+    from trtllm_dflash.backends import open_served_pipeline
+    from trtllm_dflash.serving.batching_loop import BatchingLoop
+    from trtllm_dflash.serving.model_parameters import ServingConfig
+    from trtllm_dflash.serving.protocol import GenerateInputs
+
+    target_dir, drafter_dir = map(str, hybrid_trained_pair)
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    first, _ = _prompts()
+    texts = [tokenizer.decode(p) for p in first]
+    config = ServingConfig(target=target_dir, drafter=drafter_dir, max_context=160, max_tokens=64, max_batch=4, prefix_cache_block=BLOCK)
+    assert config.prefix_cache_mib > 0  # on by default
+    loop = BatchingLoop(config, open_served_pipeline(config))
+    sinks = [_Sink() for _ in texts]
+    loop.accept(GenerateInputs(texts[0], SamplingParams(max_new_tokens=NEW_TOKENS)), sinks[0])
+    loop.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not sinks[0].responses and time.monotonic() < deadline:  # the first stores the prefix ...
+            time.sleep(0.02)
+        for text, sink in zip(texts[1:], sinks[1:]):  # ... the others reuse it, joining together
+            loop.accept(GenerateInputs(text, SamplingParams(max_new_tokens=NEW_TOKENS)), sink)
+        while not all(s.responses for s in sinks) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        loop.stop()
+    assert loop.decoder.prefix_cache.stats.hit_tokens >= 3 * 32
+    offline = loop.pipeline.generate(texts, max_new_tokens=NEW_TOKENS)
+    for sink, reference in zip(sinks, offline):
+        (outputs, final), = sink.responses
+        assert final and outputs["output_ids"].tolist() == reference.token_ids
+        assert outputs["acceptance_lengths"].tolist() == reference.acceptance_lengths
+
+    off = BatchingLoop(config.model_copy(update={"prefix_cache_mib": 0}), loop.pipeline)
+    assert off.decoder.prefix_cache is None
