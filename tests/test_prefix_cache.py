@@ -54,8 +54,8 @@ def _prompts() -> tuple[list[list[int]], list[list[int]]]:
 
 
 def _cold(runtime, requests: list[Request]) -> list:
-    """Each request decoded alone, without a prefix cache."""
-    return [Decoder(runtime, max_batch=1, max_context=160).generate([r])[0] for r in requests]
+    """Each request decoded alone, without a prefix cache (copies: a decoder numbers the requests it takes)."""
+    return [Decoder(runtime, max_batch=1, max_context=160).generate([Request(r.prompt_ids, r.params)])[0] for r in requests]
 
 
 def _same(warm, cold) -> None:
@@ -218,3 +218,44 @@ def test_served_model_reuses_prefixes_and_answers_as_offline(hybrid_trained_pair
 
     off = BatchingLoop(config.model_copy(update={"prefix_cache_mib": 0}), loop.pipeline)
     assert off.decoder.prefix_cache is None
+
+
+def _graph_decodes(runtime, prompts: list[list[int]]) -> None:
+    requests = [Request(p, q) for p, q in zip(prompts, [GREEDY, sampled(2), GREEDY])]
+    cold = _cold(runtime, requests)
+    decoder = Decoder(runtime, max_batch=2, max_context=88, prefix_cache=PrefixCache(1 << 30, block_tokens=BLOCK))
+    results = decoder.generate(requests[:1]) + decoder.generate(requests[1:])  # the last two restore in one batch
+    assert [r.cached_prompt_tokens for r in results] == [0, 32, 32]
+    for warm, reference in zip(results, cold):
+        _same(warm, reference)
+
+
+def test_graph_runtime_reuses_prefixes(demo_build):
+    """The exported graphs (what the engines are built from, on CPU): their caches are slot == position
+    like the torch runtime's, so a prefill that starts after a restored prefix gives the cold tokens."""
+    from transformers import AutoTokenizer
+
+    from trtllm_dflash import demo
+    from trtllm_dflash.runtime.onnx_runtime import OnnxRuntime
+
+    runtime = OnnxRuntime(demo_build / "export", "native")
+    assert runtime.prefix_cache_refusal() is None
+    tokenizer = AutoTokenizer.from_pretrained(demo.target_dir())
+    code = 'import os\nimport sys\nimport shutil\nimport argparse\n\n\ndef main(argv):\n    """Copy or list the files named on the command line."""\n'
+    shared = tokenizer.encode(code)[:35]
+    assert len(shared) == 35
+    endings = ["    parser = argparse.ArgumentParser(", "    for name in argv[1:]:\n        if os.path.isdir(name):\n", "    if"]
+    _graph_decodes(runtime, [shared + tokenizer.encode(e) for e in endings])
+
+
+@pytest.mark.slow
+def test_plugin_graph_runtime_reuses_prefixes(trained_pair, tmp_path):
+    """The plugin target graph (caches updated in place, verification inside) on onnx.reference."""
+    pytest.importorskip("onnxscript", reason="needs the export extra: pip install 'trtllm-dflash[export]'")
+    from trtllm_dflash.builder.export import Bounds, export_pair
+    from trtllm_dflash.runtime.onnx_runtime import OnnxRuntime
+
+    target_dir, drafter_dir, _ = trained_pair
+    target = load_target(target_dir, dtype=torch.float32)
+    export_pair(target.model, load_drafter(drafter_dir, target), tmp_path, "fp32", Bounds(4, 64, 96, 8), ("plugin",))
+    _graph_decodes(OnnxRuntime(tmp_path, "plugin"), _prompts()[0][:3])
