@@ -259,3 +259,22 @@ def test_plugin_graph_runtime_reuses_prefixes(trained_pair, tmp_path):
     target = load_target(target_dir, dtype=torch.float32)
     export_pair(target.model, load_drafter(drafter_dir, target), tmp_path, "fp32", Bounds(4, 64, 96, 8), ("plugin",))
     _graph_decodes(OnnxRuntime(tmp_path, "plugin"), _prompts()[0][:3])
+
+
+def test_the_planner_counts_the_prefix_cache():
+    from trtllm_dflash.planning import MIB, plan_deployment
+    from trtllm_dflash.planning.memory import drafter_kv_bytes_per_sequence, kv_bytes_per_sequence
+
+    without = plan_deployment("qwen3-8b", "h100")
+    plan = plan_deployment("qwen3-8b", "h100", prefix_cache_mib=1024)
+    assert without.budget.prefix_cache == 0 and without.prefix_cache_tokens == 0
+    assert plan.budget.prefix_cache == 1024 * MIB
+    assert plan.budget.fixed == without.budget.fixed + 1024 * MIB
+    assert plan.budget.kv_cache < without.budget.kv_cache and plan.max_concurrency <= without.max_concurrency
+    from trtllm_dflash.catalog.models import resolve_model
+
+    model = resolve_model("qwen3-8b")
+    per_token = kv_bytes_per_sequence(model, 1, plan.precision.kv_cache, 1) + drafter_kv_bytes_per_sequence(model, 1, plan.precision.kv_cache)
+    assert plan.prefix_cache_tokens == 1024 * MIB // per_token
+    hybrid = plan_deployment("qwen3.5-27b", "h200"), plan_deployment("qwen3.5-27b", "h200", prefix_cache_mib=64)
+    assert hybrid[1].linear_state_bytes_per_sequence > hybrid[0].linear_state_bytes_per_sequence > 0  # the kept states
