@@ -5,7 +5,8 @@ target scores the block in one pass, verification (on the device) returns how ma
 row accepts and its bonus token, and the host reads that one small tensor. Rows then advance by
 different amounts; their caches need no rollback because slots past a row's length are simply
 overwritten next step (see runtime/base.py). Rows that finish leave between steps and new
-requests join between steps (in-flight batching).
+requests join between steps (in-flight batching). With a prefix cache (runtime/prefix_cache.py) a
+joining prompt restores its longest cached prefix into its row and prefills only the rest.
 
 Without a drafter the same loop decodes autoregressively: the block is just the anchor.
 """
