@@ -10,6 +10,8 @@ accepted in long, ragged runs and the acceptance lengths are a real check on the
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -221,7 +223,8 @@ def test_served_model_reuses_prefixes_and_answers_as_offline(hybrid_trained_pair
 
 
 def _graph_decodes(runtime, prompts: list[list[int]]) -> None:
-    requests = [Request(p, q) for p, q in zip(prompts, [GREEDY, sampled(2), GREEDY])]
+    short = SamplingParams(max_new_tokens=12, stop_token_ids=())
+    requests = [Request(p, q) for p, q in zip(prompts, [short, dataclasses.replace(sampled(2), max_new_tokens=12), short])]
     cold = _cold(runtime, requests)
     decoder = Decoder(runtime, max_batch=2, max_context=88, prefix_cache=PrefixCache(1 << 30, block_tokens=BLOCK))
     results = decoder.generate(requests[:1]) + decoder.generate(requests[1:])  # the last two restore in one batch
