@@ -44,6 +44,7 @@ def print_plan(plan, console: Console | None = None) -> None:
         ("activations + workspace", b.activations),
         ("CUDA graphs", b.cuda_graphs),
         ("runtime reserve (context, NCCL)", b.runtime_reserve),
+        *((("prefix cache", b.prefix_cache),) if b.prefix_cache else ()),
         ("KV cache budget", b.kv_cache),
     ):
         table.add_row(label, _gib(value))
@@ -58,6 +59,8 @@ def print_plan(plan, console: Console | None = None) -> None:
             f"  linear-attention state: {_gib(plan.linear_state_bytes_per_sequence)} per sequence (Gated DeltaNet "
             f"recurrent + conv state with {plan.block_size} rollback copies; independent of context, included above)"
         )
+    if plan.budget.prefix_cache:
+        console.print(f"  prefix cache: {_gib(plan.budget.prefix_cache)} holds {plan.prefix_cache_tokens:,} prompt tokens (target + drafter K/V)")
     console.print(f"  [bold]max concurrency[/] at {plan.context} tokens: {plan.max_concurrency} sequences")
     console.print("[bold]dflash-trt build steps[/]:")
     for index, step in enumerate(plan.steps, 1):
@@ -81,6 +84,7 @@ def plan(
     recipe_file: Optional[str] = typer.Option(
         None, "--recipe", help="Plan from this recipe (file or '<model>/<gpu>'); --model/--gpu then default to it."
     ),
+    prefix_cache_mib: int = typer.Option(0, "--prefix-cache-mib", help="A served model's prefix cache (MiB), taken before the KV caches."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
 ) -> None:
     """Plan a deployment: memory per GPU, max concurrency, layout, build steps; refuse what cannot work."""
@@ -97,7 +101,7 @@ def plan(
         raise DFlashError("plan needs a model and a GPU", "pass --model NAME --gpu GPU (or --recipe FILE)")
     result = plan_deployment(
         model, gpu, num_gpus=num_gpus, quant=quant, kv_cache=kv_cache, context=context,
-        max_batch=max_batch, runtime=backend, recipe=recipe,
+        max_batch=max_batch, runtime=backend, recipe=recipe, prefix_cache_mib=prefix_cache_mib,
     )
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))

@@ -163,6 +163,16 @@ def trained_pair(tmp_path_factory):
     return target_dir, drafter_dir, prompts
 
 
+@pytest.fixture(scope="session")
+def hybrid_trained_pair(tmp_path_factory):
+    """(target_dir, drafter_dir): trained_pair's recipe on a Qwen3.5-style hybrid target (Gated DeltaNet
+    + full attention), with the character tokenizer, so it can be served with text."""
+    from trtllm_dflash.checks.testing import make_cycle_pair
+
+    target_dir, drafter_dir = make_cycle_pair(tmp_path_factory.mktemp("hybrid-pair"), block_size=8, family="qwen3_5", tokenizer=True)
+    return target_dir, drafter_dir
+
+
 @pytest.fixture
 def rerun_graphs(monkeypatch):
     """CUDA-graph replay (runtime/cuda_graphs.py) on CPU, with `capture` swapped for a stand-in

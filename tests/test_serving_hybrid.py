@@ -27,10 +27,8 @@ def _cli(*args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def hybrid_pair(tmp_path_factory):
-    from trtllm_dflash.checks.testing import make_cycle_pair
-
-    target, drafter = make_cycle_pair(tmp_path_factory.mktemp("hybrid-pair"), block_size=8, family="qwen3_5", tokenizer=True)
+def hybrid_pair(hybrid_trained_pair):
+    target, drafter = hybrid_trained_pair
     return str(target), str(drafter)
 
 

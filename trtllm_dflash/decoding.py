@@ -5,7 +5,8 @@ target scores the block in one pass, verification (on the device) returns how ma
 row accepts and its bonus token, and the host reads that one small tensor. Rows then advance by
 different amounts; their caches need no rollback because slots past a row's length are simply
 overwritten next step (see runtime/base.py). Rows that finish leave between steps and new
-requests join between steps (in-flight batching).
+requests join between steps (in-flight batching). With a prefix cache (runtime/prefix_cache.py) a
+joining prompt restores its longest cached prefix into its row and prefills only the rest.
 
 Without a drafter the same loop decodes autoregressively: the block is just the anchor.
 """
@@ -23,6 +24,7 @@ import torch
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.base import Runtime, SamplingTensors
+from trtllm_dflash.runtime.prefix_cache import PrefixCache
 from trtllm_dflash.contracts.request_limits import MIN_TEMPERATURE
 from trtllm_dflash.sampling_params import SamplingParams, check_prompt_tokens  # SamplingParams is re-exported: decoding.SamplingParams
 
@@ -44,6 +46,7 @@ class SequenceResult:
     token_ids: list[int] = dataclasses.field(default_factory=list)
     acceptance_lengths: list[int] = dataclasses.field(default_factory=list)
     finish_reason: str | None = None  # "stop", "length" (max_new_tokens) or "context"
+    cached_prompt_tokens: int = 0  # prompt tokens restored from the prefix cache instead of prefilled
     num_target_forwards: int = 0
     time_to_first_token: float = 0.0
     elapsed: float = 0.0
@@ -114,7 +117,8 @@ class Decoder:
     more than it gains; 0 verifies the anchor alone (the drafter still runs, on its smallest
     block, so its context cache stays complete). Call `submit` to queue requests and `step` to
     advance every live request by one verify pass; `generate` does both until everything is
-    finished.
+    finished. `prefix_cache` (runtime/prefix_cache.py) keeps what prompts' prefixes left in the
+    caches, so a prompt that starts with a prefix seen before prefills only the rest.
     """
 
     def __init__(
@@ -125,6 +129,7 @@ class Decoder:
         block_size: int | None = None,
         profile: bool = False,
         draft_len_schedule: Mapping[int, int] | None = None,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.runtime = runtime
         self.speculative = runtime.has_drafter
@@ -152,6 +157,10 @@ class Decoder:
         self.ctx_features: torch.Tensor | None = None
         self.ctx_counts = torch.zeros(0, dtype=torch.long, device=self.device)
         self.sampling: SamplingTensors | None = None
+        if prefix_cache is not None and runtime.prefix_cache_refusal() is not None:
+            raise DFlashError(f"prefix caching is not available: {runtime.prefix_cache_refusal()}", "turn the prefix cache off")
+        self.prefix_cache = prefix_cache
+        self._prefix_stores: dict[Any, tuple[int, int]] = {}  # request id -> prompt positions [restored, end) to store
 
     # ------------------------------------------------------------------ public
 
@@ -199,6 +208,7 @@ class Decoder:
         events = self._admit()
         if self.live:
             events += self._decode_step()
+        self._store_prefixes(range(len(self.live)))
         return events
 
     def generate(self, requests: Iterable[Request]) -> list[SequenceResult]:
@@ -224,16 +234,19 @@ class Decoder:
         first, count = len(self.live), len(joining)
         rows = slice(first, first + count)
         lengths = [len(r.prompt_ids) for r in joining]
-        span = max(lengths)
-        tokens = torch.zeros(count, span, dtype=torch.long)
+        cached = self._restore_prefixes(rows, joining)  # prompt tokens already in each row's caches (prefix cache)
+        width = max(n - c for n, c in zip(lengths, cached))
+        span = max(c + width for c in cached)
+        tokens = torch.zeros(count, width, dtype=torch.long)
         for i, request in enumerate(joining):
-            tokens[i, : lengths[i]] = torch.tensor(request.prompt_ids)
+            tokens[i, : lengths[i] - cached[i]] = torch.tensor(request.prompt_ids[cached[i] :])
         tokens = tokens.to(self.device)
         length_t = torch.tensor(lengths, device=self.device)
+        cached_t = torch.tensor(cached, device=self.device)
         sampling = _sampling_tensors([r.params for r in joining], self.device)
 
         # the first token is a block of one (the last prompt token): no drafts, bonus sampled at position len(prompt)
-        out = self.runtime.target_verify(rows, tokens, torch.zeros_like(length_t), span, None, sampling, logits_at=length_t - 1)
+        out = self.runtime.target_verify(rows, tokens, cached_t, span, None, sampling, logits_at=length_t - cached_t - 1)
         first_token = out.bonus
         first_host = first_token.tolist()
 
@@ -242,11 +255,11 @@ class Decoder:
         self.sampling = sampling if self.sampling is None else SamplingTensors.cat([self.sampling, sampling])
         if self.speculative:
             self.ctx_features = _cat_padded(self.ctx_features, out.features)
-            self.ctx_counts = torch.cat([self.ctx_counts, length_t])
+            self.ctx_counts = torch.cat([self.ctx_counts, length_t - cached_t])  # the drafter has the cached prefix already
 
         events, finished = [], []
         for i, request in enumerate(joining):
-            result = SequenceResult(request.request_id, list(request.prompt_ids), num_target_forwards=1)
+            result = SequenceResult(request.request_id, list(request.prompt_ids), num_target_forwards=1, cached_prompt_tokens=cached[i])
             live = _Live(request, result)
             result.time_to_first_token = time.perf_counter() - request.arrival
             self.live.append(live)
@@ -256,6 +269,60 @@ class Decoder:
                 finished.append(first + i)
         self._drop(finished)
         return events
+
+    # ------------------------------------------------------------------ prefix caching
+
+    def _restore_prefixes(self, rows: slice, joining: list[Request]) -> list[int]:
+        """Copy each joining prompt's longest cached prefix into its row; returns the restored lengths.
+
+        Also notes which of the prompt's blocks to store once the row has drafted (its drafter
+        context is projected by the first draft step), and for hybrid targets asks the prefill to
+        keep the recurrent state where the stored blocks end.
+        """
+        cache = self.prefix_cache
+        if cache is None:
+            return [0] * len(joining)
+        hybrid = self.runtime.is_hybrid
+        matches = [cache.match(request.prompt_ids, needs_state=hybrid) for request in joining]
+        cached = [blocks[-1].end if blocks else 0 for blocks in matches]
+        lengths = [len(request.prompt_ids) for request in joining]
+        # the prefill pads every row to the widest suffix at each row's own positions: a long restored
+        # prefix next to a long uncached prompt could pad past the cache, so such rows prefill whole
+        while max(c + max(n - c for n, c in zip(lengths, cached)) for c in cached) > self.runtime.capacity:
+            widest = max(n - c for n, c in zip(lengths, cached))
+            cached = [0 if c + widest > self.runtime.capacity else c for c in cached]
+        keep_state = []
+        for i, request in enumerate(joining):
+            if cached[i]:
+                self.runtime.import_prefix(rows.start + i, matches[i][: cached[i] // cache.block_tokens])
+            end = cache.storable(lengths[i]) * cache.block_tokens
+            # hybrid: also keep the state where the prompt leaves the cached blocks, for the next prompt sharing them
+            parting = cache.depth(request.prompt_ids) if hybrid else 0
+            states = tuple(p for p in {end, parting} if cached[i] < p <= end) if hybrid else ()
+            if end > cached[i]:
+                self._prefix_stores[id(request)] = (cached[i], end, states)
+            keep_state.append(states)
+        if hybrid:
+            self.runtime.keep_prefix_state(rows, keep_state)
+        return cached
+
+    def _store_prefixes(self, indices: Iterable[int]) -> None:
+        """Store the noted prompt blocks of live rows `indices` that have drafted at least once."""
+        cache = self.prefix_cache
+        if cache is None or not self._prefix_stores:
+            return
+        size = cache.block_tokens
+        for i in indices:
+            live = self.live[i]
+            noted = self._prefix_stores.pop(id(live.request), None)
+            if noted is None or (self.speculative and not live.result.acceptance_lengths):
+                continue
+            start, end, states = noted
+            names = cache.names(live.request.prompt_ids, end // size)
+            for b in reversed(range(start // size, end // size)):  # deepest first: the root is evicted last
+                state = (b + 1) * size in states
+                if names[b] not in cache or (state and not cache.has_state(names[b])):
+                    cache.insert(names[b], self.runtime.export_prefix(i, b * size, (b + 1) * size, state=state))
 
     # ------------------------------------------------------------------ one speculative step
 
@@ -351,6 +418,7 @@ class Decoder:
     def _drop(self, finished: list[int]) -> None:
         if not finished:
             return
+        self._store_prefixes(finished)  # before their rows are given to others
         keep = [i for i in range(len(self.live)) if i not in set(finished)]
         index = torch.tensor(keep, dtype=torch.long, device=self.device)
         self.live = [self.live[i] for i in keep]

@@ -61,9 +61,10 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(f"cannot load DFlash model {self.name}: {exc}") from None
         self.loop.start()
         mode = f"DFlash, block {self.loop.decoder.block_size}" if self.loop.decoder.speculative else "autoregressive"
+        prefix = f"{config.prefix_cache_mib} MiB" if self.loop.decoder.prefix_cache is not None else "off"
         pb_utils.Logger.log_info(
             f"{self.name}: {config.target} ({mode}) on {self.loop.pipeline.runtime.device}, max batch {config.max_batch}, "
-            f"max context {self.loop.max_context}, max new tokens {self.loop.max_new_tokens_limit}"
+            f"max context {self.loop.max_context}, max new tokens {self.loop.max_new_tokens_limit}, prefix cache {prefix}"
         )
 
     def execute(self, requests: list) -> None:

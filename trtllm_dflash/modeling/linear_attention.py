@@ -38,6 +38,7 @@ from trtllm_dflash import hf_compat
 from trtllm_dflash.errors import DFlashError
 
 LINEAR_ATTENTION = "linear_attention"
+KEPT_STATES = 2  # prefix caching: states kept per row and prefill (a prompt's stored end, and where it left a cached prefix)
 
 
 def is_gated_delta_net(module: nn.Module) -> bool:
@@ -87,6 +88,12 @@ class LinearStates:
 
     def __init__(self, modules: dict[int, nn.Module], max_batch: int, dtype: torch.dtype, device: torch.device) -> None:
         self.capture_positions = True
+        self.max_batch = max_batch
+        # prefix caching: the states after the `keep_at[row]` prompt lengths of the next prefill, kept in
+        # `kept` (layer -> conv, recurrent [max_batch, KEPT_STATES, ...]), their lengths in `kept_lengths`
+        self.keep_at: dict[int, tuple[int, ...]] = {}
+        self.kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.kept_lengths = torch.full((max_batch, KEPT_STATES), -1, dtype=torch.long)
         self.layers: dict[int, LinearLayerState] = {}
         for index, module in modules.items():
             conv = torch.zeros(max_batch, module.conv_dim, module.conv_kernel_size - 1, dtype=dtype, device=device)
@@ -109,6 +116,42 @@ class LinearStates:
         for layer in self.layers.values():
             layer.conv[:count] = layer.conv.index_select(0, index)
             layer.recurrent[:count] = layer.recurrent.index_select(0, index)
+        for conv, recurrent in self.kept.values():
+            conv[:count] = conv.index_select(0, index)
+            recurrent[:count] = recurrent.index_select(0, index)
+        self.kept_lengths[:count] = self.kept_lengths.index_select(0, index.cpu())
+
+    def keep_states_at(self, rows: slice, lengths: list[tuple[int, ...]]) -> None:
+        """Ask the next prefill of `rows` to keep each row's states after these prompt lengths."""
+        if max(map(len, lengths), default=0) > KEPT_STATES:
+            raise ValueError(f"at most {KEPT_STATES} kept states per row")
+        self.keep_at = {rows.start + i: tuple(sorted(at)) for i, at in enumerate(lengths) if at}
+        for i, at in enumerate(lengths):
+            self.kept_lengths[rows.start + i] = torch.tensor(sorted(at) + [-1] * (KEPT_STATES - len(at)))
+
+    def keep_state(self, row: int, slot: int, layer_index: int, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
+        """Keep one row's state at a prefix's end (prefix caching), beside its live state."""
+        if layer_index not in self.kept:
+            layer = self.layers[layer_index]
+            with torch.inference_mode(False):  # first kept inside a forward pass; the buffers outlive it
+                self.kept[layer_index] = tuple(
+                    torch.zeros(t.shape[0], KEPT_STATES, *t.shape[1:], dtype=t.dtype, device=t.device) for t in (layer.conv, layer.recurrent)
+                )
+        self.kept[layer_index][0][row, slot] = conv
+        self.kept[layer_index][1][row, slot] = recurrent
+
+    def export_state(self, row: int, length: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of the states the last prefill kept for `row` after `length` tokens, by layer."""
+        slots = (self.kept_lengths[row] == length).nonzero().flatten().tolist()
+        if not slots:
+            raise ValueError(f"no state was kept for row {row} at {length} tokens")
+        return {i: (conv[row, slots[0]].clone(), recurrent[row, slots[0]].clone()) for i, (conv, recurrent) in self.kept.items()}
+
+    def import_state(self, row: int, saved: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Make saved states (`export_state`) the row's live state."""
+        for i, (conv, recurrent) in saved.items():
+            self.layers[i].conv[row] = conv
+            self.layers[i].recurrent[row] = recurrent
 
     @property
     def nbytes(self) -> int:
@@ -210,12 +253,21 @@ def gated_delta_net_forward(module: nn.Module, original, hidden_states: torch.Te
         core = torch.zeros(batch, length, module.num_v_heads, module.head_v_dim, dtype=hidden_states.dtype, device=hidden_states.device)
         finals = []
         for r, n in enumerate(valid.tolist()):
-            out, final = chunk_gated_delta_rule(
-                query[r : r + 1, :n], key[r : r + 1, :n], value[r : r + 1, :n], g=g[r : r + 1, :n], beta=beta[r : r + 1, :n],
-                initial_state=recurrent[r : r + 1].clone(), output_final_state=True, use_qk_l2norm_in_kernel=True,
-            )
-            core[r, :n] = out[0]
-            finals.append(final)
+            state = recurrent[r : r + 1].clone()
+            # prefix caching: run the row in pieces and keep the states between them
+            row = (rows.start or 0) + r
+            cuts = [at - int(cache.positions[r, 0]) for at in states.keep_at.get(row, ())]
+            bounds = [0, *(cut for cut in cuts if 0 < cut < n), n]
+            for lo, hi in zip(bounds, bounds[1:]):
+                out, state = chunk_gated_delta_rule(
+                    query[r : r + 1, lo:hi], key[r : r + 1, lo:hi], value[r : r + 1, lo:hi], g=g[r : r + 1, lo:hi],
+                    beta=beta[r : r + 1, lo:hi], initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                )
+                core[r, lo:hi] = out[0]
+                if hi in cuts:
+                    conv_inputs = window[r, :, hi : hi + window.shape[-1] - length]  # the K-1 inputs ending at token hi-1
+                    states.keep_state(row, cuts.index(hi), module.layer_idx, conv_inputs, state[0])
+            finals.append(state)
         _store_conv(layer, rows, window, valid)
         layer.recurrent[rows] = torch.cat(finals).to(layer.recurrent.dtype)
     elif not states.capture_positions:  # benchmark baseline only (see LinearStates)

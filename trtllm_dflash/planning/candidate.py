@@ -26,6 +26,7 @@ class Candidate:
     kv_fraction: float
     recipe: Any = None
     backend_reason: str = ""
+    prefix_cache_bytes: int = 0  # the served model's prefix cache (serving's prefix_cache_mib), on the device
 
 
 def with_changes(cfg: Candidate, **changes: Any) -> Candidate:

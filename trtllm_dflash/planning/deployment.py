@@ -15,8 +15,8 @@ from trtllm_dflash.planning.alternatives import describe_fit, fits, nearest_that
 from trtllm_dflash.planning.candidate import Candidate, with_changes
 from trtllm_dflash.planning.layout import default_layout, layout_refusals
 from trtllm_dflash.planning.memory import (
-    BYTES_PER_ELEMENT, DEFAULT_CONTEXT, DEFAULT_KV_FRACTION, DEFAULT_MAX_BATCH, GIB, GPU_COUNTS, linear_state_bytes_per_sequence,
-    max_concurrency,
+    BYTES_PER_ELEMENT, DEFAULT_CONTEXT, DEFAULT_KV_FRACTION, DEFAULT_MAX_BATCH, GIB, GPU_COUNTS, MIB, linear_state_bytes_per_sequence,
+    max_concurrency, prefix_cache_tokens,
 )
 from trtllm_dflash.planning.precision import precision_for, precision_refusals
 from trtllm_dflash.planning.records import Layout, Plan, Refusal
@@ -46,7 +46,8 @@ def make_plan(cfg: Candidate, refusals: list[Refusal], notes: list[str]) -> Plan
         max_concurrency=concurrency,
         runtime_reason=cfg.backend_reason,
         attention=model.attention_kind,
-        linear_state_bytes_per_sequence=linear_state_bytes_per_sequence(model, cfg.layout.tp, cfg.block_size),
+        linear_state_bytes_per_sequence=linear_state_bytes_per_sequence(model, cfg.layout.tp, cfg.block_size, cfg.prefix_cache_bytes > 0),
+        prefix_cache_tokens=prefix_cache_tokens(model, cfg.prefix_cache_bytes, cfg.precision.kv_cache, cfg.layout.tp),
         recipe=cfg.recipe.name if cfg.recipe is not None else None,
         steps=build_steps(cfg),
         refusals=tuple(refusals),
@@ -67,13 +68,15 @@ def plan_deployment(
     runtime: str | None = None,
     recipe: Any = None,
     use_recipe: bool = True,
+    prefix_cache_mib: int = 0,
 ) -> Plan:
     """Plan `model` on `gpu` (catalog names or aliases; 'cpu' for the torch runtime).
 
     Values come from `recipe` (a Recipe), else from the shipped recipe for model x gpu when there
     is one (use_recipe), else from defaults; explicit arguments override either. Never raises
     for a combination that cannot work: the Plan's `refusals` say why, with the nearest
-    combination that does (call `.check()` to raise instead).
+    combination that does (call `.check()` to raise instead). `prefix_cache_mib`: the served
+    model's prefix cache, taken from the device before the KV caches.
     """
     spec = resolve_model(model)
     gpu_spec = None if gpu.strip().lower() == CPU else resolve_gpu(gpu)
@@ -139,6 +142,7 @@ def plan_deployment(
         base = Candidate(spec, gpu_spec, runtime, precision, default_layout(spec, num_gpus or 1), ctx, batch,
                        min(ctx, DEFAULT_CONTEXT), block, frozenset({block - 1}),
                        get_backend(runtime).default_kv_fraction or DEFAULT_KV_FRACTION)
+        base = with_changes(base, prefix_cache_bytes=prefix_cache_mib * MIB)
         cfg = base
         if num_gpus is None and gpu_spec is not None and not fits(base):
             # Smallest GPU count that fits at this precision.
@@ -151,6 +155,7 @@ def plan_deployment(
                         break
         notes.append(f"no shipped recipe for {spec.name} on {gpu_spec.name if gpu_spec else CPU}: defaults chosen")
 
+    cfg = with_changes(cfg, prefix_cache_bytes=prefix_cache_mib * MIB)
     if spec.drafter is not None and spec.drafter.is_v2:
         d = spec.drafter
         notes.append(f"DFlash V2 drafter: its weights include {d.conv_params() / 1e6:.1f}M convolution, "

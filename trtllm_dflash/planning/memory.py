@@ -78,12 +78,16 @@ LINEAR_STATE_PRECISION = "fp32"  # Gated DeltaNet recurrent state (TensorRT-LLM,
 LINEAR_CONV_PRECISION = "bf16"
 
 
-def linear_state_bytes_per_sequence(model: ModelSpec, tp: int, block_size: int) -> int:
+PREFIX_KEPT_STATES = 2  # with a prefix cache, a hybrid row keeps two more states per prefill (modeling/linear_attention.py)
+
+
+def linear_state_bytes_per_sequence(model: ModelSpec, tp: int, block_size: int, prefix_cache: bool = False) -> int:
     """Per GPU, one sequence: the Gated DeltaNet state of every linear layer, which does not grow with context.
 
     Per layer: recurrent num_v_heads x k_dim x v_dim (FP32) + conv (kernel-1) x conv_dim (BF16), heads split
     over tp; times (1 + block_size): speculative rollback keeps one state copy per block position (as
-    SGLang's extra_buffer does) so that the state after any accepted prefix can be restored.
+    SGLang's extra_buffer does) so that the state after any accepted prefix can be restored; plus
+    PREFIX_KEPT_STATES copies with a prefix cache (the states its blocks store are within its bound).
     """
     layers = model.linear_layers
     if not layers:
@@ -91,7 +95,16 @@ def linear_state_bytes_per_sequence(model: ModelSpec, tp: int, block_size: int) 
     recurrent, conv = model.linear_state_elements()
     split = max(1, min(tp, model.linear_num_value_heads or 1))
     one = bytes_of(recurrent, LINEAR_STATE_PRECISION) // split + bytes_of(conv, LINEAR_CONV_PRECISION) // split
-    return layers * one * (1 + block_size)
+    return layers * one * (1 + block_size + (PREFIX_KEPT_STATES if prefix_cache else 0))
+
+
+def prefix_cache_tokens(model: ModelSpec, cache_bytes: int, kv_precision: str, tp: int) -> int:
+    """Prompt tokens a prefix cache of `cache_bytes` holds: per token, every attention layer's K/V (sliding
+    layers too: a block keeps all its positions) and the drafter's context K/V. A hybrid target's
+    stored states (one per stored prompt end) come out of the same bound."""
+    per_token = kv_bytes_per_sequence(model, 1, kv_precision, tp)  # one token: sliding layers count whole
+    per_token += drafter_kv_bytes_per_sequence(model, 1, kv_precision)
+    return cache_bytes // per_token if per_token and cache_bytes else 0
 
 
 def drafter_kv_bytes_per_sequence(model: ModelSpec, context: int, kv_precision: str) -> int:
@@ -164,7 +177,8 @@ def memory_budget(cfg: Candidate) -> tuple[MemoryBudget, int, int, int, int]:
         activations = activation_bytes(model, layout, cfg.max_batch, cfg.max_num_tokens, cfg.block_size)
         graphs = cuda_graph_bytes(cfg.max_batch, set(cfg.draft_lengths)) if uses_cuda_graphs(cfg) else 0
         reserve = RUNTIME_RESERVE_BYTES + (NCCL_RESERVE_BYTES if layout.num_gpus > 1 else 0)
-    fixed = weights + drafter + activations + graphs + reserve
+    prefix = cfg.prefix_cache_bytes
+    fixed = weights + drafter + activations + graphs + reserve + prefix
     kv_budget = max(0, int((capacity - fixed) * cfg.kv_fraction))
     # Growth per token of context: the full-attention layers (sliding layers stop at their window).
     full_per_token = model.num_layers * model.mla_kv_per_token() if model.is_mla else sum(
@@ -172,9 +186,9 @@ def memory_budget(cfg: Candidate) -> tuple[MemoryBudget, int, int, int, int]:
         for i in range(model.num_layers) if not model.attention(i).window
     )
     target_seq = kv_bytes_per_sequence(model, cfg.context, cfg.precision.kv_cache, layout.tp)
-    target_seq += linear_state_bytes_per_sequence(model, layout.tp, cfg.block_size)
+    target_seq += linear_state_bytes_per_sequence(model, layout.tp, cfg.block_size, prefix_cache=prefix > 0)
     drafter_seq = drafter_kv_bytes_per_sequence(model, cfg.context, cfg.precision.kv_cache)
-    per_gpu = MemoryBudget(weights, drafter, activations, graphs, reserve, kv_budget, capacity)
+    per_gpu = MemoryBudget(weights, drafter, activations, graphs, reserve, kv_budget, capacity, prefix)
     return per_gpu, bytes_of(full_per_token, cfg.precision.kv_cache), target_seq, drafter_seq, kv_budget
 
 

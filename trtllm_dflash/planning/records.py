@@ -37,10 +37,12 @@ class MemoryBudget:
     runtime_reserve: int
     kv_cache: int  # what is left for KV caches (after the runtime's free-memory fraction)
     capacity: int  # the GPU's memory
+    prefix_cache: int = 0  # the prefix cache's bound (runtime/prefix_cache.py), taken before the KV caches
 
     @property
     def fixed(self) -> int:
-        return self.target_weights + self.drafter_weights + self.activations + self.cuda_graphs + self.runtime_reserve
+        return (self.target_weights + self.drafter_weights + self.activations + self.cuda_graphs + self.runtime_reserve
+                + self.prefix_cache)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +66,7 @@ class Plan:
     runtime_reason: str
     attention: str  # dense / sliding / sinks / hybrid-linear / mla
     linear_state_bytes_per_sequence: int  # Gated DeltaNet state incl. rollback copies (in kv_bytes_per_sequence); 0 if none
+    prefix_cache_tokens: int  # prompt tokens the prefix cache holds (target + drafter K/V per token; 0: off)
     recipe: str | None
     steps: tuple[BuildStep, ...]
     refusals: tuple[Refusal, ...]

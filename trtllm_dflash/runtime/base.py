@@ -18,6 +18,7 @@ from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.contracts import names
 from trtllm_dflash import ops
 from trtllm_dflash.ops import reference, rng
+from trtllm_dflash.runtime.prefix_cache import PrefixBlock
 
 
 @dataclasses.dataclass
@@ -88,6 +89,26 @@ class Runtime(abc.ABC):
         Attention caches need nothing (slots past a row's length are overwritten later); layers
         with a recurrent state (linear attention) take the state after the kept tokens here.
         """
+
+    # ------------------------------------------------------------------ prefix caching (runtime/prefix_cache.py)
+
+    def prefix_cache_refusal(self) -> str | None:
+        """Why this runtime cannot export and import prompt prefixes (None: it can)."""
+        return f"the {type(self).__name__} runtime does not export its caches"
+
+    def keep_prefix_state(self, rows: slice, lengths: list[tuple[int, ...]]) -> None:
+        """Before a prefill of `rows`: keep each row's recurrent state after each of lengths[r] prompt
+        tokens (at most two), for `export_prefix(..., state=True)`. Only hybrid targets keep such a state."""
+
+    def export_prefix(self, row: int, start: int, end: int, state: bool = False) -> PrefixBlock:
+        """Copies of row `row`'s target and drafter caches at positions [start, end) (and, for a hybrid
+        target with `state`, the recurrent state `keep_prefix_state` kept at `end`)."""
+        raise NotImplementedError(self.prefix_cache_refusal())
+
+    def import_prefix(self, row: int, blocks: list[PrefixBlock]) -> None:
+        """Write consecutive blocks from position 0 into row `row`'s caches (the last block's state
+        becomes the row's recurrent state), so that a prefill can start at blocks[-1].end."""
+        raise NotImplementedError(self.prefix_cache_refusal())
 
     @abc.abstractmethod
     def draft_forward(
@@ -236,6 +257,42 @@ class CachedRuntime(Runtime):
         self.target_cache.keep_rows(index)
         if self.draft_cache is not None:
             self.draft_cache.keep_rows(index)
+
+    def prefix_cache_refusal(self) -> str | None:
+        if self.drafter_config is not None and self.drafter_config.history > 0:
+            return (f"the drafter sees only its last {self.drafter_config.history} context positions and does not "
+                    "keep the others, so a prefix's drafter context cannot be reused")
+        if self.is_hybrid:
+            return f"the {type(self).__name__} runtime does not export the recurrent states of linear-attention layers"
+        return None
+
+    def export_prefix(self, row: int, start: int, end: int, state: bool = False) -> PrefixBlock:
+        slots = slice(start, end)
+        copy = lambda cache: [  # noqa: E731
+            (layer.keys[row, slots].clone(), layer.values[row, slots].clone()) if layer.keys is not None else None
+            for layer in cache.layers
+        ]
+        drafter = copy(self.draft_cache) if self.draft_cache is not None else None
+        return PrefixBlock(start, end, copy(self.target_cache), drafter)
+
+    def import_prefix(self, row: int, blocks: list[PrefixBlock]) -> None:
+        for block in blocks:
+            _write_slots(self.target_cache, row, block.start, block.end, block.target)
+            if self.draft_cache is not None:
+                _write_slots(self.draft_cache, row, block.start, block.end, block.drafter)
+
+
+def _write_slots(cache, row: int, start: int, end: int, layers: list) -> None:
+    """Copy saved per-layer K/V into a StaticKVCache row at [start, end); a lazy cache's layer is
+    allocated with the saved shape if it has not written yet."""
+    for i, saved in enumerate(layers):
+        if saved is None:
+            continue
+        keys, values = saved
+        if cache.layers[i].keys is None:
+            cache.allocate_layer(i, keys.shape[1], keys.shape[2], values.shape[2])
+        cache.layers[i].keys[row, start:end] = keys
+        cache.layers[i].values[row, start:end] = values
 
 
 def verifying_graph_inputs(

@@ -30,6 +30,7 @@ from trtllm_dflash.modeling.kv_cache import RaggedHFCache, StaticKVCache
 from trtllm_dflash.modeling.taps import HiddenTaps
 from trtllm_dflash.ops import custom_ops
 from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, Proposal, SamplingTensors, TargetOutput, draft_positions
+from trtllm_dflash.runtime.prefix_cache import PrefixBlock
 from trtllm_dflash.runtime.cuda_graphs import StepGraphs
 
 FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"
@@ -173,6 +174,28 @@ class TorchRuntime(CachedRuntime):
         if self.linear_states is not None:
             self.linear_states.commit(rows, kept)
 
+    # ------------------------------------------------------------------ prefix caching
+
+    def prefix_cache_refusal(self) -> str | None:
+        if self.drafter_config is not None and self.drafter_config.history > 0:
+            return super().prefix_cache_refusal()
+        return None  # hybrid targets too: their linear states are kept at the prefix's end (keep_prefix_state)
+
+    def keep_prefix_state(self, rows: slice, lengths: list[tuple[int, ...]]) -> None:
+        if self.linear_states is not None:
+            self.linear_states.keep_states_at(rows, lengths)
+
+    def export_prefix(self, row: int, start: int, end: int, state: bool = False) -> PrefixBlock:
+        block = super().export_prefix(row, start, end, state)
+        if state and self.linear_states is not None:
+            block.state = self.linear_states.export_state(row, end)
+        return block
+
+    def import_prefix(self, row: int, blocks: list[PrefixBlock]) -> None:
+        super().import_prefix(row, blocks)
+        if self.linear_states is not None:
+            self.linear_states.import_state(row, blocks[-1].state)
+
     def attention_masks(self, positions: torch.Tensor, span: int):
         """One mask per attention kind (a single 4D mask where there is one kind)."""
         masks = {}
@@ -212,6 +235,8 @@ class TorchRuntime(CachedRuntime):
             ).last_hidden_state
         if logits_at is not None:
             hidden = hidden[torch.arange(hidden.shape[0], device=self.device), logits_at].unsqueeze(1)
+            if self.linear_states is not None:
+                self.linear_states.keep_at = {}  # asked for this prefill only
         logits = self.lm_head(hidden)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap

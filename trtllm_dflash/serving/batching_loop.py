@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 import numpy as np
 
 from trtllm_dflash.decoding import Decoder, Request, SequenceResult, StepEvent
+from trtllm_dflash.runtime.prefix_cache import PrefixCache
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.sampling_params import SamplingParams, check_prompt_text
 from trtllm_dflash.serving.model_parameters import ServingConfig
@@ -90,8 +91,19 @@ class BatchingLoop:
         self._thread: threading.Thread | None = None
 
     def _new_decoder(self) -> Decoder:
+        """A decoder (with an empty prefix cache: after a failed step nothing kept is trusted)."""
         return Decoder(self.pipeline.runtime, max_batch=self.config.max_batch, max_context=self.max_context,
-                       block_size=self.config.block_size, draft_len_schedule=self.config.draft_len_schedule)
+                       block_size=self.config.block_size, draft_len_schedule=self.config.draft_len_schedule,
+                       prefix_cache=self._prefix_cache())
+
+    def _prefix_cache(self) -> PrefixCache | None:
+        if self.config.prefix_cache_mib == 0:
+            return None
+        refusal = self.pipeline.runtime.prefix_cache_refusal()
+        if refusal is not None:
+            self.log(f"prefix cache off: {refusal}")
+            return None
+        return PrefixCache(self.config.prefix_cache_mib * 1024 * 1024, self.config.prefix_cache_block)
 
     # ------------------------------------------------------------------ request side (any thread)
 

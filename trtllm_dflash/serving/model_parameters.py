@@ -17,6 +17,9 @@ from trtllm_dflash.errors import DFlashError
 
 Runtime = Literal["torch", "trt"]
 DEFAULT_NEW_TOKENS = 128  # what a request that does not say gets, unless the model sets default_max_tokens
+# on by default: chats, agents and system prompts repeat their prefixes on every turn, and the cache only
+# ever holds what requests left (at most this much; README "Prefix caching" says what it costs per token)
+DEFAULT_PREFIX_CACHE_MIB = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +70,11 @@ class ServingConfig(BaseModel):
         None, description="Draft tokens by live rows, {rows from: tokens} (the recipe's; '1:7,8:3,16:0' in config.pbtxt)."
     )
     num_threads: int = Field(0, ge=0, description="torch CPU threads per model (0 = torch's default).")
+    prefix_cache_mib: int = Field(
+        DEFAULT_PREFIX_CACHE_MIB, ge=0,
+        description="Prefix cache (MiB, on the model's device; 0 = off): prompts that start with a prefix seen before skip its prefill.",
+    )
+    prefix_cache_block: int = Field(64, ge=1, description="Prefix cache granularity: prompts are matched in whole blocks of this many tokens.")
 
     @field_validator("draft_len_schedule", mode="before")
     @classmethod
