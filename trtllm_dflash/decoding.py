@@ -5,7 +5,8 @@ target scores the block in one pass, verification (on the device) returns how ma
 row accepts and its bonus token, and the host reads that one small tensor. Rows then advance by
 different amounts; their caches need no rollback because slots past a row's length are simply
 overwritten next step (see runtime/base.py). Rows that finish leave between steps and new
-requests join between steps (in-flight batching).
+requests join between steps (in-flight batching). A long prompt joins in chunks of at most
+`prefill_chunk` tokens per step (chunked prefill), so live rows keep decoding while it is written.
 
 Without a drafter the same loop decodes autoregressively: the block is just the anchor.
 """
@@ -23,7 +24,7 @@ import torch
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.base import Runtime, SamplingTensors
-from trtllm_dflash.contracts.request_limits import MIN_TEMPERATURE
+from trtllm_dflash.contracts.request_limits import DEFAULT_PREFILL_CHUNK, MIN_TEMPERATURE
 from trtllm_dflash.sampling_params import SamplingParams, check_prompt_tokens  # SamplingParams is re-exported: decoding.SamplingParams
 
 
@@ -87,6 +88,24 @@ class _Live:
         self.start = len(request.prompt_ids)  # position of the anchor == committed target length
 
 
+class _Prefilling:
+    """A request whose prompt is being written into its cache row, a chunk per step; not decoded yet.
+
+    Its row sits after the live rows (rows are live first, then prefilling, oldest first), so
+    when its prompt is complete it becomes live where it is."""
+
+    def __init__(self, request: Request, sampling: SamplingTensors) -> None:
+        self.request = request
+        self.sampling = sampling  # one row; its seed is drawn once, the first token is sampled with it
+        self.done = 0  # prompt tokens whose K/V (and recurrent state) are in the row
+        self.chunks = 0  # target passes spent on the prompt
+        self.features: list[torch.Tensor] = []  # tapped features of the prefilled positions: the drafter's context
+
+    @property
+    def remaining(self) -> int:
+        return len(self.request.prompt_ids) - self.done
+
+
 def _check_schedule(schedule: Mapping[int, int] | None, block_size: int) -> dict[int, int]:
     """A draft-length schedule as {live rows from: draft tokens}, checked against the block size."""
     if not schedule:
@@ -115,6 +134,10 @@ class Decoder:
     block, so its context cache stays complete). Call `submit` to queue requests and `step` to
     advance every live request by one verify pass; `generate` does both until everything is
     finished.
+
+    `prefill_chunk` bounds the prompt tokens prefilled per step (chunked prefill, oldest request
+    first): a long prompt joins over several steps and the live rows decode in each of them. 0
+    prefills every joining prompt whole before the step (a long one then stalls every row).
     """
 
     def __init__(
@@ -125,6 +148,7 @@ class Decoder:
         block_size: int | None = None,
         profile: bool = False,
         draft_len_schedule: Mapping[int, int] | None = None,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ) -> None:
         self.runtime = runtime
         self.speculative = runtime.has_drafter
@@ -137,6 +161,9 @@ class Decoder:
         else:
             self.block_size = 1
         self.draft_len_schedule = _check_schedule(draft_len_schedule, self.block_size) if self.speculative else {}
+        if prefill_chunk < 0:
+            raise DFlashError(f"prefill_chunk must be >= 0, got {prefill_chunk}", "use a token count such as 512, or 0 for whole prompts")
+        self.prefill_chunk = int(prefill_chunk)
         self.max_batch = max_batch
         self.max_context = max_context
         self.profile = profile
@@ -144,6 +171,7 @@ class Decoder:
         runtime.allocate(max_batch, max_context + self.block_size)
         self.waiting: deque[Request] = deque()
         self.live: list[_Live] = []
+        self.prefilling: list[_Prefilling] = []  # rows len(live)..len(live)+len(prefilling)-1
         self.stats: list[StepStats] = []
         self._ids = itertools.count()
         # device state of the live rows, row i <-> self.live[i]
@@ -182,6 +210,10 @@ class Decoder:
             if request.request_id == request_id:
                 self.waiting.remove(request)
                 return None
+        for i, pending in enumerate(self.prefilling):
+            if pending.request.request_id == request_id:
+                self._drop_prefilling(i)
+                return None
         for i, live in enumerate(self.live):
             if live.request.request_id == request_id:
                 live.result.finish_reason = "cancelled"
@@ -192,11 +224,11 @@ class Decoder:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.live)
+        return bool(self.waiting or self.live or self.prefilling)
 
     def step(self) -> list[StepEvent]:
-        """Admit waiting requests, then one draft + verify pass over all live rows."""
-        events = self._admit()
+        """Admit waiting requests (whole, or a chunk of prompt), then one draft + verify pass over all live rows."""
+        events = self._prefill_chunk() if self.prefill_chunk else self._admit()
         if self.live:
             events += self._decode_step()
         return events
@@ -256,6 +288,85 @@ class Decoder:
                 finished.append(first + i)
         self._drop(finished)
         return events
+
+    # ------------------------------------------------------------------ chunked admission (prefill)
+
+    def _prefill_chunk(self) -> list[StepEvent]:
+        """Prefill at most `prefill_chunk` prompt tokens of the prefilling rows, oldest first; rows
+        whose prompt is complete become live (first token and drafter context as a whole prefill)."""
+        self._start_prefills()
+        counts, budget = [], self.prefill_chunk
+        for pending in self.prefilling:
+            if budget <= 0:
+                break
+            counts.append(min(pending.remaining, budget))
+            budget -= counts[-1]
+        if not counts:
+            return []
+        batch, first = self.prefilling[: len(counts)], len(self.live)
+        tokens = torch.zeros(len(batch), max(counts), dtype=torch.long)
+        for i, (pending, count) in enumerate(zip(batch, counts)):
+            tokens[i, :count] = torch.tensor(pending.request.prompt_ids[pending.done : pending.done + count])
+        starts = torch.tensor([p.done for p in batch], device=self.device)
+        count_t = torch.tensor(counts, device=self.device)
+        span = max(p.done + c for p, c in zip(batch, counts))
+        sampling = SamplingTensors.cat([p.sampling for p in batch])
+        # a chunk is a prefill that starts at the row's prefilled length; its logits are those of its last
+        # token, which for a completed prompt is where a whole prefill samples the first token
+        out = self.runtime.target_verify(
+            slice(first, first + len(batch)), tokens.to(self.device), starts, span, None, sampling, logits_at=count_t - 1
+        )
+        for i, (pending, count) in enumerate(zip(batch, counts)):
+            pending.done += count
+            pending.chunks += 1
+            if self.speculative:  # copied: a runtime may reuse its output buffers in the next pass
+                pending.features.append(out.features[i, :count].clone())
+        complete = sum(1 for p in batch if p.remaining == 0)  # oldest first: the complete ones lead
+        return self._go_live(complete, out.bonus[:complete]) if complete else []
+
+    def _start_prefills(self) -> None:
+        """Waiting requests take the free rows (after the live and prefilling ones), nothing prefilled yet."""
+        free = self.max_batch - len(self.live) - len(self.prefilling)
+        while self.waiting and free > 0:
+            request = self.waiting.popleft()
+            self.prefilling.append(_Prefilling(request, _sampling_tensors([request.params], self.device)))
+            free -= 1
+
+    def _go_live(self, count: int, first_token: torch.Tensor) -> list[StepEvent]:
+        """The first `count` prefilling rows (complete prompts, right after the live rows) become live."""
+        joining, self.prefilling = self.prefilling[:count], self.prefilling[count:]
+        first = len(self.live)
+        length_t = torch.tensor([len(p.request.prompt_ids) for p in joining], device=self.device)
+        self.anchor = torch.cat([self.anchor, first_token])
+        self.starts = torch.cat([self.starts, length_t])
+        sampling = SamplingTensors.cat([p.sampling for p in joining])
+        self.sampling = sampling if self.sampling is None else SamplingTensors.cat([self.sampling, sampling])
+        if self.speculative:  # the drafter reads the whole prompt's features at the row's first draft
+            prompts = [torch.cat(p.features) for p in joining]
+            width = max(f.shape[0] for f in prompts)
+            features = torch.stack([torch.nn.functional.pad(f, (0, 0, 0, width - f.shape[0])) for f in prompts])
+            self.ctx_features = _cat_padded(self.ctx_features, features)
+            self.ctx_counts = torch.cat([self.ctx_counts, length_t])
+        events, finished = [], []
+        for i, (pending, token) in enumerate(zip(joining, first_token.tolist())):
+            request = pending.request
+            result = SequenceResult(request.request_id, list(request.prompt_ids), num_target_forwards=pending.chunks)
+            result.time_to_first_token = time.perf_counter() - request.arrival
+            live = _Live(request, result)
+            self.live.append(live)
+            new = self._commit(live, [token])
+            events.append(StepEvent(request.request_id, new, result.finish_reason is not None, result))
+            if result.finish_reason is not None:
+                finished.append(first + i)
+        self._drop(finished)
+        return events
+
+    def _drop_prefilling(self, index: int) -> None:
+        """Forget prefilling row `index` (cancelled); the rows after it move up."""
+        live = len(self.live)
+        del self.prefilling[index]
+        keep = list(range(live)) + [live + i for i in range(len(self.prefilling) + 1) if i != index]
+        self.runtime.keep_rows(torch.tensor(keep, dtype=torch.long, device=self.device))
 
     # ------------------------------------------------------------------ one speculative step
 
@@ -353,6 +464,8 @@ class Decoder:
             return
         keep = [i for i in range(len(self.live)) if i not in set(finished)]
         index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        # prefilling rows (after the live ones) keep their caches and move up behind the kept live rows
+        rows = keep + list(range(len(self.live), len(self.live) + len(self.prefilling)))
         self.live = [self.live[i] for i in keep]
         self.anchor = self.anchor.index_select(0, index)
         self.starts = self.starts.index_select(0, index)
@@ -360,8 +473,8 @@ class Decoder:
         if self.speculative:
             self.ctx_features = self.ctx_features.index_select(0, index)
             self.ctx_counts = self.ctx_counts.index_select(0, index)
-        if keep:
-            self.runtime.keep_rows(index)
+        if rows:
+            self.runtime.keep_rows(torch.tensor(rows, dtype=torch.long, device=self.device))
 
 
 def _sampling_tensors(params: list[SamplingParams], device: torch.device) -> SamplingTensors:

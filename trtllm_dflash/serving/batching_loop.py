@@ -90,7 +90,8 @@ class BatchingLoop:
 
     def _new_decoder(self) -> Decoder:
         return Decoder(self.pipeline.runtime, max_batch=self.config.max_batch, max_context=self.max_context,
-                       block_size=self.config.block_size, draft_len_schedule=self.config.draft_len_schedule)
+                       block_size=self.config.block_size, draft_len_schedule=self.config.draft_len_schedule,
+                       prefill_chunk=self.config.prefill_chunk)
 
     # ------------------------------------------------------------------ request side (any thread)
 
@@ -132,7 +133,8 @@ class BatchingLoop:
             self._drop_cancelled()
             if self.decoder.has_work:
                 self._step()
-            self.metrics.queue(len(self.decoder.live), len(self.decoder.waiting) + self.inbox.qsize())
+            waiting = len(self.decoder.waiting) + len(self.decoder.prefilling) + self.inbox.qsize()  # prefilling: not decoding yet
+            self.metrics.queue(len(self.decoder.live), waiting)
 
     def _step(self) -> None:
         try:

@@ -13,6 +13,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from trtllm_dflash.contracts.request_limits import DEFAULT_PREFILL_CHUNK
 from trtllm_dflash.errors import DFlashError
 
 Runtime = Literal["torch", "trt"]
@@ -67,6 +68,10 @@ class ServingConfig(BaseModel):
         None, description="Draft tokens by live rows, {rows from: tokens} (the recipe's; '1:7,8:3,16:0' in config.pbtxt)."
     )
     num_threads: int = Field(0, ge=0, description="torch CPU threads per model (0 = torch's default).")
+    prefill_chunk: int = Field(
+        DEFAULT_PREFILL_CHUNK, ge=0,
+        description="Prompt tokens prefilled per decoding step, so long prompts join without stalling live streams (0 = whole prompts).",
+    )
 
     @field_validator("draft_len_schedule", mode="before")
     @classmethod
