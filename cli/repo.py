@@ -34,6 +34,9 @@ def repo(
     block_size: Optional[int] = typer.Option(None, "--block-size", "-b", help="Draft block size (default: the drafter's)."),
     device: str = typer.Option("auto", "--device", help="auto (cuda when present), cpu or cuda."),
     threads: int = typer.Option(0, "--threads", help="torch CPU threads per model (0 = torch's default)."),
+    prefill_chunk: Optional[int] = typer.Option(
+        None, "--prefill-chunk", help="Prompt tokens prefilled per decoding step, so long prompts do not stall live streams (default 512; 0 = whole prompts)."
+    ),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out."),
     llmapi_model: Optional[Path] = typer.Option(
         None, "--llmapi-model", help="trtllm recipes and builds: NVIDIA's LLM-API Triton model folder (TensorRT-LLM's "
@@ -81,7 +84,8 @@ def repo(
         source = {"model": model, "drafter": drafter}
     target, draft = repository.check_checkpoints(target, draft)
     options = {"device": device, "num_threads": threads}
-    overrides = {"max_batch": max_batch, "max_context": max_context, "max_tokens": max_tokens, "block_size": block_size}
+    overrides = {"max_batch": max_batch, "max_context": max_context, "max_tokens": max_tokens, "block_size": block_size,
+                 "prefill_chunk": prefill_chunk}
     options.update(limits)
     options.update({k: v for k, v in overrides.items() if v is not None})  # flags override the recipe
     if options.get("max_tokens") and options.get("max_context"):  # a request leaves room for its prompt
