@@ -63,7 +63,8 @@ class TritonPythonModel:
         mode = f"DFlash, block {self.loop.decoder.block_size}" if self.loop.decoder.speculative else "autoregressive"
         pb_utils.Logger.log_info(
             f"{self.name}: {config.target} ({mode}) on {self.loop.pipeline.runtime.device}, max batch {config.max_batch}, "
-            f"max context {self.loop.max_context}, max new tokens {self.loop.max_new_tokens_limit}"
+            f"max context {self.loop.max_context}, max new tokens {self.loop.max_new_tokens_limit}, "
+            f"prefill chunk {config.prefill_chunk or 'off (whole prompts)'}"
         )
 
     def execute(self, requests: list) -> None:
