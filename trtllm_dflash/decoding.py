@@ -204,7 +204,7 @@ class Decoder:
         """Drop a request between steps (its client went away); its row is freed for others.
 
         Returns what the request had produced (finish_reason "cancelled"), or None if it was
-        still waiting or is unknown.
+        still waiting or being prefilled (nothing produced yet), or is unknown.
         """
         for request in self.waiting:
             if request.request_id == request_id:
