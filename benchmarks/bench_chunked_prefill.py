@@ -7,7 +7,7 @@ steps and each step prefills at most that many tokens.
 What runs (one process, the Decoder directly, CPU): a random Qwen3-architecture target (6 layers,
 hidden 192, the issue's shape) with a random 2-layer drafter, block 8; 4 short streams (128-token
 prompts, refilled as they finish) decode continuously; every `--long-every` steps a long prompt
-(3,000 tokens, 8 new tokens) joins. Conditions, interleaved round by round so the other
+(3,000 tokens, 8 new tokens, or `--long-new-tokens`) joins. Conditions, interleaved round by round so the other
 processes on the machine load each alike: no long prompts, whole prompts (prefill_chunk 0), and
 each chunk size. Reported per condition: the gap between consecutive token events of the short
 streams (p50 / p90 / p99 / max, ms), the short requests' mean inter-token latency as aiperf
@@ -32,7 +32,7 @@ from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 
 
-def _run(runtime: TorchRuntime, chunk: int | None, steps: int, long_every: int, long_len: int, seed: int) -> tuple[list[float], list[float], list[float]]:
+def _run(runtime: TorchRuntime, chunk: int | None, steps: int, long_every: int, long_len: int, long_new: int, seed: int) -> tuple[list[float], list[float], list[float]]:
     """Short-stream event gaps, short requests' mean inter-token latency (aiperf's: (last - first
     token) / (tokens - 1)) and long-prompt TTFTs, in s, of one condition (chunk None: no long prompts)."""
     generator = torch.Generator().manual_seed(seed)
@@ -45,7 +45,7 @@ def _run(runtime: TorchRuntime, chunk: int | None, steps: int, long_every: int, 
     gaps, itls, ttfts = [], [], []
     for step in range(steps):
         if chunk is not None and step % long_every == long_every // 2:
-            decoder.submit(Request(torch.randint(3, vocab, (long_len,), generator=generator).tolist(), SamplingParams(max_new_tokens=8)))
+            decoder.submit(Request(torch.randint(3, vocab, (long_len,), generator=generator).tolist(), SamplingParams(max_new_tokens=long_new)))
         events = decoder.step()
         now = time.perf_counter()
         for event in events:
@@ -71,6 +71,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=90, help="decoding steps per condition and round")
     parser.add_argument("--long-every", type=int, default=45, help="a long prompt joins every this many steps")
     parser.add_argument("--long-len", type=int, default=3000)
+    parser.add_argument("--long-new-tokens", type=int, default=8,
+                        help="tokens a long prompt generates (1: it never decodes, which isolates its prefill)")
     parser.add_argument("--chunks", default="512", help="chunk sizes to compare with whole prompts")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
@@ -82,20 +84,20 @@ def main() -> None:
     runtime = TorchRuntime(target.model, load_drafter(drafter_dir, target))
     conditions: list[tuple[str, int | None]] = [("no long prompts", None), ("whole (prefill_chunk 0)", 0)]
     conditions += [(f"prefill_chunk {c}", int(c)) for c in args.chunks.split(",")]
-    _run(runtime, 0, 20, 10, args.long_len, seed=99)  # warm-up
+    _run(runtime, 0, 20, 10, args.long_len, args.long_new_tokens, seed=99)  # warm-up
     gaps: dict[str, list[float]] = {name: [] for name, _ in conditions}
     itls: dict[str, list[float]] = {name: [] for name, _ in conditions}
     ttfts: dict[str, list[float]] = {name: [] for name, _ in conditions}
     for round_ in range(args.rounds):
         for name, chunk in conditions:
-            g, i, t = _run(runtime, chunk, args.steps, args.long_every, args.long_len, seed=round_)
+            g, i, t = _run(runtime, chunk, args.steps, args.long_every, args.long_len, args.long_new_tokens, seed=round_)
             gaps[name] += g
             itls[name] += i
             ttfts[name] += t
     ms = lambda values, q: 1000 * statistics.quantiles(values, n=100)[q - 1]  # noqa: E731
     base_p90, base_p99 = ms(gaps["no long prompts"], 90), ms(gaps["no long prompts"], 99)
     print(f"torch {torch.__version__}, {args.threads} threads, {args.rounds} rounds x {args.steps} steps, "
-          f"a {args.long_len}-token prompt every {args.long_every} steps")
+          f"a {args.long_len}-token prompt ({args.long_new_tokens} new tokens) every {args.long_every} steps")
     print("| condition | gap p50 ms | gap p90 ms | gap p99 ms | gap max ms | p90 / no long | p99 / no long "
           "| short requests' mean ITL p90 ms | long TTFT mean ms |")
     print("|---|---|---|---|---|---|---|---|---|")
