@@ -38,6 +38,9 @@ def repo(
         None, "--prefix-cache-mib", help="Prefix cache per model in MiB (default 1024; 0 turns it off): prompts that "
         "start with a prefix seen before skip its prefill."
     ),
+    prefill_chunk: Optional[int] = typer.Option(
+        None, "--prefill-chunk", help="Prompt tokens prefilled per decoding step, so long prompts do not stall live streams (default 512; 0 = whole prompts)."
+    ),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out."),
     llmapi_model: Optional[Path] = typer.Option(
         None, "--llmapi-model", help="trtllm recipes and builds: NVIDIA's LLM-API Triton model folder (TensorRT-LLM's "
@@ -86,7 +89,7 @@ def repo(
     target, draft = repository.check_checkpoints(target, draft)
     options = {"device": device, "num_threads": threads}
     overrides = {"max_batch": max_batch, "max_context": max_context, "max_tokens": max_tokens, "block_size": block_size,
-                 "prefix_cache_mib": prefix_cache_mib}
+                 "prefix_cache_mib": prefix_cache_mib, "prefill_chunk": prefill_chunk}
     options.update(limits)
     options.update({k: v for k, v in overrides.items() if v is not None})  # flags override the recipe
     if options.get("max_tokens") and options.get("max_context"):  # a request leaves room for its prompt

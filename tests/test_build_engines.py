@@ -126,6 +126,18 @@ def _decode(runtime, prompts, **params):
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]]
 
 
+def test_chunked_prefill_through_the_graphs_equals_a_whole_one(onnx_runtime):
+    """A chunk is a prefill starting at the row's prefilled length: the graphs take it through `starts`."""
+    from trtllm_dflash.decoding import Decoder, Request, SamplingParams
+
+    def decode(chunk: int):
+        decoder = Decoder(onnx_runtime, max_batch=2, max_context=96, prefill_chunk=chunk)  # the third prompt joins mid-stream
+        results = decoder.generate([Request(list(p), SamplingParams(max_new_tokens=20)) for p in PROMPTS])
+        return [(r.token_ids, r.acceptance_lengths) for r in results]
+
+    assert decode(4) == decode(0)
+
+
 def test_speculative_decode_through_the_graphs_equals_the_torch_runtime(onnx_runtime, reference):
     greedy_onnx = _decode(onnx_runtime, PROMPTS)
     greedy_torch = _decode(reference, PROMPTS)

@@ -65,14 +65,20 @@ def _same(warm, cold) -> None:
     assert warm.acceptance_lengths == cold.acceptance_lengths
 
 
+# whole prompts (Decoder._admit), and chunked prefill in chunks of 5 (Decoder._prefill_chunk: a restored
+# prefix, then several chunks, with a hybrid target's kept states falling inside chunks)
+CHUNKS = pytest.mark.parametrize("chunk", [0, 5], ids=["whole", "chunks-of-5"])
+
+
+@CHUNKS
 @pytest.mark.parametrize("target", ["dense", "hybrid"])
 @pytest.mark.parametrize("params", [GREEDY, sampled(11)], ids=["greedy", "sampled"])
-def test_reused_prefix_decodes_like_a_cold_prefill(request, target, params):
+def test_reused_prefix_decodes_like_a_cold_prefill(request, target, params, chunk):
     runtime = request.getfixturevalue(target)
     first, _ = _prompts()
     cold = _cold(runtime, [Request(p, params) for p in first[:3]])
     cache = PrefixCache(1 << 30, block_tokens=BLOCK)
-    decoder = Decoder(runtime, max_batch=2, max_context=160, prefix_cache=cache)
+    decoder = Decoder(runtime, max_batch=2, max_context=160, prefix_cache=cache, prefill_chunk=chunk)
     results = [decoder.generate([Request(p, params)])[0] for p in first[:3]]
     assert [r.cached_prompt_tokens for r in results] == [0, 32, 32]  # whole blocks of the 35 shared tokens
     assert any(max(r.acceptance_lengths) > 2 for r in results)  # the drafter's restored context drafts well
@@ -83,14 +89,16 @@ def test_reused_prefix_decodes_like_a_cold_prefill(request, target, params):
     _same(again, cold[1])
 
 
+@CHUNKS
 @pytest.mark.parametrize("target", ["dense", "hybrid"])
-def test_batches_of_different_prefixes_joining_between_steps(request, target):
+def test_batches_of_different_prefixes_joining_between_steps(request, target, chunk):
     runtime = request.getfixturevalue(target)
     first, second = _prompts()
     params = [GREEDY, sampled(3), GREEDY, sampled(5)]
     requests = [Request(p, q) for p, q in zip(first, params)] + [Request(p, q) for p, q in zip(second, params)]
     cold = {tuple(r.prompt_ids): r for r in _cold(runtime, requests)}
-    decoder = Decoder(runtime, max_batch=4, max_context=160, prefix_cache=PrefixCache(1 << 30, block_tokens=BLOCK))
+    decoder = Decoder(runtime, max_batch=4, max_context=160, prefix_cache=PrefixCache(1 << 30, block_tokens=BLOCK),
+                      prefill_chunk=chunk)
     results = decoder.generate([requests[0], requests[4]])  # both prefixes, cold, in one batch
     later = requests[1:4] + requests[5:]
     for r in later[:2]:
@@ -106,7 +114,12 @@ def test_batches_of_different_prefixes_joining_between_steps(request, target):
     restored = sorted(r.cached_prompt_tokens for r in results)
     # hybrid: the second prompt of the second prefix parts from the first one's blocks at 24 tokens, where
     # no state was kept yet: it prefills whole and keeps one there for the prompts after it
-    assert restored == ([0, 0, 0, 24, 24, 32, 32, 32] if runtime.is_hybrid else [0, 0, 24, 24, 24, 32, 32, 32])
+    if chunk and runtime.is_hybrid:
+        # chunked, a prompt looks its prefix up at its first chunk: one of the second prefix's prompts starts
+        # before the state at 24 tokens is stored, and prefills whole
+        assert restored == [0, 0, 0, 0, 24, 32, 32, 32]
+    else:
+        assert restored == ([0, 0, 0, 24, 24, 32, 32, 32] if runtime.is_hybrid else [0, 0, 24, 24, 24, 32, 32, 32])
     for result in results:
         _same(result, cold[tuple(result.prompt_ids)])
 

@@ -5,8 +5,10 @@ target scores the block in one pass, verification (on the device) returns how ma
 row accepts and its bonus token, and the host reads that one small tensor. Rows then advance by
 different amounts; their caches need no rollback because slots past a row's length are simply
 overwritten next step (see runtime/base.py). Rows that finish leave between steps and new
-requests join between steps (in-flight batching). With a prefix cache (runtime/prefix_cache.py) a
-joining prompt restores its longest cached prefix into its row and prefills only the rest.
+requests join between steps (in-flight batching). A long prompt joins in chunks of at most
+`prefill_chunk` tokens per step (chunked prefill), so live rows keep decoding while it is written.
+With a prefix cache (runtime/prefix_cache.py) a joining prompt first restores its longest cached
+prefix into its row and prefills only the rest.
 
 Without a drafter the same loop decodes autoregressively: the block is just the anchor.
 """
@@ -25,7 +27,7 @@ import torch
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.base import Runtime, SamplingTensors
 from trtllm_dflash.runtime.prefix_cache import PrefixCache
-from trtllm_dflash.contracts.request_limits import MIN_TEMPERATURE
+from trtllm_dflash.contracts.request_limits import DEFAULT_PREFILL_CHUNK, MIN_TEMPERATURE
 from trtllm_dflash.sampling_params import SamplingParams, check_prompt_tokens  # SamplingParams is re-exported: decoding.SamplingParams
 
 
@@ -90,6 +92,25 @@ class _Live:
         self.start = len(request.prompt_ids)  # position of the anchor == committed target length
 
 
+class _Prefilling:
+    """A request whose prompt is being written into its cache row, a chunk per step; not decoded yet.
+
+    Its row sits after the live rows (rows are live first, then prefilling, oldest first), so
+    when its prompt is complete it becomes live where it is."""
+
+    def __init__(self, request: Request, sampling: SamplingTensors) -> None:
+        self.request = request
+        self.sampling = sampling  # one row; its seed is drawn once, the first token is sampled with it
+        self.done = 0  # prompt tokens whose K/V (and recurrent state) are in the row
+        self.cached = 0  # of those, restored from the prefix cache (the drafter's context cache has them too)
+        self.chunks = 0  # target passes spent on the prompt
+        self.features: list[torch.Tensor] = []  # tapped features of the prefilled positions: the drafter's context
+
+    @property
+    def remaining(self) -> int:
+        return len(self.request.prompt_ids) - self.done
+
+
 def _check_schedule(schedule: Mapping[int, int] | None, block_size: int) -> dict[int, int]:
     """A draft-length schedule as {live rows from: draft tokens}, checked against the block size."""
     if not schedule:
@@ -117,8 +138,13 @@ class Decoder:
     more than it gains; 0 verifies the anchor alone (the drafter still runs, on its smallest
     block, so its context cache stays complete). Call `submit` to queue requests and `step` to
     advance every live request by one verify pass; `generate` does both until everything is
-    finished. `prefix_cache` (runtime/prefix_cache.py) keeps what prompts' prefixes left in the
-    caches, so a prompt that starts with a prefix seen before prefills only the rest.
+    finished.
+
+    `prefill_chunk` bounds the prompt tokens prefilled per step (chunked prefill, oldest request
+    first): a long prompt joins over several steps and the live rows decode in each of them. 0
+    prefills every joining prompt whole before the step (a long one then stalls every row).
+    `prefix_cache` (runtime/prefix_cache.py) keeps what prompts' prefixes left in the caches, so a
+    prompt that starts with a prefix seen before prefills only the rest.
     """
 
     def __init__(
@@ -130,6 +156,7 @@ class Decoder:
         profile: bool = False,
         draft_len_schedule: Mapping[int, int] | None = None,
         prefix_cache: PrefixCache | None = None,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ) -> None:
         self.runtime = runtime
         self.speculative = runtime.has_drafter
@@ -142,6 +169,9 @@ class Decoder:
         else:
             self.block_size = 1
         self.draft_len_schedule = _check_schedule(draft_len_schedule, self.block_size) if self.speculative else {}
+        if prefill_chunk < 0:
+            raise DFlashError(f"prefill_chunk must be >= 0, got {prefill_chunk}", "use a token count such as 512, or 0 for whole prompts")
+        self.prefill_chunk = int(prefill_chunk)
         self.max_batch = max_batch
         self.max_context = max_context
         self.profile = profile
@@ -149,6 +179,7 @@ class Decoder:
         runtime.allocate(max_batch, max_context + self.block_size)
         self.waiting: deque[Request] = deque()
         self.live: list[_Live] = []
+        self.prefilling: list[_Prefilling] = []  # rows len(live)..len(live)+len(prefilling)-1
         self.stats: list[StepStats] = []
         self._ids = itertools.count()
         # device state of the live rows, row i <-> self.live[i]
@@ -185,11 +216,15 @@ class Decoder:
         """Drop a request between steps (its client went away); its row is freed for others.
 
         Returns what the request had produced (finish_reason "cancelled"), or None if it was
-        still waiting or is unknown.
+        still waiting or being prefilled (nothing produced yet), or is unknown.
         """
         for request in self.waiting:
             if request.request_id == request_id:
                 self.waiting.remove(request)
+                return None
+        for i, pending in enumerate(self.prefilling):
+            if pending.request.request_id == request_id:
+                self._drop_prefilling(i)
                 return None
         for i, live in enumerate(self.live):
             if live.request.request_id == request_id:
@@ -201,11 +236,11 @@ class Decoder:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.live)
+        return bool(self.waiting or self.live or self.prefilling)
 
     def step(self) -> list[StepEvent]:
-        """Admit waiting requests, then one draft + verify pass over all live rows."""
-        events = self._admit()
+        """Admit waiting requests (whole, or a chunk of prompt), then one draft + verify pass over all live rows."""
+        events = self._prefill_chunk() if self.prefill_chunk else self._admit()
         if self.live:
             events += self._decode_step()
         self._store_prefixes(range(len(self.live)))
@@ -324,6 +359,91 @@ class Decoder:
                 if names[b] not in cache or (state and not cache.has_state(names[b])):
                     cache.insert(names[b], self.runtime.export_prefix(i, b * size, (b + 1) * size, state=state))
 
+    # ------------------------------------------------------------------ chunked admission (prefill)
+
+    def _prefill_chunk(self) -> list[StepEvent]:
+        """Prefill at most `prefill_chunk` prompt tokens of the prefilling rows, oldest first; rows
+        whose prompt is complete become live (first token and drafter context as a whole prefill)."""
+        self._start_prefills()
+        counts, budget = [], self.prefill_chunk
+        for index, pending in enumerate(self.prefilling):
+            if budget <= 0:
+                break
+            if pending.chunks == 0 and pending.done == 0:  # its first chunk: restore its cached prefix now, the latest moment
+                row = len(self.live) + index
+                pending.done = pending.cached = self._restore_prefixes(slice(row, row + 1), [pending.request])[0]
+            counts.append(min(pending.remaining, budget))
+            budget -= counts[-1]
+        if not counts:
+            return []
+        batch, first = self.prefilling[: len(counts)], len(self.live)
+        tokens = torch.zeros(len(batch), max(counts), dtype=torch.long)
+        for i, (pending, count) in enumerate(zip(batch, counts)):
+            tokens[i, :count] = torch.tensor(pending.request.prompt_ids[pending.done : pending.done + count])
+        starts = torch.tensor([p.done for p in batch], device=self.device)
+        count_t = torch.tensor(counts, device=self.device)
+        span = max(p.done + c for p, c in zip(batch, counts))
+        sampling = SamplingTensors.cat([p.sampling for p in batch])
+        # a chunk is a prefill that starts at the row's prefilled length; its logits are those of its last
+        # token, which for a completed prompt is where a whole prefill samples the first token
+        out = self.runtime.target_verify(
+            slice(first, first + len(batch)), tokens.to(self.device), starts, span, None, sampling, logits_at=count_t - 1
+        )
+        for i, (pending, count) in enumerate(zip(batch, counts)):
+            pending.done += count
+            pending.chunks += 1
+            if self.speculative:  # copied: a runtime may reuse its output buffers in the next pass
+                pending.features.append(out.features[i, :count].clone())
+        complete = sum(1 for p in batch if p.remaining == 0)  # oldest first: the complete ones lead
+        return self._go_live(complete, out.bonus[:complete]) if complete else []
+
+    def _start_prefills(self) -> None:
+        """Waiting requests take the free rows (after the live and prefilling ones), nothing prefilled yet."""
+        free = self.max_batch - len(self.live) - len(self.prefilling)
+        while self.waiting and free > 0:
+            request = self.waiting.popleft()
+            self.prefilling.append(_Prefilling(request, _sampling_tensors([request.params], self.device)))
+            free -= 1
+
+    def _go_live(self, count: int, first_token: torch.Tensor) -> list[StepEvent]:
+        """The first `count` prefilling rows (complete prompts, right after the live rows) become live."""
+        joining, self.prefilling = self.prefilling[:count], self.prefilling[count:]
+        first = len(self.live)
+        length_t = torch.tensor([len(p.request.prompt_ids) for p in joining], device=self.device)
+        self.anchor = torch.cat([self.anchor, first_token])
+        self.starts = torch.cat([self.starts, length_t])
+        sampling = SamplingTensors.cat([p.sampling for p in joining])
+        self.sampling = sampling if self.sampling is None else SamplingTensors.cat([self.sampling, sampling])
+        if self.speculative:  # the drafter reads the prefilled prompt's features at the row's first draft
+            prompts = [torch.cat(p.features) for p in joining]
+            width = max(f.shape[0] for f in prompts)
+            features = torch.stack([torch.nn.functional.pad(f, (0, 0, 0, width - f.shape[0])) for f in prompts])
+            self.ctx_features = _cat_padded(self.ctx_features, features)
+            cached_t = torch.tensor([p.cached for p in joining], device=self.device)
+            self.ctx_counts = torch.cat([self.ctx_counts, length_t - cached_t])  # the drafter has a restored prefix already
+        events, finished = [], []
+        for i, (pending, token) in enumerate(zip(joining, first_token.tolist())):
+            request = pending.request
+            result = SequenceResult(request.request_id, list(request.prompt_ids), num_target_forwards=pending.chunks,
+                                    cached_prompt_tokens=pending.cached)
+            result.time_to_first_token = time.perf_counter() - request.arrival
+            live = _Live(request, result)
+            self.live.append(live)
+            new = self._commit(live, [token])
+            events.append(StepEvent(request.request_id, new, result.finish_reason is not None, result))
+            if result.finish_reason is not None:
+                finished.append(first + i)
+        self._drop(finished)
+        return events
+
+    def _drop_prefilling(self, index: int) -> None:
+        """Forget prefilling row `index` (cancelled); the rows after it move up."""
+        live = len(self.live)
+        self._prefix_stores.pop(id(self.prefilling[index].request), None)
+        del self.prefilling[index]
+        keep = list(range(live)) + [live + i for i in range(len(self.prefilling) + 1) if i != index]
+        self.runtime.keep_rows(torch.tensor(keep, dtype=torch.long, device=self.device))
+
     # ------------------------------------------------------------------ one speculative step
 
     def draft_len(self, live_rows: int) -> int:
@@ -421,6 +541,8 @@ class Decoder:
         self._store_prefixes(finished)  # before their rows are given to others
         keep = [i for i in range(len(self.live)) if i not in set(finished)]
         index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        # prefilling rows (after the live ones) keep their caches and move up behind the kept live rows
+        rows = keep + list(range(len(self.live), len(self.live) + len(self.prefilling)))
         self.live = [self.live[i] for i in keep]
         self.anchor = self.anchor.index_select(0, index)
         self.starts = self.starts.index_select(0, index)
@@ -428,8 +550,8 @@ class Decoder:
         if self.speculative:
             self.ctx_features = self.ctx_features.index_select(0, index)
             self.ctx_counts = self.ctx_counts.index_select(0, index)
-        if keep:
-            self.runtime.keep_rows(index)
+        if rows:
+            self.runtime.keep_rows(torch.tensor(rows, dtype=torch.long, device=self.device))
 
 
 def _sampling_tensors(params: list[SamplingParams], device: torch.device) -> SamplingTensors:

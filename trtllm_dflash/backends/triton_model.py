@@ -64,7 +64,8 @@ class TritonPythonModel:
         prefix = f"{config.prefix_cache_mib} MiB" if self.loop.decoder.prefix_cache is not None else "off"
         pb_utils.Logger.log_info(
             f"{self.name}: {config.target} ({mode}) on {self.loop.pipeline.runtime.device}, max batch {config.max_batch}, "
-            f"max context {self.loop.max_context}, max new tokens {self.loop.max_new_tokens_limit}, prefix cache {prefix}"
+            f"max context {self.loop.max_context}, max new tokens {self.loop.max_new_tokens_limit}, prefix cache {prefix}, "
+            f"prefill chunk {config.prefill_chunk or 'off (whole prompts)'}"
         )
 
     def execute(self, requests: list) -> None:

@@ -89,9 +89,9 @@ class LinearStates:
     def __init__(self, modules: dict[int, nn.Module], max_batch: int, dtype: torch.dtype, device: torch.device) -> None:
         self.capture_positions = True
         self.max_batch = max_batch
-        # prefix caching: the states after the `keep_at[row]` prompt lengths of the next prefill, kept in
-        # `kept` (layer -> conv, recurrent [max_batch, KEPT_STATES, ...]), their lengths in `kept_lengths`
-        self.keep_at: dict[int, tuple[int, ...]] = {}
+        # prefix caching: the states after the prompt lengths `kept_lengths[row]` (-1: none), kept by the
+        # prefill passes (whole or chunked) that reach them, in `kept` (layer -> conv, recurrent
+        # [max_batch, KEPT_STATES, ...]); rows carry them when they move (keep_rows)
         self.kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.kept_lengths = torch.full((max_batch, KEPT_STATES), -1, dtype=torch.long)
         self.layers: dict[int, LinearLayerState] = {}
@@ -122,10 +122,10 @@ class LinearStates:
         self.kept_lengths[:count] = self.kept_lengths.index_select(0, index.cpu())
 
     def keep_states_at(self, rows: slice, lengths: list[tuple[int, ...]]) -> None:
-        """Ask the next prefill of `rows` to keep each row's states after these prompt lengths."""
+        """Ask the prefill of `rows` (in one pass or in chunks) to keep each row's states after these
+        prompt lengths; the other rows' requests stand."""
         if max(map(len, lengths), default=0) > KEPT_STATES:
             raise ValueError(f"at most {KEPT_STATES} kept states per row")
-        self.keep_at = {rows.start + i: tuple(sorted(at)) for i, at in enumerate(lengths) if at}
         for i, at in enumerate(lengths):
             self.kept_lengths[rows.start + i] = torch.tensor(sorted(at) + [-1] * (KEPT_STATES - len(at)))
 
@@ -256,8 +256,9 @@ def gated_delta_net_forward(module: nn.Module, original, hidden_states: torch.Te
             state = recurrent[r : r + 1].clone()
             # prefix caching: run the row in pieces and keep the states between them
             row = (rows.start or 0) + r
-            cuts = [at - int(cache.positions[r, 0]) for at in states.keep_at.get(row, ())]
-            bounds = [0, *(cut for cut in cuts if 0 < cut < n), n]
+            start = int(cache.positions[r, 0])
+            cuts = {at - start: slot for slot, at in enumerate(states.kept_lengths[row].tolist()) if at >= 0}  # pass offset -> slot
+            bounds = [0, *sorted(cut for cut in cuts if 0 < cut < n), n]
             for lo, hi in zip(bounds, bounds[1:]):
                 out, state = chunk_gated_delta_rule(
                     query[r : r + 1, lo:hi], key[r : r + 1, lo:hi], value[r : r + 1, lo:hi], g=g[r : r + 1, lo:hi],
@@ -266,7 +267,7 @@ def gated_delta_net_forward(module: nn.Module, original, hidden_states: torch.Te
                 core[r, lo:hi] = out[0]
                 if hi in cuts:
                     conv_inputs = window[r, :, hi : hi + window.shape[-1] - length]  # the K-1 inputs ending at token hi-1
-                    states.keep_state(row, cuts.index(hi), module.layer_idx, conv_inputs, state[0])
+                    states.keep_state(row, cuts[hi], module.layer_idx, conv_inputs, state[0])
             finals.append(state)
         _store_conv(layer, rows, window, valid)
         layer.recurrent[rows] = torch.cat(finals).to(layer.recurrent.dtype)

@@ -13,8 +13,11 @@ How (`TorchRuntime(..., cuda_graphs=True)` installs this on the runtime instance
   the same graph replays again, which the decoding loop never needs: it consumes them within the
   step. The tapped features are copied, because the next step's draft pass reads them;
 - rows past the live ones are padding. Live rows are always rows 0..n-1 (the loop compacts
-  them), so padding rows are free cache rows. Nothing live reads them, and the prefill of the
-  next request to take such a row overwrites every slot it will read (slot == position);
+  them), so padding rows are free cache rows or rows whose prompt is being prefilled in chunks
+  (decoding.py). A padding row of the verify pass writes its keys/values at the last slots of
+  its row (capacity - block length on), which no prompt reaches (prompts are shorter than the
+  context, the capacity holds a block more), so a half-prefilled prompt is never overwritten and
+  a free row's slots are written again before they are read (slot == position);
 - the verify pass attends over `span` slots, rounded up to a power of two (at least
   MIN_SPAN, at most the cache capacity), so one graph serves many context lengths. The mask
   hides the extra slots; the caches start zeroed, so hidden slots are finite.
@@ -254,8 +257,11 @@ class StepGraphs:
         def run(static: dict[str, torch.Tensor]) -> TargetOutput:
             return self._eager_target(slice(0, bucket), static[names.INPUT_IDS], static[names.STARTS], padded_span)
 
+        # padding rows write at the last slots of their rows, past any prompt a prefilling row holds
+        padded_starts = torch.cat([starts, starts.new_full((bucket - count,), self.runtime.capacity - length)])
         with torch.inference_mode():
-            out = self._replay(("target", bucket, length, padded_span), bucket, "target verify", {names.INPUT_IDS: tokens, names.STARTS: starts}, run)
+            inputs = {names.INPUT_IDS: tokens, names.STARTS: padded_starts}
+            out = self._replay(("target", bucket, length, padded_span), bucket, "target verify", inputs, run)
             if out is None:
                 return self._eager_target(rows, tokens, starts, span, logits_at)
             features = out.features[:count].clone() if out.features is not None else None

@@ -235,8 +235,6 @@ class TorchRuntime(CachedRuntime):
             ).last_hidden_state
         if logits_at is not None:
             hidden = hidden[torch.arange(hidden.shape[0], device=self.device), logits_at].unsqueeze(1)
-            if self.linear_states is not None:
-                self.linear_states.keep_at = {}  # asked for this prefill only
         logits = self.lm_head(hidden)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap

@@ -94,7 +94,7 @@ class BatchingLoop:
         """A decoder (with an empty prefix cache: after a failed step nothing kept is trusted)."""
         return Decoder(self.pipeline.runtime, max_batch=self.config.max_batch, max_context=self.max_context,
                        block_size=self.config.block_size, draft_len_schedule=self.config.draft_len_schedule,
-                       prefix_cache=self._prefix_cache())
+                       prefix_cache=self._prefix_cache(), prefill_chunk=self.config.prefill_chunk)
 
     def _prefix_cache(self) -> PrefixCache | None:
         if self.config.prefix_cache_mib == 0:
@@ -145,7 +145,8 @@ class BatchingLoop:
             self._drop_cancelled()
             if self.decoder.has_work:
                 self._step()
-            self.metrics.queue(len(self.decoder.live), len(self.decoder.waiting) + self.inbox.qsize())
+            waiting = len(self.decoder.waiting) + len(self.decoder.prefilling) + self.inbox.qsize()  # prefilling: not decoding yet
+            self.metrics.queue(len(self.decoder.live), waiting)
 
     def _step(self) -> None:
         try:

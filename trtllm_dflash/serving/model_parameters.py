@@ -13,6 +13,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from trtllm_dflash.contracts.request_limits import DEFAULT_PREFILL_CHUNK
 from trtllm_dflash.errors import DFlashError
 
 Runtime = Literal["torch", "trt"]
@@ -75,6 +76,10 @@ class ServingConfig(BaseModel):
         description="Prefix cache (MiB, on the model's device; 0 = off): prompts that start with a prefix seen before skip its prefill.",
     )
     prefix_cache_block: int = Field(64, ge=1, description="Prefix cache granularity: prompts are matched in whole blocks of this many tokens.")
+    prefill_chunk: int = Field(
+        DEFAULT_PREFILL_CHUNK, ge=0,
+        description="Prompt tokens prefilled per decoding step, so long prompts join without stalling live streams (0 = whole prompts).",
+    )
 
     @field_validator("draft_len_schedule", mode="before")
     @classmethod

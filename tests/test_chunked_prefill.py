@@ -1,0 +1,181 @@
+"""Chunked prefill (Decoder(prefill_chunk=N)): a long prompt joins over several steps while live rows decode.
+
+A chunked prefill must decode exactly what a whole one does: the same tokens and the same
+acceptance lengths (dense and hybrid targets, a sliding-window target, greedy and seeded
+sampling, chunk sizes that do and do not divide the prompts, rows joining a running batch). And
+the point of it: live rows produce tokens in every step while a long prompt is chunked in
+(counted in steps, never timed).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from trtllm_dflash.checkpoints import load_drafter, load_target
+from trtllm_dflash.checks.testing import cycle_sequences, make_tiny_drafter, make_tiny_target
+from trtllm_dflash.decoding import Decoder, Request, SamplingParams
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+from trtllm_dflash.serving.model_parameters import ServingConfig
+
+GREEDY = SamplingParams(max_new_tokens=24)
+SEEDED = SamplingParams(max_new_tokens=24, temperature=0.8, top_p=0.95, seed=5)
+
+
+def _decode(runtime, prompts: list[list[int]], params: SamplingParams, chunk: int, max_batch: int = 2):
+    """Tokens and acceptance lengths per prompt; more prompts than rows, so some join a running batch."""
+    decoder = Decoder(runtime, max_batch=max_batch, max_context=160, prefill_chunk=chunk)
+    requests = [Request(p, params) for p in prompts]
+    return [(r.token_ids, r.acceptance_lengths) for r in decoder.generate(requests)]
+
+
+@functools.lru_cache(maxsize=None)
+def _pair_runtime(target_dir, drafter_dir) -> TorchRuntime:
+    target = load_target(target_dir, dtype=torch.float32)
+    return TorchRuntime(target.model, load_drafter(drafter_dir, target))
+
+
+@pytest.fixture(scope="module")
+def trained(trained_pair):
+    """The trained cycle pair (drafts are accepted in long runs) and prompts of 9 to 57 tokens."""
+    target_dir, drafter_dir, _ = trained_pair
+    generator = torch.Generator().manual_seed(4)
+    prompts = [cycle_sequences(1, n, generator)[0].tolist() for n in (41, 9, 57, 23)]
+    runtime = _pair_runtime(target_dir, drafter_dir)
+    whole = {name: _decode(runtime, prompts, params, chunk=0) for name, params in (("greedy", GREEDY), ("seeded", SEEDED))}
+    return runtime, prompts, whole
+
+
+@pytest.mark.parametrize("chunk", [5, 16, 64])  # 5 and 16 divide no prompt; 64 holds any prompt whole
+@pytest.mark.parametrize("sampling", ["greedy", "seeded"])
+def test_chunked_prefill_decodes_exactly_what_a_whole_one_does(trained, chunk, sampling):
+    runtime, prompts, whole = trained
+    chunked = _decode(runtime, prompts, GREEDY if sampling == "greedy" else SEEDED, chunk=chunk)
+    assert chunked == whole[sampling]
+    assert max(max(lengths) for _, lengths in chunked) > 2  # real acceptance, not a drafter that is always rejected
+
+
+@functools.lru_cache(maxsize=None)
+def _family_runtime(family: str, root: str) -> TorchRuntime:
+    from pathlib import Path
+
+    target_dir = make_tiny_target(Path(root) / family, family, seed=7)
+    drafter_dir = make_tiny_drafter(Path(root) / f"{family}-drafter", target_dir, seed=3, block_size=4, target_layer_ids=(1, 2))
+    target = load_target(target_dir, dtype=torch.float32)
+    return TorchRuntime(target.model, load_drafter(drafter_dir, target))
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("chunked-families"))
+
+
+# qwen3_5: Gated DeltaNet layers carry their recurrent and conv state from chunk to chunk;
+# gemma3: sliding-window layers (window 8) whose window spans chunks
+@pytest.mark.parametrize("family", ["qwen3_5", "gemma3"])
+def test_recurrent_state_and_sliding_windows_carry_across_chunks(root, family):
+    runtime = _family_runtime(family, root)
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 120, (n,), generator=generator).tolist() for n in (23, 6, 16)]
+    for params in (SamplingParams(max_new_tokens=12), SamplingParams(max_new_tokens=12, temperature=0.8, seed=5)):
+        assert _decode(runtime, prompts, params, chunk=7) == _decode(runtime, prompts, params, chunk=0)
+
+
+class _CountingRuntime:
+    """A runtime wrapper that records the widths of the prefill passes (logits_at given)."""
+
+    def __init__(self, runtime) -> None:
+        self.runtime = runtime
+        self.prefill_tokens: list[int] = []
+
+    def __getattr__(self, name):
+        return getattr(self.runtime, name)
+
+    def target_verify(self, rows, tokens, starts, span, draft_probs, sampling, logits_at=None):
+        if logits_at is not None:
+            self.prefill_tokens.append(int((logits_at + 1).sum()))
+        return self.runtime.target_verify(rows, tokens, starts, span, draft_probs, sampling, logits_at)
+
+
+def test_live_rows_decode_in_every_step_while_a_long_prompt_is_chunked_in(trained):
+    runtime, _, _ = trained
+    counting = _CountingRuntime(runtime)
+    generator = torch.Generator().manual_seed(2)
+    decoder = Decoder(counting, max_batch=3, max_context=160, prefill_chunk=8)
+    short = [decoder.submit(Request(cycle_sequences(1, 4, generator)[0].tolist(), SamplingParams(max_new_tokens=100))) for _ in range(2)]
+    assert {e.request_id for e in decoder.step()} == set(short)  # 4 + 4 tokens: both prompts in one chunk, live at once
+    long_id = decoder.submit(Request(cycle_sequences(1, 60, generator)[0].tolist(), SamplingParams(max_new_tokens=4)))
+    for step in range(1, 9):  # 60 tokens in chunks of 8: complete in the 8th step
+        events = {e.request_id: e for e in decoder.step()}
+        assert all(events[i].new_token_ids for i in short)  # every live row advanced in this step
+        assert (long_id in events) == (step == 8)
+        assert len(decoder.prefilling) == (0 if step == 8 else 1)
+    assert max(counting.prefill_tokens) <= 8 and sum(counting.prefill_tokens) == 4 + 4 + 60
+    result = events[long_id].result
+    assert result.num_target_forwards == 8 + len(result.acceptance_lengths)  # 8 chunks, then its decoding steps
+
+    whole = Decoder(runtime, max_batch=3, max_context=160, prefill_chunk=0)  # without chunks it joins in its first step
+    whole.submit(Request(cycle_sequences(1, 60, generator)[0].tolist(), SamplingParams(max_new_tokens=4)))
+    assert whole.step()
+
+
+def test_a_cancelled_prefill_frees_its_row_and_leaves_the_others_exact(trained):
+    runtime, prompts, _ = trained
+    decoder = Decoder(runtime, max_batch=3, max_context=160, prefill_chunk=6)
+    ids = [decoder.submit(Request(p, GREEDY)) for p in prompts[:3]]
+    decoder.step()
+    decoder.step()  # 12 of the first prompt's 41 tokens prefilled
+    assert decoder.cancel(ids[0]) is None and len(decoder.prefilling) == 2
+    done = {}
+    while decoder.has_work:
+        done.update({e.request_id: e.result for e in decoder.step() if e.finished})
+    alone = _decode(runtime, prompts[1:3], GREEDY, chunk=0)
+    assert [(done[i].token_ids, done[i].acceptance_lengths) for i in ids[1:]] == alone
+
+
+def test_prefill_chunk_is_a_serving_option_with_a_default():
+    assert ServingConfig(target="demo").prefill_chunk == 512
+    assert ServingConfig.from_parameters({"target": "demo", "prefill_chunk": "0"}).prefill_chunk == 0
+    with pytest.raises(DFlashError, match="prefill_chunk"):
+        ServingConfig.from_parameters({"target": "demo", "prefill_chunk": "-1"})
+
+
+def test_a_negative_chunk_is_refused_in_one_line(trained):
+    with pytest.raises(DFlashError) as error:
+        Decoder(trained[0], max_batch=1, max_context=64, prefill_chunk=-1)
+    assert "prefill_chunk must be >= 0" in str(error.value) and "\n" not in str(error.value)
+
+
+def _prefilled_keys(decoder: Decoder, runtime: TorchRuntime) -> list[torch.Tensor]:
+    """The target keys of every prefilling row at the positions already prefilled, layer by layer."""
+    first = len(decoder.live)
+    layers = [layer for layer in runtime.target_cache.layers if layer.keys is not None]
+    return [layer.keys[first + j, : p.done].clone() for j, p in enumerate(decoder.prefilling) for layer in layers]
+
+
+def test_graph_padding_rows_leave_a_half_prefilled_prompt_intact(rerun_graphs, tiny_qwen3, tiny_qwen3_drafter):
+    """With CUDA graphs the verify pass pads 3 live rows to a bucket of 4: the padding row is the row
+    a long prompt is being prefilled into, and must not write over what is prefilled there."""
+    target = load_target(tiny_qwen3, dtype=torch.float32)
+    drafter = load_drafter(tiny_qwen3_drafter, target=target)
+    generator = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 100, (n,), generator=generator).tolist() for n in (5, 6, 7, 70)]
+    eager_runtime, runtime = TorchRuntime(target.model, drafter), TorchRuntime(target.model, drafter, cuda_graphs=True)
+    eager, replayed = (Decoder(r, max_batch=4, max_context=160, prefill_chunk=18) for r in (eager_runtime, runtime))
+    for decoder in (eager, replayed):
+        for prompt, new_tokens in zip(prompts, (30, 30, 30, 6)):
+            decoder.submit(Request(prompt, SamplingParams(max_new_tokens=new_tokens)))
+    tokens: dict = {}
+    while eager.has_work:  # in lockstep: after each step the prefilled keys are the eager ones
+        for event in eager.step():
+            tokens.setdefault(("eager", event.request_id), []).extend(event.new_token_ids)
+        for event in replayed.step():
+            tokens.setdefault(("graphs", event.request_id), []).extend(event.new_token_ids)
+        expected, got = _prefilled_keys(eager, eager_runtime), _prefilled_keys(replayed, runtime)
+        assert len(expected) == len(got) and all(torch.equal(a, b) for a, b in zip(expected, got))
+    assert not replayed.has_work
+    assert all(tokens[("graphs", request_id)] == t for (kind, request_id), t in tokens.items() if kind == "eager")
+    assert runtime.cuda_graphs.counts["padded"] > 0
