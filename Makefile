@@ -10,6 +10,10 @@ LATEST_VENV ?= .venv-latest
 # CPU-only machines get the pinned CPU build of torch (PLATFORM.md); GPU machines the default build.
 TORCH_SPEC ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then echo "torch>=2.6"; else echo "torch==2.13.0"; fi)
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist). The tests are single-threaded (tests/conftest.py sets one torch
+# thread) and many wait on subprocesses and servers, so two workers use a 2-core machine fully;
+# --dist loadfile keeps each module (and its module fixtures) in one worker. TEST_WORKERS=0: serial.
+TEST_WORKERS ?= 2
 # e.g. GPU_CHECK_ARGS=--quick or GPU_CHECK_ARGS="--step kernels"
 GPU_CHECK_ARGS ?=
 # SYSTEM_PYTHON=1: `make gpu-check` uses the interpreter already there (CUDA torch preinstalled, no
@@ -33,7 +37,7 @@ demo: setup
 	$(BIN)/dflash-trt demo
 
 test: setup
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # Also the slow tests (longer training runs, large sweeps).
 test-all: setup
