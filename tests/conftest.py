@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -29,40 +31,56 @@ def pytest_collection_modifyitems(config, items):
 def _start_kernel_audit(config, items) -> None:
     """The kernel audit (tests/test_kernel_audit.py) compiles every kernel variant for two GPU
     targets: minutes of single-threaded compiler work. The suite runs torch on one thread, so the
-    audit runs beside it, in a background process started here, and its tests go last."""
+    audit runs beside it, in a background process started here, and its tests go last.
+
+    Under pytest-xdist every worker collects every test, and the audit's tests go to whichever
+    worker takes their file: the first worker (gw0) alone starts the audit, in a folder named by
+    the run, and the fixture of any worker waits for its exit status there."""
     import importlib.util
 
     audit_items = [item for item in items if "kernel_audit_reports" in getattr(item, "fixturenames", ())]
     if not audit_items or importlib.util.find_spec("triton") is None:
         return
     items[:] = [item for item in items if item not in audit_items] + audit_items
+    import shlex
     import subprocess
     import tempfile
     from pathlib import Path
 
-    out = Path(tempfile.mkdtemp(prefix="kernel-audit-")) / "reports.json"
-    log = open(out.with_suffix(".log"), "w")
-    command = [sys.executable, "-m", "trtllm_dflash.plugins.kernel_audit", "--arch", "sm_90a,sm_100a", "--json", str(out), "--jobs", "1"]
-    config._kernel_audit = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), out, log)
+    worker, run = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    folder = Path(tempfile.gettempdir()) / f"kernel-audit-{run}" if worker else Path(tempfile.mkdtemp(prefix="kernel-audit-"))
+    config._kernel_audit = folder
+    if worker not in (None, "gw0"):
+        return
+    folder.mkdir(exist_ok=True)
+    audit = [sys.executable, "-m", "trtllm_dflash.plugins.kernel_audit", "--arch", "sm_90a,sm_100a", "--json", str(folder / "reports.json"), "--jobs", "1"]
+    status = shlex.quote(str(folder / "status"))
+    script = f"{shlex.join(audit)} > {shlex.quote(str(folder / 'audit.log'))} 2>&1; echo $? > {status}.tmp; mv {status}.tmp {status}"
+    config._kernel_audit_process = subprocess.Popen(["/bin/sh", "-c", script])
 
 
 def pytest_sessionfinish(session):
-    running = getattr(session.config, "_kernel_audit", None)
-    if running is not None and running[0].poll() is None:
-        running[0].kill()
+    running = getattr(session.config, "_kernel_audit_process", None)
+    if running is not None and running.poll() is None and not os.environ.get("PYTEST_XDIST_WORKER"):
+        running.kill()  # serial run: nothing else waits for it (under xdist another worker may)
 
 
 @pytest.fixture(scope="session")
 def kernel_audit_reports(request):
     """Every kernel variant's compiler report for sm_90a and sm_100a (`plugins/kernel_audit.py`)."""
     pytest.importorskip("triton")
+    import time
+
     from trtllm_dflash.plugins import kernel_audit
 
-    process, out, log = request.config._kernel_audit
-    code = process.wait()
-    log.close()
-    assert code == 0, f"the kernel audit failed:\n{out.with_suffix('.log').read_text()[-4000:]}"
-    return kernel_audit.read_reports(out)
+    folder = request.config._kernel_audit
+    deadline = time.monotonic() + 1800
+    while not (folder / "status").is_file():
+        assert time.monotonic() < deadline, f"the kernel audit did not finish in 30 minutes (log: {folder / 'audit.log'})"
+        time.sleep(1)
+    code = int((folder / "status").read_text())  # written whole: moved into place once complete
+    assert code == 0, f"the kernel audit failed:\n{(folder / 'audit.log').read_text()[-4000:]}"
+    return kernel_audit.read_reports(folder / "reports.json")
 
 
 @pytest.fixture
@@ -140,14 +158,28 @@ def demo_build(tmp_path_factory):
     """One `dflash-trt build --model demo --gpu rtx-pro-6000` per session (~45 s: export, validate,
     TensorRT-RTX engines ahead of time). Tests copy it: a copy is a complete build, where rerunning
     the same command skips every stage (tests/test_build_engines.py checks that)."""
+    from filelock import FileLock
     from typer.testing import CliRunner
 
     from trtllm_dflash.cli.app import app
 
-    out = tmp_path_factory.mktemp("demo-build") / "out"
-    result = CliRunner().invoke(app, ["build", "--model", "demo", "--gpu", "rtx-pro-6000", "--out", str(out)], catch_exceptions=True)
-    assert result.exit_code == 0, (result.output, result.exception)
-    return out
+    def build(out: Path) -> None:
+        result = CliRunner().invoke(app, ["build", "--model", "demo", "--gpu", "rtx-pro-6000", "--out", str(out)], catch_exceptions=True)
+        assert result.exit_code == 0, (result.output, result.exception)
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        out = tmp_path_factory.mktemp("demo-build") / "out"
+        build(out)
+        return out
+    # pytest-xdist: one build for all workers, in the run's shared temporary folder (the first worker
+    # that needs it builds, under a lock; the others wait and read the same build)
+    shared = tmp_path_factory.getbasetemp().parent / "demo-build"
+    with FileLock(str(shared) + ".lock"):
+        if not (shared / "complete").is_file():
+            shutil.rmtree(shared, ignore_errors=True)
+            build(shared / "out")
+            (shared / "complete").touch()
+    return shared / "out"
 
 
 @pytest.fixture(scope="session")
