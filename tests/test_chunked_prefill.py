@@ -122,6 +122,26 @@ def test_live_rows_decode_in_every_step_while_a_long_prompt_is_chunked_in(traine
     assert whole.step()
 
 
+def test_a_chunk_padded_past_a_rows_cache_waits_for_the_next_step(trained):
+    """The oldest prompt's last 2 tokens share a pass with another prompt's 27: padded to 27 at its
+    own positions (58..85) it would write past its cache row (capacity 64 + 8), which crashed."""
+    runtime, _, _ = trained
+    generator = torch.Generator().manual_seed(9)
+    long, short = (cycle_sequences(1, n, generator)[0].tolist() for n in (60, 40))
+    params = SamplingParams(max_new_tokens=4)
+    alone = [Decoder(runtime, max_batch=1, max_context=64, prefill_chunk=0).generate([Request(p, params)])[0] for p in (long, short)]
+    decoder = Decoder(runtime, max_batch=2, max_context=64, prefill_chunk=29)
+    decoder.submit(Request(long, params))
+    for _ in range(2):  # 58 of its 60 tokens in
+        decoder.step()
+    decoder.submit(Request(short, params))
+    done = {}
+    while decoder.has_work:
+        done.update({len(e.result.prompt_ids): e.result for e in decoder.step() if e.finished})
+    for result, reference in zip((done[60], done[40]), alone):
+        assert (result.token_ids, result.acceptance_lengths) == (reference.token_ids, reference.acceptance_lengths)
+
+
 def test_a_cancelled_prefill_frees_its_row_and_leaves_the_others_exact(trained):
     runtime, prompts, _ = trained
     decoder = Decoder(runtime, max_batch=3, max_context=160, prefill_chunk=6)

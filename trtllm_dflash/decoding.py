@@ -372,8 +372,14 @@ class Decoder:
             if pending.chunks == 0 and pending.done == 0:  # its first chunk: restore its cached prefix now, the latest moment
                 row = len(self.live) + index
                 pending.done = pending.cached = self._restore_prefixes(slice(row, row + 1), [pending.request])[0]
-            counts.append(min(pending.remaining, budget))
-            budget -= counts[-1]
+            count = min(pending.remaining, budget)
+            # every row of the pass is padded to the widest chunk at its own positions: a row near the end of
+            # its cache row next to a wider chunk would write past it, so such a row waits for the next step
+            width = max(counts + [count])
+            if any(p.done + width > self.runtime.capacity for p in self.prefilling[: index + 1]):
+                break
+            counts.append(count)
+            budget -= count
         if not counts:
             return []
         batch, first = self.prefilling[: len(counts)], len(self.live)
