@@ -4,7 +4,7 @@ Why: admitting a long prompt whole makes the step it joins in as slow as its who
 every live stream stalls for it (issue 32). With `prefill_chunk` the prompt joins over several
 steps and each step prefills at most that many tokens.
 
-What runs (one process, the Decoder directly, CPU): a random Qwen3-architecture target (6 layers,
+What runs (one process, the Decoder directly, CPU or `--device cuda`): a random Qwen3-architecture target (6 layers,
 hidden 192, the issue's shape) with a random 2-layer drafter, block 8; 4 short streams (128-token
 prompts, refilled as they finish) decode continuously; every `--long-every` steps a long prompt
 (3,000 tokens, 8 new tokens, or `--long-new-tokens`) joins. Conditions, interleaved round by round so the other
@@ -75,12 +75,13 @@ def main() -> None:
                         help="tokens a long prompt generates (1: it never decodes, which isolates its prefill)")
     parser.add_argument("--chunks", default="512", help="chunk sizes to compare with whole prompts")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the model runs eagerly, float32)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     root = Path(tempfile.mkdtemp())
     target_dir = make_tiny_target(root / "target", "qwen3", seed=1, num_layers=6, hidden_size=192, vocab_size=1024)
     drafter_dir = make_tiny_drafter(root / "drafter", target_dir, seed=2, block_size=8, target_layer_ids=(1, 4))
-    target = load_target(target_dir, dtype=torch.float32)
+    target = load_target(target_dir, device=args.device, dtype=torch.float32)
     runtime = TorchRuntime(target.model, load_drafter(drafter_dir, target))
     conditions: list[tuple[str, int | None]] = [("no long prompts", None), ("whole (prefill_chunk 0)", 0)]
     conditions += [(f"prefill_chunk {c}", int(c)) for c in args.chunks.split(",")]
@@ -96,7 +97,7 @@ def main() -> None:
             ttfts[name] += t
     ms = lambda values, q: 1000 * statistics.quantiles(values, n=100)[q - 1]  # noqa: E731
     base_p90, base_p99 = ms(gaps["no long prompts"], 90), ms(gaps["no long prompts"], 99)
-    print(f"torch {torch.__version__}, {args.threads} threads, {args.rounds} rounds x {args.steps} steps, "
+    print(f"torch {torch.__version__}, {args.device}, {args.threads} threads, {args.rounds} rounds x {args.steps} steps, "
           f"a {args.long_len}-token prompt ({args.long_new_tokens} new tokens) every {args.long_every} steps")
     print("| condition | gap p50 ms | gap p90 ms | gap p99 ms | gap max ms | p90 / no long | p99 / no long "
           "| short requests' mean ITL p90 ms | long TTFT mean ms |")

@@ -142,14 +142,14 @@ def target_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
     """The target's own greedy continuation (plain transformers, one token per forward)."""
     from transformers import DynamicCache
 
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=model.device)
     cache, out = DynamicCache(), []
     with torch.inference_mode():
         for _ in range(new_tokens):
             logits = model(ids, past_key_values=cache, use_cache=True).logits[:, -1]
             token = int(logits.argmax(-1))
             out.append(token)
-            ids = torch.tensor([[token]])
+            ids = torch.tensor([[token]], device=model.device)
     return out
 
 
@@ -158,7 +158,7 @@ def run_zlab(zlab, draft, target, prompt: list[int], new_tokens: int, block_size
     `block_size=1` is its loop without a drafter (autoregressive)."""
     started = time.perf_counter()
     stats = zlab.dflash_generate(
-        draft, target, torch.tensor([prompt]), max_new_tokens=new_tokens, stop_token_ids=None, temperature=0.0,
+        draft, target, torch.tensor([prompt], device=target.device), max_new_tokens=new_tokens, stop_token_ids=None, temperature=0.0,
         block_size=block_size, return_stats=True,
     )
     elapsed = time.perf_counter() - started
@@ -176,10 +176,10 @@ def run_ours(pipe: DFlashPipeline, prompt: list[int], new_tokens: int):
 def compare(name: str, zlab, target_dir: Path, drafter_dir: Path, prompts: list[list[int]], args) -> dict:
     from transformers import AutoModelForCausalLM
 
-    pipe = DFlashPipeline.load(target_dir, drafter_dir)
+    pipe = DFlashPipeline.load(target_dir, drafter_dir, device=args.device, dtype=torch.float32)
     # z-lab gets its own copy of the target (ours carries forward hooks for the taps)
-    zlab_target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    zlab_draft = zlab.DFlashDraftModel.from_pretrained(drafter_dir, dtype=torch.float32).eval()
+    zlab_target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(args.device).eval()
+    zlab_draft = zlab.DFlashDraftModel.from_pretrained(drafter_dir, dtype=torch.float32).to(args.device).eval()
     expected = [target_greedy(zlab_target, p, args.max_new_tokens) for p in prompts]
 
     run_ours(pipe, prompts[0], args.max_new_tokens)  # warm-up both (allocation, first-call costs)
@@ -303,9 +303,9 @@ def context_curve(zlab, root: Path, contexts: list[int], args) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
     target_dir, drafter_dir, _ = cycle_pair(root, 1, num_layers=6, hidden=192, max_positions=4096)
-    pipes = {"dflash": DFlashPipeline.load(target_dir, drafter_dir), "ar": DFlashPipeline.load(target_dir)}
-    zlab_target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    zlab_draft = zlab.DFlashDraftModel.from_pretrained(drafter_dir, dtype=torch.float32).eval()
+    pipes = {"dflash": DFlashPipeline.load(target_dir, drafter_dir, device=args.device, dtype=torch.float32), "ar": DFlashPipeline.load(target_dir, device=args.device, dtype=torch.float32)}
+    zlab_target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(args.device).eval()
+    zlab_draft = zlab.DFlashDraftModel.from_pretrained(drafter_dir, dtype=torch.float32).to(args.device).eval()
     runs = {
         "ours_dflash": lambda p: run_ours(pipes["dflash"], p, args.max_new_tokens),
         "zlab_dflash": lambda p: run_zlab(zlab, zlab_draft, zlab_target, p, args.max_new_tokens),
@@ -366,6 +366,7 @@ def main() -> None:
     parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "dflash-bench-reference-loop")
     parser.add_argument("--profile", action="store_true", help="also print our step-time breakdown")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda: both loops run there, float32")
     parser.add_argument(
         "--contexts", help="comma-separated context lengths (e.g. 150,1000,2000,3500): the per-step cost curve on the "
         "`long` pair, DFlash and AR, instead of --pairs"
@@ -374,7 +375,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     zlab = import_zlab(args.zlab_dir)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch 1, greedy, {args.max_new_tokens} new tokens", flush=True)
+    print(f"torch {torch.__version__}, {args.device}, {torch.get_num_threads()} threads, batch 1, greedy, {args.max_new_tokens} new tokens", flush=True)
     if args.contexts:
         results = context_curve(zlab, args.work_dir / "long", [int(c) for c in args.contexts.split(",")], args)
         if args.json:

@@ -1,6 +1,7 @@
 """Prefix caching and chunked prefill on CUDA (eager and CUDA-graph replay): a reused prefix and a
 prompt admitted in chunks decode exactly what a cold, whole prefill decodes on the same device, the
-same tokens and the same acceptance lengths, dense and hybrid targets, greedy and seeded sampling.
+same tokens and the same acceptance lengths, dense and hybrid targets (graphs: dense only), greedy
+and seeded sampling.
 
 float32, so the comparison is exact: the chunked pass and the whole one add in different orders.
 Skipped where no GPU is visible (every CI machine). On a GPU machine: `pytest tests/test_prefix_chunk_gpu.py`.
@@ -46,8 +47,9 @@ def _decode(runtime, prompts, params, **options):
     return results
 
 
-@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "cuda-graphs"])
-@pytest.mark.parametrize("family", ["dense", "hybrid"])
+# CUDA graphs do not cover hybrid targets (the runtime refuses them in one line)
+@pytest.mark.parametrize(("family", "graphs"), [("dense", False), ("dense", True), ("hybrid", False)],
+                         ids=["dense-eager", "dense-cuda-graphs", "hybrid-eager"])
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_prefix_reuse_and_chunks_decode_like_a_cold_whole_prefill(request, family, graphs, params):
     pair = request.getfixturevalue("trained_pair" if family == "dense" else "hybrid_trained_pair")
