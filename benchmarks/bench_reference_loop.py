@@ -176,7 +176,7 @@ def run_ours(pipe: DFlashPipeline, prompt: list[int], new_tokens: int):
 def compare(name: str, zlab, target_dir: Path, drafter_dir: Path, prompts: list[list[int]], args) -> dict:
     from transformers import AutoModelForCausalLM
 
-    pipe = DFlashPipeline.load(target_dir, drafter_dir, device=args.device, dtype=torch.float32)
+    pipe = DFlashPipeline.load(target_dir, drafter_dir, device=args.device, dtype=torch.float32, **ours_options(args))
     # z-lab gets its own copy of the target (ours carries forward hooks for the taps)
     zlab_target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(args.device).eval()
     zlab_draft = zlab.DFlashDraftModel.from_pretrained(drafter_dir, dtype=torch.float32).to(args.device).eval()
@@ -303,7 +303,7 @@ def context_curve(zlab, root: Path, contexts: list[int], args) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
     target_dir, drafter_dir, _ = cycle_pair(root, 1, num_layers=6, hidden=192, max_positions=4096)
-    pipes = {"dflash": DFlashPipeline.load(target_dir, drafter_dir, device=args.device, dtype=torch.float32), "ar": DFlashPipeline.load(target_dir, device=args.device, dtype=torch.float32)}
+    pipes = {"dflash": DFlashPipeline.load(target_dir, drafter_dir, device=args.device, dtype=torch.float32, **ours_options(args)), "ar": DFlashPipeline.load(target_dir, device=args.device, dtype=torch.float32, **ours_options(args))}
     zlab_target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(args.device).eval()
     zlab_draft = zlab.DFlashDraftModel.from_pretrained(drafter_dir, dtype=torch.float32).to(args.device).eval()
     runs = {
@@ -336,6 +336,8 @@ def context_curve(zlab, root: Path, contexts: list[int], args) -> list[dict]:
                     outputs[name].append(tokens)
         same = all(outputs[name] == outputs["zlab_ar"] for name in runs)
         row = {"context": context, "generations": args.repeats * len(prompts), "identical_outputs": same}
+        runtime = pipes["dflash"].runtime
+        row["ours_attention"] = "fused" if runtime.fused is not None else runtime.attention
         for name in runs:
             row[f"{name}_decode_ms_per_step"] = round(1000 * decode[name] / steps[name], 2)
         for name in runs:
@@ -347,6 +349,10 @@ def context_curve(zlab, root: Path, contexts: list[int], args) -> list[dict]:
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
+
+
+def ours_options(args) -> dict:
+    return {"attention": args.attention, "cuda_graphs": args.cuda_graphs}
 
 
 def testing_prompts(count: int, length: int, seed: int) -> list[list[int]]:
@@ -367,6 +373,8 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="also print our step-time breakdown")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--device", default="cpu", help="cpu or cuda: both loops run there, float32")
+    parser.add_argument("--attention", default="auto", help="our target attention: auto, hf or dflash (TorchRuntime's)")
+    parser.add_argument("--cuda-graphs", action="store_true", help="our draft and verify passes replayed from CUDA graphs")
     parser.add_argument(
         "--contexts", help="comma-separated context lengths (e.g. 150,1000,2000,3500): the per-step cost curve on the "
         "`long` pair, DFlash and AR, instead of --pairs"
@@ -375,7 +383,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     zlab = import_zlab(args.zlab_dir)
-    print(f"torch {torch.__version__}, {args.device}, {torch.get_num_threads()} threads, batch 1, greedy, {args.max_new_tokens} new tokens", flush=True)
+    print(f"torch {torch.__version__}, {args.device}, ours {ours_options(args)}, {torch.get_num_threads()} threads, batch 1, greedy, {args.max_new_tokens} new tokens", flush=True)
     if args.contexts:
         results = context_curve(zlab, args.work_dir / "long", [int(c) for c in args.contexts.split(",")], args)
         if args.json:

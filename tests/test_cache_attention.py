@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from trtllm_dflash import DFlashPipeline, hf_compat
 from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.checks import testing
+from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.modeling.cache_attention import AttentionPlan
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime, causal_mask
 
@@ -115,3 +116,35 @@ def test_a_rows_result_does_not_depend_on_the_other_rows_lengths(trained_pair):
         assert joint.token_ids == single.token_ids
         assert joint.acceptance_lengths == single.acceptance_lengths
     assert max(len(o.acceptance_lengths) for o in together) < 40  # the drafter is accepted: steps of several tokens
+
+
+@pytest.mark.parametrize("family,window", [("qwen3", 0), ("qwen3", 6), ("qwen3_5", 0), ("gemma3", 0)])
+@pytest.mark.parametrize("chunk", [0, 16])
+def test_transformers_path_prefills_from_zero_without_a_mask(tmp_path, monkeypatch, family, window, chunk):
+    """Transformers' own forward (the path of hybrid, sliding and GPU targets, where the fused pass
+    does not run): a prefill from position 0 passes no mask, so SDPA runs `is_causal`, and decodes
+    the tokens and acceptance lengths of the masked prefill. A biting window (6) and the chunks
+    after the first still get masks."""
+    if window:
+        target_dir = sliding_qwen3(tmp_path / "target", window)
+    else:
+        target_dir = testing.make_tiny_target(tmp_path / "target", family, seed=5)
+    drafter_dir = testing.make_tiny_drafter(tmp_path / "drafter", target_dir, seed=6, block_size=4)
+    target = load_target(target_dir, dtype=torch.float32)
+    runtime = TorchRuntime(target.model, load_drafter(drafter_dir, target=target), fused=False)
+    prompts = [[5, 9, 14, 3, 8, 21, 40, 2, 7], list(range(3, 60)), [4, 6, 8, 10]]
+    taken, plain = [], TorchRuntime._plain_causal
+    monkeypatch.setattr(TorchRuntime, "_plain_causal", lambda *a: taken.append((a[1].shape[1], plain(*a))) or taken[-1][1])
+
+    def decode():
+        decoder = Decoder(runtime, max_batch=2, max_context=160, prefill_chunk=chunk)
+        outputs = decoder.generate([Request(p, SamplingParams(max_new_tokens=20, stop_token_ids=())) for p in prompts])
+        return [(o.token_ids, o.acceptance_lengths) for o in outputs]
+
+    fast = decode()
+    assert any(fast_path for _, fast_path in taken)
+    assert not all(fast_path for _, fast_path in taken)  # verify passes (and chunks after the first) keep their masks
+    if window:
+        assert not any(fast_path for width, fast_path in taken if width > window)
+    monkeypatch.setattr(TorchRuntime, "_plain_causal", lambda *a: False)
+    assert fast == decode()

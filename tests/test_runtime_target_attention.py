@@ -69,3 +69,18 @@ def test_targets_the_op_cannot_express_are_refused(pair_dirs, tmp_path, family, 
 def test_auto_keeps_the_models_attention_on_cpu(pair_dirs):
     target = load_target(pair_dirs("qwen3")[0], dtype=torch.float32)
     assert TorchRuntime(target.model, attention="auto").attention == "hf"
+
+
+@pytest.mark.parametrize("hidden,picked", [(64, "dflash"), (192, "hf")])  # head dims 16 and 48
+def test_auto_takes_the_kernel_only_where_it_covers_every_head_dim(monkeypatch, hidden, picked):
+    """Where the kernel does not cover a head dim, the op falls back to its reference, which reads
+    lengths on the host in every layer: slower than transformers' attention on a GPU, and a CUDA
+    graph of the verify pass failed to capture (H200, 2026-11-26: a hidden-192 Qwen3 target)."""
+    from transformers import AutoModelForCausalLM
+
+    from trtllm_dflash.checks.testing import tiny_target_config
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # kernels "enabled" on this CPU
+    model = AutoModelForCausalLM.from_config(tiny_target_config("qwen3", hidden_size=hidden))
+    assert TorchRuntime(model, attention="auto").attention == picked
+    assert TorchRuntime(model, attention="dflash").attention == "dflash"  # asked for: the reference runs where it must

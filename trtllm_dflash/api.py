@@ -72,15 +72,18 @@ class DFlashPipeline:
         device: str = "cpu",
         dtype: torch.dtype | None = None,
         max_context: int | None = None,
+        attention: str = "auto",
+        cuda_graphs: bool = False,
     ) -> "DFlashPipeline":
-        """Load checkpoints from local directories (or `demo`) into the torch runtime."""
+        """Load checkpoints from local directories (or `demo`) into the torch runtime
+        (`attention` and `cuda_graphs` as TorchRuntime takes them)."""
         if device == "cuda" and not torch.cuda.is_available():
             raise DFlashError("--device cuda was asked for but no CUDA GPU is visible", "use --device cpu")
         loaded: Target = load_target(target, device=device, dtype=dtype)
         draft_model = load_drafter(drafter, target=loaded) if drafter is not None else None
         limit = int(getattr(loaded.config, "max_position_embeddings", DEFAULT_MAX_CONTEXT) or DEFAULT_MAX_CONTEXT)
         return cls(
-            TorchRuntime(loaded.model, draft_model),
+            TorchRuntime(loaded.model, draft_model, attention=attention, cuda_graphs=cuda_graphs),
             tokenizer=loaded.tokenizer,
             stop_token_ids=loaded.stop_token_ids(),
             max_context=max_context or min(limit, DEFAULT_MAX_CONTEXT),

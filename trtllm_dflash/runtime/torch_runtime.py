@@ -105,12 +105,26 @@ class TorchRuntime(CachedRuntime):
     def _pick_attention(self, attention: str) -> str:
         reason = target_attention.unsupported_reason(self.model.config)
         if attention == "auto":
+            if reason is None and custom_ops.kernels_enabled(self.device):
+                reason = self._kernel_gap()
             return "dflash" if reason is None and custom_ops.kernels_enabled(self.device) else "hf"
         if attention == "dflash" and reason is not None:
             raise DFlashError(f"attention='dflash' cannot run this target: {reason}", "use attention='hf' (or 'auto')")
         if attention not in ("hf", "dflash"):
             raise DFlashError(f"unknown attention {attention!r}", "use auto, hf or dflash")
         return attention
+
+    def _kernel_gap(self) -> str | None:
+        """Why the target-attention kernel would not cover a layer (None: it covers all). Where it
+        does not, the op runs its torch reference, which reads lengths on the host in every layer:
+        slower than transformers' attention, and impossible inside a CUDA-graph capture."""
+        from trtllm_dflash.graphs.target import TargetGraph
+        from trtllm_dflash.ops.kernels.tiles import ATTENTION_HEAD_DIMS
+
+        for i, shape in enumerate(TargetGraph(self.model, []).cache_shapes):
+            if shape is not None and not {shape.key_dim, shape.value_dim} <= set(ATTENTION_HEAD_DIMS):
+                return f"layer {i} has head dims {shape.key_dim}/{shape.value_dim}; the kernel covers {ATTENTION_HEAD_DIMS}"
+        return None
 
     @property
     def is_hybrid(self) -> bool:
@@ -229,7 +243,7 @@ class TorchRuntime(CachedRuntime):
         else:
             # in prefill (logits_at) the tokens after logits_at[r] are padding
             self._hf_cache.bind(rows, positions, span, valid=None if logits_at is None else logits_at + 1)
-            masks = self.attention_masks(positions, span)
+            masks = None if self._plain_causal(tokens, starts, span, logits_at) else self.attention_masks(positions, span)
             hidden = hf_compat.forward_with_cache(
                 self.decoder, self._hf_cache, input_ids=tokens, position_ids=positions, attention_mask=masks, use_cache=True
             ).last_hidden_state
@@ -241,6 +255,17 @@ class TorchRuntime(CachedRuntime):
         if features is None and self.taps:
             features = self.taps.features()
         return TargetOutput(logits=logits, features=features)
+
+    def _plain_causal(self, tokens, starts, span, logits_at) -> bool:
+        """Whether this pass is a prefill from position 0 that only needs causal attention: then
+        transformers gets no mask and SDPA runs `is_causal` (flash attention on a GPU) instead of
+        applying a [T, T] mask in every layer. Rows padded at the end are still exact (padding
+        comes after every real token). Prefill only: never inside a CUDA-graph capture, where the
+        host read of `starts` would fail."""
+        width = tokens.shape[1]
+        if logits_at is None or width < 2 or span != width or any(0 < w < width for w in self.windows):
+            return False
+        return not bool(starts.any())
 
     def _dflash_decoder(self, rows, tokens, starts, positions) -> torch.Tensor:
         """The decoder with every attention layer on `dflash::target_attention` over our cache rows."""
