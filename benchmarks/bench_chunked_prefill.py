@@ -32,12 +32,13 @@ from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 
 
-def _run(runtime: TorchRuntime, chunk: int | None, steps: int, long_every: int, long_len: int, long_new: int, seed: int) -> tuple[list[float], list[float], list[float]]:
+def _run(runtime: TorchRuntime, chunk: int | None, steps: int, long_every: int, long_len: int, long_new: int, seed: int,
+         share: float | None = None) -> tuple[list[float], list[float], list[float]]:
     """Short-stream event gaps, short requests' mean inter-token latency (aiperf's: (last - first
     token) / (tokens - 1)) and long-prompt TTFTs, in s, of one condition (chunk None: no long prompts)."""
     generator = torch.Generator().manual_seed(seed)
     vocab = runtime.vocab_size
-    decoder = Decoder(runtime, max_batch=6, max_context=long_len + 200, prefill_chunk=chunk or 0)
+    decoder = Decoder(runtime, max_batch=6, max_context=long_len + 200, prefill_chunk=chunk or 0, prefill_share=share)
     short = lambda: Request(torch.randint(3, vocab, (128,), generator=generator).tolist(), SamplingParams(max_new_tokens=64))  # noqa: E731
     shorts = {decoder.submit(short()) for _ in range(4)}
     last: dict = {}
@@ -74,6 +75,7 @@ def main() -> None:
     parser.add_argument("--long-new-tokens", type=int, default=8,
                         help="tokens a long prompt generates (1: it never decodes, which isolates its prefill)")
     parser.add_argument("--chunks", default="512", help="chunk sizes to compare with whole prompts")
+    parser.add_argument("--shares", default="", help="prefill shares (prefill_budget.py) to compare, each with the first --chunks size as its cap")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the model runs eagerly, float32)")
     args = parser.parse_args()
@@ -83,15 +85,17 @@ def main() -> None:
     drafter_dir = make_tiny_drafter(root / "drafter", target_dir, seed=2, block_size=8, target_layer_ids=(1, 4))
     target = load_target(target_dir, device=args.device, dtype=torch.float32)
     runtime = TorchRuntime(target.model, load_drafter(drafter_dir, target))
-    conditions: list[tuple[str, int | None]] = [("no long prompts", None), ("whole (prefill_chunk 0)", 0)]
-    conditions += [(f"prefill_chunk {c}", int(c)) for c in args.chunks.split(",")]
+    conditions: list[tuple[str, int | None, float | None]] = [("no long prompts", None, None), ("whole (prefill_chunk 0)", 0, None)]
+    conditions += [(f"prefill_chunk {c}", int(c), None) for c in args.chunks.split(",")]
+    cap = int(args.chunks.split(",")[0])
+    conditions += [(f"prefill_chunk {cap}, prefill_share {s}", cap, float(s)) for s in args.shares.split(",") if s]
     _run(runtime, 0, 20, 10, args.long_len, args.long_new_tokens, seed=99)  # warm-up
-    gaps: dict[str, list[float]] = {name: [] for name, _ in conditions}
-    itls: dict[str, list[float]] = {name: [] for name, _ in conditions}
-    ttfts: dict[str, list[float]] = {name: [] for name, _ in conditions}
+    gaps: dict[str, list[float]] = {name: [] for name, *_ in conditions}
+    itls: dict[str, list[float]] = {name: [] for name, *_ in conditions}
+    ttfts: dict[str, list[float]] = {name: [] for name, *_ in conditions}
     for round_ in range(args.rounds):
-        for name, chunk in conditions:
-            g, i, t = _run(runtime, chunk, args.steps, args.long_every, args.long_len, args.long_new_tokens, seed=round_)
+        for name, chunk, share in conditions:
+            g, i, t = _run(runtime, chunk, args.steps, args.long_every, args.long_len, args.long_new_tokens, seed=round_, share=share)
             gaps[name] += g
             itls[name] += i
             ttfts[name] += t
@@ -102,7 +106,7 @@ def main() -> None:
     print("| condition | gap p50 ms | gap p90 ms | gap p99 ms | gap max ms | p90 / no long | p99 / no long "
           "| short requests' mean ITL p90 ms | long TTFT mean ms |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for name, _ in conditions:
+    for name, *_ in conditions:
         g = gaps[name]
         itl = f"{ms(itls[name], 90):.1f}" if len(itls[name]) > 1 else "-"
         ttft = f"{1000 * statistics.mean(ttfts[name]):.0f}" if ttfts[name] else "-"

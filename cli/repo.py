@@ -41,6 +41,10 @@ def repo(
     prefill_chunk: Optional[int] = typer.Option(
         None, "--prefill-chunk", help="Prompt tokens prefilled per decoding step, so long prompts do not stall live streams (default 512; 0 = whole prompts)."
     ),
+    prefill_share: Optional[float] = typer.Option(
+        None, "--prefill-share", help="While streams decode, size each prefill chunk to about this share of a decoding "
+        "step's time, at most --prefill-chunk tokens (default 0.5; 0 = always --prefill-chunk tokens)."
+    ),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out."),
     llmapi_model: Optional[Path] = typer.Option(
         None, "--llmapi-model", help="trtllm recipes and builds: NVIDIA's LLM-API Triton model folder (TensorRT-LLM's "
@@ -89,7 +93,8 @@ def repo(
     target, draft = repository.check_checkpoints(target, draft)
     options = {"device": device, "num_threads": threads}
     overrides = {"max_batch": max_batch, "max_context": max_context, "max_tokens": max_tokens, "block_size": block_size,
-                 "prefix_cache_mib": prefix_cache_mib, "prefill_chunk": prefill_chunk}
+                 "prefix_cache_mib": prefix_cache_mib, "prefill_chunk": prefill_chunk,
+                 "prefill_share": prefill_share}
     options.update(limits)
     options.update({k: v for k, v in overrides.items() if v is not None})  # flags override the recipe
     if options.get("max_tokens") and options.get("max_context"):  # a request leaves room for its prompt

@@ -158,6 +158,8 @@ def test_a_cancelled_prefill_frees_its_row_and_leaves_the_others_exact(trained):
 
 def test_prefill_chunk_is_a_serving_option_with_a_default():
     assert ServingConfig(target="demo").prefill_chunk == 512
+    assert ServingConfig(target="demo").prefill_share == 0.5
+    assert ServingConfig.from_parameters({"target": "demo", "prefill_share": "0"}).prefill_share == 0  # off: prefill_chunk tokens
     assert ServingConfig.from_parameters({"target": "demo", "prefill_chunk": "0"}).prefill_chunk == 0
     with pytest.raises(DFlashError, match="prefill_chunk"):
         ServingConfig.from_parameters({"target": "demo", "prefill_chunk": "-1"})
@@ -167,6 +169,25 @@ def test_a_negative_chunk_is_refused_in_one_line(trained):
     with pytest.raises(DFlashError) as error:
         Decoder(trained[0], max_batch=1, max_context=64, prefill_chunk=-1)
     assert "prefill_chunk must be >= 0" in str(error.value) and "\n" not in str(error.value)
+    with pytest.raises(DFlashError, match="prefill_share must be > 0"):
+        Decoder(trained[0], max_batch=1, max_context=64, prefill_share=0)
+
+
+@pytest.mark.parametrize("sampling", ["greedy", "seeded"])
+def test_chunks_sized_by_time_decode_exactly_what_a_whole_prefill_does(trained, monkeypatch, sampling):
+    """prefill_share: chunk sizes follow the measured step times (so they vary from run to run);
+    the tokens and acceptance lengths do not. A tiny share forces small chunks beside decoding rows."""
+    from trtllm_dflash import prefill_budget
+
+    runtime, prompts, whole = trained
+    sizes = []
+    tokens = prefill_budget.PrefillBudget.tokens
+    monkeypatch.setattr(prefill_budget.PrefillBudget, "tokens", lambda self, decoding: sizes.append(tokens(self, decoding)) or sizes[-1])
+    decoder = Decoder(runtime, max_batch=2, max_context=160, prefill_chunk=64, prefill_share=0.01)
+    decoder.prefill_budget.floor = 3  # this pair's prompts are short: let the budget bite
+    requests = [Request(p, GREEDY if sampling == "greedy" else SEEDED) for p in prompts]
+    assert [(r.token_ids, r.acceptance_lengths) for r in decoder.generate(requests)] == whole[sampling]
+    assert 64 in sizes and min(sizes) < 64  # whole chunks with no row decoding, smaller ones beside decoding rows
 
 
 def _prefilled_keys(decoder: Decoder, runtime: TorchRuntime) -> list[torch.Tensor]:

@@ -680,3 +680,18 @@ def test_openai_command_drains_on_sigterm_and_takes_the_key_flag_over_the_env(tr
             process.kill()
             process.wait()
     _wait_idle(triton)
+
+
+def test_usage_reports_prompt_tokens_served_from_the_prefix_cache(client):
+    """OpenAI's usage.prompt_tokens_details.cached_tokens: 0 for a new prefix, then the whole 64-token
+    blocks of the prefix the earlier request stored (the repository's default prefix cache is on)."""
+    system = "".join(f"def helper_{i}(value):\n    return value * {i} + {i * i}\n\n" for i in range(12))
+    answers = [client.completions.create(model="dflash", prompt=system + tail, max_tokens=8, temperature=0)
+               for tail in ("def main():", "class Worker:")]
+    cold, warm = (a.usage.prompt_tokens_details.cached_tokens for a in answers)
+    assert cold == 0
+    assert warm > 0 and warm % 64 == 0 and warm <= answers[1].usage.prompt_tokens - 1
+    streamed = list(client.completions.create(model="dflash", prompt=system + "def main():", max_tokens=8, temperature=0,
+                                              stream=True, stream_options={"include_usage": True}))
+    assert streamed[-1].usage.prompt_tokens_details.cached_tokens >= warm
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == answers[0].choices[0].text  # restored, not changed

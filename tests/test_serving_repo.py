@@ -50,7 +50,7 @@ def test_repo_writes_decoupled_dflash_and_baseline_models(tiny_pair, tmp_path):
     target, drafter = tiny_pair
     out = tmp_path / "repo"
     result = _cli("repo", "--model", str(target), "--drafter", str(drafter), "--out", str(out), "--max-batch", "4", "--max-context", "300",
-                  "--prefill-chunk", "64")
+                  "--prefill-chunk", "64", "--prefill-share", "0.3")
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == ["ar", "dflash", "dflash_repository.json"]
     configs = {}
@@ -65,6 +65,7 @@ def test_repo_writes_decoupled_dflash_and_baseline_models(tiny_pair, tmp_path):
     assert configs["ar"].drafter is None and configs["ar"].target == configs["dflash"].target == str(target.resolve())
     assert configs["dflash"].max_context == 300
     assert configs["dflash"].prefill_chunk == configs["ar"].prefill_chunk == 64  # both models take the serving option
+    assert configs["dflash"].prefill_share == configs["ar"].prefill_share == 0.3
 
 
 def test_repo_refuses_to_overwrite_and_leaves_nothing_half_written(tiny_pair, tmp_path):

@@ -25,6 +25,7 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.prefill_budget import PrefillBudget
 from trtllm_dflash.runtime.base import Runtime, SamplingTensors
 from trtllm_dflash.runtime.prefix_cache import PrefixCache
 from trtllm_dflash.contracts.request_limits import DEFAULT_PREFILL_CHUNK, MIN_TEMPERATURE
@@ -144,7 +145,9 @@ class Decoder:
     first): a long prompt joins over several steps and the live rows decode in each of them. 0
     prefills every joining prompt whole before the step (a long one then stalls every row).
     `prefix_cache` (runtime/prefix_cache.py) keeps what prompts' prefixes left in the caches, so a
-    prompt that starts with a prefix seen before prefills only the rest.
+    prompt that starts with a prefix seen before prefills only the rest. `prefill_share` sizes the
+    chunks beside decoding rows by time instead (prefill_budget.py): a step's prefill takes about
+    that share of a decoding step, at most `prefill_chunk` tokens; None keeps `prefill_chunk`.
     """
 
     def __init__(
@@ -157,6 +160,7 @@ class Decoder:
         draft_len_schedule: Mapping[int, int] | None = None,
         prefix_cache: PrefixCache | None = None,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        prefill_share: float | None = None,
     ) -> None:
         self.runtime = runtime
         self.speculative = runtime.has_drafter
@@ -172,6 +176,10 @@ class Decoder:
         if prefill_chunk < 0:
             raise DFlashError(f"prefill_chunk must be >= 0, got {prefill_chunk}", "use a token count such as 512, or 0 for whole prompts")
         self.prefill_chunk = int(prefill_chunk)
+        if prefill_share is not None and not 0 < prefill_share:
+            raise DFlashError(f"prefill_share must be > 0, got {prefill_share}", "use a fraction of a decoding step such as 0.5, or None")
+        self.prefill_budget = PrefillBudget(self.prefill_chunk, prefill_share)
+        self._prefilled_tokens = 0  # prompt tokens the current step's chunk pass prefilled
         self.max_batch = max_batch
         self.max_context = max_context
         self.profile = profile
@@ -240,9 +248,14 @@ class Decoder:
 
     def step(self) -> list[StepEvent]:
         """Admit waiting requests (whole, or a chunk of prompt), then one draft + verify pass over all live rows."""
+        started = time.perf_counter()
+        self._prefilled_tokens = 0
         events = self._prefill_chunk() if self.prefill_chunk else self._admit()
+        prefilled = time.perf_counter()
+        self.prefill_budget.prefilled(self._prefilled_tokens, prefilled - started)
         if self.live:
             events += self._decode_step()
+            self.prefill_budget.decoded(time.perf_counter() - prefilled)
         self._store_prefixes(range(len(self.live)))
         return events
 
@@ -365,7 +378,7 @@ class Decoder:
         """Prefill at most `prefill_chunk` prompt tokens of the prefilling rows, oldest first; rows
         whose prompt is complete become live (first token and drafter context as a whole prefill)."""
         self._start_prefills()
-        counts, budget = [], self.prefill_chunk
+        counts, budget = [], self.prefill_budget.tokens(decoding=bool(self.live))
         for index, pending in enumerate(self.prefilling):
             if budget <= 0:
                 break
@@ -382,6 +395,7 @@ class Decoder:
             budget -= count
         if not counts:
             return []
+        self._prefilled_tokens = sum(counts)
         batch, first = self.prefilling[: len(counts)], len(self.live)
         tokens = torch.zeros(len(batch), max(counts), dtype=torch.long)
         for i, (pending, count) in enumerate(zip(batch, counts)):

@@ -94,7 +94,8 @@ class BatchingLoop:
         """A decoder (with an empty prefix cache: after a failed step nothing kept is trusted)."""
         return Decoder(self.pipeline.runtime, max_batch=self.config.max_batch, max_context=self.max_context,
                        block_size=self.config.block_size, draft_len_schedule=self.config.draft_len_schedule,
-                       prefix_cache=self._prefix_cache(), prefill_chunk=self.config.prefill_chunk)
+                       prefix_cache=self._prefix_cache(), prefill_chunk=self.config.prefill_chunk,
+                       prefill_share=self.config.prefill_share or None)
 
     def _prefix_cache(self) -> PrefixCache | None:
         if self.config.prefix_cache_mib == 0:
@@ -274,6 +275,7 @@ class BatchingLoop:
             "total_draft_tokens": np.array([drafted], dtype=np.int32),
             "num_input_tokens": np.array([len(result.prompt_ids)], dtype=np.int32),
             "num_output_tokens": np.array([len(ids)], dtype=np.int32),
+            "num_cached_tokens": np.array([result.cached_prompt_tokens], dtype=np.int32),
             "time_to_first_token": np.array([ttft], dtype=np.float32),
             "tokens_per_second": np.array([len(ids) / elapsed], dtype=np.float32),
             "finish_reason": np.array([(result.finish_reason or "").encode() if finished else b""], dtype=np.object_),

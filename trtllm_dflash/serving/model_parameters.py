@@ -13,7 +13,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from trtllm_dflash.contracts.request_limits import DEFAULT_PREFILL_CHUNK
+from trtllm_dflash.contracts.request_limits import DEFAULT_PREFILL_CHUNK, DEFAULT_PREFILL_SHARE
 from trtllm_dflash.errors import DFlashError
 
 Runtime = Literal["torch", "trt"]
@@ -79,6 +79,11 @@ class ServingConfig(BaseModel):
     prefill_chunk: int = Field(
         DEFAULT_PREFILL_CHUNK, ge=0,
         description="Prompt tokens prefilled per decoding step, so long prompts join without stalling live streams (0 = whole prompts).",
+    )
+    prefill_share: float = Field(
+        DEFAULT_PREFILL_SHARE, ge=0,
+        description="While streams decode, a step's prefill chunk is sized to take about this share of a decoding step's "
+        "time, at most prefill_chunk tokens (0 = always prefill_chunk tokens).",
     )
 
     @field_validator("draft_len_schedule", mode="before")

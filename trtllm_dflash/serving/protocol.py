@@ -50,6 +50,7 @@ OUTPUTS: dict[str, tuple[str, list[int]]] = {
     "total_draft_tokens": ("TYPE_INT32", [1]),
     "num_input_tokens": ("TYPE_INT32", [1]),
     "num_output_tokens": ("TYPE_INT32", [1]),
+    "num_cached_tokens": ("TYPE_INT32", [1]),  # prompt tokens restored from the prefix cache, not prefilled
     "time_to_first_token": ("TYPE_FP32", [1]),
     "tokens_per_second": ("TYPE_FP32", [1]),
     "finish_reason": ("TYPE_STRING", [1]),

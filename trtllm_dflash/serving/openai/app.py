@@ -256,8 +256,12 @@ def _model_card(info: ModelInfo) -> dict:
 
 def _usage(last: dict) -> dict:
     prompt, completion = int(last.get("num_input_tokens") or 0), int(last.get("num_output_tokens") or 0)
+    # OpenAI's (and vLLM's) prompt_tokens_details.cached_tokens: prompt tokens served from the prefix cache;
+    # left out where the model does not report them (NVIDIA's LLM-API model)
+    cached = last.get("num_cached_tokens")
+    details = {"prompt_tokens_details": {"cached_tokens": int(cached)}} if cached is not None else {}
     return {
-        "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+        "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion, **details,
         "dflash": {  # an extension: the acceptance of this request's speculative decoding
             "mean_acceptance_length": round(float(last.get("mean_acceptance_length") or 0.0), 4),
             "acceptance_rate": round(float(last.get("acceptance_rate") or 0.0), 4),

@@ -24,7 +24,7 @@ from trtllm_dflash.serving.protocol import LLMApiStream
 MODEL_PROCESS_DOWN = ("Stub process", "is not healthy")
 LISTS = ("output_ids", "acceptance_lengths")  # tensors read whole; the others are one value
 STATS = ("acceptance_lengths", "mean_acceptance_length", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
-         "num_input_tokens", "num_output_tokens", "time_to_first_token", "tokens_per_second", "finish_reason")
+         "num_input_tokens", "num_output_tokens", "num_cached_tokens", "time_to_first_token", "tokens_per_second", "finish_reason")
 # what NVIDIA's LLM-API model sends (protocol.py's notes), read when the request asked for it
 LLMAPI_OUTPUTS = ("text_output", "finish_reason", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
                   "arrival_time_ns", "first_token_time_ns")
