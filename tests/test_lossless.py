@@ -189,6 +189,9 @@ def test_draft_length_schedule_shortens_blocks_as_rows_join_and_stays_lossless(t
     last = results[-1].acceptance_lengths
     assert max(last[: rows_per_step.count(3)]) == 1  # 3 rows: anchor-only verification
     assert max(last[-5:]) > 3  # alone again: long runs accepted, so the drafter's context stayed complete
+    # what each step verified, as served statistics count it: the schedule's length at that step's rows
+    assert results[-1].draft_lengths == [decoder.draft_len(n) for n in rows_per_step]
+    assert all(a <= d + 1 for r in results for a, d in zip(r.acceptance_lengths, r.draft_lengths))
 
     # sampling, drafts of length 0 only: exactly the autoregressive sampler (same seed, same RNG streams)
     sampled = Decoder(pipe.runtime, max_batch=3, max_context=256, draft_len_schedule={1: 0}).generate(

@@ -48,6 +48,8 @@ class SequenceResult:
     prompt_ids: list[int]
     token_ids: list[int] = dataclasses.field(default_factory=list)
     acceptance_lengths: list[int] = dataclasses.field(default_factory=list)
+    # draft tokens the target verified in each of those steps (block size - 1, or fewer under a draft_len_schedule)
+    draft_lengths: list[int] = dataclasses.field(default_factory=list)
     finish_reason: str | None = None  # "stop", "length" (max_new_tokens) or "context"
     cached_prompt_tokens: int = 0  # prompt tokens restored from the prefix cache instead of prefilled
     num_target_forwards: int = 0
@@ -524,6 +526,7 @@ class Decoder:
             live.result.num_target_forwards += 1
             new = self._commit(live, tokens)
             live.result.acceptance_lengths.append(len(new))
+            live.result.draft_lengths.append(draft_len)
             committed += len(new)
             events.append(StepEvent(live.request.request_id, new, live.result.finish_reason is not None, live.result))
             if live.result.finish_reason is not None:

@@ -191,8 +191,8 @@ class BatchingLoop:
         if job.first_token_at is None and result.token_ids:
             job.first_token_at = time.perf_counter()
             self.metrics.first_token(job.first_token_at - job.received)
-        for length in result.acceptance_lengths[job.steps_seen :]:
-            self.metrics.accepted(length)
+        for length, drafted in zip(result.acceptance_lengths[job.steps_seen :], result.draft_lengths[job.steps_seen :]):
+            self.metrics.accepted(length, drafted)
         job.steps_seen = len(result.acceptance_lengths)
         finished = event.finished
         text, ids = self._text_of(job, result, finished)
@@ -261,7 +261,7 @@ class BatchingLoop:
         job.responses_sent += 1
         steps = len(result.acceptance_lengths)
         accepted = sum(result.acceptance_lengths) - steps
-        drafted = steps * self.draft_len
+        drafted = sum(result.draft_lengths)  # what was verified: a draft_len_schedule shortens busy steps
         now = time.perf_counter()
         elapsed = (result.elapsed if finished else now - job.received) or 1e-9
         ttft = (job.first_token_at - job.received) if job.first_token_at else 0.0

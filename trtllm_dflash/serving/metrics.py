@@ -42,8 +42,9 @@ class ServingMetrics:
     def speculative(self, draft_len: int) -> None:
         """The model drafts `draft_len` tokens per step (0: it does not draft); told once, before any step."""
 
-    def accepted(self, length: int) -> None:
-        """One request's tokens committed by one verify step (tau of that step, bonus included)."""
+    def accepted(self, length: int, drafted: int) -> None:
+        """One request's tokens committed by one verify step (tau of that step, bonus included), of
+        `drafted` draft tokens verified (0 where the model does not draft or the schedule said 0)."""
 
     def first_token(self, seconds: float) -> None:
         """Time from a request's arrival to its first generated token."""
@@ -117,12 +118,12 @@ class TritonMetrics(ServingMetrics):
         if count:
             self.generated.increment(count)
 
-    def accepted(self, length):
+    def accepted(self, length, drafted):
         self.acceptance.observe(length)
-        if self.draft_len:
+        if self.draft_len and drafted:
             accepted = length - 1
             self.drafts.increment(1)
-            self.draft_tokens.increment(self.draft_len)
+            self.draft_tokens.increment(drafted)
             if accepted:
                 self.accepted_tokens.increment(accepted)
             for counter in self.per_position[:accepted]:
