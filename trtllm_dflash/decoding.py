@@ -253,6 +253,8 @@ class Decoder:
         started = time.perf_counter()
         self._prefilled_tokens = 0
         events = self._prefill_chunk() if self.prefill_chunk else self._admit()
+        if self._prefilled_tokens and self.prefill_budget.share is not None:
+            _synchronize(self.device)  # time the chunk's own pass, not the decoding step that would wait for it
         prefilled = time.perf_counter()
         self.prefill_budget.prefilled(self._prefilled_tokens, prefilled - started)
         if self.live:

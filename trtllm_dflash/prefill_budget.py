@@ -9,9 +9,9 @@ step (at least `floor` tokens). With no row decoding, or no `share`, the chunk i
 
 The estimate converges on the right size even though a pass has a fixed cost: with cost(n) =
 o + c * n, the per-token estimate (o + c * n) / n gives the next n = share * d / (o / n + c),
-whose fixed point is o + c * n = share * d. Timing is wall clock on the host; on a GPU a pass
-that has not synchronized is counted in the step that waits for it, which errs toward larger
-chunks there, where prefill is cheap anyway.
+whose fixed point is o + c * n = share * d. Timing is wall clock on the host: the decoder
+synchronizes the device after a chunk's pass when a share is set, so a GPU's chunk is timed as
+itself and not in the decoding step that would wait for it.
 """
 
 from __future__ import annotations
