@@ -173,6 +173,22 @@ def test_a_negative_chunk_is_refused_in_one_line(trained):
         Decoder(trained[0], max_batch=1, max_context=64, prefill_share=0)
 
 
+def test_with_a_prefill_share_a_short_prompt_is_not_queued_behind_a_long_one(trained):
+    """Shortest remaining first: the 9-token prompt submitted after the 57-token one goes live in the
+    first step (the rows trade places), and both decode exactly as when prefilled whole."""
+    runtime, prompts, whole = trained
+    long_prompt, short_prompt = prompts[2], prompts[1]
+    decoder = Decoder(runtime, max_batch=3, max_context=160, prefill_chunk=16, prefill_share=0.5)
+    ids = [decoder.submit(Request(p, GREEDY)) for p in (long_prompt, short_prompt)]
+    decoder.step()
+    assert [live.request.request_id for live in decoder.live] == [ids[1]]
+    assert decoder.prefilling[0].done == 7  # the long prompt took the rest of the step's 16 tokens
+    done = {}
+    while decoder.has_work:
+        done.update({e.request_id: e.result for e in decoder.step() if e.finished})
+    assert [(done[i].token_ids, done[i].acceptance_lengths) for i in ids] == [whole["greedy"][2], whole["greedy"][1]]
+
+
 @pytest.mark.parametrize("sampling", ["greedy", "seeded"])
 def test_chunks_sized_by_time_decode_exactly_what_a_whole_prefill_does(trained, monkeypatch, sampling):
     """prefill_share: chunk sizes follow the measured step times (so they vary from run to run);

@@ -98,8 +98,9 @@ class _Live:
 class _Prefilling:
     """A request whose prompt is being written into its cache row, a chunk per step; not decoded yet.
 
-    Its row sits after the live rows (rows are live first, then prefilling, oldest first), so
-    when its prompt is complete it becomes live where it is."""
+    Its row sits after the live rows (rows are live first, then prefilling, oldest first, or
+    shortest remaining first with a prefill share), so when its prompt is complete it becomes live
+    where it is."""
 
     def __init__(self, request: Request, sampling: SamplingTensors) -> None:
         self.request = request
@@ -379,9 +380,11 @@ class Decoder:
     # ------------------------------------------------------------------ chunked admission (prefill)
 
     def _prefill_chunk(self) -> list[StepEvent]:
-        """Prefill at most `prefill_chunk` prompt tokens of the prefilling rows, oldest first; rows
+        """Prefill at most `prefill_chunk` prompt tokens of the prefilling rows in their order; rows
         whose prompt is complete become live (first token and drafter context as a whole prefill)."""
         self._start_prefills()
+        if self.prefill_budget.share is not None:
+            self._shortest_first()
         counts, budget = [], self.prefill_budget.tokens(decoding=bool(self.live))
         for index, pending in enumerate(self.prefilling):
             if budget <= 0:
@@ -418,16 +421,33 @@ class Decoder:
             pending.chunks += 1
             if self.speculative:  # copied: a runtime may reuse its output buffers in the next pass
                 pending.features.append(out.features[i, :count].clone())
-        complete = sum(1 for p in batch if p.remaining == 0)  # oldest first: the complete ones lead
+        complete = sum(1 for p in batch if p.remaining == 0)  # the budget went in row order: the complete ones lead
         return self._go_live(complete, out.bonus[:complete]) if complete else []
 
     def _start_prefills(self) -> None:
-        """Waiting requests take the free rows (after the live and prefilling ones), nothing prefilled yet."""
+        """Waiting requests take the free rows (after the live and prefilling ones), nothing prefilled yet:
+        oldest first, or with a prefill share shortest first (a short prompt is not queued behind long ones)."""
         free = self.max_batch - len(self.live) - len(self.prefilling)
         while self.waiting and free > 0:
-            request = self.waiting.popleft()
+            if self.prefill_budget.share is None:
+                request = self.waiting.popleft()
+            else:
+                request = min(self.waiting, key=lambda r: len(r.prompt_ids))
+                self.waiting.remove(request)
             self.prefilling.append(_Prefilling(request, _sampling_tensors([request.params], self.device)))
             free -= 1
+
+    def _shortest_first(self) -> None:
+        """Put the prefilling rows in order of the prompt tokens they have left (a stable sort), moving
+        their cache rows: the step's budget then goes to the prompts that finish soonest, and a short
+        prompt that arrived behind a long one goes live without waiting for it."""
+        order = sorted(range(len(self.prefilling)), key=lambda i: self.prefilling[i].remaining)
+        if order == list(range(len(self.prefilling))):
+            return
+        first = len(self.live)
+        self.prefilling = [self.prefilling[i] for i in order]
+        rows = list(range(first)) + [first + i for i in order]
+        self.runtime.keep_rows(torch.tensor(rows, dtype=torch.long, device=self.device))
 
     def _go_live(self, count: int, first_token: torch.Tensor) -> list[StepEvent]:
         """The first `count` prefilling rows (complete prompts, right after the live rows) become live."""

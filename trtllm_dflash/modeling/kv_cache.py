@@ -76,13 +76,19 @@ class StaticKVCache:
         ]
 
     def keep_rows(self, index: torch.Tensor) -> None:
-        """Move rows `index` to the front (in that order)."""
+        """Move rows `index` to the front (in that order). Only the rows that change place are copied:
+        a row of a long context is megabytes, and most calls move a few rows (a finished request's
+        successors, or a short prompt put ahead of a long one)."""
         count = index.numel()
+        moved = index != torch.arange(count, device=index.device)
+        if not bool(moved.any()):
+            return
+        sources, places = index[moved], moved.nonzero().view(-1)
         for layer in self.layers:
             if layer.keys is None:
                 continue
-            layer.keys[:count] = layer.keys.index_select(0, index)
-            layer.values[:count] = layer.values.index_select(0, index)
+            layer.keys[places] = layer.keys[sources]  # gathered before written: any permutation is safe
+            layer.values[places] = layer.values[sources]
 
     @property
     def nbytes(self) -> int:
