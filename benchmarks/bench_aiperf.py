@@ -279,6 +279,11 @@ def run_cases(bench: Bench, cases: list[str], card: dict) -> list[tuple[str, str
             ("2 long prompts", "4 streams x 128 tokens alone", "ITL p90", f"{a:.1f} ms"),
             ("2 long prompts", f"same, {args.long_tokens}-token prompts joining at ~{args.long_rate}/s ({len(waits)} joined)", "ITL p90", f"{b:.1f} ms"),
             ("2 long prompts", "ratio (goal <= 1.5x)", "joined / alone", f"{b / a:.2f}x"),
+            # what a scheduler could trade for the ITL: the streams' own first tokens and throughput
+            ("2 long prompts", "the streams alone / joined", "TTFT p50",
+             f"{stat(alone, 'time_to_first_token', 'p50'):.0f} / {stat(joined, 'time_to_first_token', 'p50'):.0f} ms"),
+            ("2 long prompts", "the streams alone / joined", "output tokens/s",
+             f"{stat(alone, 'output_token_throughput', 'avg'):.1f} / {stat(joined, 'output_token_throughput', 'avg'):.1f}"),
         ]
         rows.append(("2 long prompts", f"one {args.long_tokens}-token prompt on the idle server", "TTFT", f"{single:.2f} s"))
         if waits:
