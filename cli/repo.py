@@ -43,7 +43,7 @@ def repo(
     ),
     prefill_share: Optional[float] = typer.Option(
         None, "--prefill-share", help="While streams decode, size each prefill chunk to about this share of a decoding "
-        "step's time, at most --prefill-chunk tokens (default 0.5; 0 = always --prefill-chunk tokens)."
+        "step's time, at most --prefill-chunk tokens (default 0.3; 0 = always --prefill-chunk tokens)."
     ),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out."),
     llmapi_model: Optional[Path] = typer.Option(

@@ -158,7 +158,7 @@ def test_a_cancelled_prefill_frees_its_row_and_leaves_the_others_exact(trained):
 
 def test_prefill_chunk_is_a_serving_option_with_a_default():
     assert ServingConfig(target="demo").prefill_chunk == 512
-    assert ServingConfig(target="demo").prefill_share == 0.5
+    assert ServingConfig(target="demo").prefill_share == 0.3
     assert ServingConfig.from_parameters({"target": "demo", "prefill_share": "0"}).prefill_share == 0  # off: prefill_chunk tokens
     assert ServingConfig.from_parameters({"target": "demo", "prefill_chunk": "0"}).prefill_chunk == 0
     with pytest.raises(DFlashError, match="prefill_chunk"):

@@ -23,4 +23,4 @@ MAX_STOP_CHARS = 256
 # near full prefill speed, small enough that a step with a chunk stays within a few decode steps' time.
 DEFAULT_PREFILL_CHUNK = 512
 # a served model's chunks beside decoding rows take about this share of a decoding step (prefill_budget.py)
-DEFAULT_PREFILL_SHARE = 0.5
+DEFAULT_PREFILL_SHARE = 0.3
