@@ -1,46 +1,73 @@
-"""The chunked-prefill scheduler's budget (prefill_budget.py): chunk sizes from measured times."""
+"""The chunked-prefill scheduler's budget (prefill_budget.py): a token bucket of decoding time."""
 
 from __future__ import annotations
 
 import pytest
 
-from trtllm_dflash.prefill_budget import FLOOR, PROBE, PrefillBudget
+from trtllm_dflash.prefill_budget import BURST_STEPS, FLOOR, PROBE, PrefillBudget
 
 
-def test_without_a_share_or_decoding_rows_the_chunk_is_the_cap():
+def test_without_a_share_or_decoding_rows_the_chunk_is_the_cap_and_costs_nothing():
     assert PrefillBudget(512).tokens(decoding=True) == 512
-    budget = PrefillBudget(512, share=0.5, decode_seconds=0.02, token_seconds=0.01)
+    budget = PrefillBudget(512, share=0.5, token_seconds=0.01)
     assert budget.tokens(decoding=False) == 512  # nobody to protect: whole chunks
+    budget.prefilled(512, 5.0, decoding=False)
+    assert budget.credit == 0.0
 
 
-def test_before_any_measurement_a_probe_chunk():
+def test_before_a_token_was_timed_a_probe_chunk():
     assert PrefillBudget(512, share=0.5).tokens(decoding=True) == PROBE
     assert PrefillBudget(32, share=0.5).tokens(decoding=True) == 32
 
 
-@pytest.mark.parametrize("overhead", [0.0, 0.004])
-def test_the_chunk_converges_to_the_share_of_a_decoding_step(overhead):
-    """A pass that costs overhead + per_token * n: the chunk settles where its pass takes share x the
-    decoding step, the fixed point of the running estimates, fixed cost included."""
-    decode, per_token, share = 0.020, 0.0001, 0.5
-    budget = PrefillBudget(512, share=share)
-    for _ in range(40):
-        n = budget.tokens(decoding=True)
-        budget.prefilled(n, overhead + per_token * n)
+def simulate(budget: PrefillBudget, steps: int, decode: float, overhead: float, per_token: float, pending) -> tuple[float, float, list[int]]:
+    """Steps of a decoder whose chunk pass costs overhead + per_token * n; `pending(step)` says
+    whether a prompt waits to be prefilled. Returns (prefill seconds, decode seconds, chunk sizes)."""
+    prefill_time = decode_time = 0.0
+    sizes = []
+    for step in range(steps):
+        if pending(step):
+            n = budget.tokens(decoding=True)
+            sizes.append(n)
+            cost = overhead + per_token * n
+            budget.prefilled(n, cost, decoding=True)
+            prefill_time += cost
         budget.decoded(decode)
-    expected = (share * decode - overhead) / per_token  # 100 tokens, or 60 with the fixed cost
-    assert abs(budget.tokens(decoding=True) - expected) <= 2
+        decode_time += decode
+    return prefill_time, decode_time, sizes
+
+
+@pytest.mark.parametrize("share", [0.3, 0.5])
+@pytest.mark.parametrize("overhead", [0.0, 0.002])
+def test_sustained_prefills_take_the_share_of_the_decoding_time(share, overhead):
+    """A prompt always waiting: over many steps the prefill time is share x the decoding time, a
+    fixed cost per pass included (streams then average (1 + share) x their pace)."""
+    budget = PrefillBudget(512, share=share)
+    prefill, decode, _ = simulate(budget, 2000, decode=0.020, overhead=overhead, per_token=0.0001, pending=lambda step: True)
+    assert prefill / decode == pytest.approx(share, rel=0.1)
+
+
+def test_a_rare_long_prompt_is_prefilled_from_saved_credit_in_large_chunks():
+    """After steps with nothing to prefill the credit is full: the next chunks are the cap, then they
+    fall to what the share pays for as the credit is spent."""
+    budget = PrefillBudget(512, share=0.3)
+    _, _, sizes = simulate(budget, BURST_STEPS * 3, decode=0.020, overhead=0.0, per_token=0.0001,
+                           pending=lambda step: step == 0 or step >= 2 * BURST_STEPS)
+    assert budget.credit <= 0.3 * 0.020 * BURST_STEPS
+    burst, steady = sizes[1:4], sizes[-10:]
+    assert burst[0] == 512  # 0.38 s of credit buys more than the cap (51 ms)
+    assert max(steady) < 512 and min(steady) >= 0.3 * 0.020 / 0.0001 - 2  # the share pays 60 tokens a step
 
 
 def test_the_floor_and_the_cap_bound_the_chunk():
-    slow = PrefillBudget(512, share=0.5, decode_seconds=0.01, token_seconds=1.0)
-    assert slow.tokens(decoding=True) == FLOOR  # a prompt still advances every step
-    fast = PrefillBudget(512, share=0.5, decode_seconds=1.0, token_seconds=1e-6)
-    assert fast.tokens(decoding=True) == 512
-    assert PrefillBudget(8, share=0.5, decode_seconds=0.01, token_seconds=1.0).tokens(decoding=True) == 8  # cap below the floor
+    spent = PrefillBudget(512, share=0.5, credit=-1.0, token_seconds=0.001)
+    assert spent.tokens(decoding=True) == FLOOR  # a prompt still advances every step
+    rich = PrefillBudget(512, share=0.5, credit=10.0, token_seconds=1e-6)
+    assert rich.tokens(decoding=True) == 512
+    assert PrefillBudget(8, share=0.5, credit=-1.0, token_seconds=1.0).tokens(decoding=True) == 8  # a cap below the floor
 
 
 def test_no_tokens_leave_the_estimate_alone():
     budget = PrefillBudget(512, share=0.5)
-    budget.prefilled(0, 0.3)
-    assert budget.token_seconds is None
+    budget.prefilled(0, 0.3, decoding=True)
+    assert budget.token_seconds is None and budget.credit == 0.0

@@ -149,8 +149,9 @@ class Decoder:
     prefills every joining prompt whole before the step (a long one then stalls every row).
     `prefix_cache` (runtime/prefix_cache.py) keeps what prompts' prefixes left in the caches, so a
     prompt that starts with a prefix seen before prefills only the rest. `prefill_share` sizes the
-    chunks beside decoding rows by time instead (prefill_budget.py): a step's prefill takes about
-    that share of a decoding step, at most `prefill_chunk` tokens; None keeps `prefill_chunk`.
+    chunks beside decoding rows by time instead (prefill_budget.py): prefills take about that share
+    of the decoding time on average, in chunks of at most `prefill_chunk` tokens, shortest prompt
+    first; None keeps `prefill_chunk` tokens, oldest first.
     """
 
     def __init__(
@@ -253,11 +254,12 @@ class Decoder:
         """Admit waiting requests (whole, or a chunk of prompt), then one draft + verify pass over all live rows."""
         started = time.perf_counter()
         self._prefilled_tokens = 0
+        decoding = bool(self.live)  # rows that decode in this step, beside the chunk
         events = self._prefill_chunk() if self.prefill_chunk else self._admit()
         if self._prefilled_tokens and self.prefill_budget.share is not None:
             _synchronize(self.device)  # time the chunk's own pass, not the decoding step that would wait for it
         prefilled = time.perf_counter()
-        self.prefill_budget.prefilled(self._prefilled_tokens, prefilled - started)
+        self.prefill_budget.prefilled(self._prefilled_tokens, prefilled - started, decoding)
         if self.live:
             events += self._decode_step()
             self.prefill_budget.decoded(time.perf_counter() - prefilled)

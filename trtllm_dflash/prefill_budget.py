@@ -2,34 +2,40 @@
 
 A fixed chunk (`prefill_chunk`) bounds a step's prefill in tokens, but what live streams feel is
 its time: on a GPU a 512-token chunk of a small model costs a fraction of a decoding step, on a
-CPU several steps. With `share`, while rows decode, a step's prefill is sized from what the last
-steps measured so that it takes about `share` of a decoding step's time: the streams' inter-token
-latency stays near (1 + share) x its value without prefills, and prompts still advance every
-step (at least `floor` tokens). With no row decoding, or no `share`, the chunk is `cap`.
+CPU several steps. With `share`, while rows decode, prefills may take about `share` of the decoding
+time on average, so the streams' mean inter-token latency stays near (1 + share) x its value
+without prefills (what aiperf and users measure per request), on any hardware.
 
-The estimate converges on the right size even though a pass has a fixed cost: with cost(n) =
-o + c * n, the per-token estimate (o + c * n) / n gives the next n = share * d / (o / n + c),
-whose fixed point is o + c * n = share * d. Timing is wall clock on the host: the decoder
-synchronizes the device after a chunk's pass when a share is set, so a GPU's chunk is timed as
-itself and not in the decoding step that would wait for it.
+It is a token bucket of time. Each decoding step adds `share` x its duration to a credit, capped at
+`BURST_STEPS` steps' worth. A chunk spends its measured duration, and is sized from the credit
+and a running estimate of one prefilled token's cost: at least `floor` tokens, so a prompt always
+advances, and at most `cap`. A long prompt that arrives now and then is prefilled from the saved
+credit in large chunks. Prompts that keep arriving faster than the share can absorb are held to it,
+and queue. With no row decoding, or no `share`, the chunk is `cap` and costs no credit.
+
+Timing is wall clock on the host: the decoder synchronizes the device after a chunk's pass when a
+share is set, so a GPU's chunk is timed as itself and not in the decoding step that would wait
+for it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-FLOOR = 16  # tokens a prompt advances per step at least, however tight the budget
-PROBE = 64  # the first chunk beside decoding rows, before anything was measured
+FLOOR = 16  # tokens a prompt advances per step at least, however little credit is left
+PROBE = 64  # the first chunk beside decoding rows, before a token's cost was measured
+BURST_STEPS = 64  # the credit saved up, in decoding steps' worth (about one short request's length)
 SMOOTHING = 0.3  # weight of the newest measurement in the running estimates
 
 
 @dataclasses.dataclass
 class PrefillBudget:
-    """Prompt tokens per step: `cap`, or while rows decode a `share` of a decoding step's time."""
+    """Prompt tokens per step: `cap`, or while rows decode what the saved `share` of decoding time buys."""
 
     cap: int
     share: float | None = None
     floor: int = FLOOR
+    credit: float = 0.0  # seconds of prefill the decoding so far has earned and not spent
     decode_seconds: float | None = None  # running estimate of a decoding step without prefill
     token_seconds: float | None = None  # running estimate of one prefilled token (in chunks of the sizes used)
 
@@ -37,17 +43,24 @@ class PrefillBudget:
         """The step's prefill budget in tokens (`decoding`: live rows will decode in this step)."""
         if self.share is None or not decoding:
             return self.cap
-        if self.decode_seconds is None or self.token_seconds is None:
+        if self.token_seconds is None:
             return min(self.cap, PROBE)
-        sized = int(self.share * self.decode_seconds / self.token_seconds)
+        sized = int(max(self.credit, 0.0) / self.token_seconds)
         return max(min(self.floor, self.cap), min(self.cap, sized))
 
-    def prefilled(self, tokens: int, seconds: float) -> None:
-        if tokens > 0:
-            self.token_seconds = _blend(self.token_seconds, seconds / tokens)
+    def prefilled(self, tokens: int, seconds: float, decoding: bool) -> None:
+        """A chunk pass of `tokens` took `seconds`; beside decoding rows it spends credit."""
+        if tokens <= 0:
+            return
+        self.token_seconds = _blend(self.token_seconds, seconds / tokens)
+        if decoding and self.share is not None:
+            self.credit -= seconds
 
     def decoded(self, seconds: float) -> None:
+        """A decoding step took `seconds`: it earns `share` of that, up to the burst."""
         self.decode_seconds = _blend(self.decode_seconds, seconds)
+        if self.share is not None:
+            self.credit = min(self.credit + self.share * seconds, self.share * self.decode_seconds * BURST_STEPS)
 
 
 def _blend(estimate: float | None, measured: float) -> float:
