@@ -59,12 +59,23 @@ def test_a_rare_long_prompt_is_prefilled_from_saved_credit_in_large_chunks():
     assert max(steady) < 512 and min(steady) >= 0.3 * 0.020 / 0.0001 - 2  # the share pays 60 tokens a step
 
 
-def test_the_floor_and_the_cap_bound_the_chunk():
-    spent = PrefillBudget(512, share=0.5, credit=-1.0, token_seconds=0.001)
-    assert spent.tokens(decoding=True) == FLOOR  # a prompt still advances every step
-    rich = PrefillBudget(512, share=0.5, credit=10.0, token_seconds=1e-6)
-    assert rich.tokens(decoding=True) == 512
-    assert PrefillBudget(8, share=0.5, credit=-1.0, token_seconds=1.0).tokens(decoding=True) == 8  # a cap below the floor
+def test_a_chunk_waits_for_floor_tokens_of_credit_and_stops_at_the_cap():
+    token = 0.001
+    assert PrefillBudget(512, share=0.5, credit=-1.0, token_seconds=token).tokens(decoding=True) == 0  # in debt: wait
+    assert PrefillBudget(512, share=0.5, credit=(FLOOR - 1) * token, token_seconds=token).tokens(decoding=True) == 0
+    assert PrefillBudget(512, share=0.5, credit=(FLOOR + 0.5) * token, token_seconds=token).tokens(decoding=True) == FLOOR
+    assert PrefillBudget(512, share=0.5, credit=10.0, token_seconds=token).tokens(decoding=True) == 512
+    assert PrefillBudget(8, share=0.5, credit=8.5 * token, token_seconds=token).tokens(decoding=True) == 8  # a cap below the floor
+
+
+def test_a_waiting_prompt_advances_within_a_few_decoding_steps():
+    """However deep the debt a large chunk left, decoding steps earn credit until a chunk is affordable."""
+    budget = PrefillBudget(512, share=0.3, credit=-0.05, token_seconds=0.0001, decode_seconds=0.02)
+    steps = 0
+    while budget.tokens(decoding=True) == 0:
+        budget.decoded(0.02)
+        steps += 1
+    assert steps == 9  # 50 ms of debt + 1.6 ms for 16 tokens = 51.6 ms, at 6 ms a step
 
 
 def test_no_tokens_leave_the_estimate_alone():

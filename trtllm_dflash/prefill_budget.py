@@ -8,10 +8,12 @@ without prefills (what aiperf and users measure per request), on any hardware.
 
 It is a token bucket of time. Each decoding step adds `share` x its duration to a credit, capped at
 `BURST_STEPS` steps' worth. A chunk spends its measured duration, and is sized from the credit
-and a running estimate of one prefilled token's cost: at least `floor` tokens, so a prompt always
-advances, and at most `cap`. A long prompt that arrives now and then is prefilled from the saved
-credit in large chunks. Prompts that keep arriving faster than the share can absorb are held to it,
-and queue. With no row decoding, or no `share`, the chunk is `cap` and costs no credit.
+and a running estimate of one prefilled token's cost, at most `cap`. A step whose credit does not
+buy `floor` tokens prefills nothing: the credit grows with every decoding step, so a prompt waits a
+step or two rather than paying a pass's fixed cost for a few tokens (a minimum chunk paid out of
+debt would take more than the share). A long prompt that arrives now and then is prefilled from
+the saved credit in large chunks. Prompts that keep arriving faster than the share can absorb are
+held to it, and queue. With no row decoding, or no `share`, the chunk is `cap` and costs no credit.
 
 Timing is wall clock on the host: the decoder synchronizes the device after a chunk's pass when a
 share is set, so a GPU's chunk is timed as itself and not in the decoding step that would wait
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 
-FLOOR = 16  # tokens a prompt advances per step at least, however little credit is left
+FLOOR = 16  # the smallest chunk beside decoding rows: less credit than this buys waits for more
 PROBE = 64  # the first chunk beside decoding rows, before a token's cost was measured
 BURST_STEPS = 64  # the credit saved up, in decoding steps' worth (about one short request's length)
 SMOOTHING = 0.3  # weight of the newest measurement in the running estimates
@@ -46,7 +48,7 @@ class PrefillBudget:
         if self.token_seconds is None:
             return min(self.cap, PROBE)
         sized = int(max(self.credit, 0.0) / self.token_seconds)
-        return max(min(self.floor, self.cap), min(self.cap, sized))
+        return min(self.cap, sized) if sized >= min(self.floor, self.cap) else 0
 
     def prefilled(self, tokens: int, seconds: float, decoding: bool) -> None:
         """A chunk pass of `tokens` took `seconds`; beside decoding rows it spends credit."""
