@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--long-new-tokens", type=int, default=8,
                         help="tokens a long prompt generates (1: it never decodes, which isolates its prefill)")
     parser.add_argument("--chunks", default="512", help="chunk sizes to compare with whole prompts")
-    parser.add_argument("--shares", default="", help="prefill shares (prefill_budget.py) to compare, each with the first --chunks size as its cap")
+    parser.add_argument("--shares", default="", help="prefill shares (runtime/step_schedule.py) to compare, each with the first --chunks size as its cap")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the model runs eagerly, float32)")
     args = parser.parse_args()

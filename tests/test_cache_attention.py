@@ -118,7 +118,8 @@ def test_a_rows_result_does_not_depend_on_the_other_rows_lengths(trained_pair):
     assert max(len(o.acceptance_lengths) for o in together) < 40  # the drafter is accepted: steps of several tokens
 
 
-@pytest.mark.parametrize("family,window", [("qwen3", 0), ("qwen3", 6), ("qwen3_5", 0), ("gemma3", 0)])
+# gpt_oss: attention sinks, eager attention (transformers' own causal mask there went wrong: no shortcut)
+@pytest.mark.parametrize("family,window", [("qwen3", 0), ("qwen3", 6), ("qwen3_5", 0), ("gemma3", 0), ("gpt_oss", 0)])
 @pytest.mark.parametrize("chunk", [0, 16])
 def test_transformers_path_prefills_from_zero_without_a_mask(tmp_path, monkeypatch, family, window, chunk):
     """Transformers' own forward (the path of hybrid, sliding and GPU targets, where the fused pass
@@ -142,6 +143,9 @@ def test_transformers_path_prefills_from_zero_without_a_mask(tmp_path, monkeypat
         return [(o.token_ids, o.acceptance_lengths) for o in outputs]
 
     fast = decode()
+    if not runtime.sdpa_attention:  # the shortcut is SDPA's is_causal: other attention functions keep our masks
+        assert not any(fast_path for _, fast_path in taken)
+        return
     assert any(fast_path for _, fast_path in taken)
     assert not all(fast_path for _, fast_path in taken)  # verify passes (and chunks after the first) keep their masks
     if window:

@@ -193,12 +193,12 @@ def test_with_a_prefill_share_a_short_prompt_is_not_queued_behind_a_long_one(tra
 def test_chunks_sized_by_time_decode_exactly_what_a_whole_prefill_does(trained, monkeypatch, sampling):
     """prefill_share: chunk sizes follow the measured step times (so they vary from run to run);
     the tokens and acceptance lengths do not. A tiny share forces small chunks beside decoding rows."""
-    from trtllm_dflash import prefill_budget
+    from trtllm_dflash.runtime import step_schedule
 
     runtime, prompts, whole = trained
     sizes = []
-    tokens = prefill_budget.PrefillBudget.tokens
-    monkeypatch.setattr(prefill_budget.PrefillBudget, "tokens", lambda self, decoding: sizes.append(tokens(self, decoding)) or sizes[-1])
+    tokens = step_schedule.PrefillBudget.tokens
+    monkeypatch.setattr(step_schedule.PrefillBudget, "tokens", lambda self, decoding: sizes.append(tokens(self, decoding)) or sizes[-1])
     decoder = Decoder(runtime, max_batch=2, max_context=160, prefill_chunk=64, prefill_share=0.01)
     decoder.prefill_budget.floor = 3  # this pair's prompts are short: let the budget bite
     requests = [Request(p, GREEDY if sampling == "greedy" else SEEDED) for p in prompts]

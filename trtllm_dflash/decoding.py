@@ -25,9 +25,9 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.prefill_budget import PrefillBudget
 from trtllm_dflash.runtime.base import Runtime, SamplingTensors
 from trtllm_dflash.runtime.prefix_cache import PrefixCache
+from trtllm_dflash.runtime.step_schedule import Prefilling, PrefillBudget, check_draft_len_schedule, scheduled_draft_len
 from trtllm_dflash.contracts.request_limits import DEFAULT_PREFILL_CHUNK, MIN_TEMPERATURE
 from trtllm_dflash.sampling_params import SamplingParams, check_prompt_tokens  # SamplingParams is re-exported: decoding.SamplingParams
 
@@ -95,44 +95,6 @@ class _Live:
         self.start = len(request.prompt_ids)  # position of the anchor == committed target length
 
 
-class _Prefilling:
-    """A request whose prompt is being written into its cache row, a chunk per step; not decoded yet.
-
-    Its row sits after the live rows (rows are live first, then prefilling, oldest first, or
-    shortest remaining first with a prefill share), so when its prompt is complete it becomes live
-    where it is."""
-
-    def __init__(self, request: Request, sampling: SamplingTensors) -> None:
-        self.request = request
-        self.sampling = sampling  # one row; its seed is drawn once, the first token is sampled with it
-        self.done = 0  # prompt tokens whose K/V (and recurrent state) are in the row
-        self.cached = 0  # of those, restored from the prefix cache (the drafter's context cache has them too)
-        self.chunks = 0  # target passes spent on the prompt
-        self.features: list[torch.Tensor] = []  # tapped features of the prefilled positions: the drafter's context
-
-    @property
-    def remaining(self) -> int:
-        return len(self.request.prompt_ids) - self.done
-
-
-def _check_schedule(schedule: Mapping[int, int] | None, block_size: int) -> dict[int, int]:
-    """A draft-length schedule as {live rows from: draft tokens}, checked against the block size."""
-    if not schedule:
-        return {}
-    checked = {int(k): int(v) for k, v in schedule.items()}
-    if min(checked) < 1 or min(checked.values()) < 0:
-        raise DFlashError(
-            f"draft_len_schedule {checked} has a row count < 1 or a negative length",
-            "use {rows: draft tokens} with rows >= 1 and tokens >= 0",
-        )
-    if max(checked.values()) > block_size - 1:
-        raise DFlashError(
-            f"draft_len_schedule {checked} drafts more than block size - 1 = {block_size - 1} tokens",
-            "lower the schedule's lengths or raise the block size",
-        )
-    return checked
-
-
 class Decoder:
     """Batched DFlash speculative decoding (or autoregressive decoding without a drafter).
 
@@ -149,7 +111,7 @@ class Decoder:
     prefills every joining prompt whole before the step (a long one then stalls every row).
     `prefix_cache` (runtime/prefix_cache.py) keeps what prompts' prefixes left in the caches, so a
     prompt that starts with a prefix seen before prefills only the rest. `prefill_share` sizes the
-    chunks beside decoding rows by time instead (prefill_budget.py): prefills take about that share
+    chunks beside decoding rows by time instead (runtime/step_schedule.py): prefills take about that share
     of the decoding time on average, in chunks of at most `prefill_chunk` tokens, shortest prompt
     first; None keeps `prefill_chunk` tokens, oldest first.
     """
@@ -176,7 +138,7 @@ class Decoder:
             self.mask_token_id = config.mask_token_id
         else:
             self.block_size = 1
-        self.draft_len_schedule = _check_schedule(draft_len_schedule, self.block_size) if self.speculative else {}
+        self.draft_len_schedule = check_draft_len_schedule(draft_len_schedule, self.block_size) if self.speculative else {}
         if prefill_chunk < 0:
             raise DFlashError(f"prefill_chunk must be >= 0, got {prefill_chunk}", "use a token count such as 512, or 0 for whole prompts")
         self.prefill_chunk = int(prefill_chunk)
@@ -191,7 +153,7 @@ class Decoder:
         runtime.allocate(max_batch, max_context + self.block_size)
         self.waiting: deque[Request] = deque()
         self.live: list[_Live] = []
-        self.prefilling: list[_Prefilling] = []  # rows len(live)..len(live)+len(prefilling)-1
+        self.prefilling: list[Prefilling] = []  # rows len(live)..len(live)+len(prefilling)-1
         self.stats: list[StepStats] = []
         self._ids = itertools.count()
         # device state of the live rows, row i <-> self.live[i]
@@ -436,7 +398,7 @@ class Decoder:
             else:
                 request = min(self.waiting, key=lambda r: len(r.prompt_ids))
                 self.waiting.remove(request)
-            self.prefilling.append(_Prefilling(request, _sampling_tensors([request.params], self.device)))
+            self.prefilling.append(Prefilling(request, _sampling_tensors([request.params], self.device)))
             free -= 1
 
     def _shortest_first(self) -> None:
@@ -494,11 +456,7 @@ class Decoder:
 
     def draft_len(self, live_rows: int) -> int:
         """Draft tokens verified in a step with `live_rows` rows (the schedule, else block size - 1)."""
-        length = self.block_size - 1
-        for threshold, value in sorted(self.draft_len_schedule.items()):
-            if live_rows >= threshold:
-                length = value
-        return length
+        return scheduled_draft_len(self.draft_len_schedule, live_rows, self.block_size)
 
     def _decode_step(self) -> list[StepEvent]:
         n, block_size = len(self.live), self.block_size

@@ -89,6 +89,8 @@ class TorchRuntime(CachedRuntime):
         self.softcap = getattr(config, "final_logit_softcapping", None)
         # eager attention adds the mask to the scores; sdpa and the others take a boolean mask
         self.additive_masks = hf_compat.attention_implementation(config) == "eager"
+        # SDPA runs is_causal when given no mask; other attention functions (eager, gpt-oss's sinks) need ours
+        self.sdpa_attention = hf_compat.attention_implementation(config) == "sdpa"
         self.linear_modules = linear_attention.linear_attention_modules(self.decoder, self.layer_types)
         linear_attention.install(self.linear_modules)
         self.linear_states: linear_attention.LinearStates | None = None
@@ -257,13 +259,13 @@ class TorchRuntime(CachedRuntime):
         return TargetOutput(logits=logits, features=features)
 
     def _plain_causal(self, tokens, starts, span, logits_at) -> bool:
-        """Whether this pass is a prefill from position 0 that only needs causal attention: then
-        transformers gets no mask and SDPA runs `is_causal` (flash attention on a GPU) instead of
-        applying a [T, T] mask in every layer. Rows padded at the end are still exact (padding
-        comes after every real token). Prefill only: never inside a CUDA-graph capture, where the
-        host read of `starts` would fail."""
+        """Whether this pass is a prefill from position 0 that only needs causal attention, on a model
+        whose attention is SDPA: then transformers gets no mask and SDPA runs `is_causal` (flash
+        attention on a GPU) instead of applying a [T, T] mask in every layer. Rows padded at the end
+        are still exact (padding comes after every real token). Prefill only: never inside a
+        CUDA-graph capture, where the host read of `starts` would fail."""
         width = tokens.shape[1]
-        if logits_at is None or width < 2 or span != width or any(0 < w < width for w in self.windows):
+        if not self.sdpa_attention or logits_at is None or width < 2 or span != width or any(0 < w < width for w in self.windows):
             return False
         return not bool(starts.any())
 

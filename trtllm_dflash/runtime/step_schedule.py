@@ -1,8 +1,9 @@
-"""How many prompt tokens a decoding step may prefill (chunked prefill's scheduler).
+"""What a decoding step does beside its live rows: how many prompt tokens it prefills, the state of
+the prompts being prefilled, and how many drafts it verifies (a draft-length schedule).
 
-A fixed chunk (`prefill_chunk`) bounds a step's prefill in tokens, but what live streams feel is
-its time: on a GPU a 512-token chunk of a small model costs a fraction of a decoding step, on a
-CPU several steps. With `share`, while rows decode, prefills may take about `share` of the decoding
+The prefill budget. A fixed chunk (`prefill_chunk`) bounds a step's prefill in tokens, but what
+live streams feel is its time: on a GPU a 512-token chunk of a small model costs a fraction of a
+decoding step, on a CPU several steps. With `share`, while rows decode, prefills may take about `share` of the decoding
 time on average, so the streams' mean inter-token latency stays near (1 + share) x its value
 without prefills (what aiperf and users measure per request), on any hardware.
 
@@ -23,6 +24,12 @@ for it.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Mapping
+
+import torch
+
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.runtime.base import SamplingTensors
 
 FLOOR = 16  # the smallest chunk beside decoding rows: less credit than this buys waits for more
 PROBE = 64  # the first chunk beside decoding rows, before a token's cost was measured
@@ -67,3 +74,50 @@ class PrefillBudget:
 
 def _blend(estimate: float | None, measured: float) -> float:
     return measured if estimate is None else (1 - SMOOTHING) * estimate + SMOOTHING * measured
+
+
+class Prefilling:
+    """A request whose prompt is being written into its cache row, a chunk per step; not decoded yet.
+
+    Its row sits after the live rows (rows are live first, then prefilling, oldest first, or
+    shortest remaining first with a prefill share), so when its prompt is complete it becomes live
+    where it is."""
+
+    def __init__(self, request: Any, sampling: SamplingTensors) -> None:
+        self.request = request  # a decoding.Request
+        self.sampling = sampling  # one row; its seed is drawn once, the first token is sampled with it
+        self.done = 0  # prompt tokens whose K/V (and recurrent state) are in the row
+        self.cached = 0  # of those, restored from the prefix cache (the drafter's context cache has them too)
+        self.chunks = 0  # target passes spent on the prompt
+        self.features: list[torch.Tensor] = []  # tapped features of the prefilled positions: the drafter's context
+
+    @property
+    def remaining(self) -> int:
+        return len(self.request.prompt_ids) - self.done
+
+
+def check_draft_len_schedule(schedule: Mapping[int, int] | None, block_size: int) -> dict[int, int]:
+    """A draft-length schedule as {live rows from: draft tokens}, checked against the block size."""
+    if not schedule:
+        return {}
+    checked = {int(k): int(v) for k, v in schedule.items()}
+    if min(checked) < 1 or min(checked.values()) < 0:
+        raise DFlashError(
+            f"draft_len_schedule {checked} has a row count < 1 or a negative length",
+            "use {rows: draft tokens} with rows >= 1 and tokens >= 0",
+        )
+    if max(checked.values()) > block_size - 1:
+        raise DFlashError(
+            f"draft_len_schedule {checked} drafts more than block size - 1 = {block_size - 1} tokens",
+            "lower the schedule's lengths or raise the block size",
+        )
+    return checked
+
+
+def scheduled_draft_len(schedule: Mapping[int, int], live_rows: int, block_size: int) -> int:
+    """Draft tokens verified in a step with `live_rows` rows (the schedule, else block size - 1)."""
+    length = block_size - 1
+    for threshold, value in sorted(schedule.items()):
+        if live_rows >= threshold:
+            length = value
+    return length

@@ -1,10 +1,10 @@
-"""The chunked-prefill scheduler's budget (prefill_budget.py): a token bucket of decoding time."""
+"""The chunked-prefill scheduler's budget (runtime/step_schedule.py): a token bucket of decoding time."""
 
 from __future__ import annotations
 
 import pytest
 
-from trtllm_dflash.prefill_budget import BURST_STEPS, FLOOR, PROBE, PrefillBudget
+from trtllm_dflash.runtime.step_schedule import BURST_STEPS, FLOOR, PROBE, PrefillBudget
 
 
 def test_without_a_share_or_decoding_rows_the_chunk_is_the_cap_and_costs_nothing():
