@@ -189,6 +189,22 @@ def test_with_a_prefill_share_a_short_prompt_is_not_queued_behind_a_long_one(tra
     assert [(done[i].token_ids, done[i].acceptance_lengths) for i in ids] == [whole["greedy"][2], whole["greedy"][1]]
 
 
+def test_cancelling_a_reordered_prefill_leaves_the_others_exact(trained):
+    """Shortest first moves rows; cancelling the half-prefilled middle one afterwards frees its row
+    and the others (live and still prefilling) decode as when prefilled whole."""
+    runtime, prompts, whole = trained
+    decoder = Decoder(runtime, max_batch=3, max_context=160, prefill_chunk=16, prefill_share=0.5)
+    ids = [decoder.submit(Request(p, GREEDY)) for p in (prompts[2], prompts[0], prompts[1])]  # 57, 41, 9 tokens
+    decoder.step()  # the 9-token prompt goes live, the 41-token one gets 7 tokens, the 57-token one waits
+    assert [p.request.request_id for p in decoder.prefilling] == [ids[1], ids[0]] and decoder.prefilling[0].done == 7
+    assert decoder.cancel(ids[1]) is None and len(decoder.prefilling) == 1
+    done = {}
+    while decoder.has_work:
+        done.update({e.request_id: e.result for e in decoder.step() if e.finished})
+    assert sorted(done) == sorted([ids[0], ids[2]])
+    assert [(done[i].token_ids, done[i].acceptance_lengths) for i in (ids[0], ids[2])] == [whole["greedy"][2], whole["greedy"][1]]
+
+
 @pytest.mark.parametrize("sampling", ["greedy", "seeded"])
 def test_chunks_sized_by_time_decode_exactly_what_a_whole_prefill_does(trained, monkeypatch, sampling):
     """prefill_share: chunk sizes follow the measured step times (so they vary from run to run);
