@@ -65,7 +65,7 @@ def _same(warm, cold) -> None:
     assert warm.acceptance_lengths == cold.acceptance_lengths
 
 
-# whole prompts (Decoder._admit), and chunked prefill in chunks of 5 (Decoder._prefill_chunk: a restored
+# whole prompts (prefill_chunk=0: one pass), and chunked prefill in chunks of 5 (a restored
 # prefix, then several chunks, with a hybrid target's kept states falling inside chunks)
 CHUNKS = pytest.mark.parametrize("chunk", [0, 5], ids=["whole", "chunks-of-5"])
 

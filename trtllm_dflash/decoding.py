@@ -27,7 +27,7 @@ import torch
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.base import Runtime, SamplingTensors
 from trtllm_dflash.runtime.prefix_cache import PrefixCache
-from trtllm_dflash.runtime.step_schedule import Prefilling, PrefillBudget, check_draft_len_schedule, scheduled_draft_len
+from trtllm_dflash.runtime.step_schedule import WHOLE_PROMPTS, Prefilling, PrefillBudget, check_draft_len_schedule, scheduled_draft_len
 from trtllm_dflash.contracts.request_limits import DEFAULT_PREFILL_CHUNK, MIN_TEMPERATURE
 from trtllm_dflash.sampling_params import SamplingParams, check_prompt_tokens  # SamplingParams is re-exported: decoding.SamplingParams
 
@@ -144,7 +144,8 @@ class Decoder:
         self.prefill_chunk = int(prefill_chunk)
         if prefill_share is not None and not 0 < prefill_share:
             raise DFlashError(f"prefill_share must be > 0, got {prefill_share}", "use a fraction of a decoding step such as 0.5, or None")
-        self.prefill_budget = PrefillBudget(self.prefill_chunk, prefill_share)
+        # prefill_chunk 0: whole prompts, every waiting one that has a row, in one pass before the step
+        self.prefill_budget = PrefillBudget(self.prefill_chunk or WHOLE_PROMPTS, prefill_share if self.prefill_chunk else None)
         self._prefilled_tokens = 0  # prompt tokens the current step's chunk pass prefilled
         self.max_batch = max_batch
         self.max_context = max_context
@@ -217,7 +218,7 @@ class Decoder:
         started = time.perf_counter()
         self._prefilled_tokens = 0
         decoding = bool(self.live)  # rows that decode in this step, beside the chunk
-        events = self._prefill_chunk() if self.prefill_chunk else self._admit()
+        events = self._prefill_chunk()
         if self._prefilled_tokens and self.prefill_budget.share is not None:
             _synchronize(self.device)  # time the chunk's own pass, not the decoding step that would wait for it
         prefilled = time.perf_counter()
@@ -243,54 +244,10 @@ class Decoder:
 
     # ------------------------------------------------------------------ admission (prefill)
 
-    def _admit(self) -> list[StepEvent]:
-        free = self.max_batch - len(self.live)
-        if not self.waiting or free <= 0:
-            return []
-        joining = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
-        first, count = len(self.live), len(joining)
-        rows = slice(first, first + count)
-        lengths = [len(r.prompt_ids) for r in joining]
-        cached = self._restore_prefixes(rows, joining)  # prompt tokens already in each row's caches (prefix cache)
-        width = max(n - c for n, c in zip(lengths, cached))
-        span = max(c + width for c in cached)
-        tokens = torch.zeros(count, width, dtype=torch.long)
-        for i, request in enumerate(joining):
-            tokens[i, : lengths[i] - cached[i]] = torch.tensor(request.prompt_ids[cached[i] :])
-        tokens = tokens.to(self.device)
-        length_t = torch.tensor(lengths, device=self.device)
-        cached_t = torch.tensor(cached, device=self.device)
-        sampling = _sampling_tensors([r.params for r in joining], self.device)
-
-        # the first token is a block of one (the last prompt token): no drafts, bonus sampled at position len(prompt)
-        out = self.runtime.target_verify(rows, tokens, cached_t, span, None, sampling, logits_at=length_t - cached_t - 1)
-        first_token = out.bonus
-        first_host = first_token.tolist()
-
-        self.anchor = torch.cat([self.anchor, first_token])
-        self.starts = torch.cat([self.starts, length_t])
-        self.sampling = sampling if self.sampling is None else SamplingTensors.cat([self.sampling, sampling])
-        if self.speculative:
-            self.ctx_features = _cat_padded(self.ctx_features, out.features)
-            self.ctx_counts = torch.cat([self.ctx_counts, length_t - cached_t])  # the drafter has the cached prefix already
-
-        events, finished = [], []
-        for i, request in enumerate(joining):
-            result = SequenceResult(request.request_id, list(request.prompt_ids), num_target_forwards=1, cached_prompt_tokens=cached[i])
-            live = _Live(request, result)
-            result.time_to_first_token = time.perf_counter() - request.arrival
-            self.live.append(live)
-            new = self._commit(live, [first_host[i]])
-            events.append(StepEvent(request.request_id, new, result.finish_reason is not None, result))
-            if result.finish_reason is not None:
-                finished.append(first + i)
-        self._drop(finished)
-        return events
-
     # ------------------------------------------------------------------ prefix caching
 
-    def _restore_prefixes(self, rows: slice, joining: list[Request]) -> list[int]:
-        """Copy each joining prompt's longest cached prefix into its row; returns the restored lengths.
+    def _restore_prefix(self, row: int, request: Request) -> int:
+        """Copy the prompt's longest cached prefix into its row; returns the restored length.
 
         Also notes which of the prompt's blocks to store once the row has drafted (its drafter
         context is projected by the first draft step), and for hybrid targets asks the prefill to
@@ -298,29 +255,20 @@ class Decoder:
         """
         cache = self.prefix_cache
         if cache is None:
-            return [0] * len(joining)
+            return 0
         hybrid = self.runtime.is_hybrid
-        matches = [cache.match(request.prompt_ids, needs_state=hybrid) for request in joining]
-        cached = [blocks[-1].end if blocks else 0 for blocks in matches]
-        lengths = [len(request.prompt_ids) for request in joining]
-        # the prefill pads every row to the widest suffix at each row's own positions: a long restored
-        # prefix next to a long uncached prompt could pad past the cache, so such rows prefill whole
-        while max(c + max(n - c for n, c in zip(lengths, cached)) for c in cached) > self.runtime.capacity:
-            widest = max(n - c for n, c in zip(lengths, cached))
-            cached = [0 if c + widest > self.runtime.capacity else c for c in cached]
-        keep_state = []
-        for i, request in enumerate(joining):
-            if cached[i]:
-                self.runtime.import_prefix(rows.start + i, matches[i][: cached[i] // cache.block_tokens])
-            end = cache.storable(lengths[i]) * cache.block_tokens
-            # hybrid: also keep the state where the prompt leaves the cached blocks, for the next prompt sharing them
-            parting = cache.depth(request.prompt_ids) if hybrid else 0
-            states = tuple(p for p in {end, parting} if cached[i] < p <= end) if hybrid else ()
-            if end > cached[i]:
-                self._prefix_stores[id(request)] = (cached[i], end, states)
-            keep_state.append(states)
+        blocks = cache.match(request.prompt_ids, needs_state=hybrid)
+        cached = blocks[-1].end if blocks else 0
+        if cached:
+            self.runtime.import_prefix(row, blocks[: cached // cache.block_tokens])
+        end = cache.storable(len(request.prompt_ids)) * cache.block_tokens
+        # hybrid: also keep the state where the prompt leaves the cached blocks, for the next prompt sharing them
+        parting = cache.depth(request.prompt_ids) if hybrid else 0
+        states = tuple(p for p in {end, parting} if cached < p <= end) if hybrid else ()
+        if end > cached:
+            self._prefix_stores[id(request)] = (cached, end, states)
         if hybrid:
-            self.runtime.keep_prefix_state(rows, keep_state)
+            self.runtime.keep_prefix_state(slice(row, row + 1), [states])
         return cached
 
     def _store_prefixes(self, indices: Iterable[int]) -> None:
@@ -355,7 +303,7 @@ class Decoder:
                 break
             if pending.chunks == 0 and pending.done == 0:  # its first chunk: restore its cached prefix now, the latest moment
                 row = len(self.live) + index
-                pending.done = pending.cached = self._restore_prefixes(slice(row, row + 1), [pending.request])[0]
+                pending.done = pending.cached = self._restore_prefix(row, pending.request)
             count = min(pending.remaining, budget)
             # every row of the pass is padded to the widest chunk at its own positions: a row near the end of
             # its cache row next to a wider chunk would write past it, so such a row waits for the next step

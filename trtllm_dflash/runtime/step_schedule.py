@@ -31,6 +31,7 @@ import torch
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.base import SamplingTensors
 
+WHOLE_PROMPTS = 1 << 62  # the cap that means no cap: every prefilling prompt whole in one pass
 FLOOR = 16  # the smallest chunk beside decoding rows: less credit than this buys waits for more
 PROBE = 64  # the first chunk beside decoding rows, before a token's cost was measured
 BURST_STEPS = 64  # the credit saved up, in decoding steps' worth (about one short request's length)
