@@ -111,9 +111,9 @@ class Decoder:
     prefills every joining prompt whole before the step (a long one then stalls every row).
     `prefix_cache` (runtime/prefix_cache.py) keeps what prompts' prefixes left in the caches, so a
     prompt that starts with a prefix seen before prefills only the rest. `prefill_share` sizes the
-    chunks beside decoding rows by time instead (runtime/step_schedule.py): prefills take about that share
-    of the decoding time on average, in chunks of at most `prefill_chunk` tokens, shortest prompt
-    first; None keeps `prefill_chunk` tokens, oldest first.
+    chunks beside decoding rows by time instead (runtime/step_schedule.py): prefills take about
+    that share of the decoding time on average, in chunks of at most `prefill_chunk` tokens,
+    shortest prompt first; None keeps `prefill_chunk` tokens, oldest first.
     """
 
     def __init__(
@@ -146,7 +146,6 @@ class Decoder:
             raise DFlashError(f"prefill_share must be > 0, got {prefill_share}", "use a fraction of a decoding step such as 0.5, or None")
         # prefill_chunk 0: whole prompts, every waiting one that has a row, in one pass before the step
         self.prefill_budget = PrefillBudget(self.prefill_chunk or WHOLE_PROMPTS, prefill_share if self.prefill_chunk else None)
-        self._prefilled_tokens = 0  # prompt tokens the current step's chunk pass prefilled
         self.max_batch = max_batch
         self.max_context = max_context
         self.profile = profile
@@ -216,13 +215,12 @@ class Decoder:
     def step(self) -> list[StepEvent]:
         """Admit waiting requests (whole, or a chunk of prompt), then one draft + verify pass over all live rows."""
         started = time.perf_counter()
-        self._prefilled_tokens = 0
         decoding = bool(self.live)  # rows that decode in this step, beside the chunk
-        events = self._prefill_chunk()
-        if self._prefilled_tokens and self.prefill_budget.share is not None:
+        events, prefilled_tokens = self._prefill_chunk()
+        if prefilled_tokens and self.prefill_budget.share is not None:
             _synchronize(self.device)  # time the chunk's own pass, not the decoding step that would wait for it
         prefilled = time.perf_counter()
-        self.prefill_budget.prefilled(self._prefilled_tokens, prefilled - started, decoding)
+        self.prefill_budget.prefilled(prefilled_tokens, prefilled - started, decoding)
         if self.live:
             events += self._decode_step()
             self.prefill_budget.decoded(time.perf_counter() - prefilled)
@@ -291,9 +289,10 @@ class Decoder:
 
     # ------------------------------------------------------------------ chunked admission (prefill)
 
-    def _prefill_chunk(self) -> list[StepEvent]:
+    def _prefill_chunk(self) -> tuple[list[StepEvent], int]:
         """Prefill at most `prefill_chunk` prompt tokens of the prefilling rows in their order; rows
-        whose prompt is complete become live (first token and drafter context as a whole prefill)."""
+        whose prompt is complete become live (first token and drafter context as a whole prefill).
+        Returns their events and the prompt tokens prefilled."""
         self._start_prefills()
         if self.prefill_budget.share is not None:
             self._shortest_first()
@@ -313,8 +312,7 @@ class Decoder:
             counts.append(count)
             budget -= count
         if not counts:
-            return []
-        self._prefilled_tokens = sum(counts)
+            return [], 0
         batch, first = self.prefilling[: len(counts)], len(self.live)
         tokens = torch.zeros(len(batch), max(counts), dtype=torch.long)
         for i, (pending, count) in enumerate(zip(batch, counts)):
@@ -334,7 +332,7 @@ class Decoder:
             if self.speculative:  # copied: a runtime may reuse its output buffers in the next pass
                 pending.features.append(out.features[i, :count].clone())
         complete = sum(1 for p in batch if p.remaining == 0)  # the budget went in row order: the complete ones lead
-        return self._go_live(complete, out.bonus[:complete]) if complete else []
+        return (self._go_live(complete, out.bonus[:complete]) if complete else []), sum(counts)
 
     def _start_prefills(self) -> None:
         """Waiting requests take the free rows (after the live and prefilling ones), nothing prefilled yet:

@@ -73,6 +73,11 @@ class AttentionPlan:
         return out.transpose(1, 2)
 
 
+def window_bites(window: int, count: int) -> bool:
+    """Whether a sliding window (0: none) hides keys from some of `count` queries that start together."""
+    return 0 < window < count
+
+
 def window_reads(start: int, count: int, window: int) -> tuple[int, int]:
     """Key slots `[lo, hi)` that queries at positions start .. start+count-1 can see."""
     lo = max(start - window + 1, 0) if window > 0 else 0
@@ -84,7 +89,7 @@ def _group(rows: slice, start: int, count: int, windows: set[int], dtype: torch.
     for window in windows:
         lo, hi = reads[window] = window_reads(start, count, window)
         # from position 0, with no biting window, queries and keys are the same positions: is_causal
-        causal[window] = sdpa and count > 1 and start == 0 and (window == 0 or count <= window)
+        causal[window] = sdpa and count > 1 and start == 0 and not window_bites(window, count)
         if count == 1 or causal[window]:  # one query sees every key in [lo, hi)
             masks[window] = None
             continue

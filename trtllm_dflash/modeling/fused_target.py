@@ -9,9 +9,9 @@ nothing is stored twice), norms inlined, and attention through the model's own a
 
 It covers only decoder layers it knows to be plain (`SUPPORTED_LAYERS`: RMSNorm, RoPE, a SiLU
 gated MLP, optional q/k norms), attends over only the live slots of each row group and masks
-only where one is needed (modeling/cache_attention.py), and the torch runtime uses it only after a probe shows logits and
-tapped hidden states bit-identical to transformers' forward (see `TorchRuntime`); every other
-target runs transformers' code unchanged.
+only where one is needed (modeling/cache_attention.py), and the torch runtime uses it only after
+a probe shows logits and tapped hidden states bit-identical to transformers' forward (see
+`TorchRuntime`); every other target runs transformers' code unchanged.
 """
 
 from __future__ import annotations
@@ -107,11 +107,10 @@ class FusedLayer:
 class FusedDecoder:
     """The decoder stack of a supported target, run with fewer calls (see the module docstring)."""
 
-    def __init__(self, decoder: nn.Module, layer_types: list[str]) -> None:
+    def __init__(self, decoder: nn.Module) -> None:
         self.decoder = decoder
         with torch.inference_mode(False):  # the stacked weights outlive any inference-mode caller
             self.layers = [FusedLayer(layer) for layer in decoder.layers]
-        self.layer_types = layer_types
         self.attention = hf_compat.attention_function(decoder.config)
         # transformers' SDPA path repeats the key/value heads for GQA when a mask is given; SDPA's
         # own GQA gives the same bits without the copies

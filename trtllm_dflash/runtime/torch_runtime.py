@@ -19,12 +19,14 @@ layers of hybrid targets keep per-position states that `commit` selects per row
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from transformers import PreTrainedModel
 
 from trtllm_dflash import hf_compat
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.modeling import fused_target, linear_attention, target_attention
+from trtllm_dflash.modeling import cache_attention, fused_target, linear_attention, target_attention
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.modeling.kv_cache import RaggedHFCache, StaticKVCache
 from trtllm_dflash.modeling.taps import HiddenTaps
@@ -87,10 +89,11 @@ class TorchRuntime(CachedRuntime):
             )
         self.sliding_window = int(getattr(config, "sliding_window", None) or 0)
         self.softcap = getattr(config, "final_logit_softcapping", None)
+        implementation = hf_compat.attention_implementation(config)
         # eager attention adds the mask to the scores; sdpa and the others take a boolean mask
-        self.additive_masks = hf_compat.attention_implementation(config) == "eager"
+        self.additive_masks = implementation == "eager"
         # SDPA runs is_causal when given no mask; other attention functions (eager, gpt-oss's sinks) need ours
-        self.sdpa_attention = hf_compat.attention_implementation(config) == "sdpa"
+        self.sdpa_attention = implementation == "sdpa"
         self.linear_modules = linear_attention.linear_attention_modules(self.decoder, self.layer_types)
         linear_attention.install(self.linear_modules)
         self.linear_states: linear_attention.LinearStates | None = None
@@ -120,13 +123,20 @@ class TorchRuntime(CachedRuntime):
         """Why the target-attention kernel would not cover a layer (None: it covers all). Where it
         does not, the op runs its torch reference, which reads lengths on the host in every layer:
         slower than transformers' attention, and impossible inside a CUDA-graph capture."""
-        from trtllm_dflash.graphs.target import TargetGraph
         from trtllm_dflash.ops.kernels.tiles import ATTENTION_HEAD_DIMS
 
-        for i, shape in enumerate(TargetGraph(self.model, []).cache_shapes):
+        for i, shape in enumerate(self._cache_shapes):
             if shape is not None and not {shape.key_dim, shape.value_dim} <= set(ATTENTION_HEAD_DIMS):
                 return f"layer {i} has head dims {shape.key_dim}/{shape.value_dim}; the kernel covers {ATTENTION_HEAD_DIMS}"
         return None
+
+    @functools.cached_property
+    def _cache_shapes(self):
+        """The K/V shape each target layer writes (None: no cache), from one probe of the model: asked
+        by the attention choice and by every allocation."""
+        from trtllm_dflash.graphs.target import TargetGraph
+
+        return TargetGraph(self.model, []).cache_shapes
 
     @property
     def is_hybrid(self) -> bool:
@@ -151,9 +161,7 @@ class TorchRuntime(CachedRuntime):
         )
         self._hf_cache = RaggedHFCache(self.target_cache, self.linear_states)
         if self.attention == "dflash":  # the op writes into allocated layers: give each the shape it writes
-            from trtllm_dflash.graphs.target import TargetGraph
-
-            for i, shape in enumerate(TargetGraph(self.model, []).cache_shapes):
+            for i, shape in enumerate(self._cache_shapes):
                 if shape is not None:
                     self.target_cache.allocate_layer(i, shape.kv_heads, shape.key_dim, shape.value_dim)
         if self.fused is not None:  # the fused pass writes into allocated layers
@@ -166,7 +174,7 @@ class TorchRuntime(CachedRuntime):
     def _probe_fused(self) -> fused_target.FusedDecoder | None:
         """The fused decoder if it reproduces transformers' forward bit for bit on a probe block
         (written to row 0's first slots, which the next prefill overwrites), else None."""
-        fused = fused_target.FusedDecoder(self.decoder, self.layer_types)
+        fused = fused_target.FusedDecoder(self.decoder)
         count = min(5, self.capacity)
         tokens = (torch.arange(count, device=self.device) * 7919 % self.vocab_size).view(1, -1)
         starts = torch.zeros(1, dtype=torch.long, device=self.device)
@@ -265,7 +273,9 @@ class TorchRuntime(CachedRuntime):
         are still exact (padding comes after every real token). Prefill only: never inside a
         CUDA-graph capture, where the host read of `starts` would fail."""
         width = tokens.shape[1]
-        if not self.sdpa_attention or logits_at is None or width < 2 or span != width or any(0 < w < width for w in self.windows):
+        if not self.sdpa_attention or logits_at is None or width < 2 or span != width:
+            return False
+        if any(cache_attention.window_bites(window, width) for window in self.windows):
             return False
         return not bool(starts.any())
 
