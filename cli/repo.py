@@ -42,8 +42,8 @@ def repo(
         None, "--prefill-chunk", help="Prompt tokens prefilled per decoding step, so long prompts do not stall live streams (default 512; 0 = whole prompts)."
     ),
     prefill_share: Optional[float] = typer.Option(
-        None, "--prefill-share", help="While streams decode, size each prefill chunk to about this share of a decoding "
-        "step's time, at most --prefill-chunk tokens (default 0.3; 0 = always --prefill-chunk tokens)."
+        None, "--prefill-share", help="While streams decode, prefills take about this share of the decoding time on average, "
+        "in chunks of at most --prefill-chunk tokens, shortest prompt first (default 0.3; 0 = always --prefill-chunk tokens)."
     ),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out."),
     llmapi_model: Optional[Path] = typer.Option(

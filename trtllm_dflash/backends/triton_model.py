@@ -66,7 +66,7 @@ class TritonPythonModel:
             f"{self.name}: {config.target} ({mode}) on {self.loop.pipeline.runtime.device}, max batch {config.max_batch}, "
             f"max context {self.loop.max_context}, max new tokens {self.loop.max_new_tokens_limit}, prefix cache {prefix}, "
             f"prefill chunk {config.prefill_chunk or 'off (whole prompts)'}"
-            + (f", {config.prefill_share} of a step beside decoding rows" if config.prefill_chunk and config.prefill_share else "")
+            + (f", prefills {config.prefill_share} of the decoding time beside decoding rows" if config.prefill_chunk and config.prefill_share else "")
         )
 
     def execute(self, requests: list) -> None:

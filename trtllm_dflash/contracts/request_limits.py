@@ -22,5 +22,5 @@ MAX_STOP_CHARS = 256
 # and the served model's default; 0 prefills whole prompts). Large enough that a prompt's chunks run
 # near full prefill speed, small enough that a step with a chunk stays within a few decode steps' time.
 DEFAULT_PREFILL_CHUNK = 512
-# a served model's chunks beside decoding rows take about this share of a decoding step (runtime/step_schedule.py)
+# a served model's prefills beside decoding rows take about this share of the decoding time (runtime/step_schedule.py)
 DEFAULT_PREFILL_SHARE = 0.3

@@ -82,8 +82,8 @@ class ServingConfig(BaseModel):
     )
     prefill_share: float = Field(
         DEFAULT_PREFILL_SHARE, ge=0,
-        description="While streams decode, a step's prefill chunk is sized to take about this share of a decoding step's "
-        "time, at most prefill_chunk tokens (0 = always prefill_chunk tokens).",
+        description="While streams decode, prefills take about this share of the decoding time on average, in chunks of "
+        "at most prefill_chunk tokens, shortest prompt first (0 = always prefill_chunk tokens, oldest first).",
     )
 
     @field_validator("draft_len_schedule", mode="before")
