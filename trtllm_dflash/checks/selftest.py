@@ -377,6 +377,23 @@ def _timed_decode(name: str, load: Callable[[], tuple], budget: Budget, say: Say
     return _decode_outcome(results, note)
 
 
+def full_depth_step(budget: Budget, say: Say) -> StepOutcome:
+    """`benchmarks/bench_gpu_step.py` (bench/gpu_step.py): a 36-layer Qwen3-8B-shaped step beside its
+    floor, first in the check so every GPU window measures it; its GPU memory is given back after."""
+    import gc
+
+    import torch
+
+    from trtllm_dflash.bench import gpu_step
+
+    batches, contexts = ((1, 8), (1024,)) if budget.quick else ((1, 8, 32), (1024, 4096))
+    result = gpu_step.run(gpu_step.QWEN3_8B, batches, contexts, contexts[:1], say=say)
+    gc.collect()
+    torch.cuda.empty_cache()
+    first = result.rows[0]
+    return StepOutcome(f"batch {first.batch}, context {first.context}: " + gpu_step.summary_line(first), gpu_step.markdown(result))
+
+
 def tensorrt_step(env: GpuEnvironment, say: Say) -> StepOutcome:
     """A TensorRT engine build of the demo pair for this GPU; skipped, saying so, without TensorRT."""
     if env.tensorrt is None:
@@ -404,6 +421,7 @@ def tensorrt_step(env: GpuEnvironment, say: Say) -> StepOutcome:
 def gpu_steps(env: GpuEnvironment, budget: Budget, say: Say) -> list[Step]:
     """The check's steps in order (the test subprocess first, before this process holds GPU memory)."""
     return [
+        Step("full-depth step: Qwen3-8B shape", lambda: full_depth_step(budget, say), "step"),
         Step("kernel warm-up", lambda: warmup_step(say), "warmup"),
         Step("GPU tests", lambda: gpu_tests_step(say=say), "tests"),
         Step("kernel benchmark", lambda: kernel_benchmark_step(budget, say), "kernels"),
@@ -413,7 +431,7 @@ def gpu_steps(env: GpuEnvironment, budget: Budget, say: Say) -> list[Step]:
     ]
 
 
-STEP_KEYS = ("warmup", "tests", "kernels", "decode-demo", "decode-qwen3-8b", "tensorrt")
+STEP_KEYS = ("step", "warmup", "tests", "kernels", "decode-demo", "decode-qwen3-8b", "tensorrt")
 
 
 def check_step_keys(keys: list[str]) -> None:

@@ -25,3 +25,78 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     """RoPE on `[b, T, heads, D]` with cos/sin `[b, T, 1, D]` (transformers' rotate_half form)."""
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+# ------------------------------------------------------------------ the fused GPU pass's three kernels
+# Each runs its Triton kernel (ops/kernels/fused_layer.py) where the kernels run (CUDA, or Triton's
+# interpreter on request) and the same arithmetic op by op otherwise; the kernels round once per
+# element where transformers rounds after each op, so the two agree to a rounding step.
+
+
+def _kernels(device: torch.device):
+    from trtllm_dflash.ops import custom_ops, kernels
+
+    return kernels.for_tensor_device("fused_layer", device) if custom_ops.kernels_enabled(device) else None
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, rms_norm(x + delta)) over the last dim, in one pass where the kernel runs."""
+    module = _kernels(x.device)
+    if module is None:
+        total = x if delta is None else x + delta
+        return total, rms_norm(total, weight, eps)
+    hidden = x.shape[-1]
+    x = x.contiguous()
+    total = torch.empty_like(x) if delta is not None else x
+    normed = torch.empty_like(x)
+    rows = x.numel() // hidden
+    block = 1 << max(hidden - 1, 0).bit_length()
+    module.add_rms_norm_kernel[(rows,)](
+        x, delta.contiguous() if delta is not None else x, weight, float(eps), hidden, total, normed,
+        HAS_DELTA=delta is not None, BLOCK_H=block, num_warps=max(1, min(8, block // 256)),
+    )
+    return total, normed
+
+
+def qk_norm_rope(
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm: tuple[torch.Tensor, float] | None,
+    q_heads: int, kv_heads: int, head_dim: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q `[b, T, q_heads, D]`, k and v `[b, T, kv_heads, D]` (contiguous) from the fused projection
+    `qkv [b, T, (q_heads + 2 kv_heads) D]`: per-head RMSNorm of q and k with `norm` (a `[q_heads +
+    kv_heads, D]` weight and eps, None for none), then rotate-half RoPE with cos/sin `[b, T, D]`."""
+    batch, count = qkv.shape[:2]
+    module = _kernels(qkv.device) if head_dim & (head_dim - 1) == 0 else None  # tl.arange needs a power of two
+    if module is None:
+        heads = qkv.view(batch, count, -1, head_dim)
+        qk, v = heads[:, :, : q_heads + kv_heads], heads[:, :, q_heads + kv_heads :]
+        if norm is not None:
+            qk = rms_norm(qk, *norm)
+        q, k = rotate(qk, cos.unsqueeze(2), sin.unsqueeze(2)).split([q_heads, kv_heads], dim=2)
+        return q.contiguous(), k.contiguous(), v.contiguous()
+    q = qkv.new_empty(batch, count, q_heads, head_dim)
+    k = qkv.new_empty(batch, count, kv_heads, head_dim)
+    v = qkv.new_empty(batch, count, kv_heads, head_dim)
+    weight, eps = norm if norm is not None else (qkv, 0.0)  # any pointer where there is no norm
+    module.qk_norm_rope_kernel[(batch * count, q_heads + 2 * kv_heads)](
+        qkv.contiguous(), cos.contiguous(), sin.contiguous(), weight, float(eps), q_heads, kv_heads, q, k, v,
+        HAS_NORM=norm is not None, HEAD_DIM=head_dim, num_warps=1,
+    )
+    return q, k, v
+
+
+SILU_BLOCK_F = 1024  # FFN columns per program
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up from the fused gate/up projection `[..., 2F]` (gate first)."""
+    module = _kernels(gate_up.device)
+    gate, up = gate_up.chunk(2, dim=-1)
+    if module is None:
+        return torch.nn.functional.silu(gate) * up
+    width = gate.shape[-1]
+    out = gate_up.new_empty(*gate_up.shape[:-1], width)
+    tokens = out.numel() // width
+    block = min(SILU_BLOCK_F, 1 << max(width - 1, 0).bit_length())
+    module.silu_mul_kernel[(tokens, -(-width // block))](gate_up.contiguous(), width, out, BLOCK_F=block, num_warps=4)
+    return out

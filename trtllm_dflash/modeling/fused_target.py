@@ -22,7 +22,8 @@ from torch import nn
 
 from trtllm_dflash import hf_compat
 from trtllm_dflash.modeling.cache_attention import AttentionPlan
-from trtllm_dflash.modeling.fused_ops import norm_of, rms_norm, rotate
+from trtllm_dflash import ops
+from trtllm_dflash.modeling.fused_ops import add_rms_norm, norm_of, qk_norm_rope, rms_norm, rotate, silu_mul
 
 # decoder layers whose forward is exactly: x + attn(rmsnorm(x)), then x + mlp(rmsnorm(x)),
 # with attention = (q/k/v proj, optional per-head q/k RMSNorm, RoPE, attention, o proj)
@@ -56,6 +57,20 @@ def unsupported_reason(decoder: nn.Module) -> str | None:
         biases = [p.bias is not None for p in (attn.q_proj, attn.k_proj, attn.v_proj)]
         if any(biases) and not all(biases) or mlp.gate_proj.bias is not None or mlp.up_proj.bias is not None:
             return "mixed projection biases"
+    return None
+
+
+def in_place_unsupported_reason(decoder: nn.Module) -> str | None:
+    """Why `decoder` cannot run `FusedDecoder.forward_in_place` (None: it can): the fused pass's
+    reasons, plus q/k norms that do not share eps (they are applied as one tensor there)."""
+    reason = unsupported_reason(decoder)
+    if reason is not None:
+        return reason
+    for layer in decoder.layers:
+        attn = layer.self_attn
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        if (q_norm is None) != (k_norm is None) or q_norm is not None and q_norm.variance_epsilon != k_norm.variance_epsilon:
+            return "the q and k norms differ in eps or presence"
     return None
 
 
@@ -165,6 +180,37 @@ class FusedDecoder:
             if i in taps:
                 outputs[i] = x
         return rms_norm(x, *norm_of(self.decoder.norm)), outputs
+
+    @torch.inference_mode()
+    def forward_in_place(
+        self, tokens, positions, starts: torch.Tensor, caches, windows: list[int], taps: list[int]
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """`forward`'s result, with attention by `dflash::target_attention` (the block's K/V written
+        in place at each row's `starts`, each row reading its own slots) and the elementwise work
+        between GEMMs in three kernels per sublayer pair (ops/kernels/fused_layer.py). It reads
+        nothing back to the host, so a CUDA graph can record it: the torch runtime's GPU pass.
+        Needs `in_place_unsupported_reason(decoder) is None`."""
+        x = self.decoder.embed_tokens(tokens)
+        rope = self.decoder.rotary_emb(x, positions)
+        outputs, delta = {}, None  # delta: the MLP output not yet added to the residual stream x
+        for i in range(len(self.layers)):
+            x, delta = self.layer_in_place(i, x, delta, rope, starts, caches[i], windows[i])
+            if i in taps:
+                x, delta = x + delta, None
+                outputs[i] = x
+        return add_rms_norm(x, delta, *norm_of(self.decoder.norm))[1], outputs
+
+    def layer_in_place(self, i: int, x, delta, rope, starts, cache, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoder layer i of `forward_in_place` on the residual stream `x + delta`: returns the
+        stream after its attention and its MLP output (added by the next layer's norm kernel)."""
+        layer = self.layers[i]
+        batch, count = x.shape[:2]
+        x, h = add_rms_norm(x, delta, *layer.input_norm)
+        qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+        q, k, v = qk_norm_rope(qkv, *rope, layer.qk_norm, layer.q_heads, layer.kv_heads, layer.head_dim)
+        out = ops.target_attention(q, k, v, cache.keys, cache.values, starts, None, float(layer.scaling), window)
+        x, h = add_rms_norm(x, F.linear(out.reshape(batch, count, -1), layer.o_proj.weight, layer.o_proj.bias), *layer.post_norm)
+        return x, F.linear(silu_mul(F.linear(h, layer.gate_up)), layer.down_proj.weight, layer.down_proj.bias)
 
     def plan(self, starts: list[int], count: int, windows: set[int], dtype: torch.dtype, device: torch.device) -> AttentionPlan:
         """This pass's AttentionPlan, with explicit masks where the model's own attention runs."""

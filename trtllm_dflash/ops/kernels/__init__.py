@@ -18,7 +18,7 @@ from types import ModuleType
 
 from trtllm_dflash.extras import require
 
-KERNEL_SOURCES = ("attention", "verify", "dflash2")
+KERNEL_SOURCES = ("attention", "verify", "dflash2", "fused_layer")
 _HERE = Path(__file__).parent
 
 

@@ -1,0 +1,98 @@
+"""The fused target pass's GPU kernels (ops/kernels/fused_layer.py, here through Triton's
+interpreter) against the op-by-op torch arithmetic they replace, and the in-place fused pass
+(`FusedDecoder.forward_in_place`, the torch runtime's GPU path) decoding exactly like the unfused
+pass on the same attention op: the same tokens and acceptance lengths, greedy and seeded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from trtllm_dflash.decoding import Decoder, Request, SamplingParams  # noqa: E402
+from trtllm_dflash.modeling import fused_ops  # noqa: E402
+from trtllm_dflash.runtime.torch_runtime import TorchRuntime, relative_error  # noqa: E402
+
+
+def both(monkeypatch, fn):
+    """fn() with the torch arithmetic, then with the interpreted kernels."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    reference = fn()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    return reference, fn()
+
+
+# float32: the same arithmetic up to reduction order; bf16: one rounding step where torch rounds per op
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_delta", [False, True])
+def test_add_rms_norm_matches_the_torch_ops(monkeypatch, dtype, with_delta):
+    g = torch.Generator().manual_seed(3 + with_delta)
+    x = torch.randn(2, 3, 96, generator=g).to(dtype)  # 96: not a power of two, the tile is masked
+    delta = torch.randn(2, 3, 96, generator=g).to(dtype) if with_delta else None
+    weight = (1 + 0.1 * torch.randn(96, generator=g)).to(dtype)
+    (ref_total, ref_norm), (total, normed) = both(monkeypatch, lambda: fused_ops.add_rms_norm(x, delta, weight, 1e-6))
+    # one rounding of the sum in both (the interpreter's float32 -> bf16 conversion may round differently)
+    assert relative_error(total, ref_total) < TOLERANCE[dtype]
+    assert relative_error(normed, ref_norm) < TOLERANCE[dtype]
+    assert torch.isfinite(normed).all() and normed.abs().sum() > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_norm", [False, True])
+def test_qk_norm_rope_matches_the_torch_ops(monkeypatch, dtype, with_norm):
+    q_heads, kv_heads, head_dim = 4, 2, 16
+    g = torch.Generator().manual_seed(5 + with_norm)
+    qkv = torch.randn(2, 3, (q_heads + 2 * kv_heads) * head_dim, generator=g).to(dtype)
+    angles = torch.rand(2, 3, head_dim // 2, generator=g) * 6
+    cos, sin = torch.cat([angles.cos()] * 2, -1).to(dtype), torch.cat([angles.sin()] * 2, -1).to(dtype)
+    norm = ((1 + 0.1 * torch.randn(q_heads + kv_heads, head_dim, generator=g)).to(dtype), 1e-6) if with_norm else None
+    reference, kernel = both(monkeypatch, lambda: fused_ops.qk_norm_rope(qkv, cos, sin, norm, q_heads, kv_heads, head_dim))
+    for ours, expected, heads in zip(kernel, reference, (q_heads, kv_heads, kv_heads)):
+        assert ours.shape == (2, 3, heads, head_dim) and ours.is_contiguous()
+        assert relative_error(ours, expected) < TOLERANCE[dtype]
+    assert torch.equal(kernel[2], reference[2])  # v is copied out untouched
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_matches_the_torch_ops(monkeypatch, dtype):
+    g = torch.Generator().manual_seed(7)
+    gate_up = (3 * torch.randn(4, 2 * 1100, generator=g)).to(dtype)  # 1100: two programs, the second masked
+    reference, kernel = both(monkeypatch, lambda: fused_ops.silu_mul(gate_up))
+    assert kernel.shape == (4, 1100)
+    assert relative_error(kernel, reference) < TOLERANCE[dtype]
+
+
+def _decode(runtime, prompts, params):
+    decoder = Decoder(runtime, max_batch=2, max_context=48)
+    return [(r.token_ids, r.acceptance_lengths) for r in decoder.generate([Request(p, s) for p, s in zip(prompts, params)])]
+
+
+def test_the_in_place_fused_pass_decodes_like_the_unfused_one(monkeypatch):
+    """Kernels interpreted on both sides (the attention op too): only the fused pass differs. The
+    probe must accept it (it is the path a GPU takes), and a pass that computes something else
+    must be refused by the same probe."""
+    from trtllm_dflash.bench import gpu_step
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    target, drafter = gpu_step.make_models(gpu_step.TINY, torch.device("cpu"), torch.float32)
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 500, (n,), generator=g).tolist() for n in (9, 14)]
+    params = [SamplingParams(max_new_tokens=6), SamplingParams(max_new_tokens=6, temperature=0.8, top_k=20, seed=3)]
+    runs = {}
+    for fused in (False, True):
+        runtime = TorchRuntime(target, drafter, attention="dflash", fused=fused)
+        runs[fused] = _decode(runtime, prompts, params)
+        assert (runtime.fused is not None) == fused
+        runtime.taps.remove()
+    assert runs[True] == runs[False] and all(len(tokens) == 6 for tokens, _ in runs[True])
+
+    monkeypatch.setattr(fused_ops, "_kernels", lambda device: None)  # the torch arithmetic ...
+    monkeypatch.setattr("trtllm_dflash.modeling.fused_target.silu_mul", lambda gate_up: fused_ops.silu_mul(gate_up) * 1.1)
+    wrong = TorchRuntime(target, drafter, attention="dflash")  # ... with a wrong MLP: the probe refuses it
+    wrong.allocate(2, 48)
+    assert wrong.fused is None
+    wrong.taps.remove()

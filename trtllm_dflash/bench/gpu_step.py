@@ -1,0 +1,471 @@
+"""The full-depth decoding step on a GPU, beside its floor (issue 39).
+
+Why: the speed DFlash exists for is on Hopper and Blackwell, and a step timed on a 2-layer model
+says little about a 36-layer one. This builds random weights at Qwen3-8B's exact shape (36
+layers, hidden 4096, 32/8 heads, head_dim 128, FFN 12288, vocab 151,936, bf16) and a 5-layer
+z-lab-shaped drafter that shares the target's embedding and LM head (block 16), then times each
+part of a step at batch x context:
+
+- from CUDA graphs (captured here around the runtime's own eager passes, replays timed with
+  device events, median): the AR step (a 1-token target pass and its greedy verification), the
+  16-token target verify pass, the draft pass, the verification kernels (greedy, temperature,
+  top-k + top-p), and their sum, the DFlash step the GPU must run;
+- through the decoding loop (`Decoder` on the runtime with `cuda_graphs=True`, as users run it):
+  the wall time of an AR and a DFlash step, host syncs and eager parts included. The gap to the
+  in-graph sum is what the host adds.
+
+Each GPU time sits beside its floor: max(bytes that must move / measured copy bandwidth, FLOPs /
+measured bf16 GEMM rate), both ceilings measured in the same run. Projected tokens/s =
+batch x tau / DFlash step (tau 3.5, 5, 6.5), and batch / AR step.
+
+`--tiny` runs the same code on a 2-layer hidden-64 model, on CPU too (times from the host clock,
+no graphs): it keeps the code path from rotting in CI, its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+
+from trtllm_dflash.config import DrafterConfig
+from trtllm_dflash.decoding import Decoder, Request, SamplingParams
+from trtllm_dflash.modeling.drafter import DFlashDrafter
+from trtllm_dflash.runtime.base import SamplingTensors, sample_drafts, draft_positions
+from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+
+TAUS = (3.5, 5.0, 6.5)
+VERIFY_MODES = ("greedy", "temperature", "top-k+top-p")
+Say = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepShape:
+    """A Qwen3 target and its DFlash drafter, by the sizes that set a step's cost."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    draft_layers: int
+    block: int
+    target_layer_ids: tuple[int, ...]
+    mask_token_id: int
+
+
+QWEN3_8B = StepShape("Qwen3-8B", 36, 4096, 32, 8, 128, 12288, 151936, 5, 16, (1, 9, 17, 25, 33), 151669)
+TINY = StepShape("tiny", 2, 64, 4, 2, 16, 128, 512, 1, 16, (0, 1), 511)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ceilings:
+    """What this device reaches: copy bandwidth (bytes read + written per second) and bf16 GEMM FLOP/s."""
+
+    bandwidth: float
+    flops: float
+
+
+@dataclasses.dataclass
+class Timed:
+    """One part of a step: its time, its floor, and how it was timed ("graph", "eager" or "host")."""
+
+    ms: float
+    floor_ms: float
+    how: str
+
+    @property
+    def of_floor(self) -> float:
+        return self.floor_ms / self.ms if self.ms > 0 else 0.0
+
+
+@dataclasses.dataclass
+class StepRow:
+    """Every measurement at one batch x context."""
+
+    batch: int
+    context: int
+    parts: dict[str, Timed] = dataclasses.field(default_factory=dict)
+    loop_ar_ms: float | None = None  # the decoding loop's wall-clock AR step
+    loop_dflash_ms: float | None = None  # ... and DFlash step (random drafter: tau about 1)
+
+    @property
+    def dflash(self) -> Timed:
+        """The DFlash step the GPU runs: draft pass + 16-token verify pass + greedy verification."""
+        parts = [self.parts[k] for k in ("draft", "verify pass", "verify greedy")]
+        return Timed(sum(p.ms for p in parts), sum(p.floor_ms for p in parts), "sum")
+
+    def tokens_per_second(self, tau: float) -> float:
+        return self.batch * tau / (self.dflash.ms / 1e3)
+
+    @property
+    def ar_tokens_per_second(self) -> float:
+        return self.batch / (self.parts["ar"].ms / 1e3)
+
+
+# ------------------------------------------------------------------------------ models
+
+
+def make_models(shape: StepShape, device: torch.device, dtype: torch.dtype) -> tuple[torch.nn.Module, DFlashDrafter]:
+    """Random weights at `shape`, initialised on `device` in `dtype` (nothing downloaded or written)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        hidden_size=shape.hidden, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+        head_dim=shape.head_dim, intermediate_size=shape.ffn, vocab_size=shape.vocab, num_hidden_layers=shape.layers,
+        max_position_embeddings=40960, rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None, architectures=["Qwen3ForCausalLM"],
+    )
+    drafter_config = DrafterConfig(
+        hidden_size=shape.hidden, intermediate_size=shape.ffn, num_hidden_layers=shape.draft_layers,
+        num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
+        num_target_layers=shape.layers, target_layer_ids=shape.target_layer_ids, mask_token_id=shape.mask_token_id,
+        block_size=shape.block, vocab_size=shape.vocab,
+    )
+    torch.manual_seed(0)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # initialise in the final dtype: no float32 copy of 8 B parameters
+    try:
+        with torch.device(device):
+            target = Qwen3ForCausalLM(config).eval()
+            drafter = DFlashDrafter(drafter_config).eval()
+    finally:
+        torch.set_default_dtype(previous)
+    return target, drafter
+
+
+def _bytes(modules: Iterable[torch.nn.Module]) -> int:
+    return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
+
+
+def _params(modules: Iterable[torch.nn.Module]) -> int:
+    return sum(p.numel() for m in modules for p in m.parameters())
+
+
+# ------------------------------------------------------------------------------ floors
+
+
+@dataclasses.dataclass(frozen=True)
+class Floors:
+    """Bytes and FLOPs each pass must move and compute, from the models' real parameter counts."""
+
+    shape: StepShape
+    target_weight_bytes: int  # decoder layers + final norm + LM head (the embedding is gathered, not read)
+    target_params: int
+    draft_weight_bytes: int  # the drafter's own layers + the shared LM head, read again
+    draft_params: int
+    element: int  # bytes per cache / logit element
+
+    def kv_bytes(self, layers: int, batch: int, context: int) -> int:
+        return layers * 2 * self.shape.kv_heads * self.shape.head_dim * self.element * batch * context
+
+    def target_pass(self, batch: int, context: int, tokens: int) -> tuple[float, float]:
+        s = self.shape
+        moved = self.target_weight_bytes + self.kv_bytes(s.layers, batch, context) + batch * tokens * s.vocab * self.element
+        attention = 4 * batch * tokens * context * s.heads * s.head_dim * s.layers
+        return moved, 2 * self.target_params * batch * tokens + attention
+
+    def draft_pass(self, batch: int, context: int) -> tuple[float, float]:
+        s = self.shape
+        moved = self.draft_weight_bytes + self.kv_bytes(s.draft_layers, batch, context) + batch * (s.block - 1) * s.vocab * self.element
+        attention = 4 * batch * s.block * context * s.heads * s.head_dim * s.draft_layers
+        return moved, 2 * self.draft_params * batch * s.block + attention
+
+    def verification(self, batch: int, mode: str) -> tuple[float, float]:
+        s = self.shape
+        moved = batch * s.block * s.vocab * self.element  # the target's logits, read once
+        if mode != "greedy":
+            moved += batch * (s.block - 1) * s.vocab * 4  # the drafter's float32 q
+        return moved, 0.0
+
+
+def floor_ms(moved_and_flops: tuple[float, float], ceilings: Ceilings) -> float:
+    moved, flops = moved_and_flops
+    return max(moved / ceilings.bandwidth, flops / ceilings.flops) * 1e3
+
+
+def measure_ceilings(device: torch.device) -> Ceilings:
+    """Copy bandwidth (1 GiB device-to-device, bytes read + written) and the bf16 GEMM rate (8192^3)."""
+    if device.type != "cuda":
+        return Ceilings(bandwidth=1e10, flops=1e11)  # --tiny on CPU: nominal, the numbers mean nothing
+    from trtllm_dflash.bench.kernels import copy_bandwidth
+
+    bandwidth = copy_bandwidth()
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    ms = _event_ms(lambda: a @ b, repeats=20)
+    return Ceilings(bandwidth=bandwidth, flops=2 * 8192**3 / (ms / 1e3))
+
+
+# ------------------------------------------------------------------------------ timers
+
+
+def _event_ms(fn: Callable[[], object], repeats: int = 20) -> float:
+    """Median device time of `fn` (CUDA events around each call), after 3 warm-up calls."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end))
+    return statistics.median(times)
+
+
+class PassTimer:
+    """Times a pass from a CUDA graph captured around it (its eager form where capture fails, said
+    so in the table); on CPU, from the host clock. Each graph gets its own memory pool, freed with
+    the graph once it is timed (a pool shared by graphs that are freed while another's outputs
+    live trips torch's allocator)."""
+
+    def __init__(self, device: torch.device, repeats: int, say: Say) -> None:
+        self.device, self.repeats, self.say = device, repeats, say
+
+    def __call__(self, name: str, fn: Callable[[], object]) -> tuple[float, str]:
+        if self.device.type != "cuda":
+            fn()
+            started = time.perf_counter()
+            for _ in range(self.repeats):
+                fn()
+            return (time.perf_counter() - started) / self.repeats * 1e3, "host"
+        from trtllm_dflash.runtime import cuda_graphs
+
+        try:
+            replay, outputs = cuda_graphs.capture(fn, torch.cuda.graph_pool_handle())
+        except Exception as exc:  # noqa: BLE001 - an uncapturable pass is timed eagerly and said so
+            self.say(f"  {name}: capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); timed eagerly")
+            torch.cuda.synchronize()
+            return _event_ms(fn, self.repeats), "eager"
+        ms = _event_ms(replay, self.repeats)
+        del replay, outputs
+        torch.cuda.synchronize()
+        return ms, "graph"
+
+
+# ------------------------------------------------------------------------------ the measurement
+
+
+def _fill_caches(runtime: TorchRuntime) -> None:
+    """Random K/V in every cache slot: attention is never timed on zeros."""
+    for cache in (runtime.target_cache, runtime.draft_cache):
+        for layer in cache.layers:
+            if layer.keys is not None:
+                layer.keys.normal_()
+                layer.values.normal_()
+
+
+def _sampling(batch: int, mode: str, device: torch.device) -> SamplingTensors:
+    temperature = 0.0 if mode == "greedy" else 0.8
+    top_k, top_p = (50, 0.9) if mode == "top-k+top-p" else (0, 1.0)
+    full = lambda value, dtype: torch.full((batch,), value, dtype=dtype, device=device)  # noqa: E731
+    return SamplingTensors(full(temperature, torch.float32), full(top_k, torch.long), full(top_p, torch.float32),
+                           torch.arange(batch, dtype=torch.long, device=device) + 17)
+
+
+def measure_row(
+    runtime: TorchRuntime, floors: Floors, ceilings: Ceilings, timer: PassTimer, batch: int, context: int
+) -> StepRow:
+    """The in-graph parts of a step at `batch` rows whose committed context is `context` tokens."""
+    s, device = floors.shape, runtime.device
+    graphs = runtime.cuda_graphs
+    target_forward = graphs._eager_target if graphs is not None else runtime.target_forward
+    draft_forward = graphs._eager_draft if graphs is not None else runtime.draft_forward
+    rows = slice(0, batch)
+    g = torch.Generator(device="cpu").manual_seed(batch * 7919 + context)
+    tokens = torch.randint(0, s.vocab, (batch, s.block), generator=g).to(device)
+    starts = torch.full((batch,), context, dtype=torch.long, device=device)
+    greedy = _sampling(batch, "greedy", device)
+    row = StepRow(batch, context)
+
+    def ar() -> object:
+        out = target_forward(rows, tokens[:, :1], starts, context + 1)
+        return runtime.verify(out.logits, tokens[:, :1], None, greedy, starts)
+
+    ms, how = timer("ar", ar)
+    row.parts["ar"] = Timed(ms, floor_ms(floors.target_pass(batch, context, 1), ceilings), how)
+
+    span = context + s.block
+    ms, how = timer("verify pass", lambda: target_forward(rows, tokens, starts, span))
+    row.parts["verify pass"] = Timed(ms, floor_ms(floors.target_pass(batch, context, s.block), ceilings), how)
+
+    features = torch.randn(batch, s.block, len(s.target_layer_ids) * s.hidden, generator=g).to(device, runtime.dtype)
+    block = torch.full((batch, s.block), s.mask_token_id, dtype=torch.long, device=device)
+    block[:, 0] = tokens[:, 0]
+    new_counts = torch.full((batch,), s.block, dtype=torch.long, device=device)
+    cache_lens = starts - new_counts
+    ms, how = timer("draft", lambda: draft_forward(rows, block, features, new_counts, cache_lens))
+    row.parts["draft"] = Timed(ms, floor_ms(floors.draft_pass(batch, context), ceilings), how)
+
+    # verification on logits and drafts of the real shapes, random values (a random drafter's q)
+    logits = torch.randn(batch, s.block, s.vocab, generator=g).to(device, runtime.dtype) * 4
+    draft_logits = torch.randn(batch, s.block - 1, s.vocab, generator=g).to(device, runtime.dtype) * 4
+    for mode in VERIFY_MODES:
+        sampling = _sampling(batch, mode, device)
+        probs = None
+        if mode != "greedy":
+            proposal = sample_drafts(draft_logits, sampling, draft_positions(starts, s.block - 1))
+            block[:, 1:], probs = proposal.tokens, proposal.probs
+        ms, how = timer(f"verify {mode}", lambda: runtime.verify(logits, block, probs, sampling, starts))
+        row.parts[f"verify {mode}"] = Timed(ms, floor_ms(floors.verification(batch, mode), ceilings), how)
+    return row
+
+
+def measure_loop(runtime: TorchRuntime, shape: StepShape, batch: int, context: int, steps: int) -> tuple[float, float]:
+    """Median wall-clock AR and DFlash steps of the decoding loop (greedy, prompts of `context` tokens)."""
+    g = torch.Generator().manual_seed(context + batch)
+    prompts = [torch.randint(0, shape.vocab, (context,), generator=g).tolist() for _ in range(batch)]
+    medians = []
+    for speculative in (False, True):
+        saved = runtime.drafter_config
+        if not speculative:
+            runtime.drafter_config = None  # the loop decodes autoregressively on the same runtime
+        try:
+            decoder = Decoder(runtime, max_batch=batch, max_context=context + steps + 2 * shape.block, prefill_chunk=0)
+            params = SamplingParams(max_new_tokens=steps, ignore_eos=True)
+            for _ in range(2):  # the first pass captures the graphs
+                decoder.stats.clear()
+                decoder.generate([Request(p, params) for p in prompts])
+            step_times = [s.draft_seconds + s.verify_seconds for s in decoder.stats if s.batch_size == batch]
+        finally:
+            runtime.drafter_config = saved
+        medians.append(statistics.median(step_times[1:] or step_times) * 1e3)
+    return medians[0], medians[1]
+
+
+@dataclasses.dataclass
+class StepBenchmark:
+    shape: StepShape
+    device: str
+    ceilings: Ceilings
+    attention: str  # the target's attention and pass (fused or transformers')
+    rows: list[StepRow]
+
+
+def run(
+    shape: StepShape = QWEN3_8B,
+    batches: tuple[int, ...] = (1, 8, 32),
+    contexts: tuple[int, ...] = (1024, 4096),
+    loop_contexts: tuple[int, ...] = (1024,),
+    loop_steps: int = 12,
+    repeats: int = 20,
+    device: str | None = None,
+    out: Path | None = None,
+    say: Say = print,
+    fused: bool = True,
+) -> StepBenchmark:
+    """Build the models, then measure every batch x context; `out` (markdown) is rewritten after each
+    row. `fused=False` keeps the target on transformers' forward (the path before issue 39)."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    say(f"building {shape.name}-shaped target ({shape.layers} layers) and {shape.draft_layers}-layer drafter on {dev}")
+    started = time.perf_counter()
+    target, drafter = make_models(shape, dev, dtype)
+    say(f"built in {time.perf_counter() - started:.1f} s; measuring copy bandwidth and GEMM rate")
+    ceilings = measure_ceilings(dev)
+    lm_head = target.get_output_embeddings()
+    element = torch.finfo(dtype).bits // 8
+    floors = Floors(
+        shape,
+        target_weight_bytes=_bytes([target.model.layers, target.model.norm, lm_head]),
+        target_params=_params([target.model.layers, target.model.norm, lm_head]),
+        draft_weight_bytes=_bytes([drafter, lm_head]),
+        draft_params=_params([drafter, lm_head]),
+        element=element,
+    )
+    runtime = TorchRuntime(target, drafter, attention="auto", cuda_graphs=dev.type == "cuda", fused=fused)
+    runtime.allocate(max(batches), max(contexts) + 4 * shape.block)
+    say(f"target pass: {'fused' if runtime.fused is not None else 'transformers'}, attention {runtime.attention}")
+    _fill_caches(runtime)
+    timer = PassTimer(dev, repeats, say)
+    passes = f"{runtime.attention}, {'fused' if runtime.fused is not None else 'transformers'} target pass"
+    result = StepBenchmark(shape, torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", ceilings, passes, [])
+    for context in contexts:
+        for batch in batches:
+            say(f"batch {batch}, context {context}: in-graph passes")
+            row = measure_row(runtime, floors, ceilings, timer, batch, context)
+            result.rows.append(row)
+            if out is not None:
+                out.write_text(markdown(result))
+            say("  " + summary_line(row))
+    for context in loop_contexts:
+        for batch in batches:
+            say(f"batch {batch}, context {context}: the decoding loop's steps")
+            ar_ms, dflash_ms = measure_loop(runtime, shape, batch, context, loop_steps)
+            row = next(r for r in result.rows if r.batch == batch and r.context == context)
+            row.loop_ar_ms, row.loop_dflash_ms = ar_ms, dflash_ms
+            if out is not None:
+                out.write_text(markdown(result))
+            say(f"  loop: AR {ar_ms:.2f} ms, DFlash {dflash_ms:.2f} ms")
+    if out is not None:
+        out.with_suffix(".json").write_text(json.dumps(result_json(result), indent=1))
+    return result
+
+
+# ------------------------------------------------------------------------------ report
+
+
+def summary_line(row: StepRow) -> str:
+    p = row.parts
+    return (f"AR {p['ar'].ms:.2f} ms ({p['ar'].of_floor:.0%} of floor), DFlash {row.dflash.ms:.2f} ms "
+            f"({row.dflash.of_floor:.0%}), verify top-k+top-p {p['verify top-k+top-p'].ms:.3f} ms, "
+            f"{row.tokens_per_second(6.5):.0f} tok/s at tau 6.5")
+
+
+def _cell(t: Timed) -> str:
+    mark = "" if t.how in ("graph", "sum") else f" ({t.how})"
+    return f"{t.ms:.3f} ({t.of_floor:.0%}){mark}"
+
+
+def markdown(result: StepBenchmark) -> str:
+    """The step table (each time with its % of floor), then the verification table."""
+    c = result.ceilings
+    lines = [
+        f"{result.shape.name}-shaped, random weights, on {result.device}; target attention: {result.attention}. "
+        f"Measured ceilings: copy {c.bandwidth / 1e9:.0f} GB/s, bf16 GEMM {c.flops / 1e12:.0f} TFLOP/s. "
+        "Times in ms, median of graph replays, (% of floor).",
+        "",
+        "| batch | context | AR step | verify pass (16) | draft pass | DFlash step | DFlash / AR | AR tok/s | "
+        + " | ".join(f"tok/s at tau {t}" for t in TAUS) + " | loop AR step | loop DFlash step |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(TAUS) + "---:|---:|",
+    ]
+    for r in result.rows:
+        p = r.parts
+        loop = lambda v: f"{v:.2f}" if v is not None else "-"  # noqa: E731
+        lines.append(
+            f"| {r.batch} | {r.context} | {_cell(p['ar'])} | {_cell(p['verify pass'])} | {_cell(p['draft'])} | "
+            f"{_cell(r.dflash)} | {r.dflash.ms / p['ar'].ms:.2f} | {r.ar_tokens_per_second:.0f} | "
+            + " | ".join(f"{r.tokens_per_second(t):.0f}" for t in TAUS)
+            + f" | {loop(r.loop_ar_ms)} | {loop(r.loop_dflash_ms)} |"
+        )
+    lines += ["", "Verification of a 16-token block (ms, % of its floor: the logits read once, plus q when sampled):", "",
+              "| batch | context | " + " | ".join(VERIFY_MODES) + " |", "|---:|---:|" + "---:|" * len(VERIFY_MODES)]
+    for r in result.rows:
+        lines.append(f"| {r.batch} | {r.context} | " + " | ".join(_cell(r.parts[f"verify {m}"]) for m in VERIFY_MODES) + " |")
+    lines += ["", "DFlash step = draft pass + verify pass + greedy verification, each from its own graph. The loop "
+              "columns are the wall-clock steps of `Decoder` with `cuda_graphs=True` (random drafter, tau about 1), "
+              "host syncs and eager parts included."]
+    return "\n".join(lines) + "\n"
+
+
+def result_json(result: StepBenchmark) -> dict:
+    return {
+        "shape": dataclasses.asdict(result.shape), "device": result.device, "attention": result.attention,
+        "ceilings": dataclasses.asdict(result.ceilings),
+        "rows": [
+            {"batch": r.batch, "context": r.context, "loop_ar_ms": r.loop_ar_ms, "loop_dflash_ms": r.loop_dflash_ms,
+             "parts": {k: dataclasses.asdict(v) for k, v in {**r.parts, "dflash step": r.dflash}.items()}}
+            for r in result.rows
+        ],
+    }
