@@ -20,6 +20,7 @@ from transformers import Qwen3Config
 
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.hf_compat import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
+from trtllm_dflash.modeling import fused_ops
 from trtllm_dflash.modeling.fused_ops import norm_of, rms_norm, rotate
 from trtllm_dflash.modeling.kv_cache import LayerCache
 from trtllm_dflash import ops
@@ -102,9 +103,17 @@ class DFlashAttention(nn.Module):
         n, (b, t) = ctx_hidden.shape[1], h.shape[:2]
         weight, bias = stacked_weights(self._stacked, [self.q_proj, self.k_proj, self.v_proj])
         q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        cos, sin = rope[0].unsqueeze(2), rope[1].unsqueeze(2)
         qkv = F.linear(h, weight, bias)
         norm_weight, eps = self._head_norm()
+        if fused_ops.kernels_run(h.device) and rope[0].dtype == h.dtype:  # the GPU: norm + RoPE in one kernel each
+            kv_ctx = F.linear(ctx_hidden, weight[q_width:], None if bias is None else bias[q_width:])
+            cos, sin = rope
+            q, k, v = fused_ops.qk_norm_rope(qkv, cos[:, n:], sin[:, n:], (norm_weight, eps), self.num_heads, self.num_kv_heads, self.head_dim)
+            _, k_ctx, v_ctx = fused_ops.qk_norm_rope(
+                kv_ctx, cos[:, :n], sin[:, :n], (norm_weight[self.num_heads :], eps), 0, self.num_kv_heads, self.head_dim
+            )
+            return q, k, v, k_ctx, v_ctx
+        cos, sin = rope[0].unsqueeze(2), rope[1].unsqueeze(2)
         qk = rms_norm(qkv[..., : q_width + kv_width].reshape(b, t, -1, self.head_dim), norm_weight, eps)
         q, k = rotate(qk, cos[:, n:], sin[:, n:]).to(h.dtype).split([self.num_heads, self.num_kv_heads], dim=2)
         v = qkv[..., q_width + kv_width :].reshape(b, t, -1, self.head_dim)
@@ -203,7 +212,9 @@ class DFlashDecoderLayer(nn.Module):
     def step(self, x, rope, ctx_hidden, new_counts, cache: LayerCache, cache_lens, history: int = 0, row=None) -> torch.Tensor:
         """One decoding step of this layer over the block `x [b, B, H]`."""
         attn = self.self_attn.step(
-            rms_norm(x, *norm_of(self.input_layernorm)), rope, ctx_hidden, new_counts, cache, cache_lens, history, row
+            fused_ops.add_rms_norm(x, None, *norm_of(self.input_layernorm))[1] if fused_ops.kernels_run(x.device)
+            else rms_norm(x, *norm_of(self.input_layernorm)),
+            rope, ctx_hidden, new_counts, cache, cache_lens, history, row,
         )
         return self.finish_step(x, attn)
 
@@ -218,9 +229,13 @@ class DFlashDecoderLayer(nn.Module):
 
     def finish_step(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         """`_finish` for decoding: gate and up projections as one matmul, the norm inlined."""
-        x = x + attn_out
         mlp = self.mlp
         weight, bias = stacked_weights(self._stacked, [mlp.gate_proj, mlp.up_proj])
+        if fused_ops.kernels_run(x.device) and type(mlp.act_fn).__name__ in ("SiLU", "SiLUActivation") and x.dtype == attn_out.dtype:
+            # the GPU: residual add + norm in one kernel, silu(gate) * up in another
+            x, h = fused_ops.add_rms_norm(x, attn_out, *norm_of(self.post_attention_layernorm))
+            return x + F.linear(fused_ops.silu_mul(F.linear(h, weight, bias)), mlp.down_proj.weight, mlp.down_proj.bias)
+        x = x + attn_out
         gate, up = F.linear(rms_norm(x, *norm_of(self.post_attention_layernorm)), weight, bias).chunk(2, dim=-1)
         return x + F.linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
 

@@ -34,9 +34,16 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 def _kernels(device: torch.device):
+    """The fused-layer kernel module where the kernels run on `device`, else None."""
     from trtllm_dflash.ops import custom_ops, kernels
 
     return kernels.for_tensor_device("fused_layer", device) if custom_ops.kernels_enabled(device) else None
+
+
+def kernels_run(device: torch.device) -> bool:
+    """Whether the three ops below run their kernels on `device` (callers keep their own op-by-op
+    code elsewhere, so the CPU's arithmetic does not change)."""
+    return _kernels(device) is not None
 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,6 +84,8 @@ def qk_norm_rope(
     q = qkv.new_empty(batch, count, q_heads, head_dim)
     k = qkv.new_empty(batch, count, kv_heads, head_dim)
     v = qkv.new_empty(batch, count, kv_heads, head_dim)
+    if batch * count == 0:
+        return q, k, v
     weight, eps = norm if norm is not None else (qkv, 0.0)  # any pointer where there is no norm
     module.qk_norm_rope_kernel[(batch * count, q_heads + 2 * kv_heads)](
         qkv.contiguous(), cos.contiguous(), sin.contiguous(), weight, float(eps), q_heads, kv_heads, q, k, v,
