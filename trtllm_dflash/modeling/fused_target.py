@@ -8,10 +8,14 @@ each as one matmul over weights concatenated once (the modules' weights become v
 nothing is stored twice), norms inlined, and attention through the model's own attention function.
 
 It covers only decoder layers it knows to be plain (`SUPPORTED_LAYERS`: RMSNorm, RoPE, a SiLU
-gated MLP, optional q/k norms), attends over only the live slots of each row group and masks
-only where one is needed (modeling/cache_attention.py), and the torch runtime uses it only after
-a probe shows logits and tapped hidden states bit-identical to transformers' forward (see
-`TorchRuntime`); every other target runs transformers' code unchanged.
+gated MLP, optional q/k norms). `forward` (transformers' attention function, the CPU path) attends
+over only the live slots of each row group and masks only where one is needed
+(modeling/cache_attention.py); the torch runtime uses it only after a probe shows logits and
+tapped hidden states bit-identical to transformers' forward (see `TorchRuntime`).
+`forward_in_place` (the GPU path, issue 39) attends through `dflash::target_attention` and runs the
+elementwise work between GEMMs in three kernels per layer (ops/kernels/fused_layer.py), reading
+nothing back to the host, so CUDA graphs record it; its probe compares each layer within a stated
+tolerance. Every other target runs transformers' code unchanged.
 """
 
 from __future__ import annotations

@@ -4,9 +4,12 @@ This is the reference for losslessness and the default on CPU. The target runs u
 `transformers` modeling code; only its KV cache (one slot per absolute position, per-row write
 positions) and its attention masks are ours, so any causal LM whose attention goes through
 `Cache.update` works. Plain dense targets (Qwen3, Llama, ...) run the same arithmetic in fewer
-calls (modeling/fused_target.py), only after a probe showed it bit-identical to transformers', and
-attend over each row's live slots with a mask only where one is needed (modeling/cache_attention.py:
-one plan per pass; a prefill is SDPA's is_causal, one query row per sequence needs no mask).
+calls (modeling/fused_target.py). On transformers' attention (the CPU) only after a probe showed it
+bit-identical to transformers', attending over each row's live slots with a mask only where one is
+needed (modeling/cache_attention.py: one plan per pass; a prefill is SDPA's is_causal, one query
+row per sequence needs no mask). On the target-attention op (`attention="dflash"`, what "auto"
+picks on a GPU) in place, with the elementwise work between GEMMs in three Triton kernels and no
+host read, so CUDA graphs record it; its probe checks each layer within FUSED_TOLERANCE.
 Tapped hidden states are taken with forward hooks on the decoder layers (the fused pass returns
 them itself), which is exactly "the output of decoder layer i".
 
