@@ -54,7 +54,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("backends", [
         "trtllm_dflash.backends", "trtllm_dflash.backends.*", "trtllm_dflash.serving.repository",
         "trtllm_dflash.serving.model_parameters", "trtllm_dflash.serving.protocol",
-        "trtllm_dflash.serving.batching_loop", "trtllm_dflash.serving.metrics",
+        "trtllm_dflash.serving.batching_loop", "trtllm_dflash.serving.metrics", "trtllm_dflash.serving.detokenizer",
     ]),
     ("recipes and planning", [
         "trtllm_dflash.recipes", "trtllm_dflash.recipes.*", "trtllm_dflash.planning", "trtllm_dflash.planning.*",

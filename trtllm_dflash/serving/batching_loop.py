@@ -9,6 +9,7 @@ code runs inside the Python backend and in plain Python.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import queue
@@ -22,6 +23,7 @@ from trtllm_dflash.decoding import Decoder, Request, SequenceResult, StepEvent
 from trtllm_dflash.runtime.prefix_cache import PrefixCache
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.sampling_params import SamplingParams, check_prompt_text
+from trtllm_dflash.serving.detokenizer import REPLACEMENT, IncrementalDetokenizer, StopScan, stop_cut
 from trtllm_dflash.serving.model_parameters import ServingConfig
 from trtllm_dflash.serving.metrics import ServingMetrics
 from trtllm_dflash.serving.protocol import GenerateInputs
@@ -43,8 +45,10 @@ class ResponseSink(Protocol):
 class Job:
     """A request on its way through the loop: its decoder request, text so far, timings."""
 
-    def __init__(self, request: Request, inputs: GenerateInputs, sink: ResponseSink) -> None:
+    def __init__(self, request: Request, inputs: GenerateInputs, sink: ResponseSink, tokenizer: Any = None) -> None:
         self.request = request
+        self.detokenizer = IncrementalDetokenizer(tokenizer)  # the output's text, decoded step by step
+        self.stop_scan = StopScan(tuple(request.params.stop), request.params.min_tokens)
         self.inputs = inputs
         self.sink = sink
         self.received = time.perf_counter()
@@ -121,7 +125,7 @@ class BatchingLoop:
         params = dataclasses.replace(inputs.params, stop_token_ids=tuple(self.pipeline.stop_token_ids))  # the model's own
         request = Request(self.pipeline.encode(inputs.text), params, request_id=next(self._ids))
         self.decoder.check(request)
-        job = Job(request, inputs, sink)
+        job = Job(request, inputs, sink, self.tokenizer)
         self.inbox.put(job)
         return job
 
@@ -222,31 +226,26 @@ class BatchingLoop:
     def _text_of(self, job: Job, result: SequenceResult, finished: bool) -> tuple[str | None, list[int]]:
         """Text to have sent so far (held back where a stop string or a multi-byte char may follow).
 
+        Only this step's tokens are decoded, and stop strings are searched only where one could
+        end this step (serving/detokenizer.py). A finished request's text is one whole decode.
         Returns (None, ..) when a stop string completed: the job's final_text/final_ids are set.
         """
-        ids = result.token_ids
-        full = self.tokenizer.decode(ids, skip_special_tokens=True)
-        stops = job.request.params.stop
-        # min_tokens: only a stop string completed after the first min_tokens tokens counts, so the
-        # search for each starts where an occurrence would end past their text
-        min_tokens = job.request.params.min_tokens
-        floor = -1 if len(ids) <= min_tokens else len(self.tokenizer.decode(ids[:min_tokens], skip_special_tokens=True)) if min_tokens else 0
-        starts = {s: max(0, floor - len(s) + 1) for s in stops}
-        hits = [hit for s in stops if floor >= 0 and (hit := full.find(s, starts[s])) >= 0]
-        if hits:
-            cut = min(hits)
-            # keep the ids up to the one that completed the stop string
-            decoded = (self.tokenizer.decode(ids[:k], skip_special_tokens=True) for k in range(max(1, min_tokens + 1), len(ids) + 1))
-            keep = max(1, min_tokens + 1) + next(k for k, text in enumerate(decoded) if any(text.find(s, starts[s]) >= 0 for s in stops))
+        ids, detokenizer, scan = result.token_ids, job.detokenizer, job.stop_scan
+        first_new, searched_before = detokenizer.read_offset, len(detokenizer.text)
+        before = copy.copy(detokenizer) if scan.stops else None  # the state a stop's cut is found from
+        text = detokenizer.decode(ids)
+        hit = scan.first_hit(text, searched_before, self.tokenizer, ids)
+        if hit is not None:
+            keep = stop_cut(before, scan, ids, first_new, searched_before)
             del ids[keep:]
-            job.final_text, job.final_ids = full[:cut], ids
+            job.final_text, job.final_ids = text[:hit], ids
             return None, ids
         if finished:
-            return full, ids
-        hold = max((len(s) for s in stops), default=1) - 1
-        if full.endswith("\ufffd"):
+            return self.tokenizer.decode(ids, skip_special_tokens=True), ids
+        hold = max(scan.longest - 1, 0)
+        if text.endswith(REPLACEMENT):
             hold = max(hold, 1)
-        visible = full[: len(full) - hold] if hold else full
+        visible = text[: len(text) - hold] if hold else text
         return (visible if len(visible) >= len(job.text) else job.text), ids
 
     def _outputs(self, job: Job, result: SequenceResult, text: str, ids: list[int], finished: bool) -> dict[str, np.ndarray]:

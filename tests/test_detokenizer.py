@@ -1,0 +1,115 @@
+"""Incremental detokenization in the serving loop (serving/detokenizer.py, issue 38): the text of a
+whole decode however the tokens arrive (multi-byte characters split across steps), only a few
+tokens decoded per step, and stop strings split across steps cut exactly where the whole-text
+search cuts them, min_tokens included."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from trtllm_dflash import demo
+from trtllm_dflash.decoding import Request, SequenceResult
+from trtllm_dflash.sampling_params import SamplingParams
+from trtllm_dflash.serving.batching_loop import BatchingLoop, Job
+from trtllm_dflash.serving.detokenizer import REPLACEMENT, IncrementalDetokenizer
+
+TEXT = 'def héllo(): return "wörld ✓ 日本語 🎉"  # done\n    x = 1  # ünïcödé — 终\n'
+
+
+class CountingTokenizer:
+    """The demo tokenizer, counting the ids each decode call reads."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.lengths = tokenizer, []
+
+    def decode(self, ids, skip_special_tokens=True):
+        self.lengths.append(len(ids))
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(demo.target_dir())
+
+
+def chunks(ids: list[int], sizes: list[int]):
+    """`ids` arriving in steps of the given sizes (cycled), as the growing list a request holds."""
+    grown, k = [], 0
+    while len(grown) < len(ids):
+        grown.extend(ids[len(grown) : len(grown) + sizes[k % len(sizes)]])
+        k += 1
+        yield grown
+
+
+@pytest.mark.parametrize("sizes", [[1], [3], [1, 4, 2, 7], [16]])
+def test_the_text_is_the_whole_decode_however_the_tokens_arrive(tokenizer, sizes):
+    ids = tokenizer.encode(TEXT, add_special_tokens=False) * 3
+    counting = CountingTokenizer(tokenizer)
+    detokenizer = IncrementalDetokenizer(counting)
+    texts = [detokenizer.decode(grown) for grown in chunks(ids, sizes)]
+    assert texts[-1] == tokenizer.decode(ids, skip_special_tokens=True) == TEXT * 3
+    for grown, text in zip(chunks(ids, sizes), texts):  # after every step: the whole decode of what has arrived
+        assert text == tokenizer.decode(grown, skip_special_tokens=True)
+    if sizes == [1]:
+        assert any(text.endswith(REPLACEMENT) for text in texts)  # characters were split across steps
+    # each step decodes the ids since the last complete character and one chunk of context, never the output
+    assert max(counting.lengths) <= 4 * max(sizes) + 8
+    assert sum(counting.lengths) < 6 * len(ids) + 16 * len(texts)
+
+
+def loop_for(tokenizer) -> BatchingLoop:
+    loop = BatchingLoop.__new__(BatchingLoop)  # only _text_of is exercised: no model behind it
+    loop.tokenizer = tokenizer
+    return loop
+
+
+def serve_steps(tokenizer, ids: list[int], sizes: list[int], params: SamplingParams):
+    """Feed `ids` to the loop's text logic step by step, as `_deliver` does, until a stop string ends it."""
+    loop, request = loop_for(tokenizer), Request([1, 2], params)
+    job = Job(request, None, None, tokenizer)
+    result = SequenceResult(request_id=None, prompt_ids=[1, 2])
+    for grown in chunks(ids, sizes):
+        result.token_ids = list(grown)
+        finished = len(grown) == len(ids)
+        text, kept = loop._text_of(job, result, finished)
+        if text is None:
+            return job.final_text, job.final_ids
+        assert TEXT.startswith(text) or finished  # what may be sent is always a prefix of the answer
+        job.text = text
+    return text, kept
+
+
+def whole_text_cut(tokenizer, ids: list[int], stop: str, min_tokens: int = 0) -> tuple[str, list[int]]:
+    """The definition: the first stop that ends past the text of the first min_tokens tokens, and
+    the shortest prefix of ids whose text completes it."""
+    floor = len(tokenizer.decode(ids[:min_tokens], skip_special_tokens=True)) if min_tokens else 0
+    full = tokenizer.decode(ids, skip_special_tokens=True)
+    start = max(0, floor - len(stop) + 1)
+    cut = full.find(stop, start)
+    keep = next(k for k in range(max(1, min_tokens + 1), len(ids) + 1)
+                if tokenizer.decode(ids[:k], skip_special_tokens=True).find(stop, start) >= 0)
+    return full[:cut], ids[:keep]
+
+
+@pytest.mark.parametrize("stop", ["wörld ✓", "語 🎉\"", "#", "\n    x"])
+@pytest.mark.parametrize("sizes", [[1], [2, 5], [16]])
+def test_stop_strings_split_across_steps_cut_where_the_whole_text_does(tokenizer, stop, sizes):
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    assert serve_steps(tokenizer, ids, sizes, SamplingParams(max_new_tokens=64, stop=[stop])) == whole_text_cut(tokenizer, ids, stop)
+
+
+@pytest.mark.parametrize("min_tokens", [3, 20, 36])
+def test_a_stop_string_counts_only_past_min_tokens(tokenizer, min_tokens):
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    params = SamplingParams(max_new_tokens=64, stop=["#"], min_tokens=min_tokens)
+    expected = whole_text_cut(tokenizer, ids, "#", min_tokens)
+    assert serve_steps(tokenizer, ids, [3], params) == expected
+    if min_tokens == 36:  # past the first '#': the stop is the second one
+        assert expected[0].count("#") == 1
+
+
+def test_without_a_stop_the_finished_text_is_the_whole_decode(tokenizer):
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    text, kept = serve_steps(tokenizer, ids, [1], SamplingParams(max_new_tokens=64, stop=["never there"]))
+    assert text == TEXT and kept == ids
