@@ -41,7 +41,7 @@ def bench(
     concurrency: str = typer.Option("1,2,4,8", "--concurrency", help="Concurrency sweep levels."),
     repeats: int = typer.Option(1, "--repeats", help="Passes over the prompt set in the main comparison."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: the cores not busy now, at least 1)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Directory for bench.json and the PNG plots."),
     no_plots: bool = typer.Option(False, "--no-plots", help="Skip the PNG plots."),
 ) -> None:
@@ -66,13 +66,11 @@ def bench(
     )
     prompt_texts = load_prompt_set(prompts, num_prompts)
     quiet_libraries()
-    import torch
-
     from trtllm_dflash.bench.systems import open_system
     from trtllm_dflash.bench.report import print_report, write_plots
+    from trtllm_dflash.runtime.threads import set_threads
 
-    if threads:
-        torch.set_num_threads(threads)
+    set_threads(threads)
     backend = open_system(model=model, target=target, drafter=drafter, build=build, url=url, device=device,
                            server_model=server_model, ar_model=ar_model, protocol=protocol)
     console = Console(highlight=False)

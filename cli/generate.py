@@ -31,6 +31,7 @@ def generate(
     seed: Optional[int] = typer.Option(None, "--seed", help="Per-request sampling seed (reproducible on every runtime)."),
     block_size: Optional[int] = typer.Option(None, "--block-size", "-b", help="Draft block size (default: the drafter's)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0 = the cores not busy now, at least 1)."),
     max_context: Optional[int] = typer.Option(None, "--max-context", help="Prompt + generated tokens limit."),
     chat: bool = typer.Option(False, "--chat", help="Each prompt is one user message, templated with the target's chat template (as /v1/chat/completions does)."),
     chat_template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs", help='With --chat: JSON variables for the template, e.g. \'{"enable_thinking": false}\'.'),
@@ -68,7 +69,9 @@ def generate(
     if chat and (engines is not None or onnx is not None):
         raise DFlashError("--chat runs on --target models only", "pass --target DIR (the chat template comes from its tokenizer)")
     from trtllm_dflash.backends import PipelineSource, get_backend
+    from trtllm_dflash.runtime.threads import set_threads
 
+    set_threads(threads)
     if engines is not None:  # the TensorRT engines of a build (GPU)
         pipe = get_backend("trt").open_pipeline(PipelineSource(build=engines), device="cuda", max_context=max_context)
     elif onnx is not None:  # the exported graphs on CPU (what the engines were built from)

@@ -33,7 +33,7 @@ def repo(
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Largest sampling_param_max_tokens accepted."),
     block_size: Optional[int] = typer.Option(None, "--block-size", "-b", help="Draft block size (default: the drafter's)."),
     device: str = typer.Option("auto", "--device", help="auto (cuda when present), cpu or cuda."),
-    threads: int = typer.Option(0, "--threads", help="torch CPU threads per model (0 = torch's default)."),
+    threads: int = typer.Option(0, "--threads", help="torch CPU threads per model (0 = the cores not busy when the model loads, at least 1)."),
     prefix_cache_mib: Optional[int] = typer.Option(
         None, "--prefix-cache-mib", help="Prefix cache per model in MiB (default 1024; 0 turns it off): prompts that "
         "start with a prefix seen before skip its prefill."

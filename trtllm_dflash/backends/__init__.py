@@ -43,8 +43,9 @@ def open_served_pipeline(config: ServingConfig) -> DFlashPipeline:
     here; TensorRT engines on a GPU (loaded lazily). The Triton model hands it to serving's BatchingLoop."""
     import torch
 
-    if config.num_threads:
-        torch.set_num_threads(config.num_threads)
+    from trtllm_dflash.runtime.threads import set_threads
+
+    set_threads(config.num_threads)  # 0: the cores not busy when the model loads
     device = config.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -70,7 +70,7 @@ class ServingConfig(BaseModel):
     draft_len_schedule: Optional[dict[int, int]] = Field(
         None, description="Draft tokens by live rows, {rows from: tokens} (the recipe's; '1:7,8:3,16:0' in config.pbtxt)."
     )
-    num_threads: int = Field(0, ge=0, description="torch CPU threads per model (0 = torch's default).")
+    num_threads: int = Field(0, ge=0, description="torch CPU threads per model (0 = the cores not busy when it loads: available cores less the load average, at least 1).")
     prefix_cache_mib: int = Field(
         DEFAULT_PREFIX_CACHE_MIB, ge=0,
         description="Prefix cache (MiB, on the model's device; 0 = off): prompts that start with a prefix seen before skip its prefill.",
