@@ -497,7 +497,7 @@ class Decoder:
         self.live = [self.live[i] for i in keep]
         self.anchor = self.anchor.index_select(0, index)
         self.starts = self.starts.index_select(0, index)
-        self.sampling = self.sampling.select(index)
+        self.sampling = self.sampling.select(index, keep)
         if self.speculative:
             self.ctx_features = self.ctx_features.index_select(0, index)
             self.ctx_counts = self.ctx_counts.index_select(0, index)
@@ -508,6 +508,7 @@ class Decoder:
 def _sampling_tensors(params: list[SamplingParams], device: torch.device) -> SamplingTensors:
     seeds = [p.seed if p.seed is not None else secrets.randbits(31) for p in params]
     return SamplingTensors(
+        greedy=tuple(p.temperature < MIN_TEMPERATURE for p in params),
         # colder than MIN_TEMPERATURE is argmax (dividing float32 logits by it would overflow)
         temperature=torch.tensor([p.temperature if p.temperature >= MIN_TEMPERATURE else 0.0 for p in params], dtype=torch.float32, device=device),
         top_k=torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),

@@ -350,20 +350,29 @@ class SamplingTensors:
     top_k: torch.Tensor  # int64 [b]; 0 = off
     top_p: torch.Tensor  # float32 [b]; 1 = off
     seed: torch.Tensor  # int64 [b]
+    # which rows are greedy, kept on the host by whoever knows (the decoding loop): `all_greedy`
+    # then needs no device read, which on a GPU would stall the host between draft and verify
+    greedy: tuple[bool, ...] | None = dataclasses.field(default=None, compare=False)
 
     @property
     def all_greedy(self) -> bool:
+        if self.greedy is not None:
+            return all(self.greedy)
         return bool((self.temperature <= 0).all())
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return tuple(getattr(self, field.name) for field in dataclasses.fields(self))
+        return (self.temperature, self.top_k, self.top_p, self.seed)
 
-    def select(self, index: torch.Tensor) -> "SamplingTensors":
-        return SamplingTensors(*(t.index_select(0, index) for t in self.tensors()))
+    def select(self, index: torch.Tensor, host_index: list[int] | None = None) -> "SamplingTensors":
+        """Rows `index`; `host_index` (the same rows as a list) keeps the host's greedy flags."""
+        greedy = tuple(self.greedy[i] for i in host_index) if self.greedy is not None and host_index is not None else None
+        return SamplingTensors(*(t.index_select(0, index) for t in self.tensors()), greedy=greedy)
 
     def slice(self, rows: slice) -> "SamplingTensors":
-        return SamplingTensors(*(t[rows] for t in self.tensors()))
+        return SamplingTensors(*(t[rows] for t in self.tensors()), greedy=self.greedy[rows] if self.greedy is not None else None)
 
     @staticmethod
     def cat(parts: list["SamplingTensors"]) -> "SamplingTensors":
-        return SamplingTensors(*(torch.cat(ts) for ts in zip(*(p.tensors() for p in parts))))
+        flags = [p.greedy for p in parts]
+        greedy = tuple(f for part in flags for f in part) if all(f is not None for f in flags) else None
+        return SamplingTensors(*(torch.cat(ts) for ts in zip(*(p.tensors() for p in parts))), greedy=greedy)
