@@ -303,6 +303,7 @@ def measure_row(
     features = torch.randn(batch, s.block, len(s.target_layer_ids) * s.hidden, generator=g).to(device, runtime.dtype)
     block = torch.full((batch, s.block), s.mask_token_id, dtype=torch.long, device=device)
     block[:, 0] = tokens[:, 0]
+    # a full block of new context rows: the most a step injects (a step after tau accepted tokens injects tau)
     new_counts = torch.full((batch,), s.block, dtype=torch.long, device=device)
     cache_lens = starts - new_counts
     ms, how = timer("draft", lambda: draft_forward(rows, block, features, new_counts, cache_lens))

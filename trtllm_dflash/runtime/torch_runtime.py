@@ -50,7 +50,7 @@ FUSED_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-
 
 def relative_error(candidate: torch.Tensor, reference: torch.Tensor) -> float:
     """||candidate - reference|| / ||reference|| in float64 (inf where either is not finite)."""
-    a, b = candidate.double(), reference.double()
+    a, b = candidate.detach().double(), reference.detach().double()
     if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
         return float("inf")
     return float((a - b).norm() / b.norm().clamp_min(1e-30))

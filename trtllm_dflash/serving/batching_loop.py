@@ -45,7 +45,7 @@ class ResponseSink(Protocol):
 class Job:
     """A request on its way through the loop: its decoder request, text so far, timings."""
 
-    def __init__(self, request: Request, inputs: GenerateInputs, sink: ResponseSink, tokenizer: Any = None) -> None:
+    def __init__(self, request: Request, inputs: GenerateInputs, sink: ResponseSink, tokenizer: Any) -> None:
         self.request = request
         self.detokenizer = IncrementalDetokenizer(tokenizer)  # the output's text, decoded step by step
         self.stop_scan = StopScan(tuple(request.params.stop), request.params.min_tokens)
