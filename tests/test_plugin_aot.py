@@ -51,7 +51,7 @@ def test_a_rebuild_with_nothing_changed_compiles_nothing(tmp_path, run_main):
     kernels, _, compiled, jobs, cached = _build(run_main, tmp_path / "a", tmp_path / "cache", *args)
     assert kernels == compiled > 0 and cached == 0 and jobs >= 1
     kernels2, seconds, compiled, _, cached = _build(run_main, tmp_path / "b", tmp_path / "cache", *args)
-    assert (kernels2, compiled, cached) == (kernels, 0, kernels) and seconds < 5
+    assert (kernels2, compiled, cached) == (kernels, 0, kernels)  # every kernel from the cache (no clock: see DEVELOPERS.md)
     first, second = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in ("a", "b"))
     assert first == second
     for entry in second["kernels"]:

@@ -125,7 +125,7 @@ def test_serve_killed_leaves_nothing_and_an_odd_path_is_served(odd_repo, tmp_pat
             }
 
         while any(left().values()):
-            assert time.monotonic() - killed < 20, f"20 s after serve was killed, left: {left()}; serve said: {said()}"
+            assert time.monotonic() - killed < 90, f"90 s after serve was killed, left: {left()}; serve said: {said()}"  # a hang
             time.sleep(0.2)
     finally:
         if serve.poll() is None:
