@@ -321,7 +321,8 @@ def _grpc_wrong_types(server) -> None:
 
 
 def test_client_that_disconnects_mid_stream_is_dropped_and_the_server_keeps_serving(server, client, reference):
-    before = _metrics(server)["requests_total{cancelled}"]
+    metrics = _metrics(server)
+    before, ended_before = metrics["requests_total{cancelled}"], metrics["requests_total{cancelled}"] + metrics["requests_total{success}"]
     # gRPC: the consumer stops after the first response (the client cancels its request)
     stream = client.stream(PROMPTS[0], protocol="grpc", max_tokens=MAX_TOKENS)
     first = next(stream)
@@ -335,8 +336,13 @@ def test_client_that_disconnects_mid_stream_is_dropped_and_the_server_keeps_serv
     response = urllib.request.urlopen(request, timeout=300)
     assert response.readline().startswith(b"data:")
     response.close()
-    deadline = time.monotonic() + 120  # cancellation is noticed between decoding steps
-    while _metrics(server)["requests_total{cancelled}"] < before + 2 and time.monotonic() < deadline:
+    # cancellation is noticed between decoding steps. Both requests must end; the HTTP one is
+    # cancelled unless its 96 tokens were all decoded before tritonserver saw the closed socket (a
+    # race a busy machine lost once: Triton's HTTP thread noticed late), so it may count as a success
+    ended = lambda m: m["requests_total{cancelled}"] + m["requests_total{success}"]  # noqa: E731
+    deadline = time.monotonic() + 300  # a hang bound
+    while ended(_metrics(server)) < ended_before + 2 and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _metrics(server)["requests_total{cancelled}"] == before + 2
+    after = _metrics(server)
+    assert ended(after) == ended_before + 2 and after["requests_total{cancelled}"] >= before + 1
     assert client.complete(PROMPTS[0], max_tokens=32).token_ids == reference[0]["token_ids"]
