@@ -278,6 +278,7 @@ class TritonServer:
                 raise DFlashError(f"port {port} ({flag}) is already in use", f"pass another {flag} or stop what listens there")
         args, env = self.command()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_start = self._log_size()  # before the launch: a stub can die before wait_ready first looks
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
             args,
@@ -291,7 +292,7 @@ class TritonServer:
         if self._watchdog is None or self._watchdog.poll() is not None:
             self._watchdog = server_watch.start_watchdog(self._workdir)
         try:
-            self.wait_ready()
+            self.wait_ready(log_start)
         except BaseException:
             self.stop()
             raise
@@ -299,9 +300,9 @@ class TritonServer:
         self.stubs = self.stub_processes()
         return self.endpoints
 
-    def wait_ready(self) -> None:
+    def wait_ready(self, log_start: int) -> None:
+        """Until every model is ready; a stub death logged after byte `log_start` ends the wait at once."""
         deadline = time.monotonic() + self.startup_timeout
-        log_start = self._log_size()
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise DFlashError(
