@@ -377,6 +377,9 @@ def _timed_decode(name: str, load: Callable[[], tuple], budget: Budget, say: Say
     return _decode_outcome(results, note)
 
 
+FULL_DEPTH_GIB = 48  # 16.4 GB of target weights, 2 GB of drafter, caches for batch 32 x 4k (20 GB), graphs
+
+
 def full_depth_step(budget: Budget, say: Say) -> StepOutcome:
     """`benchmarks/bench_gpu_step.py` (bench/gpu_step.py): a 36-layer Qwen3-8B-shaped step beside its
     floor, first in the check so every GPU window measures it; its GPU memory is given back after."""
@@ -387,9 +390,14 @@ def full_depth_step(budget: Budget, say: Say) -> StepOutcome:
     from trtllm_dflash.bench import gpu_step
 
     batches, contexts = ((1, 8), (1024,)) if budget.quick else ((1, 8, 32), (1024, 4096))
-    result = gpu_step.run(gpu_step.QWEN3_8B, batches, contexts, contexts[:1], say=say)
-    gc.collect()
-    torch.cuda.empty_cache()
+    total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+    if total_gib < FULL_DEPTH_GIB:
+        raise SkipStep(f"the Qwen3-8B-shaped step needs about {FULL_DEPTH_GIB} GiB of GPU memory; this GPU has {total_gib:.0f}")
+    try:
+        result = gpu_step.run(gpu_step.QWEN3_8B, batches, contexts, contexts[:1], say=say)
+    finally:  # the steps after this one get the memory back, also after a failure
+        gc.collect()
+        torch.cuda.empty_cache()
     first = result.rows[0]
     return StepOutcome(f"batch {first.batch}, context {first.context}: " + gpu_step.summary_line(first), gpu_step.markdown(result))
 
