@@ -33,9 +33,9 @@ from typing import Callable, Iterable
 
 import torch
 
-from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.modeling.drafter import DFlashDrafter
+from trtllm_dflash.modeling.qwen3_8b_shaped import make_qwen3_8b_shaped_drafter, make_qwen3_8b_shaped_target
 from trtllm_dflash.runtime.base import SamplingTensors, sample_drafts, draft_positions
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 
@@ -59,11 +59,10 @@ class StepShape:
     draft_layers: int
     block: int
     target_layer_ids: tuple[int, ...]
-    mask_token_id: int
 
 
-QWEN3_8B = StepShape("Qwen3-8B", 36, 4096, 32, 8, 128, 12288, 151936, 5, 16, (1, 9, 17, 25, 33), 151669)
-TINY = StepShape("tiny", 2, 64, 4, 2, 16, 128, 512, 1, 16, (0, 1), 511)
+QWEN3_8B = StepShape("Qwen3-8B", 36, 4096, 32, 8, 128, 12288, 151936, 5, 16, (1, 9, 17, 25, 33))
+TINY = StepShape("tiny", 2, 64, 4, 2, 16, 128, 512, 1, 16, (0, 1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,29 +115,11 @@ class StepRow:
 
 def make_models(shape: StepShape, device: torch.device, dtype: torch.dtype) -> tuple[torch.nn.Module, DFlashDrafter]:
     """Random weights at `shape`, initialised on `device` in `dtype` (nothing downloaded or written)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    config = Qwen3Config(
-        hidden_size=shape.hidden, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
-        head_dim=shape.head_dim, intermediate_size=shape.ffn, vocab_size=shape.vocab, num_hidden_layers=shape.layers,
-        max_position_embeddings=40960, rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None, architectures=["Qwen3ForCausalLM"],
-    )
-    drafter_config = DrafterConfig(
-        hidden_size=shape.hidden, intermediate_size=shape.ffn, num_hidden_layers=shape.draft_layers,
-        num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
-        num_target_layers=shape.layers, target_layer_ids=shape.target_layer_ids, mask_token_id=shape.mask_token_id,
-        block_size=shape.block, vocab_size=shape.vocab,
-    )
-    torch.manual_seed(0)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)  # initialise in the final dtype: no float32 copy of 8 B parameters
-    try:
-        with torch.device(device):
-            target = Qwen3ForCausalLM(config).eval()
-            drafter = DFlashDrafter(drafter_config).eval()
-    finally:
-        torch.set_default_dtype(previous)
+    sizes = dict(hidden_size=shape.hidden, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+                 head_dim=shape.head_dim, intermediate_size=shape.ffn)
+    target = make_qwen3_8b_shaped_target(shape.layers, shape.vocab, device, dtype, **sizes)
+    drafter = make_qwen3_8b_shaped_drafter(target.config, shape.draft_layers, shape.block, device, dtype,
+                                           target_layer_ids=shape.target_layer_ids)
     return target, drafter
 
 
@@ -301,7 +282,7 @@ def measure_row(
     row.parts["verify pass"] = Timed(ms, floor_ms(floors.target_pass(batch, context, s.block), ceilings), how)
 
     features = torch.randn(batch, s.block, len(s.target_layer_ids) * s.hidden, generator=g).to(device, runtime.dtype)
-    block = torch.full((batch, s.block), s.mask_token_id, dtype=torch.long, device=device)
+    block = torch.full((batch, s.block), runtime.drafter_config.mask_token_id, dtype=torch.long, device=device)
     block[:, 0] = tokens[:, 0]
     # a full block of new context rows: the most a step injects (a step after tau accepted tokens injects tau)
     new_counts = torch.full((batch,), s.block, dtype=torch.long, device=device)
@@ -387,10 +368,10 @@ def run(
     )
     runtime = TorchRuntime(target, drafter, attention="auto", cuda_graphs=dev.type == "cuda", fused=fused)
     runtime.allocate(max(batches), max(contexts) + 4 * shape.block)
-    say(f"target pass: {'fused' if runtime.fused is not None else 'transformers'}, attention {runtime.attention}")
+    passes = f"{runtime.attention}, {'fused' if runtime.fused is not None else 'transformers'} target pass"
+    say(f"target attention: {passes}")
     _fill_caches(runtime)
     timer = PassTimer(dev, repeats, say)
-    passes = f"{runtime.attention}, {'fused' if runtime.fused is not None else 'transformers'} target pass"
     result = StepBenchmark(shape, torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", ceilings, passes, [])
     for context in contexts:
         for batch in batches:
