@@ -300,15 +300,14 @@ class TorchRuntime(CachedRuntime):
     def target_forward(self, rows, tokens, starts, span, logits_at=None) -> TargetOutput:
         positions = starts.view(-1, 1) + torch.arange(tokens.shape[1], device=self.device)
         features = None
-        if self.fused is not None and self.attention == "dflash":
+        if self.fused is not None:
             tap_ids = self.taps.layer_ids if self.taps else []
-            hidden, taps = self.fused.forward_in_place(tokens, positions, starts, self.target_cache.rows(rows), self.windows, tap_ids)
-            features = torch.cat([taps[i] for i in tap_ids], dim=-1) if tap_ids else None
-        elif self.fused is not None:
-            # one plan per pass: each row group reads only its live slots, masks only where needed
-            plan = self.fused.plan(starts.tolist(), tokens.shape[1], set(self.windows), self.dtype, self.device)
-            tap_ids = self.taps.layer_ids if self.taps else []
-            hidden, taps = self.fused.forward(tokens, positions, plan, self.target_cache.rows(rows), self.windows, tap_ids)
+            caches = self.target_cache.rows(rows)
+            if self.attention == "dflash":  # the op writes and reads each row's slots itself: no host read
+                hidden, taps = self.fused.forward_in_place(tokens, positions, starts, caches, self.windows, tap_ids)
+            else:  # one plan per pass: each row group reads only its live slots, masks only where needed
+                plan = self.fused.plan(starts.tolist(), tokens.shape[1], set(self.windows), self.dtype, self.device)
+                hidden, taps = self.fused.forward(tokens, positions, plan, caches, self.windows, tap_ids)
             features = torch.cat([taps[i] for i in tap_ids], dim=-1) if tap_ids else None
         elif self.attention == "dflash":
             hidden = self._dflash_decoder(rows, tokens, starts, positions)
