@@ -20,7 +20,10 @@ import time
 from transformers import AutoTokenizer
 
 from trtllm_dflash import demo
-from trtllm_dflash.serving.detokenizer import REPLACEMENT, IncrementalDetokenizer, StopScan
+from trtllm_dflash.decoding import Request, SequenceResult
+from trtllm_dflash.sampling_params import SamplingParams
+from trtllm_dflash.serving.batching_loop import BatchingLoop, Job
+from trtllm_dflash.serving.detokenizer import REPLACEMENT
 
 
 def before(tokenizer, steps: list[list[int]], stops: list[str]) -> list[float]:
@@ -40,16 +43,21 @@ def before(tokenizer, steps: list[list[int]], stops: list[str]) -> list[float]:
 
 
 def after(tokenizer, steps: list[list[int]], stops: list[str]) -> list[float]:
-    """The serving loop's per-step work now (the same calls as `_text_of`)."""
-    detokenizer, scan, times = IncrementalDetokenizer(tokenizer), StopScan(tuple(stops), 0), []
+    """The serving loop's per-step text work now: `BatchingLoop._text_of` itself, on a job fed as
+    `_deliver` feeds it (no model behind the loop)."""
+    loop = BatchingLoop.__new__(BatchingLoop)
+    loop.tokenizer = tokenizer
+    request = Request([1], SamplingParams(max_new_tokens=len(steps[-1]), stop=stops))
+    job = Job(request, None, None, tokenizer)
+    result = SequenceResult(request_id=None, prompt_ids=[1])
+    times = []
     for ids in steps:
+        result.token_ids = list(ids)
         started = time.perf_counter()
-        searched_before = len(detokenizer.text)
-        text = detokenizer.decode(ids)
-        assert scan.first_hit(text, searched_before, tokenizer, ids) is None
-        hold = scan.longest - 1
-        text[: len(text) - hold]
+        text, _ = loop._text_of(job, result, finished=False)
         times.append(time.perf_counter() - started)
+        assert text is not None
+        job.text = text
     return times
 
 
