@@ -138,6 +138,27 @@ def test_chunked_prefill_through_the_graphs_equals_a_whole_one(onnx_runtime):
     assert decode(4) == decode(0)
 
 
+def test_a_batch_with_a_gap_between_its_slots_runs_the_graphs_once_per_run(onnx_runtime, reference):
+    """The graphs take contiguous cache rows: when the middle request finishes first, slots 0 and 2
+    decode on as two calls per pass (runtime/base.py `contiguous_slots`), the same tokens as the
+    torch runtime, which indexes its slots directly."""
+    from trtllm_dflash.decoding import Decoder, Request, SamplingParams
+
+    def decode(runtime):
+        decoder = Decoder(runtime, max_batch=3, max_context=96)
+        limits = (20, 2, 20)
+        for prompt, limit in zip(PROMPTS, limits):
+            decoder.submit(Request(list(prompt), SamplingParams(max_new_tokens=limit)))
+        done, gapped = {}, 0
+        while decoder.has_work:
+            gapped += decoder.live_slots.run is None and len(decoder.live) > 1
+            done.update({e.request_id: e.result.token_ids for e in decoder.step() if e.finished})
+        return [done[i] for i in range(3)], gapped
+
+    (graphs, gapped), (torch_tokens, _) = decode(onnx_runtime), decode(reference)
+    assert gapped > 0 and graphs == torch_tokens
+
+
 def test_speculative_decode_through_the_graphs_equals_the_torch_runtime(onnx_runtime, reference):
     greedy_onnx = _decode(onnx_runtime, PROMPTS)
     greedy_torch = _decode(reference, PROMPTS)

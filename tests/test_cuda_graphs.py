@@ -60,9 +60,10 @@ def test_replayed_steps_give_the_eager_tokens(rerun_graphs, tiny_qwen3, tiny_qwe
     replayed = _decode(runtime, max_batch=4)
     assert replayed == eager
     counts = runtime.cuda_graphs.counts
-    # 5 requests through 4 rows: the fifth joins a running batch, rows leave at different steps
-    assert counts["replayed"] > counts["captured"] >= 2
-    assert counts["padded"] > 0  # 3 live rows replayed in the graph of 4
+    # 5 requests through 4 slots: the fifth joins a running batch, requests leave at different steps
+    assert counts["replayed"] > counts["captured"] >= (2 if speculative else 1)
+    assert counts["padded"] > 0  # 3 live requests replayed in the graph of 4
+    assert counts["gapped"] > 0  # a request finished below others: its free slot padded the graph
     assert counts["eager"] >= 2  # the prefills (and the first draft after each)
     assert runtime.cuda_graphs.buckets == (1, 2, 4)
 

@@ -50,8 +50,10 @@ def demo_pair():
     return _demo_pair(torch.bfloat16)
 
 
-# Where a graph runs exactly the eager shapes (batch == bucket), the only difference is the
-# verify pass's attention span, whose extra slots are masked: tokens must be identical.
+# A graph runs the eager shapes where the batch's slots are 0..n-1 and n is a bucket; requests keep
+# their slots, so after one finishes below another the graph pads the free slot (its GEMMs then
+# have a row more than the eager pass's, which in bf16 may round differently; it did not flip a
+# token here when the packed rows of the old loop padded 3 rows to 4 either).
 @pytest.mark.parametrize("speculative", [False, True], ids=["autoregressive", "dflash"])
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
@@ -65,7 +67,7 @@ def test_demo_pair_graphs_give_the_eager_tokens(demo_pair, speculative, batch, t
     runtime = TorchRuntime(target.model, drafter, cuda_graphs=True)
     assert _decode(runtime, requests, max_batch=batch) == eager
     counts = runtime.cuda_graphs.counts
-    assert counts["replayed"] > counts["captured"] > 0 and counts["padded"] == 0
+    assert counts["replayed"] > counts["captured"] > 0
 
 
 def test_padding_rows_do_not_change_the_tokens():

@@ -118,7 +118,10 @@ def test_the_drafter_step_with_the_kernels_matches_its_torch_arithmetic(monkeypa
             layer.values.copy_(torch.randn(layer.values.shape, generator=torch.Generator().manual_seed(2)))
         embeds = drafter.embed(block, target.get_input_embeddings())
         hidden = drafter.step(embeds, features, new_counts, cache_lens, cache.rows(slice(0, 2)))
-        return drafter.logits(hidden[:, 1:], target.get_output_embeddings()), cache.layers[0].keys.clone()
+        # each row's context after the step (past it the CPU path keeps the block's keys as scratch:
+        # modeling/draft_attention.py)
+        context = [cache.layers[0].keys[r, : int(cache_lens[r] + new_counts[r])] for r in range(2)]
+        return drafter.logits(hidden[:, 1:], target.get_output_embeddings()), torch.cat(context).clone()
 
     (ref_logits, ref_keys), (logits, keys) = both(monkeypatch, draft)
     assert relative_error(logits, ref_logits) < 1e-5

@@ -178,20 +178,6 @@ def test_a_drafter_with_a_bounded_history_is_refused(dense):
         dense.drafter_config = config
 
 
-class _Sink:
-    def __init__(self) -> None:
-        self.responses, self.errors = [], []
-
-    def send(self, outputs, final):
-        self.responses.append((outputs, final))
-
-    def error(self, message):
-        self.errors.append(message)
-
-    def cancelled(self):
-        return False
-
-
 def test_served_model_reuses_prefixes_and_answers_as_offline(hybrid_trained_pair):
     """The serving loop (what the Triton model runs) with its prefix cache on: shared-prefix prompts,
     concurrent, decode what the same pipeline decodes offline without a cache."""
@@ -200,6 +186,7 @@ def test_served_model_reuses_prefixes_and_answers_as_offline(hybrid_trained_pair
     from transformers import AutoTokenizer
 
     from trtllm_dflash.backends import open_served_pipeline
+    from trtllm_dflash.checks.testing import RecordingSink
     from trtllm_dflash.serving.batching_loop import BatchingLoop
     from trtllm_dflash.serving.model_parameters import ServingConfig
     from trtllm_dflash.serving.protocol import GenerateInputs
@@ -211,7 +198,7 @@ def test_served_model_reuses_prefixes_and_answers_as_offline(hybrid_trained_pair
     config = ServingConfig(target=target_dir, drafter=drafter_dir, max_context=160, max_tokens=64, max_batch=4, prefix_cache_block=BLOCK)
     assert config.prefix_cache_mib > 0  # on by default
     loop = BatchingLoop(config, open_served_pipeline(config))
-    sinks = [_Sink() for _ in texts]
+    sinks = [RecordingSink() for _ in texts]
     loop.accept(GenerateInputs(texts[0], SamplingParams(max_new_tokens=NEW_TOKENS)), sinks[0])
     loop.start()
     try:

@@ -26,6 +26,7 @@ from torch import nn
 
 from trtllm_dflash import hf_compat
 from trtllm_dflash.modeling.cache_attention import AttentionPlan
+from trtllm_dflash.modeling.slots import Slots
 from trtllm_dflash import ops
 from trtllm_dflash.modeling.fused_ops import add_rms_norm, norm_of, qk_norm_rope, rms_norm, rotate, silu_mul
 
@@ -141,20 +142,20 @@ class FusedDecoder:
 
     @torch.inference_mode()
     def forward(
-        self, tokens, positions, plan: AttentionPlan, caches, windows: list[int], taps: list[int]
+        self, tokens, positions, plan: AttentionPlan, caches, windows: list[int], taps: list[int], slots: Slots
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Final-normed hidden states `[b, T, H]` and the outputs of the `taps` layers.
 
-        `caches[i]` is layer i's LayerCache over this pass's rows (slot == position); the block's
-        keys/values are written at `positions [b, T]` and attention reads, per row group, only the
-        live slots `plan` names for layer i's sliding window `windows[i]` (0: full attention).
+        `caches[i]` is layer i's LayerCache over every slot (position == index); row r's block
+        keys/values are written at slot slots.ids[r], positions `positions [b, T]`, and attention
+        reads, per row group, only the live positions `plan` names for layer i's sliding window
+        `windows[i]` (0: full attention).
         """
         x = self.decoder.embed_tokens(tokens)
         cos, sin = self.decoder.rotary_emb(x, positions)
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
         batch, count = tokens.shape
-        row_index = torch.arange(batch, device=tokens.device).view(-1, 1)
-        # one row writes a contiguous run of slots: a slice copy instead of a scatter
+        # one row writes a contiguous run of positions: a slice copy instead of a scatter
         first = int(positions[0, 0]) if batch == 1 and positions.device.type == "cpu" else None
         outputs = {}
         for i, layer in enumerate(self.layers):
@@ -169,11 +170,11 @@ class FusedDecoder:
             q, k = rotate(qk, cos, sin).split([layer.q_heads, layer.kv_heads], dim=2)
             keys, values = caches[i].keys, caches[i].values
             if first is not None:
-                keys[0, first : first + count] = k[0]
-                values[0, first : first + count] = v[0]
+                keys[slots.ids[0], first : first + count] = k[0]
+                values[slots.ids[0], first : first + count] = v[0]
             else:
-                keys[row_index, positions] = k.to(keys.dtype)
-                values[row_index, positions] = v.to(values.dtype)
+                slots.write(keys, positions, k)
+                slots.write(values, positions, v)
             if self.sdpa:
                 out = plan.attend(q.transpose(1, 2), keys, values, windows[i], layer.scaling)
             else:
@@ -187,24 +188,25 @@ class FusedDecoder:
 
     @torch.inference_mode()
     def forward_in_place(
-        self, tokens, positions, starts: torch.Tensor, caches, windows: list[int], taps: list[int]
+        self, tokens, positions, starts: torch.Tensor, caches, windows: list[int], taps: list[int], runs: list[tuple[slice, slice]]
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """`forward`'s result, with attention by `dflash::target_attention` (the block's K/V written
         in place at each row's `starts`, each row reading its own slots) and the elementwise work
         between GEMMs in three kernels per sublayer pair (ops/kernels/fused_layer.py). It reads
         nothing back to the host, so a CUDA graph can record it: the torch runtime's GPU pass.
-        Needs `in_place_unsupported_reason(decoder) is None`."""
+        `caches[i]` covers every slot; `runs` (Slots.runs) are the batch rows and the slots they
+        use, one op call per run. Needs `in_place_unsupported_reason(decoder) is None`."""
         x = self.decoder.embed_tokens(tokens)
         rope = self.decoder.rotary_emb(x, positions)
         outputs, delta = {}, None  # delta: the MLP output not yet added to the residual stream x
         for i in range(len(self.layers)):
-            x, delta = self.layer_in_place(i, x, delta, rope, starts, caches[i], windows[i])
+            x, delta = self.layer_in_place(i, x, delta, rope, starts, caches[i], windows[i], runs)
             if i in taps:
                 x, delta = x + delta, None
                 outputs[i] = x
         return add_rms_norm(x, delta, *norm_of(self.decoder.norm))[1], outputs
 
-    def layer_in_place(self, i: int, x, delta, rope, starts, cache, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def layer_in_place(self, i: int, x, delta, rope, starts, cache, window: int, runs) -> tuple[torch.Tensor, torch.Tensor]:
         """Decoder layer i of `forward_in_place` on the residual stream `x + delta`: returns the
         stream after its attention and its MLP output (added by the next layer's norm kernel)."""
         layer = self.layers[i]
@@ -212,13 +214,19 @@ class FusedDecoder:
         x, h = add_rms_norm(x, delta, *layer.input_norm)
         qkv = F.linear(h, layer.qkv, layer.qkv_bias)
         q, k, v = qk_norm_rope(qkv, *rope, layer.qk_norm, layer.q_heads, layer.kv_heads, layer.head_dim)
-        out = ops.target_attention(q, k, v, cache.keys, cache.values, starts, None, float(layer.scaling), window)
+        outs = [
+            ops.target_attention(q[rows], k[rows], v[rows], cache.keys[held], cache.values[held], starts[rows], None, float(layer.scaling), window)
+            for rows, held in runs
+        ]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
         x, h = add_rms_norm(x, F.linear(out.reshape(batch, count, -1), layer.o_proj.weight, layer.o_proj.bias), *layer.post_norm)
         return x, F.linear(silu_mul(F.linear(h, layer.gate_up)), layer.down_proj.weight, layer.down_proj.bias)
 
-    def plan(self, starts: list[int], count: int, windows: set[int], dtype: torch.dtype, device: torch.device) -> AttentionPlan:
+    def plan(
+        self, starts: list[int], count: int, windows: set[int], dtype: torch.dtype, device: torch.device, slots: tuple[int, ...]
+    ) -> AttentionPlan:
         """This pass's AttentionPlan, with explicit masks where the model's own attention runs."""
-        return AttentionPlan.make(starts, count, windows, dtype, device, sdpa=self.sdpa)
+        return AttentionPlan.make(starts, count, windows, dtype, device, sdpa=self.sdpa, slots=slots)
 
     def _model_attention(self, layer: FusedLayer, plan: AttentionPlan, q, keys, values, window: int) -> torch.Tensor:
         """The model's own attention function (eager and others) over each row group's live slots."""
@@ -226,7 +234,7 @@ class FusedDecoder:
         for group in plan.groups:
             lo, hi = group.reads[window]
             out, _ = self.attention(
-                layer.attn, q[group.rows], keys[group.rows, lo:hi].transpose(1, 2), values[group.rows, lo:hi].transpose(1, 2),
+                layer.attn, q[group.rows], keys[group.slots, lo:hi].transpose(1, 2), values[group.slots, lo:hi].transpose(1, 2),
                 group.masks[window], dropout=0.0, scaling=layer.scaling, sliding_window=layer.sliding_window,
             )
             outs.append(out)

@@ -2,8 +2,8 @@
 
 Because slot == position, a sequence's cache is valid up to its committed length and rolling
 back rejected tokens costs nothing: the next step overwrites those slots before any query can
-see them. Rows are sequences; when sequences leave a batch, `keep_rows` compacts the survivors
-to the front so every forward pass works on a contiguous slice of rows.
+see them. Rows are slots: a sequence owns one from admission to finish, and a pass reads and writes
+its batch's slots in place (runtime/base.py `Slots`); nothing is moved when sequences come and go.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import dataclasses
 import torch
 
 from trtllm_dflash.hf_compat import Cache, OwnedCacheLayer
+from trtllm_dflash.modeling.slots import Slots
 
 
 @dataclasses.dataclass
@@ -75,21 +76,6 @@ class StaticKVCache:
             for layer in self.layers
         ]
 
-    def keep_rows(self, index: torch.Tensor) -> None:
-        """Move rows `index` to the front (in that order). Only the rows that change place are copied:
-        a row of a long context is megabytes, and most calls move a few rows (a finished request's
-        successors, or a short prompt put ahead of a long one)."""
-        count = index.numel()
-        moved = index != torch.arange(count, device=index.device)
-        if not bool(moved.any()):
-            return
-        sources, places = index[moved], moved.nonzero().view(-1)
-        for layer in self.layers:
-            if layer.keys is None:
-                continue
-            layer.keys[places] = layer.keys[sources]  # gathered before written: any permutation is safe
-            layer.values[places] = layer.values[sources]
-
     @property
     def nbytes(self) -> int:
         return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.layers if layer.keys is not None)
@@ -104,15 +90,16 @@ class _RaggedLayer(OwnedCacheLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         # key_states: [b, kv_heads, T, D] as Hugging Face attention modules produce them
-        rows, positions, span = self.owner.rows, self.owner.positions, self.owner.span
+        slots, positions, span = self.owner.slots, self.owner.positions, self.owner.span
         if self.buffers.keys is None:
             heads = key_states.shape[1]
             self.owner.storage.allocate_layer(self.index, heads, key_states.shape[-1], value_states.shape[-1])
-        keys, values = self.buffers.keys[rows], self.buffers.values[rows]
-        row_index = torch.arange(keys.shape[0], device=keys.device).view(-1, 1)
-        keys[row_index, positions] = key_states.transpose(1, 2).to(keys.dtype)
-        values[row_index, positions] = value_states.transpose(1, 2).to(values.dtype)
-        return keys[:, :span].transpose(1, 2), values[:, :span].transpose(1, 2)
+        keys, values = self.buffers.keys, self.buffers.values
+        slots.write(keys, positions, key_states.transpose(1, 2))
+        slots.write(values, positions, value_states.transpose(1, 2))
+        # the model's attention takes one tensor for the batch: views of one run of slots, else a gather
+        rows = slots.select
+        return keys[rows, :span].transpose(1, 2), values[rows, :span].transpose(1, 2)
 
     def get_seq_length(self) -> int:
         return self.owner.span
@@ -125,28 +112,28 @@ class _RaggedLayer(OwnedCacheLayer):
 
 
 class RaggedHFCache(Cache):
-    """A `transformers` Cache over a StaticKVCache, bound to a slice of rows for each forward pass.
+    """A `transformers` Cache over a StaticKVCache, bound to a batch's slots for each forward pass.
 
     `linear_states` (hybrid targets) holds the linear-attention layers' recurrent and conv
-    states; those layers read `rows`, `positions` and `valid` from here (see linear_attention.py).
+    states; those layers read `slots`, `positions` and `valid` from here (see linear_attention.py).
     """
 
     def __init__(self, storage: StaticKVCache, linear_states=None) -> None:
         self.storage = storage
         self.linear_states = linear_states
-        self.rows: slice = slice(0, 0)
+        self.slots = Slots(())
         self.positions = torch.zeros(0, 0, dtype=torch.long)
         self.span = 0
         self.valid: torch.Tensor | None = None
         super().__init__(layers=[_RaggedLayer(self, i) for i in range(len(storage.layers))])
 
-    def bind(self, rows: slice, positions: torch.Tensor, span: int, valid: torch.Tensor | None = None) -> None:
-        """Prepare a forward pass of `positions [b, T]` for rows `rows`; keys past `span` are unused.
+    def bind(self, slots: Slots | slice, positions: torch.Tensor, span: int, valid: torch.Tensor | None = None) -> None:
+        """Prepare a forward pass of `positions [b, T]` for `slots`; keys past `span` are unused.
 
         `valid [b]` (prefill) says how many leading tokens of each row are real: the rest is
         padding, which attention never commits (slot == position) but a recurrent state would.
         """
-        self.rows = rows
+        self.slots = Slots.of(slots, positions.device)
         self.positions = positions
         self.span = span
         self.valid = valid

@@ -36,6 +36,7 @@ from transformers.activations import ACT2FN
 
 from trtllm_dflash import hf_compat
 from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.modeling.slots import Slots
 
 LINEAR_ATTENTION = "linear_attention"
 KEPT_STATES = 2  # prefix caching: states kept per row and prefill (a prompt's stored end, and where it left a cached prefix)
@@ -91,7 +92,7 @@ class LinearStates:
         self.max_batch = max_batch
         # prefix caching: the states after the prompt lengths `kept_lengths[row]` (-1: none), kept by the
         # prefill passes (whole or chunked) that reach them, in `kept` (layer -> conv, recurrent
-        # [max_batch, KEPT_STATES, ...]); rows carry them when they move (keep_rows)
+        # [max_batch, KEPT_STATES, ...]), by slot
         self.kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.kept_lengths = torch.full((max_batch, KEPT_STATES), -1, dtype=torch.long)
         self.layers: dict[int, LinearLayerState] = {}
@@ -100,8 +101,9 @@ class LinearStates:
             shape = (max_batch, module.num_v_heads, module.head_k_dim, module.head_v_dim)
             self.layers[index] = LinearLayerState(conv, torch.zeros(shape, dtype=torch.float32, device=device))
 
-    def commit(self, rows: slice, kept: torch.Tensor) -> None:
-        """Rows keep the first kept[r] (>= 1) tokens of the last verify pass: form their states."""
+    def commit(self, slots: Slots | slice, kept: torch.Tensor) -> None:
+        """Batch rows keep the first kept[r] (>= 1) tokens of the last verify pass: form their slots' states."""
+        rows = Slots.of(slots, kept.device).select
         for layer in self.layers.values():
             if layer.pending_keys is None:
                 continue
@@ -111,47 +113,37 @@ class LinearStates:
             )
             layer.pending_conv = layer.pending_keys = layer.pending_updates = layer.pending_decay = None
 
-    def keep_rows(self, index: torch.Tensor) -> None:
-        count = index.numel()
-        for layer in self.layers.values():
-            layer.conv[:count] = layer.conv.index_select(0, index)
-            layer.recurrent[:count] = layer.recurrent.index_select(0, index)
-        for conv, recurrent in self.kept.values():
-            conv[:count] = conv.index_select(0, index)
-            recurrent[:count] = recurrent.index_select(0, index)
-        self.kept_lengths[:count] = self.kept_lengths.index_select(0, index.cpu())
-
-    def keep_states_at(self, rows: slice, lengths: list[tuple[int, ...]]) -> None:
-        """Ask the prefill of `rows` (in one pass or in chunks) to keep each row's states after these
-        prompt lengths; the other rows' requests stand."""
+    def keep_states_at(self, slots: Slots | slice, lengths: list[tuple[int, ...]]) -> None:
+        """Ask the prefill of `slots` (in one pass or in chunks) to keep each slot's states after these
+        prompt lengths; the other slots' requests stand."""
         if max(map(len, lengths), default=0) > KEPT_STATES:
             raise ValueError(f"at most {KEPT_STATES} kept states per row")
-        for i, at in enumerate(lengths):
-            self.kept_lengths[rows.start + i] = torch.tensor(sorted(at) + [-1] * (KEPT_STATES - len(at)))
+        for slot, at in zip(Slots.of(slots).ids, lengths):
+            self.kept_lengths[slot] = torch.tensor(sorted(at) + [-1] * (KEPT_STATES - len(at)))
 
-    def keep_state(self, row: int, slot: int, layer_index: int, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
-        """Keep one row's state at a prefix's end (prefix caching), beside its live state."""
+    def keep_state(self, slot: int, kept_index: int, layer_index: int, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
+        """Keep one slot's state at a prefix's end (prefix caching), beside its live state."""
         if layer_index not in self.kept:
             layer = self.layers[layer_index]
             with torch.inference_mode(False):  # first kept inside a forward pass; the buffers outlive it
                 self.kept[layer_index] = tuple(
                     torch.zeros(t.shape[0], KEPT_STATES, *t.shape[1:], dtype=t.dtype, device=t.device) for t in (layer.conv, layer.recurrent)
                 )
-        self.kept[layer_index][0][row, slot] = conv
-        self.kept[layer_index][1][row, slot] = recurrent
+        self.kept[layer_index][0][slot, kept_index] = conv
+        self.kept[layer_index][1][slot, kept_index] = recurrent
 
-    def export_state(self, row: int, length: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-        """Copies of the states the last prefill kept for `row` after `length` tokens, by layer."""
-        slots = (self.kept_lengths[row] == length).nonzero().flatten().tolist()
-        if not slots:
-            raise ValueError(f"no state was kept for row {row} at {length} tokens")
-        return {i: (conv[row, slots[0]].clone(), recurrent[row, slots[0]].clone()) for i, (conv, recurrent) in self.kept.items()}
+    def export_state(self, slot: int, length: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of the states the last prefill kept for `slot` after `length` tokens, by layer."""
+        kept = (self.kept_lengths[slot] == length).nonzero().flatten().tolist()
+        if not kept:
+            raise ValueError(f"no state was kept for slot {slot} at {length} tokens")
+        return {i: (conv[slot, kept[0]].clone(), recurrent[slot, kept[0]].clone()) for i, (conv, recurrent) in self.kept.items()}
 
-    def import_state(self, row: int, saved: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Make saved states (`export_state`) the row's live state."""
+    def import_state(self, slot: int, saved: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Make saved states (`export_state`) the slot's live state."""
         for i, (conv, recurrent) in saved.items():
-            self.layers[i].conv[row] = conv
-            self.layers[i].recurrent[row] = recurrent
+            self.layers[i].conv[slot] = conv
+            self.layers[i].recurrent[slot] = recurrent
 
     @property
     def nbytes(self) -> int:
@@ -159,7 +151,7 @@ class LinearStates:
         return sum(layer.conv.nbytes + layer.recurrent.nbytes for layer in self.layers.values())
 
 
-def _store_conv(layer: LinearLayerState, rows: slice, window: torch.Tensor, kept: torch.Tensor) -> None:
+def _store_conv(layer: LinearLayerState, rows: "slice | torch.Tensor", window: torch.Tensor, kept: torch.Tensor) -> None:
     """Commit, per row, the K-1 conv inputs ending at token kept-1 of `window` ([committed; block])."""
     batch, channels, width = layer.conv[rows].shape
     index = (kept.view(-1, 1) + torch.arange(width, device=kept.device)).view(batch, 1, width)
@@ -228,7 +220,8 @@ def gated_delta_net_forward(module: nn.Module, original, hidden_states: torch.Te
         return hf_compat.call_with_linear_attention_cache(original, hidden_states, cache, attention_mask=attention_mask, **kwargs)
     chunk_gated_delta_rule, _, l2norm = hf_compat.delta_rule_kernels(module)
     layer = states.layers[module.layer_idx]
-    rows, valid = cache.rows, cache.valid
+    slots, valid = cache.slots, cache.valid
+    rows = slots.select
     batch, length, _ = hidden_states.shape
 
     mixed, z, b, a = _project(module, hidden_states)
@@ -255,9 +248,9 @@ def gated_delta_net_forward(module: nn.Module, original, hidden_states: torch.Te
         for r, n in enumerate(valid.tolist()):
             state = recurrent[r : r + 1].clone()
             # prefix caching: run the row in pieces and keep the states between them
-            row = (rows.start or 0) + r
+            row = slots.ids[r]
             start = int(cache.positions[r, 0])
-            cuts = {at - start: slot for slot, at in enumerate(states.kept_lengths[row].tolist()) if at >= 0}  # pass offset -> slot
+            cuts = {at - start: kept for kept, at in enumerate(states.kept_lengths[row].tolist()) if at >= 0}  # pass offset -> kept index
             bounds = [0, *sorted(cut for cut in cuts if 0 < cut < n), n]
             for lo, hi in zip(bounds, bounds[1:]):
                 out, state = chunk_gated_delta_rule(

@@ -39,10 +39,12 @@ _ACTIVE: list["TargetAttentionStep"] = []
 class TargetAttentionStep:
     """What one forward pass's attention calls need: per-layer caches, row starts, windows."""
 
-    caches: dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> (keys, values) [b, S, Hkv, D]
+    caches: dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> (keys, values) [slots, S, Hkv, D]
     starts: torch.Tensor  # [b] int64: position of each row's first token
     windows: list[int]  # per layer: sliding window (0: full attention)
     functional: bool = False
+    # (batch rows, cache slots) per run of consecutive slots (Slots.runs); None: row r in slot r
+    runs: list[tuple[slice, slice]] | None = None
     updated: dict[int, tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(default_factory=dict)
 
     @contextlib.contextmanager
@@ -76,12 +78,16 @@ def dflash_attention(
     k_cache, v_cache = step.caches[layer]
     scale = float(scaling if scaling is not None else q.shape[-1] ** -0.5)
     window = step.windows[layer]
-    if step.functional:
+    if step.functional:  # graph export: one batch, row r in slot r
         out, k_out, v_out = torch.ops.dflash.target_attention_functional(q, k, v, k_cache, v_cache, step.starts, s_aux, scale, window)
         step.updated[layer] = (k_out, v_out)
-    else:
-        out = ops.target_attention(q, k, v, k_cache, v_cache, step.starts, s_aux, scale, window)
-    return out, None
+        return out, None
+    runs = step.runs if step.runs is not None else [(slice(0, q.shape[0]), slice(0, q.shape[0]))]
+    outs = [
+        ops.target_attention(q[rows], k[rows], v[rows], k_cache[slots], v_cache[slots], step.starts[rows], s_aux, scale, window)
+        for rows, slots in runs
+    ]
+    return (outs[0] if len(outs) == 1 else torch.cat(outs)), None
 
 
 @functools.cache

@@ -1,15 +1,18 @@
 """The interface between the decoding loop and the thing that runs forward passes.
 
 A runtime owns the weights and the KV caches of the target and the drafter for up to
-`max_batch` sequences (rows). The decoding loop owns everything else: which rows are live,
-their lengths, their tokens. Every call works on a contiguous slice of rows; caches are indexed
-by absolute position, so the loop rolls back rejected tokens simply by not advancing lengths.
+`max_batch` sequences, one cache slot each. The decoding loop owns everything else: which
+requests hold which slot, their lengths, their tokens. A request keeps its slot from admission to
+finish, so every call is handed its batch's slots (`Slots`: batch row i works on slot ids[i]) and
+nothing is ever moved to keep a batch packed; a plain `slice(a, b)` means slots a..b-1. Caches are
+indexed by absolute position, so the loop rolls back rejected tokens simply by not advancing lengths.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 from typing import Callable
 
 import torch
@@ -18,6 +21,7 @@ from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.contracts import names
 from trtllm_dflash import ops
 from trtllm_dflash.ops import reference, rng
+from trtllm_dflash.modeling.slots import Slots
 from trtllm_dflash.runtime.prefix_cache import PrefixBlock
 
 
@@ -60,22 +64,18 @@ class Runtime(abc.ABC):
 
     @abc.abstractmethod
     def allocate(self, max_batch: int, capacity: int) -> None:
-        """(Re)allocate caches for `max_batch` rows of `capacity` token slots each."""
-
-    @abc.abstractmethod
-    def keep_rows(self, index: torch.Tensor) -> None:
-        """Compact the caches: rows `index` (device tensor) become rows 0..len(index)-1."""
+        """(Re)allocate caches for `max_batch` slots of `capacity` token positions each."""
 
     @abc.abstractmethod
     def target_forward(
         self,
-        rows: slice,
+        slots: Slots | slice,
         tokens: torch.Tensor,
         starts: torch.Tensor,
         span: int,
         logits_at: torch.Tensor | None = None,
     ) -> TargetOutput:
-        """Run the target on `tokens [b, T]` at positions starts[r] + t, writing their K/V.
+        """Run the target on `tokens [b, T]` at positions starts[r] + t, writing their K/V into slots.ids[r].
 
         Queries see keys at positions <= their own (slots before starts[r] hold the committed
         prefix). `span` bounds the positions touched (max over rows of starts + T), so the
@@ -83,8 +83,8 @@ class Runtime(abc.ABC):
         computed only at that index of each row (prefill), and the row's tokens after it are padding.
         """
 
-    def commit(self, rows: slice, kept: torch.Tensor) -> None:
-        """After a verify pass: rows keep the first kept[r] (>= 1) of its tokens.
+    def commit(self, slots: Slots | slice, kept: torch.Tensor) -> None:
+        """After a verify pass: batch row r keeps the first kept[r] (>= 1) of its tokens.
 
         Attention caches need nothing (slots past a row's length are overwritten later); layers
         with a recurrent state (linear attention) take the state after the kept tokens here.
@@ -96,24 +96,24 @@ class Runtime(abc.ABC):
         """Why this runtime cannot export and import prompt prefixes (None: it can)."""
         return f"the {type(self).__name__} runtime does not export its caches"
 
-    def keep_prefix_state(self, rows: slice, lengths: list[tuple[int, ...]]) -> None:
-        """Before a prefill of `rows`: keep each row's recurrent state after each of lengths[r] prompt
+    def keep_prefix_state(self, slots: Slots | slice, lengths: list[tuple[int, ...]]) -> None:
+        """Before a prefill of `slots`: keep each slot's recurrent state after each of lengths[r] prompt
         tokens (at most two), for `export_prefix(..., state=True)`. Only hybrid targets keep such a state."""
 
-    def export_prefix(self, row: int, start: int, end: int, state: bool = False) -> PrefixBlock:
-        """Copies of row `row`'s target and drafter caches at positions [start, end) (and, for a hybrid
+    def export_prefix(self, slot: int, start: int, end: int, state: bool = False) -> PrefixBlock:
+        """Copies of slot `slot`'s target and drafter caches at positions [start, end) (and, for a hybrid
         target with `state`, the recurrent state `keep_prefix_state` kept at `end`)."""
         raise NotImplementedError(self.prefix_cache_refusal())
 
-    def import_prefix(self, row: int, blocks: list[PrefixBlock]) -> None:
-        """Write consecutive blocks from position 0 into row `row`'s caches (the last block's state
-        becomes the row's recurrent state), so that a prefill can start at blocks[-1].end."""
+    def import_prefix(self, slot: int, blocks: list[PrefixBlock]) -> None:
+        """Write consecutive blocks from position 0 into slot `slot`'s caches (the last block's state
+        becomes the slot's recurrent state), so that a prefill can start at blocks[-1].end."""
         raise NotImplementedError(self.prefix_cache_refusal())
 
     @abc.abstractmethod
     def draft_forward(
         self,
-        rows: slice,
+        slots: Slots | slice,
         block: torch.Tensor,
         ctx_features: torch.Tensor,
         new_counts: torch.Tensor,
@@ -127,7 +127,7 @@ class Runtime(abc.ABC):
 
     def propose(
         self,
-        rows: slice,
+        slots: Slots | slice,
         block: torch.Tensor,
         ctx_features: torch.Tensor,
         new_counts: torch.Tensor,
@@ -141,12 +141,12 @@ class Runtime(abc.ABC):
         logits, or a sample from their processed distribution. Runtimes of V2 drafters override it
         with the candidate selector.
         """
-        logits = self.draft_forward(rows, block, ctx_features, new_counts, cache_lens)
+        logits = self.draft_forward(slots, block, ctx_features, new_counts, cache_lens)
         return sample_drafts(logits, sampling, draft_positions(cache_lens + new_counts, logits.shape[1]))
 
     def target_verify(
         self,
-        rows: slice,
+        slots: Slots | slice,
         tokens: torch.Tensor,
         starts: torch.Tensor,
         span: int,
@@ -162,7 +162,7 @@ class Runtime(abc.ABC):
         `target_forward` then `verify`; runtimes whose target verifies inside (the plugin target
         graph) override it and never materialise the logits.
         """
-        out = self.target_forward(rows, tokens, starts, span, logits_at)
+        out = self.target_forward(slots, tokens, starts, span, logits_at)
         if logits_at is None:
             block, start = tokens, starts
         else:
@@ -253,11 +253,6 @@ class CachedRuntime(Runtime):
         self.draft_cache = cache(drafter) if drafter is not None else None
         self.max_batch, self.capacity = max_batch, capacity
 
-    def keep_rows(self, index: torch.Tensor) -> None:
-        self.target_cache.keep_rows(index)
-        if self.draft_cache is not None:
-            self.draft_cache.keep_rows(index)
-
     def prefix_cache_refusal(self) -> str | None:
         if self.drafter_config is not None and self.drafter_config.history > 0:
             return (f"the drafter sees only its last {self.drafter_config.history} context positions and does not "
@@ -266,24 +261,77 @@ class CachedRuntime(Runtime):
             return f"the {type(self).__name__} runtime does not export the recurrent states of linear-attention layers"
         return None
 
-    def export_prefix(self, row: int, start: int, end: int, state: bool = False) -> PrefixBlock:
-        slots = slice(start, end)
+    def export_prefix(self, slot: int, start: int, end: int, state: bool = False) -> PrefixBlock:
+        positions = slice(start, end)
         copy = lambda cache: [  # noqa: E731
-            (layer.keys[row, slots].clone(), layer.values[row, slots].clone()) if layer.keys is not None else None
+            (layer.keys[slot, positions].clone(), layer.values[slot, positions].clone()) if layer.keys is not None else None
             for layer in cache.layers
         ]
         drafter = copy(self.draft_cache) if self.draft_cache is not None else None
         return PrefixBlock(start, end, copy(self.target_cache), drafter)
 
-    def import_prefix(self, row: int, blocks: list[PrefixBlock]) -> None:
+    def import_prefix(self, slot: int, blocks: list[PrefixBlock]) -> None:
         for block in blocks:
-            _write_slots(self.target_cache, row, block.start, block.end, block.target)
+            _write_slots(self.target_cache, slot, block.start, block.end, block.target)
             if self.draft_cache is not None:
-                _write_slots(self.draft_cache, row, block.start, block.end, block.drafter)
+                _write_slots(self.draft_cache, slot, block.start, block.end, block.drafter)
+
+
+def contiguous_slots(method):
+    """For runtimes whose graphs or engines take contiguous cache rows (ONNX Runtime, TensorRT): the
+    method gets its slots as a slice; a batch whose slots are not one run is run as one call per run
+    of consecutive slots, every batch-first argument cut to the run's rows, the outputs joined in
+    batch order. Costs a call per run; the decoding loop keeps a batch in slot order and hands out
+    the lowest free slot, so a batch has as many runs as gaps between its slots."""
+
+    @functools.wraps(method)
+    def wrapper(self, slots, *args, **kwargs):
+        slots = Slots.of(slots, self.device)
+        if slots.run is not None:
+            return method(self, slots.run, *args, **kwargs)
+        parts = list(slots.parts())
+        outputs = []
+        for i, (rows, part) in enumerate(parts):
+            out = method(self, part.run, *(_rows_of(a, rows) for a in args), **{k: _rows_of(v, rows) for k, v in kwargs.items()})
+            # a runtime may hand out views of output buffers the next call reuses: keep copies
+            outputs.append(out if i == len(parts) - 1 else _copied(out))
+        return join_rows(outputs)
+
+    return wrapper
+
+
+def _rows_of(value, rows: slice):
+    """Batch rows `rows` of an argument: tensors and sampling tensors batch-first, dicts of them; anything else as is."""
+    if isinstance(value, torch.Tensor):
+        return value[rows]
+    if isinstance(value, SamplingTensors):
+        return value.slice(rows)
+    if isinstance(value, dict):
+        return {k: _rows_of(v, rows) for k, v in value.items()}
+    return value
+
+
+def _copied(value):
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if dataclasses.is_dataclass(value):
+        return type(value)(**{f.name: _copied(getattr(value, f.name)) for f in dataclasses.fields(value)})
+    return value
+
+
+def join_rows(parts: list):
+    """Concatenate per-run outputs along the batch: tensors, None, or dataclasses of those."""
+    first = parts[0]
+    if first is None:
+        return None
+    if isinstance(first, torch.Tensor):
+        return torch.cat(parts)
+    fields = {f.name: join_rows([getattr(p, f.name) for p in parts]) for f in dataclasses.fields(first)}
+    return type(first)(**fields)
 
 
 def _write_slots(cache, row: int, start: int, end: int, layers: list) -> None:
-    """Copy saved per-layer K/V into a StaticKVCache row at [start, end); a lazy cache's layer is
+    """Copy saved per-layer K/V into a StaticKVCache slot at [start, end); a lazy cache's layer is
     allocated with the saved shape if it has not written yet."""
     for i, saved in enumerate(layers):
         if saved is None:

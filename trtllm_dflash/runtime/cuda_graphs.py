@@ -12,9 +12,11 @@ How (`TorchRuntime(..., cuda_graphs=True)` installs this on the runtime instance
   the graph is replayed, and views of its static outputs are returned. Logits are valid until
   the same graph replays again, which the decoding loop never needs: it consumes them within the
   step. The tapped features are copied, because the next step's draft pass reads them;
-- rows past the live ones are padding. Live rows are always rows 0..n-1 (the loop compacts
-  them), so padding rows are free cache rows or rows whose prompt is being prefilled in chunks
-  (decoding.py). A padding row of the verify pass writes its keys/values at the last slots of
+- a graph of bucket B runs slots 0..B-1 (graph row s is cache slot s): it covers a batch whose
+  slots are all below B (a request keeps its slot, runtime/base.py `Slots`, and the loop hands out
+  the lowest free slot), each batch row loaded into its slot's row, the other rows padding. Every
+  live request is in the batch, so padding rows are free slots or slots whose prompt is being
+  prefilled in chunks (decoding.py). A padding row of the verify pass writes its keys/values at the last slots of
   its row (capacity - block length on), which no prompt reaches (prompts are shorter than the
   context, the capacity holds a block more), so a half-prefilled prompt is never overwritten and
   a free row's slots are written again before they are read (slot == position);
@@ -24,8 +26,8 @@ How (`TorchRuntime(..., cuda_graphs=True)` installs this on the runtime instance
 - the first capture runs the pass with the step's real inputs: the warm-up runs write the same
   keys/values to the same slots as the real pass, so capturing does not change what is decoded.
 
-Not covered (these run eagerly, as without graphs): prefill, a draft pass whose context is wider
-than its block (the first draft after a prefill), and row slices other than 0..n-1. Refused at
+Not covered (these run eagerly, as without graphs): prefill, and a draft pass whose context is
+wider than its block (the first draft after a prefill). Refused at
 construction: a runtime that is not on CUDA, hybrid targets (their recurrent states are committed
 per row outside the passes), and drafters with a bounded draft history (`sliding_window_size`),
 whose step reads the row lengths on the host. A target whose forward reads device values on
@@ -42,7 +44,7 @@ import torch
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.contracts import names
-from trtllm_dflash.runtime.base import CachedRuntime, TargetOutput
+from trtllm_dflash.runtime.base import CachedRuntime, Slots, TargetOutput
 
 MIN_SPAN = 256  # smallest span bucket of the verify pass
 WARMUP_RUNS = 2  # eager runs before a capture: cuBLAS handles, Triton compiles, allocator warm-up
@@ -151,18 +153,27 @@ class _Graph:
     outputs: Any = None
 
 
-def _load(static: torch.Tensor, value: torch.Tensor) -> None:
-    """Copy `value` into the leading rows of a static buffer and zero the padding rows after it."""
+def _load(static: torch.Tensor, value: torch.Tensor, slots: Slots) -> None:
+    """Copy batch row i of `value` into row slots.ids[i] of a static buffer, and zero the padding rows."""
     count = value.shape[0]
-    static[:count].copy_(value)
-    static[count:].zero_()
+    if slots.run == slice(0, count):
+        static[:count].copy_(value)
+        static[count:].zero_()
+    else:
+        static.zero_()
+        static.index_copy_(0, slots.index, value)
+
+
+def _rows(output: torch.Tensor, slots: Slots) -> torch.Tensor:
+    """The batch's rows of a graph output (graph row s is slot s)."""
+    return output[: len(slots)] if slots.run == slice(0, len(slots)) else output.index_select(0, slots.index)
 
 
 class StepGraphs:
     """Captures and replays a TorchRuntime's draft and verify passes, per batch bucket.
 
     `counts` says how many passes were captured, replayed from a graph (and of those, padded with
-    rows past the live ones), and run eagerly.
+    rows of other slots, and with such rows between the batch's slots), and run eagerly.
     """
 
     def __init__(self, runtime: CachedRuntime) -> None:
@@ -205,19 +216,25 @@ class StepGraphs:
             torch._C._cuda_endAllocateToPool(torch.cuda.current_device(), self._pool)
         self._pool = None
 
-    def _bucket(self, rows: slice, count: int) -> int | None:
-        if rows.start not in (0, None) or rows.stop != count or rows.step not in (1, None):
-            return None
-        return bucket_for(count, self.buckets)
+    def _bucket(self, slots: Slots) -> int | None:
+        """The smallest bucket whose rows hold every slot of the batch."""
+        return bucket_for(max(slots.ids) + 1, self.buckets) if slots.ids else None
 
-    def _replay(self, key: tuple, bucket: int, what: str, inputs: dict[str, torch.Tensor], run: Callable[[dict], Any]) -> Any:
-        """Load `inputs` into the graph of `key` (captured first, with these inputs, if new) and replay it."""
+    def _replay(
+        self, key: tuple, bucket: int, what: str, inputs: dict[str, torch.Tensor], slots: Slots, run: Callable[[dict], Any],
+        padded: dict[str, torch.Tensor] | None = None,
+    ) -> Any:
+        """Load `inputs` (batch rows, into their slots' rows) and `padded` (all `bucket` rows as given)
+        into the graph of `key` (captured first, with these inputs, if new) and replay it."""
+        padded = padded or {}
         graph = self._graphs.get(key)
         fresh = graph is None
         if fresh:
-            graph = _Graph({name: value.new_zeros((bucket, *value.shape[1:])) for name, value in inputs.items()})
+            graph = _Graph({name: value.new_zeros((bucket, *value.shape[1:])) for name, value in {**inputs, **padded}.items()})
         for name, value in inputs.items():
-            _load(graph.inputs[name], value)
+            _load(graph.inputs[name], value, slots)
+        for name, value in padded.items():
+            graph.inputs[name].copy_(value)
         if fresh:
             if self._pool is None:
                 self._pool = new_pool()
@@ -241,40 +258,44 @@ class StepGraphs:
             self.counts["captured"] += 1
         graph.replay()
         self.counts["replayed"] += 1
-        if next(iter(inputs.values())).shape[0] < bucket:
+        if len(slots) < bucket:
             self.counts["padded"] += 1  # replays with padding rows
+        if slots.run != slice(0, len(slots)):
+            self.counts["gapped"] += 1  # of those, with padding rows between the batch's slots
         return graph.outputs
 
-    def target_forward(self, rows, tokens, starts, span, logits_at=None) -> TargetOutput:
+    def target_forward(self, slots, tokens, starts, span, logits_at=None) -> TargetOutput:
         """The verify pass from a graph where one covers it (not prefill), else eagerly."""
-        count, length = tokens.shape
-        bucket = self._bucket(rows, count)
+        slots = Slots.of(slots, tokens.device)
+        length = tokens.shape[1]
+        bucket = self._bucket(slots)
         if logits_at is not None or bucket is None:
             self.counts["eager"] += 1
-            return self._eager_target(rows, tokens, starts, span, logits_at)
+            return self._eager_target(slots, tokens, starts, span, logits_at)
         padded_span = span_bucket(span, self.runtime.capacity)
 
         def run(static: dict[str, torch.Tensor]) -> TargetOutput:
             return self._eager_target(slice(0, bucket), static[names.INPUT_IDS], static[names.STARTS], padded_span)
 
-        # padding rows write at the last slots of their rows, past any prompt a prefilling row holds
-        padded_starts = torch.cat([starts, starts.new_full((bucket - count,), self.runtime.capacity - length)])
+        # padding rows write at the last positions of their slots, past any prompt a prefilling slot holds
+        padded_starts = starts.new_full((bucket,), self.runtime.capacity - length)
+        padded_starts[slots.select] = starts
         with torch.inference_mode():
-            inputs = {names.INPUT_IDS: tokens, names.STARTS: padded_starts}
-            out = self._replay(("target", bucket, length, padded_span), bucket, "target verify", inputs, run)
+            inputs, padded = {names.INPUT_IDS: tokens}, {names.STARTS: padded_starts}
+            out = self._replay(("target", bucket, length, padded_span), bucket, "target verify", inputs, slots, run, padded)
             if out is None:
-                return self._eager_target(rows, tokens, starts, span, logits_at)
-            features = out.features[:count].clone() if out.features is not None else None
-        return TargetOutput(logits=out.logits[:count], features=features)
+                return self._eager_target(slots, tokens, starts, span, logits_at)
+            features = _rows(out.features, slots).clone() if out.features is not None else None
+        return TargetOutput(logits=_rows(out.logits, slots), features=features)
 
-    def draft_forward(self, rows, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:
+    def draft_forward(self, slots, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:
         """The draft pass from a graph where one covers it, else eagerly."""
-        count, length = block.shape
-        width = ctx_features.shape[1]
-        bucket = self._bucket(rows, count)
+        slots = Slots.of(slots, block.device)
+        length, width = block.shape[1], ctx_features.shape[1]
+        bucket = self._bucket(slots)
         if bucket is None or width > length:  # wider: the context of a prefill (the prompt)
             self.counts["eager"] += 1
-            return self._eager_draft(rows, block, ctx_features, new_counts, cache_lens)
+            return self._eager_draft(slots, block, ctx_features, new_counts, cache_lens)
 
         def run(static: dict[str, torch.Tensor]) -> torch.Tensor:
             return self._eager_draft(
@@ -283,7 +304,7 @@ class StepGraphs:
 
         inputs = {names.BLOCK_IDS: block, names.CTX_FEATURES: ctx_features, names.NEW_COUNTS: new_counts, names.CACHE_LENS: cache_lens}
         with torch.inference_mode():
-            logits = self._replay(("draft", bucket, length, width), bucket, "drafter", inputs, run)
+            logits = self._replay(("draft", bucket, length, width), bucket, "drafter", inputs, slots, run)
         if logits is None:
-            return self._eager_draft(rows, block, ctx_features, new_counts, cache_lens)
-        return logits[:count]
+            return self._eager_draft(slots, block, ctx_features, new_counts, cache_lens)
+        return _rows(logits, slots)

@@ -29,7 +29,7 @@ from trtllm_dflash.ops import reference
 from trtllm_dflash.runtime import selector
 from trtllm_dflash.runtime.artifacts import read_index
 from trtllm_dflash.runtime.base import (
-    CachedRuntime, CacheShape, SamplingTensors, TargetOutput, VerifyOutput, verifying_graph_inputs,
+    CachedRuntime, CacheShape, SamplingTensors, TargetOutput, VerifyOutput, contiguous_slots, verifying_graph_inputs,
 )
 
 
@@ -178,6 +178,7 @@ class OnnxRuntime(selector.GraphDrafterHead, CachedRuntime):
         return bool(self.target.get("verifies"))
 
     @torch.inference_mode()
+    @contiguous_slots
     def target_verify(self, rows, tokens, starts, span, draft_probs, sampling: SamplingTensors, logits_at=None) -> VerifyOutput:
         if not self.target_verifies:
             return super().target_verify(rows, tokens, starts, span, draft_probs, sampling, logits_at)
@@ -198,6 +199,7 @@ class OnnxRuntime(selector.GraphDrafterHead, CachedRuntime):
         return VerifyOutput(result[:, 0].clone(), result[:, 1].clone(), torch.from_numpy(out[names.FEATURES]))
 
     @torch.inference_mode()
+    @contiguous_slots
     def target_forward(self, rows, tokens, starts, span, logits_at=None) -> TargetOutput:
         if self.target_verifies:
             raise DFlashError("the plugin target graph verifies inside and returns no logits", "call target_verify")
@@ -223,6 +225,7 @@ class OnnxRuntime(selector.GraphDrafterHead, CachedRuntime):
         return TargetOutput(logits=torch.from_numpy(out[names.LOGITS]).float(), features=torch.from_numpy(out[names.FEATURES]))
 
     @torch.inference_mode()
+    @contiguous_slots
     def draft_forward(self, rows, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:
         """Draft logits (a V2 drafter's unary logits, before its selector)."""
         out = self._draft_outputs(rows, block, ctx_features, new_counts, cache_lens)

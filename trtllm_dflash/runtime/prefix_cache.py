@@ -11,9 +11,9 @@ those at a stored prompt's last whole block and at the block where a prompt left
 (where prompts sharing a prefix part ways, e.g. after a system prompt): the first prompt of a
 shared prefix stores its blocks, the second marks where they part, and the third resumes there.
 
-Entries are copies (`PrefixBlock`, made by `Runtime.export_prefix`), not views of a live row: a
-row can leave or be compacted at any time, and a restore (`Runtime.import_prefix`) copies them
-into the joining row's own slots. Memory is bounded by `capacity_bytes`: the least recently used
+Entries are copies (`PrefixBlock`, made by `Runtime.export_prefix`), not views of a live slot: a
+request leaves and its slot is given to another at any time, and a restore (`Runtime.import_prefix`)
+copies them into the joining request's own slot. Memory is bounded by `capacity_bytes`: the least recently used
 blocks go first, and a lookup refreshes a chain from its deepest block to its root, so a root is
 never evicted before the blocks that extend it.
 """

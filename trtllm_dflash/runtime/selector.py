@@ -15,7 +15,7 @@ from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.contracts import names
 from trtllm_dflash.graphs.drafter_v2 import HEAD_LOGITS, HEAD_PLUGIN, HEAD_SCORES
 from trtllm_dflash.ops import reference_dflash2
-from trtllm_dflash.runtime.base import Proposal, SamplingTensors, draft_positions
+from trtllm_dflash.runtime.base import Proposal, SamplingTensors, contiguous_slots, draft_positions
 
 
 def walk_scores(
@@ -73,6 +73,7 @@ class GraphDrafterHead:
         raise NotImplementedError
 
     @torch.inference_mode()
+    @contiguous_slots
     def propose(self, rows, block, ctx_features, new_counts, cache_lens, sampling: SamplingTensors) -> Proposal:
         """V2 drafters: the graph's selector inputs walked here (native), or the graph's walk (plugin)."""
         if not self.drafter_config.is_v2:

@@ -34,7 +34,7 @@ from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.modeling.kv_cache import RaggedHFCache, StaticKVCache
 from trtllm_dflash.modeling.taps import HiddenTaps
 from trtllm_dflash.ops import custom_ops
-from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, Proposal, SamplingTensors, TargetOutput, draft_positions
+from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, Proposal, SamplingTensors, Slots, TargetOutput, draft_positions
 from trtllm_dflash.runtime.prefix_cache import PrefixBlock
 from trtllm_dflash.runtime.cuda_graphs import StepGraphs
 
@@ -238,23 +238,18 @@ class TorchRuntime(CachedRuntime):
                 handle.remove()
         positions = starts.view(-1, 1) + torch.arange(tokens.shape[1], device=self.device)
         rope = self.decoder.rotary_emb(seen[0][0], positions)
-        caches = self.target_cache.rows(slice(0, 1))
+        caches, runs = self.target_cache.layers, Slots.of([0]).runs()
         tolerance = FUSED_TOLERANCE.get(self.dtype, FUSED_TOLERANCE[torch.float16])
         for i in range(len(fused.layers)):
             before, after = seen[i]
-            x, delta = fused.layer_in_place(i, before, None, rope, starts, caches[i], self.windows[i])
+            x, delta = fused.layer_in_place(i, before, None, rope, starts, caches[i], self.windows[i], runs)
             if relative_error(x + delta - before, after - before) > tolerance:
                 return False
         return True
 
-    def keep_rows(self, index: torch.Tensor) -> None:
-        super().keep_rows(index)
+    def commit(self, slots, kept: torch.Tensor) -> None:
         if self.linear_states is not None:
-            self.linear_states.keep_rows(index)
-
-    def commit(self, rows: slice, kept: torch.Tensor) -> None:
-        if self.linear_states is not None:
-            self.linear_states.commit(rows, kept)
+            self.linear_states.commit(Slots.of(slots, self.device), kept)
 
     # ------------------------------------------------------------------ prefix caching
 
@@ -263,20 +258,20 @@ class TorchRuntime(CachedRuntime):
             return super().prefix_cache_refusal()
         return None  # hybrid targets too: their linear states are kept at the prefix's end (keep_prefix_state)
 
-    def keep_prefix_state(self, rows: slice, lengths: list[tuple[int, ...]]) -> None:
+    def keep_prefix_state(self, slots, lengths: list[tuple[int, ...]]) -> None:
         if self.linear_states is not None:
-            self.linear_states.keep_states_at(rows, lengths)
+            self.linear_states.keep_states_at(Slots.of(slots), lengths)
 
-    def export_prefix(self, row: int, start: int, end: int, state: bool = False) -> PrefixBlock:
-        block = super().export_prefix(row, start, end, state)
+    def export_prefix(self, slot: int, start: int, end: int, state: bool = False) -> PrefixBlock:
+        block = super().export_prefix(slot, start, end, state)
         if state and self.linear_states is not None:
-            block.state = self.linear_states.export_state(row, end)
+            block.state = self.linear_states.export_state(slot, end)
         return block
 
-    def import_prefix(self, row: int, blocks: list[PrefixBlock]) -> None:
-        super().import_prefix(row, blocks)
+    def import_prefix(self, slot: int, blocks: list[PrefixBlock]) -> None:
+        super().import_prefix(slot, blocks)
         if self.linear_states is not None:
-            self.linear_states.import_state(row, blocks[-1].state)
+            self.linear_states.import_state(slot, blocks[-1].state)
 
     def attention_masks(self, positions: torch.Tensor, span: int):
         """One mask per attention kind (a single 4D mask where there is one kind)."""
@@ -297,23 +292,24 @@ class TorchRuntime(CachedRuntime):
     # ------------------------------------------------------------------ forward passes
 
     @torch.inference_mode()
-    def target_forward(self, rows, tokens, starts, span, logits_at=None) -> TargetOutput:
+    def target_forward(self, slots, tokens, starts, span, logits_at=None) -> TargetOutput:
+        slots = Slots.of(slots, self.device)
         positions = starts.view(-1, 1) + torch.arange(tokens.shape[1], device=self.device)
         features = None
         if self.fused is not None:
             tap_ids = self.taps.layer_ids if self.taps else []
-            caches = self.target_cache.rows(rows)
+            caches = self.target_cache.layers
             if self.attention == "dflash":  # the op writes and reads each row's slots itself: no host read
-                hidden, taps = self.fused.forward_in_place(tokens, positions, starts, caches, self.windows, tap_ids)
+                hidden, taps = self.fused.forward_in_place(tokens, positions, starts, caches, self.windows, tap_ids, slots.runs())
             else:  # one plan per pass: each row group reads only its live slots, masks only where needed
-                plan = self.fused.plan(starts.tolist(), tokens.shape[1], set(self.windows), self.dtype, self.device)
-                hidden, taps = self.fused.forward(tokens, positions, plan, caches, self.windows, tap_ids)
+                plan = self.fused.plan(starts.tolist(), tokens.shape[1], set(self.windows), self.dtype, self.device, slots.ids)
+                hidden, taps = self.fused.forward(tokens, positions, plan, caches, self.windows, tap_ids, slots)
             features = torch.cat([taps[i] for i in tap_ids], dim=-1) if tap_ids else None
         elif self.attention == "dflash":
-            hidden = self._dflash_decoder(rows, tokens, starts, positions)
+            hidden = self._dflash_decoder(slots, tokens, starts, positions)
         else:
             # in prefill (logits_at) the tokens after logits_at[r] are padding
-            self._hf_cache.bind(rows, positions, span, valid=None if logits_at is None else logits_at + 1)
+            self._hf_cache.bind(slots, positions, span, valid=None if logits_at is None else logits_at + 1)
             masks = None if self._plain_causal(tokens, starts, span, logits_at) else self.attention_masks(positions, span)
             hidden = hf_compat.forward_with_cache(
                 self.decoder, self._hf_cache, input_ids=tokens, position_ids=positions, attention_mask=masks, use_cache=True
@@ -340,30 +336,29 @@ class TorchRuntime(CachedRuntime):
             return False
         return not bool(starts.any())
 
-    def _dflash_decoder(self, rows, tokens, starts, positions) -> torch.Tensor:
-        """The decoder with every attention layer on `dflash::target_attention` over our cache rows."""
-        layers = self.target_cache.rows(rows)
-        caches = {i: (layer.keys, layer.values) for i, layer in enumerate(layers) if layer.keys is not None}
-        step = target_attention.TargetAttentionStep(caches, starts, self.windows)
+    def _dflash_decoder(self, slots: Slots, tokens, starts, positions) -> torch.Tensor:
+        """The decoder with every attention layer on `dflash::target_attention` over our cache slots."""
+        caches = {i: (layer.keys, layer.values) for i, layer in enumerate(self.target_cache.layers) if layer.keys is not None}
+        step = target_attention.TargetAttentionStep(caches, starts, self.windows, runs=slots.runs())
         masks = target_attention.placeholder_masks(self.model.config, tokens)
         with target_attention.use_dflash_attention(self.model), step.active():
             return self.decoder(input_ids=tokens, position_ids=positions, attention_mask=masks, use_cache=False).last_hidden_state
 
     @torch.inference_mode()
-    def draft_forward(self, rows, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:
+    def draft_forward(self, slots, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:
         """Draft logits (a V2 drafter's unary logits, before its selector)."""
-        return self.drafter.logits(self._draft_hidden(rows, block, ctx_features, new_counts, cache_lens), self.lm_head)
+        return self.drafter.logits(self._draft_hidden(slots, block, ctx_features, new_counts, cache_lens), self.lm_head)
 
-    def _draft_hidden(self, rows, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:
+    def _draft_hidden(self, slots, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:
         """The drafter's final hidden states at block positions 1..B-1."""
         embeds = self.drafter.embed(block, self.embedding)
-        return self.drafter.step(embeds, ctx_features, new_counts, cache_lens, self.draft_cache.rows(rows))[:, 1:]
+        return self.drafter.step(embeds, ctx_features, new_counts, cache_lens, self.draft_cache.layers, Slots.of(slots, self.device))[:, 1:]
 
     @torch.inference_mode()
-    def propose(self, rows, block, ctx_features, new_counts, cache_lens, sampling: SamplingTensors) -> Proposal:
+    def propose(self, slots, block, ctx_features, new_counts, cache_lens, sampling: SamplingTensors) -> Proposal:
         if not self.drafter_config.is_v2:
-            return super().propose(rows, block, ctx_features, new_counts, cache_lens, sampling)
-        hidden = self._draft_hidden(rows, block, ctx_features, new_counts, cache_lens)
+            return super().propose(slots, block, ctx_features, new_counts, cache_lens, sampling)
+        hidden = self._draft_hidden(slots, block, ctx_features, new_counts, cache_lens)
         positions = draft_positions(cache_lens + new_counts, hidden.shape[1])
         tokens, probs = self.drafter.propose(hidden, self.lm_head, block[:, 0], sampling.temperature, sampling.seed, positions)
         return Proposal(tokens, probs)

@@ -32,7 +32,7 @@ from trtllm_dflash.graphs.drafter_v2 import HEAD_PLUGIN
 from trtllm_dflash.runtime import selector
 from trtllm_dflash.runtime.artifacts import read_index
 from trtllm_dflash.runtime.base import (
-    CachedRuntime, CacheShape, SamplingTensors, TargetOutput, VerifyOutput, verifying_graph_inputs,
+    CachedRuntime, CacheShape, SamplingTensors, TargetOutput, VerifyOutput, contiguous_slots, verifying_graph_inputs,
 )
 from trtllm_dflash.runtime.output_buffers import OutputBuffers
 from trtllm_dflash.runtime.tensorrt_flavours import INSTALL_HINT, import_tensorrt
@@ -195,6 +195,7 @@ class TrtRuntime(selector.GraphDrafterHead, CachedRuntime):
     # ------------------------------------------------------------------ forward passes
 
     @torch.inference_mode()
+    @contiguous_slots
     def target_forward(self, rows, tokens, starts, span, logits_at=None) -> TargetOutput:
         if self.target_verifies:
             raise DFlashError("the plugin target engine verifies inside and returns no logits", "call target_verify")
@@ -212,6 +213,7 @@ class TrtRuntime(selector.GraphDrafterHead, CachedRuntime):
         return TargetOutput(logits=out[names.LOGITS], features=out[names.FEATURES])
 
     @torch.inference_mode()
+    @contiguous_slots
     def target_verify(self, rows, tokens, starts, span, draft_probs, sampling: SamplingTensors, logits_at=None) -> VerifyOutput:
         """The plugin target engine: the caches are bound in place (input and aliased output share
         memory), the engine verifies, and only `result [b, 5]` and the features come back."""
@@ -236,6 +238,7 @@ class TrtRuntime(selector.GraphDrafterHead, CachedRuntime):
         return self._zeros[key]
 
     @torch.inference_mode()
+    @contiguous_slots
     def draft_forward(self, rows, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:
         """Draft logits (a V2 drafter's unary logits, before its selector)."""
         return selector.draft_logits(self.drafter_head, self._draft_outputs(rows, block, ctx_features, new_counts, cache_lens))
