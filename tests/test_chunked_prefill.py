@@ -252,3 +252,38 @@ def test_graph_padding_rows_leave_a_half_prefilled_prompt_intact(rerun_graphs, t
     assert not replayed.has_work
     assert all(tokens[("graphs", request_id)] == t for (kind, request_id), t in tokens.items() if kind == "eager")
     assert runtime.cuda_graphs.counts["padded"] > 0
+
+
+def test_first_tokens_are_emitted_before_the_step_decodes(trained):
+    """`step(emit=...)` hands a completed prefill's first tokens out before the speculative step runs
+    (a server sends them at once), and leaves them out of what it returns; the tokens are unchanged."""
+    runtime, prompts, whole = trained
+    passes = []
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(runtime, name)
+
+        def target_verify(self, *args, **kwargs):
+            passes.append("prefill" if kwargs.get("logits_at") is not None else "verify")
+            return runtime.target_verify(*args, **kwargs)
+
+    decoder = Decoder(Counting(), max_batch=2, max_context=160, prefill_chunk=0)
+    ids = [decoder.submit(Request(p, GREEDY)) for p in prompts[:3]]  # the third joins when a slot frees
+    emitted, order, done = [], [], {}  # order: (request, "emit" or "step") of each event as it came
+
+    def emit(events):
+        emitted.append((list(passes), events))
+        order.extend((e.request_id, "emit") for e in events)
+
+    while decoder.has_work:
+        for event in decoder.step(emit=emit):
+            order.append((event.request_id, "step"))
+            if event.finished:
+                done[event.request_id] = event.result
+    first = emitted[0]
+    assert first[0] == ["prefill"] and sorted(e.request_id for e in first[1]) == ids[:2]  # before any verify pass
+    assert len(emitted) == 2 and emitted[1][0][-1] == "prefill"  # the third prompt's: before its step's verify pass too
+    assert all(len(e.new_token_ids) == 1 for _, events in emitted for e in events)
+    assert [next(how for r, how in order if r == i) for i in ids] == ["emit"] * 3  # every request's first event
+    assert [done[i].token_ids for i in ids] == [whole["greedy"][i][0] for i in range(3)]

@@ -63,7 +63,8 @@ class OracleDrafts:
     def draft_forward(self, rows, block, ctx_features, new_counts, cache_lens):
         logits = self.runtime.draft_forward(rows, block, ctx_features, new_counts, cache_lens).clone()
         drafts = logits.shape[1]
-        for i, live in enumerate(self.decoder.live[rows]):
+        assert len(self.decoder.live) == logits.shape[0]  # a draft pass covers the step's batch: the live requests in order
+        for i, live in enumerate(self.decoder.live):
             reference = self.references[tuple(live.request.prompt_ids)]
             done = len(live.result.token_ids)  # the anchor is reference[done - 1]
             good = self.random.randint(0, drafts)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target
+from trtllm_dflash import decoding
 from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.runtime.base import SamplingTensors
@@ -31,15 +32,15 @@ def test_the_flags_follow_the_rows_through_joins_finishes_and_reorders(tmp_path,
     runtime = TorchRuntime(target.model, load_drafter(drafter_dir, target))
     decoder = Decoder(runtime, max_batch=3, max_context=96, prefill_chunk=8, prefill_share=0.5)
     checked = []
-    step = decoder._decode_step
+    step = decoding.speculative_step
 
-    def checking_step():
-        flags = decoder.sampling.greedy
-        assert flags is not None and flags == tuple(bool(t <= 0) for t in decoder.sampling.temperature.tolist())
+    def checking_step(runtime, batch, *args):
+        flags = batch.sampling.greedy
+        assert flags is not None and flags == tuple(bool(t <= 0) for t in batch.sampling.temperature.tolist())
         checked.append(flags)
-        return step()
+        return step(runtime, batch, *args)
 
-    monkeypatch.setattr(decoder, "_decode_step", checking_step)
+    monkeypatch.setattr(decoding, "speculative_step", checking_step)
     g = torch.Generator().manual_seed(4)
     requests = [
         Request(torch.randint(3, 120, (n,), generator=g).tolist(),

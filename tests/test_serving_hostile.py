@@ -322,7 +322,8 @@ def test_a_temperature_too_cold_for_float32_is_greedy_in_the_decoder():
     """Triton's own ports too: 1e-40 divided into float32 logits would overflow into an empty "stop"."""
     import torch
 
-    from trtllm_dflash.decoding import SamplingParams, _sampling_tensors
+    from trtllm_dflash.decoding import SamplingParams
+    from trtllm_dflash.runtime.scheduler import _sampling_tensors
 
     params = [SamplingParams(temperature=t) for t in (1e-40, 1e-38, MIN_TEMPERATURE / 2, MIN_TEMPERATURE, 0.7)]
     tensors = _sampling_tensors(params, torch.device("cpu"))

@@ -155,40 +155,20 @@ def test_prometheus_counters_move_by_the_requests_counts(demo_triton, front, ref
 def test_served_draft_counts_follow_the_draft_len_schedule():
     """With a draft_len_schedule a busy step verifies fewer drafts: the served totals count what each
     step verified (they counted block size - 1 per step, overstating drafts and understating the rate)."""
-    import time
-
     from trtllm_dflash.backends import open_served_pipeline
+    from trtllm_dflash.checks.testing import RecordingSink, serve_until
     from trtllm_dflash.sampling_params import SamplingParams
     from trtllm_dflash.serving.batching_loop import BatchingLoop
     from trtllm_dflash.serving.model_parameters import ServingConfig
     from trtllm_dflash.serving.protocol import GenerateInputs
 
-    class Sink:
-        def __init__(self):
-            self.responses = []
-
-        def send(self, outputs, final):
-            self.responses.append((outputs, final))
-
-        def error(self, message):
-            raise AssertionError(message)
-
-        def cancelled(self):
-            return False
-
     config = ServingConfig(target="demo", drafter="demo", max_context=256, max_tokens=64, max_batch=2,
                            draft_len_schedule={1: 7, 2: 0}, device="cpu")
     loop = BatchingLoop(config, open_served_pipeline(config))
-    sinks = [Sink(), Sink()]
+    sinks = [RecordingSink(raise_errors=True), RecordingSink(raise_errors=True)]
     for sink, limit in zip(sinks, (12, 30)):  # both decode together (no drafts), then the second alone (7 a step)
         loop.accept(GenerateInputs(PROMPT, SamplingParams(max_new_tokens=limit, ignore_eos=True)), sink)
-    loop.start()
-    try:
-        deadline = time.monotonic() + 120
-        while not all(s.responses and s.responses[-1][1] for s in sinks) and time.monotonic() < deadline:
-            time.sleep(0.02)
-    finally:
-        loop.stop()
+    serve_until(loop, lambda: all(s.finished for s in sinks))
     outputs = sinks[1].responses[-1][0]
     lengths = outputs["acceptance_lengths"].tolist()
     drafted = int(outputs["total_draft_tokens"][0])

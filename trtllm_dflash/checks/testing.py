@@ -435,3 +435,44 @@ def one_error_line(result: subprocess.CompletedProcess) -> str:
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     return lines[0]
 
+
+
+class RecordingSink:
+    """A serving loop's response sink (serving/batching_loop.py `ResponseSink`) that keeps what it is sent.
+
+    `leave_after`: the client goes away once it has that many responses; `raise_errors`: an error
+    fails the test at once instead of being kept in `errors`.
+    """
+
+    def __init__(self, leave_after: int | None = None, raise_errors: bool = False) -> None:
+        self.responses: list[tuple[dict, bool]] = []
+        self.errors: list[str] = []
+        self.leave_after, self.raise_errors = leave_after, raise_errors
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.responses) and self.responses[-1][1]
+
+    def send(self, outputs: dict, final: bool) -> None:
+        self.responses.append((outputs, final))
+
+    def error(self, message: str) -> None:
+        if self.raise_errors:
+            raise AssertionError(message)
+        self.errors.append(message)
+
+    def cancelled(self) -> bool:
+        return self.leave_after is not None and len(self.responses) >= self.leave_after
+
+
+def serve_until(loop, done, timeout: float = 120.0) -> None:
+    """Run a BatchingLoop's thread until `done()` holds (or `timeout` seconds, a bound that only catches a hang)."""
+    import time
+
+    loop.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        loop.stop()

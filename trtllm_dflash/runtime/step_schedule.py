@@ -78,14 +78,13 @@ def _blend(estimate: float | None, measured: float) -> float:
 
 
 class Prefilling:
-    """A request whose prompt is being written into its cache row, a chunk per step; not decoded yet.
+    """A request whose prompt is being written into its cache slot, a chunk per step; not decoded yet.
 
-    Its row sits after the live rows (rows are live first, then prefilling, oldest first, or
-    shortest remaining first with a prefill share), so when its prompt is complete it becomes live
-    where it is."""
+    It keeps the slot when its prompt is complete and it becomes live."""
 
-    def __init__(self, request: Any, sampling: SamplingTensors) -> None:
+    def __init__(self, request: Any, sampling: SamplingTensors, slot: int) -> None:
         self.request = request  # a decoding.Request
+        self.slot = slot  # its cache slot, from admission to finish
         self.sampling = sampling  # one row; its seed is drawn once, the first token is sampled with it
         self.done = 0  # prompt tokens whose K/V (and recurrent state) are in the row
         self.cached = 0  # of those, restored from the prefix cache (the drafter's context cache has them too)

@@ -119,11 +119,14 @@ class BatchingLoop:
         sampling_params: the prompt's length in characters first (a huge prompt is refused
         before tokenizing), then the sampling values and this server's max_new_tokens bound.
         """
-        check_prompt_text(inputs.text, self.max_context)
+        if inputs.token_ids is None:
+            check_prompt_text(inputs.text, self.max_context)
         inputs.params.validate()
         inputs.params.check_limit(self.max_new_tokens_limit)
         params = dataclasses.replace(inputs.params, stop_token_ids=tuple(self.pipeline.stop_token_ids))  # the model's own
-        request = Request(self.pipeline.encode(inputs.text), params, request_id=next(self._ids))
+        # token ids (the OpenAI front end tokenized the prompt once, there) go in as they are; text is tokenized here
+        prompt_ids = list(inputs.token_ids) if inputs.token_ids is not None else self.pipeline.encode(inputs.text)
+        request = Request(prompt_ids, params, request_id=next(self._ids))
         self.decoder.check(request)
         job = Job(request, inputs, sink, self.tokenizer)
         self.inbox.put(job)
@@ -155,7 +158,8 @@ class BatchingLoop:
 
     def _step(self) -> None:
         try:
-            events = self.decoder.step()
+            # first tokens go out as soon as their prompt is prefilled, before the step's decoding
+            events = self.decoder.step(emit=self._deliver_events)
         except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the server
             self.log(f"decoding step failed: {exc!r}")
             for job in list(self.jobs.values()):
@@ -165,6 +169,9 @@ class BatchingLoop:
         for stats in self.decoder.stats:
             self.metrics.step(stats.batch_size, stats.draft_seconds, stats.verify_seconds)
         self.decoder.stats.clear()
+        self._deliver_events(events)
+
+    def _deliver_events(self, events: list[StepEvent]) -> None:
         self.metrics.tokens(sum(len(event.new_token_ids) for event in events))
         for event in events:
             job = self.jobs.get(event.request_id)
@@ -256,7 +263,8 @@ class BatchingLoop:
         else:
             new_ids, new_lengths = ids, result.acceptance_lengths
         if not job.inputs.exclude_input and job.responses_sent == 0:
-            text = job.inputs.text + text
+            prompt = job.inputs.text if job.inputs.token_ids is None else self.tokenizer.decode(job.request.prompt_ids)
+            text = prompt + text
         job.responses_sent += 1
         steps = len(result.acceptance_lengths)
         accepted = sum(result.acceptance_lengths) - steps
