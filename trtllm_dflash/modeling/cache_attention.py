@@ -8,13 +8,17 @@ target pass: rows are grouped by start position (one group where all rows are le
 case at batch 1), each group reads only its own keys `[lo, start + T)` per attention window
 (`lo` > 0 only where a sliding window bites), and a mask is built, once and additive, only where
 one is needed: where a group has more than one query row (the block is causal within itself and
-a biting window's lower bound moves with the query). One query row sees every key it reads; a
+a biting window's lower bound moves with the query). Rows that start at different positions (every
+decode step past the first, at batch > 1) are one group with a per-row mask when that reads at
+most twice the keys the rows need (`MERGE_WASTE`): SDPA's cost on a CPU is mostly per call, and a
+call per row cost more than the masked keys (8 rows of a block of 8: one call 100 us, eight 180 us). One query row sees every key it reads; a
 group that starts at position 0 (a prefill) with a window that does not bite is SDPA's own
 `is_causal` (its queries and keys are the same positions), which skips the masked half instead
 of building and adding a `T x T` mask.
 
-Keys are the cache's own rows, `[b, capacity, Hkv, D]` viewed as `[b, Hkv, span, D]`; nothing is
-copied or concatenated. The Triton kernels (ops/kernels) split the same live span on a GPU.
+Keys are the cache's own slots, `[max_batch, capacity, Hkv, D]`, a group's consecutive slots viewed
+as `[rows, Hkv, span, D]`; nothing is copied or concatenated. A group never spans a gap between
+slots (runtime/base.py `Slots`: a request keeps its slot, so a batch's slots may have gaps). The Triton kernels (ops/kernels) split the same live span on a GPU.
 """
 
 from __future__ import annotations
@@ -25,12 +29,19 @@ import torch
 import torch.nn.functional as F
 
 
+# rows that start at different positions share one masked attention call while the keys it reads
+# (rows x the longest row's span) are at most this many times the keys the rows need
+MERGE_WASTE = 2.0
+
+
 @dataclasses.dataclass
 class RowGroup:
-    """Consecutive rows that start at the same position: one attention call per window."""
+    """Consecutive rows that start at the same position, or rows merged under a per-row mask: one
+    attention call per window."""
 
-    rows: slice
-    start: int  # position of the group's first query
+    rows: slice  # batch rows
+    slots: slice  # their cache slots (consecutive)
+    start: int  # position of the group's first query (the earliest row's, when merged)
     count: int  # queries per row (T)
     reads: dict[int, tuple[int, int]]  # window -> key slots [lo, hi) the group reads
     masks: dict[int, torch.Tensor | None]  # window -> additive `[1, 1, T, hi - lo]`, or None (see `causal`)
@@ -45,25 +56,34 @@ class AttentionPlan:
 
     @classmethod
     def make(
-        cls, starts: list[int], count: int, windows: set[int], dtype: torch.dtype, device: torch.device, sdpa: bool = True
+        cls,
+        starts: list[int],
+        count: int,
+        windows: set[int],
+        dtype: torch.dtype,
+        device: torch.device,
+        sdpa: bool = True,
+        slots: tuple[int, ...] | None = None,
     ) -> "AttentionPlan":
         """`starts`: each row's first query position (host ints); `count`: queries per row;
         `windows`: the sliding windows the layers use (0: full attention); `sdpa`: whether the
-        caller attends with `attend` (False: an explicit mask wherever is_causal would do)."""
+        caller attends with `attend` (False: an explicit mask wherever is_causal would do);
+        `slots`: each row's cache slot (default: row r in slot r)."""
+        slots = tuple(range(len(starts))) if slots is None else tuple(slots)
         groups, first = [], 0
-        for r in range(1, len(starts) + 1):
-            if r == len(starts) or starts[r] != starts[first]:
-                groups.append(_group(slice(first, r), starts[first], count, windows, dtype, device, sdpa))
+        for r in range(1, len(starts) + 1):  # runs of consecutive slots, then the groups within each
+            if r == len(starts) or slots[r] != slots[r - 1] + 1:
+                groups += _run_groups(starts[first:r], first, slots[first], count, windows, dtype, device, sdpa)
                 first = r
         return cls(groups)
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, window: int, scale: float) -> torch.Tensor:
-        """`q [b, Hq, T, D]` over cache rows `keys`/`values [b, capacity, Hkv, D]`: `[b, T, Hq, Dv]`."""
+        """`q [b, Hq, T, D]` over cache slots `keys`/`values [max_batch, capacity, Hkv, D]`: `[b, T, Hq, Dv]`."""
         outs = []
         for group in self.groups:
             lo, hi = group.reads[window]
-            k = keys[group.rows, lo:hi].transpose(1, 2)
-            v = values[group.rows, lo:hi].transpose(1, 2)
+            k = keys[group.slots, lo:hi].transpose(1, 2)
+            v = values[group.slots, lo:hi].transpose(1, 2)
             out = F.scaled_dot_product_attention(
                 q[group.rows], k, v, attn_mask=group.masks[window], is_causal=group.causal[window], scale=scale,
                 enable_gqa=q.shape[1] != k.shape[1],
@@ -84,7 +104,53 @@ def window_reads(start: int, count: int, window: int) -> tuple[int, int]:
     return lo, start + count
 
 
-def _group(rows: slice, start: int, count: int, windows: set[int], dtype: torch.dtype, device: torch.device, sdpa: bool) -> RowGroup:
+def _run_groups(
+    starts: list[int], row: int, slot: int, count: int, windows: set[int], dtype: torch.dtype, device: torch.device, sdpa: bool
+) -> list[RowGroup]:
+    """The groups of rows row.. (slots slot..., consecutive): one masked group where merging pays,
+    else one per start."""
+    if len(set(starts)) > 1 and _merge_pays(starts, count, windows):
+        return [_merged_group(starts, row, slot, count, windows, dtype, device)]
+    groups, first = [], 0
+    for r in range(1, len(starts) + 1):
+        if r == len(starts) or starts[r] != starts[first]:
+            rows, slots = slice(row + first, row + r), slice(slot + first, slot + r)
+            groups.append(_group(rows, slots, starts[first], count, windows, dtype, device, sdpa))
+            first = r
+    return groups
+
+
+def _merge_pays(starts: list[int], count: int, windows: set[int]) -> bool:
+    """Whether one masked call over every row reads at most MERGE_WASTE times the keys they need."""
+    for window in windows:
+        needed = [hi - lo for lo, hi in (window_reads(s, count, window) for s in starts)]
+        lo = min(window_reads(s, count, window)[0] for s in starts)
+        if len(starts) * (max(starts) + count - lo) > MERGE_WASTE * sum(needed):
+            return False
+    return True
+
+
+def _merged_group(
+    starts: list[int], row: int, slot: int, count: int, windows: set[int], dtype: torch.dtype, device: torch.device
+) -> RowGroup:
+    """Rows row.. (slots slot...) in one group: each window reads [lowest lo, highest hi) under a `[b, 1, T, hi - lo]`
+    additive mask that shows each query its own keys (a causal block at the row's start)."""
+    reads, masks, causal = {}, {}, {}
+    queries = torch.tensor(starts, device=device).view(-1, 1, 1, 1) + torch.arange(count, device=device).view(1, 1, -1, 1)
+    for window in windows:
+        lo = min(window_reads(s, count, window)[0] for s in starts)
+        hi = max(starts) + count
+        reads[window] = (lo, hi)
+        keys = torch.arange(lo, hi, device=device).view(1, 1, 1, -1)
+        visible = keys <= queries
+        if window > 0:
+            visible &= keys > queries - window
+        masks[window] = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill(~visible, torch.finfo(dtype).min)
+        causal[window] = False
+    return RowGroup(slice(row, row + len(starts)), slice(slot, slot + len(starts)), min(starts), count, reads, masks, causal)
+
+
+def _group(rows: slice, slots: slice, start: int, count: int, windows: set[int], dtype: torch.dtype, device: torch.device, sdpa: bool) -> RowGroup:
     reads, masks, causal = {}, {}, {}
     for window in windows:
         lo, hi = reads[window] = window_reads(start, count, window)
@@ -99,4 +165,4 @@ def _group(rows: slice, start: int, count: int, windows: set[int], dtype: torch.
         if window > 0:
             visible &= keys > queries - window
         masks[window] = torch.zeros(1, 1, count, hi - lo, dtype=dtype, device=device).masked_fill(~visible, torch.finfo(dtype).min)
-    return RowGroup(rows, start, count, reads, masks, causal)
+    return RowGroup(rows, slots, start, count, reads, masks, causal)

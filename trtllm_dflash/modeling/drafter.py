@@ -22,7 +22,9 @@ from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.hf_compat import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
 from trtllm_dflash.modeling import fused_ops
 from trtllm_dflash.modeling.fused_ops import norm_of, rms_norm, rotate
+from trtllm_dflash.modeling.draft_attention import DraftAttentionPlan
 from trtllm_dflash.modeling.kv_cache import LayerCache
+from trtllm_dflash.modeling.slots import Slots
 from trtllm_dflash import ops
 
 
@@ -143,28 +145,40 @@ class DFlashAttention(nn.Module):
         shape = (*h.shape[:-1], self.num_heads, self.head_dim)
         return apply_rope(self.q_norm(self.q_proj(h).view(shape)), *rope)
 
-    def step(self, h, rope, ctx_hidden, new_counts, cache: LayerCache, cache_lens, history: int = 0, row: tuple[int, int] | None = None):
+    def step(
+        self, h, rope, ctx_hidden, new_counts, cache: LayerCache, cache_lens, slots: Slots, history: int = 0,
+        row: tuple[int, int] | None = None, plan: DraftAttentionPlan | None = None,
+    ):
         """One decoding step of this layer; `rope` covers the context rows then the block.
 
-        `row` (one row on the host: its cache length and new context count) writes the context
-        K/V straight into the cache as a slice copy, and the attention op gets no new rows.
+        `cache` covers every slot; batch row r uses slot slots.ids[r], one attention call per run
+        of consecutive slots. `row` (one row on the host: its cache length and new context
+        count) writes the context K/V straight into the cache as a slice copy, and the attention op
+        gets no new rows. `plan` (a CPU batch, modeling/draft_attention.py) attends over the cache in place.
         """
         q, k, v, k_ctx, v_ctx = self.project_step(h, ctx_hidden, rope)
+        if plan is not None:
+            return F.linear(plan.attend(q, k, v, k_ctx, v_ctx, cache, self.scale).flatten(-2), self.o_proj.weight, self.o_proj.bias)
         if row is not None and history == 0:
             start, count = row
-            cache.keys[0, start : start + count] = k_ctx[0, :count]
-            cache.values[0, start : start + count] = v_ctx[0, :count]
+            slot = slots.ids[0]
+            cache.keys[slot, start : start + count] = k_ctx[0, :count]
+            cache.values[slot, start : start + count] = v_ctx[0, :count]
             k_ctx, v_ctx, new_counts, cache_lens = k_ctx[:, :0], v_ctx[:, :0], new_counts * 0, cache_lens + new_counts
         if history > 0 and bool(((cache_lens + new_counts) > history).any()):
-            out = self._bounded_step(q, k, v, k_ctx, v_ctx, new_counts, cache, cache_lens, history)
+            out = self._bounded_step(q, k, v, k_ctx, v_ctx, new_counts, cache, cache_lens, history, slots.ids)
         else:
-            out = ops.block_attention(
-                q, k, v, k_ctx, v_ctx, new_counts, cache.keys, cache.values, cache_lens, self.scale,
-                self.attention.window, int(self.attention.causal),
-            )
+            outs = [
+                ops.block_attention(
+                    q[rows], k[rows], v[rows], k_ctx[rows], v_ctx[rows], new_counts[rows], cache.keys[held], cache.values[held],
+                    cache_lens[rows], self.scale, self.attention.window, int(self.attention.causal),
+                )
+                for rows, held in slots.runs()
+            ]
+            out = outs[0] if len(outs) == 1 else torch.cat(outs)
         return F.linear(out.flatten(-2), self.o_proj.weight, self.o_proj.bias)
 
-    def _bounded_step(self, q, k, v, k_ctx, v_ctx, new_counts, cache: LayerCache, cache_lens, history: int):
+    def _bounded_step(self, q, k, v, k_ctx, v_ctx, new_counts, cache: LayerCache, cache_lens, history: int, slot_of: tuple[int, ...]):
         """Block attention over only the last `history` context positions of each row.
 
         Keys are cached already rotated, so attention over the cache slots [lo, L) is the same
@@ -177,11 +191,11 @@ class DFlashAttention(nn.Module):
             start, count = int(cache_lens[r]), int(new_counts[r])
             lo = max(start + count - history, 0)
             skip = max(lo - start, 0)
-            row = slice(r, r + 1)
+            row, slot = slice(r, r + 1), slice(slot_of[r], slot_of[r] + 1)
             outs.append(
                 ops.block_attention(
                     q[row], k[row], v[row], k_ctx[row, skip:], v_ctx[row, skip:],
-                    new_counts[row] - skip, cache.keys[row, lo:], cache.values[row, lo:],
+                    new_counts[row] - skip, cache.keys[slot, lo:], cache.values[slot, lo:],
                     cache_lens[row] + skip - lo, self.scale, self.attention.window, int(self.attention.causal),
                 )
             )
@@ -209,12 +223,12 @@ class DFlashDecoderLayer(nn.Module):
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self._stacked: dict = {}  # gate/up weights as one matrix, for decoding (stacked_weights)
 
-    def step(self, x, rope, ctx_hidden, new_counts, cache: LayerCache, cache_lens, history: int = 0, row=None) -> torch.Tensor:
+    def step(self, x, rope, ctx_hidden, new_counts, cache: LayerCache, cache_lens, slots, history: int = 0, row=None, plan=None) -> torch.Tensor:
         """One decoding step of this layer over the block `x [b, B, H]`."""
         attn = self.self_attn.step(
             fused_ops.add_rms_norm(x, None, *norm_of(self.input_layernorm))[1] if fused_ops.kernels_run(x.device)
             else rms_norm(x, *norm_of(self.input_layernorm)),
-            rope, ctx_hidden, new_counts, cache, cache_lens, history, row,
+            rope, ctx_hidden, new_counts, cache, cache_lens, slots, history, row, plan,
         )
         return self.finish_step(x, attn)
 
@@ -280,13 +294,15 @@ class DFlashDrafter(nn.Module):
         new_counts: torch.Tensor,
         cache_lens: torch.Tensor,
         caches: list[LayerCache],
+        slots: Slots | None = None,
     ) -> torch.Tensor:
         """One drafting step for a batch; returns the final-normed block hidden states.
 
         block_embeds `[b, B, H]`: embedded `[anchor, MASK, ...]`; ctx_features `[b, n, taps*H]`:
         the new context rows (first new_counts[r] valid) at positions cache_lens[r] + i; the block
-        sits at cache_lens + new_counts. `caches[i]` is layer i's cache, a view of this batch's
-        rows; the caller advances cache_lens by new_counts afterwards.
+        sits at cache_lens + new_counts. `caches[i]` is layer i's cache over every slot and `slots`
+        say which slot each batch row uses (default: row r in slot r); the caller
+        advances cache_lens by new_counts afterwards.
         """
         n, block = ctx_features.shape[1], block_embeds.shape[1]
         offsets = torch.arange(n + block, device=cache_lens.device)
@@ -298,9 +314,22 @@ class DFlashDrafter(nn.Module):
         history = self.config.history  # read per call: `config` may be replaced to change it
         # one row on the CPU: its context rows are written into the cache by slice (host lengths are free there)
         row = (int(cache_lens[0]), int(new_counts[0])) if block_embeds.shape[0] == 1 and cache_lens.device.type == "cpu" else None
+        slots = slots if slots is not None else Slots.of(slice(0, block_embeds.shape[0]), block_embeds.device)
+        plan = None
+        if row is None and history == 0 and self._plannable(cache_lens.device, caches):
+            plan = DraftAttentionPlan.make(cache_lens, new_counts, n, block, slots, caches[0].keys.dtype)
         for layer, cache in zip(self.layers, caches):
-            x = layer.step(x, rope, ctx_hidden, new_counts, cache, cache_lens, history, row)
+            x = layer.step(x, rope, ctx_hidden, new_counts, cache, cache_lens, slots, history, row, plan)
         return self.final_norm(x)
+
+    def _plannable(self, device: torch.device, caches: list[LayerCache]) -> bool:
+        """Whether a batched step attends by a DraftAttentionPlan: on a CPU, every layer full and
+        bidirectional, caches in float32/float64 (the op's arithmetic; it upcasts lower precisions)."""
+        return (
+            device.type == "cpu" and not fused_ops.kernels_run(device)
+            and caches[0].keys.dtype in (torch.float32, torch.float64)
+            and all(layer.self_attn.attention.window == 0 and not layer.self_attn.attention.causal for layer in self.layers)
+        )
 
     def residual(self, block_embeds: torch.Tensor) -> torch.Tensor:
         """The residual stream a step starts from (V1: the embeddings themselves)."""
