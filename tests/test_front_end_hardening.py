@@ -193,3 +193,19 @@ def test_a_model_that_is_a_broken_link_is_named_as_one(tmp_path, command):
         assert result.exit_code != 0
         assert isinstance(result.exception, DFlashError), (result.output, result.exception)
         assert str(result.exception.problem).startswith(problem) and "recipe" not in result.exception.problem
+
+
+def test_an_unsupported_value_is_refused_naming_the_value_that_is_accepted():
+    """`response_format` {"type": "text"} passes, so its 400 says so rather than only "leave it out"."""
+    from trtllm_dflash.serving.openai.frontend import Frontend, FrontendConfig, ModelInfo
+    from trtllm_dflash.serving.openai.schemas import CompletionRequest, OpenAIError
+
+    frontend = Frontend(FrontendConfig(triton_url="127.0.0.1:1"))
+    info = ModelInfo("dflash", None, 512, 256, 16, True, 0)
+    text = CompletionRequest(model="dflash", prompt="hi", response_format={"type": "text"})
+    assert frontend.sampling(text, info).max_new_tokens == 16  # accepted: it asks for nothing this server lacks
+    for extra, accepted in (({"response_format": {"type": "json_object"}}, 'or send {"type": "text"}'),
+                            ({"logit_bias": {"5": 3}}, None)):
+        with pytest.raises(OpenAIError) as refused:
+            frontend.sampling(CompletionRequest(model="dflash", prompt="hi", **extra), info)
+        assert "leave it out" in str(refused.value.message) and (accepted is None or accepted in refused.value.message)

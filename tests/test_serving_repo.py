@@ -10,6 +10,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from trtllm_dflash.checks.testing import RecordingSink, serve_until
 from trtllm_dflash.cli.app import app
 from trtllm_dflash.errors import DFlashError
 
@@ -57,7 +58,8 @@ def test_repo_writes_decoupled_dflash_and_baseline_models(tiny_pair, tmp_path):
     for name in ("dflash", "ar"):
         config = _parse_pbtxt(out / name / "config.pbtxt")
         assert config.backend == "python" and config.model_transaction_policy.decoupled
-        assert [i.name for i in config.input][:2] == ["text_input", "streaming"]
+        assert [i.name for i in config.input][:3] == ["text_input", "input_ids", "streaming"]
+        assert [list(i.dims) for i in config.input][:2] == [[1], [-1]] and all(i.optional for i in config.input[:2])  # one of the two
         assert {"text_output", "output_ids", "acceptance_lengths", "acceptance_rate", "num_output_tokens"} <= {o.name for o in config.output}
         configs[name] = ServingConfig.from_parameters({k: v.string_value for k, v in config.parameters.items()})
         compile((out / name / "1" / "model.py").read_text(), "model.py", "exec")
@@ -187,8 +189,17 @@ def test_parse_inputs_checks_types_and_shapes():
     })
     params = parsed.params
     assert (parsed.text, params.max_new_tokens, params.temperature, params.stop, parsed.streaming) == ("hello", 7, 0.5, ("\n", "END"), True)
-    with pytest.raises(DFlashError, match="text_input is missing"):
+    with pytest.raises(DFlashError, match="send the prompt as text_input or as input_ids"):
         parse_inputs({"sampling_param_max_tokens": np.array([3], dtype=np.int32)})
+    # the prompt as token ids (the OpenAI front end's): one or the other, never both, never empty
+    ids = parse_inputs({"input_ids": np.array([5, 6, 7], dtype=np.int64), "sampling_param_max_tokens": np.array([4], dtype=np.int64)})
+    assert (ids.token_ids, ids.text, ids.params.max_new_tokens) == ((5, 6, 7), "", 4)
+    with pytest.raises(DFlashError, match="not both"):
+        parse_inputs({"text_input": np.array([b"x"], dtype=np.object_), "input_ids": np.array([5], dtype=np.int64)})
+    with pytest.raises(DFlashError, match="input_ids is empty"):
+        parse_inputs({"input_ids": np.array([], dtype=np.int64)})
+    with pytest.raises(DFlashError, match="input_ids has type float32"):
+        parse_inputs({"input_ids": np.array([5.0], dtype=np.float32)})
     with pytest.raises(DFlashError, match="sampling_param_max_tokens has type float32"):
         parse_inputs({"text_input": np.array([b"x"], dtype=np.object_), "sampling_param_max_tokens": np.array([3.0], dtype=np.float32)})
     with pytest.raises(DFlashError, match="text_input has 2 values"):
@@ -233,40 +244,47 @@ def test_engine_streams_and_drops_a_client_that_went_away(tiny_pair):
     from trtllm_dflash.serving.batching_loop import BatchingLoop
     from trtllm_dflash.serving.protocol import GenerateInputs
 
-    class Sink:
-        def __init__(self, leave_after: int | None = None) -> None:
-            self.responses, self.errors, self.leave_after = [], [], leave_after
-
-        def send(self, outputs, final):
-            self.responses.append((outputs, final))
-
-        def error(self, message):
-            self.errors.append(message)
-
-        def cancelled(self):
-            return self.leave_after is not None and len(self.responses) >= self.leave_after
-
     config = ServingConfig(target=str(tiny_pair[0]), drafter=str(tiny_pair[1]), max_context=128, max_tokens=64)
     engine = BatchingLoop(config, open_served_pipeline(config))  # the loop takes an opened pipeline
-    stays, leaves = Sink(), Sink(leave_after=1)
+    stays, leaves = RecordingSink(), RecordingSink(leave_after=1)
     engine.accept(GenerateInputs("abc", SamplingParams(max_new_tokens=24), streaming=True), stays)
     engine.accept(GenerateInputs("xyz", SamplingParams(max_new_tokens=24), streaming=True), leaves)
-    engine.start()
-    try:
-        import time
-
-        deadline = time.monotonic() + 120
-        while not (stays.responses and stays.responses[-1][1]) and time.monotonic() < deadline:
-            time.sleep(0.05)
-    finally:
-        engine.stop()
+    serve_until(engine, lambda: stays.finished)
     assert stays.responses[-1][1] and sum(r[0]["output_ids"].size for r in stays.responses) == 24
     reference = engine.pipeline.generate(["abc"], max_new_tokens=24)[0]
     assert [int(t) for r in stays.responses for t in r[0]["output_ids"]] == reference.token_ids
     assert "".join(r[0]["text_output"][0].decode() for r in stays.responses) == reference.text
-    assert len(leaves.responses) == 1 and not leaves.responses[0][1] and leaves.errors == ["request cancelled"]
+    # its first token went out alone, before the step decoded (Decoder.step's emit); the client left after it,
+    # and the loop saw that at the next step: the step's decoded tokens were its last response
+    assert leaves.responses[0][0]["output_ids"].size == 1 and len(leaves.responses) == 2
+    assert not leaves.responses[-1][1] and leaves.errors == ["request cancelled"]
     assert not engine.jobs
     json.dumps([r[0]["finish_reason"][0].decode() for r in stays.responses])
+
+
+def test_the_loop_takes_a_prompt_as_token_ids_without_tokenizing_it(tiny_pair, monkeypatch):
+    """The OpenAI front end sends the ids it tokenized (and counted) itself: the model decodes them as
+    they are, the same output as the prompt's text; ids outside the vocabulary are refused."""
+    from trtllm_dflash.backends import open_served_pipeline
+    from trtllm_dflash.sampling_params import SamplingParams
+    from trtllm_dflash.serving.batching_loop import BatchingLoop
+    from trtllm_dflash.serving.model_parameters import ServingConfig
+    from trtllm_dflash.serving.protocol import GenerateInputs
+
+    config = ServingConfig(target=str(tiny_pair[0]), drafter=str(tiny_pair[1]), max_context=128, max_tokens=64)
+    engine = BatchingLoop(config, open_served_pipeline(config))
+    ids = engine.pipeline.encode("abc")
+    monkeypatch.setattr(engine.pipeline, "encode", lambda text: pytest.fail("a prompt sent as ids was tokenized again"))
+    sink = RecordingSink()
+    engine.accept(GenerateInputs("", SamplingParams(max_new_tokens=12), token_ids=tuple(ids), exclude_input=False), sink)
+    with pytest.raises(DFlashError, match="prompt token ids must be in"):
+        engine.accept(GenerateInputs("", SamplingParams(max_new_tokens=12), token_ids=(1, 10**9)), RecordingSink())
+    serve_until(engine, lambda: sink.finished)
+    monkeypatch.undo()
+    reference = engine.pipeline.generate(["abc"], max_new_tokens=12)[0]
+    assert [int(t) for r in sink.responses for t in r[0]["output_ids"]] == reference.token_ids
+    # exclude_input=False: the text starts with the prompt, decoded from its ids
+    assert sink.responses[-1][0]["text_output"][0].decode() == "abc" + reference.text
 
 
 def test_repo_from_a_build_uses_its_engines_when_built_else_its_checkpoints(tiny_pair, tmp_path):
@@ -374,3 +392,38 @@ def test_serving_limits_are_worked_out_once():
     assert recipe_limits(8192, 6144) == {"max_context": 8192, "max_tokens": 2048} and recipe_limits(None, 6144) == {}
     config = ServingConfig(target="demo", max_context=300, max_tokens=400)
     assert config.limits() == ServingLimits(300, 299, 128) and config.limits(200).max_new_tokens == 199
+
+
+def test_your_own_drafter_is_planned_and_recorded_with_absolute_paths(tiny_pair, tmp_path, monkeypatch):
+    """`plan --drafter` and `build --model DIR --drafter DIR` plan the drafter given (its block size,
+    taps and memory from its config.json, not the catalog's none), and a build records both
+    directories absolute even when given relative: the manifest, the repository and the served
+    model read them from other folders."""
+    from trtllm_dflash.builder.spec import resolve_spec
+    from trtllm_dflash.builder.stage_plan import make_build_plan
+
+    target, drafter = tiny_pair
+    taps = json.loads((drafter / "config.json").read_text())["dflash_config"]["target_layer_ids"]
+    result = _cli("plan", "--model", str(target), "--gpu", "h100", "--drafter", str(drafter), "--json")
+    assert result.exit_code == 0, result.output
+    planned = json.loads(result.output)
+    assert planned["drafter"] == str(drafter.resolve()) and planned["block_size"] == 8 and planned["budget"]["drafter_weights"] > 0
+    _fails(_cli("plan", "--model", str(target), "--gpu", "h100", "--drafter", str(tmp_path)), "is not a drafter directory")
+
+    monkeypatch.chdir(target.parent)  # ./target and ./drafter, as a user types them
+    spec = resolve_spec(target.name, "h100", None, None, drafter.name)
+    assert (spec.recipe.model.checkpoint, spec.recipe.drafter.checkpoint) == (str(target.resolve()), str(drafter.resolve()))
+    assert spec.plan.drafter == str(drafter.resolve()) and spec.plan.block_size == 8
+    export = next(stage for stage in make_build_plan(spec).stages if stage.name == "export")
+    assert f"hidden taps {taps}" in export.action
+
+
+def test_repo_keeps_max_tokens_below_the_context_it_is_given(tiny_pair, tmp_path):
+    """--max-context alone: the default max_tokens (1024) cannot hold beside a 512-token context."""
+    target, drafter = tiny_pair
+    out = tmp_path / "repo"
+    result = _cli("repo", "--model", str(target), "--drafter", str(drafter), "--out", str(out), "--max-context", "512")
+    assert result.exit_code == 0, result.output
+    config = _parse_pbtxt(out / "dflash" / "config.pbtxt")
+    parameters = {k: v.string_value for k, v in config.parameters.items()}
+    assert (parameters["max_context"], parameters["max_tokens"]) == ("512", "511")

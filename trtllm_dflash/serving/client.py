@@ -247,7 +247,9 @@ def grpc_inputs(body: dict[str, Any]) -> list:
     inputs = []
     for name, value in body.items():
         dtype = INPUTS[name][0] if name in INPUTS else LLMAPI_FLAGS[name]
-        if dtype == "TYPE_STRING":
+        if name == "input_ids":
+            array, triton = np.asarray(value, dtype=np.int64).reshape(-1), "INT64"
+        elif dtype == "TYPE_STRING":
             array = np.array([v.encode() for v in (value if isinstance(value, list) else [value])], dtype=np.object_)
             triton = "BYTES"
         else:

@@ -24,7 +24,8 @@ from trtllm_dflash.sampling_params import SamplingParams
 # Repositories written before declared max_tokens and top_k as INT32; the model still reads
 # those (numpy kinds "iu"), but Triton then wraps large JSON values: rewrite them.
 INPUTS: dict[str, tuple[str, str, bool]] = {
-    "text_input": ("TYPE_STRING", "OSU", False),
+    "text_input": ("TYPE_STRING", "OSU", True),  # the prompt as text, or
+    "input_ids": ("TYPE_INT64", "iu", True),  # as the target's token ids (the OpenAI front end's: tokenized once, there)
     "streaming": ("TYPE_BOOL", "b", True),
     "sampling_param_max_tokens": ("TYPE_INT64", "iu", True),
     "sampling_param_temperature": ("TYPE_FP32", "fiu", True),
@@ -70,18 +71,26 @@ INPUT_NAMES: dict[str, str] = {
     "min_tokens": "sampling_param_min_tokens",
     "ignore_eos": "sampling_param_ignore_eos",
 }
-# Our inputs that NVIDIA's LLM-API model does not declare: sent only when set, refused for that model.
-OWN_ONLY_INPUTS = frozenset({"sampling_param_min_tokens", "sampling_param_ignore_eos"})
+# Our inputs that NVIDIA's LLM-API model does not declare: sent only when set, refused for that model
+# (input_ids: the OpenAI front end sends a prompt's ids only to models that declare it, text otherwise).
+OWN_ONLY_INPUTS = frozenset({"sampling_param_min_tokens", "sampling_param_ignore_eos", "input_ids"})
+
+
+# inputs that carry several values (one per stop string, one per token id); the others carry one
+LIST_INPUTS = frozenset({"sampling_param_stop", "input_ids"})
 
 
 @dataclasses.dataclass
 class GenerateInputs:
-    """One request's inputs after type checks (ranges are SamplingParams.validate's job)."""
+    """One request's inputs after type checks (ranges are SamplingParams.validate's job).
+
+    The prompt is `text`, or `token_ids` (the target's ids; `text` is then empty)."""
 
     text: str
     params: SamplingParams = SamplingParams()
     streaming: bool = False
     exclude_input: bool = True
+    token_ids: tuple[int, ...] | None = None
 
 
 def parse_inputs(raw: dict[str, np.ndarray | None], defaults: SamplingParams = SamplingParams()) -> GenerateInputs:
@@ -105,6 +114,9 @@ def parse_inputs(raw: dict[str, np.ndarray | None], defaults: SamplingParams = S
         if name == "sampling_param_stop":
             values[name] = tuple(_text(v, name) for v in array.reshape(-1))
             continue
+        if name == "input_ids":
+            values[name] = tuple(int(v) for v in array.reshape(-1))
+            continue
         if array.size != 1:
             raise DFlashError(f"input {name} has {array.size} values, expected one", "send one prompt per request")
         values[name] = _text(array.reshape(-1)[0], name) if kinds == "OSU" else array.reshape(-1)[0].item()
@@ -112,11 +124,18 @@ def parse_inputs(raw: dict[str, np.ndarray | None], defaults: SamplingParams = S
     given = {field: types[field](values[INPUT_NAMES[field]]) for field in types if INPUT_NAMES[field] in values}
     if INPUT_NAMES["stop"] in values:
         given["stop"] = tuple(s for s in values[INPUT_NAMES["stop"]] if s)
+    if ("text_input" in values) == ("input_ids" in values):
+        raise DFlashError("send the prompt as text_input or as input_ids" + (", not both" if "text_input" in values else ""),
+                          "send text_input (text) or input_ids (the target's token ids)")
+    token_ids = values.get("input_ids")
+    if token_ids is not None and not token_ids:
+        raise DFlashError("input input_ids is empty", "send at least one prompt token id")
     return GenerateInputs(
-        text=values["text_input"],
+        text=values.get("text_input", ""),
         params=dataclasses.replace(defaults, **given),
         streaming=bool(values.get("streaming", False)),
         exclude_input=bool(values.get("sampling_param_exclude_input_from_output", True)),
+        token_ids=token_ids,
     )
 
 
@@ -169,10 +188,15 @@ def request_body(
     return {"text_input": prompt, "streaming": streaming, **{INPUT_NAMES[field]: value for field, value in fields.items()}}
 
 
-def params_body(prompt: str, params: SamplingParams, streaming: bool) -> dict[str, Any]:
-    """The request body of a prompt and its checked SamplingParams (the OpenAI front end's)."""
-    return request_body(prompt, params.max_new_tokens, params.temperature, params.top_k, params.top_p, params.seed, params.stop, streaming,
+def params_body(prompt: str, params: SamplingParams, streaming: bool, prompt_ids: Sequence[int] | None = None) -> dict[str, Any]:
+    """The request body of a prompt and its checked SamplingParams (the OpenAI front end's); with
+    `prompt_ids` the prompt goes as those token ids instead of its text."""
+    body = request_body(prompt, params.max_new_tokens, params.temperature, params.top_k, params.top_p, params.seed, params.stop, streaming,
                         min_tokens=params.min_tokens, ignore_eos=params.ignore_eos)
+    if prompt_ids is not None:
+        del body["text_input"]
+        body["input_ids"] = list(prompt_ids)
+    return body
 
 
 # ---------------------------------------------------------------------- NVIDIA's LLM-API Triton model

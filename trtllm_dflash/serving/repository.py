@@ -23,7 +23,7 @@ from typing import Iterator, Sequence
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.serving.model_parameters import ServingConfig, recipe_limits
-from trtllm_dflash.serving.protocol import INPUTS, OUTPUTS
+from trtllm_dflash.serving.protocol import INPUTS, LIST_INPUTS, OUTPUTS
 
 MANIFEST = "dflash_repository.json"
 PYTHONPATH_ENV = "DFLASH_TRT_PYTHONPATH"
@@ -110,7 +110,7 @@ def render_config(name: str, config: ServingConfig, inputs: dict = INPUTS, outpu
     ]
     entries = []
     for input_name, (dtype, _, optional) in inputs.items():
-        dims = "[ -1 ]" if input_name == "sampling_param_stop" else "[ 1 ]"
+        dims = "[ -1 ]" if input_name in LIST_INPUTS else "[ 1 ]"
         extra = " optional: true" if optional else ""
         entries.append(f"  {{ name: {pbtxt_string(input_name)} data_type: {dtype} dims: {dims}{extra} }}")
     lines += [",\n".join(entries), "]", "output ["]

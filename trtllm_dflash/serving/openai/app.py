@@ -115,8 +115,8 @@ def create_app(frontend: Frontend):
         info = frontend.model(body.model)
         params = frontend.sampling(body, info, "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens")
         prompt = await to_thread.run_sync(frontend.chat_prompt, body, info)
-        await to_thread.run_sync(frontend.check_prompt, info, prompt, "messages")
-        return await _answer(request, body, info, frontend.open(info, prompt, params), chat=True)
+        ids = await to_thread.run_sync(frontend.check_prompt, info, prompt, "messages")
+        return await _answer(request, body, info, frontend.open(info, prompt, params, ids), chat=True)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -127,8 +127,8 @@ def create_app(frontend: Frontend):
                 raise OpenAIError(400, "prompt must be one string (lists of prompts and token ids are not supported); send one request per prompt", "prompt")
             prompt = prompt[0]
         params = frontend.sampling(body, info)
-        await to_thread.run_sync(frontend.check_prompt, info, prompt, "prompt")
-        return await _answer(request, body, info, frontend.open(info, prompt, params), chat=False)
+        ids = await to_thread.run_sync(frontend.check_prompt, info, prompt, "prompt")
+        return await _answer(request, body, info, frontend.open(info, prompt, params, ids), chat=False)
 
     async def _answer(request: Request, body: GenerationRequest, info: ModelInfo, stream: TritonStream, chat: bool):
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"

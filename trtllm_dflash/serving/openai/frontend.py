@@ -18,7 +18,7 @@ from typing import Any, Sequence
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.sampling_params import PromptTooLongError, SamplingError, SamplingParams, check_prompt_text, check_prompt_tokens
 from trtllm_dflash.serving.model_parameters import DEFAULT_NEW_TOKENS, ServingConfig
-from trtllm_dflash.serving.openai.schemas import IGNORED, UNSUPPORTED, ChatCompletionRequest, GenerationRequest, OpenAIError
+from trtllm_dflash.serving.openai.schemas import ACCEPTED_VALUES, IGNORED, UNSUPPORTED, ChatCompletionRequest, GenerationRequest, OpenAIError
 from trtllm_dflash.serving.openai.triton import TritonStream
 from trtllm_dflash.serving.protocol import INPUT_NAMES, LLMAPI_MARKER, OWN_ONLY_INPUTS, LLMApiStream, llmapi_body, params_body
 
@@ -45,14 +45,20 @@ class ModelInfo:
     max_batch: int = 0  # requests the model decodes at once (0: not known); sizes the queue bound
     # NVIDIA's LLM-API model (the trtllm backend's repository): its declared inputs; empty for ours
     llmapi_inputs: frozenset = frozenset()
+    # the model takes the prompt as token ids (`input_ids`; repositories written before it take text only)
+    takes_ids: bool = False
     # one prompt tokenized at a time per tokenizer: a fast tokenizer used from two threads can
     # fail ("Already borrowed") when one of them touches its padding/truncation settings
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
-    def count_tokens(self, text: str) -> int:
-        """Tokens of `text` as the model encodes a prompt (blocking: it tokenizes, under `lock`)."""
+    def encode(self, text: str) -> list[int]:
+        """`text`'s token ids as the model encodes a prompt (blocking: it tokenizes, under `lock`)."""
         with self.lock:
-            return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def count_tokens(self, text: str) -> int:
+        """How many tokens `text` is as a prompt (NVIDIA's LLM-API model does not report it)."""
+        return len(self.encode(text))
 
 
 def _tokenizer_dir(config: ServingConfig | None, name: str, override: str | None, repository: Path | None) -> Path:
@@ -170,6 +176,8 @@ class Frontend:
                 info = load_model_info(name, parameters, self.config.tokenizer, self.config.repository)
                 if LLMAPI_MARKER in inputs:  # NVIDIA's LLM-API model: asked for its finish reason and figures
                     info = dataclasses.replace(info, llmapi_inputs=inputs, speculative=True)
+                else:
+                    info = dataclasses.replace(info, takes_ids="input_ids" in inputs)
                 self.models[name] = info
             except DFlashError:
                 if self.config.models:  # named explicitly: say why it cannot be served
@@ -202,7 +210,8 @@ class Frontend:
         extra = {**(request.model_extra or {}), "echo": getattr(request, "echo", None)}
         for name, allowed in UNSUPPORTED.items():
             if name in extra and not allowed(extra[name]):
-                raise OpenAIError(400, f"'{name}' is not supported by this server; leave it out", name, "unsupported_parameter")
+                accepted = f" or send {ACCEPTED_VALUES[name]}" if name in ACCEPTED_VALUES else ""
+                raise OpenAIError(400, f"'{name}' with this value is not supported by this server; leave it out{accepted}", name, "unsupported_parameter")
         for name in extra:
             if name not in UNSUPPORTED and name not in IGNORED:
                 raise OpenAIError(400, f"'{name}' is not a parameter this server knows, so it would be ignored; leave it out", name, "unsupported_parameter")
@@ -228,16 +237,17 @@ class Frontend:
             raise OpenAIError(400, str(exc.renamed({"max_new_tokens": max_tokens_field})), max_tokens_field if exc.field == "max_new_tokens" else exc.field) from None
         return params
 
-    def check_prompt(self, info: ModelInfo, text: str, param: str) -> int:
-        """Prompt tokens (as the model will encode them); 400 when empty or over the context.
+    def check_prompt(self, info: ModelInfo, text: str, param: str) -> list[int]:
+        """The prompt's token ids (as the model encodes a prompt); 400 when empty or over the context.
+        The request then carries these ids (`open`): a prompt is tokenized once, here.
 
         Blocking (it tokenizes): call it in a worker thread. A prompt too long by its character
         count alone is refused before tokenizing, so a huge prompt costs nothing.
         """
         try:
             check_prompt_text(text, info.max_context)
-            count = info.count_tokens(text)
-            check_prompt_tokens(count, info.max_context)
+            ids = info.encode(text)
+            check_prompt_tokens(len(ids), info.max_context)
         except PromptTooLongError as exc:  # in OpenAI's words, which clients look for
             held = f", more than {exc.max_context} tokens of text can hold" if exc.unit == "characters" else ""
             raise OpenAIError(
@@ -246,7 +256,7 @@ class Frontend:
             ) from None
         except SamplingError as exc:
             raise OpenAIError(400, str(exc), param) from None
-        return count
+        return ids
 
     def chat_prompt(self, request: ChatCompletionRequest, info: ModelInfo) -> str:
         from trtllm_dflash.chat import RENDER_CHARS, NoChatTemplateError, RenderLimitError, TemplateKwargError, apply_chat_template, check_template_kwargs
@@ -276,10 +286,11 @@ class Frontend:
         except DFlashError as exc:
             raise OpenAIError(400, str(exc), "messages") from None
 
-    def open(self, info: ModelInfo, prompt: str, params: SamplingParams) -> TritonStream:
-        body = params_body(prompt, params, streaming=True)
+    def open(self, info: ModelInfo, prompt: str, params: SamplingParams, prompt_ids: list[int] | None = None) -> TritonStream:
+        """The request on Triton's stream: as `prompt_ids` (checked by `check_prompt`) where the model takes ids, else as text."""
         if not info.llmapi_inputs:
-            return TritonStream(self.client, info.name, body)
+            return TritonStream(self.client, info.name, params_body(prompt, params, streaming=True, prompt_ids=prompt_ids if info.takes_ids else None))
+        body = params_body(prompt, params, streaming=True)
         for field, wire in INPUT_NAMES.items():  # ours alone (min_tokens, ignore_eos): refused rather than dropped
             if wire in OWN_ONLY_INPUTS and wire in body and wire not in info.llmapi_inputs:
                 raise OpenAIError(400, f"'{field}' is not supported by model '{info.name}' (NVIDIA's LLM-API model); leave it out", field, "unsupported_parameter")

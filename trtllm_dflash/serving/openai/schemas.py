@@ -155,6 +155,14 @@ UNSUPPORTED = {
     "modalities": lambda v: v is None or v == ["text"],
 }
 
+# The value each UNSUPPORTED field is accepted with besides leaving it out, where there is one
+# (the 400 names it: `response_format` {"type": "text"} passes, so "leave it out" alone would mislead).
+ACCEPTED_VALUES = {
+    "logprobs": "false", "top_logprobs": "0", "tool_choice": '"none"', "response_format": '{"type": "text"}',
+    "best_of": "1", "repetition_penalty": "1", "length_penalty": "1", "typical_p": "1", "beam_width": "1",
+    "skip_special_tokens": "true", "spaces_between_special_tokens": "true", "modalities": '["text"]',
+}
+
 # Fields outside the schema that change nothing of the answer, so they are accepted and ignored;
 # any other unknown field is refused with a 400 naming it (an ignored field would be a silent lie).
 IGNORED = frozenset({"metadata", "store", "service_tier", "parallel_tool_calls", "prediction"})
