@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -68,8 +69,9 @@ def print_plan(plan, console: Console | None = None) -> None:
         console.print(f"  {index}. {step.name}: {escape(step.description)}{needs}")
     for note in plan.notes:
         console.print(f"  note: {escape(note)}")
-    for refusal in plan.refusals:
-        console.print(f"[bold red]refused ({refusal.kind})[/]: {escape(refusal.problem)}; {escape(refusal.fix)}")
+    # the first refusal is the command's one error line (Plan.check); only the others are printed here
+    for refusal in plan.refusals[1:]:
+        console.print(f"[bold red]also refused ({refusal.kind})[/]: {escape(refusal.problem)}; {escape(refusal.fix)}")
 
 
 def plan(
@@ -85,6 +87,7 @@ def plan(
         None, "--recipe", help="Plan from this recipe (file or '<model>/<gpu>'); --model/--gpu then default to it."
     ),
     prefix_cache_mib: int = typer.Option(0, "--prefix-cache-mib", help="A served model's prefix cache (MiB), taken before the KV caches."),
+    drafter: Optional[str] = typer.Option(None, "--drafter", help="Your DFlash drafter directory (z-lab layout): planned with its block size, taps and memory instead of the catalog's."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
 ) -> None:
     """Plan a deployment: memory per GPU, max concurrency, layout, build steps; refuse what cannot work."""
@@ -98,10 +101,12 @@ def plan(
         recipe = resolve_recipe(recipe_file)
         model, gpu = model or recipe.model.name, gpu or recipe.gpu
     if model is None or gpu is None:
-        raise DFlashError("plan needs a model and a GPU", "pass --model NAME --gpu GPU (or --recipe FILE)")
+        raise DFlashError("plan needs a model and a GPU", "pass --model NAME --gpu GPU (or --recipe FILE); `dflash-trt recipes list` names them")
+    if drafter is not None and not (Path(drafter).expanduser() / "config.json").is_file():
+        raise DFlashError(f"--drafter {drafter} is not a drafter directory (no config.json)", "pass the directory of a z-lab layout drafter")
     result = plan_deployment(
         model, gpu, num_gpus=num_gpus, quant=quant, kv_cache=kv_cache, context=context,
-        max_batch=max_batch, runtime=backend, recipe=recipe, prefix_cache_mib=prefix_cache_mib,
+        max_batch=max_batch, runtime=backend, recipe=recipe, prefix_cache_mib=prefix_cache_mib, drafter=drafter,
     )
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))

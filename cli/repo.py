@@ -97,8 +97,9 @@ def repo(
                  "prefill_share": prefill_share}
     options.update(limits)
     options.update({k: v for k, v in overrides.items() if v is not None})  # flags override the recipe
-    if options.get("max_tokens") and options.get("max_context"):  # a request leaves room for its prompt
-        options["max_tokens"] = serving_limits(options["max_context"], options["max_tokens"]).max_new_tokens
+    if options.get("max_context"):  # a request leaves room for its prompt: max_tokens (default or given) below the context
+        asked = options.get("max_tokens") or ServingConfig.model_fields["max_tokens"].default
+        options["max_tokens"] = serving_limits(options["max_context"], asked).max_new_tokens
     models = [(name, _config(ServingConfig, target=target, drafter=draft, **options))]
     if draft is not None and baseline:
         ar_options = {k: v for k, v in options.items() if k not in ("block_size", "draft_len_schedule")}

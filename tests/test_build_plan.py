@@ -101,6 +101,8 @@ def test_nvfp4_on_hopper_and_fp8_on_ampere_are_refused_at_plan_time(tmp_path):
 
     line = one_error_line(cli("build", "--model", "qwen3-8b", "--gpu", "h100", "--quant", "nvfp4", "--dry-run"))
     assert "nvfp4" in line and "h100" in line and "b200" in line and "b300" in line  # names the GPUs that run it
+    planned = cli("plan", "--model", "qwen3-8b", "--gpu", "h100", "--quant", "nvfp4")  # the plan, then the refusal once
+    assert "nvfp4" in one_error_line(planned) and planned.stdout.count("need SM >= 10.0") == 0
     ampere = tmp_path / "qwen3-8b-a100.yaml"
     ampere.write_text((recipes_dir() / "qwen3-8b" / "h100.yaml").read_text().replace("gpu: h100", "gpu: a100"))
     line = one_error_line(cli("build", "--recipe", str(ampere), "--dry-run"))

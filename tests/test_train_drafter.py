@@ -251,3 +251,12 @@ def test_train_drafter_on_a_hybrid_and_a_gpt_oss_target(family, tmp_path):
     spec = DFlashPipeline.load(target, out, dtype=torch.float64).generate(prompts, max_new_tokens=24, stop_token_ids=())
     ar = DFlashPipeline.load(target, None, dtype=torch.float64).generate(prompts, max_new_tokens=24, stop_token_ids=())
     assert [o.token_ids for o in spec] == [o.token_ids for o in ar]
+
+
+def test_a_data_directory_takes_markdown_and_config_text_too(tmp_path):
+    """`--data DIR` reads the text files a user has (`.markdown` was skipped without a word)."""
+    from trtllm_dflash.training.data import find_data_files
+
+    for name in ("notes.markdown", "guide.md", "setup.yaml", "image.png"):
+        (tmp_path / name).write_text("some text\\n")
+    assert [p.name for p in find_data_files([tmp_path])] == ["guide.md", "notes.markdown", "setup.yaml"]

@@ -136,6 +136,12 @@ class BuildSpec:
 # ----------------------------------------------------------------------------- resolution
 
 
+def _absolute_if_local(checkpoint: str | Path) -> str:
+    """A checkpoint directory that exists here as an absolute path; a name (Hugging Face id, 'demo') as given."""
+    path = Path(checkpoint).expanduser()
+    return str(path.resolve()) if path.is_dir() else str(checkpoint)
+
+
 def _local_recipe(target: Path, gpu: str, drafter: str | None, quant: str | None) -> dict[str, Any]:
     """A recipe for a local target directory (no shipped recipe names it): the planner's defaults."""
     if drafter is None:
@@ -179,10 +185,12 @@ def _apply(recipe, overrides: dict[str, Any]):
                 q["moe_experts"] = quant
     if overrides.get("calibration"):
         q["calibration"] = {**(q.get("calibration") or {}), "dataset": str(overrides["calibration"])}
+    # local directories are recorded absolute: the manifest, the repository and the served model resolve
+    # them from other folders (a relative ./my-drafter would be looked for beside the served model)
     if overrides.get("drafter"):
-        data["drafter"]["checkpoint"] = str(overrides["drafter"])
+        data["drafter"]["checkpoint"] = _absolute_if_local(overrides["drafter"])
     if overrides.get("target"):
-        data["model"]["checkpoint"] = str(overrides["target"])
+        data["model"]["checkpoint"] = _absolute_if_local(overrides["target"])
     if overrides.get("drafter_section"):
         data["drafter"] = {**overrides["drafter_section"], "checkpoint": data["drafter"]["checkpoint"]}
     runtime = (overrides.get("runtime") or "").strip().lower()
@@ -274,7 +282,7 @@ def resolve_spec(
             notes.extend(drafter_notes)
     chosen = _apply(chosen, {"quant": quant, "drafter": drafter, **overrides})
     try:
-        plan = plan_deployment(chosen.model.name, chosen.gpu, recipe=chosen)
+        plan = plan_deployment(chosen.model.name, chosen.gpu, recipe=chosen, drafter=chosen.drafter.checkpoint)
     except RecipeError:
         raise
     plan.check()  # refusals: precision the GPU cannot run (naming the GPUs that can), layout, does not fit

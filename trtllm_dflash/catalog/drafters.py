@@ -9,6 +9,8 @@ selector, whose two codebooks `[V, R]` are only gathered row by row.
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -88,3 +90,30 @@ class DrafterSpec:
     def num_params(self) -> int:
         """Every stored parameter (embedding and LM head are the target's)."""
         return self.dense_params() + self.codebook_params()
+
+
+def drafter_from_config_file(path: Path, checkpoint: str) -> DrafterSpec:
+    """A DrafterSpec from a z-lab style config.json (through the project's DrafterConfig reader)."""
+    from trtllm_dflash.config import DrafterConfig
+
+    cfg = DrafterConfig.from_dict(json.loads(path.read_text()), source=str(path))
+    return DrafterSpec(
+        checkpoint=checkpoint,
+        num_layers=cfg.num_hidden_layers,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_heads=cfg.num_attention_heads,
+        num_kv_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        block_size=cfg.block_size,
+        target_layer_ids=tuple(cfg.target_layer_ids),
+        layer_types=tuple(cfg.layer_types),
+        sliding_window=int(cfg.sliding_window or 0),
+        mask_token_id=cfg.mask_token_id,
+        source=f"read from {path}",
+        conv_kernel_size=cfg.conv_kernel_size,
+        conv_group_size=cfg.conv_group_size,
+        selector_rank=cfg.selector_rank,
+        selector_top_k=cfg.selector_top_k,
+        vocab_size=int(cfg.vocab_size or 0) if cfg.is_v2 else 0,
+    )

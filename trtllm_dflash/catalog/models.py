@@ -75,7 +75,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trtllm_dflash.catalog.drafters import FULL, SLIDING, AttentionShape, DrafterSpec
+from trtllm_dflash.catalog.drafters import FULL, SLIDING, AttentionShape, DrafterSpec, drafter_from_config_file  # noqa: F401 (re-exported)
 from trtllm_dflash.catalog.drafters_v2 import V2_DRAFTERS
 from trtllm_dflash.errors import CheckpointError, UnknownNameError
 
@@ -524,31 +524,13 @@ def demo_model() -> ModelSpec:
     return dataclasses.replace(spec, drafter=drafter, source=f"read from {target}")
 
 
-def drafter_from_config_file(path: Path, checkpoint: str) -> DrafterSpec:
-    """A DrafterSpec from a z-lab style config.json (through the project's DrafterConfig reader)."""
-    from trtllm_dflash.config import DrafterConfig
-
-    cfg = DrafterConfig.from_dict(json.loads(path.read_text()), source=str(path))
-    return DrafterSpec(
-        checkpoint=checkpoint,
-        num_layers=cfg.num_hidden_layers,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_heads=cfg.num_attention_heads,
-        num_kv_heads=cfg.num_key_value_heads,
-        head_dim=cfg.head_dim,
-        block_size=cfg.block_size,
-        target_layer_ids=tuple(cfg.target_layer_ids),
-        layer_types=tuple(cfg.layer_types),
-        sliding_window=int(cfg.sliding_window or 0),
-        mask_token_id=cfg.mask_token_id,
-        source=f"read from {path}",
-        conv_kernel_size=cfg.conv_kernel_size,
-        conv_group_size=cfg.conv_group_size,
-        selector_rank=cfg.selector_rank,
-        selector_top_k=cfg.selector_top_k,
-        vocab_size=int(cfg.vocab_size or 0) if cfg.is_v2 else 0,
-    )
+def with_local_drafter(spec: ModelSpec, drafter: str | Path | None) -> ModelSpec:
+    """`spec` with the drafter read from a local drafter directory's config.json, where `drafter` is one
+    (the drafter a build or a plan was given); a catalog name or None leaves the catalog's drafter."""
+    if drafter is None or not (Path(drafter).expanduser() / "config.json").is_file():
+        return spec
+    path = Path(drafter).expanduser().resolve()
+    return dataclasses.replace(spec, drafter=drafter_from_config_file(path / "config.json", checkpoint=str(path)))
 
 
 def model_from_config_file(path: Path, name: str, checkpoint: str) -> ModelSpec:

@@ -9,7 +9,7 @@ from trtllm_dflash.backends import BACKEND_NAMES, get_backend, multi_gpu_backend
 from trtllm_dflash.backends.choice import SUGGESTION_ORDER, choose_backend
 from trtllm_dflash.catalog.families import family_spec
 from trtllm_dflash.catalog.gpus import CPU, resolve_gpu
-from trtllm_dflash.catalog.models import resolve_model
+from trtllm_dflash.catalog.models import resolve_model, with_local_drafter
 from trtllm_dflash.errors import PlanRefusedError, RecipeError
 from trtllm_dflash.planning.alternatives import describe_fit, fits, nearest_that_fits, precision_alternative
 from trtllm_dflash.planning.candidate import Candidate, with_changes
@@ -69,6 +69,7 @@ def plan_deployment(
     recipe: Any = None,
     use_recipe: bool = True,
     prefix_cache_mib: int = 0,
+    drafter: str | None = None,
 ) -> Plan:
     """Plan `model` on `gpu` (catalog names or aliases; 'cpu' for the torch runtime).
 
@@ -76,9 +77,10 @@ def plan_deployment(
     is one (use_recipe), else from defaults; explicit arguments override either. Never raises
     for a combination that cannot work: the Plan's `refusals` say why, with the nearest
     combination that does (call `.check()` to raise instead). `prefix_cache_mib`: the served
-    model's prefix cache, taken from the device before the KV caches.
+    model's prefix cache, taken from the device before the KV caches. `drafter`: a local drafter
+    directory planned instead of the catalog's (its block size, taps and memory from its config.json).
     """
-    spec = resolve_model(model)
+    spec = with_local_drafter(resolve_model(model), drafter)
     gpu_spec = None if gpu.strip().lower() == CPU else resolve_gpu(gpu)
     if recipe is None and use_recipe:
         from trtllm_dflash.recipes import find_recipe

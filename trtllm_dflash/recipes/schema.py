@@ -347,14 +347,16 @@ class Recipe(_Section):
         return None if self.gpu == CPU else resolve_gpu(self.gpu)
 
     def model_spec(self):
-        """The catalog ModelSpec for model.name (falls back to model.checkpoint when it is a local directory)."""
-        from trtllm_dflash.catalog.models import resolve_model
+        """The catalog ModelSpec for model.name (falls back to model.checkpoint when it is a local
+        directory), with the drafter read from drafter.checkpoint where that is a local directory."""
+        from trtllm_dflash.catalog.models import resolve_model, with_local_drafter
         from trtllm_dflash.errors import UnknownNameError
 
         try:
-            return resolve_model(self.model.name)
+            spec = resolve_model(self.model.name)
         except UnknownNameError:
-            return resolve_model(self.model.checkpoint)
+            spec = resolve_model(self.model.checkpoint)
+        return with_local_drafter(spec, self.drafter.checkpoint)
 
     def trt_flavour(self) -> str | None:
         """'tensorrt' or 'tensorrt-rtx' for runtime trt (resolving 'auto' through the GPU catalog)."""

@@ -20,7 +20,10 @@ import torch
 
 from trtllm_dflash.errors import DFlashError
 
-TEXT_SUFFIXES = frozenset({".py", ".txt", ".md", ".rst", ".c", ".h", ".cc", ".cpp", ".js", ".ts", ".go", ".rs", ".java", ".sh"})
+TEXT_SUFFIXES = frozenset({
+    ".py", ".txt", ".md", ".markdown", ".mdx", ".rst", ".tex", ".html", ".yaml", ".yml", ".toml",
+    ".c", ".h", ".cc", ".cpp", ".hpp", ".js", ".ts", ".go", ".rs", ".java", ".kt", ".swift", ".rb", ".sh",
+})
 JSONL = ".jsonl"
 
 
