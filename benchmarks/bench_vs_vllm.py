@@ -16,6 +16,13 @@ medians. Every DFlash output is compared with the same system's autoregressive o
 other system's (token for token), and the acceptance lengths (tokens per verify step) of the two
 are printed side by side: equal tokens alone prove little, since speculative decoding stays
 lossless with a bad drafter.
+
+`--baseline DIR` adds a third system, ours from another checkout of this repository (a git
+worktree of an earlier commit, say), run by this same script: before and after in one run.
+
+Prefix caching is off in both systems unless `--prefix-cache` turns it on in both: vLLM's V1 engine
+caches prefixes by default, and its timed pass would then reuse the warm-up's prompts and skip
+their prefill, which ours (no prefix cache by default offline) pays.
 """
 
 from __future__ import annotations
@@ -53,9 +60,11 @@ def batches_of(items: list, size: int) -> list[list]:
 # ------------------------------------------------------------------------------ workers (one process each)
 
 
-def run_ours(target: str, drafter: str | None, prompts: list[list[int]], batches: list[int], new_tokens: int) -> dict:
+def run_ours(target: str, drafter: str | None, prompts: list[list[int]], batches: list[int], new_tokens: int,
+             prefix_cache: bool) -> dict:
     from trtllm_dflash.checkpoints import load_drafter, load_target
     from trtllm_dflash.decoding import Decoder, Request, SamplingParams
+    from trtllm_dflash.runtime.prefix_cache import PrefixCache
     from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 
     import torch
@@ -65,7 +74,8 @@ def run_ours(target: str, drafter: str | None, prompts: list[list[int]], batches
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     out = {}
     for batch in batches:
-        decoder = Decoder(runtime, max_batch=batch, max_context=max(map(len, prompts)) + new_tokens + 32)
+        decoder = Decoder(runtime, max_batch=batch, max_context=max(map(len, prompts)) + new_tokens + 32,
+                          prefix_cache=PrefixCache(1 << 30) if prefix_cache else None)
         run = lambda: decoder.generate([Request(list(p), params) for p in prompts])  # noqa: E731
         run()  # warm-up
         started = time.perf_counter()
@@ -77,7 +87,8 @@ def run_ours(target: str, drafter: str | None, prompts: list[list[int]], batches
     return out
 
 
-def run_vllm(target: str, drafter: str | None, prompts: list[list[int]], batches: list[int], new_tokens: int, block: int) -> dict:
+def run_vllm(target: str, drafter: str | None, prompts: list[list[int]], batches: list[int], new_tokens: int, block: int,
+             prefix_cache: bool) -> dict:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM, SamplingParams
@@ -85,7 +96,8 @@ def run_vllm(target: str, drafter: str | None, prompts: list[list[int]], batches
 
     speculative = {"method": "dflash", "model": drafter, "num_speculative_tokens": block - 1} if drafter else None
     llm = LLM(model=target, dtype="float32", enforce_eager=True, max_model_len=max(map(len, prompts)) + new_tokens + 32,
-              max_num_seqs=max(batches), speculative_config=speculative, seed=0, disable_log_stats=False)
+              max_num_seqs=max(batches), speculative_config=speculative, seed=0, disable_log_stats=False,
+              enable_prefix_caching=prefix_cache)
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
 
     def counters() -> tuple[float, float]:
@@ -118,9 +130,10 @@ def run_vllm(target: str, drafter: str | None, prompts: list[list[int]], batches
 
 def worker_command(python: str, system: str, mode: str, args, prompt_file: Path) -> list[str]:
     """A worker gets everything explicitly (the vLLM venv cannot import this project)."""
-    return [python, str(Path(__file__).resolve()), "--worker", system, "--mode", mode, "--target", args.target,
+    tree = ["--tree", str(args.baseline)] if system == "baseline" else []
+    return [python, str(Path(__file__).resolve()), "--worker", "vllm" if system == "vllm" else "ours", *tree, "--mode", mode, "--target", args.target,
             "--drafter", args.drafter, "--batches", ",".join(map(str, args.batches)), "--new-tokens", str(args.new_tokens),
-            "--prompt-file", str(prompt_file), "--threads", str(args.threads)]
+            "--prompt-file", str(prompt_file), "--threads", str(args.threads)] + (["--prefix-cache"] if args.prefix_cache else [])
 
 
 def run_worker_process(command: list[str], threads: int, log: Path) -> dict:
@@ -142,6 +155,7 @@ def block_size_of(drafter: str) -> int:
 def report(runs: dict, args, prompts: list[list[int]]) -> str:
     generated = len(prompts) * args.new_tokens
     lines = [f"{len(prompts)} prompts x {args.new_tokens} new tokens, greedy, {args.threads} thread(s) each, "
+             f"prefix caching {'on' if args.prefix_cache else 'off'} in both, "
              f"{args.rounds} interleaved rounds per system and mode, medians of tokens/s", "",
              "| system | mode | " + " | ".join(f"batch {b} tok/s" for b in args.batches) + " | " +
              " | ".join(f"batch {b} tau" for b in args.batches) + " |",
@@ -157,6 +171,13 @@ def report(runs: dict, args, prompts: list[list[int]]) -> str:
         if ("ours", "dflash") in rate and ("vllm", "dflash") in rate:
             lines.append(f"- batch {b}: ours / vLLM, DFlash {rate[('ours', 'dflash')] / rate[('vllm', 'dflash')]:.2f}x"
                          + (f", autoregressive {rate[('ours', 'ar')] / rate[('vllm', 'ar')]:.2f}x" if ("ours", "ar") in rate and ("vllm", "ar") in rate else ""))
+        for mode in ("dflash", "ar"):
+            if ("baseline", mode) in rate and ("ours", mode) in rate:
+                lines.append(f"  - ours / baseline ({args.baseline}), {mode}: {rate[('ours', mode)] / rate[('baseline', mode)]:.2f}x; "
+                             f"baseline / vLLM {rate[('baseline', mode)] / rate[('vllm', mode)]:.2f}x")
+        if ("ours", "dflash") in runs and ("vllm", "dflash") in runs:
+            same = all(a[str(b)]["tokens"] == c[str(b)]["tokens"] for a in runs[("ours", "dflash")] for c in runs[("vllm", "dflash")])
+            lines.append(f"  - ours dflash and vLLM dflash: the same tokens in every round: {same}")
         reference = runs.get(("ours", "ar"), runs.get(("vllm", "ar")))
         for key, rounds in runs.items():
             same = all(r[str(b)]["tokens"] == reference[0][str(b)]["tokens"] for r in rounds) if reference else None
@@ -175,8 +196,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch / OpenMP threads for each system")
     parser.add_argument("--no-ar", action="store_true", help="skip the autoregressive runs")
+    parser.add_argument("--prefix-cache", action="store_true",
+                        help="prefix caching on in both systems (off by default in both: the timed pass repeats the warm-up's prompts)")
     parser.add_argument("--out", type=Path, default=Path("bench-vs-vllm"), help="folder for the JSON and the worker logs")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="another checkout of this repository (e.g. a git worktree of an earlier commit), run as a third system")
     parser.add_argument("--worker", choices=("ours", "vllm"), help=argparse.SUPPRESS)
+    parser.add_argument("--tree", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=("dflash", "ar"), default="dflash", help=argparse.SUPPRESS)
     parser.add_argument("--prompt-file", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -186,15 +212,18 @@ def main() -> None:
         args.target, args.drafter = args.target or str(demo.target_dir()), args.drafter or str(demo.drafter_dir())
 
     if args.worker:  # one system, one mode, one process
+        if args.tree is not None:  # the baseline: import trtllm_dflash from that checkout, not this venv's editable install
+            sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__module__.startswith("__editable__")]
+            sys.path.insert(0, str(args.tree.resolve()))
         import torch
 
         torch.set_num_threads(args.threads)
         prompts = json.loads(args.prompt_file.read_text())
         drafter = args.drafter if args.mode == "dflash" else None
         if args.worker == "ours":
-            result = run_ours(args.target, drafter, prompts, args.batches, args.new_tokens)
+            result = run_ours(args.target, drafter, prompts, args.batches, args.new_tokens, args.prefix_cache)
         else:
-            result = run_vllm(args.target, drafter, prompts, args.batches, args.new_tokens, block_size_of(args.drafter))
+            result = run_vllm(args.target, drafter, prompts, args.batches, args.new_tokens, block_size_of(args.drafter), args.prefix_cache)
         print(RESULT_MARK + json.dumps(result), flush=True)
         return
 
@@ -205,11 +234,13 @@ def main() -> None:
     prompts = prompt_ids(args.target, args.prompts)
     prompt_file = args.out / "prompt_ids.json"
     prompt_file.write_text(json.dumps(prompts))
-    pythons = {"ours": sys.executable, "vllm": args.vllm_python}
+    pythons = {"ours": sys.executable, "vllm": args.vllm_python, "baseline": sys.executable}
+    systems = ["vllm", "ours"] + (["baseline"] if args.baseline else [])
     modes = ["dflash"] + ([] if args.no_ar else ["ar"])
-    runs: dict[tuple[str, str], list[dict]] = {(s, m): [] for s in ("vllm", "ours") for m in modes}
+    runs: dict[tuple[str, str], list[dict]] = {(s, m): [] for s in systems for m in modes}
     for round_index in range(args.rounds):
-        order = ("vllm", "ours") if round_index % 2 == 0 else ("ours", "vllm")
+        order = systems[round_index % len(systems):] + systems[: round_index % len(systems)]  # each system leads a round in turn
+        order = order if round_index % 2 == 0 else order[::-1]
         for mode in modes:
             for system in order:
                 log = args.out / f"{system}-{mode}-round{round_index}.log"

