@@ -80,15 +80,17 @@ def serve_steps(tokenizer, ids: list[int], sizes: list[int], params: SamplingPar
     return text, kept
 
 
-def whole_text_cut(tokenizer, ids: list[int], stop: str, min_tokens: int = 0) -> tuple[str, list[int]]:
-    """The definition: the first stop that ends past the text of the first min_tokens tokens, and
-    the shortest prefix of ids whose text completes it."""
+def whole_text_cut(tokenizer, ids: list[int], stop: str | list[str], min_tokens: int = 0) -> tuple[str, list[int]]:
+    """The definition: of the stops that end past the text of the first min_tokens tokens, the one
+    that ends first (ties: the longer); the text before it, and the shortest prefix of ids whose
+    text completes it: what a target decoding one token at a time would stop at."""
+    stops = [stop] if isinstance(stop, str) else stop
     floor = len(tokenizer.decode(ids[:min_tokens], skip_special_tokens=True)) if min_tokens else 0
     full = tokenizer.decode(ids, skip_special_tokens=True)
-    start = max(0, floor - len(stop) + 1)
-    cut = full.find(stop, start)
+    starts = {s: max(0, floor - len(s) + 1) for s in stops}
+    _, cut = min((hit + len(s), hit) for s in stops if (hit := full.find(s, starts[s])) >= 0)
     keep = next(k for k in range(max(1, min_tokens + 1), len(ids) + 1)
-                if tokenizer.decode(ids[:k], skip_special_tokens=True).find(stop, start) >= 0)
+                if any(tokenizer.decode(ids[:k], skip_special_tokens=True).find(s, starts[s]) >= 0 for s in stops))
     return full[:cut], ids[:keep]
 
 
@@ -97,6 +99,19 @@ def whole_text_cut(tokenizer, ids: list[int], stop: str, min_tokens: int = 0) ->
 def test_stop_strings_split_across_steps_cut_where_the_whole_text_does(tokenizer, stop, sizes):
     ids = tokenizer.encode(TEXT, add_special_tokens=False)
     assert serve_steps(tokenizer, ids, sizes, SamplingParams(max_new_tokens=64, stop=[stop])) == whole_text_cut(tokenizer, ids, stop)
+
+
+@pytest.mark.parametrize("stops", [["wörld ✓ 日本語", "ld"], ["return \"w", "rn"], ["日本語 🎉", "本"], ["x = 1", "  x = 1"]])
+@pytest.mark.parametrize("sizes", [[1], [2, 5], [16], [64]])
+def test_overlapping_stops_cut_where_the_stop_that_ends_first_does_whatever_the_steps(tokenizer, stops, sizes):
+    """Issue 40 item 6: two stops that complete in one speculative step (the longer starting first)
+    cut where one token at a time would: at the stop that ends first, text and ids alike."""
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    expected = whole_text_cut(tokenizer, ids, stops)
+    assert serve_steps(tokenizer, ids, sizes, SamplingParams(max_new_tokens=64, stop=stops)) == expected
+    assert serve_steps(tokenizer, ids, [1], SamplingParams(max_new_tokens=64, stop=stops)) == expected
+    if stops[1] == "ld":  # the case of issue 40: the longer stop starts first, the shorter ends first
+        assert expected[0] == 'def héllo(): return "wör'
 
 
 @pytest.mark.parametrize("min_tokens", [3, 20, 36])

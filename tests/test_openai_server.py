@@ -172,6 +172,22 @@ def test_template_kwargs_stop_and_seed(client, block_size):
     assert sampled == [reference["text"]] * 2
 
 
+def test_overlapping_stops_give_dflash_the_target_s_text_and_usage(client):
+    """Issue 40 item 6: a long stop that starts first and a short one inside it that ends first
+    complete in one speculative step; the cut is where the target, a token at a time, cuts (the
+    short stop), in text and in completion_tokens, for dflash and ar alike, streamed or not."""
+    for prompt in PROMPTS[:3]:
+        text = client.completions.create(model="ar", prompt=prompt, max_tokens=32, temperature=0).choices[0].text
+        at = next(i for i in range(1, len(text) - 8) if text[i + 2 : i + 4].strip() and text.find(text[i + 2 : i + 4]) == i + 2
+                  and text.find(text[i : i + 8]) == i)
+        stops = [text[at : at + 8], text[at + 2 : at + 4]]
+        answers = {name: client.completions.create(model=name, prompt=prompt, max_tokens=32, temperature=0, stop=stops) for name in ("dflash", "ar")}
+        assert {a.choices[0].text for a in answers.values()} == {text[: at + 2]}, (prompt, stops)
+        assert answers["dflash"].usage.completion_tokens == answers["ar"].usage.completion_tokens
+        stream = client.completions.create(model="dflash", prompt=prompt, max_tokens=32, temperature=0, stop=stops, stream=True)
+        assert "".join(c.choices[0].text for c in stream if c.choices) == text[: at + 2]
+
+
 def test_sixteen_concurrent_streaming_chats_complete_correctly(triton, front, chat_reference):
     before = _metrics(triton)
 

@@ -66,14 +66,18 @@ class StopScan:
         return max((len(s) for s in self.stops), default=0)
 
     def first_hit(self, text: str, searched_before: int, tokenizer: Any, ids: Sequence[int]) -> int | None:
-        """The start of the earliest stop string in `text` that ends past the floor and could not
-        have been found before (it ends after the first `searched_before` characters); None if none."""
+        """The start of the stop string in `text` that ends first, past the floor and past what was
+        searched before (the first `searched_before` characters); None if none.
+
+        The stop that *ends* first wins (ties: the longer one), as it does when tokens arrive one at
+        a time: the cut is then a function of the text alone, not of how a speculative step grouped
+        its tokens (with stops "Return the number" and "he", "...Return t|he" stops at "he")."""
         if not self.stops or len(ids) <= self.min_tokens:
             return None
         if self.floor is None:  # once per request: the text of the first min_tokens tokens
             self.floor = len(tokenizer.decode(ids[: self.min_tokens], skip_special_tokens=True)) if self.min_tokens else 0
-        hits = [hit for s in self.stops if (hit := text.find(s, self.start(s, searched_before))) >= 0]
-        return min(hits) if hits else None
+        hits = [(hit + len(s), hit) for s in self.stops if (hit := text.find(s, self.start(s, searched_before))) >= 0]
+        return min(hits)[1] if hits else None
 
     def start(self, stop: str, searched_before: int) -> int:
         """Where to search for `stop`: it must end past the floor and past what was searched before."""
