@@ -20,9 +20,23 @@ from trtllm_dflash.serving.openai.frontend import (
 
 # The OpenAI front end's exposure options, shared with `dflash-trt serve --openai-port`: (parameter, type, option).
 FRONT_END_OPTIONS = (
-    ("api_key", Optional[str], typer.Option(
-        None, "--api-key", envvar="DFLASH_API_KEY", show_envvar=True,
-        help="Require `Authorization: Bearer KEY` on the OpenAI API (all but /health). Prefer the environment variable: flags show in `ps`.",
+    ("api_key", Optional[list[str]], typer.Option(
+        None, "--api-key", envvar="DFLASH_API_KEY", show_envvar=True, metavar="KEY",
+        help="Require `Authorization: Bearer KEY` on the OpenAI API (all but /health); repeat it for several keys (the variable: "
+        "keys separated by spaces). Prefer the environment variable or --api-key-file: flags show in `ps`.",
+    )),
+    ("api_key_file", Optional[Path], typer.Option(
+        None, "--api-key-file", help="More API keys, one per line, in a file only its owner can read (chmod 600).",
+    )),
+    ("allowed_hosts", Optional[list[str]], typer.Option(
+        None, "--allowed-hosts", metavar="NAME",
+        help="Without an API key, the Host names requests may carry beside this machine's own (repeatable; * for any): "
+        "a web page cannot reach a keyless API through a name of its own pointed at this machine.",
+    )),
+    ("prefix_cache_scope", str, typer.Option(
+        "auto", "--prefix-cache-scope", metavar="auto|server|key",
+        help="Who shares prefix-cache blocks among requests without a cache_salt: server (everyone), key (each API key apart), "
+        "auto (key when several keys are given, else server). Requests with a cache_salt share only with the same salt (and key).",
     )),
     ("max_queued", int, typer.Option(
         DEFAULT_MAX_QUEUED, "--max-queued", min=0,

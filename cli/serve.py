@@ -30,13 +30,15 @@ def serve(
     openai_port: Optional[int] = typer.Option(None, "--openai-port", help="Also serve the OpenAI API (/v1/chat/completions, ...) on this port."),
     openai_host: str = typer.Option(DEFAULT_HOST, "--openai-host", help="Address the OpenAI API listens on."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="With --openai-port: target tokenizer directory (default: each model's target)."),
-    no_triton_http: bool = typer.Option(
-        False, "--no-triton-http", help="Do not open Triton's HTTP port (gRPC and metrics stay; the OpenAI front end uses gRPC)."
+    triton_http: Optional[bool] = typer.Option(
+        None, "--triton-http/--no-triton-http",
+        help="Open Triton's own HTTP port (generate, generate_stream). Default: open, but closed with --openai-port, where Triton's "
+        "ports listen on loopback behind the OpenAI API and its HTTP port would be a second, keyless way in. gRPC and metrics stay.",
     ),
     triton_restricted_http: Optional[str] = typer.Option(
         None, "--triton-restricted-http", metavar="GROUPS",
         help="Triton API groups that answer on its HTTP port only to requests with the header `dflash-admin-token: TOKEN` "
-        "(TOKEN derived from --api-key: `python -m trtllm_dflash.serving.triton_access`; without a key, nobody's). "
+        "(TOKEN random per server, in the file `serve` prints; `python -m trtllm_dflash.serving.triton_access FILE` prints the header). "
         "Default: shared-memory, model-repository, statistics, trace, logging (comma-separated; `none` opens all). "
         "health, metadata, inference (/generate) and model-config stay open.",
     ),
@@ -56,10 +58,17 @@ def serve(
     """
     from trtllm_dflash.serving.server import TritonServer
 
+    from trtllm_dflash.serving.openai.server import is_loopback
+
     console = Console(highlight=False)
+    if openai_port is not None and not is_loopback(host):
+        raise DFlashError(f"--host {host} would open Triton's ports beside the OpenAI API, and they take no API key",
+                          "leave --host out (Triton listens on loopback; --openai-host sets where the OpenAI API listens), "
+                          "or run `dflash-trt serve` and `dflash-trt openai` apart")
+    http = triton_http if triton_http is not None else openai_port is None
     server = TritonServer(
-        repository, http_port, grpc_port, metrics_port, host=host, log_file=log_file, verbose=verbose, http=not no_triton_http,
-        api_key=front_end["api_key"], http_restricted=triton_restricted_http, grpc_restricted=triton_restricted_grpc,
+        repository, http_port, grpc_port, metrics_port, host=host, log_file=log_file, verbose=verbose, http=http,
+        http_restricted=triton_restricted_http, grpc_restricted=triton_restricted_grpc,
     )
     front = None
     if openai_port is not None:
@@ -80,10 +89,14 @@ def serve(
             console.print(f"[yellow]cleaned up after a server whose owner is gone: {escape(str(folder))}[/]")
         if endpoints.http is not None:
             console.print(f"  HTTP     {endpoints.http}  (POST /v2/models/<model>/generate, /generate_stream)")
+            if openai_port is not None:
+                console.print("[yellow]  Triton's HTTP port is open beside the OpenAI API (--triton-http): it takes no API key; "
+                              "keep it on loopback[/]")
         else:
-            console.print("  HTTP     off (--no-triton-http)")
+            console.print("  HTTP     off" + (" (behind the OpenAI API; --triton-http opens it)" if openai_port is not None else " (--no-triton-http)"))
         console.print(f"  gRPC     {endpoints.grpc}")
         console.print(f"  metrics  {endpoints.metrics}")
+        console.print(f"  admin    token for Triton's restricted APIs in {escape(str(server.admin_token_path))} (readable by you only)")
         if front is not None:
             console.print(f"  OpenAI   {front.start()}  (/chat/completions, /completions, /models; /health)")
         model = server.models[0] if "dflash" not in server.models else "dflash"

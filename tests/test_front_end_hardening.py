@@ -85,7 +85,7 @@ def _json_body(response: bytes) -> dict:
 
 def test_headers_sent_a_byte_a_second_get_408_and_a_close(slow_front):
     with _connect(slow_front) as sock:
-        answer, closed = _trickle(sock, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        answer, closed = _trickle(sock, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
     assert closed < TIMEOUT + 2, f"the slow client was not cut off (after {closed} s)"
     assert answer.startswith(b"HTTP/1.1 408 "), answer
     body = _json_body(answer)
@@ -99,7 +99,7 @@ def test_a_connection_that_sends_nothing_is_closed(slow_front):
 
 
 def test_a_body_that_trickles_in_gets_408_and_a_close(slow_front):
-    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b"Content-Length: 1000\r\n\r\n{\"model\": ")
     with _connect(slow_front) as sock:
         answer, closed = _trickle(sock, head)
@@ -113,7 +113,7 @@ def test_a_body_that_trickles_in_gets_408_and_a_close(slow_front):
 def test_the_rest_of_a_refused_body_is_bounded_too(monkeypatch):
     """Refused before its body is read (401 here), a request whose body trickles on is still cut off."""
     with front_end(monkeypatch, read_timeout=TIMEOUT, api_key="k") as front, _connect(front) as sock:
-        answer, closed = _trickle(sock, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{")
+        answer, closed = _trickle(sock, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{")
     assert answer.startswith(b"HTTP/1.1 401 ")
     assert closed < TIMEOUT + 2, f"the body after the answer was not cut off (after {closed} s)"
 
@@ -209,3 +209,29 @@ def test_an_unsupported_value_is_refused_naming_the_value_that_is_accepted():
         with pytest.raises(OpenAIError) as refused:
             frontend.sampling(CompletionRequest(model="dflash", prompt="hi", **extra), info)
         assert "leave it out" in str(refused.value.message) and (accepted is None or accepted in refused.value.message)
+
+
+# ---------------------------------------------------------------------- keyless: Host and content type (issue 40 item 8)
+
+
+def test_without_a_key_a_foreign_host_or_a_non_json_body_is_refused(monkeypatch):
+    """A web page can POST text/plain to 127.0.0.1 without asking (a CORS simple request), and can
+    point a name of its own at 127.0.0.1 (DNS rebinding): both are refused when no key guards the API."""
+    payload = json.dumps({"model": "m", "prompt": "hi"}).encode()
+    with front_end(monkeypatch, allowed_hosts=["api.internal"]) as front:
+        url = front.url + "/completions"
+        for host in ("attacker.example", "attacker.example:80", "127.0.0.2"):
+            refused = httpx.post(url, content=payload, headers={"Content-Type": "application/json", "Host": host}, timeout=10)
+            assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_host", host
+        for host in ("api.internal:8080", "localhost", f"127.0.0.1:{front.port}", socket.gethostname()):
+            passed = httpx.post(url, content=payload, headers={"Content-Type": "application/json", "Host": host}, timeout=10)
+            assert passed.status_code == 404 and passed.json()["error"]["code"] == "model_not_found", host  # through the gate
+        assert httpx.get(front.url.removesuffix("/v1") + "/health", headers={"Host": "attacker.example"}, timeout=10).status_code != 400
+        for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+            refused = httpx.post(url, content=payload, headers={"Content-Type": kind}, timeout=10)
+            assert refused.status_code == 415 and refused.json()["error"]["code"] == "unsupported_media_type", kind
+        assert httpx.post(url, content=payload, headers={"Content-Type": "application/json; charset=utf-8"}, timeout=10).status_code == 404
+    with front_end(monkeypatch, api_key="k") as keyed:  # a key is what guards it: any Host may carry one
+        answer = httpx.post(keyed.url + "/completions", content=payload, timeout=10,
+                            headers={"Content-Type": "application/json", "Host": "attacker.example", "Authorization": "Bearer k"})
+        assert answer.status_code == 404

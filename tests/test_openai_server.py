@@ -303,6 +303,57 @@ def test_client_that_hangs_up_frees_its_decoder_row(triton, front, client, chat_
     assert answer.choices[0].message.content == chat_reference[0]["text"]
 
 
+def test_streaming_clients_that_leave_before_their_first_token_cost_no_prefill(triton, front):
+    """Issue 40 item 7: 20 streaming requests whose clients close right after sending: none reaches
+    the model's prefill (no first token is timed, no token generated, none succeeds)."""
+    import socket
+
+    _wait_idle(triton, front)
+    before = _metrics(triton)
+    body = json.dumps({"model": "dflash", "prompt": PROMPTS[1] * 20, "max_tokens": 64, "temperature": 0, "stream": True}).encode()
+    host, port = front.url.split("//")[1].split("/")[0].split(":")
+    for _ in range(20):
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    _wait_idle(triton, front)
+    time.sleep(1.0)  # a request that did reach the model would be decoding by now
+    _wait_idle(triton, front)
+    after = _metrics(triton)
+    assert after["time_to_first_token_seconds"].count == before["time_to_first_token_seconds"].count
+    assert after["generated_tokens_total"] == before["generated_tokens_total"]
+    assert after["requests_total{success}"] == before["requests_total{success}"]
+
+
+def test_a_stream_whose_client_leaves_before_its_first_response_is_closed():
+    """The window after the request reached the model: waiting for its first response, the front end
+    watches the client and closes the stream (cancelling it in the model) when it leaves."""
+    from trtllm_dflash.serving.openai.app import _first_response
+
+    class Silent:  # a model that has not answered yet
+        closed = False
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            await asyncio.sleep(3600)
+
+        def close(self):
+            self.closed = True
+
+    class Leaving:  # a client that hangs up after 0.3 s
+        def __init__(self):
+            self.left_at = time.monotonic() + 0.3
+
+        async def is_disconnected(self):
+            return time.monotonic() >= self.left_at
+
+    stream = Silent()
+    assert asyncio.run(asyncio.wait_for(_first_response(stream.__aiter__(), stream, Leaving()), 10)) is None
+    assert stream.closed
+
+
 def test_openai_command_refuses_an_unreachable_triton():
     result = CliRunner().invoke(app, ["openai", "--triton-url", "127.0.0.1:9", "--port", "0"])
     assert result.exit_code != 0
@@ -394,7 +445,11 @@ def test_hostile_inputs_get_400s_that_name_the_field(front):
     _error(invalid_utf8, 400)
     _error(post("completions", "[1, 2]"), 400)
     as_form = httpx.post(f"{base}/completions", content=b'{"model": "dflash", "prompt": "hi"}', headers={"Content-Type": "application/x-www-form-urlencoded"})
-    assert "Content-Type: application/json" in _error(as_form, 400)["message"]  # what `curl -d` sends
+    assert "Content-Type: application/json" in _error(as_form, 415, code="unsupported_media_type")["message"]  # what `curl -d` sends
+    as_text = httpx.post(f"{base}/completions", content=b'{"model": "dflash", "prompt": "hi"}', headers={"Content-Type": "text/plain"})
+    _error(as_text, 415, code="unsupported_media_type")  # what a web page may send without a CORS preflight
+    nan = _error(post("completions", _raw_json(completion, "temperature", "NaN")), 400, "temperature")["message"]
+    assert nan == "temperature: NaN is not a number this field takes; send a finite number"
     wrong_method = httpx.get(f"{base}/completions")
     assert _error(wrong_method, 405)["type"] == "invalid_request_error" and wrong_method.headers["allow"] == "POST"
     _error(httpx.delete(f"{base}/models"), 405)
@@ -538,7 +593,7 @@ def test_huge_bodies_are_refused_before_parsing(front, monkeypatch):
 
     host, port = base.removeprefix("http://").removesuffix("/v1").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:  # a declared 100 GB body: answered, never read
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000000000\r\n\r\n{")
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100000000000\r\n\r\n{")
         reply = b""
         while not reply.endswith(b"}}"):  # the end of the JSON body (the connection stays open a while)
             chunk = sock.recv(65536)

@@ -89,6 +89,23 @@ def test_reused_prefix_decodes_like_a_cold_prefill(request, target, params, chun
     _same(again, cold[1])
 
 
+@pytest.mark.parametrize("target", ["dense", "hybrid"])
+def test_a_salt_shares_blocks_only_with_the_same_salt(request, target):
+    """Issue 40 item 1: cache_salt is mixed into the root of the hash chain; requests with another
+    salt (or none) restore nothing of a salted prompt's blocks, and decode exactly as cold."""
+    runtime = request.getfixturevalue(target)
+    first, _ = _prompts()
+    cold = _cold(runtime, [Request(first[1], GREEDY)])[0]
+    decoder = Decoder(runtime, max_batch=2, max_context=160, prefix_cache=PrefixCache(1 << 30, block_tokens=BLOCK))
+    decoder.generate([Request(first[0], GREEDY, cache_salt="tenant-a")])
+    results = {salt: decoder.generate([Request(first[1], GREEDY, cache_salt=salt)])[0] for salt in ("tenant-b", None, "tenant-a")}
+    assert {salt: r.cached_prompt_tokens for salt, r in results.items()} == {"tenant-b": 0, None: 0, "tenant-a": 32}
+    for result in results.values():
+        _same(result, cold)
+    names = PrefixCache(1, block_tokens=BLOCK).names
+    assert len({tuple(names(first[0], 2, salt)) for salt in (None, "a", "b", "")}) == 4  # "" is a salt too, not None
+
+
 @CHUNKS
 @pytest.mark.parametrize("target", ["dense", "hybrid"])
 def test_batches_of_different_prefixes_joining_between_steps(request, target, chunk):

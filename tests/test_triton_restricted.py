@@ -1,16 +1,14 @@
 """Triton's own admin APIs need the admin header, against a REAL tritonserver (no mocks).
 
-One server per module, started with an API key: shared-memory registration over HTTP and gRPC,
-the log settings, trace settings, statistics and (on HTTP) the repository index are refused
-without `dflash-admin-token: HMAC(key)` and accepted with it; health, metadata, model config and
-inference answer without it. The no-key case (a random token nobody is told) is the same flags
-with another token: checked on the argument list, without a second server.
+One server per module: shared-memory registration over HTTP and gRPC, the log settings, trace
+settings, statistics and (on HTTP) the repository index are refused without `dflash-admin-token:
+TOKEN` and accepted with it; health, metadata, model config and inference answer without it.
+TOKEN is random per server (never derived from an API key: issue 40 item 2), in a file only its
+owner reads, and in no process's environment.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
 import subprocess
@@ -49,7 +47,7 @@ def repo(tmp_path_factory):
 def server(repo):
     from trtllm_dflash.serving.server import TritonServer, free_port
 
-    with TritonServer(repo, free_port(), free_port(), free_port(), host="127.0.0.1", api_key=API_KEY, startup_timeout=600) as running:
+    with TritonServer(repo, free_port(), free_port(), free_port(), host="127.0.0.1", startup_timeout=600) as running:
         yield running
 
 
@@ -75,33 +73,41 @@ def shm_region():
     shm.destroy_shared_memory_region(handle)
 
 
-def _expected_token(key: str) -> str:
-    return hmac.new(key.encode(), b"dflash-trt triton admin", hashlib.sha256).hexdigest()
+def _environments_of_group(pgid: int) -> list[bytes]:
+    """The environments of the server's processes (tritonserver and its stubs), as /proc shows them."""
+    from trtllm_dflash.serving.server import process_group_members
+
+    environments = []
+    for pid in process_group_members(pgid):
+        try:
+            environments.append(open(f"/proc/{pid}/environ", "rb").read())
+        except OSError:
+            pass
+    return environments
 
 
 # ------------------------------------------------------------------ arguments (no server)
 
 
-def test_default_flags_restrict_the_admin_groups_with_a_token_derived_from_the_key(repo):
+def test_default_flags_restrict_the_admin_groups_with_a_random_token(repo):
     from trtllm_dflash.serving.server import TritonServer
 
-    server = TritonServer(repo, 18000, 18001, 18002, api_key="k")
+    server = TritonServer(repo, 18000, 18001, 18002)
     try:
-        args, _ = server.command()
+        args, env = server.command()
     finally:
         server.stop()  # removes the backend folder command() prepared
-    token = _expected_token("k")
-    assert server.admin_token == token
+    token = server.admin_token
     assert f"--http-restricted-api={','.join(HTTP_RESTRICTED)}:{HEADER}={token}" in args
     assert f"--grpc-restricted-protocol={','.join(GRPC_RESTRICTED)}:{HEADER}={token}" in args
-    assert not any(arg == "k" or arg.endswith("=k") for arg in args)  # the key itself is not on the command line
+    assert token not in "".join(env.values())
     for group in ("health", "metadata", "inference", "model-config"):
         assert group not in HTTP_RESTRICTED + GRPC_RESTRICTED
     assert {"shared-memory", "logging", "trace", "model-repository"} <= set(HTTP_RESTRICTED)
     assert {"shared-memory", "logging", "trace"} <= set(GRPC_RESTRICTED)
 
 
-def test_without_a_key_the_token_is_random_per_server(repo):
+def test_the_token_is_random_per_server(repo):
     from trtllm_dflash.serving.server import TritonServer
 
     first, second = TritonServer(repo, 18000, 18001, 18002), TritonServer(repo, 18000, 18001, 18002)
@@ -239,12 +245,15 @@ def test_inference_works_without_the_token(server):
     assert out.text and len(out.token_ids) == 8
 
 
-def test_the_module_prints_the_header_for_the_key_in_the_environment(server):
-    env = {**os.environ, "DFLASH_API_KEY": API_KEY}
-    line = subprocess.run([sys.executable, "-m", "trtllm_dflash.serving.triton_access"], env=env, capture_output=True, text=True, check=True).stdout
+def test_the_token_is_in_an_owner_only_file_and_in_no_environment(server):
+    """The token file is the operator's way to the admin APIs; the module turns it into the header."""
+    path = server.admin_token_path
+    assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o077 == 0
+    line = subprocess.run([sys.executable, "-m", "trtllm_dflash.serving.triton_access", str(path)], capture_output=True, text=True, check=True).stdout
     name, value = line.strip().split(": ", 1)
     assert {name: value} == http_headers(server.admin_token)
     assert _http(server, "GET", "/v2/logging", headers={name: value})[0] == 200
-    env.pop("DFLASH_API_KEY")
-    refused = subprocess.run([sys.executable, "-m", "trtllm_dflash.serving.triton_access"], env=env, capture_output=True, text=True)
-    assert refused.returncode == 2 and "DFLASH_API_KEY is not set" in refused.stderr
+    environments = _environments_of_group(server.process.pid)
+    assert environments and not any(server.admin_token.encode() in env for env in environments)
+    refused = subprocess.run([sys.executable, "-m", "trtllm_dflash.serving.triton_access"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "TOKEN_FILE" in refused.stderr

@@ -12,6 +12,7 @@ import dataclasses
 import math
 from typing import Mapping
 
+from trtllm_dflash.contracts.grammar_spec import GrammarSpec
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.contracts.request_limits import MAX_STOP_CHARS, MAX_STOP_STRINGS, PROMPT_CHARS_PER_TOKEN, SEED_MAX, TOP_K_MAX
 
@@ -50,6 +51,9 @@ class PromptTooLongError(SamplingError):
 class SamplingParams:
     """How one request is decoded.
 
+    With a `grammar` the answer ends where the grammar ends (its end-of-sequence token), so it is
+    refused together with `ignore_eos` and `min_tokens`, which decode on past an end of sequence.
+
     `stop` holds stop strings: text, so they are applied where tokens become text (the serving
     loop); the Decoder itself stops on `stop_token_ids`. `min_tokens` and `ignore_eos` fix output
     lengths (what benchmark clients send): neither stop tokens nor stop strings end a request
@@ -66,6 +70,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     min_tokens: int = 0
     ignore_eos: bool = False
+    # a grammar the answer must follow (JSON schema, regex, tool calls: contracts/grammar_spec.py);
+    # the target's distribution is masked by it at every position, drafts verified against that
+    grammar: GrammarSpec | None = None
 
     def stops_at(self, generated: int) -> bool:
         """Whether a stop token may end the request when it is generated token number `generated`
@@ -101,6 +108,10 @@ class SamplingParams:
                 f"this server takes at most {MAX_STOP_STRINGS} of at most {MAX_STOP_CHARS} characters",
                 "send fewer, shorter stop strings",
             )
+        if self.grammar is not None and (self.ignore_eos or self.min_tokens):
+            field = "ignore_eos" if self.ignore_eos else "min_tokens"
+            raise SamplingError(field, f"{field} cannot be combined with a grammar: the grammar ends the answer with its end of sequence",
+                                f"leave {field} out of a grammar-constrained request")
 
     def check_limit(self, max_new_tokens_limit: int) -> None:
         """A served model's own bound on max_new_tokens (its context and configuration)."""

@@ -23,7 +23,7 @@ from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.sampling_params import SamplingError
 from trtllm_dflash.serving.batching_loop import BatchingLoop
 from trtllm_dflash.serving.model_parameters import ServingConfig
-from trtllm_dflash.serving.protocol import INPUT_NAMES, INPUTS, parse_inputs
+from trtllm_dflash.serving.protocol import HEALTH_PROBE, INPUT_NAMES, INPUTS, parse_inputs
 from trtllm_dflash.serving.metrics import TritonMetrics
 
 
@@ -78,6 +78,9 @@ class TritonPythonModel:
                     tensor = pb_utils.get_input_tensor_by_name(request, name)
                     if tensor is not None:
                         raw[name] = tensor.as_numpy()
+                if HEALTH_PROBE in raw:  # this process answers: it is alive (nothing decoded, nothing counted)
+                    sink.send({}, final=True)
+                    continue
                 self.loop.accept(parse_inputs(raw, self.loop.defaults), sink)
             except SamplingError as exc:  # named as the request's inputs, not SamplingParams' fields
                 sink.error(str(exc.renamed(INPUT_NAMES)))

@@ -18,6 +18,8 @@ PROMPT_CHARS_PER_TOKEN = 64
 # Stop strings: every decoding step searches each of them in each request's text.
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
+# A request's cache_salt (mixed into its prefix-cache hash chain): a tenant name or a random token.
+MAX_SALT_CHARS = 256
 # Chunked prefill: prompt tokens written per decoding step while other requests decode (the decoder's
 # and the served model's default; 0 prefills whole prompts). Large enough that a prompt's chunks run
 # near full prefill speed, small enough that a step with a chunk stays within a few decode steps' time.

@@ -75,9 +75,11 @@ class PrefixCache:
         self.nbytes = 0
         self.stats = PrefixCacheStats()
 
-    def names(self, tokens: Sequence[int], count: int) -> list[bytes]:
-        """The chained names of the first `count` whole blocks of `tokens`."""
-        names, parent = [], _ROOT
+    def names(self, tokens: Sequence[int], count: int, salt: str | None = None) -> list[bytes]:
+        """The chained names of the first `count` whole blocks of `tokens`; a `salt` (a request's
+        cache_salt, or its tenant's) is mixed into the root, so only prompts with the same salt
+        share blocks (vLLM's semantics): a tenant cannot tell from a hit what another one sent."""
+        names, parent = [], _root(salt)
         for i in range(count):
             chunk = array.array("q", tokens[i * self.block_tokens : (i + 1) * self.block_tokens]).tobytes()
             parent = hashlib.blake2b(parent + chunk, digest_size=16).digest()
@@ -89,12 +91,12 @@ class PrefixCache:
         (the first generated token is sampled from that token's logits)."""
         return (prompt_length - 1) // self.block_tokens
 
-    def match(self, tokens: Sequence[int], needs_state: bool = False) -> list[PrefixBlock]:
-        """The longest run of cached blocks that starts `tokens` (at least one token left over),
-        ending at a block with a state when `needs_state`; refreshed in the LRU order."""
+    def match(self, tokens: Sequence[int], needs_state: bool = False, salt: str | None = None) -> list[PrefixBlock]:
+        """The longest run of cached blocks that starts `tokens` (at least one token left over) under
+        `salt`, ending at a block with a state when `needs_state`; refreshed in the LRU order."""
         self.stats.lookups += 1
         found = []
-        for name in self.names(tokens, self.storable(len(tokens))):
+        for name in self.names(tokens, self.storable(len(tokens)), salt):
             block = self.blocks.get(name)
             if block is None:
                 break
@@ -109,10 +111,10 @@ class PrefixCache:
             self.stats.hit_tokens += found[-1][1].end
         return [block for _, block in found]
 
-    def depth(self, tokens: Sequence[int]) -> int:
-        """Tokens of `tokens` covered by cached blocks, states or not (no LRU refresh)."""
+    def depth(self, tokens: Sequence[int], salt: str | None = None) -> int:
+        """Tokens of `tokens` covered by cached blocks under `salt`, states or not (no LRU refresh)."""
         count = 0
-        for name in self.names(tokens, self.storable(len(tokens))):
+        for name in self.names(tokens, self.storable(len(tokens)), salt):
             if name not in self.blocks:
                 break
             count += 1
@@ -146,3 +148,10 @@ class PrefixCache:
     def clear(self) -> None:
         self.blocks.clear()
         self.nbytes = 0
+
+
+def _root(salt: str | None) -> bytes:
+    """The parent name of a chain's first block: one for unsalted prompts, one per salt."""
+    if salt is None:
+        return _ROOT
+    return hashlib.blake2b(_ROOT + b"\0salt\0" + salt.encode("utf-8", "surrogatepass"), digest_size=16).digest()

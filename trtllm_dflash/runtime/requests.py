@@ -15,6 +15,9 @@ class Request:
     params: SamplingParams = SamplingParams()
     request_id: Any = None
     arrival: float = 0.0  # set by Decoder.submit; time to first token counts from here
+    cache_salt: str | None = None  # shares prefix-cache blocks only with requests of the same salt
+    # the matcher of params.grammar (runtime/grammar.py GrammarState), made by whoever holds the tokenizer
+    grammar: Any = None
 
 
 @dataclasses.dataclass

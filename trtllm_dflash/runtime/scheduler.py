@@ -311,13 +311,13 @@ class Scheduler:
         if cache is None:
             return 0
         hybrid = self.runtime.is_hybrid
-        blocks = cache.match(request.prompt_ids, needs_state=hybrid)
+        blocks = cache.match(request.prompt_ids, needs_state=hybrid, salt=request.cache_salt)
         cached = blocks[-1].end if blocks else 0
         if cached:
             self.runtime.import_prefix(slot, blocks[: cached // cache.block_tokens])
         end = cache.storable(len(request.prompt_ids)) * cache.block_tokens
         # hybrid: also keep the state where the prompt leaves the cached blocks, for the next prompt sharing them
-        parting = cache.depth(request.prompt_ids) if hybrid else 0
+        parting = cache.depth(request.prompt_ids, request.cache_salt) if hybrid else 0
         states = tuple(p for p in {end, parting} if cached < p <= end) if hybrid else ()
         if end > cached:
             self._prefix_stores[id(request)] = (cached, end, states)
@@ -337,7 +337,7 @@ class Scheduler:
             if noted is None or (self.speculative and not live.result.acceptance_lengths):
                 continue
             start, end, states = noted
-            names = cache.names(live.request.prompt_ids, end // size)
+            names = cache.names(live.request.prompt_ids, end // size, live.request.cache_salt)
             for b in reversed(range(start // size, end // size)):  # deepest first: the root is evicted last
                 state = (b + 1) * size in states
                 if names[b] not in cache or (state and not cache.has_state(names[b])):

@@ -13,6 +13,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from trtllm_dflash.contracts.grammar_spec import GrammarSpec
+from trtllm_dflash.contracts.request_limits import MAX_SALT_CHARS
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.sampling_params import SamplingParams
 
@@ -23,6 +25,7 @@ from trtllm_dflash.sampling_params import SamplingParams
 # (4294967304 arrived as 8), while a JSON integer outside INT64 is refused by Triton itself.
 # Repositories written before declared max_tokens and top_k as INT32; the model still reads
 # those (numpy kinds "iu"), but Triton then wraps large JSON values: rewrite them.
+HEALTH_PROBE = "health_probe"
 INPUTS: dict[str, tuple[str, str, bool]] = {
     "text_input": ("TYPE_STRING", "OSU", True),  # the prompt as text, or
     "input_ids": ("TYPE_INT64", "iu", True),  # as the target's token ids (the OpenAI front end's: tokenized once, there)
@@ -37,6 +40,10 @@ INPUTS: dict[str, tuple[str, str, bool]] = {
     "sampling_param_ignore_eos": ("TYPE_BOOL", "b", True),
     "sampling_param_exclude_input_from_output": ("TYPE_BOOL", "b", True),
     "sampling_param_return_perf_metrics": ("TYPE_BOOL", "b", True),
+    "cache_salt": ("TYPE_STRING", "OSU", True),  # prefix-cache blocks are shared only between requests of the same salt
+    "guided_decoding": ("TYPE_STRING", "OSU", True),  # a grammar (contracts/grammar_spec.py wire form) the answer follows
+    # `serve`'s liveness probe (server_watch.ModelProbe): answered by the model process at once, never decoded or counted
+    HEALTH_PROBE: ("TYPE_BOOL", "b", True),
 }
 
 # Outputs: name -> (Triton datatype, dims). Streaming responses carry the new text/ids/acceptance
@@ -73,7 +80,7 @@ INPUT_NAMES: dict[str, str] = {
 }
 # Our inputs that NVIDIA's LLM-API model does not declare: sent only when set, refused for that model
 # (input_ids: the OpenAI front end sends a prompt's ids only to models that declare it, text otherwise).
-OWN_ONLY_INPUTS = frozenset({"sampling_param_min_tokens", "sampling_param_ignore_eos", "input_ids"})
+OWN_ONLY_INPUTS = frozenset({"sampling_param_min_tokens", "sampling_param_ignore_eos", "input_ids", "cache_salt", "guided_decoding", HEALTH_PROBE})
 
 
 # inputs that carry several values (one per stop string, one per token id); the others carry one
@@ -91,6 +98,7 @@ class GenerateInputs:
     streaming: bool = False
     exclude_input: bool = True
     token_ids: tuple[int, ...] | None = None
+    cache_salt: str | None = None  # see INPUTS
 
 
 def parse_inputs(raw: dict[str, np.ndarray | None], defaults: SamplingParams = SamplingParams()) -> GenerateInputs:
@@ -127,6 +135,11 @@ def parse_inputs(raw: dict[str, np.ndarray | None], defaults: SamplingParams = S
     if ("text_input" in values) == ("input_ids" in values):
         raise DFlashError("send the prompt as text_input or as input_ids" + (", not both" if "text_input" in values else ""),
                           "send text_input (text) or input_ids (the target's token ids)")
+    if "guided_decoding" in values:
+        try:
+            given["grammar"] = GrammarSpec.from_json(values["guided_decoding"])
+        except ValueError as exc:
+            raise DFlashError(f"input guided_decoding {exc}", 'send {"kind": "json_schema", "value": SCHEMA} (or regex, choice, json_object)') from None
     token_ids = values.get("input_ids")
     if token_ids is not None and not token_ids:
         raise DFlashError("input input_ids is empty", "send at least one prompt token id")
@@ -136,7 +149,18 @@ def parse_inputs(raw: dict[str, np.ndarray | None], defaults: SamplingParams = S
         streaming=bool(values.get("streaming", False)),
         exclude_input=bool(values.get("sampling_param_exclude_input_from_output", True)),
         token_ids=token_ids,
+        cache_salt=_salt(values.get("cache_salt")),
     )
+
+
+def _salt(value: str | None) -> str | None:
+    """A cache_salt input: None when absent; a non-empty string of at most MAX_SALT_CHARS."""
+    if value is None:
+        return None
+    if not value or len(value) > MAX_SALT_CHARS:
+        raise DFlashError(f"input cache_salt has {len(value)} characters, expected 1 to {MAX_SALT_CHARS}",
+                          "send a non-empty cache_salt (e.g. a tenant name or a random token), or leave it out")
+    return value
 
 
 def _text(value: Any, name: str) -> str:
@@ -188,14 +212,17 @@ def request_body(
     return {"text_input": prompt, "streaming": streaming, **{INPUT_NAMES[field]: value for field, value in fields.items()}}
 
 
-def params_body(prompt: str, params: SamplingParams, streaming: bool, prompt_ids: Sequence[int] | None = None) -> dict[str, Any]:
+def params_body(prompt: str, params: SamplingParams, streaming: bool, prompt_ids: Sequence[int] | None = None,
+                cache_salt: str | None = None) -> dict[str, Any]:
     """The request body of a prompt and its checked SamplingParams (the OpenAI front end's); with
-    `prompt_ids` the prompt goes as those token ids instead of its text."""
+    `prompt_ids` the prompt goes as those token ids instead of its text; `cache_salt` when set."""
     body = request_body(prompt, params.max_new_tokens, params.temperature, params.top_k, params.top_p, params.seed, params.stop, streaming,
                         min_tokens=params.min_tokens, ignore_eos=params.ignore_eos)
     if prompt_ids is not None:
         del body["text_input"]
         body["input_ids"] = list(prompt_ids)
+    if cache_salt is not None:
+        body["cache_salt"] = cache_salt
     return body
 
 

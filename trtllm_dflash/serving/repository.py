@@ -53,11 +53,14 @@ class TritonPythonModel:
 
     def initialize(self, args):
         from trtllm_dflash.backends.triton_model import TritonPythonModel as DFlashModel
+        from trtllm_dflash.serving.server_watch import RequestNotes
 
+        self.notes = RequestNotes(args["model_name"])  # so that `serve` can name the request before a crash
         self.model = DFlashModel()
         self.model.initialize(args)
 
     def execute(self, requests):
+        self.notes.record(requests)
         return self.model.execute(requests)
 
     def finalize(self):

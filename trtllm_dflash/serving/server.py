@@ -11,7 +11,8 @@ The Python backend stub starts its interpreter in isolated mode (PYTHONPATH is i
 this Python's import paths are handed to the repository's model.py in DFLASH_TRT_PYTHONPATH.
 
 Supervision (`TritonServer.supervise`, the wait loop of `dflash-trt serve`): a tritonserver
-that dies on its own is restarted on the same ports, within a restart budget. The bundled 2.51
+that dies on its own, or whose model process stops answering a periodic probe, is restarted on
+the same ports (a failed restart is retried), within a restart budget. The bundled 2.51
 binary segfaults on some HTTP requests before any model sees them (a JSON body nested ~40,000
 arrays deep; a body of about 4 MiB or more); that cannot be fixed here, only survived. Each server gets a unique
 prefix for the Python backend's shared-memory regions in /dev/shm, so the regions a dead server
@@ -36,12 +37,11 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections import deque
 from pathlib import Path
 from typing import Callable
 
 from trtllm_dflash.errors import DFlashError, MissingDependencyError
-from trtllm_dflash.serving import DEFAULT_HOST, server_watch
+from trtllm_dflash.serving import DEFAULT_HOST, server_watch, triton_access
 from trtllm_dflash.serving.repository import PYTHONPATH_ENV, model_names
 from trtllm_dflash.serving.server_watch import SHM_DIR, process_group_members
 
@@ -179,15 +179,12 @@ class TritonServer:
         verbose: bool = False,
         startup_timeout: float = 600.0,
         http: bool = True,
-        api_key: str | None = None,
         http_restricted: str | tuple[str, ...] | list[str] | None = None,
         grpc_restricted: str | tuple[str, ...] | list[str] | None = None,
     ) -> None:
         """http_restricted / grpc_restricted: Triton API groups closed to requests without the
-        admin header ("a,b", a sequence, "none"; None: triton_access's defaults); api_key derives
-        the header's token (without one it is random: the groups are closed to everyone)."""
-        from trtllm_dflash.serving import triton_access
-
+        admin header ("a,b", a sequence, "none"; None: triton_access's defaults); the header's
+        token is random per server, in a file only its owner reads (`admin_token_path`)."""
         self.repository = Path(repository).expanduser().resolve()
         if not self.repository.is_dir():
             raise DFlashError(f"repository {self.repository} does not exist", "write one with `dflash-trt repo --model demo --out REPO`")
@@ -222,12 +219,13 @@ class TritonServer:
             metrics=f"http://{client_host}:{metrics_port}/metrics",
         )
         # Triton's admin APIs (triton_access.py) answer only requests carrying this token in the
-        # header triton_access.HEADER: derived from api_key, else random and told to nobody
+        # header triton_access.HEADER: random per server, never derived from an API key
         self.http_restricted = triton_access.restricted_groups(
             triton_access.HTTP_RESTRICTED if http_restricted is None else http_restricted, "--triton-restricted-http (http_restricted=)")
         self.grpc_restricted = triton_access.restricted_groups(
             triton_access.GRPC_RESTRICTED if grpc_restricted is None else grpc_restricted, "--triton-restricted-grpc (grpc_restricted=)")
-        self.admin_token = triton_access.admin_token(api_key)
+        self.admin_token = triton_access.admin_token()
+        self.admin_token_path = self._workdir / triton_access.TOKEN_FILE
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -241,14 +239,13 @@ class TritonServer:
         if not self.http:
             args.append("--allow-http=false")
         args.append(f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}")
-        from trtllm_dflash.serving.triton_access import restriction_args
-
-        args += restriction_args(self.http_restricted, self.grpc_restricted, self.admin_token, with_http=self.http)
+        args += triton_access.restriction_args(self.http_restricted, self.grpc_restricted, self.admin_token, with_http=self.http)
         env = dict(os.environ)
         if pytriton_server is not None:
             args.append(f"--backend-directory={prepare_backends(pytriton_server, self._workdir)}")
             env.update(stub_interpreter_env(self._workdir, libs, env))
         env[PYTHONPATH_ENV] = os.pathsep.join(stub_python_path())
+        env[server_watch.NOTES_ENV] = str(self._workdir)  # each model notes its last request there (a crash names it)
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         env.setdefault("HF_HUB_OFFLINE", "1")
         return args, env
@@ -271,6 +268,7 @@ class TritonServer:
         """Start the server and block until every model of the repository is ready."""
         self.cleaned_leftovers = server_watch.clean_leftovers(self._workdir.parent)
         self._workdir.mkdir(parents=True, exist_ok=True)  # a final stop() removed it
+        triton_access.write_token(self.admin_token_path, self.admin_token)
         for flag, port in self.ports.items():
             if flag == "--http-port" and not self.http:
                 continue
@@ -378,54 +376,86 @@ class TritonServer:
         log: Callable[[str], None] = print,
         stop_event: threading.Event | None = None,
         poll: float = 0.5,
+        probe_interval: float = server_watch.PROBE_INTERVAL_S,
     ) -> None:
-        """Block while the server runs; restart it on the same ports whenever it dies on its own.
+        """Block while the server runs; restart it on the same ports whenever it dies on its own or
+        a model's process stops answering (a probe every `probe_interval` s, server_watch.ModelProbe; 0: none).
 
-        Each death is logged in one line (exit status or signal, log path, shared-memory files
-        removed). Requests in flight fail with the server's connections (clients see a closed
-        connection or gRPC UNAVAILABLE, not a hang). More than `max_restarts` deaths within
-        `window` seconds raise DFlashError (one line) with the server stopped. Returns when
-        `stop_event` is set or the server was stopped (stop()).
+        Each death is logged in one line (exit status or signal, the request its model received
+        last, log path, shared-memory files removed). Requests in flight fail with the server's
+        connections (clients see a closed connection or gRPC UNAVAILABLE, not a hang). A restart
+        that fails is retried after 1, 2, 4 ... s. More than `max_restarts` deaths and failed
+        restarts within `window` seconds (deaths after the same request count once:
+        server_watch.RestartBudget) raise DFlashError (one line) with the server stopped. Returns
+        when `stop_event` is set or the server was stopped (stop()).
         """
         stop_event = stop_event or threading.Event()
-        deaths: deque[float] = deque()
-        while not stop_event.is_set():
-            process = self.process
-            if process is None:
-                return
-            dead = self.dead_stubs() if process.poll() is None else []
-            if process.poll() is None and not dead:
-                stop_event.wait(poll)
-                continue
-            if stop_event.is_set():
-                return
-            code, now = process.returncode, time.monotonic()
-            uptime = now - self.started_at if self.started_at is not None else 0.0
-            # a dead stub: Triton answers that model's requests with errors forever and its
-            # streams hang, so the whole server goes, at once (no graceful wait for requests
-            # that cannot finish), and comes back on the same ports
-            self.stop(graceful=not dead, final=False)  # its stubs, its shared memory, its backend folder
-            removed = self.removed_shm
-            deaths.append(now)
-            while deaths and now - deaths[0] > window:
-                deaths.popleft()
-            what = (
-                f"the Python backend stub of {', '.join(dead)} died ({uptime:.0f} s after the server was ready); tritonserver stopped"
-                if dead else f"tritonserver died unexpectedly ({describe_exit(code)}, {uptime:.0f} s after it was ready)"
-            )
-            cleaned = f"removed {len(removed)} shared-memory file(s) it left in {SHM_DIR}"
-            if len(deaths) > max_restarts:
-                raise DFlashError(
-                    f"{what}; {cleaned}; it died {len(deaths)} times within {window / 60:g} min, "
-                    f"more than the {max_restarts} restarts allowed, so it is not restarted again",
-                    f"read its log, {self.log_path}",
-                )
-            log(f"{what}; log: {self.log_path}; {cleaned}; restarting it on the same ports "
-                f"(restart {len(deaths)} of at most {max_restarts} per {window / 60:g} min)")
-            self._note_in_log(f"dflash-trt serve: {what}; restarting it")
-            self.restart()
-            self.restarts.append(time.monotonic())
-            log(f"tritonserver ready again after {time.monotonic() - now:.0f} s")
+        budget = server_watch.RestartBudget(max_restarts, window)
+        probe = server_watch.ModelProbe(self, probe_interval) if probe_interval else None
+        try:
+            while not stop_event.is_set():
+                process = self.process
+                if process is None:
+                    return
+                alive = process.poll() is None
+                dead = self.dead_stubs() if alive else []
+                stalled = probe.stalled(process.pid) if probe is not None and alive and not dead else {}
+                if alive and not dead and not stalled:
+                    stop_event.wait(poll)
+                    continue
+                if stop_event.is_set() or not self._restart_after(process, dead, stalled, budget, log, stop_event):
+                    return
+        finally:
+            if probe is not None:
+                probe.stop()
+
+    def _restart_after(self, process: subprocess.Popen, dead: list[str], stalled: dict[str, str], budget: server_watch.RestartBudget,
+                       log: Callable[[str], None], stop_event: threading.Event) -> bool:
+        """One death: stop what is left, log it, restart (retried with backoff); False if stop_event ended it."""
+        now = time.monotonic()
+        uptime = now - self.started_at if self.started_at is not None else 0.0
+        suspects = [name.rsplit("_", 2)[0] for name in dead] or list(stalled) or self.models
+        last = server_watch.last_request(self._workdir, suspects)
+        server_watch.clear_notes(self._workdir)
+        # a dead or stalled stub: Triton answers that model's requests with errors forever and its
+        # streams hang, so the whole server goes, at once (no graceful wait for requests that
+        # cannot finish), and comes back on the same ports (the Python backend restarts no stub)
+        self.stop(graceful=not (dead or stalled), final=False)  # its stubs, its shared memory, its backend folder
+        if stalled:
+            what = f"the Python backend stub of {', '.join(stalled)} stopped answering ({'; '.join(stalled.values())}); tritonserver stopped"
+        elif dead:
+            what = f"the Python backend stub of {', '.join(dead)} died ({uptime:.0f} s after the server was ready); tritonserver stopped"
+        else:
+            what = f"tritonserver died unexpectedly ({describe_exit(process.returncode)}, {uptime:.0f} s after it was ready)"
+        what += (f"; the last request {last[0]} received: fingerprint {last[1]}, {max(0.0, time.time() - last[2]):.1f} s before"
+                 if last else "; no model noted a request since it started")
+        cleaned = f"removed {len(self.removed_shm)} shared-memory file(s) it left in {SHM_DIR}"
+        counted = budget.spend(now, last[1] if last else None)
+        if budget.exhausted():
+            raise DFlashError(f"{what}; {cleaned}; it died {budget.used()} times within {budget.window / 60:g} min, "
+                              f"more than the {budget.limit} restarts allowed, so it is not restarted again", f"read its log, {self.log_path}")
+        repeat = "" if counted else "; the same request preceded an earlier crash, so this one does not count again"
+        log(f"{what}; log: {self.log_path}; {cleaned}; restarting it on the same ports ({budget.describe()}{repeat})")
+        self._note_in_log(f"dflash-trt serve: {what}; restarting it")
+        delay = server_watch.RETRY_FIRST_S
+        while True:
+            try:
+                self.restart()
+                break
+            except (DFlashError, OSError) as exc:  # e.g. /dev/shm or /tmp full, a port taken meanwhile: try again later
+                budget.spend(time.monotonic())
+                reason = str(exc).splitlines()[0].rstrip(":")
+                if budget.exhausted():
+                    raise DFlashError(f"the restart failed ({reason}); {budget.used()} deaths and failed restarts within "
+                                      f"{budget.window / 60:g} min, more than the {budget.limit} allowed, so it is not tried again",
+                                      f"read its log, {self.log_path}") from None
+                log(f"the restart failed ({reason}); retrying in {delay:g} s ({budget.describe()})")
+                if stop_event.wait(delay):
+                    return False
+                delay = min(2 * delay, server_watch.RETRY_CAP_S)
+        self.restarts.append(time.monotonic())
+        log(f"tritonserver ready again after {time.monotonic() - now:.0f} s")
+        return True
 
     def restart(self, port_wait: float = 30.0) -> Endpoints:
         """Stop what is left of the server and start it again on the same ports."""

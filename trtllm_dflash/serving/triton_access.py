@@ -13,22 +13,21 @@ health, metadata, inference and model-config stay open everywhere: the launcher'
 check, DFlashClient, the OpenAI front end (model configs and, over gRPC, the repository index)
 and `bench --url` (model config over HTTP) use them without a header.
 
-The header value is a token, not the API key itself: Triton takes it on its command line, which
-`ps` shows to every user of the machine, and the API key must not leak that way (the docs say to
-pass it in DFLASH_API_KEY for exactly that reason). With a key the token is
-HMAC-SHA256(key, "dflash-trt triton admin"), so key holders derive it
-(`python -m trtllm_dflash.serving.triton_access` prints the header for $DFLASH_API_KEY); without
-a key it is random per server and told to nobody. Either way, users of the machine who can list
-its processes can read it: the restriction keeps out clients that reach the ports but not the
-process list (browser pages, other hosts with --host 0.0.0.0, containers sharing the network).
+The header value is a random token, new for every server, never a function of an API key (it
+was once HMAC(key, constant): anyone who read it could test guesses of the key offline). Triton
+takes it on its command line only, so local users who can list processes can read it there; it
+opens Triton's admin APIs, nothing else. Operators read it from a file only its owner can read,
+in the server's private folder (`serve` prints the path; `python -m
+trtllm_dflash.serving.triton_access FILE` prints the header). The restriction keeps out clients
+that reach the ports but not the process list (browser pages, other hosts with --host 0.0.0.0,
+containers sharing the network); with `serve --openai-port`, Triton's ports listen on loopback.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
 import secrets
+from pathlib import Path
 import sys
 from typing import Sequence
 
@@ -43,8 +42,7 @@ HTTP_RESTRICTED = ("shared-memory", "model-repository", "statistics", "trace", "
 GRPC_RESTRICTED = ("shared-memory", "statistics", "trace", "logging")
 HEADER = "dflash-admin-token"
 GRPC_HEADER = f"triton-grpc-protocol-{HEADER}"  # Triton prefixes gRPC restriction keys with this
-API_KEY_ENV = "DFLASH_API_KEY"
-_TOKEN_CONTEXT = b"dflash-trt triton admin"
+TOKEN_FILE = "admin-token"  # in the server's private folder, mode 0600
 
 
 def restricted_groups(value: str | Sequence[str], option: str) -> tuple[str, ...]:
@@ -66,11 +64,17 @@ def restricted_groups(value: str | Sequence[str], option: str) -> tuple[str, ...
     return tuple(groups)
 
 
-def admin_token(api_key: str | None) -> str:
-    """The header value: derived from the API key (key holders can compute it), else random."""
-    if not api_key:
-        return secrets.token_hex(32)
-    return hmac.new(api_key.encode(), _TOKEN_CONTEXT, hashlib.sha256).hexdigest()
+def admin_token() -> str:
+    """A new random header value (256 bits)."""
+    return secrets.token_hex(32)
+
+
+def write_token(path: Path, token: str) -> None:
+    """Write `token` where only this user can read it (created 0600, never widened by the umask)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(token + "\n")
 
 
 def restriction_args(http: Sequence[str], grpc: Sequence[str], token: str, with_http: bool = True) -> list[str]:
@@ -93,15 +97,19 @@ def grpc_headers(token: str) -> dict[str, str]:
     return {GRPC_HEADER: token}
 
 
-def main() -> int:
-    """Print the HTTP header for $DFLASH_API_KEY: `curl -H "$(python -m ...triton_access)" ...`."""
-    api_key = os.environ.get(API_KEY_ENV)
-    if not api_key:
-        print(f"{API_KEY_ENV} is not set: without a key Triton's restricted APIs are open to nobody", file=sys.stderr)
+def main(argv: Sequence[str]) -> int:
+    """Print the HTTP header from a server's token file: `curl -H "$(python -m ...triton_access FILE)" ...`."""
+    if len(argv) != 1:
+        print("usage: python -m trtllm_dflash.serving.triton_access TOKEN_FILE  (the path `dflash-trt serve` prints)", file=sys.stderr)
         return 2
-    print(f"{HEADER}: {admin_token(api_key)}")
+    try:
+        token = Path(argv[0]).read_text().strip()
+    except OSError as exc:
+        print(f"cannot read {argv[0]}: {exc.strerror}; pass the admin token file `dflash-trt serve` printed", file=sys.stderr)
+        return 2
+    print(f"{HEADER}: {token}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -8,13 +8,14 @@ error, including FastAPI's own, is answered with OpenAI's error body.
 import asyncio
 import json
 import logging
+import math
 import time
 import uuid
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from trtllm_dflash.extras import require_installed
-from trtllm_dflash.serving.openai.frontend import Frontend, ModelInfo
-from trtllm_dflash.serving.openai.gate import Gate
+from trtllm_dflash.serving.openai.frontend import Frontend, ModelInfo, cache_salt
+from trtllm_dflash.serving.openai.gate import TENANT, Gate
 from trtllm_dflash.serving.openai.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest, OpenAIError
 from trtllm_dflash.serving.openai.spec_stats import avg_decoded_tokens_per_iter, speculative_decoding
 from trtllm_dflash.serving.openai.triton import TritonStream
@@ -69,6 +70,9 @@ def create_app(frontend: Frontend):
             message, param = "the request body is not valid JSON", None
         elif not loc:  # the body as a whole: not an object, or not sent as JSON (curl -d sends a form)
             message, param = "the request body must be a JSON object sent with Content-Type: application/json", None
+        elif isinstance(first.get("input"), float) and not math.isfinite(first["input"]):  # not "should be <= 2"
+            value = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}[str(first["input"])]
+            message, param = f"{'.'.join(loc)}: {value} is not a number this field takes; send a finite number", loc[0]
         else:
             message, param = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid value')}", (loc[0] if loc else None)
         return JSONResponse(OpenAIError(400, message, param).body(), status_code=400)
@@ -116,7 +120,7 @@ def create_app(frontend: Frontend):
         params = frontend.sampling(body, info, "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens")
         prompt = await to_thread.run_sync(frontend.chat_prompt, body, info)
         ids = await to_thread.run_sync(frontend.check_prompt, info, prompt, "messages")
-        return await _answer(request, body, info, frontend.open(info, prompt, params, ids), chat=True)
+        return await _answer(request, body, info, lambda: frontend.open(info, prompt, params, ids, _salt(frontend, body, request)), chat=True)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -128,9 +132,14 @@ def create_app(frontend: Frontend):
             prompt = prompt[0]
         params = frontend.sampling(body, info)
         ids = await to_thread.run_sync(frontend.check_prompt, info, prompt, "prompt")
-        return await _answer(request, body, info, frontend.open(info, prompt, params, ids), chat=False)
+        return await _answer(request, body, info, lambda: frontend.open(info, prompt, params, ids, _salt(frontend, body, request)), chat=False)
 
-    async def _answer(request: Request, body: GenerationRequest, info: ModelInfo, stream: TritonStream, chat: bool):
+    async def _answer(request: Request, body: GenerationRequest, info: ModelInfo, open_stream: Callable[[], TritonStream], chat: bool):
+        """Send the request to the model (unless its client already left: no prefill for nobody) and
+        answer it; a client that leaves before its answer is complete cancels it there."""
+        if await request.is_disconnected():
+            return JSONResponse({}, status_code=499)
+        stream = open_stream()
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         created = int(time.time())
         kind = "chat.completion" if chat else "text_completion"
@@ -141,11 +150,9 @@ def create_app(frontend: Frontend):
             usage = bool(body.stream_options and body.stream_options.include_usage)
             # the first response comes before any byte is sent, so request errors are plain 400s
             iterator = stream.__aiter__()
-            try:
-                first = await iterator.__anext__()
-            except OpenAIError:
-                stream.close()
-                raise
+            first = await _first_response(iterator, stream, request)
+            if first is None:  # the client left before its first token: the model drops the request at its next step
+                return JSONResponse({}, status_code=499)
             events = _stream_events(iterator, first, ident, created, info.name, chat, usage, spec)
             return StreamingResponse(events, media_type="text/event-stream", background=BackgroundTask(stream.close))
         task = asyncio.ensure_future(_collect(stream))
@@ -170,6 +177,30 @@ def create_app(frontend: Frontend):
         return answer
 
     return app
+
+
+async def _first_response(iterator, stream: TritonStream, request) -> dict | None:
+    """The stream's first response, or None when the client disconnects first (the stream is then
+    closed, which cancels the request in the model); a request error closes it and is raised."""
+    task = asyncio.ensure_future(iterator.__anext__())
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=0.1)
+        if done:
+            break
+        if await request.is_disconnected():
+            stream.close()
+            task.cancel()
+            return None
+    try:
+        return task.result()
+    except OpenAIError:
+        stream.close()
+        raise
+
+
+def _salt(frontend: Frontend, body: GenerationRequest, request) -> str | None:
+    """The cache salt of a request: its own cache_salt, in its API key's tenant (gate.TENANT)."""
+    return cache_salt(frontend.config, body.cache_salt, request.scope.get(TENANT))
 
 
 async def _collect(stream: TritonStream) -> tuple[str, dict, list[int]]:

@@ -9,6 +9,7 @@ request on Triton's gRPC stream.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import threading
 import time
@@ -47,6 +48,8 @@ class ModelInfo:
     llmapi_inputs: frozenset = frozenset()
     # the model takes the prompt as token ids (`input_ids`; repositories written before it take text only)
     takes_ids: bool = False
+    # the model takes `cache_salt` (repositories written before it do not: they cannot isolate tenants)
+    takes_salt: bool = False
     # one prompt tokenized at a time per tokenizer: a fast tokenizer used from two threads can
     # fail ("Already borrowed") when one of them touches its padding/truncation settings
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -113,7 +116,7 @@ class FrontendConfig:
     models: Sequence[str] = ()  # expose only these (default: every DFlash model Triton serves)
     tokenizer: str | None = None  # overrides the targets named in the model configs
     repository: Path | None = None  # resolves relative target paths of the model configs
-    api_key: str | None = None  # required as `Authorization: Bearer KEY` on every route but /health
+    api_keys: tuple[str, ...] = ()  # one of them required as `Authorization: Bearer KEY` on every route but /health
     max_queued: int = DEFAULT_MAX_QUEUED  # requests in flight beyond what the models decode at once
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies get 413, unparsed
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT  # seconds in-flight requests get to finish on shutdown
@@ -121,6 +124,32 @@ class FrontendConfig:
     allow_request_chat_template: bool = False
     read_timeout: float = DEFAULT_READ_TIMEOUT  # a client slower to send its headers (or its body) gets 408 and is cut off
     max_connections: int = DEFAULT_MAX_CONNECTIONS  # connections past it get 503 and are closed at once
+    # who shares prefix-cache blocks without a cache_salt: "server" (everyone), "key" (each API key
+    # apart), "auto" ("key" when several keys are configured, else "server")
+    prefix_cache_scope: str = "auto"
+    # without an API key, the Host names requests must carry (empty or "*": any); see gate._host_error
+    allowed_hosts: tuple[str, ...] = ()
+
+    @property
+    def per_key(self) -> bool:
+        """Each API key is a tenant whose prefix-cache blocks no other key's requests reach."""
+        return self.prefix_cache_scope == "key" or (self.prefix_cache_scope == "auto" and len(self.api_keys) > 1)
+
+
+PREFIX_CACHE_SCOPES = ("auto", "server", "key")
+
+
+def tenant_of(key: str) -> str:
+    """A key's tenant name in cache salts: a digest, so the key itself never leaves the front end."""
+    return hashlib.sha256(b"dflash-trt tenant\0" + key.encode()).hexdigest()[:32]
+
+
+def cache_salt(config: FrontendConfig, salt: str | None, tenant: str | None) -> str | None:
+    """The salt sent to the model: the request's own, inside its key's tenant when keys are
+    tenants (so two keys never share blocks, even with equal salts); None shares server-wide."""
+    if config.per_key and tenant is not None:
+        return f"tenant:{tenant}" + ("" if salt is None else f"\0{salt}")
+    return salt
 
 
 class Frontend:
@@ -177,7 +206,10 @@ class Frontend:
                 if LLMAPI_MARKER in inputs:  # NVIDIA's LLM-API model: asked for its finish reason and figures
                     info = dataclasses.replace(info, llmapi_inputs=inputs, speculative=True)
                 else:
-                    info = dataclasses.replace(info, takes_ids="input_ids" in inputs)
+                    info = dataclasses.replace(info, takes_ids="input_ids" in inputs, takes_salt="cache_salt" in inputs)
+                if self.config.per_key and not info.takes_salt:
+                    raise DFlashError(f"model {name!r} cannot keep API keys' prefix caches apart (its repository has no cache_salt input)",
+                                      "rewrite the repository with `dflash-trt repo`, or pass --prefix-cache-scope server to let the keys share it")
                 self.models[name] = info
             except DFlashError:
                 if self.config.models:  # named explicitly: say why it cannot be served
@@ -198,7 +230,8 @@ class Frontend:
 
     def model(self, name: str) -> ModelInfo:
         if name not in self.models:
-            raise OpenAIError(404, f"The model '{name}' does not exist; this server has {', '.join(self.models)}", "model", "model_not_found")
+            shown = name if len(name) <= 256 else name[:256] + "..."  # a client's megabyte is not echoed back
+            raise OpenAIError(404, f"The model '{shown}' does not exist; this server has {', '.join(self.models)}", "model", "model_not_found")
         return self.models[name]
 
     # ------------------------------------------------------------------ validation
@@ -286,10 +319,16 @@ class Frontend:
         except DFlashError as exc:
             raise OpenAIError(400, str(exc), "messages") from None
 
-    def open(self, info: ModelInfo, prompt: str, params: SamplingParams, prompt_ids: list[int] | None = None) -> TritonStream:
-        """The request on Triton's stream: as `prompt_ids` (checked by `check_prompt`) where the model takes ids, else as text."""
+    def open(self, info: ModelInfo, prompt: str, params: SamplingParams, prompt_ids: list[int] | None = None,
+             salt: str | None = None) -> TritonStream:
+        """The request on Triton's stream: as `prompt_ids` (checked by `check_prompt`) where the model takes ids, else as text;
+        `salt` from `cache_salt()`."""
+        if salt is not None and not info.takes_salt:
+            raise OpenAIError(400, f"'cache_salt' is not supported by model '{info.name}' (its repository was written before it, "
+                              "or it is NVIDIA's LLM-API model); leave it out", "cache_salt", "unsupported_parameter")
         if not info.llmapi_inputs:
-            return TritonStream(self.client, info.name, params_body(prompt, params, streaming=True, prompt_ids=prompt_ids if info.takes_ids else None))
+            return TritonStream(self.client, info.name, params_body(prompt, params, streaming=True, prompt_ids=prompt_ids if info.takes_ids else None,
+                                                                   cache_salt=salt))
         body = params_body(prompt, params, streaming=True)
         for field, wire in INPUT_NAMES.items():  # ours alone (min_tokens, ignore_eos): refused rather than dropped
             if wire in OWN_ONLY_INPUTS and wire in body and wire not in info.llmapi_inputs:

@@ -11,11 +11,12 @@ import asyncio
 import hmac
 from typing import Awaitable, Callable
 
-from trtllm_dflash.serving.openai.frontend import Frontend
+from trtllm_dflash.serving.openai.frontend import Frontend, tenant_of
 from trtllm_dflash.serving.openai.schemas import OpenAIError
 
 GENERATE_PATHS = ("/v1/chat/completions", "/v1/completions")  # counted in flight, drained, queue-bounded
 OPEN_PATHS = ("/health",)  # answered without the API key (load balancers, orchestrators)
+TENANT = "dflash.tenant"  # the ASGI scope key where the gate leaves the request's tenant (frontend.tenant_of its key)
 ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 
 
@@ -40,12 +41,17 @@ class Gate:
         async def refuse(error: OpenAIError) -> None:
             await _error_response(error)(scope, receive, send)
 
-        if config.api_key and scope["path"] not in OPEN_PATHS and (error := _auth_error(scope, config.api_key)):
+        if not config.api_keys and (error := _host_error(scope, config.allowed_hosts)):
             return await refuse(error)
+        if config.api_keys and scope["path"] not in OPEN_PATHS:
+            key = _matching_key(scope, config.api_keys)
+            if isinstance(key, OpenAIError):
+                return await refuse(key)
+            scope[TENANT] = tenant_of(key)
         if generate and frontend.draining:
             return await refuse(OpenAIError(503, "the server is shutting down; send the request to another replica or retry after it restarts",
                                             None, "server_shutting_down", "server_error"))
-        if error := _encoding_error(scope):
+        if error := _encoding_error(scope) or _content_type_error(scope):
             return await refuse(error)
         try:
             body = await _read_body(scope, receive, config.max_request_bytes, config.read_timeout)
@@ -69,12 +75,19 @@ def _error_response(error: OpenAIError):
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
-def _auth_error(scope: dict, key: str) -> OpenAIError | None:
-    """None when the request carries `Authorization: Bearer KEY` (compared in constant time)."""
-    header = dict(scope["headers"]).get(b"authorization", b"")
+def _matching_key(scope: dict, keys: tuple[str, ...]) -> str | OpenAIError:
+    """The key of `keys` the request carries as `Authorization: Bearer KEY` (every key compared, in
+    constant time), else the 401 (or a 400 for several Authorization headers: which one counts
+    would depend on the proxy in front)."""
+    headers = [value for name, value in scope["headers"] if name == b"authorization"]
+    if len(headers) > 1:
+        return OpenAIError(400, f"the request has {len(headers)} Authorization headers; send exactly one (Authorization: Bearer KEY)",
+                           None, "invalid_authorization_header")
+    header = headers[0] if headers else b""
     scheme, _, token = header.partition(b" ")
-    if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key.encode()):
-        return None
+    matches = [key for key in keys if hmac.compare_digest(token.strip(), key.encode())]
+    if scheme.lower() == b"bearer" and matches:
+        return matches[0]
     message = ("Incorrect API key provided." if header else
                "You didn't provide an API key. Send it in an Authorization header using Bearer auth (Authorization: Bearer KEY).")
     return OpenAIError(401, message, None, "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
@@ -89,6 +102,31 @@ def _encoding_error(scope: dict) -> OpenAIError | None:
     return OpenAIError(415, f"Content-Encoding: {encoding[:64]} is not supported; send the request body uncompressed "
                        "(plain JSON with Content-Type: application/json) and drop the Content-Encoding header",
                        None, "unsupported_content_encoding")
+
+
+def _content_type_error(scope: dict) -> OpenAIError | None:
+    """415 for a POST whose body is not declared JSON: a web page may send text/plain or a form to
+    any address without asking first (a CORS "simple request"), never application/json."""
+    if scope["method"] != "POST":
+        return None
+    declared = dict(scope["headers"]).get(b"content-type", b"").decode("latin-1")
+    if declared.split(";")[0].strip().lower() == "application/json":
+        return None
+    return OpenAIError(415, f"the request body must be JSON sent with Content-Type: application/json (got {declared[:64] or 'none'})",
+                       None, "unsupported_media_type")
+
+
+def _host_error(scope: dict, allowed: tuple[str, ...]) -> OpenAIError | None:
+    """Without an API key, a 400 for a Host this server does not go by: a web page that rebinds its
+    own name to 127.0.0.1 (DNS rebinding) reaches the port, but with its own name as the Host."""
+    if not allowed or "*" in allowed or scope["path"] in OPEN_PATHS:
+        return None
+    host = dict(scope["headers"]).get(b"host", b"").decode("latin-1").strip().lower()
+    name = host[1 : host.index("]")] if host.startswith("[") and "]" in host else host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    if name in allowed:
+        return None
+    return OpenAIError(400, f"Host {host[:64]!r} is not a name this server answers to without an API key; "
+                       "use one of its names, or start it with --allowed-hosts NAME (or an API key)", None, "invalid_host")
 
 
 async def _read_body(scope: dict, receive: Callable, limit: int, timeout: float) -> bytes | None:

@@ -6,7 +6,9 @@ whose errors the front end maps to OpenAIError (frontend.py).
 
 from typing import Annotated, Any, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+
+from trtllm_dflash.contracts.request_limits import MAX_SALT_CHARS
 
 INT32_MAX = 2**31 - 1  # max_tokens: far above any model's context, and OpenAI's own bound
 
@@ -63,6 +65,7 @@ Temperature = Annotated[float, Field(strict=True, le=2)]  # OpenAI's range
 TopP = Annotated[float, Field(strict=True)]
 TopK = StrictInt  # an extension (vLLM's): -1 is "off" as well as 0
 Seed = StrictInt
+CacheSalt = Annotated[StrictStr, Field(min_length=1, max_length=MAX_SALT_CHARS)]
 
 
 class StreamOptions(BaseModel):
@@ -84,7 +87,9 @@ class GenerationRequest(BaseModel):
     n: Optional[StrictInt] = None
     stream: Optional[StrictBool] = False
     stream_options: Optional[StreamOptions] = None
-    user: Optional[str] = None
+    user: Optional[str] = None  # accepted and ignored: it scopes nothing (cache_salt does)
+    # vLLM's: prefix-cache blocks are shared only with requests of the same salt (and tenant, docs/serving.md)
+    cache_salt: Optional[CacheSalt] = None
     # vLLM's extensions for fixed output lengths (benchmark clients send them); checked by SamplingParams
     min_tokens: Optional[StrictInt] = None
     ignore_eos: Optional[StrictBool] = None
