@@ -18,9 +18,11 @@ from typing import Sequence
 import torch
 
 from trtllm_dflash.checkpoints import Target, load_drafter, load_target
+from trtllm_dflash.contracts.grammar_spec import GrammarSpec
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams, SequenceResult
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.base import Runtime
+from trtllm_dflash.runtime.grammar import GrammarCompiler, GrammarState
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 
 DEFAULT_MAX_CONTEXT = 4096
@@ -63,6 +65,7 @@ class DFlashPipeline:
         self.stop_token_ids = tuple(stop_token_ids)
         self.max_context = max_context
         self._decoders: dict[tuple, Decoder] = {}
+        self._grammars: GrammarCompiler | None = None  # made at the first grammar (the `grammar` extra)
 
     @classmethod
     def load(
@@ -103,6 +106,16 @@ class DFlashPipeline:
             )
         return self._decoders[key]
 
+    def grammar_state(self, spec: GrammarSpec | None) -> GrammarState | None:
+        """A new matcher of `spec` for one request (None without a grammar); GrammarError names a bad grammar."""
+        if spec is None:
+            return None
+        if self._grammars is None:
+            if self.tokenizer is None:
+                raise DFlashError("this target has no tokenizer, so a grammar cannot be compiled", "load a target with its tokenizer")
+            self._grammars = GrammarCompiler(self.tokenizer, self.runtime.vocab_size, self.stop_token_ids)
+        return self._grammars.state(spec)
+
     def encode(self, prompt: str) -> list[int]:
         if self.tokenizer is None:
             raise DFlashError("this target has no tokenizer, so text prompts cannot be encoded", "pass token ids instead")
@@ -131,13 +144,15 @@ class DFlashPipeline:
         profile: bool = False,
         chat: bool = False,
         chat_template_kwargs: dict | None = None,
+        grammar: GrammarSpec | None = None,
     ) -> list[GenerationOutput]:
         """Generate for every prompt (text or token ids), batched; results in prompt order.
 
         `stop_token_ids` defaults to the target's end-of-sequence ids; pass `()` for none.
         `chat=True` makes each text prompt one user message templated with the target's chat
         template (`apply_chat_template`), exactly as the OpenAI-compatible server does, so offline
-        and served outputs can be compared token for token.
+        and served outputs can be compared token for token. `grammar` constrains every answer
+        (a JSON schema, a regex, ...: contracts/grammar_spec.py; needs the `grammar` extra).
         """
         if not prompts:
             raise DFlashError("no prompts given", "pass at least one prompt")
@@ -158,10 +173,11 @@ class DFlashPipeline:
             top_p=top_p,
             seed=seed,
             stop_token_ids=tuple(self.stop_token_ids if stop_token_ids is None else stop_token_ids),
+            grammar=grammar,
         )
         params.validate()
         decoder = self.decoder(max_batch or len(token_prompts), block_size, profile)
-        results = decoder.generate(Request(ids, params) for ids in token_prompts)
+        results = decoder.generate(Request(ids, params, grammar=self.grammar_state(grammar)) for ids in token_prompts)
         return [
             GenerationOutput(**{f.name: getattr(r, f.name) for f in dataclasses.fields(r)}, text=self.decode(r.token_ids))
             for r in results

@@ -26,6 +26,7 @@ import torch
 from trtllm_dflash.contracts.request_limits import DEFAULT_PREFILL_CHUNK
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.base import Runtime, Slots
+from trtllm_dflash.runtime.grammar import GrammarState, block_masks
 from trtllm_dflash.runtime.prefix_cache import PrefixCache
 from trtllm_dflash.runtime.requests import Request, SequenceResult, StepEvent
 from trtllm_dflash.runtime.scheduler import BatchState, Scheduler
@@ -63,13 +64,16 @@ def speculative_step(
     block_size: int,
     mask_token_id: int | None,
     profile: bool = False,
+    grammars: list[GrammarState | None] | None = None,
 ) -> StepResult:
     """Propose -> verify -> commit over the batch's slots, then one host read. Advances `batch`.
 
     `draft_len` drafts are verified (0: the anchor alone); the drafter still sees the block it was
     trained on (a shorter block of masks drafts worse), or its smallest at draft length 0, for the
     context its cache needs. `mask_token_id` None decodes autoregressively. `span` bounds the
-    positions the verify pass touches (the host knows the lengths).
+    positions the verify pass touches (the host knows the lengths). `grammars` (per row, None for
+    a row without one) mask the target at every block position (runtime/grammar.py); they cost a
+    second host read, of the drafts, before the verify pass.
     """
     started = time.perf_counter()
     draft_probs = None
@@ -86,7 +90,10 @@ def speculative_step(
         _synchronize(block.device)
     drafted = time.perf_counter()
 
-    out = runtime.target_verify(slots, block, batch.starts, span, draft_probs, batch.sampling)
+    masks = {}  # passed only when set: runtimes written before grammars take no `allowed`
+    if grammars is not None and any(g is not None for g in grammars):
+        masks["allowed"] = block_masks(grammars, block.tolist(), block.shape[1], runtime.vocab_size, block.device)
+    out = runtime.target_verify(slots, block, batch.starts, span, draft_probs, batch.sampling, **masks)
     runtime.commit(slots, out.accepted + 1)  # anchor + accepted drafts (recurrent states roll back here)
     # the one host read of the step: drafts, accepted count and bonus of every row
     packed = torch.cat([block[:, 1:], out.accepted.view(-1, 1), out.bonus.view(-1, 1)], dim=1).tolist()
@@ -199,6 +206,12 @@ class Decoder:
         vocab = self.runtime.vocab_size
         if min(request.prompt_ids) < 0 or max(request.prompt_ids) >= vocab:
             raise DFlashError(f"prompt token ids must be in [0, {vocab})", "tokenize with the target's tokenizer")
+        if request.params.grammar is not None:
+            if request.grammar is None:
+                raise DFlashError("the request has a grammar but no matcher", "generate through DFlashPipeline, which compiles it with the tokenizer")
+            if not self.runtime.masks_logits:
+                raise DFlashError("this runtime's target verifies inside its graph or engine, so a grammar cannot mask it",
+                                  "serve grammar-constrained requests on the torch runtime or a native (not plugin) target")
 
     def cancel(self, request_id: Any) -> SequenceResult | None:
         """Drop a request between steps (its client went away); its slot is freed for others.
@@ -223,6 +236,12 @@ class Decoder:
 
     # ------------------------------------------------------------------ one step
 
+    def _grammars(self) -> list[GrammarState | None] | None:
+        """The live rows' grammar matchers, advanced over what earlier steps committed; None if no row has one."""
+        if not any(live.request.grammar is not None for live in self.scheduler.live):
+            return None
+        return [_caught_up(live) for live in self.scheduler.live]
+
     def draft_len(self, live_rows: int) -> int:
         """Draft tokens verified in a step with `live_rows` rows (the schedule, else block size - 1)."""
         return scheduled_draft_len(self.draft_len_schedule, live_rows, self.block_size)
@@ -243,7 +262,10 @@ class Decoder:
             slots, tokens, starts, span, sampling, last = chunk.inputs(self.device)
             # a chunk is a prefill that starts at the row's prefilled length; its logits are those of its last
             # token, which for a completed prompt is where a whole prefill samples the first token
-            out = self.runtime.target_verify(slots, tokens, starts, span, None, sampling, logits_at=last)
+            grammars = [p.request.grammar for p in chunk.pending]
+            allowed = block_masks(grammars, [[0]] * len(grammars), 1, self.runtime.vocab_size, self.device)  # the first token's
+            masks = {} if allowed is None else {"allowed": allowed}
+            out = self.runtime.target_verify(slots, tokens, starts, span, None, sampling, logits_at=last, **masks)
             prefilled_tokens = sum(chunk.counts)
             events += scheduler.prefilled(chunk, out.bonus, out.features)
             if self.prefill_budget.share is not None:
@@ -258,13 +280,20 @@ class Decoder:
             draft_len = self.draft_len(rows) if self.speculative else 0
             result = speculative_step(
                 self.runtime, scheduler.batch, scheduler.live_slots, scheduler.span(draft_len + 1), draft_len,
-                self.block_size, self.mask_token_id, self.profile,
+                self.block_size, self.mask_token_id, self.profile, self._grammars(),
             )
             decoded, committed = scheduler.decoded(result.tokens, draft_len)
             events += decoded
             self.stats.append(StepStats(rows, result.draft_seconds, result.verify_seconds, committed))
             self.prefill_budget.decoded(time.perf_counter() - prefilled)
         return events
+
+
+def _caught_up(live) -> GrammarState | None:
+    grammar = live.request.grammar
+    if grammar is not None:
+        grammar.catch_up(live.result.token_ids)
+    return grammar
 
 
 def _synchronize(device: torch.device) -> None:

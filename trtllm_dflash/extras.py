@@ -34,6 +34,7 @@ EXTRA_OF: dict[str, str] = {
     "matplotlib": "bench",
     "openai": "bench",
     "scipy": "dev",
+    "xgrammar": "grammar",
 }
 
 

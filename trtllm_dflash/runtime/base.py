@@ -92,6 +92,12 @@ class Runtime(abc.ABC):
 
     # ------------------------------------------------------------------ prefix caching (runtime/prefix_cache.py)
 
+    @property
+    def masks_logits(self) -> bool:
+        """Whether target_verify applies a grammar's mask (`allowed`): not where the target verifies
+        inside its graph or engine and hands no logits out."""
+        return True
+
     def prefix_cache_refusal(self) -> str | None:
         """Why this runtime cannot export and import prompt prefixes (None: it can)."""
         return f"the {type(self).__name__} runtime does not export its caches"
@@ -153,6 +159,7 @@ class Runtime(abc.ABC):
         draft_probs: torch.Tensor | None,
         sampling: "SamplingTensors",
         logits_at: torch.Tensor | None = None,
+        allowed: torch.Tensor | None = None,
     ) -> VerifyOutput:
         """The target pass and its verification, as the decoding loop needs them.
 
@@ -161,13 +168,17 @@ class Runtime(abc.ABC):
         logits_at[r], so the result's bonus is the first generated token. The default runs
         `target_forward` then `verify`; runtimes whose target verifies inside (the plugin target
         graph) override it and never materialise the logits.
+
+        `allowed [b, T, V]` (bool; T = 1 with `logits_at`): the tokens a grammar allows at each
+        position (runtime/grammar.py); the rest get probability 0 before verification.
         """
         out = self.target_forward(slots, tokens, starts, span, logits_at)
+        logits = out.logits if allowed is None else out.logits.masked_fill(~allowed.view(out.logits.shape), float("-inf"))
         if logits_at is None:
             block, start = tokens, starts
         else:
             block, start = tokens.gather(1, logits_at.view(-1, 1)), starts + logits_at
-        accepted, bonus = self.verify(out.logits, block, draft_probs, sampling, start)
+        accepted, bonus = self.verify(logits, block, draft_probs, sampling, start)
         return VerifyOutput(accepted, bonus, out.features)
 
     def verify(

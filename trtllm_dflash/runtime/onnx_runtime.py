@@ -177,11 +177,15 @@ class OnnxRuntime(selector.GraphDrafterHead, CachedRuntime):
         """Whether the target graph verifies inside (the plugin target graph: no logits out)."""
         return bool(self.target.get("verifies"))
 
+    @property
+    def masks_logits(self) -> bool:
+        return not self.target_verifies  # a verifying target hands out no logits to mask
+
     @torch.inference_mode()
     @contiguous_slots
-    def target_verify(self, rows, tokens, starts, span, draft_probs, sampling: SamplingTensors, logits_at=None) -> VerifyOutput:
+    def target_verify(self, rows, tokens, starts, span, draft_probs, sampling: SamplingTensors, logits_at=None, allowed=None) -> VerifyOutput:
         if not self.target_verifies:
-            return super().target_verify(rows, tokens, starts, span, draft_probs, sampling, logits_at)
+            return super().target_verify(rows, tokens, starts, span, draft_probs, sampling, logits_at, allowed)
         inputs = verifying_graph_inputs(
             tokens, starts, draft_probs, sampling, logits_at, lambda batch, rows: torch.zeros(batch, rows, self.vocab_size)
         )

@@ -212,13 +212,17 @@ class TrtRuntime(selector.GraphDrafterHead, CachedRuntime):
             layer.values[row_index, positions] = out[names.value_name(names.NEW, i)]
         return TargetOutput(logits=out[names.LOGITS], features=out[names.FEATURES])
 
+    @property
+    def masks_logits(self) -> bool:
+        return not self.target_verifies  # a verifying target hands out no logits to mask
+
     @torch.inference_mode()
     @contiguous_slots
-    def target_verify(self, rows, tokens, starts, span, draft_probs, sampling: SamplingTensors, logits_at=None) -> VerifyOutput:
+    def target_verify(self, rows, tokens, starts, span, draft_probs, sampling: SamplingTensors, logits_at=None, allowed=None) -> VerifyOutput:
         """The plugin target engine: the caches are bound in place (input and aliased output share
         memory), the engine verifies, and only `result [b, 5]` and the features come back."""
         if not self.target_verifies:
-            return super().target_verify(rows, tokens, starts, span, draft_probs, sampling, logits_at)
+            return super().target_verify(rows, tokens, starts, span, draft_probs, sampling, logits_at, allowed)
         feed = verifying_graph_inputs(tokens, starts, draft_probs, sampling, logits_at, self._zero_draft_probs)
         profile = 0 if tokens.shape[1] <= self.target_engine.max_shape(names.INPUT_IDS, 0)[1] else 1
         aliases = {}

@@ -126,7 +126,9 @@ class BatchingLoop:
         params = dataclasses.replace(inputs.params, stop_token_ids=tuple(self.pipeline.stop_token_ids))  # the model's own
         # token ids (the OpenAI front end tokenized the prompt once, there) go in as they are; text is tokenized here
         prompt_ids = list(inputs.token_ids) if inputs.token_ids is not None else self.pipeline.encode(inputs.text)
-        request = Request(prompt_ids, params, request_id=next(self._ids), cache_salt=inputs.cache_salt)
+        # a grammar compiles here, in the request's thread, not in the decoding loop (a schema can take milliseconds)
+        grammar = self.pipeline.grammar_state(params.grammar) if params.grammar is not None else None
+        request = Request(prompt_ids, params, request_id=next(self._ids), cache_salt=inputs.cache_salt, grammar=grammar)
         self.decoder.check(request)
         job = Job(request, inputs, sink, self.tokenizer)
         self.inbox.put(job)
