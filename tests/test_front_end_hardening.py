@@ -196,7 +196,8 @@ def test_a_model_that_is_a_broken_link_is_named_as_one(tmp_path, command):
 
 
 def test_an_unsupported_value_is_refused_naming_the_value_that_is_accepted():
-    """`response_format` {"type": "text"} passes, so its 400 says so rather than only "leave it out"."""
+    """`top_logprobs` 0 passes, so its 400 says so rather than only "leave it out"; `response_format`
+    {"type": "text"} asks for nothing (json_object and json_schema are grammars now, issue 42)."""
     from trtllm_dflash.serving.openai.frontend import Frontend, FrontendConfig, ModelInfo
     from trtllm_dflash.serving.openai.schemas import CompletionRequest, OpenAIError
 
@@ -204,7 +205,7 @@ def test_an_unsupported_value_is_refused_naming_the_value_that_is_accepted():
     info = ModelInfo("dflash", None, 512, 256, 16, True, 0)
     text = CompletionRequest(model="dflash", prompt="hi", response_format={"type": "text"})
     assert frontend.sampling(text, info).max_new_tokens == 16  # accepted: it asks for nothing this server lacks
-    for extra, accepted in (({"response_format": {"type": "json_object"}}, 'or send {"type": "text"}'),
+    for extra, accepted in (({"top_logprobs": 5}, "or send 0"),
                             ({"logit_bias": {"5": 3}}, None)):
         with pytest.raises(OpenAIError) as refused:
             frontend.sampling(CompletionRequest(model="dflash", prompt="hi", **extra), info)

@@ -3,8 +3,9 @@ the OpenAI front end, the Triton protocol and SamplingParams carry it; runtime/g
 
 `kind` is one of GRAMMAR_KINDS and `value` its text: a JSON schema (json_schema), a regular
 expression (regex), a JSON list of strings (choice), an xgrammar structural tag as JSON
-(structural_tag: tool calls in the format of the target's family), nothing (json_object: any JSON
-object). On the wire (the Triton input `guided_decoding`) it is `{"kind": ..., "value": ...}`.
+(structural_tag), `{"format": "qwen_3" | "llama", "tools": [...], "tool_choice": ..., "parallel": bool}` (tool_calls:
+the OpenAI request's tools, in the call format of the target's family), nothing (json_object: any
+JSON object). On the wire (the Triton input `guided_decoding`) it is `{"kind": ..., "value": ...}`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "choice", "structural_tag")
+GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "choice", "structural_tag", "tool_calls")
 # a grammar's text travels in every request and is compiled per request: bounded like a prompt
 MAX_GRAMMAR_CHARS = 256 * 1024
 

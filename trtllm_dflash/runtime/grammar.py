@@ -57,10 +57,12 @@ class GrammarCompiler:
                 return self._compiler.compile_regex(spec.value)
             if spec.kind == "choice":
                 return self._compiler.compile_regex(_choice_regex(spec.value))
+            if spec.kind == "tool_calls":
+                return self._compiler.compile_structural_tag(_tool_call_tag(spec.value))
             return self._compiler.compile_structural_tag(spec.value)
         except GrammarError:
             raise
-        except (ValueError, RuntimeError, TypeError) as exc:  # xgrammar's errors for bad schemas, regexes and tags
+        except (ValueError, RuntimeError, TypeError, KeyError) as exc:  # xgrammar's errors for bad schemas, regexes and tags
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise GrammarError(f"the {spec.kind} grammar cannot be compiled: {first[:300]}",
                                f"send a valid {spec.kind.replace('_', ' ')}") from None
@@ -125,6 +127,17 @@ def block_masks(states: Sequence[GrammarState | None], blocks: Sequence[Sequence
     bits = torch.arange(32, dtype=torch.int32)
     allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).bool().view(len(states), count, -1)[:, :, :vocab_size]
     return allowed.to(device)
+
+
+def _tool_call_tag(value: str) -> Any:
+    """xgrammar's structural tag for the tools of a `tool_calls` spec, in its family's call format:
+    text or calls ("auto"), at least one call ("required"), or the named one. No reasoning block."""
+    xgr = require("xgrammar", purpose=PURPOSE)
+    ask = json.loads(value)
+    # at most one whitespace character between JSON tokens, as in json_schema (free whitespace let the
+    # demo model pad a call with newlines until max_tokens)
+    return xgr.get_model_structural_tag(ask["format"], tools=ask["tools"], tool_choice=ask.get("tool_choice", "auto"), reasoning="disabled",
+                                        max_whitespace_cnt=1, parallel_tool_calls=ask.get("parallel", True))
 
 
 def _choice_regex(value: str) -> str:

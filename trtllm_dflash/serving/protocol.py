@@ -218,6 +218,8 @@ def params_body(prompt: str, params: SamplingParams, streaming: bool, prompt_ids
     `prompt_ids` the prompt goes as those token ids instead of its text; `cache_salt` when set."""
     body = request_body(prompt, params.max_new_tokens, params.temperature, params.top_k, params.top_p, params.seed, params.stop, streaming,
                         min_tokens=params.min_tokens, ignore_eos=params.ignore_eos)
+    if params.grammar is not None:
+        body["guided_decoding"] = params.grammar.to_json()
     if prompt_ids is not None:
         del body["text_input"]
         body["input_ids"] = list(prompt_ids)

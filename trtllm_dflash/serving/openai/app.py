@@ -18,6 +18,7 @@ from trtllm_dflash.serving.openai.frontend import Frontend, ModelInfo, cache_sal
 from trtllm_dflash.serving.openai.gate import TENANT, Gate
 from trtllm_dflash.serving.openai.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest, OpenAIError
 from trtllm_dflash.serving.openai.spec_stats import avg_decoded_tokens_per_iter, speculative_decoding
+from trtllm_dflash.serving.openai.tool_calls import ToolCallStream, parse_tool_calls
 from trtllm_dflash.serving.openai.triton import TritonStream
 
 log = logging.getLogger("uvicorn.error")  # uvicorn's logger: its lines share uvicorn's format and level
@@ -146,6 +147,8 @@ def create_app(frontend: Frontend):
         # vLLM's and TensorRT-LLM's per-request figures: only for our own drafting models (NVIDIA's
         # LLM-API model sends no acceptance lengths, an autoregressive model has none to tell)
         spec = info.speculative and not info.llmapi_inputs
+        extra = body.model_extra or {}
+        calls = info.tool_format if chat and extra.get("tools") and extra.get("tool_choice") != "none" else None  # read calls back
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             # the first response comes before any byte is sent, so request errors are plain 400s
@@ -153,7 +156,7 @@ def create_app(frontend: Frontend):
             first = await _first_response(iterator, stream, request)
             if first is None:  # the client left before its first token: the model drops the request at its next step
                 return JSONResponse({}, status_code=499)
-            events = _stream_events(iterator, first, ident, created, info.name, chat, usage, spec)
+            events = _stream_events(iterator, first, ident, created, info.name, chat, usage, spec, calls)
             return StreamingResponse(events, media_type="text/event-stream", background=BackgroundTask(stream.close))
         task = asyncio.ensure_future(_collect(stream))
         while True:  # a client that hangs up cancels its request
@@ -168,6 +171,9 @@ def create_app(frontend: Frontend):
         choice = {"index": 0, "finish_reason": _finish_reason(last.get("finish_reason"))}
         if chat:
             choice["message"] = {"role": "assistant", "content": text}
+            if calls and (found := parse_tool_calls(text, calls))[1]:
+                choice["message"] = {"role": "assistant", "content": found[0], "tool_calls": found[1]}
+                choice["finish_reason"] = "tool_calls" if choice["finish_reason"] == "stop" else choice["finish_reason"]
         else:
             choice.update(text=text, logprobs=None)
         answer = {"id": ident, "object": kind, "created": created, "model": info.name, "choices": [choice], "usage": _usage(last)}
@@ -214,8 +220,11 @@ async def _collect(stream: TritonStream) -> tuple[str, dict, list[int]]:
 
 
 async def _stream_events(iterator, first: dict, ident: str, created: int, model: str, chat: bool, usage: bool,
-                         spec: bool = False) -> AsyncIterator[str]:
+                         spec: bool = False, calls: str | None = None) -> AsyncIterator[str]:
     """OpenAI chunks: role first (chat), one chunk per decoding step, finish, usage, [DONE].
+
+    With `calls` (a tool-call format) text is sent up to where a call starts; the calls follow as
+    `tool_calls` deltas (one chunk each, arguments whole) once the answer is complete.
 
     With `spec`, the speculative statistics ride where vLLM and TensorRT-LLM put them: the finish
     chunk's choice carries avg_decoded_tokens_per_iter, and `metrics.speculative_decoding` goes on
@@ -224,9 +233,9 @@ async def _stream_events(iterator, first: dict, ident: str, created: int, model:
     kind = "chat.completion.chunk" if chat else "text_completion"
     extra = {"usage": None} if usage else {}
 
-    def chunk(text: str | None, finish: str | None, role: bool = False) -> dict:
+    def chunk(text: str | None, finish: str | None, role: bool = False, delta: dict | None = None) -> dict:
         if chat:
-            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text is not None else {})
+            delta = delta or ({"role": "assistant", "content": ""} if role else ({"content": text} if text is not None else {}))
             choice = {"index": 0, "delta": delta, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
@@ -235,12 +244,16 @@ async def _stream_events(iterator, first: dict, ident: str, created: int, model:
     if chat:
         yield _sse(chunk(None, None, role=True))
     last, lengths = first, []
+    held = ToolCallStream(calls) if calls else None
     try:
         response = first
         while True:
             lengths += response.get("acceptance_lengths") or []
-            if response.get("text_output"):
-                yield _sse(chunk(response["text_output"], None))
+            text = response.get("text_output")
+            if text and held is not None:
+                text = held.feed(text)
+            if text:
+                yield _sse(chunk(text, None))
             last = response
             if response.get("finish_reason"):
                 break
@@ -254,7 +267,15 @@ async def _stream_events(iterator, first: dict, ident: str, created: int, model:
         log.exception("the stream %s failed", ident)
         yield _sse(OpenAIError(500, "the server failed on this request (an internal error; its log has the details)", None, "internal_error", "server_error").body())
         return
-    finish = chunk(None if chat else "", _finish_reason(last.get("finish_reason")))
+    reason = _finish_reason(last.get("finish_reason"))
+    if held is not None:
+        rest, found = held.finish()
+        if rest:
+            yield _sse(chunk(rest, None))
+        for index, call in enumerate(found):
+            yield _sse(chunk(None, None, delta={"tool_calls": [{"index": index, **call}]}))
+        reason = "tool_calls" if found and reason == "stop" else reason
+    finish = chunk(None if chat else "", reason)
     if spec:
         finish["choices"][0]["avg_decoded_tokens_per_iter"] = avg_decoded_tokens_per_iter(lengths)
         if not usage:

@@ -19,7 +19,11 @@ from typing import Any, Sequence
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.sampling_params import PromptTooLongError, SamplingError, SamplingParams, check_prompt_text, check_prompt_tokens
 from trtllm_dflash.serving.model_parameters import DEFAULT_NEW_TOKENS, ServingConfig
-from trtllm_dflash.serving.openai.schemas import ACCEPTED_VALUES, IGNORED, UNSUPPORTED, ChatCompletionRequest, GenerationRequest, OpenAIError
+from trtllm_dflash.contracts.grammar_spec import GrammarSpec
+from trtllm_dflash.serving.openai.schemas import (
+    ACCEPTED_VALUES, GRAMMAR_FIELDS, IGNORED, UNSUPPORTED, ChatCompletionRequest, GenerationRequest, OpenAIError,
+)
+from trtllm_dflash.serving.openai.tool_calls import request_grammar, tool_format_of
 from trtllm_dflash.serving.openai.triton import TritonStream
 from trtllm_dflash.serving.protocol import INPUT_NAMES, LLMAPI_MARKER, OWN_ONLY_INPUTS, LLMApiStream, llmapi_body, params_body
 
@@ -50,6 +54,9 @@ class ModelInfo:
     takes_ids: bool = False
     # the model takes `cache_salt` (repositories written before it do not: they cannot isolate tenants)
     takes_salt: bool = False
+    # the model follows a grammar (`guided_decoding`), and its family's tool-call format (tool_calls.py)
+    takes_grammar: bool = False
+    tool_format: str | None = None
     # one prompt tokenized at a time per tokenizer: a fast tokenizer used from two threads can
     # fail ("Already borrowed") when one of them touches its padding/truncation settings
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -107,7 +114,7 @@ def load_model_info(name: str, parameters: dict, tokenizer: str | None, reposito
         return ModelInfo(name, tok, None, None, DEFAULT_NEW_TOKENS, False, int(time.time()))
     limits = config.limits()
     return ModelInfo(name, tok, limits.max_context, limits.max_new_tokens, limits.default_new_tokens, config.speculative,
-                     int(time.time()), config.max_batch)
+                     int(time.time()), config.max_batch, tool_format=tool_format_of(folder))
 
 
 @dataclasses.dataclass
@@ -206,7 +213,8 @@ class Frontend:
                 if LLMAPI_MARKER in inputs:  # NVIDIA's LLM-API model: asked for its finish reason and figures
                     info = dataclasses.replace(info, llmapi_inputs=inputs, speculative=True)
                 else:
-                    info = dataclasses.replace(info, takes_ids="input_ids" in inputs, takes_salt="cache_salt" in inputs)
+                    info = dataclasses.replace(info, takes_ids="input_ids" in inputs, takes_salt="cache_salt" in inputs,
+                                               takes_grammar="guided_decoding" in inputs)
                 if self.config.per_key and not info.takes_salt:
                     raise DFlashError(f"model {name!r} cannot keep API keys' prefix caches apart (its repository has no cache_salt input)",
                                       "rewrite the repository with `dflash-trt repo`, or pass --prefix-cache-scope server to let the keys share it")
@@ -246,7 +254,7 @@ class Frontend:
                 accepted = f" or send {ACCEPTED_VALUES[name]}" if name in ACCEPTED_VALUES else ""
                 raise OpenAIError(400, f"'{name}' with this value is not supported by this server; leave it out{accepted}", name, "unsupported_parameter")
         for name in extra:
-            if name not in UNSUPPORTED and name not in IGNORED:
+            if name not in UNSUPPORTED and name not in IGNORED and name not in GRAMMAR_FIELDS:
                 raise OpenAIError(400, f"'{name}' is not a parameter this server knows, so it would be ignored; leave it out", name, "unsupported_parameter")
         if request.n not in (None, 1):
             raise OpenAIError(400, f"n={request.n} is not supported: this server returns one choice per request; send n=1 and repeat the request for more", "n")
@@ -261,6 +269,7 @@ class Frontend:
             stop=tuple(s for s in stop if s),
             min_tokens=request.min_tokens or 0,
             ignore_eos=bool(request.ignore_eos),
+            grammar=self.grammar(request, extra, info),
         )
         try:
             params.validate()
@@ -269,6 +278,16 @@ class Frontend:
         except SamplingError as exc:
             raise OpenAIError(400, str(exc.renamed({"max_new_tokens": max_tokens_field})), max_tokens_field if exc.field == "max_new_tokens" else exc.field) from None
         return params
+
+    def grammar(self, request: GenerationRequest, extra: dict, info: ModelInfo) -> GrammarSpec | None:
+        """The grammar the request asks for (tool_calls.request_grammar), if the model can follow one."""
+        if "tools" in extra and not hasattr(request, "messages"):
+            raise OpenAIError(400, "tools are taken on /v1/chat/completions; send the request there", "tools", "unsupported_parameter")
+        spec = request_grammar(request, extra, info.tool_format, info.name)
+        if spec is not None and not info.takes_grammar:
+            raise OpenAIError(400, f"model '{info.name}' cannot follow a grammar (its repository was written before grammars, or it is "
+                              "NVIDIA's LLM-API model); rewrite its repository with `dflash-trt repo`", "response_format", "unsupported_parameter")
+        return spec
 
     def check_prompt(self, info: ModelInfo, text: str, param: str) -> list[int]:
         """The prompt's token ids (as the model encodes a prompt); 400 when empty or over the context.
@@ -308,7 +327,11 @@ class Frontend:
         # text the context check then refuses in its own words (context_length_exceeded)
         max_chars = max(RENDER_CHARS, 2 * self.config.max_request_bytes, (info.max_context or 0) * PROMPT_CHARS_PER_TOKEN + 1)
         try:
-            return apply_chat_template(info.tokenizer, [m.model_dump() for m in request.messages], request.chat_template_kwargs, max_chars=max_chars)
+            kwargs = dict(request.chat_template_kwargs or {})
+            tools = (request.model_extra or {}).get("tools")
+            if tools and (request.model_extra or {}).get("tool_choice") != "none":
+                kwargs["tools"] = tools  # the template shows the model its tools, as in the family's own format
+            return apply_chat_template(info.tokenizer, [m.model_dump() for m in request.messages], kwargs, max_chars=max_chars)
         except RenderLimitError as exc:
             raise OpenAIError(400, str(exc), "messages", "chat_template_limit") from None
         except NoChatTemplateError:

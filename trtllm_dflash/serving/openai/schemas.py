@@ -127,10 +127,7 @@ UNSUPPORTED = {
     "logprobs": lambda v: v is None or v is False,
     "top_logprobs": lambda v: v is None or (v == 0 and v is not False),
     "logit_bias": lambda v: not v,
-    "tools": lambda v: not v,
     "functions": lambda v: not v,
-    "tool_choice": lambda v: v in (None, "none"),
-    "response_format": lambda v: not v or (isinstance(v, dict) and v.get("type") == "text"),
     "presence_penalty": lambda v: not v,
     "frequency_penalty": lambda v: not v,
     "best_of": lambda v: v in (None, 1),
@@ -151,11 +148,7 @@ UNSUPPORTED = {
     "spaces_between_special_tokens": lambda v: v is None or v is True,
     "prompt_logprobs": lambda v: v is None,
     "truncate_prompt_tokens": lambda v: v is None,
-    "guided_json": lambda v: v is None,
-    "guided_regex": lambda v: v is None,
-    "guided_choice": lambda v: v is None,
     "guided_grammar": lambda v: v is None,
-    "structured_outputs": lambda v: v is None,
     "reasoning_effort": lambda v: v is None,
     "modalities": lambda v: v is None or v == ["text"],
 }
@@ -163,11 +156,15 @@ UNSUPPORTED = {
 # The value each UNSUPPORTED field is accepted with besides leaving it out, where there is one
 # (the 400 names it: `response_format` {"type": "text"} passes, so "leave it out" alone would mislead).
 ACCEPTED_VALUES = {
-    "logprobs": "false", "top_logprobs": "0", "tool_choice": '"none"', "response_format": '{"type": "text"}',
+    "logprobs": "false", "top_logprobs": "0",
     "best_of": "1", "repetition_penalty": "1", "length_penalty": "1", "typical_p": "1", "beam_width": "1",
     "skip_special_tokens": "true", "spaces_between_special_tokens": "true", "modalities": '["text"]',
 }
 
 # Fields outside the schema that change nothing of the answer, so they are accepted and ignored;
 # any other unknown field is refused with a 400 naming it (an ignored field would be a silent lie).
-IGNORED = frozenset({"metadata", "store", "service_tier", "parallel_tool_calls", "prediction"})
+IGNORED = frozenset({"metadata", "store", "service_tier", "prediction"})
+
+# Fields that constrain the answer with a grammar (tool_calls.request_grammar reads them)
+GRAMMAR_FIELDS = frozenset({"response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "tools", "tool_choice",
+                            "parallel_tool_calls"})
