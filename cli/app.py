@@ -20,6 +20,25 @@ from trtllm_dflash.cli import (
 )
 from trtllm_dflash.errors import DFlashError
 
+
+def _flags_show_no_type() -> None:
+    """A flag takes no value, yet typer's rich help prints `<bool>` beside each one (--help too):
+    flags get no type column; options that take a value keep theirs."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+    if getattr(shown, "flags_show_no_type", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag else shown(self, ctx)
+
+    display_type_rich.flags_show_no_type = True
+    TyperOption.display_type_rich = display_type_rich
+
+
+_flags_show_no_type()
+
 app = typer.Typer(
     name="dflash-trt",
     help=(

@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from trtllm_dflash.errors import DFlashError
 
@@ -24,44 +25,75 @@ EXIT_STOPPED = 3
 
 
 class RichReporter:
-    """Stage progress for the terminal (a spinner with the current step) and plain lines in CI logs."""
+    """Stage progress for the terminal and plain lines in CI logs.
 
-    def __init__(self, console: Console) -> None:
+    In a terminal a running stage is one live line: what it does now, a bar and `done/total`
+    inside counted loops (graphs exported, engines built, calibration samples), and the time the
+    stage has taken. A counted step that took a second or more leaves a line with its time when
+    the next one starts. In a log every status is a line of its own."""
+
+    def __init__(self, console: Console, clock: Callable[[], float] = time.perf_counter) -> None:
         self.console = console
-        self._status = None
+        self.clock = clock
+        self._live: Progress | None = None
+        self._task = None
         self._started = 0.0
+        self._step: tuple[str, float] | None = None  # the counted step running: its text and start
 
     def stage_started(self, stage) -> None:
-        self._started = time.perf_counter()
+        self._started = self.clock()
+        self._step = None
         self.console.print(f"[bold]▶ {stage.name}[/]: {stage.title}")
-        self._status = self.console.status(f"{stage.name}: starting")
-        self._status.start()
+        if self.console.is_terminal:
+            self._live = Progress(
+                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20),
+                TextColumn("{task.fields[count]}"), TimeElapsedColumn(), console=self.console, transient=True,
+            )
+            self._task = self._live.add_task(f"{stage.name}: starting", total=None, count="")
+            self._live.start()
 
-    def _stop(self) -> float:
-        if self._status is not None:
-            self._status.stop()
-            self._status = None
-        return time.perf_counter() - self._started
+    def _stop(self, finished: bool) -> float:
+        if finished and self._step is not None:
+            self._step_done()
+        self._step = None
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+        return self.clock() - self._started
 
-    def status(self, text: str) -> None:
-        if self._status is not None:
-            self._status.update(escape(text))
-        if not self.console.is_terminal:
-            self.console.print(f"  [dim]{escape(text)}[/]")
+    def _step_done(self) -> None:
+        text, started = self._step
+        self._step = None
+        seconds = self.clock() - started
+        if seconds >= 1.0:
+            self.console.print(f"  [dim]done: {escape(text)} ({seconds:.0f} s)[/]")
+
+    def status(self, text: str, done: int | None = None, total: int | None = None) -> None:
+        counted = done is not None and total is not None
+        if self._step is not None and self._step[0] != text:
+            self._step_done()
+        if counted and done < total and self._step is None:
+            self._step = (text, self.clock())
+        count = f"{done}/{total}" if counted else ""
+        if self._live is not None:
+            self._live.update(self._task, description=escape(text), total=total if counted else None,
+                              completed=done if counted else 0, count=count)
+        else:
+            self.console.print(f"  [dim]{escape(text)}{f' ({count} done)' if counted else ''}[/]")
 
     def stage_skipped(self, stage, record) -> None:
         self.console.print(f"[green]= {stage.name}[/]: unchanged since {record['finished']}, skipped")
 
     def stage_finished(self, stage, record) -> None:
-        seconds = self._stop()
+        seconds = self._stop(finished=True)
         self.console.print(f"[green]✓ {stage.name}[/] ({seconds:.1f} s){escape(_short(record['summary']))}")
 
     def stage_blocked(self, stage, error) -> None:
-        self._stop()
+        self._stop(finished=False)
         self.console.print(f"[yellow]■ {stage.name}[/]: cannot run here: {escape(error.problem)}")
 
     def stage_failed(self, stage, error) -> None:
-        self._stop()
+        self._stop(finished=False)
         self.console.print(f"[red]✗ {stage.name}[/] failed")
 
 
@@ -89,7 +121,9 @@ def render(plan, console: Console) -> None:
     print_plan(plan.spec.plan, console)
     console.print(f"[bold]On this machine[/] ({escape(plan.spec.source)}):")
     for stage in plan.stages:
-        mark = "[green]✓[/]" if stage.runs_here else ("[dim]-[/]" if stage.optional else "[yellow]✗[/]")
+        # ↓: checkpoints not on this machine, fetched when the build runs (and a failure offline): no check mark
+        mark = "[yellow]✗[/]" if not stage.runs_here and not stage.optional else (
+            "[dim]-[/]" if not stage.runs_here else "[yellow]↓[/]" if stage.downloads else "[green]✓[/]")
         console.print(f"  {mark} [bold]{stage.name:12}[/] {escape(stage.action)}")
         console.print(f"    {'':12} [dim]where:[/] {escape(stage.where)}; [dim]output:[/] {escape(stage.output)}")
     for note in plan.notes:
@@ -111,6 +145,7 @@ def build(
     max_batch: Optional[int] = typer.Option(None, "--max-batch", help="Largest batch the engines accept."),
     max_input_len: Optional[int] = typer.Option(None, "--max-input-len", help="Longest prompt (prefill) in tokens."),
     max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="Longest prompt + output in tokens."),
+    native_only: bool = typer.Option(False, "--native-only", help="Export (and build engines from) the native graphs only, not the plugin variant: the recipe's trt.use_plugins: false. The plugin export is the long one."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (stages, where they run, sizes) and stop."),
     force: bool = typer.Option(False, "--force", help="Rebuild every stage even if its inputs are unchanged."),
     as_json: bool = typer.Option(False, "--json", help="With --dry-run: print the plan as JSON."),
@@ -124,7 +159,7 @@ def build(
     spec = resolve_spec(
         model, gpu, recipe, quant, drafter,
         max_batch=max_batch, max_input_len=max_input_len, max_seq_len=max_seq_len, calibration=calibration,
-        runtime=backend, target=target,
+        runtime=backend, target=target, native_only=native_only,
     )
     if llmapi_model is not None:  # checked before the build starts; the pipeline's repository writer finds it in the environment
         if spec.backend != "trtllm":

@@ -40,3 +40,12 @@ def read_prompts(prompts: list[str] | None, prompt_file: Path | None) -> list[st
         if not prompt.strip():
             raise DFlashError("empty prompt", "give a non-empty --prompt")
     return list(prompts)
+
+
+def tau_hint(tau: float | None) -> str | None:
+    """What to check when a drafter's drafts are never accepted (tau shown as 1.00), else None."""
+    if tau is None or round(tau, 2) > 1.0:
+        return None
+    return ("hint: tau 1.00 means the target accepted none of the drafter's tokens: a drafter from train-drafter may "
+            "need more --steps (its training.json has the loss), and the mask token in its config.json "
+            "(dflash_config.mask_token_id) must be the one it was trained with (train-drafter --mask-token-id)")

@@ -172,6 +172,8 @@ def _summary(console: Console, bench_json: Path, build_dir: Path, build_code: in
     if tau is not None:
         console.print(f"mean acceptance length tau: [bold]{tau:.2f}[/]")
     if speedup is not None:
-        console.print(f"DFlash speedup over autoregressive (served, concurrency 1): [bold]{speedup:.2f}x[/]")
+        console.print(f"the speedup a single user sees (served, one request at a time, interleaved with autoregressive): [bold]{speedup:.2f}x[/]")
+        console.print("[dim]the concurrency table's ratios are throughput of all users at each level, each mode run in one block: "
+                      "at 1 user they measure the same thing less evenly, so on a busy machine they can differ[/]")
     if lossless is not None:
         console.print(f"greedy outputs identical to autoregressive: [bold]{'yes' if lossless else 'NO'}[/]")

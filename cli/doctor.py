@@ -39,13 +39,13 @@ def doctor(
     console.print(f"Python {report.python} on {report.platform}")
     table = Table(title="toolchain", title_justify="left")
     for column in ("component", "found", "version", "where / how to get it"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")  # a long path or pip command wraps whole, never cut with "…"
     for c in report.components:
         table.add_row(c.name, "[green]yes[/]" if c.found else "[red]no[/]", c.version or "", escape(c.detail))
     console.print(table)
     stages = Table(title="build stages on this machine", title_justify="left")
     for column in ("stage", "runs here", "missing"):
-        stages.add_column(column)
+        stages.add_column(column, overflow="fold")
     for s in report.stages:
         stages.add_row(s.name, "[green]yes[/]" if s.can_run else "[red]no[/]", ", ".join(s.missing))
     console.print(stages)

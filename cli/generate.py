@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from trtllm_dflash.cli.common import quiet_libraries, read_prompts
+from trtllm_dflash.cli.common import quiet_libraries, read_prompts, tau_hint
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.sampling_params import SamplingError, SamplingParams
 
@@ -99,8 +99,12 @@ def generate(
         mode = f"tau {out.mean_acceptance_length:.2f}" if pipe.speculative else "autoregressive"
         console.print(
             f"[dim]{len(out.token_ids)} tokens, {mode}, {out.num_target_forwards} target forwards, "
-            f"{out.tokens_per_second:.1f} tok/s, finish: {out.finish_reason}[/]\n"
+            f"{out.tokens_per_second:.1f} tok/s, finish: {out.finish_reason}[/]"
         )
+        hint = tau_hint(out.mean_acceptance_length) if pipe.speculative and len(out.token_ids) > 1 else None
+        if hint:
+            console.print(f"[yellow]{hint}[/]")
+        console.print()
 
 
 def _check_sampling(params: SamplingParams) -> None:

@@ -36,7 +36,9 @@ def print_plan(plan, console: Console | None = None) -> None:
     else:
         capacity = f"host memory {_gib(b.capacity)}"
     console.print(f"  runtime {plan.runtime}: {escape(plan.runtime_reason)}")
-    table = Table(title=f"Memory per {'GPU' if plan.gpu != CPU else 'device'} ({capacity})", title_justify="left")
+    # the title as a line of its own: a table title wraps at the table's narrow width
+    console.print(f"Memory per {'GPU' if plan.gpu != CPU else 'device'} ({capacity})")
+    table = Table()
     table.add_column("item")
     table.add_column("size", justify="right")
     for label, value in (

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -18,8 +19,9 @@ app = typer.Typer(
 
 def _quant(recipe) -> str:
     q = recipe.quantization
-    experts = f"/experts {q.experts}" if q.moe_experts and q.moe_experts != q.weights else ""
-    return f"{q.weights}{experts}, kv {q.kv_cache}"
+    if q.moe_experts and q.moe_experts != q.weights:
+        return f"{q.weights}, experts {q.experts}"
+    return q.weights
 
 
 @app.command("list")
@@ -32,20 +34,24 @@ def list_(as_json: bool = typer.Option(False, "--json", help="One JSON object pe
         for recipe in recipes:
             print(json.dumps({"name": recipe.name, "path": str(recipe.path), **recipe.model_dump(mode="json")}))
         return
-    table = Table(title="engine_recipes", show_lines=False)
-    table.add_column("name", no_wrap=True)
-    for column in ("runtime", "GPUs", "precision", "drafter", "block"):
-        table.add_column(column)
+    # two narrow tables rather than one wide one: every value whole in 80 columns (a pipe, a CI log)
+    console = Console(highlight=False)
+    table = Table(title="engine_recipes", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for column in ("recipe", "backend", "GPUs", "weights", "KV", "block"):
+        table.add_column(column, no_wrap=column != "weights", overflow="fold")
+    drafters: dict[str, list[str]] = {}
     for recipe in recipes:
-        table.add_row(
-            recipe.name,
-            recipe.runtime,
-            f"{recipe.parallelism.num_gpus}x {recipe.gpu}",
-            _quant(recipe),
-            recipe.drafter.checkpoint,
-            str(recipe.drafter.block_size),
-        )
-    Console().print(table)
+        table.add_row(recipe.name, recipe.runtime, str(recipe.parallelism.num_gpus), _quant(recipe),
+                      recipe.quantization.kv_cache, str(recipe.drafter.block_size))
+        drafters.setdefault(recipe.drafter.checkpoint, []).append(recipe.model.name)
+    console.print(table)
+    used = Table(title="drafters", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    used.add_column("drafter", overflow="fold")
+    used.add_column("recipes of", overflow="fold")
+    for checkpoint, models in drafters.items():
+        used.add_row(checkpoint, ", ".join(dict.fromkeys(models)))
+    console.print(used)
+    console.print("[dim]`dflash-trt recipes show NAME` prints one recipe whole[/]")
 
 
 @app.command("show")

@@ -8,6 +8,7 @@ from urllib.parse import urlparse
 from rich.console import Console
 from rich.markup import escape
 
+from trtllm_dflash.cli.common import tau_hint
 from trtllm_dflash.errors import DFlashError
 
 
@@ -48,7 +49,11 @@ def generate_remote(
         if as_json:
             print(json.dumps({"prompt": prompt, **out.to_json()}), flush=True)
             continue
-        console.print(f"[dim]{escape(_figures(out))}[/]\n")
+        console.print(f"[dim]{escape(_figures(out))}[/]")
+        hint = tau_hint(out.mean_acceptance_length) if out.mean_acceptance_length else None
+        if hint:
+            console.print(f"[yellow]{escape(hint)}[/]")
+        console.print()
 
 
 def _figures(out) -> str:

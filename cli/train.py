@@ -77,20 +77,28 @@ def train_drafter(
     with Progress(*columns, console=console) as bar:
         tasks: dict[str, int] = {}
 
+        # every loss and accuracy shown is the mean over the steps since the last checkpoint (one step's
+        # batch alone jumps around), labelled with those steps: the bar, the checkpoint lines and the final line agree
         def progress(phase: str, done: int, total: int, metrics: dict) -> None:
             if phase == "checkpoint":
-                console.log(f"step {done}/{total}: loss {metrics['loss']:.4f}, accuracy {metrics['accuracy']:.3f} (checkpoint saved)")
+                console.log(f"{_steps(metrics)}: mean loss {metrics['loss']:.4f}, accuracy {metrics['accuracy']:.3f} (checkpoint saved)")
                 return
             if phase not in tasks:
                 tasks[phase] = bar.add_task(phase, total=total, info="", completed=0)
-            info = f"loss {metrics['loss']:.3f} acc {metrics['accuracy']:.2f}" if "loss" in metrics else ""
+            info = f"mean of {_steps(metrics)}: loss {metrics['loss']:.3f} acc {metrics['accuracy']:.2f}" if "loss" in metrics else ""
             if "selector_accuracy" in metrics:
                 info += f" selector acc {metrics['selector_accuracy']:.2f} recall {metrics['candidate_recall']:.2f}"
             bar.update(tasks[phase], completed=done, info=info)
 
         summary = run(options, progress)
     final = summary["final"]
-    console.print(
-        f"[green]wrote[/] {out} ({summary['drafter']['parameters']:,} parameters): final loss {final.get('loss')}, "
-        f"accuracy {final.get('accuracy')}, {summary['train_seconds']:.0f} s training"
-    )
+    scores = f": final loss {final['loss']:.4f}, accuracy {final['accuracy']:.3f} (mean of {_steps(final)})" if final else ""
+    console.print(f"[green]wrote[/] {out} ({summary['drafter']['parameters']:,} parameters, {summary['train_seconds']:.0f} s training){scores}")
+    console.print(f"check its acceptance: dflash-trt generate --target {checked.target_dir} --drafter {out} --prompt TEXT "
+                  "(tau 1.00 means no draft token was accepted)", soft_wrap=True)
+
+
+def _steps(metrics: dict) -> str:
+    """'steps 901-1000' (or 'step 7'): the steps a mean loss or accuracy was taken over."""
+    first, last = metrics.get("first_step", metrics.get("step")), metrics.get("step")
+    return f"step {last}" if first == last else f"steps {first}-{last}"

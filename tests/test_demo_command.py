@@ -35,3 +35,4 @@ def test_demo_runs_every_stage_and_reports_tau_and_speedup(tmp_path, demo_build)
     assert 1.0 < report["tau"] <= block and report["speedup"] > 0
     assert f"mean acceptance length tau: {report['tau']:.2f}" in log
     assert "greedy outputs identical to autoregressive: yes" in log
+    assert f"the speedup a single user sees (served, one request at a time, interleaved with autoregressive): {report['speedup']:.2f}x" in log

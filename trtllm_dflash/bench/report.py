@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -17,6 +18,21 @@ def _x(value) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+SINGLE_USER = "one request at a time, interleaved: the speedup a single user sees"
+CONCURRENCY_NOTE = (
+    "ratio = DFlash tok/s / AR tok/s of all users at that level; each mode runs its requests in one block (not "
+    "interleaved), so on a busy machine its 1-user row can differ from the single-user speedup above"
+)
+
+
+def _table(title: str, columns: tuple[str, ...]) -> Table:
+    """A right-aligned table narrow enough for 80 columns (a pipe, a CI log, `make demo`)."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for column in columns:
+        table.add_column(column, justify="right", overflow="fold")
+    return table
+
+
 def print_report(report: dict, console: Console) -> None:
     s, system = report["summary"], report["system"]
     settings = report["settings"]
@@ -24,24 +40,20 @@ def print_report(report: dict, console: Console) -> None:
         f"[bold]{system['backend']}[/] on {system['device']}: {settings['prompts']} prompts x {settings['repeats']}, "
         f"{settings['max_new_tokens']} new tokens, temperature 0, block size {settings['block_size']}"
     )
-    head = Table(title="autoregressive vs DFlash (same run, interleaved)")
-    for column in ("AR tok/s", "DFlash tok/s", "speedup", "tau", "ideal", "AR ms", "draft ms", "verify ms", "lossless"):
-        head.add_column(column, justify="right")
+    head = _table(SINGLE_USER, ("AR tok/s", "DFlash tok/s", "speedup", "tau", "ideal", "AR step", "draft", "verify", "lossless"))
     head.add_row(
         f"{s['ar_tokens_per_second']:.1f}", f"{s['dflash_tokens_per_second']:.1f}", f"{s['speedup']:.2f}x",
         f"{s['tau']:.2f}", _x(s["tau_ideal_speedup"]), _ms(s["ar_step_ms"]), _ms(s["draft_ms"]), _ms(s["verify_ms"]),
         "[green]yes[/]" if s["lossless"] else f"[red]NO ({s['mismatched_prompts']} prompts differ)[/]",
     )
     console.print(head)
-    console.print("[dim]ideal = tau x AR step / (draft + verify step); ms are per decoding step[/]")
+    console.print("[dim]ideal = tau x AR step / (draft + verify); AR step, draft and verify in ms per decoding step[/]")
 
     hist = s["tau_histogram"]
     total = max(1, sum(hist.values()))
     console.print("tau histogram (tokens per verify step): " + "  ".join(f"{k}:{100 * v / total:.0f}%" for k, v in hist.items()))
 
-    blocks = Table(title="block-size sweep")
-    for column in ("block", "tau", "tok/s", "speedup", "ideal", "draft ms", "verify ms", "lossless"):
-        blocks.add_column(column, justify="right")
+    blocks = _table("block-size sweep (one request at a time)", ("block", "tau", "tok/s", "speedup", "ideal", "draft ms", "verify ms", "lossless"))
     for row in report["block_sizes"]:
         blocks.add_row(
             str(row["block_size"]), f"{row['tau']:.2f}", f"{row['tokens_per_second']:.1f}", f"{row['speedup']:.2f}x",
@@ -49,9 +61,8 @@ def print_report(report: dict, console: Console) -> None:
         )
     console.print(blocks)
 
-    conc = Table(title="concurrency sweep (throughput vs per-user speed)")
-    for column in ("users", "AR tok/s", "AR /user", "DFlash tok/s", "DFlash /user", "speedup", "tau", "same"):
-        conc.add_column(column, justify="right")
+    conc = _table("concurrency sweep: throughput vs per-user speed",
+                  ("users", "AR tok/s", "AR /user", "DFlash tok/s", "DFlash /user", "ratio", "tau", "same"))
     for row in report["concurrency"]:
         conc.add_row(
             str(row["concurrency"]), f"{row['ar']['throughput']:.1f}", f"{row['ar']['per_user_tokens_per_second']:.1f}",
@@ -59,6 +70,7 @@ def print_report(report: dict, console: Console) -> None:
             f"{row['speedup']:.2f}x", f"{row['dflash']['tau']:.2f}", f"{row['identical_outputs']}/{row['requests']}",
         )
     console.print(conc)
+    console.print(f"[dim]{CONCURRENCY_NOTE}[/]")
 
 
 def write_json(report: dict, path: Path) -> Path:

@@ -483,12 +483,13 @@ def export_pair(
     dtype: str,
     bounds: Bounds,
     variants: tuple[str, ...] = ("native",),
-    progress: Callable[[str], None] = lambda text: None,
+    progress: Callable[..., None] = lambda text, done=None, total=None: None,
 ) -> dict[str, Any]:
     """Export the target (and drafter) graphs of every variant into out_dir; write graphs.json.
 
     Layout: `<variant>/target.onnx`, `<variant>/drafter.onnx`, `drafter/config.json`, `graphs.json`.
-    The models are cast to `dtype` in place.
+    The models are cast to `dtype` in place. `progress(text, done, total)` is told each graph
+    before its export starts (one graph can take minutes), then once more when all are done.
     """
     from trtllm_dflash.builder import plugin_graphs
 
@@ -505,16 +506,21 @@ def export_pair(
         "variants": {},
     }
     embedding, lm_head = target_model.get_input_embeddings(), target_model.get_output_embeddings()
+    refused = verifying_target_refusal(target_model) if any(v != "native" for v in variants) else None
+    exports = export_order(variants, refused is None, drafter is not None)
+
+    def exporting(variant: str, graph: str) -> None:
+        progress(f"exporting the {variant} {graph} graph", exports.index((variant, graph)), len(exports))
+
     for variant in variants:
         graphs: dict[str, Any] = {}
         if variant == "native":
-            progress("exporting the target graph")
+            exporting(variant, "target")
             graphs["target"] = export_target(target_model, layer_ids, out_dir / "native" / "target.onnx", dtype, bounds).to_dict()
             graphs["target"]["dir"] = "native"
         else:  # the plugin target: in-place cache attention and verification inside the graph
-            refused = verifying_target_refusal(target_model)
             if refused is None:
-                progress(f"exporting the {variant} target graph")
+                exporting(variant, "target")
                 graphs["target"] = export_verifying_target(
                     target_model, layer_ids, out_dir / variant / "target.onnx", dtype, bounds, variant
                 ).to_dict()
@@ -523,7 +529,7 @@ def export_pair(
             else:
                 raise UnsupportedTargetError(f"no plugin target graph: {refused}", "build the native variant too")
         if drafter is not None:
-            progress(f"exporting the {variant} drafter graph")
+            exporting(variant, "drafter")
             plugin, translations = plugin_graphs.export_options(variant)
             graphs["drafter"] = export_drafter(
                 drafter, embedding, lm_head, out_dir / variant / "drafter.onnx", dtype, bounds, variant, plugin, translations
@@ -532,5 +538,18 @@ def export_pair(
     if drafter is not None:
         (out_dir / "drafter").mkdir(parents=True, exist_ok=True)
         (out_dir / "drafter" / "config.json").write_text(json.dumps(drafter.config.to_dict(), indent=2) + "\n")
+    progress("writing graphs.json", len(exports), len(exports))
     write_graphs_json(out_dir, info)
     return info
+
+
+def export_order(variants: tuple[str, ...], plugin_target: bool, drafter: bool) -> list[tuple[str, str]]:
+    """(variant, graph) of every graph export_pair writes, in its order: a variant's target then its
+    drafter; a plugin variant whose target the op cannot run reuses the native target graph."""
+    graphs = []
+    for variant in variants:
+        if variant == "native" or plugin_target:
+            graphs.append((variant, "target"))
+        if drafter:
+            graphs.append((variant, "drafter"))
+    return graphs

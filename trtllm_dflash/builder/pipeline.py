@@ -34,6 +34,7 @@ from trtllm_dflash.extras import require
 from trtllm_dflash.backends import write_build_repository
 from trtllm_dflash.builder.feasibility import backend_of, export_support, repository_writer, validation_skip_reason
 from trtllm_dflash.builder.spec import BuildSpec
+from trtllm_dflash.builder.stage_plan import hf_offline
 from trtllm_dflash.builder.stages import BuildResult, Reporter, Stage, StageBlocked, StageContext, StageRunner
 from trtllm_dflash.errors import CheckpointError, DFlashError
 
@@ -57,18 +58,14 @@ def resolve_checkpoint_dir(name: str, role: str) -> Path:
         return Path(snapshot_download(name, allow_patterns=patterns, local_files_only=True))
     except Exception:  # noqa: BLE001 - not cached (or no huggingface_hub)
         pass
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
-        raise CheckpointError(
-            f"{role} {name} is not a local directory and not in the Hugging Face cache (offline)",
-            f"run `hf download {name} --local-dir DIR` and pass the directory",
-        )
+    # the flag that takes a local copy instead: --target stands in for a catalog model's checkpoint
+    fix = f"download it where there is a network (`hf download {name} --local-dir DIR`) and rerun this command with --{role} DIR"
+    if hf_offline():
+        raise CheckpointError(f"{role} {name} is not a local directory and not in the Hugging Face cache (HF_HUB_OFFLINE is set)", fix)
     try:
         return Path(snapshot_download(name, allow_patterns=patterns))
     except Exception as exc:  # noqa: BLE001 - network, authentication, unknown repository
-        raise CheckpointError(
-            f"cannot download {role} {name} ({str(exc).splitlines()[0]})",
-            f"download it yourself (`hf download {name} --local-dir DIR`) and pass the directory",
-        ) from None
+        raise CheckpointError(f"cannot download {role} {name} ({str(exc).splitlines()[0]})", fix) from None
 
 
 def listing(path: Path) -> list[list[Any]]:
@@ -134,8 +131,9 @@ def run_checkpoints(ctx: StageContext, pair: CheckpointPair) -> dict[str, Any]:
     for role, path in (("target", target_dir), ("drafter", drafter_dir)):
         check_safetensors_headers(require_safetensors(path, role))
         digests = {}
-        for file in sorted(p for p in path.iterdir() if p.is_file()):
-            ctx.status(f"hashing {role} {file.name}")
+        files = sorted(p for p in path.iterdir() if p.is_file())
+        for index, file in enumerate(files):
+            ctx.status(f"hashing the {role}'s {file.name}", index, len(files))
             digests[file.name] = cache.digest(file)
         summary[role] = {"path": str(path), "sha256": digests}
     cache.save()
@@ -284,8 +282,8 @@ def run_validate(ctx: StageContext, spec: BuildSpec, pair: CheckpointPair) -> di
     drafter.float()
     reference = TorchRuntime(target.model, drafter)
     report: dict[str, Any] = {"dtype": dtype, "evaluated_in": "float32", "variants": {}}
-    for variant in export["variants"]:
-        ctx.status(f"evaluating the {variant} graphs on CPU")
+    for index, variant in enumerate(export["variants"]):
+        ctx.status(f"evaluating the {variant} graphs on CPU", index, len(export["variants"]))
         candidate = OnnxRuntime(ctx.upstream_dir("export"), variant)  # plugin nodes: onnx.reference + their CPU evaluators
         report["variants"][variant] = validate.validate_graphs(candidate, reference, export["block_size"], graphs=f"the {variant} graphs")
     (ctx.workdir / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
@@ -327,8 +325,11 @@ def run_engines(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     built: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     plugins: dict[str, list[str]] = {}
+    support = {variant: plugin_graphs.engine_support(variant, flavour.name) for variant in export["variants"]}
+    jobs = [(variant, graph) for variant, reason in support.items() if reason is None  # one engine per graph file
+            for graph in ("target", "drafter") if info["variants"][variant][graph].get("dir", variant) == variant]
     for variant in export["variants"]:
-        reason = plugin_graphs.engine_support(variant, flavour.name)
+        reason = support[variant]
         if reason is not None:
             skipped[variant] = reason
             continue
@@ -340,7 +341,8 @@ def run_engines(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
             if graph_info.get("dir", variant) != variant:  # a graph shared with another variant: one engine
                 built[variant][graph] = {**built[graph_info["dir"]][graph], "dir": graph_info["dir"]}
                 continue
-            ctx.status(f"building the {variant} {graph} engine ({flavour.name} {flavour.version}, SM {spec.gpu.compute_capability_str})")
+            ctx.status(f"building the {variant} {graph} engine ({flavour.name} {flavour.version}, SM {spec.gpu.compute_capability_str})",
+                       jobs.index((variant, graph)), len(jobs))
             built[variant][graph] = engines.build_engine(
                 flavour,
                 export_dir / variant / f"{graph}.onnx",

@@ -93,7 +93,7 @@ def quantize_target(
     out_dir: Path,
     precision: Precision,
     calibration,
-    progress: Callable[[str], None] = lambda text: None,
+    progress: Callable[..., None] = lambda text, done=None, total=None: None,
 ) -> dict[str, Any]:
     """Calibrate the target with ModelOpt and export it as a quantized Hugging Face checkpoint.
 
@@ -123,7 +123,7 @@ def quantize_target(
 
     def forward_loop(model) -> None:
         for i, ids in enumerate(batches):
-            progress(f"calibrating {label}: sample {i + 1}/{len(batches)}")
+            progress(f"calibrating the target ({label}) on the calibration samples", i, len(batches))
             model(ids)
 
     with torch.no_grad():

@@ -32,7 +32,7 @@ def quantize_drafter(
     target_dir: Path,
     out_dir: Path,
     calibration,
-    progress: Callable[[str], None] = lambda text: None,
+    progress: Callable[..., None] = lambda text, done=None, total=None: None,
 ) -> dict[str, Any]:
     """Calibrate the drafter in NVFP4 on the target's hidden states and write the quantized drafter."""
     nvfp4.require_cuda("NVFP4 quantization of the drafter")
@@ -48,7 +48,7 @@ def quantize_drafter(
 
     def forward_loop(model) -> None:
         for i, ids in enumerate(batches):
-            progress(f"calibrating the nvfp4 drafter: sample {i + 1}/{len(batches)}")
+            progress("calibrating the nvfp4 drafter on the calibration samples", i, len(batches))
             decoder(input_ids=ids, use_cache=False)
             drafter_forward(model, target.model, ids, taps.features())
 

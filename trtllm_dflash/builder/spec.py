@@ -199,6 +199,10 @@ def _apply(recipe, overrides: dict[str, Any]):
         for section in ("trt", "trtllm"):  # the other runtime's settings do not carry over
             if section != runtime:
                 data.pop(section, None)
+    if overrides.get("native_only"):
+        if data["runtime"] != "trt":
+            raise SpecError(f"--native-only chooses the graphs of trt builds, and this build's backend is {data['runtime']}", "drop --native-only")
+        data["trt"] = {**(data.get("trt") or {}), "use_plugins": False}
     for flag, key in (("max_batch", "max_batch_size"), ("max_input_len", "max_input_len"), ("max_seq_len", "max_seq_len")):
         if overrides.get(flag) is not None:
             limits[key] = int(overrides[flag])

@@ -28,6 +28,7 @@ class StagePlan:
     runs_here: bool
     output: str
     optional: bool = False  # a stage whose absence does not stop the build (the repository)
+    downloads: bool = False  # runs here only after a download (checkpoints not on this machine): no check mark
 
 
 @dataclasses.dataclass
@@ -81,24 +82,32 @@ def hf_cached(repo: str) -> bool:
     return Path(hub, "models--" + repo.replace("/", "--")).is_dir()
 
 
-def _checkpoint_where(spec: BuildSpec, params) -> tuple[str, bool]:
+def hf_offline() -> bool:
+    """HF_HUB_OFFLINE as huggingface_hub reads it (1, true, yes, on)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _checkpoint_where(spec: BuildSpec, params) -> tuple[str, bool, bool]:
+    """(where, runs here, needs a download first) of the checkpoints stage."""
     missing = []
     for role, name in (("target", spec.target), ("drafter", spec.drafter)):
         if name == "demo":
             from trtllm_dflash.demo import DEMO_DIR
 
             if not (DEMO_DIR / role / "config.json").is_file():
-                return "missing: the embedded demo pair is not installed in this trtllm-dflash", False
+                return "missing: the embedded demo pair is not installed in this trtllm-dflash", False, False
         elif not Path(name).expanduser().is_dir() and not hf_cached(name):
-            missing.append(name)
+            missing.append((role, name))
     if not missing:
-        return "here (local files)", True
-    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        return "here (local files)", True, False
+    names = ", ".join(name for _, name in missing)
+    how = "; ".join(f"`hf download {name} --local-dir DIR` and pass --{role} DIR" for role, name in missing)
+    if hf_offline():
+        return f"needs {names} downloaded: not available locally, and HF_HUB_OFFLINE is set; where there is a network, {how}", False, True
     model = spec.recipe.model_spec()
     total = size(model.published_checkpoint_gib * 1024**3) if model.published_checkpoint_gib else size(params.total * 2)
-    if offline:
-        return f"needs {', '.join(missing)} downloaded (offline here: `hf download NAME --local-dir DIR`)", False
-    return f"here, after downloading {', '.join(missing)} from Hugging Face (target ~{total})", True
+    return (f"not available locally: the build downloads {names} from Hugging Face (target ~{total}) and fails "
+            f"without a network; offline, {how}"), True, True
 
 
 def make_build_plan(spec: BuildSpec) -> BuildPlan:
@@ -111,8 +120,9 @@ def make_build_plan(spec: BuildSpec) -> BuildPlan:
     stages: list[StagePlan] = []
     notes: list[str] = list(spec.notes)
 
-    where, here = _checkpoint_where(spec, params)
-    stages.append(StagePlan("checkpoints", "validate the target/drafter pair; check and hash every safetensors file", where, here, "digests"))
+    where, here, downloads = _checkpoint_where(spec, params)
+    stages.append(StagePlan("checkpoints", "validate the target/drafter pair; check and hash every safetensors file", where, here, "digests",
+                            downloads=downloads))
 
     weights = deployment.budget.target_weights * deployment.layout.tp
     samples = f"{spec.calibration.num_samples} samples of {spec.calibration.dataset} text"
@@ -181,6 +191,20 @@ def _plan_export(spec: BuildSpec, stages: list[StagePlan], notes: list[str], gpu
         "export", f"ONNX graphs ({', '.join(variants)}): target prefill/verify with KV-cache I/O and hidden taps {list(model.drafter.target_layer_ids) if model.drafter else []}; drafter block step",
         "here (CPU)" if blocked is None else f"not supported: {blocked}", blocked is None, f"~{size(sum(_graph_bytes(spec)) * len(variants))}",
     ))
+    notes.append(variants_note(spec))
+
+
+def variants_note(spec: BuildSpec) -> str:
+    """Which graph variants the export writes and why (the plugin variant's export is the long one),
+    with the option that chooses the native graphs only."""
+    if "plugin" not in spec.graphs:
+        return "export: the native graphs only (trt.use_plugins: false)"
+    why = ("no recipe names this model, so the build takes the default trt.use_plugins: true" if spec.recipe.path is None
+           else f"recipe {spec.recipe.name} sets trt.use_plugins: true")
+    unused = spec.trt_flavour == "tensorrt-rtx"  # its builder aborts on the plugins: engines from the native graphs only
+    return (f"export: the native and the plugin graphs, because {why}; the plugin graphs carry the DFlash plugin nodes "
+            "for full-TensorRT engines, and their export can take many minutes on CPU. "
+            f"For the native graphs only, pass --native-only{' (TensorRT-RTX builds no engine from the plugin graphs)' if unused else ''}")
 
 
 def _plan_validate(spec: BuildSpec, stages: list[StagePlan], notes: list[str], gpus: int) -> None:

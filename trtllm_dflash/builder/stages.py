@@ -85,14 +85,18 @@ def out_of_space(error: BaseException, what: str, out: Path, needed: str | None 
 
 
 class Reporter(Protocol):
-    """What the runner tells the user (the CLI implements it with rich)."""
+    """What the runner tells the user (the CLI implements it with rich).
+
+    `status(text, done, total)`: what a stage is doing now and, inside a counted loop (graphs
+    exported, engines built, calibration samples), how many of `total` are finished: a long
+    stage is never one silent line."""
 
     def stage_started(self, stage: "Stage") -> None: ...
     def stage_skipped(self, stage: "Stage", record: dict) -> None: ...
     def stage_finished(self, stage: "Stage", record: dict) -> None: ...
     def stage_blocked(self, stage: "Stage", error: StageBlocked) -> None: ...
     def stage_failed(self, stage: "Stage", error: BaseException) -> None: ...
-    def status(self, text: str) -> None: ...
+    def status(self, text: str, done: int | None = None, total: int | None = None) -> None: ...
 
 
 class SilentReporter:
@@ -111,7 +115,7 @@ class SilentReporter:
     def stage_failed(self, stage, error):
         pass
 
-    def status(self, text):
+    def status(self, text, done=None, total=None):
         pass
 
 
@@ -127,8 +131,9 @@ class StageContext:
     def upstream_dir(self, name: str) -> Path:
         return self.out / name
 
-    def status(self, text: str) -> None:
-        self.reporter.status(text)
+    def status(self, text: str, done: int | None = None, total: int | None = None) -> None:
+        """Say what the stage does now; `done` of `total` inside a counted loop."""
+        self.reporter.status(text, done, total)
 
 
 @dataclasses.dataclass

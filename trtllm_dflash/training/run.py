@@ -287,8 +287,8 @@ def train_drafter(options: TrainDrafterOptions, progress: Progress | None = None
             metrics = trainer.train_step(input_ids, loss_mask, features)
             window.append(metrics)
             step = trainer.step_index
-            if progress:
-                progress("train", step, o.steps, metrics)
+            if progress:  # the mean since the last checkpoint: the numbers the checkpoint and the final line report
+                progress("train", step, o.steps, _mean_metrics(window, step))
             if step % o.checkpoint_every == 0 or step == o.steps:
                 history.append(_mean_metrics(window, step))
                 window = []
@@ -377,8 +377,9 @@ def _features(
 
 
 def _mean_metrics(window: list[dict], step: int) -> dict:
+    """The mean of each metric over `window`, the steps from `first_step` to `step`."""
     keys = ("loss", "accuracy", "base_loss", "selector_loss", "candidate_recall", "selector_accuracy")
-    out = {"step": step}
+    out = {"step": step, "first_step": step - len(window) + 1}
     for key in keys:
         if not any(key in m for m in window) and key not in ("loss", "accuracy"):
             continue
