@@ -92,7 +92,7 @@ def speculative_step(
 
     masks = {}  # passed only when set: runtimes written before grammars take no `allowed`
     if grammars is not None and any(g is not None for g in grammars):
-        masks["allowed"] = block_masks(grammars, block.tolist(), block.shape[1], runtime.vocab_size, block.device)
+        masks["allowed"] = block_masks(grammars, block.tolist(), block.shape[1], runtime.vocab_size)
     out = runtime.target_verify(slots, block, batch.starts, span, draft_probs, batch.sampling, **masks)
     runtime.commit(slots, out.accepted + 1)  # anchor + accepted drafts (recurrent states roll back here)
     # the one host read of the step: drafts, accepted count and bonus of every row
@@ -263,7 +263,7 @@ class Decoder:
             # a chunk is a prefill that starts at the row's prefilled length; its logits are those of its last
             # token, which for a completed prompt is where a whole prefill samples the first token
             grammars = [p.request.grammar for p in chunk.pending]
-            allowed = block_masks(grammars, [[0]] * len(grammars), 1, self.runtime.vocab_size, self.device)  # the first token's
+            allowed = block_masks(grammars, [[0]] * len(grammars), 1, self.runtime.vocab_size)  # the first token's
             masks = {} if allowed is None else {"allowed": allowed}
             out = self.runtime.target_verify(slots, tokens, starts, span, None, sampling, logits_at=last, **masks)
             prefilled_tokens = sum(chunk.counts)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -42,6 +42,12 @@ class VerifyOutput:
     accepted: torch.Tensor
     bonus: torch.Tensor
     features: torch.Tensor | None
+
+
+class LogitMask(Protocol):
+    """Masks a verify pass's logits (a grammar's: runtime/grammar.py BlockMasks)."""
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor: ...
 
 
 class Runtime(abc.ABC):
@@ -159,7 +165,7 @@ class Runtime(abc.ABC):
         draft_probs: torch.Tensor | None,
         sampling: "SamplingTensors",
         logits_at: torch.Tensor | None = None,
-        allowed: torch.Tensor | None = None,
+        allowed: "LogitMask | None" = None,
     ) -> VerifyOutput:
         """The target pass and its verification, as the decoding loop needs them.
 
@@ -169,11 +175,11 @@ class Runtime(abc.ABC):
         `target_forward` then `verify`; runtimes whose target verifies inside (the plugin target
         graph) override it and never materialise the logits.
 
-        `allowed [b, T, V]` (bool; T = 1 with `logits_at`): the tokens a grammar allows at each
-        position (runtime/grammar.py); the rest get probability 0 before verification.
+        `allowed` (runtime/grammar.py BlockMasks): the tokens a grammar allows at each position
+        (T = 1 with `logits_at`); the rest get probability 0 before verification.
         """
         out = self.target_forward(slots, tokens, starts, span, logits_at)
-        logits = out.logits if allowed is None else out.logits.masked_fill(~allowed.view(out.logits.shape), float("-inf"))
+        logits = out.logits if allowed is None else allowed.apply(out.logits)
         if logits_at is None:
             block, start = tokens, starts
         else:
@@ -312,7 +318,10 @@ def contiguous_slots(method):
 
 
 def _rows_of(value, rows: slice):
-    """Batch rows `rows` of an argument: tensors and sampling tensors batch-first, dicts of them; anything else as is."""
+    """Batch rows `rows` of an argument: tensors and sampling tensors batch-first, dicts of them,
+    objects that select their own rows (grammar masks); anything else as is."""
+    if hasattr(value, "select_rows"):
+        return value.select_rows(rows)
     if isinstance(value, torch.Tensor):
         return value[rows]
     if isinstance(value, SamplingTensors):

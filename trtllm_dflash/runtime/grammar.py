@@ -14,12 +14,13 @@ decides.
 The engine is xgrammar (the `grammar` extra): on the demo pair's 4,096-token vocabulary it fills a
 mask in ~5 us where llguidance took ~66 us (benchmarks/bench_grammar_mask.py), and it ships the
 tool-call formats of the families we serve (structural tags for Qwen/Hermes, Llama, Harmony).
-Masks are applied to the logits on the host side of the step (runtime/base.py `target_verify`);
+Masks are filled on the host and applied to the verify logits by xgrammar's kernel where they are (runtime/base.py `target_verify`);
 runtimes whose target verifies inside its graph or engine cannot take them and refuse such requests.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, Sequence
 
@@ -111,22 +112,47 @@ class GrammarState:
             self.matcher.rollback(walked)
 
 
-def block_masks(states: Sequence[GrammarState | None], blocks: Sequence[Sequence[int]], count: int, vocab_size: int, device: Any) -> Any:
-    """Allowed tokens `[b, count, vocab]` (bool, on `device`) for a step whose rows verify block
-    `blocks[r]` (anchor first) at `count` positions; rows without a grammar allow everything.
-    None when no row has a grammar."""
-    if not any(state is not None for state in states):
-        return None
-    import torch
+@dataclasses.dataclass
+class BlockMasks:
+    """A step's grammar masks, packed as xgrammar fills them: bitmask row r * count + t is batch row
+    r's mask at block position t; only the rows in `rows` are filled (and applied)."""
 
+    bitmask: Any  # int32 [b * count, ceil(vocab / 32)], on the host
+    rows: list[int]
+    count: int
+    vocab_size: int
+
+    def apply(self, logits: Any) -> Any:
+        """Forbidden tokens of `logits` ([b, count, V], or [b, V] at count 1) set to -inf, in place
+        (xgrammar's kernel: on the device the logits are on); returns the logits."""
+        import torch
+
+        xgr = require("xgrammar", purpose=PURPOSE)
+        logits = logits.contiguous()
+        flat = logits.view(-1, logits.shape[-1])
+        indices = [r * self.count + t for r in self.rows for t in range(self.count)]
+        with torch.inference_mode():  # the logits of an inference-mode pass may only be changed in one
+            xgr.apply_token_bitmask_inplace(flat, self.bitmask.to(flat.device), vocab_size=self.vocab_size, indices=indices)
+        return logits
+
+    def select_rows(self, rows: slice) -> "BlockMasks":
+        """The masks of batch rows `rows` (a runtime that runs a batch in parts)."""
+        start, stop = rows.start or 0, rows.stop
+        return BlockMasks(self.bitmask[start * self.count : stop * self.count], [r - start for r in self.rows if start <= r < stop],
+                          self.count, self.vocab_size)
+
+
+def block_masks(states: Sequence[GrammarState | None], blocks: Sequence[Sequence[int]], count: int, vocab_size: int) -> BlockMasks | None:
+    """The masks of a step whose rows verify block `blocks[r]` (anchor first) at `count` positions;
+    rows without a grammar are left alone. None when no row has a grammar."""
+    rows = [row for row, state in enumerate(states) if state is not None]
+    if not rows:
+        return None
     xgr = require("xgrammar", purpose=PURPOSE)
     bitmask = xgr.allocate_token_bitmask(len(states) * count, vocab_size)  # all allowed
-    for row, state in enumerate(states):
-        if state is not None:
-            state.fill_block(bitmask, row * count, blocks[row][1:], count)
-    bits = torch.arange(32, dtype=torch.int32)
-    allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).bool().view(len(states), count, -1)[:, :, :vocab_size]
-    return allowed.to(device)
+    for row in rows:
+        states[row].fill_block(bitmask, row * count, blocks[row][1:], count)
+    return BlockMasks(bitmask, rows, count, vocab_size)
 
 
 def _tool_call_tag(value: str) -> Any:
