@@ -231,3 +231,27 @@ def test_a_stalled_model_makes_health_503_within_5_s_and_is_restarted(supervised
     assert "the Python backend stub of dflash stopped answering (Triton answered a probe:" in log[0], log
     assert server_watch.STUB_UNHEALTHY in log[0], log
     assert server_watch.process_start_time(stub) is None, "the stalled stub outlived the restart"
+
+
+def test_only_a_stopped_stub_is_stalled_at_its_first_failed_probe():
+    """A stub missing Triton's health check on a loaded machine is not restarted at once: a running
+    (or sleeping) process needs STALL_STRIKES failed probes in a row; a stopped one (SIGSTOP) does not."""
+    import signal
+    import subprocess
+    import time
+
+    from trtllm_dflash.serving.server_watch import STALL_STRIKES, STOPPED_STATES, process_state
+
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        assert process_state(sleeper.pid) in ("R", "S")  # starting, then sleeping: not stopped
+        sleeper.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while process_state(sleeper.pid) not in STOPPED_STATES and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert process_state(sleeper.pid) in STOPPED_STATES
+        sleeper.send_signal(signal.SIGCONT)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert process_state(sleeper.pid) == "" and STALL_STRIKES >= 2
