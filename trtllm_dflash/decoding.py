@@ -26,7 +26,7 @@ import torch
 from trtllm_dflash.contracts.request_limits import DEFAULT_PREFILL_CHUNK
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.base import Runtime, Slots
-from trtllm_dflash.runtime.grammar import GrammarState, block_masks
+from trtllm_dflash.runtime.grammar import GrammarState, block_masks, draft_constraint
 from trtllm_dflash.runtime.prefix_cache import PrefixCache
 from trtllm_dflash.runtime.requests import Request, SequenceResult, StepEvent
 from trtllm_dflash.runtime.scheduler import BatchState, Scheduler
@@ -80,7 +80,9 @@ def speculative_step(
     if mask_token_id is not None:
         block = torch.full((len(slots), block_size if draft_len > 0 else 2), mask_token_id, dtype=torch.long, device=batch.anchor.device)
         block[:, 0] = batch.anchor
-        proposal = runtime.propose(slots, block, batch.ctx_features, batch.ctx_counts, batch.starts - batch.ctx_counts, batch.sampling)
+        constrain = draft_constraint(grammars, batch.sampling.greedy) if grammars is not None else None
+        proposal = runtime.propose(slots, block, batch.ctx_features, batch.ctx_counts, batch.starts - batch.ctx_counts, batch.sampling,
+                                   **({"constrain": constrain} if constrain is not None else {}))
         block[:, 1:] = proposal.tokens
         block = block[:, : draft_len + 1]
         draft_probs = proposal.probs[:, :draft_len] if proposal.probs is not None else None

@@ -50,6 +50,12 @@ class LogitMask(Protocol):
     def apply(self, logits: torch.Tensor) -> torch.Tensor: ...
 
 
+class DraftConstraint(Protocol):
+    """Masks a drafter pass's logits `[b, B-1, V]` position by position (runtime/grammar.py)."""
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor: ...
+
+
 class Runtime(abc.ABC):
     """Forward passes of a target (and optionally a DFlash drafter) over a batch of rows."""
 
@@ -145,15 +151,19 @@ class Runtime(abc.ABC):
         new_counts: torch.Tensor,
         cache_lens: torch.Tensor,
         sampling: "SamplingTensors",
+        constrain: "DraftConstraint | None" = None,
     ) -> "Proposal":
         """Draft tokens for block positions 1..B-1 of `block [b, B]` and their distribution q.
 
         The drafter's pass is `draft_forward` (same arguments); the block's anchor sits at
         position cache_lens + new_counts. The default is DFlash V1's head: argmax of the draft
         logits, or a sample from their processed distribution. Runtimes of V2 drafters override it
-        with the candidate selector.
+        with the candidate selector. `constrain` (a grammar's, runtime/grammar.py) masks the draft
+        logits of its rows before the head (V1 heads only; a V2 selector proposes unconstrained).
         """
         logits = self.draft_forward(slots, block, ctx_features, new_counts, cache_lens)
+        if constrain is not None:
+            logits = constrain(logits)
         return sample_drafts(logits, sampling, draft_positions(cache_lens + new_counts, logits.shape[1]))
 
     def target_verify(

@@ -142,6 +142,50 @@ class BlockMasks:
                           self.count, self.vocab_size)
 
 
+@dataclasses.dataclass
+class DraftConstraint:
+    """Greedy drafts that follow the grammar: a DFlash drafter proposes its whole block in one pass,
+    so its logits at position t are masked with the grammar's state after the anchor and the drafts
+    before t, each draft the argmax of its masked logits (host-side, one position after another).
+    The drafter pays nothing more; drafts the grammar forbids, which the target rejects anyway,
+    are never proposed (the demo pair's tau under a JSON schema: bench_grammar.py). Rows that
+    sample keep their unconstrained q (their drafts are drawn after this, by the head)."""
+
+    states: list[GrammarState | None]  # per batch row, None: leave the row alone
+
+    def __call__(self, logits: Any) -> Any:
+        import torch
+
+        xgr = require("xgrammar", purpose=PURPOSE)
+        logits = logits.clone()
+        bitmask = xgr.allocate_token_bitmask(1, logits.shape[-1])
+        for row, state in enumerate(self.states):
+            if state is None:
+                continue
+            walked = 0
+            for t in range(logits.shape[1]):
+                if state.terminated:
+                    break
+                state.matcher.fill_next_token_bitmask(bitmask, 0)
+                with torch.inference_mode():
+                    xgr.apply_token_bitmask_inplace(logits[row, t : t + 1], bitmask.to(logits.device), vocab_size=state.vocab_size)
+                if not state.matcher.accept_token(int(logits[row, t].argmax())):
+                    break
+                walked += 1
+            if walked:
+                state.matcher.rollback(walked)
+        return logits
+
+    def select_rows(self, rows: slice) -> "DraftConstraint":
+        return DraftConstraint(self.states[rows])
+
+
+def draft_constraint(states: Sequence[GrammarState | None], greedy: Sequence[bool] | None) -> DraftConstraint | None:
+    """The constraint for a step's greedy rows with a grammar; None when there are none."""
+    chosen = [s if s is not None and greedy is not None and greedy[i] else None for i, s in enumerate(states)]
+    return DraftConstraint(chosen) if any(s is not None for s in chosen) else None
+
+
 def block_masks(states: Sequence[GrammarState | None], blocks: Sequence[Sequence[int]], count: int, vocab_size: int) -> BlockMasks | None:
     """The masks of a step whose rows verify block `blocks[r]` (anchor first) at `count` positions;
     rows without a grammar are left alone. None when no row has a grammar."""

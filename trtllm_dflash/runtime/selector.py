@@ -74,9 +74,9 @@ class GraphDrafterHead:
 
     @torch.inference_mode()
     @contiguous_slots
-    def propose(self, rows, block, ctx_features, new_counts, cache_lens, sampling: SamplingTensors) -> Proposal:
+    def propose(self, rows, block, ctx_features, new_counts, cache_lens, sampling: SamplingTensors, constrain=None) -> Proposal:
         """V2 drafters: the graph's selector inputs walked here (native), or the graph's walk (plugin)."""
         if not self.drafter_config.is_v2:
-            return super().propose(rows, block, ctx_features, new_counts, cache_lens, sampling)
+            return super().propose(rows, block, ctx_features, new_counts, cache_lens, sampling, constrain)
         out = self._draft_outputs(rows, block, ctx_features, new_counts, cache_lens, self._sampling_feed(sampling))
         return proposal(self.drafter_head, out, sampling, cache_lens + new_counts, self.vocab_size)

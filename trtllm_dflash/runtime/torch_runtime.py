@@ -355,9 +355,9 @@ class TorchRuntime(CachedRuntime):
         return self.drafter.step(embeds, ctx_features, new_counts, cache_lens, self.draft_cache.layers, Slots.of(slots, self.device))[:, 1:]
 
     @torch.inference_mode()
-    def propose(self, slots, block, ctx_features, new_counts, cache_lens, sampling: SamplingTensors) -> Proposal:
+    def propose(self, slots, block, ctx_features, new_counts, cache_lens, sampling: SamplingTensors, constrain=None) -> Proposal:
         if not self.drafter_config.is_v2:
-            return super().propose(slots, block, ctx_features, new_counts, cache_lens, sampling)
+            return super().propose(slots, block, ctx_features, new_counts, cache_lens, sampling, constrain)
         hidden = self._draft_hidden(slots, block, ctx_features, new_counts, cache_lens)
         positions = draft_positions(cache_lens + new_counts, hidden.shape[1])
         tokens, probs = self.drafter.propose(hidden, self.lm_head, block[:, 0], sampling.temperature, sampling.seed, positions)
