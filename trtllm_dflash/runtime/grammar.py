@@ -8,8 +8,8 @@ then rolls back. Verification then runs on the masked logits, unchanged: a draft
 forbids has target probability 0 and is rejected there; the bonus (or correction) token is drawn
 from the masked distribution. What is committed is exactly what the target decoding one token at a
 time under the same mask would give (greedy), or its distribution (sampling). The matcher advances
-over committed tokens only (`catch_up`). The drafter is not constrained: it proposes, the target
-decides.
+over committed tokens only (`catch_up`). Greedy drafts follow the grammar too (`DraftConstraint`):
+the target would reject the others anyway, and masking the drafter's logits costs no extra pass.
 
 The engine is xgrammar (the `grammar` extra): on the demo pair's 4,096-token vocabulary it fills a
 mask in ~5 us where llguidance took ~66 us (benchmarks/bench_grammar_mask.py), and it ships the
