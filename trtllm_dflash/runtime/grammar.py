@@ -11,9 +11,10 @@ time under the same mask would give (greedy), or its distribution (sampling). Th
 over committed tokens only (`catch_up`). Greedy drafts follow the grammar too (`DraftConstraint`):
 the target would reject the others anyway, and masking the drafter's logits costs no extra pass.
 
-The engine is xgrammar (the `grammar` extra): on the demo pair's 4,096-token vocabulary it fills a
-mask in ~5 us where llguidance took ~66 us (benchmarks/bench_grammar_mask.py), and it ships the
-tool-call formats of the families we serve (structural tags for Qwen/Hermes, Llama, Harmony).
+The engine is xgrammar (the `grammar` extra): it ships the tool-call formats of the families we
+serve (structural tags for Qwen/Hermes, Llama, Harmony) and fills masks about as fast as llguidance
+on the demo vocabulary and plain schemas; a length-bounded string at Qwen3's vocabulary size costs
+it ~10x more (benchmarks/bench_grammar.py, RESULTS.md).
 Masks are filled on the host and applied to the verify logits by xgrammar's kernel where they are (runtime/base.py `target_verify`);
 runtimes whose target verifies inside its graph or engine cannot take them and refuse such requests.
 """
