@@ -8,15 +8,10 @@ import json
 import numpy as np
 import pytest
 import yaml
-from typer.testing import CliRunner
+from support import invoke
 
 from trtllm_dflash.checks.testing import RecordingSink, serve_until
-from trtllm_dflash.cli.app import app
 from trtllm_dflash.errors import DFlashError
-
-
-def _cli(*args: str):
-    return CliRunner().invoke(app, list(args))
 
 
 def _fails(result, message: str) -> None:
@@ -50,7 +45,7 @@ def test_repo_writes_decoupled_dflash_and_baseline_models(tiny_pair, tmp_path):
 
     target, drafter = tiny_pair
     out = tmp_path / "repo"
-    result = _cli("repo", "--model", str(target), "--drafter", str(drafter), "--out", str(out), "--max-batch", "4", "--max-context", "300",
+    result = invoke("repo", "--model", str(target), "--drafter", str(drafter), "--out", str(out), "--max-batch", "4", "--max-context", "300",
                   "--prefill-chunk", "64", "--prefill-share", "0.3")
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == ["ar", "dflash", "dflash_repository.json"]
@@ -75,13 +70,13 @@ def test_repo_refuses_to_overwrite_and_leaves_nothing_half_written(tiny_pair, tm
     out = tmp_path / "repo"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    result = _cli("repo", "--model", str(target), "--drafter", str(drafter), "--out", str(out))
+    result = invoke("repo", "--model", str(target), "--drafter", str(drafter), "--out", str(out))
     _fails(result, "already exists")
     assert (out / "keep.txt").read_text() == "mine"
     a_file = tmp_path / "file"
     a_file.write_text("x")
-    _fails(_cli("repo", "--model", str(target), "--out", str(a_file)), "is a file")
-    assert _cli("repo", "--model", str(target), "--drafter", str(drafter), "--out", str(out), "--force").exit_code == 0
+    _fails(invoke("repo", "--model", str(target), "--out", str(a_file)), "is a file")
+    assert invoke("repo", "--model", str(target), "--drafter", str(drafter), "--out", str(out), "--force").exit_code == 0
     assert not (out / "keep.txt").exists() and (out / "dflash" / "config.pbtxt").is_file()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging folder left
 
@@ -91,7 +86,7 @@ def test_repo_checks_the_pair_before_writing(tiny_pair, tmp_path):
 
     other = make_tiny_target(tmp_path / "other", hidden_size=32, tokenizer=True)
     wrong = make_tiny_drafter(tmp_path / "wrong", other)
-    result = _cli("repo", "--model", str(tiny_pair[0]), "--drafter", str(wrong), "--out", str(tmp_path / "repo"))
+    result = invoke("repo", "--model", str(tiny_pair[0]), "--drafter", str(wrong), "--out", str(tmp_path / "repo"))
     _fails(result, "hidden_size")
     assert not (tmp_path / "repo").exists()
 
@@ -114,7 +109,7 @@ def test_trtllm_repository_for_gpt_oss_120b_on_b300_validates(tmp_path):
     from trtllm_dflash.backends.trtllm.options import validate_model_yaml
 
     out = tmp_path / "repo"
-    result = _cli("repo", "--model", "gpt-oss-120b", "--gpu", "b300", "--out", str(out))
+    result = invoke("repo", "--model", "gpt-oss-120b", "--gpu", "b300", "--out", str(out))
     assert result.exit_code == 0, result.output
     model_yaml = out / "tensorrt_llm" / "1" / "model.yaml"
     options = yaml.safe_load(model_yaml.read_text())
@@ -162,7 +157,7 @@ def test_llm_api_schema_rejects_unknown_keys_and_wrong_types(tmp_path):
 def test_trtllm_repository_pins_mask_token_from_a_local_drafter(tiny_pair, tmp_path):
     target, drafter = tiny_pair
     out = tmp_path / "repo"
-    result = _cli("repo", "--recipe", "gpt-oss-120b/b300", "--drafter", str(drafter), "--out", str(out))
+    result = invoke("repo", "--recipe", "gpt-oss-120b/b300", "--drafter", str(drafter), "--out", str(out))
     assert result.exit_code == 0, result.output
     spec = yaml.safe_load((out / "tensorrt_llm" / "1" / "model.yaml").read_text())["speculative_config"]
     assert spec["mask_token_id"] == 2 and spec["speculative_model"] == str(drafter.resolve())
@@ -170,7 +165,7 @@ def test_trtllm_repository_pins_mask_token_from_a_local_drafter(tiny_pair, tmp_p
 
 
 def test_trt_recipe_without_a_build_says_how_to_build(tmp_path):
-    result = _cli("repo", "--model", "qwen3-8b", "--gpu", "h100", "--out", str(tmp_path / "repo"))
+    result = invoke("repo", "--model", "qwen3-8b", "--gpu", "h100", "--out", str(tmp_path / "repo"))
     _fails(result, "dflash-trt build")
 
 
@@ -311,19 +306,25 @@ def test_repo_from_a_build_uses_its_engines_when_built_else_its_checkpoints(tiny
             for name in ("dflash", "ar")
         }
 
-    result = _cli("repo", "--build", str(build), "--out", str(tmp_path / "repo"))
+    result = invoke("repo", "--build", str(build), "--out", str(tmp_path / "repo"))
     assert result.exit_code == 0, result.output
     configs = served(tmp_path / "repo")
     assert configs["dflash"].runtime == "torch" and configs["dflash"].drafter == str(drafter)
     assert (configs["dflash"].max_batch, configs["dflash"].max_context, configs["dflash"].max_tokens, configs["dflash"].block_size) == (8, 512, 312, 4)
     assert configs["ar"].drafter is None
+    # served as the model in the repository opens it: the torch runtime, drafting with the build's drafter
+    from trtllm_dflash.backends import open_served_pipeline
+
+    pipeline = open_served_pipeline(configs["dflash"].resolved(tmp_path / "repo" / "dflash"))
+    out = pipeline.generate(["abc"], max_new_tokens=6, block_size=configs["dflash"].block_size)[0]
+    assert pipeline.speculative and out.token_ids and out.acceptance_lengths and out.draft_lengths[0] == 3  # block 4: 3 drafts verified
     manifest["stages"]["engines"] = {"status": "complete", "dir": "engines", "summary": {}}
     (build / "manifest.json").write_text(json.dumps(manifest))
     from trtllm_dflash.backends import write_build_repository
 
     configs = served(write_build_repository(build))
     assert configs["dflash"].runtime == "trt" and configs["dflash"].engines == str(build / "engines")
-    _fails(_cli("repo", "--build", str(tmp_path), "--out", str(tmp_path / "r2")), "no manifest.json")
+    _fails(invoke("repo", "--build", str(tmp_path), "--out", str(tmp_path / "r2")), "no manifest.json")
 
 
 def test_repo_for_the_demo_takes_its_limits_from_the_demo_recipe(tmp_path):
@@ -334,7 +335,7 @@ def test_repo_for_the_demo_takes_its_limits_from_the_demo_recipe(tmp_path):
     if not (DEMO_DIR / "target" / "config.json").is_file():
         pytest.skip("the embedded demo pair is not in this checkout")
     recipe = find_recipe("demo", "cpu")
-    result = _cli("repo", "--model", "demo", "--out", str(tmp_path / "repo"), "--max-batch", "4")
+    result = invoke("repo", "--model", "demo", "--out", str(tmp_path / "repo"), "--max-batch", "4")
     assert result.exit_code == 0, result.output
     parameters = _parse_pbtxt(tmp_path / "repo" / "dflash" / "config.pbtxt").parameters
     config = ServingConfig.from_parameters({k: v.string_value for k, v in parameters.items()})
@@ -356,7 +357,7 @@ def test_recipe_draft_length_schedule_reaches_the_served_decoder(tmp_path):
     text = find_recipe("demo", "cpu").path.read_text()
     recipe = tmp_path / "demo-scheduled.yaml"
     recipe.write_text(text.replace("  block_size: 8\n", "  block_size: 8\n  draft_len_schedule: {1: 7, 4: 3, 16: 0}\n"))
-    result = _cli("repo", "--recipe", str(recipe), "--out", str(tmp_path / "repo"))
+    result = invoke("repo", "--recipe", str(recipe), "--out", str(tmp_path / "repo"))
     assert result.exit_code == 0, result.output
     parameters = {k: v.string_value for k, v in _parse_pbtxt(tmp_path / "repo" / "dflash" / "config.pbtxt").parameters.items()}
     assert parameters["draft_len_schedule"] == "1:7,4:3,16:0"
@@ -404,11 +405,11 @@ def test_your_own_drafter_is_planned_and_recorded_with_absolute_paths(tiny_pair,
 
     target, drafter = tiny_pair
     taps = json.loads((drafter / "config.json").read_text())["dflash_config"]["target_layer_ids"]
-    result = _cli("plan", "--model", str(target), "--gpu", "h100", "--drafter", str(drafter), "--json")
+    result = invoke("plan", "--model", str(target), "--gpu", "h100", "--drafter", str(drafter), "--json")
     assert result.exit_code == 0, result.output
     planned = json.loads(result.output)
     assert planned["drafter"] == str(drafter.resolve()) and planned["block_size"] == 8 and planned["budget"]["drafter_weights"] > 0
-    _fails(_cli("plan", "--model", str(target), "--gpu", "h100", "--drafter", str(tmp_path)), "is not a drafter directory")
+    _fails(invoke("plan", "--model", str(target), "--gpu", "h100", "--drafter", str(tmp_path)), "is not a drafter directory")
 
     monkeypatch.chdir(target.parent)  # ./target and ./drafter, as a user types them
     spec = resolve_spec(target.name, "h100", None, None, drafter.name)
@@ -422,7 +423,7 @@ def test_repo_keeps_max_tokens_below_the_context_it_is_given(tiny_pair, tmp_path
     """--max-context alone: the default max_tokens (1024) cannot hold beside a 512-token context."""
     target, drafter = tiny_pair
     out = tmp_path / "repo"
-    result = _cli("repo", "--model", str(target), "--drafter", str(drafter), "--out", str(out), "--max-context", "512")
+    result = invoke("repo", "--model", str(target), "--drafter", str(drafter), "--out", str(out), "--max-context", "512")
     assert result.exit_code == 0, result.output
     config = _parse_pbtxt(out / "dflash" / "config.pbtxt")
     parameters = {k: v.string_value for k, v in config.parameters.items()}
