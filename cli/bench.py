@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from trtllm_dflash.cli.common import quiet_libraries
+from trtllm_dflash.contracts.defaults import DEFAULT_NEW_TOKENS
 from trtllm_dflash.errors import DFlashError
 
 
@@ -35,7 +36,7 @@ def bench(
     protocol: str = typer.Option("http", "--protocol", help="With --url: http (server-sent events) or grpc streaming."),
     prompts: str = typer.Option("code", "--prompts", help="Prompt set: code, math, chat, stdlib (demo held-out), or a JSONL file."),
     num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Use only the first N prompts of the set."),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Tokens generated per prompt."),
+    max_new_tokens: int = typer.Option(DEFAULT_NEW_TOKENS, "--max-new-tokens", "-n", help="Tokens generated per prompt."),
     block_size: Optional[int] = typer.Option(None, "--block-size", "-b", help="Headline block size (default: the drafter's)."),
     block_sizes: Optional[str] = typer.Option(None, "--block-sizes", help="Block-size sweep, e.g. 4,8,16 (default: 2,4,.. up to the drafter's)."),
     concurrency: str = typer.Option("1,2,4,8", "--concurrency", help="Concurrency sweep levels."),

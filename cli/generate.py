@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from trtllm_dflash.cli.common import quiet_libraries, read_prompts, tau_hint
+from trtllm_dflash.contracts.defaults import DEFAULT_NEW_TOKENS, GENERATE_MAX_CONTEXT
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.sampling_params import SamplingError, SamplingParams
 
@@ -24,7 +25,7 @@ def generate(
     ),
     prompt: Optional[list[str]] = typer.Option(None, "--prompt", "-p", help="Prompt text; repeat for a batch."),
     prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="One prompt per line, or JSONL with 'prompt'."),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Tokens to generate per prompt (> 0)."),
+    max_new_tokens: int = typer.Option(DEFAULT_NEW_TOKENS, "--max-new-tokens", "-n", help="Tokens to generate per prompt (> 0)."),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy; > 0 samples (lossless)."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1]."),
     top_k: int = typer.Option(0, "--top-k", help="Keep the k most likely tokens (0 = off)."),
@@ -32,7 +33,10 @@ def generate(
     block_size: Optional[int] = typer.Option(None, "--block-size", "-b", help="Draft block size (default: the drafter's)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0 = the cores not busy now, at least 1)."),
-    max_context: Optional[int] = typer.Option(None, "--max-context", help="Prompt + generated tokens limit."),
+    max_context: Optional[int] = typer.Option(
+        None, "--max-context", help="Prompt + generated tokens limit (default: a build's max_seq_len; with --target, the "
+        f"target's max_position_embeddings, at most {GENERATE_MAX_CONTEXT})."
+    ),
     chat: bool = typer.Option(False, "--chat", help="Each prompt is one user message, templated with the target's chat template (as /v1/chat/completions does)."),
     chat_template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs", help='With --chat: JSON variables for the template, e.g. \'{"enable_thinking": false}\'.'),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per prompt, one per line."),

@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from trtllm_dflash.contracts.defaults import SERVED_MAX_BATCH, SERVED_MAX_CONTEXT, SERVED_PREFIX_CACHE_MIB
+from trtllm_dflash.contracts.request_limits import DEFAULT_PREFILL_CHUNK, DEFAULT_PREFILL_SHARE
 from trtllm_dflash.errors import DFlashError
 
 
@@ -28,22 +30,22 @@ def repo(
     baseline: Optional[str] = typer.Option(
         "ar", "--baseline", help="Also serve the target alone (autoregressive) under this name; '' for none."
     ),
-    max_batch: Optional[int] = typer.Option(None, "--max-batch", help="Requests per decoding step (default: the recipe's, else 16)."),
-    max_context: Optional[int] = typer.Option(None, "--max-context", help="Prompt + generated tokens (default: the recipe's, else 2048)."),
+    max_batch: Optional[int] = typer.Option(None, "--max-batch", help=f"Requests per decoding step (default: the recipe's, else {SERVED_MAX_BATCH})."),
+    max_context: Optional[int] = typer.Option(None, "--max-context", help=f"Prompt + generated tokens (default: the recipe's, else {SERVED_MAX_CONTEXT})."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Largest sampling_param_max_tokens accepted."),
     block_size: Optional[int] = typer.Option(None, "--block-size", "-b", help="Draft block size (default: the drafter's)."),
     device: str = typer.Option("auto", "--device", help="auto (cuda when present), cpu or cuda."),
     threads: int = typer.Option(0, "--threads", help="torch CPU threads per model (0 = the cores not busy when the model loads, at least 1)."),
     prefix_cache_mib: Optional[int] = typer.Option(
-        None, "--prefix-cache-mib", help="Prefix cache per model in MiB (default 1024; 0 turns it off): prompts that "
+        None, "--prefix-cache-mib", help=f"Prefix cache per model in MiB (default {SERVED_PREFIX_CACHE_MIB}; 0 turns it off): prompts that "
         "start with a prefix seen before skip its prefill."
     ),
     prefill_chunk: Optional[int] = typer.Option(
-        None, "--prefill-chunk", help="Prompt tokens prefilled per decoding step, so long prompts do not stall live streams (default 512; 0 = whole prompts)."
+        None, "--prefill-chunk", help=f"Prompt tokens prefilled per decoding step, so long prompts do not stall live streams (default {DEFAULT_PREFILL_CHUNK}; 0 = whole prompts)."
     ),
     prefill_share: Optional[float] = typer.Option(
         None, "--prefill-share", help="While streams decode, prefills take about this share of the decoding time on average, "
-        "in chunks of at most --prefill-chunk tokens, shortest prompt first (default 0.3; 0 = always --prefill-chunk tokens)."
+        f"in chunks of at most --prefill-chunk tokens, shortest prompt first (default {DEFAULT_PREFILL_SHARE}; 0 = always --prefill-chunk tokens)."
     ),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out."),
     llmapi_model: Optional[Path] = typer.Option(

@@ -35,10 +35,12 @@ CACHE_FORMAT = 2  # 2: pointer alignment attributes
 
 @functools.cache
 def source_digest(source: str) -> str:
-    """sha256 of what a kernel's bytes are made from: its file, the jitted helpers it imports
-    (rng.py) and `aot_compile` (the compile options, PTX rewriting and ptxas flags)."""
+    """sha256 of what a kernel's bytes are made from: its file, the jitted helpers kernel files share
+    (kernels/counter_rng.py, over rng.py) and `aot_compile` (the compile options, PTX rewriting and
+    ptxas flags)."""
     digest = hashlib.sha256()
-    for path in (kernels._HERE / f"{source}.py", Path(rng.__file__), Path(aot_compile.__file__)):
+    helpers = (kernels._HERE / "counter_rng.py", Path(rng.__file__))
+    for path in (kernels._HERE / f"{source}.py", *helpers, Path(aot_compile.__file__)):
         digest.update(path.read_bytes())
     return digest.hexdigest()
 

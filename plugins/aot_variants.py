@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable, Mapping
 
+from trtllm_dflash.contracts import dtypes
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.ops.attention_options import BLOCK_ATTENTION, TARGET_ATTENTION
 from trtllm_dflash.ops.kernels import dflash2_launch, launch
@@ -24,7 +25,8 @@ from trtllm_dflash.ops.kernels import dflash2_launch, launch
 # logits loads into 16-byte vectors and `cp.async` copies instead of 2-byte loads.
 POINTER_ALIGNMENT = 16
 
-TORCH_TO_TRITON = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8e4nv", "int32": "i32", "int64": "i64"}
+# torch's dtype names -> Triton's signature spelling, from the one dtype table
+TORCH_TO_TRITON = {d.torch: d.triton for d in dtypes.TABLE if d.torch and d.triton}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -322,7 +324,8 @@ def kernel_variants(
     return variants
 
 
-PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# a recipe's unquantized precision -> the activation dtype its kernels take ("bf16" -> "bfloat16")
+PRECISION_DTYPES = {name: dtypes.torch_name(name) for name in dtypes.FLOATS}
 
 
 @dataclasses.dataclass(frozen=True)

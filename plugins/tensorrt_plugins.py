@@ -23,6 +23,7 @@ import inspect
 from pathlib import Path
 
 from trtllm_dflash.errors import DFlashError, MissingDependencyError
+from trtllm_dflash.contracts import dtypes as dtype_table  # `dtypes` here names a launch's {input: dtype}
 from trtllm_dflash.contracts import names
 from trtllm_dflash.plugins import aot, onnx_nodes
 from trtllm_dflash.ops.attention_options import with_signature
@@ -242,10 +243,7 @@ def register_plugins(arch: str | None = None, prebuilt: str | Path | None = None
         if _REGISTERED["config"] != (target.name, str(prebuilt)):
             raise DFlashError("the DFlash plugins are already registered for another target in this process", "use one process per target")
         return [spec.plugin_id for spec in onnx_nodes.NODES]
-    dtype_names = {
-        trt.float32: "float32", trt.float16: "float16", trt.bfloat16: "bfloat16", trt.fp8: "float8_e4m3fn",
-        trt.int32: "int32", trt.int64: "int64",
-    }
+    dtype_names = {getattr(trt, d.tensorrt): d.torch for d in dtype_table.TABLE if d.tensorrt}  # trt.fp8: "float8_e4m3fn"
 
     def aot_result(node: str, inputs: dict, attributes: dict):
         shapes = {name: tuple(desc.shape_expr) for name, desc in inputs.items()}

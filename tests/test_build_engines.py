@@ -19,16 +19,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
+from support import invoke
 
-from trtllm_dflash.cli.app import app
 from trtllm_dflash.demo import DEMO_DIR
 
 HAVE_DEMO = (DEMO_DIR / "target" / "config.json").is_file() and (DEMO_DIR / "drafter" / "config.json").is_file()
-
-
-def invoke(*args: str):
-    return CliRunner().invoke(app, list(args), catch_exceptions=True)
 
 
 TINY_RECIPE = """\

@@ -8,18 +8,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
+from support import cli
 
-from trtllm_dflash.cli.app import app
 
 PROMPTS = ["def fibonacci(n):", "import os\nfor name in"]
 MAX_TOKENS = 16
-
-
-def _cli(*args: str) -> str:
-    result = CliRunner().invoke(app, list(args))
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +31,7 @@ def reference(v2_pair):
     args = ["generate", "--target", target, "--drafter", drafter, "--json", "-n", str(MAX_TOKENS)]
     for prompt in PROMPTS:
         args += ["--prompt", prompt]
-    return [json.loads(line) for line in _cli(*args).splitlines() if line.startswith("{")]
+    return [json.loads(line) for line in cli(*args).splitlines() if line.startswith("{")]
 
 
 def test_v2_drafter_spec_counts_every_stored_parameter(v2_pair):
@@ -59,8 +52,8 @@ def test_v2_drafter_spec_counts_every_stored_parameter(v2_pair):
 def test_bench_reports_tau_and_speedup_for_a_v2_pair(v2_pair, tmp_path):
     target, drafter = v2_pair
     out = tmp_path / "bench"
-    _cli("bench", "--target", target, "--drafter", drafter, "--prompts", "stdlib", "--num-prompts", "2", "-n", "12",
-         "--block-sizes", "2,4", "--concurrency", "1", "--out", str(out))
+    cli("bench", "--target", target, "--drafter", drafter, "--prompts", "stdlib", "--num-prompts", "2", "-n", "12",
+        "--block-sizes", "2,4", "--concurrency", "1", "--out", str(out))
     s = json.loads((out / "bench.json").read_text())["summary"]
     assert s["lossless"] is True and s["mismatched_prompts"] == 0
     assert 1.0 <= s["tau"] <= 4
@@ -73,8 +66,8 @@ def triton(v2_pair, tmp_path_factory):
 
     target, drafter = v2_pair
     repo = tmp_path_factory.mktemp("v2-repo") / "repository"
-    _cli("repo", "--model", target, "--drafter", drafter, "--out", str(repo), "--max-context", "128",
-         "--max-tokens", "32", "--max-batch", "4", "--threads", "1")
+    cli("repo", "--model", target, "--drafter", drafter, "--out", str(repo), "--max-context", "128",
+        "--max-tokens", "32", "--max-batch", "4", "--threads", "1")
     with TritonServer(repo, free_port(), free_port(), free_port(), host="127.0.0.1", startup_timeout=600) as running:
         group = running.process.pid
         yield running, repo

@@ -54,7 +54,7 @@ def test_the_tile_estimate_bounds_what_the_compiler_allocates(kernel_audit_repor
         dtype = torch_dtype[r.data_dtype]
         dk, dv = c.get("HEAD_DIM_K", c.get("HEAD_DIM")), c.get("HEAD_DIM_V", c.get("HEAD_DIM"))
         streams = 2 if r.function.startswith("block") else 1
-        estimate = launch.tile_shared_bytes(c["BLOCK_M"], c["BLOCK_N"], dk, dv, launch.DTYPE_BYTES[dtype], r.num_stages, streams)
+        estimate = launch.tile_shared_bytes(c["BLOCK_M"], c["BLOCK_N"], dk, dv, launch.element_bytes(dtype), r.num_stages, streams)
         assert r.shared <= estimate, f"{r.arch} {r.label}: compiler {r.shared} B > estimate {estimate} B"
 
 

@@ -20,6 +20,8 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from support import cli
+
 from trtllm_dflash.cli.app import app
 
 openai = pytest.importorskip("openai")
@@ -30,16 +32,12 @@ MAX_TOKENS = 1000
 PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self, item):", "import os\nfor name in", "x = [i * i for i in"]
 
 
-def _cli(*args: str) -> str:
-    result = CliRunner().invoke(app, list(args))
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     out = tmp_path_factory.mktemp("repo") / "repository"
-    _cli("repo", "--model", "demo", "--out", str(out), "--max-context", str(MAX_CONTEXT), "--max-tokens", str(MAX_TOKENS),
+    cli("repo", "--model", "demo", "--out", str(out), "--max-context", str(MAX_CONTEXT), "--max-tokens", str(MAX_TOKENS),
          "--max-batch", "16", "--threads", "1")
     return out
 
@@ -84,7 +82,7 @@ def offline(prompts: list[str], max_tokens: int, block_size: str | None, *extra:
         args += ["--block-size", block_size]
     for prompt in prompts:
         args += ["--prompt", prompt]
-    return [json.loads(line) for line in _cli(*args).splitlines() if line.startswith("{")]
+    return [json.loads(line) for line in cli(*args).splitlines() if line.startswith("{")]
 
 
 @pytest.fixture(scope="module")
@@ -365,7 +363,7 @@ def test_openai_command_refuses_an_unreachable_triton():
 
 def test_bench_openai_url_sweeps_concurrency_with_latency_percentiles(front, tmp_path):
     out = tmp_path / "bench"
-    output = _cli("bench", "--openai-url", front.url, "--model", "dflash,ar", "--prompts", "code", "--num-prompts", "3",
+    output = cli("bench", "--openai-url", front.url, "--model", "dflash,ar", "--prompts", "code", "--num-prompts", "3",
                   "-n", "16", "--concurrency", "1,4", "--out", str(out))
     report = json.loads((out / "bench.json").read_text())
     assert [(r["model"], r["concurrency"]) for r in report["rows"]] == [("dflash", 1), ("dflash", 4), ("ar", 1), ("ar", 4)]

@@ -17,9 +17,8 @@ import urllib.request
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from support import cli
 
-from trtllm_dflash.cli.app import app
 
 MAX_CONTEXT = 256
 MAX_TOKENS = 96
@@ -45,18 +44,12 @@ def pair(request, tmp_path_factory):
     return str(target), str(drafter)
 
 
-def _cli(*args: str) -> str:
-    result = CliRunner().invoke(app, list(args))
-    assert result.exit_code == 0, result.output
-    return result.output
-
-
 @pytest.fixture(scope="module")
 def repo(pair, tmp_path_factory):
     target, drafter = pair
     out = tmp_path_factory.mktemp("repo") / "repository"
     model = ["--model", "demo"] if target == "demo" else ["--model", target, "--drafter", drafter]
-    _cli("repo", *model, "--out", str(out), "--max-context", str(MAX_CONTEXT), "--max-tokens", str(MAX_TOKENS), "--max-batch", "16", "--threads", "1")
+    cli("repo", *model, "--out", str(out), "--max-context", str(MAX_CONTEXT), "--max-tokens", str(MAX_TOKENS), "--max-batch", "16", "--threads", "1")
     return out
 
 
@@ -95,7 +88,7 @@ def offline(pair, prompts: list[str], max_tokens: int, block_size: str | None, s
         args += ["--block-size", block_size]
     for prompt in prompts:
         args += ["--prompt", prompt]
-    lines = [line for line in _cli(*args).splitlines() if line.startswith("{")]
+    lines = [line for line in cli(*args).splitlines() if line.startswith("{")]
     return [json.loads(line) for line in lines]
 
 

@@ -13,17 +13,10 @@ import threading
 
 import pytest
 import torch
-from typer.testing import CliRunner
+from support import cli
 
-from trtllm_dflash.cli.app import app
 
 MAX_TOKENS = 48
-
-
-def _cli(*args: str) -> str:
-    result = CliRunner().invoke(app, list(args))
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +43,7 @@ def offline(hybrid_pair, prompts):
     args = ["generate", "--target", target, "--drafter", drafter, "--json", "-n", str(MAX_TOKENS)]
     for prompt in prompts:
         args += ["--prompt", prompt]
-    return [json.loads(line) for line in _cli(*args).splitlines() if line.startswith("{")]
+    return [json.loads(line) for line in cli(*args).splitlines() if line.startswith("{")]
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +53,8 @@ def client(hybrid_pair, tmp_path_factory):
 
     target, drafter = hybrid_pair
     repo = tmp_path_factory.mktemp("hybrid-repo") / "repository"
-    _cli("repo", "--model", target, "--drafter", drafter, "--out", str(repo), "--max-context", "128",
-         "--max-tokens", str(MAX_TOKENS), "--max-batch", "4", "--threads", "1")
+    cli("repo", "--model", target, "--drafter", drafter, "--out", str(repo), "--max-context", "128",
+        "--max-tokens", str(MAX_TOKENS), "--max-batch", "4", "--threads", "1")
     with TritonServer(repo, free_port(), free_port(), free_port(), host="127.0.0.1", startup_timeout=600) as server:
         yield DFlashClient(server.endpoints.http, model="dflash", grpc_url=server.endpoints.grpc, timeout=300)
 

@@ -21,24 +21,17 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from support import cli
 
-from trtllm_dflash.cli.app import app
 from trtllm_dflash.serving import server_watch
 from trtllm_dflash.serving.server import SHM_DIR, TritonServer, _port_free, free_port
-
-
-def _cli(*args: str) -> str:
-    result = CliRunner().invoke(app, list(args))
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 @pytest.fixture(scope="module")
 def odd_repo(tmp_path_factory) -> Path:
     """The demo pair's repository at a path with a space and non-ASCII characters."""
     out = tmp_path_factory.mktemp("lifecycle") / "my ü 日本 repo"
-    _cli("repo", "--model", "demo", "--out", str(out), "--max-context", "256", "--max-tokens", "32", "--max-batch", "2", "--threads", "1")
+    cli("repo", "--model", "demo", "--out", str(out), "--max-context", "256", "--max-tokens", "32", "--max-batch", "2", "--threads", "1")
     return out
 
 

@@ -18,6 +18,7 @@ import urllib.request
 import uuid
 
 import pytest
+from support import cli
 from typer.testing import CliRunner
 
 from trtllm_dflash.cli.app import app
@@ -28,18 +29,12 @@ from trtllm_dflash.serving.triton_access import GRPC_RESTRICTED, HEADER, HTTP_RE
 API_KEY = "s3cret:key=with,odd chars"  # the token is hex, so any key makes a well-formed flag
 
 
-def _cli(*args: str) -> str:
-    result = CliRunner().invoke(app, list(args))
-    assert result.exit_code == 0, result.output
-    return result.output
-
-
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     out = tmp_path_factory.mktemp("repo") / "repository"
     # the DFlash model alone (no autoregressive baseline): one Python stub to start, not two
-    _cli("repo", "--model", "demo", "--baseline", "", "--out", str(out), "--max-context", "256", "--max-tokens", "64",
-         "--max-batch", "4", "--threads", "1")
+    cli("repo", "--model", "demo", "--baseline", "", "--out", str(out), "--max-context", "256", "--max-tokens", "64",
+        "--max-batch", "4", "--threads", "1")
     return out
 
 

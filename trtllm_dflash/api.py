@@ -18,6 +18,7 @@ from typing import Sequence
 import torch
 
 from trtllm_dflash.checkpoints import Target, load_drafter, load_target
+from trtllm_dflash.contracts.defaults import DEFAULT_NEW_TOKENS, GENERATE_MAX_CONTEXT
 from trtllm_dflash.contracts.grammar_spec import GrammarSpec
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams, SequenceResult
 from trtllm_dflash.errors import DFlashError
@@ -25,7 +26,7 @@ from trtllm_dflash.runtime.base import Runtime
 from trtllm_dflash.runtime.grammar import GrammarCompiler, GrammarState
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 
-DEFAULT_MAX_CONTEXT = 4096
+DEFAULT_MAX_CONTEXT = GENERATE_MAX_CONTEXT  # capped at the target's max_position_embeddings (contracts/defaults.py)
 
 
 @dataclasses.dataclass
@@ -133,7 +134,7 @@ class DFlashPipeline:
     def generate(
         self,
         prompts: Sequence[str] | Sequence[Sequence[int]],
-        max_new_tokens: int = 128,
+        max_new_tokens: int = DEFAULT_NEW_TOKENS,
         temperature: float = 0.0,
         top_k: int = 0,
         top_p: float = 1.0,

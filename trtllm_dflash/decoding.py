@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
+from trtllm_dflash.contracts.defaults import DECODER_MAX_BATCH, DECODER_MAX_CONTEXT
 from trtllm_dflash.contracts.request_limits import DEFAULT_PREFILL_CHUNK
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.base import Runtime, Slots
@@ -132,8 +133,8 @@ class Decoder:
     def __init__(
         self,
         runtime: Runtime,
-        max_batch: int = 8,
-        max_context: int = 2048,
+        max_batch: int = DECODER_MAX_BATCH,
+        max_context: int = DECODER_MAX_CONTEXT,
         block_size: int | None = None,
         profile: bool = False,
         draft_len_schedule: Mapping[int, int] | None = None,

@@ -12,6 +12,7 @@ import dataclasses
 import math
 from typing import Mapping
 
+from trtllm_dflash.contracts.defaults import DEFAULT_NEW_TOKENS
 from trtllm_dflash.contracts.grammar_spec import GrammarSpec
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.contracts.request_limits import MAX_STOP_CHARS, MAX_STOP_STRINGS, PROMPT_CHARS_PER_TOKEN, SEED_MAX, TOP_K_MAX
@@ -61,7 +62,7 @@ class SamplingParams:
     context and max_new_tokens still do).
     """
 
-    max_new_tokens: int = 128
+    max_new_tokens: int = DEFAULT_NEW_TOKENS
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0

@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from trtllm_dflash.contracts.defaults import DEFAULT_NEW_TOKENS
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
@@ -108,7 +109,7 @@ def measure_decode(
     drafter: DFlashDrafter,
     prompts: Sequence[Sequence[int]],
     batches: Sequence[int] = (1, 8),
-    max_new_tokens: int = 128,
+    max_new_tokens: int = DEFAULT_NEW_TOKENS,
     repeats: int = 3,
     progress: Callable[[str], None] | None = None,
 ) -> list[DecodeResult]:

@@ -20,6 +20,7 @@ import statistics
 from typing import Callable, Sequence
 
 from trtllm_dflash.bench.systems import SystemRun, BenchSystem
+from trtllm_dflash.contracts.defaults import DEFAULT_NEW_TOKENS
 from trtllm_dflash.errors import DFlashError
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -27,7 +28,7 @@ Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 @dataclasses.dataclass
 class BenchConfig:
-    max_new_tokens: int = 128
+    max_new_tokens: int = DEFAULT_NEW_TOKENS
     block_size: int | None = None  # headline block size; default: the drafter's
     block_sizes: Sequence[int] | None = None  # sweep; default: powers of two up to the drafter's
     concurrency: Sequence[int] = (1, 2, 4, 8)

@@ -57,6 +57,7 @@ from torch import nn
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.contracts import names
+from trtllm_dflash.contracts.dtypes import from_onnx
 from trtllm_dflash.graphs import drafter_v2
 from trtllm_dflash.graphs.concat_cache import LayerCache
 from trtllm_dflash.graphs.dense_experts import dense_experts
@@ -68,11 +69,10 @@ from trtllm_dflash.modeling.drafter import DFlashDrafter
 # DTYPES, cast_parameters, TargetGraph and UnsupportedTargetError are imported from here by older
 # callers; they live in trtllm_dflash.graphs.
 __all__ = [
-    "DTYPES", "ONNX_FLOATS", "OPSET", "Bounds", "GraphInfo", "TargetGraph", "UnsupportedTargetError", "cast_parameters",
+    "DTYPES", "OPSET", "Bounds", "GraphInfo", "TargetGraph", "UnsupportedTargetError", "cast_parameters",
     "export_drafter", "export_pair", "export_target", "export_verifying_target", "write_graphs_json",
 ]
 
-ONNX_FLOATS = {1: torch.float32, 16: torch.bfloat16, 10: torch.float16}  # onnx.TensorProto FLOAT, BFLOAT16, FLOAT16
 OPSET = 20
 
 
@@ -207,7 +207,7 @@ def attention_translation() -> dict:
         scores = op.MatMul(scaled, op.Transpose(key, perm=[0, 1, 3, 2]))
         if attn_mask is not None:
             if attn_mask.dtype == onnx.TensorProto.BOOL:  # hidden keys get the dtype's lowest value, as torch's
-                lowest = float(torch.finfo(ONNX_FLOATS[int(query.dtype)]).min)
+                lowest = float(torch.finfo(from_onnx(int(query.dtype)).to_torch()).min)
                 attn_mask = op.Where(attn_mask, op.CastLike(op.Constant(value_float=0.0), scores), op.CastLike(op.Constant(value_float=lowest), scores))
             scores = op.Add(scores, attn_mask)
         return op.MatMul(op.Softmax(scores, axis=-1), value)

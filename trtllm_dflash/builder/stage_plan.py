@@ -16,8 +16,7 @@ from pathlib import Path
 
 from trtllm_dflash.builder.feasibility import backend_of, export_support, repository_writer, validation_skip_reason
 from trtllm_dflash.builder.spec import BuildSpec
-
-BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nvfp4": 4.5 / 8, "mxfp4": 4.25 / 8}
+from trtllm_dflash.contracts import dtypes
 
 
 @dataclasses.dataclass
@@ -176,7 +175,7 @@ def _graph_bytes(spec: BuildSpec) -> tuple[float, float]:
     """Bytes of the target's and the drafter's graphs (one variant)."""
     model = spec.recipe.model_spec()
     params = model.params()
-    graph_bytes = BYTES[spec.precision.compute_dtype]
+    graph_bytes = dtypes.bytes_per_element(spec.precision.compute_dtype)
     weights = spec.plan.budget.target_weights * spec.plan.layout.tp
     target_graph = weights if spec.precision.quantized else params.total * graph_bytes
     drafter_params = model.drafter.num_params() if model.drafter else 0

@@ -13,20 +13,14 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from trtllm_dflash.builder.traffic_steps import CacheTensor, GraphSummary, Tensor, TrafficError
-from trtllm_dflash.contracts import names
+from trtllm_dflash.contracts import dtypes, names
 
-# bits per element of each ONNX TensorProto data type (onnx.TensorProto.DataType)
-_BITS = {
-    1: 32, 2: 8, 3: 8, 4: 16, 5: 16, 6: 32, 7: 64, 9: 8, 10: 16, 11: 64, 12: 32, 13: 64,
-    14: 64, 15: 128, 16: 16, 17: 8, 18: 8, 19: 8, 20: 8, 21: 4, 22: 4, 23: 4,
-}
-_DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "fp16": 2, "float16": 2, "bfloat16": 2, "fp8": 1, "int64": 8, "int32": 4}
 _CACHE_PREFIXES = names.prefixes(names.PAST, names.CACHE)
 _SHAPE_ONLY = {"Shape", "Size"}  # read a tensor's shape, not its data
 
 
 def _tensor_bytes(dims: Iterable[int], data_type: int) -> int:
-    return math.ceil(math.prod(dims) * _BITS.get(data_type, 32) / 8)
+    return math.ceil(math.prod(dims) * dtypes.onnx_bits(data_type) / 8)
 
 
 def _onnx_dims(value) -> tuple[str | int, ...] | None:
@@ -81,7 +75,7 @@ def summarize_graph(path: Path, info: dict[str, Any], role: str) -> GraphSummary
         dims = tuple(entry["dims"]) if entry is not None else _onnx_dims(value)
         if dims is None:
             raise TrafficError(f"input {name} of {path.name} has no shape", "re-export the graphs with this version")
-        itemsize = _BITS.get(value.type.tensor_type.elem_type, 32) / 8
+        itemsize = dtypes.onnx_bits(value.type.tensor_type.elem_type) / 8
         users = [(node, index) for node, index in readers.get(name, []) if node.op_type not in _SHAPE_ONLY]
         if name.startswith(_CACHE_PREFIXES):
             slot = math.ceil(math.prod(int(d) for d in dims[2:]) * itemsize)
@@ -98,7 +92,7 @@ def summarize_graph(path: Path, info: dict[str, Any], role: str) -> GraphSummary
         dims = _onnx_dims(value)
         if dims is None:
             raise TrafficError(f"output {value.name} of {path.name} has no shape", "re-export the graphs with this version")
-        outputs.append(Tensor(value.name, dims, _BITS.get(value.type.tensor_type.elem_type, 32) / 8))
+        outputs.append(Tensor(value.name, dims, dtypes.onnx_bits(value.type.tensor_type.elem_type) / 8))
 
     internal = None
     verify = [node for node in graph.node if node.op_type == "DFlashVerifyPositions"]
@@ -107,10 +101,11 @@ def summarize_graph(path: Path, info: dict[str, Any], role: str) -> GraphSummary
         known = {value.name: value for value in list(graph.value_info) + list(graph.output)}
         if logits in known and _onnx_dims(known[logits]) is not None:
             value = known[logits]
-            internal = Tensor(names.LOGITS, _onnx_dims(value), _BITS.get(value.type.tensor_type.elem_type, 32) / 8)
+            internal = Tensor(names.LOGITS, _onnx_dims(value), dtypes.onnx_bits(value.type.tensor_type.elem_type) / 8)
         else:  # no recorded shape: [batch, picked, vocab] at the graph's dtype
             vocab = next(int(e["dims"][-1]) for e in info["inputs"] if e["name"] == names.DRAFT_PROBS)
-            internal = Tensor(names.LOGITS, ("batch", "picked", vocab), _DTYPE_BYTES.get(info.get("dtype", "fp32"), 4))
+            dtype = dtypes.find(info.get("dtype", "fp32"))
+            internal = Tensor(names.LOGITS, ("batch", "picked", vocab), dtype.bytes if dtype else 4)
     return GraphSummary(
         role, info.get("variant", ""), dense, tuple(gathered), tuple(caches), tuple(inputs), tuple(outputs), internal,
         str(Path(info.get("dir") or info.get("variant", "")) / info.get("file", path.name)),

@@ -15,6 +15,7 @@ from typing import Any
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.contracts import names
+from trtllm_dflash.contracts.defaults import PLANNED_CONTEXT, PLANNED_MAX_BATCH
 
 CATEGORIES = ("weights", "target cache", "draft cache", "logits", "draft probs", "activations")
 _NEW_KV_PREFIXES = names.prefixes(names.NEW)
@@ -28,9 +29,9 @@ class TrafficError(DFlashError):
 class Step:
     """The sizes of one verify step; `new_rows` defaults to the block (a step commits at most that)."""
 
-    batch: int = 64
-    context: int = 8192  # committed tokens per row before the step (the target's `starts`)
-    capacity: int = 16384  # cache slots bound per row
+    batch: int = PLANNED_MAX_BATCH
+    context: int = PLANNED_CONTEXT  # committed tokens per row before the step (the target's `starts`)
+    capacity: int = 2 * PLANNED_CONTEXT  # cache slots bound per row; the context is half (as `explain-bytes --capacity` sets it)
     block: int = 16  # tokens verified per row (anchor + drafts), also the drafter's block
     new_rows: int | None = None  # context rows the drafter appends per row
     sampled: int = 0  # rows with temperature > 0 (their draft distributions are written and read)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from trtllm_dflash.contracts import dtypes
+
+# the recipe names a graph is exported in -> torch dtypes, from the one dtype table
+DTYPES: dict[str, torch.dtype] = {name: dtypes.torch_dtype(name) for name in dtypes.FLOATS}
 
 
 def cast_parameters(module: nn.Module, dtype: torch.dtype) -> nn.Module:

@@ -20,7 +20,7 @@ does: NVFP4 on Hopper, FP8 below SM 8.9, too few GPUs, or a model that does not 
 
 from trtllm_dflash.planning.deployment import plan_deployment
 from trtllm_dflash.planning.memory import (
-    ACTIVATION_BYTES, BYTES_PER_ELEMENT, CUDA_GRAPH_BYTES, DEFAULT_CONTEXT, DEFAULT_KV_FRACTION, DEFAULT_MAX_BATCH, GIB,
+    ACTIVATION_BYTES, CUDA_GRAPH_BYTES, DEFAULT_CONTEXT, DEFAULT_KV_FRACTION, DEFAULT_MAX_BATCH, GIB,
     GPU_COUNTS, LINEAR_CONV_PRECISION, LINEAR_STATE_PRECISION, LOGIT_BYTES, MIB, NCCL_RESERVE_BYTES, RUNTIME_RESERVE_BYTES,
     WORKSPACE_BYTES, activation_bytes, bytes_of, cuda_graph_batch_sizes, cuda_graph_bytes, drafter_kv_bytes_per_sequence,
     host_memory_bytes, kv_bytes_per_sequence, kv_heads_per_gpu, linear_state_bytes_per_sequence, target_weight_bytes,
@@ -29,7 +29,7 @@ from trtllm_dflash.planning.records import BuildStep, Layout, MemoryBudget, Plan
 from trtllm_dflash.recipes.precision import Precision
 
 __all__ = [
-    "ACTIVATION_BYTES", "BYTES_PER_ELEMENT", "CUDA_GRAPH_BYTES", "DEFAULT_CONTEXT", "DEFAULT_KV_FRACTION", "DEFAULT_MAX_BATCH",
+    "ACTIVATION_BYTES", "CUDA_GRAPH_BYTES", "DEFAULT_CONTEXT", "DEFAULT_KV_FRACTION", "DEFAULT_MAX_BATCH",
     "GIB", "GPU_COUNTS", "LINEAR_CONV_PRECISION", "LINEAR_STATE_PRECISION", "LOGIT_BYTES", "MIB", "NCCL_RESERVE_BYTES",
     "RUNTIME_RESERVE_BYTES", "WORKSPACE_BYTES", "BuildStep", "Layout", "MemoryBudget", "Plan", "Precision", "Refusal",
     "activation_bytes", "bytes_of", "cuda_graph_batch_sizes", "cuda_graph_bytes", "drafter_kv_bytes_per_sequence",

@@ -10,12 +10,13 @@ from trtllm_dflash.backends.choice import SUGGESTION_ORDER, choose_backend
 from trtllm_dflash.catalog.families import family_spec
 from trtllm_dflash.catalog.gpus import CPU, resolve_gpu
 from trtllm_dflash.catalog.models import resolve_model, with_local_drafter
+from trtllm_dflash.contracts import dtypes
 from trtllm_dflash.errors import PlanRefusedError, RecipeError
 from trtllm_dflash.planning.alternatives import describe_fit, fits, nearest_that_fits, precision_alternative
 from trtllm_dflash.planning.candidate import Candidate, with_changes
 from trtllm_dflash.planning.layout import default_layout, layout_refusals
 from trtllm_dflash.planning.memory import (
-    BYTES_PER_ELEMENT, DEFAULT_CONTEXT, DEFAULT_KV_FRACTION, DEFAULT_MAX_BATCH, GIB, GPU_COUNTS, MIB, linear_state_bytes_per_sequence,
+    DEFAULT_CONTEXT, DEFAULT_KV_FRACTION, DEFAULT_MAX_BATCH, GIB, GPU_COUNTS, MIB, linear_state_bytes_per_sequence,
     max_concurrency, prefix_cache_tokens,
 )
 from trtllm_dflash.planning.precision import precision_for, precision_refusals
@@ -91,10 +92,10 @@ def plan_deployment(
             recipe = None
     if quant is not None:
         quant = quant.lower()
-        if quant not in BYTES_PER_ELEMENT:
+        if quant not in dtypes.PRECISIONS:
             from trtllm_dflash.errors import UnknownNameError
 
-            raise UnknownNameError(f"unknown precision {quant!r}", f"use one of: {', '.join(BYTES_PER_ELEMENT)}")
+            raise UnknownNameError(f"unknown precision {quant!r}", f"use one of: {', '.join(dtypes.PRECISIONS)}")
     if kv_cache is not None and kv_cache.lower() not in ("fp32", "bf16", "fp16", "fp8"):
         from trtllm_dflash.errors import UnknownNameError
 

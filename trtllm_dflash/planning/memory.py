@@ -10,6 +10,7 @@ import os
 
 from trtllm_dflash.backends import get_backend
 from trtllm_dflash.catalog.models import ModelSpec
+from trtllm_dflash.contracts import defaults, dtypes
 from trtllm_dflash.planning.candidate import Candidate
 from trtllm_dflash.planning.records import Layout, MemoryBudget
 from trtllm_dflash.recipes.precision import Precision
@@ -17,9 +18,6 @@ from trtllm_dflash.recipes.precision import Precision
 GIB = 1024**3
 MIB = 1024**2
 
-# Bytes per stored element. NVFP4: 4-bit values + one FP8 scale per 16 (4.5 bits);
-# MXFP4: 4-bit values + one 8-bit power-of-two scale per 32 (4.25 bits).
-BYTES_PER_ELEMENT = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nvfp4": 4.5 / 8, "mxfp4": 4.25 / 8}
 ACTIVATION_BYTES = 2  # activations run in BF16/FP16 on GPUs
 LOGIT_BYTES = 4  # verification compares FP32 logits at every block position
 
@@ -29,13 +27,14 @@ CUDA_GRAPH_BYTES = 16 * MIB  # per captured graph (batch size x draft length)
 RUNTIME_RESERVE_BYTES = 1 * GIB  # CUDA context, kernels, allocator slack
 NCCL_RESERVE_BYTES = GIB // 2  # communication buffers when the model spans several GPUs
 DEFAULT_KV_FRACTION = 0.90  # share of the remaining memory given to KV caches (trt / torch runtimes)
-DEFAULT_CONTEXT = 8192
-DEFAULT_MAX_BATCH = 64
+DEFAULT_CONTEXT = defaults.PLANNED_CONTEXT
+DEFAULT_MAX_BATCH = defaults.PLANNED_MAX_BATCH
 GPU_COUNTS = (1, 2, 4, 8)
 
 
 def bytes_of(count: int | float, precision: str) -> int:
-    return int(round(count * BYTES_PER_ELEMENT[precision]))
+    """Bytes of `count` elements stored at `precision`, block scales included (contracts/dtypes.py)."""
+    return int(round(count * dtypes.bytes_per_element(precision)))
 
 
 def kv_heads_per_gpu(num_kv_heads: int, tp: int) -> int:

@@ -7,7 +7,7 @@ builder's stages (quantize, export, engines) and its stage plan (`--dry-run`) as
 instead of comparing precision strings themselves. The fields keep the recipe's names.
 
 It lives with the recipes (below the builder, beside the planner); the backends, one layer lower,
-receive it on the planner's candidate and only read it. No imports: plain strings.
+receive it on the planner's candidate and only read it. Plain strings: the names of contracts/dtypes.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-FLOAT_DTYPES = ("fp32", "bf16", "fp16")  # unquantized: cast, never calibrated
+from trtllm_dflash.contracts.dtypes import FLOATS as FLOAT_DTYPES  # unquantized: cast, never calibrated
 PTQ_FORMATS = ("fp8", "nvfp4")  # what ModelOpt post-training quantization writes for the target's weights
 
 

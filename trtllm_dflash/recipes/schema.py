@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from trtllm_dflash.backends import get_backend
+from trtllm_dflash.contracts.defaults import PLANNED_MAX_BATCH
 
 BackendName = Literal["trt", "trtllm", "torch"]  # trtllm_dflash.backends
 # fp32 is for the torch runtime on CPU (the embedded demo); GPUs use bf16/fp16 and below.
@@ -171,14 +172,14 @@ class TritonSection(_Section):
     """Triton Inference Server model settings."""
 
     model_name: str = "dflash"
-    max_batch_size: int = Field(default=64, ge=1, description="Requests batched into one decoding step.")
+    max_batch_size: int = Field(default=PLANNED_MAX_BATCH, ge=1, description="Requests batched into one decoding step.")
     instance_count: int = Field(default=1, ge=1)
     decoupled: bool = Field(default=True, description="Streaming responses need decoupled mode.")
 
 
 class CudaGraphSection(_Section):
     enable_padding: bool = True
-    max_batch_size: int = Field(default=64, ge=1)
+    max_batch_size: int = Field(default=PLANNED_MAX_BATCH, ge=1)
 
 
 class TRTLLMSection(_Section):

@@ -13,14 +13,12 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from trtllm_dflash.contracts.defaults import DEFAULT_NEW_TOKENS, SERVED_MAX_BATCH, SERVED_MAX_CONTEXT, SERVED_PREFIX_CACHE_MIB
 from trtllm_dflash.contracts.request_limits import DEFAULT_PREFILL_CHUNK, DEFAULT_PREFILL_SHARE
 from trtllm_dflash.errors import DFlashError
 
 Runtime = Literal["torch", "trt"]
-DEFAULT_NEW_TOKENS = 128  # what a request that does not say gets, unless the model sets default_max_tokens
-# on by default: chats, agents and system prompts repeat their prefixes on every turn, and the cache only
-# ever holds what requests left (at most this much; README "Prefix caching" says what it costs per token)
-DEFAULT_PREFIX_CACHE_MIB = 1024
+DEFAULT_PREFIX_CACHE_MIB = SERVED_PREFIX_CACHE_MIB  # contracts/defaults.py says why it is on
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,10 +60,10 @@ class ServingConfig(BaseModel):
     drafter: Optional[str] = Field(None, description="Drafter directory, or 'demo'; None serves autoregressively.")
     engines: Optional[str] = Field(None, description="Build directory with TensorRT engines (runtime 'trt').")
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    max_batch: int = Field(16, ge=1, description="Requests decoded together in one step (in-flight batching).")
-    max_context: int = Field(2048, ge=2, description="Prompt + generated tokens per request.")
+    max_batch: int = Field(SERVED_MAX_BATCH, ge=1, description="Requests decoded together in one step (in-flight batching).")
+    max_context: int = Field(SERVED_MAX_CONTEXT, ge=2, description="Prompt + generated tokens per request.")
     max_tokens: int = Field(1024, ge=1, description="Largest sampling_param_max_tokens a request may ask for.")
-    default_max_tokens: Optional[int] = Field(None, ge=1, description="Tokens generated when a request does not say (default: min(128, max_tokens)).")
+    default_max_tokens: Optional[int] = Field(None, ge=1, description=f"Tokens generated when a request does not say (default: min({DEFAULT_NEW_TOKENS}, max_tokens)).")
     block_size: Optional[int] = Field(None, ge=2, description="Draft block size (default: the drafter's).")
     draft_len_schedule: Optional[dict[int, int]] = Field(
         None, description="Draft tokens by live rows, {rows from: tokens} (the recipe's; '1:7,8:3,16:0' in config.pbtxt)."

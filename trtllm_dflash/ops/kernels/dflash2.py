@@ -25,12 +25,15 @@ Parameter order is inputs, then scalars, then outputs (TensorRT's ahead-of-time 
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import libdevice
 
-from trtllm_dflash.ops import rng
+from trtllm_dflash.ops import kernels, rng
+
+# the counter RNG and the precise exp/log (counter_rng.py, as verify.py's), in this file's own form
+_counter_rng = kernels.load("counter_rng", interpret=triton.knobs.runtime.interpret)
+precise_exp, precise_log = _counter_rng.precise_exp, _counter_rng.precise_log
+counter_key, uniform_from_key = _counter_rng.counter_key, _counter_rng.uniform_from_key
 
 DRAFT_MIX = tl.constexpr((rng.STREAM_DRAFT * rng.GOLDEN32) & rng.MASK32)
-GOLDEN = tl.constexpr(rng.GOLDEN32)
 NO_KEY = tl.constexpr(-(2**63))  # below every candidate key
 SUM = tl.standard._sum_combine
 MAX = tl.standard._elementwise_max
@@ -39,18 +42,8 @@ ARGMAX = tl.standard._argmax_combine_tie_break_left  # first index of the maximu
 
 
 # ----------------------------------------------------------------------------- shared pieces
-# The RNG and precise math are verify.py's (each kernel file is loaded on its own, compiled or
-# interpreted, so jitted helpers are not shared across files).
 
 if triton.knobs.runtime.interpret:
-
-    @triton.jit
-    def precise_exp(x):
-        return tl.exp(x)
-
-    @triton.jit
-    def precise_log(x):
-        return tl.log(x)
 
     @triton.jit
     def round_to(x, dtype: tl.constexpr):
@@ -64,42 +57,8 @@ if triton.knobs.runtime.interpret:
 else:
 
     @triton.jit
-    def precise_exp(x):
-        return libdevice.exp(x)
-
-    @triton.jit
-    def precise_log(x):
-        return libdevice.log(x)
-
-    @triton.jit
     def round_to(x, dtype: tl.constexpr):
         return x.to(dtype)
-
-
-@triton.jit
-def hash32(x):
-    """lowbias32 on uint32 (wrap-around multiplication), as `rng.hash32`."""
-    x = x ^ (x >> 16)
-    x = x * tl.full((), 0x7FEB352D, tl.uint32)
-    x = x ^ (x >> 15)
-    x = x * tl.full((), 0x846CA68B, tl.uint32)
-    return x ^ (x >> 16)
-
-
-@triton.jit
-def counter_key(seed, position, STREAM_MIX: tl.constexpr):
-    """`rng.counter_key`: the low 32 bits of seed and position, hashed with the stream."""
-    key = hash32(seed.to(tl.uint32))
-    key = hash32(key ^ position.to(tl.uint32))
-    return hash32(key ^ tl.full((), STREAM_MIX, tl.uint32))
-
-
-@triton.jit
-def uniform_from_key(key, index):
-    """`rng.uniform_from_key`: 24 random bits + 1/2, scaled into (0, 1)."""
-    mixed = index.to(tl.uint32) * tl.full((), GOLDEN, tl.uint32) + tl.full((), 1, tl.uint32)
-    bits = hash32(key ^ mixed)
-    return ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
 
 
 @triton.jit

@@ -26,7 +26,7 @@ from trtllm_dflash.ops.kernels.tiles import (  # noqa: F401  (re-exported: the l
     ENGINE_SHARED_BUDGET,
     FLOAT32_SHARED_BUDGET,
     MAX_REGISTERS,
-    DTYPE_BYTES,
+    element_bytes,
     dtype_name,
     shared_budget_for,
     tile_shared_bytes,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from trtllm_dflash.contracts import dtypes
 from trtllm_dflash.errors import DFlashError
 
 ATTENTION_HEAD_DIMS = (16, 32, 64, 128, 256)  # powers of two: tl.dot tiles
@@ -36,7 +37,6 @@ def cdiv(a, b):
 # smallest opt-in limit of the kernel targets (sm_120's 99 KiB).
 ENGINE_SHARED_BUDGET = 48 * 1024
 FLOAT32_SHARED_BUDGET = 99 * 1024
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 # Triton's own barriers and scratch in shared memory (up to 1,056 bytes seen on sm_100a), kept out of
 # the tiles' share of the budget.
 SHARED_SLACK = 2048
@@ -50,9 +50,15 @@ def dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def element_bytes(dtype) -> int:
+    """Bytes of one element of an activation dtype (torch's, or its name); 16-bit for one not known."""
+    found = dtypes.find(dtype_name(dtype))
+    return int(found.bytes) if found else 2
+
+
 def shared_budget_for(dtype: str) -> int:
     """The shared memory a tile of this activation dtype is sized for (see above)."""
-    return FLOAT32_SHARED_BUDGET if DTYPE_BYTES.get(dtype_name(dtype), 2) == 4 else ENGINE_SHARED_BUDGET
+    return FLOAT32_SHARED_BUDGET if element_bytes(dtype) == 4 else ENGINE_SHARED_BUDGET
 
 
 def tile_shared_bytes(block_m: int, block_n: int, head_dim_k: int, head_dim_v: int, element_bytes: int, num_stages: int, streams: int) -> int:
@@ -75,15 +81,15 @@ def fit_tiles(head_dim_k: int, head_dim_v: int, block_m: int, dtype: str, shared
     count, the key tile and the query tile shrink, in that order, until the estimate fits. 8 warps
     above 4 KiB of queries: with 4, ptxas (sm_90a) spills 50-650 bytes per thread in the 16-bit
     32 x 128 and 16/32 x 256 drafter tiles (tests/test_kernel_audit.py)."""
-    element_bytes = DTYPE_BYTES.get(dtype_name(dtype), 2)
+    element_size = element_bytes(dtype)
     budget = shared_budget if shared_budget is not None else shared_budget_for(dtype)
     block_n = 64 if max(head_dim_k, head_dim_v) <= 128 else 32
-    num_stages = 2 if element_bytes <= 2 else 1
-    if element_bytes == 4:
+    num_stages = 2 if element_size <= 2 else 1
+    if element_size == 4:
         block_m = min(block_m, max(16, 2048 // head_dim_k))
     if streams == 2 and head_dim_k >= 256:  # the drafter's 32 x 256 tile spills ~300 bytes even at 255 registers
         block_m = 16
-    while tile_shared_bytes(block_m, block_n, head_dim_k, head_dim_v, element_bytes, num_stages, streams) > budget:
+    while tile_shared_bytes(block_m, block_n, head_dim_k, head_dim_v, element_size, num_stages, streams) > budget:
         if num_stages > 1:
             num_stages -= 1
         elif block_n > 16:
@@ -92,7 +98,7 @@ def fit_tiles(head_dim_k: int, head_dim_v: int, block_m: int, dtype: str, shared
             block_m //= 2
         else:
             raise DFlashError(f"no attention tile of head dims {head_dim_k}/{head_dim_v} fits {budget} bytes of shared memory")
-    num_warps = 4 if block_m * head_dim_k * element_bytes <= 16 * 128 * 2 else 8
+    num_warps = 4 if block_m * head_dim_k * element_size <= 16 * 128 * 2 else 8
     return block_m, block_n, num_warps, num_stages
 
 

@@ -16,7 +16,7 @@ Sampling follows the reference exactly: temperature, then top-k and top-p thresh
 kept together (found by radix selection on an order-preserving integer key of the scaled logit, so
 any vocabulary size works with a fixed tile: top-k counts 8 bits per pass, top-p masses 4 bits per
 pass, the first top-p pass also giving the top-k mass), then the exponential race with uniforms
-from the counter RNG (`trtllm_dflash/ops/rng.py`), computed here on uint32. Divisions and exponentials that
+from the counter RNG (`trtllm_dflash/ops/rng.py`, on uint32 in `counter_rng.py`). Divisions and exponentials that
 decide sampled tokens are IEEE-rounded (`tl.div_rn`, libdevice `expf`/`logf` when compiled), not
 the approximate instructions `/` and `tl.exp` compile to, so a GPU decides near-ties as the CPU does.
 
@@ -29,43 +29,20 @@ Reductions use the builtin `tl.reduce` with Triton's combine functions (see `att
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import libdevice
 
-from trtllm_dflash.ops import rng
+from trtllm_dflash.ops import kernels, rng
+
+# the counter RNG and the precise exp/log (counter_rng.py), in this file's own form
+_counter_rng = kernels.load("counter_rng", interpret=triton.knobs.runtime.interpret)
+precise_exp, precise_log = _counter_rng.precise_exp, _counter_rng.precise_log
+counter_key, uniform_from_key = _counter_rng.counter_key, _counter_rng.uniform_from_key
 
 ACCEPT_MIX = tl.constexpr((rng.STREAM_ACCEPT * rng.GOLDEN32) & rng.MASK32)
 BONUS_MIX = tl.constexpr((rng.STREAM_BONUS * rng.GOLDEN32) & rng.MASK32)
-GOLDEN = tl.constexpr(rng.GOLDEN32)
 SUM = tl.standard._sum_combine
 MAX = tl.standard._elementwise_max
 MIN = tl.standard._elementwise_min
 ARGMAX = tl.standard._argmax_combine_tie_break_left  # first index of the maximum
-
-
-# ----------------------------------------------------------------------------- precise math
-# The interpreter runs numpy's float32 exp/log (it has no libdevice); compiled kernels call
-# libdevice's IEEE-accurate expf/logf instead of ex2.approx/lg2.approx. Which one is decided when
-# `kernels.load` executes this file in its interpreted or compiled form.
-
-if triton.knobs.runtime.interpret:
-
-    @triton.jit
-    def precise_exp(x):
-        return tl.exp(x)
-
-    @triton.jit
-    def precise_log(x):
-        return tl.log(x)
-
-else:
-
-    @triton.jit
-    def precise_exp(x):
-        return libdevice.exp(x)
-
-    @triton.jit
-    def precise_log(x):
-        return libdevice.log(x)
 
 
 @triton.jit
@@ -84,35 +61,6 @@ def in_vocab(offs, vocab, VOCAB_DIVISIBLE: tl.constexpr):
     if VOCAB_DIVISIBLE:
         return (offs // 16) < (vocab // 16)
     return offs < vocab
-
-
-# ----------------------------------------------------------------------------- counter RNG
-
-
-@triton.jit
-def hash32(x):
-    """lowbias32 on uint32 (wrap-around multiplication), as `rng.hash32`."""
-    x = x ^ (x >> 16)
-    x = x * tl.full((), 0x7FEB352D, tl.uint32)
-    x = x ^ (x >> 15)
-    x = x * tl.full((), 0x846CA68B, tl.uint32)
-    return x ^ (x >> 16)
-
-
-@triton.jit
-def counter_key(seed, position, STREAM_MIX: tl.constexpr):
-    """`rng.counter_key`: the low 32 bits of seed and position, hashed with the stream."""
-    key = hash32(seed.to(tl.uint32))
-    key = hash32(key ^ position.to(tl.uint32))
-    return hash32(key ^ tl.full((), STREAM_MIX, tl.uint32))
-
-
-@triton.jit
-def uniform_from_key(key, index):
-    """`rng.uniform_from_key`: 24 random bits + 1/2, scaled into (0, 1)."""
-    mixed = index.to(tl.uint32) * tl.full((), GOLDEN, tl.uint32) + tl.full((), 1, tl.uint32)
-    bits = hash32(key ^ mixed)
-    return ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
 
 
 # ----------------------------------------------------------------------------- sampling pieces
