@@ -47,6 +47,11 @@ def repo(
         None, "--prefill-share", help="While streams decode, prefills take about this share of the decoding time on average, "
         f"in chunks of at most --prefill-chunk tokens, shortest prompt first (default {DEFAULT_PREFILL_SHARE}; 0 = always --prefill-chunk tokens)."
     ),
+    adaptive_drafting: Optional[bool] = typer.Option(
+        None, "--adaptive-drafting/--no-adaptive-drafting",
+        help="Skip the drafter in steps where its drafts do not pay (prompts unlike its training data, large batches on a "
+        "compute-bound device); measured per batch size, lossless (default: off, every step drafts).",
+    ),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out."),
     llmapi_model: Optional[Path] = typer.Option(
         None, "--llmapi-model", help="trtllm recipes and builds: NVIDIA's LLM-API Triton model folder (TensorRT-LLM's "
@@ -96,7 +101,7 @@ def repo(
     options = {"device": device, "num_threads": threads}
     overrides = {"max_batch": max_batch, "max_context": max_context, "max_tokens": max_tokens, "block_size": block_size,
                  "prefix_cache_mib": prefix_cache_mib, "prefill_chunk": prefill_chunk,
-                 "prefill_share": prefill_share}
+                 "prefill_share": prefill_share, "adaptive_drafting": adaptive_drafting}
     options.update(limits)
     options.update({k: v for k, v in overrides.items() if v is not None})  # flags override the recipe
     if options.get("max_context"):  # a request leaves room for its prompt: max_tokens (default or given) below the context

@@ -31,7 +31,7 @@ from trtllm_dflash.runtime.grammar import GrammarState, block_masks, draft_const
 from trtllm_dflash.runtime.prefix_cache import PrefixCache
 from trtllm_dflash.runtime.requests import Request, SequenceResult, StepEvent
 from trtllm_dflash.runtime.scheduler import BatchState, Scheduler
-from trtllm_dflash.runtime.step_schedule import WHOLE_PROMPTS, PrefillBudget, check_draft_len_schedule, scheduled_draft_len
+from trtllm_dflash.runtime.step_schedule import WHOLE_PROMPTS, DraftPolicy, PrefillBudget, check_draft_len_schedule, scheduled_draft_len
 from trtllm_dflash.sampling_params import SamplingParams, check_prompt_tokens
 
 __all__ = ["Decoder", "Request", "SamplingParams", "SequenceResult", "StepEvent", "StepStats", "speculative_step"]
@@ -66,6 +66,7 @@ def speculative_step(
     mask_token_id: int | None,
     profile: bool = False,
     grammars: list[GrammarState | None] | None = None,
+    draft: bool = True,
 ) -> StepResult:
     """Propose -> verify -> commit over the batch's slots, then one host read. Advances `batch`.
 
@@ -74,11 +75,12 @@ def speculative_step(
     context its cache needs. `mask_token_id` None decodes autoregressively. `span` bounds the
     positions the verify pass touches (the host knows the lengths). `grammars` (per row, None for
     a row without one) mask the target at every block position (runtime/grammar.py); they cost a
-    second host read, of the drafts, before the verify pass.
+    second host read, of the drafts, before the verify pass. `draft` False skips the drafter: the
+    anchor alone is verified and its features are kept for the drafter's next pass (DraftPolicy).
     """
     started = time.perf_counter()
     draft_probs = None
-    if mask_token_id is not None:
+    if mask_token_id is not None and draft:
         block = torch.full((len(slots), block_size if draft_len > 0 else 2), mask_token_id, dtype=torch.long, device=batch.anchor.device)
         block[:, 0] = batch.anchor
         constrain = draft_constraint(grammars, batch.sampling.greedy) if grammars is not None else None
@@ -103,8 +105,10 @@ def speculative_step(
     verified = time.perf_counter()
 
     batch.anchor, batch.starts = out.bonus, batch.starts + out.accepted + 1
-    if mask_token_id is not None:
+    if mask_token_id is not None and draft:
         batch.ctx_features, batch.ctx_counts = out.features, out.accepted + 1  # verify features of anchor + accepted drafts
+    elif mask_token_id is not None:  # the drafter did not run: the anchor's features wait with the others it has not read
+        batch.ctx_features, batch.ctx_counts = _kept(batch.ctx_features, batch.ctx_counts, out.features)
     tokens = [row[: row[draft_len]] + [row[draft_len + 1]] for row in packed]
     return StepResult(tokens, drafted - started, verified - drafted)
 
@@ -141,6 +145,7 @@ class Decoder:
         prefix_cache: PrefixCache | None = None,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         prefill_share: float | None = None,
+        adaptive_drafting: bool = False,
     ) -> None:
         self.runtime = runtime
         self.speculative = runtime.has_drafter
@@ -167,6 +172,8 @@ class Decoder:
         runtime.allocate(max_batch, max_context + self.block_size)
         self.scheduler = Scheduler(runtime, max_batch, max_context, self.speculative, self.prefill_budget, prefix_cache)
         self.stats: list[StepStats] = []
+        # skip the drafter in steps where it does not pay (step_schedule.DraftPolicy); off: every step drafts
+        self.draft_policy = DraftPolicy() if adaptive_drafting and self.speculative else None
 
     # ------------------------------------------------------------------ the scheduler's state, for callers that watch it
 
@@ -280,16 +287,31 @@ class Decoder:
             events, prefilled = [], time.perf_counter()
         if scheduler.live:
             rows = len(scheduler.live)
-            draft_len = self.draft_len(rows) if self.speculative else 0
+            draft = self.draft_policy.drafts(rows) if self.draft_policy is not None else True
+            draft_len = self.draft_len(rows) if self.speculative and draft else 0
+            started_step = time.perf_counter()
             result = speculative_step(
                 self.runtime, scheduler.batch, scheduler.live_slots, scheduler.span(draft_len + 1), draft_len,
-                self.block_size, self.mask_token_id, self.profile, self._grammars(),
+                self.block_size, self.mask_token_id, self.profile, self._grammars(), draft,
             )
-            decoded, committed = scheduler.decoded(result.tokens, draft_len)
+            if self.draft_policy is not None:  # the step ends in a host read: its time is the device's too
+                tokens = sum(len(row) for row in result.tokens) / rows
+                self.draft_policy.record(draft, rows, time.perf_counter() - started_step, tokens)
+            decoded, committed = scheduler.decoded(result.tokens, draft_len, drafter_ran=self.speculative and draft)
             events += decoded
             self.stats.append(StepStats(rows, result.draft_seconds, result.verify_seconds, committed))
             self.prefill_budget.decoded(time.perf_counter() - prefilled)
         return events
+
+
+def _kept(features: torch.Tensor | None, counts: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features `[b, n, F]` the drafter has not read (counts[r] of them in row r) with one more per
+    row, `new [b, 1, F]`, written at counts[r] (no host read: the token axis grows by one)."""
+    if features is None:
+        return new, torch.ones_like(counts)
+    grown = torch.cat([features, torch.zeros_like(new)], dim=1)
+    grown.scatter_(1, counts.view(-1, 1, 1).expand(-1, 1, new.shape[-1]), new)
+    return grown, counts + 1
 
 
 def _caught_up(live) -> GrammarState | None:

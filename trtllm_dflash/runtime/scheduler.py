@@ -44,6 +44,7 @@ class Live:
         self.slot = slot  # its cache slot, from admission to finish
         self.started = request.arrival
         self.start = len(request.prompt_ids)  # position of the anchor == committed target length
+        self.drafted = False  # a drafter pass has read its prompt's features (its prompt blocks can be stored)
 
 
 @dataclasses.dataclass
@@ -242,12 +243,13 @@ class Scheduler:
         """The positions a verify pass of `verified` tokens per row touches (from the host's lengths)."""
         return max(live.start for live in self.live) + verified
 
-    def decoded(self, tokens: list[list[int]], draft_len: int) -> tuple[list[StepEvent], int]:
+    def decoded(self, tokens: list[list[int]], draft_len: int, drafter_ran: bool = True) -> tuple[list[StepEvent], int]:
         """A speculative step committed tokens[i] (accepted drafts + bonus) to batch row i: append them
         to the requests, end those at a stop or a limit (their slots are freed). Returns the events
-        and the tokens committed."""
+        and the tokens committed. `drafter_ran`: the step's drafter pass read every row's context."""
         events, finished, committed = [], [], 0
         for i, (live, row) in enumerate(zip(self.live, tokens)):
+            live.drafted = live.drafted or drafter_ran
             live.start += len(row)
             live.result.num_target_forwards += 1
             new = self._commit(live, row)
@@ -288,6 +290,7 @@ class Scheduler:
             return
         self._store_prefixes(finished)  # before their slots are given to others
         for i in finished:
+            self._prefix_stores.pop(id(self.live[i].request), None)  # one that never drafted stores nothing
             heapq.heappush(self.free_slots, self.live[i].slot)
         gone = set(finished)
         self._select([i for i in range(len(self.live)) if i not in gone])
@@ -326,15 +329,18 @@ class Scheduler:
         return cached
 
     def _store_prefixes(self, indices: Iterable[int]) -> None:
-        """Store the noted prompt blocks of live rows `indices` that have drafted at least once."""
+        """Store the noted prompt blocks of live rows `indices` whose prompt a drafter pass has read
+        (its drafter context K/V is projected there; a step that skips the drafter does not)."""
         cache = self.prefix_cache
         if cache is None or not self._prefix_stores:
             return
         size = cache.block_tokens
         for i in indices:
             live = self.live[i]
+            if self.speculative and not live.drafted:
+                continue  # kept for after its first drafter pass (dropped with the request if none comes)
             noted = self._prefix_stores.pop(id(live.request), None)
-            if noted is None or (self.speculative and not live.result.acceptance_lengths):
+            if noted is None:
                 continue
             start, end, states = noted
             names = cache.names(live.request.prompt_ids, end // size, live.request.cache_salt)

@@ -121,3 +121,45 @@ def scheduled_draft_len(schedule: Mapping[int, int], live_rows: int, block_size:
         if live_rows >= threshold:
             length = value
     return length
+
+
+class DraftPolicy:
+    """Whether a step runs the drafter, from what drafting has been earning (adaptive drafting).
+
+    A DFlash step costs a drafter pass and a verify pass of the block; when the drafts do not land
+    (prompts unlike the drafter's training data, or a batch so large that a step is compute-bound)
+    it commits little more than one token a row, at more than an autoregressive step's cost. Per
+    batch size this keeps running means of a drafting step's seconds and of the tokens it commits
+    per row, and of an autoregressive step's seconds, and drafts when tokens per second say so. A
+    skipped step verifies the anchor alone and keeps its tapped features, which the drafter reads
+    at its next pass (the catch-up: no token is lost to the drafter's context). While it skips, it
+    drafts once every `probe_every` steps to see whether drafting pays again. Lossless either way.
+    """
+
+    def __init__(self, probe_every: int = 16) -> None:
+        self.probe_every = probe_every
+        self.drafting: dict[int, tuple[float, float]] = {}  # rows -> (seconds, tokens per row) of drafting steps
+        self.plain: dict[int, float] = {}  # rows -> seconds of steps without the drafter
+        self.skipped = 0
+
+    def drafts(self, rows: int) -> bool:
+        if rows not in self.drafting:
+            return True  # measure drafting first
+        if rows not in self.plain:
+            return False  # then a step without it, once
+        seconds, tokens = self.drafting[rows]
+        if tokens / seconds >= 1.0 / self.plain[rows]:
+            self.skipped = 0
+            return True
+        self.skipped += 1
+        if self.skipped >= self.probe_every:
+            self.skipped = 0
+            return True
+        return False
+
+    def record(self, drafted: bool, rows: int, seconds: float, tokens_per_row: float) -> None:
+        if drafted:
+            old = self.drafting.get(rows)
+            self.drafting[rows] = (seconds, tokens_per_row) if old is None else (_blend(old[0], seconds), _blend(old[1], tokens_per_row))
+        else:
+            self.plain[rows] = _blend(self.plain.get(rows), seconds)

@@ -99,7 +99,7 @@ class BatchingLoop:
         return Decoder(self.pipeline.runtime, max_batch=self.config.max_batch, max_context=self.max_context,
                        block_size=self.config.block_size, draft_len_schedule=self.config.draft_len_schedule,
                        prefix_cache=self._prefix_cache(), prefill_chunk=self.config.prefill_chunk,
-                       prefill_share=self.config.prefill_share or None)
+                       prefill_share=self.config.prefill_share or None, adaptive_drafting=self.config.adaptive_drafting)
 
     def _prefix_cache(self) -> PrefixCache | None:
         if self.config.prefix_cache_mib == 0:

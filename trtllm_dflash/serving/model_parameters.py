@@ -83,6 +83,10 @@ class ServingConfig(BaseModel):
         description="While streams decode, prefills take about this share of the decoding time on average, in chunks of "
         "at most prefill_chunk tokens, shortest prompt first (0 = always prefill_chunk tokens, oldest first).",
     )
+    adaptive_drafting: bool = Field(
+        False, description="Skip the drafter in steps where its drafts have not been paying for themselves (measured per batch "
+        "size; the skipped steps' context is read at its next pass; lossless). Off: every step drafts.",
+    )
 
     @field_validator("draft_len_schedule", mode="before")
     @classmethod
