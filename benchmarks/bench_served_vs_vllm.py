@@ -76,7 +76,8 @@ def write_repo(args, out: Path) -> Path:
     repo = out / "repo"
     subprocess.run([sys.executable, "-m", "trtllm_dflash.cli.app", "repo", "--model", args.target, "--drafter", args.drafter,
                     "--out", str(repo), "--max-batch", "8", "--max-context", str(args.max_context), "--max-tokens", "256",
-                    "--threads", str(args.threads), "--prefix-cache-mib", "0", "--baseline", ""], check=True, capture_output=True, text=True)
+                    "--threads", str(args.threads), "--prefix-cache-mib", "0", "--baseline", ""]
+                   + (["--adaptive-drafting"] if args.adaptive_drafting else []), check=True, capture_output=True, text=True)
     return repo
 
 
@@ -111,6 +112,7 @@ def main() -> None:
     parser.add_argument("--target", default=None, help="target directory (default: the demo pair's)")
     parser.add_argument("--drafter", default=None, help="drafter directory, z-lab layout (default: the demo pair's)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--adaptive-drafting", action="store_true", help="serve ours with adaptive drafting (repo --adaptive-drafting)")
     parser.add_argument("--max-context", type=int, default=512)
     parser.add_argument("--requests-1", type=int, default=8)
     parser.add_argument("--requests-8", type=int, default=32)

@@ -61,7 +61,7 @@ def batches_of(items: list, size: int) -> list[list]:
 
 
 def run_ours(target: str, drafter: str | None, prompts: list[list[int]], batches: list[int], new_tokens: int,
-             prefix_cache: bool) -> dict:
+             prefix_cache: bool, adaptive: bool = False) -> dict:
     from trtllm_dflash.checkpoints import load_drafter, load_target
     from trtllm_dflash.decoding import Decoder, Request, SamplingParams
     from trtllm_dflash.runtime.prefix_cache import PrefixCache
@@ -75,7 +75,8 @@ def run_ours(target: str, drafter: str | None, prompts: list[list[int]], batches
     out = {}
     for batch in batches:
         decoder = Decoder(runtime, max_batch=batch, max_context=max(map(len, prompts)) + new_tokens + 32,
-                          prefix_cache=PrefixCache(1 << 30) if prefix_cache else None)
+                          prefix_cache=PrefixCache(1 << 30) if prefix_cache else None,
+                          **({"adaptive_drafting": True} if adaptive else {}))  # the warm-up pass trains its policy
         run = lambda: decoder.generate([Request(list(p), params) for p in prompts])  # noqa: E731
         run()  # warm-up
         started = time.perf_counter()
@@ -131,9 +132,10 @@ def run_vllm(target: str, drafter: str | None, prompts: list[list[int]], batches
 def worker_command(python: str, system: str, mode: str, args, prompt_file: Path) -> list[str]:
     """A worker gets everything explicitly (the vLLM venv cannot import this project)."""
     tree = ["--tree", str(args.baseline)] if system == "baseline" else []
+    adaptive = ["--adaptive-drafting"] if system == "ours-adaptive" else []
     return [python, str(Path(__file__).resolve()), "--worker", "vllm" if system == "vllm" else "ours", *tree, "--mode", mode, "--target", args.target,
             "--drafter", args.drafter, "--batches", ",".join(map(str, args.batches)), "--new-tokens", str(args.new_tokens),
-            "--prompt-file", str(prompt_file), "--threads", str(args.threads)] + (["--prefix-cache"] if args.prefix_cache else [])
+            "--prompt-file", str(prompt_file), "--threads", str(args.threads)] + (["--prefix-cache"] if args.prefix_cache else []) + adaptive
 
 
 def run_worker_process(command: list[str], threads: int, log: Path) -> dict:
@@ -168,6 +170,8 @@ def report(runs: dict, args, prompts: list[list[int]]) -> str:
     lines.append("")
     for b in args.batches:
         rate = {key: statistics.median(generated / r[str(b)]["seconds"] for r in rounds) for key, rounds in runs.items()}
+        if ("ours-adaptive", "dflash") in rate and ("vllm", "dflash") in rate:
+            lines.append(f"- batch {b}: ours with adaptive drafting / vLLM, DFlash {rate[('ours-adaptive', 'dflash')] / rate[('vllm', 'dflash')]:.2f}x")
         if ("ours", "dflash") in rate and ("vllm", "dflash") in rate:
             lines.append(f"- batch {b}: ours / vLLM, DFlash {rate[('ours', 'dflash')] / rate[('vllm', 'dflash')]:.2f}x"
                          + (f", autoregressive {rate[('ours', 'ar')] / rate[('vllm', 'ar')]:.2f}x" if ("ours", "ar") in rate and ("vllm", "ar") in rate else ""))
@@ -201,6 +205,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench-vs-vllm"), help="folder for the JSON and the worker logs")
     parser.add_argument("--baseline", type=Path, default=None,
                         help="another checkout of this repository (e.g. a git worktree of an earlier commit), run as a third system")
+    parser.add_argument("--adaptive-drafting", action="store_true",
+                        help="also run ours with adaptive drafting (the drafter skipped in steps where it does not pay) as a system of its own")
     parser.add_argument("--worker", choices=("ours", "vllm"), help=argparse.SUPPRESS)
     parser.add_argument("--tree", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=("dflash", "ar"), default="dflash", help=argparse.SUPPRESS)
@@ -221,7 +227,7 @@ def main() -> None:
         prompts = json.loads(args.prompt_file.read_text())
         drafter = args.drafter if args.mode == "dflash" else None
         if args.worker == "ours":
-            result = run_ours(args.target, drafter, prompts, args.batches, args.new_tokens, args.prefix_cache)
+            result = run_ours(args.target, drafter, prompts, args.batches, args.new_tokens, args.prefix_cache, args.adaptive_drafting)
         else:
             result = run_vllm(args.target, drafter, prompts, args.batches, args.new_tokens, block_size_of(args.drafter), args.prefix_cache)
         print(RESULT_MARK + json.dumps(result), flush=True)
@@ -234,15 +240,15 @@ def main() -> None:
     prompts = prompt_ids(args.target, args.prompts)
     prompt_file = args.out / "prompt_ids.json"
     prompt_file.write_text(json.dumps(prompts))
-    pythons = {"ours": sys.executable, "vllm": args.vllm_python, "baseline": sys.executable}
-    systems = ["vllm", "ours"] + (["baseline"] if args.baseline else [])
+    pythons = {"ours": sys.executable, "ours-adaptive": sys.executable, "vllm": args.vllm_python, "baseline": sys.executable}
+    systems = ["vllm", "ours"] + (["baseline"] if args.baseline else []) + (["ours-adaptive"] if args.adaptive_drafting else [])
     modes = ["dflash"] + ([] if args.no_ar else ["ar"])
-    runs: dict[tuple[str, str], list[dict]] = {(s, m): [] for s in systems for m in modes}
+    runs: dict[tuple[str, str], list[dict]] = {(s, m): [] for s in systems for m in modes if not (s == "ours-adaptive" and m == "ar")}
     for round_index in range(args.rounds):
         order = systems[round_index % len(systems):] + systems[: round_index % len(systems)]  # each system leads a round in turn
         order = order if round_index % 2 == 0 else order[::-1]
         for mode in modes:
-            for system in order:
+            for system in [s for s in order if (s, mode) in runs]:
                 log = args.out / f"{system}-{mode}-round{round_index}.log"
                 print(f"round {round_index + 1}/{args.rounds}: {system} {mode}", flush=True)
                 runs[(system, mode)].append(run_worker_process(worker_command(pythons[system], system, mode, args, prompt_file), args.threads, log))
