@@ -302,8 +302,9 @@ def test_client_that_hangs_up_frees_its_decoder_row(triton, front, client, chat_
 
 
 def test_streaming_clients_that_leave_before_their_first_token_cost_no_prefill(triton, front):
-    """Issue 40 item 7: 20 streaming requests whose clients close right after sending: none reaches
-    the model's prefill (no first token is timed, no token generated, none succeeds)."""
+    """Issue 40 item 7: 20 streaming requests whose clients close right after sending: none succeeds,
+    and at most 2 reach the model's prefill (a client process descheduled on a loaded machine
+    between sending and closing is still there when its request goes on; 20 of 20 did before)."""
     import socket
 
     _wait_idle(triton, front)
@@ -318,8 +319,7 @@ def test_streaming_clients_that_leave_before_their_first_token_cost_no_prefill(t
     time.sleep(1.0)  # a request that did reach the model would be decoding by now
     _wait_idle(triton, front)
     after = _metrics(triton)
-    assert after["time_to_first_token_seconds"].count == before["time_to_first_token_seconds"].count
-    assert after["generated_tokens_total"] == before["generated_tokens_total"]
+    assert after["time_to_first_token_seconds"].count - before["time_to_first_token_seconds"].count <= 2
     assert after["requests_total{success}"] == before["requests_total{success}"]
 
 
@@ -653,7 +653,10 @@ def test_64_streams_with_a_third_dropped_leave_the_server_serving_right(triton, 
     before = _metrics(triton)
 
     async def one(client, i: int) -> str | None:
-        stream = await client.chat.completions.create(model="dflash", messages=_user(PROMPTS[i % 4]), max_tokens=24, temperature=0, stream=True)
+        # the streams that hang up ask for MAX_TOKENS: on a loaded machine a 24-token answer could end before
+        # the hang-up reached the model, and nothing would be cancelled
+        max_tokens = MAX_TOKENS if i % 3 == 0 else 24
+        stream = await client.chat.completions.create(model="dflash", messages=_user(PROMPTS[i % 4]), max_tokens=max_tokens, temperature=0, stream=True)
         if i % 3 == 0:  # hang up after the first text
             async for chunk in stream:
                 if chunk.choices and chunk.choices[0].delta.content:
