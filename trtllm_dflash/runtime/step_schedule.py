@@ -133,7 +133,9 @@ class DraftPolicy:
     per row, and of an autoregressive step's seconds, and drafts when tokens per second say so. A
     skipped step verifies the anchor alone and keeps its tapped features, which the drafter reads
     at its next pass (the catch-up: no token is lost to the drafter's context). While it skips, it
-    drafts once every `probe_every` steps to see whether drafting pays again. Lossless either way.
+    drafts once every `probe_every` steps to see whether drafting pays again. Lossless either way;
+    but a seeded request's sampled tokens depend on which positions a draft covered, so with this
+    policy (which decides by measured time) a seed no longer reproduces a request exactly.
     """
 
     def __init__(self, probe_every: int = 16) -> None:
