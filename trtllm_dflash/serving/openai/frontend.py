@@ -283,10 +283,12 @@ class Frontend:
         """The grammar the request asks for (tool_calls.request_grammar), if the model can follow one."""
         if "tools" in extra and not hasattr(request, "messages"):
             raise OpenAIError(400, "tools are taken on /v1/chat/completions; send the request there", "tools", "unsupported_parameter")
-        spec = request_grammar(request, extra, info.tool_format, info.name)
+        spec = request_grammar(extra, info.tool_format, info.name)
         if spec is not None and not info.takes_grammar:
+            asked = next((name for name in ("tools", "structured_outputs", "guided_json", "guided_regex", "guided_choice") if extra.get(name)),
+                         "response_format")
             raise OpenAIError(400, f"model '{info.name}' cannot follow a grammar (its repository was written before grammars, or it is "
-                              "NVIDIA's LLM-API model); rewrite its repository with `dflash-trt repo`", "response_format", "unsupported_parameter")
+                              f"NVIDIA's LLM-API model); rewrite its repository with `dflash-trt repo`", asked, "unsupported_parameter")
         return spec
 
     def check_prompt(self, info: ModelInfo, text: str, param: str) -> list[int]:

@@ -42,8 +42,9 @@ def tool_format_of(checkpoint: Path) -> str | None:
     return FAMILY_FORMATS.get(model_type)
 
 
-def request_grammar(body: Any, extra: dict, tool_format: str | None, model: str) -> GrammarSpec | None:
-    """The one grammar a request asks for (None: none); OpenAIError 400 names a bad or double ask."""
+def request_grammar(extra: dict, tool_format: str | None, model: str) -> GrammarSpec | None:
+    """The one grammar a request's fields outside the schema (`extra`) ask for (None: none);
+    OpenAIError 400 names a bad or double ask."""
     asks = []
     response_format = extra.get("response_format")
     if response_format and not (isinstance(response_format, dict) and response_format.get("type") == "text"):
