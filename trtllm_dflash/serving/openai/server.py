@@ -66,8 +66,13 @@ def exposure_warning(host: str, port: int, keyed: bool) -> str | None:
 
 def host_names(host: str, extra: Sequence[str] | None = ()) -> tuple[str, ...]:
     """The Host names a keyless front end answers to: loopback names, the address it listens on,
-    this machine's names, and `extra` (--allowed-hosts)."""
+    this machine's names and addresses, and `extra` (--allowed-hosts). A rebinding page carries a
+    name of its own, never one of these."""
     names = ["localhost", "127.0.0.1", "::1", host.strip("[]"), socket.gethostname(), socket.getfqdn()]
+    try:
+        names += socket.gethostbyname_ex(socket.gethostname())[2]
+    except OSError:
+        pass
     return tuple(dict.fromkeys(name.lower() for name in [*names, *(extra or ())] if name and name not in ("0.0.0.0", "::")))
 
 
