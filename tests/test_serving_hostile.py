@@ -161,6 +161,18 @@ def test_sampling_params_validate_is_the_one_range_check():
 # ---------------------------------------------------------------------- a request that kills tritonserver
 
 
+def _wait_serving(server, timeout: float = 300) -> None:
+    """Until the server answers on HTTP and gRPC (a hang bound). The full suite's two workers start
+    servers on free ports; a make test run once found this module's server, restarted by the test
+    before, refusing gRPC while HTTP answered: the log says what supervision did if it happens."""
+    from trtllm_dflash.serving.server import _grpc_ready
+
+    deadline = time.monotonic() + timeout
+    while not (server.ready() and _grpc_ready(server.endpoints.grpc, server.models)):
+        assert time.monotonic() < deadline, f"not serving on HTTP and gRPC after {timeout} s: {server.supervision_log}"
+        time.sleep(0.2)
+
+
 def _greedy(server, prompt: str) -> list[int]:
     status, body = _post(server, "dflash", {"text_input": prompt, "sampling_param_max_tokens": 32, "sampling_param_temperature": 0})
     assert status == 200, body
@@ -367,6 +379,7 @@ def test_a_killed_model_process_is_noticed_streams_end_and_it_comes_back(supervi
     from trtllm_dflash.serving.openai.server import OpenAIServer
     from trtllm_dflash.serving.server import free_port
 
+    _wait_serving(supervised)
     before = _greedy(supervised, PROMPTS[0])
     restarts = len(supervised.restarts)
     with OpenAIServer(supervised.endpoints.grpc, host="127.0.0.1", port=free_port(), repository=supervised.repository) as front:
