@@ -205,6 +205,34 @@ def hybrid_trained_pair(tmp_path_factory):
     return target_dir, drafter_dir
 
 
+@pytest.fixture(scope="module")
+def dense(trained_pair):
+    """trained_pair on the torch runtime, float32 (one per test module: its caches are the module's)."""
+    import torch
+
+    from trtllm_dflash.checkpoints import load_drafter, load_target
+    from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+
+    target_dir, drafter_dir, _ = trained_pair
+    target = load_target(target_dir, dtype=torch.float32)
+    return TorchRuntime(target.model, load_drafter(drafter_dir, target))
+
+
+@pytest.fixture(scope="module")
+def hybrid(hybrid_trained_pair):
+    """hybrid_trained_pair on the torch runtime, float32."""
+    import torch
+
+    from trtllm_dflash.checkpoints import load_drafter, load_target
+    from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+
+    target_dir, drafter_dir = hybrid_trained_pair
+    target = load_target(target_dir, dtype=torch.float32)
+    runtime = TorchRuntime(target.model, load_drafter(drafter_dir, target))
+    assert runtime.is_hybrid
+    return runtime
+
+
 @pytest.fixture
 def rerun_graphs(monkeypatch):
     """CUDA-graph replay (runtime/cuda_graphs.py) on CPU, with `capture` swapped for a stand-in

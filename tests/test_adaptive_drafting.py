@@ -14,12 +14,10 @@ import itertools
 import pytest
 import torch
 
-from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.checks.testing import cycle_sequences
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.runtime.prefix_cache import PrefixCache
 from trtllm_dflash.runtime.step_schedule import DraftPolicy
-from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 
 GREEDY = SamplingParams(max_new_tokens=40, stop_token_ids=())
 
@@ -35,20 +33,6 @@ class Scripted:
 
     def record(self, *args) -> None:
         pass
-
-
-@pytest.fixture(scope="module")
-def dense(trained_pair) -> TorchRuntime:
-    target_dir, drafter_dir, _ = trained_pair
-    target = load_target(target_dir, dtype=torch.float32)
-    return TorchRuntime(target.model, load_drafter(drafter_dir, target))
-
-
-@pytest.fixture(scope="module")
-def hybrid(hybrid_trained_pair) -> TorchRuntime:
-    target_dir, drafter_dir = hybrid_trained_pair
-    target = load_target(target_dir, dtype=torch.float32)
-    return TorchRuntime(target.model, load_drafter(drafter_dir, target))
 
 
 def _prompts() -> list[list[int]]:

@@ -20,7 +20,6 @@ from trtllm_dflash.checks.testing import cycle_sequences
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.prefix_cache import PrefixBlock, PrefixCache
-from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 
 BLOCK = 8  # prefix-cache block (tokens)
 NEW_TOKENS = 24
@@ -29,22 +28,6 @@ GREEDY = SamplingParams(max_new_tokens=NEW_TOKENS, stop_token_ids=())
 
 def sampled(seed: int) -> SamplingParams:
     return SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0.9, top_p=0.95, seed=seed, stop_token_ids=())
-
-
-@pytest.fixture(scope="module")
-def dense(trained_pair) -> TorchRuntime:
-    target_dir, drafter_dir, _ = trained_pair
-    target = load_target(target_dir, dtype=torch.float32)
-    return TorchRuntime(target.model, load_drafter(drafter_dir, target))
-
-
-@pytest.fixture(scope="module")
-def hybrid(hybrid_trained_pair) -> TorchRuntime:
-    target_dir, drafter_dir = hybrid_trained_pair
-    target = load_target(target_dir, dtype=torch.float32)
-    runtime = TorchRuntime(target.model, load_drafter(drafter_dir, target))
-    assert runtime.is_hybrid
-    return runtime
 
 
 def _prompts() -> tuple[list[list[int]], list[list[int]]]:

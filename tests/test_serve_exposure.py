@@ -17,9 +17,8 @@ import time
 
 import httpx
 import pytest
-from typer.testing import CliRunner
+from support import cli
 
-from trtllm_dflash.cli.app import app
 
 NESTED = b"[" * 40_000 + b"]" * 40_000  # the body that crashed tritonserver's HTTP front end
 SERVE = [sys.executable, "-c", "from trtllm_dflash.cli.app import main; main()", "serve"]
@@ -28,9 +27,8 @@ SERVE = [sys.executable, "-c", "from trtllm_dflash.cli.app import main; main()",
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     out = tmp_path_factory.mktemp("repo") / "repository"
-    result = CliRunner().invoke(app, ["repo", "--model", "demo", "--baseline", "", "--out", str(out), "--max-context", "256",
-                                      "--max-tokens", "16", "--max-batch", "2", "--threads", "1"])
-    assert result.exit_code == 0, result.output
+    cli("repo", "--model", "demo", "--baseline", "", "--out", str(out), "--max-context", "256",
+        "--max-tokens", "16", "--max-batch", "2", "--threads", "1")
     return out
 
 

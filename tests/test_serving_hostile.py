@@ -19,6 +19,7 @@ import urllib.request
 import httpx
 import numpy as np
 import pytest
+from support import supervised_server
 
 from test_serving import MAX_CONTEXT, MAX_TOKENS, PROMPTS, _post, pair, repo  # noqa: F401 (fixtures)
 from trtllm_dflash.errors import DFlashError
@@ -29,32 +30,9 @@ DEEP_JSON = b'{"text_input": ' + b"[" * 40000 + b"]" * 40000 + b"}"
 
 @pytest.fixture(scope="module")
 def supervised(repo):
-    """A server started as `dflash-trt serve` runs it: supervise() in a thread, its log lines kept."""
-    from trtllm_dflash.serving.server import TritonServer, free_port, process_group_members
-
-    server = TritonServer(repo, free_port(), free_port(), free_port(), host="127.0.0.1", startup_timeout=600)
-    server.start()
-    server.supervision_log, errors, stop = [], [], threading.Event()
-
-    def supervise() -> None:
-        try:
-            server.supervise(log=server.supervision_log.append, stop_event=stop, poll=0.2)
-        except Exception as exc:  # noqa: BLE001 - reported at teardown
-            errors.append(exc)
-
-    thread = threading.Thread(target=supervise, name="supervise", daemon=True)
-    thread.start()
-    try:
+    """A server run as `dflash-trt serve` runs it (support.supervised_server)."""
+    with supervised_server(repo) as server:
         yield server
-    finally:
-        stop.set()
-        thread.join(120)
-        group = server.process.pid if server.process is not None else None
-        server.stop()
-    assert not errors, errors
-    assert server.shm_files() == []  # a stopped server leaves nothing in /dev/shm
-    if group is not None:
-        assert process_group_members(group) == []
 
 
 def _grpc(server, inputs) -> tuple[str | None, float]:

@@ -14,15 +14,13 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 
 import httpx
 import pytest
-from typer.testing import CliRunner
+from support import cli, supervised_server
 
-from trtllm_dflash.cli.app import app
 from trtllm_dflash.serving import server_watch
 
 PROMPT = "def fibonacci(n):"
@@ -32,40 +30,16 @@ RESTART_BOUND = 300  # seconds: a hang bound for a restart on a slow 2-core mach
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     out = tmp_path_factory.mktemp("supervision") / "repository"
-    result = CliRunner().invoke(app, ["repo", "--model", "demo", "--out", str(out), "--max-context", "512", "--max-tokens", "64",
-                                      "--max-batch", "4", "--threads", "1"])
-    assert result.exit_code == 0, result.output
+    cli("repo", "--model", "demo", "--out", str(out), "--max-context", "512", "--max-tokens", "64",
+        "--max-batch", "4", "--threads", "1")
     return out
 
 
 @pytest.fixture(scope="module")
 def supervised(repo):
-    """A server run as `dflash-trt serve` runs it: supervise() (with its probe) in a thread, its log lines kept."""
-    from trtllm_dflash.serving.server import TritonServer, free_port, process_group_members
-
-    server = TritonServer(repo, free_port(), free_port(), free_port(), host="127.0.0.1", startup_timeout=600)
-    server.start()
-    server.supervision_log, errors, stop = [], [], threading.Event()
-    server.supervision_errors = errors
-
-    def supervise() -> None:
-        try:
-            server.supervise(log=server.supervision_log.append, stop_event=stop, poll=0.2)
-        except Exception as exc:  # noqa: BLE001 - reported at teardown
-            errors.append(exc)
-
-    thread = threading.Thread(target=supervise, name="supervise", daemon=True)
-    thread.start()
-    try:
+    """A server run as `dflash-trt serve` runs it (support.supervised_server)."""
+    with supervised_server(repo) as server:
         yield server
-    finally:
-        stop.set()
-        thread.join(120)
-        group = server.process.pid if server.process is not None else None
-        server.stop()
-    assert not thread.is_alive() and not errors, errors
-    if group is not None:
-        assert process_group_members(group) == []
 
 
 def _generate(server, prompt: str = PROMPT) -> str:

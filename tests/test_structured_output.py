@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
+from support import cli
 
-from trtllm_dflash.cli.app import app
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("xgrammar")
@@ -29,9 +28,8 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"typ
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     out = tmp_path_factory.mktemp("repo") / "repository"
-    result = CliRunner().invoke(app, ["repo", "--model", "demo", "--out", str(out), "--max-context", "512", "--max-tokens", "256",
-                                      "--max-batch", "4", "--threads", "1"])
-    assert result.exit_code == 0, result.output
+    cli("repo", "--model", "demo", "--out", str(out), "--max-context", "512", "--max-tokens", "256",
+        "--max-batch", "4", "--threads", "1")
     return out
 
 

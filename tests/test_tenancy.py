@@ -13,9 +13,8 @@ import urllib.request
 
 import httpx
 import pytest
-from typer.testing import CliRunner
+from support import cli
 
-from trtllm_dflash.cli.app import app
 from trtllm_dflash.errors import DFlashError
 
 openai = pytest.importorskip("openai")
@@ -28,9 +27,8 @@ PROMPT = "import os\nimport sys\n\n" + "".join(f"def helper_{i}(value):\n    ret
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     out = tmp_path_factory.mktemp("repo") / "repository"
-    result = CliRunner().invoke(app, ["repo", "--model", "demo", "--baseline", "", "--out", str(out), "--max-context", "512",
-                                      "--max-tokens", "32", "--max-batch", "4", "--threads", "1"])
-    assert result.exit_code == 0, result.output
+    cli("repo", "--model", "demo", "--baseline", "", "--out", str(out), "--max-context", "512",
+        "--max-tokens", "32", "--max-batch", "4", "--threads", "1")
     return out
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.recipes.doc_table import rewrite_between
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 BEGIN, END = "<!-- drafter-support:begin -->", "<!-- drafter-support:end -->"
@@ -127,15 +128,7 @@ def _escape(text: str) -> str:
 
 def rewrite(page: Path) -> bool:
     """Put the current table between the markers of `page`; True when it changed."""
-    text = page.read_text()
-    if BEGIN not in text or END not in text:
-        raise DFlashError(f"{page} has no {BEGIN} ... {END} markers", "add them where the table belongs")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    new = f"{head}{BEGIN}\n{table()}\n{END}{tail}"
-    if new != text:
-        page.write_text(new)
-    return new != text
+    return rewrite_between(page, BEGIN, END, table())
 
 
 if __name__ == "__main__":

@@ -63,12 +63,18 @@ def table() -> str:
 
 def rewrite(page: Path) -> bool:
     """Put the current table between the markers of `page`; True when it changed."""
+    return rewrite_between(page, BEGIN, END, table())
+
+
+def rewrite_between(page: Path, begin: str, end: str, body: str) -> bool:
+    """Put `body` between the markers `begin` and `end` of `page` (the generated tables of the docs:
+    this one and builder/drafter_support.py's); True when the page changed."""
     text = page.read_text()
-    if BEGIN not in text or END not in text:
-        raise DFlashError(f"{page} has no {BEGIN} ... {END} markers", "add them where the table belongs")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    new = f"{head}{BEGIN}\n{table()}\n{END}{tail}"
+    if begin not in text or end not in text:
+        raise DFlashError(f"{page} has no {begin} ... {end} markers", "add them where the table belongs")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    new = f"{head}{begin}\n{body}\n{end}{tail}"
     if new != text:
         page.write_text(new)
     return new != text
