@@ -82,6 +82,9 @@ class GrammarState:
         self.matcher = xgr.GrammarMatcher(compiled)
         self.vocab_size = vocab_size
         self.consumed = 0  # tokens of the request's output the matcher has accepted
+        # this step's greedy drafts and the masks DraftConstraint filled for them (at `consumed`): the
+        # verify pass's masks at the same positions, which fill_block takes instead of filling them again
+        self.drafted: tuple[int, list[int], Any] | None = None
 
     @property
     def terminated(self) -> bool:
@@ -100,17 +103,35 @@ class GrammarState:
     def fill_block(self, bitmask: Any, first: int, drafts: Sequence[int], count: int) -> None:
         """Masks for block positions 0..count-1 into bitmask rows first..first+count-1: position t
         after drafts[:t]. Past a draft the grammar forbids (the target rejects it there) or past the
-        grammar's end, rows stay all-allowed: nothing after them is committed."""
+        grammar's end, rows stay all-allowed: nothing after them is committed. Masks DraftConstraint
+        filled for these very drafts are copied, not filled again."""
+        reused = self._drafted_masks(drafts, count)
+        if reused is not None:
+            bitmask[first : first + len(reused)] = reused
+        start = 0 if reused is None else len(reused)
+        if start == count:
+            return
         walked = 0
         for t in range(count):
             if self.terminated:
                 break
-            self.matcher.fill_next_token_bitmask(bitmask, first + t)
+            if t >= start:
+                self.matcher.fill_next_token_bitmask(bitmask, first + t)
             if t == count - 1 or not self.matcher.accept_token(int(drafts[t])):
                 break
             walked += 1
         if walked:
             self.matcher.rollback(walked)
+
+    def _drafted_masks(self, drafts: Sequence[int], count: int) -> Any:
+        """The masks of block positions 0..n-1 DraftConstraint filled this step, if it drafted exactly
+        `drafts[:n]` from the matcher's present state; None otherwise (they are used once)."""
+        drafted, self.drafted = self.drafted, None
+        if drafted is None or drafted[0] != self.consumed:
+            return None
+        tokens, masks = drafted[1], drafted[2]
+        n = min(len(tokens), count)
+        return masks[:n] if n and [int(d) for d in drafts[:n]] == tokens[:n] else None
 
 
 @dataclasses.dataclass
@@ -159,22 +180,23 @@ class DraftConstraint:
 
         xgr = require("xgrammar", purpose=PURPOSE)
         logits = logits.clone()
-        bitmask = xgr.allocate_token_bitmask(1, logits.shape[-1])
         for row, state in enumerate(self.states):
             if state is None:
                 continue
-            walked = 0
+            masks, tokens = xgr.allocate_token_bitmask(logits.shape[1], logits.shape[-1]), []
             for t in range(logits.shape[1]):
                 if state.terminated:
                     break
-                state.matcher.fill_next_token_bitmask(bitmask, 0)
+                state.matcher.fill_next_token_bitmask(masks, t)
                 with torch.inference_mode():
-                    xgr.apply_token_bitmask_inplace(logits[row, t : t + 1], bitmask.to(logits.device), vocab_size=state.vocab_size)
-                if not state.matcher.accept_token(int(logits[row, t].argmax())):
+                    xgr.apply_token_bitmask_inplace(logits[row, t : t + 1], masks[t : t + 1].to(logits.device), vocab_size=state.vocab_size)
+                token = int(logits[row, t].argmax())
+                if not state.matcher.accept_token(token):
                     break
-                walked += 1
-            if walked:
-                state.matcher.rollback(walked)
+                tokens.append(token)
+            if tokens:
+                state.matcher.rollback(len(tokens))
+            state.drafted = (state.consumed, tokens, masks)  # the verify pass's masks at positions 0..len(tokens)-1
         return logits
 
     def select_rows(self, rows: slice) -> "DraftConstraint":
