@@ -359,7 +359,7 @@ def test_a_killed_model_process_is_noticed_streams_end_and_it_comes_back(supervi
 
     _wait_serving(supervised)
     before = _greedy(supervised, PROMPTS[0])
-    restarts = len(supervised.restarts)
+    restarts, lines = len(supervised.restarts), len(supervised.supervision_log)
     with OpenAIServer(supervised.endpoints.grpc, host="127.0.0.1", port=free_port(), repository=supervised.repository) as front:
         url = front.url
         streams = []
@@ -397,5 +397,9 @@ def test_a_killed_model_process_is_noticed_streams_end_and_it_comes_back(supervi
         assert any(kind == "openai" and end == "error event" for kind, end, _ in ends), ends
         assert any(kind == "triton" and end.startswith("ServerError") for kind, end, _ in ends), ends
         assert saw_503, "the OpenAI /health never said 503 while the model was down"
-        assert any("stub of dflash_" in line for line in supervised.supervision_log), supervised.supervision_log
+        # what supervision saw first: the dead stub, the probe's failed request, or (seen once in CI)
+        # tritonserver itself segfaulting as its Python backend found the stub gone; each ends in a restart
+        noticed = supervised.supervision_log[lines]
+        assert any(why in noticed for why in ("stub of dflash_", "stub of dflash stopped answering", "tritonserver died unexpectedly")), noticed
+        assert "restarting it on the same ports" in noticed, noticed
     assert _greedy(supervised, PROMPTS[0]) == before
