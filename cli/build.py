@@ -139,7 +139,7 @@ def build(
     target: Optional[str] = typer.Option(None, "--target", help="Local target checkpoint directory standing in for --model's (the catalog model's recipe and memory plan are kept; another family is refused)."),
     recipe: Optional[str] = typer.Option(None, "--recipe", help="Recipe YAML file or '<model>/<gpu>' name (docs/recipes.md); flags override it."),
     quant: Optional[str] = typer.Option(None, "--quant", "-q", help="bf16, fp16, fp8 or nvfp4 (gpt-oss: the experts, mxfp4 as shipped); default: the recipe's."),
-    backend: Optional[str] = typer.Option(None, "--backend", "--runtime", help="Deployment backend: trt (our engines) or trtllm (TensorRT-LLM); default: the recipe's. One the target family cannot use is refused, naming the one that works. --runtime is the old spelling."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="Deployment backend: trt (our engines) or trtllm (TensorRT-LLM); default: the recipe's. One the target family cannot use is refused, naming the one that works."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: out/<model>-<gpu>)."),
     calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration text for FP8/NVFP4: .txt (a sample per line) or .jsonl with 'text'."),
     max_batch: Optional[int] = typer.Option(None, "--max-batch", help="Largest batch the engines accept."),
@@ -159,14 +159,14 @@ def build(
     spec = resolve_spec(
         model, gpu, recipe, quant, drafter,
         max_batch=max_batch, max_input_len=max_input_len, max_seq_len=max_seq_len, calibration=calibration,
-        runtime=backend, target=target, native_only=native_only,
+        backend=backend, target=target, native_only=native_only,
     )
-    if llmapi_model is not None:  # checked before the build starts; the pipeline's repository writer finds it in the environment
+    if llmapi_model is not None:  # checked before the build starts; the build's artifact carries it to the repository
         if spec.backend != "trtllm":
             raise DFlashError(f"--llmapi-model is for trtllm builds, and this build's backend is {spec.backend}", "drop --llmapi-model")
-        from trtllm_dflash.backends.trtllm.repository import use_llmapi_model
+        from trtllm_dflash.backends.trtllm.repository import require_llmapi_model
 
-        use_llmapi_model(llmapi_model)
+        llmapi_model = require_llmapi_model(llmapi_model)
     console = Console(highlight=False)
     plan = make_build_plan(spec)
     if dry_run:
@@ -185,7 +185,8 @@ def build(
     from trtllm_dflash.cli.common import quiet_libraries
 
     quiet_libraries()
-    result = run_build(spec, out_dir, force=force, reporter=RichReporter(console), command=_command_line(), plan=plan)
+    result = run_build(spec, out_dir, force=force, reporter=RichReporter(console), command=_command_line(), plan=plan,
+                       llmapi_model=llmapi_model)
     manifest = Path(out_dir) / "manifest.json"
     if explain_bytes and (Path(out_dir) / "export" / "graphs.json").is_file():
         from trtllm_dflash.cli.explain_bytes import print_build_traffic

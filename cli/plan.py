@@ -27,7 +27,7 @@ def print_plan(plan, console: Console | None = None) -> None:
     console.print(f"[bold]Plan[/]: {plan.model} + {plan.drafter} (block {plan.block_size}) on {where}{recipe}")
     experts = f", experts {p.moe_experts}" if p.moe_experts != p.weights else ""
     console.print(
-        f"  runtime {plan.runtime} | tp {layout.tp}, ep {layout.ep}{', attention DP' if layout.attention_dp else ''} | "
+        f"  backend {plan.backend} | tp {layout.tp}, ep {layout.ep}{', attention DP' if layout.attention_dp else ''} | "
         f"weights {p.weights}{experts}, KV {p.kv_cache}, drafter {p.drafter} | context {plan.context} tokens"
     )
     if plan.gpu != CPU:
@@ -35,7 +35,7 @@ def print_plan(plan, console: Console | None = None) -> None:
         capacity = f"{gpu.full_name}, {gpu.memory_gb:g} GB = {_gib(b.capacity)}, SM {gpu.compute_capability_str}"
     else:
         capacity = f"host memory {_gib(b.capacity)}"
-    console.print(f"  runtime {plan.runtime}: {escape(plan.runtime_reason)}")
+    console.print(f"  backend {plan.backend}: {escape(plan.backend_reason)}")
     # the title as a line of its own: a table title wraps at the table's narrow width
     console.print(f"Memory per {'GPU' if plan.gpu != CPU else 'device'} ({capacity})")
     table = Table()
@@ -84,7 +84,7 @@ def plan(
     kv_cache: Optional[str] = typer.Option(None, "--kv-cache", help="KV cache precision: bf16 | fp16 | fp8."),
     context: Optional[int] = typer.Option(None, "--context", "-L", help="Tokens per sequence (prompt + output) to budget KV for."),
     max_batch: Optional[int] = typer.Option(None, "--max-batch", help="Engine max batch (activations, CUDA graphs)."),
-    backend: Optional[str] = typer.Option(None, "--backend", "--runtime", help="Deployment backend: trt | trtllm | torch (default: recipe, else by model). --runtime is the old spelling."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="Deployment backend: trt | trtllm | torch (default: recipe, else by model)."),
     recipe_file: Optional[str] = typer.Option(
         None, "--recipe", help="Plan from this recipe (file or '<model>/<gpu>'); --model/--gpu then default to it."
     ),
@@ -108,7 +108,7 @@ def plan(
         raise DFlashError(f"--drafter {drafter} is not a drafter directory (no config.json)", "pass the directory of a z-lab layout drafter")
     result = plan_deployment(
         model, gpu, num_gpus=num_gpus, quant=quant, kv_cache=kv_cache, context=context,
-        max_batch=max_batch, runtime=backend, recipe=recipe, prefix_cache_mib=prefix_cache_mib, drafter=drafter,
+        max_batch=max_batch, backend=backend, recipe=recipe, prefix_cache_mib=prefix_cache_mib, drafter=drafter,
     )
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))

@@ -41,7 +41,7 @@ def list_(as_json: bool = typer.Option(False, "--json", help="One JSON object pe
         table.add_column(column, no_wrap=column != "weights", overflow="fold")
     drafters: dict[str, list[str]] = {}
     for recipe in recipes:
-        table.add_row(recipe.name, recipe.runtime, str(recipe.parallelism.num_gpus), _quant(recipe),
+        table.add_row(recipe.name, recipe.backend, str(recipe.parallelism.num_gpus), _quant(recipe),
                       recipe.quantization.kv_cache, str(recipe.drafter.block_size))
         drafters.setdefault(recipe.drafter.checkpoint, []).append(recipe.model.name)
     console.print(table)
@@ -102,6 +102,6 @@ def validate(files: list[Path] = typer.Argument(..., help="Recipe YAML files to 
             for line in getattr(exc, "errors", None) or [exc.problem]:
                 err.print(f"[bold red]error:[/] {escape(line)}", soft_wrap=True)
             continue
-        console.print(f"ok: {path} ({recipe.name}, runtime {recipe.runtime})")
+        console.print(f"ok: {path} ({recipe.name}, backend {recipe.backend})")
     if failed:
         raise typer.Exit(2)

@@ -59,22 +59,22 @@ def repo(
     ),
 ) -> None:
     """Write a Triton Inference Server model repository that serves DFlash (and its AR baseline)."""
-    from trtllm_dflash.backends import get_backend, write_build_repository
+    from trtllm_dflash.backends import get_backend, read_build_artifact, write_build_repository
     from trtllm_dflash.serving import repository
-    from trtllm_dflash.serving.model_parameters import ServingConfig, recipe_limits, serving_limits
+    from trtllm_dflash.serving.model_parameters import RecipeLimits, ServingSource, serving_configs
 
     sources = [s for s in (model, build, recipe) if s is not None]
     if len(sources) != 1:
         raise DFlashError("name exactly one of --model, --recipe or --build", "for example `dflash-trt repo --model demo --out REPO`")
     console = Console(highlight=False)
-    limits: dict = {}
     if build is not None:
+        artifact = read_build_artifact(build)
         if llmapi_model is not None:
-            _trtllm_only(get_backend(_build_backend(build)), "--build")
-            from trtllm_dflash.backends.trtllm.repository import use_llmapi_model
+            _trtllm_only(get_backend(artifact.backend), "--build")
+            from trtllm_dflash.backends.trtllm.repository import require_llmapi_model
 
-            use_llmapi_model(llmapi_model)  # the build's writer finds it there
-        path = write_build_repository(build, out, force=force)
+            artifact = artifact.model_copy(update={"llmapi_model": str(require_llmapi_model(llmapi_model))})
+        path = write_build_repository(artifact, out, force=force)
         console.print(f"wrote {escape(str(path))} from the build in {escape(str(build))}; serve it with `dflash-trt serve {escape(shlex.quote(str(path)))}`")
         return
     found = _recipe_for(model, gpu, recipe)
@@ -90,31 +90,21 @@ def repo(
         console.print(escape(backend.serve_hint(path)))
         return
     if found is not None:
-        target, draft = found.model.checkpoint, found.drafter.checkpoint
-        limits = {"max_batch": found.triton.max_batch_size, **recipe_limits(found.limits.max_seq_len, found.limits.max_input_len),
-                  "block_size": found.drafter.block_size, "draft_len_schedule": found.drafter.draft_len_schedule}
-        source = {"recipe": found.name}
+        target, draft, limits = found.model.checkpoint, found.drafter.checkpoint, RecipeLimits.of(found)
+        written_from = {"recipe": found.name}
     else:
-        target, draft = model, drafter
-        source = {"model": model, "drafter": drafter}
+        target, draft, limits = model, drafter, RecipeLimits()
+        written_from = {"model": model, "drafter": drafter}
     target, draft = repository.check_checkpoints(target, draft)
-    options = {"device": device, "num_threads": threads}
-    overrides = {"max_batch": max_batch, "max_context": max_context, "max_tokens": max_tokens, "block_size": block_size,
-                 "prefix_cache_mib": prefix_cache_mib, "prefill_chunk": prefill_chunk,
-                 "prefill_share": prefill_share, "adaptive_drafting": adaptive_drafting}
-    options.update(limits)
-    options.update({k: v for k, v in overrides.items() if v is not None})  # flags override the recipe
-    if options.get("max_context"):  # a request leaves room for its prompt: max_tokens (default or given) below the context
-        asked = options.get("max_tokens") or ServingConfig.model_fields["max_tokens"].default
-        options["max_tokens"] = serving_limits(options["max_context"], asked).max_new_tokens
-    models = [(name, _config(ServingConfig, target=target, drafter=draft, **options))]
-    if draft is not None and baseline:
-        ar_options = {k: v for k, v in options.items() if k not in ("block_size", "draft_len_schedule")}
-        models.append((baseline, _config(ServingConfig, target=target, drafter=None, **ar_options)))
-    path = repository.write_repository(out, models, source=source, force=force)
+    models = serving_configs(
+        ServingSource(target, draft, limits=limits), name=name, baseline=baseline, device=device, num_threads=threads,
+        max_batch=max_batch, max_context=max_context, max_tokens=max_tokens, block_size=block_size, prefix_cache_mib=prefix_cache_mib,
+        prefill_chunk=prefill_chunk, prefill_share=prefill_share, adaptive_drafting=adaptive_drafting,
+    )
+    path = repository.write_repository(out, models, source=written_from, force=force)
     for model_name, config in models:
         kind = "DFlash" if config.speculative else "autoregressive"
-        console.print(f"[bold]{escape(model_name)}[/]: {kind}, {escape(config.target)} on the {config.runtime} runtime, max batch {config.max_batch}")
+        console.print(f"[bold]{escape(model_name)}[/]: {kind}, {escape(config.target)} on the {config.backend} backend, max batch {config.max_batch}")
     console.print(f"wrote {escape(str(path))}; serve it with `dflash-trt serve {escape(shlex.quote(str(path)))}`")
 
 
@@ -123,13 +113,6 @@ def _trtllm_only(backend, what: str) -> None:
     if backend is None or backend.name != "trtllm":
         raise DFlashError(f"--llmapi-model is for trtllm repositories, and {what} is served by "
                           f"{'this toolkit' if backend is None else backend.name}", "drop --llmapi-model")
-
-
-def _build_backend(build: Path) -> str:
-    from trtllm_dflash.backends import backend_of_build
-    from trtllm_dflash.serving.repository import read_build
-
-    return backend_of_build(read_build(Path(build).expanduser().resolve())).name
 
 
 def _recipe_for(model: str | None, gpu: str | None, recipe: str | None):
@@ -149,13 +132,3 @@ def _recipe_for(model: str | None, gpu: str | None, recipe: str | None):
     if gpu is None:
         raise DFlashError(f"--model {model} is neither 'demo' nor a directory, so it names a recipe", "add --gpu GPU (see `dflash-trt recipes list`)")
     return find_recipe(model, gpu)
-
-
-def _config(cls, **values):
-    from pydantic import ValidationError
-
-    try:
-        return cls(**values)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'options'}: {e['msg']}" for e in exc.errors())
-        raise DFlashError(f"invalid serving options ({problems})", "fix the options") from None

@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("kernels", ["trtllm_dflash.ops", "trtllm_dflash.ops.*", "trtllm_dflash.plugins", "trtllm_dflash.plugins.*"]),
     ("modeling", [
         "trtllm_dflash.modeling", "trtllm_dflash.modeling.*", "trtllm_dflash.graphs", "trtllm_dflash.graphs.*",
-        "trtllm_dflash.checkpoints", "trtllm_dflash.checkpoints.*",
+        "trtllm_dflash.drafters", "trtllm_dflash.drafters.*", "trtllm_dflash.checkpoints", "trtllm_dflash.checkpoints.*",
     ]),
     ("runtime", [
         "trtllm_dflash.runtime", "trtllm_dflash.runtime.*", "trtllm_dflash.decoding",

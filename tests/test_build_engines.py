@@ -31,7 +31,7 @@ TINY_RECIPE = """\
 model: {{name: {target}, checkpoint: {target}}}
 drafter: {{checkpoint: {drafter}, block_size: 4}}
 gpu: rtx-pro-6000
-runtime: trt
+backend: trt
 quantization: {{weights: fp16, kv_cache: fp16, drafter: fp16}}
 limits: {{max_batch_size: 4, max_input_len: 64, max_seq_len: 128}}
 triton: {{max_batch_size: 4}}
@@ -379,14 +379,14 @@ def test_append_rows_matches_the_reference_append():
 
 
 def test_trtllm_recipe_writes_and_checks_the_tensorrt_llm_configuration(pair, tmp_path):
-    """runtime: trtllm builds no engines: checked LLM-API options and the tensorrt_llm repository."""
+    """backend: trtllm builds no engines: checked LLM-API options and the tensorrt_llm repository."""
     import yaml
 
     recipe = tmp_path / "trtllm.yaml"
     recipe.write_text(
         f"model: {{name: {pair['target'].resolve()}, checkpoint: {pair['target'].resolve()}}}\n"
         f"drafter: {{checkpoint: {pair['drafter'].resolve()}, block_size: 4}}\n"
-        "gpu: b300\nruntime: trtllm\nquantization: {weights: bf16, kv_cache: fp8}\n"
+        "gpu: b300\nbackend: trtllm\nquantization: {weights: bf16, kv_cache: fp8}\n"
         "limits: {max_batch_size: 16, max_input_len: 256, max_seq_len: 512}\ntriton: {max_batch_size: 16}\n"
         "trtllm: {moe_backend: TRTLLM}\n"
     )

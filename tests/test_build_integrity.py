@@ -104,7 +104,7 @@ def test_a_build_killed_in_export_is_refused_by_repo_and_a_rerun_finishes_it(tmp
 
     written = run_cli("repo", "--build", str(out), "--out", str(tmp_path / "repo"), crash_dir=crashes)
     assert written.returncode == 0, written.stdout + written.stderr
-    assert 'key: "runtime" value: { string_value: "trt" }' in (tmp_path / "repo" / "dflash" / "config.pbtxt").read_text()  # the engines
+    assert 'key: "backend" value: { string_value: "trt" }' in (tmp_path / "repo" / "dflash" / "config.pbtxt").read_text()  # the engines
 
 
 @pytest.fixture
@@ -154,16 +154,17 @@ def write_build(root: Path, value: dict) -> Path:
     return root
 
 
-def test_an_old_manifest_that_claims_complete_after_two_stages_is_refused(tmp_path):
-    """What the issue saw: format 1 without `planned`, `complete: true`, only checkpoints and quantize."""
-    from trtllm_dflash.backends import write_build_repository
+def test_a_manifest_without_its_artifact_is_refused(tmp_path):
+    """A manifest `dflash-trt build` did not finish writing (no `planned`, no `artifact`) claims nothing."""
+    from trtllm_dflash.backends import read_build_artifact
 
     done = {"status": "complete", "dir": "x", "summary": {}}
-    build = write_build(tmp_path / "b", {"format": 1, "complete": True, "recipe": {"backend": "trt"},
-                                         "stages": {"checkpoints": done, "quantize": done}})
-    with pytest.raises(DFlashError, match=r"unfinished: export \(missing\), validate \(missing\), engines \(missing\)"):
-        write_build_repository(build, tmp_path / "repo")
-    assert not (tmp_path / "repo").exists()
+    build = write_build(tmp_path / "b", {"format": 1, "complete": True, "stages": {"checkpoints": done, "quantize": done}})
+    with pytest.raises(DFlashError, match=r"records no artifact"):
+        read_build_artifact(build)
+    build = write_build(tmp_path / "c", {"format": 1, "planned": ["checkpoints", "export"], "stages": {"checkpoints": done}})
+    with pytest.raises(DFlashError, match=r"unfinished: export \(missing\)"):
+        read_build_artifact(build)
 
 
 def test_a_failed_stage_makes_the_manifest_incomplete_and_a_blocked_one_does_not_refuse(tmp_path):

@@ -29,12 +29,12 @@ def test_dry_run_gpt_oss_on_b300_is_a_complete_trtllm_plan():
     plan = json.loads(result.stdout)
     assert plan["recipe"]["name"] == "gpt-oss-120b/b300"
     deployment = plan["deployment"]
-    assert deployment["ok"] and deployment["runtime"] == "trtllm"
+    assert deployment["ok"] and deployment["backend"] == "trtllm"
     assert deployment["layout"] == {"num_gpus": 8, "tp": 8, "ep": 8, "attention_dp": False}
     assert deployment["precision"]["kv_cache"] == "fp8" and deployment["precision"]["experts"] == "mxfp4"
     assert deployment["max_concurrency"] > 0
     names = [s["name"] for s in plan["stages"]]
-    assert names == ["checkpoints", "quantize", "trtllm", "repository"]  # no engines for the trtllm runtime
+    assert names == ["checkpoints", "quantize", "trtllm", "repository"]  # no engines for the trtllm backend
     checkpoints = plan["stages"][0]
     assert not checkpoints["runs_here"] and "hf download" in checkpoints["where"]  # offline: says how, downloads nothing
     # the human-readable plan names the stages and where they run
@@ -51,14 +51,14 @@ def test_dry_run_for_every_shipped_engine_recipe():
 
     built = 0
     for recipe in list_recipes():
-        if recipe.runtime == "torch":
+        if recipe.backend == "torch":
             with pytest.raises(DFlashError, match="needs no build"):
                 resolve_spec(recipe=recipe.path)
             continue
         plan = make_build_plan(resolve_spec(recipe=recipe.path))
         names = [s.name for s in plan.stages]
         assert names[:2] == ["checkpoints", "quantize"]
-        assert ("engines" in names) == (recipe.runtime == "trt")
+        assert ("engines" in names) == (recipe.backend == "trt")
         for stage in plan.stages:  # here a stage may wait for a GPU or a download, never for a missing feature
             assert stage.runs_here or any(need in stage.where for need in MACHINE_NEEDS), (recipe.name, stage)
             assert not any(word in stage.where for word in ("not implemented", "not supported")), (recipe.name, stage)
@@ -78,7 +78,7 @@ def test_every_recipe_runs_every_stage_on_its_own_gpu_machine(monkeypatch):
     monkeypatch.setattr(stage_plan, "has_module", lambda name: True)
     monkeypatch.setattr(stage_plan, "hf_cached", lambda repo: True)
     for recipe in list_recipes():
-        if recipe.runtime == "torch":
+        if recipe.backend == "torch":
             continue
         monkeypatch.setattr(stage_plan, "cuda_devices", lambda n=recipe.parallelism.num_gpus: n)
         plan = stage_plan.make_build_plan(resolve_spec(recipe=recipe.path))

@@ -56,6 +56,17 @@ def test_build_records_the_given_model_and_its_command_mounts_it(built):
     assert CLONE not in result.stdout  # found: no note asks for a clone
 
 
+def test_the_build_artifact_carries_the_model_to_repo_build(built, tmp_path):
+    """The folder travels in the build's artifact (manifest.json), not in the environment."""
+    import json
+
+    _, out, folder = built
+    assert json.loads((out / "manifest.json").read_text())["artifact"]["llmapi_model"] == str(folder)
+    result = cli("repo", "--build", str(out), "--out", str(tmp_path / "repo"))
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    assert (tmp_path / "repo" / "tensorrt_llm" / "1" / "llmapi_model.txt").read_text().strip() == str(folder)
+
+
 def test_repo_of_the_build_takes_the_option_too(built, tmp_path):
     _, out, folder = built
     other = llmapi_folder(tmp_path / "other")

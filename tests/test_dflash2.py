@@ -15,7 +15,7 @@ from trtllm_dflash import DFlashPipeline
 from trtllm_dflash.checkpoints import load_drafter, load_target, save_drafter
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.modeling.dflash2 import DFlash2Drafter
+from trtllm_dflash.drafters.dflash2.modeling import DFlash2Drafter
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.ops import reference_dflash2
 from trtllm_dflash.runtime.base import SamplingTensors

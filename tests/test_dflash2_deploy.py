@@ -20,7 +20,7 @@ HEADER_BYTES = 8_936
 @pytest.mark.parametrize("name, block, hidden", [("qwen3.8-27b", 8, 5120), ("muse-glimmer-30b", 16, 6656)])
 def test_v2_catalog_entries_reproduce_the_published_payloads(name, block, hidden):
     drafter = MODELS[name].drafter
-    assert drafter.is_v2 and drafter.num_layers == 5 and len(drafter.target_layer_ids) == 5
+    assert drafter.kind == "dflash2" and drafter.num_layers == 5 and len(drafter.target_layer_ids) == 5
     assert (drafter.block_size, drafter.hidden_size, drafter.selector_rank, drafter.selector_top_k) == (block, hidden, 256, 16)
     # per layer 2 x (kernel_projection [2*K*G, H] + base_kernel [2, K, H]); selector [R, H] + 2 x [V, R]
     groups = hidden // 16
@@ -40,8 +40,8 @@ def test_v2_pairs_plan_with_their_extra_weights_and_a_v2_backend(name):
 
 def test_trtllm_backend_plans_a_v2_drafter():
     # TensorRT-LLM runs DFlash V2 drafters (VANILLA / FA4 drafter attention): tests/test_trtllm_v2_drafters.py
-    plan = plan_deployment("qwen3.8-27b", "h100", runtime="trtllm")
-    assert "runtime" not in [r.kind for r in plan.refusals]
+    plan = plan_deployment("qwen3.8-27b", "h100", backend="trtllm")
+    assert "backend" not in [r.kind for r in plan.refusals]
 
 
 def test_explain_bytes_adds_v2_reads_and_gathers_codebook_rows_only():

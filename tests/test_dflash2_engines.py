@@ -17,7 +17,7 @@ import torch
 from trtllm_dflash.builder.export import Bounds, export_drafter, export_pair
 from trtllm_dflash.checkpoints import load_drafter, load_target, save_drafter
 from trtllm_dflash.contracts import names
-from trtllm_dflash.graphs.drafter_v2 import HEAD_SCORES, native_conv, selector_scores
+from trtllm_dflash.drafters.dflash2.graph import HEAD_SCORES, native_conv, selector_scores
 from trtllm_dflash.ops import reference_dflash2
 from trtllm_dflash.runtime.base import SamplingTensors
 from trtllm_dflash.runtime.selector import walk_scores
@@ -30,7 +30,7 @@ def make_demo_v2_drafter(path: Path) -> Path:
     """A V2 drafter for the demo target: the demo's trained V1 drafter with the published V2 sizes,
     its convolutions and selector moved off identity / zero (small enough that drafts are still accepted)."""
     from trtllm_dflash.demo import DEMO_DIR
-    from trtllm_dflash.modeling.dflash2 import DFlash2Drafter
+    from trtllm_dflash.drafters.dflash2.modeling import DFlash2Drafter
     from trtllm_dflash.checks.testing import perturb_v2
 
     target = load_target(DEMO_DIR / "target", dtype=torch.float32)

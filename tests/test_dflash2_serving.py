@@ -45,7 +45,7 @@ def test_v2_drafter_spec_counts_every_stored_parameter(v2_pair):
     drafter = Path(v2_pair[1])
     spec = drafter_from_config_file(drafter / "config.json", checkpoint="tiny")
     stored = sum(t.numel() for file in drafter.glob("*.safetensors") for t in load_file(str(file)).values())
-    assert spec.is_v2 and spec.conv_params() > 0 and spec.codebook_params() > 0
+    assert spec.kind == "dflash2" and spec.conv_params() > 0 and spec.codebook_params() > 0
     assert spec.num_params() == stored
 
 

@@ -49,7 +49,7 @@ def test_headline_build_completes_every_stage(headline, stand_ins):
     assert {name: stage["status"] for name, stage in manifest["stages"].items()} == dict.fromkeys(
         ("checkpoints", "quantize", "trtllm", "repository"), "complete"
     )
-    assert manifest["recipe"]["name"] == "gpt-oss-120b/b300" and manifest["recipe"]["runtime"] == "trtllm"
+    assert manifest["recipe"]["name"] == "gpt-oss-120b/b300" and manifest["recipe"]["backend"] == "trtllm"
     assert manifest["recipe"]["quantization"]["moe_experts"] == "mxfp4"  # the published experts, served as they are
     checkpoints = manifest["stages"]["checkpoints"]["summary"]
     assert checkpoints["target"]["experts"] == {"format": "mxfp4", "projections": 8}  # 4 layers x gate_up/down checked

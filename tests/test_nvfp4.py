@@ -114,7 +114,7 @@ def test_nvfp4_drafter_refuses_in_one_line(tmp_path):
     recipe.write_text(
         f"model: {{name: {DEMO_DIR / 'target'}, checkpoint: {DEMO_DIR / 'target'}}}\n"
         f"drafter: {{checkpoint: {DEMO_DIR / 'drafter'}, block_size: 8}}\n"
-        "gpu: b200\nruntime: trt\n"
+        "gpu: b200\nbackend: trt\n"
         "quantization: {weights: bf16, kv_cache: bf16, drafter: nvfp4}\n"
         "limits: {max_batch_size: 4, max_input_len: 64, max_seq_len: 128}\ntriton: {max_batch_size: 4}\ntrt: {}\n"
     )

@@ -29,7 +29,7 @@ MIB, GIB = 1024**2, 1024**3
 
 def test_qwen3_8b_fp8_on_one_h100():
     plan = plan_deployment("qwen3-8b", "h100")  # the shipped recipe: FP8 weights + KV, context 16384, batch 64
-    assert (plan.runtime, plan.precision.weights, plan.precision.kv_cache, plan.context) == ("trt", "fp8", "fp8", 16384)
+    assert (plan.backend, plan.precision.weights, plan.precision.kv_cache, plan.context) == ("trt", "fp8", "fp8", 16384)
     b = plan.budget
     # Linear layers per decoder layer: q 4096*4096 + k,v 2*4096*1024 + o 4096*4096 + MLP 3*4096*12288
     linear = 36 * (4096 * 4096 + 2 * 4096 * 1024 + 4096 * 4096 + 3 * 4096 * 12288)
@@ -172,7 +172,7 @@ def test_layout_refusals():
     assert plan_deployment("qwen3-8b", "b300", num_gpus=16).refusals[0].problem == "16 GPUs exceed one b300 node (8)"
     single = plan_deployment("qwen3-8b", "b300", num_gpus=2)  # the recipe's runtime is trt
     assert "backend trt runs on one GPU" in single.refusals[0].problem and "--backend trtllm" in single.refusals[0].fix
-    assert plan_deployment("qwen3-8b", "b300", num_gpus=2, runtime="trtllm").ok
+    assert plan_deployment("qwen3-8b", "b300", num_gpus=2, backend="trtllm").ok
 
 
 def test_nothing_fits_says_so(monkeypatch):

@@ -49,7 +49,7 @@ def test_every_shipped_recipe_validates_and_agrees_with_the_catalogs(path):
 
 def test_specific_announced_settings():
     big = find_recipe("openai/gpt-oss-120b", "B300")
-    assert (big.runtime, big.parallelism.num_gpus, big.parallelism.tp, big.parallelism.ep) == ("trtllm", 8, 8, 8)
+    assert (big.backend, big.parallelism.num_gpus, big.parallelism.tp, big.parallelism.ep) == ("trtllm", 8, 8, 8)
     assert (big.quantization.weights, big.quantization.experts, big.trtllm.moe_backend) == ("bf16", "mxfp4", "TRTLLM")
     assert find_recipe("gpt-oss-120b", "h200").quantization.experts == "mxfp4"  # as published, everywhere
     assert find_recipe("qwen3-8b", "h100").quantization.weights == "fp8"
@@ -136,7 +136,7 @@ def test_missing_key_points_at_its_section(tmp_path):
 
 
 def test_all_problems_are_listed_and_the_message_is_one_line(tmp_path):
-    text = GOOD.read_text().replace("  block_size: 16", "  block_size: 1").replace("runtime: trt\n", "runtime: tensorrt\n")
+    text = GOOD.read_text().replace("  block_size: 16", "  block_size: 1").replace("backend: trt\n", "backend: tensorrt\n")
     path = _write(tmp_path, text)
     with pytest.raises(RecipeError) as info:
         load_recipe(path)
@@ -147,13 +147,13 @@ def test_yaml_syntax_error_and_duplicate_key_have_lines(tmp_path):
     bad = GOOD.read_text().replace("  checkpoint: Qwen/Qwen3-8B", "  checkpoint: [Qwen/Qwen3-8B")
     path = _write(tmp_path, bad)
     assert "invalid YAML" in _errors(path)[0]
-    dup = GOOD.read_text().replace("runtime: trt\n", "runtime: trt\nruntime: trtllm\n")
+    dup = GOOD.read_text().replace("backend: trt\n", "backend: trt\nbackend: trtllm\n")
     path = _write(tmp_path, dup)
-    assert _errors(path) == [f"{path}:{_line_of(dup, 'runtime: trtllm')}: runtime: key given twice"]
+    assert _errors(path) == [f"{path}:{_line_of(dup, 'backend: trtllm')}: backend: key given twice"]
 
 
 def test_cross_field_rules(tmp_path):
-    text = GOOD.read_text().replace("runtime: trt\n", "runtime: trtllm\n")  # and it still has a `trt:` section
+    text = GOOD.read_text().replace("backend: trt\n", "backend: trtllm\n")  # and it still has a `trt:` section
     assert "only for backend: trt" in _errors(_write(tmp_path, text))[0]
     multi = GOOD.read_text() + "parallelism:\n  num_gpus: 2\n  tp: 2\n"
     assert "runs on one GPU" in _errors(_write(tmp_path, multi))[0]

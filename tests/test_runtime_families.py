@@ -21,7 +21,7 @@ NEW_RECIPES = [
 def test_new_recipes_plan_and_dry_run(name, run_main):
     code, out, err = run_main("plan", "--recipe", name)
     assert code == 0, out + err
-    assert f"runtime {find_recipe(*name.split('/')).runtime}:" in " ".join(out.split())
+    assert f"backend {find_recipe(*name.split('/')).backend}:" in " ".join(out.split())
     code, out, err = run_main("build", "--recipe", name, "--dry-run")
     assert code == 0, out + err
     assert "checked against the llm_args of v1.4.0rc1 (NVIDIA/TensorRT-LLM@0372799d1543)" in " ".join(out.split())
@@ -32,17 +32,17 @@ def test_new_recipes_plan_and_dry_run(name, run_main):
     ("qwen3.5-35b-a3b", "h100", "hybrid Gated DeltaNet"),
     ("kimi-k2.5", "b300", "multi-head latent attention"),
 ])
-def test_runtime_trt_is_refused_for_families_our_engines_cannot_serve(model, gpu, families):
-    plan = plan_deployment(model, gpu, runtime="trt", num_gpus=8 if model == "kimi-k2.5" else None)
-    assert not plan.ok and plan.refusals[0].kind == "runtime"
+def test_backend_trt_is_refused_for_families_our_engines_cannot_serve(model, gpu, families):
+    plan = plan_deployment(model, gpu, backend="trt", num_gpus=8 if model == "kimi-k2.5" else None)
+    assert not plan.ok and plan.refusals[0].kind == "backend"
     assert families in plan.refusals[0].problem and "use backend: trtllm" in plan.refusals[0].fix
     with pytest.raises(PlanRefusedError, match="use backend: trtllm"):
         plan.check()
 
 
-def test_hybrid_recipe_with_runtime_trt_is_refused_by_build(tmp_path, run_main):
+def test_hybrid_recipe_with_backend_trt_is_refused_by_build(tmp_path, run_main):
     data = yaml.safe_load((recipes_dir() / "qwen3.5-27b" / "b200.yaml").read_text())
-    data["runtime"] = "trt"
+    data["backend"] = "trt"
     data.pop("trtllm")
     data["quantization"]["weights"] = "fp8"
     path = tmp_path / "hybrid-trt.yaml"
@@ -54,11 +54,11 @@ def test_hybrid_recipe_with_runtime_trt_is_refused_by_build(tmp_path, run_main):
     assert "use backend: trtllm (or torch)" in line
 
 
-def test_default_runtime_follows_the_family_with_its_reason():
-    assert plan_deployment("qwen3-8b", "h100", use_recipe=False).runtime == "trt"
+def test_default_backend_follows_the_family_with_its_reason():
+    assert plan_deployment("qwen3-8b", "h100", use_recipe=False).backend == "trt"
     hybrid = plan_deployment("qwen3.5-27b", "b200", use_recipe=False)
-    assert hybrid.runtime == "trtllm" and "Gated DeltaNet" in hybrid.runtime_reason and hybrid.attention == "hybrid-linear"
-    assert plan_deployment("gemma-4-31b-it", "b300").runtime_reason  # unverified for trtllm: allowed, with a note
+    assert hybrid.backend == "trtllm" and "Gated DeltaNet" in hybrid.backend_reason and hybrid.attention == "hybrid-linear"
+    assert plan_deployment("gemma-4-31b-it", "b300").backend_reason  # unverified for trtllm: allowed, with a note
     assert any("unverified" in n for n in plan_deployment("gemma-4-31b-it", "b300").notes)
 
 
@@ -166,22 +166,22 @@ class DFlashDecodingConfig(DecodingBaseConfig):
 
 
 @pytest.mark.parametrize(("model", "gpu"), [("qwen3.5-27b", "h200"), ("qwen3-coder-next", "b200"), ("qwen3.5-35b-a3b", "h100")])
-def test_build_runtime_flag_refuses_trt_for_hybrids_naming_trtllm(run_main, model, gpu):
-    code, out, err = run_main("build", "--model", model, "--gpu", gpu, "--runtime", "trt", "--dry-run")
+def test_build_backend_flag_refuses_trt_for_hybrids_naming_trtllm(run_main, model, gpu):
+    code, out, err = run_main("build", "--model", model, "--gpu", gpu, "--backend", "trt", "--dry-run")
     assert code == 2
     line = " ".join((out + err).split())
     assert "Gated DeltaNet" in line and "use backend: trtllm" in line
 
 
-def test_build_runtime_flag_switches_a_dense_recipe_to_trtllm(run_main):
-    code, out, err = run_main("build", "--model", "qwen3-8b", "--gpu", "h100", "--runtime", "trtllm", "--dry-run")
+def test_build_backend_flag_switches_a_dense_recipe_to_trtllm(run_main):
+    code, out, err = run_main("build", "--model", "qwen3-8b", "--gpu", "h100", "--backend", "trtllm", "--dry-run")
     assert code == 0, err
-    assert "runtime trtllm" in " ".join(out.split())
+    assert "backend trtllm" in " ".join(out.split())
 
 
 def test_gpt_oss_on_our_engines_plans_with_the_moe_caveat():
     """gpt-oss attention (sinks, sliding windows) exports to our engines, experts as a dense graph."""
-    plan = plan_deployment("gpt-oss-20b", "h100", runtime="trt")
-    assert plan.ok and plan.runtime == "trt"
-    assert "dense graph" in plan.runtime_reason and "TensorRT-LLM" in plan.runtime_reason
-    assert plan_deployment("gpt-oss-20b", "h100").runtime == "trtllm"  # the default stays TensorRT-LLM
+    plan = plan_deployment("gpt-oss-20b", "h100", backend="trt")
+    assert plan.ok and plan.backend == "trt"
+    assert "dense graph" in plan.backend_reason and "TensorRT-LLM" in plan.backend_reason
+    assert plan_deployment("gpt-oss-20b", "h100").backend == "trtllm"  # the default stays TensorRT-LLM

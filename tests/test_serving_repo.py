@@ -97,7 +97,7 @@ def test_serving_config_rejects_bad_parameters():
     with pytest.raises(DFlashError, match="max_batch"):
         ServingConfig.from_parameters({"target": {"string_value": "demo"}, "max_batch": {"string_value": "0"}})
     with pytest.raises(DFlashError, match="engines"):
-        ServingConfig.from_parameters({"target": "demo", "runtime": "trt"})
+        ServingConfig.from_parameters({"target": "demo", "backend": "trt"})
     with pytest.raises(DFlashError, match="max_bach"):
         ServingConfig.from_parameters({"target": "demo", "max_bach": "4"})
 
@@ -283,7 +283,7 @@ def test_the_loop_takes_a_prompt_as_token_ids_without_tokenizing_it(tiny_pair, m
 
 
 def test_repo_from_a_build_uses_its_engines_when_built_else_its_checkpoints(tiny_pair, tmp_path):
-    """The manifest format of `dflash-trt build` (issue 4): complete stages with their summaries."""
+    """What `repo --build` reads: the build's artifact in manifest.json (backends/artifact.py)."""
     from trtllm_dflash.serving.model_parameters import ServingConfig
 
     target, drafter = tiny_pair
@@ -291,12 +291,13 @@ def test_repo_from_a_build_uses_its_engines_when_built_else_its_checkpoints(tiny
     build.mkdir()
     manifest = {
         "format": 1,
-        "recipe": {"runtime": "trt", "max_batch": 8, "max_input_len": 200, "max_seq_len": 512, "block_size": 4},
+        "planned": ["checkpoints", "engines"],
         "stages": {
-            "checkpoints": {"status": "complete", "dir": "checkpoints",
-                            "summary": {"target": {"path": str(target)}, "drafter": {"path": str(drafter)}}},
+            "checkpoints": {"status": "complete", "dir": "checkpoints"},
             "engines": {"status": "blocked", "missing": "a GPU", "how_to_get_it": "run on a GPU machine"},
         },
+        "artifact": {"backend": "trt", "recipe": "tiny", "target": str(target), "drafter": str(drafter),
+                     "limits": {"max_batch": 8, "max_input_len": 200, "max_seq_len": 512, "block_size": 4}},
     }
     (build / "manifest.json").write_text(json.dumps(manifest))
 
@@ -309,7 +310,7 @@ def test_repo_from_a_build_uses_its_engines_when_built_else_its_checkpoints(tiny
     result = invoke("repo", "--build", str(build), "--out", str(tmp_path / "repo"))
     assert result.exit_code == 0, result.output
     configs = served(tmp_path / "repo")
-    assert configs["dflash"].runtime == "torch" and configs["dflash"].drafter == str(drafter)
+    assert configs["dflash"].backend == "torch" and configs["dflash"].drafter == str(drafter)
     assert (configs["dflash"].max_batch, configs["dflash"].max_context, configs["dflash"].max_tokens, configs["dflash"].block_size) == (8, 512, 312, 4)
     assert configs["ar"].drafter is None
     # served as the model in the repository opens it: the torch runtime, drafting with the build's drafter
@@ -319,12 +320,16 @@ def test_repo_from_a_build_uses_its_engines_when_built_else_its_checkpoints(tiny
     out = pipeline.generate(["abc"], max_new_tokens=6, block_size=configs["dflash"].block_size)[0]
     assert pipeline.speculative and out.token_ids and out.acceptance_lengths and out.draft_lengths[0] == 3  # block 4: 3 drafts verified
     manifest["stages"]["engines"] = {"status": "complete", "dir": "engines", "summary": {}}
+    manifest["artifact"]["engines"] = "engines"
     (build / "manifest.json").write_text(json.dumps(manifest))
-    from trtllm_dflash.backends import write_build_repository
+    from trtllm_dflash.backends import read_build_artifact, write_build_repository
 
-    configs = served(write_build_repository(build))
-    assert configs["dflash"].runtime == "trt" and configs["dflash"].engines == str(build / "engines")
+    configs = served(write_build_repository(read_build_artifact(build), build / "repository"))
+    assert configs["dflash"].backend == "trt" and configs["dflash"].engines == str(build / "engines")
     _fails(invoke("repo", "--build", str(tmp_path), "--out", str(tmp_path / "r2")), "no manifest.json")
+    del manifest["artifact"]
+    (build / "manifest.json").write_text(json.dumps(manifest))
+    _fails(invoke("repo", "--build", str(build), "--out", str(tmp_path / "r3")), "records no artifact")
 
 
 def test_repo_for_the_demo_takes_its_limits_from_the_demo_recipe(tmp_path):
@@ -385,12 +390,13 @@ def test_config_strings_round_trip_through_protobuf_text_format():
 
 def test_serving_limits_are_worked_out_once():
     """repo, the OpenAI front end and the batching loop read a model's limits from one function."""
-    from trtllm_dflash.serving.model_parameters import ServingConfig, ServingLimits, recipe_limits, serving_limits
+    from trtllm_dflash.serving.model_parameters import RecipeLimits, ServingConfig, ServingLimits, serving_limits
 
     assert serving_limits(256, 1000) == ServingLimits(256, 255, 128)  # the prompt keeps at least one token
     assert serving_limits(256, 32, 64) == ServingLimits(256, 32, 32)
     assert serving_limits(4096, 512, 16) == ServingLimits(4096, 512, 16)
-    assert recipe_limits(8192, 6144) == {"max_context": 8192, "max_tokens": 2048} and recipe_limits(None, 6144) == {}
+    assert RecipeLimits(max_seq_len=8192, max_input_len=6144).parameters() == {"max_context": 8192, "max_tokens": 2048}
+    assert RecipeLimits(max_input_len=6144).parameters() == {}
     config = ServingConfig(target="demo", max_context=300, max_tokens=400)
     assert config.limits() == ServingLimits(300, 299, 128) and config.limits(200).max_new_tokens == 199
 

@@ -26,7 +26,7 @@ RECIPE = """\
 model: {{name: {target}, checkpoint: {target}}}
 drafter: {{checkpoint: {drafter}, block_size: 4}}
 gpu: h100
-runtime: trt
+backend: trt
 quantization: {{weights: bf16, kv_cache: bf16, drafter: bf16}}
 limits: {{max_batch_size: 4, max_input_len: 32, max_seq_len: 64}}
 triton: {{max_batch_size: 4}}

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from trtllm_dflash.checkpoints import load_target
-from trtllm_dflash.modeling.dflash2 import CandidateSelector, DFlash2Drafter
+from trtllm_dflash.drafters.dflash2.modeling import CandidateSelector, DFlash2Drafter
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.checks.testing import make_tiny_target, tiny_drafter_config
 from trtllm_dflash.training.objective import IGNORE, dflash_loss, make_block_batch, selector_loss
@@ -113,7 +113,7 @@ def test_the_shipped_demo_v2_drafter_is_lossless_on_held_out_prompts():
 
     prompts = load_prompt_set("stdlib", 2)
     pipe = DFlashPipeline.load("demo", drafter_v2_dir())
-    assert pipe.runtime.drafter.config.is_v2 and pipe.runtime.drafter.candidate_selector.successor_codebook.any()
+    assert pipe.runtime.drafter.config.kind == "dflash2" and pipe.runtime.drafter.candidate_selector.successor_codebook.any()
     reference = DFlashPipeline.load("demo").generate(prompts, max_new_tokens=32, stop_token_ids=(), max_batch=1)
     outputs = pipe.generate(prompts, max_new_tokens=32, stop_token_ids=(), max_batch=1)
     assert [o.token_ids for o in outputs] == [r.token_ids for r in reference]
@@ -154,5 +154,5 @@ def test_train_drafter_v2_from_a_v1_drafter_writes_a_loadable_v2(tmp_path):
     history = json.loads((out / "training.json").read_text())["history"]
     assert {"base_loss", "selector_loss", "candidate_recall", "selector_accuracy"} <= set(history[-1])
     drafter = load_drafter(out, target=load_target(target))
-    assert drafter.config.is_v2 and drafter.config.selector_rank == 8 and drafter.config.num_hidden_layers == 1
+    assert drafter.config.kind == "dflash2" and drafter.config.selector_rank == 8 and drafter.config.num_hidden_layers == 1
     assert drafter.candidate_selector.successor_codebook.any()

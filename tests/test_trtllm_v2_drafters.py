@@ -138,9 +138,9 @@ def test_trtllm_drafter_attention_is_refused_for_a_v2_drafter_in_one_line(run_ma
     assert "TRTLLM drafter attention refuses" in lines[0] and "VANILLA" in lines[0]
 
 
-def test_v2_refusal_is_gone_from_the_backend():
+def test_no_backend_refusal_of_v2_drafters():
     from trtllm_dflash.backends import get_backend
 
-    assert get_backend("trtllm").v2_refusal("z-lab/Qwen3.8-27B-DFlash2") is None
+    assert get_backend("trtllm").drafter_refusal("dflash2", "z-lab/Qwen3.8-27B-DFlash2") is None
     with pytest.raises(DFlashError, match="TRTLLM drafter attention"):
-        trtllm._check_catalog_drafter(type("C", (), {"is_v2": True, "layer_types": ("sliding_attention",)})(), "TRTLLM", "x", [])
+        trtllm._check_catalog_drafter(type("C", (), {"kind": "dflash2", "layer_types": ("sliding_attention",)})(), "TRTLLM", "x", [])

@@ -32,7 +32,7 @@ RECIPE = """\
 model: {{name: {target}, checkpoint: {target}}}
 drafter: {{checkpoint: {drafter}, block_size: {block}}}
 gpu: h100
-runtime: trt
+backend: trt
 quantization: {{weights: bf16, kv_cache: bf16, drafter: bf16}}
 limits: {{max_batch_size: 4, max_input_len: 64, max_seq_len: 128}}
 triton: {{max_batch_size: 4}}

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_dflash.contracts.draft_window import DraftWindow
+from trtllm_dflash.contracts.drafter_kinds import DFLASH, DFLASH2, V2_ARCHITECTURE
 from trtllm_dflash.errors import CheckpointError
 
 FULL_ATTENTION = "full_attention"
@@ -20,7 +21,6 @@ SUPPORTED_FORMATS = (
     "DFlash V1 drafters (DFlashDraftModel) in the z-lab, ModelOpt or Speculators layout, "
     "and DFlash V2 drafters (DFlash2DraftModel)"
 )
-V2_ARCHITECTURE = "DFlash2DraftModel"
 # DFlash V2's published sizes, used where a config leaves one out
 V2_DEFAULTS = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}
 MAX_BLOCK_SIZE = 16
@@ -104,14 +104,15 @@ class DrafterConfig:
     selector_top_k: int = 0
 
     @property
-    def is_v2(self) -> bool:
-        """A DFlash V2 drafter (convolutions + candidate selector)."""
-        return V2_ARCHITECTURE in self.architectures
+    def kind(self) -> str:
+        """The drafter kind's name (`trtllm_dflash.drafters.kind_of` gives the kind): DFLASH2 for a
+        DFlash2DraftModel (convolutions + candidate selector), else DFLASH."""
+        return DFLASH2 if V2_ARCHITECTURE in self.architectures else DFLASH
 
     @property
     def conv_groups(self) -> int:
-        """Channel groups of the V2 convolutions (each group shares one dynamic coefficient)."""
-        return self.hidden_size // self.conv_group_size if self.is_v2 else 0
+        """Channel groups of the V2 convolutions (each group shares one dynamic coefficient); 0 without them."""
+        return self.hidden_size // self.conv_group_size if self.conv_group_size else 0
 
     @property
     def num_taps(self) -> int:
@@ -301,7 +302,7 @@ class DrafterConfig:
         out.update({k: v for k, v in optional.items() if v is not None})
         if self.swa_window_size is not None:
             out["dflash_config"].update({"use_swa": True, "swa_window_size": self.swa_window_size})
-        if self.is_v2:
+        if self.kind == DFLASH2:
             out["dflash_config"].update(
                 {"block_size": self.block_size, "is_causal": False, **{name: getattr(self, name) for name in V2_DEFAULTS}}
             )

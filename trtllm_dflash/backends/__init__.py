@@ -6,8 +6,9 @@
     trtllm/          TensorRT-LLM's native DFlash mode (its LLM-API options, drafters and Triton repository)
     triton_model.py  the Triton Python-backend model the trt and torch repositories run: it opens the
                      pipeline (open_served_pipeline) and hands it to serving's BatchingLoop
+    artifact.py      BuildArtifact: what a build hands to its repository (manifest.json's `artifact`)
 
-A recipe's `backend:` (spelled `runtime:` before) and `--backend` (`--runtime`) name one of these.
+A recipe's `backend:` and `--backend` name one of these.
 Backends may use serving's repository helpers and batching loop; serving never imports backends.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trtllm_dflash.backends.artifact import BuildArtifact, artifact_of, read_manifest
 from trtllm_dflash.backends.base import Backend, PipelineSource
 from trtllm_dflash.backends.torch import TorchBackend
 from trtllm_dflash.backends.trt import TrtBackend
@@ -50,23 +52,12 @@ def open_served_pipeline(config: ServingConfig) -> DFlashPipeline:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     source = PipelineSource(config.target, config.drafter, build=config.engines, speculative=config.speculative)
-    return get_backend(config.runtime).open_pipeline(source, device=device, max_context=config.max_context)
+    return get_backend(config.backend).open_pipeline(source, device=device, max_context=config.max_context)
 
 
 def multi_gpu_backend() -> str:
     """The backend that spreads a model over several GPUs (what `plan` proposes when one GPU is too few)."""
     return next(name for name, backend in BACKENDS.items() if backend.multi_gpu)
-
-
-def backend_of_build(manifest: dict) -> Backend:
-    """The backend a build was made for: the one whose own stage finished, else the one its recipe names."""
-    stages = manifest.get("stages") or {}
-    for backend in BACKENDS.values():
-        if any((stages.get(name) or {}).get("status") == "complete" for name in backend.build_stages):
-            return backend
-    recipe = manifest.get("recipe") or {}
-    name = recipe.get("backend") or recipe.get("runtime")
-    return BACKENDS.get(name, BACKENDS[TrtBackend.name])
 
 
 # a planned stage in one of these states stopped cleanly: blocked on this machine (no GPU, no TensorRT)
@@ -76,20 +67,10 @@ SETTLED = ("complete", "blocked", "not run")
 
 def unfinished_stages(manifest: dict) -> list[tuple[str, str]]:
     """(stage, status) of every planned stage a build did not settle: `running` (killed, or still
-    going), `failed`, `pending` (never reached) or `missing` from the manifest.
-
-    Manifests written before the plan was recorded (no `planned`) that claim to be complete are
-    checked against their backend's own stages: a killed build of that version said complete
-    after its first stages."""
+    going), `failed`, `pending` (never reached) or `missing` from the manifest."""
     stages = manifest.get("stages") or {}
-    planned = manifest.get("planned")
-    if not isinstance(planned, list):
-        if manifest.get("complete") is not True:
-            return []
-        backend = backend_of_build(manifest)
-        planned = [name for name in backend.stage_names() if name != "repository" or name in stages]  # repository: optional
     unfinished = []
-    for name in planned:
+    for name in manifest.get("planned") or []:
         status = (stages.get(name) or {}).get("status", "missing")
         if status not in SETTLED:
             unfinished.append((name, status))
@@ -128,22 +109,21 @@ def check_build_finished(build_dir: Path, manifest: dict) -> None:
     )
 
 
-def write_build_repository(
-    build_dir: str | Path, out: str | Path | None = None, force: bool = False, require_finished: bool = True,
-) -> Path:
-    """The Triton repository of a `dflash-trt build` (BUILD/repository by default), written by the build's backend.
+def read_build_artifact(build_dir: str | Path) -> BuildArtifact:
+    """The artifact of a finished `dflash-trt build` (`repo --build`).
 
     An unfinished build (a stage killed, failed or never reached) is refused: its repository would
-    silently serve less than the build promised (the torch runtime instead of missing engines).
-    The build's own repository stage passes require_finished=False: it runs inside the build."""
-    from trtllm_dflash.serving.repository import read_build
-
+    silently serve less than the build promised (the torch runtime instead of missing engines)."""
     build_dir = Path(build_dir).expanduser().resolve()
-    out = Path(out) if out is not None else build_dir / "repository"
-    manifest = read_build(build_dir)
-    if require_finished:
-        check_build_finished(build_dir, manifest)
-    return backend_of_build(manifest).write_build_repository(build_dir, manifest, out, force)
+    manifest = read_manifest(build_dir)
+    check_build_finished(build_dir, manifest)
+    return artifact_of(build_dir, manifest)
 
 
-__all__ = ["BACKENDS", "BACKEND_NAMES", "Backend", "PipelineSource", "backend_of_build", "check_build_finished", "get_backend", "multi_gpu_backend", "open_served_pipeline", "unfinished_stages", "write_build_repository"]
+def write_build_repository(artifact: BuildArtifact, out: str | Path, force: bool = False) -> Path:
+    """The Triton repository of a build, written by the backend it was made for."""
+    return get_backend(artifact.backend).write_build_repository(artifact, Path(out), force)
+
+
+__all__ = ["BACKENDS", "BACKEND_NAMES", "Backend", "BuildArtifact", "PipelineSource", "check_build_finished", "get_backend", "multi_gpu_backend",
+           "open_served_pipeline", "read_build_artifact", "unfinished_stages", "write_build_repository"]

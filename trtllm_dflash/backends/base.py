@@ -21,6 +21,7 @@ from trtllm_dflash.errors import DFlashError
 
 if TYPE_CHECKING:
     from trtllm_dflash.api import DFlashPipeline
+    from trtllm_dflash.backends.artifact import BuildArtifact
 
 # build stages every backend runs, around its own (`Backend.build_stages`)
 FIRST_STAGES = ("checkpoints", "quantize")
@@ -75,8 +76,9 @@ class Backend(abc.ABC):
         """Whether the deployment captures CUDA graphs (they take memory in the plan)."""
         return False
 
-    def v2_refusal(self, drafter: str) -> tuple[str, str] | None:
-        """(problem, fix) when this backend cannot decode the DFlash V2 drafter `drafter`, else None."""
+    def drafter_refusal(self, kind: str, drafter: str) -> tuple[str, str] | None:
+        """(problem, fix) when this backend cannot decode the drafter `drafter` of kind `kind` (a
+        trtllm_dflash.drafters name), else None."""
         return None
 
     def serve_hint(self, repository: Path) -> str:
@@ -88,12 +90,15 @@ class Backend(abc.ABC):
         """The build steps after the checkpoints for a planned deployment (`dflash-trt plan`):
         `cfg` is a trtllm_dflash.planning.candidate.Candidate, the result BuildSteps."""
 
-    def write_build_repository(self, build_dir: Path, manifest: dict, out: Path, force: bool = False) -> Path:
+    def write_build_repository(self, artifact: BuildArtifact, out: Path, force: bool = False) -> Path:
         """The Triton repository of a build (`dflash-trt repo --build`, the build's repository stage):
-        Python-backend models over our runtimes, unless the backend serves with something else."""
-        from trtllm_dflash.serving.repository import models_from_build, write_repository
+        Python-backend models over our runtimes (the engines when built, else the checkpoints on torch),
+        unless the backend serves with something else."""
+        from trtllm_dflash.serving.model_parameters import serving_configs
+        from trtllm_dflash.serving.repository import write_repository
 
-        return write_repository(out, models_from_build(build_dir), source={"build": str(build_dir)}, force=force)
+        models = serving_configs(artifact.serving_source())
+        return write_repository(out, models, source={"build": artifact.build_dir}, force=force)
 
     def write_recipe_repository(self, out: Path, recipe: Any, drafter_dir: str | None = None, force: bool = False) -> tuple[Path, list[str]]:
         """The Triton repository of a recipe, where no build is needed first; returns (repository, notes)."""

@@ -29,7 +29,7 @@ Drafter graph (one block-diffusion step, the target's embedding and LM head incl
     outputs  logits [b, B - 1, V] (predictions for block positions 1..B-1) and
              new_key_i / new_value_i [b, n, kv_heads, head_dim] (context K/V the runtime appends
              at slots cache_lens[r] + i for i < new_counts[r]; the block's K/V are not kept)
-    V2 drafters (graphs/drafter_v2.py; graphs.json `head`): native graphs return logits (unary),
+    V2 drafters (drafters/dflash2/graph.py; graphs.json `head`): native graphs return logits (unary),
              candidates [b, B - 1, k] and selector_scores [b, B - 1, k, k] before the new K/V, and
              the runtime walks the scores; plugin graphs also take temperature [b] and seed [b]
              (after the caches) and return draft_tokens, candidates and candidate_probs instead
@@ -55,13 +55,12 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from trtllm_dflash.drafters import kind_of
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.contracts import names
 from trtllm_dflash.contracts.dtypes import from_onnx
-from trtllm_dflash.graphs import drafter_v2
 from trtllm_dflash.graphs.concat_cache import LayerCache
 from trtllm_dflash.graphs.dense_experts import dense_experts
-from trtllm_dflash.graphs.drafter import DrafterGraph
 from trtllm_dflash.graphs.dtypes import DTYPES, cast_parameters
 from trtllm_dflash.graphs.target import TargetGraph, UnsupportedTargetError, VerifyingTargetGraph, check_exportable, verifying_target_refusal
 from trtllm_dflash.modeling.drafter import DFlashDrafter
@@ -108,7 +107,7 @@ class GraphInfo:
     cache_layers: list[dict[str, int] | None] = dataclasses.field(default_factory=list)
     # a verifying target graph (VerifyingTargetGraph): caches in place, returns verification results
     verifies: bool = False
-    # a drafter graph's head (graphs/drafter_v2.py): V1 logits, or a V2 selector's scores or walk
+    # a drafter graph's head (its kind's graph_head): V1 logits, or a V2 selector's scores or walk
     head: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -402,8 +401,9 @@ def export_drafter(
         raise UnsupportedTargetError(*refusal)
     torch_dtype = DTYPES[dtype]
     num_layers = config.num_hidden_layers
-    head = drafter_v2.head_of(config, plugin)
-    graph = (drafter_v2.DrafterV2Graph if config.is_v2 else DrafterGraph)(
+    kind = kind_of(config)
+    head = kind.graph_head(config, plugin)
+    graph = kind.new_graph(
         cast_parameters(drafter, torch_dtype).eval(),
         cast_parameters(copy.deepcopy(embedding), torch_dtype),
         cast_parameters(copy.deepcopy(lm_head), torch_dtype),
@@ -430,11 +430,11 @@ def export_drafter(
     dynamic = ({0: batch, 1: block}, {0: batch, 1: rows}, {0: batch}, {0: batch}, cache_dims, cache_dims)
     past_k, past_v = names.cache_names(names.PAST, list(range(num_layers)))
     new_k, new_v = names.cache_names(names.NEW, list(range(num_layers)))
-    sampling = drafter_v2.sampling_inputs(head)  # the plugin walk samples inside: temperature, seed
+    sampling = kind.graph_sampling_inputs(head)  # the plugin walk samples inside: temperature, seed
     args += (torch.tensor([0.0, 0.8]), torch.tensor([3, 4]))[: len(sampling)]
     dynamic += ({0: batch},) * len(sampling)
     input_names = [names.BLOCK_IDS, names.CTX_FEATURES, names.NEW_COUNTS, names.CACHE_LENS, *past_k, *past_v, *sampling]
-    output_names = [*drafter_v2.head_outputs(head), *new_k, *new_v]
+    output_names = [*kind.graph_outputs(head), *new_k, *new_v]
     with torch.no_grad():
         _export(graph, args, dynamic, input_names, output_names, path, translations)
     cache = ["batch", "past", config.num_key_value_heads, config.head_dim]

@@ -32,6 +32,7 @@ from typing import Any
 from trtllm_dflash.builder import manifest as mf
 from trtllm_dflash.extras import require
 from trtllm_dflash.backends import write_build_repository
+from trtllm_dflash.builder.artifact import build_artifact
 from trtllm_dflash.builder.feasibility import backend_of, export_support, repository_writer, validation_skip_reason
 from trtllm_dflash.builder.spec import BuildSpec
 from trtllm_dflash.builder.stage_plan import hf_offline
@@ -401,20 +402,20 @@ def run_trtllm(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
             "speculative_config": options["speculative_config"]}
 
 
-def run_repository(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
-    """The serving part writes the repository from this build's manifest (engines when built)."""
+def run_repository(ctx: StageContext, spec: BuildSpec, llmapi_model: Path | None) -> dict[str, Any]:
+    """The build's backend writes the repository from this build's artifact (engines when built)."""
     repository = repository_writer()
-    write_build_repository(ctx.out, ctx.workdir / "triton", force=True, require_finished=False)  # this build, mid-run
+    write_build_repository(build_artifact(spec, ctx.out, ctx.upstream, llmapi_model), ctx.workdir / "triton", force=True)
     written = json.loads((ctx.workdir / "triton" / repository.MANIFEST).read_text())
     models = written.get("models", {})
-    runtimes = sorted({str(m.get("runtime")) for m in models.values()})
-    return {"dir": "triton", "models": sorted(models), "runtime": ",".join(runtimes)}
+    backends = sorted({str(m.get("backend")) for m in models.values()})
+    return {"dir": "triton", "models": sorted(models), "backend": ",".join(backends)}
 
 
 # ----------------------------------------------------------------------------- the build
 
 
-def make_stages(spec: BuildSpec, target_dir: Path, drafter_dir: Path) -> list[Stage]:
+def make_stages(spec: BuildSpec, target_dir: Path, drafter_dir: Path, llmapi_model: Path | None = None) -> list[Stage]:
     tools = mf.tool_versions()
     recipe = spec.fingerprint()
     pair = CheckpointPair(target_dir, drafter_dir)
@@ -423,8 +424,7 @@ def make_stages(spec: BuildSpec, target_dir: Path, drafter_dir: Path) -> list[St
         lambda ctx: run_checkpoints(ctx, pair),
         inputs={"target": [str(target_dir), listing(target_dir)], "drafter": [str(drafter_dir), listing(drafter_dir)]},
     )
-    # "runtime" stays the key (the backend's old name) so finished quantize stages are not rebuilt
-    quant_inputs: dict[str, Any] = {"quantization": recipe["quantization"], "runtime": spec.backend}
+    quant_inputs: dict[str, Any] = {"quantization": recipe["quantization"], "backend": spec.backend}
     if spec.precision.needs_modelopt:
         quant_inputs.update(modelopt=tools["modelopt"], torch=tools["torch"], transformers=tools["transformers"])
         dataset = Path(spec.calibration.dataset).expanduser()
@@ -432,8 +432,9 @@ def make_stages(spec: BuildSpec, target_dir: Path, drafter_dir: Path) -> list[St
             quant_inputs["calibration_sha256"] = mf.sha256_file(dataset)
     quantize = Stage("quantize", "Quantize the target (ModelOpt)", lambda ctx: run_quantize(ctx, spec), quant_inputs, ("checkpoints",))
     repository = Stage(
-        "repository", "Write the Triton model repository", lambda ctx: run_repository(ctx, spec),
-        {"recipe": recipe, "toolkit": tools["trtllm_dflash"]}, ("checkpoints",), ("quantize", "engines", "trtllm"),
+        "repository", "Write the Triton model repository", lambda ctx: run_repository(ctx, spec, llmapi_model),
+        {"recipe": recipe, "toolkit": tools["trtllm_dflash"], "llmapi_model": str(llmapi_model) if llmapi_model else None},
+        ("checkpoints",), ("quantize", "engines", "trtllm"),
     )
     bounds = [spec.max_batch, spec.max_input_len, spec.max_seq_len, spec.block_size]
     flavour_version = tools["tensorrt_rtx"] if spec.trt_flavour == "tensorrt-rtx" else tools["tensorrt"]
@@ -465,9 +466,11 @@ def make_stages(spec: BuildSpec, target_dir: Path, drafter_dir: Path) -> list[St
     return stages
 
 
-def write_manifest(out: Path, spec: BuildSpec, result: BuildResult, command: str | None = None) -> dict:
+def write_manifest(out: Path, spec: BuildSpec, result: BuildResult, command: str | None = None,
+                   llmapi_model: Path | None = None) -> dict:
     """manifest.json: recipe, input digests, tool versions, every planned stage's status (outputs and
-    digests when finished) and `command`, the build command a rerun repeats to finish it."""
+    digests when finished), `command`, the build command a rerun repeats to finish it, and `artifact`,
+    what the build has made (backends/artifact.py: what `repo --build` reads)."""
     records = result.records
     previous = mf.read_json(out / "manifest.json") or {}
     engines = records.get("engines", {}).get("summary", {})
@@ -524,23 +527,27 @@ def write_manifest(out: Path, spec: BuildSpec, result: BuildResult, command: str
         manifest["engines"] = "engines"
     if "repository" in records:
         manifest["repository"] = "repository/triton"
+    artifact = build_artifact(spec, out, records, llmapi_model)
+    if artifact is not None:
+        manifest["artifact"] = artifact.model_dump(mode="json")
     mf.write_json_atomic(out / "manifest.json", manifest)
     return manifest
 
 
 def run_build(
     spec: BuildSpec, out: Path, force: bool = False, reporter: Reporter | None = None,
-    command: str | None = None, plan: Any = None,
+    command: str | None = None, plan: Any = None, llmapi_model: Path | None = None,
 ) -> BuildResult:
     """Run every stage of the build for `spec` into `out` (skipping unchanged stages).
 
     `command` (the CLI's own words) is recorded so that a refusal of the unfinished build can say
     what to rerun; `plan` (stage_plan.BuildPlan, made here when not given) gives each stage the
-    size of its output, named when the disk fills."""
+    size of its output, named when the disk fills; `llmapi_model` (trtllm, checked by the caller) is
+    NVIDIA's LLM-API Triton model folder the repository names."""
     runner = StageRunner(out, reporter, force)
     target_dir = resolve_checkpoint_dir(spec.target, "target")
     drafter_dir = resolve_checkpoint_dir(spec.drafter, "drafter")
-    stages = make_stages(spec, target_dir, drafter_dir)
+    stages = make_stages(spec, target_dir, drafter_dir, llmapi_model)
     if plan is None:
         from trtllm_dflash.builder.stage_plan import make_build_plan
 
@@ -549,7 +556,7 @@ def run_build(
     for stage in stages:
         stage.size = sizes.get(stage.name)
     with runner:
-        return runner.run(stages, lambda result: write_manifest(runner.out, spec, result, command))
+        return runner.run(stages, lambda result: write_manifest(runner.out, spec, result, command, llmapi_model))
 
 
 def load_manifest(out: Path) -> dict:

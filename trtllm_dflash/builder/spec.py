@@ -58,11 +58,6 @@ class BuildSpec:
         return self.recipe.backend
 
     @property
-    def runtime(self) -> str:
-        """The backend's former name, kept for callers that still use it."""
-        return self.backend
-
-    @property
     def source(self) -> str:
         return str(self.recipe.path) if self.recipe.path else f"recipe {self.recipe.name}"
 
@@ -114,17 +109,8 @@ class BuildSpec:
         return self.recipe.trt is None or self.recipe.trt.timing_cache
 
     def to_dict(self) -> dict[str, Any]:
-        """The recipe as resolved (what the manifest records), with the flat limits the serving
-        part reads (`max_batch`: requests per decoding step, `max_input_len`, `max_seq_len`, `block_size`,
-        `draft_len_schedule`)."""
-        limits = {
-            "max_batch": self.recipe.triton.max_batch_size,
-            "max_input_len": self.max_input_len,
-            "max_seq_len": self.max_seq_len,
-            "block_size": self.block_size,
-            "draft_len_schedule": self.recipe.drafter.draft_len_schedule,
-        }
-        return {"name": self.recipe.name, "source": self.source, **self.recipe.model_dump(mode="json"), **limits}
+        """The recipe as resolved (what the manifest records beside the build's artifact)."""
+        return {"name": self.recipe.name, "source": self.source, **self.recipe.model_dump(mode="json")}
 
     def fingerprint(self) -> dict[str, Any]:
         """The recipe fields that change what the build produces (not where the recipe came from)."""
@@ -159,7 +145,7 @@ def _local_recipe(target: Path, gpu: str, drafter: str | None, quant: str | None
         "model": {"name": str(target.resolve()), "checkpoint": str(target.resolve())},
         "drafter": {"checkpoint": str(drafter_dir.resolve()), "block_size": block_size},
         "gpu": gpu,
-        "runtime": "trt",
+        "backend": "trt",
         "quantization": {"weights": quant or "bf16", "kv_cache": "bf16", "drafter": "bf16"},
         "limits": {"max_batch_size": 8, "max_input_len": 512, "max_seq_len": 1024},
         "triton": {"max_batch_size": 8},
@@ -193,15 +179,15 @@ def _apply(recipe, overrides: dict[str, Any]):
         data["model"]["checkpoint"] = _absolute_if_local(overrides["target"])
     if overrides.get("drafter_section"):
         data["drafter"] = {**overrides["drafter_section"], "checkpoint": data["drafter"]["checkpoint"]}
-    runtime = (overrides.get("runtime") or "").strip().lower()
-    if runtime and runtime != data["runtime"]:
-        data["runtime"] = runtime  # the planner refuses one the family cannot use
-        for section in ("trt", "trtllm"):  # the other runtime's settings do not carry over
-            if section != runtime:
+    backend = (overrides.get("backend") or "").strip().lower()
+    if backend and backend != data["backend"]:
+        data["backend"] = backend  # the planner refuses one the family cannot use
+        for section in ("trt", "trtllm"):  # the other backend's settings do not carry over
+            if section != backend:
                 data.pop(section, None)
     if overrides.get("native_only"):
-        if data["runtime"] != "trt":
-            raise SpecError(f"--native-only chooses the graphs of trt builds, and this build's backend is {data['runtime']}", "drop --native-only")
+        if data["backend"] != "trt":
+            raise SpecError(f"--native-only chooses the graphs of trt builds, and this build's backend is {data['backend']}", "drop --native-only")
         data["trt"] = {**(data.get("trt") or {}), "use_plugins": False}
     for flag, key in (("max_batch", "max_batch_size"), ("max_input_len", "max_input_len"), ("max_seq_len", "max_seq_len")):
         if overrides.get(flag) is not None:

@@ -235,7 +235,7 @@ def _plan_engines(spec: BuildSpec, stages: list[StagePlan], notes: list[str], gp
         engines_note = "engines from them too" if reason is None else f"engines from the native graphs only ({reason})"
         notes.append(f"plugin graphs: the drafter with the DFlash block-attention plugin node, checked on CPU; {engines_note}")
     if spec.precision.fp8_kv_cache:
-        notes.append("FP8 KV cache: the engines keep K/V in the graph's dtype (the FP8 KV cache is implemented for the trtllm runtime)")
+        notes.append("FP8 KV cache: the engines keep K/V in the graph's dtype (the FP8 KV cache is implemented for the trtllm backend)")
 
 
 # how each backend-specific stage is planned (the backend says which stages it needs)

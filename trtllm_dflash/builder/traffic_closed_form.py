@@ -21,6 +21,7 @@ from trtllm_dflash.builder.traffic_steps import (
     CacheTensor, GraphSummary, Item, Step, StepTraffic, Tensor, TrafficError, verify_step,
 )
 from trtllm_dflash.contracts import names
+from trtllm_dflash.drafters import kind_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +87,7 @@ class ModelShape:
             LayerShape(drafter.num_kv_heads, drafter.head_dim, drafter.head_dim, drafter.attention(i).window) for i in range(drafter.num_layers)
         ]
         lm_head = spec.vocab_size * d  # tied or not, the LM head GEMM reads the whole table
-        v2 = V2Shape.from_drafter(drafter, act_bytes) if drafter.is_v2 else None
+        v2 = V2Shape.from_drafter(drafter, act_bytes) if kind_of(drafter).candidate_selector else None
         v1_drafter = drafter.dense_params() - drafter.conv_params() - drafter.selector_projection_params()
         return cls(
             tuple(target_layers),

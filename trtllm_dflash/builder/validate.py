@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trtllm_dflash.drafters import kind_of
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.base import Runtime, SamplingTensors
 
@@ -139,7 +140,7 @@ def compare_runtimes(
             if _has_draft_logits(candidate):
                 logits = [rt.draft_forward(rows, draft_block, features, counts, cache_lens) for rt in (candidate, reference)]
                 results.append(compare(f"draft.logits ({label})", logits[0], logits[1], logits=True))
-            if reference.drafter_config.is_v2:  # the selector's walk: the same drafts and the same q
+            if kind_of(reference.drafter_config).candidate_selector:  # the selector's walk: the same drafts and the same q
                 results.extend(_compare_proposals(candidate, reference, rows, (draft_block, features, counts, cache_lens), label))
 
     written = int(lengths.max()) + block_size
@@ -165,7 +166,7 @@ def compare_runtimes(
 
 def _has_draft_logits(runtime: Runtime) -> bool:
     """False for a V2 drafter graph that walks its selector inside (it returns draft tokens)."""
-    from trtllm_dflash.graphs.drafter_v2 import HEAD_PLUGIN
+    from trtllm_dflash.drafters.dflash2.graph import HEAD_PLUGIN
 
     graph = getattr(runtime, "drafter", None)
     return not (isinstance(graph, dict) and graph.get("head") == HEAD_PLUGIN)

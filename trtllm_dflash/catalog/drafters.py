@@ -12,6 +12,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+from trtllm_dflash.contracts.drafter_kinds import DFLASH, DFLASH2
+
 FULL = "full_attention"
 SLIDING = "sliding_attention"
 
@@ -55,9 +57,9 @@ class DrafterSpec:
     vocab_size: int = 0
 
     @property
-    def is_v2(self) -> bool:
-        """A DFlash V2 drafter (convolutions + candidate selector)."""
-        return self.conv_kernel_size > 0
+    def kind(self) -> str:
+        """The drafter kind's name (`trtllm_dflash.drafters.kind_of`): DFLASH2 with V2 convolutions."""
+        return DFLASH2 if self.conv_kernel_size > 0 else DFLASH
 
     def attention(self, layer: int) -> AttentionShape:
         sliding = bool(self.layer_types) and self.layer_types[layer] == SLIDING
@@ -65,7 +67,7 @@ class DrafterSpec:
 
     def conv_params(self) -> int:
         """V2: per layer two convolutions (attention, MLP), each kernel_projection [2*K*G, H] + base_kernel [2, K, H]."""
-        if not self.is_v2:
+        if not self.conv_kernel_size:
             return 0
         d, k = self.hidden_size, self.conv_kernel_size
         groups = d // self.conv_group_size
@@ -73,11 +75,11 @@ class DrafterSpec:
 
     def selector_projection_params(self) -> int:
         """V2: candidate_selector.hidden_projection [R, H]."""
-        return self.selector_rank * self.hidden_size if self.is_v2 else 0
+        return self.selector_rank * self.hidden_size  # 0 without a selector
 
     def codebook_params(self) -> int:
         """V2: the predecessor and successor codebooks, [V, R] each (gathered by row, never read whole)."""
-        return 2 * self.vocab_size * self.selector_rank if self.is_v2 else 0
+        return 2 * self.vocab_size * self.selector_rank  # 0 without a selector
 
     def dense_params(self) -> int:
         """Parameters every drafter call reads whole: decoder layers, fc, norms (+ V2 convs and projection)."""
@@ -94,7 +96,7 @@ class DrafterSpec:
 
 def drafter_from_config_file(path: Path, checkpoint: str) -> DrafterSpec:
     """A DrafterSpec from a z-lab style config.json (through the project's DrafterConfig reader)."""
-    from trtllm_dflash.config import DrafterConfig
+    from trtllm_dflash.config import DrafterConfig  # torch: imported only when a config file is read
 
     cfg = DrafterConfig.from_dict(json.loads(path.read_text()), source=str(path))
     return DrafterSpec(
@@ -115,5 +117,5 @@ def drafter_from_config_file(path: Path, checkpoint: str) -> DrafterSpec:
         conv_group_size=cfg.conv_group_size,
         selector_rank=cfg.selector_rank,
         selector_top_k=cfg.selector_top_k,
-        vocab_size=int(cfg.vocab_size or 0) if cfg.is_v2 else 0,
+        vocab_size=int(cfg.vocab_size or 0) if cfg.selector_rank else 0,  # the codebooks' rows
     )

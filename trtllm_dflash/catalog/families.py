@@ -1,9 +1,9 @@
-"""Which runtime can serve which target family, and why: decided at plan time, not at load time.
+"""Which backend can serve which target family, and why: decided at plan time, not at load time.
 
 A family is a transformers `model_type`. For each one the catalog records its attention kind
 (dense / sliding / sinks / hybrid-linear / MLA), whether it is MoE, and for each of the three
-runtimes whether it can serve the family and the reason. `plan` and `build` print the chosen
-runtime with its reason and refuse an impossible choice naming the runtime that works
+backends whether it can serve the family and the reason. `plan` and `build` print the chosen
+backend with its reason and refuse an impossible choice naming the backend that works
 (trtllm_dflash.backends.choice decides, from these columns).
 
 Sources for the `trtllm` column (TensorRT-LLM's PyTorch-backend DFlash; see
@@ -25,12 +25,12 @@ from __future__ import annotations
 import dataclasses
 
 
-RUNTIMES = ("trt", "trtllm", "torch")
+BACKENDS = ("trt", "trtllm", "torch")
 
 
 @dataclasses.dataclass(frozen=True)
 class Support:
-    """Whether one runtime serves a family: 'yes', 'unverified' (allowed, with a note) or 'no'."""
+    """Whether one backend serves a family: 'yes', 'unverified' (allowed, with a note) or 'no'."""
 
     status: str
     reason: str
@@ -47,12 +47,12 @@ class FamilySpec:
     model_type: str
     attention: str  # "dense", "sliding", "sinks", "hybrid-linear", "mla"
     moe: bool
-    runtimes: dict[str, Support]
-    preferred: str  # the runtime `plan` picks when none is asked for (one GPU)
+    backends: dict[str, Support]
+    preferred: str  # the backend `plan` picks when none is asked for (one GPU)
     description: str = ""
 
-    def support(self, runtime: str) -> Support:
-        return self.runtimes[runtime]
+    def support(self, backend: str) -> Support:
+        return self.backends[backend]
 
 
 _TORCH = Support("yes", "the torch runtime runs any transformers model (for validation; slow)")

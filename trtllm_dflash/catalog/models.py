@@ -61,7 +61,7 @@ Hybrid Gated DeltaNet and MLA targets (issue 10; the family and runtime per mode
   and `build --drafter DIR` reads them from the drafter's config.json.
 - gpt-oss-120b drafter block 10, 8 layers, taps [1,9,17,25,33]: as above (z-lab model card).
 DFlash V2 drafters (DFlash2DraftModel): z-lab/Qwen3.8-27B-DFlash2 and incoai/Muse-Glimmer-30B-DFlash2, with
-their sources, in drafters_v2.py; their targets' shapes are derived from the drafters' configs (unverified).
+their sources, in drafters_dflash2.py; their targets' shapes are derived from the drafters' configs (unverified).
 Not verified: the mask token ids of the drafters other than Qwen3-8B (the builder reads them
 from the drafter's config.json), and the per-layer norm counts of Gemma 4 (a few MB at most).
 """
@@ -76,7 +76,7 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_dflash.catalog.drafters import FULL, SLIDING, AttentionShape, DrafterSpec, drafter_from_config_file  # noqa: F401 (re-exported)
-from trtllm_dflash.catalog.drafters_v2 import V2_DRAFTERS
+from trtllm_dflash.catalog.drafters_dflash2 import V2_DRAFTERS
 from trtllm_dflash.errors import CheckpointError, UnknownNameError
 
 LINEAR = "linear_attention"  # Gated DeltaNet layers of Qwen3.5 / Qwen3-Next: a recurrent state, no KV cache
@@ -425,7 +425,7 @@ MODELS: dict[str, ModelSpec] = {
                    "q_lora 1536, rope 64, 384 experts top-8 + 1 shared, first layer dense, vocab 163840; 1.04T total / "
                    "32B active); derived for K2.5's text tower, not verified here",
         ),
-        # DFlash V2 pairs: the drafters and their sources are in drafters_v2.py; the targets' shapes are derived.
+        # DFlash V2 pairs: the drafters and their sources are in drafters_dflash2.py; the targets' shapes are derived.
         _hybrid(
             "qwen3.8-27b", "Qwen/Qwen3.8-27B", "qwen3_5", 64, 5120, 24, 4, 17408, 48, V2_DRAFTERS["qwen3.8-27b"],
             "derived, unverified: the Qwen3.5/3.6-27B shape (64 layers, hidden 5120, vocab 248320); its DFlash2 drafter "

@@ -21,8 +21,8 @@ from trtllm_dflash.checkpoints.paths import resolve_checkpoint
 from trtllm_dflash.checkpoints.targets import Target
 from trtllm_dflash.checkpoints.weights import check_safetensors_headers, require_safetensors
 from trtllm_dflash.config import DrafterConfig, read_drafter_json
+from trtllm_dflash.drafters import DRAFTER_KINDS, kind_of
 from trtllm_dflash.errors import CheckpointError, CompatibilityError
-from trtllm_dflash.modeling.dflash2 import DFlash2Drafter
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 
 
@@ -93,7 +93,9 @@ def load_drafter(
     elif target is None and config.block_size < 2:
         raise CompatibilityError(f"drafter block_size is {config.block_size}", "DFlash needs a block size >= 2")
     state = _normalize_drafter_state(read_drafter_weights(path), path, checkpoint.raw)
-    drafter = new_drafter(config, _drafter_vocab(config, target, state))
+    kind = kind_of(config)
+    target_vocab = None if target is None else getattr(target.config, "vocab_size", None)
+    drafter = kind.new_module(config, kind.module_vocab(config, target_vocab, state))
     drafter.attach_own_weights(state.get("lm_head.weight"), state.get("embed_tokens.weight"))
     if target is not None:
         check_own_weights(drafter, target.config)
@@ -107,11 +109,11 @@ def load_drafter(
             "check that num_hidden_layers and target_layer_ids in config.json match the weights",
         )
     if unexpected:
-        v2 = any(name.startswith(V2_TENSOR_PREFIXES) or "_conv." in name for name in unexpected) and not config.is_v2
+        other = next((k for k in DRAFTER_KINDS.values() if k is not kind and k.owns_tensors(unexpected)), None)
         raise CheckpointError(
             f"drafter {path} has {len(unexpected)} unexpected tensor(s), e.g. {', '.join(unexpected[:3])}",
-            "these are DFlash V2 tensors: set architectures to [\"DFlash2DraftModel\"] in config.json"
-            if v2
+            f"these are {other.label} tensors: set architectures to [\"{other.architecture}\"] in config.json"
+            if other is not None
             else "use a z-lab DFlash layout (layers.N.*, fc, hidden_norm, norm) or fix num_hidden_layers in config.json",
         )
     for name, tensor in state.items():
@@ -127,28 +129,9 @@ def load_drafter(
     return drafter.to(device=device, dtype=dtype or torch.float32).eval()
 
 
-V2_TENSOR_PREFIXES = ("candidate_selector.",)
-
-
 def new_drafter(config: DrafterConfig, vocab_size: int | None = None) -> DFlashDrafter:
-    """An initialised drafter of the config's kind (V2 needs the vocabulary for its codebooks)."""
-    if config.is_v2:
-        if vocab_size is None:
-            raise CheckpointError("a DFlash V2 drafter needs its vocabulary size", "set vocab_size in the drafter's config.json")
-        return DFlash2Drafter(config, vocab_size)
-    return DFlashDrafter(config)
-
-
-def _drafter_vocab(config: DrafterConfig, target: Target | None, state: dict[str, torch.Tensor]) -> int | None:
-    """The vocabulary of a V2 drafter's codebooks: the config's, else the target's, else the weights'."""
-    if not config.is_v2:
-        return None
-    if config.vocab_size is not None:
-        return config.vocab_size
-    if target is not None:
-        return int(target.config.vocab_size)
-    codebook = state.get("candidate_selector.predecessor_codebook")
-    return None if codebook is None else int(codebook.shape[0])
+    """An initialised drafter of the config's kind (`vocab_size`: for a kind with its own tables)."""
+    return kind_of(config).new_module(config, vocab_size)
 
 
 def resolve_mask_token(path: Path, target: Target | None, raw: dict[str, Any] | None = None) -> int:

@@ -85,7 +85,7 @@ STAGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("engines-tensorrt-rtx", "TensorRT-RTX engines, built ahead of time for RTX GPUs (no GPU needed)", ("tensorrt-rtx",)),
     ("engines-tensorrt", "full TensorRT engines for Hopper/Blackwell (needs the GPU)", ("tensorrt", "cuda-gpu")),
     ("trtllm-config", "write and validate TensorRT-LLM LLM-API options", ()),
-    ("trtllm-run", "run the trtllm runtime (TensorRT-LLM PyTorch backend)", ("tensorrt-llm", "cuda-gpu")),
+    ("trtllm-run", "run the trtllm backend (TensorRT-LLM PyTorch backend)", ("tensorrt-llm", "cuda-gpu")),
     ("repository", "write the Triton model repository", ()),
     ("serve", "start tritonserver on the repository", ("tritonserver", "tritonclient")),
 )

@@ -275,7 +275,7 @@ def make_tiny_v2_drafter(path: str | Path, target_path: str | Path, seed: int = 
     tensor layout: random convolution projections and base kernels, random codebooks."""
     from transformers import AutoConfig
 
-    from trtllm_dflash.modeling.dflash2 import DFlash2Drafter
+    from trtllm_dflash.drafters.dflash2.modeling import DFlash2Drafter
 
     torch.manual_seed(seed)
     target_config = AutoConfig.from_pretrained(target_path).get_text_config()

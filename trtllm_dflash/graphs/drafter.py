@@ -10,6 +10,8 @@ from torch import nn
 from trtllm_dflash.contracts.draft_window import DraftWindow
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 
+HEAD_LOGITS = "logits"  # graphs.json `head` of a graph that ends in the draft logits (V1)
+
 
 def native_block_attention(q, keys, values, mask, scale: float) -> torch.Tensor:
     """Masked attention of `q [b, B, Hq, D]` over `keys/values [b, K, Hkv, D]` with plain ops."""

@@ -11,6 +11,7 @@ from trtllm_dflash.catalog.families import family_spec
 from trtllm_dflash.catalog.gpus import CPU, resolve_gpu
 from trtllm_dflash.catalog.models import resolve_model, with_local_drafter
 from trtllm_dflash.contracts import dtypes
+from trtllm_dflash.drafters import kind_of
 from trtllm_dflash.errors import PlanRefusedError, RecipeError
 from trtllm_dflash.planning.alternatives import describe_fit, fits, nearest_that_fits, precision_alternative
 from trtllm_dflash.planning.candidate import Candidate, with_changes
@@ -34,7 +35,7 @@ def make_plan(cfg: Candidate, refusals: list[Refusal], notes: list[str]) -> Plan
         drafter=model.drafter.checkpoint if model.drafter else None,
         block_size=cfg.block_size,
         gpu=cfg.gpu.name if cfg.gpu else CPU,
-        runtime=cfg.backend,
+        backend=cfg.backend,
         precision=cfg.precision,
         layout=cfg.layout,
         context=cfg.context,
@@ -45,7 +46,7 @@ def make_plan(cfg: Candidate, refusals: list[Refusal], notes: list[str]) -> Plan
         kv_bytes_per_sequence=target_seq + drafter_seq,
         drafter_kv_bytes_per_sequence=drafter_seq,
         max_concurrency=concurrency,
-        runtime_reason=cfg.backend_reason,
+        backend_reason=cfg.backend_reason,
         attention=model.attention_kind,
         linear_state_bytes_per_sequence=linear_state_bytes_per_sequence(model, cfg.layout.tp, cfg.block_size, cfg.prefix_cache_bytes > 0),
         prefix_cache_tokens=prefix_cache_tokens(model, cfg.prefix_cache_bytes, cfg.precision.kv_cache, cfg.layout.tp),
@@ -66,7 +67,7 @@ def plan_deployment(
     kv_cache: str | None = None,
     context: int | None = None,
     max_batch: int | None = None,
-    runtime: str | None = None,
+    backend: str | None = None,
     recipe: Any = None,
     use_recipe: bool = True,
     prefix_cache_mib: int = 0,
@@ -100,20 +101,20 @@ def plan_deployment(
         from trtllm_dflash.errors import UnknownNameError
 
         raise UnknownNameError(f"unknown KV cache precision {kv_cache!r}", "use bf16, fp16 or fp8")
-    if runtime is not None and runtime not in BACKEND_NAMES:
+    if backend is not None and backend not in BACKEND_NAMES:
         from trtllm_dflash.errors import UnknownNameError
 
-        raise UnknownNameError(f"unknown backend {runtime!r}", "use trt, trtllm or torch")
-    if runtime is not None and not get_backend(runtime).runs_on_cpu and gpu_spec is None:
-        raise PlanRefusedError(f"backend {runtime} needs a GPU; on cpu only the torch backend runs", "use --backend torch or name a GPU")
+        raise UnknownNameError(f"unknown backend {backend!r}", "use trt, trtllm or torch")
+    if backend is not None and not get_backend(backend).runs_on_cpu and gpu_spec is None:
+        raise PlanRefusedError(f"backend {backend} needs a GPU; on cpu only the torch backend runs", "use --backend torch or name a GPU")
     if num_gpus is not None and num_gpus < 1:
         raise PlanRefusedError(f"--num-gpus must be >= 1, got {num_gpus}", "pass a positive GPU count")
     if context is not None and context < 1:
         raise PlanRefusedError(f"--context must be >= 1, got {context}", "pass a positive token count")
 
-    asked = runtime  # a backend named on the command line (not chosen by default)
+    asked = backend  # a backend named on the command line (not chosen by default)
     notes: list[str] = []
-    overridden = any(v is not None for v in (num_gpus, quant, kv_cache, context, max_batch, runtime))
+    overridden = any(v is not None for v in (num_gpus, quant, kv_cache, context, max_batch, backend))
     if recipe is not None:
         r = recipe
         if resolve_model(r.model.name).name != spec.name or r.gpu != (gpu_spec.name if gpu_spec else CPU):
@@ -127,31 +128,31 @@ def plan_deployment(
         layout = Layout(r.parallelism.num_gpus, r.parallelism.tp, r.parallelism.ep, r.parallelism.attention_dp)
         if num_gpus is not None and num_gpus != layout.num_gpus:
             layout = default_layout(spec, num_gpus)
-        runtime = runtime or r.runtime
+        backend = backend or r.backend
         block = r.drafter.block_size
         schedule = r.drafter.draft_len_schedule or {1: r.max_draft_len}
         draft_lengths = frozenset(schedule.values())
         kv_fraction = r.trtllm.kv_cache_free_gpu_memory_fraction if r.trtllm else DEFAULT_KV_FRACTION
-        cfg = Candidate(spec, gpu_spec, runtime, precision, layout, context or r.limits.max_seq_len,
+        cfg = Candidate(spec, gpu_spec, backend, precision, layout, context or r.limits.max_seq_len,
                       max_batch or r.limits.max_batch_size, r.limits.tokens_per_step, block, draft_lengths, kv_fraction, r)
         notes.append(f"values from recipe {r.name}" + (" (some overridden on the command line)" if overridden else ""))
     else:
         precision = precision_for(spec, gpu_spec, quant, kv_cache.lower() if kv_cache else None)
         block = spec.drafter.block_size if spec.drafter else 2
-        if runtime is None:
-            runtime = choose_backend(spec.name, spec.family, None, num_gpus or 1, gpu_spec is not None).backend
+        if backend is None:
+            backend = choose_backend(spec.name, spec.family, None, num_gpus or 1, gpu_spec is not None).backend
         batch = max_batch or DEFAULT_MAX_BATCH
         ctx = context or min(DEFAULT_CONTEXT, spec.max_position_embeddings)
-        base = Candidate(spec, gpu_spec, runtime, precision, default_layout(spec, num_gpus or 1), ctx, batch,
+        base = Candidate(spec, gpu_spec, backend, precision, default_layout(spec, num_gpus or 1), ctx, batch,
                        min(ctx, DEFAULT_CONTEXT), block, frozenset({block - 1}),
-                       get_backend(runtime).default_kv_fraction or DEFAULT_KV_FRACTION)
+                       get_backend(backend).default_kv_fraction or DEFAULT_KV_FRACTION)
         base = with_changes(base, prefix_cache_bytes=prefix_cache_mib * MIB)
         cfg = base
         if num_gpus is None and gpu_spec is not None and not fits(base):
             # Smallest GPU count that fits at this precision.
             for n in GPU_COUNTS:
                 if n <= gpu_spec.max_gpus_per_node:
-                    multi = multi_gpu_backend() if n > 1 and get_backend(runtime).needs_build else runtime
+                    multi = multi_gpu_backend() if n > 1 and get_backend(backend).needs_build else backend
                     candidate = with_changes(base, layout=default_layout(spec, n), backend=multi)
                     if fits(candidate):
                         cfg = candidate
@@ -159,29 +160,27 @@ def plan_deployment(
         notes.append(f"no shipped recipe for {spec.name} on {gpu_spec.name if gpu_spec else CPU}: defaults chosen")
 
     cfg = with_changes(cfg, prefix_cache_bytes=prefix_cache_mib * MIB)
-    if spec.drafter is not None and spec.drafter.is_v2:
-        d = spec.drafter
-        notes.append(f"DFlash V2 drafter: its weights include {d.conv_params() / 1e6:.1f}M convolution, "
-                     f"{d.selector_projection_params() / 1e6:.1f}M selector projection and {d.codebook_params() / 1e6:.1f}M "
-                     "codebook parameters")
+    drafter_note = kind_of(spec.drafter).plan_note(spec.drafter) if spec.drafter is not None else None
+    if drafter_note is not None:
+        notes.append(drafter_note)
     if spec.placeholder:
         notes.append("the demo checkpoint is not built yet: shapes are a placeholder")
     if cfg.context > spec.max_position_embeddings:
         notes.append(f"context {cfg.context} exceeds {spec.name}'s {spec.max_position_embeddings} positions")
 
     if asked is None and cfg.recipe is None:
-        cfg = with_changes(cfg, backend=v2_capable_backend(cfg))
+        cfg = with_changes(cfg, backend=drafter_capable_backend(cfg))
     try:
         choice = choose_backend(spec.name, spec.family, cfg.backend, cfg.layout.num_gpus, cfg.gpu is not None)
     except PlanRefusedError as exc:
         cfg = with_changes(cfg, backend_reason=f"refused: {exc.problem}")
-        return make_plan(cfg, [Refusal("runtime", exc.problem, exc.fix or "")], notes)
+        return make_plan(cfg, [Refusal("backend", exc.problem, exc.fix or "")], notes)
     cfg = with_changes(cfg, backend_reason=choice.reason)
     if choice.note:
         notes.append(choice.note)
-    v2_refusal = get_backend(cfg.backend).v2_refusal(spec.drafter.checkpoint) if spec.drafter and spec.drafter.is_v2 else None
-    if v2_refusal is not None:
-        return make_plan(cfg, [Refusal("runtime", *v2_refusal)], notes)
+    drafter_refusal = get_backend(cfg.backend).drafter_refusal(spec.drafter.kind, spec.drafter.checkpoint) if spec.drafter else None
+    if drafter_refusal is not None:
+        return make_plan(cfg, [Refusal("backend", *drafter_refusal)], notes)
 
     refusals = precision_refusals(cfg)
     if refusals:
@@ -217,14 +216,14 @@ def plan_deployment(
     return make_plan(cfg, [], notes)
 
 
-def v2_capable_backend(cfg: Candidate) -> str:
-    """The default backend, or for a DFlash V2 drafter the first one that decodes V2 and serves the family."""
+def drafter_capable_backend(cfg: Candidate) -> str:
+    """The default backend, or where it cannot decode the drafter's kind the first one that does and serves the family."""
     drafter = cfg.model.drafter
-    if drafter is None or not drafter.is_v2 or get_backend(cfg.backend).v2_refusal(drafter.checkpoint) is None:
+    if drafter is None or get_backend(cfg.backend).drafter_refusal(drafter.kind, drafter.checkpoint) is None:
         return cfg.backend
     family = family_spec(cfg.model.family)
     for name in SUGGESTION_ORDER:
         backend = get_backend(name)
-        if backend.v2_refusal(drafter.checkpoint) is None and (family is None or backend.support(family).ok):
+        if backend.drafter_refusal(drafter.kind, drafter.checkpoint) is None and (family is None or backend.support(family).ok):
             return name
     return cfg.backend

@@ -52,7 +52,7 @@ class Plan:
     drafter: str | None
     block_size: int
     gpu: str
-    runtime: str
+    backend: str  # the deployment backend (trt / trtllm / torch)
     precision: Precision
     layout: Layout
     context: int
@@ -63,7 +63,7 @@ class Plan:
     kv_bytes_per_sequence: int  # target + drafter at `context`, per GPU
     drafter_kv_bytes_per_sequence: int
     max_concurrency: int
-    runtime_reason: str
+    backend_reason: str
     attention: str  # dense / sliding / sinks / hybrid-linear / mla
     linear_state_bytes_per_sequence: int  # Gated DeltaNet state incl. rollback copies (in kv_bytes_per_sequence); 0 if none
     prefix_cache_tokens: int  # prompt tokens the prefix cache holds (target + drafter K/V per token; 0: off)
@@ -95,7 +95,3 @@ class Plan:
 # ----------------------------------------------------------------------------------------------
 # The budget
 
-    @property
-    def backend(self) -> str:
-        """The deployment backend (trt / trtllm / torch); `runtime` is its spelling in the plan's JSON."""
-        return self.runtime

@@ -3,7 +3,7 @@
     from trtllm_dflash.recipes import find_recipe, load_recipe, list_recipes
 
     recipe = find_recipe("gpt-oss-120b", "b300")
-    recipe.runtime, recipe.quantization.experts, recipe.parallelism.tp, recipe.max_draft_len
+    recipe.backend, recipe.quantization.experts, recipe.parallelism.tp, recipe.max_draft_len
     recipe.precision.needs_modelopt  # what is quantized and how, decided once (precision.py)
 """
 

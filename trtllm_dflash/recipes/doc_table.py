@@ -29,7 +29,7 @@ def _gpus(recipe) -> str:
 
 def _backend(recipe) -> str:
     """The backend and what the recipe sets about it: MoE backend, TensorRT flavour, plugin-free graphs."""
-    parts = [recipe.runtime]
+    parts = [recipe.backend]
     if recipe.trtllm is not None and recipe.trtllm.moe_backend:
         parts.append(f"MoE backend {recipe.trtllm.moe_backend}")
     if recipe.trt is not None:

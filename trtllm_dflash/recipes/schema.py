@@ -1,7 +1,7 @@
 """The recipe schema: one YAML file per model x GPU in engine_recipes/<model>/<gpu>.yaml.
 
 A recipe holds every decision `dflash-trt build` and `dflash-trt repo` need: which checkpoints,
-which runtime, which precisions, how the model is split over GPUs, the engine limits, how long a
+which backend, which precisions, how the model is split over GPUs, the engine limits, how long a
 draft to propose at each concurrency, and the Triton / TensorRT-LLM settings. Unknown keys are
 errors (a typo must not silently fall back to a default); the loader turns validation errors into
 `file:line: key.path: problem` lines.
@@ -183,7 +183,7 @@ class CudaGraphSection(_Section):
 
 
 class TRTLLMSection(_Section):
-    """TensorRT-LLM PyTorch-backend (LLM API) options for runtime: trtllm."""
+    """TensorRT-LLM PyTorch-backend (LLM API) options for backend: trtllm."""
 
     moe_backend: MoEBackend | None = Field(
         default=None, description="Hopper: TRITON or CUTLASS; Blackwell: TRTLLM (the default there) or CUTLASS."
@@ -200,7 +200,7 @@ class TRTLLMSection(_Section):
 
 
 class TRTSection(_Section):
-    """Engine build options for runtime: trt (this toolkit's TensorRT engines)."""
+    """Engine build options for backend: trt (this toolkit's TensorRT engines)."""
 
     flavour: TRTFlavour = Field(default="auto", description="auto: from the GPU catalog (TensorRT-RTX for RTX GPUs).")
     builder_optimization_level: int = Field(default=3, ge=0, le=5)
@@ -216,7 +216,7 @@ class Recipe(_Section):
     model: ModelSection
     drafter: DrafterSection
     gpu: str = Field(description="Catalog GPU name (h100, h200, b200, b300, gb200, gb300, rtx-pro-6000) or cpu.")
-    runtime: BackendName  # the deployment backend; also accepted as `backend:`
+    backend: BackendName  # the deployment backend (trtllm_dflash.backends)
     quantization: QuantizationSection = Field(default_factory=QuantizationSection)
     parallelism: ParallelismSection = Field(default_factory=ParallelismSection)
     limits: LimitsSection
@@ -241,37 +241,27 @@ class Recipe(_Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _runtime_sections(cls, data: Any) -> Any:
-        """`backend:` is the new spelling of `runtime:`; the backend's own section exists (with
-        defaults) and no other backend's section does."""
-        if isinstance(data, dict) and "backend" in data:
-            if "runtime" in data and data["runtime"] != data["backend"]:
-                raise ValueError(f"backend: {data['backend']} and runtime: {data['runtime']} disagree (runtime: is the old spelling of backend:)")
-            data = {**{k: v for k, v in data.items() if k != "backend"}, "runtime": data["backend"]}
-        if not isinstance(data, dict) or data.get("runtime") not in ("trt", "trtllm", "torch"):
+    def _backend_sections(cls, data: Any) -> Any:
+        """The backend's own section exists (with defaults) and no other backend's section does."""
+        if not isinstance(data, dict) or data.get("backend") not in ("trt", "trtllm", "torch"):
             return data
-        runtime = data["runtime"]
+        backend = data["backend"]
         for section in ("trt", "trtllm"):
-            if data.get(section) is not None and runtime != section:
-                raise ValueError(f"a '{section}' section is only for backend: {section} (this recipe says backend: {runtime})")
-        if runtime in ("trt", "trtllm") and data.get(runtime) is None:
-            data = {**data, runtime: {}}
+            if data.get(section) is not None and backend != section:
+                raise ValueError(f"a '{section}' section is only for backend: {section} (this recipe says backend: {backend})")
+        if backend in ("trt", "trtllm") and data.get(backend) is None:
+            data = {**data, backend: {}}
         return data
-
-    @property
-    def backend(self) -> str:
-        """The deployment backend (trtllm_dflash.backends); `runtime:` is its spelling in the YAML."""
-        return self.runtime
 
     @model_validator(mode="after")
     def _consistent(self) -> "Recipe":
-        backend = get_backend(self.runtime)
+        backend = get_backend(self.backend)
         if not backend.multi_gpu and self.parallelism.num_gpus > 1:
             raise ValueError(
-                f"backend {self.runtime} runs on one GPU; use backend: trtllm for {self.parallelism.num_gpus} GPUs"
+                f"backend {self.backend} runs on one GPU; use backend: trtllm for {self.parallelism.num_gpus} GPUs"
             )
         if self.gpu == "cpu" and not backend.runs_on_cpu:
-            raise ValueError(f"gpu: cpu runs only backend: torch (this recipe says backend: {self.runtime})")
+            raise ValueError(f"gpu: cpu runs only backend: torch (this recipe says backend: {self.backend})")
         if self.trtllm is not None and self.trtllm.max_concurrency is not None and self.drafter.draft_len_schedule:
             raise ValueError(
                 "trtllm.max_concurrency cannot be combined with drafter.draft_len_schedule (TensorRT-LLM refuses both); "
@@ -360,7 +350,7 @@ class Recipe(_Section):
         return with_local_drafter(spec, self.drafter.checkpoint)
 
     def trt_flavour(self) -> str | None:
-        """'tensorrt' or 'tensorrt-rtx' for runtime trt (resolving 'auto' through the GPU catalog)."""
+        """'tensorrt' or 'tensorrt-rtx' for backend trt (resolving 'auto' through the GPU catalog)."""
         if self.trt is None:
             return None
         if self.trt.flavour != "auto":
@@ -370,9 +360,9 @@ class Recipe(_Section):
 
     def llm_api_options(self, speculative_model: str | None = None) -> dict[str, Any]:
         """TensorRT-LLM LLM-API options (model.yaml of the Triton `tensorrt_llm` model, or
-        `trtllm-serve --config`), for runtime: trtllm. Keys as listed in PLATFORM.md."""
+        `trtllm-serve --config`), for backend: trtllm. Keys as listed in PLATFORM.md."""
         if self.trtllm is None:
-            raise ValueError(f"recipe {self.name} has backend {self.runtime}, not trtllm")
+            raise ValueError(f"recipe {self.name} has backend {self.backend}, not trtllm")
         spec: dict[str, Any] = {
             "decoding_type": "DFlash",
             "max_draft_len": self.max_draft_len,

@@ -24,7 +24,7 @@ from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.extras import require
 from trtllm_dflash.contracts import names
-from trtllm_dflash.graphs.drafter_v2 import HEAD_PLUGIN
+from trtllm_dflash.drafters.dflash2.graph import HEAD_PLUGIN
 from trtllm_dflash.ops import reference
 from trtllm_dflash.runtime import selector
 from trtllm_dflash.runtime.artifacts import read_index

@@ -1,6 +1,6 @@
 """The V2 drafter's head over a drafter graph's outputs, shared by the ONNX and TensorRT runtimes.
 
-A native V2 graph ends at the candidate selector's inputs (graphs/drafter_v2.py): candidates and a
+A native V2 graph ends at the candidate selector's inputs (drafters/dflash2/graph.py): candidates and a
 `[b, B-1, k, k]` table of scores (candidate i after candidate j of the position before). The
 walk over that table is O(B k) per row and runs here, one `reference_dflash2.select_step` per
 position, so it draws exactly what the torch runtime's selector draws. A plugin graph walks
@@ -13,7 +13,9 @@ import torch
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.contracts import names
-from trtllm_dflash.graphs.drafter_v2 import HEAD_LOGITS, HEAD_PLUGIN, HEAD_SCORES
+from trtllm_dflash.drafters import kind_of
+from trtllm_dflash.drafters.dflash2.graph import HEAD_PLUGIN, HEAD_SCORES
+from trtllm_dflash.graphs.drafter import HEAD_LOGITS
 from trtllm_dflash.ops import reference_dflash2
 from trtllm_dflash.runtime.base import Proposal, SamplingTensors, contiguous_slots, draft_positions
 
@@ -75,8 +77,8 @@ class GraphDrafterHead:
     @torch.inference_mode()
     @contiguous_slots
     def propose(self, rows, block, ctx_features, new_counts, cache_lens, sampling: SamplingTensors, constrain=None) -> Proposal:
-        """V2 drafters: the graph's selector inputs walked here (native), or the graph's walk (plugin)."""
-        if not self.drafter_config.is_v2:
+        """A candidate selector's drafts: the graph's selector inputs walked here (native), or the graph's walk (plugin)."""
+        if not kind_of(self.drafter_config).candidate_selector:
             return super().propose(rows, block, ctx_features, new_counts, cache_lens, sampling, constrain)
         out = self._draft_outputs(rows, block, ctx_features, new_counts, cache_lens, self._sampling_feed(sampling))
         return proposal(self.drafter_head, out, sampling, cache_lens + new_counts, self.vocab_size)

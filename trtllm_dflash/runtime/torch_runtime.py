@@ -28,6 +28,7 @@ import torch
 from transformers import PreTrainedModel
 
 from trtllm_dflash import hf_compat
+from trtllm_dflash.drafters import kind_of
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.modeling import cache_attention, fused_target, linear_attention, target_attention
 from trtllm_dflash.modeling.drafter import DFlashDrafter
@@ -356,7 +357,7 @@ class TorchRuntime(CachedRuntime):
 
     @torch.inference_mode()
     def propose(self, slots, block, ctx_features, new_counts, cache_lens, sampling: SamplingTensors, constrain=None) -> Proposal:
-        if not self.drafter_config.is_v2:
+        if not kind_of(self.drafter_config).candidate_selector:
             return super().propose(slots, block, ctx_features, new_counts, cache_lens, sampling, constrain)
         hidden = self._draft_hidden(slots, block, ctx_features, new_counts, cache_lens)
         positions = draft_positions(cache_lens + new_counts, hidden.shape[1])

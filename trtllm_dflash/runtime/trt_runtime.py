@@ -28,7 +28,7 @@ import torch
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import DFlashError, MissingDependencyError
 from trtllm_dflash.contracts import names
-from trtllm_dflash.graphs.drafter_v2 import HEAD_PLUGIN
+from trtllm_dflash.drafters.dflash2.graph import HEAD_PLUGIN
 from trtllm_dflash.runtime import selector
 from trtllm_dflash.runtime.artifacts import read_index
 from trtllm_dflash.runtime.base import (

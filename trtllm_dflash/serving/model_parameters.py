@@ -1,4 +1,4 @@
-"""What one served DFlash model is (its config.pbtxt parameters): checkpoints (or engines), runtime, limits.
+"""What one served DFlash model is (its config.pbtxt parameters): checkpoints (or engines), backend, limits.
 
 The repository writer stores these values as the `parameters` of the model's config.pbtxt
 (visible through Triton's model-config API, overridable when loading the model); the Python
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -17,7 +17,7 @@ from trtllm_dflash.contracts.defaults import DEFAULT_NEW_TOKENS, SERVED_MAX_BATC
 from trtllm_dflash.contracts.request_limits import DEFAULT_PREFILL_CHUNK, DEFAULT_PREFILL_SHARE
 from trtllm_dflash.errors import DFlashError
 
-Runtime = Literal["torch", "trt"]
+ServedBackend = Literal["torch", "trt"]  # the backends whose repository holds our Python-backend models
 DEFAULT_PREFIX_CACHE_MIB = SERVED_PREFIX_CACHE_MIB  # contracts/defaults.py says why it is on
 
 
@@ -39,26 +39,15 @@ def serving_limits(max_context: int, max_tokens: int | None = None, default_max_
     return ServingLimits(max_context, limit, min(default_max_tokens or DEFAULT_NEW_TOKENS, limit))
 
 
-def recipe_limits(max_seq_len: int | None, max_input_len: int | None) -> dict[str, int]:
-    """A recipe's TensorRT-LLM limits as repository parameters: the sequence holds the context, and
-    what the input may not take is what a request may generate."""
-    limits = {}
-    if max_seq_len:
-        limits["max_context"] = int(max_seq_len)
-        if max_input_len:
-            limits["max_tokens"] = int(max_seq_len) - int(max_input_len)
-    return limits
-
-
 class ServingConfig(BaseModel):
     """One Python-backend model of the repository."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    runtime: Runtime = "torch"
+    backend: ServedBackend = "torch"
     target: str = Field(description="Target checkpoint directory, or 'demo'.")
     drafter: Optional[str] = Field(None, description="Drafter directory, or 'demo'; None serves autoregressively.")
-    engines: Optional[str] = Field(None, description="Build directory with TensorRT engines (runtime 'trt').")
+    engines: Optional[str] = Field(None, description="Build directory with TensorRT engines (backend 'trt').")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     max_batch: int = Field(SERVED_MAX_BATCH, ge=1, description="Requests decoded together in one step (in-flight batching).")
     max_context: int = Field(SERVED_MAX_CONTEXT, ge=2, description="Prompt + generated tokens per request.")
@@ -101,8 +90,8 @@ class ServingConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "ServingConfig":
-        if self.runtime == "trt" and not self.engines:
-            raise ValueError("runtime 'trt' needs 'engines' (a build directory)")
+        if self.backend == "trt" and not self.engines:
+            raise ValueError("backend 'trt' needs 'engines' (a build directory)")
         if self.default_max_tokens is not None and self.default_max_tokens > self.max_tokens:
             raise ValueError(f"default_max_tokens {self.default_max_tokens} is above max_tokens {self.max_tokens}")
         return self
@@ -144,3 +133,76 @@ class ServingConfig(BaseModel):
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
             raise DFlashError(f"invalid DFlash model parameters in config.pbtxt ({problems})", "fix the parameters or rewrite the repository with `dflash-trt repo`") from None
+
+
+# ----------------------------------------------------------------------------- what a repository serves
+
+
+class RecipeLimits(BaseModel):
+    """A recipe's limits as its served models take them: the same values whether `repo` reads the
+    recipe or a build recorded them in its artifact."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_batch: Optional[int] = None  # requests per decoding step (the recipe's triton.max_batch_size)
+    max_input_len: Optional[int] = None
+    max_seq_len: Optional[int] = None
+    block_size: Optional[int] = None
+    draft_len_schedule: Optional[dict[int, int]] = None
+
+    @classmethod
+    def of(cls, recipe: Any) -> "RecipeLimits":
+        """The limits of a trtllm_dflash.recipes.Recipe (a layer above: read, never imported here)."""
+        return cls(max_batch=recipe.triton.max_batch_size, max_input_len=recipe.limits.max_input_len,
+                   max_seq_len=recipe.limits.max_seq_len, block_size=recipe.drafter.block_size,
+                   draft_len_schedule=recipe.drafter.draft_len_schedule)
+
+    def parameters(self) -> dict[str, Any]:
+        """ServingConfig values: the sequence holds the context, and what the input may not take is
+        what a request may generate (TensorRT-LLM's limits)."""
+        values: dict[str, Any] = {"max_batch": self.max_batch, "block_size": self.block_size,
+                                  "draft_len_schedule": self.draft_len_schedule}
+        if self.max_seq_len:
+            values["max_context"] = self.max_seq_len
+            if self.max_input_len:
+                values["max_tokens"] = self.max_seq_len - self.max_input_len
+        return {key: value for key, value in values.items() if value}
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingSource:
+    """What a repository's Python-backend models serve: checkpoints, or a build's engines, within a recipe's limits."""
+
+    target: str
+    drafter: Optional[str]
+    engines: Optional[str] = None  # a build's engines folder: backend trt; None: the checkpoints on torch
+    limits: RecipeLimits = RecipeLimits()
+
+    @property
+    def backend(self) -> ServedBackend:
+        return "trt" if self.engines else "torch"
+
+
+def serving_configs(source: ServingSource, name: str = "dflash", baseline: str | None = "ar",
+                    **flags: Any) -> list[tuple[str, ServingConfig]]:
+    """The models of a repository: DFlash under `name` and, with a drafter, the target alone under
+    `baseline` ('' or None: none). `flags` (None: not given) override the recipe's limits; the one
+    mapping of a source to ServingConfigs, for `repo` and the build alike."""
+    options: dict[str, Any] = {"target": source.target, "drafter": source.drafter, "backend": source.backend, "engines": source.engines}
+    options.update(source.limits.parameters())
+    options.update({key: value for key, value in flags.items() if value is not None})  # flags override the recipe
+    if options.get("max_context"):  # a request leaves room for its prompt: max_tokens (default or given) below the context
+        asked = options.get("max_tokens") or ServingConfig.model_fields["max_tokens"].default
+        options["max_tokens"] = serving_limits(options["max_context"], asked).max_new_tokens
+    models = [(name, _config(options))]
+    if source.drafter is not None and baseline:
+        models.append((baseline, _config({**options, "drafter": None, "block_size": None, "draft_len_schedule": None})))
+    return models
+
+
+def _config(options: dict[str, Any]) -> ServingConfig:
+    try:
+        return ServingConfig(**options)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'options'}: {e['msg']}" for e in exc.errors())
+        raise DFlashError(f"invalid serving options ({problems})", "fix the options") from None

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.serving.model_parameters import ServingConfig, recipe_limits
+from trtllm_dflash.serving.model_parameters import ServingConfig
 from trtllm_dflash.serving.protocol import INPUTS, LIST_INPUTS, OUTPUTS
 
 MANIFEST = "dflash_repository.json"
@@ -220,53 +220,3 @@ def check_checkpoints(target: str, drafter: str | None) -> tuple[str, str | None
     # absolute, links kept: a link is how a checkpoint under a non-ASCII path is served (check_servable_paths)
     record = lambda name, path: "demo" if name == "demo" else os.path.abspath(path)  # noqa: E731
     return record(target, target_dir), (record(drafter, drafter_dir) if drafter is not None else None)
-
-
-def read_build(build_dir: str | Path) -> dict:
-    """The manifest.json of a `dflash-trt build` output directory."""
-    build_dir = Path(build_dir).expanduser().resolve()
-    path = build_dir / "manifest.json"
-    if not path.is_file():
-        raise DFlashError(f"{build_dir} has no manifest.json, so it is not a build", "run `dflash-trt build ... --out DIR` first")
-    try:
-        return json.loads(path.read_text())
-    except ValueError as exc:
-        raise DFlashError(f"{path} is not valid JSON ({exc})", "rebuild with `dflash-trt build --force`") from None
-
-
-def _stage(manifest: dict, name: str) -> dict | None:
-    stage = (manifest.get("stages") or {}).get(name)
-    return stage if isinstance(stage, dict) and stage.get("status") == "complete" else None
-
-
-def models_from_build(build_dir: str | Path) -> list[tuple[str, ServingConfig]]:
-    """The Python-backend models of a build: its engines (runtime trt) when they were built,
-    else the build's checkpoints on the torch runtime (engines need a GPU machine to build).
-
-    Reads the build manifest (issue 4): `stages.checkpoints.summary.{target,drafter}.path`,
-    `stages.engines` (complete: engines in that stage's folder) and the limits in `recipe`
-    (`max_batch`, `max_input_len`, `max_seq_len`, `block_size`, `draft_len_schedule`).
-    """
-    build_dir = Path(build_dir).expanduser().resolve()
-    manifest = read_build(build_dir)
-    checkpoints = _stage(manifest, "checkpoints")
-    try:
-        summary = checkpoints["summary"]
-        target, drafter = summary["target"]["path"], summary["drafter"]["path"]
-    except (TypeError, KeyError):
-        raise DFlashError(f"the build in {build_dir} has no complete checkpoints stage", "re-run `dflash-trt build` for it") from None
-    recipe = manifest.get("recipe") or {}
-    options: dict = {"target": target, "drafter": drafter}
-    if recipe.get("max_batch"):
-        options["max_batch"] = int(recipe["max_batch"])
-    options.update(recipe_limits(recipe.get("max_seq_len"), recipe.get("max_input_len")))
-    if recipe.get("block_size"):
-        options["block_size"] = int(recipe["block_size"])
-    if recipe.get("draft_len_schedule"):
-        options["draft_len_schedule"] = {int(k): int(v) for k, v in recipe["draft_len_schedule"].items()}
-    engines = _stage(manifest, "engines")
-    if engines is not None:
-        options.update(runtime="trt", engines=str(build_dir / engines.get("dir", "engines")))
-    dflash = ServingConfig(**options)
-    baseline = ServingConfig(**{**options, "drafter": None, "block_size": None, "draft_len_schedule": None})
-    return [("dflash", dflash), ("ar", baseline)]

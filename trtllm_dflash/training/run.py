@@ -25,9 +25,11 @@ from typing import Callable, Sequence
 import torch
 
 from trtllm_dflash.checkpoints import TOKENIZER_FILES, load_drafter, load_target, new_drafter, resolve_checkpoint, save_drafter
+from trtllm_dflash.contracts.drafter_kinds import DFLASH
 from trtllm_dflash.config import MAX_BLOCK_SIZE, V2_ARCHITECTURE, V2_DEFAULTS, DrafterConfig, default_target_layer_ids
 from trtllm_dflash.errors import CheckpointError, DFlashError
-from trtllm_dflash.modeling.dflash2 import DFlash2Drafter
+from trtllm_dflash.drafters import kind_of
+from trtllm_dflash.drafters.dflash2.modeling import DFlash2Drafter
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.training import data as datamod
 from trtllm_dflash.training.checkpoint import load_checkpoint, save_checkpoint
@@ -315,9 +317,7 @@ def train_drafter(options: TrainDrafterOptions, progress: Progress | None = None
                     "target_layer_ids": list(config.target_layer_ids), "mask_token_id": config.mask_token_id,
                     "gamma": o.gamma or default_gamma(o.block_size),
                     "parameters": sum(p.numel() for p in drafter.parameters()),
-                    **({"architecture": V2_ARCHITECTURE, "selector_rank": config.selector_rank,
-                        "selector_top_k": config.selector_top_k, "init_from": str(o.init_from) if o.init_from else None}
-                       if config.is_v2 else {})},
+                    **_kind_summary(config, o.init_from)},
         "final": history[-1] if history else {},
         "history": history,
         "data_seconds": round(data_seconds, 1),
@@ -336,8 +336,8 @@ def initial_drafter(checked: CheckedOptions, target) -> DFlashDrafter:
     sizes = {"selector_rank": o.selector_rank, "selector_top_k": o.selector_top_k}
     if o.init_from is not None:
         v1 = load_drafter(o.init_from, target=target, dtype=torch.float32)
-        if v1.config.is_v2:
-            raise DFlashError(f"--init-from {o.init_from} is already a V2 drafter", "pass a V1 drafter (DFlashDraftModel)")
+        if v1.config.kind != DFLASH:
+            raise DFlashError(f"--init-from {o.init_from} is already a {kind_of(v1.config).label}", "pass a V1 drafter (DFlashDraftModel)")
         return DFlash2Drafter.from_v1(v1, vocab, **sizes)
     config = drafter_config(target.config, checked)
     if o.v2:
@@ -348,6 +348,12 @@ def initial_drafter(checked: CheckedOptions, target) -> DFlashDrafter:
                 "DFlash V2 needs a target whose hidden size is a multiple of 16",
             )
     return new_drafter(config, vocab)
+
+
+def _kind_summary(config: DrafterConfig, init_from: Path | None) -> dict:
+    """What the summary records of the drafter's kind beyond V1's shape (with where a converted one started)."""
+    extra = kind_of(config).training_summary(config)
+    return {**extra, "init_from": str(init_from) if init_from else None} if extra else {}
 
 
 def _cast(drafter: DFlashDrafter, dtype: torch.dtype) -> DFlashDrafter:

@@ -18,6 +18,7 @@ from trtllm_dflash.errors import DFlashError
 
 if TYPE_CHECKING:
     from trtllm_dflash.api import DFlashPipeline
+    from trtllm_dflash.backends.artifact import BuildArtifact
 
 
 class TrtllmBackend(Backend):
@@ -59,17 +60,17 @@ class TrtllmBackend(Backend):
         validate_options(options, LLMApiOptions, f"TensorRT-LLM options of {recipe.name}")
         return options, notes
 
-    def v2_refusal(self, drafter: str) -> tuple[str, str] | None:
-        """None: TensorRT-LLM runs DFlash V2 drafters (drafter attention VANILLA or FA4, checked with the options)."""
+    def drafter_refusal(self, kind: str, drafter: str) -> tuple[str, str] | None:
+        """None: TensorRT-LLM runs both kinds (V2 with drafter attention VANILLA or FA4, checked with the options)."""
         return None
 
     def serve_hint(self, repository: Path) -> str:
         return f"start it on the GPU node (Triton's TensorRT-LLM container, TensorRT-LLM {_checked_release()} or later): {serve_command(repository)}"
 
-    def write_build_repository(self, build_dir: Path, manifest: dict, out: Path, force: bool = False) -> Path:
+    def write_build_repository(self, artifact: BuildArtifact, out: Path, force: bool = False) -> Path:
         from trtllm_dflash.backends.trtllm.repository import write_build_llm_api_repository
 
-        return write_build_llm_api_repository(build_dir, manifest, out, force)
+        return write_build_llm_api_repository(artifact, out, force)
 
     def write_recipe_repository(self, out: Path, recipe: Any, drafter_dir: str | None = None, force: bool = False,
                                 llmapi_model: str | Path | None = None) -> tuple[Path, list[str]]:

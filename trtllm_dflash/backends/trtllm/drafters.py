@@ -33,6 +33,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from trtllm_dflash.contracts.drafter_kinds import DFLASH2
+from trtllm_dflash.drafters import kind_of
+
 SLIDING = "sliding_attention"
 V2_DFLASH_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 # A finite non-causal window is what TensorRT-LLM's TRTLLM drafter attention cannot run (PR #19159).
@@ -49,7 +52,14 @@ class DrafterNote(tuple):
         return super().__new__(cls, (note, fix))
 
 
-def _is_v2_config(raw: dict[str, Any]) -> bool:
+def runs_two_sided(drafter: Any) -> bool:
+    """Whether TensorRT-LLM runs a drafter (a DrafterConfig or a catalog DrafterSpec) in its DFlash 2 mode,
+    which honours the top-level is_causal: its sliding windows then run two-sided as published, never
+    causally, so its drafter attention must be one of TWO_SIDED_BACKENDS."""
+    return kind_of(drafter).name == DFLASH2
+
+
+def _read_as_dflash2(raw: dict[str, Any]) -> bool:
     """TensorRT-LLM's DFlash 2 test: the "dflash2" stem in architectures, or V2 sizes in dflash_config."""
     dflash = raw.get("dflash_config") or {}
     stem = any("dflash2" in str(a).lower().replace("_", "").replace("-", "") for a in raw.get("architectures") or ())
@@ -75,7 +85,7 @@ def trtllm_block_attention(raw: dict[str, Any], layer: int) -> Attention:
     types = raw.get("layer_types")
     window = _trtllm_window(raw, layer)
     sliding = (bool(types) and "sliding" in str(types[layer % len(types)]).lower()) or window is not None
-    explicit = raw.get("is_causal") if _is_v2_config(raw) else None  # the top-level key, V2 only
+    explicit = raw.get("is_causal") if _read_as_dflash2(raw) else None  # the top-level key, V2 only
     if explicit is not None:
         causal = bool(explicit)
     else:
@@ -120,7 +130,7 @@ def drafter_overlay(raw: dict[str, Any]) -> dict[str, Any] | None:
     already runs as published, or when no config TensorRT-LLM reads expresses it (drafter_support)."""
     config = json.loads(json.dumps(raw))
     dflash = config.setdefault("dflash_config", {})
-    if _is_v2_config(raw):
+    if _read_as_dflash2(raw):
         for key in V2_DFLASH_KEYS + ("mask_token_id", "block_size"):
             if dflash.get(key) is None and config.get(key) is not None:
                 dflash[key] = config[key]
@@ -147,7 +157,7 @@ def drafter_support(config, attention_backend: str | None = None) -> tuple[str, 
     raw = config.to_dict()
     if getattr(config, "causal", False):
         raw["causal"] = True
-    name = "DFlash V2 drafter" if config.is_v2 else "drafter"
+    name = kind_of(config).label
     backend = attention_backend or "VANILLA"
     if getattr(config, "sliding_window_size", None):
         return DrafterNote(f"the {name} bounds its context to the last {config.sliding_window_size} positions "
@@ -164,7 +174,7 @@ def drafter_support(config, attention_backend: str | None = None) -> tuple[str, 
         problem = (f"the {name} attends non-causally within a sliding window in layers {two_sided}, which TensorRT-LLM's "
                    f"{backend} drafter attention refuses (NVIDIA/TensorRT-LLM PR #19159)")
         fix = "set trtllm.attention_backend to VANILLA (or FA4 on Hopper)"
-        causal_fallback = not config.is_v2 and _trtllm_layers(raw) != _reference_layers(raw) and not any(
+        causal_fallback = not runs_two_sided(config) and _trtllm_layers(raw) != _reference_layers(raw) and not any(
             not c and s != (-1, -1) for c, s in _trtllm_layers(raw))
         if causal_fallback:  # its own config.json runs causally there, which the TRTLLM kernel can do
             return DrafterNote(f"with drafter attention {backend}, TensorRT-LLM runs this drafter's sliding layers {two_sided} "

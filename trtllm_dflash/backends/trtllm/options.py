@@ -14,7 +14,9 @@ from typing import Any, Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trtllm_dflash.backends.trtllm.drafters import SLIDING, TWO_SIDED_BACKENDS, DrafterNote, drafter_support, local_drafter_overlay
+from trtllm_dflash.backends.trtllm.drafters import (
+    SLIDING, TWO_SIDED_BACKENDS, DrafterNote, drafter_support, local_drafter_overlay, runs_two_sided,
+)
 from trtllm_dflash.errors import DFlashError
 
 # ---------------------------------------------------------------------- the checked LLM-API keys
@@ -176,11 +178,11 @@ def llm_api_options(recipe, drafter_dir: str | Path | None = None, overlay_at: s
                          "is_causal and sliding windows from it, so it runs the drafter as published")
     else:
         catalog = _catalog_drafter(recipe)
-        if catalog is not None and (catalog.is_v2 or SLIDING in tuple(catalog.layer_types)):
+        if catalog is not None and (runs_two_sided(catalog) or SLIDING in tuple(catalog.layer_types)):
             _check_catalog_drafter(catalog, backend, recipe.drafter.checkpoint, notes)
     options = recipe.llm_api_options(speculative_model)
     spec = options["speculative_config"]
-    if ((drafter is not None and drafter.is_v2) or _catalog_drafter_is_v2(recipe)) and "attention_backend" not in spec:
+    if ((drafter is not None and runs_two_sided(drafter)) or _catalog_runs_two_sided(recipe)) and "attention_backend" not in spec:
         spec["attention_backend"] = "VANILLA"  # TRTLLM cannot run V2's non-causal windows: never leave it to a default
     if drafter_dir is not None:
         spec.setdefault("mask_token_id", drafter.mask_token_id)
@@ -209,14 +211,14 @@ def _check_catalog_drafter(catalog, backend: str | None, name: str, notes: list[
     """A catalog drafter with sliding layers or V2 heads, before its config.json is here."""
     sliding = [i for i, t in enumerate(catalog.layer_types) if t == SLIDING]
     if (backend or "VANILLA") not in TWO_SIDED_BACKENDS:
-        if catalog.is_v2:
+        if runs_two_sided(catalog):
             raise DFlashError(f"{name} is a DFlash V2 drafter whose sliding layers attend non-causally, which TensorRT-LLM's "
                               f"{backend} drafter attention refuses (NVIDIA/TensorRT-LLM PR #19159)",
                               "set trtllm.attention_backend to VANILLA (or FA4 on Hopper)")
         notes.append(f"{name}: with drafter attention {backend}, TensorRT-LLM runs sliding layers {sliding} causally "
                      "(lower acceptance, output still exact); set trtllm.attention_backend to VANILLA (or FA4 on Hopper) "
                      "to run them as published")
-    elif sliding and not catalog.is_v2:
+    elif sliding and not runs_two_sided(catalog):
         notes.append(f"{name}: sliding layers {sliding} run as published through a drafter config overlay written with the "
                      "options (TensorRT-LLM alone would run them causally); pass --drafter DIR to write it")
 
@@ -236,9 +238,9 @@ def _catalog_mask_token(recipe) -> int | None:
     return None if drafter is None else drafter.mask_token_id
 
 
-def _catalog_drafter_is_v2(recipe) -> bool:
+def _catalog_runs_two_sided(recipe) -> bool:
     drafter = _catalog_drafter(recipe)
-    return drafter is not None and drafter.is_v2
+    return drafter is not None and runs_two_sided(drafter)
 
 
 def model_yaml(model: str, options: dict[str, Any], decoupled: bool = True) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The `trtllm` backend's repository: TensorRT-LLM's LLM-API Triton model, configured for DFlash.
 
-For recipes with `runtime: trtllm` (gpt-oss-120b on 8x B300 and friends) TensorRT-LLM's PyTorch
+For recipes with `backend: trtllm` (gpt-oss-120b on 8x B300 and friends) TensorRT-LLM's PyTorch
 backend runs the target and its native DFlash drafter; this toolkit writes and checks the
 configuration:
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -29,6 +29,9 @@ from trtllm_dflash.backends.trtllm.drafters import local_drafter_overlay, write_
 from trtllm_dflash.backends.trtllm.options import LLMApiOptions, TritonModelYaml, llm_api_options, model_yaml, validate_options
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.serving.repository import check_model_name, pbtxt_string, staged_directory, write_manifest
+
+if TYPE_CHECKING:
+    from trtllm_dflash.backends.artifact import BuildArtifact
 
 MODEL_NAME = "tensorrt_llm"
 # Where NVIDIA's LLM-API Triton model is looked for (find_llmapi_model), in this order: the folder given
@@ -133,15 +136,6 @@ def require_llmapi_model(explicit: str | Path | None = None) -> Path:
     return found
 
 
-def use_llmapi_model(explicit: str | Path) -> Path:
-    """`--llmapi-model DIR` for code paths that cannot carry it (the build pipeline, `repo --build`): checked
-    now (one line naming what to clone), then exported as $DFLASH_TRT_LLMAPI_MODEL for this process, where
-    find_llmapi_model looks next."""
-    found = require_llmapi_model(explicit)
-    os.environ[LLMAPI_MODEL_ENV] = str(found)
-    return found
-
-
 def render_config(name: str, decoupled: bool) -> str:
     """config.pbtxt: the LLM-API model's own inputs and outputs (LLMAPI_INPUTS / LLMAPI_OUTPUTS, with
     WIDENED_INPUTS), so its clients, ours (HTTP and gRPC) and the OpenAI front end all reach it."""
@@ -209,7 +203,7 @@ def write_trtllm_repository(
     if llmapi_model is not None:
         require_llmapi_model(llmapi_model)  # before anything is written
     if recipe.trtllm is None:  # only a trtllm recipe has TensorRT-LLM options
-        raise DFlashError(f"recipe {recipe.name} has backend {recipe.runtime}, not trtllm", "use `dflash-trt repo` without a trtllm recipe")
+        raise DFlashError(f"recipe {recipe.name} has backend {recipe.backend}, not trtllm", "use `dflash-trt repo` without a trtllm recipe")
     overlay_at = Path(out).expanduser().resolve() / "drafter"
     options, notes = llm_api_options(recipe, drafter_dir, overlay_at)
     overlay = local_drafter_overlay(drafter_dir, recipe.trtllm.attention_backend) if drafter_dir is not None else None
@@ -219,17 +213,18 @@ def write_trtllm_repository(
     return path, notes
 
 
-def write_build_llm_api_repository(build_dir: Path, manifest: dict, out: str | Path, force: bool = False,
-                                   llmapi_model: str | Path | None = None) -> Path:
-    """The LLM-API repository of a `trtllm` build, from the options its trtllm stage checked."""
-    stage = (manifest.get("stages") or {}).get("trtllm") or {}
+def write_build_llm_api_repository(artifact: BuildArtifact, out: str | Path, force: bool = False) -> Path:
+    """The LLM-API repository of a `trtllm` build, from the options its trtllm stage checked, for the
+    checkpoint it deploys (the quantized one when the quantize stage wrote one)."""
+    if artifact.trtllm_options is None:
+        raise DFlashError(f"the build in {artifact.build_dir} has no trtllm stage", "re-run `dflash-trt build` for it")
+    options_file = artifact.path(artifact.trtllm_options)
     try:
-        options_file = build_dir / stage.get("dir", "trtllm") / stage["summary"]["file"]
-        target = manifest["stages"]["checkpoints"]["summary"]["target"]["path"]
         options = yaml.safe_load(options_file.read_text())
-    except (KeyError, TypeError, OSError, yaml.YAMLError) as exc:
-        raise DFlashError(f"the build in {build_dir} has no usable trtllm stage ({exc})", "re-run `dflash-trt build` for it") from None
-    return write_llm_api_repository(out, options, target, True, str(build_dir), [], MODEL_NAME, force, llmapi_model=llmapi_model)
+    except (OSError, yaml.YAMLError) as exc:
+        raise DFlashError(f"the build in {artifact.build_dir} has no usable trtllm stage ({exc})", "re-run `dflash-trt build` for it") from None
+    return write_llm_api_repository(out, options, artifact.deployed_target, artifact.decoupled, artifact.build_dir, [], MODEL_NAME, force,
+                                    llmapi_model=artifact.llmapi_model)
 
 
 def write_llm_api_repository(
@@ -259,7 +254,7 @@ def write_llm_api_repository(
         if extra is not None:
             extra(staging)
         (staging / "trtllm-serve.yaml").write_text(_yaml(serve_options, f"{title}: `{command}`"))
-        write_manifest(staging, {name: {"runtime": "trtllm", "source": title}}, {"source": title, "trtllm_serve": command, "notes": notes})
+        write_manifest(staging, {name: {"backend": "trtllm", "source": title}}, {"source": title, "trtllm_serve": command, "notes": notes})
     return Path(out).expanduser().resolve()
 
 

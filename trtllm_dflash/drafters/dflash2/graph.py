@@ -11,7 +11,7 @@ Heads (graphs.json `head`):
   (`runtime/selector.py`), with `reference_dflash2.select_step`. The unary logits are an output
   too, so the graph is checked against the torch runtime logit for logit.
 - `HEAD_PLUGIN` (plugin variant): the convs and the whole walk are the V2 plugin ops
-  (graphs/dflash2_plugin_ops.py); the graph takes temperature and seed and returns draft tokens,
+  (drafters/dflash2/plugin_ops.py); the graph takes temperature and seed and returns draft tokens,
   candidate ids and their q.
 """
 
@@ -20,13 +20,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trtllm_dflash.contracts import names
-from trtllm_dflash.graphs import dflash2_plugin_ops
+from trtllm_dflash.drafters.dflash2 import plugin_ops
 from trtllm_dflash.graphs.drafter import DrafterGraph
-from trtllm_dflash.graphs.target import UnsupportedTargetError
 from trtllm_dflash.modeling.fused_ops import norm_of, rms_norm
 
-HEAD_LOGITS = "logits"  # V1: logits out
 HEAD_SCORES = "v2_selector_scores"
 HEAD_PLUGIN = "v2_selector_plugin"
 
@@ -62,7 +59,7 @@ class DrafterV2Graph(DrafterGraph):
 
     def conv(self, x, delta, base, residual=None) -> torch.Tensor:
         if self.plugin:
-            return dflash2_plugin_ops.conv(x, delta, base, residual)
+            return plugin_ops.conv(x, delta, base, residual)
         return native_conv(x, delta, base, residual)
 
     def forward(self, block_ids, ctx_features, new_counts, cache_lens, past_keys: tuple, past_values: tuple, temperature=None, seed=None):
@@ -92,33 +89,8 @@ class DrafterV2Graph(DrafterGraph):
         if self.plugin:
             steps = torch.arange(1, hidden.shape[1] + 1, device=block_ids.device)
             positions = (cache_lens + new_counts).view(-1, 1) + steps
-            head = dflash2_plugin_ops.select(unary, z, anchor, *codebooks, temperature, seed, positions, selector.top_k)
+            head = plugin_ops.select(unary, z, anchor, *codebooks, temperature, seed, positions, selector.top_k)
         else:
             head = (unary, *selector_scores(unary, z, anchor, *codebooks, selector.top_k))
         return (*head, tuple(new_keys), tuple(new_values))
 
-
-def head_of(config, plugin: bool) -> str:
-    """The head a drafter graph of this config and variant ends in; refuses what cannot be exported."""
-    if not config.is_v2:
-        return HEAD_LOGITS
-    if plugin:
-        reason = dflash2_plugin_ops.missing()
-        if reason is not None:
-            raise UnsupportedTargetError(f"no plugin graph of this DFlash V2 drafter: {reason}", "build the native variant (use_plugins: false)")
-        return HEAD_PLUGIN
-    return HEAD_SCORES
-
-
-def head_outputs(head: str) -> list[str]:
-    """The graph outputs of a head, before the new K/V."""
-    return {
-        HEAD_LOGITS: [names.LOGITS],
-        HEAD_SCORES: [names.LOGITS, names.CANDIDATES, names.SELECTOR_SCORES],
-        HEAD_PLUGIN: [names.DRAFT_TOKENS, names.CANDIDATES, names.CANDIDATE_PROBS],
-    }[head]
-
-
-def sampling_inputs(head: str) -> list[str]:
-    """Graph inputs after the caches: the plugin walk samples inside."""
-    return [names.TEMPERATURE, names.SEED] if head == HEAD_PLUGIN else []
