@@ -19,9 +19,9 @@ import urllib.request
 import httpx
 import numpy as np
 import pytest
-from support import supervised_server
+from support import supervised_server, wait_serving
 
-from test_serving import MAX_CONTEXT, MAX_TOKENS, PROMPTS, _post, pair, repo  # noqa: F401 (fixtures)
+from support import MAX_CONTEXT, MAX_TOKENS, PROMPTS, pair, repo, post as _post  # noqa: F401 (fixtures)
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.contracts.request_limits import MIN_TEMPERATURE, PROMPT_CHARS_PER_TOKEN
 
@@ -139,18 +139,6 @@ def test_sampling_params_validate_is_the_one_range_check():
 # ---------------------------------------------------------------------- a request that kills tritonserver
 
 
-def _wait_serving(server, timeout: float = 300) -> None:
-    """Until the server answers on HTTP and gRPC (a hang bound). The full suite's two workers start
-    servers on free ports; a make test run once found this module's server, restarted by the test
-    before, refusing gRPC while HTTP answered: the log says what supervision did if it happens."""
-    from trtllm_dflash.serving.server import _grpc_ready
-
-    deadline = time.monotonic() + timeout
-    while not (server.ready() and _grpc_ready(server.endpoints.grpc, server.models)):
-        assert time.monotonic() < deadline, f"not serving on HTTP and gRPC after {timeout} s: {server.supervision_log}"
-        time.sleep(0.2)
-
-
 def _greedy(server, prompt: str) -> list[int]:
     status, body = _post(server, "dflash", {"text_input": prompt, "sampling_param_max_tokens": 32, "sampling_param_temperature": 0})
     assert status == 200, body
@@ -163,8 +151,8 @@ def _stream_first_chunk_then_rest(client, prompt: str, outcome: dict, first: thr
     try:
         for chunk in client.stream(prompt, protocol="grpc", max_tokens=MAX_TOKENS):
             first.set()
-            if chunk.final:
-                outcome["end"] = "finished"
+            if chunk.final:  # the model's own last response names why it ended; a cut stream's does not
+                outcome["end"] = "finished" if chunk.stats.get("finish_reason") else "final without a finish reason"
     except Exception as exc:  # noqa: BLE001
         outcome["end"] = f"{type(exc).__name__}: {exc}"
     finally:
@@ -357,7 +345,7 @@ def test_a_killed_model_process_is_noticed_streams_end_and_it_comes_back(supervi
     from trtllm_dflash.serving.openai.server import OpenAIServer
     from trtllm_dflash.serving.server import free_port
 
-    _wait_serving(supervised)
+    wait_serving(supervised)
     before = _greedy(supervised, PROMPTS[0])
     restarts, lines = len(supervised.restarts), len(supervised.supervision_log)
     with OpenAIServer(supervised.endpoints.grpc, host="127.0.0.1", port=free_port(), repository=supervised.repository) as front:
@@ -392,8 +380,11 @@ def test_a_killed_model_process_is_noticed_streams_end_and_it_comes_back(supervi
             thread.join(max(0.0, 30 - (time.monotonic() - killed)))
             assert not thread.is_alive(), "a stream was still open 30 s after its model process died"
         ends = [(o["kind"], o["end"], o["at"] < killed) for _, o, _ in streams]
-        for kind, end, before_kill in ends:  # cut by the kill (or sent while down): an error, never a quiet end
-            assert before_kill or end not in ("finished", "closed without [DONE]"), ends
+        # a stream cut by the kill (or sent while the model was down) ends in an error, never quietly; a
+        # stream that finished is complete (its final response names the finish reason, [DONE] follows
+        # one), even when that response, sent just before the kill, arrived after it
+        for kind, end, _ in ends:
+            assert end not in ("closed without [DONE]", "final without a finish reason"), ends
         assert any(kind == "openai" and end == "error event" for kind, end, _ in ends), ends
         assert any(kind == "triton" and end.startswith("ServerError") for kind, end, _ in ends), ends
         assert saw_503, "the OpenAI /health never said 503 while the model was down"

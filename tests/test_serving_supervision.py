@@ -19,7 +19,7 @@ import urllib.request
 
 import httpx
 import pytest
-from support import cli, supervised_server
+from support import cli, supervised_server, wait_serving
 
 from trtllm_dflash.serving import server_watch
 
@@ -124,6 +124,8 @@ def test_health_is_answered_past_the_connection_cap(supervised):
     from trtllm_dflash.serving.openai.server import OpenAIServer
     from trtllm_dflash.serving.server import free_port
 
+    wait_serving(supervised)  # the test before may have restarted it
+
     with OpenAIServer(supervised.endpoints.grpc, port=free_port(), repository=supervised.repository, max_connections=2) as front:
         port = front.port
         idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(4)]
@@ -146,6 +148,7 @@ def test_health_is_answered_past_the_connection_cap(supervised):
 
 
 def test_a_failed_restart_is_retried_and_the_crash_names_the_request_before_it(supervised, monkeypatch):
+    wait_serving(supervised)  # the test before may have restarted it
     before = _generate(supervised)
     expected = server_watch.request_fingerprint("text_input", PROMPT.encode())
     restarts, lines = len(supervised.restarts), len(supervised.supervision_log)
@@ -176,6 +179,8 @@ def test_a_failed_restart_is_retried_and_the_crash_names_the_request_before_it(s
 def test_a_stalled_model_makes_health_503_within_5_s_and_is_restarted(supervised):
     from trtllm_dflash.serving.openai.server import OpenAIServer
     from trtllm_dflash.serving.server import free_port
+
+    wait_serving(supervised)  # the test before may have restarted it
 
     restarts, lines = len(supervised.restarts), len(supervised.supervision_log)
     with OpenAIServer(supervised.endpoints.grpc, port=free_port(), repository=supervised.repository) as front:
