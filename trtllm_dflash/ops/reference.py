@@ -44,13 +44,10 @@ def process_logits(
     greedy = temperature <= 0
     scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)
 
-    keep = torch.ones_like(scaled, dtype=torch.bool)
     k = top_k.to(torch.int64).view(shape)
     if bool((k > 0).any()):
-        ascending = scaled.sort(dim=-1).values
-        n_greater = vocab - torch.searchsorted(ascending.contiguous(), scaled.contiguous(), right=True)
-        keep &= (k <= 0) | (n_greater < k)
-    probs = torch.softmax(scaled.masked_fill(~keep, float("-inf")), dim=-1)
+        scaled = scaled.masked_fill(~_top_k_kept(scaled, k), float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
 
     p = top_p.float().view(shape)
     if bool((p < 1).any()):
@@ -68,6 +65,15 @@ def process_logits(
         one_hot = F.one_hot(logits.argmax(dim=-1), vocab).to(probs.dtype)
         probs = torch.where(greedy, one_hot, probs)
     return probs
+
+
+def _top_k_kept(scaled: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Tokens with fewer than k values strictly greater than their own (k <= 0: all), ties kept:
+    exactly those at or above the k-th largest value, found with topk rather than a sort of the
+    vocabulary when k is small."""
+    widest = min(int(k.max()), scaled.shape[-1])
+    kth = scaled.topk(widest, dim=-1).values.gather(-1, (k.clamp(1, widest) - 1).expand(*scaled.shape[:-1], 1))
+    return (k <= 0) | (scaled >= kth)
 
 
 def sample_from_probs(probs: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
@@ -146,7 +152,9 @@ def verify_block(
     bonus = posterior.gather(-1, num_accepted.view(-1, 1)).squeeze(-1)
     if not bool(greedy.all()):
         rows = torch.arange(batch, device=target_logits.device)
-        p = process_logits(target_logits[rows, num_accepted], temperature, top_k, top_p)
+        # the bonus is drawn where the accepted prefix ends: that row of the distribution the drafts
+        # were checked against (computed once), or the target's own there when nothing was drafted
+        p = target_probs[rows, num_accepted] if block > 1 else process_logits(target_logits[rows, num_accepted], temperature, top_k, top_p)
         if block > 1 and draft_probs is not None:  # without q there is no residual: sample p
             rejected = num_accepted < block - 1
             q = draft_probs[rows, num_accepted.clamp_max(block - 2)]

@@ -210,6 +210,7 @@ class TritonServer:
         self.started_at: float | None = None
         self.removed_shm: list[str] = []  # names of the shared-memory files the last stop() removed
         self.stubs: dict[int, str] = {}  # the Python backend stubs when the server became ready
+        self._stub_starts: dict[int, int | None] = {}  # their start times (pid reuse)
         self.cleaned_leftovers: list[Path] = []  # folders of dead servers the last start() cleaned
         self._watchdog: subprocess.Popen | None = None  # kills the server if this process dies
         client_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
@@ -296,6 +297,7 @@ class TritonServer:
             raise
         self.started_at = time.monotonic()
         self.stubs = self.stub_processes()
+        self._stub_starts = {pid: server_watch.process_start_time(pid) for pid in self.stubs}
         return self.endpoints
 
     def wait_ready(self, log_start: int) -> None:
@@ -349,9 +351,12 @@ class TritonServer:
         return stubs
 
     def dead_stubs(self) -> list[str]:
-        """Model instances whose stub, alive when the server became ready, is gone."""
-        alive = self.stub_processes()
-        return sorted(name for pid, name in self.stubs.items() if pid not in alive)
+        """Model instances whose stub, alive when the server became ready, is gone (or a zombie).
+
+        supervise() asks 5 times a second, in the process that also runs the OpenAI front end, so
+        it reads only those stubs' /proc entries (a scan of every process held the GIL ~3 ms); the
+        start time recorded with each pid tells a reused pid from the stub."""
+        return sorted(name for pid, name in self.stubs.items() if server_watch.process_start_time(pid) != self._stub_starts.get(pid))
 
     def ready(self) -> bool:
         """Server ready and every model ready (asked over HTTP, or over gRPC with HTTP off)."""
