@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from trtllm_dflash.checkpoints import load_drafter, load_target
-from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target
+from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 

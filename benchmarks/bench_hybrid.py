@@ -9,7 +9,7 @@ of the verify step, and the same verify pass with transformers' own chunked kern
 the final state (no rollback possible): what our block kernel plus the rollback cost, or save.
 
 Part 2, a trained tiny hybrid pair: a qwen3_5 target trained on two token cycles plus a drafter
-distilled from it (`trtllm_dflash.checks.testing.make_cycle_pair`), DFlash vs autoregressive decoding
+distilled from it (`trtllm_dflash.testing.tiny.make_cycle_pair`), DFlash vs autoregressive decoding
 of the same prompts, interleaved rounds, greedy; a dense qwen3 pair trained the same way beside it.
 
     python benchmarks/bench_hybrid.py --json benchmarks/results/hybrid-cpu.json
@@ -36,7 +36,7 @@ def _parameters(model) -> int:
 
 
 def _config(family: str, args, intermediate_size: int | None = None):
-    from trtllm_dflash.checks.testing import tiny_target_config
+    from trtllm_dflash.testing.tiny import tiny_target_config
 
     config = tiny_target_config(family, vocab_size=args.vocab, num_layers=args.layers, hidden_size=args.hidden)
     config.tie_word_embeddings = False
@@ -108,7 +108,7 @@ def verify_step_times(family: str, config, args) -> dict:
 def pair_speedup(family: str, root: Path, args) -> dict:
     """DFlash vs autoregressive tokens/s of a trained cycle pair, interleaved rounds."""
     from trtllm_dflash import DFlashPipeline
-    from trtllm_dflash.checks.testing import cycle_sequences, make_cycle_pair
+    from trtllm_dflash.testing.tiny import cycle_sequences, make_cycle_pair
 
     began = time.perf_counter()
     target, drafter = make_cycle_pair(root / family, block_size=args.pair_block, family=family)

@@ -1,5 +1,5 @@
 """What quantizing the demo drafter costs in acceptance (issue 29): tau of the unquantized drafter,
-FP8 and NVFP4 in ModelOpt's layout (testing.write_modelopt_drafter), and NVFP4 written by the build's
+FP8 and NVFP4 in ModelOpt's layout (testing.tiny.write_modelopt_drafter), and NVFP4 written by the build's
 own path (ModelOpt NVFP4 PTQ with nvfp4.drafter_config, calibrated on CPU, then
 quantize_drafter.write_quantized_drafter), all loaded by our loader (dequantized exactly) and
 decoded side by side on the same held-out prompts (builder.validate.drafter_acceptance: greedy,
@@ -25,7 +25,7 @@ from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.demo import DEMO_DIR
 from trtllm_dflash.modeling.taps import HiddenTaps
 from trtllm_dflash.recipes.schema import CalibrationSection
-from trtllm_dflash.checks.testing import write_modelopt_drafter
+from trtllm_dflash.testing.tiny import write_modelopt_drafter
 
 
 def build_path_nvfp4(target, out: Path) -> Path:

@@ -21,7 +21,7 @@ Pairs:
 - `demo`: trtllm_dflash/demo (already in z-lab's layout: a Qwen3 target directory and a drafter
   directory with config.json + model.safetensors), on the held-out demo prompts.
 - `cycle`: a wider 8-layer Qwen3 target trained for a few seconds to continue two token cycles,
-  with a 2-layer drafter distilled from it (the recipe of `testing.make_cycle_pair`, at a size
+  with a 2-layer drafter distilled from it (the recipe of `tiny.make_cycle_pair`, at a size
   where one generation takes a good fraction of a second), written in z-lab's layout to
   `--work-dir` and reused from there; its prompts are cycle windows (the demo prompts mean
   nothing to it). Its acceptance is high, the demo pair's moderate: two regimes.
@@ -96,7 +96,7 @@ def cycle_pair(
     root: Path, count: int, num_layers: int = 8, hidden: int = 256, prompt_len: int = 20, max_positions: int = 1024
 ) -> tuple[Path, Path, list[list[int]]]:
     """A trained cycle target (default hidden 256, 8 layers) and its distilled drafter, made once under root."""
-    from trtllm_dflash.checks import testing
+    from trtllm_dflash.testing import tiny
 
     target_dir, drafter_dir = root / "target", root / "drafter"
     generator = torch.Generator().manual_seed(1)
@@ -107,31 +107,31 @@ def cycle_pair(
         from trtllm_dflash.training.trainer import DrafterTrainer, TrainConfig
 
         torch.manual_seed(0)
-        config = testing.tiny_target_config("qwen3", vocab_size=128, num_layers=num_layers, hidden_size=hidden)
+        config = tiny.tiny_target_config("qwen3", vocab_size=128, num_layers=num_layers, hidden_size=hidden)
         config.max_position_embeddings = max_positions
         target = AutoModelForCausalLM.from_config(config)
         optimizer = torch.optim.AdamW(target.parameters(), lr=2e-3)
         for _ in range(150):
-            batch = testing.cycle_sequences(16, 24, generator)
+            batch = tiny.cycle_sequences(16, 24, generator)
             loss = target(input_ids=batch, labels=batch).loss
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
         target.eval()
         target.save_pretrained(target_dir, safe_serialization=True)
-        drafter_config = testing.tiny_drafter_config(config, num_layers=2, block_size=8, target_layer_ids=(1, num_layers // 2, num_layers - 2), mask_token_id=0)
+        drafter_config = tiny.tiny_drafter_config(config, num_layers=2, block_size=8, target_layer_ids=(1, num_layers // 2, num_layers - 2), mask_token_id=0)
         drafter = DFlashDrafter(drafter_config)
         trainer = DrafterTrainer(target, drafter, TrainConfig(steps=200, lr=3e-3, anchors=16, seed=0))
 
         def batches():
             while True:
-                batch = testing.cycle_sequences(8, 96, generator)
+                batch = tiny.cycle_sequences(8, 96, generator)
                 yield batch, torch.ones_like(batch)
 
         trainer.train(batches())
         trainer.close()
         save_drafter(drafter, drafter_dir)
-    prompts = testing.cycle_sequences(count, prompt_len, torch.Generator().manual_seed(7)).tolist()
+    prompts = tiny.cycle_sequences(count, prompt_len, torch.Generator().manual_seed(7)).tolist()
     return target_dir, drafter_dir, prompts
 
 
@@ -356,9 +356,9 @@ def ours_options(args) -> dict:
 
 
 def testing_prompts(count: int, length: int, seed: int) -> list[list[int]]:
-    from trtllm_dflash.checks import testing
+    from trtllm_dflash.testing import tiny
 
-    return testing.cycle_sequences(count, length, torch.Generator().manual_seed(seed)).tolist()
+    return tiny.cycle_sequences(count, length, torch.Generator().manual_seed(seed)).tolist()
 
 
 def main() -> None:

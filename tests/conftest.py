@@ -116,40 +116,36 @@ def _quiet_transformers():
 
 @pytest.fixture(scope="session")
 def tiny_qwen3(tmp_path_factory):
-    from trtllm_dflash.checks.testing import make_tiny_target
+    from trtllm_dflash.testing.tiny import make_tiny_target
 
     return make_tiny_target(tmp_path_factory.mktemp("qwen3-target"), "qwen3", seed=1)
 
 
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory):
-    from trtllm_dflash.checks.testing import make_tiny_target
+    from trtllm_dflash.testing.tiny import make_tiny_target
 
     return make_tiny_target(tmp_path_factory.mktemp("llama-target"), "llama", seed=2)
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen3_drafter(tmp_path_factory, tiny_qwen3):
-    from trtllm_dflash.checks.testing import make_tiny_drafter
+    from trtllm_dflash.testing.tiny import make_tiny_drafter
 
     return make_tiny_drafter(tmp_path_factory.mktemp("qwen3-drafter"), tiny_qwen3, seed=3, block_size=8)
 
 
 @pytest.fixture(scope="session")
 def demo_triton(tmp_path_factory):
-    """One tritonserver on a small demo repository (max context 512, 128 new tokens, batch 4) for
-    the test modules that only need a server to talk to (min_tokens, chat templates): each started
-    its own (~12 s of repository writing and start-up apiece on the 2-core machine)."""
-    from typer.testing import CliRunner
+    """One tritonserver on a small demo repository (max context 512, 256 new tokens, batch 4, with
+    the autoregressive baseline) for the test modules that only need a server to talk to (min_tokens,
+    chat templates, spec stats, structured output, tenancy, bench): each started its own (~12 s of
+    repository writing and start-up apiece on the 2-core machine). A module that kills, restarts or
+    reconfigures its server, or needs other limits, starts its own (support.triton_server)."""
+    from support import triton_server, write_repository
 
-    from trtllm_dflash.cli.app import app
-    from trtllm_dflash.serving.server import TritonServer, free_port
-
-    out = tmp_path_factory.mktemp("demo-triton") / "repository"
-    result = CliRunner().invoke(app, ["repo", "--model", "demo", "--out", str(out), "--max-context", "512", "--max-tokens", "128",
-                                      "--max-batch", "4", "--threads", "1"])
-    assert result.exit_code == 0, result.output
-    with TritonServer(out, free_port(), free_port(), free_port(), host="127.0.0.1", startup_timeout=600) as running:
+    repo = write_repository(tmp_path_factory.mktemp("demo-triton") / "repository", max_context=512, max_tokens=256)
+    with triton_server(repo) as running:
         yield running
 
 
@@ -187,7 +183,7 @@ def trained_pair(tmp_path_factory):
     """(target_dir, drafter_dir, prompts): a tiny pair whose drafter proposes the target's tokens."""
     import torch
 
-    from trtllm_dflash.checks.testing import cycle_sequences, make_cycle_pair
+    from trtllm_dflash.testing.tiny import cycle_sequences, make_cycle_pair
 
     target_dir, drafter_dir = make_cycle_pair(tmp_path_factory.mktemp("cycle-pair"), block_size=8)
     prompts = cycle_sequences(4, 14, torch.Generator().manual_seed(123)).tolist()
@@ -199,7 +195,7 @@ def trained_pair(tmp_path_factory):
 def hybrid_trained_pair(tmp_path_factory):
     """(target_dir, drafter_dir): trained_pair's recipe on a Qwen3.5-style hybrid target (Gated DeltaNet
     + full attention), with the character tokenizer, so it can be served with text."""
-    from trtllm_dflash.checks.testing import make_cycle_pair
+    from trtllm_dflash.testing.tiny import make_cycle_pair
 
     target_dir, drafter_dir = make_cycle_pair(tmp_path_factory.mktemp("hybrid-pair"), block_size=8, family="qwen3_5", tokenizer=True)
     return target_dir, drafter_dir

@@ -14,7 +14,7 @@ import itertools
 import pytest
 import torch
 
-from trtllm_dflash.checks.testing import cycle_sequences
+from trtllm_dflash.testing.tiny import cycle_sequences
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.runtime.prefix_cache import PrefixCache
 from trtllm_dflash.runtime.step_schedule import DraftPolicy

@@ -4,7 +4,7 @@ Every import is read from the source with `ast`, module-level and function-level
 hidden inside a function is still a dependency), including `TYPE_CHECKING` blocks. The tests fail
 on an import cycle between files, on a file importing a higher layer, on two rooms (subpackages)
 listed in ONE_WAY_ROOMS importing each other, on a source file that no layer claims, on shipped
-code importing the test fixtures (`testing.py`), and on a source file over 600 lines.
+code importing the tiny test checkpoints (`testing/tiny.py`), and on a source file over 600 lines.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ]),
     ("library", [
         "trtllm_dflash", "trtllm_dflash.api", "trtllm_dflash.training", "trtllm_dflash.training.*",
-        "trtllm_dflash.checks.testing",
+        "trtllm_dflash.testing", "trtllm_dflash.testing.*",
     ]),
     # what each backend serves, builds and writes, and the Triton model that opens its pipeline; the
     # serving helpers they use (repository writing, parameters, protocol, the batching loop) sit here too
@@ -172,14 +172,27 @@ def test_no_module_imports_a_higher_layer():
 
 
 def test_shipped_code_does_not_import_the_test_fixtures():
-    """`testing.py` (tiny random checkpoints) is for tests, benchmarks and the checks package only:
-    a build, serve or library module that needs one of its models takes it from a module of its own."""
+    """`testing/tiny.py` (tiny random checkpoints) is for the tests and benchmarks only: a build, serve
+    or library module that needs one of its models takes it from a module of its own."""
     importers = sorted(
         module
         for module, targets in import_graph().items()
-        if "trtllm_dflash.checks.testing" in targets and not fnmatch.fnmatchcase(module, "trtllm_dflash.checks.*")
+        if "trtllm_dflash.testing.tiny" in targets and not fnmatch.fnmatchcase(module, "trtllm_dflash.testing.*")
     )
-    assert not importers, f"these modules import trtllm_dflash.checks.testing (only tests and checks/ may): {importers}"
+    assert not importers, f"these modules import trtllm_dflash.testing.tiny (only tests, benchmarks and testing/ may): {importers}"
+
+
+def test_no_test_module_imports_another():
+    """Helpers and fixtures several test modules use live in tests/support.py (or conftest.py): a test
+    module imported by another would run its module fixtures twice and hide what it shares."""
+    tests = ROOT / "tests"
+    names = {path.stem for path in tests.glob("test_*.py")}
+    importers = []
+    for path in sorted(tests.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            imported = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module] if isinstance(node, ast.ImportFrom) else []
+            importers += [f"{path.name} imports {name}" for name in imported if name in names]
+    assert not importers, "move what these share into tests/support.py:\n" + "\n".join(importers)
 
 
 def room_of(module: str) -> str:
@@ -255,8 +268,8 @@ def test_the_checks_catch_what_they_guard(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from trtllm_dflash.builder import export\n")
     assert imports_of("trtllm_dflash.runtime.m", module, source_files()) == {"trtllm_dflash.builder.export"}
-    module.write_text("def f():\n    from trtllm_dflash.checks import testing\n")
-    assert imports_of("trtllm_dflash.builder.m", module, source_files()) == {"trtllm_dflash.checks.testing"}
+    module.write_text("def f():\n    from trtllm_dflash.testing import tiny\n")
+    assert imports_of("trtllm_dflash.builder.m", module, source_files()) == {"trtllm_dflash.testing.tiny"}
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
     loop = {"trtllm_dflash.serving.x": {"trtllm_dflash.backends"}, "trtllm_dflash.backends.y": {"trtllm_dflash.serving.z"}}
     assert imports_between(loop, "trtllm_dflash.serving", "trtllm_dflash.backends") == ["trtllm_dflash.serving.x -> trtllm_dflash.backends"]

@@ -69,7 +69,7 @@ def test_bench_detects_lossy_decoding(tiny_qwen3_with_tokenizer):
 
 @pytest.fixture(scope="module")
 def tiny_qwen3_with_tokenizer(tmp_path_factory):
-    from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target
+    from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 
     target = make_tiny_target(tmp_path_factory.mktemp("bench-target"), "qwen3", seed=4, tokenizer=True)
     drafter = make_tiny_drafter(tmp_path_factory.mktemp("bench-drafter"), target, seed=4, block_size=4, mask_token_id=2)
@@ -109,18 +109,13 @@ def test_default_block_sizes():
     assert default_block_sizes(10) == [2, 4, 8, 10]
 
 
-def test_bench_against_a_real_server(tmp_path):
-    """The same bench through a real tritonserver serving the demo pair and its AR baseline."""
-    from trtllm_dflash.serving.server import TritonServer, free_port
-
-    repo = tmp_path / "repo"
-    made = CliRunner().invoke(app, ["repo", "--model", "demo", "--out", str(repo), "--max-batch", "4", "--threads", "1"])
-    assert made.exit_code == 0, made.output
-    with TritonServer(repo, free_port(), free_port(), free_port(), host="127.0.0.1", startup_timeout=600) as server:
-        result = CliRunner().invoke(app, [
-            "bench", "--url", server.endpoints.http, "--prompts", "stdlib", "--num-prompts", "2", "-n", "16",
-            "--concurrency", "1,2", "--out", str(tmp_path / "bench"),
-        ])
+def test_bench_against_a_real_server(tmp_path, demo_triton):
+    """The same bench through a real tritonserver serving the demo pair and its AR baseline (the
+    session's, tests/conftest.py)."""
+    result = CliRunner().invoke(app, [
+        "bench", "--url", demo_triton.endpoints.http, "--prompts", "stdlib", "--num-prompts", "2", "-n", "16",
+        "--concurrency", "1,2", "--out", str(tmp_path / "bench"),
+    ])
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "bench" / "bench.json").read_text())
     assert report["system"]["backend"] == "triton"

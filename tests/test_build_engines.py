@@ -44,7 +44,7 @@ def pair(tmp_path_factory) -> dict:
     """The checkpoints being built: the demo pair, or a tiny random Llama pair (block 4) until it ships."""
     if HAVE_DEMO:
         return {"args": ["--model", "demo"], "target": DEMO_DIR / "target", "drafter": DEMO_DIR / "drafter"}
-    from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target
+    from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 
     root = tmp_path_factory.mktemp("pair")
     target = make_tiny_target(root / "target", "llama", seed=2, num_layers=2, tokenizer=True)

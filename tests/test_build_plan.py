@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import one_error_line, run_cli
 
 from trtllm_dflash.builder import stages as stage_mod
 from trtllm_dflash.builder.stages import Stage, StageBlocked, StageRunner
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.checks.testing import one_error_line, run_cli
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

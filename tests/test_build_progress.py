@@ -116,7 +116,7 @@ def test_calibration_samples_are_one_step_not_a_line_each_when_done():
 
 @pytest.fixture(scope="module")
 def local_pair(tmp_path_factory):
-    from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target
+    from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 
     root = tmp_path_factory.mktemp("own-pair")
     target = make_tiny_target(root / "my-llama", "llama", seed=2, num_layers=2)

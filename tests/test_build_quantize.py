@@ -15,7 +15,7 @@ def fp8_checkpoint(tmp_path_factory):
     from trtllm_dflash.builder.quantize import quantize_target
     from trtllm_dflash.recipes.precision import Precision
     from trtllm_dflash.recipes.schema import CalibrationSection
-    from trtllm_dflash.checks.testing import make_tiny_target
+    from trtllm_dflash.testing.tiny import make_tiny_target
 
     root = tmp_path_factory.mktemp("fp8")
     target = make_tiny_target(root / "target", "llama", seed=2, num_layers=2, tokenizer=True)

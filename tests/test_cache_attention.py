@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from trtllm_dflash import DFlashPipeline, hf_compat
 from trtllm_dflash.checkpoints import load_drafter, load_target
-from trtllm_dflash.checks import testing
+from trtllm_dflash.testing import tiny
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.modeling.cache_attention import AttentionPlan
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime, causal_mask
@@ -79,11 +79,11 @@ def sliding_qwen3(root, window: int):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(4)
-    config = testing.tiny_target_config("qwen3", num_layers=4)
+    config = tiny.tiny_target_config("qwen3", num_layers=4)
     config.sliding_window, config.use_sliding_window, config.max_window_layers = window, True, 0
     config.layer_types = ["sliding_attention", "full_attention"] * 2
     model = AutoModelForCausalLM.from_config(config)
-    testing.spread_logits(model)
+    tiny.spread_logits(model)
     model.save_pretrained(root, safe_serialization=True)
     return root
 
@@ -96,8 +96,8 @@ def test_fast_path_gives_the_masked_paths_tokens(tmp_path, window, attention):
     if window:
         target_dir = sliding_qwen3(tmp_path / "target", window)
     else:
-        target_dir = testing.make_tiny_target(tmp_path / "target", "qwen3", seed=5)
-    drafter_dir = testing.make_tiny_drafter(tmp_path / "drafter", target_dir, seed=6, block_size=4)
+        target_dir = tiny.make_tiny_target(tmp_path / "target", "qwen3", seed=5)
+    drafter_dir = tiny.make_tiny_drafter(tmp_path / "drafter", target_dir, seed=6, block_size=4)
     prompts = [[5, 9, 14, 3, 8, 21, 40, 2, 7], list(range(3, 60)), [4, 6, 8, 10]]
     results = {}
     for fused in (True, False):
@@ -118,7 +118,7 @@ def test_fast_path_gives_the_masked_paths_tokens(tmp_path, window, attention):
 
 def test_a_rows_result_does_not_depend_on_the_other_rows_lengths(trained_pair):
     target_dir, drafter_dir, prompts = trained_pair
-    long_prompt = testing.cycle_sequences(1, 400, torch.Generator().manual_seed(9)).tolist()[0]
+    long_prompt = tiny.cycle_sequences(1, 400, torch.Generator().manual_seed(9)).tolist()[0]
     batch = [prompts[0], long_prompt, prompts[1]]
     pipe = DFlashPipeline.load(target_dir, drafter_dir)
     together = pipe.generate(batch, max_new_tokens=40, stop_token_ids=())
@@ -140,8 +140,8 @@ def test_transformers_path_prefills_from_zero_without_a_mask(tmp_path, monkeypat
     if window:
         target_dir = sliding_qwen3(tmp_path / "target", window)
     else:
-        target_dir = testing.make_tiny_target(tmp_path / "target", family, seed=5)
-    drafter_dir = testing.make_tiny_drafter(tmp_path / "drafter", target_dir, seed=6, block_size=4)
+        target_dir = tiny.make_tiny_target(tmp_path / "target", family, seed=5)
+    drafter_dir = tiny.make_tiny_drafter(tmp_path / "drafter", target_dir, seed=6, block_size=4)
     target = load_target(target_dir, dtype=torch.float32)
     runtime = TorchRuntime(target.model, load_drafter(drafter_dir, target=target), fused=False)
     prompts = [[5, 9, 14, 3, 8, 21, 40, 2, 7], list(range(3, 60)), [4, 6, 8, 10]]

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from trtllm_dflash.checkpoints import load_drafter, load_target, validate_pair
 from trtllm_dflash.errors import CheckpointError, CompatibilityError
-from trtllm_dflash.checks.testing import make_tiny_drafter
+from trtllm_dflash.testing.tiny import make_tiny_drafter
 
 
 @pytest.fixture
@@ -125,7 +125,7 @@ def test_target_without_tokenizer_only_fails_when_one_is_needed(tiny_qwen3):
 def test_validate_pair_accepts_sliding_layers_only_with_a_window(tiny_qwen3):
     from transformers import AutoConfig
 
-    from trtllm_dflash.checks.testing import tiny_drafter_config
+    from trtllm_dflash.testing.tiny import tiny_drafter_config
 
     target_config = AutoConfig.from_pretrained(tiny_qwen3)
     ok = tiny_drafter_config(target_config, layer_types=("sliding_attention", "full_attention"), sliding_window=4)
@@ -140,7 +140,7 @@ def test_a_checked_pair_parses_the_drafter_config_once_and_still_checks_a_looked
     config.json parsed once, validate_pair not run again, but a mask token looked up in this
     target's tokenizer is still checked against the target's vocabulary."""
     from trtllm_dflash.checkpoints import drafters, read_drafter_checkpoint
-    from trtllm_dflash.checks.testing import make_tiny_target
+    from trtllm_dflash.testing.tiny import make_tiny_target
 
     target_dir = make_tiny_target(tmp_path / "target", "qwen3", seed=4, tokenizer=True)
     drafter_dir = make_tiny_drafter(tmp_path / "drafter", target_dir, seed=4)

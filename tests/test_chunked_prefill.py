@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from trtllm_dflash.checkpoints import load_drafter, load_target
-from trtllm_dflash.checks.testing import cycle_sequences, make_tiny_drafter, make_tiny_target
+from trtllm_dflash.testing.tiny import cycle_sequences, make_tiny_drafter, make_tiny_target
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target
+from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 
 
 @pytest.fixture(scope="module")

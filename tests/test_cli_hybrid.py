@@ -8,7 +8,7 @@ import json
 
 import transformers
 
-from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target
+from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 
 
 def test_generate_on_a_hybrid_target_is_lossless(run_main, tmp_path):

@@ -12,9 +12,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from support import one_error_line, run_cli
 
 from trtllm_dflash.backends.trtllm import repository as trtllm
-from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_mxfp4_target, one_error_line, run_cli
+from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_mxfp4_target
 
 CLONE = "git clone -b v1.4.0rc1 https://github.com/NVIDIA/TensorRT-LLM.git"
 

@@ -10,9 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 from rich.console import Console
+from support import one_error_line, run_cli
 from typer.testing import CliRunner
 
-from trtllm_dflash.checks.testing import make_tiny_target, one_error_line, run_cli
+from trtllm_dflash.testing.tiny import make_tiny_target
 from trtllm_dflash.cli.app import app
 from trtllm_dflash.cli.common import tau_hint
 

@@ -83,7 +83,7 @@ def test_padding_rows_do_not_change_the_tokens():
 
 
 def test_qwen3_8b_shaped_graphs_give_the_eager_tokens():
-    from trtllm_dflash.modeling.qwen3_8b_shaped import make_qwen3_8b_shaped_drafter, make_qwen3_8b_shaped_target
+    from trtllm_dflash.testing.qwen3_8b_shaped import make_qwen3_8b_shaped_drafter, make_qwen3_8b_shaped_target
 
     target = make_qwen3_8b_shaped_target(device="cuda")
     drafter = make_qwen3_8b_shaped_drafter(target.config, device="cuda")

@@ -19,10 +19,9 @@ from trtllm_dflash.drafters.dflash2.modeling import DFlash2Drafter
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.ops import reference_dflash2
 from trtllm_dflash.runtime.base import SamplingTensors
-from trtllm_dflash.checks.testing import make_tiny_target, make_tiny_v2_drafter, perturb_v2, tiny_drafter_config
+from trtllm_dflash.testing.tiny import make_tiny_target, make_tiny_v2_drafter, perturb_v2, tiny_drafter_config
 
-from test_lossless import hf_greedy
-from test_sampling import VOCAB, chi2_pvalue, exact_distribution, sample_speculatively
+from support import SMALL_VOCAB, chi2_pvalue, exact_distribution, hf_greedy, sample_speculatively
 
 NEW_TOKENS = 16
 
@@ -117,10 +116,10 @@ def test_greedy_v2_equals_autoregressive_and_transformers(tmp_path, family, bloc
 @pytest.fixture(scope="module")
 def small_vocab_v2_pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("v2-small-vocab")
-    target = make_tiny_target(root / "target", "llama", seed=11, vocab_size=VOCAB)
+    target = make_tiny_target(root / "target", "llama", seed=11, vocab_size=SMALL_VOCAB)
     # 4 candidates of 8 tokens: drafts outside the candidates have q = 0, which verification must honour
     drafter = make_tiny_v2_drafter(
-        root / "v2", target, seed=12, block_size=4, mask_token_id=VOCAB - 1, target_layer_ids=(1, 2), selector_top_k=4
+        root / "v2", target, seed=12, block_size=4, mask_token_id=SMALL_VOCAB - 1, target_layer_ids=(1, 2), selector_top_k=4
     )
     return target, drafter
 

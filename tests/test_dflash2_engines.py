@@ -31,7 +31,7 @@ def make_demo_v2_drafter(path: Path) -> Path:
     its convolutions and selector moved off identity / zero (small enough that drafts are still accepted)."""
     from trtllm_dflash.demo import DEMO_DIR
     from trtllm_dflash.drafters.dflash2.modeling import DFlash2Drafter
-    from trtllm_dflash.checks.testing import perturb_v2
+    from trtllm_dflash.testing.tiny import perturb_v2
 
     target = load_target(DEMO_DIR / "target", dtype=torch.float32)
     drafter = DFlash2Drafter.from_v1(load_drafter(DEMO_DIR / "drafter", target), int(target.model.config.vocab_size))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from support import cli
+from support import cli, triton_server, write_repository
 
 
 PROMPTS = ["def fibonacci(n):", "import os\nfor name in"]
@@ -17,7 +17,7 @@ MAX_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def v2_pair(tmp_path_factory):
-    from trtllm_dflash.checks.testing import make_tiny_target, make_tiny_v2_drafter
+    from trtllm_dflash.testing.tiny import make_tiny_target, make_tiny_v2_drafter
 
     root = tmp_path_factory.mktemp("v2-pair")
     target = make_tiny_target(root / "target", seed=21, tokenizer=True)
@@ -62,16 +62,10 @@ def test_bench_reports_tau_and_speedup_for_a_v2_pair(v2_pair, tmp_path):
 
 @pytest.fixture(scope="module")
 def triton(v2_pair, tmp_path_factory):
-    from trtllm_dflash.serving.server import TritonServer, free_port, process_group_members
-
     target, drafter = v2_pair
-    repo = tmp_path_factory.mktemp("v2-repo") / "repository"
-    cli("repo", "--model", target, "--drafter", drafter, "--out", str(repo), "--max-context", "128",
-        "--max-tokens", "32", "--max-batch", "4", "--threads", "1")
-    with TritonServer(repo, free_port(), free_port(), free_port(), host="127.0.0.1", startup_timeout=600) as running:
-        group = running.process.pid
+    repo = write_repository(tmp_path_factory.mktemp("v2-repo") / "repository", target, drafter, max_context=128, max_tokens=32)
+    with triton_server(repo) as running:
         yield running, repo
-    assert process_group_members(group) == []
 
 
 def test_triton_repository_serves_a_v2_pair_as_offline(triton, reference):

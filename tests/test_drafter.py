@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from support import rms, rope
 
 from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.config import DrafterConfig
@@ -17,20 +18,6 @@ from trtllm_dflash.modeling.kv_cache import StaticKVCache
 from trtllm_dflash.contracts.draft_window import DraftWindow
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 from trtllm_dflash.training.objective import make_block_batch
-
-
-def _rms(x, weight, eps=1e-6):
-    return weight * (x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-
-
-def _rope(x, positions, theta):
-    dim = x.shape[-1]
-    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    angles = positions.double().unsqueeze(-1) * inv_freq
-    cos, sin = torch.cat([angles, angles], -1).cos().unsqueeze(-2), torch.cat([angles, angles], -1).sin().unsqueeze(-2)
-    half = dim // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
-    return x * cos + rotated * sin
 
 
 def naive_block(drafter: DFlashDrafter, ctx_features: torch.Tensor, block_embeds: torch.Tensor) -> torch.Tensor:
@@ -44,18 +31,18 @@ def naive_block(drafter: DFlashDrafter, ctx_features: torch.Tensor, block_embeds
     """
     c = drafter.config
     S, B = ctx_features.shape[0], block_embeds.shape[0]
-    ctx = _rms(ctx_features @ drafter.fc.weight.T, drafter.hidden_norm.weight)
+    ctx = rms(ctx_features @ drafter.fc.weight.T, drafter.hidden_norm.weight)
     q_pos = torch.arange(S, S + B)
     k_pos = torch.arange(S + B)
     x = block_embeds
     for i, layer in enumerate(drafter.layers):
         a = layer.self_attn
-        h = _rms(x, layer.input_layernorm.weight)
-        q = _rms((h @ a.q_proj.weight.T).view(B, c.num_attention_heads, c.head_dim), a.q_norm.weight)
+        h = rms(x, layer.input_layernorm.weight)
+        q = rms((h @ a.q_proj.weight.T).view(B, c.num_attention_heads, c.head_dim), a.q_norm.weight)
         k = torch.cat([ctx @ a.k_proj.weight.T, h @ a.k_proj.weight.T]).view(S + B, c.num_key_value_heads, c.head_dim)
         v = torch.cat([ctx @ a.v_proj.weight.T, h @ a.v_proj.weight.T]).view(S + B, c.num_key_value_heads, c.head_dim)
-        k = _rms(k, a.k_norm.weight)
-        q, k = _rope(q, q_pos, c.rope_theta), _rope(k, k_pos, c.rope_theta)
+        k = rms(k, a.k_norm.weight)
+        q, k = rope(q, q_pos, c.rope_theta), rope(k, k_pos, c.rope_theta)
         group = c.num_attention_heads // c.num_key_value_heads
         k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
         scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(c.head_dim)
@@ -73,10 +60,10 @@ def naive_block(drafter: DFlashDrafter, ctx_features: torch.Tensor, block_embeds
         scores = scores.masked_fill(~visible, float("-inf"))
         attn = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(B, -1)
         x = x + attn @ a.o_proj.weight.T
-        h2 = _rms(x, layer.post_attention_layernorm.weight)
+        h2 = rms(x, layer.post_attention_layernorm.weight)
         m = layer.mlp
         x = x + (torch.nn.functional.silu(h2 @ m.gate_proj.weight.T) * (h2 @ m.up_proj.weight.T)) @ m.down_proj.weight.T
-    return _rms(x, drafter.norm.weight)
+    return rms(x, drafter.norm.weight)
 
 
 def _random_drafter(layer_types=(), window=None, seed=0, **options) -> DFlashDrafter:

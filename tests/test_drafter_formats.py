@@ -23,7 +23,7 @@ from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import CheckpointError, CompatibilityError
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.contracts.draft_window import DraftWindow
-from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target, tiny_drafter_config
+from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target, tiny_drafter_config
 
 NEW_TOKENS = 24
 

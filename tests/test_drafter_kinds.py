@@ -12,13 +12,13 @@ from trtllm_dflash import DFlashPipeline
 from trtllm_dflash.catalog.drafters_dflash2 import V2_DRAFTERS
 from trtllm_dflash.catalog.models import MODELS
 from trtllm_dflash.checkpoints import load_drafter, load_target
-from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target, make_tiny_v2_drafter
+from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target, make_tiny_v2_drafter
 from trtllm_dflash.config import V2_DEFAULTS
 from trtllm_dflash.contracts.drafter_kinds import DFLASH, DFLASH2
 from trtllm_dflash.drafters import DRAFTER_KINDS, DrafterKind, kind_of
 from trtllm_dflash.errors import DFlashError
 
-from test_lossless import hf_greedy
+from support import hf_greedy
 
 # One tiny drafter writer per kind: a new kind adds its writer here and runs every test below.
 WRITERS = {DFLASH: make_tiny_drafter, DFLASH2: make_tiny_v2_drafter}
@@ -97,7 +97,7 @@ def test_a_v1_config_over_v2_weights_names_the_v2_architecture(tmp_path, target_
 
 def test_options_of_a_kind_are_not_kinds():
     """A sliding window or a bounded history leaves the kind as it is."""
-    from trtllm_dflash.checks.testing import tiny_drafter_config, tiny_target_config
+    from trtllm_dflash.testing.tiny import tiny_drafter_config, tiny_target_config
 
     config = tiny_drafter_config(tiny_target_config())
     for options in ({"sliding_window_size": 8}, {"causal": True}, {"swa_window_size": 4}):

@@ -28,7 +28,7 @@ from trtllm_dflash.builder import validate
 from trtllm_dflash.checkpoints import load_drafter, load_target, safetensors_header
 from trtllm_dflash.errors import CheckpointError
 from trtllm_dflash.modeling.fp4 import dequantize_nvfp4, quantize_nvfp4
-from trtllm_dflash.checks.testing import MODELOPT_QUANTIZED_LINEARS, cycle_sequences, write_modelopt_drafter
+from trtllm_dflash.testing.tiny import MODELOPT_QUANTIZED_LINEARS, cycle_sequences, write_modelopt_drafter
 
 NEW_TOKENS = 24
 
@@ -338,7 +338,7 @@ def test_build_reports_the_quantized_drafters_acceptance(tmp_path, trained_pair,
     """What the build's quantize stage runs after writing an NVFP4 drafter: tau of both drafters
     on the same prompts (calibration samples, here cycle text through the character tokenizer)."""
     from trtllm_dflash.recipes.schema import CalibrationSection
-    from trtllm_dflash.checks.testing import make_tiny_tokenizer
+    from trtllm_dflash.testing.tiny import make_tiny_tokenizer
 
     target_dir, zlab_dir, _ = trained_pair
     target_copy = tmp_path / "target"

@@ -24,7 +24,7 @@ import torch
 
 from trtllm_dflash.builder.export import Bounds, UnsupportedTargetError, export_pair, export_target
 from trtllm_dflash.checkpoints import load_drafter, load_target
-from trtllm_dflash.checks.testing import HYBRID_FAMILIES, make_tiny_drafter, make_tiny_target, tiny_target_config
+from trtllm_dflash.testing.tiny import HYBRID_FAMILIES, make_tiny_drafter, make_tiny_target, tiny_target_config
 
 EXPORTED_FAMILIES = ["gpt_oss", "gemma3", "gemma4", "qwen3_moe"]
 # gpt-oss (the mission's own model: sinks, sliding windows, experts) runs in `make test`; the
@@ -145,7 +145,7 @@ def test_a_bounded_draft_history_is_refused_at_drafter_export(tmp_path):
 
     from trtllm_dflash.builder.export import export_drafter
     from trtllm_dflash.modeling.drafter import DFlashDrafter
-    from trtllm_dflash.checks.testing import tiny_drafter_config
+    from trtllm_dflash.testing.tiny import tiny_drafter_config
 
     config = dataclasses.replace(tiny_drafter_config(tiny_target_config("qwen3")), sliding_window_size=16)
     embedding, lm_head = torch.nn.Embedding(128, 64), torch.nn.Linear(64, 128, bias=False)

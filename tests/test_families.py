@@ -28,7 +28,7 @@ from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.modeling import linear_attention
 from trtllm_dflash.runtime.base import Runtime
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
-from trtllm_dflash.checks.testing import (
+from trtllm_dflash.testing.tiny import (
     FAMILIES,
     HYBRID_FAMILIES,
     MULTIMODAL_FAMILIES,

@@ -11,7 +11,7 @@ from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.modeling import fused_target
 from trtllm_dflash.modeling.kv_cache import StaticKVCache
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
-from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target
+from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import torch
 from scipy.stats import chisquare
 
 from trtllm_dflash import DFlashPipeline, demo
-from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target
+from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 from trtllm_dflash.checkpoints import load_target
 from trtllm_dflash.contracts.grammar_spec import GrammarSpec
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams

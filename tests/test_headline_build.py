@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import one_error_line, run_cli
 
-from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_mxfp4_target, make_tiny_target, one_error_line, run_cli
+from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_mxfp4_target, make_tiny_target
 
 HEADLINE = ("build", "--gpu", "b300", "--model", "gpt-oss-120b")
 

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from trtllm_dflash import hf_compat
 from trtllm_dflash.modeling.kv_cache import RaggedHFCache, StaticKVCache
-from trtllm_dflash.checks.testing import tiny_target_config
+from trtllm_dflash.testing.tiny import tiny_target_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

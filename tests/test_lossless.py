@@ -7,10 +7,11 @@ import functools
 
 import pytest
 import torch
+from support import hf_greedy
 
 from trtllm_dflash import DFlashPipeline
 from trtllm_dflash.checkpoints import load_target
-from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target
+from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 
 NEW_TOKENS = 20
 
@@ -31,15 +32,6 @@ def _prompts(batch: int, seed: int) -> list[list[int]]:
     generator = torch.Generator().manual_seed(seed)
     lengths = [3 + (7 * i + seed) % 13 for i in range(batch)]  # different lengths in a batch
     return [torch.randint(3, 120, (n,), generator=generator).tolist() for n in lengths]
-
-
-def hf_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]), max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-            pad_token_id=0,
-        )
-    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])

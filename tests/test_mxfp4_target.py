@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from trtllm_dflash import DFlashPipeline
 from trtllm_dflash.checkpoints import load_target
 from trtllm_dflash.errors import CheckpointError
-from trtllm_dflash.checks.testing import GPT_OSS_MXFP4_CONFIG, make_tiny_drafter, make_tiny_mxfp4_target, make_tiny_target
+from trtllm_dflash.testing.tiny import GPT_OSS_MXFP4_CONFIG, make_tiny_drafter, make_tiny_mxfp4_target, make_tiny_target
 
 NEW_TOKENS = 16
 PROMPTS = ([5, 17, 9, 30], [60, 73, 66, 88, 95, 61, 84, 79, 57], [3])

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from support import cli
+from support import cli, triton_server, write_repository
 
 from trtllm_dflash.cli.app import app
 
@@ -36,20 +36,13 @@ PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self, item):", "impo
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("repo") / "repository"
-    cli("repo", "--model", "demo", "--out", str(out), "--max-context", str(MAX_CONTEXT), "--max-tokens", str(MAX_TOKENS),
-         "--max-batch", "16", "--threads", "1")
-    return out
+    return write_repository(tmp_path_factory.mktemp("repo") / "repository", max_context=MAX_CONTEXT, max_tokens=MAX_TOKENS, max_batch=16)
 
 
 @pytest.fixture(scope="module")
 def triton(repo):
-    from trtllm_dflash.serving.server import TritonServer, free_port, process_group_members
-
-    with TritonServer(repo, free_port(), free_port(), free_port(), host="127.0.0.1", startup_timeout=600) as running:
-        group = running.process.pid
+    with triton_server(repo) as running:  # no backend stub outlives it
         yield running
-    assert process_group_members(group) == []  # no backend stub outlives the server
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import GPU_TOLERANCE, target_case_past_capacity
 
 pytest.importorskip("triton")
 
@@ -18,7 +19,6 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)"),
 ]
-TOLERANCE = {torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
 
 def attention_case(batch, block, heads, kv_heads, head_dim, capacity, dtype, seed=0):
@@ -46,23 +46,8 @@ def test_block_attention_on_gpu(dtype, heads, kv_heads, head_dim, kv_splits, win
     gpu = {k: v.cuda() if torch.is_tensor(v) else v for k, v in case.items()}
     out = launch.block_attention(**gpu, window=window, kv_splits=kv_splits)
     expected = reference.block_attention(**case, window=window)
-    torch.testing.assert_close(out.cpu().float(), expected.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+    torch.testing.assert_close(out.cpu().float(), expected.float(), atol=GPU_TOLERANCE[dtype], rtol=GPU_TOLERANCE[dtype])
     assert torch.equal(gpu["k_cache"].cpu(), case["k_cache"]) and torch.equal(gpu["v_cache"].cpu(), case["v_cache"])
-
-
-def target_case(batch, tokens, heads, kv_heads, key_dim, value_dim, capacity, dtype, seed=0):
-    """Ragged rows: one at position 0, the others anywhere a block fits, one running past the capacity."""
-    g = torch.Generator().manual_seed(seed)
-    starts = torch.randint(0, capacity - tokens, (batch,), generator=g)
-    starts[0], starts[-1] = 0, capacity - tokens // 2
-    return dict(
-        q=torch.randn(batch, tokens, heads, key_dim, generator=g).to(dtype),
-        k_new=torch.randn(batch, tokens, kv_heads, key_dim, generator=g).to(dtype),
-        v_new=torch.randn(batch, tokens, kv_heads, value_dim, generator=g).to(dtype),
-        k_cache=torch.randn(batch, capacity, kv_heads, key_dim, generator=g).to(dtype),
-        v_cache=torch.randn(batch, capacity, kv_heads, value_dim, generator=g).to(dtype),
-        starts=starts,
-    )
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
@@ -72,17 +57,17 @@ def target_case(batch, tokens, heads, kv_heads, key_dim, value_dim, capacity, dt
 )
 @pytest.mark.parametrize("window,with_sinks", [(0, False), (0, True), (128, True), (1000, False)])
 def test_target_attention_on_gpu(dtype, heads, kv_heads, key_dim, value_dim, tokens, window, with_sinks):
-    case = target_case(4, tokens, heads, kv_heads, key_dim, value_dim, 3000, dtype)
+    case = target_case_past_capacity(4, tokens, heads, kv_heads, key_dim, value_dim, 3000, dtype)
     sinks = torch.randn(heads, generator=torch.Generator().manual_seed(1)) if with_sinks else None
     gpu = {k: v.cuda() for k, v in case.items()}
     out = launch.target_attention(**gpu, sinks=None if sinks is None else sinks.cuda(), scale=key_dim**-0.5, window=window)
     expected = reference.target_attention(**case, sinks=sinks, scale=key_dim**-0.5, window=window)
-    torch.testing.assert_close(out.cpu().float(), expected.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+    torch.testing.assert_close(out.cpu().float(), expected.float(), atol=GPU_TOLERANCE[dtype], rtol=GPU_TOLERANCE[dtype])
     assert torch.equal(gpu["k_cache"].cpu(), case["k_cache"]) and torch.equal(gpu["v_cache"].cpu(), case["v_cache"])
 
 
 def test_target_attention_never_reads_past_a_rows_positions_on_gpu():
-    case = target_case(3, 16, 32, 8, 128, 128, 2048, torch.bfloat16)
+    case = target_case_past_capacity(3, 16, 32, 8, 128, 128, 2048, torch.bfloat16)
     clean = launch.target_attention(**{k: v.clone().cuda() for k, v in case.items()}, sinks=None, scale=0.1, window=0)
     for r, start in enumerate(case["starts"].tolist()):
         case["k_cache"][r, start:] = float("nan")

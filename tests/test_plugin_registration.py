@@ -1,83 +1,18 @@
 """`tensorrt_plugins.register_plugins` against a stand-in for `tensorrt.plugin` (TensorRT does not
 install on CPU machines): the registered functions must have the signatures TensorRT reads (node
 inputs as TensorDesc, then the node's attributes as typed fields, the aot_impl's names in the same
-order plus outputs and tactic), describe the outputs, and launch what `plan_launch` plans."""
+order plus outputs and tactic), describe the outputs, and launch what `plan_launch` plans. The stand-in
+is support.fake_tensorrt."""
 
 from __future__ import annotations
 
-import inspect
 import sys
-import types
-import typing
 
 import pytest
+from support import TensorDesc, fake_tensorrt
 
 from trtllm_dflash.plugins import node_spec, onnx_nodes, tensorrt_plugins
 from trtllm_dflash.ops import attention_options
-
-
-class TensorDesc:
-    """A TensorRT tensor descriptor with integer shapes."""
-
-    def __init__(self, shape, dtype):
-        self.shape_expr, self.dtype = tuple(shape), dtype
-
-    def like(self):
-        return TensorDesc(self.shape_expr, self.dtype)
-
-    def aliased(self):
-        desc = self.like()
-        desc.alias_of = self
-        return desc
-
-
-def fake_tensorrt():
-    trt = types.ModuleType("tensorrt")
-    trt.__version__ = "10.13.0"
-    for name in ("float32", "float16", "bfloat16", "fp8", "int32", "int64"):
-        setattr(trt, name, name)
-    trtp = types.ModuleType("tensorrt.plugin")
-    trtp.TensorDesc = TensorDesc
-    trtp.registered, trtp.aot = {}, {}
-
-    def register(plugin_id):
-        def decorate(fn):
-            tensors, fields = [], {}
-            for name, param in inspect.signature(fn).parameters.items():  # what TensorRT checks
-                assert inspect.isclass(param.annotation), f"{plugin_id}: {name} is annotated {param.annotation!r}, not a class"
-                assert param.default is inspect.Parameter.empty, f"{plugin_id}: {name} has a default"
-                if issubclass(param.annotation, TensorDesc):
-                    assert not fields, f"{plugin_id}: tensor {name} after the attributes"
-                    tensors.append(name)
-                else:
-                    assert param.annotation in (int, float, bytes, bool, str), f"{plugin_id}: {name}"
-                    fields[name] = param.annotation
-            returns = inspect.signature(fn).return_annotation
-            outputs = typing.get_args(returns) if typing.get_origin(returns) is tuple else (returns,)
-            assert all(o is TensorDesc for o in outputs), f"{plugin_id}: returns {returns!r}"
-            trtp.registered[plugin_id] = (fn, tensors, fields, len(outputs))
-            return fn
-
-        return decorate
-
-    def aot_impl(plugin_id):
-        def decorate(fn):
-            _, tensors, fields, _ = trtp.registered[plugin_id]
-            assert list(inspect.signature(fn).parameters) == [*tensors, *fields, "outputs", "tactic"], plugin_id
-            trtp.aot[plugin_id] = fn
-            return fn
-
-        return decorate
-
-    class KernelLaunchParams:
-        pass
-
-    trtp.register, trtp.aot_impl, trtp.KernelLaunchParams = register, aot_impl, KernelLaunchParams
-    trtp.SymIntExprs = lambda n: [None] * n
-    trtp.SymInt32 = lambda value: value
-    trtp.from_shape_expr = lambda shape, dtype: TensorDesc(shape, dtype)
-    trt.plugin = trtp
-    return trt, trtp
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import INTERPRETER_TOLERANCE, clone, target_attention_case
 
 pytest.importorskip("triton")
 
@@ -17,35 +18,6 @@ from trtllm_dflash.ops import reference  # noqa: E402
 from trtllm_dflash import ops
 from trtllm_dflash.ops import custom_ops
 from trtllm_dflash.ops.kernels import launch  # noqa: E402
-
-TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
-
-
-def make_case(seed, batch=3, tokens=4, heads=4, kv_heads=2, key_dim=64, value_dim=64, capacity=48,
-              dtype=torch.float32, cache_dtype=None, starts=None):
-    """Random ragged rows: one starting at 0 (empty prefix), the others anywhere that fits the block."""
-    g = torch.Generator().manual_seed(seed)
-    cache_dtype = cache_dtype or dtype
-
-    def rand(*shape, dt=dtype):
-        return torch.randn(*shape, generator=g).to(dt)
-
-    if starts is None:
-        starts = torch.randint(0, capacity - tokens + 1, (batch,), generator=g)
-        starts[0] = 0
-    return dict(
-        q=rand(batch, tokens, heads, key_dim),
-        k_new=rand(batch, tokens, kv_heads, key_dim),
-        v_new=rand(batch, tokens, kv_heads, value_dim),
-        k_cache=rand(batch, capacity, kv_heads, key_dim, dt=cache_dtype),
-        v_cache=rand(batch, capacity, kv_heads, value_dim, dt=cache_dtype),
-        starts=torch.as_tensor(starts, dtype=torch.int64),
-    )
-
-
-def clone(case):
-    return {k: v.clone() for k, v in case.items()}
-
 
 def run_both(case, sinks=None, window=0, scale=None):
     scale = scale if scale is not None else case["q"].shape[-1] ** -0.5
@@ -59,7 +31,7 @@ def assert_matches(case, sinks=None, window=0):
     out, ref, mine, theirs = run_both(case, sinks, window)
     dtype = case["q"].dtype
     assert out.dtype == dtype and out.shape == ref.shape == (*case["q"].shape[:3], case["v_cache"].shape[-1])
-    torch.testing.assert_close(out.float(), ref.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+    torch.testing.assert_close(out.float(), ref.float(), atol=INTERPRETER_TOLERANCE[dtype], rtol=INTERPRETER_TOLERANCE[dtype])
     # the block lands exactly where the reference writes it, bit for bit, and nothing else changes
     assert torch.equal(mine["k_cache"].view(torch.uint8), theirs["k_cache"].view(torch.uint8))
     assert torch.equal(mine["v_cache"].view(torch.uint8), theirs["v_cache"].view(torch.uint8))
@@ -77,26 +49,26 @@ def assert_matches(case, sinks=None, window=0):
     ],
 )
 def test_gqa_head_dims_and_blocks(heads, kv_heads, key_dim, value_dim, tokens):
-    assert_matches(make_case(1, tokens=tokens, heads=heads, kv_heads=kv_heads, key_dim=key_dim, value_dim=value_dim))
+    assert_matches(target_attention_case(1, tokens=tokens, heads=heads, kv_heads=kv_heads, key_dim=key_dim, value_dim=value_dim))
 
 
 @pytest.mark.parametrize("window", [1, 3, 9, 100])
 def test_sliding_windows(window):
     # 1: each query sees only itself; 3 < block: the window cuts inside the block;
     # 9: reaches back into the prefix; 100: longer than every row
-    assert_matches(make_case(2, tokens=6, heads=4, kv_heads=2), window=window)
+    assert_matches(target_attention_case(2, tokens=6, heads=4, kv_heads=2), window=window)
 
 
 @pytest.mark.parametrize("window", [0, 4])
 def test_attention_sinks(window):
-    case = make_case(3, tokens=4, heads=4, kv_heads=2)
+    case = target_attention_case(3, tokens=4, heads=4, kv_heads=2)
     assert_matches(case, sinks=torch.randn(4, generator=torch.Generator().manual_seed(0)), window=window)
 
 
 def test_a_dominant_sink_does_not_overflow():
     """Sinks far above every score (gpt-oss learns some large ones): the sink joins the running
     maximum instead of being added as exp(sink - m), which would overflow."""
-    case = make_case(4, tokens=4, heads=4, kv_heads=2)
+    case = target_attention_case(4, tokens=4, heads=4, kv_heads=2)
     sinks = torch.tensor([200.0, -200.0, 0.0, 60.0])
     out, ref, _, _ = run_both(case, sinks)
     assert torch.isfinite(out).all()
@@ -107,14 +79,14 @@ def test_a_dominant_sink_does_not_overflow():
 def test_half_precision_accumulates_in_float32(dtype):
     # the interpreter computes bf16 dots in float32 (see trtllm_dflash/ops/kernels/__init__.py); a GPU's
     # tensor cores round p to bf16 before p @ v: the tolerance covers both
-    assert_matches(make_case(5, tokens=16, heads=8, kv_heads=2, dtype=dtype), sinks=torch.randn(8), window=11)
+    assert_matches(target_attention_case(5, tokens=16, heads=8, kv_heads=2, dtype=dtype), sinks=torch.randn(8), window=11)
 
 
 def test_float32_queries_over_a_bf16_cache():
     # The block's keys are cast to the cache dtype before use, as if read back from the cache. They
     # are drawn on the bf16 grid: Triton 3.9's interpreter truncates float32 -> bfloat16 (-0.30204 ->
     # -0.30078) where GPUs and torch round to nearest (-0.30273); the data path is what is tested.
-    case = make_case(6, tokens=4, key_dim=32, value_dim=32, cache_dtype=torch.bfloat16)
+    case = target_attention_case(6, tokens=4, key_dim=32, value_dim=32, cache_dtype=torch.bfloat16)
     for name in ("k_new", "v_new"):
         case[name] = case[name].to(torch.bfloat16).float()
     assert_matches(case)
@@ -122,14 +94,14 @@ def test_float32_queries_over_a_bf16_cache():
 
 def test_prefill_longer_than_a_verify_block_tiles_over_the_tokens():
     # 40 tokens x GQA 2 = 80 packed rows in 32-row tiles: three tiles write and read their own tokens
-    case = make_case(7, batch=2, tokens=40, heads=4, kv_heads=2, key_dim=32, value_dim=32, capacity=64, starts=[0, 20])
+    case = target_attention_case(7, batch=2, tokens=40, heads=4, kv_heads=2, key_dim=32, value_dim=32, capacity=64, starts=[0, 20])
     assert launch.target_attention_config(32, 32, 40, 2).m_tiles(40, 2) == 3
     assert_matches(case)
     assert_matches(case, window=7)
 
 
 def test_the_cache_is_written_exactly_at_the_block_slots():
-    case = make_case(8, tokens=5, heads=4, kv_heads=2, key_dim=32, value_dim=16, capacity=24, starts=[0, 11, 21])
+    case = target_attention_case(8, tokens=5, heads=4, kv_heads=2, key_dim=32, value_dim=16, capacity=24, starts=[0, 11, 21])
     mine = clone(case)
     launch.target_attention(**mine, sinks=None, scale=0.2, window=0)
     for r, start in enumerate(case["starts"].tolist()):
@@ -144,7 +116,7 @@ def test_the_cache_is_written_exactly_at_the_block_slots():
 def test_garbage_past_each_rows_positions_is_never_read():
     """NaN in every slot at or past a row's end (what a rejected draft or a longer row leaves):
     a single NaN loaded into a tile would poison the row (0 * NaN), so this checks the loop bounds."""
-    case = make_case(9, tokens=6, heads=8, kv_heads=2)
+    case = target_attention_case(9, tokens=6, heads=8, kv_heads=2)
     clean, _, _, _ = run_both(case)
     for r, start in enumerate(case["starts"].tolist()):
         case["k_cache"][r, start:] = float("nan")
@@ -159,7 +131,7 @@ def test_garbage_past_each_rows_positions_is_never_read():
 
 def test_slots_below_a_sliding_window_are_never_read():
     """A sliding layer's step reads O(window) slots: NaN below the first query's window changes nothing."""
-    case = make_case(14, tokens=4, heads=4, kv_heads=2, capacity=64, starts=[30, 12, 50])
+    case = target_attention_case(14, tokens=4, heads=4, kv_heads=2, capacity=64, starts=[30, 12, 50])
     clean, _, _, _ = run_both(case, window=5)
     for r, start in enumerate(case["starts"].tolist()):
         case["k_cache"][r, : start - 4] = float("nan")
@@ -169,14 +141,14 @@ def test_slots_below_a_sliding_window_are_never_read():
 
 
 def test_kernel_result_does_not_depend_on_the_batch():
-    case = make_case(10, tokens=4)
+    case = target_attention_case(10, tokens=4)
     out_all, _, _, _ = run_both(case)
     out_one, _, _, _ = run_both({k: v[1:2] for k, v in case.items()})
     torch.testing.assert_close(out_all[1:2], out_one, atol=1e-6, rtol=1e-6)
 
 
 def test_ops_run_the_kernel_when_asked_and_the_reference_otherwise(monkeypatch):
-    case = make_case(11, tokens=3, key_dim=32, value_dim=32)
+    case = target_attention_case(11, tokens=3, key_dim=32, value_dim=32)
     calls = []
     kernel = launch.target_attention
     monkeypatch.setattr(launch, "target_attention", lambda *a, **k: calls.append("kernel") or kernel(*a, **k))
@@ -194,7 +166,7 @@ def test_ops_run_the_kernel_when_asked_and_the_reference_otherwise(monkeypatch):
 
 
 def test_what_the_kernel_does_not_cover_falls_back_to_the_reference(monkeypatch):
-    case = make_case(12, tokens=2, key_dim=32, value_dim=32)
+    case = target_attention_case(12, tokens=2, key_dim=32, value_dim=32)
     assert launch.target_attention_supported(case["q"], case["k_cache"], case["v_cache"])
     fp8 = case["k_cache"].to(torch.float8_e4m3fn)
     assert not launch.target_attention_supported(case["q"], fp8, case["v_cache"])  # an FP8 cache needs its scales
@@ -203,20 +175,20 @@ def test_what_the_kernel_does_not_cover_falls_back_to_the_reference(monkeypatch)
     assert not launch.target_attention_supported(case["q"], case["k_cache"].transpose(1, 2), case["v_cache"])
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(launch, "target_attention", lambda *a, **k: pytest.fail("the kernel must not run"))
-    x = make_case(12, tokens=2, key_dim=48, value_dim=48)
+    x = target_attention_case(12, tokens=2, key_dim=48, value_dim=48)
     torch.ops.dflash.target_attention(*x.values(), None, 0.2, 0)
     assert custom_ops.kernels_enabled(x["q"].device)
 
 
 def test_bad_shapes_are_clear_errors():
-    case = make_case(13, tokens=2, key_dim=32, value_dim=32)
+    case = target_attention_case(13, tokens=2, key_dim=32, value_dim=32)
     bad = {**case, "v_new": case["v_new"][..., :16]}
     with pytest.raises(DFlashError, match="v_new has shape"):
         launch.target_attention(**bad, sinks=None, scale=0.2)
     with pytest.raises(DFlashError, match="sinks has shape"):
         launch.target_attention(**case, sinks=torch.zeros(3), scale=0.2)
     with pytest.raises(DFlashError, match="not a multiple"):
-        launch.target_attention(**make_case(13, heads=3, kv_heads=2, key_dim=32, value_dim=32), sinks=None, scale=0.2)
+        launch.target_attention(**target_attention_case(13, heads=3, kv_heads=2, key_dim=32, value_dim=32), sinks=None, scale=0.2)
     with pytest.raises(DFlashError, match="value head dims"):
         launch.target_attention_config(64, 192)
 

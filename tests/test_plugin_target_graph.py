@@ -29,7 +29,7 @@ FAMILY_PARAMS = ["gpt_oss", pytest.param("gemma3", marks=pytest.mark.slow), pyte
 def exported(tmp_path_factory):
     """name ("demo" or a family) -> its checkpoints and plugin export directory, exported once."""
     from trtllm_dflash import demo
-    from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target
+    from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 
     done: dict[str, dict[str, Path]] = {}
 
@@ -142,7 +142,7 @@ def test_family_plugin_target_graph_decodes_like_the_torch_runtime(exported, fam
 def test_targets_the_op_cannot_run_are_refused_with_the_reason(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from trtllm_dflash.checks.testing import tiny_target_config
+    from trtllm_dflash.testing.tiny import tiny_target_config
 
     model = AutoModelForCausalLM.from_config(tiny_target_config("gemma4"))
     with pytest.raises(UnsupportedTargetError, match="reuse another layer's K/V") as error:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import INTERPRETER_TOLERANCE, clone, target_attention_case
 
 pytest.importorskip("triton")
 
-from test_plugin_target_attention import TOLERANCE, clone, make_case  # noqa: E402
 
 from trtllm_dflash.ops import reference  # noqa: E402
 from trtllm_dflash.ops import kernels
@@ -25,7 +25,7 @@ def assert_split_matches(case, splits, sinks=None, window=0, scale=0.2):
     out = launch.target_attention(**split, sinks=sinks, scale=scale, window=window, kv_splits=splits)
     one = launch.target_attention(**unsplit, sinks=sinks, scale=scale, window=window, kv_splits=1)
     expected = reference.target_attention(**ref, sinks=sinks, scale=scale, window=window)
-    tol = TOLERANCE[case["q"].dtype]
+    tol = INTERPRETER_TOLERANCE[case["q"].dtype]
     assert out.dtype == case["q"].dtype and out.shape == expected.shape
     torch.testing.assert_close(out.float(), expected.float(), atol=tol, rtol=tol)
     torch.testing.assert_close(out.float(), one.float(), atol=tol, rtol=tol)
@@ -44,19 +44,19 @@ def assert_split_matches(case, splits, sinks=None, window=0, scale=0.2):
     ],
 )
 def test_split_equals_unsplit_and_reference(splits, heads, kv_heads, key_dim, value_dim, tokens):
-    case = make_case(21, tokens=tokens, heads=heads, kv_heads=kv_heads, key_dim=key_dim, value_dim=value_dim, capacity=48)
+    case = target_attention_case(21, tokens=tokens, heads=heads, kv_heads=kv_heads, key_dim=key_dim, value_dim=value_dim, capacity=48)
     assert_split_matches(case, splits)
 
 
 @pytest.mark.parametrize("window", [1, 3, 9, 100])
 def test_split_sliding_windows(window):
     # the row's chunks start at the window of its first token; a tile skips what its own window excludes
-    assert_split_matches(make_case(22, tokens=6, heads=4, kv_heads=2, capacity=64), 3, window=window)
+    assert_split_matches(target_attention_case(22, tokens=6, heads=4, kv_heads=2, capacity=64), 3, window=window)
 
 
 @pytest.mark.parametrize("window,splits", [(0, 2), (0, 5), (7, 3)])
 def test_split_sinks_count_once(window, splits):
-    case = make_case(23, tokens=4, heads=4, kv_heads=2)
+    case = target_attention_case(23, tokens=4, heads=4, kv_heads=2)
     assert_split_matches(case, splits, sinks=torch.tensor([1.5, -2.0, 0.0, 3.0]), window=window)
     # a dominant sink stays finite through the merge
     out = assert_split_matches(case, splits, sinks=torch.tensor([200.0, -200.0, 0.0, 60.0]), window=window)
@@ -65,20 +65,20 @@ def test_split_sinks_count_once(window, splits):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_split_half_precision(dtype):
-    case = make_case(24, tokens=16, heads=8, kv_heads=2, dtype=dtype)
+    case = target_attention_case(24, tokens=16, heads=8, kv_heads=2, dtype=dtype)
     assert_split_matches(case, 4, sinks=torch.randn(8, generator=torch.Generator().manual_seed(1)), window=11)
 
 
 def test_split_prefill_tiles_and_ragged_starts():
     # 40 tokens x GQA 2 in 32-row tiles: three tiles x 3 splits; rows start at 0 (no prefix) and 20
-    case = make_case(25, batch=2, tokens=40, heads=4, kv_heads=2, key_dim=32, value_dim=32, capacity=96, starts=[0, 50])
+    case = target_attention_case(25, batch=2, tokens=40, heads=4, kv_heads=2, key_dim=32, value_dim=32, capacity=96, starts=[0, 50])
     assert_split_matches(case, 3)
     assert_split_matches(case, 3, window=7)
 
 
 def test_split_kernel_partials_equal_the_reference_partials():
     """The kernel's own partials, not just their merge: the chunking is the reference's."""
-    case = make_case(26, tokens=3, heads=8, kv_heads=2, key_dim=32, value_dim=16, capacity=40, starts=[0, 17, 36])
+    case = target_attention_case(26, tokens=3, heads=8, kv_heads=2, key_dim=32, value_dim=16, capacity=40, starts=[0, 17, 36])
     sinks, splits, window = torch.randn(8, generator=torch.Generator().manual_seed(2)), 3, 6
     mine, ref = clone(case), clone(case)
     batch, tokens, heads, _ = case["q"].shape
@@ -104,7 +104,7 @@ def test_split_kernel_partials_equal_the_reference_partials():
 
 
 def test_reference_partials_merge_to_the_reference():
-    case = make_case(27, tokens=5, heads=6, kv_heads=2, key_dim=32, value_dim=64, capacity=30)
+    case = target_attention_case(27, tokens=5, heads=6, kv_heads=2, key_dim=32, value_dim=64, capacity=30)
     sinks = torch.randn(6, generator=torch.Generator().manual_seed(3))
     for splits in (1, 2, 4, 40):
         for window in (0, 4):
@@ -116,7 +116,7 @@ def test_reference_partials_merge_to_the_reference():
 
 
 def test_split_never_reads_garbage_past_each_rows_positions():
-    case = make_case(28, tokens=6, heads=8, kv_heads=2)
+    case = target_attention_case(28, tokens=6, heads=8, kv_heads=2)
     clean = assert_split_matches(case, 3)
     for r, start in enumerate(case["starts"].tolist()):
         case["k_cache"][r, start:] = float("nan")

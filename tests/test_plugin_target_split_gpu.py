@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import GPU_TOLERANCE, target_case_past_capacity
 
 pytest.importorskip("triton")
 
-from test_plugin_gpu import TOLERANCE, target_case  # noqa: E402
 
 from trtllm_dflash.ops import reference  # noqa: E402
 from trtllm_dflash.ops.kernels import launch  # noqa: E402
@@ -24,14 +24,14 @@ pytestmark = [
 @pytest.mark.parametrize("window,with_sinks", [(0, False), (128, True)])
 def test_target_attention_kv_split_on_gpu(dtype, kv_splits, window, with_sinks):
     # a Qwen3-8B verify step over up to 8k of context, rows ragged (one at 0, one past the capacity)
-    case = target_case(2, 16, 32, 8, 128, 128, 8208, dtype)
+    case = target_case_past_capacity(2, 16, 32, 8, 128, 128, 8208, dtype)
     sinks = torch.randn(32, generator=torch.Generator().manual_seed(1)) if with_sinks else None
     options = dict(sinks=None if sinks is None else sinks.cuda(), scale=128**-0.5, window=window)
     split, unsplit = {k: v.cuda() for k, v in case.items()}, {k: v.cuda() for k, v in case.items()}
     out = launch.target_attention(**split, **options, kv_splits=kv_splits)
     one = launch.target_attention(**unsplit, **options, kv_splits=1)
     expected = reference.target_attention(**case, sinks=sinks, scale=128**-0.5, window=window)
-    tol = TOLERANCE[dtype]
+    tol = GPU_TOLERANCE[dtype]
     torch.testing.assert_close(out.cpu().float(), expected.float(), atol=tol, rtol=tol)
     torch.testing.assert_close(out.float(), one.float(), atol=tol, rtol=tol)
     assert torch.equal(split["k_cache"].cpu(), case["k_cache"]) and torch.equal(split["v_cache"].cpu(), case["v_cache"])

@@ -13,8 +13,7 @@ import pytest
 import torch
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
-from test_plugin_registration import TensorDesc, fake_tensorrt
-from test_target_attention import inputs
+from support import TensorDesc, fake_tensorrt, target_attention_case
 
 from trtllm_dflash.builder.kernel_space import recipe_kernel_space
 from trtllm_dflash.plugins import aot, onnx_nodes, tensorrt_plugins
@@ -45,7 +44,7 @@ def _split_model(x: dict, sinks: torch.Tensor, kv_splits: int, **attributes) -> 
 @pytest.mark.parametrize("has_sinks,window,kv_splits", [(0, 0, 2), (1, 4, 3), (1, 0, 40)])
 def test_split_and_merge_nodes_evaluate_like_the_reference(has_sinks, window, kv_splits):
     onnx_nodes.register_schemas()
-    x = inputs(seed=31, key_dim=16, value_dim=32)  # value head wider than the key head: the merge takes the partials' dim
+    x = target_attention_case(31, key_dim=16, value_dim=32, capacity=32, starts=(7, 0, 19))  # value head wider than the key head: the merge takes the partials' dim
     sinks = torch.randn(4)
     model = _split_model(x, sinks, kv_splits, scale=0.2, window=window, has_sinks=has_sinks)
     feeds = {name: value.numpy() for name, value in {**x, "sinks": sinks}.items()}
@@ -65,7 +64,7 @@ class _OneLayer(torch.nn.Module):
 
 def test_export_with_target_kv_splits_emits_the_split_and_the_merge():
     pytest.importorskip("onnxscript", reason="needs the export extra")
-    x = inputs(seed=32, batch=2, starts=(3, 9))
+    x = target_attention_case(32, batch=2, key_dim=16, value_dim=16, capacity=32, starts=(3, 9))
     sinks = torch.randn(4)
     program = torch.onnx.export(
         _OneLayer(), (*x.values(), sinks), dynamo=True,

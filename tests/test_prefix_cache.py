@@ -4,7 +4,7 @@ and decodes exactly what a cold prefill decodes: the same tokens and the same ac
 greedy and seeded sampling, dense and hybrid targets, alone, in batches with other prefixes, with
 requests joining between steps, and after its prefix was evicted. The cache stays within its bytes.
 
-The pairs are trained on two token cycles (checks/testing.py make_cycle_pair), so drafts are
+The pairs are trained on two token cycles (testing/tiny.py make_cycle_pair), so drafts are
 accepted in long, ragged runs and the acceptance lengths are a real check on the drafter's context.
 """
 
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from trtllm_dflash.checkpoints import load_drafter, load_target
-from trtllm_dflash.checks.testing import cycle_sequences
+from trtllm_dflash.testing.tiny import cycle_sequences
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.prefix_cache import PrefixBlock, PrefixCache
@@ -186,7 +186,7 @@ def test_served_model_reuses_prefixes_and_answers_as_offline(hybrid_trained_pair
     from transformers import AutoTokenizer
 
     from trtllm_dflash.backends import open_served_pipeline
-    from trtllm_dflash.checks.testing import RecordingSink
+    from support import RecordingSink
     from trtllm_dflash.serving.batching_loop import BatchingLoop
     from trtllm_dflash.serving.model_parameters import ServingConfig
     from trtllm_dflash.serving.protocol import GenerateInputs

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from trtllm_dflash.checkpoints import load_drafter, load_target
-from trtllm_dflash.checks.testing import cycle_sequences
+from trtllm_dflash.testing.tiny import cycle_sequences
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.runtime.prefix_cache import PrefixCache
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime

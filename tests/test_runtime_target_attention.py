@@ -13,7 +13,7 @@ from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
-from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target
+from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 
 FAMILIES = ["qwen3", "llama", "gpt_oss", "gemma3", "qwen3_moe"]
 
@@ -57,7 +57,7 @@ def test_dflash_attention_decodes_like_the_models_own_attention(pair_dirs, famil
 def test_targets_the_op_cannot_express_are_refused(pair_dirs, tmp_path, family, reason):
     from transformers import AutoModelForCausalLM
 
-    from trtllm_dflash.checks.testing import tiny_target_config
+    from trtllm_dflash.testing.tiny import tiny_target_config
 
     model = AutoModelForCausalLM.from_config(tiny_target_config(family))
     with pytest.raises(DFlashError, match=reason) as error:
@@ -78,7 +78,7 @@ def test_auto_takes_the_kernel_only_where_it_covers_every_head_dim(monkeypatch, 
     graph of the verify pass failed to capture (H200, 2026-11-26: a hidden-192 Qwen3 target)."""
     from transformers import AutoModelForCausalLM
 
-    from trtllm_dflash.checks.testing import tiny_target_config
+    from trtllm_dflash.testing.tiny import tiny_target_config
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # kernels "enabled" on this CPU
     model = AutoModelForCausalLM.from_config(tiny_target_config("qwen3", hidden_size=hidden))

@@ -13,23 +13,20 @@ import itertools
 import pytest
 import torch
 from scipy.stats import chisquare
+from support import SMALL_VOCAB, chi2_pvalue, exact_distribution, sample_speculatively
 
 from trtllm_dflash import DFlashPipeline
-from trtllm_dflash.checkpoints import load_target
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash import ops
 from trtllm_dflash.ops import reference, rng
-from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target
+from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 
-VOCAB = 8
-PROMPT = [1, 2, 3]
-SAMPLES = 3000
 
 
 def _small_vocab_pair(root, family: str, block_size: int = 4, **drafter_options):
-    target = make_tiny_target(root / "target", family, seed=11, vocab_size=VOCAB)
+    target = make_tiny_target(root / "target", family, seed=11, vocab_size=SMALL_VOCAB)
     drafter = make_tiny_drafter(
-        root / "drafter", target, seed=12, block_size=block_size, mask_token_id=VOCAB - 1, target_layer_ids=(1, 2),
+        root / "drafter", target, seed=12, block_size=block_size, mask_token_id=SMALL_VOCAB - 1, target_layer_ids=(1, 2),
         **drafter_options,
     )
     return target, drafter
@@ -57,62 +54,6 @@ def small_vocab_pair(tmp_path_factory):
 def family_pair(request, tmp_path_factory):
     family, block_size, drafter_options = request.param
     return _small_vocab_pair(tmp_path_factory.mktemp(f"small-vocab-{family}"), family, block_size, **drafter_options)
-
-
-def exact_distribution(target_dir, temperature, top_k, top_p) -> dict[tuple[int, ...], float]:
-    """P(t1, t2, t3) of the target's own sampling, by enumerating every prefix."""
-    model = load_target(target_dir).model
-    params = [torch.tensor([v]) for v in (temperature, top_k, top_p)]
-
-    def next_probs(prefixes):
-        with torch.no_grad():
-            logits = model(torch.tensor([PROMPT + list(p) for p in prefixes])).logits[:, -1]
-        rows = logits.shape[0]
-        return reference.process_logits(logits, *(p.expand(rows) for p in params)).double()
-
-    joint = {(): 1.0}
-    for _ in range(3):
-        prefixes = list(joint)
-        probs = next_probs(prefixes)
-        joint = {
-            prefix + (token,): joint[prefix] * float(probs[i, token])
-            for i, prefix in enumerate(prefixes)
-            for token in range(VOCAB)
-        }
-    return joint
-
-
-def sample_speculatively(target_dir, drafter_dir, temperature, top_k, top_p) -> list[tuple[int, ...]]:
-    pipe = DFlashPipeline.load(target_dir, drafter_dir, max_context=16)
-    decoder = Decoder(pipe.runtime, max_batch=SAMPLES, max_context=16)
-    requests = [
-        Request(PROMPT, SamplingParams(max_new_tokens=3, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))
-        for seed in range(SAMPLES)
-    ]
-    results = decoder.generate(requests)
-    accepted_drafts = sum(max(r.acceptance_lengths) > 1 for r in results)
-    assert 0 < accepted_drafts < SAMPLES  # both acceptance and rejection paths are exercised
-    return [tuple(r.token_ids) for r in results]
-
-
-def chi2_pvalue(samples: list[tuple[int, ...]], exact: dict[tuple[int, ...], float], positions) -> float:
-    """Chi-square p-value of the marginal over `positions`, small cells merged (expected < 5)."""
-    expected: dict[tuple, float] = {}
-    for seq, prob in exact.items():
-        key = tuple(seq[i] for i in positions)
-        expected[key] = expected.get(key, 0.0) + prob * len(samples)
-    observed = {key: 0 for key in expected}
-    for seq in samples:
-        observed[tuple(seq[i] for i in positions)] += 1
-    impossible = [k for k in expected if expected[k] == 0]
-    assert sum(observed[k] for k in impossible) == 0  # nothing outside the top-k / top-p support
-    expected = {k: v for k, v in expected.items() if v > 0}
-    big = [k for k in expected if expected[k] >= 5]
-    small = [k for k in expected if expected[k] < 5]
-    obs = [observed[k] for k in big] + ([sum(observed[k] for k in small)] if small else [])
-    exp = [expected[k] for k in big] + ([sum(expected[k] for k in small)] if small else [])
-    total = sum(exp)
-    return float(chisquare(obs, [e * len(samples) / total for e in exp]).pvalue)
 
 
 SETTINGS = {"temperature-1": (1.0, 0, 1.0), "top-k-top-p": (0.8, 5, 0.9)}

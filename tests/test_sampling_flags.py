@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target
+from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 from trtllm_dflash import decoding
 from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams

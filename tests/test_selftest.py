@@ -27,6 +27,17 @@ ENV = selftest.GpuEnvironment(
 # ------------------------------------------------------------------------------ command line
 
 
+def test_the_tensorrt_step_runs_the_command_line_the_console_script_runs():
+    """selftest names the CLI's module as a string (importing it would loop): it must be the console
+    script's, and runnable with `python -m`."""
+    import importlib
+    import tomllib
+
+    scripts = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["dflash-trt"] == f"{selftest.CLI_MODULE}:main"
+    assert 'if __name__ == "__main__":' in Path(importlib.import_module(selftest.CLI_MODULE).__file__).read_text()
+
+
 def test_without_a_gpu_it_refuses_in_one_line_and_writes_nothing(run_main, tmp_path):
     out = tmp_path / "RESULTS.md"
     code, stdout, stderr = run_main("selftest", "--gpu", "--out", str(out))
@@ -368,7 +379,7 @@ def test_gpu_tests_step_skips_without_a_tests_folder(tmp_path):
 
 def test_qwen3_8b_shaped_pair_has_the_full_width_on_the_meta_device():
     from trtllm_dflash.checkpoints import validate_pair
-    from trtllm_dflash.modeling.qwen3_8b_shaped import make_qwen3_8b_shaped_drafter, make_qwen3_8b_shaped_target
+    from trtllm_dflash.testing.qwen3_8b_shaped import make_qwen3_8b_shaped_drafter, make_qwen3_8b_shaped_target
 
     target = make_qwen3_8b_shaped_target()  # meta: no memory
     drafter = make_qwen3_8b_shaped_drafter(target.config)

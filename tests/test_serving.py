@@ -12,56 +12,17 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.error
 import urllib.request
 
 import numpy as np
 import pytest
-from support import cli
-
-
-MAX_CONTEXT = 256
-MAX_TOKENS = 96
-PROMPTS = ["def fibonacci(n):", "import os\nfor name in", "class Stack:\n    def push(self, item):", "x = [i * i for i in"]
-
-
-def _demo_present() -> bool:
-    from trtllm_dflash.demo import DEMO_DIR
-
-    return (DEMO_DIR / "target" / "config.json").is_file() and (DEMO_DIR / "drafter" / "config.json").is_file()
-
-
-@pytest.fixture(scope="module", params=["demo" if _demo_present() else "tiny"])
-def pair(request, tmp_path_factory):
-    """(target, drafter) as the CLI names them."""
-    if request.param == "demo":
-        return "demo", "demo"
-    from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target
-
-    root = tmp_path_factory.mktemp("served-pair")
-    target = make_tiny_target(root / "target", seed=11, tokenizer=True)
-    drafter = make_tiny_drafter(root / "drafter", target, seed=12, mask_token_id=2, block_size=8)
-    return str(target), str(drafter)
-
-
-@pytest.fixture(scope="module")
-def repo(pair, tmp_path_factory):
-    target, drafter = pair
-    out = tmp_path_factory.mktemp("repo") / "repository"
-    model = ["--model", "demo"] if target == "demo" else ["--model", target, "--drafter", drafter]
-    cli("repo", *model, "--out", str(out), "--max-context", str(MAX_CONTEXT), "--max-tokens", str(MAX_TOKENS), "--max-batch", "16", "--threads", "1")
-    return out
+from support import MAX_CONTEXT, MAX_TOKENS, PROMPTS, cli, pair, post, repo, triton_server  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="module")
 def server(repo):
-    from trtllm_dflash.serving.server import TritonServer, free_port, process_group_members
-
-    with TritonServer(repo, free_port(), free_port(), free_port(), host="127.0.0.1", startup_timeout=600) as running:
-        group = running.process.pid
+    with triton_server(repo) as running:  # the Python backend stubs share its process group: none outlives it
         yield running
-    # the Python backend stubs share the server's process group: none may outlive the server
-    assert process_group_members(group) == []
 
 
 @pytest.fixture(scope="module")
@@ -108,23 +69,12 @@ def _metrics(server, model: str = "dflash") -> dict:
     return read_metrics(server.endpoints.metrics, model)
 
 
-def _post(server, model: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(
-        f"{server.endpoints.http}/v2/models/{model}/generate", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=300) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
 # ---------------------------------------------------------------------- the three ways in
 
 
 def test_generate_endpoint_answers_text_output_equal_to_offline(server, reference):
     for prompt, expected in zip(PROMPTS, reference):
-        status, body = _post(server, "dflash", {"text_input": prompt, "sampling_param_max_tokens": 32, "sampling_param_temperature": 0})
+        status, body = post(server, "dflash", {"text_input": prompt, "sampling_param_max_tokens": 32, "sampling_param_temperature": 0})
         assert status == 200, body
         assert body["text_output"] == expected["text"]
         ids = body["output_ids"] if isinstance(body["output_ids"], list) else [body["output_ids"]]
@@ -185,7 +135,7 @@ def test_stop_strings_and_echoed_prompt(server, client, reference):
     whole = client.generate(PROMPTS[0], max_tokens=32, stop=[stop])
     assert whole.text == text[: text.find(stop)]
     echo = {"text_input": PROMPTS[0], "sampling_param_max_tokens": 32, "sampling_param_exclude_input_from_output": False}
-    status, body = _post(server, "dflash", echo)
+    status, body = post(server, "dflash", echo)
     assert status == 200 and body["text_output"] == PROMPTS[0] + text
 
 
@@ -272,7 +222,7 @@ def test_bad_requests_fail_alone_with_a_clear_error(server, client, pair, refere
         ({"sampling_param_max_tokens": 4}, "text_input"),  # missing prompt
     ]
     for body, message in bad_http:
-        status, answer = _post(server, "dflash", body)
+        status, answer = post(server, "dflash", body)
         assert status >= 400, (body, answer)
         assert message in answer["error"], (body, answer)
     for body, message in bad_http[:3]:  # the streaming endpoint and gRPC say the same

@@ -13,7 +13,7 @@ import threading
 
 import pytest
 import torch
-from support import cli
+from support import cli, triton_server, write_repository
 
 
 MAX_TOKENS = 48
@@ -29,7 +29,7 @@ def hybrid_pair(hybrid_trained_pair):
 def prompts(hybrid_pair):
     from transformers import AutoTokenizer
 
-    from trtllm_dflash.checks.testing import cycle_sequences
+    from trtllm_dflash.testing.tiny import cycle_sequences
 
     tokenizer = AutoTokenizer.from_pretrained(hybrid_pair[0])
     windows = cycle_sequences(4, 14, torch.Generator().manual_seed(5)).tolist()
@@ -49,13 +49,10 @@ def offline(hybrid_pair, prompts):
 @pytest.fixture(scope="module")
 def client(hybrid_pair, tmp_path_factory):
     from trtllm_dflash.serving.client import DFlashClient
-    from trtllm_dflash.serving.server import TritonServer, free_port
 
     target, drafter = hybrid_pair
-    repo = tmp_path_factory.mktemp("hybrid-repo") / "repository"
-    cli("repo", "--model", target, "--drafter", drafter, "--out", str(repo), "--max-context", "128",
-        "--max-tokens", str(MAX_TOKENS), "--max-batch", "4", "--threads", "1")
-    with TritonServer(repo, free_port(), free_port(), free_port(), host="127.0.0.1", startup_timeout=600) as server:
+    repo = write_repository(tmp_path_factory.mktemp("hybrid-repo") / "repository", target, drafter, max_context=128, max_tokens=MAX_TOKENS)
+    with triton_server(repo) as server:
         yield DFlashClient(server.endpoints.http, model="dflash", grpc_url=server.endpoints.grpc, timeout=300)
 
 

@@ -18,6 +18,7 @@ Its "decoding" commits 3, 1, 2, 3, ... tokens per step (draft length 3), so step
 from __future__ import annotations
 
 import pytest
+from support import triton_server
 
 pytest.importorskip("pytriton", reason="needs the serve extra (nvidia-pytriton's tritonserver)")
 
@@ -121,13 +122,11 @@ def expected_text(prompt: str, count: int) -> str:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     from trtllm_dflash.backends.trtllm import repository as trtllm
-    from trtllm_dflash.serving.server import TritonServer, free_port
-
     root = tmp_path_factory.mktemp("llmapi-standin") / "repo"
     (root / "tensorrt_llm" / "1").mkdir(parents=True)
     (root / "tensorrt_llm" / "config.pbtxt").write_text(trtllm.render_config("tensorrt_llm", True))  # what our repository declares
     (root / "tensorrt_llm" / "1" / "model.py").write_text(STAND_IN)
-    with TritonServer(root, free_port(), free_port(), free_port(), startup_timeout=120) as running:
+    with triton_server(root, startup_timeout=120) as running:
         yield running
 
 
@@ -163,7 +162,7 @@ def test_streams_turn_cumulative_text_into_steps_and_end_on_the_last_response(cl
 
 
 def test_generate_url_prints_the_texts_and_the_figures_it_has(server):
-    from trtllm_dflash.checks.testing import run_cli
+    from support import run_cli
 
     for stream in ((), ("--stream",)):
         result = run_cli("generate", "--url", server.endpoints.http, "--model-name", "tensorrt_llm", "--prompt", PROMPT,

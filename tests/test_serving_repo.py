@@ -8,9 +8,8 @@ import json
 import numpy as np
 import pytest
 import yaml
-from support import invoke
+from support import RecordingSink, invoke, serve_until
 
-from trtllm_dflash.checks.testing import RecordingSink, serve_until
 from trtllm_dflash.errors import DFlashError
 
 
@@ -30,7 +29,7 @@ def _parse_pbtxt(path):
 
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory):
-    from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target
+    from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 
     root = tmp_path_factory.mktemp("pair")
     target = make_tiny_target(root / "target", seed=5, tokenizer=True)
@@ -82,7 +81,7 @@ def test_repo_refuses_to_overwrite_and_leaves_nothing_half_written(tiny_pair, tm
 
 
 def test_repo_checks_the_pair_before_writing(tiny_pair, tmp_path):
-    from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target
+    from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 
     other = make_tiny_target(tmp_path / "other", hidden_size=32, tokenizer=True)
     wrong = make_tiny_drafter(tmp_path / "wrong", other)

@@ -22,6 +22,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from support import triton_server
 
 PROBE_PY = '''
 import json, os, sys
@@ -83,7 +84,7 @@ def _system_libpython_differs() -> str | None:
 
 def test_stub_runs_this_interpreter_in_an_activated_venv(tmp_path, monkeypatch):
     pytest.importorskip("pytriton", reason="needs the serve extra (nvidia-pytriton's tritonserver)")
-    from trtllm_dflash.serving.server import TritonServer, free_port, own_libpython
+    from trtllm_dflash.serving.server import own_libpython
 
     # `source .venv/bin/activate`: the venv's bin first on PATH, VIRTUAL_ENV set.
     venv_bin = Path(sys.prefix) / "bin"
@@ -96,7 +97,7 @@ def test_stub_runs_this_interpreter_in_an_activated_venv(tmp_path, monkeypatch):
     print(f"venv: {sys.prefix != sys.base_prefix}; unpinned loader would map: {other or 'our own libpython'}")
 
     repo = _probe_repository(tmp_path / "repo")
-    with TritonServer(repo, free_port(), free_port(), free_port(), log_file=tmp_path / "server.log", startup_timeout=120):
+    with triton_server(repo, log_file=tmp_path / "server.log", startup_timeout=120):
         facts = json.loads(out.read_text())
 
     assert facts["version"] == sys.version

@@ -38,7 +38,7 @@ from trtllm_dflash.ops import reference_dflash2
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 from trtllm_dflash.sampling_params import SamplingParams
 
-from test_drafter import _rms, _rope  # the drafter's norm and RoPE written from the spec (tests/test_drafter.py)
+from support import rms, rope  # the drafter's norm and RoPE written from the spec
 
 WINDOW = 12
 NEW_TOKENS = 40
@@ -75,12 +75,12 @@ def _attention(w: dict, prefix: str, raw: dict, h, ctx, window, start):
     eps, heads, kv_heads, dim = raw["rms_norm_eps"], raw["num_attention_heads"], raw["num_key_value_heads"], raw["head_dim"]
     S, B = ctx.shape[0], h.shape[0]
     q_pos, k_pos = torch.arange(start, start + B), torch.arange(start + B)
-    q = _rms((h @ w[prefix + "q_proj.weight"].T).view(B, heads, dim), w[prefix + "q_norm.weight"], eps)
+    q = rms((h @ w[prefix + "q_proj.weight"].T).view(B, heads, dim), w[prefix + "q_norm.weight"], eps)
     k = torch.cat([ctx, h]) @ w[prefix + "k_proj.weight"].T
     v = torch.cat([ctx, h]) @ w[prefix + "v_proj.weight"].T
-    k = _rms(k.view(S + B, kv_heads, dim), w[prefix + "k_norm.weight"], eps)
+    k = rms(k.view(S + B, kv_heads, dim), w[prefix + "k_norm.weight"], eps)
     v = v.view(S + B, kv_heads, dim)
-    q, k = _rope(q, q_pos, raw["rope_theta"]), _rope(k, k_pos, raw["rope_theta"])
+    q, k = rope(q, q_pos, raw["rope_theta"]), rope(k, k_pos, raw["rope_theta"])
     k, v = k.repeat_interleave(heads // kv_heads, 1), v.repeat_interleave(heads // kv_heads, 1)
     scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(dim)
     if window is not None:  # |q - k| <= W - 1, both sides, context and block alike
@@ -108,20 +108,20 @@ def reference_draft(w: dict, raw: dict, ctx_features, block_embeds, anchor: int,
     """The drafts for block positions 1..B-1 (greedy), recomputed from the context features."""
     eps = raw["rms_norm_eps"]
     v2 = "DFlash2DraftModel" in raw["architectures"]
-    ctx = _rms(ctx_features @ w["fc.weight"].T, w["hidden_norm.weight"], eps)
+    ctx = rms(ctx_features @ w["fc.weight"].T, w["hidden_norm.weight"], eps)
     x = block_embeds
     for i, window in enumerate(layer_windows(raw)):
         p = f"layers.{i}."
-        a = _rms(x, w[p + "input_layernorm.weight"], eps)
+        a = rms(x, w[p + "input_layernorm.weight"], eps)
         if v2:
             a, post = _conv(w, p + "attention_conv.", raw, a)
             x = post(_attention(w, p + "self_attn.", raw, a, ctx, window, start), x)
-            a, post = _conv(w, p + "mlp_conv.", raw, _rms(x, w[p + "post_attention_layernorm.weight"], eps))
+            a, post = _conv(w, p + "mlp_conv.", raw, rms(x, w[p + "post_attention_layernorm.weight"], eps))
             x = post(_mlp(w, p + "mlp.", a), x)
         else:
             x = x + _attention(w, p + "self_attn.", raw, a, ctx, window, start)
-            x = x + _mlp(w, p + "mlp.", _rms(x, w[p + "post_attention_layernorm.weight"], eps))
-    hidden = _rms(x, w["norm.weight"], eps)[1:]
+            x = x + _mlp(w, p + "mlp.", rms(x, w[p + "post_attention_layernorm.weight"], eps))
+    hidden = rms(x, w["norm.weight"], eps)[1:]
     unary = lm_head(hidden)
     if not v2:
         return unary.argmax(-1).tolist()

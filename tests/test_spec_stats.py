@@ -156,7 +156,7 @@ def test_served_draft_counts_follow_the_draft_len_schedule():
     """With a draft_len_schedule a busy step verifies fewer drafts: the served totals count what each
     step verified (they counted block size - 1 per step, overstating drafts and understating the rate)."""
     from trtllm_dflash.backends import open_served_pipeline
-    from trtllm_dflash.checks.testing import RecordingSink, serve_until
+    from support import RecordingSink, serve_until
     from trtllm_dflash.sampling_params import SamplingParams
     from trtllm_dflash.serving.batching_loop import BatchingLoop
     from trtllm_dflash.serving.model_parameters import ServingConfig

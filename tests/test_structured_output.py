@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from support import cli
-
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("xgrammar")
@@ -26,21 +24,13 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"typ
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("repo") / "repository"
-    cli("repo", "--model", "demo", "--out", str(out), "--max-context", "512", "--max-tokens", "256",
-        "--max-batch", "4", "--threads", "1")
-    return out
-
-
-@pytest.fixture(scope="module")
-def client(repo):
+def client(demo_triton):
+    """An OpenAI front end of its own on the session's demo tritonserver (tests/conftest.py)."""
     from trtllm_dflash.serving.openai.server import OpenAIServer
-    from trtllm_dflash.serving.server import TritonServer, free_port
+    from trtllm_dflash.serving.server import free_port
 
-    with TritonServer(repo, free_port(), free_port(), free_port(), host="127.0.0.1", startup_timeout=600) as triton:
-        with OpenAIServer(triton.endpoints.grpc, port=free_port(), repository=repo) as front:
-            yield openai.OpenAI(base_url=front.url, api_key="unused", max_retries=0, timeout=300)
+    with OpenAIServer(demo_triton.endpoints.grpc, port=free_port(), repository=demo_triton.repository) as front:
+        yield openai.OpenAI(base_url=front.url, api_key="unused", max_retries=0, timeout=300)
 
 
 @pytest.fixture(scope="module")

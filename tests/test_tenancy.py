@@ -13,7 +13,6 @@ import urllib.request
 
 import httpx
 import pytest
-from support import cli
 
 from trtllm_dflash.errors import DFlashError
 
@@ -25,19 +24,15 @@ PROMPT = "import os\nimport sys\n\n" + "".join(f"def helper_{i}(value):\n    ret
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("repo") / "repository"
-    cli("repo", "--model", "demo", "--baseline", "", "--out", str(out), "--max-context", "512",
-        "--max-tokens", "32", "--max-batch", "4", "--threads", "1")
-    return out
+def triton(demo_triton):
+    """The session's demo tritonserver (tests/conftest.py): every prompt here is the module's own, so
+    other modules' requests share no cached block with it."""
+    return demo_triton
 
 
 @pytest.fixture(scope="module")
-def triton(repo):
-    from trtllm_dflash.serving.server import TritonServer, free_port
-
-    with TritonServer(repo, free_port(), free_port(), free_port(), host="127.0.0.1", startup_timeout=600) as running:
-        yield running
+def repo(triton):
+    return triton.repository
 
 
 @pytest.fixture(scope="module")

@@ -40,7 +40,7 @@ def build(tmp_path_factory) -> Path:
     from trtllm_dflash.builder.pipeline import make_stages, write_manifest
     from trtllm_dflash.builder.spec import resolve_spec
     from trtllm_dflash.builder.stages import StageRunner
-    from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target
+    from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 
     root = tmp_path_factory.mktemp("traffic")
     target = make_tiny_target(root / "target", "gemma3", seed=7, num_layers=2, tokenizer=True)

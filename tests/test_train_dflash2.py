@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from trtllm_dflash.checkpoints import load_target
 from trtllm_dflash.drafters.dflash2.modeling import CandidateSelector, DFlash2Drafter
 from trtllm_dflash.modeling.drafter import DFlashDrafter
-from trtllm_dflash.checks.testing import make_tiny_target, tiny_drafter_config
+from trtllm_dflash.testing.tiny import make_tiny_target, tiny_drafter_config
 from trtllm_dflash.training.objective import IGNORE, dflash_loss, make_block_batch, selector_loss
 from trtllm_dflash.training.trainer import DrafterTrainer, TrainConfig
 
@@ -139,7 +139,7 @@ def test_train_drafter_v2_from_a_v1_drafter_writes_a_loadable_v2(tmp_path):
 
     from trtllm_dflash.checkpoints import load_drafter
     from trtllm_dflash.cli.app import app
-    from trtllm_dflash.checks.testing import make_tiny_drafter
+    from trtllm_dflash.testing.tiny import make_tiny_drafter
 
     target = make_tiny_target(tmp_path / "target", "qwen3", seed=6, tokenizer=True)
     v1 = make_tiny_drafter(tmp_path / "v1", target, seed=7, num_layers=1, block_size=4, mask_token_id=1)

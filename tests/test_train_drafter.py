@@ -15,7 +15,7 @@ from trtllm_dflash.cli.app import app
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.modeling.drafter import DFlashDrafter
-from trtllm_dflash.checks.testing import make_tiny_target
+from trtllm_dflash.testing.tiny import make_tiny_target
 from trtllm_dflash.training import run as runmod
 from trtllm_dflash.training.run import TrainDrafterOptions, check_options, train_drafter
 

@@ -18,7 +18,7 @@ import urllib.request
 import uuid
 
 import pytest
-from support import cli
+from support import triton_server, write_repository
 from typer.testing import CliRunner
 
 from trtllm_dflash.cli.app import app
@@ -31,18 +31,13 @@ API_KEY = "s3cret:key=with,odd chars"  # the token is hex, so any key makes a we
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("repo") / "repository"
     # the DFlash model alone (no autoregressive baseline): one Python stub to start, not two
-    cli("repo", "--model", "demo", "--baseline", "", "--out", str(out), "--max-context", "256", "--max-tokens", "64",
-        "--max-batch", "4", "--threads", "1")
-    return out
+    return write_repository(tmp_path_factory.mktemp("repo") / "repository", max_context=256, max_tokens=64, baseline=False)
 
 
 @pytest.fixture(scope="module")
 def server(repo):
-    from trtllm_dflash.serving.server import TritonServer, free_port
-
-    with TritonServer(repo, free_port(), free_port(), free_port(), host="127.0.0.1", startup_timeout=600) as running:
+    with triton_server(repo) as running:
         yield running
 
 

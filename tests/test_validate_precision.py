@@ -149,7 +149,7 @@ def test_attention_scale_is_exact_in_a_bf16_graph(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> dict:
-    from trtllm_dflash.checks.testing import make_tiny_drafter, make_tiny_target
+    from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 
     root = tmp_path_factory.mktemp("bf16")
     # head_dim 32 as the demo's: sqrt(1/sqrt(32)) is not a BF16 number (head_dim 16's 0.5 is), so the old export failed here

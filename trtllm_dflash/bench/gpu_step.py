@@ -35,7 +35,7 @@ import torch
 
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.modeling.drafter import DFlashDrafter
-from trtllm_dflash.modeling.qwen3_8b_shaped import make_qwen3_8b_shaped_drafter, make_qwen3_8b_shaped_target
+from trtllm_dflash.testing.qwen3_8b_shaped import make_qwen3_8b_shaped_drafter, make_qwen3_8b_shaped_target
 from trtllm_dflash.runtime.base import SamplingTensors, sample_drafts, draft_positions
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 

@@ -18,5 +18,5 @@ is instant on any machine.
     plugin_graphs.py  the plugin graph variant (the plugins part's ONNX nodes)
     validate.py       the graphs on CPU against the torch runtime
     engines.py        TensorRT / TensorRT-RTX engines
-    gate.py           the GPU CI losslessness gate over built engines
+    lossless_gate.py  the GPU CI losslessness gate over built engines
 """

@@ -2,7 +2,7 @@
 
 Measured with ModelOpt's fake quantization (on Hopper that is its NVFP4 emulation, on Blackwell
 the same numerics), so it says what NVFP4 does to the model, not how fast it runs. Used by
-tests/test_nvfp4_gpu.py and benchmarks/nvfp4_accuracy.py (RESULTS.md quotes the latter).
+tests/test_nvfp4_gpu.py and benchmarks/bench_nvfp4_accuracy.py (RESULTS.md quotes the latter).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def qwen3_8b_shaped_accuracy(samples: int = 8, length: int = 128, seed: int = 0)
     """A 2-layer model of Qwen3-8B's width (hidden 4096, 32/8 heads, head_dim 128, MLP 12288,
     vocab 151936), random weights from a fixed seed, on fixed-seed random tokens."""
     nvfp4.require_cuda("NVFP4 accuracy measurement")
-    from trtllm_dflash.modeling.qwen3_8b_shaped import make_qwen3_8b_shaped_target
+    from trtllm_dflash.testing.qwen3_8b_shaped import make_qwen3_8b_shaped_target
 
     model = make_qwen3_8b_shaped_target(num_layers=2, device="cuda", seed=seed)
     vocab = model.config.vocab_size

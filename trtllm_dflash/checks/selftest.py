@@ -35,6 +35,10 @@ from trtllm_dflash.errors import DFlashError
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 GPU_TEST_TIMEOUT_S = 420
 TENSORRT_BUILD_TIMEOUT_S = 300
+# The command line's module, run as `python -m` (a child process: the build's memory and time limit are
+# its own). Importing it here would loop (cli.app registers cli.selftest, which runs this), so
+# tests/test_selftest.py checks that it is the module of pyproject's `dflash-trt` console script.
+CLI_MODULE = "trtllm_dflash.cli.app"
 
 Say = Callable[[str], None]
 
@@ -345,7 +349,7 @@ def qwen3_8b_shaped_decode_step(budget: Budget, say: Say) -> StepOutcome:
     """Qwen3-8B's full width with 2 random layers: real GEMM and attention sizes in a few GB."""
     import torch
 
-    from trtllm_dflash.modeling.qwen3_8b_shaped import make_qwen3_8b_shaped_drafter, make_qwen3_8b_shaped_target
+    from trtllm_dflash.testing.qwen3_8b_shaped import make_qwen3_8b_shaped_drafter, make_qwen3_8b_shaped_target
 
     def load():
         target = make_qwen3_8b_shaped_target(num_layers=2, device="cuda", dtype=torch.bfloat16)
@@ -415,7 +419,7 @@ def tensorrt_step(env: GpuEnvironment, say: Say) -> StepOutcome:
     if gpu is None:
         raise SkipStep(f"TensorRT {env.tensorrt} is installed, but {env.gpu} is not in the GPU catalog, so no build targets it")
     with tempfile.TemporaryDirectory(prefix="dflash-selftest-") as out:
-        command = [sys.executable, "-m", "trtllm_dflash.cli.app", "build", "--model", "demo", "--gpu", gpu.name, "--out", out]
+        command = [sys.executable, "-m", CLI_MODULE, "build", "--model", "demo", "--gpu", gpu.name, "--out", out]
         say(" ".join(command[2:]))
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=TENSORRT_BUILD_TIMEOUT_S)

@@ -11,7 +11,7 @@ does: NVFP4 on Hopper, FP8 below SM 8.9, too few GPUs, or a model that does not 
     records.py       the plan's values: Layout, MemoryBudget, BuildStep, Refusal, Plan (its Precision: recipes/precision.py)
     candidate.py     one deployment under consideration (model, GPU, backend, precision, layout, limits)
     memory.py        bytes per GPU: weights, KV cache, linear-attention state, activations, CUDA graphs
-    precision.py     default precisions per GPU, and refusals of those a GPU cannot run
+    gpu_precision.py default precisions per GPU, and refusals of those a GPU cannot run
     layout.py        tp / ep over the GPUs of a node, and refusals of layouts that cannot work
     alternatives.py  the nearest combination that works, named in a refusal
     steps.py         the build steps listed by `dflash-trt plan`

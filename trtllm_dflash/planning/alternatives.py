@@ -8,7 +8,7 @@ from trtllm_dflash.backends import multi_gpu_backend
 from trtllm_dflash.planning.candidate import Candidate, with_changes
 from trtllm_dflash.planning.layout import default_layout, layout_refusals
 from trtllm_dflash.planning.memory import GPU_COUNTS, max_concurrency
-from trtllm_dflash.planning.precision import precision_for, precision_refusals
+from trtllm_dflash.planning.gpu_precision import precision_for, precision_refusals
 
 
 def fits(cfg: Candidate) -> bool:

@@ -20,7 +20,7 @@ from trtllm_dflash.planning.memory import (
     DEFAULT_CONTEXT, DEFAULT_KV_FRACTION, DEFAULT_MAX_BATCH, GIB, GPU_COUNTS, MIB, linear_state_bytes_per_sequence,
     max_concurrency, prefix_cache_tokens,
 )
-from trtllm_dflash.planning.precision import precision_for, precision_refusals
+from trtllm_dflash.planning.gpu_precision import precision_for, precision_refusals
 from trtllm_dflash.planning.records import Layout, Plan, Refusal
 from trtllm_dflash.recipes.precision import Precision
 from trtllm_dflash.planning.steps import build_steps

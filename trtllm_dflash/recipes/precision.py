@@ -1,7 +1,7 @@
 """What a deployment quantizes and how, decided once: the `Precision` every stage, check and export asks.
 
 A recipe's `quantization:` section (weights, moe_experts, kv_cache, drafter; recipes/schema.py) or
-the planner's defaults and `--quant/--kv-cache` flags (planning/precision.py) make ONE value; the
+the planner's defaults and `--quant/--kv-cache` flags (planning/gpu_precision.py) make ONE value; the
 planner sizes memory and refuses with it, the backends list their build steps from it, and the
 builder's stages (quantize, export, engines) and its stage plan (`--dry-run`) ask its properties
 instead of comparing precision strings themselves. The fields keep the recipe's names.

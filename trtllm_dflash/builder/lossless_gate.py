@@ -1,6 +1,6 @@
 """The losslessness gate of a GPU CI job: the built engines must decode like the target.
 
-    python -m trtllm_dflash.builder.gate OUT [--max-new-tokens 64] [--prompts FILE]
+    python -m trtllm_dflash.builder.lossless_gate OUT [--max-new-tokens 64] [--prompts FILE]
 
 Greedy decoding with DFlash through the engines must give exactly the tokens of autoregressive
 decoding through the same target engine (speculation changes nothing), and should agree with the

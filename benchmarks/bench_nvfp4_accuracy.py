@@ -4,7 +4,7 @@ Prints the relative logit error and the greedy (argmax) agreement per model; nee
 (on Hopper ModelOpt emulates NVFP4, on Blackwell the numerics are the same). RESULTS.md quotes
 its output with the GPU, driver and versions:
 
-    python benchmarks/nvfp4_accuracy.py --json benchmarks/results/nvfp4-accuracy.json
+    python benchmarks/bench_nvfp4_accuracy.py --json benchmarks/results/nvfp4-accuracy.json
 """
 
 from __future__ import annotations

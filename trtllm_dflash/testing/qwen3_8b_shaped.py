@@ -4,8 +4,8 @@ Every GEMM and attention runs at the real checkpoint's width for a fraction of i
 GPU check (`checks/selftest.py`: decode step costs, CUDA graphs) and the NVFP4 accuracy measurement
 (`builder/nvfp4_accuracy.py`) see real sizes without a download; the full-depth step benchmark
 (`bench/gpu_step.py`) builds all 36 layers, and its CPU mode the same code at a tiny width (the
-`sizes` overrides). `spread_logits` is the random-init adjustment the test fixtures (`testing.py`)
-use too.
+`sizes` overrides). `spread_logits` is the random-init adjustment the tiny test checkpoints
+(`testing/tiny.py`) use too.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tiny random checkpoints, written to disk in the real layouts, for tests and CI.
+"""Tiny random checkpoints, written to disk in the real layouts, for tests, benchmarks and CI.
 
 Nothing is downloaded: targets are transformers Qwen3 / Llama models with random weights saved
 with `save_pretrained` (safetensors), drafters are random DFlashDrafters saved in the z-lab layout.
@@ -6,9 +6,6 @@ with `save_pretrained` (safetensors), drafters are random DFlashDrafters saved i
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -16,7 +13,7 @@ import torch
 from trtllm_dflash.checkpoints import save_drafter
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.modeling.drafter import DFlashDrafter
-from trtllm_dflash.modeling.qwen3_8b_shaped import spread_logits
+from trtllm_dflash.testing.qwen3_8b_shaped import spread_logits
 
 
 TINY_SPECIALS = ("<unk>", "<eos>", "<mask>")
@@ -417,62 +414,3 @@ def make_cycle_pair(
     trainer.close()
     drafter_dir = save_drafter(drafter, root / "drafter")
     return target_dir, drafter_dir
-
-
-def run_cli(*args: str, env: dict | None = None, columns: int = 200) -> subprocess.CompletedProcess:
-    """`dflash-trt ARGS` in a child process, offline, as a user runs it (tests of the command line)."""
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": str(columns), **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-c", "from trtllm_dflash.cli.app import main; main()", *args],
-        capture_output=True, text=True, env=environment, timeout=300,
-    )
-
-
-def one_error_line(result: subprocess.CompletedProcess) -> str:
-    """The single `error: ...` line of a refused command (exit 2); fails on anything else."""
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
-
-
-
-class RecordingSink:
-    """A serving loop's response sink (serving/batching_loop.py `ResponseSink`) that keeps what it is sent.
-
-    `leave_after`: the client goes away once it has that many responses; `raise_errors`: an error
-    fails the test at once instead of being kept in `errors`.
-    """
-
-    def __init__(self, leave_after: int | None = None, raise_errors: bool = False) -> None:
-        self.responses: list[tuple[dict, bool]] = []
-        self.errors: list[str] = []
-        self.leave_after, self.raise_errors = leave_after, raise_errors
-
-    @property
-    def finished(self) -> bool:
-        return bool(self.responses) and self.responses[-1][1]
-
-    def send(self, outputs: dict, final: bool) -> None:
-        self.responses.append((outputs, final))
-
-    def error(self, message: str) -> None:
-        if self.raise_errors:
-            raise AssertionError(message)
-        self.errors.append(message)
-
-    def cancelled(self) -> bool:
-        return self.leave_after is not None and len(self.responses) >= self.leave_after
-
-
-def serve_until(loop, done, timeout: float = 120.0) -> None:
-    """Run a BatchingLoop's thread until `done()` holds (or `timeout` seconds, a bound that only catches a hang)."""
-    import time
-
-    loop.start()
-    try:
-        deadline = time.monotonic() + timeout
-        while not done() and time.monotonic() < deadline:
-            time.sleep(0.02)
-    finally:
-        loop.stop()
