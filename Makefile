@@ -20,7 +20,7 @@ GPU_CHECK_ARGS ?=
 # package index reachable): the project is installed into it without dependencies, nothing is downloaded.
 SYSTEM_PYTHON ?=
 
-.PHONY: setup demo test test-all test-latest lock gpu-check clean
+.PHONY: setup demo test test-all test-latest lock gpu-check clean format
 
 setup: $(VENV)/.installed
 
@@ -36,7 +36,10 @@ $(VENV)/.installed: pyproject.toml $(LOCK)
 demo: setup
 	$(BIN)/dflash-trt demo
 
+# ruff first (config in pyproject.toml): the tree stays formatted and lint-clean; `make format` fixes what it can.
 test: setup
+	$(BIN)/ruff format --check --quiet .
+	$(BIN)/ruff check --quiet .
 	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # Also the slow tests (longer training runs, large sweeps).
@@ -75,3 +78,8 @@ endif
 
 clean:
 	rm -rf $(VENV) $(LATEST_VENV) build *.egg-info
+
+# Format the tree and apply ruff's safe fixes (what `make test` checks).
+format: setup
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .

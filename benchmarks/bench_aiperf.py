@@ -56,12 +56,17 @@ def find_aiperf(explicit: str | None) -> str:
     """The aiperf executable: --aiperf, else the one beside this Python, else on PATH."""
     if explicit:
         if not (Path(explicit).is_file() and os.access(explicit, os.X_OK)):
-            raise DFlashError(f"--aiperf {explicit} is not an executable file", "pass the path of the `aiperf` command (e.g. /opt/aiperf/bin/aiperf)")
+            raise DFlashError(
+                f"--aiperf {explicit} is not an executable file", "pass the path of the `aiperf` command (e.g. /opt/aiperf/bin/aiperf)"
+            )
         return explicit
     beside = Path(sys.executable).parent / "aiperf"
     found = str(beside) if beside.is_file() else shutil.which("aiperf")
     if found is None:
-        raise DFlashError("aiperf (NVIDIA's benchmark client) is not installed", f"{install_hint('bench')}, or pass --aiperf /path/to/aiperf from its own venv")
+        raise DFlashError(
+            "aiperf (NVIDIA's benchmark client) is not installed",
+            f"{install_hint('bench')}, or pass --aiperf /path/to/aiperf from its own venv",
+        )
     return found
 
 
@@ -85,10 +90,29 @@ class Bench:
         """
         artifacts = self.out / name
         command = [
-            self.aiperf, "profile", "--url", self.args.url, "--endpoint-type", "completions", "--streaming",
-            "--model", self.args.model, "--tokenizer", self.args.tokenizer, "--random-seed", "0",
-            "--extra-inputs", "ignore_eos:true", "--ui", "none", "--no-server-metrics",
-            "--warmup-request-count", str(self.args.warmup), "--artifact-dir", str(artifacts), *options,
+            self.aiperf,
+            "profile",
+            "--url",
+            self.args.url,
+            "--endpoint-type",
+            "completions",
+            "--streaming",
+            "--model",
+            self.args.model,
+            "--tokenizer",
+            self.args.tokenizer,
+            "--random-seed",
+            "0",
+            "--extra-inputs",
+            "ignore_eos:true",
+            "--ui",
+            "none",
+            "--no-server-metrics",
+            "--warmup-request-count",
+            str(self.args.warmup),
+            "--artifact-dir",
+            str(artifacts),
+            *options,
         ]
         print(f"$ {shlex.join(command)}", flush=True)
         lines = []
@@ -109,11 +133,15 @@ class Bench:
         export = next(artifacts.rglob(EXPORT), None)
         if returncode != 0 or export is None:
             tail = "\n".join(self.console[name].splitlines()[-15:])
-            raise DFlashError(f"aiperf run {name!r} failed (exit {returncode}); its output ends:\n{tail}",
-                              f"see {self.out / (name + '.log')}; is the server up at {self.args.url}?")
+            raise DFlashError(
+                f"aiperf run {name!r} failed (exit {returncode}); its output ends:\n{tail}",
+                f"see {self.out / (name + '.log')}; is the server up at {self.args.url}?",
+            )
         if during is not None and during.ident is None:  # never started
-            raise DFlashError(f"aiperf's log of {name!r} never said '{PROFILING_STARTED}': the long prompts were not sent",
-                              "this script reads aiperf 0.13's log lines; check the aiperf version")
+            raise DFlashError(
+                f"aiperf's log of {name!r} never said '{PROFILING_STARTED}': the long prompts were not sent",
+                "this script reads aiperf 0.13's log lines; check the aiperf version",
+            )
         return json.loads(export.read_text())
 
 
@@ -185,7 +213,9 @@ class Joiner(threading.Thread):
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
-        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name"))
+        model = next(
+            line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")
+        )
         cpu = model
     except (OSError, StopIteration):
         pass
@@ -222,9 +252,14 @@ def main(argv: list[str] | None = None) -> int:
         try:
             card = httpx.get(f"{args.url}/v1/models/{args.model}", timeout=30).json()
         except httpx.HTTPError as exc:
-            raise DFlashError(f"nothing answers at {args.url} ({exc!r})", "start `dflash-trt serve REPO --openai-port PORT` and pass --url http://host:PORT") from None
+            raise DFlashError(
+                f"nothing answers at {args.url} ({exc!r})",
+                "start `dflash-trt serve REPO --openai-port PORT` and pass --url http://host:PORT",
+            ) from None
         if "error" in card:
-            raise DFlashError(f"{args.url} does not serve {args.model!r}: {card['error'].get('message')}", "pass --model with a served model name")
+            raise DFlashError(
+                f"{args.url} does not serve {args.model!r}: {card['error'].get('message')}", "pass --model with a served model name"
+            )
         out = args.out or Path(tempfile.mkdtemp(prefix="bench-aiperf-"))
         out.mkdir(parents=True, exist_ok=True)
         rows = run_cases(Bench(args, aiperf, out), cases, card)
@@ -233,11 +268,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     print()
-    print(f"command: `python {shlex.join(['benchmarks/bench_aiperf.py', *(argv if argv is not None else sys.argv[1:])])}`, "
-          f"{aiperf_version(aiperf)}  ")
+    print(
+        f"command: `python {shlex.join(['benchmarks/bench_aiperf.py', *(argv if argv is not None else sys.argv[1:])])}`, "
+        f"{aiperf_version(aiperf)}  "
+    )
     print(f"machine: {machine()}  ")
-    print(f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; model {args.model!r}: {json.dumps(card.get('dflash', {}))}; "
-          f"artifacts in {out}")
+    print(
+        f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+        f"model {args.model!r}: {json.dumps(card.get('dflash', {}))}; "
+        f"artifacts in {out}"
+    )
     print()
     print("| case | run | metric | value |")
     print("|---|---|---|---|")
@@ -272,34 +312,63 @@ def run_cases(bench: Bench, cases: list[str], card: dict) -> list[tuple[str, str
         finally:
             joiner.finish()
         if joiner.errors:
-            raise DFlashError(f"{len(joiner.errors)} long prompts failed, first: {joiner.errors[0]}", "check the server's --max-context (prompt + 8 tokens)")
+            raise DFlashError(
+                f"{len(joiner.errors)} long prompts failed, first: {joiner.errors[0]}",
+                "check the server's --max-context (prompt + 8 tokens)",
+            )
         a, b = stat(alone, "inter_token_latency", "p90"), stat(joined, "inter_token_latency", "p90")
         waits = sorted(joiner.ttfts)
         rows += [
             ("2 long prompts", "4 streams x 128 tokens alone", "ITL p90", f"{a:.1f} ms"),
-            ("2 long prompts", f"same, {args.long_tokens}-token prompts joining at ~{args.long_rate}/s ({len(waits)} joined)", "ITL p90", f"{b:.1f} ms"),
+            (
+                "2 long prompts",
+                f"same, {args.long_tokens}-token prompts joining at ~{args.long_rate}/s ({len(waits)} joined)",
+                "ITL p90",
+                f"{b:.1f} ms",
+            ),
             ("2 long prompts", "ratio (goal <= 1.5x)", "joined / alone", f"{b / a:.2f}x"),
             # what a scheduler could trade for the ITL: the streams' own first tokens and throughput
-            ("2 long prompts", "the streams alone / joined", "TTFT p50",
-             f"{stat(alone, 'time_to_first_token', 'p50'):.0f} / {stat(joined, 'time_to_first_token', 'p50'):.0f} ms"),
-            ("2 long prompts", "the streams alone / joined", "output tokens/s",
-             f"{stat(alone, 'output_token_throughput', 'avg'):.1f} / {stat(joined, 'output_token_throughput', 'avg'):.1f}"),
+            (
+                "2 long prompts",
+                "the streams alone / joined",
+                "TTFT p50",
+                f"{stat(alone, 'time_to_first_token', 'p50'):.0f} / {stat(joined, 'time_to_first_token', 'p50'):.0f} ms",
+            ),
+            (
+                "2 long prompts",
+                "the streams alone / joined",
+                "output tokens/s",
+                f"{stat(alone, 'output_token_throughput', 'avg'):.1f} / {stat(joined, 'output_token_throughput', 'avg'):.1f}",
+            ),
         ]
         rows.append(("2 long prompts", f"one {args.long_tokens}-token prompt on the idle server", "TTFT", f"{single:.2f} s"))
         if waits:
-            rows.append(("2 long prompts", "the joining long prompts", "TTFT p50 / max", f"{waits[len(waits) // 2]:.2f} s / {waits[-1]:.2f} s"))
+            rows.append(
+                ("2 long prompts", "the joining long prompts", "TTFT p50 / max", f"{waits[len(waits) // 2]:.2f} s / {waits[-1]:.2f} s")
+            )
     if "throughput" in cases:
         run = bench.profile("throughput", "--isl", "128", "--osl", "128", "--concurrency", "8", "--request-count", str(2 * args.requests))
         rows += [
             ("3 throughput", "128 in / 128 out, concurrency 8", "output tokens/s", f"{stat(run, 'output_token_throughput', 'avg'):.1f}"),
             ("3 throughput", "", "requests/s", f"{stat(run, 'request_throughput', 'avg'):.2f}"),
-            ("3 throughput", "", "TTFT p50 / ITL p50", f"{stat(run, 'time_to_first_token', 'p50'):.1f} / {stat(run, 'inter_token_latency', 'p50'):.1f} ms"),
+            (
+                "3 throughput",
+                "",
+                "TTFT p50 / ITL p50",
+                f"{stat(run, 'time_to_first_token', 'p50'):.1f} / {stat(run, 'inter_token_latency', 'p50'):.1f} ms",
+            ),
         ]
         printed = "Spec Decode" in bench.console["throughput"]
         tau = stat(run, "spec_decode_acceptance_length", "avg")
         rate = stat(run, "spec_decode_draft_acceptance_rate", "avg")
-        rows.append(("3 throughput", "aiperf's Spec Decode section " + ("printed" if printed else "NOT printed"),
-                     "acceptance length / draft acceptance rate", f"{tau:.2f} / {rate:.1f} %"))
+        rows.append(
+            (
+                "3 throughput",
+                "aiperf's Spec Decode section " + ("printed" if printed else "NOT printed"),
+                "acceptance length / draft acceptance rate",
+                f"{tau:.2f} / {rate:.1f} %",
+            )
+        )
     return rows
 
 

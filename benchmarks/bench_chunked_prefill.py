@@ -27,13 +27,21 @@ from pathlib import Path
 import torch
 
 from trtllm_dflash.checkpoints import load_drafter, load_target
-from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 
 
-def _run(runtime: TorchRuntime, chunk: int | None, steps: int, long_every: int, long_len: int, long_new: int, seed: int,
-         share: float | None = None) -> tuple[list[float], list[float], list[float]]:
+def _run(
+    runtime: TorchRuntime,
+    chunk: int | None,
+    steps: int,
+    long_every: int,
+    long_len: int,
+    long_new: int,
+    seed: int,
+    share: float | None = None,
+) -> tuple[list[float], list[float], list[float]]:
     """Short-stream event gaps, short requests' mean inter-token latency (aiperf's: (last - first
     token) / (tokens - 1)) and long-prompt TTFTs, in s, of one condition (chunk None: no long prompts)."""
     generator = torch.Generator().manual_seed(seed)
@@ -46,7 +54,9 @@ def _run(runtime: TorchRuntime, chunk: int | None, steps: int, long_every: int, 
     gaps, itls, ttfts = [], [], []
     for step in range(steps):
         if chunk is not None and step % long_every == long_every // 2:
-            decoder.submit(Request(torch.randint(3, vocab, (long_len,), generator=generator).tolist(), SamplingParams(max_new_tokens=long_new)))
+            decoder.submit(
+                Request(torch.randint(3, vocab, (long_len,), generator=generator).tolist(), SamplingParams(max_new_tokens=long_new))
+            )
         events = decoder.step()
         now = time.perf_counter()
         for event in events:
@@ -72,10 +82,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=90, help="decoding steps per condition and round")
     parser.add_argument("--long-every", type=int, default=45, help="a long prompt joins every this many steps")
     parser.add_argument("--long-len", type=int, default=3000)
-    parser.add_argument("--long-new-tokens", type=int, default=8,
-                        help="tokens a long prompt generates (1: it never decodes, which isolates its prefill)")
+    parser.add_argument(
+        "--long-new-tokens", type=int, default=8, help="tokens a long prompt generates (1: it never decodes, which isolates its prefill)"
+    )
     parser.add_argument("--chunks", default="512", help="chunk sizes to compare with whole prompts")
-    parser.add_argument("--shares", default="", help="prefill shares (runtime/step_schedule.py) to compare, each with the first --chunks size as its cap")
+    parser.add_argument(
+        "--shares", default="", help="prefill shares (runtime/step_schedule.py) to compare, each with the first --chunks size as its cap"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the model runs eagerly, float32)")
     args = parser.parse_args()
@@ -101,17 +114,23 @@ def main() -> None:
             ttfts[name] += t
     ms = lambda values, q: 1000 * statistics.quantiles(values, n=100)[q - 1]  # noqa: E731
     base_p90, base_p99 = ms(gaps["no long prompts"], 90), ms(gaps["no long prompts"], 99)
-    print(f"torch {torch.__version__}, {args.device}, {args.threads} threads, {args.rounds} rounds x {args.steps} steps, "
-          f"a {args.long_len}-token prompt ({args.long_new_tokens} new tokens) every {args.long_every} steps")
-    print("| condition | gap p50 ms | gap p90 ms | gap p99 ms | gap max ms | p90 / no long | p99 / no long "
-          "| short requests' mean ITL p90 ms | long TTFT mean ms |")
+    print(
+        f"torch {torch.__version__}, {args.device}, {args.threads} threads, {args.rounds} rounds x {args.steps} steps, "
+        f"a {args.long_len}-token prompt ({args.long_new_tokens} new tokens) every {args.long_every} steps"
+    )
+    print(
+        "| condition | gap p50 ms | gap p90 ms | gap p99 ms | gap max ms | p90 / no long | p99 / no long "
+        "| short requests' mean ITL p90 ms | long TTFT mean ms |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for name, *_ in conditions:
         g = gaps[name]
         itl = f"{ms(itls[name], 90):.1f}" if len(itls[name]) > 1 else "-"
         ttft = f"{1000 * statistics.mean(ttfts[name]):.0f}" if ttfts[name] else "-"
-        print(f"| {name} | {ms(g, 50):.1f} | {ms(g, 90):.1f} | {ms(g, 99):.1f} | {1000 * max(g):.0f} | {ms(g, 90) / base_p90:.2f}x "
-              f"| {ms(g, 99) / base_p99:.2f}x | {itl} | {ttft} |")
+        print(
+            f"| {name} | {ms(g, 50):.1f} | {ms(g, 90):.1f} | {ms(g, 99):.1f} | {1000 * max(g):.0f} | {ms(g, 90) / base_p90:.2f}x "
+            f"| {ms(g, 99) / base_p99:.2f}x | {itl} | {ttft} |"
+        )
 
 
 if __name__ == "__main__":

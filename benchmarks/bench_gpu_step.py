@@ -30,8 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="a 2-layer hidden-64 model (runs on CPU; the numbers mean nothing)")
     parser.add_argument("--batches", type=_ints, default=None, help="comma-separated (default 1,8,32; --tiny 1,2)")
     parser.add_argument("--contexts", type=_ints, default=None, help="comma-separated (default 1024,4096; --tiny 32)")
-    parser.add_argument("--loop-contexts", type=_ints, default=None,
-                        help="contexts at which the decoding loop's steps are timed too (default the first context; '' for none)")
+    parser.add_argument(
+        "--loop-contexts",
+        type=_ints,
+        default=None,
+        help="contexts at which the decoding loop's steps are timed too (default the first context; '' for none)",
+    )
     parser.add_argument("--loop-steps", type=int, default=12, help="decoding steps per loop measurement")
     parser.add_argument("--repeats", type=int, default=20, help="timed replays per pass")
     parser.add_argument("--no-fused", action="store_true", help="the target on transformers' forward (the path before issue 39)")
@@ -45,18 +49,32 @@ def main(argv: list[str] | None = None) -> int:
     contexts = args.contexts or ((32,) if args.tiny else (1024, 4096))
     loop_contexts = contexts[:1] if args.loop_contexts is None else args.loop_contexts
     if args.device is None and not args.tiny and not torch.cuda.is_available():
-        print("bench_gpu_step: no CUDA device here; the full-depth benchmark needs one (use --tiny to run the code path on CPU)",
-              file=sys.stderr)
+        print(
+            "bench_gpu_step: no CUDA device here; the full-depth benchmark needs one (use --tiny to run the code path on CPU)",
+            file=sys.stderr,
+        )
         return 2
-    result = gpu_step.run(shape, batches, contexts, loop_contexts, args.loop_steps, args.repeats, args.device, args.out,
-                          say=lambda text: print(text, flush=True), fused=not args.no_fused)
+    result = gpu_step.run(
+        shape,
+        batches,
+        contexts,
+        loop_contexts,
+        args.loop_steps,
+        args.repeats,
+        args.device,
+        args.out,
+        say=lambda text: print(text, flush=True),
+        fused=not args.no_fused,
+    )
     table = gpu_step.markdown(result)
     print(table)
     if args.markdown is not None:
         versions = f"torch {torch.__version__}" + (f" (CUDA {torch.version.cuda})" if torch.version.cuda else "")
-        header = (f"\n## Full-depth step on {result.device}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n\n"
-                  f"Command: `python benchmarks/bench_gpu_step.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
-                  f"{versions}, Python {platform.python_version()}.\n\n")
+        header = (
+            f"\n## Full-depth step on {result.device}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n\n"
+            f"Command: `python benchmarks/bench_gpu_step.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
+            f"{versions}, Python {platform.python_version()}.\n\n"
+        )
         with args.markdown.open("a") as f:
             f.write(header + table)
     return 0

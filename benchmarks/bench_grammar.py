@@ -28,16 +28,56 @@ import time
 
 import torch
 
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24}, "count": {"type": "integer"},
-                                           "tags": {"type": "array", "items": {"type": "string"}}}, "required": ["name", "count", "tags"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "count": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["name", "count", "tags"],
+}
 ANSWER = '{"name": "an example name", "count": 1234, "tags": ["alpha", "beta", "gamma", "delta", "epsilon"]}'
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
-    "city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city", "days"]}}},
-    {"type": "function", "function": {"name": "search_code", "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}]
-JSON_PROMPTS = ["config = ", "def make_item():\n    return ", "item = json.loads('", "# the answer as JSON\n", "payload = ",
-                "DEFAULTS = ", "data = dict(", "record = "]
-CHAT_PROMPTS = ["What is the weather in Paris?", "Find the function that parses JSON.", "Weather in Tokyo for 3 days?",
-                "Search for the tokenizer code.", "Is it raining in Oslo?", "Where is fibonacci defined?", "Forecast for Rome", "grep for TODO"]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city", "days"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search_code",
+            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+        },
+    },
+]
+JSON_PROMPTS = [
+    "config = ",
+    "def make_item():\n    return ",
+    "item = json.loads('",
+    "# the answer as JSON\n",
+    "payload = ",
+    "DEFAULTS = ",
+    "data = dict(",
+    "record = ",
+]
+CHAT_PROMPTS = [
+    "What is the weather in Paris?",
+    "Find the function that parses JSON.",
+    "Weather in Tokyo for 3 days?",
+    "Search for the tokenizer code.",
+    "Is it raining in Oslo?",
+    "Where is fibonacci defined?",
+    "Forecast for Rome",
+    "grep for TODO",
+]
 
 
 def synthetic_tokenizer(size: int):
@@ -136,7 +176,10 @@ def decode_rates(rounds: int, tokens: int) -> list[dict]:
     chat = [pipelines["ar"].apply_chat_template(p, {"tools": TOOLS}) for p in CHAT_PROMPTS]
     workloads = {
         "json schema": (JSON_PROMPTS, GrammarSpec("json_schema", json.dumps(SCHEMA))),
-        "tool call": (chat, GrammarSpec("tool_calls", json.dumps({"format": "qwen_3", "tools": TOOLS, "tool_choice": "required", "parallel": False}))),
+        "tool call": (
+            chat,
+            GrammarSpec("tool_calls", json.dumps({"format": "qwen_3", "tools": TOOLS, "tool_choice": "required", "parallel": False})),
+        ),
     }
     rows = []
     for workload, (prompts, spec) in workloads.items():
@@ -147,19 +190,26 @@ def decode_rates(rounds: int, tokens: int) -> list[dict]:
                 for _ in range(rounds):
                     for name, pipe in pipelines.items():  # interleaved
                         started = time.perf_counter()
-                        outs = [o for i in range(0, len(prompts), batch)
-                                for o in pipe.generate(prompts[i : i + batch], max_new_tokens=tokens, grammar=grammar, stop_token_ids=())]
+                        outs = [
+                            o
+                            for i in range(0, len(prompts), batch)
+                            for o in pipe.generate(prompts[i : i + batch], max_new_tokens=tokens, grammar=grammar, stop_token_ids=())
+                        ]
                         times[name].append(time.perf_counter() - started)
                         outputs[name] = outs
                 generated = {name: sum(len(o.token_ids) for o in outs) for name, outs in outputs.items()}
                 taus = [o.mean_acceptance_length for o in outputs["dflash"]]
-                rows.append({
-                    "workload": workload, "batch": batch, "grammar": grammar is not None,
-                    "dflash_tok_s": generated["dflash"] / statistics.median(times["dflash"]),
-                    "ar_tok_s": generated["ar"] / statistics.median(times["ar"]),
-                    "tau": statistics.mean(taus),
-                    "same_tokens": [o.token_ids for o in outputs["dflash"]] == [o.token_ids for o in outputs["ar"]],
-                })
+                rows.append(
+                    {
+                        "workload": workload,
+                        "batch": batch,
+                        "grammar": grammar is not None,
+                        "dflash_tok_s": generated["dflash"] / statistics.median(times["dflash"]),
+                        "ar_tok_s": generated["ar"] / statistics.median(times["ar"]),
+                        "tau": statistics.mean(taus),
+                        "same_tokens": [o.token_ids for o in outputs["dflash"]] == [o.token_ids for o in outputs["ar"]],
+                    }
+                )
                 print(rows[-1], flush=True)
     return rows
 
@@ -177,15 +227,20 @@ def main() -> None:
     from trtllm_dflash import demo
 
     print("mask cost per step, batch 8 x 8 positions, ms (median; CPU, 1 thread):")
-    for label, tokenizer in (("demo 4,096", AutoTokenizer.from_pretrained(demo.target_dir())), ("synthetic 151,936", synthetic_tokenizer(151_936))):
+    for label, tokenizer in (
+        ("demo 4,096", AutoTokenizer.from_pretrained(demo.target_dir())),
+        ("synthetic 151,936", synthetic_tokenizer(151_936)),
+    ):
         if not args.skip_masks:
             print(f"  {label}: {mask_cost(tokenizer, max(args.rounds, 5) * 4)}", flush=True)
     if not args.skip_decode:
         print("| workload | batch | grammar | DFlash tok/s | AR tok/s | DFlash / AR | tau | same tokens |")
         print("|---|---:|---|---:|---:|---:|---:|---|")
         for r in decode_rates(args.rounds, args.tokens):
-            print(f"| {r['workload']} | {r['batch']} | {'yes' if r['grammar'] else 'no'} | {r['dflash_tok_s']:.1f} | {r['ar_tok_s']:.1f} | "
-                  f"{r['dflash_tok_s'] / r['ar_tok_s']:.2f}x | {r['tau']:.2f} | {r['same_tokens']} |")
+            print(
+                f"| {r['workload']} | {r['batch']} | {'yes' if r['grammar'] else 'no'} | {r['dflash_tok_s']:.1f} | {r['ar_tok_s']:.1f} | "
+                f"{r['dflash_tok_s'] / r['ar_tok_s']:.2f}x | {r['tau']:.2f} | {r['same_tokens']} |"
+            )
 
 
 if __name__ == "__main__":

@@ -163,33 +163,58 @@ def main() -> None:
     console = Console()
 
     steps = [verify_step_times(family, config, args) for family, config in equal_size_configs(args).items()]
-    table = Table(title=f"verify step: batch {args.batch}, context {args.context}, block {args.block}, hidden {args.hidden}, {args.layers} layers")
-    for column in ("target", "params", "linear layers", "verify ms", "rollback ms", "rollback share", "verify, final state only ms", "state bytes/row"):
+    table = Table(
+        title=f"verify step: batch {args.batch}, context {args.context}, block {args.block}, hidden {args.hidden}, {args.layers} layers"
+    )
+    for column in (
+        "target",
+        "params",
+        "linear layers",
+        "verify ms",
+        "rollback ms",
+        "rollback share",
+        "verify, final state only ms",
+        "state bytes/row",
+    ):
         table.add_column(column)
     for s in steps:
         table.add_row(
-            s["family"], f"{s['parameters'] / 1e6:.2f} M", str(s["linear_layers"]), f"{s['verify_ms']:.2f}",
-            f"{s['rollback_ms']:.3f}", f"{100 * s['rollback_share']:.1f}%", f"{s['verify_final_state_only_ms']:.2f}",
+            s["family"],
+            f"{s['parameters'] / 1e6:.2f} M",
+            str(s["linear_layers"]),
+            f"{s['verify_ms']:.2f}",
+            f"{s['rollback_ms']:.3f}",
+            f"{100 * s['rollback_share']:.1f}%",
+            f"{s['verify_final_state_only_ms']:.2f}",
             str(s["state_bytes_per_row"]),
         )
     console.print(table)
 
     with tempfile.TemporaryDirectory() as tmp:
         pairs = [pair_speedup(family, Path(tmp), args) for family in ("qwen3_5", "qwen3")]
-    table = Table(title=f"trained cycle pairs: DFlash vs AR, block {args.pair_block}, {args.pair_prompts} prompts x {args.pair_tokens} tokens, batch 1")
+    table = Table(
+        title=f"trained cycle pairs: DFlash vs AR, block {args.pair_block}, "
+        f"{args.pair_prompts} prompts x {args.pair_tokens} tokens, batch 1"
+    )
     for column in ("target", "AR tok/s", "DFlash tok/s", "speedup", "tau", "lossless", "train s"):
         table.add_column(column)
     for p in pairs:
         table.add_row(
-            p["family"], f"{p['ar_tokens_per_s']:.1f}", f"{p['dflash_tokens_per_s']:.1f}", f"{p['speedup']:.2f}x",
-            f"{p['tau']:.2f}", str(p["lossless"]), f"{p['train_seconds']:.0f}",
+            p["family"],
+            f"{p['ar_tokens_per_s']:.1f}",
+            f"{p['dflash_tokens_per_s']:.1f}",
+            f"{p['speedup']:.2f}x",
+            f"{p['tau']:.2f}",
+            str(p["lossless"]),
+            f"{p['train_seconds']:.0f}",
         )
     console.print(table)
 
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         record = {
-            "command": "python benchmarks/bench_hybrid.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "json"),
+            "command": "python benchmarks/bench_hybrid.py "
+            + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "json"),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
             "torch": torch.__version__,

@@ -41,15 +41,21 @@ def shapes_from_args(args) -> tuple[list[bench.AttentionShape], list[bench.Verif
         return attention, verify
     base = bench.AttentionShape("custom", batch=1, context=1024)
     sizes = dict(
-        heads=args.heads or base.heads, kv_heads=args.kv_heads or base.kv_heads, head_dim=args.head_dim or base.head_dim,
-        block=args.block or base.block, new_rows=args.new_rows or base.new_rows, dtype=args.dtype or base.dtype,
+        heads=args.heads or base.heads,
+        kv_heads=args.kv_heads or base.kv_heads,
+        head_dim=args.head_dim or base.head_dim,
+        block=args.block or base.block,
+        new_rows=args.new_rows or base.new_rows,
+        dtype=args.dtype or base.dtype,
     )
     contexts = args.contexts or sorted({s.context for s in attention})
     batches = args.batches or sorted({s.batch for s in attention})
     attention = [bench.AttentionShape("custom", batch=b, context=c, **sizes) for c in contexts for b in batches]
     verify = [
         bench.VerifyShape(b, mode, dtype, block=sizes["block"], vocab=args.vocab or bench.VerifyShape(1, "greedy").vocab)
-        for dtype in ("float32", "bfloat16") for mode in bench.VERIFY_MODES for b in batches
+        for dtype in ("float32", "bfloat16")
+        for mode in bench.VERIFY_MODES
+        for b in batches
     ]
     return attention, verify
 
@@ -57,8 +63,18 @@ def shapes_from_args(args) -> tuple[list[bench.AttentionShape], list[bench.Verif
 def target_only_tables(result: bench.KernelBenchmark) -> str:
     """The bandwidth line, the target-attention table and its goals (what --target-only measured)."""
     goals = [f"- {line}" for line in bench.goal_lines(result)]
-    return "\n".join([f"Measured copy bandwidth: {result.bandwidth / 1e9:.0f} GB/s (device-to-device, read + write).", "",
-                      bench.target_table(result.target), "", "Goals (reported, not enforced):", "", *goals, ""])
+    return "\n".join(
+        [
+            f"Measured copy bandwidth: {result.bandwidth / 1e9:.0f} GB/s (device-to-device, read + write).",
+            "",
+            bench.target_table(result.target),
+            "",
+            "Goals (reported, not enforced):",
+            "",
+            *goals,
+            "",
+        ]
+    )
 
 
 def main() -> None:
@@ -90,14 +106,16 @@ def main() -> None:
     attention, verify = ([], []) if args.target_only else shapes_from_args(args)
     result = bench.run_kernel_benchmark(attention, verify, progress=lambda text: print(f"  {text}", file=sys.stderr))
     props = torch.cuda.get_device_properties(0)
-    text = "\n".join([
-        f"### Plugin kernels on {props.name} ({props.multi_processor_count} SMs), {datetime.date.today().isoformat()}",
-        "",
-        f"Command: `python {' '.join(sys.argv)}`  ",
-        f"torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}, {platform.node()}",
-        "",
-        bench.kernel_tables(result) if not args.target_only else target_only_tables(result),
-    ])
+    text = "\n".join(
+        [
+            f"### Plugin kernels on {props.name} ({props.multi_processor_count} SMs), {datetime.date.today().isoformat()}",
+            "",
+            f"Command: `python {' '.join(sys.argv)}`  ",
+            f"torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}, {platform.node()}",
+            "",
+            bench.kernel_tables(result) if not args.target_only else target_only_tables(result),
+        ]
+    )
     print(text)
     if args.markdown:
         with open(args.markdown, "a") as f:

@@ -35,9 +35,12 @@ def main() -> int:
             with open(args.json, "w") as handle:
                 handle.write(text + "\n")
     for r in results:
-        print(f"{r['model']}: relative logit error {r['relative_logit_error']:.4f}, greedy agreement "
-              f"{100 * r['greedy_agreement']:.1f}% of {r['positions']} positions ({r['gpu']}, SM {r['compute_capability']}"
-              f"{', NVFP4 emulated' if r['emulated'] else ''})", file=sys.stderr if args.json == "-" else sys.stdout)
+        print(
+            f"{r['model']}: relative logit error {r['relative_logit_error']:.4f}, greedy agreement "
+            f"{100 * r['greedy_agreement']:.1f}% of {r['positions']} positions ({r['gpu']}, SM {r['compute_capability']}"
+            f"{', NVFP4 emulated' if r['emulated'] else ''})",
+            file=sys.stderr if args.json == "-" else sys.stdout,
+        )
     return 0
 
 

@@ -74,7 +74,8 @@ def main() -> None:
 
     medians = {name: statistics.median(values) for name, values in times.items()}
     report = {
-        "command": "python benchmarks/bench_prefix_cache.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "json"),
+        "command": "python benchmarks/bench_prefix_cache.py "
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "json"),
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads",
         "model": "demo pair (8-layer Qwen3-architecture target, 3-layer drafter), float32, torch runtime, batch 1",

@@ -68,13 +68,26 @@ def main() -> None:
     prompts = [target.tokenizer(json.loads(line)["prompt"])["input_ids"] for line in lines]
     started = time.perf_counter()
     report = validate.drafter_acceptance(target.model, drafters, prompts, args.new_tokens)
-    print(f"demo pair, {report['prompts']} held-out prompts, {args.new_tokens} new tokens, greedy, float32; "
-          f"every output equals the target's ({time.perf_counter() - started:.0f} s)")
+    print(
+        f"demo pair, {report['prompts']} held-out prompts, {args.new_tokens} new tokens, greedy, float32; "
+        f"every output equals the target's ({time.perf_counter() - started:.0f} s)"
+    )
     for name, tau in report["tau"].items():
         print(f"{name:<32} tau {tau:.3f}")
     if args.json:
-        args.json.write_text(json.dumps({"machine": platform.platform(), "new_tokens": args.new_tokens, "prompts": report["prompts"],
-                                         "tau": report["tau"], "outputs_equal_target": report["outputs_equal_target"]}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": platform.platform(),
+                    "new_tokens": args.new_tokens,
+                    "prompts": report["prompts"],
+                    "tau": report["tau"],
+                    "outputs_equal_target": report["outputs_equal_target"],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

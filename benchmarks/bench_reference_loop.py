@@ -119,7 +119,9 @@ def cycle_pair(
             optimizer.step()
         target.eval()
         target.save_pretrained(target_dir, safe_serialization=True)
-        drafter_config = tiny.tiny_drafter_config(config, num_layers=2, block_size=8, target_layer_ids=(1, num_layers // 2, num_layers - 2), mask_token_id=0)
+        drafter_config = tiny.tiny_drafter_config(
+            config, num_layers=2, block_size=8, target_layer_ids=(1, num_layers // 2, num_layers - 2), mask_token_id=0
+        )
         drafter = DFlashDrafter(drafter_config)
         trainer = DrafterTrainer(target, drafter, TrainConfig(steps=200, lr=3e-3, anchors=16, seed=0))
 
@@ -158,11 +160,17 @@ def run_zlab(zlab, draft, target, prompt: list[int], new_tokens: int, block_size
     `block_size=1` is its loop without a drafter (autoregressive)."""
     started = time.perf_counter()
     stats = zlab.dflash_generate(
-        draft, target, torch.tensor([prompt], device=target.device), max_new_tokens=new_tokens, stop_token_ids=None, temperature=0.0,
-        block_size=block_size, return_stats=True,
+        draft,
+        target,
+        torch.tensor([prompt], device=target.device),
+        max_new_tokens=new_tokens,
+        stop_token_ids=None,
+        temperature=0.0,
+        block_size=block_size,
+        return_stats=True,
     )
     elapsed = time.perf_counter() - started
-    return elapsed, stats.output_ids[0, len(prompt):].tolist(), list(stats.acceptance_lengths), stats.time_to_first_token
+    return elapsed, stats.output_ids[0, len(prompt) :].tolist(), list(stats.acceptance_lengths), stats.time_to_first_token
 
 
 def run_ours(pipe: DFlashPipeline, prompt: list[int], new_tokens: int):
@@ -241,9 +249,16 @@ def step_breakdown(pipe: DFlashPipeline, prompts: list[list[int]], new_tokens: i
     runtime = pipe.runtime
     clocks: dict[str, float] = {}
     names = {
-        "draft_forward": "draft", "target_forward": "verify", "verify": "verify_op", "attention_masks": "masks",
-        "commit": "commit", "features": "taps", "context_hidden": "context_kv", "project_keys_values": "drafter_kv",
-        "project_step": "drafter_kv", "block_attention": "draft_attention",
+        "draft_forward": "draft",
+        "target_forward": "verify",
+        "verify": "verify_op",
+        "attention_masks": "masks",
+        "commit": "commit",
+        "features": "taps",
+        "context_hidden": "context_kv",
+        "project_keys_values": "drafter_kv",
+        "project_step": "drafter_kv",
+        "block_attention": "draft_attention",
     }
     owners = [runtime, runtime.taps, runtime.drafter, drafter_module.ops]
     owners += [layer.self_attn for layer in runtime.drafter.layers]
@@ -303,7 +318,10 @@ def context_curve(zlab, root: Path, contexts: list[int], args) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
     target_dir, drafter_dir, _ = cycle_pair(root, 1, num_layers=6, hidden=192, max_positions=4096)
-    pipes = {"dflash": DFlashPipeline.load(target_dir, drafter_dir, device=args.device, dtype=torch.float32, **ours_options(args)), "ar": DFlashPipeline.load(target_dir, device=args.device, dtype=torch.float32, **ours_options(args))}
+    pipes = {
+        "dflash": DFlashPipeline.load(target_dir, drafter_dir, device=args.device, dtype=torch.float32, **ours_options(args)),
+        "ar": DFlashPipeline.load(target_dir, device=args.device, dtype=torch.float32, **ours_options(args)),
+    }
     zlab_target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(args.device).eval()
     zlab_draft = zlab.DFlashDraftModel.from_pretrained(drafter_dir, dtype=torch.float32).to(args.device).eval()
     runs = {
@@ -376,14 +394,19 @@ def main() -> None:
     parser.add_argument("--attention", default="auto", help="our target attention: auto, hf or dflash (TorchRuntime's)")
     parser.add_argument("--cuda-graphs", action="store_true", help="our draft and verify passes replayed from CUDA graphs")
     parser.add_argument(
-        "--contexts", help="comma-separated context lengths (e.g. 150,1000,2000,3500): the per-step cost curve on the "
-        "`long` pair, DFlash and AR, instead of --pairs"
+        "--contexts",
+        help="comma-separated context lengths (e.g. 150,1000,2000,3500): the per-step cost curve on the "
+        "`long` pair, DFlash and AR, instead of --pairs",
     )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     zlab = import_zlab(args.zlab_dir)
-    print(f"torch {torch.__version__}, {args.device}, ours {ours_options(args)}, {torch.get_num_threads()} threads, batch 1, greedy, {args.max_new_tokens} new tokens", flush=True)
+    print(
+        f"torch {torch.__version__}, {args.device}, ours {ours_options(args)}, "
+        f"{torch.get_num_threads()} threads, batch 1, greedy, {args.max_new_tokens} new tokens",
+        flush=True,
+    )
     if args.contexts:
         results = context_curve(zlab, args.work_dir / "long", [int(c) for c in args.contexts.split(",")], args)
         if args.json:

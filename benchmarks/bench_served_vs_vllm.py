@@ -59,25 +59,86 @@ def wait_for(url: str, model: str, process: subprocess.Popen, timeout: float) ->
 
 def start_vllm(args, port: int, log) -> subprocess.Popen:
     speculative = json.dumps({"method": "dflash", "model": args.drafter, "num_speculative_tokens": args.block - 1})
-    command = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", args.target, "--served-model-name", "dflash",
-               "--port", str(port), "--host", "127.0.0.1", "--dtype", "float32", "--enforce-eager", "--max-model-len", str(args.max_context),
-               "--max-num-seqs", "8", "--speculative-config", speculative, "--no-enable-prefix-caching", "--seed", "0"]
+    command = [
+        args.vllm_python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        args.target,
+        "--served-model-name",
+        "dflash",
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        str(args.max_context),
+        "--max-num-seqs",
+        "8",
+        "--speculative-config",
+        speculative,
+        "--no-enable-prefix-caching",
+        "--seed",
+        "0",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "VLLM_CPU_KVCACHE_SPACE": "1"}
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
 def start_ours(args, port: int, repo: Path, log) -> subprocess.Popen:
-    command = [sys.executable, "-m", "trtllm_dflash.cli.app", "serve", str(repo), "--openai-port", str(port),
-               "--http-port", str(free_port()), "--grpc-port", str(free_port()), "--metrics-port", str(free_port())]
+    command = [
+        sys.executable,
+        "-m",
+        "trtllm_dflash.cli.app",
+        "serve",
+        str(repo),
+        "--openai-port",
+        str(port),
+        "--http-port",
+        str(free_port()),
+        "--grpc-port",
+        str(free_port()),
+        "--metrics-port",
+        str(free_port()),
+    ]
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
 
 
 def write_repo(args, out: Path) -> Path:
     repo = out / "repo"
-    subprocess.run([sys.executable, "-m", "trtllm_dflash.cli.app", "repo", "--model", args.target, "--drafter", args.drafter,
-                    "--out", str(repo), "--max-batch", "8", "--max-context", str(args.max_context), "--max-tokens", "256",
-                    "--threads", str(args.threads), "--prefix-cache-mib", "0", "--baseline", ""]
-                   + (["--adaptive-drafting"] if args.adaptive_drafting else []), check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trtllm_dflash.cli.app",
+            "repo",
+            "--model",
+            args.target,
+            "--drafter",
+            args.drafter,
+            "--out",
+            str(repo),
+            "--max-batch",
+            "8",
+            "--max-context",
+            str(args.max_context),
+            "--max-tokens",
+            "256",
+            "--threads",
+            str(args.threads),
+            "--prefix-cache-mib",
+            "0",
+            "--baseline",
+            "",
+        ]
+        + (["--adaptive-drafting"] if args.adaptive_drafting else []),
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return repo
 
 
@@ -92,10 +153,22 @@ def measure(args, system: str, out: Path, aiperf: str, repo: Path) -> dict[str, 
             results = {}
             for name, (concurrency, output) in RUNS.items():
                 count = args.requests_1 if concurrency == "1" else args.requests_8
-                export = bench.profile(f"{system}-{name}-{time.monotonic_ns()}", "--isl", "64", "--osl", output,
-                                       "--concurrency", concurrency, "--request-count", str(count))
-                results[name] = {"ttft_p50": stat(export, "time_to_first_token", "p50"), "itl_p50": stat(export, "inter_token_latency", "p50"),
-                                 "tokens_per_s": stat(export, "output_token_throughput", "avg")}
+                export = bench.profile(
+                    f"{system}-{name}-{time.monotonic_ns()}",
+                    "--isl",
+                    "64",
+                    "--osl",
+                    output,
+                    "--concurrency",
+                    concurrency,
+                    "--request-count",
+                    str(count),
+                )
+                results[name] = {
+                    "ttft_p50": stat(export, "time_to_first_token", "p50"),
+                    "itl_p50": stat(export, "inter_token_latency", "p50"),
+                    "tokens_per_s": stat(export, "output_token_throughput", "avg"),
+                }
             return results
         finally:
             process.terminate()
@@ -131,21 +204,25 @@ def main() -> None:
     repo = write_repo(args, out)
     runs: dict[str, list[dict]] = {"vllm": [], "ours": []}
     for round_index in range(args.rounds):
-        for system in (("vllm", "ours") if round_index % 2 == 0 else ("ours", "vllm")):
+        for system in ("vllm", "ours") if round_index % 2 == 0 else ("ours", "vllm"):
             print(f"round {round_index + 1}/{args.rounds}: {system}", flush=True)
             runs[system].append(measure(args, system, out, aiperf, repo))
     (out / "runs.json").write_text(json.dumps(runs))
     median = lambda system, name, key: statistics.median(r[name][key] for r in runs[system])  # noqa: E731
-    print(f"\n{aiperf_version(aiperf)}; {machine()}; {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
-          f"{args.threads} thread(s) per server; medians of {args.rounds} round(s); artifacts in {out}\n")
+    print(
+        f"\n{aiperf_version(aiperf)}; {machine()}; {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+        f"{args.threads} thread(s) per server; medians of {args.rounds} round(s); artifacts in {out}\n"
+    )
     print("| run | TTFT p50 ours / vLLM (ms) | ITL p50 ours / vLLM (ms) | output tok/s ours / vLLM | ours / vLLM tok/s |")
     print("|---|---:|---:|---:|---:|")
     for name, (concurrency, output) in RUNS.items():
         count = args.requests_1 if concurrency == "1" else args.requests_8
         cells = {key: (median("ours", name, key), median("vllm", name, key)) for key in ("ttft_p50", "itl_p50", "tokens_per_s")}
         pairs = " | ".join(f"{a:.1f} / {b:.1f}" for a, b in cells.values())
-        print(f"| concurrency {concurrency} ({count} requests, 64 in, {output} out) | {pairs} "
-              f"| {cells['tokens_per_s'][0] / cells['tokens_per_s'][1]:.2f}x |")
+        print(
+            f"| concurrency {concurrency} ({count} requests, 64 in, {output} out) | {pairs} "
+            f"| {cells['tokens_per_s'][0] / cells['tokens_per_s'][1]:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

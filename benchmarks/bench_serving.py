@@ -119,7 +119,9 @@ def main() -> None:
 
             repo = Path(tempfile.mkdtemp(prefix="bench-serving-")) / "repo"
             model = ["--model", args.model] + (["--drafter", args.drafter] if args.drafter else [])
-            result = CliRunner().invoke(app, ["repo", *model, "--out", str(repo), "--max-batch", str(max(levels)), "--threads", str(args.threads)])
+            result = CliRunner().invoke(
+                app, ["repo", *model, "--out", str(repo), "--max-batch", str(max(levels)), "--threads", str(args.threads)]
+            )
             if result.exit_code != 0:
                 raise SystemExit(f"dflash-trt repo failed: {result.exception or result.output}")
         console.print(f"starting tritonserver on {repo} ...")
@@ -132,35 +134,63 @@ def main() -> None:
             client.complete(prompts[0], protocol=args.protocol, max_new_tokens=8)
         sample = clients["dflash"].generate(prompts[0], max_new_tokens=args.max_tokens)
         console.print(f"[bold]{prompts[0]}[/]{sample.text}")
-        console.print(f"[dim]one request to dflash: {sample.num_output_tokens} tokens, tau {sample.mean_acceptance_length:.2f}, "
-                      f"TTFT {1000 * sample.time_to_first_token:.0f} ms[/]")
+        console.print(
+            f"[dim]one request to dflash: {sample.num_output_tokens} tokens, tau {sample.mean_acceptance_length:.2f}, "
+            f"TTFT {1000 * sample.time_to_first_token:.0f} ms[/]"
+        )
         rows = []
         for level in levels:
             requests = args.requests or max(4 * level, 16)
             runs: dict[str, list] = {"dflash": [], "ar": []}
-            console.print(f"  concurrency {level:>3}: {args.rounds} rounds x (AR, DFlash) x {requests} requests x {args.max_tokens} tokens ...")
+            console.print(
+                f"  concurrency {level:>3}: {args.rounds} rounds x (AR, DFlash) x {requests} requests x {args.max_tokens} tokens ..."
+            )
             for round_ in range(args.rounds):  # interleaved, alternating which goes first
-                for name in (("ar", "dflash") if round_ % 2 == 0 else ("dflash", "ar")):
+                for name in ("ar", "dflash") if round_ % 2 == 0 else ("dflash", "ar"):
                     runs[name].append(run_level(clients[name], prompts, level, requests, args.max_tokens, args.protocol))
             measured = {name: summarise(model_runs) for name, model_runs in runs.items()}
             lossless = all(measured["dflash"]["outputs"][p] == measured["ar"]["outputs"][p] for p in measured["ar"]["outputs"])
-            rows.append({"concurrency": level, "requests": requests, "lossless": lossless,
-                         **{f"{name}_{k}": v for name, m in measured.items() for k, v in m.items() if k != "outputs"}})
+            rows.append(
+                {
+                    "concurrency": level,
+                    "requests": requests,
+                    "lossless": lossless,
+                    **{f"{name}_{k}": v for name, m in measured.items() for k, v in m.items() if k != "outputs"},
+                }
+            )
     finally:
         if server is not None:
             server.stop()
 
-    title = f"DFlash vs autoregressive through tritonserver ({args.protocol}, prompts: {args.prompts}, {args.max_tokens} tokens per request)"
+    title = (
+        f"DFlash vs autoregressive through tritonserver ({args.protocol}, prompts: {args.prompts}, {args.max_tokens} tokens per request)"
+    )
     table = Table(title=title)
-    for column in ("concurrency", "AR tok/s", "DFlash tok/s", "speedup", "AR tok/s/user", "DFlash tok/s/user",
-                   "speedup/user", "tau", "TTFT AR/DFlash ms", "lossless"):
+    for column in (
+        "concurrency",
+        "AR tok/s",
+        "DFlash tok/s",
+        "speedup",
+        "AR tok/s/user",
+        "DFlash tok/s/user",
+        "speedup/user",
+        "tau",
+        "TTFT AR/DFlash ms",
+        "lossless",
+    ):
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(
             str(row["concurrency"]),
-            f"{row['ar_throughput']:.1f}", f"{row['dflash_throughput']:.1f}", f"{row['dflash_throughput'] / row['ar_throughput']:.2f}x",
-            f"{row['ar_per_user']:.1f}", f"{row['dflash_per_user']:.1f}", f"{row['dflash_per_user'] / row['ar_per_user']:.2f}x",
-            f"{row['dflash_tau']:.2f}", f"{row['ar_ttft_ms']:.0f} / {row['dflash_ttft_ms']:.0f}", "yes" if row["lossless"] else "NO",
+            f"{row['ar_throughput']:.1f}",
+            f"{row['dflash_throughput']:.1f}",
+            f"{row['dflash_throughput'] / row['ar_throughput']:.2f}x",
+            f"{row['ar_per_user']:.1f}",
+            f"{row['dflash_per_user']:.1f}",
+            f"{row['dflash_per_user'] / row['ar_per_user']:.2f}x",
+            f"{row['dflash_tau']:.2f}",
+            f"{row['ar_ttft_ms']:.0f} / {row['dflash_ttft_ms']:.0f}",
+            "yes" if row["lossless"] else "NO",
         )
     console.print(table)
     console.print(f"[dim]{platform.node()} {platform.machine()}, Python {sys.version.split()[0]}, {time.strftime('%Y-%m-%d')}[/]")

@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 
 from trtllm_dflash.checkpoints import load_drafter, load_target
+from trtllm_dflash.contracts.draft_window import DraftWindow
 from trtllm_dflash.decoding import Decoder, Request
 from trtllm_dflash.demo import DEMO_DIR
-from trtllm_dflash.contracts.draft_window import DraftWindow
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 from trtllm_dflash.sampling_params import SamplingParams
 
@@ -85,22 +85,28 @@ def main() -> None:
         steps = [len(r.acceptance_lengths) for r in out]
         tokens = [sum(r.acceptance_lengths) for r in out]
         rows.append({"reading": name, "tau": sum(tokens) / sum(steps), "seconds": time.perf_counter() - start})
+
     def differing(name: str, other: str) -> int:
         return sum(a.acceptance_lengths != b.acceptance_lengths for a, b in zip(results[name], results[other]))
 
     for row in rows:
         row["prompts_differing_from_sliding"] = differing(row["reading"], "sliding")
         row["prompts_differing_from_full"] = differing(row["reading"], "full")
-    print(f"demo pair, first draft layer sliding (window {args.window}), {len(batch)} prompts of "
-          f"{min(map(len, batch))}-{max(map(len, batch))} tokens, {args.new_tokens} new tokens, greedy, float32")
+    print(
+        f"demo pair, first draft layer sliding (window {args.window}), {len(batch)} prompts of "
+        f"{min(map(len, batch))}-{max(map(len, batch))} tokens, {args.new_tokens} new tokens, greedy, float32"
+    )
     print(f"{'reading':<24} {'tau':>6} {'differs from sliding':>22} {'differs from full':>19}")
     for row in rows:
-        print(f"{row['reading']:<24} {row['tau']:6.3f} {row['prompts_differing_from_sliding']:>16} of {len(batch)}"
-              f" {row['prompts_differing_from_full']:>13} of {len(batch)}")
+        print(
+            f"{row['reading']:<24} {row['tau']:6.3f} {row['prompts_differing_from_sliding']:>16} of {len(batch)}"
+            f" {row['prompts_differing_from_full']:>13} of {len(batch)}"
+        )
     print("every reading's output equals the target's greedy output")
     if args.json:
-        args.json.write_text(json.dumps({"machine": platform.platform(), "args": vars(args) | {"json": str(args.json)},
-                                         "rows": rows}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps({"machine": platform.platform(), "args": vars(args) | {"json": str(args.json)}, "rows": rows}, indent=2) + "\n"
+        )
 
 
 if __name__ == "__main__":

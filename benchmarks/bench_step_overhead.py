@@ -46,18 +46,19 @@ class TimedRuntime:
                 return method(*args, **kwargs)
             finally:
                 self.inside += time.perf_counter() - started
+
         return run
 
 
 def measure(batch: int, new_tokens: int) -> dict:
     import torch
+    from transformers import AutoTokenizer
 
     from trtllm_dflash import demo
     from trtllm_dflash.bench.prompts import load_prompt_set
     from trtllm_dflash.checkpoints import load_drafter, load_target
     from trtllm_dflash.decoding import Decoder, Request, SamplingParams
     from trtllm_dflash.runtime.torch_runtime import TorchRuntime
-    from transformers import AutoTokenizer
 
     torch.set_num_threads(1)
     target_dir = str(demo.target_dir())
@@ -87,11 +88,19 @@ def measure(batch: int, new_tokens: int) -> dict:
     wall, steps, inside = run()
     profiler = cProfile.Profile()
     run(profiler)
-    own = [(stat[2], f"{Path(path).name}:{line}({name})") for (path, line, name), stat in pstats.Stats(profiler).stats.items()
-           if "trtllm_dflash" in path]
+    own = [
+        (stat[2], f"{Path(path).name}:{line}({name})")
+        for (path, line, name), stat in pstats.Stats(profiler).stats.items()
+        if "trtllm_dflash" in path
+    ]
     top = [[label, seconds / steps * 1e3] for seconds, label in sorted(own, reverse=True)[:8]]
-    return {"steps": steps, "step_ms": wall / steps * 1e3, "passes_ms": inside / steps * 1e3,
-            "host_ms": (wall - inside) / steps * 1e3, "top_own_ms": top}
+    return {
+        "steps": steps,
+        "step_ms": wall / steps * 1e3,
+        "passes_ms": inside / steps * 1e3,
+        "host_ms": (wall - inside) / steps * 1e3,
+        "top_own_ms": top,
+    }
 
 
 def main() -> None:
@@ -113,14 +122,18 @@ def main() -> None:
     trees = {"this checkout": None} | ({f"baseline ({args.baseline})": args.baseline} if args.baseline else {})
     results: dict[str, list[dict]] = {name: [] for name in trees}
     for repeat in range(args.repeats):
-        for name, tree in (trees.items() if repeat % 2 == 0 else reversed(trees.items())):
+        for name, tree in trees.items() if repeat % 2 == 0 else reversed(trees.items()):
             command = [sys.executable, __file__, "--worker", "--batch", str(args.batch), "--new-tokens", str(args.new_tokens)]
-            done = subprocess.run(command + (["--tree", str(tree)] if tree else []), capture_output=True, text=True,
-                                  env={"OMP_NUM_THREADS": "1", **__import__("os").environ})
+            done = subprocess.run(
+                command + (["--tree", str(tree)] if tree else []),
+                capture_output=True,
+                text=True,
+                env={"OMP_NUM_THREADS": "1", **__import__("os").environ},
+            )
             lines = [line for line in done.stdout.splitlines() if line.startswith(MARK)]
             if done.returncode != 0 or not lines:
                 raise SystemExit(f"bench_step_overhead: {name} failed: {done.stderr.strip().splitlines()[-1:]}")
-            results[name].append(json.loads(lines[-1][len(MARK):]))
+            results[name].append(json.loads(lines[-1][len(MARK) :]))
     print(f"batch {args.batch}, {args.new_tokens} new tokens x 8 prompts, greedy, 1 thread, medians of {args.repeats} per checkout\n")
     print("| checkout | steps | ms per step | in the runtime's passes | host around them |")
     print("|---|---:|---:|---:|---:|")

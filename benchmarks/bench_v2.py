@@ -75,7 +75,7 @@ def held_out_quality(pipe, drafter, prompt_ids: list[list[int]], continuations: 
         for prompt, continuation in zip(prompt_ids, continuations):
             ids = torch.tensor([prompt + continuation])
             loss_mask = torch.zeros_like(ids)
-            loss_mask[0, len(prompt):] = 1
+            loss_mask[0, len(prompt) :] = 1
             decoder(input_ids=ids, use_cache=False)
             features = taps.features()
             # every position from the last prompt token on anchors a block (it predicts the continuation)
@@ -110,7 +110,11 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts = load_prompt_set("stdlib", args.num_prompts)
-    pipes = {"AR": DFlashPipeline.load("demo"), "V1": DFlashPipeline.load("demo", "demo"), "V2": DFlashPipeline.load("demo", args.drafter_v2)}
+    pipes = {
+        "AR": DFlashPipeline.load("demo"),
+        "V1": DFlashPipeline.load("demo", "demo"),
+        "V2": DFlashPipeline.load("demo", args.drafter_v2),
+    }
     started = datetime.datetime.now(datetime.timezone.utc)
     decode, reference = decode_rounds(pipes, prompts, args.max_new_tokens, args.rounds)
     prompt_ids = [pipes["AR"].encode(p) for p in prompts]
@@ -120,16 +124,24 @@ def main() -> None:
         "date": started.strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()} CPU, {torch.get_num_threads()} torch threads, no GPU",
         "torch": torch.__version__,
-        "prompts": {"set": "stdlib (held-out demo prompts)", "count": len(prompts), "max_new_tokens": args.max_new_tokens,
-                    "temperature": 0.0, "batch": 1, "rounds": args.rounds},
-        "v2": {"selector_rank": v2_config.selector_rank, "selector_top_k": v2_config.selector_top_k,
-               "block_size": v2_config.block_size},
+        "prompts": {
+            "set": "stdlib (held-out demo prompts)",
+            "count": len(prompts),
+            "max_new_tokens": args.max_new_tokens,
+            "temperature": 0.0,
+            "batch": 1,
+            "rounds": args.rounds,
+        },
+        "v2": {"selector_rank": v2_config.selector_rank, "selector_top_k": v2_config.selector_top_k, "block_size": v2_config.block_size},
         "decode": decode,
         "held_out_quality": quality,
     }
     print(f"{'mode':<4} {'tok/s':>8} {'speedup':>8} {'tau':>6} {'identical':>10}")
     for name, row in decode.items():
-        print(f"{name:<4} {row['tokens_per_second']:>8.1f} {row['speedup']:>7.2f}x {row['tau']:>6.2f} {row['identical_to_ar']:>5}/{len(prompts)}")
+        print(
+            f"{name:<4} {row['tokens_per_second']:>8.1f} {row['speedup']:>7.2f}x "
+            f"{row['tau']:>6.2f} {row['identical_to_ar']:>5}/{len(prompts)}"
+        )
     print(json.dumps(quality))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

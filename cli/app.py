@@ -16,7 +16,20 @@ from rich.console import Console
 from rich.markup import escape
 
 from trtllm_dflash.cli import (
-    bench, build, demo, doctor, explain_bytes, generate, openai_front, plan, plugins, recipes, repo, selftest, serve, train,
+    bench,
+    build,
+    demo,
+    doctor,
+    explain_bytes,
+    generate,
+    openai_front,
+    plan,
+    plugins,
+    recipes,
+    repo,
+    selftest,
+    serve,
+    train,
 )
 from trtllm_dflash.errors import DFlashError
 

@@ -24,12 +24,22 @@ def _int_list(text: Optional[str], option: str) -> Optional[list[int]]:
 
 
 def bench(
-    model: Optional[str] = typer.Option(None, "--model", help="'demo': the embedded target/drafter pair. With --openai-url: the served model(s), comma-separated (e.g. dflash,ar)."),
-    openai_url: Optional[str] = typer.Option(None, "--openai-url", help="Any OpenAI-compatible server's base URL (http://host:port/v1): streamed concurrency sweep, TTFT/ITL percentiles."),
+    model: Optional[str] = typer.Option(
+        None,
+        "--model",
+        help="'demo': the embedded target/drafter pair. With --openai-url: the served model(s), comma-separated (e.g. dflash,ar).",
+    ),
+    openai_url: Optional[str] = typer.Option(
+        None,
+        "--openai-url",
+        help="Any OpenAI-compatible server's base URL (http://host:port/v1): streamed concurrency sweep, TTFT/ITL percentiles.",
+    ),
     openai_api: str = typer.Option("chat", "--openai-api", help="With --openai-url: chat or completions."),
     target: Optional[str] = typer.Option(None, "--target", help="Target model directory (Hugging Face layout)."),
     drafter: Optional[str] = typer.Option(None, "--drafter", help="DFlash drafter directory (z-lab layout)."),
-    build: Optional[Path] = typer.Option(None, "--build", help="A `dflash-trt build` output directory: its engines on a GPU (--device cuda), its ONNX graphs on CPU."),
+    build: Optional[Path] = typer.Option(
+        None, "--build", help="A `dflash-trt build` output directory: its engines on a GPU (--device cuda), its ONNX graphs on CPU."
+    ),
     url: Optional[str] = typer.Option(None, "--url", help="A running DFlash Triton server, e.g. http://localhost:8000."),
     server_model: str = typer.Option("dflash", "--server-model", help="With --url: the DFlash model's name."),
     ar_model: str = typer.Option("ar", "--ar-model", help="With --url: the autoregressive baseline model's name."),
@@ -38,7 +48,9 @@ def bench(
     num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Use only the first N prompts of the set."),
     max_new_tokens: int = typer.Option(DEFAULT_NEW_TOKENS, "--max-new-tokens", "-n", help="Tokens generated per prompt."),
     block_size: Optional[int] = typer.Option(None, "--block-size", "-b", help="Headline block size (default: the drafter's)."),
-    block_sizes: Optional[str] = typer.Option(None, "--block-sizes", help="Block-size sweep, e.g. 4,8,16 (default: 2,4,.. up to the drafter's)."),
+    block_sizes: Optional[str] = typer.Option(
+        None, "--block-sizes", help="Block-size sweep, e.g. 4,8,16 (default: 2,4,.. up to the drafter's)."
+    ),
     concurrency: str = typer.Option("1,2,4,8", "--concurrency", help="Concurrency sweep levels."),
     repeats: int = typer.Option(1, "--repeats", help="Passes over the prompt set in the main comparison."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
@@ -56,24 +68,46 @@ def bench(
     if out is not None and out.exists() and not out.is_dir():
         raise DFlashError(f"--out {out} is a file", "pass a directory")
     if openai_url is not None:
-        return _bench_openai(openai_url, model, openai_api, prompts, num_prompts, max_new_tokens, concurrency, out, no_plots,
-                             others=[n for n, v in (("--target", target), ("--build", build), ("--url", url)) if v])
+        return _bench_openai(
+            openai_url,
+            model,
+            openai_api,
+            prompts,
+            num_prompts,
+            max_new_tokens,
+            concurrency,
+            out,
+            no_plots,
+            others=[n for n, v in (("--target", target), ("--build", build), ("--url", url)) if v],
+        )
     from trtllm_dflash.bench.measure import BenchConfig, run_bench
     from trtllm_dflash.bench.prompts import load_prompt_set
 
     config = BenchConfig(
-        max_new_tokens=max_new_tokens, block_size=block_size, block_sizes=_int_list(block_sizes, "--block-sizes"),
-        concurrency=_int_list(concurrency, "--concurrency") or [1], repeats=repeats,
+        max_new_tokens=max_new_tokens,
+        block_size=block_size,
+        block_sizes=_int_list(block_sizes, "--block-sizes"),
+        concurrency=_int_list(concurrency, "--concurrency") or [1],
+        repeats=repeats,
     )
     prompt_texts = load_prompt_set(prompts, num_prompts)
     quiet_libraries()
-    from trtllm_dflash.bench.systems import open_system
     from trtllm_dflash.bench.report import print_report, write_plots
+    from trtllm_dflash.bench.systems import open_system
     from trtllm_dflash.runtime.threads import set_threads
 
     set_threads(threads)
-    backend = open_system(model=model, target=target, drafter=drafter, build=build, url=url, device=device,
-                           server_model=server_model, ar_model=ar_model, protocol=protocol)
+    backend = open_system(
+        model=model,
+        target=target,
+        drafter=drafter,
+        build=build,
+        url=url,
+        device=device,
+        server_model=server_model,
+        ar_model=ar_model,
+        protocol=protocol,
+    )
     console = Console(highlight=False)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as bar:
@@ -88,8 +122,18 @@ def bench(
     _finish(report, prompts, console, out, no_plots, print_report, write_plots)
 
 
-def _bench_openai(url: str, model: Optional[str], api: str, prompts: str, num_prompts: Optional[int], max_new_tokens: int,
-                  concurrency: str, out: Optional[Path], no_plots: bool, others: list[str]) -> None:
+def _bench_openai(
+    url: str,
+    model: Optional[str],
+    api: str,
+    prompts: str,
+    num_prompts: Optional[int],
+    max_new_tokens: int,
+    concurrency: str,
+    out: Optional[Path],
+    no_plots: bool,
+    others: list[str],
+) -> None:
     """bench --openai-url: the streamed sweep of trtllm_dflash.bench.openai_bench."""
     from trtllm_dflash.bench.openai_bench import print_openai_report, run_openai_bench, write_openai_plot
     from trtllm_dflash.bench.prompts import load_prompt_set
@@ -102,13 +146,26 @@ def _bench_openai(url: str, model: Optional[str], api: str, prompts: str, num_pr
         raise DFlashError(f"unknown --openai-api {api!r}", "use chat or completions")
     prompt_texts = load_prompt_set(prompts, num_prompts)
     console = Console(highlight=False)
-    report = run_openai_bench(url, [m.strip() for m in model.split(",") if m.strip()], prompt_texts,
-                              _int_list(concurrency, "--concurrency") or [1], max_new_tokens, chat=api == "chat")
+    report = run_openai_bench(
+        url,
+        [m.strip() for m in model.split(",") if m.strip()],
+        prompt_texts,
+        _int_list(concurrency, "--concurrency") or [1],
+        max_new_tokens,
+        chat=api == "chat",
+    )
     _finish(report, prompts, console, out, no_plots, print_openai_report, write_openai_plot)
 
 
-def _finish(report: dict, prompts: str, console: Console, out: Optional[Path], no_plots: bool,
-            print_table: Callable[[dict, Console], None], write_plots: Callable[[dict, Path], list]) -> None:
+def _finish(
+    report: dict,
+    prompts: str,
+    console: Console,
+    out: Optional[Path],
+    no_plots: bool,
+    print_table: Callable[[dict, Console], None],
+    write_plots: Callable[[dict, Path], list],
+) -> None:
     """Both kinds of bench: name the prompt set in the report, print its table, write bench.json and plots under `out`."""
     from trtllm_dflash.bench.report import write_json
 

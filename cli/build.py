@@ -46,8 +46,13 @@ class RichReporter:
         self.console.print(f"[bold]▶ {stage.name}[/]: {stage.title}")
         if self.console.is_terminal:
             self._live = Progress(
-                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20),
-                TextColumn("{task.fields[count]}"), TimeElapsedColumn(), console=self.console, transient=True,
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(bar_width=20),
+                TextColumn("{task.fields[count]}"),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=True,
             )
             self._task = self._live.add_task(f"{stage.name}: starting", total=None, count="")
             self._live.start()
@@ -76,8 +81,9 @@ class RichReporter:
             self._step = (text, self.clock())
         count = f"{done}/{total}" if counted else ""
         if self._live is not None:
-            self._live.update(self._task, description=escape(text), total=total if counted else None,
-                              completed=done if counted else 0, count=count)
+            self._live.update(
+                self._task, description=escape(text), total=total if counted else None, completed=done if counted else 0, count=count
+            )
         else:
             self.console.print(f"  [dim]{escape(text)}{f' ({count} done)' if counted else ''}[/]")
 
@@ -122,8 +128,11 @@ def render(plan, console: Console) -> None:
     console.print(f"[bold]On this machine[/] ({escape(plan.spec.source)}):")
     for stage in plan.stages:
         # ↓: checkpoints not on this machine, fetched when the build runs (and a failure offline): no check mark
-        mark = "[yellow]✗[/]" if not stage.runs_here and not stage.optional else (
-            "[dim]-[/]" if not stage.runs_here else "[yellow]↓[/]" if stage.downloads else "[green]✓[/]")
+        mark = (
+            "[yellow]✗[/]"
+            if not stage.runs_here and not stage.optional
+            else ("[dim]-[/]" if not stage.runs_here else "[yellow]↓[/]" if stage.downloads else "[green]✓[/]")
+        )
         console.print(f"  {mark} [bold]{stage.name:12}[/] {escape(stage.action)}")
         console.print(f"    {'':12} [dim]where:[/] {escape(stage.where)}; [dim]output:[/] {escape(stage.output)}")
     for note in plan.notes:
@@ -133,33 +142,78 @@ def render(plan, console: Console) -> None:
 
 
 def build(
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name from the catalog (e.g. demo, qwen3-8b, gpt-oss-120b) or a target checkpoint directory."),
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m", help="Model name from the catalog (e.g. demo, qwen3-8b, gpt-oss-120b) or a target checkpoint directory."
+    ),
     gpu: Optional[str] = typer.Option(None, "--gpu", "-g", help="GPU type to build for (e.g. rtx-pro-6000, h100, b300)."),
-    drafter: Optional[str] = typer.Option(None, "--drafter", help="DFlash drafter directory (z-lab layout); default: the catalog's drafter."),
-    target: Optional[str] = typer.Option(None, "--target", help="Local target checkpoint directory standing in for --model's (the catalog model's recipe and memory plan are kept; another family is refused)."),
-    recipe: Optional[str] = typer.Option(None, "--recipe", help="Recipe YAML file or '<model>/<gpu>' name (docs/recipes.md); flags override it."),
-    quant: Optional[str] = typer.Option(None, "--quant", "-q", help="bf16, fp16, fp8 or nvfp4 (gpt-oss: the experts, mxfp4 as shipped); default: the recipe's."),
-    backend: Optional[str] = typer.Option(None, "--backend", help="Deployment backend: trt (our engines) or trtllm (TensorRT-LLM); default: the recipe's. One the target family cannot use is refused, naming the one that works."),
+    drafter: Optional[str] = typer.Option(
+        None, "--drafter", help="DFlash drafter directory (z-lab layout); default: the catalog's drafter."
+    ),
+    target: Optional[str] = typer.Option(
+        None,
+        "--target",
+        help="Local target checkpoint directory standing in for --model's "
+        "(the catalog model's recipe and memory plan are kept; another family is refused).",
+    ),
+    recipe: Optional[str] = typer.Option(
+        None, "--recipe", help="Recipe YAML file or '<model>/<gpu>' name (docs/recipes.md); flags override it."
+    ),
+    quant: Optional[str] = typer.Option(
+        None, "--quant", "-q", help="bf16, fp16, fp8 or nvfp4 (gpt-oss: the experts, mxfp4 as shipped); default: the recipe's."
+    ),
+    backend: Optional[str] = typer.Option(
+        None,
+        "--backend",
+        help="Deployment backend: trt (our engines) or trtllm (TensorRT-LLM); default: the recipe's. "
+        "One the target family cannot use is refused, naming the one that works.",
+    ),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: out/<model>-<gpu>)."),
-    calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration text for FP8/NVFP4: .txt (a sample per line) or .jsonl with 'text'."),
+    calibration: Optional[str] = typer.Option(
+        None, "--calibration", help="Calibration text for FP8/NVFP4: .txt (a sample per line) or .jsonl with 'text'."
+    ),
     max_batch: Optional[int] = typer.Option(None, "--max-batch", help="Largest batch the engines accept."),
     max_input_len: Optional[int] = typer.Option(None, "--max-input-len", help="Longest prompt (prefill) in tokens."),
     max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="Longest prompt + output in tokens."),
-    native_only: bool = typer.Option(False, "--native-only", help="Export (and build engines from) the native graphs only, not the plugin variant: the recipe's trt.use_plugins: false. The plugin export is the long one."),
+    native_only: bool = typer.Option(
+        False,
+        "--native-only",
+        help="Export (and build engines from) the native graphs only, not the plugin variant: "
+        "the recipe's trt.use_plugins: false. The plugin export is the long one.",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (stages, where they run, sizes) and stop."),
     force: bool = typer.Option(False, "--force", help="Rebuild every stage even if its inputs are unchanged."),
     as_json: bool = typer.Option(False, "--json", help="With --dry-run: print the plan as JSON."),
-    explain_bytes: bool = typer.Option(False, "--explain-bytes", help="After the export: print the bytes each engine reads and writes per verify step (`dflash-trt explain-bytes OUT`)."),
-    llmapi_model: Optional[Path] = typer.Option(None, "--llmapi-model", help="trtllm builds: NVIDIA's LLM-API Triton model folder (TensorRT-LLM's triton_backend/all_models/llmapi/tensorrt_llm at your container's tag), recorded in the repository and mounted by the printed command; default: $DFLASH_TRT_LLMAPI_MODEL, ./TensorRT-LLM, /app."),
+    explain_bytes: bool = typer.Option(
+        False,
+        "--explain-bytes",
+        help="After the export: print the bytes each engine reads and writes per verify step (`dflash-trt explain-bytes OUT`).",
+    ),
+    llmapi_model: Optional[Path] = typer.Option(
+        None,
+        "--llmapi-model",
+        help="trtllm builds: NVIDIA's LLM-API Triton model folder "
+        "(TensorRT-LLM's triton_backend/all_models/llmapi/tensorrt_llm at your container's tag), "
+        "recorded in the repository and mounted by the printed command; "
+        "default: $DFLASH_TRT_LLMAPI_MODEL, ./TensorRT-LLM, /app.",
+    ),
 ) -> None:
     """Build a DFlash deployment: checkpoints -> quantize -> ONNX -> validate -> engines -> repository."""
-    from trtllm_dflash.builder.stage_plan import make_build_plan
     from trtllm_dflash.builder.spec import resolve_spec
+    from trtllm_dflash.builder.stage_plan import make_build_plan
 
     spec = resolve_spec(
-        model, gpu, recipe, quant, drafter,
-        max_batch=max_batch, max_input_len=max_input_len, max_seq_len=max_seq_len, calibration=calibration,
-        backend=backend, target=target, native_only=native_only,
+        model,
+        gpu,
+        recipe,
+        quant,
+        drafter,
+        max_batch=max_batch,
+        max_input_len=max_input_len,
+        max_seq_len=max_seq_len,
+        calibration=calibration,
+        backend=backend,
+        target=target,
+        native_only=native_only,
     )
     if llmapi_model is not None:  # checked before the build starts; the build's artifact carries it to the repository
         if spec.backend != "trtllm":
@@ -185,8 +239,9 @@ def build(
     from trtllm_dflash.cli.common import quiet_libraries
 
     quiet_libraries()
-    result = run_build(spec, out_dir, force=force, reporter=RichReporter(console), command=_command_line(), plan=plan,
-                       llmapi_model=llmapi_model)
+    result = run_build(
+        spec, out_dir, force=force, reporter=RichReporter(console), command=_command_line(), plan=plan, llmapi_model=llmapi_model
+    )
     manifest = Path(out_dir) / "manifest.json"
     if explain_bytes and (Path(out_dir) / "export" / "graphs.json").is_file():
         from trtllm_dflash.cli.explain_bytes import print_build_traffic

@@ -31,7 +31,7 @@ def read_prompts(prompts: list[str] | None, prompt_file: Path | None) -> list[st
             try:
                 prompts = [json.loads(line)["prompt"] for line in lines]
             except (json.JSONDecodeError, KeyError, TypeError):
-                raise DFlashError(f"{prompt_file} is not JSONL with a \"prompt\" field per line", "fix the file") from None
+                raise DFlashError(f'{prompt_file} is not JSONL with a "prompt" field per line', "fix the file") from None
         else:
             prompts = lines
     if not prompts:
@@ -46,6 +46,8 @@ def tau_hint(tau: float | None) -> str | None:
     """What to check when a drafter's drafts are never accepted (tau shown as 1.00), else None."""
     if tau is None or round(tau, 2) > 1.0:
         return None
-    return ("hint: tau 1.00 means the target accepted none of the drafter's tokens: a drafter from train-drafter may "
-            "need more --steps (its training.json has the loss), and the mask token in its config.json "
-            "(dflash_config.mask_token_id) must be the one it was trained with (train-drafter --mask-token-id)")
+    return (
+        "hint: tau 1.00 means the target accepted none of the drafter's tokens: a drafter from train-drafter may "
+        "need more --steps (its training.json has the loss), and the mask token in its config.json "
+        "(dflash_config.mask_token_id) must be the one it was trained with (train-drafter --mask-token-id)"
+    )

@@ -124,8 +124,18 @@ def demo(
 
     ports = [free_port() for _ in range(3)]
     url = f"http://127.0.0.1:{ports[0]}"
-    serve_args = ["serve", str(repo_dir), "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
-                  "--metrics-port", str(ports[2]), "--host", "127.0.0.1"]
+    serve_args = [
+        "serve",
+        str(repo_dir),
+        "--http-port",
+        str(ports[0]),
+        "--grpc-port",
+        str(ports[1]),
+        "--metrics-port",
+        str(ports[2]),
+        "--host",
+        "127.0.0.1",
+    ]
     walk.step("Serve it with tritonserver")
     console.print(f"[bold cyan]$ dflash-trt {escape(shlex.join(serve_args))} &[/]")
     server = subprocess.Popen(_cli() + serve_args, start_new_session=True)
@@ -136,8 +146,24 @@ def demo(
         walk.run(["generate", "--url", url, "--prompt", PROMPT, "-n", str(max_new_tokens), "--stream"])
 
         walk.step("DFlash vs autoregressive through the server, side by side")
-        walk.run(["bench", "--url", url, "--prompts", "code", "--num-prompts", str(num_prompts),
-                  "-n", str(max_new_tokens), "--concurrency", "1,4", "--out", str(bench_dir), "--no-plots"])
+        walk.run(
+            [
+                "bench",
+                "--url",
+                url,
+                "--prompts",
+                "code",
+                "--num-prompts",
+                str(num_prompts),
+                "-n",
+                str(max_new_tokens),
+                "--concurrency",
+                "1,4",
+                "--out",
+                str(bench_dir),
+                "--no-plots",
+            ]
+        )
     finally:
         os.killpg(server.pid, signal.SIGINT)
         try:
@@ -172,8 +198,12 @@ def _summary(console: Console, bench_json: Path, build_dir: Path, build_code: in
     if tau is not None:
         console.print(f"mean acceptance length tau: [bold]{tau:.2f}[/]")
     if speedup is not None:
-        console.print(f"the speedup a single user sees (served, one request at a time, interleaved with autoregressive): [bold]{speedup:.2f}x[/]")
-        console.print("[dim]the concurrency table's ratios are throughput of all users at each level, each mode run in one block: "
-                      "at 1 user they measure the same thing less evenly, so on a busy machine they can differ[/]")
+        console.print(
+            f"the speedup a single user sees (served, one request at a time, interleaved with autoregressive): [bold]{speedup:.2f}x[/]"
+        )
+        console.print(
+            "[dim]the concurrency table's ratios are throughput of all users at each level, each mode run in one block: "
+            "at 1 user they measure the same thing less evenly, so on a busy machine they can differ[/]"
+        )
     if lossless is not None:
         console.print(f"greedy outputs identical to autoregressive: [bold]{'yes' if lossless else 'NO'}[/]")

@@ -91,10 +91,16 @@ def _step(defaults, **given):
 
 def explain_bytes(
     build_dir: Optional[Path] = typer.Argument(None, help="A `dflash-trt build --out` directory (or its export/ folder)."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Instead of a build: a catalog name or model directory (shape only, nothing exported)."),
-    batch: Optional[int] = typer.Option(None, "--batch", help=f"Rows per step (default: the build's max batch; --model: {PLANNED_MAX_BATCH})."),
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m", help="Instead of a build: a catalog name or model directory (shape only, nothing exported)."
+    ),
+    batch: Optional[int] = typer.Option(
+        None, "--batch", help=f"Rows per step (default: the build's max batch; --model: {PLANNED_MAX_BATCH})."
+    ),
     context: Optional[int] = typer.Option(None, "--context", help="Committed tokens per row (default: half the capacity)."),
-    capacity: Optional[int] = typer.Option(None, "--capacity", help=f"Cache slots bound per row (default: the build's max_seq_len; --model: {2 * PLANNED_CONTEXT})."),
+    capacity: Optional[int] = typer.Option(
+        None, "--capacity", help=f"Cache slots bound per row (default: the build's max_seq_len; --model: {2 * PLANNED_CONTEXT})."
+    ),
     block: Optional[int] = typer.Option(None, "--block", help="Tokens verified per row (default: the build's block size)."),
     new_rows: Optional[int] = typer.Option(None, "--new-rows", help="Context rows the drafter appends per row (default: the block)."),
     sampled: int = typer.Option(0, "--sampled", help="Rows with temperature > 0 (their draft distributions move too)."),

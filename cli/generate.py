@@ -34,18 +34,26 @@ def generate(
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0 = the cores not busy now, at least 1)."),
     max_context: Optional[int] = typer.Option(
-        None, "--max-context", help="Prompt + generated tokens limit (default: a build's max_seq_len; with --target, the "
-        f"target's max_position_embeddings, at most {GENERATE_MAX_CONTEXT})."
+        None,
+        "--max-context",
+        help="Prompt + generated tokens limit (default: a build's max_seq_len; with --target, the "
+        f"target's max_position_embeddings, at most {GENERATE_MAX_CONTEXT}).",
     ),
-    chat: bool = typer.Option(False, "--chat", help="Each prompt is one user message, templated with the target's chat template (as /v1/chat/completions does)."),
-    chat_template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs", help='With --chat: JSON variables for the template, e.g. \'{"enable_thinking": false}\'.'),
+    chat: bool = typer.Option(
+        False, "--chat", help="Each prompt is one user message, templated with the target's chat template (as /v1/chat/completions does)."
+    ),
+    chat_template_kwargs: Optional[str] = typer.Option(
+        None, "--chat-template-kwargs", help="With --chat: JSON variables for the template, e.g. '{\"enable_thinking\": false}'."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per prompt, one per line."),
     url: Optional[str] = typer.Option(None, "--url", help="Send the prompts to a running server (http://host:8000) instead."),
     model_name: str = typer.Option("dflash", "--model-name", help="With --url: the Triton model to call."),
     stream: bool = typer.Option(False, "--stream", help="With --url: print tokens as the server streams them."),
     protocol: str = typer.Option("http", "--protocol", help="With --url --stream: http (server-sent events) or grpc."),
     grpc_url: Optional[str] = typer.Option(None, "--grpc-url", help="With --protocol grpc: host:port (default: --url's host, port 8001)."),
-    engines: Optional[Path] = typer.Option(None, "--engines", help="Run the TensorRT engines of a build (its engines/ folder or --out directory; GPU)."),
+    engines: Optional[Path] = typer.Option(
+        None, "--engines", help="Run the TensorRT engines of a build (its engines/ folder or --out directory; GPU)."
+    ),
     onnx: Optional[Path] = typer.Option(None, "--onnx", help="Run a build's ONNX graphs on CPU with onnxruntime (its --out directory)."),
 ) -> None:
     """Generate text for one or more prompts; prints tokens, acceptance lengths and speed."""
@@ -53,7 +61,10 @@ def generate(
     _check_sampling(SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))
     if url is not None:  # through a server: the client does the rest
         if chat:
-            raise DFlashError("--chat with --url is not supported (the Triton models take text)", "drop --chat, or send chat requests to the OpenAI front end (`dflash-trt serve --openai-port`)")
+            raise DFlashError(
+                "--chat with --url is not supported (the Triton models take text)",
+                "drop --chat, or send chat requests to the OpenAI front end (`dflash-trt serve --openai-port`)",
+            )
         from trtllm_dflash.cli.remote import generate_remote
 
         prompts = read_prompts(prompt, prompt_file)
@@ -62,7 +73,9 @@ def generate(
     if sum(x is not None for x in (target, engines, onnx)) > 1:
         raise DFlashError("name one model source: --target, --engines or --onnx", "drop the others")
     if target is None and engines is None and onnx is None:
-        raise DFlashError("no model to run", "pass --target DIR (and --drafter DIR), --target demo --drafter demo, --engines BUILD or --onnx BUILD")
+        raise DFlashError(
+            "no model to run", "pass --target DIR (and --drafter DIR), --target demo --drafter demo, --engines BUILD or --onnx BUILD"
+        )
     if device not in ("cpu", "cuda"):
         raise DFlashError(f"unknown device {device!r}", "use --device cpu or --device cuda")
     if block_size is not None and block_size < 2:
@@ -130,5 +143,7 @@ def _template_kwargs(chat: bool, text: Optional[str]) -> Optional[dict]:
     except json.JSONDecodeError:
         value = None
     if not isinstance(value, dict):
-        raise DFlashError(f"--chat-template-kwargs {text!r} is not a JSON object", 'e.g. --chat-template-kwargs \'{"enable_thinking": false}\'')
+        raise DFlashError(
+            f"--chat-template-kwargs {text!r} is not a JSON object", "e.g. --chat-template-kwargs '{\"enable_thinking\": false}'"
+        )
     return value

@@ -63,7 +63,9 @@ def print_plan(plan, console: Console | None = None) -> None:
             f"recurrent + conv state with {plan.block_size} rollback copies; independent of context, included above)"
         )
     if plan.budget.prefix_cache:
-        console.print(f"  prefix cache: {_gib(plan.budget.prefix_cache)} holds {plan.prefix_cache_tokens:,} prompt tokens (target + drafter K/V)")
+        console.print(
+            f"  prefix cache: {_gib(plan.budget.prefix_cache)} holds {plan.prefix_cache_tokens:,} prompt tokens (target + drafter K/V)"
+        )
     console.print(f"  [bold]max concurrency[/] at {plan.context} tokens: {plan.max_concurrency} sequences")
     console.print("[bold]dflash-trt build steps[/]:")
     for index, step in enumerate(plan.steps, 1):
@@ -77,19 +79,27 @@ def print_plan(plan, console: Console | None = None) -> None:
 
 
 def plan(
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Catalog name (see `dflash-trt recipes list`), HF id, or model directory."),
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m", help="Catalog name (see `dflash-trt recipes list`), HF id, or model directory."
+    ),
     gpu: Optional[str] = typer.Option(None, "--gpu", "-g", help="h100, h200, b200, b300, gb200, gb300, rtx-pro-6000, a100, or cpu."),
     num_gpus: Optional[int] = typer.Option(None, "--num-gpus", "-n", help="GPUs in the node (default: recipe, else the fewest that fit)."),
     quant: Optional[str] = typer.Option(None, "--quant", "-q", help="bf16 | fp16 | fp8 | nvfp4 (gpt-oss: the experts; mxfp4 as shipped)."),
     kv_cache: Optional[str] = typer.Option(None, "--kv-cache", help="KV cache precision: bf16 | fp16 | fp8."),
     context: Optional[int] = typer.Option(None, "--context", "-L", help="Tokens per sequence (prompt + output) to budget KV for."),
     max_batch: Optional[int] = typer.Option(None, "--max-batch", help="Engine max batch (activations, CUDA graphs)."),
-    backend: Optional[str] = typer.Option(None, "--backend", help="Deployment backend: trt | trtllm | torch (default: recipe, else by model)."),
+    backend: Optional[str] = typer.Option(
+        None, "--backend", help="Deployment backend: trt | trtllm | torch (default: recipe, else by model)."
+    ),
     recipe_file: Optional[str] = typer.Option(
         None, "--recipe", help="Plan from this recipe (file or '<model>/<gpu>'); --model/--gpu then default to it."
     ),
     prefix_cache_mib: int = typer.Option(0, "--prefix-cache-mib", help="A served model's prefix cache (MiB), taken before the KV caches."),
-    drafter: Optional[str] = typer.Option(None, "--drafter", help="Your DFlash drafter directory (z-lab layout): planned with its block size, taps and memory instead of the catalog's."),
+    drafter: Optional[str] = typer.Option(
+        None,
+        "--drafter",
+        help="Your DFlash drafter directory (z-lab layout): planned with its block size, taps and memory instead of the catalog's.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
 ) -> None:
     """Plan a deployment: memory per GPU, max concurrency, layout, build steps; refuse what cannot work."""
@@ -103,12 +113,25 @@ def plan(
         recipe = resolve_recipe(recipe_file)
         model, gpu = model or recipe.model.name, gpu or recipe.gpu
     if model is None or gpu is None:
-        raise DFlashError("plan needs a model and a GPU", "pass --model NAME --gpu GPU (or --recipe FILE); `dflash-trt recipes list` names them")
+        raise DFlashError(
+            "plan needs a model and a GPU", "pass --model NAME --gpu GPU (or --recipe FILE); `dflash-trt recipes list` names them"
+        )
     if drafter is not None and not (Path(drafter).expanduser() / "config.json").is_file():
-        raise DFlashError(f"--drafter {drafter} is not a drafter directory (no config.json)", "pass the directory of a z-lab layout drafter")
+        raise DFlashError(
+            f"--drafter {drafter} is not a drafter directory (no config.json)", "pass the directory of a z-lab layout drafter"
+        )
     result = plan_deployment(
-        model, gpu, num_gpus=num_gpus, quant=quant, kv_cache=kv_cache, context=context,
-        max_batch=max_batch, backend=backend, recipe=recipe, prefix_cache_mib=prefix_cache_mib, drafter=drafter,
+        model,
+        gpu,
+        num_gpus=num_gpus,
+        quant=quant,
+        kv_cache=kv_cache,
+        context=context,
+        max_batch=max_batch,
+        backend=backend,
+        recipe=recipe,
+        prefix_cache_mib=prefix_cache_mib,
+        drafter=drafter,
     )
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))

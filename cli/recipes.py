@@ -41,8 +41,14 @@ def list_(as_json: bool = typer.Option(False, "--json", help="One JSON object pe
         table.add_column(column, no_wrap=column != "weights", overflow="fold")
     drafters: dict[str, list[str]] = {}
     for recipe in recipes:
-        table.add_row(recipe.name, recipe.backend, str(recipe.parallelism.num_gpus), _quant(recipe),
-                      recipe.quantization.kv_cache, str(recipe.drafter.block_size))
+        table.add_row(
+            recipe.name,
+            recipe.backend,
+            str(recipe.parallelism.num_gpus),
+            _quant(recipe),
+            recipe.quantization.kv_cache,
+            str(recipe.drafter.block_size),
+        )
         drafters.setdefault(recipe.drafter.checkpoint, []).append(recipe.model.name)
     console.print(table)
     used = Table(title="drafters", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)

@@ -30,32 +30,49 @@ def repo(
     baseline: Optional[str] = typer.Option(
         "ar", "--baseline", help="Also serve the target alone (autoregressive) under this name; '' for none."
     ),
-    max_batch: Optional[int] = typer.Option(None, "--max-batch", help=f"Requests per decoding step (default: the recipe's, else {SERVED_MAX_BATCH})."),
-    max_context: Optional[int] = typer.Option(None, "--max-context", help=f"Prompt + generated tokens (default: the recipe's, else {SERVED_MAX_CONTEXT})."),
+    max_batch: Optional[int] = typer.Option(
+        None, "--max-batch", help=f"Requests per decoding step (default: the recipe's, else {SERVED_MAX_BATCH})."
+    ),
+    max_context: Optional[int] = typer.Option(
+        None, "--max-context", help=f"Prompt + generated tokens (default: the recipe's, else {SERVED_MAX_CONTEXT})."
+    ),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Largest sampling_param_max_tokens accepted."),
     block_size: Optional[int] = typer.Option(None, "--block-size", "-b", help="Draft block size (default: the drafter's)."),
     device: str = typer.Option("auto", "--device", help="auto (cuda when present), cpu or cuda."),
-    threads: int = typer.Option(0, "--threads", help="torch CPU threads per model (0 = the cores not busy when the model loads, at least 1)."),
+    threads: int = typer.Option(
+        0, "--threads", help="torch CPU threads per model (0 = the cores not busy when the model loads, at least 1)."
+    ),
     prefix_cache_mib: Optional[int] = typer.Option(
-        None, "--prefix-cache-mib", help=f"Prefix cache per model in MiB (default {SERVED_PREFIX_CACHE_MIB}; 0 turns it off): prompts that "
-        "start with a prefix seen before skip its prefill."
+        None,
+        "--prefix-cache-mib",
+        help=f"Prefix cache per model in MiB (default {SERVED_PREFIX_CACHE_MIB}; 0 turns it off): prompts that "
+        "start with a prefix seen before skip its prefill.",
     ),
     prefill_chunk: Optional[int] = typer.Option(
-        None, "--prefill-chunk", help=f"Prompt tokens prefilled per decoding step, so long prompts do not stall live streams (default {DEFAULT_PREFILL_CHUNK}; 0 = whole prompts)."
+        None,
+        "--prefill-chunk",
+        help="Prompt tokens prefilled per decoding step, so long prompts do not stall live streams "
+        f"(default {DEFAULT_PREFILL_CHUNK}; 0 = whole prompts).",
     ),
     prefill_share: Optional[float] = typer.Option(
-        None, "--prefill-share", help="While streams decode, prefills take about this share of the decoding time on average, "
-        f"in chunks of at most --prefill-chunk tokens, shortest prompt first (default {DEFAULT_PREFILL_SHARE}; 0 = always --prefill-chunk tokens)."
+        None,
+        "--prefill-share",
+        help="While streams decode, prefills take about this share of the decoding time on average, "
+        "in chunks of at most --prefill-chunk tokens, shortest prompt first "
+        f"(default {DEFAULT_PREFILL_SHARE}; 0 = always --prefill-chunk tokens).",
     ),
     adaptive_drafting: Optional[bool] = typer.Option(
-        None, "--adaptive-drafting/--no-adaptive-drafting",
+        None,
+        "--adaptive-drafting/--no-adaptive-drafting",
         help="Skip the drafter in steps where its drafts do not pay (prompts unlike its training data, large batches on a "
         "compute-bound device); measured per batch size, lossless (default: off, every step drafts).",
     ),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out."),
     llmapi_model: Optional[Path] = typer.Option(
-        None, "--llmapi-model", help="trtllm recipes and builds: NVIDIA's LLM-API Triton model folder (TensorRT-LLM's "
-        "triton_backend/all_models/llmapi/tensorrt_llm at your container's tag); default: $DFLASH_TRT_LLMAPI_MODEL, ./TensorRT-LLM, /app."
+        None,
+        "--llmapi-model",
+        help="trtllm recipes and builds: NVIDIA's LLM-API Triton model folder (TensorRT-LLM's "
+        "triton_backend/all_models/llmapi/tensorrt_llm at your container's tag); default: $DFLASH_TRT_LLMAPI_MODEL, ./TensorRT-LLM, /app.",
     ),
 ) -> None:
     """Write a Triton Inference Server model repository that serves DFlash (and its AR baseline)."""
@@ -75,7 +92,10 @@ def repo(
 
             artifact = artifact.model_copy(update={"llmapi_model": str(require_llmapi_model(llmapi_model))})
         path = write_build_repository(artifact, out, force=force)
-        console.print(f"wrote {escape(str(path))} from the build in {escape(str(build))}; serve it with `dflash-trt serve {escape(shlex.quote(str(path)))}`")
+        console.print(
+            f"wrote {escape(str(path))} from the build in {escape(str(build))}; "
+            f"serve it with `dflash-trt serve {escape(shlex.quote(str(path)))}`"
+        )
         return
     found = _recipe_for(model, gpu, recipe)
     backend = get_backend(found.backend) if found is not None else None
@@ -97,28 +117,42 @@ def repo(
         written_from = {"model": model, "drafter": drafter}
     target, draft = repository.check_checkpoints(target, draft)
     models = serving_configs(
-        ServingSource(target, draft, limits=limits), name=name, baseline=baseline, device=device, num_threads=threads,
-        max_batch=max_batch, max_context=max_context, max_tokens=max_tokens, block_size=block_size, prefix_cache_mib=prefix_cache_mib,
-        prefill_chunk=prefill_chunk, prefill_share=prefill_share, adaptive_drafting=adaptive_drafting,
+        ServingSource(target, draft, limits=limits),
+        name=name,
+        baseline=baseline,
+        device=device,
+        num_threads=threads,
+        max_batch=max_batch,
+        max_context=max_context,
+        max_tokens=max_tokens,
+        block_size=block_size,
+        prefix_cache_mib=prefix_cache_mib,
+        prefill_chunk=prefill_chunk,
+        prefill_share=prefill_share,
+        adaptive_drafting=adaptive_drafting,
     )
     path = repository.write_repository(out, models, source=written_from, force=force)
     for model_name, config in models:
         kind = "DFlash" if config.speculative else "autoregressive"
-        console.print(f"[bold]{escape(model_name)}[/]: {kind}, {escape(config.target)} on the {config.backend} backend, max batch {config.max_batch}")
+        console.print(
+            f"[bold]{escape(model_name)}[/]: {kind}, {escape(config.target)} on the {config.backend} backend, max batch {config.max_batch}"
+        )
     console.print(f"wrote {escape(str(path))}; serve it with `dflash-trt serve {escape(shlex.quote(str(path)))}`")
 
 
 def _trtllm_only(backend, what: str) -> None:
     """--llmapi-model names the model of a trtllm repository; elsewhere it would be silently ignored."""
     if backend is None or backend.name != "trtllm":
-        raise DFlashError(f"--llmapi-model is for trtllm repositories, and {what} is served by "
-                          f"{'this toolkit' if backend is None else backend.name}", "drop --llmapi-model")
+        raise DFlashError(
+            f"--llmapi-model is for trtllm repositories, and {what} is served by {'this toolkit' if backend is None else backend.name}",
+            "drop --llmapi-model",
+        )
 
 
 def _recipe_for(model: str | None, gpu: str | None, recipe: str | None):
     """The recipe named by --recipe, or by --model NAME --gpu GPU (None for a checkpoint directory)."""
-    from trtllm_dflash.recipes import find_recipe, resolve_recipe
     from trtllm_dflash.catalog.models import check_model_link
+    from trtllm_dflash.recipes import find_recipe, resolve_recipe
 
     if recipe is not None:
         return resolve_recipe(recipe)
@@ -130,5 +164,7 @@ def _recipe_for(model: str | None, gpu: str | None, recipe: str | None):
     if model == "demo" and gpu is None:
         gpu = "cpu"
     if gpu is None:
-        raise DFlashError(f"--model {model} is neither 'demo' nor a directory, so it names a recipe", "add --gpu GPU (see `dflash-trt recipes list`)")
+        raise DFlashError(
+            f"--model {model} is neither 'demo' nor a directory, so it names a recipe", "add --gpu GPU (see `dflash-trt recipes list`)"
+        )
     return find_recipe(model, gpu)

@@ -25,14 +25,19 @@ def selftest(
     out: Path = typer.Option(Path("benchmarks/RESULTS.md"), "--out", "-o", help="Markdown file the results section is appended to."),
     quick: bool = typer.Option(False, "--quick", help="Fewer kernel shapes, prompts and tokens (a few minutes)."),
     step: Optional[list[str]] = typer.Option(
-        None, "--step", help="Run only this step (repeatable): warmup, tests (brings warmup), kernels, decode-demo, decode-qwen3-8b, tensorrt."
+        None,
+        "--step",
+        help="Run only this step (repeatable): warmup, tests (brings warmup), kernels, decode-demo, decode-qwen3-8b, tensorrt.",
     ),
 ) -> None:
-    """GPU tests, kernel benchmark vs the bandwidth floor and SDPA, torch-runtime decode (DFlash vs AR, CUDA graphs off/on); appends the results to RESULTS.md."""
+    """GPU tests, kernel benchmark vs the bandwidth floor and SDPA, torch-runtime decode (DFlash vs AR, \
+CUDA graphs off/on); appends the results to RESULTS.md."""
     from trtllm_dflash.checks import selftest as check
 
     if not gpu:
-        raise DFlashError("selftest has only the GPU check so far", "run `dflash-trt selftest --gpu` (or `make gpu-check`) on a GPU machine")
+        raise DFlashError(
+            "selftest has only the GPU check so far", "run `dflash-trt selftest --gpu` (or `make gpu-check`) on a GPU machine"
+        )
     keys = list(step or [])
     check.check_step_keys(keys)
     check.require_cuda()  # before anything slow: one line and exit 2 on a machine without CUDA
@@ -42,7 +47,9 @@ def selftest(
     console = Console(highlight=False)
     started = time.perf_counter()
     env = check.gpu_environment()
-    console.print(f"[bold]GPU check[/] on {escape(env.gpu)} (compute capability {env.compute_capability}, {env.sm_count} SMs), driver {env.driver}")
+    console.print(
+        f"[bold]GPU check[/] on {escape(env.gpu)} (compute capability {env.compute_capability}, {env.sm_count} SMs), driver {env.driver}"
+    )
     console.print(f"torch {env.torch} (CUDA {env.cuda}), triton {env.triton}, {env.date}")
     if env.tensorrt is None:
         console.print("[yellow]TensorRT is not installed[/]: the engine step is skipped; every other step runs.")

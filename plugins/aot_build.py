@@ -22,12 +22,11 @@ from typing import Callable
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.extras import require
-from trtllm_dflash.plugins import aot_compile
 from trtllm_dflash.ops import kernels, rng
+from trtllm_dflash.ops.kernels import launch
+from trtllm_dflash.plugins import aot_compile
 from trtllm_dflash.plugins.aot_compile import MIN_TENSORRT, Arch, CompiledKernel, compile_kernel
 from trtllm_dflash.plugins.aot_variants import KernelVariant, kernel_variants
-from trtllm_dflash.ops.kernels import launch
-
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trtllm-dflash" / "kernels"
 CACHE_FORMAT = 2  # 2: pointer alignment attributes
@@ -48,11 +47,19 @@ def source_digest(source: str) -> str:
 def cache_key(variant: KernelVariant, arch: Arch, triton_version: str) -> str:
     """The content address of one compiled kernel."""
     parts = {
-        "format": CACHE_FORMAT, "source": source_digest(variant.source), "triton": triton_version,
-        "arch": arch.name, "capability": arch.capability, "ptx_isa": arch.ptx_isa,
-        "function": variant.function, "signature": variant.signature, "constexprs": variant.constexprs,
+        "format": CACHE_FORMAT,
+        "source": source_digest(variant.source),
+        "triton": triton_version,
+        "arch": arch.name,
+        "capability": arch.capability,
+        "ptx_isa": arch.ptx_isa,
+        "function": variant.function,
+        "signature": variant.signature,
+        "constexprs": variant.constexprs,
         "attrs": sorted(variant.compile_attrs().items()),
-        "num_warps": variant.num_warps, "num_stages": variant.num_stages, "fp_fusion": variant.enable_fp_fusion,
+        "num_warps": variant.num_warps,
+        "num_stages": variant.num_stages,
+        "fp_fusion": variant.enable_fp_fusion,
         "maxnreg": launch.MAX_REGISTERS,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
@@ -90,8 +97,14 @@ class KernelCache:
             staging.mkdir(parents=True)
             (staging / "kernel.ptx").write_text(kernel.ptx)
             (staging / "kernel.cubin").write_bytes(kernel.cubin)
-            meta = {"name": kernel.name, "num_warps": kernel.num_warps, "shared": kernel.shared,
-                    "triton_version": kernel.triton_version, "label": kernel.variant.label, "arch": kernel.arch.name}
+            meta = {
+                "name": kernel.name,
+                "num_warps": kernel.num_warps,
+                "shared": kernel.shared,
+                "triton_version": kernel.triton_version,
+                "label": kernel.variant.label,
+                "arch": kernel.arch.name,
+            }
             (staging / "meta.json").write_text(json.dumps(meta))
             entry.parent.mkdir(parents=True, exist_ok=True)
             os.rename(staging, entry)

@@ -26,8 +26,8 @@ from pathlib import Path
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.extras import require
 from trtllm_dflash.ops import kernels
-from trtllm_dflash.plugins.aot_variants import KernelVariant
 from trtllm_dflash.ops.kernels import launch
+from trtllm_dflash.plugins.aot_variants import KernelVariant
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,8 +128,13 @@ def compile_kernel(variant: KernelVariant, arch: Arch) -> CompiledKernel:
 
     fn = getattr(kernels.load(variant.source, interpret=False), variant.function)
     source = ASTSource(fn, signature=dict(variant.signature), constexprs=dict(variant.constexprs), attrs=variant.compile_attrs())
-    options = dict(ptx_version=arch.ptx_isa, num_warps=variant.num_warps, num_stages=variant.num_stages,
-                   enable_fp_fusion=variant.enable_fp_fusion, maxnreg=launch.MAX_REGISTERS)
+    options = dict(
+        ptx_version=arch.ptx_isa,
+        num_warps=variant.num_warps,
+        num_stages=variant.num_stages,
+        enable_fp_fusion=variant.enable_fp_fusion,
+        maxnreg=launch.MAX_REGISTERS,
+    )
     compiled = triton.compile(source, target=GPUTarget("cuda", arch.capability, 32), options=options)
     meta = compiled.metadata
     if meta.global_scratch_size or meta.profile_scratch_size:

@@ -13,10 +13,8 @@ import dataclasses
 from typing import Iterable, Mapping
 
 from trtllm_dflash.contracts import dtypes
-from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.ops.attention_options import BLOCK_ATTENTION, TARGET_ATTENTION
 from trtllm_dflash.ops.kernels import dflash2_launch, launch
-
 
 # Every pointer a kernel receives is 16-byte aligned: TensorRT requires 256-byte aligned engine I/O
 # addresses (`IExecutionContext::setTensorAddress`) and allocates activations itself, and the torch
@@ -44,7 +42,9 @@ class KernelVariant:
 
     def compile_attrs(self) -> dict:
         """Triton's per-parameter attributes: every pointer parameter divisible by POINTER_ALIGNMENT bytes."""
-        return {(index,): [["tt.divisibility", POINTER_ALIGNMENT]] for index, (_, kind) in enumerate(self.signature) if kind.startswith("*")}
+        return {
+            (index,): [["tt.divisibility", POINTER_ALIGNMENT]] for index, (_, kind) in enumerate(self.signature) if kind.startswith("*")
+        }
 
     @property
     def label(self) -> str:
@@ -58,17 +58,35 @@ def _attention_signature(dtype: str, cache_dtype: str, split: bool) -> tuple:
     t, c = f"*{TORCH_TO_TRITON[dtype]}", f"*{TORCH_TO_TRITON[cache_dtype]}"
     outputs = (("partial_out_ptr", "*fp32"), ("partial_lse_ptr", "*fp32")) if split else (("out_ptr", t),)
     return (
-        ("q_ptr", t), ("k_block_ptr", t), ("v_block_ptr", t), ("k_ctx_ptr", t), ("v_ctx_ptr", t),
-        ("new_counts_ptr", "*i64"), ("k_cache_ptr", c), ("v_cache_ptr", c), ("cache_lens_ptr", "*i64"),
+        ("q_ptr", t),
+        ("k_block_ptr", t),
+        ("v_block_ptr", t),
+        ("k_ctx_ptr", t),
+        ("v_ctx_ptr", t),
+        ("new_counts_ptr", "*i64"),
+        ("k_cache_ptr", c),
+        ("v_cache_ptr", c),
+        ("cache_lens_ptr", "*i64"),
         *BLOCK_ATTENTION.kernel_pointer_params(),
-        ("block", "i32"), ("num_new", "i32"), ("capacity", "i32"), ("num_kv_heads", "i32"), ("group", "i32"),
-        *BLOCK_ATTENTION.kernel_scalar_params(), ("num_splits", "i32"),
-        *outputs, ("k_cache_out_ptr", c), ("v_cache_out_ptr", c),
+        ("block", "i32"),
+        ("num_new", "i32"),
+        ("capacity", "i32"),
+        ("num_kv_heads", "i32"),
+        ("group", "i32"),
+        *BLOCK_ATTENTION.kernel_scalar_params(),
+        ("num_splits", "i32"),
+        *outputs,
+        ("k_cache_out_ptr", c),
+        ("v_cache_out_ptr", c),
     )
 
 
 def attention_variants(
-    head_dim: int, dtype: str, cache_dtype: str, block_m: int, present: Mapping[str, bool] | None = None,
+    head_dim: int,
+    dtype: str,
+    cache_dtype: str,
+    block_m: int,
+    present: Mapping[str, bool] | None = None,
     shared_budget: int | None = None,
 ) -> list[KernelVariant]:
     """The direct and split attention kernels and the merge kernel for one query-tile size (and, per
@@ -77,12 +95,24 @@ def attention_variants(
     config = launch.attention_config_for_tile(head_dim, block_m, dtype, shared_budget)
     block_m = config.block_m
     constexprs = (
-        ("HEAD_DIM", head_dim), ("BLOCK_M", block_m), ("BLOCK_N", config.block_n), ("BLOCK_T", config.block_t),
-        *BLOCK_ATTENTION.kernel_constexprs(present or {}).items(), ("IEEE", dtype == "float32"),
+        ("HEAD_DIM", head_dim),
+        ("BLOCK_M", block_m),
+        ("BLOCK_N", config.block_n),
+        ("BLOCK_T", config.block_t),
+        *BLOCK_ATTENTION.kernel_constexprs(present or {}).items(),
+        ("IEEE", dtype == "float32"),
     )
     variants = [
-        KernelVariant(node, "attention", function, _attention_signature(dtype, cache_dtype, split),
-                      constexprs, config.num_warps, config.num_stages, True)
+        KernelVariant(
+            node,
+            "attention",
+            function,
+            _attention_signature(dtype, cache_dtype, split),
+            constexprs,
+            config.num_warps,
+            config.num_stages,
+            True,
+        )
         for node, function, split in (
             ("DFlashBlockAttention", "block_attention_kernel", False),
             ("DFlashBlockAttentionSplit", "block_attention_split_kernel", True),
@@ -90,26 +120,51 @@ def attention_variants(
     ]
     t = f"*{TORCH_TO_TRITON[dtype]}"
     merge_signature = (
-        ("partial_out_ptr", "*fp32"), ("partial_lse_ptr", "*fp32"), ("like_ptr", t),
-        ("block", "i32"), ("num_kv_heads", "i32"), ("group", "i32"), ("num_splits", "i32"), ("out_ptr", t),
+        ("partial_out_ptr", "*fp32"),
+        ("partial_lse_ptr", "*fp32"),
+        ("like_ptr", t),
+        ("block", "i32"),
+        ("num_kv_heads", "i32"),
+        ("group", "i32"),
+        ("num_splits", "i32"),
+        ("out_ptr", t),
     )
-    variants.append(KernelVariant("DFlashAttentionMerge", "attention", "merge_kernel", merge_signature,
-                                  (("HEAD_DIM", head_dim), ("BLOCK_M", block_m)), 4, 1, True))
+    variants.append(
+        KernelVariant(
+            "DFlashAttentionMerge", "attention", "merge_kernel", merge_signature, (("HEAD_DIM", head_dim), ("BLOCK_M", block_m)), 4, 1, True
+        )
+    )
     return variants
 
 
 def _target_attention_signature(dtype: str, cache_dtype: str) -> tuple:
     t, c = f"*{TORCH_TO_TRITON[dtype]}", f"*{TORCH_TO_TRITON[cache_dtype]}"
     return (
-        ("q_ptr", t), ("k_new_ptr", t), ("v_new_ptr", t), ("k_cache_ptr", c), ("v_cache_ptr", c),
-        ("starts_ptr", "*i64"), *TARGET_ATTENTION.kernel_pointer_params(),
-        ("tokens", "i32"), ("capacity", "i32"), ("num_kv_heads", "i32"), ("group", "i32"), *TARGET_ATTENTION.kernel_scalar_params(),
-        ("out_ptr", t), ("k_cache_out_ptr", c), ("v_cache_out_ptr", c),
+        ("q_ptr", t),
+        ("k_new_ptr", t),
+        ("v_new_ptr", t),
+        ("k_cache_ptr", c),
+        ("v_cache_ptr", c),
+        ("starts_ptr", "*i64"),
+        *TARGET_ATTENTION.kernel_pointer_params(),
+        ("tokens", "i32"),
+        ("capacity", "i32"),
+        ("num_kv_heads", "i32"),
+        ("group", "i32"),
+        *TARGET_ATTENTION.kernel_scalar_params(),
+        ("out_ptr", t),
+        ("k_cache_out_ptr", c),
+        ("v_cache_out_ptr", c),
     )
 
 
 def target_attention_variant(
-    head_dim_k: int, head_dim_v: int, dtype: str, cache_dtype: str, block_m: int, present: Mapping[str, bool],
+    head_dim_k: int,
+    head_dim_v: int,
+    dtype: str,
+    cache_dtype: str,
+    block_m: int,
+    present: Mapping[str, bool],
     shared_budget: int | None = None,
 ) -> KernelVariant:
     """The DFlashTargetAttention kernel for one (key, value) head-dim pair, dtype, query tile and the
@@ -118,33 +173,66 @@ def target_attention_variant(
     config = launch.target_attention_config_for_tile(head_dim_k, head_dim_v, block_m, dtype, shared_budget)
     block_m = config.block_m
     constexprs = (
-        ("HEAD_DIM_K", head_dim_k), ("HEAD_DIM_V", head_dim_v), ("BLOCK_M", block_m), ("BLOCK_N", config.block_n),
-        *TARGET_ATTENTION.kernel_constexprs(present).items(), ("IEEE", dtype == "float32"),
+        ("HEAD_DIM_K", head_dim_k),
+        ("HEAD_DIM_V", head_dim_v),
+        ("BLOCK_M", block_m),
+        ("BLOCK_N", config.block_n),
+        *TARGET_ATTENTION.kernel_constexprs(present).items(),
+        ("IEEE", dtype == "float32"),
     )
-    return KernelVariant("DFlashTargetAttention", "attention", "target_attention_kernel",
-                         _target_attention_signature(dtype, cache_dtype), constexprs, config.num_warps, config.num_stages, True)
+    return KernelVariant(
+        "DFlashTargetAttention",
+        "attention",
+        "target_attention_kernel",
+        _target_attention_signature(dtype, cache_dtype),
+        constexprs,
+        config.num_warps,
+        config.num_stages,
+        True,
+    )
 
 
 def _target_attention_split_signature(dtype: str, cache_dtype: str) -> tuple:
     t, c = f"*{TORCH_TO_TRITON[dtype]}", f"*{TORCH_TO_TRITON[cache_dtype]}"
     return (
-        ("q_ptr", t), ("k_new_ptr", t), ("v_new_ptr", t), ("k_cache_ptr", c), ("v_cache_ptr", c),
-        ("starts_ptr", "*i64"), *TARGET_ATTENTION.kernel_pointer_params(),
-        ("tokens", "i32"), ("capacity", "i32"), ("num_kv_heads", "i32"), ("group", "i32"), *TARGET_ATTENTION.kernel_scalar_params(),
+        ("q_ptr", t),
+        ("k_new_ptr", t),
+        ("v_new_ptr", t),
+        ("k_cache_ptr", c),
+        ("v_cache_ptr", c),
+        ("starts_ptr", "*i64"),
+        *TARGET_ATTENTION.kernel_pointer_params(),
+        ("tokens", "i32"),
+        ("capacity", "i32"),
+        ("num_kv_heads", "i32"),
+        ("group", "i32"),
+        *TARGET_ATTENTION.kernel_scalar_params(),
         ("num_splits", "i32"),
-        ("partial_out_ptr", "*fp32"), ("partial_lse_ptr", "*fp32"), ("k_cache_out_ptr", c), ("v_cache_out_ptr", c),
+        ("partial_out_ptr", "*fp32"),
+        ("partial_lse_ptr", "*fp32"),
+        ("k_cache_out_ptr", c),
+        ("v_cache_out_ptr", c),
     )
 
 
 def target_attention_split_variant(
-    head_dim_k: int, head_dim_v: int, dtype: str, cache_dtype: str, block_m: int, present: Mapping[str, bool],
+    head_dim_k: int,
+    head_dim_v: int,
+    dtype: str,
+    cache_dtype: str,
+    block_m: int,
+    present: Mapping[str, bool],
     shared_budget: int | None = None,
 ) -> KernelVariant:
     """The DFlashTargetAttentionSplit kernel: the tiles and constexprs of `target_attention_variant`
     (the split count is a runtime scalar: one variant serves every count)."""
     unsplit = target_attention_variant(head_dim_k, head_dim_v, dtype, cache_dtype, block_m, present, shared_budget)
-    return dataclasses.replace(unsplit, node="DFlashTargetAttentionSplit", function="target_attention_split_kernel",
-                               signature=_target_attention_split_signature(dtype, cache_dtype))
+    return dataclasses.replace(
+        unsplit,
+        node="DFlashTargetAttentionSplit",
+        function="target_attention_split_kernel",
+        signature=_target_attention_split_signature(dtype, cache_dtype),
+    )
 
 
 def target_merge_variant(head_dim_v: int, dtype: str, block_m: int) -> KernelVariant:
@@ -154,13 +242,19 @@ def target_merge_variant(head_dim_v: int, dtype: str, block_m: int) -> KernelVar
 
 
 def target_query_tiles(
-    head_dim_k: int, head_dim_v: int, blocks: Iterable[int], groups: Iterable[int], dtype: str = "bfloat16",
+    head_dim_k: int,
+    head_dim_v: int,
+    blocks: Iterable[int],
+    groups: Iterable[int],
+    dtype: str = "bfloat16",
     shared_budget: int | None = None,
 ) -> list[int]:
     """The query tiles a target with these GQA groups launches for verify blocks of these sizes,
     and for a prefill or a dynamic token dimension (which take the MAX_BLOCK tile)."""
     tokens = set(blocks) | {launch.MAX_BLOCK}
-    return sorted({launch.target_attention_config(head_dim_k, head_dim_v, t, g, dtype, shared_budget).block_m for t in tokens for g in groups})
+    return sorted(
+        {launch.target_attention_config(head_dim_k, head_dim_v, t, g, dtype, shared_budget).block_m for t in tokens for g in groups}
+    )
 
 
 def target_merge_tiles(head_dim_v: int, blocks: Iterable[int], groups: Iterable[int], dtype: str = "bfloat16") -> list[int]:
@@ -172,8 +266,11 @@ def target_merge_tiles(head_dim_v: int, blocks: Iterable[int], groups: Iterable[
 def verify_partials_variant(logits_dtype: str, vocab_divisible: bool = True) -> KernelVariant:
     """Stage 1 of the split argmax (DFlashVerifyPartials): chunk maxima and their first indices."""
     signature = (
-        ("logits_ptr", f"*{TORCH_TO_TRITON[logits_dtype]}"), ("block", "i32"), ("vocab", "i32"),
-        ("chunk_max_ptr", "*fp32"), ("chunk_index_ptr", "*i32"),
+        ("logits_ptr", f"*{TORCH_TO_TRITON[logits_dtype]}"),
+        ("block", "i32"),
+        ("vocab", "i32"),
+        ("chunk_max_ptr", "*fp32"),
+        ("chunk_index_ptr", "*i32"),
     )
     constexprs = (("BLOCK_V", launch.VERIFY_BLOCK_V), ("CHUNK_V", launch.VERIFY_CHUNK_V), ("VOCAB_DIVISIBLE", vocab_divisible))
     return KernelVariant("DFlashVerifyPartials", "verify", "verify_partials_kernel", signature, constexprs, 4, 1, False)
@@ -183,10 +280,21 @@ def verify_variants(logits_dtype: str, vocab_divisible: bool = True) -> list[Ker
     """The per-position kernel (DFlashVerifyPositions) for one logits dtype; `vocab_divisible`: the
     vocabulary is a multiple of 16, so rows are 16-byte aligned (`launch.verify_vocab_divisible`)."""
     positions = (
-        ("logits_ptr", f"*{TORCH_TO_TRITON[logits_dtype]}"), ("tokens_ptr", "*i64"), ("draft_probs_ptr", "*fp32"),
-        ("temperature_ptr", "*fp32"), ("top_k_ptr", "*i64"), ("top_p_ptr", "*fp32"), ("seed_ptr", "*i64"),
-        ("start_ptr", "*i64"), ("chunk_max_ptr", "*fp32"), ("chunk_index_ptr", "*i32"),
-        ("block", "i32"), ("vocab", "i32"), ("has_draft_probs", "i32"), ("num_chunks", "i32"), ("decisions_ptr", "*i32"),
+        ("logits_ptr", f"*{TORCH_TO_TRITON[logits_dtype]}"),
+        ("tokens_ptr", "*i64"),
+        ("draft_probs_ptr", "*fp32"),
+        ("temperature_ptr", "*fp32"),
+        ("top_k_ptr", "*i64"),
+        ("top_p_ptr", "*fp32"),
+        ("seed_ptr", "*i64"),
+        ("start_ptr", "*i64"),
+        ("chunk_max_ptr", "*fp32"),
+        ("chunk_index_ptr", "*i32"),
+        ("block", "i32"),
+        ("vocab", "i32"),
+        ("has_draft_probs", "i32"),
+        ("num_chunks", "i32"),
+        ("decisions_ptr", "*i32"),
     )
     constexprs = (("BLOCK_V", launch.VERIFY_BLOCK_V), ("BLOCK_C", launch.VERIFY_BLOCK_C), ("VOCAB_DIVISIBLE", vocab_divisible))
     return [KernelVariant("DFlashVerifyPositions", "verify", "verify_positions_kernel", positions, constexprs, 4, 1, False)]
@@ -194,11 +302,24 @@ def verify_variants(logits_dtype: str, vocab_divisible: bool = True) -> list[Ker
 
 def commit_variant() -> KernelVariant:
     signature = (
-        ("decisions_ptr", "*i32"), ("tokens_ptr", "*i64"), ("start_ptr", "*i64"), ("stop_ids_ptr", "*i64"),
-        ("block", "i32"), ("num_stop", "i32"), ("result_ptr", "*i64"),
+        ("decisions_ptr", "*i32"),
+        ("tokens_ptr", "*i64"),
+        ("start_ptr", "*i64"),
+        ("stop_ids_ptr", "*i64"),
+        ("block", "i32"),
+        ("num_stop", "i32"),
+        ("result_ptr", "*i64"),
     )
-    return KernelVariant("DFlashVerifyCommit", "verify", "verify_commit_kernel", signature,
-                         (("BLOCK_T", launch.MAX_BLOCK), ("BLOCK_S", launch.COMMIT_BLOCK_S)), 1, 1, False)
+    return KernelVariant(
+        "DFlashVerifyCommit",
+        "verify",
+        "verify_commit_kernel",
+        signature,
+        (("BLOCK_T", launch.MAX_BLOCK), ("BLOCK_S", launch.COMMIT_BLOCK_S)),
+        1,
+        1,
+        False,
+    )
 
 
 # ----------------------------------------------------------------------------- DFlash V2
@@ -211,19 +332,35 @@ def dflash2_conv_variant(dtype: str, has_residual: bool, aligned: bool = True, k
     `has_residual`, else x's dtype out; `aligned`: the hidden size is a multiple of the channel tile."""
     t = f"*{TORCH_TO_TRITON[dtype]}"
     signature = (
-        ("x_ptr", t), ("delta_ptr", t), ("base_ptr", t), ("residual_ptr", "*fp32"), ("steps", "i32"), ("hidden", "i32"),
+        ("x_ptr", t),
+        ("delta_ptr", t),
+        ("base_ptr", t),
+        ("residual_ptr", "*fp32"),
+        ("steps", "i32"),
+        ("hidden", "i32"),
         ("out_ptr", "*fp32" if has_residual else t),
     )
-    constexprs = (("KERNEL_SIZE", kernel_size), ("GROUP", group), ("BLOCK_T", launch.MAX_BLOCK), ("BLOCK_C", dflash2_launch.CONV_BLOCK_C),
-                  ("HAS_RESIDUAL", has_residual), ("ALIGNED", aligned))
+    constexprs = (
+        ("KERNEL_SIZE", kernel_size),
+        ("GROUP", group),
+        ("BLOCK_T", launch.MAX_BLOCK),
+        ("BLOCK_C", dflash2_launch.CONV_BLOCK_C),
+        ("HAS_RESIDUAL", has_residual),
+        ("ALIGNED", aligned),
+    )
     return KernelVariant("DFlash2GroupedConv", "dflash2", "grouped_conv_kernel", signature, constexprs, dflash2_launch.CONV_WARPS, 1, True)
 
 
 def dflash2_topk_partials_variant(unary_dtype: str, vocab_divisible: bool = True, top_k: int = 16) -> KernelVariant:
     """DFlash2TopKPartials: the top-k of each vocabulary chunk of the unary logits."""
     signature = (("unary_ptr", f"*{TORCH_TO_TRITON[unary_dtype]}"), ("vocab", "i32"), ("values_ptr", "*fp32"), ("ids_ptr", "*i32"))
-    constexprs = (("TOP_K", top_k), ("BLOCK_K", dflash2_launch.block_k(top_k)), ("BLOCK_V", dflash2_launch.SELECT_BLOCK_V),
-                  ("CHUNK_V", dflash2_launch.SELECT_CHUNK_V), ("VOCAB_DIVISIBLE", vocab_divisible))
+    constexprs = (
+        ("TOP_K", top_k),
+        ("BLOCK_K", dflash2_launch.block_k(top_k)),
+        ("BLOCK_V", dflash2_launch.SELECT_BLOCK_V),
+        ("CHUNK_V", dflash2_launch.SELECT_CHUNK_V),
+        ("VOCAB_DIVISIBLE", vocab_divisible),
+    )
     return KernelVariant("DFlash2TopKPartials", "dflash2", "topk_partials_kernel", signature, constexprs, 4, 1, False)
 
 
@@ -238,15 +375,26 @@ def dflash2_select_variant(dtype: str, top_k: int = 16, rank: int = 256) -> Kern
     """DFlash2CandidateSelect: the walk, with z and the codebooks in `dtype`."""
     t = f"*{TORCH_TO_TRITON[dtype]}"
     signature = (
-        ("cand_ptr", "*i64"), ("cand_unary_ptr", "*fp32"), ("z_ptr", t), ("anchor_ptr", "*i64"), ("predecessor_ptr", t),
-        ("successor_ptr", t), ("temperature_ptr", "*fp32"), ("seed_ptr", "*i64"), ("positions_ptr", "*i64"),
-        ("steps", "i32"), ("tokens_ptr", "*i64"), ("probs_ptr", "*fp32"),
+        ("cand_ptr", "*i64"),
+        ("cand_unary_ptr", "*fp32"),
+        ("z_ptr", t),
+        ("anchor_ptr", "*i64"),
+        ("predecessor_ptr", t),
+        ("successor_ptr", t),
+        ("temperature_ptr", "*fp32"),
+        ("seed_ptr", "*i64"),
+        ("positions_ptr", "*i64"),
+        ("steps", "i32"),
+        ("tokens_ptr", "*i64"),
+        ("probs_ptr", "*fp32"),
     )
     constexprs = (("TOP_K", top_k), ("BLOCK_K", dflash2_launch.block_k(top_k)), ("RANK", rank))
     return KernelVariant("DFlash2CandidateSelect", "dflash2", "candidate_select_kernel", signature, constexprs, 4, 1, False)
 
 
-def dflash2_variants(dtype: str, aligned: Iterable[bool] = (True, False), kernel_size: int = 2, top_k: int = 16, rank: int = 256) -> list[KernelVariant]:
+def dflash2_variants(
+    dtype: str, aligned: Iterable[bool] = (True, False), kernel_size: int = 2, top_k: int = 16, rank: int = 256
+) -> list[KernelVariant]:
     """Every V2 kernel a drafter with activations (and unary logits) in `dtype` launches; `aligned`
     lists the ALIGNED / VOCAB_DIVISIBLE values to build (hidden sizes of a multiple of 128 and
     vocabularies of a multiple of 16, and the others)."""
@@ -304,7 +452,7 @@ def kernel_variants(
     target_head_dims = list(target_head_dims) if target_head_dims is not None else [(d, d) for d in head_dims]
     target_groups = list(target_groups) if target_groups is not None else groups
     for head_dim_k, head_dim_v in target_head_dims:
-        for dtype in (target_dtypes if target_dtypes is not None else dtypes):
+        for dtype in target_dtypes if target_dtypes is not None else dtypes:
             for block_m in target_query_tiles(head_dim_k, head_dim_v, blocks, target_groups, dtype, shared_budget):
                 for has_sinks in target_sinks:
                     for make in (target_attention_variant, target_attention_split_variant):

@@ -86,8 +86,15 @@ class DFlash2TopKMerge(DFlashOp):
 class DFlash2CandidateSelect(DFlashOp):
     def _run(self, cand, cand_unary, z, anchor, predecessor, successor, temperature, seed, positions, **_):
         tokens, probs = reference_dflash2.candidate_walk(
-            to_torch(cand), to_torch(cand_unary), to_torch(z), to_torch(anchor), to_torch(predecessor), to_torch(successor),
-            to_torch(temperature), to_torch(seed), to_torch(positions),
+            to_torch(cand),
+            to_torch(cand_unary),
+            to_torch(z),
+            to_torch(anchor),
+            to_torch(predecessor),
+            to_torch(successor),
+            to_torch(temperature),
+            to_torch(seed),
+            to_torch(positions),
         )
         return tokens.numpy(), probs.numpy()
 
@@ -112,8 +119,16 @@ def translations(dflash, op) -> dict:
         values, ids = dflash.DFlash2TopKPartials(unary, top_k=top_k, **plugin)
         cand, cand_unary = dflash.DFlash2TopKMerge(values, ids, top_k=top_k, **plugin)
         tokens, probs = dflash.DFlash2CandidateSelect(
-            cand, cand_unary, z, op.Cast(anchor, to=int64), predecessor, successor, op.Cast(temperature, to=float32),
-            op.Cast(seed, to=int64), op.Cast(positions, to=int64), **plugin,
+            cand,
+            cand_unary,
+            z,
+            op.Cast(anchor, to=int64),
+            predecessor,
+            successor,
+            op.Cast(temperature, to=float32),
+            op.Cast(seed, to=int64),
+            op.Cast(positions, to=int64),
+            **plugin,
         )
         return tokens, cand, probs
 

@@ -28,9 +28,9 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterable
 
+from trtllm_dflash.ops.kernels import launch
 from trtllm_dflash.plugins.aot_compile import Arch, CompiledKernel, _ptxas_path, compile_kernel
 from trtllm_dflash.plugins.aot_variants import KernelVariant, kernel_variants
-from trtllm_dflash.ops.kernels import launch
 
 # Variants exempt from the 16-byte-load check, and why.
 SMALL_READS = "reads <= 256 bytes per row: latency-bound, not bandwidth-bound"  # the commit kernel
@@ -107,8 +107,12 @@ def aot_variants() -> list[KernelVariant]:
 def jit_variants(arch: Arch) -> list[KernelVariant]:
     """The configurations the torch path launches on `arch`: the same space and tiles in float16,
     bfloat16 and float32 (tests and reference runs use float32)."""
-    return kernel_variants(dtypes=("bfloat16", "float16", "float32"), fp8_kv_cache=True, target_sinks=(False, True),
-                           dflash2_dtypes=("bfloat16", "float16", "float32"))
+    return kernel_variants(
+        dtypes=("bfloat16", "float16", "float32"),
+        fp8_kv_cache=True,
+        target_sinks=(False, True),
+        dflash2_dtypes=("bfloat16", "float16", "float32"),
+    )
 
 
 def ptxas_report(ptx: str, arch: Arch) -> str:
@@ -147,12 +151,23 @@ def report(kernel: CompiledKernel, path: str) -> KernelReport:
     variant = kernel.variant
     data = next(kind for _, kind in variant.signature if kind.startswith("*")).lstrip("*")
     return KernelReport(
-        label=variant.label, node=variant.node, function=variant.function, arch=kernel.arch.name, path=path,
-        data_dtype=data, num_warps=variant.num_warps, num_stages=variant.num_stages,
-        shared=kernel.shared, shared_limit=shared_limit(kernel.arch, path),
-        registers=int(registers.group(1)) if registers else 0, spill_stores=spill_stores, spill_loads=spill_loads,
-        vector_loads_16b=sum(1 for w in widths if w == 16), cp_async_16b=len(_CP_ASYNC_16.findall(kernel.ptx)),
-        narrow_loads=sum(1 for w in widths if w < 4), exempt=streaming_exemption(variant),
+        label=variant.label,
+        node=variant.node,
+        function=variant.function,
+        arch=kernel.arch.name,
+        path=path,
+        data_dtype=data,
+        num_warps=variant.num_warps,
+        num_stages=variant.num_stages,
+        shared=kernel.shared,
+        shared_limit=shared_limit(kernel.arch, path),
+        registers=int(registers.group(1)) if registers else 0,
+        spill_stores=spill_stores,
+        spill_loads=spill_loads,
+        vector_loads_16b=sum(1 for w in widths if w == 16),
+        cp_async_16b=len(_CP_ASYNC_16.findall(kernel.ptx)),
+        narrow_loads=sum(1 for w in widths if w < 4),
+        exempt=streaming_exemption(variant),
     )
 
 
@@ -184,15 +199,15 @@ def audit(
             if progress:
                 progress(result)
     return [
-        dataclasses.replace(reports[(variant, arch)], path=path, shared_limit=shared_limit(arch, path))
-        for variant, arch, path in tasks
+        dataclasses.replace(reports[(variant, arch)], path=path, shared_limit=shared_limit(arch, path)) for variant, arch, path in tasks
     ]
 
 
 def markdown_table(reports: list[KernelReport]) -> str:
     """One row per (path, arch, variant): what the compiler reported and what is wrong with it."""
     lines = [
-        "| path | arch | kernel | warps | stages | shared B (limit) | regs | spill B | 16-B loads | cp.async 16 B | narrow loads | problems |",
+        "| path | arch | kernel | warps | stages | shared B (limit) | regs | spill B "
+        "| 16-B loads | cp.async 16 B | narrow loads | problems |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in sorted(reports, key=lambda r: (r.path, r.arch, r.label)):

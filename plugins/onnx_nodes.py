@@ -40,9 +40,9 @@ from onnx.defs import OpSchema
 from onnx.reference.op_run import OpRun
 
 from trtllm_dflash.ops import attention_options, custom_ops, reference, specs  # noqa: F401  (custom_ops registers torch.ops.dflash.*)
-from trtllm_dflash.plugins import dflash2_nodes  # noqa: F401
 from trtllm_dflash.ops.attention_options import AttentionOptions
 from trtllm_dflash.ops.kernels import launch
+from trtllm_dflash.plugins import dflash2_nodes  # noqa: F401
 from trtllm_dflash.plugins.node_spec import (  # noqa: F401  (re-exported: the node contract)
     DOMAIN,
     DOMAIN_VERSION,
@@ -64,7 +64,11 @@ def attention_node(op_type: str, spec: specs.OpSpec, split: bool, doc: str) -> N
     node (attribute `kv_splits`) float32 (partial_out, partial_lse) and the caches; caches in place."""
     caches = tuple(spec.aliases)
     if split:
-        outputs, dtypes, attributes = ("partial_out", "partial_lse", *caches), ("float32", "float32"), {**spec.options.attributes(), "kv_splits": 2}
+        outputs, dtypes, attributes = (
+            ("partial_out", "partial_lse", *caches),
+            ("float32", "float32"),
+            {**spec.options.attributes(), "kv_splits": 2},
+        )
     else:
         outputs, dtypes, attributes = spec.functional().outputs, (spec.inputs[0].name,), spec.options.attributes()
     return NodeSpec(op_type, spec.node_inputs, outputs, attributes, dtypes + spec.mutates, doc, spec.aliases)
@@ -86,12 +90,16 @@ ATTENTION_MERGE = NodeSpec(
     "and dtype, partial_out the head dim (a target's value head dim).",
 )
 TARGET_ATTENTION = attention_node(
-    "DFlashTargetAttention", TARGET_SPEC, False,
+    "DFlashTargetAttention",
+    TARGET_SPEC,
+    False,
     "Causal target attention over an in-place cache (reference.target_attention); with has_sinks=0 "
     "the sinks input is a placeholder and is not read.",
 )
 TARGET_ATTENTION_SPLIT = attention_node(
-    "DFlashTargetAttentionSplit", TARGET_SPEC, True,
+    "DFlashTargetAttentionSplit",
+    TARGET_SPEC,
+    True,
     "Per-split target attention outputs and log-sum-exps (reference.target_attention_partials), merged by "
     "DFlashAttentionMerge; caches updated in place.",
 )
@@ -120,10 +128,18 @@ VERIFY_COMMIT = NodeSpec(
     specs.VERIFY_COMMIT.outputs,
     {},
     ("int64",),
-    "Accepted count, bonus, next start, committed length, stop flag (reference.verify_commit); "
-    "stop_ids [b, S] padded with -1.",
+    "Accepted count, bonus, next start, committed length, stop flag (reference.verify_commit); stop_ids [b, S] padded with -1.",
 )
-V1_NODES = (BLOCK_ATTENTION, BLOCK_ATTENTION_SPLIT, ATTENTION_MERGE, TARGET_ATTENTION, TARGET_ATTENTION_SPLIT, VERIFY_PARTIALS, VERIFY_POSITIONS, VERIFY_COMMIT)
+V1_NODES = (
+    BLOCK_ATTENTION,
+    BLOCK_ATTENTION_SPLIT,
+    ATTENTION_MERGE,
+    TARGET_ATTENTION,
+    TARGET_ATTENTION_SPLIT,
+    VERIFY_PARTIALS,
+    VERIFY_POSITIONS,
+    VERIFY_COMMIT,
+)
 NODES = V1_NODES + dflash2_nodes.NODES  # DFlash V2's drafter nodes: `dflash2_nodes`
 
 
@@ -146,11 +162,11 @@ def _schema(spec: NodeSpec) -> OpSchema:
     constraints = [(f"T{i}", any_tensor, "") for i in range(len(spec.inputs))]
     constraints += [(f"O{i}", any_tensor, "") for i in range(len(spec.outputs))]
     attributes = [
-        OpSchema.Attribute(name, helper.make_attribute(name, value), "")
-        for name, value in {**spec.attributes, **PLUGIN_ATTRIBUTES}.items()
+        OpSchema.Attribute(name, helper.make_attribute(name, value), "") for name, value in {**spec.attributes, **PLUGIN_ATTRIBUTES}.items()
     ]
-    return OpSchema(spec.op_type, DOMAIN, DOMAIN_VERSION, spec.doc, inputs=inputs, outputs=outputs,
-                    type_constraints=constraints, attributes=attributes)
+    return OpSchema(
+        spec.op_type, DOMAIN, DOMAIN_VERSION, spec.doc, inputs=inputs, outputs=outputs, type_constraints=constraints, attributes=attributes
+    )
 
 
 @functools.cache
@@ -208,12 +224,31 @@ class DFlashVerifyPartials(_DFlashOp):
 
 
 class DFlashVerifyPositions(_DFlashOp):
-    def _run(self, target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, chunk_max, chunk_index,
-             has_draft_probs=1, **_):
+    def _run(
+        self,
+        target_logits,
+        block_tokens,
+        draft_probs,
+        temperature,
+        top_k,
+        top_p,
+        seed,
+        start,
+        chunk_max,
+        chunk_index,
+        has_draft_probs=1,
+        **_,
+    ):
         draft = _torch(draft_probs) if has_draft_probs else None
         decisions = reference.verify_positions(
-            _torch(target_logits), _torch(block_tokens), draft, _torch(temperature), _torch(top_k), _torch(top_p),
-            _torch(seed), _torch(start),
+            _torch(target_logits),
+            _torch(block_tokens),
+            draft,
+            _torch(temperature),
+            _torch(top_k),
+            _torch(top_p),
+            _torch(seed),
+            _torch(start),
         )
         return (decisions.numpy(),)
 
@@ -226,8 +261,15 @@ class DFlashVerifyCommit(_DFlashOp):
 def evaluators() -> list[type[OpRun]]:
     """The OpRun classes for `onnx.reference.ReferenceEvaluator(model, new_ops=evaluators())`."""
     return [
-        DFlashBlockAttention, DFlashBlockAttentionSplit, DFlashAttentionMerge, DFlashTargetAttention,
-        DFlashTargetAttentionSplit, DFlashVerifyPartials, DFlashVerifyPositions, DFlashVerifyCommit, *dflash2_nodes.evaluators(),
+        DFlashBlockAttention,
+        DFlashBlockAttentionSplit,
+        DFlashAttentionMerge,
+        DFlashTargetAttention,
+        DFlashTargetAttentionSplit,
+        DFlashVerifyPartials,
+        DFlashVerifyPositions,
+        DFlashVerifyCommit,
+        *dflash2_nodes.evaluators(),
     ]
 
 
@@ -280,8 +322,9 @@ def custom_translation_table(kv_splits: int = 1, target_kv_splits: int = 1) -> d
         return spec.functional().takes(None, name=spec.name)(translate)
 
     block_attention = attention(BLOCK_SPEC, dflash.DFlashBlockAttention, dflash.DFlashBlockAttentionSplit, kv_splits)
-    target_attention = attention(TARGET_SPEC, dflash.DFlashTargetAttention, dflash.DFlashTargetAttentionSplit, target_kv_splits,
-                                 int64=("starts",))
+    target_attention = attention(
+        TARGET_SPEC, dflash.DFlashTargetAttention, dflash.DFlashTargetAttentionSplit, target_kv_splits, int64=("starts",)
+    )
 
     def verify_block(target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, stop_ids=None):
         has_draft_probs = int(draft_probs is not None)
@@ -292,8 +335,18 @@ def custom_translation_table(kv_splits: int = 1, target_kv_splits: int = 1) -> d
             stop_ids = op.Expand(op.Constant(value_ints=[-1]), op.Concat(batch, op.Constant(value_ints=[1]), axis=0))
         chunk_max, chunk_index = dflash.DFlashVerifyPartials(target_logits, **plugin)
         decisions = dflash.DFlashVerifyPositions(
-            target_logits, block_tokens, draft_probs, temperature, top_k, top_p, seed, start, chunk_max, chunk_index,
-            has_draft_probs=has_draft_probs, **plugin,
+            target_logits,
+            block_tokens,
+            draft_probs,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            start,
+            chunk_max,
+            chunk_index,
+            has_draft_probs=has_draft_probs,
+            **plugin,
         )
         return dflash.DFlashVerifyCommit(decisions, block_tokens, start, stop_ids, **plugin)
 

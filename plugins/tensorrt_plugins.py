@@ -22,12 +22,12 @@ import dataclasses
 import inspect
 from pathlib import Path
 
-from trtllm_dflash.errors import DFlashError, MissingDependencyError
 from trtllm_dflash.contracts import dtypes as dtype_table  # `dtypes` here names a launch's {input: dtype}
 from trtllm_dflash.contracts import names
-from trtllm_dflash.plugins import aot, onnx_nodes
+from trtllm_dflash.errors import DFlashError, MissingDependencyError
 from trtllm_dflash.ops.attention_options import with_signature
 from trtllm_dflash.ops.kernels import dflash2_launch, launch
+from trtllm_dflash.plugins import aot, onnx_nodes
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "int32", "int64")
 
@@ -83,20 +83,27 @@ def plan_launch(node: str, shapes: dict, dtypes: dict, attributes: dict) -> Laun
         head_dim = _required(head_dim, "head dimension")
         block_m = launch.merge_block_m(head_dim, constant(block), group, dtypes["like"])
         variant = aot.attention_variants(head_dim, dtypes["like"], dtypes["like"], block_m)[2]
-        return Launch(variant, launch.merge_grid(batch, block, kv_heads, group, block_m),
-                      launch.merge_scalars(block, kv_heads, group, splits))
+        return Launch(
+            variant, launch.merge_grid(batch, block, kv_heads, group, block_m), launch.merge_scalars(block, kv_heads, group, splits)
+        )
     if node in ("DFlashTargetAttention", "DFlashTargetAttentionSplit"):
         return _plan_target_attention(node, shapes, dtypes, attributes)
     if node == "DFlashVerifyPartials":
         batch, block, vocab = shapes["target_logits"]
         divisible = launch.verify_vocab_divisible(constant(vocab))
-        return Launch(aot.verify_partials_variant(dtypes["target_logits"], divisible),
-                      launch.verify_partials_grid(batch, block, vocab), (block, vocab))
+        return Launch(
+            aot.verify_partials_variant(dtypes["target_logits"], divisible),
+            launch.verify_partials_grid(batch, block, vocab),
+            (block, vocab),
+        )
     if node == "DFlashVerifyPositions":
         batch, block, vocab = shapes["target_logits"]
         divisible = launch.verify_vocab_divisible(constant(vocab))
-        return Launch(aot.verify_variants(dtypes["target_logits"], divisible)[0], launch.verify_positions_grid(batch, block),
-                      (block, vocab, int(attributes.get("has_draft_probs", 1)), shapes["chunk_max"][2]))
+        return Launch(
+            aot.verify_variants(dtypes["target_logits"], divisible)[0],
+            launch.verify_positions_grid(batch, block),
+            (block, vocab, int(attributes.get("has_draft_probs", 1)), shapes["chunk_max"][2]),
+        )
     if node == "DFlashVerifyCommit":
         batch, block = shapes["block_tokens"]
         return Launch(aot.commit_variant(), launch.verify_commit_grid(batch), (block, shapes["stop_ids"][1]))
@@ -109,8 +116,10 @@ def _check_option_dtypes(node: str, options, dtypes: dict) -> None:
     """Tensor options reach the kernel as float32 (the exporter casts them)."""
     for option in options.tensors:
         if option.name in dtypes and dtypes[option.name] != option.dtype:
-            raise DFlashError(f"{node} input {option.name} is {dtypes[option.name]}, expected {option.dtype}",
-                              "export with onnx_nodes.custom_translation_table (it casts the option inputs)")
+            raise DFlashError(
+                f"{node} input {option.name} is {dtypes[option.name]}, expected {option.dtype}",
+                "export with onnx_nodes.custom_translation_table (it casts the option inputs)",
+            )
 
 
 def _plan_target_attention(node: str, shapes: dict, dtypes: dict, attributes: dict) -> Launch:
@@ -120,7 +129,10 @@ def _plan_target_attention(node: str, shapes: dict, dtypes: dict, attributes: di
     capacity, kv_heads, head_dim_v = shapes["v_cache"][1], shapes["v_cache"][2], shapes["v_cache"][3]
     for name, expected in (("k_new", dtypes["q"]), ("v_new", dtypes["q"]), ("v_cache", dtypes["k_cache"]), (names.STARTS, "int64")):
         if name in dtypes and dtypes[name] != expected:
-            raise DFlashError(f"{node} input {name} is {dtypes[name]}, expected {expected}", "export with onnx_nodes.custom_translation_table (it casts starts and sinks)")
+            raise DFlashError(
+                f"{node} input {name} is {dtypes[name]}, expected {expected}",
+                "export with onnx_nodes.custom_translation_table (it casts starts and sinks)",
+            )
     options = onnx_nodes.TARGET_OPTIONS
     _check_option_dtypes(node, options, dtypes)
     group = _required(heads, "number of query heads") // _required(kv_heads, "number of KV heads")
@@ -146,8 +158,10 @@ def _plan_target_attention(node: str, shapes: dict, dtypes: dict, attributes: di
 def _same_dtypes(node: str, dtypes: dict, names_: tuple, expected: str) -> None:
     for name in names_:
         if name in dtypes and dtypes[name] != expected:
-            raise DFlashError(f"{node} input {name} is {dtypes[name]}, expected {expected}",
-                              "export with onnx_nodes.custom_translation_table, with the drafter's tensors in one dtype")
+            raise DFlashError(
+                f"{node} input {name} is {dtypes[name]}, expected {expected}",
+                "export with onnx_nodes.custom_translation_table, with the drafter's tensors in one dtype",
+            )
 
 
 def _plan_dflash2(node: str, shapes: dict, dtypes: dict, attributes: dict) -> Launch:
@@ -352,9 +366,16 @@ def _output_descs(trt, trtp, node: str):
         return trtp.from_shape_expr((b, steps), dtype=trt.int64), trtp.from_shape_expr((b, steps, k), dtype=trt.float32)
 
     return {
-        "DFlashBlockAttention": attention, "DFlashBlockAttentionSplit": attention_split, "DFlashAttentionMerge": merge,
-        "DFlashTargetAttention": target_attention, "DFlashTargetAttentionSplit": target_attention_split, "DFlashVerifyPartials": verify_partials,
-        "DFlashVerifyPositions": verify_positions, "DFlashVerifyCommit": verify_commit,
-        "DFlash2GroupedConv": dflash2_conv, "DFlash2TopKPartials": dflash2_topk_partials, "DFlash2TopKMerge": dflash2_topk_merge,
+        "DFlashBlockAttention": attention,
+        "DFlashBlockAttentionSplit": attention_split,
+        "DFlashAttentionMerge": merge,
+        "DFlashTargetAttention": target_attention,
+        "DFlashTargetAttentionSplit": target_attention_split,
+        "DFlashVerifyPartials": verify_partials,
+        "DFlashVerifyPositions": verify_positions,
+        "DFlashVerifyCommit": verify_commit,
+        "DFlash2GroupedConv": dflash2_conv,
+        "DFlash2TopKPartials": dflash2_topk_partials,
+        "DFlash2TopKMerge": dflash2_topk_merge,
         "DFlash2CandidateSelect": dflash2_candidate_select,
     }[node]

@@ -53,7 +53,17 @@ def _start_kernel_audit(config, items) -> None:
     if worker not in (None, "gw0"):
         return
     folder.mkdir(exist_ok=True)
-    audit = [sys.executable, "-m", "trtllm_dflash.plugins.kernel_audit", "--arch", "sm_90a,sm_100a", "--json", str(folder / "reports.json"), "--jobs", "1"]
+    audit = [
+        sys.executable,
+        "-m",
+        "trtllm_dflash.plugins.kernel_audit",
+        "--arch",
+        "sm_90a,sm_100a",
+        "--json",
+        str(folder / "reports.json"),
+        "--jobs",
+        "1",
+    ]
     status = shlex.quote(str(folder / "status"))
     script = f"{shlex.join(audit)} > {shlex.quote(str(folder / 'audit.log'))} 2>&1; echo $? > {status}.tmp; mv {status}.tmp {status}"
     config._kernel_audit_process = subprocess.Popen(["/bin/sh", "-c", script])

@@ -54,7 +54,10 @@ def run_cli(*args: str, env: dict | None = None, columns: int = 200) -> subproce
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": str(columns), **(env or {})}
     return subprocess.run(
         [sys.executable, "-c", f"from {entry.__name__} import main; main()", *args],
-        capture_output=True, text=True, env=environment, timeout=300,
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=300,
     )
 
 
@@ -69,13 +72,32 @@ def one_error_line(result: subprocess.CompletedProcess) -> str:
 # ---------------------------------------------------------------------- repositories and servers
 
 
-def write_repository(out: Path, model: str = "demo", drafter: str | None = None, *, max_context: int, max_tokens: int,
-                     max_batch: int = 4, baseline: bool = True) -> Path:
+def write_repository(
+    out: Path,
+    model: str = "demo",
+    drafter: str | None = None,
+    *,
+    max_context: int,
+    max_tokens: int,
+    max_batch: int = 4,
+    baseline: bool = True,
+) -> Path:
     """`dflash-trt repo` for a test's server: its limits, one decoding thread per model; without the
     autoregressive baseline (`baseline=False`) the server starts one Python stub, not two."""
     args = ["repo", "--model", model, *(["--drafter", drafter] if drafter else []), *([] if baseline else ["--baseline", ""])]
-    cli(*args, "--out", str(out), "--max-context", str(max_context), "--max-tokens", str(max_tokens),
-        "--max-batch", str(max_batch), "--threads", "1")
+    cli(
+        *args,
+        "--out",
+        str(out),
+        "--max-context",
+        str(max_context),
+        "--max-tokens",
+        str(max_tokens),
+        "--max-batch",
+        str(max_batch),
+        "--threads",
+        "1",
+    )
     return out
 
 
@@ -235,7 +257,10 @@ def hf_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
     """The target's own greedy tokens (transformers' generate): what lossless decoding must equal."""
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt]), max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+            torch.tensor([prompt]),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
             pad_token_id=0,
         )
     return out[0, len(prompt) :].tolist()
@@ -283,9 +308,7 @@ def exact_distribution(target_dir, temperature, top_k, top_p) -> dict[tuple[int,
         prefixes = list(joint)
         probs = next_probs(prefixes)
         joint = {
-            prefix + (token,): joint[prefix] * float(probs[i, token])
-            for i, prefix in enumerate(prefixes)
-            for token in range(SMALL_VOCAB)
+            prefix + (token,): joint[prefix] * float(probs[i, token]) for i, prefix in enumerate(prefixes) for token in range(SMALL_VOCAB)
         }
     return joint
 
@@ -336,8 +359,9 @@ INTERPRETER_TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat1
 GPU_TOLERANCE = {torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
 
-def target_attention_case(seed, batch=3, tokens=4, heads=4, kv_heads=2, key_dim=64, value_dim=64, capacity=48,
-                          dtype=torch.float32, cache_dtype=None, starts=None):
+def target_attention_case(
+    seed, batch=3, tokens=4, heads=4, kv_heads=2, key_dim=64, value_dim=64, capacity=48, dtype=torch.float32, cache_dtype=None, starts=None
+):
     """Random ragged rows: one starting at 0 (empty prefix), the others anywhere that fits the block."""
     g = torch.Generator().manual_seed(seed)
     cache_dtype = cache_dtype or dtype

@@ -14,10 +14,10 @@ import itertools
 import pytest
 import torch
 
-from trtllm_dflash.testing.tiny import cycle_sequences
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.runtime.prefix_cache import PrefixCache
 from trtllm_dflash.runtime.step_schedule import DraftPolicy
+from trtllm_dflash.testing.tiny import cycle_sequences
 
 GREEDY = SamplingParams(max_new_tokens=40, stop_token_ids=())
 
@@ -53,7 +53,9 @@ def _drafting_tau(results) -> float:
 
 
 @pytest.mark.parametrize("target", ["dense", "hybrid"])
-@pytest.mark.parametrize("pattern", [[False, True], [True, False, False, False], [False, False, True]], ids=["alternate", "draft-1-in-4", "skip-first"])
+@pytest.mark.parametrize(
+    "pattern", [[False, True], [True, False, False, False], [False, False, True]], ids=["alternate", "draft-1-in-4", "skip-first"]
+)
 def test_skipping_the_drafter_keeps_the_tokens_and_the_drafter_catches_up(request, target, pattern):
     runtime = request.getfixturevalue(target)
     prompts = _prompts()
@@ -112,7 +114,9 @@ def test_a_served_model_drafts_adaptively_when_its_repository_says_so(tmp_path):
     cli("repo", "--model", "demo", "--out", str(out), "--adaptive-drafting", "--max-context", "128")
     parameters = (out / "dflash" / "config.pbtxt").read_text()
     assert 'key: "adaptive_drafting"' in parameters
-    config = ServingConfig.from_parameters(dict(__import__("re").findall(r'key: "(\w+)"\s*value: \{\s*string_value: "([^"]*)"', parameters)))
+    config = ServingConfig.from_parameters(
+        dict(__import__("re").findall(r'key: "(\w+)"\s*value: \{\s*string_value: "([^"]*)"', parameters))
+    )
     assert config.adaptive_drafting is True and ServingConfig(target="x").adaptive_drafting is False
     loop = BatchingLoop(config, open_served_pipeline(config))
     assert isinstance(loop.decoder.draft_policy, DraftPolicy)

@@ -4,7 +4,7 @@ Every import is read from the source with `ast`, module-level and function-level
 hidden inside a function is still a dependency), including `TYPE_CHECKING` blocks. The tests fail
 on an import cycle between files, on a file importing a higher layer, on two rooms (subpackages)
 listed in ONE_WAY_ROOMS importing each other, on a source file that no layer claims, on shipped
-code importing the tiny test checkpoints (`testing/tiny.py`), and on a source file over 600 lines.
+code importing the tiny test checkpoints (`testing/tiny.py`), and on a source file over MAX_LINES lines.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MAX_LINES = 600
+# lines as `ruff format` writes them (one argument per line where a call does not fit): 600 before the
+# formatter, which put kernel signatures and long calls one argument per line (+7% to +50% in six files)
+MAX_LINES = 650
 
 # Top-level folders and the package each is installed as (pyproject's package-dir).
 PACKAGE_DIRS = {
@@ -29,40 +31,95 @@ PACKAGE_DIRS = {
 # Lowest first. A file may import files of its own layer and of the layers below it, never above.
 # Patterns are module names (fnmatch); the first layer whose pattern matches claims the file.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("foundation", [
-        "trtllm_dflash.errors", "trtllm_dflash.hf_compat", "trtllm_dflash.contracts", "trtllm_dflash.contracts.*",
-        "trtllm_dflash.extras", "trtllm_dflash.chat", "trtllm_dflash.config", "trtllm_dflash.version",
-        "trtllm_dflash.checks.system_install", "trtllm_dflash.catalog", "trtllm_dflash.catalog.*",
-        "trtllm_dflash.demo", "trtllm_dflash.demo.corpus", "trtllm_dflash.engine_recipes*",
-    ]),
+    (
+        "foundation",
+        [
+            "trtllm_dflash.errors",
+            "trtllm_dflash.hf_compat",
+            "trtllm_dflash.contracts",
+            "trtllm_dflash.contracts.*",
+            "trtllm_dflash.extras",
+            "trtllm_dflash.chat",
+            "trtllm_dflash.config",
+            "trtllm_dflash.version",
+            "trtllm_dflash.checks.system_install",
+            "trtllm_dflash.catalog",
+            "trtllm_dflash.catalog.*",
+            "trtllm_dflash.demo",
+            "trtllm_dflash.demo.corpus",
+            "trtllm_dflash.engine_recipes*",
+        ],
+    ),
     # the DFlash math (reference ops, Triton kernels, torch ops), then its TensorRT packaging
     ("kernels", ["trtllm_dflash.ops", "trtllm_dflash.ops.*", "trtllm_dflash.plugins", "trtllm_dflash.plugins.*"]),
-    ("modeling", [
-        "trtllm_dflash.modeling", "trtllm_dflash.modeling.*", "trtllm_dflash.graphs", "trtllm_dflash.graphs.*",
-        "trtllm_dflash.drafters", "trtllm_dflash.drafters.*", "trtllm_dflash.checkpoints", "trtllm_dflash.checkpoints.*",
-    ]),
-    ("runtime", [
-        "trtllm_dflash.runtime", "trtllm_dflash.runtime.*", "trtllm_dflash.decoding",
-        "trtllm_dflash.sampling_params",
-    ]),
-    ("library", [
-        "trtllm_dflash", "trtllm_dflash.api", "trtllm_dflash.training", "trtllm_dflash.training.*",
-        "trtllm_dflash.testing", "trtllm_dflash.testing.*",
-    ]),
+    (
+        "modeling",
+        [
+            "trtllm_dflash.modeling",
+            "trtllm_dflash.modeling.*",
+            "trtllm_dflash.graphs",
+            "trtllm_dflash.graphs.*",
+            "trtllm_dflash.drafters",
+            "trtllm_dflash.drafters.*",
+            "trtllm_dflash.checkpoints",
+            "trtllm_dflash.checkpoints.*",
+        ],
+    ),
+    (
+        "runtime",
+        [
+            "trtllm_dflash.runtime",
+            "trtllm_dflash.runtime.*",
+            "trtllm_dflash.decoding",
+            "trtllm_dflash.sampling_params",
+        ],
+    ),
+    (
+        "library",
+        [
+            "trtllm_dflash",
+            "trtllm_dflash.api",
+            "trtllm_dflash.training",
+            "trtllm_dflash.training.*",
+            "trtllm_dflash.testing",
+            "trtllm_dflash.testing.*",
+        ],
+    ),
     # what each backend serves, builds and writes, and the Triton model that opens its pipeline; the
     # serving helpers they use (repository writing, parameters, protocol, the batching loop) sit here too
-    ("backends", [
-        "trtllm_dflash.backends", "trtllm_dflash.backends.*", "trtllm_dflash.serving.repository",
-        "trtllm_dflash.serving.model_parameters", "trtllm_dflash.serving.protocol",
-        "trtllm_dflash.serving.batching_loop", "trtllm_dflash.serving.metrics", "trtllm_dflash.serving.detokenizer",
-    ]),
-    ("recipes and planning", [
-        "trtllm_dflash.recipes", "trtllm_dflash.recipes.*", "trtllm_dflash.planning", "trtllm_dflash.planning.*",
-    ]),
-    ("build, serve, measure", [
-        "trtllm_dflash.builder", "trtllm_dflash.builder.*", "trtllm_dflash.serving", "trtllm_dflash.serving.*",
-        "trtllm_dflash.bench", "trtllm_dflash.bench.*",
-    ]),
+    (
+        "backends",
+        [
+            "trtllm_dflash.backends",
+            "trtllm_dflash.backends.*",
+            "trtllm_dflash.serving.repository",
+            "trtllm_dflash.serving.model_parameters",
+            "trtllm_dflash.serving.protocol",
+            "trtllm_dflash.serving.batching_loop",
+            "trtllm_dflash.serving.metrics",
+            "trtllm_dflash.serving.detokenizer",
+        ],
+    ),
+    (
+        "recipes and planning",
+        [
+            "trtllm_dflash.recipes",
+            "trtllm_dflash.recipes.*",
+            "trtllm_dflash.planning",
+            "trtllm_dflash.planning.*",
+        ],
+    ),
+    (
+        "build, serve, measure",
+        [
+            "trtllm_dflash.builder",
+            "trtllm_dflash.builder.*",
+            "trtllm_dflash.serving",
+            "trtllm_dflash.serving.*",
+            "trtllm_dflash.bench",
+            "trtllm_dflash.bench.*",
+        ],
+    ),
     ("commands", ["trtllm_dflash.cli", "trtllm_dflash.cli.*", "trtllm_dflash.checks", "trtllm_dflash.checks.*"]),
 ]
 
@@ -190,7 +247,9 @@ def test_no_test_module_imports_another():
     importers = []
     for path in sorted(tests.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            imported = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module] if isinstance(node, ast.ImportFrom) else []
+            imported = (
+                [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module] if isinstance(node, ast.ImportFrom) else []
+            )
             importers += [f"{path.name} imports {name}" for name in imported if name in names]
     assert not importers, "move what these share into tests/support.py:\n" + "\n".join(importers)
 
@@ -202,8 +261,13 @@ def room_of(module: str) -> str:
 
 def imports_between(graph: dict[str, set[str]], room: str, other: str) -> list[str]:
     """`module -> target` for every import (module- or function-level) from `room` into `other`."""
-    return [f"{module} -> {target}" for module, targets in sorted(graph.items()) if room_of(module) == room
-            for target in sorted(targets) if room_of(target) == other]
+    return [
+        f"{module} -> {target}"
+        for module, targets in sorted(graph.items())
+        if room_of(module) == room
+        for target in sorted(targets)
+        if room_of(target) == other
+    ]
 
 
 # Rooms that must not import each other both ways: the first may import the second, never the reverse.
@@ -219,8 +283,8 @@ def test_rooms_do_not_import_each_other_both_ways(room, other):
     graph = import_graph()
     assert not imports_between(graph, other, room), (
         f"{other} must not import {room} ({room} imports {other}, so the two rooms would import each other); "
-        f"let a caller in {room} or above pass in what {other} needs:\n"
-        + "\n".join(imports_between(graph, other, room)))
+        f"let a caller in {room} or above pass in what {other} needs:\n" + "\n".join(imports_between(graph, other, room))
+    )
 
 
 MAX_LOOSE_MODULES = 10  # top-level modules of trtllm_dflash/ beside the subpackages
@@ -243,8 +307,11 @@ def test_no_import_loop_between_rooms():
     loops = cycles(rooms)
     detail = []
     for loop in loops:
-        detail += [f"  {room} -> {other}: {', '.join(imports_between(graph, room, other)[:3])}"
-                   for room in loop for other in sorted(rooms[room] & set(loop))]
+        detail += [
+            f"  {room} -> {other}: {', '.join(imports_between(graph, room, other)[:3])}"
+            for room in loop
+            for other in sorted(rooms[room] & set(loop))
+        ]
     assert not loops, "rooms importing each other in a loop:\n" + "\n".join(detail)
 
 
@@ -274,8 +341,14 @@ def test_the_checks_catch_what_they_guard(tmp_path):
     loop = {"trtllm_dflash.serving.x": {"trtllm_dflash.backends"}, "trtllm_dflash.backends.y": {"trtllm_dflash.serving.z"}}
     assert imports_between(loop, "trtllm_dflash.serving", "trtllm_dflash.backends") == ["trtllm_dflash.serving.x -> trtllm_dflash.backends"]
     # a loop through three rooms is seen, though no two files import each other
-    planted = {"trtllm_dflash.ops.a": {"trtllm_dflash.modeling.b"}, "trtllm_dflash.modeling.b": {"trtllm_dflash.runtime.c"},
-               "trtllm_dflash.runtime.c": {"trtllm_dflash.ops"}, "trtllm_dflash.ops": set()}
-    assert cycles(planted) == [] and cycles(room_graph(planted)) == [sorted(["trtllm_dflash.ops", "trtllm_dflash.modeling", "trtllm_dflash.runtime"])]
+    planted = {
+        "trtllm_dflash.ops.a": {"trtllm_dflash.modeling.b"},
+        "trtllm_dflash.modeling.b": {"trtllm_dflash.runtime.c"},
+        "trtllm_dflash.runtime.c": {"trtllm_dflash.ops"},
+        "trtllm_dflash.ops": set(),
+    }
+    assert cycles(planted) == [] and cycles(room_graph(planted)) == [
+        sorted(["trtllm_dflash.ops", "trtllm_dflash.modeling", "trtllm_dflash.runtime"])
+    ]
     assert cycles(room_graph(import_graph())) == []  # and the real graph, read the same way, has none
     assert layer_of("trtllm_dflash.runtime.base") < layer_of("trtllm_dflash.builder.export")

@@ -7,9 +7,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from trtllm_dflash.bench.systems import SystemRun, PairSystem, open_system
 from trtllm_dflash.bench.measure import BenchConfig, default_block_sizes, run_bench
 from trtllm_dflash.bench.prompts import SET_NAMES, load_prompt_set
+from trtllm_dflash.bench.systems import PairSystem, SystemRun, open_system
 from trtllm_dflash.cli.app import app
 from trtllm_dflash.errors import DFlashError
 
@@ -18,10 +18,26 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def test_bench_demo_writes_report_and_plots(tmp_path):
     out = tmp_path / "bench"
-    result = CliRunner().invoke(app, [
-        "bench", "--model", "demo", "--prompts", "stdlib", "--num-prompts", "2", "-n", "24",
-        "--block-sizes", "4,8", "--concurrency", "1,3", "--out", str(out),
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--model",
+            "demo",
+            "--prompts",
+            "stdlib",
+            "--num-prompts",
+            "2",
+            "-n",
+            "24",
+            "--block-sizes",
+            "4,8",
+            "--concurrency",
+            "1,3",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((out / "bench.json").read_text())
     s = report["summary"]
@@ -112,10 +128,24 @@ def test_default_block_sizes():
 def test_bench_against_a_real_server(tmp_path, demo_triton):
     """The same bench through a real tritonserver serving the demo pair and its AR baseline (the
     session's, tests/conftest.py)."""
-    result = CliRunner().invoke(app, [
-        "bench", "--url", demo_triton.endpoints.http, "--prompts", "stdlib", "--num-prompts", "2", "-n", "16",
-        "--concurrency", "1,2", "--out", str(tmp_path / "bench"),
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--url",
+            demo_triton.endpoints.http,
+            "--prompts",
+            "stdlib",
+            "--num-prompts",
+            "2",
+            "-n",
+            "16",
+            "--concurrency",
+            "1,2",
+            "--out",
+            str(tmp_path / "bench"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "bench" / "bench.json").read_text())
     assert report["system"]["backend"] == "triton"

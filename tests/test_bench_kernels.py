@@ -92,6 +92,10 @@ def test_target_benchmark_table_on_cpu():
 def test_the_script_refuses_in_one_line_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the script would run the benchmark")
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_kernels.py"), "--target-only"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_kernels.py"), "--target-only"], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == ["error: this benchmark needs an NVIDIA GPU with a CUDA build of torch; run it on a GPU machine"]
+    assert done.stderr.strip().splitlines() == [
+        "error: this benchmark needs an NVIDIA GPU with a CUDA build of torch; run it on a GPU machine"
+    ]

@@ -51,7 +51,12 @@ def pair(tmp_path_factory) -> dict:
     drafter = make_tiny_drafter(root / "drafter", target, seed=3, block_size=4, num_layers=2, target_layer_ids=(0, 1))
     recipe = root / "tiny-rtx.yaml"
     recipe.write_text(TINY_RECIPE.format(target=target.resolve(), drafter=drafter.resolve()))
-    return {"args": ["--recipe", str(recipe)], "target": target, "drafter": drafter, "local": ["--model", str(target), "--drafter", str(drafter)]}
+    return {
+        "args": ["--recipe", str(recipe)],
+        "target": target,
+        "drafter": drafter,
+        "local": ["--model", str(target), "--drafter", str(drafter)],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +105,16 @@ def test_graphs_reproduce_logits_and_taps_for_prefill_verify_and_draft(onnx_runt
 
     block = manifest["stages"]["export"]["summary"]["block_size"]
     results = {r.name: r for r in compare_runtimes(onnx_runtime, reference, block, prompt_lengths=(9, 5), seed=1)}
-    for name in ("prefill.logits", "prefill.features", "verify.logits", "verify.features",
-                 "draft.logits (empty draft cache)", "draft.logits (filled draft cache)", "target_cache.key[0]", "draft_cache.key[0]"):
+    for name in (
+        "prefill.logits",
+        "prefill.features",
+        "verify.logits",
+        "verify.features",
+        "draft.logits (empty draft cache)",
+        "draft.logits (filled draft cache)",
+        "target_cache.key[0]",
+        "draft_cache.key[0]",
+    ):
         assert results[name].rel < TOLERANCE, (name, results[name])
     for name in ("prefill.logits", "verify.logits", "draft.logits (filled draft cache)"):
         assert results[name].argmax_agree == 1.0
@@ -174,8 +187,8 @@ def test_speculative_decode_through_the_graphs_equals_the_torch_runtime(onnx_run
 
 def test_bench_on_the_build_runs_its_graphs_and_matches_the_torch_runtime(build, reference):
     """`dflash-trt bench --build DIR` on CPU: the build's ONNX graphs, AR vs DFlash, lossless."""
-    from trtllm_dflash.bench.systems import open_system
     from trtllm_dflash.bench.measure import BenchConfig, run_bench
+    from trtllm_dflash.bench.systems import open_system
     from trtllm_dflash.errors import DFlashError
 
     backend = open_system(build=build)
@@ -216,8 +229,17 @@ def plugin_export(build, pair, tmp_path_factory) -> Path:
     drafter = load_drafter(pair["drafter"], target)
     plugin, translations = plugin_graphs.export_options("plugin")
     model = target.model
-    graph = export_drafter(drafter, model.get_input_embeddings(), model.get_output_embeddings(), root / "plugin" / "drafter.onnx",
-                           info["dtype"], Bounds(**info["bounds"]), "plugin", plugin, translations)
+    graph = export_drafter(
+        drafter,
+        model.get_input_embeddings(),
+        model.get_output_embeddings(),
+        root / "plugin" / "drafter.onnx",
+        info["dtype"],
+        Bounds(**info["bounds"]),
+        "plugin",
+        plugin,
+        translations,
+    )
     info["variants"]["plugin"] = {"target": {**info["variants"]["native"]["target"], "dir": "native"}, "drafter": graph.to_dict()}
     write_graphs_json(root, info)
     return root
@@ -233,7 +255,7 @@ def test_plugin_graph_holds_the_tensorrt_plugin_node(plugin_export, reference):
     assert [n.op_type for n in nodes] == ["DFlashBlockAttention"] * reference.drafter_config.num_hidden_layers
     attributes = {a.name: onnx.helper.get_attribute_value(a) for a in nodes[0].attribute}
     assert attributes["plugin_namespace"] == b"dflash" and attributes["plugin_version"] == b"2" and attributes["aot"] == 1
-    assert attributes["scale"] == pytest.approx(reference.drafter_config.head_dim ** -0.5)
+    assert attributes["scale"] == pytest.approx(reference.drafter_config.head_dim**-0.5)
 
 
 def test_plugin_graphs_evaluated_with_the_nodes_cpu_evaluators_match_torch(plugin_export, reference, manifest):
@@ -258,8 +280,14 @@ def test_export_is_deterministic(build, pair, tmp_path):
     target = load_target(pair["target"], dtype=DTYPES[info["dtype"]])
     drafter = load_drafter(pair["drafter"], target)
     torch.manual_seed(123)  # the exporter's example inputs must not leak into the graph
-    export_drafter(drafter, target.model.get_input_embeddings(), target.model.get_output_embeddings(),
-                   tmp_path / "drafter.onnx", info["dtype"], Bounds(**info["bounds"]))
+    export_drafter(
+        drafter,
+        target.model.get_input_embeddings(),
+        target.model.get_output_embeddings(),
+        tmp_path / "drafter.onnx",
+        info["dtype"],
+        Bounds(**info["bounds"]),
+    )
     first = (build / "export" / "native" / "drafter.onnx").read_bytes()
     assert hashlib.sha256((tmp_path / "drafter.onnx").read_bytes()).hexdigest() == hashlib.sha256(first).hexdigest()
 
@@ -270,7 +298,12 @@ def test_export_is_deterministic(build, pair, tmp_path):
 def test_engines_are_real_tensorrt_rtx_plans_recorded_in_the_manifest(build, manifest):
     assert manifest["complete"] is True
     assert {n for n, s in manifest["stages"].items() if s["status"] == "complete"} == {
-        "checkpoints", "quantize", "export", "validate", "engines", "repository",
+        "checkpoints",
+        "quantize",
+        "export",
+        "validate",
+        "engines",
+        "repository",
     }
     engines = manifest["stages"]["engines"]
     assert engines["summary"]["flavour"] == "tensorrt-rtx" and engines["summary"]["compute_capability"] == "12.0"
@@ -316,7 +349,10 @@ def test_corrupted_drafter_fails_with_one_line_and_keeps_the_build(build, pair, 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}
     result = subprocess.run(
         [sys.executable, "-c", "from trtllm_dflash.cli.app import main; main()", "build", *args, "--out", str(build)],
-        capture_output=True, text=True, env=env, timeout=300,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert result.returncode == 2, result.stdout + result.stderr
     errors = [line for line in result.stderr.splitlines() if line.strip()]

@@ -35,8 +35,7 @@ def cli(*args: str) -> list[str]:
 
 
 def run_cli(*args: str, crash_dir: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(cli(*args), capture_output=True, text=True, timeout=timeout,
-                          env={**ENV, "DFLASH_TRT_CRASH_DIR": str(crash_dir)})
+    return subprocess.run(cli(*args), capture_output=True, text=True, timeout=timeout, env={**ENV, "DFLASH_TRT_CRASH_DIR": str(crash_dir)})
 
 
 def manifest(out: Path) -> dict:
@@ -57,8 +56,12 @@ def error_lines(text: str) -> list[str]:
 def test_a_build_killed_in_export_is_refused_by_repo_and_a_rerun_finishes_it(tmp_path):
     """~75 s on 2 shared cores: checkpoints+quantize, the kill, then the rerun (export, validate, engines)."""
     out, crashes = tmp_path / "build", tmp_path / "crashes"
-    process = subprocess.Popen(cli(*BUILD, "--out", str(out)), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, env={**ENV, "DFLASH_TRT_CRASH_DIR": str(crashes)})
+    process = subprocess.Popen(
+        cli(*BUILD, "--out", str(out)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**ENV, "DFLASH_TRT_CRASH_DIR": str(crashes)},
+    )
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and process.poll() is None:
@@ -81,8 +84,14 @@ def test_a_build_killed_in_export_is_refused_by_repo_and_a_rerun_finishes_it(tmp
     killed = manifest(out)
     assert killed["complete"] is False
     assert killed["planned"] == ["checkpoints", "quantize", "export", "validate", "engines", "repository"]
-    assert statuses(out) == {"checkpoints": "complete", "quantize": "complete", "export": "running",
-                             "validate": "pending", "engines": "pending", "repository": "pending"}
+    assert statuses(out) == {
+        "checkpoints": "complete",
+        "quantize": "complete",
+        "export": "running",
+        "validate": "pending",
+        "engines": "pending",
+        "repository": "pending",
+    }
     assert killed["command"].startswith("dflash-trt build --model demo") and str(out) in killed["command"]
     assert not (out / "export").exists()  # only a hidden temporary folder, which no run trusts
 
@@ -112,8 +121,10 @@ def tiny_disk(tmp_path):
     """A 2 MB tmpfs: the kernel's own ENOSPC when the export writes its ~6.6 MB of graphs."""
     mount = tmp_path / f"disk-{uuid.uuid4().hex[:6]}"
     mount.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
-                                           capture_output=True).returncode != 0:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True).returncode != 0
+    ):
         pytest.skip("mounting a size-limited tmpfs needs root")
     try:
         yield mount
@@ -133,8 +144,14 @@ def test_a_full_disk_fails_in_one_line_and_keeps_the_finished_stages(tiny_disk, 
     assert f"no space left on device in {out} during the export stage" in line
     assert "it needs ~6.6 MB" in line and "free there now" in line and "rerun the same command" in line
     assert "unexpectedly" not in line and "report it" not in line and not crashes.exists()
-    assert statuses(out) == {"checkpoints": "complete", "quantize": "complete", "export": "failed",
-                             "validate": "pending", "engines": "pending", "repository": "pending"}
+    assert statuses(out) == {
+        "checkpoints": "complete",
+        "quantize": "complete",
+        "export": "failed",
+        "validate": "pending",
+        "engines": "pending",
+        "repository": "pending",
+    }
     assert manifest(out)["complete"] is False
     assert "no space left on device" in manifest(out)["stages"]["export"]["error"]
     assert json.loads((out / "checkpoints" / "stage.json").read_text())["stage"] == "checkpoints"  # intact
@@ -193,8 +210,7 @@ def test_a_failed_stage_makes_the_manifest_incomplete_and_a_blocked_one_does_not
     with StageRunner(tmp_path / "out2") as runner:
         result = runner.run([Stage("a", "a", lambda ctx: {}), Stage("engines", "e", blocked, depends=("a",))])
     assert not result.complete and set(result.blocked) == {"engines"}
-    assert unfinished_stages({"planned": ["a", "engines"], "stages": {"a": {"status": "complete"},
-                                                                     "engines": {"status": "blocked"}}}) == []
+    assert unfinished_stages({"planned": ["a", "engines"], "stages": {"a": {"status": "complete"}, "engines": {"status": "blocked"}}}) == []
 
 
 def test_enospc_inside_a_stage_becomes_one_line(tmp_path):

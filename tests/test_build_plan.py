@@ -45,8 +45,8 @@ def test_dry_run_gpt_oss_on_b300_is_a_complete_trtllm_plan():
 
 
 def test_dry_run_for_every_shipped_engine_recipe():
-    from trtllm_dflash.builder.stage_plan import make_build_plan
     from trtllm_dflash.builder.spec import resolve_spec
+    from trtllm_dflash.builder.stage_plan import make_build_plan
     from trtllm_dflash.recipes import list_recipes
 
     built = 0
@@ -86,8 +86,8 @@ def test_every_recipe_runs_every_stage_on_its_own_gpu_machine(monkeypatch):
 
 
 def test_demo_rtx_plan_builds_everything_here():
-    from trtllm_dflash.builder.stage_plan import make_build_plan
     from trtllm_dflash.builder.spec import resolve_spec
+    from trtllm_dflash.builder.stage_plan import make_build_plan
 
     plan = make_build_plan(resolve_spec("demo", "rtx-pro-6000"))
     by_name = {s.name: s for s in plan.stages}
@@ -200,9 +200,14 @@ def test_a_blocked_stage_stops_only_what_depends_on_it(tmp_path):
         raise StageBlocked("no GPU here", "run it on a GPU machine")
 
     with StageRunner(tmp_path) as runner:
-        result = runner.run([
-            _stage("a", ok), _stage("b", blocked, depends=("a",)), _stage("c", ok, depends=("b",)), _stage("d", ok, depends=("a",)),
-        ])
+        result = runner.run(
+            [
+                _stage("a", ok),
+                _stage("b", blocked, depends=("a",)),
+                _stage("c", ok, depends=("b",)),
+                _stage("d", ok, depends=("a",)),
+            ]
+        )
     assert not result.complete
     assert set(result.records) == {"a", "d"} and set(result.blocked) == {"b"} and result.not_run == {"c": "b"}
     assert not (tmp_path / "b").exists()
@@ -229,6 +234,8 @@ def test_dry_run_imports_no_torch():
         "heavy = sorted(m for m in ('torch', 'transformers', 'onnx', 'tensorrt_rtx_bindings', 'modelopt') if m in sys.modules)\n"
         "print(heavy)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"

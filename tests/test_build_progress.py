@@ -35,6 +35,7 @@ def _record_export(monkeypatch, plugin_refusal: str | None) -> list[tuple]:
         def run(*args, **kwargs):
             events.append(("export", kind))
             return export.GraphInfo(file="x.onnx", inputs=[], outputs=[], num_layers=1, kv_heads=1, head_dim=1, dtype="fp32")
+
         return run
 
     monkeypatch.setattr(export, "export_target", stub("native target"))
@@ -47,18 +48,29 @@ def _record_export(monkeypatch, plugin_refusal: str | None) -> list[tuple]:
 
 def _export_both_variants(tmp_path, events: list[tuple]) -> None:
     drafter = SimpleNamespace(config=SimpleNamespace(target_layer_ids=[0], to_dict=lambda: {}))
-    export.export_pair(FakeTarget(), drafter, tmp_path, "fp32", export.Bounds(2, 8, 16, 4), ("native", "plugin"),
-                       progress=lambda text, done=None, total=None: events.append(("report", text, done, total)))
+    export.export_pair(
+        FakeTarget(),
+        drafter,
+        tmp_path,
+        "fp32",
+        export.Bounds(2, 8, 16, 4),
+        ("native", "plugin"),
+        progress=lambda text, done=None, total=None: events.append(("report", text, done, total)),
+    )
 
 
 def test_the_export_reports_each_graph_of_each_variant_before_exporting_it(monkeypatch, tmp_path):
     events = _record_export(monkeypatch, plugin_refusal=None)
     _export_both_variants(tmp_path, events)
     assert events == [
-        ("report", "exporting the native target graph", 0, 4), ("export", "native target"),
-        ("report", "exporting the native drafter graph", 1, 4), ("export", "drafter"),
-        ("report", "exporting the plugin target graph", 2, 4), ("export", "plugin target"),
-        ("report", "exporting the plugin drafter graph", 3, 4), ("export", "drafter"),
+        ("report", "exporting the native target graph", 0, 4),
+        ("export", "native target"),
+        ("report", "exporting the native drafter graph", 1, 4),
+        ("export", "drafter"),
+        ("report", "exporting the plugin target graph", 2, 4),
+        ("export", "plugin target"),
+        ("report", "exporting the plugin drafter graph", 3, 4),
+        ("export", "drafter"),
         ("report", "writing graphs.json", 4, 4),
     ]
 
@@ -67,8 +79,12 @@ def test_a_plugin_target_the_op_cannot_run_is_not_counted(monkeypatch, tmp_path)
     events = _record_export(monkeypatch, plugin_refusal="sliding layers")
     _export_both_variants(tmp_path, events)
     reports = [event[1:] for event in events if event[0] == "report"]
-    assert reports == [("exporting the native target graph", 0, 3), ("exporting the native drafter graph", 1, 3),
-                       ("exporting the plugin drafter graph", 2, 3), ("writing graphs.json", 3, 3)]
+    assert reports == [
+        ("exporting the native target graph", 0, 3),
+        ("exporting the native drafter graph", 1, 3),
+        ("exporting the plugin drafter graph", 2, 3),
+        ("writing graphs.json", 3, 3),
+    ]
 
 
 def test_in_a_log_each_status_is_a_line_with_how_far_and_a_finished_step_with_its_time():

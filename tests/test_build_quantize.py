@@ -80,8 +80,9 @@ def test_calibration_text_builtin_and_user_file(tmp_path):
 
 def test_fp8_target_exports_as_q_dq_graph_that_matches_torch_and_builds_with_tensorrt_rtx(fp8_checkpoint, tmp_path):
     """FP8 weights stay FP8 in the graph (DequantizeLinear), inputs are rounded by Q/DQ pairs."""
-    import onnx
     from collections import Counter
+
+    import onnx
 
     from trtllm_dflash.builder import engines
     from trtllm_dflash.builder.export import Bounds, TargetGraph, export_target
@@ -109,6 +110,7 @@ def test_fp8_target_exports_as_q_dq_graph_that_matches_torch_and_builds_with_ten
     assert torch.allclose(torch.from_numpy(got["features"]), expected[1], rtol=1e-4, atol=1e-5)
 
     flavour = engines.load_flavour("tensorrt-rtx")  # FP8 Q/DQ graph -> a real engine for SM 12.0, ahead of time
-    built = engines.build_engine(flavour, tmp_path / "target.onnx", tmp_path / "target.engine", info.to_dict(),
-                                 engines.profiles("target", bounds), (12, 0))
+    built = engines.build_engine(
+        flavour, tmp_path / "target.onnx", tmp_path / "target.engine", info.to_dict(), engines.profiles("target", bounds), (12, 0)
+    )
     assert built["bytes"] > 0 and (tmp_path / "target.engine").stat().st_size == built["bytes"]

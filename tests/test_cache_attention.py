@@ -10,10 +10,10 @@ import torch.nn.functional as F
 
 from trtllm_dflash import DFlashPipeline, hf_compat
 from trtllm_dflash.checkpoints import load_drafter, load_target
-from trtllm_dflash.testing import tiny
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.modeling.cache_attention import AttentionPlan
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime, causal_mask
+from trtllm_dflash.testing import tiny
 
 
 def masked_reference(q, keys, values, starts, count, window, scale):

@@ -77,8 +77,13 @@ def test_gpt_oss_120b_counts_reproduce_openai_model_card():
 
 @pytest.mark.parametrize(
     "name, published, tolerance",
-    [("gpt-oss-20b", 20.91e9, 2e-3), ("qwen3-8b", 8.2e9, 2e-3), ("llama-3.1-8b-instruct", 8.03e9, 1e-3),
-     ("gemma-4-31b-it", 30.7e9, 1e-3), ("qwen3-coder-30b-a3b", 30.5e9, 2e-3)],
+    [
+        ("gpt-oss-20b", 20.91e9, 2e-3),
+        ("qwen3-8b", 8.2e9, 2e-3),
+        ("llama-3.1-8b-instruct", 8.03e9, 1e-3),
+        ("gemma-4-31b-it", 30.7e9, 1e-3),
+        ("qwen3-coder-30b-a3b", 30.5e9, 2e-3),
+    ],
 )
 def test_dense_and_moe_counts_match_model_cards(name, published, tolerance):
     assert MODELS[name].params().total == pytest.approx(published, rel=tolerance)
@@ -93,8 +98,13 @@ def test_gemma4_global_layers_have_their_own_kv_shape():
 
 @pytest.mark.parametrize(
     "name, layers, block, size_gib",
-    [("qwen3-8b", 5, 16, 1.95), ("llama-3.1-8b-instruct", 5, 10, 1.95), ("gpt-oss-120b", 8, 10, 1.46),
-     ("qwen3-coder-30b-a3b", 8, 16, 0.88), ("gemma-4-31b-it", 5, 16, 2.86)],
+    [
+        ("qwen3-8b", 5, 16, 1.95),
+        ("llama-3.1-8b-instruct", 5, 10, 1.95),
+        ("gpt-oss-120b", 8, 10, 1.46),
+        ("qwen3-coder-30b-a3b", 8, 16, 0.88),
+        ("gemma-4-31b-it", 5, 16, 2.86),
+    ],
 )
 def test_drafter_shapes_match_published_file_sizes(name, layers, block, size_gib):
     drafter = MODELS[name].drafter
@@ -118,7 +128,10 @@ def test_models_resolve_by_alias_hf_id_and_directory(tiny_qwen3):
 
     config = json.loads((tiny_qwen3 / "config.json").read_text())
     assert (local.num_layers, local.hidden_size, local.vocab_size) == (
-        config["num_hidden_layers"], config["hidden_size"], config["vocab_size"])
+        config["num_hidden_layers"],
+        config["hidden_size"],
+        config["vocab_size"],
+    )
     with pytest.raises(UnknownNameError, match="qwen3-8b"):
         resolve_model("no-such-model")
 

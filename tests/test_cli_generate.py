@@ -17,12 +17,21 @@ def text_pair(tmp_path_factory):
     return str(target), str(drafter)
 
 
-
 def test_json_output_has_one_object_per_prompt(text_pair, run_main):
     target, drafter = text_pair
     code, out, err = run_main(
-        "generate", "--target", target, "--drafter", drafter, "--prompt", "def f(x):", "--prompt", "import os",
-        "--max-new-tokens", "12", "--json",
+        "generate",
+        "--target",
+        target,
+        "--drafter",
+        drafter,
+        "--prompt",
+        "def f(x):",
+        "--prompt",
+        "import os",
+        "--max-new-tokens",
+        "12",
+        "--json",
     )
     assert code == 0, err
     rows = [json.loads(line) for line in out.splitlines()]
@@ -31,8 +40,7 @@ def test_json_output_has_one_object_per_prompt(text_pair, run_main):
 
     expected = DFlashPipeline.load(target, None).generate(["def f(x):", "import os"], max_new_tokens=12)
     for row, reference in zip(rows, expected):
-        assert {"text", "token_ids", "acceptance_lengths", "mean_acceptance_length", "num_target_forwards",
-                "tokens_per_second"} <= set(row)
+        assert {"text", "token_ids", "acceptance_lengths", "mean_acceptance_length", "num_target_forwards", "tokens_per_second"} <= set(row)
         assert row["token_ids"] == reference.token_ids  # lossless against the autoregressive target
         assert row["text"] == reference.text
         assert len(row["token_ids"]) == 1 + sum(row["acceptance_lengths"])

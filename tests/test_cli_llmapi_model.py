@@ -42,8 +42,21 @@ def built(tmp_path_factory):
     drafter = make_tiny_drafter(root / "drafter", target, seed=2, block_size=10, target_layer_ids=(1, 3), mask_token_id=2)
     folder = llmapi_folder(root / "elsewhere")
     out = root / "out"
-    result = cli("build", "--gpu", "b300", "--model", "gpt-oss-120b", "--target", str(target), "--drafter", str(drafter),
-                 "--out", str(out), "--llmapi-model", str(folder))
+    result = cli(
+        "build",
+        "--gpu",
+        "b300",
+        "--model",
+        "gpt-oss-120b",
+        "--target",
+        str(target),
+        "--drafter",
+        str(drafter),
+        "--out",
+        str(out),
+        "--llmapi-model",
+        str(folder),
+    )
     return result, out, folder
 
 
@@ -71,7 +84,9 @@ def test_the_build_artifact_carries_the_model_to_repo_build(built, tmp_path):
 def test_repo_of_the_build_takes_the_option_too(built, tmp_path):
     _, out, folder = built
     other = llmapi_folder(tmp_path / "other")
-    result = cli("repo", "--build", str(out), "--out", str(tmp_path / "repo"), "--llmapi-model", str(other / "1"))  # the version folder works too
+    result = cli(
+        "repo", "--build", str(out), "--out", str(tmp_path / "repo"), "--llmapi-model", str(other / "1")
+    )  # the version folder works too
     assert result.returncode == 0, (result.stdout, result.stderr)
     assert (tmp_path / "repo" / "tensorrt_llm" / "1" / "llmapi_model.txt").read_text().strip() == str(other)
 
@@ -88,8 +103,10 @@ def test_repo_of_a_recipe_records_the_given_model(tmp_path):
     assert not (tmp_path / "bare" / "tensorrt_llm" / "1" / "llmapi_model.txt").exists()
 
 
-@pytest.mark.parametrize("command", [("repo", "--recipe", "gpt-oss-120b/b300", "--out", "{out}"),
-                                     ("build", "--gpu", "b300", "--model", "gpt-oss-120b", "--dry-run")])
+@pytest.mark.parametrize(
+    "command",
+    [("repo", "--recipe", "gpt-oss-120b/b300", "--out", "{out}"), ("build", "--gpu", "b300", "--model", "gpt-oss-120b", "--dry-run")],
+)
 def test_a_missing_or_incomplete_folder_is_refused_in_one_line_naming_the_clone(tmp_path, command):
     args = [a.format(out=tmp_path / "repo") for a in command]
     line = one_error_line(cli(*args, "--llmapi-model", str(tmp_path / "nowhere")))

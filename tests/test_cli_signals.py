@@ -13,10 +13,9 @@ from rich.console import Console
 from support import one_error_line, run_cli
 from typer.testing import CliRunner
 
-from trtllm_dflash.testing.tiny import make_tiny_target
 from trtllm_dflash.cli.app import app
 from trtllm_dflash.cli.common import tau_hint
-
+from trtllm_dflash.testing.tiny import make_tiny_target
 
 # ----------------------------------------------------------------------------- train-drafter
 
@@ -29,8 +28,18 @@ def tiny_training(tmp_path_factory):
     return target, root / "data.txt"
 
 
-OPTIONS = dict(layers=1, block_size=4, steps=7, lr=2e-3, batch_size=4, seq_len=32, anchors=4, checkpoint_every=5,
-               max_sequences=16, cache_features=False)
+OPTIONS = dict(
+    layers=1,
+    block_size=4,
+    steps=7,
+    lr=2e-3,
+    batch_size=4,
+    seq_len=32,
+    anchors=4,
+    checkpoint_every=5,
+    max_sequences=16,
+    cache_features=False,
+)
 
 
 def test_the_progress_shows_the_numbers_the_final_line_reports(tiny_training, tmp_path):
@@ -38,8 +47,10 @@ def test_the_progress_shows_the_numbers_the_final_line_reports(tiny_training, tm
 
     target, data = tiny_training
     shown: list[dict] = []
-    summary = train_drafter(TrainDrafterOptions(target=target, data=[data], out=tmp_path / "d", **OPTIONS),
-                            lambda phase, done, total, metrics: shown.append(metrics) if phase == "train" else None)
+    summary = train_drafter(
+        TrainDrafterOptions(target=target, data=[data], out=tmp_path / "d", **OPTIONS),
+        lambda phase, done, total, metrics: shown.append(metrics) if phase == "train" else None,
+    )
     final = summary["final"]
     assert (final["first_step"], final["step"]) == (6, 7)  # the steps since the last checkpoint
     last = shown[-1]  # what the bar shows at the end
@@ -75,8 +86,9 @@ def test_tau_one_gets_a_hint_and_a_drafter_that_works_does_not():
 def test_generate_prints_the_hint_under_a_tau_of_one(monkeypatch, tmp_path):
     from trtllm_dflash import backends
 
-    out = SimpleNamespace(text=" x", token_ids=[5, 6, 7], mean_acceptance_length=1.0, num_target_forwards=3,
-                          tokens_per_second=10.0, finish_reason="length")
+    out = SimpleNamespace(
+        text=" x", token_ids=[5, 6, 7], mean_acceptance_length=1.0, num_target_forwards=3, tokens_per_second=10.0, finish_reason="length"
+    )
     pipe = SimpleNamespace(speculative=True, generate=lambda prompts, **kwargs: [out])
     monkeypatch.setattr(backends, "get_backend", lambda name: SimpleNamespace(open_pipeline=lambda *a, **k: pipe))
     result = CliRunner().invoke(app, ["generate", "--target", str(tmp_path), "--drafter", str(tmp_path), "--prompt", "hi"])
@@ -144,10 +156,15 @@ def test_help_shows_no_bool_metavar_and_keeps_the_value_types():
     assert "<int>" in build_help and "--native-only" in build_help
 
 
-@pytest.mark.parametrize("command", [
-    ["recipes", "list"], ["plan", "--model", "gpt-oss-120b", "--gpu", "b300"], ["plan", "--model", "qwen3-8b", "--gpu", "h100"],
-    ["doctor"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["recipes", "list"],
+        ["plan", "--model", "gpt-oss-120b", "--gpu", "b300"],
+        ["plan", "--model", "qwen3-8b", "--gpu", "h100"],
+        ["doctor"],
+    ],
+)
 def test_tables_fit_80_columns_with_nothing_cut(command):
     result = run_cli(*command, columns=80)
     assert result.returncode == 0, result.stderr
@@ -169,16 +186,44 @@ def test_recipes_list_shows_every_value_whole_at_80_columns():
 
 
 def _report(single: float, one_user_ratio: float) -> dict:
-    row = {"concurrency": 1, "requests": 4, "ar": {"throughput": 100.0, "per_user_tokens_per_second": 100.0},
-           "dflash": {"throughput": 100.0 * one_user_ratio, "per_user_tokens_per_second": 95.0, "tau": 2.5},
-           "speedup": one_user_ratio, "identical_outputs": 4}
-    summary = {"ar_tokens_per_second": 100.0, "dflash_tokens_per_second": 100.0 * single, "speedup": single, "tau": 2.65,
-               "tau_ideal_speedup": None, "ar_step_ms": None, "draft_ms": None, "verify_ms": None, "lossless": True,
-               "mismatched_prompts": 0, "tau_histogram": {"1": 3, "2": 4}}
-    block = {"block_size": 8, "tau": 2.65, "tokens_per_second": 100.0 * single, "speedup": single, "tau_ideal_speedup": None,
-             "draft_ms": None, "verify_ms": None, "lossless": True}
-    return {"system": {"backend": "triton", "device": "server"}, "summary": summary, "block_sizes": [block], "concurrency": [row],
-            "settings": {"prompts": 4, "repeats": 1, "max_new_tokens": 64, "block_size": 8}}
+    row = {
+        "concurrency": 1,
+        "requests": 4,
+        "ar": {"throughput": 100.0, "per_user_tokens_per_second": 100.0},
+        "dflash": {"throughput": 100.0 * one_user_ratio, "per_user_tokens_per_second": 95.0, "tau": 2.5},
+        "speedup": one_user_ratio,
+        "identical_outputs": 4,
+    }
+    summary = {
+        "ar_tokens_per_second": 100.0,
+        "dflash_tokens_per_second": 100.0 * single,
+        "speedup": single,
+        "tau": 2.65,
+        "tau_ideal_speedup": None,
+        "ar_step_ms": None,
+        "draft_ms": None,
+        "verify_ms": None,
+        "lossless": True,
+        "mismatched_prompts": 0,
+        "tau_histogram": {"1": 3, "2": 4},
+    }
+    block = {
+        "block_size": 8,
+        "tau": 2.65,
+        "tokens_per_second": 100.0 * single,
+        "speedup": single,
+        "tau_ideal_speedup": None,
+        "draft_ms": None,
+        "verify_ms": None,
+        "lossless": True,
+    }
+    return {
+        "system": {"backend": "triton", "device": "server"},
+        "summary": summary,
+        "block_sizes": [block],
+        "concurrency": [row],
+        "settings": {"prompts": 4, "repeats": 1, "max_new_tokens": 64, "block_size": 8},
+    }
 
 
 def test_the_bench_tables_say_which_number_a_single_user_sees():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from trtllm_dflash.config import DrafterConfig, default_target_layer_ids
-from trtllm_dflash.errors import CheckpointError
 from trtllm_dflash.contracts.draft_window import DraftWindow
+from trtllm_dflash.errors import CheckpointError
 
 QWEN3_8B_B16 = {
     "architectures": ["DFlashDraftModel"],

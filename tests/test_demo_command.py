@@ -22,8 +22,15 @@ def test_demo_runs_every_stage_and_reports_tau_and_speedup(tmp_path, demo_build)
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-4000:]
 
-    for shown in ("$ dflash-trt doctor", "$ dflash-trt plan --model demo", "$ dflash-trt build --model demo",
-                  "$ dflash-trt repo", "$ dflash-trt serve", "$ dflash-trt generate --url", "$ dflash-trt bench --url"):
+    for shown in (
+        "$ dflash-trt doctor",
+        "$ dflash-trt plan --model demo",
+        "$ dflash-trt build --model demo",
+        "$ dflash-trt repo",
+        "$ dflash-trt serve",
+        "$ dflash-trt generate --url",
+        "$ dflash-trt bench --url",
+    ):
         assert shown in log, shown
     manifest = json.loads((out / "build" / "manifest.json").read_text())
     assert manifest["stages"]["engines"]["status"] == "complete"  # real TensorRT-RTX engines, built ahead of time
@@ -35,4 +42,6 @@ def test_demo_runs_every_stage_and_reports_tau_and_speedup(tmp_path, demo_build)
     assert 1.0 < report["tau"] <= block and report["speedup"] > 0
     assert f"mean acceptance length tau: {report['tau']:.2f}" in log
     assert "greedy outputs identical to autoregressive: yes" in log
-    assert f"the speedup a single user sees (served, one request at a time, interleaved with autoregressive): {report['speedup']:.2f}x" in log
+    assert (
+        f"the speedup a single user sees (served, one request at a time, interleaved with autoregressive): {report['speedup']:.2f}x" in log
+    )

@@ -10,18 +10,17 @@ import json
 import pytest
 import torch
 from safetensors import safe_open
+from support import SMALL_VOCAB, chi2_pvalue, exact_distribution, hf_greedy, sample_speculatively
 
 from trtllm_dflash import DFlashPipeline
 from trtllm_dflash.checkpoints import load_drafter, load_target, save_drafter
 from trtllm_dflash.config import DrafterConfig
-from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.drafters.dflash2.modeling import DFlash2Drafter
+from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.ops import reference_dflash2
 from trtllm_dflash.runtime.base import SamplingTensors
 from trtllm_dflash.testing.tiny import make_tiny_target, make_tiny_v2_drafter, perturb_v2, tiny_drafter_config
-
-from support import SMALL_VOCAB, chi2_pvalue, exact_distribution, hf_greedy, sample_speculatively
 
 NEW_TOKENS = 16
 
@@ -45,7 +44,9 @@ def test_the_published_layout_loads_with_its_shapes(tmp_path, dense_target):
     raw = json.loads((drafter_dir / "config.json").read_text())
     assert raw["architectures"] == ["DFlash2DraftModel"]
     assert {k: raw["dflash_config"][k] for k in ("conv_kernel_size", "conv_group_size", "is_causal")} == {
-        "conv_kernel_size": 2, "conv_group_size": 16, "is_causal": False,
+        "conv_kernel_size": 2,
+        "conv_group_size": 16,
+        "is_causal": False,
     }
     with safe_open(str(drafter_dir / "model.safetensors"), "pt") as f:
         shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
@@ -74,7 +75,7 @@ def _edit_config(drafter_dir, edit) -> None:
         (lambda raw: raw["dflash_config"].pop("mask_token_id"), "without mask_token_id"),
         (lambda raw: raw["dflash_config"].update(conv_group_size=24), "do not fit hidden_size 64"),
         (lambda raw: raw["dflash_config"].update(block_size=17), "blocks are 2..16"),
-        (lambda raw: raw.update(architectures=["DFlashDraftModel"]), "set architectures to [\"DFlash2DraftModel\"]"),
+        (lambda raw: raw.update(architectures=["DFlashDraftModel"]), 'set architectures to ["DFlash2DraftModel"]'),
     ],
     ids=["causal", "no-mask", "group", "block", "v2-weights-v1-config"],
 )
@@ -160,9 +161,7 @@ def _one_step_drafts(target_dir, drafter, temperature: float) -> torch.Tensor:
     out = runtime.target_forward(slice(0, 2), tokens, torch.zeros(2, dtype=torch.long), 6)
     block = torch.full((2, drafter.config.block_size), drafter.config.mask_token_id)
     block[:, 0] = torch.tensor([21, 33])
-    sampling = SamplingTensors(
-        torch.full((2,), temperature), torch.zeros(2, dtype=torch.long), torch.ones(2), torch.tensor([7, 8])
-    )
+    sampling = SamplingTensors(torch.full((2,), temperature), torch.zeros(2, dtype=torch.long), torch.ones(2), torch.tensor([7, 8]))
     return runtime.propose(slice(0, 2), block, out.features, lengths, torch.zeros(2, dtype=torch.long), sampling).tokens
 
 

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 
 from trtllm_dflash.builder import traffic
 from trtllm_dflash.catalog.models import MODELS
-from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.planning import plan_deployment
 
 # Published safetensors payloads (81 tensors each) and the size of a header naming those 81 tensors.

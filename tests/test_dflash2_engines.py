@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trtllm_dflash.builder.export import Bounds, export_drafter, export_pair
+from trtllm_dflash.builder.export import Bounds, export_pair
 from trtllm_dflash.checkpoints import load_drafter, load_target, save_drafter
 from trtllm_dflash.contracts import names
 from trtllm_dflash.drafters.dflash2.graph import HEAD_SCORES, native_conv, selector_scores
@@ -163,7 +163,10 @@ def test_the_plugin_variant_runs_v2_through_its_plugin_nodes(tmp_path):
     export_pair(target.model, load_drafter(drafter_dir, target), tmp_path / "export", "fp16", BOUNDS, variants=("plugin",))
     graph = onnx.load(str(tmp_path / "export" / "plugin" / "drafter.onnx"))
     assert {n.op_type for n in graph.graph.node if n.domain == "dflash"} >= {
-        "DFlash2GroupedConv", "DFlash2TopKPartials", "DFlash2TopKMerge", "DFlash2CandidateSelect",
+        "DFlash2GroupedConv",
+        "DFlash2TopKPartials",
+        "DFlash2TopKMerge",
+        "DFlash2CandidateSelect",
     }
     graphs = OnnxRuntime(tmp_path / "export", "plugin")
     reference = _reference({"target": DEMO_DIR / "target", "drafter": drafter_dir})
@@ -186,8 +189,12 @@ def test_tensorrt_rtx_builds_the_v2_drafter_engine(exported, tmp_path):
     info = json.loads((exported["export"] / "graphs.json").read_text())["variants"]["native"]["drafter"]
     flavour = engines.load_flavour("tensorrt-rtx")
     built = engines.build_engine(
-        flavour, exported["export"] / "native" / "drafter.onnx", tmp_path / "drafter.engine", info,
-        engines.profiles("drafter", BOUNDS), (12, 0),
+        flavour,
+        exported["export"] / "native" / "drafter.onnx",
+        tmp_path / "drafter.engine",
+        info,
+        engines.profiles("drafter", BOUNDS),
+        (12, 0),
     )
     assert built["bytes"] == (tmp_path / "drafter.engine").stat().st_size > 0
 

@@ -39,8 +39,16 @@ def test_selector_on_the_gpu():
     z = torch.randn(batch, steps, rank, generator=g).bfloat16().cuda()
     predecessor = (torch.randn(vocab, rank, generator=g) * 0.2).bfloat16().cuda()
     successor = (torch.randn(vocab, rank, generator=g) * 0.2).bfloat16().cuda()
-    args = (unary, z, torch.tensor([1, 2, 3, 4]).cuda(), predecessor, successor, torch.tensor([0.0, 1.0, 0.7, 0.0]).cuda(),
-            torch.tensor([5, 6, 7, 8]).cuda(), (torch.arange(batch * steps).view(batch, steps) + 100).cuda())
+    args = (
+        unary,
+        z,
+        torch.tensor([1, 2, 3, 4]).cuda(),
+        predecessor,
+        successor,
+        torch.tensor([0.0, 1.0, 0.7, 0.0]).cuda(),
+        torch.tensor([5, 6, 7, 8]).cuda(),
+        (torch.arange(batch * steps).view(batch, steps) + 100).cuda(),
+    )
     tokens, cand, probs = dflash2_launch.candidate_select(*args, 16)
     want_tokens, want_cand, want_probs = reference_dflash2.candidate_select(*args, 16)
     assert torch.equal(cand, want_cand)

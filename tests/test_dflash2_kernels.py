@@ -17,11 +17,11 @@ from onnx.reference import ReferenceEvaluator
 
 pytest.importorskip("triton")
 
-from trtllm_dflash.errors import DFlashError  # noqa: E402
-from trtllm_dflash.plugins import dflash2_nodes, kernel_audit, onnx_nodes, tensorrt_plugins  # noqa: E402
 from trtllm_dflash import ops
+from trtllm_dflash.errors import DFlashError  # noqa: E402
 from trtllm_dflash.ops import reference_dflash2
 from trtllm_dflash.ops.kernels import dflash2_launch  # noqa: E402
+from trtllm_dflash.plugins import dflash2_nodes, kernel_audit, onnx_nodes, tensorrt_plugins  # noqa: E402
 
 CHUNK, TILE = 256, 128  # small selection chunks, so tiny vocabularies span several
 
@@ -172,8 +172,9 @@ def single_node_model(spec, inputs, outputs, **attributes) -> onnx.ModelProto:
     def info(name, x):
         return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(x.numpy().dtype), list(x.shape))
 
-    graph = helper.make_graph([node], spec.op_type, [info(n, x) for n, x in zip(spec.inputs, inputs)],
-                              [info(n, x) for n, x in zip(spec.outputs, outputs)])
+    graph = helper.make_graph(
+        [node], spec.op_type, [info(n, x) for n, x in zip(spec.inputs, inputs)], [info(n, x) for n, x in zip(spec.outputs, outputs)]
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(onnx_nodes.DOMAIN, 1)])
     onnx.checker.check_model(model)
     return model
@@ -202,7 +203,9 @@ def test_nodes_evaluate_like_the_reference_and_the_kernels():
     np.testing.assert_array_equal(ids, kernel_ids.numpy())
     merge_inputs = [torch.from_numpy(values), torch.from_numpy(ids)]
     want_cand = reference_dflash2.candidates(unary, 16)
-    cand, cand_unary = evaluate(single_node_model(dflash2_nodes.TOPK_MERGE, merge_inputs, [want_cand, unary.gather(-1, want_cand)], top_k=16), merge_inputs)
+    cand, cand_unary = evaluate(
+        single_node_model(dflash2_nodes.TOPK_MERGE, merge_inputs, [want_cand, unary.gather(-1, want_cand)], top_k=16), merge_inputs
+    )
     np.testing.assert_array_equal(cand, want_cand.numpy())
     walk_inputs = [torch.from_numpy(cand), torch.from_numpy(cand_unary), *args[1:]]
     tokens, probs = reference_dflash2.candidate_select(*args, 16)[::2]
@@ -216,14 +219,22 @@ def test_torch_export_emits_the_v2_nodes(monkeypatch):
         def forward(self, x, delta, base, residual, unary, z, anchor, predecessor, successor, temperature, seed, positions):
             mixed = torch.ops.dflash.grouped_dynamic_conv(x, delta, base)
             stream = torch.ops.dflash.grouped_dynamic_conv(mixed, delta, base, residual)
-            tokens, cand, probs = torch.ops.dflash.candidate_select(unary, z, anchor, predecessor, successor, temperature, seed, positions, 16)
+            tokens, cand, probs = torch.ops.dflash.candidate_select(
+                unary, z, anchor, predecessor, successor, temperature, seed, positions, 16
+            )
             return stream, tokens, cand, probs
 
     args = (*conv_inputs(seed=9, residual=True), *select_inputs(seed=9, vocab=300))
-    program = torch.onnx.export(DraftStep().eval(), args, dynamo=True, custom_translation_table=onnx_nodes.custom_translation_table(), verbose=False)
+    program = torch.onnx.export(
+        DraftStep().eval(), args, dynamo=True, custom_translation_table=onnx_nodes.custom_translation_table(), verbose=False
+    )
     model = program.model_proto
     assert [n.op_type for n in model.graph.node if n.domain == "dflash"] == [
-        "DFlash2GroupedConv", "DFlash2GroupedConv", "DFlash2TopKPartials", "DFlash2TopKMerge", "DFlash2CandidateSelect",
+        "DFlash2GroupedConv",
+        "DFlash2GroupedConv",
+        "DFlash2TopKPartials",
+        "DFlash2TopKMerge",
+        "DFlash2CandidateSelect",
     ]
     outputs = evaluate(model, list(args))
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # compare with the kernels
@@ -247,4 +258,6 @@ def test_launch_plans_pick_audited_variants():
     partials = tensorrt_plugins.plan_launch("DFlash2TopKPartials", dict(unary=(4, 15, 151936)), dict(unary="bfloat16"), dict(top_k=16))
     assert {conv.variant, select.variant, partials.variant} <= audited
     with pytest.raises(DFlashError, match="successor is float32, expected bfloat16"):
-        tensorrt_plugins.plan_launch("DFlash2CandidateSelect", dict(cand=(4, 15, 16), z=(4, 15, 256)), dict(z="bfloat16", successor="float32"), {})
+        tensorrt_plugins.plan_launch(
+            "DFlash2CandidateSelect", dict(cand=(4, 15, 16), z=(4, 15, 256)), dict(z="bfloat16", successor="float32"), {}
+        )

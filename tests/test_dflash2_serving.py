@@ -10,7 +10,6 @@ import json
 import pytest
 from support import cli, triton_server, write_repository
 
-
 PROMPTS = ["def fibonacci(n):", "import os\nfor name in"]
 MAX_TOKENS = 16
 
@@ -52,8 +51,25 @@ def test_v2_drafter_spec_counts_every_stored_parameter(v2_pair):
 def test_bench_reports_tau_and_speedup_for_a_v2_pair(v2_pair, tmp_path):
     target, drafter = v2_pair
     out = tmp_path / "bench"
-    cli("bench", "--target", target, "--drafter", drafter, "--prompts", "stdlib", "--num-prompts", "2", "-n", "12",
-        "--block-sizes", "2,4", "--concurrency", "1", "--out", str(out))
+    cli(
+        "bench",
+        "--target",
+        target,
+        "--drafter",
+        drafter,
+        "--prompts",
+        "stdlib",
+        "--num-prompts",
+        "2",
+        "-n",
+        "12",
+        "--block-sizes",
+        "2,4",
+        "--concurrency",
+        "1",
+        "--out",
+        str(out),
+    )
     s = json.loads((out / "bench.json").read_text())["summary"]
     assert s["lossless"] is True and s["mismatched_prompts"] == 0
     assert 1.0 <= s["tau"] <= 4

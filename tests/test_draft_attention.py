@@ -27,14 +27,30 @@ def test_the_plan_equals_the_op_per_run_and_appends_the_same_context():
 
     plan = DraftAttentionPlan.make(cache_lens, new_counts, n, block, slots, torch.float64)
     assert [(rows, held, hi) for rows, held, hi, _ in plan.runs] == [
-        (slice(0, 2), slice(0, 2), 15 + block), (slice(2, 3), slice(4, 5), 20 + block), (slice(3, 4), slice(2, 3), 5 + block)
+        (slice(0, 2), slice(0, 2), 15 + block),
+        (slice(2, 3), slice(4, 5), 20 + block),
+        (slice(3, 4), slice(2, 3), 5 + block),
     ]
     got = plan.attend(q, k, v, k_ctx, v_ctx, planned, 0.3)
-    want = torch.cat([
-        ops.block_attention(q[rows], k[rows], v[rows], k_ctx[rows], v_ctx[rows], new_counts[rows], reference.keys[held],
-                            reference.values[held], cache_lens[rows], 0.3, 0, 0)
-        for rows, held in slots.runs()
-    ])
+    want = torch.cat(
+        [
+            ops.block_attention(
+                q[rows],
+                k[rows],
+                v[rows],
+                k_ctx[rows],
+                v_ctx[rows],
+                new_counts[rows],
+                reference.keys[held],
+                reference.values[held],
+                cache_lens[rows],
+                0.3,
+                0,
+                0,
+            )
+            for rows, held in slots.runs()
+        ]
+    )
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     for r, slot in enumerate(slots.ids):  # the context as the op appends it; nothing before it, nor other slots, touched
         context = int(cache_lens[r] + new_counts[r])

@@ -13,9 +13,9 @@ from support import rms, rope
 
 from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.config import DrafterConfig
+from trtllm_dflash.contracts.draft_window import DraftWindow
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.modeling.kv_cache import StaticKVCache
-from trtllm_dflash.contracts.draft_window import DraftWindow
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 from trtllm_dflash.training.objective import make_block_batch
 
@@ -69,9 +69,20 @@ def naive_block(drafter: DFlashDrafter, ctx_features: torch.Tensor, block_embeds
 def _random_drafter(layer_types=(), window=None, seed=0, **options) -> DFlashDrafter:
     torch.manual_seed(seed)
     config = DrafterConfig(
-        hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=8, num_target_layers=6, target_layer_ids=(1, 3), mask_token_id=0, block_size=4,
-        rope_theta=10000.0, layer_types=tuple(layer_types), sliding_window=window, **options,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_target_layers=6,
+        target_layer_ids=(1, 3),
+        mask_token_id=0,
+        block_size=4,
+        rope_theta=10000.0,
+        layer_types=tuple(layer_types),
+        sliding_window=window,
+        **options,
     )
     drafter = DFlashDrafter(config).double()
     with torch.no_grad():  # non-trivial norm weights so a skipped norm is visible
@@ -131,13 +142,16 @@ def test_training_forward_equals_decoding_step(variant):
     anchors = torch.tensor([[3, 7, 9]])
     windows = drafter.config.attentions
     batch = make_block_batch(
-        input_ids, anchors, torch.ones_like(input_ids), 4, mask_token_id=0, windows=windows,
+        input_ids,
+        anchors,
+        torch.ones_like(input_ids),
+        4,
+        mask_token_id=0,
+        windows=windows,
         history=drafter.config.history,
     )
     embeds = embedding(batch.block_tokens)
-    hidden = drafter.forward_train(
-        embeds, batch.block_positions, features, torch.arange(S).view(1, -1), batch.masks
-    ).view(3, 4, -1)
+    hidden = drafter.forward_train(embeds, batch.block_positions, features, torch.arange(S).view(1, -1), batch.masks).view(3, 4, -1)
     for j, anchor in enumerate(anchors[0].tolist()):
         expected = naive_block(drafter, features[0, :anchor], embeds.view(3, 4, -1)[j])
         torch.testing.assert_close(hidden[j], expected, rtol=1e-6, atol=1e-6)

@@ -20,9 +20,9 @@ from safetensors.torch import load_file, save_file
 from trtllm_dflash import DFlashPipeline
 from trtllm_dflash.checkpoints import load_drafter, load_target, save_drafter
 from trtllm_dflash.config import DrafterConfig
+from trtllm_dflash.contracts.draft_window import DraftWindow
 from trtllm_dflash.errors import CheckpointError, CompatibilityError
 from trtllm_dflash.modeling.drafter import DFlashDrafter
-from trtllm_dflash.contracts.draft_window import DraftWindow
 from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target, tiny_drafter_config
 
 NEW_TOKENS = 24

@@ -7,18 +7,17 @@ import dataclasses
 
 import pytest
 import torch
+from support import hf_greedy
 
 from trtllm_dflash import DFlashPipeline
 from trtllm_dflash.catalog.drafters_dflash2 import V2_DRAFTERS
 from trtllm_dflash.catalog.models import MODELS
 from trtllm_dflash.checkpoints import load_drafter, load_target
-from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target, make_tiny_v2_drafter
 from trtllm_dflash.config import V2_DEFAULTS
 from trtllm_dflash.contracts.drafter_kinds import DFLASH, DFLASH2
 from trtllm_dflash.drafters import DRAFTER_KINDS, DrafterKind, kind_of
 from trtllm_dflash.errors import DFlashError
-
-from support import hf_greedy
+from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target, make_tiny_v2_drafter
 
 # One tiny drafter writer per kind: a new kind adds its writer here and runs every test below.
 WRITERS = {DFLASH: make_tiny_drafter, DFLASH2: make_tiny_v2_drafter}
@@ -38,8 +37,11 @@ def test_an_unknown_kind_is_refused_in_one_line():
 
 def test_catalog_drafters_name_their_kind():
     assert {spec.kind for spec in V2_DRAFTERS.values()} == {DFLASH2}
-    assert all(kind_of(spec.drafter) is DRAFTER_KINDS[DFLASH] for spec in MODELS.values()
-               if spec.drafter is not None and not spec.drafter.conv_kernel_size)
+    assert all(
+        kind_of(spec.drafter) is DRAFTER_KINDS[DFLASH]
+        for spec in MODELS.values()
+        if spec.drafter is not None and not spec.drafter.conv_kernel_size
+    )
 
 
 @pytest.fixture(scope="module")

@@ -96,7 +96,10 @@ def test_reference_decoders_cover_every_code():
     assert ref_e2m1(torch.arange(16)).tolist() == list(E2M1_VALUES)
     raw = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
     assert torch.equal(ref_e4m3(raw), raw.view(torch.float8_e4m3fn).double())
-    assert ref_e4m3(torch.tensor([0x7E], dtype=torch.uint8)).item() == 448.0 and ref_e4m3(torch.tensor([1], dtype=torch.uint8)).item() == 2.0**-9
+    assert (
+        ref_e4m3(torch.tensor([0x7E], dtype=torch.uint8)).item() == 448.0
+        and ref_e4m3(torch.tensor([1], dtype=torch.uint8)).item() == 2.0**-9
+    )
 
 
 # ----------------------------------------------------------------------------- the writers against ModelOpt's packing
@@ -200,7 +203,10 @@ def modelopt_fp8_dir(tmp_path_factory, trained_pair) -> Path:
 
     import modelopt.torch.quantization as mtq
     from modelopt.torch.export.quant_utils import (
-        get_activation_scaling_factor, get_quantization_format, get_weight_scaling_factor, to_quantized_weight,
+        get_activation_scaling_factor,
+        get_quantization_format,
+        get_weight_scaling_factor,
+        to_quantized_weight,
     )
 
     config = copy.deepcopy(mtq.FP8_DEFAULT_CFG)
@@ -265,8 +271,11 @@ def test_quantized_drafter_is_dequantized_exactly(quantized_dirs, trained_pair, 
     assert set(got) == set(expected)
     for name, tensor in expected.items():
         assert torch.equal(got[name], tensor), name
-    quantized = [n for n, t in load_file(str(path / "model.safetensors")).items() if t.dtype in (torch.uint8, torch.float8_e4m3fn)
-                 and n.endswith(".weight")]
+    quantized = [
+        n
+        for n, t in load_file(str(path / "model.safetensors")).items()
+        if t.dtype in (torch.uint8, torch.float8_e4m3fn) and n.endswith(".weight")
+    ]
     assert len(quantized) == 2 * len(MODELOPT_QUANTIZED_LINEARS)
     # the fused decoding path (one q/k/v matmul over the context rows and the block) reads the same weights
     target = load_target(target_dir)
@@ -288,7 +297,8 @@ def test_loader_matches_modelopts_dequantize(build_nvfp4_dir):
     packed = state[f"{module}.weight"]
     shape = (packed.shape[0], packed.shape[1] * 2)
     theirs = NVFP4QTensor(torch.Size(shape), torch.float32, packed).dequantize(
-        dtype=torch.float32, scale=state[f"{module}.weight_scale"], double_scale=state[f"{module}.weight_scale_2"], block_sizes={-1: 16})
+        dtype=torch.float32, scale=state[f"{module}.weight_scale"], double_scale=state[f"{module}.weight_scale_2"], block_sizes={-1: 16}
+    )
     ours = got[f"{module}.weight"]
     assert bool(((ours - theirs).abs() <= torch.finfo(torch.float32).eps * ours.abs()).all())
 
@@ -306,8 +316,10 @@ def test_quantized_drafters_decode_the_targets_output(quantized_dirs, trained_pa
     report = validate.drafter_acceptance(target.model, drafters, prompts, NEW_TOKENS)
     assert report["outputs_equal_target"]
     with capsys.disabled():
-        print("\n  tau on the cycle pair (4 prompts, %d new tokens, float64): " % NEW_TOKENS
-              + ", ".join(f"{name} {tau:.2f}" for name, tau in report["tau"].items()))
+        print(
+            "\n  tau on the cycle pair (4 prompts, %d new tokens, float64): " % NEW_TOKENS
+            + ", ".join(f"{name} {tau:.2f}" for name, tau in report["tau"].items())
+        )
     tau = report["tau"]
     assert tau["unquantized"] > 4  # the drafter really drafts
     for name in quantized_dirs:

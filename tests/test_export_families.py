@@ -98,8 +98,13 @@ def test_gemma4_graph_has_per_layer_caches_and_none_for_shared_layers(exported):
     runtime = OnnxRuntime(paths["export"], "native", drafter=False)
     runtime.allocate(2, 16)
     layers = runtime.target_cache.layers
-    assert [tuple(l.keys.shape[2:]) if l.keys is not None else None for l in layers] == [
-        (2, 16), (2, 16), (1, 32), (2, 16), None, None,
+    assert [tuple(layer.keys.shape[2:]) if layer.keys is not None else None for layer in layers] == [
+        (2, 16),
+        (2, 16),
+        (1, 32),
+        (2, 16),
+        None,
+        None,
     ]
 
 
@@ -113,8 +118,12 @@ def test_tensorrt_rtx_builds_the_family_target_engine(exported, family, tmp_path
     info = json.loads((export_dir / "graphs.json").read_text())
     flavour = engines.load_flavour("tensorrt-rtx")
     built = engines.build_engine(
-        flavour, export_dir / "native" / "target.onnx", tmp_path / "target.engine", info["variants"]["native"]["target"],
-        engines.profiles("target", BOUNDS), (12, 0),
+        flavour,
+        export_dir / "native" / "target.onnx",
+        tmp_path / "target.engine",
+        info["variants"]["native"]["target"],
+        engines.profiles("target", BOUNDS),
+        (12, 0),
     )
     engine = tmp_path / "target.engine"
     assert built["bytes"] == engine.stat().st_size
@@ -132,7 +141,10 @@ def test_hybrid_and_mla_targets_are_refused_at_export_with_one_line(family, tmp_
     message = str(error.value)
     assert "\n" not in message and message.endswith("use backend: trtllm or torch")
     if family in HYBRID_FAMILIES:
-        assert message == f"{config.model_type} has Gated DeltaNet linear-attention layers; our engines keep no recurrent state; use backend: trtllm or torch"
+        assert message == (
+            f"{config.model_type} has Gated DeltaNet linear-attention layers; "
+            "our engines keep no recurrent state; use backend: trtllm or torch"
+        )
     else:
         assert message.startswith("deepseek_v3 has multi-head latent attention (MLA)")
     assert not (tmp_path / "target.onnx").exists()

@@ -96,8 +96,12 @@ def base_venv(tmp_path_factory) -> Path:
 def test_base_install_commands_name_the_missing_extra(base_venv, tmp_path):
     python = str(base_venv / "bin" / "python")
     for module in ("triton", "onnx", "onnxscript", "pytriton", "tritonclient"):
-        found = subprocess.run([python, "-c", f"import importlib.util as u; print(u.find_spec('{module}') is not None)"],
-                               capture_output=True, text=True, check=True).stdout.strip()
+        found = subprocess.run(
+            [python, "-c", f"import importlib.util as u; print(u.find_spec('{module}') is not None)"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         assert found == "False", f"{module} is installed in the base venv"
     cli = str(base_venv / "bin" / "dflash-trt")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}

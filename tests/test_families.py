@@ -255,8 +255,14 @@ def test_closed_form_block_equals_transformers_recurrent_kernel_at_every_positio
     state = initial
     for t in range(length):
         expected, state = hf.recurrent(
-            query[:, t : t + 1], key[:, t : t + 1], value[:, t : t + 1], g=g[:, t : t + 1], beta=beta[:, t : t + 1],
-            initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True,
+            query[:, t : t + 1],
+            key[:, t : t + 1],
+            value[:, t : t + 1],
+            g=g[:, t : t + 1],
+            beta=beta[:, t : t + 1],
+            initial_state=state,
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
         )
         torch.testing.assert_close(out[:, t], expected[:, 0])
         kept = torch.full((batch,), t + 1)

@@ -7,7 +7,14 @@ import torch
 
 from trtllm_dflash.hf_compat import transformers_mxfp4_dequantize
 from trtllm_dflash.modeling.fp4 import (
-    E2M1_VALUES, decode_e2m1, dequantize_mxfp4, encode_e2m1, expert_weight_layout, pack_codes, quantize_mxfp4, unpack_codes,
+    E2M1_VALUES,
+    decode_e2m1,
+    dequantize_mxfp4,
+    encode_e2m1,
+    expert_weight_layout,
+    pack_codes,
+    quantize_mxfp4,
+    unpack_codes,
 )
 
 

@@ -99,8 +99,7 @@ def test_a_connection_that_sends_nothing_is_closed(slow_front):
 
 
 def test_a_body_that_trickles_in_gets_408_and_a_close(slow_front):
-    head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 1000\r\n\r\n{\"model\": ")
+    head = b'POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"model": '
     with _connect(slow_front) as sock:
         answer, closed = _trickle(sock, head)
     assert closed < TIMEOUT + 2, f"the slow body was not cut off (after {closed} s)"
@@ -113,7 +112,9 @@ def test_a_body_that_trickles_in_gets_408_and_a_close(slow_front):
 def test_the_rest_of_a_refused_body_is_bounded_too(monkeypatch):
     """Refused before its body is read (401 here), a request whose body trickles on is still cut off."""
     with front_end(monkeypatch, read_timeout=TIMEOUT, api_key="k") as front, _connect(front) as sock:
-        answer, closed = _trickle(sock, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{")
+        answer, closed = _trickle(
+            sock, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"
+        )
     assert answer.startswith(b"HTTP/1.1 401 ")
     assert closed < TIMEOUT + 2, f"the body after the answer was not cut off (after {closed} s)"
 
@@ -167,14 +168,22 @@ def test_health_answers_503_fast_while_triton_is_not_there(monkeypatch, triton):
 def test_a_compressed_body_gets_415_naming_the_encoding(monkeypatch, encoding):
     payload = json.dumps({"model": "dflash", "prompt": "hi"}).encode()
     with front_end(monkeypatch) as front:
-        response = httpx.post(front.url + "/completions", content=gzip.compress(payload), timeout=10,
-                              headers={"Content-Type": "application/json", "Content-Encoding": encoding})
+        response = httpx.post(
+            front.url + "/completions",
+            content=gzip.compress(payload),
+            timeout=10,
+            headers={"Content-Type": "application/json", "Content-Encoding": encoding},
+        )
         assert response.status_code == 415
         error = response.json()["error"]
         assert error["code"] == "unsupported_content_encoding"
         assert f"Content-Encoding: {encoding} is not supported" in error["message"] and "uncompressed" in error["message"]
-        plain = httpx.post(front.url + "/completions", content=payload, timeout=10,  # identity passes the gate
-                           headers={"Content-Type": "application/json", "Content-Encoding": "identity"})
+        plain = httpx.post(
+            front.url + "/completions",
+            content=payload,
+            timeout=10,  # identity passes the gate
+            headers={"Content-Type": "application/json", "Content-Encoding": "identity"},
+        )
         assert plain.status_code == 404 and plain.json()["error"]["code"] == "model_not_found"
 
 
@@ -186,8 +195,10 @@ def test_a_model_that_is_a_broken_link_is_named_as_one(tmp_path, command):
     loop, dangling = tmp_path / "loop", tmp_path / "dangling"
     os.symlink(loop.name, loop)
     os.symlink(tmp_path / "gone", dangling)
-    for model, problem in ((loop, f"--model {loop} is a symbolic link loop"),
-                           (dangling, f"--model {dangling} is a symbolic link to {tmp_path / 'gone'}, which does not exist")):
+    for model, problem in (
+        (loop, f"--model {loop} is a symbolic link loop"),
+        (dangling, f"--model {dangling} is a symbolic link to {tmp_path / 'gone'}, which does not exist"),
+    ):
         out = [] if command[0] == "plan" else ["--out", str(tmp_path / "out")]
         result = CliRunner().invoke(app, [*command, "--model", str(model), *out])
         assert result.exit_code != 0
@@ -205,8 +216,7 @@ def test_an_unsupported_value_is_refused_naming_the_value_that_is_accepted():
     info = ModelInfo("dflash", None, 512, 256, 16, True, 0)
     text = CompletionRequest(model="dflash", prompt="hi", response_format={"type": "text"})
     assert frontend.sampling(text, info).max_new_tokens == 16  # accepted: it asks for nothing this server lacks
-    for extra, accepted in (({"top_logprobs": 5}, "or send 0"),
-                            ({"logit_bias": {"5": 3}}, None)):
+    for extra, accepted in (({"top_logprobs": 5}, "or send 0"), ({"logit_bias": {"5": 3}}, None)):
         with pytest.raises(OpenAIError) as refused:
             frontend.sampling(CompletionRequest(model="dflash", prompt="hi", **extra), info)
         assert "leave it out" in str(refused.value.message) and (accepted is None or accepted in refused.value.message)
@@ -233,6 +243,10 @@ def test_without_a_key_a_foreign_host_or_a_non_json_body_is_refused(monkeypatch)
             assert refused.status_code == 415 and refused.json()["error"]["code"] == "unsupported_media_type", kind
         assert httpx.post(url, content=payload, headers={"Content-Type": "application/json; charset=utf-8"}, timeout=10).status_code == 404
     with front_end(monkeypatch, api_key="k") as keyed:  # a key is what guards it: any Host may carry one
-        answer = httpx.post(keyed.url + "/completions", content=payload, timeout=10,
-                            headers={"Content-Type": "application/json", "Host": "attacker.example", "Authorization": "Bearer k"})
+        answer = httpx.post(
+            keyed.url + "/completions",
+            content=payload,
+            timeout=10,
+            headers={"Content-Type": "application/json", "Host": "attacker.example", "Authorization": "Bearer k"},
+        )
         assert answer.status_code == 404

@@ -30,7 +30,9 @@ def test_compiled_kernels_match_the_torch_ops(monkeypatch, dtype):
     g = torch.Generator(device="cuda").manual_seed(1)
     x, delta = (torch.randn(3, 16, 4096, device="cuda", generator=g).to(dtype) for _ in range(2))
     weight = (1 + 0.1 * torch.randn(4096, device="cuda", generator=g)).to(dtype)
-    for ours, ref in zip(fused_ops.add_rms_norm(x, delta, weight, 1e-6), _reference(monkeypatch, lambda: fused_ops.add_rms_norm(x, delta, weight, 1e-6))):
+    for ours, ref in zip(
+        fused_ops.add_rms_norm(x, delta, weight, 1e-6), _reference(monkeypatch, lambda: fused_ops.add_rms_norm(x, delta, weight, 1e-6))
+    ):
         assert relative_error(ours, ref) < tolerance
     qkv = torch.randn(3, 16, 48 * 128, device="cuda", generator=g).to(dtype)
     angles = torch.rand(3, 16, 64, device="cuda", generator=g) * 6
@@ -56,8 +58,11 @@ def test_the_fused_gpu_pass_decodes_like_the_unfused_one(graphs):
     target, drafter = gpu_step.make_models(gpu_step.TINY, torch.device("cuda"), torch.float32)
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 500, (n,), generator=g).tolist() for n in (9, 40, 23)]
-    params = [SamplingParams(max_new_tokens=48), SamplingParams(max_new_tokens=48, temperature=0.8, top_k=20, seed=5),
-              SamplingParams(max_new_tokens=30, temperature=1.0, top_p=0.9, seed=6)]
+    params = [
+        SamplingParams(max_new_tokens=48),
+        SamplingParams(max_new_tokens=48, temperature=0.8, top_k=20, seed=5),
+        SamplingParams(max_new_tokens=30, temperature=1.0, top_p=0.9, seed=6),
+    ]
     fused = TorchRuntime(target, drafter, attention="dflash", cuda_graphs=graphs)
     ours = _decode(fused, prompts, params)
     assert fused.fused is not None

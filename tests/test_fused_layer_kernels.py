@@ -112,7 +112,9 @@ def test_the_drafter_step_with_the_kernels_matches_its_torch_arithmetic(monkeypa
     new_counts, cache_lens = torch.tensor([3, 2]), torch.tensor([5, 9])
 
     def draft():
-        cache = StaticKVCache(config.num_hidden_layers, 2, 40, config.num_key_value_heads, config.head_dim, torch.float32, torch.device("cpu"))
+        cache = StaticKVCache(
+            config.num_hidden_layers, 2, 40, config.num_key_value_heads, config.head_dim, torch.float32, torch.device("cpu")
+        )
         for layer in cache.layers:
             layer.keys.copy_(torch.randn(layer.keys.shape, generator=torch.Generator().manual_seed(1)))
             layer.values.copy_(torch.randn(layer.values.shape, generator=torch.Generator().manual_seed(2)))

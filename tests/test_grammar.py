@@ -16,18 +16,22 @@ import torch
 from scipy.stats import chisquare
 
 from trtllm_dflash import DFlashPipeline, demo
-from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 from trtllm_dflash.checkpoints import load_target
 from trtllm_dflash.contracts.grammar_spec import GrammarSpec
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.ops import reference
 from trtllm_dflash.runtime.grammar import GrammarError, GrammarState
+from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 
 xgr = pytest.importorskip("xgrammar")
 
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "count": {"type": "integer"}},
-          "required": ["name", "count"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "count": {"type": "integer"}},
+    "required": ["name", "count"],
+    "additionalProperties": False,
+}
 PROMPTS = ["def fib(n):", "import os\n", "class Stack:", 'config = {"name": "demo", "count": 3}\nother = ']
 GRAMMARS = {
     "json_schema": GrammarSpec("json_schema", json.dumps(SCHEMA)),
@@ -92,23 +96,30 @@ def test_rows_without_a_grammar_decode_as_without_one(pipelines):
     decoder = dflash.decoder(3)
     params = SamplingParams(max_new_tokens=24, stop_token_ids=dflash.stop_token_ids)
     spec = GRAMMARS["regex"]
-    mixed = decoder.generate([
-        Request(dflash.encode(PROMPTS[0]), params),
-        Request(dflash.encode(PROMPTS[2]), SamplingParams(max_new_tokens=24, stop_token_ids=dflash.stop_token_ids, grammar=spec),
-                grammar=dflash.grammar_state(spec)),
-        Request(dflash.encode(PROMPTS[1]), params),
-    ])
+    mixed = decoder.generate(
+        [
+            Request(dflash.encode(PROMPTS[0]), params),
+            Request(
+                dflash.encode(PROMPTS[2]),
+                SamplingParams(max_new_tokens=24, stop_token_ids=dflash.stop_token_ids, grammar=spec),
+                grammar=dflash.grammar_state(spec),
+            ),
+            Request(dflash.encode(PROMPTS[1]), params),
+        ]
+    )
     assert [mixed[0].token_ids, mixed[2].token_ids] == [r.token_ids for r in free]
     assert mixed[1].token_ids == dflash.generate([PROMPTS[2]], max_new_tokens=24, grammar=spec)[0].token_ids
 
 
 def test_bad_grammars_and_combinations_are_refused_in_one_line(pipelines):
     dflash, _ = pipelines
-    for spec, words in [(GrammarSpec("json_schema", "{not json"), "json_schema grammar cannot be compiled"),
-                        (GrammarSpec("json_schema", '{"type": "objekt"}'), "json_schema grammar cannot be compiled"),
-                        (GrammarSpec("regex", "(unclosed"), "regex grammar cannot be compiled"),
-                        (GrammarSpec("choice", "[]"), "choice must be a non-empty list"),
-                        (GrammarSpec("yaml", "a: 1"), "kind 'yaml' is not one of")]:
+    for spec, words in [
+        (GrammarSpec("json_schema", "{not json"), "json_schema grammar cannot be compiled"),
+        (GrammarSpec("json_schema", '{"type": "objekt"}'), "json_schema grammar cannot be compiled"),
+        (GrammarSpec("regex", "(unclosed"), "regex grammar cannot be compiled"),
+        (GrammarSpec("choice", "[]"), "choice must be a non-empty list"),
+        (GrammarSpec("yaml", "a: 1"), "kind 'yaml' is not one of"),
+    ]:
         with pytest.raises(DFlashError, match=words):
             dflash.grammar_state(spec)
     with pytest.raises(DFlashError, match="ignore_eos cannot be combined with a grammar"):
@@ -169,8 +180,14 @@ def test_speculative_sampling_under_a_grammar_matches_the_masked_target(small_pa
     pipe = DFlashPipeline.load(target_dir, drafter_dir, max_context=16)
     decoder = Decoder(pipe.runtime, max_batch=SAMPLES, max_context=16)
     spec = GrammarSpec("regex", REGEX)
-    requests = [Request(PROMPT, SamplingParams(max_new_tokens=3, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                                                grammar=spec), grammar=letters_grammar()) for seed in range(SAMPLES)]
+    requests = [
+        Request(
+            PROMPT,
+            SamplingParams(max_new_tokens=3, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, grammar=spec),
+            grammar=letters_grammar(),
+        )
+        for seed in range(SAMPLES)
+    ]
     results = decoder.generate(requests)
     assert 0 < sum(max(r.acceptance_lengths) > 1 for r in results) < SAMPLES  # drafts accepted and rejected
     samples = [tuple(r.token_ids) for r in results]

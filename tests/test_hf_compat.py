@@ -48,9 +48,7 @@ def test_cache_argument_routes_our_cache_through_the_model():
         ours = RaggedHFCache(storage)
         ours.bind(slice(0, 1), positions, 7)
         mask = torch.ones(7, 7, dtype=torch.bool).tril().view(1, 1, 7, 7)
-        out = hf_compat.forward_with_cache(
-            decoder, ours, input_ids=tokens, position_ids=positions, attention_mask=mask, use_cache=True
-        )
+        out = hf_compat.forward_with_cache(decoder, ours, input_ids=tokens, position_ids=positions, attention_mask=mask, use_cache=True)
     torch.testing.assert_close(out.last_hidden_state, reference.last_hidden_state)
     assert all(layer.keys is not None for layer in storage.layers)  # every layer wrote through _RaggedLayer.update
     torch.testing.assert_close(storage.layers[0].keys[0, :7].transpose(0, 1), reference_keys(reference, 0))
@@ -72,7 +70,8 @@ def test_linear_attention_layers_receive_our_cache():
     for index, module in modules.items():
         original = module.forward
         module.forward = lambda hidden_states, attention_mask=None, _o=original, **kwargs: (
-            received.append(hf_compat.linear_attention_cache(kwargs)), _o(hidden_states, attention_mask=attention_mask, **kwargs)
+            received.append(hf_compat.linear_attention_cache(kwargs)),
+            _o(hidden_states, attention_mask=attention_mask, **kwargs),
         )[1]
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
@@ -163,7 +162,9 @@ def test_qwen3_blocks_compute_what_the_drafter_assumes():
     mlp = hf_compat.Qwen3MLP(config)
     torch.testing.assert_close(
         mlp(x.new_ones(2, config.hidden_size)),
-        mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(x.new_ones(2, config.hidden_size))) * mlp.up_proj(x.new_ones(2, config.hidden_size))),
+        mlp.down_proj(
+            torch.nn.functional.silu(mlp.gate_proj(x.new_ones(2, config.hidden_size))) * mlp.up_proj(x.new_ones(2, config.hidden_size))
+        ),
     )
     cos, sin = hf_compat.Qwen3RotaryEmbedding(config)(x, torch.arange(5).view(1, -1))
     assert cos.shape == sin.shape == (1, 5, config.head_dim)
@@ -198,7 +199,9 @@ def test_chat_templates_compile_through_the_routed_compiler(monkeypatch):
 
 @pytest.mark.parametrize("module", ["trtllm_dflash", "plugins", "cli", "tests", "benchmarks"])
 def test_no_transformers_internals_outside_the_compat_module(module):
-    pattern = re.compile(r"transformers\.(cache_utils|integrations|models\.|utils\.chat_template_utils)|\._(attn|experts)_implementation\b|\.cache_params\b")
+    pattern = re.compile(
+        r"transformers\.(cache_utils|integrations|models\.|utils\.chat_template_utils)|\._(attn|experts)_implementation\b|\.cache_params\b"
+    )
     offenders = []
     for path in (ROOT / module).rglob("*.py"):
         if path.name in {"hf_compat.py", "test_hf_compat.py"}:

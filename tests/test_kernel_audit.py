@@ -19,9 +19,9 @@ import pytest
 
 pytest.importorskip("triton")
 
+from trtllm_dflash.ops.kernels import launch  # noqa: E402
 from trtllm_dflash.plugins import aot, kernel_audit  # noqa: E402
 from trtllm_dflash.plugins.aot_variants import TORCH_TO_TRITON  # noqa: E402
-from trtllm_dflash.ops.kernels import launch  # noqa: E402
 
 ARCHES = ("sm_90a", "sm_100a")
 
@@ -37,9 +37,11 @@ def test_every_variant_fits_and_streams_on_hopper_and_blackwell(kernel_audit_rep
     assert not bad, f"{len(bad)} of {len(reports)} kernels would fail or crawl on the GPU:\n{table}"
     # what the audit saw, for the CI log
     sixteen = [r for r in reports if r.sixteen_bit]
-    print(f"\n{len(reports)} kernels: max shared {max(r.shared for r in reports if r.path == 'aot')} B (aot), "
-          f"{max(r.shared for r in reports)} B (jit); 16-bit: {len(sixteen)}, max {max(r.registers for r in sixteen)} registers, "
-          f"0 spills; 16-byte loads in every streaming kernel")
+    print(
+        f"\n{len(reports)} kernels: max shared {max(r.shared for r in reports if r.path == 'aot')} B (aot), "
+        f"{max(r.shared for r in reports)} B (jit); 16-bit: {len(sixteen)}, max {max(r.registers for r in sixteen)} registers, "
+        f"0 spills; 16-byte loads in every streaming kernel"
+    )
 
 
 def test_the_tile_estimate_bounds_what_the_compiler_allocates(kernel_audit_reports):
@@ -48,7 +50,12 @@ def test_the_tile_estimate_bounds_what_the_compiler_allocates(kernel_audit_repor
     variants = {(arch, v.label): v for arch in ARCHES for v in kernel_audit.jit_variants(aot.ARCHES[arch])}
     torch_dtype = {triton: torch for torch, triton in TORCH_TO_TRITON.items()}
     for r in kernel_audit_reports:
-        if r.function not in ("block_attention_kernel", "block_attention_split_kernel", "target_attention_kernel", "target_attention_split_kernel"):
+        if r.function not in (
+            "block_attention_kernel",
+            "block_attention_split_kernel",
+            "target_attention_kernel",
+            "target_attention_split_kernel",
+        ):
             continue
         c = dict(variants[(r.arch, r.label)].constexprs)
         dtype = torch_dtype[r.data_dtype]
@@ -74,9 +81,22 @@ def test_the_audit_fails_kernels_compiled_without_alignment_hints(monkeypatch):
 
 def test_problems_name_each_limit():
     base = kernel_audit.KernelReport(
-        label="k", node="n", function="target_attention_kernel", arch="sm_90a", path="aot", data_dtype="bf16", num_warps=8,
-        num_stages=1, shared=49152, shared_limit=49152, registers=165, spill_stores=0, spill_loads=0,
-        vector_loads_16b=12, cp_async_16b=0, narrow_loads=0,
+        label="k",
+        node="n",
+        function="target_attention_kernel",
+        arch="sm_90a",
+        path="aot",
+        data_dtype="bf16",
+        num_warps=8,
+        num_stages=1,
+        shared=49152,
+        shared_limit=49152,
+        registers=165,
+        spill_stores=0,
+        spill_loads=0,
+        vector_loads_16b=12,
+        cp_async_16b=0,
+        narrow_loads=0,
     )
     assert base.problems() == []
     assert kernel_audit.shared_limit(aot.ARCHES["sm_90a"], "aot") == 48 * 1024
@@ -88,8 +108,12 @@ def test_problems_name_each_limit():
     assert dataclasses.replace(base, narrow_loads=3).problems() == ["3 global loads narrower than 4 bytes"]
     commit = dataclasses.replace(base, function="verify_commit_kernel", vector_loads_16b=0, narrow_loads=4, exempt="small")
     assert commit.problems() == []
-    exempt = {v.label: kernel_audit.streaming_exemption(v) for v in aot.kernel_variants(head_dims=(128,), dtypes=("bfloat16",), groups=(4,))}
-    assert {label for label, why in exempt.items() if why} == {label for label in exempt if "vocab_divisible0" in label or label.startswith("verify_commit")}
+    exempt = {
+        v.label: kernel_audit.streaming_exemption(v) for v in aot.kernel_variants(head_dims=(128,), dtypes=("bfloat16",), groups=(4,))
+    }
+    assert {label for label, why in exempt.items() if why} == {
+        label for label in exempt if "vocab_divisible0" in label or label.startswith("verify_commit")
+    }
 
 
 def test_load_widths_read_ptx_vector_and_scalar_loads():

@@ -11,7 +11,9 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 
 
 def test_docs_table_is_the_computed_one():
-    assert kernel_model.markdown_table() in DOCS.read_text(), "regenerate the table: python -c 'from trtllm_dflash.bench import kernel_model; print(kernel_model.markdown_table())'"
+    assert kernel_model.markdown_table() in DOCS.read_text(), (
+        "regenerate the table: python -c 'from trtllm_dflash.bench import kernel_model; print(kernel_model.markdown_table())'"
+    )
 
 
 def test_small_batches_split_the_kv_and_fill_the_gpu():

@@ -187,9 +187,11 @@ def test_draft_length_schedule_shortens_blocks_as_rows_join_and_stays_lossless(t
 
     # sampling, drafts of length 0 only: exactly the autoregressive sampler (same seed, same RNG streams)
     sampled = Decoder(pipe.runtime, max_batch=3, max_context=256, draft_len_schedule={1: 0}).generate(
-        [Request(p, SamplingParams(max_new_tokens=20, temperature=1.0, seed=5)) for p in prompts])
+        [Request(p, SamplingParams(max_new_tokens=20, temperature=1.0, seed=5)) for p in prompts]
+    )
     ar = DFlashPipeline.load(target_dir, None, dtype=torch.float64).generate(
-        prompts, max_new_tokens=20, temperature=1.0, seed=5, stop_token_ids=())
+        prompts, max_new_tokens=20, temperature=1.0, seed=5, stop_token_ids=()
+    )
     assert [r.token_ids for r in sampled] == [r.token_ids for r in ar]
 
     with pytest.raises(DFlashError, match="drafts more than block size"):

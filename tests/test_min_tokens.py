@@ -78,8 +78,13 @@ def client(demo_triton):
 
 
 def _complete(client, model: str = "dflash", **extra):
-    answer = client.completions.create(model=model, prompt=PROMPT, max_tokens=N, extra_body=extra,
-                                       **{"temperature": 0, **{k: extra.pop(k) for k in ("temperature", "seed", "stop") if k in extra}})
+    answer = client.completions.create(
+        model=model,
+        prompt=PROMPT,
+        max_tokens=N,
+        extra_body=extra,
+        **{"temperature": 0, **{k: extra.pop(k) for k in ("temperature", "seed", "stop") if k in extra}},
+    )
     return answer.choices[0].text, answer.usage.completion_tokens, answer.choices[0].finish_reason
 
 
@@ -106,8 +111,14 @@ def test_served_sampled_min_tokens_and_ignore_eos(client):
 
 @pytest.mark.parametrize(
     ("extra", "param"),
-    [({"repetition_penalty": 1.2}, "repetition_penalty"), ({"logprobs": 0}, "logprobs"), ({"min_p": 0.1}, "min_p"),
-     ({"frobnicate": 1}, "frobnicate"), ({"min_tokens": N + 1}, "min_tokens"), ({"ignore_eos": 1}, "ignore_eos")],
+    [
+        ({"repetition_penalty": 1.2}, "repetition_penalty"),
+        ({"logprobs": 0}, "logprobs"),
+        ({"min_p": 0.1}, "min_p"),
+        ({"frobnicate": 1}, "frobnicate"),
+        ({"min_tokens": N + 1}, "min_tokens"),
+        ({"ignore_eos": 1}, "ignore_eos"),
+    ],
 )
 def test_served_ignored_fields_are_refused_by_name(client, extra, param):
     with pytest.raises(openai.BadRequestError) as caught:

@@ -35,10 +35,8 @@ def transformers_dequantized(path, dtype):
 
 def greedy(model, prompt: list[int]) -> list[int]:
     with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
-        )
-    return out[0, len(prompt):].tolist()
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+    return out[0, len(prompt) :].tolist()
 
 
 def test_checkpoint_is_in_the_published_layout(mxfp4_target):
@@ -100,10 +98,14 @@ def _rewrite(source, dest, edit):
     "edit, message",
     [
         (lambda s: s.pop("model.layers.2.mlp.experts.down_proj_scales"), "has no model.layers.2.mlp.experts.down_proj_scales"),
-        (lambda s: s.update({"model.layers.1.mlp.experts.gate_up_proj_blocks": torch.zeros(4, 128, 2, 8, dtype=torch.uint8)}),
-         r"gate_up_proj_blocks is U8 \[4, 128, 2, 8\], config.json implies U8 \[4, 128, 2, 16\]"),
-        (lambda s: s.update({"model.layers.0.mlp.experts.down_proj_scales": torch.zeros(4, 64, 2, dtype=torch.float32)}),
-         r"down_proj_scales is F32"),
+        (
+            lambda s: s.update({"model.layers.1.mlp.experts.gate_up_proj_blocks": torch.zeros(4, 128, 2, 8, dtype=torch.uint8)}),
+            r"gate_up_proj_blocks is U8 \[4, 128, 2, 8\], config.json implies U8 \[4, 128, 2, 16\]",
+        ),
+        (
+            lambda s: s.update({"model.layers.0.mlp.experts.down_proj_scales": torch.zeros(4, 64, 2, dtype=torch.float32)}),
+            r"down_proj_scales is F32",
+        ),
     ],
     ids=["missing-scales", "wrong-shape", "wrong-dtype"],
 )

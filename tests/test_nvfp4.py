@@ -19,7 +19,9 @@ from trtllm_dflash.modeling.fp4 import dequantize_mxfp4, dequantize_nvfp4, quant
 pytest.importorskip("modelopt", reason="needs nvidia-modelopt (pip install 'trtllm-dflash[quant]')")
 from trtllm_dflash.builder.nvfp4 import mxfp4_to_nvfp4  # noqa: E402
 
-NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU: the NVFP4 steps run here (tests/test_nvfp4_gpu.py)")
+NO_CUDA = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="this machine has a CUDA GPU: the NVFP4 steps run here (tests/test_nvfp4_gpu.py)"
+)
 HAVE_DEMO = (DEMO_DIR / "target" / "config.json").is_file()
 
 
@@ -80,7 +82,10 @@ def build(*args: str) -> subprocess.CompletedProcess:
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "1000"}
     return subprocess.run(
         [sys.executable, "-c", "from trtllm_dflash.cli.app import main; main()", "build", *args],
-        capture_output=True, text=True, env=environment, timeout=300,
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=300,
     )
 
 
@@ -101,8 +106,9 @@ def refusal_line(result: subprocess.CompletedProcess, out: Path) -> str:
 @pytest.mark.skipif(not HAVE_DEMO, reason="the embedded demo pair is not installed")
 def test_dense_nvfp4_ptq_refuses_in_one_line(tmp_path):
     out = tmp_path / "out"
-    result = build("--model", str(DEMO_DIR / "target"), "--drafter", str(DEMO_DIR / "drafter"), "--gpu", "b200",
-                   "--quant", "nvfp4", "--out", str(out))
+    result = build(
+        "--model", str(DEMO_DIR / "target"), "--drafter", str(DEMO_DIR / "drafter"), "--gpu", "b200", "--quant", "nvfp4", "--out", str(out)
+    )
     line = refusal_line(result, out)
     assert "NVFP4 PTQ of the target needs a CUDA GPU" in line and "H100" in line
 

@@ -36,7 +36,9 @@ def test_demo_target_exports_the_layout_tensorrt_llm_loads(tmp_path):
     from trtllm_dflash.recipes.precision import Precision
     from trtllm_dflash.recipes.schema import CalibrationSection
 
-    summary = quantize_target(DEMO_DIR / "target", tmp_path / "target", Precision("nvfp4", kv_cache="fp8"), CalibrationSection(num_samples=8, max_seq_len=64))
+    summary = quantize_target(
+        DEMO_DIR / "target", tmp_path / "target", Precision("nvfp4", kv_cache="fp8"), CalibrationSection(num_samples=8, max_seq_len=64)
+    )
     layout = summary["layout"]
     assert layout["quant_algo"] == "NVFP4" and layout["kv_cache_quant_algo"] == "FP8"
     tensors = layout["tensors"]
@@ -53,7 +55,9 @@ def test_drafter_nvfp4_keeps_fc_in_bf16(tmp_path):
     from trtllm_dflash.builder.quantize_drafter import quantize_drafter
     from trtllm_dflash.recipes.schema import CalibrationSection
 
-    summary = quantize_drafter(DEMO_DIR / "drafter", DEMO_DIR / "target", tmp_path / "drafter", CalibrationSection(num_samples=4, max_seq_len=64))
+    summary = quantize_drafter(
+        DEMO_DIR / "drafter", DEMO_DIR / "target", tmp_path / "drafter", CalibrationSection(num_samples=4, max_seq_len=64)
+    )
     assert summary["quantized_linears"] > 0
     with safe_open(tmp_path / "drafter" / "model.safetensors", framework="pt") as handle:
         assert handle.get_tensor("fc.weight").dtype == torch.bfloat16

@@ -18,9 +18,8 @@ from typing import Iterator
 
 import httpx
 import pytest
-from typer.testing import CliRunner
-
 from support import cli, triton_server, write_repository
+from typer.testing import CliRunner
 
 from trtllm_dflash.cli.app import app
 
@@ -30,8 +29,6 @@ openai = pytest.importorskip("openai")
 MAX_CONTEXT = 1024
 MAX_TOKENS = 1000
 PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self, item):", "import os\nfor name in", "x = [i * i for i in"]
-
-
 
 
 @pytest.fixture(scope="module")
@@ -115,10 +112,16 @@ def test_chat_greedy_equals_generate_chat_offline_streamed_or_not(client, chat_r
         tau = answer.usage.model_extra["dflash"]["mean_acceptance_length"]
         assert tau == pytest.approx(expected["mean_acceptance_length"], abs=1e-3) and tau >= 1.0
 
-        chunks = list(client.chat.completions.create(
-            model="dflash", messages=_user(prompt), max_completion_tokens=24, temperature=0, stream=True,
-            stream_options={"include_usage": True},
-        ))
+        chunks = list(
+            client.chat.completions.create(
+                model="dflash",
+                messages=_user(prompt),
+                max_completion_tokens=24,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         assert chunks[0].choices[0].delta.role == "assistant"
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert text == expected["text"]
@@ -146,8 +149,13 @@ def test_completions_equal_offline_generate(client, block_size):
 
 def test_template_kwargs_stop_and_seed(client, block_size):
     plain = client.chat.completions.create(model="dflash", messages=_user(PROMPTS[0]), max_tokens=4, temperature=0)
-    quiet = client.chat.completions.create(model="dflash", messages=_user(PROMPTS[0]), max_tokens=4, temperature=0,
-                                           extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    quiet = client.chat.completions.create(
+        model="dflash",
+        messages=_user(PROMPTS[0]),
+        max_tokens=4,
+        temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
     expected = offline([PROMPTS[0]], 4, block_size, "--chat", "--chat-template-kwargs", '{"enable_thinking": false}')[0]
     assert quiet.usage.prompt_tokens == expected["num_prompt_tokens"] > plain.usage.prompt_tokens
     assert quiet.choices[0].message.content == expected["text"]
@@ -157,8 +165,14 @@ def test_template_kwargs_stop_and_seed(client, block_size):
     cut = client.completions.create(model="dflash", prompt=PROMPTS[0], max_tokens=32, temperature=0, stop=[stop])
     assert cut.choices[0].text == text[: text.find(stop)] and cut.choices[0].finish_reason == "stop"
 
-    sampled = [client.completions.create(model="dflash", prompt=PROMPTS[1], max_tokens=16, temperature=0.8, top_p=0.95, seed=7,
-                                         extra_body={"top_k": 50}).choices[0].text for _ in range(2)]
+    sampled = [
+        client.completions.create(
+            model="dflash", prompt=PROMPTS[1], max_tokens=16, temperature=0.8, top_p=0.95, seed=7, extra_body={"top_k": 50}
+        )
+        .choices[0]
+        .text
+        for _ in range(2)
+    ]
     reference = offline([PROMPTS[1]], 16, block_size, "--temperature", "0.8", "--top-p", "0.95", "--top-k", "50", "--seed", "7")[0]
     assert sampled == [reference["text"]] * 2
 
@@ -169,10 +183,16 @@ def test_overlapping_stops_give_dflash_the_target_s_text_and_usage(client):
     short stop), in text and in completion_tokens, for dflash and ar alike, streamed or not."""
     for prompt in PROMPTS[:3]:
         text = client.completions.create(model="ar", prompt=prompt, max_tokens=32, temperature=0).choices[0].text
-        at = next(i for i in range(1, len(text) - 8) if text[i + 2 : i + 4].strip() and text.find(text[i + 2 : i + 4]) == i + 2
-                  and text.find(text[i : i + 8]) == i)
+        at = next(
+            i
+            for i in range(1, len(text) - 8)
+            if text[i + 2 : i + 4].strip() and text.find(text[i + 2 : i + 4]) == i + 2 and text.find(text[i : i + 8]) == i
+        )
         stops = [text[at : at + 8], text[at + 2 : at + 4]]
-        answers = {name: client.completions.create(model=name, prompt=prompt, max_tokens=32, temperature=0, stop=stops) for name in ("dflash", "ar")}
+        answers = {
+            name: client.completions.create(model=name, prompt=prompt, max_tokens=32, temperature=0, stop=stops)
+            for name in ("dflash", "ar")
+        }
         assert {a.choices[0].text for a in answers.values()} == {text[: at + 2]}, (prompt, stops)
         assert answers["dflash"].usage.completion_tokens == answers["ar"].usage.completion_tokens
         stream = client.completions.create(model="dflash", prompt=prompt, max_tokens=32, temperature=0, stop=stops, stream=True)
@@ -183,7 +203,9 @@ def test_sixteen_concurrent_streaming_chats_complete_correctly(triton, front, ch
     before = _metrics(triton)
 
     async def one(client, i: int) -> str:
-        stream = await client.chat.completions.create(model="dflash", messages=_user(PROMPTS[i % 4]), max_tokens=24, temperature=0, stream=True)
+        stream = await client.chat.completions.create(
+            model="dflash", messages=_user(PROMPTS[i % 4]), max_tokens=24, temperature=0, stream=True
+        )
         return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
 
     async def main() -> list[str]:
@@ -306,8 +328,11 @@ def test_streaming_clients_that_leave_before_their_first_token_cost_no_prefill(t
     host, port = front.url.split("//")[1].split("/")[0].split(":")
     for _ in range(20):
         with socket.create_connection((host, int(port)), timeout=10) as sock:
-            sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                         f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            sock.sendall(
+                f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
     _wait_idle(triton, front)
     time.sleep(1.0)  # a request that did reach the model would be decoding by now
     _wait_idle(triton, front)
@@ -356,8 +381,23 @@ def test_openai_command_refuses_an_unreachable_triton():
 
 def test_bench_openai_url_sweeps_concurrency_with_latency_percentiles(front, tmp_path):
     out = tmp_path / "bench"
-    output = cli("bench", "--openai-url", front.url, "--model", "dflash,ar", "--prompts", "code", "--num-prompts", "3",
-                  "-n", "16", "--concurrency", "1,4", "--out", str(out))
+    output = cli(
+        "bench",
+        "--openai-url",
+        front.url,
+        "--model",
+        "dflash,ar",
+        "--prompts",
+        "code",
+        "--num-prompts",
+        "3",
+        "-n",
+        "16",
+        "--concurrency",
+        "1,4",
+        "--out",
+        str(out),
+    )
     report = json.loads((out / "bench.json").read_text())
     assert [(r["model"], r["concurrency"]) for r in report["rows"]] == [("dflash", 1), ("dflash", 4), ("ar", 1), ("ar", 4)]
     for row in report["rows"]:
@@ -407,11 +447,31 @@ def test_hostile_inputs_get_400s_that_name_the_field(front):
     completion = {"model": "dflash", "prompt": "def f(x):", "max_tokens": 2}
     chat = {"model": "dflash", "messages": _user("hi"), "max_tokens": 2}
     cases = [
-        ("temperature", "NaN"), ("temperature", "Infinity"), ("temperature", "-Infinity"), ("temperature", "2.5"), ("temperature", "true"),
-        ("top_p", "0"), ("top_p", "1.5"), ("top_p", "NaN"), ("top_k", "4294967297"), ("top_k", "-2"), ("top_k", "1.5"), ("top_k", "true"),
-        ("max_tokens", "true"), ("max_tokens", "0"), ("max_tokens", "2.5"), ("max_tokens", "4294967297"),
-        ("seed", str(2**32)), ("seed", str(2**63)), ("seed", "-1"), ("seed", "true"), ("seed", "1.5"),
-        ("stream", "1"), ("n", "true"), ("stop", json.dumps(["x"] * 17)), ("stop", json.dumps("x" * 257)),
+        ("temperature", "NaN"),
+        ("temperature", "Infinity"),
+        ("temperature", "-Infinity"),
+        ("temperature", "2.5"),
+        ("temperature", "true"),
+        ("top_p", "0"),
+        ("top_p", "1.5"),
+        ("top_p", "NaN"),
+        ("top_k", "4294967297"),
+        ("top_k", "-2"),
+        ("top_k", "1.5"),
+        ("top_k", "true"),
+        ("max_tokens", "true"),
+        ("max_tokens", "0"),
+        ("max_tokens", "2.5"),
+        ("max_tokens", "4294967297"),
+        ("seed", str(2**32)),
+        ("seed", str(2**63)),
+        ("seed", "-1"),
+        ("seed", "true"),
+        ("seed", "1.5"),
+        ("stream", "1"),
+        ("n", "true"),
+        ("stop", json.dumps(["x"] * 17)),
+        ("stop", json.dumps("x" * 257)),
     ]
     for field, value in cases:
         _error(post("completions", _raw_json(completion, field, value)), 400, field)
@@ -423,7 +483,12 @@ def test_hostile_inputs_get_400s_that_name_the_field(front):
     error = _error(post("completions", '{"model": "dflash", "prompt": ' + surrogate + "}"), 400, "prompt", "invalid_unicode")
     assert "surrogate" in error["message"]
     _error(post("completions", '{"model": "dflash", "prompt": ["a", ' + surrogate + "]}"), 400, "prompt", "invalid_unicode")
-    _error(post("chat/completions", '{"model": "dflash", "messages": [{"role": "user", "content": ' + surrogate + "}]}"), 400, "messages", "invalid_unicode")
+    _error(
+        post("chat/completions", '{"model": "dflash", "messages": [{"role": "user", "content": ' + surrogate + "}]}"),
+        400,
+        "messages",
+        "invalid_unicode",
+    )
     chat_part = '{"model": "dflash", "messages": [{"role": "user", "content": [{"type": "text", "text": ' + surrogate + "}]}]}"
     assert "messages[0].content[0].text" in _error(post("chat/completions", chat_part), 400, "messages", "invalid_unicode")["message"]
     _error(post("completions", '{"model": "dflash", "prompt": "hi", "stop": ' + surrogate + "}"), 400, "stop", "invalid_unicode")
@@ -432,10 +497,14 @@ def test_hostile_inputs_get_400s_that_name_the_field(front):
 
     # bodies that are not JSON, not UTF-8, not an object, or not JSON by their content type; wrong methods
     _error(post("completions", '{"model": "dflash", "prompt": "hi"'), 400)
-    invalid_utf8 = httpx.post(f"{base}/completions", content=b'{"model": "dflash", "prompt": "\xff\xfe"}', headers={"Content-Type": "application/json"})
+    invalid_utf8 = httpx.post(
+        f"{base}/completions", content=b'{"model": "dflash", "prompt": "\xff\xfe"}', headers={"Content-Type": "application/json"}
+    )
     _error(invalid_utf8, 400)
     _error(post("completions", "[1, 2]"), 400)
-    as_form = httpx.post(f"{base}/completions", content=b'{"model": "dflash", "prompt": "hi"}', headers={"Content-Type": "application/x-www-form-urlencoded"})
+    as_form = httpx.post(
+        f"{base}/completions", content=b'{"model": "dflash", "prompt": "hi"}', headers={"Content-Type": "application/x-www-form-urlencoded"}
+    )
     assert "Content-Type: application/json" in _error(as_form, 415, code="unsupported_media_type")["message"]  # what `curl -d` sends
     as_text = httpx.post(f"{base}/completions", content=b'{"model": "dflash", "prompt": "hi"}', headers={"Content-Type": "text/plain"})
     _error(as_text, 415, code="unsupported_media_type")  # what a web page may send without a CORS preflight
@@ -446,14 +515,23 @@ def test_hostile_inputs_get_400s_that_name_the_field(front):
     _error(httpx.delete(f"{base}/models"), 405)
 
     # the extremes of each range are served
-    for extreme in ({"temperature": 2, "seed": 2**32 - 1, "top_k": 2**31 - 1}, {"temperature": 0.5, "seed": 0, "top_p": 1e-30},
-                    {"temperature": 1.5, "top_k": -1, "stop": ["x"] * 16}):
+    for extreme in (
+        {"temperature": 2, "seed": 2**32 - 1, "top_k": 2**31 - 1},
+        {"temperature": 0.5, "seed": 0, "top_p": 1e-30},
+        {"temperature": 1.5, "top_k": -1, "stop": ["x"] * 16},
+    ):
         answer = httpx.post(f"{base}/completions", json={"model": "dflash", "prompt": "def f(x):", "max_tokens": 2, **extreme}, timeout=60)
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] >= 1, (extreme, answer.text)
     # a temperature too small for float32 logits / temperature to stay finite is greedy, not an empty "stop"
-    greedy = httpx.post(f"{base}/completions", json={"model": "dflash", "prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0}, timeout=60).json()
+    greedy = httpx.post(
+        f"{base}/completions", json={"model": "dflash", "prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0}, timeout=60
+    ).json()
     for tiny in (1e-40, 1e-38, 5e-324, 1e-6):
-        cold = httpx.post(f"{base}/completions", json={"model": "dflash", "prompt": PROMPTS[0], "max_tokens": 8, "temperature": tiny, "seed": 3}, timeout=60)
+        cold = httpx.post(
+            f"{base}/completions",
+            json={"model": "dflash", "prompt": PROMPTS[0], "max_tokens": 8, "temperature": tiny, "seed": 3},
+            timeout=60,
+        )
         assert cold.json()["choices"] == greedy["choices"], tiny
 
 
@@ -490,7 +568,10 @@ def test_prompts_too_long_by_their_characters_are_refused_without_tokenizing(fro
     for path, body in (("completions", {"prompt": "y" * 1_000_000}), ("chat/completions", {"messages": _user("y" * 1_000_000)})):
         # under the body limit, over what max_context tokens of text can hold: not tokenized
         refused = httpx.post(f"{base}/{path}", json={"model": "dflash", **body}, timeout=60)
-        assert "characters, more than 1024 tokens" in _error(refused, 400, "prompt" if path == "completions" else "messages", "context_length_exceeded")["message"]
+        assert (
+            "characters, more than 1024 tokens"
+            in _error(refused, 400, "prompt" if path == "completions" else "messages", "context_length_exceeded")["message"]
+        )
     assert tokenized == []
     ok = httpx.post(f"{base}/completions", json={"model": "dflash", "prompt": "def f(x):", "max_tokens": 2}, timeout=60)
     assert ok.status_code == 200 and tokenized  # the counter sees the prompts that are tokenized
@@ -520,7 +601,11 @@ def _events(lines) -> Iterator[dict | str]:
 def _until_text(events) -> None:
     """Read events until one carries generated text (the request is decoding)."""
     for event in events:
-        if isinstance(event, dict) and event["choices"] and (event["choices"][0].get("delta", {}).get("content") or event["choices"][0].get("text")):
+        if (
+            isinstance(event, dict)
+            and event["choices"]
+            and (event["choices"][0].get("delta", {}).get("content") or event["choices"][0].get("text"))
+        ):
             return
     raise AssertionError("the stream ended before any text")
 
@@ -533,8 +618,11 @@ def test_api_key_guards_every_route_but_health(triton, repo):
         base = front.url
         body = {"model": "dflash", "prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0}
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-key"}, {"Authorization": "Basic s3cret-key"}):
-            for response in (httpx.post(f"{base}/completions", json=body, headers=headers), httpx.get(f"{base}/models", headers=headers),
-                             httpx.get(f"{base}/nothing", headers=headers)):
+            for response in (
+                httpx.post(f"{base}/completions", json=body, headers=headers),
+                httpx.get(f"{base}/models", headers=headers),
+                httpx.get(f"{base}/nothing", headers=headers),
+            ):
                 assert _error(response, 401, code="invalid_api_key")["type"] == "invalid_request_error"
                 assert response.headers["www-authenticate"] == "Bearer"
         assert "didn't provide an API key" in httpx.get(f"{base}/models").json()["error"]["message"]
@@ -551,8 +639,9 @@ def test_exposure_warning_without_a_key_off_loopback(triton, repo, capfd):
     from trtllm_dflash.serving.openai.server import OpenAIServer, exposure_warning, is_loopback
     from trtllm_dflash.serving.server import free_port
 
-    assert [is_loopback(h) for h in ("127.0.0.1", "127.8.0.1", "::1", "[::1]", "localhost", "0.0.0.0", "::", "", "10.0.0.3", "example.com")] == \
-        [True] * 5 + [False] * 5
+    assert [
+        is_loopback(h) for h in ("127.0.0.1", "127.8.0.1", "::1", "[::1]", "localhost", "0.0.0.0", "::", "", "10.0.0.3", "example.com")
+    ] == [True] * 5 + [False] * 5
     assert exposure_warning("127.0.0.1", 8080, None) is None and exposure_warning("0.0.0.0", 8080, "k") is None
     line = exposure_warning("0.0.0.0", 8080, None)
     assert "anyone who can reach" in line and "DFLASH_API_KEY" in line and "--api-key" in line and "\n" not in line
@@ -580,11 +669,17 @@ def test_huge_bodies_are_refused_before_parsing(front, monkeypatch):
             yield b"x" * 100_000
         yield b'"}'
 
-    _error(httpx.post(f"{base}/completions", content=chunked(), headers={"Content-Type": "application/json"}, timeout=60), 413, code="request_too_large")
+    _error(
+        httpx.post(f"{base}/completions", content=chunked(), headers={"Content-Type": "application/json"}, timeout=60),
+        413,
+        code="request_too_large",
+    )
 
     host, port = base.removeprefix("http://").removesuffix("/v1").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:  # a declared 100 GB body: answered, never read
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100000000000\r\n\r\n{")
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100000000000\r\n\r\n{"
+        )
         reply = b""
         while not reply.endswith(b"}}"):  # the end of the JSON body (the connection stays open a while)
             chunk = sock.recv(65536)
@@ -649,7 +744,9 @@ def test_64_streams_with_a_third_dropped_leave_the_server_serving_right(triton, 
         # the streams that hang up ask for MAX_TOKENS: on a loaded machine a 24-token answer could end before
         # the hang-up reached the model, and nothing would be cancelled
         max_tokens = MAX_TOKENS if i % 3 == 0 else 24
-        stream = await client.chat.completions.create(model="dflash", messages=_user(PROMPTS[i % 4]), max_tokens=max_tokens, temperature=0, stream=True)
+        stream = await client.chat.completions.create(
+            model="dflash", messages=_user(PROMPTS[i % 4]), max_tokens=max_tokens, temperature=0, stream=True
+        )
         if i % 3 == 0:  # hang up after the first text
             async for chunk in stream:
                 if chunk.choices and chunk.choices[0].delta.content:
@@ -746,9 +843,25 @@ def test_openai_command_drains_on_sigterm_and_takes_the_key_flag_over_the_env(tr
     _wait_idle(triton)
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
-    command = [sys.executable, "-c", "from trtllm_dflash.cli.app import main; main()", "openai", "--triton-url", triton.endpoints.grpc,
-               "--repository", str(repo), "--port", str(port), "--api-key", "from-flag", "--drain-timeout", "120"]
-    process = subprocess.Popen(command, env={**os.environ, "DFLASH_API_KEY": "from-env"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    command = [
+        sys.executable,
+        "-c",
+        "from trtllm_dflash.cli.app import main; main()",
+        "openai",
+        "--triton-url",
+        triton.endpoints.grpc,
+        "--repository",
+        str(repo),
+        "--port",
+        str(port),
+        "--api-key",
+        "from-flag",
+        "--drain-timeout",
+        "120",
+    ]
+    process = subprocess.Popen(
+        command, env={**os.environ, "DFLASH_API_KEY": "from-env"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         deadline = time.monotonic() + 600  # readiness is awaited; the bound only catches a hang (a busy machine took over 180 s)
         while True:
@@ -783,12 +896,17 @@ def test_usage_reports_prompt_tokens_served_from_the_prefix_cache(client):
     """OpenAI's usage.prompt_tokens_details.cached_tokens: 0 for a new prefix, then the whole 64-token
     blocks of the prefix the earlier request stored (the repository's default prefix cache is on)."""
     system = "".join(f"def helper_{i}(value):\n    return value * {i} + {i * i}\n\n" for i in range(12))
-    answers = [client.completions.create(model="dflash", prompt=system + tail, max_tokens=8, temperature=0)
-               for tail in ("def main():", "class Worker:")]
+    answers = [
+        client.completions.create(model="dflash", prompt=system + tail, max_tokens=8, temperature=0)
+        for tail in ("def main():", "class Worker:")
+    ]
     cold, warm = (a.usage.prompt_tokens_details.cached_tokens for a in answers)
     assert cold == 0
     assert warm > 0 and warm % 64 == 0 and warm <= answers[1].usage.prompt_tokens - 1
-    streamed = list(client.completions.create(model="dflash", prompt=system + "def main():", max_tokens=8, temperature=0,
-                                              stream=True, stream_options={"include_usage": True}))
+    streamed = list(
+        client.completions.create(
+            model="dflash", prompt=system + "def main():", max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert streamed[-1].usage.prompt_tokens_details.cached_tokens >= warm
     assert "".join(c.choices[0].text for c in streamed if c.choices) == answers[0].choices[0].text  # restored, not changed

@@ -6,7 +6,6 @@ front end as deployed by default and one with `--allow-request-chat-template`.""
 
 from __future__ import annotations
 
-
 import pytest
 
 from trtllm_dflash.chat import RenderLimitError, apply_chat_template
@@ -15,10 +14,15 @@ from trtllm_dflash.serving.openai.frontend import DEFAULT_MAX_REQUEST_BYTES
 openai = pytest.importorskip("openai")
 
 SLOW = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}x"
-HUGE = ["{{ 'a' * 10000000 }}", "{{ 'a'|center(100000000) }}", "{{ range(99999)|join('a' * 1000) }}",
-        "{{ '%999999999s' % 'a' }}", "{{ ('a' * 1000).replace('', 'b' * 1000) }}",
-        "{% set ns = namespace(s='a') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
-        "{% for i in range(100000) %}{{ messages[0].content }}{% endfor %}"]
+HUGE = [
+    "{{ 'a' * 10000000 }}",
+    "{{ 'a'|center(100000000) }}",
+    "{{ range(99999)|join('a' * 1000) }}",
+    "{{ '%999999999s' % 'a' }}",
+    "{{ ('a' * 1000).replace('', 'b' * 1000) }}",
+    "{% set ns = namespace(s='a') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+    "{% for i in range(100000) %}{{ messages[0].content }}{% endfor %}",
+]
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +81,13 @@ def allowing(triton):
 
 
 def _chat(client, **kwargs):
-    return client.chat.completions.create(model="dflash", messages=[{"role": "user", "content": "def f(x):"}], max_tokens=8,
-                                          temperature=0, extra_body={"chat_template_kwargs": kwargs})
+    return client.chat.completions.create(
+        model="dflash",
+        messages=[{"role": "user", "content": "def f(x):"}],
+        max_tokens=8,
+        temperature=0,
+        extra_body={"chat_template_kwargs": kwargs},
+    )
 
 
 def _refused(client, **kwargs) -> dict:
@@ -87,7 +96,9 @@ def _refused(client, **kwargs) -> dict:
     return caught.value.body
 
 
-@pytest.mark.parametrize("key", ["chat_template", "tokenize", "add_generation_prompt", "tools", "continue_final_message", "messages", "return_dict"])
+@pytest.mark.parametrize(
+    "key", ["chat_template", "tokenize", "add_generation_prompt", "tools", "continue_final_message", "messages", "return_dict"]
+)
 def test_template_and_rendering_keys_refused_by_name(default, key):
     body = _refused(default, **{key: "{{ 'x' }}" if key == "chat_template" else True})
     assert body["param"] == "chat_template_kwargs" and f"chat_template_kwargs.{key}" in body["message"]

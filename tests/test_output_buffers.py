@@ -126,8 +126,7 @@ def _decode(tiny_qwen3, tiny_qwen3_drafter, buffers: OutputBuffers | None, role_
     g = torch.Generator().manual_seed(5)
     lengths, new_tokens = (9, 3, 14, 6, 11, 4, 8), (12, 7, 10, 15, 6, 9, 11)
     requests = [
-        Request(torch.randint(3, 100, (n,), generator=g).tolist(), SamplingParams(max_new_tokens=m))
-        for n, m in zip(lengths, new_tokens)
+        Request(torch.randint(3, 100, (n,), generator=g).tolist(), SamplingParams(max_new_tokens=m)) for n, m in zip(lengths, new_tokens)
     ]
     # prompts of many lengths arriving one per step, as at a server: each is admitted into free
     # rows while the others run, and also after rows finished

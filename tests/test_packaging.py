@@ -36,10 +36,14 @@ def test_wheel_contains_recipes_and_package_data(tmp_path):
     pytest.importorskip("setuptools")
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v", "-w", str(tmp_path), str(ROOT)],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     # nothing alarming: no deprecated license table, no data folder outside `packages`
-    warnings = [line for line in (built.stdout + built.stderr).splitlines() if "BackendWarning" in line or "is absent from the `packages`" in line]
+    warnings = [
+        line for line in (built.stdout + built.stderr).splitlines() if "BackendWarning" in line or "is absent from the `packages`" in line
+    ]
     assert not warnings, "\n".join(warnings)
     wheel = next(tmp_path.glob("trtllm_dflash-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()

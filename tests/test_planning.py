@@ -20,9 +20,9 @@ import sys
 
 import pytest
 
+from trtllm_dflash.catalog.models import MODELS
 from trtllm_dflash.errors import PlanRefusedError, UnknownNameError
 from trtllm_dflash.planning import cuda_graph_batch_sizes, kv_bytes_per_sequence, plan_deployment
-from trtllm_dflash.catalog.models import MODELS
 
 MIB, GIB = 1024**2, 1024**3
 
@@ -37,8 +37,9 @@ def test_qwen3_8b_fp8_on_one_h100():
     embed_and_head = 2 * 151936 * 4096  # BF16
     norms = 4096 + 36 * (2 * 4096 + 2 * 128)  # layer norms + q/k norms + final norm, BF16
     assert b.target_weights == linear * 1 + (embed_and_head + norms) * 2 == 9_435_703_296
-    drafter = 5 * (4096 * 4096 + 2 * 4096 * 1024 + 4096 * 4096 + 3 * 4096 * 12288 + 2 * 4096 + 2 * 128) \
-        + 5 * 4096 * 4096 + 2 * 4096  # + fc (5 taps) + hidden_norm + norm
+    drafter = (
+        5 * (4096 * 4096 + 2 * 4096 * 1024 + 4096 * 4096 + 3 * 4096 * 12288 + 2 * 4096 + 2 * 128) + 5 * 4096 * 4096 + 2 * 4096
+    )  # + fc (5 taps) + hidden_norm + norm
     assert b.drafter_weights == drafter * 2 == 2_097_252_864
     tokens = max(8192, 64 * 16)  # a prefill chunk vs. a verify step of 64 sequences x block 16
     act = (4 * tokens * 4096 + tokens * (32 * 128 + 2 * 8 * 128) + tokens * 2 * 12288 + tokens * 5 * 4096) * 2
@@ -140,6 +141,7 @@ def test_build_steps_follow_the_runtime():
 
 
 # ----- refusals -----
+
 
 def test_nvfp4_on_hopper_is_refused_with_fp8_as_the_nearest():
     plan = plan_deployment("qwen3-8b", "h100", quant="nvfp4")

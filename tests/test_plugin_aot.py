@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("triton")
 
-from trtllm_dflash.errors import DFlashError, MissingDependencyError  # noqa: E402
 from trtllm_dflash.builder.kernel_space import recipe_kernel_space  # noqa: E402
+from trtllm_dflash.errors import DFlashError, MissingDependencyError  # noqa: E402
 from trtllm_dflash.plugins import aot, onnx_nodes, tensorrt_plugins  # noqa: E402
 
 EXPECTED_PTX = {"sm_90a": ("8.0", "sm_90a"), "sm_100a": ("8.7", "sm_100a"), "sm_103a": ("8.8", "sm_103a"), "sm_120": ("8.7", "sm_120a")}
@@ -95,10 +95,21 @@ def test_target_head_dims_on_the_command_line(tmp_path, run_main):
     assert code == 2 and "--target-head-dim '192x128' is not a supported head dim" in err
     code, _, err = run_main("plugins", "build", "--recipe", "qwen3-8b/h100", "--attention-sinks", "--out", str(tmp_path / "k"))
     assert code == 2 and "--attention-sinks cannot be combined" in err
-    variants = aot.kernel_variants(head_dims=(64,), dtypes=("bfloat16",), blocks=(16,), groups=(1,),
-                                   target_head_dims=((128, 64),), target_groups=(8,), target_sinks=(False, True))
-    target = {(c["HEAD_DIM_K"], c["HEAD_DIM_V"], c["BLOCK_M"], c["HAS_SINKS"]) for v in variants if v.node == "DFlashTargetAttention"
-              for c in [dict(v.constexprs)]}
+    variants = aot.kernel_variants(
+        head_dims=(64,),
+        dtypes=("bfloat16",),
+        blocks=(16,),
+        groups=(1,),
+        target_head_dims=((128, 64),),
+        target_groups=(8,),
+        target_sinks=(False, True),
+    )
+    target = {
+        (c["HEAD_DIM_K"], c["HEAD_DIM_V"], c["BLOCK_M"], c["HAS_SINKS"])
+        for v in variants
+        if v.node == "DFlashTargetAttention"
+        for c in [dict(v.constexprs)]
+    }
     assert target == {(128, 64, 128, False), (128, 64, 128, True)}
 
 
@@ -130,9 +141,26 @@ def test_arch_names_and_output_directory_rules(tmp_path):
 def test_cli_builds_ptx_and_cubin_for_every_listed_arch(tmp_path, run_main):
     out = tmp_path / "kernels"
     code, _, err = run_main(
-        "plugins", "build", "--arch", "sm_90a,sm_100a,sm_103a,sm_120", "--out", str(out),
-        "--head-dim", "64", "--dtype", "float16", "--block-size", "2", "--gqa-group", "1", "--logits-dtype", "float32", "-j", "2",
-        "--cache-dir", str(tmp_path / "cache"),
+        "plugins",
+        "build",
+        "--arch",
+        "sm_90a,sm_100a,sm_103a,sm_120",
+        "--out",
+        str(out),
+        "--head-dim",
+        "64",
+        "--dtype",
+        "float16",
+        "--block-size",
+        "2",
+        "--gqa-group",
+        "1",
+        "--logits-dtype",
+        "float32",
+        "-j",
+        "2",
+        "--cache-dir",
+        str(tmp_path / "cache"),
     )
     assert code == 0, err
     assert "sm_103a  PTX ISA 8.8  driver >= 575.51.03" in err
@@ -161,8 +189,11 @@ QWEN3_8B = dict(batch=2, block=16, heads=32, kv_heads=8, head_dim=128, capacity=
 
 def shapes_for(node: str, s=QWEN3_8B, splits=4):
     b, block, rows = s["batch"], s["block"], s["block"] * s["heads"] // s["kv_heads"]
-    attention = dict(q=(b, block, s["heads"], s["head_dim"]), k_ctx_new=(b, s["new"], s["kv_heads"], s["head_dim"]),
-                     k_cache=(b, s["capacity"], s["kv_heads"], s["head_dim"]))
+    attention = dict(
+        q=(b, block, s["heads"], s["head_dim"]),
+        k_ctx_new=(b, s["new"], s["kv_heads"], s["head_dim"]),
+        k_cache=(b, s["capacity"], s["kv_heads"], s["head_dim"]),
+    )
     return {
         "DFlashBlockAttention": attention,
         "DFlashBlockAttentionSplit": attention,
@@ -171,8 +202,13 @@ def shapes_for(node: str, s=QWEN3_8B, splits=4):
         "DFlashVerifyPositions": dict(target_logits=(b, block, s["vocab"]), chunk_max=(b, block, 38)),
         "DFlashVerifyCommit": dict(block_tokens=(b, block), stop_ids=(b, 3)),
         "DFlashTargetAttention": dict(
-            q=attention["q"], k_new=(b, block, s["kv_heads"], s["head_dim"]), v_new=(b, block, s["kv_heads"], s["head_dim"]),
-            k_cache=attention["k_cache"], v_cache=attention["k_cache"], starts=(b,), sinks=(s["heads"],),
+            q=attention["q"],
+            k_new=(b, block, s["kv_heads"], s["head_dim"]),
+            v_new=(b, block, s["kv_heads"], s["head_dim"]),
+            k_cache=attention["k_cache"],
+            v_cache=attention["k_cache"],
+            starts=(b,),
+            sinks=(s["heads"],),
         ),
         # a V2 drafter of hidden 4096 (256 groups of 16), 2 conv taps, a 262,144 vocabulary, rank 256
         "DFlash2GroupedConv": dict(x=(b, block, 4096), delta=(b, block, 2, 256), base=(2, 4096), residual=(b, block, 4096)),
@@ -184,9 +220,23 @@ def shapes_for(node: str, s=QWEN3_8B, splits=4):
 
 @pytest.mark.parametrize("node", list(NODES))
 def test_tensorrt_launch_plans_match_the_kernel_abi(node):
-    dtypes = dict(q="bfloat16", k_cache="bfloat16", like="bfloat16", target_logits="float32",
-                  k_new="bfloat16", v_new="bfloat16", v_cache="bfloat16", starts="int64", sinks="float32",
-                  x="bfloat16", delta="bfloat16", base="bfloat16", residual="float32", unary="bfloat16", z="bfloat16")
+    dtypes = dict(
+        q="bfloat16",
+        k_cache="bfloat16",
+        like="bfloat16",
+        target_logits="float32",
+        k_new="bfloat16",
+        v_new="bfloat16",
+        v_cache="bfloat16",
+        starts="int64",
+        sinks="float32",
+        x="bfloat16",
+        delta="bfloat16",
+        base="bfloat16",
+        residual="float32",
+        unary="bfloat16",
+        z="bfloat16",
+    )
     attributes = dict(scale=128**-0.5, window=0, kv_splits=4, has_draft_probs=1, has_residual=1, top_k=16)
     plan = tensorrt_plugins.plan_launch(node, shapes_for(node), dtypes, attributes)
     spec = NODES[node]
@@ -222,7 +272,9 @@ def test_tensorrt_launch_plans_match_the_kernel_abi(node):
 def test_verification_plans_follow_the_vocabulary():
     """Chunks from the vocabulary; aligned-row variants only for a vocabulary that is a multiple of 16."""
     for vocab, chunks, divisible in ((151936, 38, True), (32001, 8, False)):
-        partials = tensorrt_plugins.plan_launch("DFlashVerifyPartials", dict(target_logits=(4, 16, vocab)), dict(target_logits="bfloat16"), {})
+        partials = tensorrt_plugins.plan_launch(
+            "DFlashVerifyPartials", dict(target_logits=(4, 16, vocab)), dict(target_logits="bfloat16"), {}
+        )
         assert tuple(partials.grid) == (chunks, 16, 4) and partials.scalars == (16, vocab)
         assert dict(partials.variant.constexprs)["VOCAB_DIVISIBLE"] is divisible
         shapes = dict(target_logits=(4, 16, vocab), chunk_max=(4, 16, chunks))

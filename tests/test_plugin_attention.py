@@ -155,7 +155,9 @@ def test_reference_split_form_merges_to_the_reference():
     """The split semantics the partial ONNX node exposes, checked within the reference."""
     case = make_case(8, 3, 5, 4, 2, 64, torch.float32)
     for window, causal in ((0, 0), (4, 0), (2, 0), (3, 1)):
-        full = reference.block_attention(**{k: v.clone() if torch.is_tensor(v) else v for k, v in case.items()}, window=window, causal=causal)
+        full = reference.block_attention(
+            **{k: v.clone() if torch.is_tensor(v) else v for k, v in case.items()}, window=window, causal=causal
+        )
         parts = reference.block_attention_partials(
             **{k: v.clone() if torch.is_tensor(v) else v for k, v in case.items()}, window=window, splits=4, causal=causal
         )

@@ -11,8 +11,8 @@ from support import GPU_TOLERANCE, target_case_past_capacity
 
 pytest.importorskip("triton")
 
-from trtllm_dflash.ops import reference  # noqa: E402
 from trtllm_dflash import ops
+from trtllm_dflash.ops import reference  # noqa: E402
 from trtllm_dflash.ops.kernels import launch  # noqa: E402
 
 pytestmark = [

@@ -52,7 +52,8 @@ def single_node_model(spec, inputs, outputs, **attributes) -> onnx.ModelProto:
         return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(x.numpy().dtype), list(x.shape))
 
     graph = helper.make_graph(
-        [node], spec.op_type,
+        [node],
+        spec.op_type,
         [info(name, x) for name, x in zip(spec.inputs, inputs)],
         [info(name, x) for name, x in zip(spec.outputs, outputs)],
     )

@@ -9,10 +9,12 @@ import torch
 
 pytest.importorskip("triton")
 
-from trtllm_dflash.api import DFlashPipeline  # noqa: E402
-from trtllm_dflash.ops import reference  # noqa: E402
 from trtllm_dflash import ops
-from trtllm_dflash.ops import custom_ops
+from trtllm_dflash.api import DFlashPipeline  # noqa: E402
+from trtllm_dflash.ops import (
+    custom_ops,
+    reference,  # noqa: E402
+)
 from trtllm_dflash.ops.kernels import launch  # noqa: E402
 
 
@@ -58,11 +60,19 @@ def test_custom_ops_match_the_reference_and_append_in_place(monkeypatch):
     logits = torch.randn(3, 5, 40, generator=g)
     tokens = torch.randint(0, 40, (3, 5), generator=g)
     draft = torch.softmax(torch.randn(3, 4, 40, generator=g), -1)
-    sampling = (torch.tensor([0.0, 1.0, 0.5]), torch.tensor([0, 5, 0]), torch.tensor([1.0, 1.0, 0.8]), torch.tensor([1, 2, 3]), torch.tensor([7, 8, 9]))
+    sampling = (
+        torch.tensor([0.0, 1.0, 0.5]),
+        torch.tensor([0, 5, 0]),
+        torch.tensor([1.0, 1.0, 0.8]),
+        torch.tensor([1, 2, 3]),
+        torch.tensor([7, 8, 9]),
+    )
     accepted, bonus = ops.verify_block(logits, tokens, draft, *sampling)
     ref_accepted, ref_bonus = reference.verify_block(logits, tokens, draft, *sampling)
     assert torch.equal(accepted, ref_accepted) and torch.equal(bonus, ref_bonus)
-    assert torch.equal(ops.verify_block_packed(logits, tokens, draft, *sampling), reference.verify_block_packed(logits, tokens, draft, *sampling))
+    assert torch.equal(
+        ops.verify_block_packed(logits, tokens, draft, *sampling), reference.verify_block_packed(logits, tokens, draft, *sampling)
+    )
 
 
 def test_fake_implementations_let_torch_export_trace_the_ops():
@@ -70,7 +80,16 @@ def test_fake_implementations_let_torch_export_trace_the_ops():
         def forward(self, *args):
             out, k_cache, v_cache = torch.ops.dflash.block_attention_functional(*args, 0.25, 0)
             logits = out.flatten(2)[..., :40]
-            result = torch.ops.dflash.verify_block(logits, logits.argmax(-1), None, logits[:, 0, 0] * 0, logits[:, 0, 0].long() * 0, logits[:, 0, 0] * 0 + 1, logits[:, 0, 0].long(), logits[:, 0, 0].long())
+            result = torch.ops.dflash.verify_block(
+                logits,
+                logits.argmax(-1),
+                None,
+                logits[:, 0, 0] * 0,
+                logits[:, 0, 0].long() * 0,
+                logits[:, 0, 0] * 0 + 1,
+                logits[:, 0, 0].long(),
+                logits[:, 0, 0].long(),
+            )
             return out, k_cache, v_cache, result
 
     program = torch.export.export(Layer(), attention_args()[:9])
@@ -92,7 +111,9 @@ def test_decoding_with_the_kernels_is_identical_to_the_reference(monkeypatch, ti
     calls = {"attention": 0, "verify": 0}
     for name in calls:
         original = getattr(launch, {"attention": "block_attention", "verify": "verify_block"}[name])
-        monkeypatch.setattr(launch, original.__name__, lambda *a, _f=original, _n=name, **k: calls.__setitem__(_n, calls[_n] + 1) or _f(*a, **k))
+        monkeypatch.setattr(
+            launch, original.__name__, lambda *a, _f=original, _n=name, **k: calls.__setitem__(_n, calls[_n] + 1) or _f(*a, **k)
+        )
     got = DFlashPipeline.load(tiny_qwen3, tiny_qwen3_drafter).generate(prompts, **kwargs)
     assert calls["attention"] > 0 and calls["verify"] > 0  # the kernels really ran
     for mine, theirs in zip(got, expected):

@@ -11,8 +11,8 @@ import sys
 import pytest
 from support import TensorDesc, fake_tensorrt
 
-from trtllm_dflash.plugins import node_spec, onnx_nodes, tensorrt_plugins
 from trtllm_dflash.ops import attention_options
+from trtllm_dflash.plugins import node_spec, onnx_nodes, tensorrt_plugins
 
 
 @pytest.fixture
@@ -56,9 +56,12 @@ def test_target_attention_describes_and_launches_like_the_plan(registered):
     _, trtp = registered
     b, t, heads, kv_heads, dk, dv, capacity = 2, 16, 32, 8, 128, 64, 4096
     inputs = dict(
-        q=TensorDesc((b, t, heads, dk), "bfloat16"), k_new=TensorDesc((b, t, kv_heads, dk), "bfloat16"),
-        v_new=TensorDesc((b, t, kv_heads, dv), "bfloat16"), k_cache=TensorDesc((b, capacity, kv_heads, dk), "bfloat16"),
-        v_cache=TensorDesc((b, capacity, kv_heads, dv), "bfloat16"), starts=TensorDesc((b,), "int64"),
+        q=TensorDesc((b, t, heads, dk), "bfloat16"),
+        k_new=TensorDesc((b, t, kv_heads, dk), "bfloat16"),
+        v_new=TensorDesc((b, t, kv_heads, dv), "bfloat16"),
+        k_cache=TensorDesc((b, capacity, kv_heads, dk), "bfloat16"),
+        v_cache=TensorDesc((b, capacity, kv_heads, dv), "bfloat16"),
+        starts=TensorDesc((b,), "int64"),
         sinks=TensorDesc((heads,), "float32"),
     )
     attributes = dict(scale=0.125, window=128, has_sinks=1)
@@ -68,8 +71,9 @@ def test_target_attention_describes_and_launches_like_the_plan(registered):
     assert k_out.alias_of is inputs["k_cache"] and v_out.alias_of is inputs["v_cache"]
 
     name, ptx, params, scalars = trtp.aot["dflash::DFlashTargetAttention"](*inputs.values(), *attributes.values(), outputs=None, tactic=0)
-    plan = tensorrt_plugins.plan_launch("DFlashTargetAttention", {k: v.shape_expr for k, v in inputs.items()},
-                                        {k: v.dtype for k, v in inputs.items()}, attributes)
+    plan = tensorrt_plugins.plan_launch(
+        "DFlashTargetAttention", {k: v.shape_expr for k, v in inputs.items()}, {k: v.dtype for k, v in inputs.items()}, attributes
+    )
     assert name == "target_attention_kernel" and dict(plan.variant.constexprs)["HAS_SINKS"] is True
     assert (params.grid_x, params.grid_y, params.grid_z) == tuple(plan.grid) == (1, kv_heads, b)
     assert tuple(scalars) == plan.scalars == (t, capacity, kv_heads, heads // kv_heads, 128, attention_options.float_bits(0.125))

@@ -13,11 +13,14 @@ from support import INTERPRETER_TOLERANCE, clone, target_attention_case
 
 pytest.importorskip("triton")
 
-from trtllm_dflash.errors import DFlashError  # noqa: E402
-from trtllm_dflash.ops import reference  # noqa: E402
 from trtllm_dflash import ops
-from trtllm_dflash.ops import custom_ops
+from trtllm_dflash.errors import DFlashError  # noqa: E402
+from trtllm_dflash.ops import (
+    custom_ops,
+    reference,  # noqa: E402
+)
 from trtllm_dflash.ops.kernels import launch  # noqa: E402
+
 
 def run_both(case, sinks=None, window=0, scale=None):
     scale = scale if scale is not None else case["q"].shape[-1] ** -0.5

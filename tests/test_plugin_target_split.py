@@ -14,8 +14,10 @@ from support import INTERPRETER_TOLERANCE, clone, target_attention_case
 pytest.importorskip("triton")
 
 
-from trtllm_dflash.ops import reference  # noqa: E402
-from trtllm_dflash.ops import kernels
+from trtllm_dflash.ops import (
+    kernels,
+    reference,  # noqa: E402
+)
 from trtllm_dflash.ops.kernels import launch  # noqa: E402
 
 
@@ -91,10 +93,24 @@ def test_split_kernel_partials_equal_the_reference_partials():
     kernels.load("attention", interpret=True).target_attention_split_kernel[
         launch.target_attention_grid(batch, tokens, kv_heads, group, config.block_m, splits)
     ](
-        mine["q"], mine["k_new"], mine["v_new"], mine["k_cache"], mine["v_cache"], mine["starts"], sinks,
+        mine["q"],
+        mine["k_new"],
+        mine["v_new"],
+        mine["k_cache"],
+        mine["v_cache"],
+        mine["starts"],
+        sinks,
         *launch.target_attention_split_scalars(tokens, capacity, kv_heads, group, options, splits),
-        partial_out, partial_lse, mine["k_cache"], mine["v_cache"],
-        HEAD_DIM_K=32, HEAD_DIM_V=16, BLOCK_M=config.block_m, BLOCK_N=config.block_n, HAS_SINKS=True, IEEE=True,
+        partial_out,
+        partial_lse,
+        mine["k_cache"],
+        mine["v_cache"],
+        HEAD_DIM_K=32,
+        HEAD_DIM_V=16,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        HAS_SINKS=True,
+        IEEE=True,
     )
     expected_out, expected_lse = reference.target_attention_partials(**ref, **options, splits=splits)
     assert torch.equal(torch.isinf(partial_lse), torch.isinf(expected_lse))  # the same splits see nothing

@@ -16,9 +16,9 @@ from onnx.reference import ReferenceEvaluator
 from support import TensorDesc, fake_tensorrt, target_attention_case
 
 from trtllm_dflash.builder.kernel_space import recipe_kernel_space
-from trtllm_dflash.plugins import aot, onnx_nodes, tensorrt_plugins
 from trtllm_dflash.ops import reference
 from trtllm_dflash.ops.kernels import launch
+from trtllm_dflash.plugins import aot, onnx_nodes, tensorrt_plugins
 
 
 def _info(name, tensor):
@@ -28,14 +28,16 @@ def _info(name, tensor):
 def _split_model(x: dict, sinks: torch.Tensor, kv_splits: int, **attributes) -> onnx.ModelProto:
     split, merge = onnx_nodes.TARGET_ATTENTION_SPLIT, onnx_nodes.ATTENTION_MERGE
     nodes = [
-        onnx_nodes.make_node(split, list(split.inputs), ["partial_out", "partial_lse", "k_cache_out", "v_cache_out"],
-                             kv_splits=kv_splits, **attributes),
+        onnx_nodes.make_node(
+            split, list(split.inputs), ["partial_out", "partial_lse", "k_cache_out", "v_cache_out"], kv_splits=kv_splits, **attributes
+        ),
         onnx_nodes.make_node(merge, ["partial_out", "partial_lse", "q"], ["out"]),
     ]
     values = {**x, "sinks": sinks}
     outputs = {"out": torch.zeros(*x["q"].shape[:-1], x["v_cache"].shape[-1]), "k_cache_out": x["k_cache"], "v_cache_out": x["v_cache"]}
-    graph = helper.make_graph(nodes, "target_attention_split", [_info(n, values[n]) for n in split.inputs],
-                              [_info(n, t) for n, t in outputs.items()])
+    graph = helper.make_graph(
+        nodes, "target_attention_split", [_info(n, values[n]) for n in split.inputs], [_info(n, t) for n, t in outputs.items()]
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(onnx_nodes.DOMAIN, 1)])
     onnx.checker.check_model(model)
     return model
@@ -44,7 +46,9 @@ def _split_model(x: dict, sinks: torch.Tensor, kv_splits: int, **attributes) -> 
 @pytest.mark.parametrize("has_sinks,window,kv_splits", [(0, 0, 2), (1, 4, 3), (1, 0, 40)])
 def test_split_and_merge_nodes_evaluate_like_the_reference(has_sinks, window, kv_splits):
     onnx_nodes.register_schemas()
-    x = target_attention_case(31, key_dim=16, value_dim=32, capacity=32, starts=(7, 0, 19))  # value head wider than the key head: the merge takes the partials' dim
+    x = target_attention_case(
+        31, key_dim=16, value_dim=32, capacity=32, starts=(7, 0, 19)
+    )  # value head wider than the key head: the merge takes the partials' dim
     sinks = torch.randn(4)
     model = _split_model(x, sinks, kv_splits, scale=0.2, window=window, has_sinks=has_sinks)
     feeds = {name: value.numpy() for name, value in {**x, "sinks": sinks}.items()}
@@ -67,8 +71,11 @@ def test_export_with_target_kv_splits_emits_the_split_and_the_merge():
     x = target_attention_case(32, batch=2, key_dim=16, value_dim=16, capacity=32, starts=(3, 9))
     sinks = torch.randn(4)
     program = torch.onnx.export(
-        _OneLayer(), (*x.values(), sinks), dynamo=True,
-        custom_translation_table=onnx_nodes.custom_translation_table(target_kv_splits=3), opset_version=20,
+        _OneLayer(),
+        (*x.values(), sinks),
+        dynamo=True,
+        custom_translation_table=onnx_nodes.custom_translation_table(target_kv_splits=3),
+        opset_version=20,
     )
     model = program.model_proto
     nodes = [n for n in model.graph.node if n.domain == "dflash"]
@@ -85,8 +92,15 @@ def test_export_with_target_kv_splits_emits_the_split_and_the_merge():
 
 
 def _qwen3_8b_step(batch=1, capacity=8208, tokens=16, value_dim=128):
-    shapes = dict(q=(batch, tokens, 32, 128), k_new=(batch, tokens, 8, 128), v_new=(batch, tokens, 8, value_dim),
-                  k_cache=(batch, capacity, 8, 128), v_cache=(batch, capacity, 8, value_dim), starts=(batch,), sinks=(32,))
+    shapes = dict(
+        q=(batch, tokens, 32, 128),
+        k_new=(batch, tokens, 8, 128),
+        v_new=(batch, tokens, 8, value_dim),
+        k_cache=(batch, capacity, 8, 128),
+        v_cache=(batch, capacity, 8, value_dim),
+        starts=(batch,),
+        sinks=(32,),
+    )
     dtypes = dict(q="bfloat16", k_new="bfloat16", v_new="bfloat16", k_cache="bfloat16", v_cache="bfloat16", starts="int64", sinks="float32")
     return shapes, dtypes
 
@@ -106,8 +120,10 @@ def test_split_launch_plan_of_a_qwen3_8b_verify_step():
 
     # the merge of a target whose value head (64) is narrower than its key head (128)
     merge = tensorrt_plugins.plan_launch(
-        "DFlashAttentionMerge", dict(partial_out=(1, 8, 16, 64, 64), partial_lse=(1, 8, 16, 64), like=(1, 16, 32, 128)),
-        dict(partial_out="float32", partial_lse="float32", like="bfloat16"), {},
+        "DFlashAttentionMerge",
+        dict(partial_out=(1, 8, 16, 64, 64), partial_lse=(1, 8, 16, 64), like=(1, 16, 32, 128)),
+        dict(partial_out="float32", partial_lse="float32", like="bfloat16"),
+        {},
     )
     assert dict(merge.variant.constexprs) == {"HEAD_DIM": 64, "BLOCK_M": 64} and merge.variant.function == "merge_kernel"
     assert tuple(merge.grid) == (1, 8, 1) and merge.scalars == (16, 8, 4, 16)
@@ -153,9 +169,13 @@ def test_kernel_variants_carry_the_split_and_its_merges():
     assert {launch.merge_block_m(128, t, 4) for t in space.blocks} <= merges
     assert len({v.label for v in variants}) == len(variants)
     # a target whose value head differs gets the merge of its value head dim
-    odd = aot.kernel_variants(head_dims=(64,), dtypes=("bfloat16",), blocks=(16,), groups=(1,),
-                              target_head_dims=((128, 32),), target_groups=(8,))
+    odd = aot.kernel_variants(
+        head_dims=(64,), dtypes=("bfloat16",), blocks=(16,), groups=(1,), target_head_dims=((128, 32),), target_groups=(8,)
+    )
     assert any(v.function == "merge_kernel" and dict(v.constexprs)["HEAD_DIM"] == 32 for v in odd)
     label = aot.target_attention_split_variant(128, 128, "bfloat16", "bfloat16", 64, {"sinks": False}).label
-    assert label.startswith("target_attention_split_kernel.") and label.split(".", 1)[1] == \
-        aot.target_attention_variant(128, 128, "bfloat16", "bfloat16", 64, {"sinks": False}).label.split(".", 1)[1]
+    assert (
+        label.startswith("target_attention_split_kernel.")
+        and label.split(".", 1)[1]
+        == aot.target_attention_variant(128, 128, "bfloat16", "bfloat16", 64, {"sinks": False}).label.split(".", 1)[1]
+    )

@@ -13,8 +13,11 @@ from scipy import stats
 
 pytest.importorskip("triton")
 
-from trtllm_dflash.ops import rng  # noqa: E402
-from trtllm_dflash.ops import kernels, reference
+from trtllm_dflash.ops import (
+    kernels,
+    reference,
+    rng,  # noqa: E402
+)
 from trtllm_dflash.ops.kernels import launch  # noqa: E402
 
 
@@ -92,15 +95,15 @@ def test_sampled_rows_mixed_with_greedy_rows():
     g = torch.Generator().manual_seed(2)
     batch, block, vocab = 7, 5, 500
     logits = torch.randn(batch, block, vocab, generator=g) * 4
-    temperature, top_k, top_p = params(
-        [0.0, 1.0, 0.7, 1.3, 0.9, 1.0, 0.0], [0, 0, 20, 0, 8, 3, 0], [1.0, 1.0, 1.0, 0.8, 0.9, 1.0, 1.0]
-    )
+    temperature, top_k, top_p = params([0.0, 1.0, 0.7, 1.3, 0.9, 1.0, 0.0], [0, 0, 20, 0, 8, 3, 0], [1.0, 1.0, 1.0, 0.8, 0.9, 1.0, 1.0])
     # q: the target's own processed distribution (all accepted), a noisy copy (runs of any
     # length), or mass on tokens that top-k removes from p (none accepted: residual sampling)
     p = reference.process_logits(logits[:, :-1], temperature, top_k, top_p)
     noisy = reference.process_logits(logits[:, :-1] + torch.randn(batch, block - 1, vocab, generator=g) * 2, temperature, top_k, top_p)
     q = torch.where(torch.tensor([1, 1, 0, 0, 0, 1, 1]).view(-1, 1, 1).bool(), p, noisy)
-    tokens = reference.sample_tokens(logits[:, :-1], temperature, top_k, top_p, torch.arange(batch), torch.arange(1, block).expand(batch, -1), rng.STREAM_DRAFT)[0]
+    tokens = reference.sample_tokens(
+        logits[:, :-1], temperature, top_k, top_p, torch.arange(batch), torch.arange(1, block).expand(batch, -1), rng.STREAM_DRAFT
+    )[0]
     tokens = torch.cat([torch.zeros(batch, 1, dtype=torch.long), tokens], dim=1)
     outside = logits[5, :-1].argsort(-1)[:, 0]  # the least likely token: never in the top 3
     tokens[5, 1:] = outside
@@ -119,7 +122,7 @@ def test_top_k_and_top_p_keep_ties_together():
     logits[..., 8:12] = torch.tensor([3.0, 1.0, 1.0, -1.0])
     temperature, top_k, top_p = params([1.0, 1.0, 0.5, 1.0], [3, 9, 0, 5], [1.0, 1.0, 0.3, 0.6])
     probs = reference.process_logits(logits, temperature, top_k, top_p)
-    assert ((probs[0, 0] > 0).sum() == 9)  # k=3 cuts inside the tie at 2.0: all eight stay
+    assert (probs[0, 0] > 0).sum() == 9  # k=3 cuts inside the tie at 2.0: all eight stay
     q = reference.process_logits(logits[:, 1:] + 0.5 * torch.randn(batch, block - 1, vocab), temperature, top_k, top_p)
     tokens = torch.randint(0, 12, (batch, block))
     compare(logits, tokens, q, temperature, top_k, top_p, block_v=32)
@@ -247,7 +250,9 @@ def speculative_trials(temperature, top_k, top_p, residual=True):
     accepted, bonus = reference.verify_block(target, tokens, q, temperature, top_k, top_p, seed, start)
     if not residual:  # the classic bug: after a rejection, sample from p instead of max(0, p - q)
         p = reference.process_logits(target, temperature, top_k, top_p)
-        wrong = reference.sample_from_probs(p[torch.arange(TRIALS), accepted], rng.counter_key(seed, start + accepted + 1, rng.STREAM_BONUS))
+        wrong = reference.sample_from_probs(
+            p[torch.arange(TRIALS), accepted], rng.counter_key(seed, start + accepted + 1, rng.STREAM_BONUS)
+        )
         bonus = torch.where(accepted < BLOCK - 1, wrong, bonus)
     committed = torch.cat([drafts, bonus.view(-1, 1)], dim=1)
     committed = torch.where(torch.arange(BLOCK) < accepted.view(-1, 1), committed, bonus.view(-1, 1))

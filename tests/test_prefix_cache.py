@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from trtllm_dflash.checkpoints import load_drafter, load_target
-from trtllm_dflash.testing.tiny import cycle_sequences
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.prefix_cache import PrefixBlock, PrefixCache
+from trtllm_dflash.testing.tiny import cycle_sequences
 
 BLOCK = 8  # prefix-cache block (tokens)
 NEW_TOKENS = 24
@@ -97,8 +97,7 @@ def test_batches_of_different_prefixes_joining_between_steps(request, target, ch
     params = [GREEDY, sampled(3), GREEDY, sampled(5)]
     requests = [Request(p, q) for p, q in zip(first, params)] + [Request(p, q) for p, q in zip(second, params)]
     cold = {tuple(r.prompt_ids): r for r in _cold(runtime, requests)}
-    decoder = Decoder(runtime, max_batch=4, max_context=160, prefix_cache=PrefixCache(1 << 30, block_tokens=BLOCK),
-                      prefill_chunk=chunk)
+    decoder = Decoder(runtime, max_batch=4, max_context=160, prefix_cache=PrefixCache(1 << 30, block_tokens=BLOCK), prefill_chunk=chunk)
     results = decoder.generate([requests[0], requests[4]])  # both prefixes, cold, in one batch
     later = requests[1:4] + requests[5:]
     for r in later[:2]:
@@ -183,10 +182,10 @@ def test_served_model_reuses_prefixes_and_answers_as_offline(hybrid_trained_pair
     concurrent, decode what the same pipeline decodes offline without a cache."""
     import time
 
+    from support import RecordingSink
     from transformers import AutoTokenizer
 
     from trtllm_dflash.backends import open_served_pipeline
-    from support import RecordingSink
     from trtllm_dflash.serving.batching_loop import BatchingLoop
     from trtllm_dflash.serving.model_parameters import ServingConfig
     from trtllm_dflash.serving.protocol import GenerateInputs
@@ -214,7 +213,7 @@ def test_served_model_reuses_prefixes_and_answers_as_offline(hybrid_trained_pair
     assert loop.decoder.prefix_cache.stats.hit_tokens >= 3 * 32
     offline = loop.pipeline.generate(texts, max_new_tokens=NEW_TOKENS)
     for sink, reference in zip(sinks, offline):
-        (outputs, final), = sink.responses
+        ((outputs, final),) = sink.responses
         assert final and outputs["output_ids"].tolist() == reference.token_ids
         assert outputs["acceptance_lengths"].tolist() == reference.acceptance_lengths
 
@@ -244,7 +243,10 @@ def test_graph_runtime_reuses_prefixes(demo_build):
     runtime = OnnxRuntime(demo_build / "export", "native")
     assert runtime.prefix_cache_refusal() is None
     tokenizer = AutoTokenizer.from_pretrained(demo.target_dir())
-    code = 'import os\nimport sys\nimport shutil\nimport argparse\n\n\ndef main(argv):\n    """Copy or list the files named on the command line."""\n'
+    code = (
+        "import os\nimport sys\nimport shutil\nimport argparse\n\n\n"
+        'def main(argv):\n    """Copy or list the files named on the command line."""\n'
+    )
     shared = tokenizer.encode(code)[:35]
     assert len(shared) == 35
     endings = ["    parser = argparse.ArgumentParser(", "    for name in argv[1:]:\n        if os.path.isdir(name):\n", "    if"]
@@ -277,7 +279,9 @@ def test_the_planner_counts_the_prefix_cache():
     from trtllm_dflash.catalog.models import resolve_model
 
     model = resolve_model("qwen3-8b")
-    per_token = kv_bytes_per_sequence(model, 1, plan.precision.kv_cache, 1) + drafter_kv_bytes_per_sequence(model, 1, plan.precision.kv_cache)
+    per_token = kv_bytes_per_sequence(model, 1, plan.precision.kv_cache, 1) + drafter_kv_bytes_per_sequence(
+        model, 1, plan.precision.kv_cache
+    )
     assert plan.prefix_cache_tokens == 1024 * MIB // per_token
     hybrid = plan_deployment("qwen3.5-27b", "h200"), plan_deployment("qwen3.5-27b", "h200", prefix_cache_mib=64)
     assert hybrid[1].linear_state_bytes_per_sequence > hybrid[0].linear_state_bytes_per_sequence > 0  # the kept states

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from trtllm_dflash.checkpoints import load_drafter, load_target
-from trtllm_dflash.testing.tiny import cycle_sequences
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.runtime.prefix_cache import PrefixCache
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+from trtllm_dflash.testing.tiny import cycle_sequences
 
 pytestmark = [
     pytest.mark.gpu,
@@ -48,8 +48,9 @@ def _decode(runtime, prompts, params, **options):
 
 
 # CUDA graphs do not cover hybrid targets (the runtime refuses them in one line)
-@pytest.mark.parametrize(("family", "graphs"), [("dense", False), ("dense", True), ("hybrid", False)],
-                         ids=["dense-eager", "dense-cuda-graphs", "hybrid-eager"])
+@pytest.mark.parametrize(
+    ("family", "graphs"), [("dense", False), ("dense", True), ("hybrid", False)], ids=["dense-eager", "dense-cuda-graphs", "hybrid-eager"]
+)
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_prefix_reuse_and_chunks_decode_like_a_cold_whole_prefill(request, family, graphs, params):
     pair = request.getfixturevalue("trained_pair" if family == "dense" else "hybrid_trained_pair")

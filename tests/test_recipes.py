@@ -20,10 +20,18 @@ GOOD = recipes_dir() / "qwen3-8b" / "h100.yaml"
 def test_the_announced_deployments_are_shipped():
     names = {r.name for r in list_recipes()}
     required = {
-        "gpt-oss-120b/b300", "gpt-oss-120b/b200", "gpt-oss-120b/h200",
-        "qwen3-8b/h100", "qwen3-8b/h200", "qwen3-8b/b200", "qwen3-8b/b300",
-        "llama-3.1-8b-instruct/h100", "gemma-4-31b-it/b300", "qwen3-coder-30b-a3b/b200",
-        "demo/cpu", "demo/rtx-pro-6000",
+        "gpt-oss-120b/b300",
+        "gpt-oss-120b/b200",
+        "gpt-oss-120b/h200",
+        "qwen3-8b/h100",
+        "qwen3-8b/h200",
+        "qwen3-8b/b200",
+        "qwen3-8b/b300",
+        "llama-3.1-8b-instruct/h100",
+        "gemma-4-31b-it/b300",
+        "qwen3-coder-30b-a3b/b200",
+        "demo/cpu",
+        "demo/rtx-pro-6000",
     }
     assert required <= names
 
@@ -69,10 +77,13 @@ def test_draft_length_schedule_semantics():
 def test_llm_api_options_carry_the_dflash_speculative_config():
     options = find_recipe("gpt-oss-120b", "b300").llm_api_options(speculative_model="/models/drafter")
     assert options["speculative_config"] == {
-        "decoding_type": "DFlash", "max_draft_len": 9, "speculative_model": "/models/drafter",
+        "decoding_type": "DFlash",
+        "max_draft_len": 9,
+        "speculative_model": "/models/drafter",
         # the recipe's {1: 9, 16: 6, 64: 3, 256: 0} ("from N sequences on") in TensorRT-LLM's form, whose key
         # is the largest batch size using that length (DecodingBaseConfig.draft_len_schedule)
-        "target_layer_ids": [1, 9, 17, 25, 33], "draft_len_schedule": {15: 9, 63: 6, 255: 3},
+        "target_layer_ids": [1, 9, 17, 25, 33],
+        "draft_len_schedule": {15: 9, 63: 6, 255: 3},
     }
     assert options["tensor_parallel_size"] == 8 and options["moe_expert_parallel_size"] == 8
     assert options["kv_cache_config"] == {"dtype": "fp8", "free_gpu_memory_fraction": 0.85}
@@ -86,6 +97,7 @@ def test_unknown_recipe_names_what_exists():
 
 
 # ----- bad recipes: file, key and line -----
+
 
 def _write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "recipe.yaml"
@@ -106,16 +118,20 @@ def _errors(path: Path) -> list[str]:
 @pytest.mark.parametrize(
     "old, new, key, needle, words",
     [
-        ("  max_seq_len: 16384", "  max_seq_len: 16384\n  max_batch: 8", "limits.max_batch", "max_batch: 8",
-         "did you mean 'max_batch_size'"),
+        (
+            "  max_seq_len: 16384",
+            "  max_seq_len: 16384\n  max_batch: 8",
+            "limits.max_batch",
+            "max_batch: 8",
+            "did you mean 'max_batch_size'",
+        ),
         ("  use_plugins: true", "  use_plugins: true\n  plugin: x", "trt.plugin", "plugin: x", "unknown key"),
         ("  block_size: 16", "  block_size: sixteen", "drafter.block_size", "block_size: sixteen", "valid integer"),
         ("  decoupled: true", "  decoupled: 'yes'", "triton.decoupled", "decoupled:", "valid boolean"),
         ("  kv_cache: fp8", "  kv_cache: int4", "quantization.kv_cache", "kv_cache: int4", "'bf16'"),
         ("gpu: h100", "gpu: h1000", "gpu", "gpu: h1000", "unknown GPU"),
         ("  weights: fp8", "  weights: nvfp4", "quantization.weights", "weights: nvfp4", "does not run on h100"),
-        ("{1: 15, 8: 7, 32: 0}", "{1: 15, 8: 7, 32: 9}", "drafter.draft_len_schedule", "draft_len_schedule",
-         "must not grow"),
+        ("{1: 15, 8: 7, 32: 0}", "{1: 15, 8: 7, 32: 9}", "drafter.draft_len_schedule", "draft_len_schedule", "must not grow"),
     ],
 )
 def test_bad_values_are_reported_with_file_key_and_line(tmp_path, old, new, key, needle, words):

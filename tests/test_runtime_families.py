@@ -12,8 +12,16 @@ from trtllm_dflash.planning import plan_deployment
 from trtllm_dflash.recipes import find_recipe, load_recipe, recipes_dir
 
 NEW_RECIPES = [
-    "gpt-oss-20b/h100", "gpt-oss-20b/b200", "qwen3.5-27b/b200", "qwen3.5-27b/h200", "qwen3.6-27b/b200",
-    "qwen3.6-27b/h200", "qwen3.5-35b-a3b/h100", "qwen3-coder-next/b200", "gemma-4-31b-it/b300", "kimi-k2.5/b300",
+    "gpt-oss-20b/h100",
+    "gpt-oss-20b/b200",
+    "qwen3.5-27b/b200",
+    "qwen3.5-27b/h200",
+    "qwen3.6-27b/b200",
+    "qwen3.6-27b/h200",
+    "qwen3.5-35b-a3b/h100",
+    "qwen3-coder-next/b200",
+    "gemma-4-31b-it/b300",
+    "kimi-k2.5/b300",
 ]
 
 
@@ -27,11 +35,15 @@ def test_new_recipes_plan_and_dry_run(name, run_main):
     assert "checked against the llm_args of v1.4.0rc1 (NVIDIA/TensorRT-LLM@0372799d1543)" in " ".join(out.split())
 
 
-@pytest.mark.parametrize("model, gpu, families", [
-    ("qwen3.5-27b", "b200", "hybrid Gated DeltaNet"), ("qwen3-coder-next", "b200", "hybrid Gated DeltaNet"),
-    ("qwen3.5-35b-a3b", "h100", "hybrid Gated DeltaNet"),
-    ("kimi-k2.5", "b300", "multi-head latent attention"),
-])
+@pytest.mark.parametrize(
+    "model, gpu, families",
+    [
+        ("qwen3.5-27b", "b200", "hybrid Gated DeltaNet"),
+        ("qwen3-coder-next", "b200", "hybrid Gated DeltaNet"),
+        ("qwen3.5-35b-a3b", "h100", "hybrid Gated DeltaNet"),
+        ("kimi-k2.5", "b300", "multi-head latent attention"),
+    ],
+)
 def test_backend_trt_is_refused_for_families_our_engines_cannot_serve(model, gpu, families):
     plan = plan_deployment(model, gpu, backend="trt", num_gpus=8 if model == "kimi-k2.5" else None)
     assert not plan.ok and plan.refusals[0].kind == "backend"
@@ -66,8 +78,10 @@ def test_hybrid_linear_state_does_not_grow_with_context_but_kv_does():
     short = plan_deployment("qwen3.5-27b", "b200", context=4096)
     long = plan_deployment("qwen3.5-27b", "b200", context=32768)
     assert short.linear_state_bytes_per_sequence == long.linear_state_bytes_per_sequence > 0
-    assert long.kv_bytes_per_sequence - long.linear_state_bytes_per_sequence > \
-        short.kv_bytes_per_sequence - short.linear_state_bytes_per_sequence
+    assert (
+        long.kv_bytes_per_sequence - long.linear_state_bytes_per_sequence
+        > short.kv_bytes_per_sequence - short.linear_state_bytes_per_sequence
+    )
     # 48 linear layers x (1 + block 16) x (48 v-heads x 128 x 128 FP32 + 3 x (2 x 2048 + 6144) BF16)
     assert short.linear_state_bytes_per_sequence == 48 * 17 * (48 * 128 * 128 * 4 + 3 * 10240 * 2)
     # KV only on the 16 full-attention layers: 2 x 4 KV heads x 256 x FP8 per token
@@ -85,16 +99,19 @@ def _good_options():
     return llm_api_options(find_recipe("gpt-oss-120b", "b300"))[0]
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda o: o.update(tensor_parallel=8), "tensor_parallel: unknown LLM-API key"),
-    (lambda o: o["speculative_config"].update(use_rejection=True), "speculative_config.use_rejection: unknown LLM-API key"),
-    (lambda o: o["speculative_config"].update(use_rejection_sampling="yes"), "use_rejection_sampling: expected bool"),
-    (lambda o: o["moe_config"].update(backend="FASTEST"), "moe_config.backend: 'FASTEST' is not one of"),
-    (lambda o: o["kv_cache_config"].update(free_gpu_memory_fraction=1.5), "free_gpu_memory_fraction: 1.5 must be <= 1.0"),
-    (lambda o: o["speculative_config"].update(max_concurrency=32), "max_concurrency: cannot be combined with draft_len_schedule"),
-    (lambda o: o["speculative_config"].update(draft_len_schedule={4: 5}), "must equal max_draft_len 9"),
-    (lambda o: o["speculative_config"].update(attention_backend="FA3"), "attention_backend: 'FA3' is not one of"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda o: o.update(tensor_parallel=8), "tensor_parallel: unknown LLM-API key"),
+        (lambda o: o["speculative_config"].update(use_rejection=True), "speculative_config.use_rejection: unknown LLM-API key"),
+        (lambda o: o["speculative_config"].update(use_rejection_sampling="yes"), "use_rejection_sampling: expected bool"),
+        (lambda o: o["moe_config"].update(backend="FASTEST"), "moe_config.backend: 'FASTEST' is not one of"),
+        (lambda o: o["kv_cache_config"].update(free_gpu_memory_fraction=1.5), "free_gpu_memory_fraction: 1.5 must be <= 1.0"),
+        (lambda o: o["speculative_config"].update(max_concurrency=32), "max_concurrency: cannot be combined with draft_len_schedule"),
+        (lambda o: o["speculative_config"].update(draft_len_schedule={4: 5}), "must equal max_draft_len 9"),
+        (lambda o: o["speculative_config"].update(attention_backend="FA3"), "attention_backend: 'FA3' is not one of"),
+    ],
+)
 def test_llm_api_options_are_checked_against_the_pinned_llm_args(change, message):
     from trtllm_dflash.backends.trtllm.options import LLMApiOptions, validate_options
 
@@ -144,16 +161,18 @@ def test_extractor_reads_pydantic_fields_from_source(tmp_path):
     src.mkdir(parents=True)
     body = "\n".join(
         f"class {name}{'(DecodingBaseConfig)' if name == 'DFlashDecodingConfig' else ''}:\n    x_{i}: int = 1\n"
-        for i, name in enumerate(["DecodingBaseConfig", "KvCacheConfig", "DecodeCudaGraphConfig", "MoeConfig", "BaseLlmArgs", "TorchLlmArgs"])
+        for i, name in enumerate(
+            ["DecodingBaseConfig", "KvCacheConfig", "DecodeCudaGraphConfig", "MoeConfig", "BaseLlmArgs", "TorchLlmArgs"]
+        )
     )
-    body += '''
+    body += """
 class DFlashDecodingConfig(DecodingBaseConfig):
     mask_token_id: Optional[int] = Field(default=None, description="m")
     decoding_type: Literal["DFlash"] = Field(default="DFlash")
     attention_backend: Literal["VANILLA", "TRTLLM"] = Field(default="VANILLA")
     max_concurrency: Optional[PositiveInt] = Field(default=None, gt=0)
     _private: bool = PrivateAttr(True)
-'''
+"""
     (src / "llm_args.py").write_text(body)
     out = tmp_path / "extract.json"
     assert main([str(tmp_path), "--tag", "vTEST", "--out", str(out)]) == 0

@@ -15,18 +15,21 @@ import torch
 from scipy.stats import chisquare
 from support import SMALL_VOCAB, chi2_pvalue, exact_distribution, sample_speculatively
 
-from trtllm_dflash import DFlashPipeline
+from trtllm_dflash import DFlashPipeline, ops
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
-from trtllm_dflash import ops
 from trtllm_dflash.ops import reference, rng
 from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
-
 
 
 def _small_vocab_pair(root, family: str, block_size: int = 4, **drafter_options):
     target = make_tiny_target(root / "target", family, seed=11, vocab_size=SMALL_VOCAB)
     drafter = make_tiny_drafter(
-        root / "drafter", target, seed=12, block_size=block_size, mask_token_id=SMALL_VOCAB - 1, target_layer_ids=(1, 2),
+        root / "drafter",
+        target,
+        seed=12,
+        block_size=block_size,
+        mask_token_id=SMALL_VOCAB - 1,
+        target_layer_ids=(1, 2),
         **drafter_options,
     )
     return target, drafter
@@ -48,7 +51,8 @@ def small_vocab_pair(tmp_path_factory):
 # checked token for token (test_families.py), where a wrong state cannot hide in the noise.
 # "llama-sliding-drafter": the llama pair with a sliding-window draft layer (tests/test_sliding_drafters.py).
 @pytest.fixture(
-    scope="module", params=[("llama", 4, {}), ("qwen3_5", 2, {}), ("gpt_oss", 2, {}), ("llama", 4, SLIDING_DRAFTER)],
+    scope="module",
+    params=[("llama", 4, {}), ("qwen3_5", 2, {}), ("gpt_oss", 2, {}), ("llama", 4, SLIDING_DRAFTER)],
     ids=["llama", "qwen3_5", "gpt_oss", "llama-sliding-drafter"],
 )
 def family_pair(request, tmp_path_factory):
@@ -103,9 +107,7 @@ def test_greedy_rows_stay_exact_in_a_sampled_batch(tiny_qwen3, tiny_qwen3_drafte
     decoder = Decoder(pipe.runtime, max_batch=3, max_context=64)
     prompts = [[4, 5, 6], [7, 8], [10, 11, 12, 13]]
     temps = [0.0, 1.0, 0.0]
-    results = decoder.generate(
-        Request(p, SamplingParams(max_new_tokens=12, temperature=t, seed=3)) for p, t in zip(prompts, temps)
-    )
+    results = decoder.generate(Request(p, SamplingParams(max_new_tokens=12, temperature=t, seed=3)) for p, t in zip(prompts, temps))
     greedy = DFlashPipeline.load(tiny_qwen3, None, max_context=64, dtype=torch.float64)
     for prompt, temp, result in zip(prompts, temps, results):
         if temp == 0:
@@ -155,7 +157,13 @@ def test_greedy_verification_counts_the_matching_prefix(drafts, expected_accepte
     block = torch.tensor([[7] + drafts])
     zero, one = torch.zeros(1), torch.ones(1)
     accepted, bonus = reference.verify_block(
-        logits, block, None, zero, torch.zeros(1, dtype=torch.long), one, torch.zeros(1, dtype=torch.long),
+        logits,
+        block,
+        None,
+        zero,
+        torch.zeros(1, dtype=torch.long),
+        one,
+        torch.zeros(1, dtype=torch.long),
         torch.tensor([10]),
     )
     assert int(accepted) == expected_accepted

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import torch
 
-from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 from trtllm_dflash import decoding
 from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.runtime.base import SamplingTensors
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 
 
 def test_all_greedy_reads_the_host_flags_when_known():
@@ -43,8 +43,7 @@ def test_the_flags_follow_the_rows_through_joins_finishes_and_reorders(tmp_path,
     monkeypatch.setattr(decoding, "speculative_step", checking_step)
     g = torch.Generator().manual_seed(4)
     requests = [
-        Request(torch.randint(3, 120, (n,), generator=g).tolist(),
-                SamplingParams(max_new_tokens=m, temperature=0.9 * (i % 2), seed=i))
+        Request(torch.randint(3, 120, (n,), generator=g).tolist(), SamplingParams(max_new_tokens=m, temperature=0.9 * (i % 2), seed=i))
         for i, (n, m) in enumerate([(20, 5), (6, 17), (31, 9), (3, 12), (12, 4), (25, 14)])
     ]
     results = decoder.generate(requests)

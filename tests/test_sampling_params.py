@@ -6,10 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.contracts.request_limits import MAX_STOP_STRINGS, PROMPT_CHARS_PER_TOKEN, SEED_MAX, TOP_K_MAX
+from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.sampling_params import (
-    PromptTooLongError, SamplingError, SamplingParams, check_prompt_text, check_prompt_tokens,
+    PromptTooLongError,
+    SamplingError,
+    SamplingParams,
+    check_prompt_text,
+    check_prompt_tokens,
 )
 
 
@@ -69,8 +73,10 @@ def test_triton_inputs_map_to_and_from_sampling_params_by_one_table():
     params = SamplingParams(max_new_tokens=7, temperature=0.5, top_k=3, top_p=0.9, seed=11, stop=("END",))
     body = params_body("hi", params, streaming=True)
     assert body["sampling_param_max_tokens"] == 7 and body["sampling_param_stop"] == ["END"]
-    raw = {name: np.array([v.encode() for v in value] if isinstance(value, list) else [value.encode() if isinstance(value, str) else value])
-           for name, value in body.items()}
+    raw = {
+        name: np.array([v.encode() for v in value] if isinstance(value, list) else [value.encode() if isinstance(value, str) else value])
+        for name, value in body.items()
+    }
     assert parse_inputs(raw).params == params
     defaults = SamplingParams(max_new_tokens=5)
     assert parse_inputs({"text_input": np.array([b"hi"], dtype=np.object_)}, defaults).params == defaults

@@ -15,12 +15,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from trtllm_dflash.checks import selftest
 from trtllm_dflash.bench import decode, kernels
+from trtllm_dflash.checks import selftest
 
 ENV = selftest.GpuEnvironment(
-    gpu="NVIDIA H100 80GB HBM3", compute_capability="9.0", sm_count=132, memory_gib=79.2, driver="570.86.15",
-    cuda="12.8", torch="2.9.0+cu128", triton="3.5.0", tensorrt=None, host="gpu-box", date="2026-11-23 10:00 UTC",
+    gpu="NVIDIA H100 80GB HBM3",
+    compute_capability="9.0",
+    sm_count=132,
+    memory_gib=79.2,
+    driver="570.86.15",
+    cuda="12.8",
+    torch="2.9.0+cu128",
+    triton="3.5.0",
+    tensorrt=None,
+    host="gpu-box",
+    date="2026-11-23 10:00 UTC",
 )
 
 
@@ -196,7 +205,10 @@ def test_target_attention_rows_and_goals():
     shape = launch.TARGET_ATTENTION_BENCH_SHAPES[0]
     result = kernels.KernelBenchmark(3.0e12, [], [], [kernels.TargetAttentionResult(shape, 0.010, 0.008, 0.009)])
     text = kernels.kernel_tables(result)
-    assert f"| {shape.name} | 32 / 8 / 128 | 16 | 1024 | 1 | 1 | 0.0100 | - | {shape.bytes_moved() / 1e6:.1f} | 0.0080 | 80% | - | 0.0090 | 0.90x |" in text
+    assert (
+        f"| {shape.name} | 32 / 8 / 128 | 16 | 1024 | 1 | 1 | 0.0100 | - | "
+        f"{shape.bytes_moved() / 1e6:.1f} | 0.0080 | 80% | - | 0.0090 | 0.90x |" in text
+    )
     goals = kernels.goal_lines(result)
     assert goals[0].startswith(">= 70% of the bandwidth floor: met at 1 of 1 shapes")
     assert goals[1].startswith("attention faster than torch SDPA: MISSED at 0 of 1 shapes") and f"target {shape.name} (0.90x)" in goals[1]
@@ -214,8 +226,10 @@ def _decoded(batch, speculative, graphs, seconds, tau, same=None):
 
 def test_decode_table_compares_dflash_with_ar_and_graphs_with_eager():
     results = [
-        _decoded(1, False, False, 4.0, 1.0), _decoded(1, False, True, 2.0, 1.0, same=True),
-        _decoded(1, True, False, 2.0, 3.6), _decoded(1, True, True, 0.8, 3.6, same=False),
+        _decoded(1, False, False, 4.0, 1.0),
+        _decoded(1, False, True, 2.0, 1.0, same=True),
+        _decoded(1, True, False, 2.0, 3.6),
+        _decoded(1, True, True, 0.8, 3.6, same=False),
     ]
     table = decode.decode_table(results)
     assert "| 1 | AR | - | off | 1024 | 256.0 | 1.00 | 1.00x | - | - |" in table
@@ -255,13 +269,15 @@ def test_pytest_counts_are_read_from_the_closing_line():
 
 def test_gpu_tests_step_runs_pytest_and_names_failures(tmp_path):
     (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "test_fake_gpu.py").write_text(textwrap.dedent("""
+    (tmp_path / "tests" / "test_fake_gpu.py").write_text(
+        textwrap.dedent("""
         def test_fine():
             pass
 
         def test_broken_with_a_name_long_enough_that_pytest_cuts_its_summary_line_before_the_message():
             assert 1 == 2
-    """))
+    """)
+    )
     (tmp_path / "tests" / "test_other.py").write_text("def test_not_collected():\n    raise SystemExit\n")
     outcome = selftest.gpu_tests_step(tmp_path)
     assert not outcome.passed
@@ -274,7 +290,8 @@ def test_gpu_tests_step_runs_pytest_and_names_failures(tmp_path):
 
 def test_gpu_tests_step_says_each_test_as_it_finishes_and_lists_the_slowest(tmp_path):
     (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "test_fake_gpu.py").write_text(textwrap.dedent("""
+    (tmp_path / "tests" / "test_fake_gpu.py").write_text(
+        textwrap.dedent("""
         import time
 
         import pytest
@@ -287,12 +304,14 @@ def test_gpu_tests_step_says_each_test_as_it_finishes_and_lists_the_slowest(tmp_
 
         def test_skipped():
             pytest.skip("needs a GPU")
-    """))
+    """)
+    )
     said: list[str] = []
     outcome = selftest.gpu_tests_step(tmp_path, say=said.append)
     assert outcome.passed
     assert [line.split(" (")[0] for line in said] == [
-        "passed tests/test_fake_gpu.py::test_quick", "passed tests/test_fake_gpu.py::test_slower",
+        "passed tests/test_fake_gpu.py::test_quick",
+        "passed tests/test_fake_gpu.py::test_slower",
         "skipped tests/test_fake_gpu.py::test_skipped",
     ]
     assert "slowest: tests/test_fake_gpu.py::test_slower (0." in outcome.summary
@@ -311,7 +330,8 @@ def _state(pid: int) -> str:
 def test_gpu_tests_stopped_at_the_limit_list_what_finished_and_what_was_running(tmp_path):
     """The real pytest and plugin on a generated file whose fourth test sleeps past the limit."""
     (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "test_slow_gpu.py").write_text(textwrap.dedent(f"""
+    (tmp_path / "tests" / "test_slow_gpu.py").write_text(
+        textwrap.dedent(f"""
         import subprocess
         import time
         from pathlib import Path
@@ -334,7 +354,8 @@ def test_gpu_tests_stopped_at_the_limit_list_what_finished_and_what_was_running(
 
         def test_never_reached():
             pass
-    """))
+    """)
+    )
     said: list[str] = []
     outcome = selftest.gpu_tests_step(tmp_path, say=said.append, limit_s=10)
     assert not outcome.passed
@@ -343,7 +364,8 @@ def test_gpu_tests_stopped_at_the_limit_list_what_finished_and_what_was_running(
     assert "running when stopped: tests/test_slow_gpu.py::test_hangs (running for " in summary
     assert "failed: tests/test_slow_gpu.py::test_broken" in summary and "test_never_reached" not in summary
     assert [line.split(" (")[0] for line in said] == [
-        "passed tests/test_slow_gpu.py::test_quick", "failed tests/test_slow_gpu.py::test_broken",
+        "passed tests/test_slow_gpu.py::test_quick",
+        "failed tests/test_slow_gpu.py::test_broken",
         "skipped tests/test_slow_gpu.py::test_skipped",
     ]
     rows = [line for line in outcome.markdown.splitlines() if line.startswith("| `")]
@@ -360,7 +382,8 @@ def test_a_progress_line_cut_short_by_the_kill_is_ignored(tmp_path):
     path = tmp_path / "progress.jsonl"
     path.write_text(
         '{"event": "collected", "count": 2}\n{"event": "start", "test": "a", "time": 1.0}\n'
-        '{"event": "finish", "test": "a", "outcome": "passed", "seconds": 0.5}\n{"event": "start", "test": "b", "time": 2.0}\n{"event": "fin'
+        '{"event": "finish", "test": "a", "outcome": "passed", "seconds": 0.5}\n'
+        '{"event": "start", "test": "b", "time": 2.0}\n{"event": "fin'
     )
     progress = runs.read_progress(path)
     assert progress.collected == 2 and progress.running == {"b": 2.0}
@@ -457,14 +480,17 @@ def test_warmup_launches_exactly_the_gpu_tests_kernel_grids():
     assert len({c.name for c in cases}) == len(cases) == 97
 
 
-
 def test_warmup_cases_launch_the_ops_with_arguments_they_accept():
     """Three cases through the real ops on CPU (interpreted kernels, the verification reference):
     the arguments the warm-up builds are the ones the ops take. On a GPU they compile."""
     from trtllm_dflash.checks import warmup
 
     cases = {c.name: c for c in warmup.warmup_cases()}
-    for name in ("block_attention[float32-16-16-64-1-40]", "target_attention[float32-16-16-128-64-1-128-True]", "verify[float32-8-16-151936]"):
+    for name in (
+        "block_attention[float32-16-16-64-1-40]",
+        "target_attention[float32-16-16-128-64-1-128-True]",
+        "verify[float32-8-16-151936]",
+    ):
         warmup.launch_case(cases[name], device="cpu")
 
 

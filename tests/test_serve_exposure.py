@@ -19,7 +19,6 @@ import httpx
 import pytest
 from support import cli
 
-
 NESTED = b"[" * 40_000 + b"]" * 40_000  # the body that crashed tritonserver's HTTP front end
 SERVE = [sys.executable, "-c", "from trtllm_dflash.cli.app import main; main()", "serve"]
 
@@ -27,8 +26,23 @@ SERVE = [sys.executable, "-c", "from trtllm_dflash.cli.app import main; main()",
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     out = tmp_path_factory.mktemp("repo") / "repository"
-    cli("repo", "--model", "demo", "--baseline", "", "--out", str(out), "--max-context", "256",
-        "--max-tokens", "16", "--max-batch", "2", "--threads", "1")
+    cli(
+        "repo",
+        "--model",
+        "demo",
+        "--baseline",
+        "",
+        "--out",
+        str(out),
+        "--max-context",
+        "256",
+        "--max-tokens",
+        "16",
+        "--max-batch",
+        "2",
+        "--threads",
+        "1",
+    )
     return out
 
 
@@ -41,7 +55,10 @@ def _refused(port: int) -> bool:
 def _post_raw(port: int, body: bytes) -> None:
     """An HTTP/1.1 POST of `body` to any port (a gRPC port answers it as a bad HTTP/2 preface)."""
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        head = f"POST /v2/models/dflash/generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        head = (
+            "POST /v2/models/dflash/generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
         try:
             sock.sendall(head.encode() + body)
             sock.recv(1024)
@@ -53,8 +70,17 @@ def test_serve_with_the_openai_api_keeps_triton_behind_it_and_survives_nested_bo
     from trtllm_dflash.serving.server import free_port
 
     http, grpc, metrics, openai_port = (free_port() for _ in range(4))
-    command = SERVE + [str(repo), "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-                       "--openai-port", str(openai_port)]
+    command = SERVE + [
+        str(repo),
+        "--http-port",
+        str(http),
+        "--grpc-port",
+        str(grpc),
+        "--metrics-port",
+        str(metrics),
+        "--openai-port",
+        str(openai_port),
+    ]
     process = subprocess.Popen(command, env={**os.environ, "COLUMNS": "250"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     try:
@@ -74,8 +100,9 @@ def test_serve_with_the_openai_api_keeps_triton_behind_it_and_survives_nested_bo
                 _post_raw(port, NESTED)
         nested = httpx.post(f"{url}/v1/completions", content=NESTED, headers={"Content-Type": "application/json"}, timeout=60)
         assert nested.status_code == 400, nested.text
-        answer = httpx.post(f"{url}/v1/completions", json={"model": "dflash", "prompt": "def f(", "max_tokens": 4, "temperature": 0},
-                            timeout=300)
+        answer = httpx.post(
+            f"{url}/v1/completions", json={"model": "dflash", "prompt": "def f(", "max_tokens": 4, "temperature": 0}, timeout=300
+        )
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
         assert httpx.get(f"http://127.0.0.1:{metrics}/metrics", timeout=30).status_code == 200
         assert "restart" not in output and process.poll() is None

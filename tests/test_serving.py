@@ -34,8 +34,8 @@ def client(server):
 
 def served_block_size(repo) -> str | None:
     """The block size the repository's dflash model decodes with (the recipe's), if it sets one."""
-    from tritonclient.grpc import model_config_pb2
     from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
 
     config = text_format.Parse((repo / "dflash" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     return config.parameters["block_size"].string_value if "block_size" in config.parameters else None

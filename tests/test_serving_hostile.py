@@ -19,11 +19,11 @@ import urllib.request
 import httpx
 import numpy as np
 import pytest
-from support import supervised_server, wait_serving
+from support import MAX_CONTEXT, MAX_TOKENS, PROMPTS, pair, repo, supervised_server, wait_serving  # noqa: F401 (fixtures)
+from support import post as _post
 
-from support import MAX_CONTEXT, MAX_TOKENS, PROMPTS, pair, repo, post as _post  # noqa: F401 (fixtures)
-from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.contracts.request_limits import MIN_TEMPERATURE, PROMPT_CHARS_PER_TOKEN
+from trtllm_dflash.errors import DFlashError
 
 DEEP_JSON = b'{"text_input": ' + b"[" * 40000 + b"]" * 40000 + b"}"
 
@@ -72,7 +72,10 @@ def test_out_of_range_http_inputs_get_a_400_naming_the_input(supervised):
     and an FP32 overflow (1e39 -> inf) are refused as well."""
     text = {"text_input": "abc"}
     cases = [
-        ({**text, "sampling_param_max_tokens": 4294967304}, f"sampling_param_max_tokens 4294967304 is above this server's limit of {MAX_TOKENS}"),
+        (
+            {**text, "sampling_param_max_tokens": 4294967304},
+            f"sampling_param_max_tokens 4294967304 is above this server's limit of {MAX_TOKENS}",
+        ),
         ({**text, "sampling_param_max_tokens": -5}, "sampling_param_max_tokens must be > 0, got -5"),
         ({**text, "sampling_param_temperature": float("nan")}, "sampling_param_temperature must be >= 0 and finite, got nan"),
         ({**text, "sampling_param_temperature": float("inf")}, "sampling_param_temperature must be >= 0 and finite, got inf"),
@@ -323,7 +326,7 @@ def _openai_stream(url: str, prompt: str, outcome: dict, first: threading.Event)
             for line in response.iter_lines():
                 if line.startswith("data: "):
                     first.set()
-                    data = line[len("data: "):]
+                    data = line[len("data: ") :]
                     outcome.setdefault("events", []).append(data)
                     if data != "[DONE]" and "error" in json.loads(data):
                         outcome["end"] = "error event"
@@ -357,7 +360,9 @@ def test_a_killed_model_process_is_noticed_streams_end_and_it_comes_back(supervi
         for i in range(2):
             client = DFlashClient(supervised.endpoints.http, grpc_url=supervised.endpoints.grpc, timeout=120)
             outcome, first = {"kind": "triton"}, threading.Event()
-            streams.append((threading.Thread(target=_stream_first_chunk_then_rest, args=(client, PROMPTS[i], outcome, first)), outcome, first))
+            streams.append(
+                (threading.Thread(target=_stream_first_chunk_then_rest, args=(client, PROMPTS[i], outcome, first)), outcome, first)
+            )
         for thread, _, _ in streams:
             thread.start()
         # kill as soon as a stream of each kind is under way (waiting for all of them let short
@@ -391,6 +396,8 @@ def test_a_killed_model_process_is_noticed_streams_end_and_it_comes_back(supervi
         # what supervision saw first: the dead stub, the probe's failed request, or (seen once in CI)
         # tritonserver itself segfaulting as its Python backend found the stub gone; each ends in a restart
         noticed = supervised.supervision_log[lines]
-        assert any(why in noticed for why in ("stub of dflash_", "stub of dflash stopped answering", "tritonserver died unexpectedly")), noticed
+        assert any(why in noticed for why in ("stub of dflash_", "stub of dflash stopped answering", "tritonserver died unexpectedly")), (
+            noticed
+        )
         assert "restarting it on the same ports" in noticed, noticed
     assert _greedy(supervised, PROMPTS[0]) == before

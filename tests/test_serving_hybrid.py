@@ -15,7 +15,6 @@ import pytest
 import torch
 from support import cli, triton_server, write_repository
 
-
 MAX_TOKENS = 48
 
 

@@ -77,9 +77,23 @@ def test_serve_killed_leaves_nothing_and_an_odd_path_is_served(odd_repo, tmp_pat
     ports = [free_port(), free_port(), free_port()]
     env = {**os.environ, "TMPDIR": str(tmp_path)}  # its working folder lands where this test can find it
     serve = subprocess.Popen(
-        [sys.executable, "-m", "trtllm_dflash.cli.app", "serve", str(odd_repo),
-         "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])],
-        stdout=open(tmp_path / "serve.out", "wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "trtllm_dflash.cli.app",
+            "serve",
+            str(odd_repo),
+            "--http-port",
+            str(ports[0]),
+            "--grpc-port",
+            str(ports[1]),
+            "--metrics-port",
+            str(ports[2]),
+        ],
+        stdout=open(tmp_path / "serve.out", "wb"),
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
     )
     said = lambda: (tmp_path / "serve.out").read_text(errors="replace")  # noqa: E731
     try:

@@ -122,6 +122,7 @@ def expected_text(prompt: str, count: int) -> str:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     from trtllm_dflash.backends.trtllm import repository as trtllm
+
     root = tmp_path_factory.mktemp("llmapi-standin") / "repo"
     (root / "tensorrt_llm" / "1").mkdir(parents=True)
     (root / "tensorrt_llm" / "config.pbtxt").write_text(trtllm.render_config("tensorrt_llm", True))  # what our repository declares
@@ -165,8 +166,9 @@ def test_generate_url_prints_the_texts_and_the_figures_it_has(server):
     from support import run_cli
 
     for stream in ((), ("--stream",)):
-        result = run_cli("generate", "--url", server.endpoints.http, "--model-name", "tensorrt_llm", "--prompt", PROMPT,
-                         "-n", str(MAX_TOKENS), *stream)
+        result = run_cli(
+            "generate", "--url", server.endpoints.http, "--model-name", "tensorrt_llm", "--prompt", PROMPT, "-n", str(MAX_TOKENS), *stream
+        )
         assert result.returncode == 0, result.stderr
         assert PROMPT + expected_text(PROMPT, MAX_TOKENS) in result.stdout
         assert "draft acceptance 42%" in result.stdout and "finish: length" in result.stdout
@@ -188,8 +190,10 @@ def test_a_rewritten_tail_is_sent_as_the_new_part_and_the_whole_text_kept():
     from trtllm_dflash.serving.protocol import LLMApiStream
 
     reader = LLMApiStream()
-    chunks = [_chunk({"text_output": t, "finish_reason": f}, final=None, reader=reader)
-              for t, f in (("caf\ufffd", "None"), ("café au", "None"), ("café au lait", "length"))]
+    chunks = [
+        _chunk({"text_output": t, "finish_reason": f}, final=None, reader=reader)
+        for t, f in (("caf\ufffd", "None"), ("café au", "None"), ("café au lait", "length"))
+    ]
     assert [c.text for c in chunks] == ["caf\ufffd", "é au", " lait"] and [c.final for c in chunks] == [False, False, True]
     assert Completion.from_chunks(chunks).text == "café au lait"
 

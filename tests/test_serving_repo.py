@@ -44,8 +44,23 @@ def test_repo_writes_decoupled_dflash_and_baseline_models(tiny_pair, tmp_path):
 
     target, drafter = tiny_pair
     out = tmp_path / "repo"
-    result = invoke("repo", "--model", str(target), "--drafter", str(drafter), "--out", str(out), "--max-batch", "4", "--max-context", "300",
-                  "--prefill-chunk", "64", "--prefill-share", "0.3")
+    result = invoke(
+        "repo",
+        "--model",
+        str(target),
+        "--drafter",
+        str(drafter),
+        "--out",
+        str(out),
+        "--max-batch",
+        "4",
+        "--max-context",
+        "300",
+        "--prefill-chunk",
+        "64",
+        "--prefill-share",
+        "0.3",
+    )
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == ["ar", "dflash", "dflash_repository.json"]
     configs = {}
@@ -54,7 +69,9 @@ def test_repo_writes_decoupled_dflash_and_baseline_models(tiny_pair, tmp_path):
         assert config.backend == "python" and config.model_transaction_policy.decoupled
         assert [i.name for i in config.input][:3] == ["text_input", "input_ids", "streaming"]
         assert [list(i.dims) for i in config.input][:2] == [[1], [-1]] and all(i.optional for i in config.input[:2])  # one of the two
-        assert {"text_output", "output_ids", "acceptance_lengths", "acceptance_rate", "num_output_tokens"} <= {o.name for o in config.output}
+        assert {"text_output", "output_ids", "acceptance_lengths", "acceptance_rate", "num_output_tokens"} <= {
+            o.name for o in config.output
+        }
         configs[name] = ServingConfig.from_parameters({k: v.string_value for k, v in config.parameters.items()})
         compile((out / name / "1" / "model.py").read_text(), "model.py", "exec")
     assert configs["dflash"].drafter == str(drafter.resolve()) and configs["dflash"].max_batch == 4
@@ -133,14 +150,17 @@ def test_trtllm_repository_for_gpt_oss_120b_on_b300_validates(tmp_path):
 
 
 def test_llm_api_schema_rejects_unknown_keys_and_wrong_types(tmp_path):
-    from trtllm_dflash.recipes import find_recipe
     from trtllm_dflash.backends.trtllm.options import llm_api_options, model_yaml, validate_model_yaml
+    from trtllm_dflash.recipes import find_recipe
 
     recipe = find_recipe("gpt-oss-120b", "b300")
     good = model_yaml(recipe.model.checkpoint, llm_api_options(recipe)[0])
     cases = [
         ({**good, "tensor_parallel": 8}, "tensor_parallel: unknown LLM-API key"),
-        ({**good, "speculative_config": {**good["speculative_config"], "max_draft_length": 9}}, "speculative_config.max_draft_length: unknown"),
+        (
+            {**good, "speculative_config": {**good["speculative_config"], "max_draft_length": 9}},
+            "speculative_config.max_draft_length: unknown",
+        ),
         ({**good, "speculative_config": {**good["speculative_config"], "decoding_type": "Eagle3"}}, "decoding_type"),
         ({**good, "kv_cache_config": {"dtype": "fp8", "free_gpu_memory_fraction": "lots"}}, "free_gpu_memory_fraction"),
         ({**good, "max_batch_size": "512"}, "max_batch_size"),
@@ -174,13 +194,15 @@ def test_trt_recipe_without_a_build_says_how_to_build(tmp_path):
 def test_parse_inputs_checks_types_and_shapes():
     from trtllm_dflash.serving.protocol import parse_inputs
 
-    parsed = parse_inputs({
-        "text_input": np.array([b"hello"], dtype=np.object_),
-        "sampling_param_max_tokens": np.array([7], dtype=np.int32),
-        "sampling_param_temperature": np.array([0.5], dtype=np.float32),
-        "sampling_param_stop": np.array([b"\n", b"END"], dtype=np.object_),
-        "streaming": np.array([True]),
-    })
+    parsed = parse_inputs(
+        {
+            "text_input": np.array([b"hello"], dtype=np.object_),
+            "sampling_param_max_tokens": np.array([7], dtype=np.int32),
+            "sampling_param_temperature": np.array([0.5], dtype=np.float32),
+            "sampling_param_stop": np.array([b"\n", b"END"], dtype=np.object_),
+            "streaming": np.array([True]),
+        }
+    )
     params = parsed.params
     assert (parsed.text, params.max_new_tokens, params.temperature, params.stop, parsed.streaming) == ("hello", 7, 0.5, ("\n", "END"), True)
     with pytest.raises(DFlashError, match="send the prompt as text_input or as input_ids"):
@@ -232,10 +254,10 @@ def test_decoder_cancel_frees_the_row_and_leaves_the_others_unchanged(tiny_pair)
 
 
 def test_engine_streams_and_drops_a_client_that_went_away(tiny_pair):
-    from trtllm_dflash.serving.model_parameters import ServingConfig
-    from trtllm_dflash.sampling_params import SamplingParams
     from trtllm_dflash.backends import open_served_pipeline
+    from trtllm_dflash.sampling_params import SamplingParams
     from trtllm_dflash.serving.batching_loop import BatchingLoop
+    from trtllm_dflash.serving.model_parameters import ServingConfig
     from trtllm_dflash.serving.protocol import GenerateInputs
 
     config = ServingConfig(target=str(tiny_pair[0]), drafter=str(tiny_pair[1]), max_context=128, max_tokens=64)
@@ -295,14 +317,21 @@ def test_repo_from_a_build_uses_its_engines_when_built_else_its_checkpoints(tiny
             "checkpoints": {"status": "complete", "dir": "checkpoints"},
             "engines": {"status": "blocked", "missing": "a GPU", "how_to_get_it": "run on a GPU machine"},
         },
-        "artifact": {"backend": "trt", "recipe": "tiny", "target": str(target), "drafter": str(drafter),
-                     "limits": {"max_batch": 8, "max_input_len": 200, "max_seq_len": 512, "block_size": 4}},
+        "artifact": {
+            "backend": "trt",
+            "recipe": "tiny",
+            "target": str(target),
+            "drafter": str(drafter),
+            "limits": {"max_batch": 8, "max_input_len": 200, "max_seq_len": 512, "block_size": 4},
+        },
     }
     (build / "manifest.json").write_text(json.dumps(manifest))
 
     def served(repo):
         return {
-            name: ServingConfig.from_parameters({k: v.string_value for k, v in _parse_pbtxt(repo / name / "config.pbtxt").parameters.items()})
+            name: ServingConfig.from_parameters(
+                {k: v.string_value for k, v in _parse_pbtxt(repo / name / "config.pbtxt").parameters.items()}
+            )
             for name in ("dflash", "ar")
         }
 
@@ -310,7 +339,12 @@ def test_repo_from_a_build_uses_its_engines_when_built_else_its_checkpoints(tiny
     assert result.exit_code == 0, result.output
     configs = served(tmp_path / "repo")
     assert configs["dflash"].backend == "torch" and configs["dflash"].drafter == str(drafter)
-    assert (configs["dflash"].max_batch, configs["dflash"].max_context, configs["dflash"].max_tokens, configs["dflash"].block_size) == (8, 512, 312, 4)
+    assert (configs["dflash"].max_batch, configs["dflash"].max_context, configs["dflash"].max_tokens, configs["dflash"].block_size) == (
+        8,
+        512,
+        312,
+        4,
+    )
     assert configs["ar"].drafter is None
     # served as the model in the repository opens it: the torch runtime, drafting with the build's drafter
     from trtllm_dflash.backends import open_served_pipeline

@@ -30,8 +30,7 @@ RESTART_BOUND = 300  # seconds: a hang bound for a restart on a slow 2-core mach
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     out = tmp_path_factory.mktemp("supervision") / "repository"
-    cli("repo", "--model", "demo", "--out", str(out), "--max-context", "512", "--max-tokens", "64",
-        "--max-batch", "4", "--threads", "1")
+    cli("repo", "--model", "demo", "--out", str(out), "--max-context", "512", "--max-tokens", "64", "--max-batch", "4", "--threads", "1")
     return out
 
 
@@ -44,8 +43,9 @@ def supervised(repo):
 
 def _generate(server, prompt: str = PROMPT) -> str:
     body = {"text_input": prompt, "sampling_param_max_tokens": 8, "sampling_param_temperature": 0}
-    request = urllib.request.Request(f"{server.endpoints.http}/v2/models/dflash/generate", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{server.endpoints.http}/v2/models/dflash/generate", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=120) as response:
         return json.loads(response.read())["text_output"]
 
@@ -170,8 +170,10 @@ def test_a_failed_restart_is_retried_and_the_crash_names_the_request_before_it(s
     assert "the Python backend stub of dflash_0_0 died" in log[0], log
     assert f"the last request dflash received: fingerprint {expected}" in log[0], log
     assert "(restart 1 of at most 5 per 10 min)" in log[0], log
-    assert ("the restart failed (tritonserver exited with status 1 while loading the repository); retrying in 1 s "
-            "(restart 2 of at most 5 per 10 min)") in log[1], log
+    assert (
+        "the restart failed (tritonserver exited with status 1 while loading the repository); retrying in 1 s "
+        "(restart 2 of at most 5 per 10 min)"
+    ) in log[1], log
     assert log[2].startswith("tritonserver ready again"), log
     assert _generate(supervised) == before
 
@@ -199,8 +201,9 @@ def test_a_stalled_model_makes_health_503_within_5_s_and_is_restarted(supervised
             while httpx.get(health, timeout=5).status_code != 200:  # the front end reconnects to the new server
                 assert time.monotonic() - stopped < RESTART_BOUND, "the OpenAI /health never said 200 again"
                 time.sleep(0.2)
-            completion = httpx.post(f"{front.url}/completions", timeout=120,
-                                    json={"model": "dflash", "prompt": PROMPT, "max_tokens": 4, "temperature": 0})
+            completion = httpx.post(
+                f"{front.url}/completions", timeout=120, json={"model": "dflash", "prompt": PROMPT, "max_tokens": 4, "temperature": 0}
+            )
             assert completion.status_code == 200, completion.text  # /health 200 means requests are answered
         finally:
             if server_watch.process_start_time(stub) is not None:  # a failure above: leave no stopped process

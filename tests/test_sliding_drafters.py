@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import rms, rope  # the drafter's norm and RoPE written from the spec
 
 from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.decoding import Decoder, Request
@@ -37,8 +38,6 @@ from trtllm_dflash.demo import DEMO_DIR
 from trtllm_dflash.ops import reference_dflash2
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 from trtllm_dflash.sampling_params import SamplingParams
-
-from support import rms, rope  # the drafter's norm and RoPE written from the spec
 
 WINDOW = 12
 NEW_TOKENS = 40
@@ -127,9 +126,15 @@ def reference_draft(w: dict, raw: dict, ctx_features, block_embeds, anchor: int,
         return unary.argmax(-1).tolist()
     z = hidden @ w["candidate_selector.hidden_projection.weight"].T
     tokens, _, _ = reference_dflash2.candidate_select(
-        unary[None], z[None], torch.tensor([anchor]), w["candidate_selector.predecessor_codebook"],
-        w["candidate_selector.successor_codebook"], torch.zeros(1), torch.zeros(1, dtype=torch.long),
-        torch.arange(start + 1, start + block_embeds.shape[0])[None], raw["dflash_config"]["selector_top_k"],
+        unary[None],
+        z[None],
+        torch.tensor([anchor]),
+        w["candidate_selector.predecessor_codebook"],
+        w["candidate_selector.successor_codebook"],
+        torch.zeros(1),
+        torch.zeros(1, dtype=torch.long),
+        torch.arange(start + 1, start + block_embeds.shape[0])[None],
+        raw["dflash_config"]["selector_top_k"],
     )
     return tokens[0].tolist()
 
@@ -140,8 +145,10 @@ def target_forward(model, taps: list[int], tokens: list[int]) -> tuple[torch.Ten
     returns after the final norm, and the demo drafter taps the last layer (7 of 8): so the outputs
     are read from the layers themselves."""
     outputs = {}
-    hooks = [model.model.layers[i].register_forward_hook(lambda m, a, o, i=i: outputs.__setitem__(i, o[0] if isinstance(o, tuple) else o))
-             for i in taps]
+    hooks = [
+        model.model.layers[i].register_forward_hook(lambda m, a, o, i=i: outputs.__setitem__(i, o[0] if isinstance(o, tuple) else o))
+        for i in taps
+    ]
     try:
         with torch.no_grad():
             logits = model(torch.tensor([tokens])).logits[0]
@@ -274,7 +281,9 @@ def test_a_window_wider_than_the_context_drafts_exactly_what_full_attention_draf
         runtime.allocate(1, 128)
         prefill = runtime.target_forward(slice(0, 1), torch.tensor([prompts[0]]), torch.tensor([0]), len(prompts[0]))
         block = torch.tensor([[prompts[0][-1]] + [drafter.config.mask_token_id] * 7])
-        outs[name] = runtime.draft_forward(slice(0, 1), block, prefill.features[:, :-1], torch.tensor([len(prompts[0]) - 1]), torch.tensor([0]))
+        outs[name] = runtime.draft_forward(
+            slice(0, 1), block, prefill.features[:, :-1], torch.tensor([len(prompts[0]) - 1]), torch.tensor([0])
+        )
     torch.testing.assert_close(outs["wide"], outs["full"], rtol=1e-12, atol=1e-12)
 
 
@@ -379,7 +388,11 @@ def test_the_native_v2_graphs_accept_what_the_reference_accepts(native_export, t
     model = target32.model
     info = json.loads((export / "graphs.json").read_text())
     info["variants"]["native"]["drafter"] = export_drafter(
-        drafter, model.get_input_embeddings(), model.get_output_embeddings(), export / "native" / "drafter.onnx", "fp32",
+        drafter,
+        model.get_input_embeddings(),
+        model.get_output_embeddings(),
+        export / "native" / "drafter.onnx",
+        "fp32",
         Bounds(**BOUNDS_KW),
     ).to_dict()
     write_graphs_json(export, info)
@@ -412,7 +425,11 @@ def test_tensorrt_rtx_builds_the_sliding_drafter_engine(native_export, tmp_path)
     _, export = native_export
     info = json.loads((export / "graphs.json").read_text())["variants"]["native"]["drafter"]
     built = engines.build_engine(
-        engines.load_flavour("tensorrt-rtx"), export / "native" / "drafter.onnx", tmp_path / "drafter.engine", info,
-        engines.profiles("drafter", Bounds(**BOUNDS_KW)), (12, 0),
+        engines.load_flavour("tensorrt-rtx"),
+        export / "native" / "drafter.onnx",
+        tmp_path / "drafter.engine",
+        info,
+        engines.profiles("drafter", Bounds(**BOUNDS_KW)),
+        (12, 0),
     )
     assert built["bytes"] == (tmp_path / "drafter.engine").stat().st_size > 0

@@ -60,7 +60,11 @@ def reference():
     pipe = DFlashPipeline.load("demo", "demo")
     plain, chat = pipe.generate([PROMPT], max_new_tokens=N)[0], pipe.generate([PROMPT], max_new_tokens=N, chat=True)[0]
     assert plain.acceptance_lengths and chat.acceptance_lengths
-    return {"completions": plain.acceptance_lengths, "chat/completions": chat.acceptance_lengths, "draft_len": pipe.decoder(1).block_size - 1}
+    return {
+        "completions": plain.acceptance_lengths,
+        "chat/completions": chat.acceptance_lengths,
+        "draft_len": pipe.decoder(1).block_size - 1,
+    }
 
 
 def _body(route: str, model: str = "dflash", **extra) -> dict:
@@ -80,7 +84,7 @@ def _stream(front, route: str, **extra) -> list[dict]:
         assert answer.status_code == 200
         for line in answer.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
-                chunks.append(json.loads(line[len("data: "):]))
+                chunks.append(json.loads(line[len("data: ") :]))
     return chunks
 
 
@@ -155,15 +159,17 @@ def test_prometheus_counters_move_by_the_requests_counts(demo_triton, front, ref
 def test_served_draft_counts_follow_the_draft_len_schedule():
     """With a draft_len_schedule a busy step verifies fewer drafts: the served totals count what each
     step verified (they counted block size - 1 per step, overstating drafts and understating the rate)."""
-    from trtllm_dflash.backends import open_served_pipeline
     from support import RecordingSink, serve_until
+
+    from trtllm_dflash.backends import open_served_pipeline
     from trtllm_dflash.sampling_params import SamplingParams
     from trtllm_dflash.serving.batching_loop import BatchingLoop
     from trtllm_dflash.serving.model_parameters import ServingConfig
     from trtllm_dflash.serving.protocol import GenerateInputs
 
-    config = ServingConfig(target="demo", drafter="demo", max_context=256, max_tokens=64, max_batch=2,
-                           draft_len_schedule={1: 7, 2: 0}, device="cpu")
+    config = ServingConfig(
+        target="demo", drafter="demo", max_context=256, max_tokens=64, max_batch=2, draft_len_schedule={1: 7, 2: 0}, device="cpu"
+    )
     loop = BatchingLoop(config, open_served_pipeline(config))
     sinks = [RecordingSink(raise_errors=True), RecordingSink(raise_errors=True)]
     for sink, limit in zip(sinks, (12, 30)):  # both decode together (no drafts), then the second alone (7 a step)

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from trtllm_dflash.checkpoints import load_drafter, load_target
-from trtllm_dflash.testing.tiny import cycle_sequences
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.runtime.base import Slots
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+from trtllm_dflash.testing.tiny import cycle_sequences
 
 GREEDY = SamplingParams(max_new_tokens=24)
 SEEDED = SamplingParams(max_new_tokens=24, temperature=0.8, top_p=0.95, seed=5)
@@ -69,6 +69,7 @@ class SlotWatch:
             self.passes += 1
             self.gapped += slots.run is None
             return out
+
         return run
 
 
@@ -123,7 +124,9 @@ def test_finishes_cancels_and_joins_move_no_other_requests_cache(pair, params):
 def _slot_kv(runtime, slot: int, length: int, drafted: int) -> list[torch.Tensor]:
     """A slot's committed K/V: the target's first `length` positions, the drafter's first `drafted`
     (the drafter's context lags: a step appends the previous step's accepted positions)."""
-    target = [t[slot, :length].clone() for layer in runtime.target_cache.layers if layer.keys is not None for t in (layer.keys, layer.values)]
+    target = [
+        t[slot, :length].clone() for layer in runtime.target_cache.layers if layer.keys is not None for t in (layer.keys, layer.values)
+    ]
     return target + [t[slot, :drafted].clone() for layer in runtime.draft_cache.layers for t in (layer.keys, layer.values)]
 
 

@@ -17,8 +17,12 @@ def test_the_tiny_mode_writes_every_row_and_part(tmp_path):
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     out = tmp_path / "step.md"
-    assert script.main(["--tiny", "--device", "cpu", "--batches", "1,2", "--contexts", "24", "--repeats", "2",
-                        "--loop-steps", "4", "--out", str(out)]) == 0
+    assert (
+        script.main(
+            ["--tiny", "--device", "cpu", "--batches", "1,2", "--contexts", "24", "--repeats", "2", "--loop-steps", "4", "--out", str(out)]
+        )
+        == 0
+    )
     table = out.read_text()
     assert "| 1 | 24 |" in table and "| 2 | 24 |" in table
     result = json.loads(out.with_suffix(".json").read_text())

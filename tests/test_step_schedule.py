@@ -20,7 +20,9 @@ def test_before_a_token_was_timed_a_probe_chunk():
     assert PrefillBudget(32, share=0.5).tokens(decoding=True) == 32
 
 
-def simulate(budget: PrefillBudget, steps: int, decode: float, overhead: float, per_token: float, pending) -> tuple[float, float, list[int]]:
+def simulate(
+    budget: PrefillBudget, steps: int, decode: float, overhead: float, per_token: float, pending
+) -> tuple[float, float, list[int]]:
     """Steps of a decoder whose chunk pass costs overhead + per_token * n; `pending(step)` says
     whether a prompt waits to be prefilled. Returns (prefill seconds, decode seconds, chunk sizes)."""
     prefill_time = decode_time = 0.0
@@ -51,8 +53,9 @@ def test_a_rare_long_prompt_is_prefilled_from_saved_credit_in_large_chunks():
     """After steps with nothing to prefill the credit is full: the next chunks are the cap, then they
     fall to what the share pays for as the credit is spent."""
     budget = PrefillBudget(512, share=0.3)
-    _, _, sizes = simulate(budget, BURST_STEPS * 3, decode=0.020, overhead=0.0, per_token=0.0001,
-                           pending=lambda step: step == 0 or step >= 2 * BURST_STEPS)
+    _, _, sizes = simulate(
+        budget, BURST_STEPS * 3, decode=0.020, overhead=0.0, per_token=0.0001, pending=lambda step: step == 0 or step >= 2 * BURST_STEPS
+    )
     assert budget.credit <= 0.3 * 0.020 * BURST_STEPS
     burst, steady = sizes[1:4], sizes[-10:]
     assert burst[0] == 512  # 0.38 s of credit buys more than the cap (51 ms)

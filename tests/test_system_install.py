@@ -24,8 +24,9 @@ def _bare_interpreter(path: Path, with_our_packages: bool) -> Path:
     .pth of its own that a path entry does not run) importable, like a GPU image's preinstalled set."""
     venv.create(path, with_pip=False)
     python = path / "bin" / "python"
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     if with_our_packages:
         Path(site, "preinstalled.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return python
@@ -35,9 +36,19 @@ def _make_gpu_check(python: Path, tmp_path: Path) -> subprocess.CompletedProcess
     env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "", "PIP_EXTRA_INDEX_URL": "", "PYTHONPATH": ""}
     env.pop("VIRTUAL_ENV", None)
     return subprocess.run(
-        ["make", "--no-print-directory", "gpu-check", "SYSTEM_PYTHON=1", f"PYTHON={python}",
-         f"GPU_CHECK_ARGS=--out {tmp_path / 'RESULTS.md'}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        [
+            "make",
+            "--no-print-directory",
+            "gpu-check",
+            "SYSTEM_PYTHON=1",
+            f"PYTHON={python}",
+            f"GPU_CHECK_ARGS=--out {tmp_path / 'RESULTS.md'}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -60,7 +71,9 @@ def test_installs_offline_into_an_interpreter_with_torch_then_stops_at_no_cuda(t
     assert sum("error:" in line for line in output.splitlines()) == 1, output
     assert not (tmp_path / "RESULTS.md").exists()
     # the install is real: the CLI imports from anywhere in that interpreter
-    check = subprocess.run([python, "-c", "import trtllm_dflash.cli.app, trtllm_dflash.plugins"], cwd=tmp_path, capture_output=True, text=True)
+    check = subprocess.run(
+        [python, "-c", "import trtllm_dflash.cli.app, trtllm_dflash.plugins"], cwd=tmp_path, capture_output=True, text=True
+    )
     assert check.returncode == 0, check.stderr
 
 

@@ -14,12 +14,12 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import TensorProto, helper
+from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from trtllm_dflash.plugins import onnx_nodes
 from trtllm_dflash import ops
 from trtllm_dflash.ops import reference
+from trtllm_dflash.plugins import onnx_nodes
 
 
 def inputs(seed=0, batch=3, tokens=4, heads=4, kv_heads=2, key_dim=16, value_dim=16, capacity=32, starts=(7, 0, 19)):
@@ -127,7 +127,8 @@ def _node_model(x: dict, sinks: torch.Tensor, **attributes) -> onnx.ModelProto:
 
     out_like = {"out": torch.zeros(*x["q"].shape[:-1], x["v_cache"].shape[-1]), "k_cache_out": x["k_cache"], "v_cache_out": x["v_cache"]}
     graph = helper.make_graph(
-        [node], "target_attention",
+        [node],
+        "target_attention",
         [info(name, values[name]) for name in spec.inputs],
         [info(name, out_like[name]) for name in spec.outputs],
     )
@@ -163,9 +164,12 @@ def test_export_emits_one_aliased_plugin_node(tmp_path):
     sinks = torch.randn(4)
     batch, tokens = Dim("batch", min=1, max=8), Dim("tokens", min=1, max=16)
     program = torch.onnx.export(
-        _OneLayer(), (*x.values(), sinks), dynamo=True,
+        _OneLayer(),
+        (*x.values(), sinks),
+        dynamo=True,
         dynamic_shapes=({0: batch, 1: tokens}, {0: batch, 1: tokens}, {0: batch, 1: tokens}, {0: batch}, {0: batch}, {0: batch}, None),
-        custom_translation_table=onnx_nodes.custom_translation_table(), opset_version=20,
+        custom_translation_table=onnx_nodes.custom_translation_table(),
+        opset_version=20,
     )
     model = program.model_proto
     nodes = [n for n in model.graph.node if n.domain == "dflash"]

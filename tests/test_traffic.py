@@ -165,16 +165,22 @@ def test_weight_rules_on_a_hand_built_graph(tmp_path):
         helper.make_node("Shape", ["past_key_0"], ["unused_shape"]),
     ]
     graph = helper.make_graph(
-        nodes, "g",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"]),
-         helper.make_tensor_value_info("past_key_0", TensorProto.FLOAT16, ["batch", "past", 2, 4])],
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"]),
+            helper.make_tensor_value_info("past_key_0", TensorProto.FLOAT16, ["batch", "past", 2, 4]),
+        ],
         [helper.make_tensor_value_info("features", TensorProto.FLOAT16, ["batch", "tokens", 4])],
         [fp8, scale, folded, table],
     )
     path = tmp_path / "g.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), str(path))
-    info = {"variant": "native", "file": "g.onnx",
-            "inputs": [{"name": "input_ids", "dims": ["batch", "tokens"]}, {"name": "past_key_0", "dims": ["batch", "past", 2, 4]}]}
+    info = {
+        "variant": "native",
+        "file": "g.onnx",
+        "inputs": [{"name": "input_ids", "dims": ["batch", "tokens"]}, {"name": "past_key_0", "dims": ["batch", "past", 2, 4]}],
+    }
     summary = traffic.summarize_graph(path, info, "target")
     assert summary.dense_weight_bytes == 16 * 8 * 1 + 4 + 8 * 4 * 2
     assert summary.gathered == (("input_ids", 16 * 4),)

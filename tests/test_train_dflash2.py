@@ -120,11 +120,14 @@ def test_the_shipped_demo_v2_drafter_is_lossless_on_held_out_prompts():
     assert all(a >= 1 for o in outputs for a in o.acceptance_lengths)
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"init_from": "demo"}, "--init-from starts a V2 drafter"),
-    ({"v2": True, "block_size": 32}, "DFlash V2 blocks are 2..16"),
-    ({"v2": True, "selector_rank": 0}, "--selector-rank and --selector-top-k must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"init_from": "demo"}, "--init-from starts a V2 drafter"),
+        ({"v2": True, "block_size": 32}, "DFlash V2 blocks are 2..16"),
+        ({"v2": True, "selector_rank": 0}, "--selector-rank and --selector-top-k must be >= 1"),
+    ],
+)
 def test_bad_v2_options_fail_before_anything_loads(tmp_path, change, message):
     from trtllm_dflash.errors import DFlashError
     from trtllm_dflash.training.run import TrainDrafterOptions, check_options
@@ -145,11 +148,39 @@ def test_train_drafter_v2_from_a_v1_drafter_writes_a_loadable_v2(tmp_path):
     v1 = make_tiny_drafter(tmp_path / "v1", target, seed=7, num_layers=1, block_size=4, mask_token_id=1)
     (tmp_path / "data.txt").write_text("\n".join("abcabcabd" * 4 for _ in range(8)))
     out = tmp_path / "v2"
-    result = CliRunner().invoke(app, [
-        "train-drafter", "--target", str(target), "--data", str(tmp_path / "data.txt"), "--out", str(out), "--v2",
-        "--init-from", str(v1), "--block-size", "4", "--steps", "3", "--batch-size", "2", "--seq-len", "24",
-        "--anchors", "4", "--selector-rank", "8", "--selector-top-k", "8", "--mask-token-id", "1", "--threads", "1",
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train-drafter",
+            "--target",
+            str(target),
+            "--data",
+            str(tmp_path / "data.txt"),
+            "--out",
+            str(out),
+            "--v2",
+            "--init-from",
+            str(v1),
+            "--block-size",
+            "4",
+            "--steps",
+            "3",
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "24",
+            "--anchors",
+            "4",
+            "--selector-rank",
+            "8",
+            "--selector-top-k",
+            "8",
+            "--mask-token-id",
+            "1",
+            "--threads",
+            "1",
+        ],
+    )
     assert result.exit_code == 0, result.output
     history = json.loads((out / "training.json").read_text())["history"]
     assert {"base_loss", "selector_loss", "candidate_recall", "selector_accuracy"} <= set(history[-1])

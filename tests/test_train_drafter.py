@@ -64,11 +64,39 @@ def mean_tau(target, drafter, prompts) -> tuple[float, list[list[int]]]:
 def test_train_drafter_learns_and_loads(periodic_target, tmp_path):
     target, data = periodic_target
     out = tmp_path / "drafter"
-    result = CliRunner().invoke(app, [
-        "train-drafter", "--target", str(target), "--data", str(data), "--out", str(out), "--layers", "1",
-        "--block-size", "8", "--steps", "200", "--lr", "3e-3", "--batch-size", "8", "--seq-len", "48",
-        "--anchors", "8", "--regenerate", "--prompt-tokens", "12", "--checkpoint-every", "50", "--threads", "1",
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train-drafter",
+            "--target",
+            str(target),
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--layers",
+            "1",
+            "--block-size",
+            "8",
+            "--steps",
+            "200",
+            "--lr",
+            "3e-3",
+            "--batch-size",
+            "8",
+            "--seq-len",
+            "48",
+            "--anchors",
+            "8",
+            "--regenerate",
+            "--prompt-tokens",
+            "12",
+            "--checkpoint-every",
+            "50",
+            "--threads",
+            "1",
+        ],
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "training.json").read_text())
     history = summary["history"]
@@ -96,8 +124,21 @@ def test_train_drafter_learns_and_loads(periodic_target, tmp_path):
 
 def test_resume_continues_exactly(periodic_target, tmp_path):
     target, data = periodic_target
-    common = dict(target=target, data=[data / "train.txt"], layers=1, block_size=4, steps=12, lr=2e-3, batch_size=4,
-                  seq_len=32, anchors=4, checkpoint_every=5, max_sequences=24, cache_features=False, save_dtype="float32")
+    common = dict(
+        target=target,
+        data=[data / "train.txt"],
+        layers=1,
+        block_size=4,
+        steps=12,
+        lr=2e-3,
+        batch_size=4,
+        seq_len=32,
+        anchors=4,
+        checkpoint_every=5,
+        max_sequences=24,
+        cache_features=False,
+        save_dtype="float32",
+    )
     straight = train_drafter(TrainDrafterOptions(out=tmp_path / "straight", **common))
 
     class Interrupted(Exception):
@@ -157,8 +198,18 @@ def test_cli_bad_input_is_one_line(periodic_target, tmp_path, monkeypatch, capsy
     from trtllm_dflash.cli.app import main
 
     target, data = periodic_target
-    argv = ["dflash-trt", "train-drafter", "--target", str(target), "--data", str(data), "--out", str(tmp_path / "o"),
-            "--target-layer-ids", "1,7"]
+    argv = [
+        "dflash-trt",
+        "train-drafter",
+        "--target",
+        str(target),
+        "--data",
+        str(data),
+        "--out",
+        str(tmp_path / "o"),
+        "--target-layer-ids",
+        "1,7",
+    ]
     monkeypatch.setattr("sys.argv", argv)
     with pytest.raises(SystemExit) as exit_info:
         main()
@@ -226,11 +277,39 @@ def test_train_drafter_on_a_hybrid_and_a_gpt_oss_target(family, tmp_path):
     data.mkdir()
     (data / "train.txt").write_text("\n".join(periodic_text(rng, 48) for _ in range(64)))
     out = tmp_path / "drafter"
-    result = CliRunner().invoke(app, [
-        "train-drafter", "--target", str(target), "--data", str(data), "--out", str(out), "--layers", "1",
-        "--block-size", "4", "--steps", "40", "--lr", "3e-3", "--batch-size", "4", "--seq-len", "40",
-        "--anchors", "4", "--regenerate", "--prompt-tokens", "12", "--checkpoint-every", "10", "--threads", "1",
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train-drafter",
+            "--target",
+            str(target),
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--layers",
+            "1",
+            "--block-size",
+            "4",
+            "--steps",
+            "40",
+            "--lr",
+            "3e-3",
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "40",
+            "--anchors",
+            "4",
+            "--regenerate",
+            "--prompt-tokens",
+            "12",
+            "--checkpoint-every",
+            "10",
+            "--threads",
+            "1",
+        ],
+    )
     assert result.exit_code == 0, result.output
     history = json.loads((out / "training.json").read_text())["history"]
     assert len(history) >= 4 and history[-1]["loss"] < history[0]["loss"]

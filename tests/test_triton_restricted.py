@@ -10,7 +10,6 @@ owner reads, and in no process's environment.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import urllib.error
@@ -201,9 +200,11 @@ def test_grpc_logging_and_statistics_are_refused_without_the_token(server):
 
     client = grpcclient.InferenceServerClient(server.endpoints.grpc)
     try:
-        for call in (lambda h: client.update_log_settings({"log_verbose_level": 1}, headers=h),
-                     lambda h: client.get_trace_settings(headers=h),
-                     lambda h: client.get_inference_statistics("dflash", headers=h)):
+        for call in (
+            lambda h: client.update_log_settings({"log_verbose_level": 1}, headers=h),
+            lambda h: client.get_trace_settings(headers=h),
+            lambda h: client.get_inference_statistics("dflash", headers=h),
+        ):
             with pytest.raises(InferenceServerException, match="restricted"):
                 call(None)
             call(grpc_headers(server.admin_token))
@@ -239,7 +240,9 @@ def test_the_token_is_in_an_owner_only_file_and_in_no_environment(server):
     """The token file is the operator's way to the admin APIs; the module turns it into the header."""
     path = server.admin_token_path
     assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o077 == 0
-    line = subprocess.run([sys.executable, "-m", "trtllm_dflash.serving.triton_access", str(path)], capture_output=True, text=True, check=True).stdout
+    line = subprocess.run(
+        [sys.executable, "-m", "trtllm_dflash.serving.triton_access", str(path)], capture_output=True, text=True, check=True
+    ).stdout
     name, value = line.strip().split(": ", 1)
     assert {name: value} == http_headers(server.admin_token)
     assert _http(server, "GET", "/v2/logging", headers={name: value})[0] == 200

@@ -15,34 +15,71 @@ import sys
 
 import pytest
 
+from trtllm_dflash.backends.trtllm import repository as trtllm
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.recipes import find_recipe
-from trtllm_dflash.backends.trtllm import repository as trtllm
 
 OFFICIAL_INPUTS = {
-    "text_input": ("TYPE_STRING", "-1"), "streaming": ("TYPE_BOOL", "1"), "sampling_param_best_of": ("TYPE_INT32", "1"),
-    "sampling_param_temperature": ("TYPE_FP32", "1"), "sampling_param_top_k": ("TYPE_INT32", "1"),
-    "sampling_param_top_p": ("TYPE_FP32", "1"), "sampling_param_frequency_penalty": ("TYPE_FP32", "1"),
-    "sampling_param_presence_penalty": ("TYPE_FP32", "1"), "sampling_param_max_tokens": ("TYPE_INT32", "1"),
-    "sampling_param_stop": ("TYPE_STRING", "-1"), "sampling_param_seed": ("TYPE_UINT64", "1"),
-    "sampling_param_exclude_input_from_output": ("TYPE_BOOL", "1"), "sampling_param_return_perf_metrics": ("TYPE_BOOL", "1"),
-    "return_finish_reason": ("TYPE_BOOL", "1"), "return_stop_reason": ("TYPE_BOOL", "1"),
-    "return_cumulative_logprob": ("TYPE_BOOL", "1"), "stop": ("TYPE_BOOL", "1"),
+    "text_input": ("TYPE_STRING", "-1"),
+    "streaming": ("TYPE_BOOL", "1"),
+    "sampling_param_best_of": ("TYPE_INT32", "1"),
+    "sampling_param_temperature": ("TYPE_FP32", "1"),
+    "sampling_param_top_k": ("TYPE_INT32", "1"),
+    "sampling_param_top_p": ("TYPE_FP32", "1"),
+    "sampling_param_frequency_penalty": ("TYPE_FP32", "1"),
+    "sampling_param_presence_penalty": ("TYPE_FP32", "1"),
+    "sampling_param_max_tokens": ("TYPE_INT32", "1"),
+    "sampling_param_stop": ("TYPE_STRING", "-1"),
+    "sampling_param_seed": ("TYPE_UINT64", "1"),
+    "sampling_param_exclude_input_from_output": ("TYPE_BOOL", "1"),
+    "sampling_param_return_perf_metrics": ("TYPE_BOOL", "1"),
+    "return_finish_reason": ("TYPE_BOOL", "1"),
+    "return_stop_reason": ("TYPE_BOOL", "1"),
+    "return_cumulative_logprob": ("TYPE_BOOL", "1"),
+    "stop": ("TYPE_BOOL", "1"),
 }
 OFFICIAL_OUTPUTS = {
-    "text_output": ("TYPE_STRING", "-1"), "finish_reason": ("TYPE_STRING", "-1"), "stop_reason": ("TYPE_STRING", "-1"),
-    "cumulative_logprob": ("TYPE_FP32", "-1"), "kv_cache_reused_block": ("TYPE_INT32", "-1"),
-    "kv_cache_missed_block": ("TYPE_INT32", "-1"), "kv_cache_alloc_new_blocks": ("TYPE_INT32", "-1"),
-    "kv_cache_alloc_total_blocks": ("TYPE_INT32", "-1"), "kv_cache_hit_rate": ("TYPE_FP32", "-1"),
-    "arrival_time_ns": ("TYPE_INT64", "1"), "first_scheduled_time_ns": ("TYPE_INT64", "1"),
-    "first_token_time_ns": ("TYPE_INT64", "1"), "last_token_time_ns": ("TYPE_INT64", "1"),
-    "acceptance_rate": ("TYPE_FP32", "1"), "total_accepted_draft_tokens": ("TYPE_INT32", "1"), "total_draft_tokens": ("TYPE_INT32", "1"),
+    "text_output": ("TYPE_STRING", "-1"),
+    "finish_reason": ("TYPE_STRING", "-1"),
+    "stop_reason": ("TYPE_STRING", "-1"),
+    "cumulative_logprob": ("TYPE_FP32", "-1"),
+    "kv_cache_reused_block": ("TYPE_INT32", "-1"),
+    "kv_cache_missed_block": ("TYPE_INT32", "-1"),
+    "kv_cache_alloc_new_blocks": ("TYPE_INT32", "-1"),
+    "kv_cache_alloc_total_blocks": ("TYPE_INT32", "-1"),
+    "kv_cache_hit_rate": ("TYPE_FP32", "-1"),
+    "arrival_time_ns": ("TYPE_INT64", "1"),
+    "first_scheduled_time_ns": ("TYPE_INT64", "1"),
+    "first_token_time_ns": ("TYPE_INT64", "1"),
+    "last_token_time_ns": ("TYPE_INT64", "1"),
+    "acceptance_rate": ("TYPE_FP32", "1"),
+    "total_accepted_draft_tokens": ("TYPE_INT32", "1"),
+    "total_draft_tokens": ("TYPE_INT32", "1"),
 }
 # helpers.py: sampling_params_args (prefixed sampling_param_) + output_config_args + stop; model.py: text_input, streaming, stop
-READ_BY_THE_MODEL = ["text_input", "streaming", "stop", "sampling_param_stop", "return_finish_reason", "return_stop_reason",
-                     "return_cumulative_logprob"] + [f"sampling_param_{a}" for a in (
-                         "best_of", "temperature", "top_k", "top_p", "frequency_penalty", "presence_penalty", "max_tokens", "seed",
-                         "exclude_input_from_output", "return_perf_metrics")]
+READ_BY_THE_MODEL = [
+    "text_input",
+    "streaming",
+    "stop",
+    "sampling_param_stop",
+    "return_finish_reason",
+    "return_stop_reason",
+    "return_cumulative_logprob",
+] + [
+    f"sampling_param_{a}"
+    for a in (
+        "best_of",
+        "temperature",
+        "top_k",
+        "top_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "max_tokens",
+        "seed",
+        "exclude_input_from_output",
+        "return_perf_metrics",
+    )
+]
 
 
 def _declared(section: str, text: str) -> dict[str, tuple[str, str]]:

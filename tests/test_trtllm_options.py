@@ -62,8 +62,9 @@ def test_fa4_on_blackwell_is_refused_in_one_line(run_main, tmp_path):
 
 
 def test_an_unknown_key_is_refused_in_one_line(run_main, tmp_path):
-    path = _recipe_file(tmp_path, "gpt-oss-120b/h200.yaml",
-                        lambda d: d["trtllm"].update(extra_llm_api_options={"speculative_config_typo": 1}))
+    path = _recipe_file(
+        tmp_path, "gpt-oss-120b/h200.yaml", lambda d: d["trtllm"].update(extra_llm_api_options={"speculative_config_typo": 1})
+    )
     code, _, err = run_main("build", "--recipe", path, "--dry-run")
     line = _one_line(code, err)
     assert "speculative_config_typo: unknown LLM-API key" in line and "v1.4.0rc1" in line
@@ -71,7 +72,7 @@ def test_an_unknown_key_is_refused_in_one_line(run_main, tmp_path):
 
 # An llm_args.py as TensorRT-LLM 1.3 had it (DFlash without FA4 or the 1.4 fields), installed where
 # Python finds `tensorrt_llm`: what a node with that version has. It is read with ast, never imported.
-OLDER_LLM_ARGS = textwrap.dedent('''
+OLDER_LLM_ARGS = textwrap.dedent("""
     from typing import Literal, Optional
     class DecodingBaseConfig(StrictBaseModel):
         max_draft_len: Optional[int] = None
@@ -104,7 +105,7 @@ OLDER_LLM_ARGS = textwrap.dedent('''
         cuda_graph_config: Optional[CudaGraphConfig] = None
         moe_config: MoeConfig = None
         backend: Literal["pytorch"] = "pytorch"
-''')
+""")
 
 
 @pytest.fixture

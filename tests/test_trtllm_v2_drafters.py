@@ -13,12 +13,7 @@ import json
 import pytest
 import yaml
 
-from trtllm_dflash.config import DrafterConfig
-from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.recipes import find_recipe
 from trtllm_dflash.backends.trtllm import options as trtllm
-from trtllm_dflash.backends.trtllm.options import llm_api_options
-from trtllm_dflash.backends.trtllm.repository import write_trtllm_repository
 from trtllm_dflash.backends.trtllm.drafters import (
     DrafterNote,
     drafter_overlay,
@@ -26,9 +21,23 @@ from trtllm_dflash.backends.trtllm.drafters import (
     reference_block_attention,
     trtllm_block_attention,
 )
+from trtllm_dflash.backends.trtllm.options import llm_api_options
+from trtllm_dflash.backends.trtllm.repository import write_trtllm_repository
+from trtllm_dflash.config import DrafterConfig
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.recipes import find_recipe
 
-BASE = {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "vocab_size": 512, "num_target_layers": 8, "block_size": 8}
+BASE = {
+    "model_type": "qwen3",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 512,
+    "num_target_layers": 8,
+    "block_size": 8,
+}
 
 
 def _config(**fields) -> dict:
@@ -36,9 +45,15 @@ def _config(**fields) -> dict:
 
 
 def test_restatement_matches_tensorrt_llms_own_cases():
-    released_v2 = _config(architectures=["DFlash2DraftModel"], is_causal=False, num_hidden_layers=5,
-                          layer_types=["sliding_attention"] * 5, sliding_window=2048, use_sliding_window=True,
-                          dflash_config={"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4})
+    released_v2 = _config(
+        architectures=["DFlash2DraftModel"],
+        is_causal=False,
+        num_hidden_layers=5,
+        layer_types=["sliding_attention"] * 5,
+        sliding_window=2048,
+        use_sliding_window=True,
+        dflash_config={"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4},
+    )
     assert [trtllm_block_attention(released_v2, i) for i in range(5)] == [(False, (2047, 2047))] * 5
     mixed = dict(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"], sliding_window=512, use_sliding_window=True)
     v1 = _config(is_causal=False, **mixed)  # is_causal is ignored for V1: the sliding layer runs causally
@@ -55,8 +70,13 @@ def test_restatement_matches_tensorrt_llms_own_cases():
 
 
 def _zlab_sliding(window: int = 32) -> dict:
-    return _config(architectures=["DFlashDraftModel"], num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"],
-                   sliding_window=window, dflash_config={"mask_token_id": 5, "target_layer_ids": [1, 5]})
+    return _config(
+        architectures=["DFlashDraftModel"],
+        num_hidden_layers=2,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=window,
+        dflash_config={"mask_token_id": 5, "target_layer_ids": [1, 5]},
+    )
 
 
 def test_a_zlab_sliding_drafter_gets_an_overlay_that_runs_it_non_causally():
@@ -76,10 +96,23 @@ def test_a_zlab_sliding_drafter_gets_an_overlay_that_runs_it_non_causally():
 
 
 def _v2_config() -> DrafterConfig:
-    return DrafterConfig.from_dict(_config(
-        architectures=["DFlash2DraftModel"], num_hidden_layers=2, layer_types=["sliding_attention"] * 2, sliding_window=16,
-        dflash_config={"mask_token_id": 5, "target_layer_ids": [1, 5], "block_size": 8, "conv_kernel_size": 2,
-                       "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}))
+    return DrafterConfig.from_dict(
+        _config(
+            architectures=["DFlash2DraftModel"],
+            num_hidden_layers=2,
+            layer_types=["sliding_attention"] * 2,
+            sliding_window=16,
+            dflash_config={
+                "mask_token_id": 5,
+                "target_layer_ids": [1, 5],
+                "block_size": 8,
+                "conv_kernel_size": 2,
+                "conv_group_size": 16,
+                "selector_rank": 8,
+                "selector_top_k": 4,
+            },
+        )
+    )
 
 
 def test_drafter_support_answers():
@@ -95,7 +128,9 @@ def test_drafter_support_answers():
     plain = DrafterConfig.from_dict(_config(num_hidden_layers=2, dflash_config={"mask_token_id": 5, "target_layer_ids": [1, 5]}))
     assert drafter_support(plain, "TRTLLM") is None
     # ModelOpt `causal: true`: TensorRT-LLM has no causal full layer for V1 drafters
-    causal = DrafterConfig.from_dict(_config(num_hidden_layers=2, dflash_config={"mask_token_id": 5, "target_layer_ids": [1, 5], "causal": True}))
+    causal = DrafterConfig.from_dict(
+        _config(num_hidden_layers=2, dflash_config={"mask_token_id": 5, "target_layer_ids": [1, 5], "causal": True})
+    )
     if causal.causal:
         assert isinstance(drafter_support(causal), DrafterNote)
 

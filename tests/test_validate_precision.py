@@ -73,15 +73,18 @@ def perturb_scale(export: Path, variant: str, factor: float) -> Path:
     path = copy / variant / "drafter.onnx"
     model = onnx.load(str(path))
     head_dim = json.loads((copy / "drafter" / "config.json").read_text())["head_dim"]
-    scale = np.float32(head_dim ** -0.5)
+    scale = np.float32(head_dim**-0.5)
     changed = 0
     for node in model.graph.node:
         for attribute in node.attribute:
             if node.domain == "dflash" and attribute.name == "scale":  # the plugin node's attribute
                 attribute.f *= factor
                 changed += 1
-            elif attribute.type == onnx.AttributeProto.TENSOR and numpy_helper.to_array(attribute.t).shape == () \
-                    and numpy_helper.to_array(attribute.t) == scale:  # the native graph's Constant
+            elif (
+                attribute.type == onnx.AttributeProto.TENSOR
+                and numpy_helper.to_array(attribute.t).shape == ()
+                and numpy_helper.to_array(attribute.t) == scale
+            ):  # the native graph's Constant
                 attribute.t.CopyFrom(numpy_helper.from_array(np.float32(scale * factor), attribute.t.name))
                 changed += 1
     for i, init in enumerate(model.graph.initializer):
@@ -104,16 +107,16 @@ def validate_variant(export: Path, variant: str, ref) -> dict:
 
 
 def test_tolerance_follows_the_arithmetic_dtype_and_depth():
-    assert validate.unit_roundoff(torch.bfloat16) == 2.0 ** -8
-    assert validate.unit_roundoff(torch.float16) == 2.0 ** -11
-    assert validate.unit_roundoff(torch.float32) == 2.0 ** -24
+    assert validate.unit_roundoff(torch.bfloat16) == 2.0**-8
+    assert validate.unit_roundoff(torch.float16) == 2.0**-11
+    assert validate.unit_roundoff(torch.float32) == 2.0**-24
     # float32 (how the validate stage evaluates every graph): the floor, whatever the depth
     assert validate.tolerance_for(torch.float32, 11) == validate.TOLERANCE == 1e-3
     assert validate.tolerance_for(torch.float32, 10_000) == 1e-3
     # 16-bit arithmetic: u * sqrt(depth), e.g. the demo pair's 8 target + 3 drafter layers
-    assert validate.tolerance_for(torch.bfloat16, 11) == pytest.approx(2.0 ** -8 * math.sqrt(11))  # 1.30e-2
+    assert validate.tolerance_for(torch.bfloat16, 11) == pytest.approx(2.0**-8 * math.sqrt(11))  # 1.30e-2
     assert validate.tolerance_for(torch.bfloat16, 1) == pytest.approx(3.90625e-3)
-    assert validate.tolerance_for(torch.float16, 11) == pytest.approx(2.0 ** -11 * math.sqrt(11))  # 1.62e-3
+    assert validate.tolerance_for(torch.float16, 11) == pytest.approx(2.0**-11 * math.sqrt(11))  # 1.62e-3
     assert validate.tolerance_for(torch.float16, 2) == 1e-3  # 6.9e-4 is below the floor
     assert validate.tolerance_for(torch.bfloat16, 0) == validate.tolerance_for(torch.bfloat16, 1)
 
@@ -128,7 +131,7 @@ def test_attention_scale_is_exact_in_a_bf16_graph(tmp_path):
 
     class Attention(nn.Module):
         def forward(self, q, k, v, mask):
-            return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=32 ** -0.5, enable_gqa=True)
+            return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=32**-0.5, enable_gqa=True)
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, heads, n, 32).mul(4).to(torch.bfloat16) for heads, n in ((4, 5), (2, 7), (2, 7)))
@@ -139,7 +142,7 @@ def test_attention_scale_is_exact_in_a_bf16_graph(tmp_path):
     graph = onnx.load(str(path)).graph
     assert [n.op_type for n in graph.node].count("MatMul") == 2 and "Softmax" in [n.op_type for n in graph.node]
     out = GraphSession(path).run({"q": q.float().numpy(), "k": k.float().numpy(), "v": v.float().numpy(), "mask": mask.numpy()})["out"]
-    expected = nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=32 ** -0.5, enable_gqa=True)
+    expected = nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=32**-0.5, enable_gqa=True)
     # exact up to float32 ordering; the BF16 scale of torch.onnx's translation was 2.5e-3 off in the scores
     assert float((torch.from_numpy(out) - expected).abs().max() / expected.abs().max()) < 1e-5
 
@@ -196,9 +199,19 @@ def test_a_graph_whose_block_sees_empty_cache_slots_fails_validation(tiny, monke
     info = json.loads((wrong / "graphs.json").read_text())
     target = load_target(tiny["target"], dtype=DTYPES["bf16"])
     drafter = load_drafter(tiny["drafter"], target)
-    monkeypatch.setattr(drafter_graph, "draft_mask", lambda window, keys, valid, queries: torch.ones_like(valid).unsqueeze(1).unsqueeze(1).expand(-1, -1, queries.shape[1], -1))
-    export_drafter(drafter, target.model.get_input_embeddings(), target.model.get_output_embeddings(),
-                   wrong / "native" / "drafter.onnx", "bf16", Bounds(**info["bounds"]))
+    monkeypatch.setattr(
+        drafter_graph,
+        "draft_mask",
+        lambda window, keys, valid, queries: torch.ones_like(valid).unsqueeze(1).unsqueeze(1).expand(-1, -1, queries.shape[1], -1),
+    )
+    export_drafter(
+        drafter,
+        target.model.get_input_embeddings(),
+        target.model.get_output_embeddings(),
+        wrong / "native" / "drafter.onnx",
+        "bf16",
+        Bounds(**info["bounds"]),
+    )
     with pytest.raises(validate.ValidationError, match="differs from the torch runtime"):
         validate_variant(wrong, "native", tiny["reference"])
 

@@ -36,9 +36,9 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from trtllm_dflash.checkpoints import load_drafter, load_target, save_drafter, validate_pair
     from trtllm_dflash.config import DrafterConfig
     from trtllm_dflash.decoding import Decoder, Request, SequenceResult
-    from trtllm_dflash.sampling_params import SamplingParams
     from trtllm_dflash.errors import DFlashError
     from trtllm_dflash.modeling.drafter import DFlashDrafter
+    from trtllm_dflash.sampling_params import SamplingParams
 
 
 def __getattr__(name: str):

@@ -180,6 +180,5 @@ class DFlashPipeline:
         decoder = self.decoder(max_batch or len(token_prompts), block_size, profile)
         results = decoder.generate(Request(ids, params, grammar=self.grammar_state(grammar)) for ids in token_prompts)
         return [
-            GenerationOutput(**{f.name: getattr(r, f.name) for f in dataclasses.fields(r)}, text=self.decode(r.token_ids))
-            for r in results
+            GenerationOutput(**{f.name: getattr(r, f.name) for f in dataclasses.fields(r)}, text=self.decode(r.token_ids)) for r in results
         ]

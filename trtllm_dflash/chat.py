@@ -58,14 +58,19 @@ def check_template_kwargs(tokenizer: Any, kwargs: Mapping[str, Any] | None, allo
             if allow_template:
                 continue
             raise TemplateKwargError(
-                key, "chat_template_kwargs.chat_template would replace the server's chat template, and this server does not run templates sent by clients",
+                key,
+                "chat_template_kwargs.chat_template would replace the server's chat template, "
+                "and this server does not run templates sent by clients",
                 "leave it out (the operator can allow request templates with `serve --allow-request-chat-template`)",
             )
         if not isinstance(key, str) or not key.isidentifier() or key.startswith("_"):
-            raise TemplateKwargError(str(key), f"chat_template_kwargs key {key!r} is not a template variable name", "use identifiers such as enable_thinking")
+            raise TemplateKwargError(
+                str(key), f"chat_template_kwargs key {key!r} is not a template variable name", "use identifiers such as enable_thinking"
+            )
         if key in rendering:
             raise TemplateKwargError(
-                key, f"chat_template_kwargs.{key} is not a template variable: it changes how the server chooses or renders its template",
+                key,
+                f"chat_template_kwargs.{key} is not a template variable: it changes how the server chooses or renders its template",
                 "leave it out (variables the template reads, such as enable_thinking, are passed)",
             )
         if key in special:
@@ -81,8 +86,21 @@ def _rendering_keys(tokenizer_class: type) -> frozenset[str]:
     except (AttributeError, TypeError, ValueError):
         names = set()
     names -= {"self", "kwargs", "chat_template"}
-    return frozenset(names | {"messages", "conversation", "conversations", "tools", "documents", "add_generation_prompt",
-                              "continue_final_message", "tokenize", "return_dict", "tokenizer_kwargs"})
+    return frozenset(
+        names
+        | {
+            "messages",
+            "conversation",
+            "conversations",
+            "tools",
+            "documents",
+            "add_generation_prompt",
+            "continue_final_message",
+            "tokenize",
+            "return_dict",
+            "tokenizer_kwargs",
+        }
+    )
 
 
 def has_chat_template(tokenizer: Any) -> bool:
@@ -106,8 +124,11 @@ def message_text(content: Any) -> str:
 
 
 def apply_chat_template(
-    tokenizer: Any, messages: Iterable[Mapping[str, Any]] | str, template_kwargs: Mapping[str, Any] | None = None,
-    max_seconds: float = RENDER_SECONDS, max_chars: int = RENDER_CHARS,
+    tokenizer: Any,
+    messages: Iterable[Mapping[str, Any]] | str,
+    template_kwargs: Mapping[str, Any] | None = None,
+    max_seconds: float = RENDER_SECONDS,
+    max_chars: int = RENDER_CHARS,
 ) -> str:
     """The prompt text for `messages` (a string is one user message), generation prompt added.
 
@@ -116,7 +137,9 @@ def apply_chat_template(
     `max_seconds` of template code or `max_chars` of output (or of a string built on the way).
     """
     if tokenizer is None:
-        raise NoChatTemplateError("this target has no tokenizer, so chat messages cannot be templated", "save the tokenizer next to the target")
+        raise NoChatTemplateError(
+            "this target has no tokenizer, so chat messages cannot be templated", "save the tokenizer next to the target"
+        )
     if not has_chat_template(tokenizer) and not (template_kwargs or {}).get("chat_template"):
         raise NoChatTemplateError(
             "the target's tokenizer has no chat template",
@@ -133,7 +156,9 @@ def apply_chat_template(
     except RenderLimitError:
         raise
     except Exception as exc:  # noqa: BLE001 - a template that fails on these messages is bad input
-        raise DFlashError(f"the chat template failed on these messages ({type(exc).__name__}: {exc})", "check the messages' roles and contents") from None
+        raise DFlashError(
+            f"the chat template failed on these messages ({type(exc).__name__}: {exc})", "check the messages' roles and contents"
+        ) from None
     if len(text) > max_chars:  # where the bounded environment could not be installed
         raise _too_long(max_chars)
     return text
@@ -158,13 +183,17 @@ class _Bounds:
 
 
 def _too_long(chars: int) -> RenderLimitError:
-    return RenderLimitError("max_chars", f"the chat template's output went over its limit of {chars} characters",
-                            "send shorter messages, or a template that does not build such long text")
+    return RenderLimitError(
+        "max_chars",
+        f"the chat template's output went over its limit of {chars} characters",
+        "send shorter messages, or a template that does not build such long text",
+    )
 
 
 def _too_slow(seconds: float) -> RenderLimitError:
-    return RenderLimitError("max_seconds", f"the chat template ran over its time limit of {seconds:g} s",
-                            "use a template without long loops")
+    return RenderLimitError(
+        "max_seconds", f"the chat template ran over its time limit of {seconds:g} s", "use a template without long loops"
+    )
 
 
 class _bounds:
@@ -295,7 +324,13 @@ def _bound_environment(environment: Any) -> None:
                     raise _too_long(bounds.chars)
             elif operator == "+" and _size(left) + _size(right) > bounds.chars:
                 raise _too_long(bounds.chars)
-            elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right * abs(left).bit_length() > 8 * bounds.chars:
+            elif (
+                operator == "**"
+                and isinstance(left, int)
+                and isinstance(right, int)
+                and abs(left) > 1
+                and right * abs(left).bit_length() > 8 * bounds.chars
+            ):
                 raise _too_long(bounds.chars)
             elif operator == "%" and isinstance(left, str):
                 _check_format(left)

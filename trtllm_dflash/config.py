@@ -18,8 +18,7 @@ from trtllm_dflash.errors import CheckpointError
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 SUPPORTED_FORMATS = (
-    "DFlash V1 drafters (DFlashDraftModel) in the z-lab, ModelOpt or Speculators layout, "
-    "and DFlash V2 drafters (DFlash2DraftModel)"
+    "DFlash V1 drafters (DFlashDraftModel) in the z-lab, ModelOpt or Speculators layout, and DFlash V2 drafters (DFlash2DraftModel)"
 )
 # DFlash V2's published sizes, used where a config leaves one out
 V2_DEFAULTS = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}

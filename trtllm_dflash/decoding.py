@@ -84,8 +84,15 @@ def speculative_step(
         block = torch.full((len(slots), block_size if draft_len > 0 else 2), mask_token_id, dtype=torch.long, device=batch.anchor.device)
         block[:, 0] = batch.anchor
         constrain = draft_constraint(grammars, batch.sampling.greedy) if grammars is not None else None
-        proposal = runtime.propose(slots, block, batch.ctx_features, batch.ctx_counts, batch.starts - batch.ctx_counts, batch.sampling,
-                                   **({"constrain": constrain} if constrain is not None else {}))
+        proposal = runtime.propose(
+            slots,
+            block,
+            batch.ctx_features,
+            batch.ctx_counts,
+            batch.starts - batch.ctx_counts,
+            batch.sampling,
+            **({"constrain": constrain} if constrain is not None else {}),
+        )
         block[:, 1:] = proposal.tokens
         block = block[:, : draft_len + 1]
         draft_probs = proposal.probs[:, :draft_len] if proposal.probs is not None else None
@@ -154,7 +161,9 @@ class Decoder:
         if self.speculative and self.block_size < 2:
             raise DFlashError(f"block size must be >= 2, got {self.block_size}", "use the drafter's block size")
         if self.speculative and self.mask_token_id is None:
-            raise DFlashError("the drafter has no mask token id", "load it with checkpoints.load_drafter, which reads it from the target's tokenizer")
+            raise DFlashError(
+                "the drafter has no mask token id", "load it with checkpoints.load_drafter, which reads it from the target's tokenizer"
+            )
         self.draft_len_schedule = check_draft_len_schedule(draft_len_schedule, self.block_size) if self.speculative else {}
         if prefill_chunk < 0:
             raise DFlashError(f"prefill_chunk must be >= 0, got {prefill_chunk}", "use a token count such as 512, or 0 for whole prompts")
@@ -218,10 +227,14 @@ class Decoder:
             raise DFlashError(f"prompt token ids must be in [0, {vocab})", "tokenize with the target's tokenizer")
         if request.params.grammar is not None:
             if request.grammar is None:
-                raise DFlashError("the request has a grammar but no matcher", "generate through DFlashPipeline, which compiles it with the tokenizer")
+                raise DFlashError(
+                    "the request has a grammar but no matcher", "generate through DFlashPipeline, which compiles it with the tokenizer"
+                )
             if not self.runtime.masks_logits:
-                raise DFlashError("this runtime's target verifies inside its graph or engine, so a grammar cannot mask it",
-                                  "serve grammar-constrained requests on the torch runtime or a native (not plugin) target")
+                raise DFlashError(
+                    "this runtime's target verifies inside its graph or engine, so a grammar cannot mask it",
+                    "serve grammar-constrained requests on the torch runtime or a native (not plugin) target",
+                )
 
     def cancel(self, request_id: Any) -> SequenceResult | None:
         """Drop a request between steps (its client went away); its slot is freed for others.
@@ -291,8 +304,16 @@ class Decoder:
             draft_len = self.draft_len(rows) if self.speculative and draft else 0
             started_step = time.perf_counter()
             result = speculative_step(
-                self.runtime, scheduler.batch, scheduler.live_slots, scheduler.span(draft_len + 1), draft_len,
-                self.block_size, self.mask_token_id, self.profile, self._grammars(), draft,
+                self.runtime,
+                scheduler.batch,
+                scheduler.live_slots,
+                scheduler.span(draft_len + 1),
+                draft_len,
+                self.block_size,
+                self.mask_token_id,
+                self.profile,
+                self._grammars(),
+                draft,
             )
             if self.draft_policy is not None:  # the step ends in a host read: its time is the device's too
                 tokens = sum(len(row) for row in result.tokens) / rows

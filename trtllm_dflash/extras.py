@@ -61,7 +61,9 @@ def require(module: str, extra: str | None = None, purpose: str = "") -> ModuleT
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
         absent = exc.name or module
-        raise missing(absent, extra if absent.split(".")[0] == module.split(".")[0] else EXTRA_OF.get(absent.split(".")[0], extra), purpose) from None
+        raise missing(
+            absent, extra if absent.split(".")[0] == module.split(".")[0] else EXTRA_OF.get(absent.split(".")[0], extra), purpose
+        ) from None
 
 
 def require_installed(modules: tuple[str, ...], purpose: str) -> None:

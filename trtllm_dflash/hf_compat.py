@@ -25,6 +25,7 @@ from transformers.models.qwen3.modeling_qwen3 import (  # noqa: F401  (the draft
     Qwen3RotaryEmbedding,
 )
 
+
 class OwnedCacheLayer(CacheLayerMixin):
     """A transformers cache layer whose storage lives in its owner (one of our `Cache` subclasses).
 

@@ -14,8 +14,8 @@ from typing import Mapping
 
 from trtllm_dflash.contracts.defaults import DEFAULT_NEW_TOKENS
 from trtllm_dflash.contracts.grammar_spec import GrammarSpec
-from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.contracts.request_limits import MAX_STOP_CHARS, MAX_STOP_STRINGS, PROMPT_CHARS_PER_TOKEN, SEED_MAX, TOP_K_MAX
+from trtllm_dflash.errors import DFlashError
 
 
 class SamplingError(DFlashError):
@@ -94,12 +94,14 @@ class SamplingParams:
             raise SamplingError("top_k", f"top_k must be in [0, {TOP_K_MAX}], got {self.top_k}", "use 0 to disable top-k")
         if self.seed is not None and not 0 <= self.seed <= SEED_MAX:
             raise SamplingError(
-                "seed", f"seed must be in [0, {SEED_MAX}], got {self.seed}",
+                "seed",
+                f"seed must be in [0, {SEED_MAX}], got {self.seed}",
                 "pass a 32-bit seed (the sampler's random numbers are keyed on 32 bits: a larger seed would repeat a smaller one's)",
             )
         if not 0 <= self.min_tokens <= self.max_new_tokens:
             raise SamplingError(
-                "min_tokens", f"min_tokens must be in [0, {self.max_new_tokens}] (no more than the tokens asked for), got {self.min_tokens}",
+                "min_tokens",
+                f"min_tokens must be in [0, {self.max_new_tokens}] (no more than the tokens asked for), got {self.min_tokens}",
                 "lower min_tokens or ask for more tokens",
             )
         if len(self.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in self.stop):
@@ -111,14 +113,18 @@ class SamplingParams:
             )
         if self.grammar is not None and (self.ignore_eos or self.min_tokens):
             field = "ignore_eos" if self.ignore_eos else "min_tokens"
-            raise SamplingError(field, f"{field} cannot be combined with a grammar: the grammar ends the answer with its end of sequence",
-                                f"leave {field} out of a grammar-constrained request")
+            raise SamplingError(
+                field,
+                f"{field} cannot be combined with a grammar: the grammar ends the answer with its end of sequence",
+                f"leave {field} out of a grammar-constrained request",
+            )
 
     def check_limit(self, max_new_tokens_limit: int) -> None:
         """A served model's own bound on max_new_tokens (its context and configuration)."""
         if self.max_new_tokens > max_new_tokens_limit:
             raise SamplingError(
-                "max_new_tokens", f"max_new_tokens {self.max_new_tokens} is above this server's limit of {max_new_tokens_limit}",
+                "max_new_tokens",
+                f"max_new_tokens {self.max_new_tokens} is above this server's limit of {max_new_tokens_limit}",
                 f"ask for at most {max_new_tokens_limit} tokens",
             )
 
@@ -129,7 +135,9 @@ def check_prompt_text(text: str, max_context: int | None) -> None:
     if max_context is not None and len(text) > max_context * PROMPT_CHARS_PER_TOKEN:
         limit = max_context * PROMPT_CHARS_PER_TOKEN
         raise PromptTooLongError(
-            len(text), "characters", max_context,
+            len(text),
+            "characters",
+            max_context,
             f"prompt has {len(text)} characters, more than this server's limit of {limit} "
             f"({PROMPT_CHARS_PER_TOKEN} per token of its maximum context of {max_context})",
             "shorten the prompt",
@@ -144,7 +152,9 @@ def check_prompt_tokens(count: int, max_context: int | None) -> None:
         raise SamplingError("prompt", "empty prompt", "give at least one prompt token")
     if max_context is not None and count >= max_context:
         raise PromptTooLongError(
-            count, "tokens", max_context,
+            count,
+            "tokens",
+            max_context,
             f"prompt has {count} tokens, which does not fit the maximum context of {max_context}",
             "shorten the prompt",
         )

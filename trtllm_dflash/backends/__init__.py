@@ -125,5 +125,17 @@ def write_build_repository(artifact: BuildArtifact, out: str | Path, force: bool
     return get_backend(artifact.backend).write_build_repository(artifact, Path(out), force)
 
 
-__all__ = ["BACKENDS", "BACKEND_NAMES", "Backend", "BuildArtifact", "PipelineSource", "check_build_finished", "get_backend", "multi_gpu_backend",
-           "open_served_pipeline", "read_build_artifact", "unfinished_stages", "write_build_repository"]
+__all__ = [
+    "BACKENDS",
+    "BACKEND_NAMES",
+    "Backend",
+    "BuildArtifact",
+    "PipelineSource",
+    "check_build_finished",
+    "get_backend",
+    "multi_gpu_backend",
+    "open_served_pipeline",
+    "read_build_artifact",
+    "unfinished_stages",
+    "write_build_repository",
+]

@@ -81,11 +81,14 @@ def artifact_of(build_dir: Path, manifest: dict) -> BuildArtifact:
     """The artifact a manifest records, located in `build_dir`; refused in one line when there is none."""
     recorded = manifest.get(ARTIFACT_KEY)
     if not isinstance(recorded, dict):
-        raise DFlashError(f"the build in {build_dir} records no artifact (its checkpoints stage did not finish)",
-                          "rerun its `dflash-trt build` command")
+        raise DFlashError(
+            f"the build in {build_dir} records no artifact (its checkpoints stage did not finish)", "rerun its `dflash-trt build` command"
+        )
     try:
         return BuildArtifact.model_validate({**recorded, "build_dir": str(build_dir)})
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise DFlashError(f"the artifact in {build_dir / MANIFEST} is not readable ({'.'.join(map(str, first['loc']))}: {first['msg']})",
-                          "rebuild with `dflash-trt build --force`") from None
+        raise DFlashError(
+            f"the artifact in {build_dir / MANIFEST} is not readable ({'.'.join(map(str, first['loc']))}: {first['msg']})",
+            "rebuild with `dflash-trt build --force`",
+        ) from None

@@ -100,7 +100,9 @@ class Backend(abc.ABC):
         models = serving_configs(artifact.serving_source())
         return write_repository(out, models, source={"build": artifact.build_dir}, force=force)
 
-    def write_recipe_repository(self, out: Path, recipe: Any, drafter_dir: str | None = None, force: bool = False) -> tuple[Path, list[str]]:
+    def write_recipe_repository(
+        self, out: Path, recipe: Any, drafter_dir: str | None = None, force: bool = False
+    ) -> tuple[Path, list[str]]:
         """The Triton repository of a recipe, where no build is needed first; returns (repository, notes)."""
         raise DFlashError(
             f"recipe {recipe.name} serves {self.title}, which must be built first",

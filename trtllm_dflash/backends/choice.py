@@ -22,8 +22,7 @@ class BackendChoice:
     note: str | None = None  # for 'unverified' support
 
 
-def choose_backend(model_name: str, model_type: str, requested: str | None, num_gpus: int = 1,
-                   on_gpu: bool = True) -> BackendChoice:
+def choose_backend(model_name: str, model_type: str, requested: str | None, num_gpus: int = 1, on_gpu: bool = True) -> BackendChoice:
     """The backend for a target (the requested one when it can serve it), with the reason.
 
     Raises PlanRefusedError naming the backend that works when the requested one cannot.
@@ -32,13 +31,17 @@ def choose_backend(model_name: str, model_type: str, requested: str | None, num_
     if not on_gpu:
         cpu = next(name for name, backend in BACKENDS.items() if backend.runs_on_cpu)
         if requested not in (None, cpu):
-            raise PlanRefusedError(f"backend {requested} needs a GPU; on cpu only the {cpu} backend runs",
-                                   f"use --backend {cpu} or name a GPU")
+            raise PlanRefusedError(
+                f"backend {requested} needs a GPU; on cpu only the {cpu} backend runs", f"use --backend {cpu} or name a GPU"
+            )
         return BackendChoice(cpu, f"cpu: only the {cpu} backend runs without a GPU")
     if family is None:
         backend = requested or (multi_gpu_backend() if num_gpus > 1 else DEFAULT_BACKEND)
-        return BackendChoice(backend, f"{model_type} is not in the family catalog: {'requested' if requested else 'default'}"
-                             " backend, unchecked", note=f"family {model_type} is not in the catalog; the backend choice is not checked")
+        return BackendChoice(
+            backend,
+            f"{model_type} is not in the family catalog: {'requested' if requested else 'default'} backend, unchecked",
+            note=f"family {model_type} is not in the catalog; the backend choice is not checked",
+        )
     kind = f"{model_type} ({family.attention} attention{', MoE' if family.moe else ''})"
     if requested is not None:
         support = BACKENDS[requested].support(family)
@@ -52,5 +55,8 @@ def choose_backend(model_name: str, model_type: str, requested: str | None, num_
     backend = multi if num_gpus > 1 and BACKENDS[multi].support(family).ok else family.preferred
     support = BACKENDS[backend].support(family)
     why = "several GPUs need tensor/expert parallelism" if num_gpus > 1 and backend != family.preferred else support.reason
-    return BackendChoice(backend, f"{kind}: {why}",
-                         f"backend {backend} for {model_type} is unverified: {support.reason}" if support.status == "unverified" else None)
+    return BackendChoice(
+        backend,
+        f"{kind}: {why}",
+        f"backend {backend} for {model_type} is unverified: {support.reason}" if support.status == "unverified" else None,
+    )

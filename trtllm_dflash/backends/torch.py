@@ -25,8 +25,12 @@ class TorchBackend(Backend):
     def plan_steps(self, cfg: Any) -> list[BuildStep]:
         return [BuildStep("repository", "write the Triton model repository (Python backend, torch runtime, decoupled)")]
 
-    def write_recipe_repository(self, out: Path, recipe: Any, drafter_dir: str | None = None, force: bool = False) -> tuple[Path, list[str]]:
-        raise DFlashError(f"recipe {recipe.name} serves its checkpoints directly", "write it with `dflash-trt repo --recipe` (the Python-backend models)")
+    def write_recipe_repository(
+        self, out: Path, recipe: Any, drafter_dir: str | None = None, force: bool = False
+    ) -> tuple[Path, list[str]]:
+        raise DFlashError(
+            f"recipe {recipe.name} serves its checkpoints directly", "write it with `dflash-trt repo --recipe` (the Python-backend models)"
+        )
 
     def open_pipeline(self, source: PipelineSource, device: str = "cpu", max_context: int | None = None) -> DFlashPipeline:
         from trtllm_dflash.api import DFlashPipeline

@@ -22,9 +22,9 @@ from trtllm_dflash.backends import open_served_pipeline
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.sampling_params import SamplingError
 from trtllm_dflash.serving.batching_loop import BatchingLoop
+from trtllm_dflash.serving.metrics import TritonMetrics
 from trtllm_dflash.serving.model_parameters import ServingConfig
 from trtllm_dflash.serving.protocol import HEALTH_PROBE, INPUT_NAMES, INPUTS, parse_inputs
-from trtllm_dflash.serving.metrics import TritonMetrics
 
 
 class TritonSink:
@@ -66,7 +66,11 @@ class TritonPythonModel:
             f"{self.name}: {config.target} ({mode}) on {self.loop.pipeline.runtime.device}, max batch {config.max_batch}, "
             f"max context {self.loop.max_context}, max new tokens {self.loop.max_new_tokens_limit}, prefix cache {prefix}, "
             f"prefill chunk {config.prefill_chunk or 'off (whole prompts)'}"
-            + (f", prefills {config.prefill_share} of the decoding time beside decoding rows" if config.prefill_chunk and config.prefill_share else "")
+            + (
+                f", prefills {config.prefill_share} of the decoding time beside decoding rows"
+                if config.prefill_chunk and config.prefill_share
+                else ""
+            )
         )
 
     def execute(self, requests: list) -> None:

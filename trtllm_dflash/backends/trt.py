@@ -37,23 +37,42 @@ class TrtBackend(Backend):
         plugins = cfg.recipe is None or cfg.recipe.trt is None or cfg.recipe.trt.use_plugins
         quantized = p.ptq_formats
         if quantized:
-            steps.append(BuildStep("quantize", f"ModelOpt {'/'.join(sorted(quantized))} PTQ of the target ({quantize_samples(cfg)}); "
-                                   f"KV cache {p.kv_cache}; drafter stays {p.drafter}", quantize_needs(quantized)))
-        steps.append(BuildStep("export", f"ONNX graphs: target (prefill + verify, taps {list(model.drafter.target_layer_ids) if model.drafter else []}) "
-                               f"and drafter block forward ({'DFlash plugin nodes' if plugins else 'plugin-free'})",
-                               ("torch", "onnx")))
+            steps.append(
+                BuildStep(
+                    "quantize",
+                    f"ModelOpt {'/'.join(sorted(quantized))} PTQ of the target ({quantize_samples(cfg)}); "
+                    f"KV cache {p.kv_cache}; drafter stays {p.drafter}",
+                    quantize_needs(quantized),
+                )
+            )
+        steps.append(
+            BuildStep(
+                "export",
+                f"ONNX graphs: target (prefill + verify, taps {list(model.drafter.target_layer_ids) if model.drafter else []}) "
+                f"and drafter block forward ({'DFlash plugin nodes' if plugins else 'plugin-free'})",
+                ("torch", "onnx"),
+            )
+        )
         if plugins:
             steps.append(BuildStep("plugins", f"compile the DFlash Triton kernels ahead of time for {gpu.sm_arch}", ("triton",)))
         engine_needs = ("tensorrt-rtx",) if flavour == "tensorrt-rtx" else ("tensorrt", "cuda-gpu")
-        steps.append(BuildStep("engines", f"{flavour} engines for {arch}: batch <= {cfg.max_batch}, tokens <= {cfg.max_num_tokens}, "
-                               f"sequence <= {cfg.context}, block {cfg.block_size}", engine_needs))
+        steps.append(
+            BuildStep(
+                "engines",
+                f"{flavour} engines for {arch}: batch <= {cfg.max_batch}, tokens <= {cfg.max_num_tokens}, "
+                f"sequence <= {cfg.context}, block {cfg.block_size}",
+                engine_needs,
+            )
+        )
         steps.append(BuildStep("repository", "write the Triton model repository (Python backend driving the engines, decoupled)"))
         return steps
 
     def open_pipeline(self, source: PipelineSource, device: str = "cuda", max_context: int | None = None) -> DFlashPipeline:
         """The engines (on a GPU), or with `source.onnx` the graphs they were built from (on CPU, onnxruntime)."""
         if source.build is None:
-            raise DFlashError("the trt backend runs a build's engines, and no build was named", "pass --engines BUILD (or --onnx BUILD on CPU)")
+            raise DFlashError(
+                "the trt backend runs a build's engines, and no build was named", "pass --engines BUILD (or --onnx BUILD on CPU)"
+            )
         build = Path(source.build).expanduser()
         if source.onnx:
             return load_onnx_pipeline(build, drafter=source.speculative, max_context=max_context)
@@ -65,7 +84,9 @@ def engines_folder(build: Path) -> Path:
     return build / "engines" if (build / "engines" / "engines.json").is_file() else build
 
 
-def load_onnx_pipeline(build_dir: str | Path, max_context: int | None = None, variant: str = "native", drafter: bool = True) -> DFlashPipeline:
+def load_onnx_pipeline(
+    build_dir: str | Path, max_context: int | None = None, variant: str = "native", drafter: bool = True
+) -> DFlashPipeline:
     """A DFlashPipeline that runs a build's ONNX graphs on CPU with onnxruntime (`drafter=False`: AR)."""
     from trtllm_dflash.api import DFlashPipeline
     from trtllm_dflash.runtime.artifacts import export_dir_of, tokenizer_and_stops
@@ -89,7 +110,9 @@ def load_engine_pipeline(
     from trtllm_dflash.runtime.trt_runtime import TrtRuntime
 
     if device == "cpu":
-        raise MissingDependencyError("TensorRT engines run on a GPU, not on the CPU", "use --device cuda, or `generate --onnx BUILD` on CPU")
+        raise MissingDependencyError(
+            "TensorRT engines run on a GPU, not on the CPU", "use --device cuda, or `generate --onnx BUILD` on CPU"
+        )
     engines_dir = Path(engines_dir)
     runtime = TrtRuntime(engines_dir, variant, drafter)
     tokenizer, stops = tokenizer_and_stops(engines_dir / "tokenizer")

@@ -121,9 +121,7 @@ def measure_decode(
             eager = None
             for graphs in (False, True):
                 say(f"{model}: batch {batch}, {'DFlash' if speculative else 'AR'}, CUDA graphs {'on' if graphs else 'off'}")
-                result = measure_variant(
-                    model, target, drafter if speculative else None, prompts, batch, graphs, max_new_tokens, repeats
-                )
+                result = measure_variant(model, target, drafter if speculative else None, prompts, batch, graphs, max_new_tokens, repeats)
                 if graphs and eager is not None:
                     result.same_as_eager = result.outputs == eager.outputs
                 if not graphs:
@@ -139,9 +137,7 @@ def measure_decode(
 
 
 def _find(results: list[DecodeResult], batch: int, speculative: bool, graphs: bool) -> DecodeResult | None:
-    return next(
-        (r for r in results if (r.batch, r.speculative, r.cuda_graphs, r.variant) == (batch, speculative, graphs, "")), None
-    )
+    return next((r for r in results if (r.batch, r.speculative, r.cuda_graphs, r.variant) == (batch, speculative, graphs, "")), None)
 
 
 def _ratio(a: DecodeResult | None, b: DecodeResult | None) -> str:

@@ -35,9 +35,9 @@ import torch
 
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.modeling.drafter import DFlashDrafter
-from trtllm_dflash.testing.qwen3_8b_shaped import make_qwen3_8b_shaped_drafter, make_qwen3_8b_shaped_target
-from trtllm_dflash.runtime.base import SamplingTensors, sample_drafts, draft_positions
+from trtllm_dflash.runtime.base import SamplingTensors, draft_positions, sample_drafts
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+from trtllm_dflash.testing.qwen3_8b_shaped import make_qwen3_8b_shaped_drafter, make_qwen3_8b_shaped_target
 
 TAUS = (3.5, 5.0, 6.5)
 VERIFY_MODES = ("greedy", "temperature", "top-k+top-p")
@@ -115,11 +115,17 @@ class StepRow:
 
 def make_models(shape: StepShape, device: torch.device, dtype: torch.dtype) -> tuple[torch.nn.Module, DFlashDrafter]:
     """Random weights at `shape`, initialised on `device` in `dtype` (nothing downloaded or written)."""
-    sizes = dict(hidden_size=shape.hidden, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
-                 head_dim=shape.head_dim, intermediate_size=shape.ffn)
+    sizes = dict(
+        hidden_size=shape.hidden,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        intermediate_size=shape.ffn,
+    )
     target = make_qwen3_8b_shaped_target(shape.layers, shape.vocab, device, dtype, **sizes)
-    drafter = make_qwen3_8b_shaped_drafter(target.config, shape.draft_layers, shape.block, device, dtype,
-                                           target_layer_ids=shape.target_layer_ids)
+    drafter = make_qwen3_8b_shaped_drafter(
+        target.config, shape.draft_layers, shape.block, device, dtype, target_layer_ids=shape.target_layer_ids
+    )
     return target, drafter
 
 
@@ -251,13 +257,15 @@ def _sampling(batch: int, mode: str, device: torch.device) -> SamplingTensors:
     temperature = 0.0 if mode == "greedy" else 0.8
     top_k, top_p = (50, 0.9) if mode == "top-k+top-p" else (0, 1.0)
     full = lambda value, dtype: torch.full((batch,), value, dtype=dtype, device=device)  # noqa: E731
-    return SamplingTensors(full(temperature, torch.float32), full(top_k, torch.long), full(top_p, torch.float32),
-                           torch.arange(batch, dtype=torch.long, device=device) + 17)
+    return SamplingTensors(
+        full(temperature, torch.float32),
+        full(top_k, torch.long),
+        full(top_p, torch.float32),
+        torch.arange(batch, dtype=torch.long, device=device) + 17,
+    )
 
 
-def measure_row(
-    runtime: TorchRuntime, floors: Floors, ceilings: Ceilings, timer: PassTimer, batch: int, context: int
-) -> StepRow:
+def measure_row(runtime: TorchRuntime, floors: Floors, ceilings: Ceilings, timer: PassTimer, batch: int, context: int) -> StepRow:
     """The in-graph parts of a step at `batch` rows whose committed context is `context` tokens."""
     s, device = floors.shape, runtime.device
     graphs = runtime.cuda_graphs
@@ -400,9 +408,11 @@ def run(
 
 def summary_line(row: StepRow) -> str:
     p = row.parts
-    return (f"AR {p['ar'].ms:.2f} ms ({p['ar'].of_floor:.0%} of floor), DFlash {row.dflash.ms:.2f} ms "
-            f"({row.dflash.of_floor:.0%}), verify top-k+top-p {p['verify top-k+top-p'].ms:.3f} ms, "
-            f"{row.tokens_per_second(6.5):.0f} tok/s at tau 6.5")
+    return (
+        f"AR {p['ar'].ms:.2f} ms ({p['ar'].of_floor:.0%} of floor), DFlash {row.dflash.ms:.2f} ms "
+        f"({row.dflash.of_floor:.0%}), verify top-k+top-p {p['verify top-k+top-p'].ms:.3f} ms, "
+        f"{row.tokens_per_second(6.5):.0f} tok/s at tau 6.5"
+    )
 
 
 def _cell(t: Timed) -> str:
@@ -419,7 +429,8 @@ def markdown(result: StepBenchmark) -> str:
         "Times in ms, median of graph replays, (% of floor).",
         "",
         "| batch | context | AR step | verify pass (16) | draft pass | DFlash step | DFlash / AR | AR tok/s | "
-        + " | ".join(f"tok/s at tau {t}" for t in TAUS) + " | loop AR step | loop DFlash step |",
+        + " | ".join(f"tok/s at tau {t}" for t in TAUS)
+        + " | loop AR step | loop DFlash step |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(TAUS) + "---:|---:|",
     ]
     for r in result.rows:
@@ -431,23 +442,38 @@ def markdown(result: StepBenchmark) -> str:
             + " | ".join(f"{r.tokens_per_second(t):.0f}" for t in TAUS)
             + f" | {loop(r.loop_ar_ms)} | {loop(r.loop_dflash_ms)} |"
         )
-    lines += ["", "Verification of a 16-token block (ms, % of its floor: the logits read once, plus q when sampled):", "",
-              "| batch | context | " + " | ".join(VERIFY_MODES) + " |", "|---:|---:|" + "---:|" * len(VERIFY_MODES)]
+    lines += [
+        "",
+        "Verification of a 16-token block (ms, % of its floor: the logits read once, plus q when sampled):",
+        "",
+        "| batch | context | " + " | ".join(VERIFY_MODES) + " |",
+        "|---:|---:|" + "---:|" * len(VERIFY_MODES),
+    ]
     for r in result.rows:
         lines.append(f"| {r.batch} | {r.context} | " + " | ".join(_cell(r.parts[f"verify {m}"]) for m in VERIFY_MODES) + " |")
-    lines += ["", "DFlash step = draft pass + verify pass + greedy verification, each from its own graph. The loop "
-              "columns are the wall-clock steps of `Decoder` with `cuda_graphs=True` (random drafter, tau about 1), "
-              "host syncs and eager parts included."]
+    lines += [
+        "",
+        "DFlash step = draft pass + verify pass + greedy verification, each from its own graph. The loop "
+        "columns are the wall-clock steps of `Decoder` with `cuda_graphs=True` (random drafter, tau about 1), "
+        "host syncs and eager parts included.",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def result_json(result: StepBenchmark) -> dict:
     return {
-        "shape": dataclasses.asdict(result.shape), "device": result.device, "attention": result.attention,
+        "shape": dataclasses.asdict(result.shape),
+        "device": result.device,
+        "attention": result.attention,
         "ceilings": dataclasses.asdict(result.ceilings),
         "rows": [
-            {"batch": r.batch, "context": r.context, "loop_ar_ms": r.loop_ar_ms, "loop_dflash_ms": r.loop_dflash_ms,
-             "parts": {k: dataclasses.asdict(v) for k, v in {**r.parts, "dflash step": r.dflash}.items()}}
+            {
+                "batch": r.batch,
+                "context": r.context,
+                "loop_ar_ms": r.loop_ar_ms,
+                "loop_dflash_ms": r.loop_dflash_ms,
+                "parts": {k: dataclasses.asdict(v) for k, v in {**r.parts, "dflash step": r.dflash}.items()},
+            }
             for r in result.rows
         ],
     }

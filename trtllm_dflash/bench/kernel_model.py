@@ -62,20 +62,47 @@ def qwen3_8b_rows(batch: int, sms: int = H100_SMS) -> list[KernelRow]:
     chunks = launch.verify_num_chunks(VOCAB)
     logits = 2 * batch * BLOCK * VOCAB
     chunk_stats = batch * BLOCK * chunks * 8
-    rows = [KernelRow("target attention, one program per tile", batch, launch.target_attention_grid(batch, BLOCK, KV_HEADS, GROUP, target.block_m), target_bytes)]
+    rows = [
+        KernelRow(
+            "target attention, one program per tile",
+            batch,
+            launch.target_attention_grid(batch, BLOCK, KV_HEADS, GROUP, target.block_m),
+            target_bytes,
+        )
+    ]
     if splits > 1:  # the split the launch picks for this shape (1: the unsplit kernel above)
         rows += [
-            KernelRow(f"target attention, KV split ({splits})", batch,
-                      launch.target_attention_grid(batch, BLOCK, KV_HEADS, GROUP, target.block_m, splits), target_bytes + partials),
-            KernelRow("merge of the target's splits", batch, launch.merge_grid(batch, BLOCK, KV_HEADS, GROUP, merge_m), partials + out_bytes),
+            KernelRow(
+                f"target attention, KV split ({splits})",
+                batch,
+                launch.target_attention_grid(batch, BLOCK, KV_HEADS, GROUP, target.block_m, splits),
+                target_bytes + partials,
+            ),
+            KernelRow(
+                "merge of the target's splits", batch, launch.merge_grid(batch, BLOCK, KV_HEADS, GROUP, merge_m), partials + out_bytes
+            ),
         ]
-    rows.append(KernelRow(f"drafter block attention ({drafter_splits} split{'s' if drafter_splits > 1 else ''})", batch,
-                          launch.attention_grid(batch, BLOCK, KV_HEADS, GROUP, drafter.block_m, drafter_splits), drafter_bytes + drafter_partials))
+    rows.append(
+        KernelRow(
+            f"drafter block attention ({drafter_splits} split{'s' if drafter_splits > 1 else ''})",
+            batch,
+            launch.attention_grid(batch, BLOCK, KV_HEADS, GROUP, drafter.block_m, drafter_splits),
+            drafter_bytes + drafter_partials,
+        )
+    )
     if drafter_splits > 1:
-        rows.append(KernelRow("merge of the drafter's splits", batch, launch.merge_grid(batch, BLOCK, KV_HEADS, GROUP, drafter.block_m),
-                              drafter_partials + out_bytes))
+        rows.append(
+            KernelRow(
+                "merge of the drafter's splits",
+                batch,
+                launch.merge_grid(batch, BLOCK, KV_HEADS, GROUP, drafter.block_m),
+                drafter_partials + out_bytes,
+            )
+        )
     rows += [
-        KernelRow("verify partials (argmax per 4096-logit chunk)", batch, launch.verify_partials_grid(batch, BLOCK, VOCAB), logits + chunk_stats),
+        KernelRow(
+            "verify partials (argmax per 4096-logit chunk)", batch, launch.verify_partials_grid(batch, BLOCK, VOCAB), logits + chunk_stats
+        ),
         KernelRow("verify positions (greedy)", batch, launch.verify_positions_grid(batch, BLOCK), chunk_stats + 8 * batch * BLOCK * 3),
         KernelRow("verify commit", batch, launch.verify_commit_grid(batch), 8 * batch * (3 * BLOCK + 6)),
     ]
@@ -90,5 +117,7 @@ def markdown_table(batches: tuple[int, ...] = BATCHES) -> str:
     ]
     for batch in batches:
         for row in qwen3_8b_rows(batch):
-            lines.append(f"| {row.kernel} | {batch} | {row.grid} | {row.programs} | {row.bytes_moved / 1e6:.3f} | {row.modelled_us():.1f} |")
+            lines.append(
+                f"| {row.kernel} | {batch} | {row.grid} | {row.programs} | {row.bytes_moved / 1e6:.3f} | {row.modelled_us():.1f} |"
+            )
     return "\n".join(lines) + "\n"

@@ -146,7 +146,7 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     ms = do_bench(lambda: dst.copy_(src), warmup=10, rep=100, return_mode="median")
-    del src, dst
+    src = dst = None  # frees the memory (the timed closure holds the names, so no `del`)
     torch.cuda.empty_cache()
     return 2 * nbytes / (ms * 1e-3)
 
@@ -193,14 +193,17 @@ def bench_attention(shape: AttentionShape, bandwidth: float) -> AttentionResult:
     group = s.heads // s.kv_heads
     m_tiles = launch.attention_config(s.head_dim, s.block, group).m_tiles(s.block, group)
     splits = launch.default_kv_splits(s.batch, s.kv_heads, m_tiles, capacity, q.device)
-    del k_cache, v_cache, keys, values
+    k_cache = v_cache = keys = values = None  # frees the memory (closures hold the names)
     torch.cuda.empty_cache()
     return AttentionResult(s, splits, ms_ours, floor_bytes / bandwidth * 1e3, ms_sdpa)
 
 
 def bench_target_attention(
-    shape, bandwidth: float, timer: Callable[[Callable[[], object]], float] | None = None,
-    device: torch.device | None = None, kv_splits: int | None = None,
+    shape,
+    bandwidth: float,
+    timer: Callable[[Callable[[], object]], float] | None = None,
+    device: torch.device | None = None,
+    kv_splits: int | None = None,
 ) -> TargetAttentionResult:
     """Our target attention (block written in place, causal over the row), with the shape's KV split and
     with one split, vs the fastest SDPA backend on the same step. `timer` and `device` default to
@@ -229,11 +232,12 @@ def bench_target_attention(
     floor_bytes = s.bytes_moved()
     ms_ours = timer(ours)
     ms_unsplit = timer(lambda: ours(1)) if splits > 1 else ms_ours
-    del inputs, operands
+    inputs = operands = None  # frees the memory (closures hold the names)
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return TargetAttentionResult(s, ms_ours, floor_bytes / bandwidth * 1e3, best.ms, splits, ms_unsplit,
-                                 best.candidate.name, timings, floor_bytes)
+    return TargetAttentionResult(
+        s, ms_ours, floor_bytes / bandwidth * 1e3, best.ms, splits, ms_unsplit, best.candidate.name, timings, floor_bytes
+    )
 
 
 def bench_verify(shape: VerifyShape, bandwidth: float) -> VerifyResult:
@@ -339,7 +343,9 @@ def goal_lines(result: KernelBenchmark) -> list[str]:
     misses = [f"attention {_attention_name(r.shape)} ({r.floor_fraction:.0%})" for r in slow]
     misses += [f"verify {r.shape.logits_dtype} {r.shape.mode} batch {r.shape.batch} ({r.floor_fraction:.0%})" for r in slow_verify]
     misses += [f"target attention {r.shape.name} ({r.floor_fraction:.0%})" for r in slow_target]
-    lines.append(f"{goal}: {'met' if not misses else 'MISSED'} at {met} of {total} shapes" + (f"; missed: {', '.join(misses)}" if misses else ""))
+    lines.append(
+        f"{goal}: {'met' if not misses else 'MISSED'} at {met} of {total} shapes" + (f"; missed: {', '.join(misses)}" if misses else "")
+    )
     compared = len(result.attention) + len(result.target)
     faster = compared - len(behind_sdpa) - len(target_behind)
     missed_sdpa = [f"{_attention_name(r.shape)} ({r.sdpa_ratio:.2f}x)" for r in behind_sdpa]
@@ -368,7 +374,9 @@ def summary_line(result: KernelBenchmark) -> str:
     if result.verify:
         floors = [r.floor_fraction for r in result.verify]
         equal = sum(r.equal_to_reference for r in result.verify)
-        parts.append(f"verify {len(floors)} shapes at {min(floors):.0%}-{max(floors):.0%} of floor, {equal}/{len(floors)} equal to reference")
+        parts.append(
+            f"verify {len(floors)} shapes at {min(floors):.0%}-{max(floors):.0%} of floor, {equal}/{len(floors)} equal to reference"
+        )
     return "; ".join(parts)
 
 
@@ -380,7 +388,8 @@ def kernel_tables(result: KernelBenchmark) -> str:
         "",
         "Block attention (bf16 unless noted; `new` = context rows appended in the step):",
         "",
-        "| shape | heads / KV / head_dim | block | new | context | batch | KV splits | ours (ms) | floor (ms) | % of floor | torch SDPA (ms) | SDPA / ours |",
+        "| shape | heads / KV / head_dim | block | new | context | batch | KV splits "
+        "| ours (ms) | floor (ms) | % of floor | torch SDPA (ms) | SDPA / ours |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result.attention:

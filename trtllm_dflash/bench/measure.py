@@ -19,7 +19,7 @@ import dataclasses
 import statistics
 from typing import Callable, Sequence
 
-from trtllm_dflash.bench.systems import SystemRun, BenchSystem
+from trtllm_dflash.bench.systems import BenchSystem, SystemRun
 from trtllm_dflash.contracts.defaults import DEFAULT_NEW_TOKENS
 from trtllm_dflash.errors import DFlashError
 
@@ -66,9 +66,7 @@ def _histogram(lengths: list[int], block_size: int) -> dict[str, int]:
     return counts
 
 
-def run_bench(
-    backend: BenchSystem, prompts: list[str], config: BenchConfig, progress: Progress | None = None
-) -> dict:
+def run_bench(backend: BenchSystem, prompts: list[str], config: BenchConfig, progress: Progress | None = None) -> dict:
     """Measure everything listed in the module docstring; returns a JSON-ready report."""
     trained = backend.block_size
     main_block = int(config.block_size or trained)
@@ -106,9 +104,7 @@ def run_bench(
         ids = encoded[index % len(encoded)]
         shift = index % len(modes)
         for mode in modes[shift:] + modes[:shift]:
-            per_mode[_mode_key(mode)].append(
-                backend.run([ids], mode is not None, mode or 1, 1, n)
-            )
+            per_mode[_mode_key(mode)].append(backend.run([ids], mode is not None, mode or 1, 1, n))
         if progress:
             progress("prompts", index + 1, total)
 
@@ -128,25 +124,25 @@ def run_bench(
         steps = _step_means(runs)
         tau = statistics.fmean(lengths) if lengths else 0.0
         step_ms = None if steps["draft_ms"] is None or ar_step_ms is None else steps["draft_ms"] + steps["verify_ms"]
-        mismatched = sum(
-            1 for a, d in zip(ar_runs, runs) if a.results[0].token_ids != d.results[0].token_ids
-        )
+        mismatched = sum(1 for a, d in zip(ar_runs, runs) if a.results[0].token_ids != d.results[0].token_ids)
         tps = tokens / seconds if seconds > 0 else 0.0
-        sizes_report.append({
-            "block_size": size,
-            "tokens_per_second": tps,
-            "speedup": tps / ar_tps if ar_tps > 0 else 0.0,
-            "tau": tau,
-            "tau_histogram": _histogram(lengths, max([size, *lengths])),
-            "draft_ms": steps["draft_ms"],
-            "verify_ms": steps["verify_ms"],
-            "steps": steps["steps"],
-            "tau_ideal_speedup": tau * ar_step_ms / step_ms if step_ms else None,
-            "lossless": mismatched == 0,
-            "mismatched_prompts": mismatched,
-            "generated_tokens": tokens,
-            "seconds": seconds,
-        })
+        sizes_report.append(
+            {
+                "block_size": size,
+                "tokens_per_second": tps,
+                "speedup": tps / ar_tps if ar_tps > 0 else 0.0,
+                "tau": tau,
+                "tau_histogram": _histogram(lengths, max([size, *lengths])),
+                "draft_ms": steps["draft_ms"],
+                "verify_ms": steps["verify_ms"],
+                "steps": steps["steps"],
+                "tau_ideal_speedup": tau * ar_step_ms / step_ms if step_ms else None,
+                "lossless": mismatched == 0,
+                "mismatched_prompts": mismatched,
+                "generated_tokens": tokens,
+                "seconds": seconds,
+            }
+        )
     main = next(r for r in sizes_report if r["block_size"] == main_block)
 
     # ---- concurrency sweep: the same requests at each level, modes alternating
@@ -162,7 +158,8 @@ def run_bench(
             outputs[key] = [r.token_ids for r in run.results]
             decode_rates = [
                 (len(r.token_ids) - 1) / (r.elapsed - r.time_to_first_token)
-                for r in run.results if len(r.token_ids) > 1 and r.elapsed > r.time_to_first_token
+                for r in run.results
+                if len(r.token_ids) > 1 and r.elapsed > r.time_to_first_token
             ]
             row[key] = {
                 "throughput": run.generated_tokens / run.seconds if run.seconds > 0 else 0.0,
@@ -181,8 +178,13 @@ def run_bench(
     return {
         "system": backend.describe(),
         "settings": {
-            "prompts": len(prompts), "repeats": config.repeats, "max_new_tokens": n, "temperature": 0.0,
-            "block_size": main_block, "block_sizes": sweep, "concurrency": concurrency,
+            "prompts": len(prompts),
+            "repeats": config.repeats,
+            "max_new_tokens": n,
+            "temperature": 0.0,
+            "block_size": main_block,
+            "block_sizes": sweep,
+            "concurrency": concurrency,
         },
         "summary": {
             "ar_tokens_per_second": ar_tps,

@@ -81,14 +81,19 @@ async def _one(client, model: str, prompt: str, max_new_tokens: int, chat: bool)
         parts.append(text)
     end = time.perf_counter()
     if usage is None:
-        raise DFlashError(f"the server at did not report usage for model {model!r}", "use a server that honours stream_options.include_usage")
+        raise DFlashError(
+            f"the server at did not report usage for model {model!r}", "use a server that honours stream_options.include_usage"
+        )
     extra = getattr(usage, "model_extra", None) or {}
     tau = (extra.get("dflash") or {}).get("mean_acceptance_length")
-    return RequestTiming(int(usage.completion_tokens), int(usage.prompt_tokens), end - started,
-                         (first or end) - started, gaps, tau, "".join(parts))
+    return RequestTiming(
+        int(usage.completion_tokens), int(usage.prompt_tokens), end - started, (first or end) - started, gaps, tau, "".join(parts)
+    )
 
 
-async def _level(client, model: str, prompts: list[str], concurrency: int, max_new_tokens: int, chat: bool) -> tuple[list[RequestTiming], float]:
+async def _level(
+    client, model: str, prompts: list[str], concurrency: int, max_new_tokens: int, chat: bool
+) -> tuple[list[RequestTiming], float]:
     queue: asyncio.Queue = asyncio.Queue()
     for index, prompt in enumerate(prompts):
         queue.put_nowait((index, prompt))
@@ -150,10 +155,15 @@ def run_openai_bench(
             try:
                 served = [m.id async for m in client.models.list()]
             except openai.APIConnectionError:
-                raise DFlashError(f"cannot reach an OpenAI-compatible server at {url}", "start one (dflash-trt serve REPO --openai-port 8080) or fix --openai-url (http://host:port/v1)") from None
+                raise DFlashError(
+                    f"cannot reach an OpenAI-compatible server at {url}",
+                    "start one (dflash-trt serve REPO --openai-port 8080) or fix --openai-url (http://host:port/v1)",
+                ) from None
             missing = [m for m in models if m not in served]
             if missing:
-                raise DFlashError(f"model(s) {', '.join(missing)} not served at {url} (it serves {', '.join(served)})", "pass a served --model")
+                raise DFlashError(
+                    f"model(s) {', '.join(missing)} not served at {url} (it serves {', '.join(served)})", "pass a served --model"
+                )
             for model in models:  # warm-up: one short request each
                 await _one(client, model, prompts[0], min(max_new_tokens, 8), chat)
             rows = []
@@ -162,8 +172,7 @@ def run_openai_bench(
                 order = list(models) if index % 2 == 0 else list(reversed(models))
                 for model in order:
                     timings, seconds = await _level(client, model, requests, level, max_new_tokens, chat)
-                    rows.append({"model": model, "concurrency": level, **summarize(timings, seconds),
-                                 "texts": [t.text for t in timings]})
+                    rows.append({"model": model, "concurrency": level, **summarize(timings, seconds), "texts": [t.text for t in timings]})
                 if progress:
                     progress("concurrency", index + 1, len(levels))
             return rows
@@ -181,14 +190,24 @@ def print_openai_report(report: dict, console) -> None:
     from rich.table import Table
 
     s, system = report["settings"], report["system"]
-    console.print(f"[bold]{system['url']}[/] ({system['api']}): {s['prompts']} prompts, {s['max_new_tokens']} new tokens, temperature 0, streamed")
+    console.print(
+        f"[bold]{system['url']}[/] ({system['api']}): {s['prompts']} prompts, {s['max_new_tokens']} new tokens, temperature 0, streamed"
+    )
     table = Table(title="throughput vs per-user speed; latencies in ms (p50 / p90 / p99)")
     for column in ("model", "users", "tok/s", "tok/s/user", "TTFT", "ITL (chunks)", "TPOT", "tau"):
         table.add_column(column, justify="right")
     fmt = lambda d: " / ".join("-" if d[k] is None else f"{d[k]:.1f}" for k in ("p50", "p90", "p99"))  # noqa: E731
     for row in report["rows"]:
-        table.add_row(row["model"], str(row["concurrency"]), f"{row['throughput']:.1f}", f"{row['per_user_tokens_per_second']:.1f}",
-                      fmt(row["ttft_ms"]), fmt(row["itl_ms"]), fmt(row["tpot_ms"]), "-" if row["tau"] is None else f"{row['tau']:.2f}")
+        table.add_row(
+            row["model"],
+            str(row["concurrency"]),
+            f"{row['throughput']:.1f}",
+            f"{row['per_user_tokens_per_second']:.1f}",
+            fmt(row["ttft_ms"]),
+            fmt(row["itl_ms"]),
+            fmt(row["tpot_ms"]),
+            "-" if row["tau"] is None else f"{row['tau']:.2f}",
+        )
     console.print(table)
 
 

@@ -25,9 +25,10 @@ CODE = [
     'def parse_args(argv=None):\n    parser = argparse.ArgumentParser(description="Copy files.")',
     'def merge_sorted(a, b):\n    """Merge two sorted lists into one sorted list."""\n    i = j = 0',
     'def count_words(text):\n    """Return a dict mapping each word to the number of times it occurs."""',
-    'def binary_search(items, target):\n    """Return the index of target in the sorted list items, or -1."""\n    lo, hi = 0, len(items) - 1',
-    'class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n    def __repr__(self):',
-    'def _check_type(value, name):\n    if not isinstance(value, str):\n        raise TypeError(',
+    'def binary_search(items, target):\n    """Return the index of target in the sorted list items, or -1."""\n'
+    "    lo, hi = 0, len(items) - 1",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n    def __repr__(self):",
+    "def _check_type(value, name):\n    if not isinstance(value, str):\n        raise TypeError(",
     'import os\nimport sys\n\n\ndef main():\n    """Print every file below the current directory."""',
 ]
 
@@ -77,7 +78,7 @@ def load_prompt_set(name_or_path: str, limit: int | None = None) -> list[str]:
         if not path.is_file():
             raise DFlashError(
                 f"prompt set {name_or_path!r} is neither a built-in set nor a file",
-                f"use one of {', '.join(SET_NAMES)} or a JSONL file with a \"prompt\" field per line",
+                f'use one of {", ".join(SET_NAMES)} or a JSONL file with a "prompt" field per line',
             )
         prompts = read_jsonl_prompts(path)
     if limit is not None:
@@ -98,7 +99,7 @@ def read_jsonl_prompts(path: Path) -> list[str]:
         try:
             prompt = json.loads(line)["prompt"]
         except (json.JSONDecodeError, KeyError, TypeError):
-            raise DFlashError(f"{path}:{number} is not a JSON object with a \"prompt\" string", "fix that line") from None
+            raise DFlashError(f'{path}:{number} is not a JSON object with a "prompt" string', "fix that line") from None
         if not isinstance(prompt, str) or not prompt.strip():
             raise DFlashError(f"{path}:{number} has an empty or non-string prompt", "fix that line")
         prompts.append(prompt)

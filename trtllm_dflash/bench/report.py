@@ -42,8 +42,14 @@ def print_report(report: dict, console: Console) -> None:
     )
     head = _table(SINGLE_USER, ("AR tok/s", "DFlash tok/s", "speedup", "tau", "ideal", "AR step", "draft", "verify", "lossless"))
     head.add_row(
-        f"{s['ar_tokens_per_second']:.1f}", f"{s['dflash_tokens_per_second']:.1f}", f"{s['speedup']:.2f}x",
-        f"{s['tau']:.2f}", _x(s["tau_ideal_speedup"]), _ms(s["ar_step_ms"]), _ms(s["draft_ms"]), _ms(s["verify_ms"]),
+        f"{s['ar_tokens_per_second']:.1f}",
+        f"{s['dflash_tokens_per_second']:.1f}",
+        f"{s['speedup']:.2f}x",
+        f"{s['tau']:.2f}",
+        _x(s["tau_ideal_speedup"]),
+        _ms(s["ar_step_ms"]),
+        _ms(s["draft_ms"]),
+        _ms(s["verify_ms"]),
         "[green]yes[/]" if s["lossless"] else f"[red]NO ({s['mismatched_prompts']} prompts differ)[/]",
     )
     console.print(head)
@@ -53,21 +59,36 @@ def print_report(report: dict, console: Console) -> None:
     total = max(1, sum(hist.values()))
     console.print("tau histogram (tokens per verify step): " + "  ".join(f"{k}:{100 * v / total:.0f}%" for k, v in hist.items()))
 
-    blocks = _table("block-size sweep (one request at a time)", ("block", "tau", "tok/s", "speedup", "ideal", "draft ms", "verify ms", "lossless"))
+    blocks = _table(
+        "block-size sweep (one request at a time)", ("block", "tau", "tok/s", "speedup", "ideal", "draft ms", "verify ms", "lossless")
+    )
     for row in report["block_sizes"]:
         blocks.add_row(
-            str(row["block_size"]), f"{row['tau']:.2f}", f"{row['tokens_per_second']:.1f}", f"{row['speedup']:.2f}x",
-            _x(row["tau_ideal_speedup"]), _ms(row["draft_ms"]), _ms(row["verify_ms"]), "yes" if row["lossless"] else "NO",
+            str(row["block_size"]),
+            f"{row['tau']:.2f}",
+            f"{row['tokens_per_second']:.1f}",
+            f"{row['speedup']:.2f}x",
+            _x(row["tau_ideal_speedup"]),
+            _ms(row["draft_ms"]),
+            _ms(row["verify_ms"]),
+            "yes" if row["lossless"] else "NO",
         )
     console.print(blocks)
 
-    conc = _table("concurrency sweep: throughput vs per-user speed",
-                  ("users", "AR tok/s", "AR /user", "DFlash tok/s", "DFlash /user", "ratio", "tau", "same"))
+    conc = _table(
+        "concurrency sweep: throughput vs per-user speed",
+        ("users", "AR tok/s", "AR /user", "DFlash tok/s", "DFlash /user", "ratio", "tau", "same"),
+    )
     for row in report["concurrency"]:
         conc.add_row(
-            str(row["concurrency"]), f"{row['ar']['throughput']:.1f}", f"{row['ar']['per_user_tokens_per_second']:.1f}",
-            f"{row['dflash']['throughput']:.1f}", f"{row['dflash']['per_user_tokens_per_second']:.1f}",
-            f"{row['speedup']:.2f}x", f"{row['dflash']['tau']:.2f}", f"{row['identical_outputs']}/{row['requests']}",
+            str(row["concurrency"]),
+            f"{row['ar']['throughput']:.1f}",
+            f"{row['ar']['per_user_tokens_per_second']:.1f}",
+            f"{row['dflash']['throughput']:.1f}",
+            f"{row['dflash']['per_user_tokens_per_second']:.1f}",
+            f"{row['speedup']:.2f}x",
+            f"{row['dflash']['tau']:.2f}",
+            f"{row['identical_outputs']}/{row['requests']}",
         )
     console.print(conc)
     console.print(f"[dim]{CONCURRENCY_NOTE}[/]")
@@ -91,8 +112,10 @@ def write_plots(report: dict, out_dir: Path) -> list[Path]:
     title = f"{report['system']['backend']} on {report['system']['device']}"
 
     rows = report["concurrency"]
-    curves = [(label, marker, [row[key] for row in rows], [row["concurrency"] for row in rows])
-              for key, label, marker in (("ar", "autoregressive", "o"), ("dflash", "DFlash", "s"))]
+    curves = [
+        (label, marker, [row[key] for row in rows], [row["concurrency"] for row in rows])
+        for key, label, marker in (("ar", "autoregressive", "o"), ("dflash", "DFlash", "s"))
+    ]
     written.append(_save(pareto_figure(curves, title, "per-user tokens/s (interactivity)"), out_dir / "pareto.png"))
 
     hist = report["summary"]["tau_histogram"]

@@ -60,7 +60,9 @@ class SdpaOperands:
         return visible
 
 
-def verify_operands(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context: int, scale: float, window: int = 0) -> SdpaOperands:
+def verify_operands(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context: int, scale: float, window: int = 0
+) -> SdpaOperands:
     """SDPA's operands for a step whose rows all start their block at `context` (the caches hold the block already)."""
     span = context + q.shape[1]
     return SdpaOperands(
@@ -154,17 +156,29 @@ def candidate_call(candidate: SdpaCandidate, operands: SdpaOperands) -> Callable
 
     def efficient():  # what CausalBias calls when flash cannot run: the kernel's own bottom-right mode
         return torch.ops.aten._efficient_attention_forward(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bias=None, cu_seqlens_q=None, cu_seqlens_k=None,
-            max_seqlen_q=None, max_seqlen_k=None, dropout_p=0.0, custom_mask_type=int(bias.variant),
-            compute_log_sumexp=False, scale=o.scale,
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            bias=None,
+            cu_seqlens_q=None,
+            cu_seqlens_k=None,
+            max_seqlen_q=None,
+            max_seqlen_k=None,
+            dropout_p=0.0,
+            custom_mask_type=int(bias.variant),
+            compute_log_sumexp=False,
+            scale=o.scale,
         )[0].transpose(1, 2)
 
     return efficient
 
 
 def time_candidates(
-    operands: SdpaOperands, expected: torch.Tensor, timer: Callable[[Callable[[], object]], float],
-    candidates: tuple[SdpaCandidate, ...] = CANDIDATES, tolerance: float = 3e-2,
+    operands: SdpaOperands,
+    expected: torch.Tensor,
+    timer: Callable[[Callable[[], object]], float],
+    candidates: tuple[SdpaCandidate, ...] = CANDIDATES,
+    tolerance: float = 3e-2,
 ) -> list[SdpaTiming]:
     """Every candidate: refused, or checked against `expected` (`[b, T, Hq, Dv]`, ours) and timed."""
     timings = []

@@ -47,9 +47,7 @@ class BenchSystem(abc.ABC):
     device: str = "cpu"
 
     @abc.abstractmethod
-    def run(
-        self, prompts: list[str], speculative: bool, block_size: int, concurrency: int, max_new_tokens: int
-    ) -> SystemRun:
+    def run(self, prompts: list[str], speculative: bool, block_size: int, concurrency: int, max_new_tokens: int) -> SystemRun:
         """Decode every prompt greedily (temperature 0), at most `concurrency` at a time.
 
         Results come back in prompt order; `prompt_ids` and `token_ids` are token ids.
@@ -87,8 +85,9 @@ class InProcessSystem(BenchSystem):
         prompts = [self.encode(p) for p in prompts]
         max_context = max(len(p) for p in prompts) + max_new_tokens + 1
         # a fresh decoder per run: allocation happens here, outside the timed region
-        decoder = Decoder(runtime, max_batch=concurrency, max_context=max_context,
-                          block_size=block_size if speculative else None, profile=True)
+        decoder = Decoder(
+            runtime, max_batch=concurrency, max_context=max_context, block_size=block_size if speculative else None, profile=True
+        )
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop_token_ids=())
         requests = [Request(list(p), params) for p in prompts]
         if self.device == "cuda":
@@ -114,8 +113,11 @@ class PairSystem(InProcessSystem):
         self.target = load_target(target, device=device, require_tokenizer=True)
         self.drafter = load_drafter(drafter, target=self.target)
         super().__init__(
-            TorchRuntime(self.target.model), TorchRuntime(self.target.model, self.drafter),
-            self.target.tokenizer, self.drafter.config.block_size, device,
+            TorchRuntime(self.target.model),
+            TorchRuntime(self.target.model, self.drafter),
+            self.target.tokenizer,
+            self.drafter.config.block_size,
+            device,
         )
 
     def describe(self) -> dict:
@@ -145,7 +147,9 @@ class BuildSystem(InProcessSystem):
         if device == "cuda" and not torch.cuda.is_available():
             raise DFlashError("--device cuda was asked for but no CUDA GPU is visible", "use --device cpu (runs the build's ONNX graphs)")
         backend = get_backend("trt")
-        ar, dflash = (backend.open_pipeline(PipelineSource(build=build, speculative=d, onnx=device != "cuda"), device=device) for d in (False, True))
+        ar, dflash = (
+            backend.open_pipeline(PipelineSource(build=build, speculative=d, onnx=device != "cuda"), device=device) for d in (False, True)
+        )
         if device == "cuda":
             self.name, self.artifacts = "tensorrt", str(engines_folder(build))
         else:
@@ -160,7 +164,9 @@ class BuildSystem(InProcessSystem):
 
     def run(self, prompts, speculative, block_size, concurrency, max_new_tokens) -> SystemRun:
         if block_size > self.block_size:
-            raise DFlashError(f"block size {block_size} is beyond the build's bound {self.block_size}", f"sweep block sizes up to {self.block_size}")
+            raise DFlashError(
+                f"block size {block_size} is beyond the build's bound {self.block_size}", f"sweep block sizes up to {self.block_size}"
+            )
         longest = max(len(self.encode(p)) for p in prompts) + max_new_tokens + 1
         if longest > self.max_seq_len:
             raise DFlashError(
@@ -194,7 +200,10 @@ class ServerSystem(BenchSystem):
             raise DFlashError(f"unknown protocol {protocol!r}", "use http or grpc")
         grpc_url = f"{urlparse(url if '://' in url else 'http://' + url).hostname}:8001" if protocol == "grpc" else None
         self.url, self.protocol = url, protocol
-        self.clients = {True: DFlashClient(url, model=model, grpc_url=grpc_url), False: DFlashClient(url, model=ar_model, grpc_url=grpc_url)}
+        self.clients = {
+            True: DFlashClient(url, model=model, grpc_url=grpc_url),
+            False: DFlashClient(url, model=ar_model, grpc_url=grpc_url),
+        }
         if self.clients[True].speaks_llmapi(protocol):
             raise DFlashError(
                 f"model {model!r} on {url} is NVIDIA's LLM-API model (a trtllm repository): it sends no token ids or per-step "
@@ -248,8 +257,13 @@ class ServerSystem(BenchSystem):
                     errors.append(exc)
                     return
                 results[index] = SequenceResult(
-                    index, [], list(done.token_ids), list(done.acceptance_lengths), done.finish_reason,
-                    time_to_first_token=done.client_time_to_first_token, elapsed=done.latency,
+                    index,
+                    [],
+                    list(done.token_ids),
+                    list(done.acceptance_lengths),
+                    done.finish_reason,
+                    time_to_first_token=done.client_time_to_first_token,
+                    elapsed=done.latency,
                 )
 
         started = time.perf_counter()
@@ -264,8 +278,12 @@ class ServerSystem(BenchSystem):
         return SystemRun([results[i] for i in range(len(prompts))], seconds, [])
 
     def describe(self) -> dict:
-        return {**super().describe(), "url": self.url, "protocol": self.protocol,
-                "models": [self.clients[True].model, self.clients[False].model]}
+        return {
+            **super().describe(),
+            "url": self.url,
+            "protocol": self.protocol,
+            "models": [self.clients[True].model, self.clients[False].model],
+        }
 
 
 def open_system(

@@ -11,8 +11,9 @@ from trtllm_dflash.builder.spec import BuildSpec
 from trtllm_dflash.serving.model_parameters import RecipeLimits
 
 
-def build_artifact(spec: BuildSpec, out: Path, records: dict[str, dict[str, Any]],
-                   llmapi_model: Path | None = None) -> BuildArtifact | None:
+def build_artifact(
+    spec: BuildSpec, out: Path, records: dict[str, dict[str, Any]], llmapi_model: Path | None = None
+) -> BuildArtifact | None:
     """What the build has made so far (`records`: the finished stages by name); None before its
     checkpoints stage finished. `llmapi_model`: the folder given with --llmapi-model (trtllm)."""
     checkpoints = records.get("checkpoints")

@@ -24,14 +24,26 @@ BEGIN, END = "<!-- drafter-support:begin -->", "<!-- drafter-support:end -->"
 
 # A z-lab V1 drafter (Qwen3-8B-DFlash-b16's layout, 3 layers): the rows change it.
 BASE: dict[str, Any] = {
-    "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 256, "intermediate_size": 512,
-    "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-    "num_target_layers": 12, "block_size": 16, "rms_norm_eps": 1e-6, "rope_theta": 1e6, "vocab_size": 1000,
+    "architectures": ["DFlashDraftModel"],
+    "model_type": "qwen3",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "num_target_layers": 12,
+    "block_size": 16,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1e6,
+    "vocab_size": 1000,
     "dflash_config": {"mask_token_id": 999, "target_layer_ids": [1, 5, 9]},
     "layer_types": [FULL] * 3,
 }
-V2 = {"architectures": ["DFlash2DraftModel"], "dflash_config": {"block_size": 16, "conv_kernel_size": 2, "conv_group_size": 16,
-                                                                 "selector_rank": 32, "selector_top_k": 16}}
+V2 = {
+    "architectures": ["DFlash2DraftModel"],
+    "dflash_config": {"block_size": 16, "conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 32, "selector_top_k": 16},
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,24 +66,34 @@ class Variant:
 
 VARIANTS = (
     Variant("DFlash V1, full attention", "z-lab (Qwen3, Llama-3.1, gpt-oss drafters)", {}),
-    Variant("DFlash V1, sliding layers (layer_types + sliding_window)", "z-lab (Gemma 4, Qwen3.5 drafters)",
-            {"layer_types": [SLIDING, SLIDING, FULL], "sliding_window": 2048}),
-    Variant("use_swa + swa_window_size, with layer_types", "ModelOpt `dflash_swa_window_size`, DeepSpec",
-            {"layer_types": [SLIDING, FULL, SLIDING], "dflash_config": {"use_swa": True, "swa_window_size": 1024}}),
-    Variant("use_swa + swa_window_size, no layer_types", "ModelOpt, DeepSpec",
-            {"layer_types": None, "dflash_config": {"use_swa": True, "swa_window_size": 1024}}),
+    Variant(
+        "DFlash V1, sliding layers (layer_types + sliding_window)",
+        "z-lab (Gemma 4, Qwen3.5 drafters)",
+        {"layer_types": [SLIDING, SLIDING, FULL], "sliding_window": 2048},
+    ),
+    Variant(
+        "use_swa + swa_window_size, with layer_types",
+        "ModelOpt `dflash_swa_window_size`, DeepSpec",
+        {"layer_types": [SLIDING, FULL, SLIDING], "dflash_config": {"use_swa": True, "swa_window_size": 1024}},
+    ),
+    Variant(
+        "use_swa + swa_window_size, no layer_types",
+        "ModelOpt, DeepSpec",
+        {"layer_types": None, "dflash_config": {"use_swa": True, "swa_window_size": 1024}},
+    ),
     Variant("causal block attention (`causal: true`)", "ModelOpt export option", {"dflash_config": {"causal": True}}),
     Variant("bounded draft history (`sliding_window_size`)", "z-lab (long contexts)", {"sliding_window_size": 4096}),
-    Variant("DFlash V2, sliding layers", "inco.ai / z-lab DFlash2DraftModel",
-            {**V2, "layer_types": [SLIDING] * 3, "sliding_window": 2048}),
+    Variant("DFlash V2, sliding layers", "inco.ai / z-lab DFlash2DraftModel", {**V2, "layer_types": [SLIDING] * 3, "sliding_window": 2048}),
     Variant("DFlash V2, full attention", "DFlash2DraftModel", V2),
     Variant("draft attention sinks (`attention_sink_bias`)", "ModelOpt", {"dflash_config": {"attention_sink_bias": True}}),
     Variant("Laguna drafter (causal sliding layers, gates)", "Laguna", {"architectures": ["LagunaDFlashDraftModel"]}),
-    Variant("DSpark heads (`projector_type: dspark`, markov_rank, ...)", "deepseek-ai/DeepSpec",
-            {"dflash_config": {"projector_type": "dspark", "markov_rank": 8}}),
+    Variant(
+        "DSpark heads (`projector_type: dspark`, markov_rank, ...)",
+        "deepseek-ai/DeepSpec",
+        {"dflash_config": {"projector_type": "dspark", "markov_rank": 8}},
+    ),
     Variant("Domino head (`projector_type: domino`)", "ModelOpt", {"dflash_config": {"projector_type": "domino"}}),
-    Variant("Speculators `dflash2`", "vLLM Speculators (experimental)",
-            {"speculators_config": {"algorithm": "dflash2"}}),
+    Variant("Speculators `dflash2`", "vLLM Speculators (experimental)", {"speculators_config": {"algorithm": "dflash2"}}),
 )
 
 BACKENDS = ("torch", "trt", "trtllm (VANILLA attention)", "trtllm (TRTLLM attention)")
@@ -79,9 +101,9 @@ BACKENDS = ("torch", "trt", "trtllm (VANILLA attention)", "trtllm (TRTLLM attent
 
 def support(variant: Variant) -> dict[str, str]:
     """One cell per backend: "runs", "runs differently: ..." or "refused: ..."."""
+    from trtllm_dflash.backends.trtllm.drafters import DrafterNote, drafter_support
     from trtllm_dflash.builder.export import drafter_graph_refusal
     from trtllm_dflash.config import DrafterConfig
-    from trtllm_dflash.backends.trtllm.drafters import DrafterNote, drafter_support
 
     try:
         config = DrafterConfig.from_dict(variant.config(), source="config.json")

@@ -99,10 +99,22 @@ def profiles(graph: str, bounds: Bounds) -> list[dict[str, tuple[int, int, int]]
     if graph == "target":
         drafts = max(blk - 1, 1)
         return [
-            {"batch": (1, mb, mb), "tokens": (1, blk, blk), "picked": (1, blk, blk), "past": (1, max(slots // 2, 1), slots),
-             "drafts": (1, drafts, drafts), "capacity": (1, slots, slots)},
-            {"batch": (1, 1, mb), "tokens": (1, max(mi // 2, 1), mi), "picked": (1, 1, mi), "past": (1, 1, slots),
-             "drafts": (1, 1, drafts), "capacity": (1, slots, slots)},
+            {
+                "batch": (1, mb, mb),
+                "tokens": (1, blk, blk),
+                "picked": (1, blk, blk),
+                "past": (1, max(slots // 2, 1), slots),
+                "drafts": (1, drafts, drafts),
+                "capacity": (1, slots, slots),
+            },
+            {
+                "batch": (1, 1, mb),
+                "tokens": (1, max(mi // 2, 1), mi),
+                "picked": (1, 1, mi),
+                "past": (1, 1, slots),
+                "drafts": (1, 1, drafts),
+                "capacity": (1, slots, slots),
+            },
         ]
     if graph == "drafter":
         return [{"batch": (1, mb, mb), "block": (2, blk, blk), "ctx_rows": (1, blk, mi), "past": (1, max(slots // 2, 1), slots)}]

@@ -55,21 +55,37 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from trtllm_dflash.drafters import kind_of
-from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.contracts import names
 from trtllm_dflash.contracts.dtypes import from_onnx
+from trtllm_dflash.drafters import kind_of
+from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.graphs.concat_cache import LayerCache
 from trtllm_dflash.graphs.dense_experts import dense_experts
 from trtllm_dflash.graphs.dtypes import DTYPES, cast_parameters
-from trtllm_dflash.graphs.target import TargetGraph, UnsupportedTargetError, VerifyingTargetGraph, check_exportable, verifying_target_refusal
+from trtllm_dflash.graphs.target import (
+    TargetGraph,
+    UnsupportedTargetError,
+    VerifyingTargetGraph,
+    check_exportable,
+    verifying_target_refusal,
+)
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 
 # DTYPES, cast_parameters, TargetGraph and UnsupportedTargetError are imported from here by older
 # callers; they live in trtllm_dflash.graphs.
 __all__ = [
-    "DTYPES", "OPSET", "Bounds", "GraphInfo", "TargetGraph", "UnsupportedTargetError", "cast_parameters",
-    "export_drafter", "export_pair", "export_target", "export_verifying_target", "write_graphs_json",
+    "DTYPES",
+    "OPSET",
+    "Bounds",
+    "GraphInfo",
+    "TargetGraph",
+    "UnsupportedTargetError",
+    "cast_parameters",
+    "export_drafter",
+    "export_pair",
+    "export_target",
+    "export_verifying_target",
+    "write_graphs_json",
 ]
 
 OPSET = 20
@@ -83,7 +99,6 @@ class Bounds:
     max_input_len: int  # tokens per target call (prefill) and context rows per drafter call
     max_seq_len: int  # cache slots
     block_size: int
-
 
 
 # ----------------------------------------------------------------------------- export
@@ -114,7 +129,6 @@ class GraphInfo:
         return dataclasses.asdict(self)
 
 
-
 def _uniform(shapes: list[LayerCache | None]) -> tuple[int, int]:
     """(kv_heads, head_dim) when every cached layer has the same K and V shape, else (0, 0)."""
     present = {(s.kv_heads, s.key_dim, s.value_dim) for s in shapes if s is not None}
@@ -123,7 +137,6 @@ def _uniform(shapes: list[LayerCache | None]) -> tuple[int, int]:
         if key_dim == value_dim:
             return heads, key_dim
     return 0, 0
-
 
 
 def normalize(program) -> None:
@@ -146,7 +159,15 @@ def normalize(program) -> None:
                 value.doc_string = None
 
 
-def _export(module: nn.Module, args: tuple, dynamic_shapes: tuple, input_names: list[str], output_names: list[str], path: Path, translations: dict | None):
+def _export(
+    module: nn.Module,
+    args: tuple,
+    dynamic_shapes: tuple,
+    input_names: list[str],
+    output_names: list[str],
+    path: Path,
+    translations: dict | None,
+):
     import logging
     import warnings
 
@@ -199,15 +220,19 @@ def attention_translation() -> dict:
         if enable_gqa and heads != kv_heads:  # repeat each K/V head for its group of query heads
             group = op.Constant(value_ints=[1, 1, heads // kv_heads, 1, 1])
             key, value = (
-                op.Reshape(op.Tile(op.Unsqueeze(t, op.Constant(value_ints=[2])), group), op.Concat(
-                    op.Shape(t, start=0, end=1), op.Constant(value_ints=[heads]), op.Shape(t, start=2), axis=0))
+                op.Reshape(
+                    op.Tile(op.Unsqueeze(t, op.Constant(value_ints=[2])), group),
+                    op.Concat(op.Shape(t, start=0, end=1), op.Constant(value_ints=[heads]), op.Shape(t, start=2), axis=0),
+                )
                 for t in (key, value)
             )
         scores = op.MatMul(scaled, op.Transpose(key, perm=[0, 1, 3, 2]))
         if attn_mask is not None:
             if attn_mask.dtype == onnx.TensorProto.BOOL:  # hidden keys get the dtype's lowest value, as torch's
                 lowest = float(torch.finfo(from_onnx(int(query.dtype)).to_torch()).min)
-                attn_mask = op.Where(attn_mask, op.CastLike(op.Constant(value_float=0.0), scores), op.CastLike(op.Constant(value_float=lowest), scores))
+                attn_mask = op.Where(
+                    attn_mask, op.CastLike(op.Constant(value_float=0.0), scores), op.CastLike(op.Constant(value_float=lowest), scores)
+                )
             scores = op.Add(scores, attn_mask)
         return op.MatMul(op.Softmax(scores, axis=-1), value)
 
@@ -263,21 +288,34 @@ def _dense_target_graph(graph_class: type, model: nn.Module, layer_ids: list[int
 
 
 def _target_info(
-    path: Path, input_names: list[str], input_dims: list[list[str | int]], input_dtypes: list[str], output_names: list[str],
-    num_layers: int, shapes: list[LayerCache | None], dtype: str, variant: str, **extra: Any,
+    path: Path,
+    input_names: list[str],
+    input_dims: list[list[str | int]],
+    input_dtypes: list[str],
+    output_names: list[str],
+    num_layers: int,
+    shapes: list[LayerCache | None],
+    dtype: str,
+    variant: str,
+    **extra: Any,
 ) -> GraphInfo:
     """The GraphInfo of a target graph (native or verifying): its inputs, outputs and per-layer caches."""
     kv_heads, head_dim = _uniform(shapes)
     return GraphInfo(
-        file=path.name, inputs=_describe(input_names, input_dims, input_dtypes), outputs=output_names,
-        num_layers=num_layers, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, variant=variant,
-        cache_layers=[shape.to_dict() if shape is not None else None for shape in shapes], **extra,
+        file=path.name,
+        inputs=_describe(input_names, input_dims, input_dtypes),
+        outputs=output_names,
+        num_layers=num_layers,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        variant=variant,
+        cache_layers=[shape.to_dict() if shape is not None else None for shape in shapes],
+        **extra,
     )
 
 
-def export_target(
-    model: nn.Module, layer_ids: list[int], path: Path, dtype: str, bounds: Bounds, variant: str = "native"
-) -> GraphInfo:
+def export_target(model: nn.Module, layer_ids: list[int], path: Path, dtype: str, bounds: Bounds, variant: str = "native") -> GraphInfo:
     """Export the target as one prefill/verify graph (see the module docstring for its I/O)."""
     from torch.export import Dim
 
@@ -310,10 +348,16 @@ def export_target(
         with torch.no_grad():
             _export(graph, args, dynamic, input_names, output_names, path, translations)
     return _target_info(
-        path, input_names, [["batch", "tokens"], ["batch"], ["batch", "picked"]] + _cache_dims(shapes, cached, "past"),
-        ["int64", "int64", "int64"] + [dtype] * (2 * len(cached)), output_names, int(config.num_hidden_layers), shapes, dtype, variant,
+        path,
+        input_names,
+        [["batch", "tokens"], ["batch"], ["batch", "picked"]] + _cache_dims(shapes, cached, "past"),
+        ["int64", "int64", "int64"] + [dtype] * (2 * len(cached)),
+        output_names,
+        int(config.num_hidden_layers),
+        shapes,
+        dtype,
+        variant,
     )
-
 
 
 def export_verifying_target(
@@ -371,11 +415,18 @@ def export_verifying_target(
         with torch.no_grad():
             _export(graph, args, dynamic, input_names, output_names, path, translations)
     return _target_info(
-        path, input_names,
+        path,
+        input_names,
         [["batch", "tokens"], ["batch"], ["batch", "picked"], ["batch", "drafts", vocab], ["batch"], ["batch"], ["batch"], ["batch"]]
         + _cache_dims(shapes, cached, "capacity"),
         ["int64", "int64", "int64", "fp32", "fp32", "int64", "fp32", "int64"] + [dtype] * (2 * len(cached)),
-        output_names, int(config.num_hidden_layers), shapes, dtype, variant, dir=variant, verifies=True,
+        output_names,
+        int(config.num_hidden_layers),
+        shapes,
+        dtype,
+        variant,
+        dir=variant,
+        verifies=True,
     )
 
 
@@ -442,7 +493,8 @@ def export_drafter(
         file=path.name,
         inputs=_describe(
             input_names,
-            [["batch", "block"], ["batch", "ctx_rows", features], ["batch"], ["batch"]] + [cache] * (2 * num_layers)
+            [["batch", "block"], ["batch", "ctx_rows", features], ["batch"], ["batch"]]
+            + [cache] * (2 * num_layers)
             + [["batch"]] * len(sampling),
             ["int64", dtype, "int64", "int64"] + [dtype] * (2 * num_layers) + ["fp32", "int64"][: len(sampling)],
         ),

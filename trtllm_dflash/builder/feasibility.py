@@ -26,9 +26,11 @@ def export_support(spec: BuildSpec) -> str | None:
     """None when the target's graphs can be exported at this precision, else why not."""
     which = spec.precision.nvfp4_export_gap
     if which is not None:
-        return (f"the ONNX export has no NVFP4 form for the {which} (FLOAT4E2M1 weights with blocked E4M3 DequantizeLinear "
-                "and a per-tensor scale are not written, so TensorRT would get no FP4 GEMMs); "
-                "deploy NVFP4 with backend: trtllm, or use --quant fp8/bf16 and a bf16 drafter for trt engines")
+        return (
+            f"the ONNX export has no NVFP4 form for the {which} (FLOAT4E2M1 weights with blocked E4M3 DequantizeLinear "
+            "and a per-tensor scale are not written, so TensorRT would get no FP4 GEMMs); "
+            "deploy NVFP4 with backend: trtllm, or use --quant fp8/bf16 and a bf16 drafter for trt engines"
+        )
     return None
 
 
@@ -37,8 +39,10 @@ def validation_skip_reason(spec: BuildSpec) -> str | None:
     params = spec.recipe.model_spec().params().total
     if params <= CPU_VALIDATION_MAX_PARAMS:
         return None
-    return (f"skipped: a {params / 1e9:.1f}B-parameter target is too large to evaluate on CPU here; "
-            "the GPU losslessness gate (docs/build.md) checks the engines instead")
+    return (
+        f"skipped: a {params / 1e9:.1f}B-parameter target is too large to evaluate on CPU here; "
+        "the GPU losslessness gate (docs/build.md) checks the engines instead"
+    )
 
 
 def repository_writer():

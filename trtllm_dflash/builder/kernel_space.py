@@ -40,9 +40,13 @@ def recipe_kernel_space(recipe) -> KernelSpace:
     model = resolve_model(recipe.model.name)
     drafter = model.drafter
     if drafter is None:
-        raise DFlashError(f"the model catalog has no drafter shape for {recipe.model.name}", "pass --head-dim/--gqa-group/... instead of --recipe")
+        raise DFlashError(
+            f"the model catalog has no drafter shape for {recipe.model.name}", "pass --head-dim/--gqa-group/... instead of --recipe"
+        )
     if recipe.gpu == "cpu":
-        raise DFlashError(f"recipe {recipe.model.name}/cpu runs on CPU and needs no kernels", "pick a GPU recipe (`dflash-trt recipes list`)")
+        raise DFlashError(
+            f"recipe {recipe.model.name}/cpu runs on CPU and needs no kernels", "pick a GPU recipe (`dflash-trt recipes list`)"
+        )
     block = min(recipe.drafter.block_size, launch.MAX_BLOCK)
     blocks = {block} | {d + 1 for d in (recipe.drafter.draft_len_schedule or {}).values() if 0 < d and d + 1 < block}
     precision = recipe.precision

@@ -43,11 +43,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from trtllm_dflash.backends.trt import load_engine_pipeline
     from trtllm_dflash.builder.pipeline import load_manifest
     from trtllm_dflash.builder.quantize import BUILTIN_CALIBRATION
     from trtllm_dflash.checkpoints import load_drafter, load_target
     from trtllm_dflash.runtime.torch_runtime import TorchRuntime
-    from trtllm_dflash.backends.trt import load_engine_pipeline
 
     manifest = load_manifest(args.build)
     pipe = load_engine_pipeline(args.build / manifest.get("engines", "engines"))

@@ -64,9 +64,7 @@ class HashCache:
 
 def files_digest(root: Path, relative: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """`{relative path: {sha256, bytes}}` for every file under root (or the listed ones), sorted."""
-    names = relative if relative is not None else sorted(
-        str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
-    )
+    names = relative if relative is not None else sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     return {name: {"sha256": sha256_file(root / name), "bytes": (root / name).stat().st_size} for name in sorted(names)}
 
 

@@ -26,8 +26,10 @@ from trtllm_dflash.builder.stages import StageBlocked
 from trtllm_dflash.checkpoints import safetensors_header
 from trtllm_dflash.modeling.fp4 import MXFP4_BLOCK, dequantize_mxfp4, dequantize_nvfp4
 
-GPU_FIX = ("run the same `dflash-trt build` on a machine with a CUDA GPU (finished stages are reused): "
-           "Blackwell serves NVFP4, an H100/H200 calibrates it with ModelOpt's NVFP4 emulation")
+GPU_FIX = (
+    "run the same `dflash-trt build` on a machine with a CUDA GPU (finished stages are reused): "
+    "Blackwell serves NVFP4, an H100/H200 calibrates it with ModelOpt's NVFP4 emulation"
+)
 
 # the drafter's `fc` projects the concatenated target hidden states: kept in BF16 (as TensorRT Edge-LLM validated)
 DRAFTER_KEPT_MODULES = ("fc",)
@@ -110,8 +112,13 @@ class NVFP4Weight:
         return self.max_abs_error == 0.0
 
     def summary(self) -> dict[str, Any]:
-        return {"blocks": self.blocks, "exact_blocks": self.exact_blocks, "exact": self.exact,
-                "max_abs_error": self.max_abs_error, "max_rel_error": self.max_rel_error}
+        return {
+            "blocks": self.blocks,
+            "exact_blocks": self.exact_blocks,
+            "exact": self.exact,
+            "max_abs_error": self.max_abs_error,
+            "max_rel_error": self.max_rel_error,
+        }
 
 
 def mxfp4_to_nvfp4(blocks: torch.Tensor, scales: torch.Tensor) -> NVFP4Weight:
@@ -126,7 +133,9 @@ def mxfp4_to_nvfp4(blocks: torch.Tensor, scales: torch.Tensor) -> NVFP4Weight:
         raise ValueError(f"MXFP4 blocks {tuple(blocks.shape)} and scales {tuple(scales.shape)} do not match")
     packed = blocks.flatten(-2)
     device = str(blocks.device)
-    weight, weight_scale, weight_scale_2, total, exact = quantize_mxfp4_to_nvfp4_lossless(packed, scales, mxfp4_kmax(scales, device), device)
+    weight, weight_scale, weight_scale_2, total, exact = quantize_mxfp4_to_nvfp4_lossless(
+        packed, scales, mxfp4_kmax(scales, device), device
+    )
     source = dequantize_mxfp4(blocks, scales)
     diff = (dequantize_nvfp4(weight, weight_scale, weight_scale_2) - source).abs()
     nonzero = source != 0
@@ -197,5 +206,9 @@ def nvfp4_layout(directory: Path) -> dict[str, Any]:
             config = raw.get("quantization", raw.get("quantization_config", {})) or config
             if config:
                 break
-    return {"tensors": counts, "quant_algo": config.get("quant_algo"), "kv_cache_quant_algo": config.get("kv_cache_quant_algo"),
-            "exclude_modules": config.get("exclude_modules", [])}
+    return {
+        "tensors": counts,
+        "quant_algo": config.get("quant_algo"),
+        "kv_cache_quant_algo": config.get("kv_cache_quant_algo"),
+        "exclude_modules": config.get("exclude_modules", []),
+    }

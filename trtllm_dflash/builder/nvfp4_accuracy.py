@@ -20,8 +20,9 @@ def _logits(model: torch.nn.Module, batches: list[torch.Tensor]) -> list[torch.T
 
 
 @torch.no_grad()
-def nvfp4_accuracy(model: torch.nn.Module, calibration: list[torch.Tensor], evaluation: list[torch.Tensor],
-                   kv_cache: str = "fp8") -> dict[str, Any]:
+def nvfp4_accuracy(
+    model: torch.nn.Module, calibration: list[torch.Tensor], evaluation: list[torch.Tensor], kv_cache: str = "fp8"
+) -> dict[str, Any]:
     """Quantize `model` in place (NVFP4 weights and activations, FP8 KV) and compare its logits on
     `evaluation` with the BF16 model's: ||q - r|| / ||r|| over all positions, and the share of
     positions whose greedy (argmax) token is the same."""

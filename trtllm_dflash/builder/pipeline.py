@@ -29,15 +29,15 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from trtllm_dflash.builder import manifest as mf
-from trtllm_dflash.extras import require
 from trtllm_dflash.backends import write_build_repository
+from trtllm_dflash.builder import manifest as mf
 from trtllm_dflash.builder.artifact import build_artifact
 from trtllm_dflash.builder.feasibility import backend_of, export_support, repository_writer, validation_skip_reason
 from trtllm_dflash.builder.spec import BuildSpec
 from trtllm_dflash.builder.stage_plan import hf_offline
 from trtllm_dflash.builder.stages import BuildResult, Reporter, Stage, StageBlocked, StageContext, StageRunner
 from trtllm_dflash.errors import CheckpointError, DFlashError
+from trtllm_dflash.extras import require
 
 EXPORT_FORMAT = 2  # bump when the graphs change (2: exact attention scale, verifying plugin target), so old export stages are rebuilt
 VALIDATE_FORMAT = 2  # bump when the checks or the report change (2: dtype-derived tolerance, validated variants)
@@ -184,10 +184,15 @@ def run_quantize(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
         # what the quantization cost: tau of the written drafter (loaded by our loader) beside the original's
         acceptance = quantized_drafter_acceptance(target, source, ctx.workdir / "drafter", spec.calibration, ctx.status)
         tau = acceptance["tau"]
-        note = (f"drafter {drafter['quant']}: tau {tau['quantized']:.2f} vs {tau['unquantized']:.2f} unquantized "
-                f"on {acceptance['prompts']} prompts, output = the target's")
-        summary.update(drafter_quantization={**drafter, "acceptance": acceptance}, drafter_dir="drafter",
-                       note="; ".join(n for n in (summary.get("note"), note) if n))
+        note = (
+            f"drafter {drafter['quant']}: tau {tau['quantized']:.2f} vs {tau['unquantized']:.2f} unquantized "
+            f"on {acceptance['prompts']} prompts, output = the target's"
+        )
+        summary.update(
+            drafter_quantization={**drafter, "acceptance": acceptance},
+            drafter_dir="drafter",
+            note="; ".join(n for n in (summary.get("note"), note) if n),
+        )
     return summary
 
 
@@ -257,7 +262,11 @@ def run_export(ctx: StageContext, spec: BuildSpec, pair: CheckpointPair) -> dict
     except TrafficError as exc:  # a report, not a reason to fail the export
         bytes_per_step = {"not_counted": str(exc)}
     return {
-        "dtype": dtype, "variants": variants, "unavailable": unavailable, "block_size": block_size, "bounds": info["bounds"],
+        "dtype": dtype,
+        "variants": variants,
+        "unavailable": unavailable,
+        "block_size": block_size,
+        "bounds": info["bounds"],
         "bytes_per_verify_step": bytes_per_step,
     }
 
@@ -327,8 +336,13 @@ def run_engines(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     skipped: dict[str, str] = {}
     plugins: dict[str, list[str]] = {}
     support = {variant: plugin_graphs.engine_support(variant, flavour.name) for variant in export["variants"]}
-    jobs = [(variant, graph) for variant, reason in support.items() if reason is None  # one engine per graph file
-            for graph in ("target", "drafter") if info["variants"][variant][graph].get("dir", variant) == variant]
+    jobs = [
+        (variant, graph)
+        for variant, reason in support.items()
+        if reason is None  # one engine per graph file
+        for graph in ("target", "drafter")
+        if info["variants"][variant][graph].get("dir", variant) == variant
+    ]
     for variant in export["variants"]:
         reason = support[variant]
         if reason is not None:
@@ -342,8 +356,11 @@ def run_engines(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
             if graph_info.get("dir", variant) != variant:  # a graph shared with another variant: one engine
                 built[variant][graph] = {**built[graph_info["dir"]][graph], "dir": graph_info["dir"]}
                 continue
-            ctx.status(f"building the {variant} {graph} engine ({flavour.name} {flavour.version}, SM {spec.gpu.compute_capability_str})",
-                       jobs.index((variant, graph)), len(jobs))
+            ctx.status(
+                f"building the {variant} {graph} engine ({flavour.name} {flavour.version}, SM {spec.gpu.compute_capability_str})",
+                jobs.index((variant, graph)),
+                len(jobs),
+            )
             built[variant][graph] = engines.build_engine(
                 flavour,
                 export_dir / variant / f"{graph}.onnx",
@@ -367,7 +384,8 @@ def run_engines(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
         "gpu": spec.gpu.name,
         "aot": flavour.aot,
         "dtype": export["dtype"],
-        "precision": f"{spec.precision.weights} weights (FP8 as Q/DQ), {export['dtype']} activations; strongly typed" if spec.precision.fp8_weights
+        "precision": f"{spec.precision.weights} weights (FP8 as Q/DQ), {export['dtype']} activations; strongly typed"
+        if spec.precision.fp8_weights
         else f"{export['dtype']}, strongly typed (precision follows the graph)",
         "engines": built,
         "skipped_variants": skipped,
@@ -382,9 +400,9 @@ def run_engines(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
 def run_trtllm(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     import yaml
 
+    from trtllm_dflash.backends.trtllm.drafters import local_drafter_overlay, write_drafter_overlay
     from trtllm_dflash.backends.trtllm.llm_args_check import pinned_source
     from trtllm_dflash.backends.trtllm.options import check_installed_tensorrt_llm
-    from trtllm_dflash.backends.trtllm.drafters import local_drafter_overlay, write_drafter_overlay
 
     target = _target_source(ctx)  # the quantized checkpoint when there is one
     drafter = quantized_drafter_dir(ctx)
@@ -395,11 +413,15 @@ def run_trtllm(ctx: StageContext, spec: BuildSpec) -> dict[str, Any]:
     checked_by = check_installed_tensorrt_llm(options, f"the options of {spec.recipe.name}")
     (ctx.workdir / "llm_api.yaml").write_text(
         f"# {spec.recipe.name}: trtllm-serve {target} --backend pytorch --config llm_api.yaml\n"
-        f"# every key checked against TensorRT-LLM {pinned_source()}\n"
-        + yaml.safe_dump(options, sort_keys=False)
+        f"# every key checked against TensorRT-LLM {pinned_source()}\n" + yaml.safe_dump(options, sort_keys=False)
     )
-    return {"file": "llm_api.yaml", "checked_by": checked_by, "tensorrt_llm": pinned_source(), "notes": [*spec.notes, *notes],
-            "speculative_config": options["speculative_config"]}
+    return {
+        "file": "llm_api.yaml",
+        "checked_by": checked_by,
+        "tensorrt_llm": pinned_source(),
+        "notes": [*spec.notes, *notes],
+        "speculative_config": options["speculative_config"],
+    }
 
 
 def run_repository(ctx: StageContext, spec: BuildSpec, llmapi_model: Path | None) -> dict[str, Any]:
@@ -420,7 +442,8 @@ def make_stages(spec: BuildSpec, target_dir: Path, drafter_dir: Path, llmapi_mod
     recipe = spec.fingerprint()
     pair = CheckpointPair(target_dir, drafter_dir)
     checkpoints = Stage(
-        "checkpoints", "Check and hash the checkpoints",
+        "checkpoints",
+        "Check and hash the checkpoints",
         lambda ctx: run_checkpoints(ctx, pair),
         inputs={"target": [str(target_dir), listing(target_dir)], "drafter": [str(drafter_dir), listing(drafter_dir)]},
     )
@@ -432,31 +455,54 @@ def make_stages(spec: BuildSpec, target_dir: Path, drafter_dir: Path, llmapi_mod
             quant_inputs["calibration_sha256"] = mf.sha256_file(dataset)
     quantize = Stage("quantize", "Quantize the target (ModelOpt)", lambda ctx: run_quantize(ctx, spec), quant_inputs, ("checkpoints",))
     repository = Stage(
-        "repository", "Write the Triton model repository", lambda ctx: run_repository(ctx, spec, llmapi_model),
+        "repository",
+        "Write the Triton model repository",
+        lambda ctx: run_repository(ctx, spec, llmapi_model),
         {"recipe": recipe, "toolkit": tools["trtllm_dflash"], "llmapi_model": str(llmapi_model) if llmapi_model else None},
-        ("checkpoints",), ("quantize", "engines", "trtllm"),
+        ("checkpoints",),
+        ("quantize", "engines", "trtllm"),
     )
     bounds = [spec.max_batch, spec.max_input_len, spec.max_seq_len, spec.block_size]
     flavour_version = tools["tensorrt_rtx"] if spec.trt_flavour == "tensorrt-rtx" else tools["tensorrt"]
     own_stages = {
         "trtllm": lambda: Stage(
-            "trtllm", "Write and check the TensorRT-LLM configuration", lambda ctx: run_trtllm(ctx, spec),
-            {"recipe": recipe, "tensorrt_llm": tools["tensorrt_llm"]}, ("checkpoints", "quantize"),
+            "trtllm",
+            "Write and check the TensorRT-LLM configuration",
+            lambda ctx: run_trtllm(ctx, spec),
+            {"recipe": recipe, "tensorrt_llm": tools["tensorrt_llm"]},
+            ("checkpoints", "quantize"),
         ),
         "export": lambda: Stage(
-            "export", "Export the ONNX graphs", lambda ctx: run_export(ctx, spec, pair),
-            {"format": EXPORT_FORMAT, "dtype": spec.precision.compute_dtype, "bounds": bounds, "graphs": list(spec.graphs),
-             "tools": {k: tools[k] for k in ("torch", "transformers", "onnx", "onnxscript", "trtllm_dflash")}},
+            "export",
+            "Export the ONNX graphs",
+            lambda ctx: run_export(ctx, spec, pair),
+            {
+                "format": EXPORT_FORMAT,
+                "dtype": spec.precision.compute_dtype,
+                "bounds": bounds,
+                "graphs": list(spec.graphs),
+                "tools": {k: tools[k] for k in ("torch", "transformers", "onnx", "onnxscript", "trtllm_dflash")},
+            },
             ("checkpoints", "quantize"),
         ),
         "validate": lambda: Stage(
-            "validate", "Check the graphs on CPU against the torch runtime", lambda ctx: run_validate(ctx, spec, pair),
-            {"format": VALIDATE_FORMAT, "onnxruntime": tools["onnxruntime"], "torch": tools["torch"]}, ("checkpoints", "quantize", "export"),
+            "validate",
+            "Check the graphs on CPU against the torch runtime",
+            lambda ctx: run_validate(ctx, spec, pair),
+            {"format": VALIDATE_FORMAT, "onnxruntime": tools["onnxruntime"], "torch": tools["torch"]},
+            ("checkpoints", "quantize", "export"),
         ),
         "engines": lambda: Stage(
-            "engines", f"Build the engines ({spec.trt_flavour})", lambda ctx: run_engines(ctx, spec),
-            {"flavour": spec.trt_flavour, "version": flavour_version, "gpu": spec.gpu.name, "bounds": bounds,
-             "optimization_level": spec.builder_optimization_level},
+            "engines",
+            f"Build the engines ({spec.trt_flavour})",
+            lambda ctx: run_engines(ctx, spec),
+            {
+                "flavour": spec.trt_flavour,
+                "version": flavour_version,
+                "gpu": spec.gpu.name,
+                "bounds": bounds,
+                "optimization_level": spec.builder_optimization_level,
+            },
             ("export", "validate"),
         ),
     }
@@ -466,8 +512,7 @@ def make_stages(spec: BuildSpec, target_dir: Path, drafter_dir: Path, llmapi_mod
     return stages
 
 
-def write_manifest(out: Path, spec: BuildSpec, result: BuildResult, command: str | None = None,
-                   llmapi_model: Path | None = None) -> dict:
+def write_manifest(out: Path, spec: BuildSpec, result: BuildResult, command: str | None = None, llmapi_model: Path | None = None) -> dict:
     """manifest.json: recipe, input digests, tool versions, every planned stage's status (outputs and
     digests when finished), `command`, the build command a rerun repeats to finish it, and `artifact`,
     what the build has made (backends/artifact.py: what `repo --build` reads)."""
@@ -517,11 +562,16 @@ def write_manifest(out: Path, spec: BuildSpec, result: BuildResult, command: str
     }
     # the target the build deploys (the quantized checkpoint when there is one), for the GPU gate
     if checkpoints:
-        target = "demo" if spec.target == "demo" and not quantize.get("target_dir") else (
-            str(out / "quantize" / quantize["target_dir"]) if quantize.get("target_dir") else checkpoints["target"]["path"]
+        target = (
+            "demo"
+            if spec.target == "demo" and not quantize.get("target_dir")
+            else (str(out / "quantize" / quantize["target_dir"]) if quantize.get("target_dir") else checkpoints["target"]["path"])
         )
-        drafter = str(out / "quantize" / quantize["drafter_dir"]) if quantize.get("drafter_dir") else (
-            "demo" if spec.drafter == "demo" else checkpoints["drafter"]["path"])
+        drafter = (
+            str(out / "quantize" / quantize["drafter_dir"])
+            if quantize.get("drafter_dir")
+            else ("demo" if spec.drafter == "demo" else checkpoints["drafter"]["path"])
+        )
         manifest["checkpoints"] = {"target": target, "drafter": drafter}
     if "engines" in records:
         manifest["engines"] = "engines"
@@ -535,8 +585,13 @@ def write_manifest(out: Path, spec: BuildSpec, result: BuildResult, command: str
 
 
 def run_build(
-    spec: BuildSpec, out: Path, force: bool = False, reporter: Reporter | None = None,
-    command: str | None = None, plan: Any = None, llmapi_model: Path | None = None,
+    spec: BuildSpec,
+    out: Path,
+    force: bool = False,
+    reporter: Reporter | None = None,
+    command: str | None = None,
+    plan: Any = None,
+    llmapi_model: Path | None = None,
 ) -> BuildResult:
     """Run every stage of the build for `spec` into `out` (skipping unchanged stages).
 

@@ -43,7 +43,7 @@ def calibration_texts(calibration) -> list[str]:
             try:
                 texts = [json.loads(line)["text"] for line in lines]
             except (json.JSONDecodeError, KeyError, TypeError):
-                raise DFlashError(f"{path} is not JSONL with a \"text\" field per line", "fix the calibration file") from None
+                raise DFlashError(f'{path} is not JSONL with a "text" field per line', "fix the calibration file") from None
         else:
             texts = lines
     if not texts:
@@ -133,7 +133,8 @@ def quantize_target(
         progress("pinning the expert weight scales to the MXFP4 source")
         cast = nvfp4.pin_expert_amax(model, target_dir)
         extra["expert_cast"] = {
-            "tensors": len(cast), "exact_tensors": sum(e["exact_blocks"] == e["blocks"] for e in cast.values()),
+            "tensors": len(cast),
+            "exact_tensors": sum(e["exact_blocks"] == e["blocks"] for e in cast.values()),
             "inexact": {name: e for name, e in cast.items() if e["exact_blocks"] < e["blocks"]},
         }
     progress("exporting the quantized checkpoint")
@@ -148,7 +149,15 @@ def quantize_target(
 
 
 def _copy_tokenizer(source: Path, dest: Path) -> None:
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja"):
+    for name in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "tokenizer.model",
+        "vocab.json",
+        "merges.txt",
+        "chat_template.jinja",
+    ):
         if (source / name).is_file():
             shutil.copy2(source / name, dest / name)
 

@@ -69,8 +69,9 @@ def drafter_forward(drafter, target_model, input_ids: torch.Tensor, features: to
     config = drafter.config
     seq_len = input_ids.shape[1]
     starts = torch.arange(1, max(seq_len - 1, 2), config.block_size, device=input_ids.device)[None]
-    batch = make_block_batch(input_ids, starts, torch.ones_like(input_ids), config.block_size, config.mask_token_id, config.attentions,
-                             history=config.history)
+    batch = make_block_batch(
+        input_ids, starts, torch.ones_like(input_ids), config.block_size, config.mask_token_id, config.attentions, history=config.history
+    )
     embeds = drafter.embed(batch.block_tokens, target_model.get_input_embeddings())
     ctx_positions = torch.arange(seq_len, device=input_ids.device).expand(input_ids.shape[0], -1)
     return drafter.forward_train(embeds, batch.block_positions, features.to(embeds.dtype), ctx_positions, batch.masks)
@@ -110,7 +111,9 @@ def write_quantized_drafter(drafter: torch.nn.Module, source_dir: Path, out_dir:
             shutil.copy2(file, out_dir / file.name)
     exclude = sorted({name for name, m in drafter.named_modules() if isinstance(m, torch.nn.Linear)} - set(quantized))
     quantization = {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": NVFP4_GROUP, "exclude_modules": exclude}
-    (out_dir / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt"}, "quantization": quantization}, indent=2) + "\n")
+    (out_dir / "hf_quant_config.json").write_text(
+        json.dumps({"producer": {"name": "modelopt"}, "quantization": quantization}, indent=2) + "\n"
+    )
     config = json.loads((out_dir / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "modelopt", **quantization}
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -187,7 +187,9 @@ def _apply(recipe, overrides: dict[str, Any]):
                 data.pop(section, None)
     if overrides.get("native_only"):
         if data["backend"] != "trt":
-            raise SpecError(f"--native-only chooses the graphs of trt builds, and this build's backend is {data['backend']}", "drop --native-only")
+            raise SpecError(
+                f"--native-only chooses the graphs of trt builds, and this build's backend is {data['backend']}", "drop --native-only"
+            )
         data["trt"] = {**(data.get("trt") or {}), "use_plugins": False}
     for flag, key in (("max_batch", "max_batch_size"), ("max_input_len", "max_input_len"), ("max_seq_len", "max_seq_len")):
         if overrides.get(flag) is not None:
@@ -195,7 +197,9 @@ def _apply(recipe, overrides: dict[str, Any]):
     if overrides.get("max_batch") is not None:
         data["triton"]["max_batch_size"] = min(data["triton"]["max_batch_size"], int(overrides["max_batch"]))
         if data.get("trtllm") and data["trtllm"].get("cuda_graph"):
-            data["trtllm"]["cuda_graph"]["max_batch_size"] = min(data["trtllm"]["cuda_graph"]["max_batch_size"], int(overrides["max_batch"]))
+            data["trtllm"]["cuda_graph"]["max_batch_size"] = min(
+                data["trtllm"]["cuda_graph"]["max_batch_size"], int(overrides["max_batch"])
+            )
     try:
         updated = Recipe.model_validate(data)
     except ValidationError as exc:
@@ -249,7 +253,9 @@ def resolve_spec(
             try:
                 chosen = Recipe.model_validate(data)
             except Exception as exc:  # noqa: BLE001 - pydantic ValidationError, one line
-                raise SpecError(f"cannot build {local} for {gpu} ({str(exc).splitlines()[0]})", "write a recipe and pass --recipe") from None
+                raise SpecError(
+                    f"cannot build {local} for {gpu} ({str(exc).splitlines()[0]})", "write a recipe and pass --recipe"
+                ) from None
         elif local.exists() and model != "demo":
             raise SpecError(f"--model {model} is a file, not a model name or a checkpoint directory", "pass a name or a directory")
         else:

@@ -105,8 +105,14 @@ def _checkpoint_where(spec: BuildSpec, params) -> tuple[str, bool, bool]:
         return f"needs {names} downloaded: not available locally, and HF_HUB_OFFLINE is set; where there is a network, {how}", False, True
     model = spec.recipe.model_spec()
     total = size(model.published_checkpoint_gib * 1024**3) if model.published_checkpoint_gib else size(params.total * 2)
-    return (f"not available locally: the build downloads {names} from Hugging Face (target ~{total}) and fails "
-            f"without a network; offline, {how}"), True, True
+    return (
+        (
+            f"not available locally: the build downloads {names} from Hugging Face (target ~{total}) and fails "
+            f"without a network; offline, {how}"
+        ),
+        True,
+        True,
+    )
 
 
 def make_build_plan(spec: BuildSpec) -> BuildPlan:
@@ -120,43 +126,90 @@ def make_build_plan(spec: BuildSpec) -> BuildPlan:
     notes: list[str] = list(spec.notes)
 
     where, here, downloads = _checkpoint_where(spec, params)
-    stages.append(StagePlan("checkpoints", "validate the target/drafter pair; check and hash every safetensors file", where, here, "digests",
-                            downloads=downloads))
+    stages.append(
+        StagePlan(
+            "checkpoints",
+            "validate the target/drafter pair; check and hash every safetensors file",
+            where,
+            here,
+            "digests",
+            downloads=downloads,
+        )
+    )
 
     weights = deployment.budget.target_weights * deployment.layout.tp
     samples = f"{spec.calibration.num_samples} samples of {spec.calibration.dataset} text"
     precision = spec.precision
     drafter_too = "; the drafter in NVFP4 (fc kept BF16)" if precision.quantizes_drafter else ""
     nvfp4_here = gpus > 0 and has_module("modelopt")
-    nvfp4_where = "here (CUDA GPU)" if nvfp4_here else (
-        "needs a CUDA GPU: ModelOpt computes NVFP4 scales with CUDA kernels (an H100/H200 emulates NVFP4; Blackwell serves it)")
+    nvfp4_where = (
+        "here (CUDA GPU)"
+        if nvfp4_here
+        else ("needs a CUDA GPU: ModelOpt computes NVFP4 scales with CUDA kernels (an H100/H200 emulates NVFP4; Blackwell serves it)")
+    )
     if not precision.needs_modelopt:
         stages.append(StagePlan("quantize", f"nothing to do ({backend.unquantized_note(precision.weights)})", "here", True, "none"))
     elif precision.converts_experts:
-        stages.append(StagePlan(
-            "quantize", "cast the published MXFP4 experts to NVFP4 with ModelOpt (weights exact where the block scales fit "
-            f"E4M3 under one tensor scale, else the error is reported; activation scales calibrated on {samples}){drafter_too}",
-            nvfp4_where, nvfp4_here, f"~{size(weights)} NVFP4 checkpoint",
-        ))
+        stages.append(
+            StagePlan(
+                "quantize",
+                "cast the published MXFP4 experts to NVFP4 with ModelOpt (weights exact where the block scales fit "
+                f"E4M3 under one tensor scale, else the error is reported; activation scales calibrated on {samples}){drafter_too}",
+                nvfp4_where,
+                nvfp4_here,
+                f"~{size(weights)} NVFP4 checkpoint",
+            )
+        )
     elif precision.nvfp4_target or (not precision.quantized and precision.quantizes_drafter):
         what = "ModelOpt NVFP4 PTQ (weights, activation scales" + (", FP8 KV-cache scales" if precision.fp8_kv_cache else "")
-        action = f"{what}; {samples}){drafter_too}" if precision.quantized else f"ModelOpt NVFP4 PTQ of the drafter, fc kept BF16 ({samples})"
-        stages.append(StagePlan("quantize", action, nvfp4_where, nvfp4_here, f"~{size(weights)} NVFP4 checkpoint" if precision.quantized else "NVFP4 drafter"))
+        action = (
+            f"{what}; {samples}){drafter_too}" if precision.quantized else f"ModelOpt NVFP4 PTQ of the drafter, fc kept BF16 ({samples})"
+        )
+        stages.append(
+            StagePlan(
+                "quantize",
+                action,
+                nvfp4_where,
+                nvfp4_here,
+                f"~{size(weights)} NVFP4 checkpoint" if precision.quantized else "NVFP4 drafter",
+            )
+        )
     elif precision.quantizes_drafter:  # FP8 target (calibrates anywhere) with an NVFP4 drafter (needs CUDA)
-        stages.append(StagePlan("quantize", f"ModelOpt FP8 PTQ of the target and NVFP4 PTQ of the drafter, fc kept BF16 ({samples})",
-                                nvfp4_where, nvfp4_here, f"~{size(weights)} FP8 checkpoint"))
+        stages.append(
+            StagePlan(
+                "quantize",
+                f"ModelOpt FP8 PTQ of the target and NVFP4 PTQ of the drafter, fc kept BF16 ({samples})",
+                nvfp4_where,
+                nvfp4_here,
+                f"~{size(weights)} FP8 checkpoint",
+            )
+        )
     else:
         where = "here (GPU)" if gpus else "here on CPU (ModelOpt FP8 PTQ runs on CPU; a GPU is much faster for large models)"
         kv = ", FP8 KV-cache scales" if precision.fp8_kv_cache else ""
-        stages.append(StagePlan("quantize", f"ModelOpt FP8 PTQ ({spec.calibration.num_samples} samples of {spec.calibration.dataset} text{kv})", where, has_module("modelopt"), f"~{size(weights)} FP8 checkpoint"))
+        stages.append(
+            StagePlan(
+                "quantize",
+                f"ModelOpt FP8 PTQ ({spec.calibration.num_samples} samples of {spec.calibration.dataset} text{kv})",
+                where,
+                has_module("modelopt"),
+                f"~{size(weights)} FP8 checkpoint",
+            )
+        )
 
     for name in backend.build_stages:
         STAGE_PLANNERS[name](spec, stages, notes, gpus)
     writer = repository_writer()
-    stages.append(StagePlan(
-        "repository", "Triton model repository (Python backend over the engines, or the tensorrt_llm model)",
-        "here" if writer else "not installed (serving part of the toolkit)", writer is not None, "a few KB", optional=True,
-    ))
+    stages.append(
+        StagePlan(
+            "repository",
+            "Triton model repository (Python backend over the engines, or the tensorrt_llm model)",
+            "here" if writer else "not installed (serving part of the toolkit)",
+            writer is not None,
+            "a few KB",
+            optional=True,
+        )
+    )
     return BuildPlan(spec, stages, notes)
 
 
@@ -167,7 +220,15 @@ def _plan_trtllm(spec: BuildSpec, stages: list[StagePlan], notes: list[str], gpu
     _, option_notes = backend_of(spec).checked_options(spec.recipe, local)
     notes.extend(option_notes)
     notes.append(f"TensorRT-LLM options checked against the llm_args of {pinned_source()}")
-    stages.append(StagePlan("trtllm", "write llm_api.yaml (DFlash speculative_config, parallel layout, KV cache, CUDA graphs, MoE backend) and check every key", "here", True, "a few KB"))
+    stages.append(
+        StagePlan(
+            "trtllm",
+            "write llm_api.yaml (DFlash speculative_config, parallel layout, KV cache, CUDA graphs, MoE backend) and check every key",
+            "here",
+            True,
+            "a few KB",
+        )
+    )
     notes.append("no TensorRT engines: TensorRT-LLM's PyTorch backend runs the checkpoints (its engine flow has no DFlash)")
 
 
@@ -186,10 +247,16 @@ def _plan_export(spec: BuildSpec, stages: list[StagePlan], notes: list[str], gpu
     model = spec.recipe.model_spec()
     variants = list(spec.graphs)
     blocked = export_support(spec)
-    stages.append(StagePlan(
-        "export", f"ONNX graphs ({', '.join(variants)}): target prefill/verify with KV-cache I/O and hidden taps {list(model.drafter.target_layer_ids) if model.drafter else []}; drafter block step",
-        "here (CPU)" if blocked is None else f"not supported: {blocked}", blocked is None, f"~{size(sum(_graph_bytes(spec)) * len(variants))}",
-    ))
+    stages.append(
+        StagePlan(
+            "export",
+            f"ONNX graphs ({', '.join(variants)}): target prefill/verify with KV-cache I/O and hidden taps "
+            f"{list(model.drafter.target_layer_ids) if model.drafter else []}; drafter block step",
+            "here (CPU)" if blocked is None else f"not supported: {blocked}",
+            blocked is None,
+            f"~{size(sum(_graph_bytes(spec)) * len(variants))}",
+        )
+    )
     notes.append(variants_note(spec))
 
 
@@ -198,36 +265,61 @@ def variants_note(spec: BuildSpec) -> str:
     with the option that chooses the native graphs only."""
     if "plugin" not in spec.graphs:
         return "export: the native graphs only (trt.use_plugins: false)"
-    why = ("no recipe names this model, so the build takes the default trt.use_plugins: true" if spec.recipe.path is None
-           else f"recipe {spec.recipe.name} sets trt.use_plugins: true")
+    why = (
+        "no recipe names this model, so the build takes the default trt.use_plugins: true"
+        if spec.recipe.path is None
+        else f"recipe {spec.recipe.name} sets trt.use_plugins: true"
+    )
     unused = spec.trt_flavour == "tensorrt-rtx"  # its builder aborts on the plugins: engines from the native graphs only
-    return (f"export: the native and the plugin graphs, because {why}; the plugin graphs carry the DFlash plugin nodes "
-            "for full-TensorRT engines, and their export can take many minutes on CPU. "
-            f"For the native graphs only, pass --native-only{' (TensorRT-RTX builds no engine from the plugin graphs)' if unused else ''}")
+    return (
+        f"export: the native and the plugin graphs, because {why}; the plugin graphs carry the DFlash plugin nodes "
+        "for full-TensorRT engines, and their export can take many minutes on CPU. "
+        f"For the native graphs only, pass --native-only{' (TensorRT-RTX builds no engine from the plugin graphs)' if unused else ''}"
+    )
 
 
 def _plan_validate(spec: BuildSpec, stages: list[StagePlan], notes: list[str], gpus: int) -> None:
-    stages.append(StagePlan(
-        "validate", "evaluate the graphs with onnxruntime on CPU against the torch runtime (prefill, verify, draft, greedy decode)",
-        "recorded as skipped: target too large for a CPU check (the GPU gate in docs/build.md checks the engines)" if validation_skip_reason(spec) else "here (CPU)",
-        True, "report.json",
-    ))
+    stages.append(
+        StagePlan(
+            "validate",
+            "evaluate the graphs with onnxruntime on CPU against the torch runtime (prefill, verify, draft, greedy decode)",
+            "recorded as skipped: target too large for a CPU check (the GPU gate in docs/build.md checks the engines)"
+            if validation_skip_reason(spec)
+            else "here (CPU)",
+            True,
+            "report.json",
+        )
+    )
 
 
 def _plan_engines(spec: BuildSpec, stages: list[StagePlan], notes: list[str], gpus: int) -> None:
     flavour = spec.trt_flavour
     if flavour == "tensorrt-rtx":
         here = has_module("tensorrt_rtx_bindings")
-        where = "here (TensorRT-RTX builds ahead of time, no GPU needed)" if here else "needs TensorRT-RTX: pip install 'trtllm-dflash[rtx]'"
+        where = (
+            "here (TensorRT-RTX builds ahead of time, no GPU needed)" if here else "needs TensorRT-RTX: pip install 'trtllm-dflash[rtx]'"
+        )
     else:
         here = has_module("tensorrt") and gpus > 0
         if not has_module("tensorrt"):
-            where = f"needs full TensorRT and a {spec.gpu.name}: pip install 'trtllm-dflash[trt]' on the GPU machine, or NVIDIA's TensorRT container"
+            where = (
+                f"needs full TensorRT and a {spec.gpu.name}: pip install 'trtllm-dflash[trt]' on the GPU machine, "
+                "or NVIDIA's TensorRT container"
+            )
         elif gpus == 0:
             where = f"needs a {spec.gpu.name} (full TensorRT builds on the GPU it targets)"
         else:
             where = "here (GPU)"
-    stages.append(StagePlan("engines", f"{flavour} engines for SM {spec.gpu.compute_capability_str}: target (verify + prefill profiles) and drafter, batch <= {spec.max_batch}, sequence <= {spec.max_seq_len}", where, here, f"~{size(sum(_graph_bytes(spec)))} per variant"))
+    stages.append(
+        StagePlan(
+            "engines",
+            f"{flavour} engines for SM {spec.gpu.compute_capability_str}: target (verify + prefill profiles) and drafter, "
+            f"batch <= {spec.max_batch}, sequence <= {spec.max_seq_len}",
+            where,
+            here,
+            f"~{size(sum(_graph_bytes(spec)))} per variant",
+        )
+    )
     if "plugin" in spec.graphs:
         from trtllm_dflash.builder.plugin_graphs import engine_support
 

@@ -330,8 +330,9 @@ class StageRunner:
             except StageBlocked as blocked:
                 result.blocked[stage.name] = blocked
             except BaseException as exc:
-                result.failed[stage.name] = "interrupted" if isinstance(exc, KeyboardInterrupt) else (
-                    (str(exc).strip().splitlines() or [type(exc).__name__])[0])
+                result.failed[stage.name] = (
+                    "interrupted" if isinstance(exc, KeyboardInterrupt) else ((str(exc).strip().splitlines() or [type(exc).__name__])[0])
+                )
                 result.running = {}
                 try:
                     report()

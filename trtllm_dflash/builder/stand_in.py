@@ -88,8 +88,9 @@ def check_stand_in(model, target: str) -> StandIn:
         )
     stored = (raw.get("quantization_config") or {}).get("quant_method") or "unquantized"
     if model.native_expert_precision == "mxfp4" and stored != "mxfp4":
-        notes.append(f"--target {path} stores its experts {stored}, not MXFP4 as {model.name} publishes them: "
-                     "TensorRT-LLM serves them as stored")
+        notes.append(
+            f"--target {path} stores its experts {stored}, not MXFP4 as {model.name} publishes them: TensorRT-LLM serves them as stored"
+        )
     return StandIn(path.resolve(), tuple(notes))
 
 
@@ -109,7 +110,8 @@ def drafter_overrides(recipe_drafter: dict[str, Any], drafter: str) -> tuple[dic
     if config.block_size < recipe_drafter["block_size"]:
         raise StandInError(
             f"drafter {path} was trained with block_size {config.block_size}, the recipe drafts blocks of {recipe_drafter['block_size']}",
-            f"pass a drafter trained with block_size >= {recipe_drafter['block_size']}, or a --recipe FILE with drafter.block_size {config.block_size}",
+            f"pass a drafter trained with block_size >= {recipe_drafter['block_size']}, "
+            f"or a --recipe FILE with drafter.block_size {config.block_size}",
         )
     out, notes = dict(recipe_drafter), []
     own = {"mask_token_id": config.mask_token_id, "target_layer_ids": list(config.target_layer_ids)}
@@ -117,5 +119,7 @@ def drafter_overrides(recipe_drafter: dict[str, Any], drafter: str) -> tuple[dic
         pinned = out.get(key)
         if pinned is not None and value is not None and pinned != value:
             out[key] = value
-            notes.append(f"speculative_config.{key}: {value} from the local drafter's config.json (the recipe's {pinned} is the catalog drafter's)")
+            notes.append(
+                f"speculative_config.{key}: {value} from the local drafter's config.json (the recipe's {pinned} is the catalog drafter's)"
+            )
     return out, notes

@@ -66,9 +66,32 @@ from trtllm_dflash.builder.traffic_steps import (
 )
 
 __all__ = [
-    "CATEGORIES", "TRAFFIC_FILE", "CacheTensor", "GraphSummary", "Item", "LayerShape", "ModelShape", "Step", "StepTraffic",
-    "Tensor", "TrafficError", "V2Shape", "cache_reads", "closed_form", "default_step", "explain", "explain_model", "find_graphs_json",
-    "graph_items", "load_build", "resolve_dim", "runtime_items", "summarize_graph", "v2_items", "verify_step", "write_traffic_json",
+    "CATEGORIES",
+    "TRAFFIC_FILE",
+    "CacheTensor",
+    "GraphSummary",
+    "Item",
+    "LayerShape",
+    "ModelShape",
+    "Step",
+    "StepTraffic",
+    "Tensor",
+    "TrafficError",
+    "V2Shape",
+    "cache_reads",
+    "closed_form",
+    "default_step",
+    "explain",
+    "explain_model",
+    "find_graphs_json",
+    "graph_items",
+    "load_build",
+    "resolve_dim",
+    "runtime_items",
+    "summarize_graph",
+    "v2_items",
+    "verify_step",
+    "write_traffic_json",
 ]
 
 TRAFFIC_FILE = "traffic.json"
@@ -85,7 +108,9 @@ def default_step(bounds: dict[str, int]) -> Step:
     half of it committed."""
     block = max(2, int(bounds["block_size"]))
     capacity = max(int(bounds["max_seq_len"]), block + 1)
-    return Step(batch=max(1, int(bounds["max_batch"])), context=max(1, min(capacity - block, capacity // 2)), capacity=capacity, block=block)
+    return Step(
+        batch=max(1, int(bounds["max_batch"])), context=max(1, min(capacity - block, capacity // 2)), capacity=capacity, block=block
+    )
 
 
 def write_traffic_json(export_dir: Path, step: Step | None = None) -> dict[str, Any]:

@@ -18,7 +18,14 @@ import math
 from typing import Iterable
 
 from trtllm_dflash.builder.traffic_steps import (
-    CacheTensor, GraphSummary, Item, Step, StepTraffic, Tensor, TrafficError, verify_step,
+    CacheTensor,
+    GraphSummary,
+    Item,
+    Step,
+    StepTraffic,
+    Tensor,
+    TrafficError,
+    verify_step,
 )
 from trtllm_dflash.contracts import names
 from trtllm_dflash.drafters import kind_of
@@ -45,8 +52,12 @@ class V2Shape:
 
     @classmethod
     def from_drafter(cls, drafter, act_bytes: int = 2) -> "V2Shape":
-        return cls(drafter.conv_params() * act_bytes, drafter.selector_projection_params() * act_bytes,
-                   drafter.selector_rank * act_bytes, drafter.selector_top_k)
+        return cls(
+            drafter.conv_params() * act_bytes,
+            drafter.selector_projection_params() * act_bytes,
+            drafter.selector_rank * act_bytes,
+            drafter.selector_top_k,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +95,8 @@ class ModelShape:
                 target_layers.append(LayerShape(shape.num_kv_heads, shape.head_dim, shape.head_dim, shape.window))
         drafter = spec.drafter
         drafter_layers = [
-            LayerShape(drafter.num_kv_heads, drafter.head_dim, drafter.head_dim, drafter.attention(i).window) for i in range(drafter.num_layers)
+            LayerShape(drafter.num_kv_heads, drafter.head_dim, drafter.head_dim, drafter.attention(i).window)
+            for i in range(drafter.num_layers)
         ]
         lm_head = spec.vocab_size * d  # tied or not, the LM head GEMM reads the whole table
         v2 = V2Shape.from_drafter(drafter, act_bytes) if kind_of(drafter).candidate_selector else None
@@ -117,41 +129,80 @@ def closed_form(shape: ModelShape, variant: str) -> tuple[GraphSummary, GraphSum
         prefix = names.CACHE if plugin else names.PAST
         caches.append(CacheTensor(names.key_name(prefix, i), layer.kv_heads * layer.key_dim * a, access, layer.window if plugin else 0))
         caches.append(CacheTensor(names.value_name(prefix, i), layer.kv_heads * layer.value_dim * a, access, layer.window if plugin else 0))
-    ids = (Tensor(names.INPUT_IDS, ("batch", "tokens"), 8), Tensor(names.STARTS, ("batch",), 8),
-           Tensor(names.LOGIT_INDEX, ("batch", "picked"), 8))
+    ids = (
+        Tensor(names.INPUT_IDS, ("batch", "tokens"), 8),
+        Tensor(names.STARTS, ("batch",), 8),
+        Tensor(names.LOGIT_INDEX, ("batch", "picked"), 8),
+    )
     features = Tensor(names.FEATURES, ("batch", "tokens", shape.features), a)
     if plugin:
         inputs = ids + (
             Tensor(names.DRAFT_PROBS, ("batch", "drafts", v), 4),  # read through a Slice in the exported graph: every row
-            Tensor(names.TEMPERATURE, ("batch",), 4), Tensor(names.TOP_K, ("batch",), 8), Tensor(names.TOP_P, ("batch",), 4),
+            Tensor(names.TEMPERATURE, ("batch",), 4),
+            Tensor(names.TOP_K, ("batch",), 8),
+            Tensor(names.TOP_P, ("batch",), 4),
             Tensor(names.SEED, ("batch",), 8),
         )
         outputs = (Tensor(names.RESULT, ("batch", 5), 8), features)
         internal = Tensor(names.LOGITS, ("batch", "picked", v), a)
     else:
         inputs = ids
-        new = [Tensor(names.key_name(names.NEW, i), ("batch", "tokens", layer.kv_heads, layer.key_dim), a)
-               for i, layer in enumerate(shape.target_layers)]
-        new += [Tensor(names.value_name(names.NEW, i), ("batch", "tokens", layer.kv_heads, layer.value_dim), a)
-                for i, layer in enumerate(shape.target_layers)]
+        new = [
+            Tensor(names.key_name(names.NEW, i), ("batch", "tokens", layer.kv_heads, layer.key_dim), a)
+            for i, layer in enumerate(shape.target_layers)
+        ]
+        new += [
+            Tensor(names.value_name(names.NEW, i), ("batch", "tokens", layer.kv_heads, layer.value_dim), a)
+            for i, layer in enumerate(shape.target_layers)
+        ]
         outputs = (Tensor(names.LOGITS, ("batch", "picked", v), a), features, *new)
         internal = None
-    target = GraphSummary("target", variant, shape.target_weight_bytes, ((names.INPUT_IDS, shape.target_row_bytes),),
-                          tuple(caches), inputs, outputs, internal, "closed form")
+    target = GraphSummary(
+        "target",
+        variant,
+        shape.target_weight_bytes,
+        ((names.INPUT_IDS, shape.target_row_bytes),),
+        tuple(caches),
+        inputs,
+        outputs,
+        internal,
+        "closed form",
+    )
 
     draft_caches = []
     for i, layer in enumerate(shape.drafter_layers):
         access = "block_attention" if plugin else "bound"
-        draft_caches.append(CacheTensor(names.key_name(names.PAST, i), layer.kv_heads * layer.key_dim * a, access, layer.window if plugin else 0))
-        draft_caches.append(CacheTensor(names.value_name(names.PAST, i), layer.kv_heads * layer.value_dim * a, access, layer.window if plugin else 0))
-    draft_inputs = (Tensor(names.BLOCK_IDS, ("batch", "block"), 8), Tensor(names.CTX_FEATURES, ("batch", "ctx_rows", shape.features), a),
-                    Tensor(names.NEW_COUNTS, ("batch",), 8), Tensor(names.CACHE_LENS, ("batch",), 8))
-    draft_new = [Tensor(names.key_name(names.NEW, i), ("batch", "ctx_rows", layer.kv_heads, layer.key_dim), a)
-                 for i, layer in enumerate(shape.drafter_layers)]
-    draft_new += [Tensor(names.value_name(names.NEW, i), ("batch", "ctx_rows", layer.kv_heads, layer.value_dim), a)
-                  for i, layer in enumerate(shape.drafter_layers)]
-    drafter = GraphSummary("drafter", variant, shape.drafter_weight_bytes, ((names.BLOCK_IDS, shape.drafter_row_bytes),),
-                           tuple(draft_caches), draft_inputs, (Tensor(names.LOGITS, ("batch", "block - 1", v), a), *draft_new), None, "closed form")
+        draft_caches.append(
+            CacheTensor(names.key_name(names.PAST, i), layer.kv_heads * layer.key_dim * a, access, layer.window if plugin else 0)
+        )
+        draft_caches.append(
+            CacheTensor(names.value_name(names.PAST, i), layer.kv_heads * layer.value_dim * a, access, layer.window if plugin else 0)
+        )
+    draft_inputs = (
+        Tensor(names.BLOCK_IDS, ("batch", "block"), 8),
+        Tensor(names.CTX_FEATURES, ("batch", "ctx_rows", shape.features), a),
+        Tensor(names.NEW_COUNTS, ("batch",), 8),
+        Tensor(names.CACHE_LENS, ("batch",), 8),
+    )
+    draft_new = [
+        Tensor(names.key_name(names.NEW, i), ("batch", "ctx_rows", layer.kv_heads, layer.key_dim), a)
+        for i, layer in enumerate(shape.drafter_layers)
+    ]
+    draft_new += [
+        Tensor(names.value_name(names.NEW, i), ("batch", "ctx_rows", layer.kv_heads, layer.value_dim), a)
+        for i, layer in enumerate(shape.drafter_layers)
+    ]
+    drafter = GraphSummary(
+        "drafter",
+        variant,
+        shape.drafter_weight_bytes,
+        ((names.BLOCK_IDS, shape.drafter_row_bytes),),
+        tuple(draft_caches),
+        draft_inputs,
+        (Tensor(names.LOGITS, ("batch", "block - 1", v), a), *draft_new),
+        None,
+        "closed form",
+    )
     return target, drafter
 
 
@@ -160,13 +211,20 @@ def v2_items(v2: V2Shape, step: Step) -> list[Item]:
     drafted = step.batch * (step.block - 1)  # positions the candidate walk scores
     candidates = drafted * v2.top_k * (8 + 4)  # int64 ids + fp32 unary scores
     return [
-        Item("drafter", "weights", "V2 grouped dynamic convolutions (kernel_projection, base_kernel; 2 per layer)",
-             v2.conv_weight_bytes, 0),
+        Item(
+            "drafter", "weights", "V2 grouped dynamic convolutions (kernel_projection, base_kernel; 2 per layer)", v2.conv_weight_bytes, 0
+        ),
         Item("drafter", "weights", "V2 selector hidden_projection", v2.projection_weight_bytes, 0),
-        Item("drafter", "weights", f"V2 codebook rows: P[prev] + S[c_k] of {v2.top_k} candidates per drafted position",
-             drafted * (1 + v2.top_k) * v2.codebook_row_bytes, 0),
-        Item("drafter", "activations", f"V2 top-{v2.top_k} candidates (ids, unary scores): written, read by the walk",
-             candidates, candidates),
+        Item(
+            "drafter",
+            "weights",
+            f"V2 codebook rows: P[prev] + S[c_k] of {v2.top_k} candidates per drafted position",
+            drafted * (1 + v2.top_k) * v2.codebook_row_bytes,
+            0,
+        ),
+        Item(
+            "drafter", "activations", f"V2 top-{v2.top_k} candidates (ids, unary scores): written, read by the walk", candidates, candidates
+        ),
     ]
 
 

@@ -107,7 +107,14 @@ def summarize_graph(path: Path, info: dict[str, Any], role: str) -> GraphSummary
             dtype = dtypes.find(info.get("dtype", "fp32"))
             internal = Tensor(names.LOGITS, ("batch", "picked", vocab), dtype.bytes if dtype else 4)
     return GraphSummary(
-        role, info.get("variant", ""), dense, tuple(gathered), tuple(caches), tuple(inputs), tuple(outputs), internal,
+        role,
+        info.get("variant", ""),
+        dense,
+        tuple(gathered),
+        tuple(caches),
+        tuple(inputs),
+        tuple(outputs),
+        internal,
         str(Path(info.get("dir") or info.get("variant", "")) / info.get("file", path.name)),
     )
 
@@ -143,7 +150,6 @@ def _aliased_outputs(graph) -> set[str]:
             if index < len(node.output):
                 names.add(node.output[index])
     return {value.name for value in graph.output if value.name in names}
-
 
 
 # ----------------------------------------------------------------------------- a build

@@ -13,9 +13,9 @@ import dataclasses
 import math
 from typing import Any
 
-from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.contracts import names
 from trtllm_dflash.contracts.defaults import PLANNED_CONTEXT, PLANNED_MAX_BATCH
+from trtllm_dflash.errors import DFlashError
 
 CATEGORIES = ("weights", "target cache", "draft cache", "logits", "draft probs", "activations")
 _NEW_KV_PREFIXES = names.prefixes(names.NEW)
@@ -60,8 +60,14 @@ class Step:
     def dims(self, role: str) -> dict[str, int]:
         """Values of the graphs' named dims at this step (GraphInfo / graphs.json names)."""
         if role == "target":
-            return {"batch": self.batch, "tokens": self.block, "picked": self.block, "drafts": self.block - 1,
-                    "past": self.capacity, "capacity": self.capacity}
+            return {
+                "batch": self.batch,
+                "tokens": self.block,
+                "picked": self.block,
+                "drafts": self.block - 1,
+                "past": self.capacity,
+                "capacity": self.capacity,
+            }
         return {"batch": self.batch, "block": self.block, "ctx_rows": self.rows, "past": self.capacity}
 
 
@@ -175,8 +181,9 @@ def resolve_dim(dim: str | int, dims: dict[str, int]) -> int:
             return node.value
         if isinstance(node, ast.Name):
             if node.id not in dims:
-                raise TrafficError(f"the graph dim {dim!r} names {node.id!r}, which a verify step does not size",
-                                   f"known dims: {', '.join(sorted(dims))}")
+                raise TrafficError(
+                    f"the graph dim {dim!r} names {node.id!r}, which a verify step does not size", f"known dims: {', '.join(sorted(dims))}"
+                )
             return dims[node.id]
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv)):
             left, right = value(node.left), value(node.right)
@@ -191,7 +198,6 @@ def resolve_dim(dim: str | int, dims: dict[str, int]) -> int:
         raise TrafficError(f"cannot read the graph dim {dim!r}", "re-export the graphs with this version")
 
     return value(tree)
-
 
 
 # ----------------------------------------------------------------------------- one step
@@ -221,11 +227,21 @@ def graph_items(summary: GraphSummary, step: Step) -> list[Item]:
     for cache in summary.caches:
         read, written = cache_reads(cache, summary.role, step)
         if read or written:
-            how = {"bound": "whole bound tensor (plain ops)", "target_attention": "DFlashTargetAttention",
-                   "block_attention": "DFlashBlockAttention"}[cache.access]
+            how = {
+                "bound": "whole bound tensor (plain ops)",
+                "target_attention": "DFlashTargetAttention",
+                "block_attention": "DFlashBlockAttention",
+            }[cache.access]
             window = f", window {cache.window}" if cache.window else ""
-            items.append(Item(summary.role, cache_category, f"{cache.name}: {how}{window}",
-                              step.batch * read * cache.slot_bytes, step.batch * written * cache.slot_bytes))
+            items.append(
+                Item(
+                    summary.role,
+                    cache_category,
+                    f"{cache.name}: {how}{window}",
+                    step.batch * read * cache.slot_bytes,
+                    step.batch * written * cache.slot_bytes,
+                )
+            )
     for tensor in summary.inputs:
         if tensor.name == names.DRAFT_PROBS:
             rows = step.sampled if tensor.sampled_rows_only else step.batch
@@ -292,4 +308,3 @@ def verify_step(target: GraphSummary, drafter: GraphSummary | None, step: Step, 
         items += graph_items(drafter, step)
     items += runtime_items(target, drafter, step)
     return StepTraffic(variant or target.variant, step, items)
-

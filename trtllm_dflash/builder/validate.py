@@ -200,8 +200,11 @@ def check(results: list[Comparison], tolerance: float, graphs: str = "the ONNX g
     """Raise on the worst comparison above `tolerance`."""
     worst = max(results, key=lambda c: c.rel)
     if worst.rel > tolerance:
-        how = (f"{int(worst.max_abs)} token(s) differ" if math.isinf(worst.rel)
-               else f"relative error {worst.rel:.2e} > tolerance {tolerance:.2e}")
+        how = (
+            f"{int(worst.max_abs)} token(s) differ"
+            if math.isinf(worst.rel)
+            else f"relative error {worst.rel:.2e} > tolerance {tolerance:.2e}"
+        )
         raise ValidationError(
             f"output {worst.name} of {graphs} differs from the torch runtime ({how})",
             "this is a bug in the export; report it with the build's manifest.json",
@@ -244,7 +247,8 @@ def validate_graphs(
     return {
         "max_relative_error": max(r.rel for r in results),
         "tolerance": tolerance,
-        "tolerance_rule": f"max({TOLERANCE:g}, u({dtype}) * sqrt(depth)) = max({TOLERANCE:g}, {unit_roundoff(reference.dtype):.3g} * sqrt({depth}))",
+        "tolerance_rule": f"max({TOLERANCE:g}, u({dtype}) * sqrt(depth)) = "
+        f"max({TOLERANCE:g}, {unit_roundoff(reference.dtype):.3g} * sqrt({depth}))",
         "evaluated_in": dtype,
         "depth": depth,
         "comparisons": [r.to_dict() for r in results],
@@ -274,9 +278,7 @@ def pooled_tau(results) -> float:
     return sum(lengths) / len(lengths) if lengths else 0.0
 
 
-def drafter_acceptance(
-    target_model, drafters: dict[str, Any], prompts: list[list[int]], max_new_tokens: int = 32
-) -> dict[str, Any]:
+def drafter_acceptance(target_model, drafters: dict[str, Any], prompts: list[list[int]], max_new_tokens: int = 32) -> dict[str, Any]:
     """The acceptance (tau) of each drafter in `drafters` (e.g. {"bf16": ..., "nvfp4": ...}) on the
     same prompts, greedy, through the torch runtime; every output must be the target's own greedy
     output (autoregressive, same target), else ValidationError. A quantized drafter changes only tau,
@@ -297,8 +299,14 @@ def drafter_acceptance(
 
 
 def quantized_drafter_acceptance(
-    target_dir, drafter_dir, quantized_dir, calibration, progress=lambda text: None,
-    num_prompts: int = 8, prompt_tokens: int = 64, max_new_tokens: int = 32,
+    target_dir,
+    drafter_dir,
+    quantized_dir,
+    calibration,
+    progress=lambda text: None,
+    num_prompts: int = 8,
+    prompt_tokens: int = 64,
+    max_new_tokens: int = 32,
 ) -> dict[str, Any]:
     """The build's check of a quantized drafter: loaded by our loader (dequantized exactly, the
     same files TensorRT-LLM gets), its tau beside the unquantized drafter's on the same prompts

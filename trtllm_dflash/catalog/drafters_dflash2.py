@@ -23,24 +23,61 @@ from trtllm_dflash.catalog.drafters import SLIDING, DrafterSpec
 V2_SIZES = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}
 
 
-def _v2(checkpoint: str, hidden: int, inner: int, block: int, taps: tuple[int, ...], mask_token_id: int,
-        payload_bytes: int, vocab: int, source: str) -> DrafterSpec:
+def _v2(
+    checkpoint: str,
+    hidden: int,
+    inner: int,
+    block: int,
+    taps: tuple[int, ...],
+    mask_token_id: int,
+    payload_bytes: int,
+    vocab: int,
+    source: str,
+) -> DrafterSpec:
     """What the published V2 drafters share: 5 sliding layers (window 2048), 32 / 8 heads x 128, V2_SIZES."""
     return DrafterSpec(
-        checkpoint, 5, hidden, inner, 32, 8, 128, block, taps, layer_types=(SLIDING,) * 5, sliding_window=2048,
-        mask_token_id=mask_token_id, published_size_gib=payload_bytes / 1024**3, vocab_size=vocab, source=source, **V2_SIZES,
+        checkpoint,
+        5,
+        hidden,
+        inner,
+        32,
+        8,
+        128,
+        block,
+        taps,
+        layer_types=(SLIDING,) * 5,
+        sliding_window=2048,
+        mask_token_id=mask_token_id,
+        published_size_gib=payload_bytes / 1024**3,
+        vocab_size=vocab,
+        source=source,
+        **V2_SIZES,
     )
 
 
 V2_DRAFTERS: dict[str, DrafterSpec] = {
     "qwen3.8-27b": _v2(
-        "z-lab/Qwen3.8-27B-DFlash2", 5120, 17408, 8, (5, 19, 33, 47, 61), 248070, 3_848_817_896, 248320,
+        "z-lab/Qwen3.8-27B-DFlash2",
+        5120,
+        17408,
+        8,
+        (5, 19, 33, 47, 61),
+        248070,
+        3_848_817_896,
+        248320,
         source="config.json quoted verbatim (revision 50307d4c) in a public test suite; payload 3,848,817,896 bytes "
-               "from a deployment note; unverified against the Hugging Face files",
+        "from a deployment note; unverified against the Hugging Face files",
     ),
     "muse-glimmer-30b": _v2(
-        "incoai/Muse-Glimmer-30B-DFlash2", 6656, 19968, 16, (1, 13, 25, 37, 49), 201818, 5_544_328_424, 202048,
+        "incoai/Muse-Glimmer-30B-DFlash2",
+        6656,
+        19968,
+        16,
+        (1, 13, 25, 37, 49),
+        201818,
+        5_544_328_424,
+        202048,
         source="config.json quoted verbatim (z-lab mirror, revision b54ffdd1) in a public test suite; payload "
-               "5,544,328,424 bytes from a deployment note; unverified against the Hugging Face files",
+        "5,544,328,424 bytes from a deployment note; unverified against the Hugging Face files",
     ),
 }

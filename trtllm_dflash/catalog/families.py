@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 
-
 BACKENDS = ("trt", "trtllm", "torch")
 
 
@@ -63,16 +62,16 @@ _MOE_TRT = Support(
     "our engines run the experts as a dense graph (exact; num_experts / top_k times the routed compute): "
     "fine on one GPU for validation and small deployments, TensorRT-LLM's MoE kernels are the choice at scale",
 )
-_NO_LINEAR_TRT = Support("no", "{name} is a hybrid Gated DeltaNet model; our engines have no linear-attention state "
-                               "(nor its rollback after rejected drafts)")
+_NO_LINEAR_TRT = Support(
+    "no", "{name} is a hybrid Gated DeltaNet model; our engines have no linear-attention state (nor its rollback after rejected drafts)"
+)
 _NO_MLA_TRT = Support("no", "{name} uses multi-head latent attention (MLA); our engines have no latent KV cache")
 _HYBRID_MOE_TRTLLM = Support(
     "yes", "hybrid Gated DeltaNet MoE: TensorRT-LLM DFlash rolls the recurrent state back (MambaHybridCacheManager)"
 )
 
 
-def _family(model_type: str, attention: str, moe: bool, trt: Support, trtllm: Support, preferred: str,
-            description: str) -> FamilySpec:
+def _family(model_type: str, attention: str, moe: bool, trt: Support, trtllm: Support, preferred: str, description: str) -> FamilySpec:
     return FamilySpec(model_type, attention, moe, {"trt": trt, "trtllm": trtllm, "torch": _TORCH}, preferred, description)
 
 
@@ -81,31 +80,90 @@ FAMILIES: dict[str, FamilySpec] = {
     for f in (
         _family("qwen3", "dense", False, _TRT_DENSE, _TRTLLM_TESTED, "trt", "Qwen3 dense, GQA with q/k norms"),
         _family("llama", "dense", False, _TRT_DENSE, _TRTLLM_TESTED, "trt", "Llama 3.x dense, GQA"),
-        _family("gemma3_text", "sliding", False, Support("yes", "sliding-window + global GQA layers: our engines export them"),
-                Support("unverified", "no TensorRT-LLM DFlash test names a Gemma 3 target"), "trt",
-                "Gemma 3 text: 5 sliding layers per global layer"),
-        _family("gemma4", "sliding", False, Support("yes", "sliding-window + global layers with per-layer head dims: dense attention"),
-                Support("unverified", "no TensorRT-LLM DFlash test names a Gemma 4 target; the drafter has sliding layers"),
-                "trt", "Gemma 4 text (gemma4_text): sliding + global layers"),
-        _family("gpt_oss", "sinks", True, _MOE_TRT, _TRTLLM_TESTED, "trtllm",
-                "attention sinks, alternating sliding/full layers; MoE with MXFP4 experts"),
-        _family("qwen3_moe", "dense", True, _MOE_TRT,
-                Support("yes", "dense-attention MoE: TensorRT-LLM's Qwen3-MoE model with the DFlash hidden-state taps"),
-                "trtllm", "Qwen3 MoE (Qwen3-Coder-30B-A3B)"),
-        _family("qwen3_5", "hybrid-linear", False, _NO_LINEAR_TRT,
-                Support("yes", "hybrid Gated DeltaNet: TensorRT-LLM DFlash rolls the recurrent state back after acceptance "
-                               "(MambaHybridCacheManager)"),
-                "trtllm", "Qwen3.5/3.6 dense: Gated DeltaNet linear attention, full attention every 4th layer"),
-        _family("qwen3_5_moe", "hybrid-linear", True, _NO_LINEAR_TRT, _HYBRID_MOE_TRTLLM, "trtllm",
-                "Qwen3.5/3.6 MoE: hybrid linear attention + 256 experts"),
-        _family("qwen3_next", "hybrid-linear", True, _NO_LINEAR_TRT, _HYBRID_MOE_TRTLLM, "trtllm",
-                "Qwen3-Next / Qwen3-Coder-Next: hybrid linear attention + 512 experts"),
-        _family("deepseek_v3", "mla", True, _NO_MLA_TRT,
-                Support("yes", "MLA + MoE: TensorRT-LLM DFlash has an MLA path (block latents in the paged cache)"),
-                "trtllm", "DeepSeek-V3: MLA + MoE"),
-        _family("kimi_k25", "mla", True, _NO_MLA_TRT,
-                Support("yes", "MLA + MoE (DeepSeek-V3 text architecture): TensorRT-LLM DFlash MLA path"),
-                "trtllm", "Kimi-K2.5: DeepSeek-V3 text architecture (MLA + MoE) with a vision tower"),
+        _family(
+            "gemma3_text",
+            "sliding",
+            False,
+            Support("yes", "sliding-window + global GQA layers: our engines export them"),
+            Support("unverified", "no TensorRT-LLM DFlash test names a Gemma 3 target"),
+            "trt",
+            "Gemma 3 text: 5 sliding layers per global layer",
+        ),
+        _family(
+            "gemma4",
+            "sliding",
+            False,
+            Support("yes", "sliding-window + global layers with per-layer head dims: dense attention"),
+            Support("unverified", "no TensorRT-LLM DFlash test names a Gemma 4 target; the drafter has sliding layers"),
+            "trt",
+            "Gemma 4 text (gemma4_text): sliding + global layers",
+        ),
+        _family(
+            "gpt_oss",
+            "sinks",
+            True,
+            _MOE_TRT,
+            _TRTLLM_TESTED,
+            "trtllm",
+            "attention sinks, alternating sliding/full layers; MoE with MXFP4 experts",
+        ),
+        _family(
+            "qwen3_moe",
+            "dense",
+            True,
+            _MOE_TRT,
+            Support("yes", "dense-attention MoE: TensorRT-LLM's Qwen3-MoE model with the DFlash hidden-state taps"),
+            "trtllm",
+            "Qwen3 MoE (Qwen3-Coder-30B-A3B)",
+        ),
+        _family(
+            "qwen3_5",
+            "hybrid-linear",
+            False,
+            _NO_LINEAR_TRT,
+            Support(
+                "yes",
+                "hybrid Gated DeltaNet: TensorRT-LLM DFlash rolls the recurrent state back after acceptance (MambaHybridCacheManager)",
+            ),
+            "trtllm",
+            "Qwen3.5/3.6 dense: Gated DeltaNet linear attention, full attention every 4th layer",
+        ),
+        _family(
+            "qwen3_5_moe",
+            "hybrid-linear",
+            True,
+            _NO_LINEAR_TRT,
+            _HYBRID_MOE_TRTLLM,
+            "trtllm",
+            "Qwen3.5/3.6 MoE: hybrid linear attention + 256 experts",
+        ),
+        _family(
+            "qwen3_next",
+            "hybrid-linear",
+            True,
+            _NO_LINEAR_TRT,
+            _HYBRID_MOE_TRTLLM,
+            "trtllm",
+            "Qwen3-Next / Qwen3-Coder-Next: hybrid linear attention + 512 experts",
+        ),
+        _family(
+            "deepseek_v3",
+            "mla",
+            True,
+            _NO_MLA_TRT,
+            Support("yes", "MLA + MoE: TensorRT-LLM DFlash has an MLA path (block latents in the paged cache)"),
+            "trtllm",
+            "DeepSeek-V3: MLA + MoE",
+        ),
+        _family(
+            "kimi_k25",
+            "mla",
+            True,
+            _NO_MLA_TRT,
+            Support("yes", "MLA + MoE (DeepSeek-V3 text architecture): TensorRT-LLM DFlash MLA path"),
+            "trtllm",
+            "Kimi-K2.5: DeepSeek-V3 text architecture (MLA + MoE) with a vision tower",
+        ),
     )
 }
 

@@ -98,38 +98,116 @@ GPUS: dict[str, GPUSpec] = {
     gpu.name: gpu
     for gpu in (
         GPUSpec(
-            "h100", "NVIDIA H100 SXM5 80GB", "hopper", (9, 0), 80, 3.35, 900, 8, TENSORRT, "sm_90a",
-            aliases=("h100-sxm", "h100-80gb", "h100-sxm5"), nvml_names=("H100",),
+            "h100",
+            "NVIDIA H100 SXM5 80GB",
+            "hopper",
+            (9, 0),
+            80,
+            3.35,
+            900,
+            8,
+            TENSORRT,
+            "sm_90a",
+            aliases=("h100-sxm", "h100-80gb", "h100-sxm5"),
+            nvml_names=("H100",),
         ),
         GPUSpec(
-            "h200", "NVIDIA H200 SXM 141GB", "hopper", (9, 0), 141, 4.8, 900, 8, TENSORRT, "sm_90a",
-            aliases=("h200-sxm", "h200-141gb"), nvml_names=("H200",),
+            "h200",
+            "NVIDIA H200 SXM 141GB",
+            "hopper",
+            (9, 0),
+            141,
+            4.8,
+            900,
+            8,
+            TENSORRT,
+            "sm_90a",
+            aliases=("h200-sxm", "h200-141gb"),
+            nvml_names=("H200",),
         ),
         GPUSpec(
-            "b200", "NVIDIA B200 (HGX B200)", "blackwell", (10, 0), 180, 8.0, 1800, 8, TENSORRT, "sm_100a",
-            aliases=("hgx-b200", "dgx-b200"), nvml_names=("B200",),
+            "b200",
+            "NVIDIA B200 (HGX B200)",
+            "blackwell",
+            (10, 0),
+            180,
+            8.0,
+            1800,
+            8,
+            TENSORRT,
+            "sm_100a",
+            aliases=("hgx-b200", "dgx-b200"),
+            nvml_names=("B200",),
         ),
         GPUSpec(
-            "b300", "NVIDIA B300 Blackwell Ultra (HGX B300)", "blackwell-ultra", (10, 3), 288, 8.0, 1800, 8,
-            TENSORRT, "sm_103a", aliases=("hgx-b300", "dgx-b300", "blackwell-ultra"), nvml_names=("B300",),
+            "b300",
+            "NVIDIA B300 Blackwell Ultra (HGX B300)",
+            "blackwell-ultra",
+            (10, 3),
+            288,
+            8.0,
+            1800,
+            8,
+            TENSORRT,
+            "sm_103a",
+            aliases=("hgx-b300", "dgx-b300", "blackwell-ultra"),
+            nvml_names=("B300",),
         ),
         GPUSpec(
-            "gb200", "NVIDIA GB200 (one Blackwell GPU of the superchip)", "blackwell", (10, 0), 186, 8.0, 1800, 72,
-            TENSORRT, "sm_100a", aliases=("gb200-nvl72",), nvml_names=("GB200",),
+            "gb200",
+            "NVIDIA GB200 (one Blackwell GPU of the superchip)",
+            "blackwell",
+            (10, 0),
+            186,
+            8.0,
+            1800,
+            72,
+            TENSORRT,
+            "sm_100a",
+            aliases=("gb200-nvl72",),
+            nvml_names=("GB200",),
         ),
         GPUSpec(
-            "gb300", "NVIDIA GB300 (one Blackwell Ultra GPU of the superchip)", "blackwell-ultra", (10, 3), 288, 8.0,
-            1800, 72, TENSORRT, "sm_103a", aliases=("gb300-nvl72",), nvml_names=("GB300",),
+            "gb300",
+            "NVIDIA GB300 (one Blackwell Ultra GPU of the superchip)",
+            "blackwell-ultra",
+            (10, 3),
+            288,
+            8.0,
+            1800,
+            72,
+            TENSORRT,
+            "sm_103a",
+            aliases=("gb300-nvl72",),
+            nvml_names=("GB300",),
         ),
         GPUSpec(
-            "rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell", "blackwell-rtx", (12, 0), 96, 1.792, None, 8,
-            TENSORRT_RTX, "sm_120",
+            "rtx-pro-6000",
+            "NVIDIA RTX PRO 6000 Blackwell",
+            "blackwell-rtx",
+            (12, 0),
+            96,
+            1.792,
+            None,
+            8,
+            TENSORRT_RTX,
+            "sm_120",
             aliases=("rtx-pro-6000-blackwell", "rtx6000-pro", "rtxpro6000", "rtx-pro-6000-server"),
             nvml_names=("RTX PRO 6000",),
         ),
         GPUSpec(
-            "a100", "NVIDIA A100 SXM4 80GB", "ampere", (8, 0), 80, 2.039, 600, 8, TENSORRT, "sm_80",
-            aliases=("a100-sxm", "a100-80gb"), nvml_names=("A100",),
+            "a100",
+            "NVIDIA A100 SXM4 80GB",
+            "ampere",
+            (8, 0),
+            80,
+            2.039,
+            600,
+            8,
+            TENSORRT,
+            "sm_80",
+            aliases=("a100-sxm", "a100-80gb"),
+            nvml_names=("A100",),
         ),
     )
 }
@@ -209,7 +287,7 @@ def detect_local_gpus() -> LocalGPUs:
         return LocalGPUs((), None, "nvidia-ml-py (pynvml) is not installed: pip install nvidia-ml-py")
     try:
         pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+    except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...: no GPUs, said why
         return LocalGPUs((), None, f"NVML is not available ({exc}): no NVIDIA driver on this machine")
     try:
         driver = _text(pynvml.nvmlSystemGetDriverVersion())
@@ -222,12 +300,12 @@ def detect_local_gpus() -> LocalGPUs:
             gpus.append(LocalGPU(index, name, memory, (int(major), int(minor)), match_nvml_name(name)))
         reason = None if gpus else "the NVIDIA driver is loaded but reports no GPU"
         return LocalGPUs(tuple(gpus), driver, reason)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any NVML failure means no GPUs to plan for, said why
         return LocalGPUs((), None, f"NVML query failed ({exc})")
     finally:
         try:
             pynvml.nvmlShutdown()
-        except Exception:
+        except Exception:  # noqa: BLE001 - shutting NVML down after a query: nothing left to report
             pass
 
 

@@ -56,8 +56,9 @@ Hybrid Gated DeltaNet and MLA targets (issue 10; the family and runtime per mode
   configs); z-lab/Qwen3.6-27B-DFlash 5 layers [S,S,S,S,F] window 2048 verified (GGUF conversion notes),
   mask 248070 published (unverified; it appears in several Qwen3.5/3.6-family DFlash configs with
   vocab 248320); z-lab/Kimi-K2.5-DFlash block 8, taps [1,12,24,35,47,58], 6 layers and mask
-  163838 agree in two independent third-party sources (unverified against the drafter's own file). Every other drafter width, layer count and tap list of these five is
-  derived (the DFLASH.md default taps) and is unknown offline: the recipes leave taps and mask out
+  163838 agree in two independent third-party sources (unverified against the drafter's own file).
+  Every other drafter width, layer count and tap list of these five is derived (the DFLASH.md
+  default taps) and is unknown offline: the recipes leave taps and mask out
   and `build --drafter DIR` reads them from the drafter's config.json.
 - gpt-oss-120b drafter block 10, 8 layers, taps [1,9,17,25,33]: as above (z-lab model card).
 DFlash V2 drafters (DFlash2DraftModel): z-lab/Qwen3.8-27B-DFlash2 and incoai/Muse-Glimmer-30B-DFlash2, with
@@ -272,14 +273,44 @@ def _default_taps(num_target_layers: int, n: int = 5) -> tuple[int, ...]:
     return tuple(round(start + k * (end - start) / (n - 1)) for k in range(n))
 
 
-def _hybrid(name: str, checkpoint: str, family: str, layers: int, hidden: int, heads: int, kv: int, inner: int,
-            value_heads: int, drafter: "DrafterSpec", source: str, aliases: tuple[str, ...], **moe) -> "ModelSpec":
+def _hybrid(
+    name: str,
+    checkpoint: str,
+    family: str,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv: int,
+    inner: int,
+    value_heads: int,
+    drafter: "DrafterSpec",
+    source: str,
+    aliases: tuple[str, ...],
+    **moe,
+) -> "ModelSpec":
     return ModelSpec(
-        name=name, checkpoint=checkpoint, family=family, num_layers=layers, hidden_size=hidden, num_heads=heads,
-        num_kv_heads=kv, head_dim=256, intermediate_size=inner, vocab_size=moe.pop("vocab", 248320),
-        max_position_embeddings=262144, layer_types=_every_fourth_full(layers), qk_norm=True,
-        linear_num_key_heads=16, linear_num_value_heads=value_heads, linear_key_head_dim=128,
-        linear_value_head_dim=128, linear_conv_kernel_dim=4, drafter=drafter, aliases=aliases, source=source, **moe,
+        name=name,
+        checkpoint=checkpoint,
+        family=family,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=256,
+        intermediate_size=inner,
+        vocab_size=moe.pop("vocab", 248320),
+        max_position_embeddings=262144,
+        layer_types=_every_fourth_full(layers),
+        qk_norm=True,
+        linear_num_key_heads=16,
+        linear_num_value_heads=value_heads,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+        drafter=drafter,
+        aliases=aliases,
+        source=source,
+        **moe,
     )
 
 
@@ -287,21 +318,48 @@ def _every_sixth_global(num_layers: int) -> tuple[str, ...]:
     return tuple(FULL if (layer + 1) % 6 == 0 else SLIDING for layer in range(num_layers))
 
 
-
-def _gpt_oss(name: str, layers: int, experts: int, params: float, checkpoint_gib: float, drafter: "DrafterSpec",
-             aliases: tuple[str, ...], source: str) -> "ModelSpec":
+def _gpt_oss(
+    name: str,
+    layers: int,
+    experts: int,
+    params: float,
+    checkpoint_gib: float,
+    drafter: "DrafterSpec",
+    aliases: tuple[str, ...],
+    source: str,
+) -> "ModelSpec":
     """A gpt-oss size: the family's widths, alternating sliding (128) / full layers, MXFP4 experts with biases, sinks."""
     return ModelSpec(
-        name=name, checkpoint=f"openai/{name}", family="gpt_oss",
-        num_layers=layers, hidden_size=2880, num_heads=64, num_kv_heads=8, head_dim=64, intermediate_size=0,
-        vocab_size=201088, max_position_embeddings=131072,
-        layer_types=_alternating(layers, SLIDING, FULL), sliding_window=128,
-        num_experts=experts, experts_per_token=4, moe_intermediate_size=2880,
-        attention_bias=True, expert_bias=True, attention_sinks=True, native_expert_precision="mxfp4",
-        published_params=params, published_checkpoint_gib=checkpoint_gib, drafter=drafter, aliases=aliases, source=source,
+        name=name,
+        checkpoint=f"openai/{name}",
+        family="gpt_oss",
+        num_layers=layers,
+        hidden_size=2880,
+        num_heads=64,
+        num_kv_heads=8,
+        head_dim=64,
+        intermediate_size=0,
+        vocab_size=201088,
+        max_position_embeddings=131072,
+        layer_types=_alternating(layers, SLIDING, FULL),
+        sliding_window=128,
+        num_experts=experts,
+        experts_per_token=4,
+        moe_intermediate_size=2880,
+        attention_bias=True,
+        expert_bias=True,
+        attention_sinks=True,
+        native_expert_precision="mxfp4",
+        published_params=params,
+        published_checkpoint_gib=checkpoint_gib,
+        drafter=drafter,
+        aliases=aliases,
+        source=source,
     )
 
 
+# fmt: off
+# (a table: one model per entry, its shape in a few lines, as the sources above list it)
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
@@ -444,13 +502,24 @@ MODELS: dict[str, ModelSpec] = {
         ),
     )
 }
+# fmt: on
 
 DEMO = "demo"
 
 # Stand-in for the embedded demo pair until its checkpoint ships (the demo issue decides the shape).
 _DEMO_PLACEHOLDER = ModelSpec(
-    name=DEMO, checkpoint=DEMO, family="qwen3", num_layers=4, hidden_size=256, num_heads=4, num_kv_heads=2,
-    head_dim=64, intermediate_size=768, vocab_size=1024, tie_word_embeddings=True, max_position_embeddings=4096,
+    name=DEMO,
+    checkpoint=DEMO,
+    family="qwen3",
+    num_layers=4,
+    hidden_size=256,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+    intermediate_size=768,
+    vocab_size=1024,
+    tie_word_embeddings=True,
+    max_position_embeddings=4096,
     qk_norm=True,
     drafter=DrafterSpec(DEMO, 2, 256, 768, 4, 2, 64, 8, (1, 2)),
     placeholder=True,
@@ -502,11 +571,15 @@ def check_model_link(model: str) -> None:
         os.stat(path)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise CheckpointError(f"--model {model} is a symbolic link loop (it leads back to itself)",
-                                  "point the link at a Hugging Face model directory, or pass a model name") from None
+            raise CheckpointError(
+                f"--model {model} is a symbolic link loop (it leads back to itself)",
+                "point the link at a Hugging Face model directory, or pass a model name",
+            ) from None
     target = Path(os.readlink(path)) if path.is_symlink() else path
-    raise CheckpointError(f"--model {model} is a symbolic link to {path.parent / target}, which does not exist",
-                          "fix the link, or pass the checkpoint directory itself")
+    raise CheckpointError(
+        f"--model {model} is a symbolic link to {path.parent / target}, which does not exist",
+        "fix the link, or pass the checkpoint directory itself",
+    )
 
 
 def demo_model() -> ModelSpec:

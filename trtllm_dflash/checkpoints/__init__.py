@@ -16,7 +16,12 @@ imports the API, the runtimes, decoding, serving, the backends or the builder.
 """
 
 from trtllm_dflash.checkpoints.drafters import (
-    DrafterCheckpoint, load_drafter, new_drafter, read_drafter_checkpoint, read_drafter_weights, save_drafter,
+    DrafterCheckpoint,
+    load_drafter,
+    new_drafter,
+    read_drafter_checkpoint,
+    read_drafter_weights,
+    save_drafter,
 )
 from trtllm_dflash.checkpoints.pair import validate_pair
 from trtllm_dflash.checkpoints.paths import resolve_checkpoint
@@ -24,7 +29,19 @@ from trtllm_dflash.checkpoints.targets import BUILD_TOKENIZER_FILES, TOKENIZER_F
 from trtllm_dflash.checkpoints.weights import check_safetensors_headers, require_safetensors, safetensors_header
 
 __all__ = [
-    "BUILD_TOKENIZER_FILES", "DrafterCheckpoint", "TOKENIZER_FILES", "Target", "check_safetensors_headers", "load_drafter",
-    "load_target", "new_drafter", "read_drafter_checkpoint", "read_drafter_weights", "require_safetensors", "resolve_checkpoint",
-    "safetensors_header", "save_drafter", "validate_pair",
+    "BUILD_TOKENIZER_FILES",
+    "DrafterCheckpoint",
+    "TOKENIZER_FILES",
+    "Target",
+    "check_safetensors_headers",
+    "load_drafter",
+    "load_target",
+    "new_drafter",
+    "read_drafter_checkpoint",
+    "read_drafter_weights",
+    "require_safetensors",
+    "resolve_checkpoint",
+    "safetensors_header",
+    "save_drafter",
+    "validate_pair",
 ]

@@ -112,7 +112,7 @@ def load_drafter(
         other = next((k for k in DRAFTER_KINDS.values() if k is not kind and k.owns_tensors(unexpected)), None)
         raise CheckpointError(
             f"drafter {path} has {len(unexpected)} unexpected tensor(s), e.g. {', '.join(unexpected[:3])}",
-            f"these are {other.label} tensors: set architectures to [\"{other.architecture}\"] in config.json"
+            f'these are {other.label} tensors: set architectures to ["{other.architecture}"] in config.json'
             if other is not None
             else "use a z-lab DFlash layout (layers.N.*, fc, hidden_norm, norm) or fix num_hidden_layers in config.json",
         )

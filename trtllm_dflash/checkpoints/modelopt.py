@@ -78,8 +78,12 @@ def load_modelopt_model(
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name)
             bias = getattr(getattr(parent, child), "bias", None)
-            layer = FP8Linear(state[f"{name}.weight"], state[f"{name}.weight_scale"], state.get(f"{name}.input_scale"),
-                              None if bias is None else weights.get(f"{name}.bias"))
+            layer = FP8Linear(
+                state[f"{name}.weight"],
+                state[f"{name}.weight_scale"],
+                state.get(f"{name}.input_scale"),
+                None if bias is None else weights.get(f"{name}.bias"),
+            )
             setattr(parent, child, layer)
             weights.pop(f"{name}.weight", None)
             weights.pop(f"{name}.bias", None)
@@ -89,7 +93,9 @@ def load_modelopt_model(
     if fp8_modules:  # the FP8 layers hold their weights already
         missing = [m for m in missing if m.rpartition(".")[0] not in fp8_layers]
     if missing or unexpected:
-        raise CheckpointError(f"{path} does not match its config ({len(missing)} missing, {len(unexpected)} unexpected tensors)", "re-run the quantize stage")
+        raise CheckpointError(
+            f"{path} does not match its config ({len(missing)} missing, {len(unexpected)} unexpected tensors)", "re-run the quantize stage"
+        )
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
     modules = dict(model.named_modules())
@@ -252,4 +258,3 @@ def _check_dequantized(state: dict[str, torch.Tensor], path: Path, algo: str | N
             f"drafter {path} has {len(raw)} quantized tensor(s) left after loading (e.g. {raw[0]}, {state[raw[0]].dtype}); {declared}",
             "export it with ModelOpt and its hf_quant_config.json (quant_algo FP8 or NVFP4)",
         )
-

@@ -155,4 +155,3 @@ def load_mxfp4_model(path: Path, config, dtype: torch.dtype, **model_kwargs: Any
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
     return model
-

@@ -24,7 +24,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer
 # them (BPE merges, special tokens, chat template), and the generation config and config.json
 # (eos_token_id; the model type AutoTokenizer falls back to).
 BUILD_TOKENIZER_FILES = TOKENIZER_FILES + (
-    "merges.txt", "special_tokens_map.json", "chat_template.jinja", "generation_config.json", "config.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+    "config.json",
 )
 
 
@@ -104,7 +108,9 @@ def load_target(
             local_files_only=True,
         )
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(f"cannot load target weights from {path} ({str(exc).splitlines()[0]})", "check the checkpoint files") from None
+        raise CheckpointError(
+            f"cannot load target weights from {path} ({str(exc).splitlines()[0]})", "check the checkpoint files"
+        ) from None
     model.to(device).eval()
     return Target(model=model, tokenizer=_load_tokenizer(path, require_tokenizer, checkpoint_config), path=path)
 
@@ -146,4 +152,3 @@ def _load_tokenizer(path: Path, required: bool, config):
     if required:
         raise CheckpointError(f"target {path} has no tokenizer", "save the tokenizer next to the model (tokenizer.save_pretrained(dir))")
     return None
-

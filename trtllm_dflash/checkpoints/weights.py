@@ -47,6 +47,4 @@ def check_safetensors_headers(files: list[Path]) -> None:
             if ends and max(ends) > data_len:
                 raise ValueError("tensor data is truncated")
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-            raise CheckpointError(
-                f"{file} is not a valid safetensors file ({exc})", "re-download or re-export the checkpoint"
-            ) from None
+            raise CheckpointError(f"{file} is not a valid safetensors file ({exc})", "re-download or re-export the checkpoint") from None

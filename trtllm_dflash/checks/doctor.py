@@ -69,7 +69,9 @@ HOW_TO_GET = {
     "tensorrt": "pip install 'trtllm-dflash[trt]' on a GPU machine (downloads from NVIDIA's index), or NVIDIA's TensorRT container",
     "tensorrt-rtx": "pip install 'trtllm-dflash[rtx]' (tensorrt-rtx-cu13-libs, tensorrt-rtx-cu13-bindings)",
     "tensorrt-llm": "pip install 'trtllm-dflash[trtllm]' on a GPU machine, or NVIDIA's TensorRT-LLM container",
-    "tritonserver": "NVIDIA's Triton container (/opt/tritonserver), or pip install 'trtllm-dflash[serve]' (nvidia-pytriton bundles tritonserver)",
+    "tritonserver": (
+        "NVIDIA's Triton container (/opt/tritonserver), or pip install 'trtllm-dflash[serve]' (nvidia-pytriton bundles tritonserver)"
+    ),
     "tritonclient": "pip install 'trtllm-dflash[serve]'",
 }
 
@@ -78,8 +80,11 @@ STAGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("plan", "memory plan and refusals (dflash-trt plan, build --dry-run)", ()),
     ("checkpoints", "load and validate target + drafter checkpoints", ("torch", "transformers")),
     ("quantize-fp8", "ModelOpt FP8 PTQ (runs on CPU)", ("modelopt", "torch")),
-    ("quantize-nvfp4", "ModelOpt NVFP4 calibration (any CUDA GPU: Hopper emulates NVFP4; serving it needs SM >= 10.0)",
-     ("modelopt", "torch", "cuda-gpu")),
+    (
+        "quantize-nvfp4",
+        "ModelOpt NVFP4 calibration (any CUDA GPU: Hopper emulates NVFP4; serving it needs SM >= 10.0)",
+        ("modelopt", "torch", "cuda-gpu"),
+    ),
     ("export", "ONNX export of target and drafter graphs", ("torch", "onnx")),
     ("plugins", "ahead-of-time compile of the DFlash Triton kernels (no GPU needed)", ("triton",)),
     ("engines-tensorrt-rtx", "TensorRT-RTX engines, built ahead of time for RTX GPUs (no GPU needed)", ("tensorrt-rtx",)),
@@ -114,7 +119,7 @@ def _python_package(key: str, name: str, module: str, dists: tuple[str, ...], de
         try:
             imported = __import__(module)
             version = getattr(imported, "__version__", version) or version
-        except Exception as exc:  # a placeholder or broken install
+        except Exception as exc:  # noqa: BLE001 - a placeholder or broken install, reported as such
             return Component(key, name, False, version, f"installed but `import {module}` fails: {exc}")
     return Component(key, name, found, version, detail)
 
@@ -129,7 +134,7 @@ def _torch(deep: bool) -> Component:
     if version_file.is_file():  # plain assignments: read without importing torch (seconds)
         try:
             cuda = runpy.run_path(str(version_file)).get("cuda")
-        except Exception:
+        except Exception:  # noqa: BLE001 - an unreadable version file: the CUDA version is unknown
             cuda = None
     detail = f"CUDA {cuda} build" if cuda else "CPU-only build"
     if deep:
@@ -204,8 +209,13 @@ def collect(deep: bool = False) -> DoctorReport:
         _python_package("modelopt", "NVIDIA ModelOpt", "modelopt", ("nvidia-modelopt",), deep),
         _python_package("triton", "Triton (kernel language)", "triton", ("triton",), deep),
         _python_package("tensorrt", "TensorRT (full)", "tensorrt", ("tensorrt", "tensorrt-cu13", "tensorrt-cu12"), deep),
-        _python_package("tensorrt-rtx", "TensorRT-RTX", "tensorrt_rtx_bindings",
-                        ("tensorrt-rtx-cu13-bindings", "tensorrt-rtx-cu12-bindings", "tensorrt-rtx"), deep),
+        _python_package(
+            "tensorrt-rtx",
+            "TensorRT-RTX",
+            "tensorrt_rtx_bindings",
+            ("tensorrt-rtx-cu13-bindings", "tensorrt-rtx-cu12-bindings", "tensorrt-rtx"),
+            deep,
+        ),
         _python_package("tensorrt-llm", "TensorRT-LLM", "tensorrt_llm", ("tensorrt-llm", "tensorrt_llm"), deep),
         _tritonserver(),
         _python_package("tritonclient", "Triton client", "tritonclient", ("tritonclient",), deep),

@@ -117,16 +117,22 @@ def run_with_progress(
         started = time.perf_counter()
         for command, progress_file, output_file in zip(commands, progress_files, output_files):
             with output_file.open("w") as out:
-                processes.append(subprocess.Popen(
-                    list(command), cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                    env={**os.environ, **(env or {}), PROGRESS_ENV: str(progress_file)},
-                ))
+                processes.append(
+                    subprocess.Popen(
+                        list(command),
+                        cwd=cwd,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        env={**os.environ, **(env or {}), PROGRESS_ENV: str(progress_file)},
+                    )
+                )
         delivered: list[int] = [0] * len(commands)
 
         def deliver() -> None:
             for i, progress_file in enumerate(progress_files):
                 finished = read_progress(progress_file).finished
-                for record in finished[delivered[i]:]:
+                for record in finished[delivered[i] :]:
                     if on_finish is not None:
                         on_finish(record)
                 delivered[i] = len(finished)
@@ -158,7 +164,7 @@ def run_with_progress(
 
 
 def counts_text(progress: Progress) -> str:
-    """"57 of 120 finished: 50 passed, 2 failed, 5 skipped" (the "of" where the total is known)."""
+    """ "57 of 120 finished: 50 passed, 2 failed, 5 skipped" (the "of" where the total is known)."""
     total = f" of {progress.collected}" if progress.collected is not None else ""
     counted = ", ".join(f"{n} {outcome}" for outcome, n in progress.counts().items()) or "none"
     return f"{len(progress.finished)}{total} finished: {counted}"

@@ -134,7 +134,8 @@ def require_cuda() -> None:
         build = "a CPU-only build of torch" if torch.version.cuda is None else f"torch built for CUDA {torch.version.cuda}"
         raise DFlashError(
             f"no CUDA device is visible ({build}; torch.cuda.is_available() is False), so the GPU check cannot run here",
-            "run `make gpu-check` on a machine with an NVIDIA GPU and its driver (`make setup` installs the CUDA build of torch where nvidia-smi works)",
+            "run `make gpu-check` on a machine with an NVIDIA GPU and its driver "
+            "(`make setup` installs the CUDA build of torch where nvidia-smi works)",
         )
 
 
@@ -424,7 +425,9 @@ def tensorrt_step(env: GpuEnvironment, say: Say) -> StepOutcome:
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=TENSORRT_BUILD_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            return StepOutcome(f"`dflash-trt build --model demo --gpu {gpu.name}` did not finish within {TENSORRT_BUILD_TIMEOUT_S} s", passed=False)
+            return StepOutcome(
+                f"`dflash-trt build --model demo --gpu {gpu.name}` did not finish within {TENSORRT_BUILD_TIMEOUT_S} s", passed=False
+            )
     tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
     line = f"`dflash-trt build --model demo --gpu {gpu.name}` with TensorRT {env.tensorrt}: exit status {done.returncode}"
     return StepOutcome(f"{line}; {tail}", line + ".\n", passed=done.returncode == 0)
@@ -471,8 +474,7 @@ def format_section(env: GpuEnvironment, results: list[StepResult], command: str,
     lines = [
         f"## GPU check on {env.gpu}, {env.date}",
         "",
-        f"Command: `{command}`; {seconds:.0f} s in all; "
-        + (f"**failed: {', '.join(failed)}**." if failed else "no step failed."),
+        f"Command: `{command}`; {seconds:.0f} s in all; " + (f"**failed: {', '.join(failed)}**." if failed else "no step failed."),
         "",
         f"Machine: {env.gpu} (compute capability {env.compute_capability}, {env.sm_count} SMs, {env.memory_gib:.0f} GiB), "
         f"driver {env.driver}, CUDA {env.cuda} (torch build), torch {env.torch}, triton {env.triton}, {tensorrt}, host `{env.host}`.",

@@ -85,11 +85,18 @@ def launch_case(case: WarmupCase, device: str = "cuda") -> None:
         dtype_name, heads, kv_heads, head_dim, kv_splits, window = case.params
         dtype, batch, block, new = getattr(torch, dtype_name), 3, 16, 8
         launch.block_attention(
-            q=rand(batch, block, heads, head_dim, dtype=dtype), k_block=rand(batch, block, kv_heads, head_dim, dtype=dtype),
-            v_block=rand(batch, block, kv_heads, head_dim, dtype=dtype), k_ctx_new=rand(batch, new, kv_heads, head_dim, dtype=dtype),
-            v_ctx_new=rand(batch, new, kv_heads, head_dim, dtype=dtype), new_counts=ints(new + 1, batch),
-            k_cache=rand(batch, CAPACITY, kv_heads, head_dim, dtype=dtype), v_cache=rand(batch, CAPACITY, kv_heads, head_dim, dtype=dtype),
-            cache_lens=ints(CAPACITY - new, batch), scale=head_dim**-0.5, window=window, kv_splits=kv_splits,
+            q=rand(batch, block, heads, head_dim, dtype=dtype),
+            k_block=rand(batch, block, kv_heads, head_dim, dtype=dtype),
+            v_block=rand(batch, block, kv_heads, head_dim, dtype=dtype),
+            k_ctx_new=rand(batch, new, kv_heads, head_dim, dtype=dtype),
+            v_ctx_new=rand(batch, new, kv_heads, head_dim, dtype=dtype),
+            new_counts=ints(new + 1, batch),
+            k_cache=rand(batch, CAPACITY, kv_heads, head_dim, dtype=dtype),
+            v_cache=rand(batch, CAPACITY, kv_heads, head_dim, dtype=dtype),
+            cache_lens=ints(CAPACITY - new, batch),
+            scale=head_dim**-0.5,
+            window=window,
+            kv_splits=kv_splits,
         )
     elif case.op == "target_attention":
         dtype_name, heads, kv_heads, key_dim, value_dim, tokens, window, with_sinks = case.params
@@ -97,20 +104,28 @@ def launch_case(case: WarmupCase, device: str = "cuda") -> None:
         starts = ints(CAPACITY - tokens, batch)
         starts[0], starts[-1] = 0, CAPACITY - tokens // 2
         launch.target_attention(
-            q=rand(batch, tokens, heads, key_dim, dtype=dtype), k_new=rand(batch, tokens, kv_heads, key_dim, dtype=dtype),
-            v_new=rand(batch, tokens, kv_heads, value_dim, dtype=dtype), k_cache=rand(batch, CAPACITY, kv_heads, key_dim, dtype=dtype),
-            v_cache=rand(batch, CAPACITY, kv_heads, value_dim, dtype=dtype), starts=starts,
-            sinks=rand(heads) if with_sinks else None, scale=key_dim**-0.5, window=window,
+            q=rand(batch, tokens, heads, key_dim, dtype=dtype),
+            k_new=rand(batch, tokens, kv_heads, key_dim, dtype=dtype),
+            v_new=rand(batch, tokens, kv_heads, value_dim, dtype=dtype),
+            k_cache=rand(batch, CAPACITY, kv_heads, key_dim, dtype=dtype),
+            v_cache=rand(batch, CAPACITY, kv_heads, value_dim, dtype=dtype),
+            starts=starts,
+            sinks=rand(heads) if with_sinks else None,
+            scale=key_dim**-0.5,
+            window=window,
         )
     elif case.op == "verify":
         _, batch, block, vocab = case.params
         logits = rand(batch, block, vocab)
         ops.verify_block_packed(
-            logits, ints(vocab, batch, block), torch.softmax(rand(batch, block - 1, vocab), dim=-1),
+            logits,
+            ints(vocab, batch, block),
+            torch.softmax(rand(batch, block - 1, vocab), dim=-1),
             torch.tensor([0.0, 1.0, 0.7, 1.0, 0.0, 0.9, 1.2, 0.6], device=device),
             torch.tensor([0, 0, 50, 0, 0, 20, 0, 1000], device=device),
             torch.tensor([1.0, 1.0, 1.0, 0.9, 1.0, 0.8, 0.95, 1.0], device=device),
-            torch.arange(batch, device=device) * 31 + 7, torch.arange(batch, device=device) * 100,
+            torch.arange(batch, device=device) * 31 + 7,
+            torch.arange(batch, device=device) * 100,
         )
     else:
         raise ValueError(f"unknown warm-up op {case.op!r}")
@@ -137,7 +152,9 @@ def worker_count() -> int:
     return max(1, min(MAX_WORKERS, (os.cpu_count() or 2) // 2))
 
 
-def run_warmup(cwd: Path, say: Callable[[str], None] | None = None, limit_s: float = WARMUP_TIMEOUT_S, workers: int | None = None) -> runs.LimitedRun:
+def run_warmup(
+    cwd: Path, say: Callable[[str], None] | None = None, limit_s: float = WARMUP_TIMEOUT_S, workers: int | None = None
+) -> runs.LimitedRun:
     """All warm-up cases over `workers` subprocesses, stopped at `limit_s`."""
     workers = workers or worker_count()
     commands = [[sys.executable, "-m", "trtllm_dflash.checks.warmup", str(i), str(workers)] for i in range(workers)]

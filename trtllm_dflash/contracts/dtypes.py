@@ -36,29 +36,29 @@ class DType:
 
 TABLE: tuple[DType, ...] = (
     #     name               torch              onnx tensorrt   triton     bits
-    DType("fp32",            "float32",         1,  "float32",  "fp32",    32),
-    DType("bf16",            "bfloat16",        16, "bfloat16", "bf16",    16),
-    DType("fp16",            "float16",         10, "float16",  "fp16",    16),
-    DType("fp8",             "float8_e4m3fn",   17, "fp8",      "fp8e4nv", 8),
-    DType("nvfp4",           None,              23, None,       None,      4, scale_bits=8 / 16),  # FP8 scale per 16
-    DType("mxfp4",           None,              23, None,       None,      4, scale_bits=8 / 32),  # E8M0 scale per 32
-    DType("int64",           "int64",           7,  "int64",    "i64",     64),
-    DType("int32",           "int32",           6,  "int32",    "i32",     32),
-    DType("int16",           "int16",           5,  None,       None,      16),
-    DType("int8",            "int8",            3,  None,       None,      8),
-    DType("uint8",           "uint8",           2,  None,       None,      8),
-    DType("uint16",          "uint16",          4,  None,       None,      16),
-    DType("uint32",          "uint32",          12, None,       None,      32),
-    DType("uint64",          "uint64",          13, None,       None,      64),
-    DType("bool",            "bool",            9,  None,       None,      8),
-    DType("float64",         "float64",         11, None,       None,      64),
-    DType("complex64",       "complex64",       14, None,       None,      64),
-    DType("complex128",      "complex128",      15, None,       None,      128),
-    DType("float8_e4m3fnuz", "float8_e4m3fnuz", 18, None,       None,      8),
-    DType("float8_e5m2",     "float8_e5m2",     19, None,       None,      8),
-    DType("float8_e5m2fnuz", "float8_e5m2fnuz", 20, None,       None,      8),
-    DType("uint4",           None,              21, None,       None,      4),
-    DType("int4",            None,              22, None,       None,      4),
+    DType("fp32", "float32", 1, "float32", "fp32", 32),
+    DType("bf16", "bfloat16", 16, "bfloat16", "bf16", 16),
+    DType("fp16", "float16", 10, "float16", "fp16", 16),
+    DType("fp8", "float8_e4m3fn", 17, "fp8", "fp8e4nv", 8),
+    DType("nvfp4", None, 23, None, None, 4, scale_bits=8 / 16),  # FP8 scale per 16
+    DType("mxfp4", None, 23, None, None, 4, scale_bits=8 / 32),  # E8M0 scale per 32
+    DType("int64", "int64", 7, "int64", "i64", 64),
+    DType("int32", "int32", 6, "int32", "i32", 32),
+    DType("int16", "int16", 5, None, None, 16),
+    DType("int8", "int8", 3, None, None, 8),
+    DType("uint8", "uint8", 2, None, None, 8),
+    DType("uint16", "uint16", 4, None, None, 16),
+    DType("uint32", "uint32", 12, None, None, 32),
+    DType("uint64", "uint64", 13, None, None, 64),
+    DType("bool", "bool", 9, None, None, 8),
+    DType("float64", "float64", 11, None, None, 64),
+    DType("complex64", "complex64", 14, None, None, 64),
+    DType("complex128", "complex128", 15, None, None, 128),
+    DType("float8_e4m3fnuz", "float8_e4m3fnuz", 18, None, None, 8),
+    DType("float8_e5m2", "float8_e5m2", 19, None, None, 8),
+    DType("float8_e5m2fnuz", "float8_e5m2fnuz", 20, None, None, 8),
+    DType("uint4", None, 21, None, None, 4),
+    DType("int4", None, 22, None, None, 4),
 )
 
 # What recipes and plans name (in the order error messages list them), and the unquantized ones
@@ -106,7 +106,7 @@ def torch_dtype(name: str) -> Any:
 
 
 def torch_name(name: str) -> str:
-    """"bf16" -> "bfloat16": the spelling the kernels and TensorRT plugins use."""
+    """ "bf16" -> "bfloat16": the spelling the kernels and TensorRT plugins use."""
     found = lookup(name).torch
     if found is None:
         raise KeyError(f"torch has no dtype for {name!r}")

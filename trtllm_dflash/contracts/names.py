@@ -33,7 +33,9 @@ CACHE_LENS = "cache_lens"  # [b] draft-cache slots already filled per row
 # the V2 drafter's head (graphs.json `head`). Native graphs end at the candidate selector's inputs,
 # besides LOGITS (the unary logits); the runtime walks the scores:
 CANDIDATES = "candidates"  # [b, B - 1, k] int64: the top-k of the unary logits, in TopK's order
-SELECTOR_SCORES = "selector_scores"  # [b, B - 1, k, k] float32: score of candidate i after candidate j of the position before (after the anchor at the first)
+# [b, B - 1, k, k] float32: score of candidate i after candidate j of the position before
+# (after the anchor at the first)
+SELECTOR_SCORES = "selector_scores"
 # plugin graphs walk inside (inputs TEMPERATURE and SEED, [b] each) and return the walk:
 DRAFT_TOKENS = "draft_tokens"  # [b, B - 1] int64
 CANDIDATE_PROBS = "candidate_probs"  # [b, B - 1, k] float32: q over the candidates

@@ -82,8 +82,13 @@ class DrafterGraph(nn.Module):
         embeds = drafter.embed(block_ids, self.embedding)
         ctx_hidden = drafter.context_hidden(ctx_features)
         return StepInputs(
-            embeds, ctx_hidden, drafter.rope(ctx_hidden, ctx_positions), drafter.rope(embeds, block_positions),
-            masks, new_counts, cache_lens,
+            embeds,
+            ctx_hidden,
+            drafter.rope(ctx_hidden, ctx_positions),
+            drafter.rope(embeds, block_positions),
+            masks,
+            new_counts,
+            cache_lens,
         )
 
     def attend(self, attn, h, step: "StepInputs", past_k, past_v):
@@ -94,8 +99,18 @@ class DrafterGraph(nn.Module):
         k_ctx, v_ctx = attn.project_keys_values(step.ctx_hidden, step.ctx_rope)
         if self.plugin:
             out, _, _ = torch.ops.dflash.block_attention_functional(
-                q, k_block, v_block, k_ctx, v_ctx, step.new_counts, past_k, past_v, step.cache_lens, float(attn.scale),
-                attn.attention.window, int(attn.attention.causal),
+                q,
+                k_block,
+                v_block,
+                k_ctx,
+                v_ctx,
+                step.new_counts,
+                past_k,
+                past_v,
+                step.cache_lens,
+                float(attn.scale),
+                attn.attention.window,
+                int(attn.attention.causal),
             )
         else:
             keys = torch.cat([past_k.to(k_block.dtype), k_ctx, k_block], dim=1)

@@ -107,7 +107,9 @@ class TargetGraph(nn.Module):
         self._decode(input_ids, positions, masks, cache)
         shapes: list[LayerCache | None] = []
         for written in cache.new:  # token-major [b, T, kv_heads, D]
-            shapes.append(None if written is None else LayerCache(int(written[0].shape[2]), int(written[0].shape[3]), int(written[1].shape[3])))
+            shapes.append(
+                None if written is None else LayerCache(int(written[0].shape[2]), int(written[0].shape[3]), int(written[1].shape[3]))
+            )
         return shapes
 
     def forward(self, input_ids, starts, logit_index, past_keys: tuple, past_values: tuple):
@@ -183,7 +185,6 @@ class VerifyingTargetGraph(TargetGraph):
         present_keys = tuple(step.updated[i][0] for i in self.cache_layers)
         present_values = tuple(step.updated[i][1] for i in self.cache_layers)
         return result, features, present_keys, present_values
-
 
 
 def verifying_target_refusal(model: nn.Module) -> str | None:

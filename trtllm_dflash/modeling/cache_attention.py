@@ -11,14 +11,15 @@ one is needed: where a group has more than one query row (the block is causal wi
 a biting window's lower bound moves with the query). Rows that start at different positions (every
 decode step past the first, at batch > 1) are one group with a per-row mask when that reads at
 most twice the keys the rows need (`MERGE_WASTE`): SDPA's cost on a CPU is mostly per call, and a
-call per row cost more than the masked keys (8 rows of a block of 8: one call 100 us, eight 180 us). One query row sees every key it reads; a
-group that starts at position 0 (a prefill) with a window that does not bite is SDPA's own
-`is_causal` (its queries and keys are the same positions), which skips the masked half instead
-of building and adding a `T x T` mask.
+call per row cost more than the masked keys (8 rows of a block of 8: one call 100 us, eight 180 us).
+One query row sees every key it reads; a group that starts at position 0 (a prefill) with a window
+that does not bite is SDPA's own `is_causal` (its queries and keys are the same positions), which
+skips the masked half instead of building and adding a `T x T` mask.
 
 Keys are the cache's own slots, `[max_batch, capacity, Hkv, D]`, a group's consecutive slots viewed
 as `[rows, Hkv, span, D]`; nothing is copied or concatenated. A group never spans a gap between
-slots (runtime/base.py `Slots`: a request keeps its slot, so a batch's slots may have gaps). The Triton kernels (ops/kernels) split the same live span on a GPU.
+slots (runtime/base.py `Slots`: a request keeps its slot, so a batch's slots may have gaps). The
+Triton kernels (ops/kernels) split the same live span on a GPU.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
-
 
 # rows that start at different positions share one masked attention call while the keys it reads
 # (rows x the longest row's span) are at most this many times the keys the rows need
@@ -85,7 +85,12 @@ class AttentionPlan:
             k = keys[group.slots, lo:hi].transpose(1, 2)
             v = values[group.slots, lo:hi].transpose(1, 2)
             out = F.scaled_dot_product_attention(
-                q[group.rows], k, v, attn_mask=group.masks[window], is_causal=group.causal[window], scale=scale,
+                q[group.rows],
+                k,
+                v,
+                attn_mask=group.masks[window],
+                is_causal=group.causal[window],
+                scale=scale,
                 enable_gqa=q.shape[1] != k.shape[1],
             )
             outs.append(out)
@@ -150,7 +155,9 @@ def _merged_group(
     return RowGroup(slice(row, row + len(starts)), slice(slot, slot + len(starts)), min(starts), count, reads, masks, causal)
 
 
-def _group(rows: slice, slots: slice, start: int, count: int, windows: set[int], dtype: torch.dtype, device: torch.device, sdpa: bool) -> RowGroup:
+def _group(
+    rows: slice, slots: slice, start: int, count: int, windows: set[int], dtype: torch.dtype, device: torch.device, sdpa: bool
+) -> RowGroup:
     reads, masks, causal = {}, {}, {}
     for window in windows:
         lo, hi = reads[window] = window_reads(start, count, window)

@@ -55,8 +55,12 @@ class DraftAttentionPlan:
             mask = torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill(hidden, torch.finfo(dtype).min)
             planned.append((rows, held, hi, mask.view(-1, 1, 1, hi)))
         return cls(
-            valid, slot_column.expand(-1, n)[valid], (cache_lens.view(-1, 1) + offsets)[valid], slot_column,
-            lengths.view(-1, 1) + torch.arange(block, device=device), planned,
+            valid,
+            slot_column.expand(-1, n)[valid],
+            (cache_lens.view(-1, 1) + offsets)[valid],
+            slot_column,
+            lengths.view(-1, 1) + torch.arange(block, device=device),
+            planned,
         )
 
     def attend(
@@ -72,8 +76,12 @@ class DraftAttentionPlan:
         outs = []
         for rows, held, hi, mask in self.runs:
             out = F.scaled_dot_product_attention(
-                q[rows].transpose(1, 2), keys[held, :hi].transpose(1, 2), values[held, :hi].transpose(1, 2),
-                attn_mask=mask, scale=scale, enable_gqa=q.shape[2] != keys.shape[2],
+                q[rows].transpose(1, 2),
+                keys[held, :hi].transpose(1, 2),
+                values[held, :hi].transpose(1, 2),
+                attn_mask=mask,
+                scale=scale,
+                enable_gqa=q.shape[2] != keys.shape[2],
             )
             outs.append(out.transpose(1, 2))
         return (outs[0] if len(outs) == 1 else torch.cat(outs)).to(q.dtype)

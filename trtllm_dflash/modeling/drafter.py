@@ -18,14 +18,14 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import Qwen3Config
 
+from trtllm_dflash import ops
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.hf_compat import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
 from trtllm_dflash.modeling import fused_ops
-from trtllm_dflash.modeling.fused_ops import norm_of, rms_norm, rotate
 from trtllm_dflash.modeling.draft_attention import DraftAttentionPlan
+from trtllm_dflash.modeling.fused_ops import norm_of, rms_norm, rotate
 from trtllm_dflash.modeling.kv_cache import LayerCache
 from trtllm_dflash.modeling.slots import Slots
-from trtllm_dflash import ops
 
 
 def hf_config(config: DrafterConfig) -> Qwen3Config:
@@ -110,7 +110,9 @@ class DFlashAttention(nn.Module):
         if fused_ops.kernels_run(h.device) and rope[0].dtype == h.dtype:  # the GPU: norm + RoPE in one kernel each
             kv_ctx = F.linear(ctx_hidden, weight[q_width:], None if bias is None else bias[q_width:])
             cos, sin = rope
-            q, k, v = fused_ops.qk_norm_rope(qkv, cos[:, n:], sin[:, n:], (norm_weight, eps), self.num_heads, self.num_kv_heads, self.head_dim)
+            q, k, v = fused_ops.qk_norm_rope(
+                qkv, cos[:, n:], sin[:, n:], (norm_weight, eps), self.num_heads, self.num_kv_heads, self.head_dim
+            )
             _, k_ctx, v_ctx = fused_ops.qk_norm_rope(
                 kv_ctx, cos[:, :n], sin[:, :n], (norm_weight[self.num_heads :], eps), 0, self.num_kv_heads, self.head_dim
             )
@@ -146,8 +148,17 @@ class DFlashAttention(nn.Module):
         return apply_rope(self.q_norm(self.q_proj(h).view(shape)), *rope)
 
     def step(
-        self, h, rope, ctx_hidden, new_counts, cache: LayerCache, cache_lens, slots: Slots, history: int = 0,
-        row: tuple[int, int] | None = None, plan: DraftAttentionPlan | None = None,
+        self,
+        h,
+        rope,
+        ctx_hidden,
+        new_counts,
+        cache: LayerCache,
+        cache_lens,
+        slots: Slots,
+        history: int = 0,
+        row: tuple[int, int] | None = None,
+        plan: DraftAttentionPlan | None = None,
     ):
         """One decoding step of this layer; `rope` covers the context rows then the block.
 
@@ -170,8 +181,18 @@ class DFlashAttention(nn.Module):
         else:
             outs = [
                 ops.block_attention(
-                    q[rows], k[rows], v[rows], k_ctx[rows], v_ctx[rows], new_counts[rows], cache.keys[held], cache.values[held],
-                    cache_lens[rows], self.scale, self.attention.window, int(self.attention.causal),
+                    q[rows],
+                    k[rows],
+                    v[rows],
+                    k_ctx[rows],
+                    v_ctx[rows],
+                    new_counts[rows],
+                    cache.keys[held],
+                    cache.values[held],
+                    cache_lens[rows],
+                    self.scale,
+                    self.attention.window,
+                    int(self.attention.causal),
                 )
                 for rows, held in slots.runs()
             ]
@@ -194,9 +215,18 @@ class DFlashAttention(nn.Module):
             row, slot = slice(r, r + 1), slice(slot_of[r], slot_of[r] + 1)
             outs.append(
                 ops.block_attention(
-                    q[row], k[row], v[row], k_ctx[row, skip:], v_ctx[row, skip:],
-                    new_counts[row] - skip, cache.keys[slot, lo:], cache.values[slot, lo:],
-                    cache_lens[row] + skip - lo, self.scale, self.attention.window, int(self.attention.causal),
+                    q[row],
+                    k[row],
+                    v[row],
+                    k_ctx[row, skip:],
+                    v_ctx[row, skip:],
+                    new_counts[row] - skip,
+                    cache.keys[slot, lo:],
+                    cache.values[slot, lo:],
+                    cache_lens[row] + skip - lo,
+                    self.scale,
+                    self.attention.window,
+                    int(self.attention.causal),
                 )
             )
         return torch.cat(outs, dim=0)
@@ -208,7 +238,11 @@ class DFlashAttention(nn.Module):
         keys = torch.cat([k_ctx, k], dim=1).transpose(1, 2)
         values = torch.cat([v_ctx, v], dim=1).transpose(1, 2)
         out = nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), keys, values, attn_mask=mask, scale=self.scale,
+            q.transpose(1, 2),
+            keys,
+            values,
+            attn_mask=mask,
+            scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
         return self.o_proj(out.transpose(1, 2).flatten(-2))
@@ -223,12 +257,23 @@ class DFlashDecoderLayer(nn.Module):
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self._stacked: dict = {}  # gate/up weights as one matrix, for decoding (stacked_weights)
 
-    def step(self, x, rope, ctx_hidden, new_counts, cache: LayerCache, cache_lens, slots, history: int = 0, row=None, plan=None) -> torch.Tensor:
+    def step(
+        self, x, rope, ctx_hidden, new_counts, cache: LayerCache, cache_lens, slots, history: int = 0, row=None, plan=None
+    ) -> torch.Tensor:
         """One decoding step of this layer over the block `x [b, B, H]`."""
         attn = self.self_attn.step(
-            fused_ops.add_rms_norm(x, None, *norm_of(self.input_layernorm))[1] if fused_ops.kernels_run(x.device)
+            fused_ops.add_rms_norm(x, None, *norm_of(self.input_layernorm))[1]
+            if fused_ops.kernels_run(x.device)
             else rms_norm(x, *norm_of(self.input_layernorm)),
-            rope, ctx_hidden, new_counts, cache, cache_lens, slots, history, row, plan,
+            rope,
+            ctx_hidden,
+            new_counts,
+            cache,
+            cache_lens,
+            slots,
+            history,
+            row,
+            plan,
         )
         return self.finish_step(x, attn)
 
@@ -326,7 +371,8 @@ class DFlashDrafter(nn.Module):
         """Whether a batched step attends by a DraftAttentionPlan: on a CPU, every layer full and
         bidirectional, caches in float32/float64 (the op's arithmetic; it upcasts lower precisions)."""
         return (
-            device.type == "cpu" and not fused_ops.kernels_run(device)
+            device.type == "cpu"
+            and not fused_ops.kernels_run(device)
             and caches[0].keys.dtype in (torch.float32, torch.float64)
             and all(layer.self_attn.attention.window == 0 and not layer.self_attn.attention.causal for layer in self.layers)
         )

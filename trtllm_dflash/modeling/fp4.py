@@ -63,8 +63,9 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     bits); an exponent outside the dtype's range is not, and is refused.
     """
     if blocks.shape[:-1] != scales.shape or blocks.shape[-1] != MXFP4_BLOCK // 2:
-        raise ValueError(f"MXFP4 blocks {tuple(blocks.shape)} and scales {tuple(scales.shape)} do not match "
-                         f"([..., G, {MXFP4_BLOCK // 2}] and [..., G])")
+        raise ValueError(
+            f"MXFP4 blocks {tuple(blocks.shape)} and scales {tuple(scales.shape)} do not match ([..., G, {MXFP4_BLOCK // 2}] and [..., G])"
+        )
     values = decode_e2m1(unpack_codes(blocks), torch.float32)  # [..., G, 32]
     exponent = scales.to(torch.int32) - E8M0_BIAS
     out = torch.ldexp(values, exponent.unsqueeze(-1).float())
@@ -85,8 +86,10 @@ def dequantize_nvfp4(
     work = torch.float64 if dtype == torch.float64 else torch.float32
     values = decode_e2m1(unpack_codes(packed), work)
     if values.shape[:-1] != block_scales.shape[:-1] or values.shape[-1] != block_scales.shape[-1] * NVFP4_BLOCK:
-        raise ValueError(f"NVFP4 weight {tuple(packed.shape)} and block scales {tuple(block_scales.shape)} do not match "
-                         f"([..., K/2] and [..., K/{NVFP4_BLOCK}])")
+        raise ValueError(
+            f"NVFP4 weight {tuple(packed.shape)} and block scales {tuple(block_scales.shape)} do not match "
+            f"([..., K/2] and [..., K/{NVFP4_BLOCK}])"
+        )
     blocks = values.unflatten(-1, (-1, NVFP4_BLOCK)) * block_scales.to(work).unsqueeze(-1)  # exact
     return (blocks * torch.as_tensor(global_scale, dtype=torch.float32).to(work)).flatten(-2).to(dtype)
 

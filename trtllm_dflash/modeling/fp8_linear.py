@@ -47,7 +47,9 @@ class FP8Linear(nn.Module):
     (`graphs.dtypes.cast_parameters`), not the whole module, or the FP8 weights become 16-bit tensors.
     """
 
-    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor | None, bias: torch.Tensor | None) -> None:
+    def __init__(
+        self, weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor | None, bias: torch.Tensor | None
+    ) -> None:
         super().__init__()
         self.register_buffer("weight_fp8", weight.to(torch.float8_e4m3fn))
         self.register_buffer("weight_scale", weight_scale.float().reshape(()))

@@ -59,15 +59,28 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
     rows = x.numel() // hidden
     block = 1 << max(hidden - 1, 0).bit_length()
     module.add_rms_norm_kernel[(rows,)](
-        x, delta.contiguous() if delta is not None else x, weight, float(eps), hidden, total, normed,
-        HAS_DELTA=delta is not None, BLOCK_H=block, num_warps=max(1, min(8, block // 256)),
+        x,
+        delta.contiguous() if delta is not None else x,
+        weight,
+        float(eps),
+        hidden,
+        total,
+        normed,
+        HAS_DELTA=delta is not None,
+        BLOCK_H=block,
+        num_warps=max(1, min(8, block // 256)),
     )
     return total, normed
 
 
 def qk_norm_rope(
-    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm: tuple[torch.Tensor, float] | None,
-    q_heads: int, kv_heads: int, head_dim: int,
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    norm: tuple[torch.Tensor, float] | None,
+    q_heads: int,
+    kv_heads: int,
+    head_dim: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q `[b, T, q_heads, D]`, k and v `[b, T, kv_heads, D]` (contiguous) from the fused projection
     `qkv [b, T, (q_heads + 2 kv_heads) D]`: per-head RMSNorm of q and k with `norm` (a `[q_heads +
@@ -88,8 +101,19 @@ def qk_norm_rope(
         return q, k, v
     weight, eps = norm if norm is not None else (qkv, 0.0)  # any pointer where there is no norm
     module.qk_norm_rope_kernel[(batch * count, q_heads + 2 * kv_heads)](
-        qkv.contiguous(), cos.contiguous(), sin.contiguous(), weight, float(eps), q_heads, kv_heads, q, k, v,
-        HAS_NORM=norm is not None, HEAD_DIM=head_dim, num_warps=1,
+        qkv.contiguous(),
+        cos.contiguous(),
+        sin.contiguous(),
+        weight,
+        float(eps),
+        q_heads,
+        kv_heads,
+        q,
+        k,
+        v,
+        HAS_NORM=norm is not None,
+        HEAD_DIM=head_dim,
+        num_warps=1,
     )
     return q, k, v
 

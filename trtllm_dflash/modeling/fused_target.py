@@ -24,11 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trtllm_dflash import hf_compat
+from trtllm_dflash import hf_compat, ops
 from trtllm_dflash.modeling.cache_attention import AttentionPlan
-from trtllm_dflash.modeling.slots import Slots
-from trtllm_dflash import ops
 from trtllm_dflash.modeling.fused_ops import add_rms_norm, norm_of, qk_norm_rope, rms_norm, rotate, silu_mul
+from trtllm_dflash.modeling.slots import Slots
 
 # decoder layers whose forward is exactly: x + attn(rmsnorm(x)), then x + mlp(rmsnorm(x)),
 # with attention = (q/k/v proj, optional per-head q/k RMSNorm, RoPE, attention, o proj)
@@ -56,7 +55,9 @@ def unsupported_reason(decoder: nn.Module) -> str | None:
             return f"layer {kind} has extra parts"
         if {n for n, _ in mlp.named_children()} != MLP_PARTS or type(mlp.act_fn).__name__ not in ("SiLU", "SiLUActivation"):
             return "the MLP is not a SiLU-gated MLP"
-        norms = [layer.input_layernorm, layer.post_attention_layernorm] + [getattr(attn, n) for n in ("q_norm", "k_norm") if hasattr(attn, n)]
+        norms = [layer.input_layernorm, layer.post_attention_layernorm] + [
+            getattr(attn, n) for n in ("q_norm", "k_norm") if hasattr(attn, n)
+        ]
         if any(type(norm).__name__ not in SUPPORTED_NORMS for norm in norms):
             return "a norm is not a plain RMSNorm"
         biases = [p.bias is not None for p in (attn.q_proj, attn.k_proj, attn.v_proj)]
@@ -215,7 +216,9 @@ class FusedDecoder:
         qkv = F.linear(h, layer.qkv, layer.qkv_bias)
         q, k, v = qk_norm_rope(qkv, *rope, layer.qk_norm, layer.q_heads, layer.kv_heads, layer.head_dim)
         outs = [
-            ops.target_attention(q[rows], k[rows], v[rows], cache.keys[held], cache.values[held], starts[rows], None, float(layer.scaling), window)
+            ops.target_attention(
+                q[rows], k[rows], v[rows], cache.keys[held], cache.values[held], starts[rows], None, float(layer.scaling), window
+            )
             for rows, held in runs
         ]
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
@@ -234,8 +237,14 @@ class FusedDecoder:
         for group in plan.groups:
             lo, hi = group.reads[window]
             out, _ = self.attention(
-                layer.attn, q[group.rows], keys[group.slots, lo:hi].transpose(1, 2), values[group.slots, lo:hi].transpose(1, 2),
-                group.masks[window], dropout=0.0, scaling=layer.scaling, sliding_window=layer.sliding_window,
+                layer.attn,
+                q[group.rows],
+                keys[group.slots, lo:hi].transpose(1, 2),
+                values[group.slots, lo:hi].transpose(1, 2),
+                group.masks[window],
+                dropout=0.0,
+                scaling=layer.scaling,
+                sliding_window=layer.sliding_window,
             )
             outs.append(out)
         return outs[0] if len(outs) == 1 else torch.cat(outs)

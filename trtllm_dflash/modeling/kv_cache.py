@@ -72,8 +72,7 @@ class StaticKVCache:
 
     def rows(self, rows: slice) -> list[LayerCache]:
         return [
-            LayerCache(layer.keys[rows], layer.values[rows]) if layer.keys is not None else LayerCache(None, None)
-            for layer in self.layers
+            LayerCache(layer.keys[rows], layer.values[rows]) if layer.keys is not None else LayerCache(None, None) for layer in self.layers
         ]
 
     @property

@@ -108,9 +108,7 @@ class LinearStates:
             if layer.pending_keys is None:
                 continue
             _store_conv(layer, rows, layer.pending_conv, kept)
-            layer.recurrent[rows] = state_after(
-                layer.recurrent[rows], layer.pending_keys, layer.pending_updates, layer.pending_decay, kept
-            )
+            layer.recurrent[rows] = state_after(layer.recurrent[rows], layer.pending_keys, layer.pending_updates, layer.pending_decay, kept)
             layer.pending_conv = layer.pending_keys = layer.pending_updates = layer.pending_decay = None
 
     def keep_states_at(self, slots: Slots | slice, lengths: list[tuple[int, ...]]) -> None:
@@ -127,7 +125,8 @@ class LinearStates:
             layer = self.layers[layer_index]
             with torch.inference_mode(False):  # first kept inside a forward pass; the buffers outlive it
                 self.kept[layer_index] = tuple(
-                    torch.zeros(t.shape[0], KEPT_STATES, *t.shape[1:], dtype=t.dtype, device=t.device) for t in (layer.conv, layer.recurrent)
+                    torch.zeros(t.shape[0], KEPT_STATES, *t.shape[1:], dtype=t.dtype, device=t.device)
+                    for t in (layer.conv, layer.recurrent)
                 )
         self.kept[layer_index][0][slot, kept_index] = conv
         self.kept[layer_index][1][slot, kept_index] = recurrent
@@ -192,7 +191,9 @@ def gated_delta_block(query, key, value, g, beta, initial_state, l2norm):
     return out.transpose(1, 2), k, updates, decay_log
 
 
-def state_after(state: torch.Tensor, keys: torch.Tensor, updates: torch.Tensor, decay_log: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+def state_after(
+    state: torch.Tensor, keys: torch.Tensor, updates: torch.Tensor, decay_log: torch.Tensor, kept: torch.Tensor
+) -> torch.Tensor:
     """S_n = exp(G_n) S_0 + sum_{i<=n} exp(G_n - G_i) k_i u_i^T for each row's n = kept[r] (>= 1)."""
     batch, heads, length = decay_log.shape
     last = decay_log.gather(-1, (kept - 1).view(-1, 1, 1).expand(-1, heads, 1))  # G_n, [b, h, 1]
@@ -254,8 +255,14 @@ def gated_delta_net_forward(module: nn.Module, original, hidden_states: torch.Te
             bounds = [0, *sorted(cut for cut in cuts if 0 < cut < n), n]
             for lo, hi in zip(bounds, bounds[1:]):
                 out, state = chunk_gated_delta_rule(
-                    query[r : r + 1, lo:hi], key[r : r + 1, lo:hi], value[r : r + 1, lo:hi], g=g[r : r + 1, lo:hi],
-                    beta=beta[r : r + 1, lo:hi], initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                    query[r : r + 1, lo:hi],
+                    key[r : r + 1, lo:hi],
+                    value[r : r + 1, lo:hi],
+                    g=g[r : r + 1, lo:hi],
+                    beta=beta[r : r + 1, lo:hi],
+                    initial_state=state,
+                    output_final_state=True,
+                    use_qk_l2norm_in_kernel=True,
                 )
                 core[r, lo:hi] = out[0]
                 if hi in cuts:
@@ -266,7 +273,13 @@ def gated_delta_net_forward(module: nn.Module, original, hidden_states: torch.Te
         layer.recurrent[rows] = torch.cat(finals).to(layer.recurrent.dtype)
     elif not states.capture_positions:  # benchmark baseline only (see LinearStates)
         core, final = chunk_gated_delta_rule(
-            query, key, value, g=g, beta=beta, initial_state=recurrent.clone(), output_final_state=True,
+            query,
+            key,
+            value,
+            g=g,
+            beta=beta,
+            initial_state=recurrent.clone(),
+            output_final_state=True,
             use_qk_l2norm_in_kernel=True,
         )
         _store_conv(layer, rows, window, torch.full((batch,), length, device=window.device))

@@ -27,9 +27,8 @@ import functools
 import torch
 from torch import nn
 
-from trtllm_dflash import hf_compat
+from trtllm_dflash import hf_compat, ops
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash import ops
 
 ATTENTION_NAME = "dflash_target"
 _ACTIVE: list["TargetAttentionStep"] = []

@@ -38,34 +38,46 @@ def _unpack(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 block_attention = entry_point(
-    specs.BLOCK_ATTENTION, reference.block_attention, torch.ops.dflash.block_attention,
+    specs.BLOCK_ATTENTION,
+    reference.block_attention,
+    torch.ops.dflash.block_attention,
     """KV-injected block attention; see `reference.block_attention` for the semantics.
 
     Options (scale, window, causal): `attention_options.BLOCK_ATTENTION`.
     """,
 )
 target_attention = entry_point(
-    specs.TARGET_ATTENTION, reference.target_attention, torch.ops.dflash.target_attention,
+    specs.TARGET_ATTENTION,
+    reference.target_attention,
+    torch.ops.dflash.target_attention,
     """Causal target attention over an in-place cache; see `reference.target_attention`.
 
     Options (sinks, scale, window): `attention_options.TARGET_ATTENTION`.
     """,
 )
 verify_block = entry_point(
-    specs.VERIFY_BLOCK, reference.verify_block, lambda *args: _unpack(torch.ops.dflash.verify_block(*args)),
+    specs.VERIFY_BLOCK,
+    reference.verify_block,
+    lambda *args: _unpack(torch.ops.dflash.verify_block(*args)),
     """Tree-free block verification; see `reference.verify_block` for the semantics.""",
 )
 verify_block_packed = entry_point(
-    specs.VERIFY_BLOCK_PACKED, reference.verify_block_packed, torch.ops.dflash.verify_block,
+    specs.VERIFY_BLOCK_PACKED,
+    reference.verify_block_packed,
+    torch.ops.dflash.verify_block,
     """Verification plus next start, committed length and stop flag in one int64 `[b, 5]` tensor
     (one small host read per step); see `reference.verify_block_packed`.""",
 )
 # the V2 ops fall back to the reference themselves where their kernels do not fit
 grouped_dynamic_conv = entry_point(
-    specs.GROUPED_DYNAMIC_CONV, reference_dflash2.grouped_dynamic_conv, torch.ops.dflash.grouped_dynamic_conv,
+    specs.GROUPED_DYNAMIC_CONV,
+    reference_dflash2.grouped_dynamic_conv,
+    torch.ops.dflash.grouped_dynamic_conv,
     """DFlash V2's grouped dynamic causal convolution along a block; see `reference_dflash2`.""",
 )
 candidate_select = entry_point(
-    specs.CANDIDATE_SELECT, reference_dflash2.candidate_select, torch.ops.dflash.candidate_select,
+    specs.CANDIDATE_SELECT,
+    reference_dflash2.candidate_select,
+    torch.ops.dflash.candidate_select,
     """DFlash V2's candidate selector walk: (tokens, candidate ids, candidate q); see `reference_dflash2`.""",
 )

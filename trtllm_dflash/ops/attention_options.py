@@ -120,8 +120,14 @@ class AttentionOptions:
                 default = None
             else:
                 annotation, default = option.type, option.default
-            params.append(inspect.Parameter(option.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=annotation,
-                                            default=inspect.Parameter.empty if option.required else default))
+            params.append(
+                inspect.Parameter(
+                    option.name,
+                    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                    annotation=annotation,
+                    default=inspect.Parameter.empty if option.required else default,
+                )
+            )
         return params
 
     def takes_options(self, tensor: object) -> Callable:

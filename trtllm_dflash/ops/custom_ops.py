@@ -67,7 +67,8 @@ def register(spec: specs.OpSpec, run: Callable, fake: Callable, doc: str):
     """`dflash::<op>` with the spec's signature, running `run(*args)`, shaped by `fake(*args)`; for an
     in-place op also `dflash::<op>_functional`. Returns the op (and the functional one)."""
     op = torch.library.custom_op(f"dflash::{spec.op_name}", mutates_args=spec.mutates)(
-        spec.takes(torch.Tensor, name=spec.op_name, doc=doc)(run))
+        spec.takes(torch.Tensor, name=spec.op_name, doc=doc)(run)
+    )
     op.register_fake(fake)
     if not spec.mutates:
         return op
@@ -75,7 +76,9 @@ def register(spec: specs.OpSpec, run: Callable, fake: Callable, doc: str):
     mutated = [spec.index(name) for name in spec.mutates]
     functional_op = torch.library.custom_op(f"dflash::{functional.name}", mutates_args=())(
         functional.takes(torch.Tensor, name=functional.name, doc="The exportable form: returns (output, *updated caches).")(
-            _functional(spec, run)))
+            _functional(spec, run)
+        )
+    )
     functional_op.register_fake(lambda *args: (fake(*args), *(torch.empty_like(args[i]) for i in mutated)))
     return op, functional_op
 
@@ -88,8 +91,9 @@ block_attention, block_attention_functional = register(
 )
 target_attention, target_attention_functional = register(
     specs.TARGET_ATTENTION,
-    _kernel_or_reference(specs.TARGET_ATTENTION, launch, launch.target_attention_supported, ("q", "k_cache", "v_cache"),
-                         reference.target_attention),
+    _kernel_or_reference(
+        specs.TARGET_ATTENTION, launch, launch.target_attention_supported, ("q", "k_cache", "v_cache"), reference.target_attention
+    ),
     lambda q, k_new, v_new, k_cache, v_cache, *args: q.new_empty((*q.shape[:-1], v_cache.shape[-1])),
     "Causal block attention of a target layer; writes the block's K/V into the caches in place.",
 )
@@ -101,8 +105,13 @@ verify_block = register(
 )
 grouped_dynamic_conv = register(
     specs.GROUPED_DYNAMIC_CONV,
-    _kernel_or_reference(specs.GROUPED_DYNAMIC_CONV, dflash2_launch, dflash2_launch.conv_supported, ("x", "delta", "base", "residual"),
-                         reference_dflash2.grouped_dynamic_conv),
+    _kernel_or_reference(
+        specs.GROUPED_DYNAMIC_CONV,
+        dflash2_launch,
+        dflash2_launch.conv_supported,
+        ("x", "delta", "base", "residual"),
+        reference_dflash2.grouped_dynamic_conv,
+    ),
     lambda x, delta, base, residual=None: x.new_empty(x.shape, dtype=torch.float32 if residual is not None else x.dtype),
     "DFlash V2's grouped dynamic causal conv along a block (`reference_dflash2.grouped_dynamic_conv`).",
 )
@@ -111,14 +120,22 @@ grouped_dynamic_conv = register(
 def _candidate_select_fake(unary, *args):
     batch, steps, vocab = unary.shape
     k = min(args[-1], vocab)  # top_k
-    return (unary.new_empty((batch, steps), dtype=torch.int64), unary.new_empty((batch, steps, k), dtype=torch.int64),
-            unary.new_empty((batch, steps, k), dtype=torch.float32))
+    return (
+        unary.new_empty((batch, steps), dtype=torch.int64),
+        unary.new_empty((batch, steps, k), dtype=torch.int64),
+        unary.new_empty((batch, steps, k), dtype=torch.float32),
+    )
 
 
 candidate_select = register(
     specs.CANDIDATE_SELECT,
-    _kernel_or_reference(specs.CANDIDATE_SELECT, dflash2_launch, dflash2_launch.select_supported,
-                         ("unary", "z", "predecessor", "successor", "top_k"), reference_dflash2.candidate_select),
+    _kernel_or_reference(
+        specs.CANDIDATE_SELECT,
+        dflash2_launch,
+        dflash2_launch.select_supported,
+        ("unary", "z", "predecessor", "successor", "top_k"),
+        reference_dflash2.candidate_select,
+    ),
     _candidate_select_fake,
     "DFlash V2's candidate selector: (tokens, candidate ids, candidate q) (`reference_dflash2.candidate_select`).",
 )

@@ -21,16 +21,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trtllm_dflash.ops import rng
 from trtllm_dflash.contracts.draft_window import draft_visible
-
+from trtllm_dflash.ops import rng
 
 # ----------------------------------------------------------------------------- sampling
 
 
-def process_logits(
-    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
-) -> torch.Tensor:
+def process_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Sampling distribution for logits `[b, ..., V]` with per-row parameters `[b]` (float32).
 
     Rows with temperature 0 get the one-hot distribution of their argmax, which makes greedy
@@ -335,7 +332,10 @@ def block_attention(
     values = torch.cat([v_cache[:, :span].to(compute), v_block.to(compute)], dim=1)
     if batch == 1 and window == 0 and not causal:  # one row, full attention: every key is visible, no mask needed
         out = F.scaled_dot_product_attention(
-            q.to(compute).transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), scale=scale,
+            q.to(compute).transpose(1, 2),
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            scale=scale,
             enable_gqa=num_heads != keys.shape[2],
         )
         return out.transpose(1, 2).to(q.dtype)
@@ -434,9 +434,7 @@ def merge_partials(partial_out: torch.Tensor, partial_lse: torch.Tensor, like: t
 # ----------------------------------------------------------------------------- target attention
 
 
-def write_block(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, starts: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor
-) -> None:
+def write_block(k_cache: torch.Tensor, v_cache: torch.Tensor, starts: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
     """Write `k_new/v_new [b, T, Hkv, D]` at slots starts[r] .. starts[r]+T-1 of each row (in place).
 
     Slots past the capacity are dropped (a padded prefill row may run past it; nothing reads them).
@@ -538,7 +536,12 @@ def target_attention_partials(
     if span == 0:
         return out, lse
     # packed query rows [b, Hkv, T*g, Dk]: row m is token m // g, query head h*g + m % g
-    queries = q.float().view(batch, tokens, kv_heads, group, head_dim_k).permute(0, 2, 1, 3, 4).reshape(batch, kv_heads, tokens * group, head_dim_k)
+    queries = (
+        q.float()
+        .view(batch, tokens, kv_heads, group, head_dim_k)
+        .permute(0, 2, 1, 3, 4)
+        .reshape(batch, kv_heads, tokens * group, head_dim_k)
+    )
     keys = k_cache[:, :span].float().transpose(1, 2)  # [b, Hkv, span, Dk]
     values = v_cache[:, :span].float().transpose(1, 2)
     scores = torch.matmul(queries, keys.transpose(-1, -2)) * scale  # [b, Hkv, T*g, span]

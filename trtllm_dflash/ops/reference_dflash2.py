@@ -23,9 +23,7 @@ import torch
 from trtllm_dflash.ops import rng
 
 
-def grouped_dynamic_conv(
-    x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, residual: torch.Tensor | None = None
-) -> torch.Tensor:
+def grouped_dynamic_conv(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
     """Conv of `x [..., T, H]` with per-position coefficients `delta [..., T, K, G]` and a shared
     `base [K, H]` (G = H / group); each leading index is one block."""
     kernel_size, hidden = base.shape

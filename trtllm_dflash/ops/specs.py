@@ -90,8 +90,7 @@ class OpSpec:
 
     def functional(self) -> OpSpec:
         """The exportable form of an in-place op: nothing mutated, each updated input an extra output."""
-        return dataclasses.replace(self, name=f"{self.name}_functional", op="", mutates=(),
-                                   outputs=self.outputs + tuple(self.aliases))
+        return dataclasses.replace(self, name=f"{self.name}_functional", op="", mutates=(), outputs=self.outputs + tuple(self.aliases))
 
     @property
     def aliases(self) -> dict[str, str]:
@@ -104,8 +103,10 @@ class OpSpec:
     # ------------------------------------------------------------------ Python signatures
 
     def parameters(self, tensor: object) -> list[inspect.Parameter]:
-        own = [inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=a.annotation(tensor), default=a.default)
-               for a in self.inputs]
+        own = [
+            inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=a.annotation(tensor), default=a.default)
+            for a in self.inputs
+        ]
         return own + (self.options.parameters(tensor) if self.options else [])
 
     def returns(self, tensor: object):
@@ -156,7 +157,6 @@ class OpSpec:
 
         return decorate
 
-
     def launcher(self, tensor: object) -> Callable:
         """Decorate a kernel launcher `fn(inputs, *, [keyword-only knobs], **options)` to take this
         op's parameters without writing them again.
@@ -205,9 +205,7 @@ VERIFY_BLOCK_PACKED = VERIFY_BLOCK.replace(
 )
 # its two stages (kernels and plugin nodes): per-position decisions, then the commit
 VERIFY_POSITIONS = VERIFY_BLOCK.replace(name="verify_positions", outputs=("decisions",))
-VERIFY_COMMIT = OpSpec(
-    "verify_commit", (*tensors("decisions", "block_tokens", "start"), Arg("stop_ids", "Tensor?", None)), (names.RESULT,)
-)
+VERIFY_COMMIT = OpSpec("verify_commit", (*tensors("decisions", "block_tokens", "start"), Arg("stop_ids", "Tensor?", None)), (names.RESULT,))
 
 GROUPED_DYNAMIC_CONV = OpSpec("grouped_dynamic_conv", (*tensors("x", "delta", "base"), Arg("residual", "Tensor?", None)), ("out",))
 # the selector's walk over the top-k candidates (a kernel and a plugin node of its own)
@@ -222,5 +220,14 @@ CANDIDATE_SELECT = OpSpec(
     ("tokens", "cand", "cand_probs"),
 )
 
-SPECS = (BLOCK_ATTENTION, TARGET_ATTENTION, VERIFY_BLOCK, VERIFY_BLOCK_PACKED, VERIFY_POSITIONS, VERIFY_COMMIT,
-         GROUPED_DYNAMIC_CONV, CANDIDATE_WALK, CANDIDATE_SELECT)
+SPECS = (
+    BLOCK_ATTENTION,
+    TARGET_ATTENTION,
+    VERIFY_BLOCK,
+    VERIFY_BLOCK_PACKED,
+    VERIFY_POSITIONS,
+    VERIFY_COMMIT,
+    GROUPED_DYNAMIC_CONV,
+    CANDIDATE_WALK,
+    CANDIDATE_SELECT,
+)

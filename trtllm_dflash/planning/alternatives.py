@@ -6,9 +6,9 @@ import dataclasses
 
 from trtllm_dflash.backends import multi_gpu_backend
 from trtllm_dflash.planning.candidate import Candidate, with_changes
+from trtllm_dflash.planning.gpu_precision import precision_for, precision_refusals
 from trtllm_dflash.planning.layout import default_layout, layout_refusals
 from trtllm_dflash.planning.memory import GPU_COUNTS, max_concurrency
-from trtllm_dflash.planning.gpu_precision import precision_for, precision_refusals
 
 
 def fits(cfg: Candidate) -> bool:
@@ -34,9 +34,17 @@ def nearest_that_fits(cfg: Candidate) -> tuple[str, Candidate] | None:
         candidates.append((f"--quant {q}", with_changes(cfg, precision=precision_for(cfg.model, gpu, q, cfg.precision.kv_cache))))
     for q in quants:
         for n in more:
-            candidates.append((f"--quant {q} --num-gpus {n}{switch}", with_changes(
-                cfg, precision=precision_for(cfg.model, gpu, q, cfg.precision.kv_cache),
-                layout=default_layout(cfg.model, n), backend=multi)))
+            candidates.append(
+                (
+                    f"--quant {q} --num-gpus {n}{switch}",
+                    with_changes(
+                        cfg,
+                        precision=precision_for(cfg.model, gpu, q, cfg.precision.kv_cache),
+                        layout=default_layout(cfg.model, n),
+                        backend=multi,
+                    ),
+                )
+            )
     if cfg.precision.kv_cache != "fp8" and gpu.supports_fp8:
         candidates.append(("--kv-cache fp8", with_changes(cfg, precision=dataclasses.replace(cfg.precision, kv_cache="fp8"))))
     shorter = [c for c in (cfg.context // 2, cfg.context // 4, cfg.context // 8) if c >= 1024]
@@ -60,15 +68,16 @@ def precision_alternative(cfg: Candidate) -> tuple[str, Candidate] | None:
     kv = p.kv_cache if gpu.supports(p.kv_cache) else ("fp8" if gpu.supports_fp8 else "bf16")
     for q in options:
         flags = (f"--quant {q}" if q != wanted else "") + (f" --kv-cache {kv}" if kv != p.kv_cache else "")
-        candidate = with_changes(cfg, precision=dataclasses.replace(precision_for(cfg.model, gpu, q, kv), drafter=p.drafter
-                                                             if gpu.supports(p.drafter) else "bf16"))
+        candidate = with_changes(
+            cfg,
+            precision=dataclasses.replace(precision_for(cfg.model, gpu, q, kv), drafter=p.drafter if gpu.supports(p.drafter) else "bf16"),
+        )
         if fits(candidate):
             return flags.strip(), candidate
         nearest = nearest_that_fits(candidate)
         if nearest:
             return f"{flags.strip()} {nearest[0]}".strip(), nearest[1]
     return None
-
 
 
 def describe_fit(cfg: Candidate) -> str:

@@ -15,15 +15,22 @@ from trtllm_dflash.drafters import kind_of
 from trtllm_dflash.errors import PlanRefusedError, RecipeError
 from trtllm_dflash.planning.alternatives import describe_fit, fits, nearest_that_fits, precision_alternative
 from trtllm_dflash.planning.candidate import Candidate, with_changes
+from trtllm_dflash.planning.gpu_precision import precision_for, precision_refusals
 from trtllm_dflash.planning.layout import default_layout, layout_refusals
 from trtllm_dflash.planning.memory import (
-    DEFAULT_CONTEXT, DEFAULT_KV_FRACTION, DEFAULT_MAX_BATCH, GIB, GPU_COUNTS, MIB, linear_state_bytes_per_sequence,
-    max_concurrency, prefix_cache_tokens,
+    DEFAULT_CONTEXT,
+    DEFAULT_KV_FRACTION,
+    DEFAULT_MAX_BATCH,
+    GIB,
+    GPU_COUNTS,
+    MIB,
+    linear_state_bytes_per_sequence,
+    max_concurrency,
+    prefix_cache_tokens,
 )
-from trtllm_dflash.planning.gpu_precision import precision_for, precision_refusals
 from trtllm_dflash.planning.records import Layout, Plan, Refusal
-from trtllm_dflash.recipes.precision import Precision
 from trtllm_dflash.planning.steps import build_steps
+from trtllm_dflash.recipes.precision import Precision
 
 
 def make_plan(cfg: Candidate, refusals: list[Refusal], notes: list[str]) -> Plan:
@@ -118,8 +125,10 @@ def plan_deployment(
     if recipe is not None:
         r = recipe
         if resolve_model(r.model.name).name != spec.name or r.gpu != (gpu_spec.name if gpu_spec else CPU):
-            raise RecipeError(f"recipe {r.name} is for {r.model.name} on {r.gpu}, not {spec.name} on {gpu}",
-                              "drop --model/--gpu, or pass the recipe written for them")
+            raise RecipeError(
+                f"recipe {r.name} is for {r.model.name} on {r.gpu}, not {spec.name} on {gpu}",
+                "drop --model/--gpu, or pass the recipe written for them",
+            )
         precision = Precision.from_quantization(r.quantization, spec.native_expert_precision)
         if quant is not None or kv_cache is not None:
             recipe_quant = precision.moe_experts if spec.native_expert_precision != "bf16" else precision.weights
@@ -133,8 +142,20 @@ def plan_deployment(
         schedule = r.drafter.draft_len_schedule or {1: r.max_draft_len}
         draft_lengths = frozenset(schedule.values())
         kv_fraction = r.trtllm.kv_cache_free_gpu_memory_fraction if r.trtllm else DEFAULT_KV_FRACTION
-        cfg = Candidate(spec, gpu_spec, backend, precision, layout, context or r.limits.max_seq_len,
-                      max_batch or r.limits.max_batch_size, r.limits.tokens_per_step, block, draft_lengths, kv_fraction, r)
+        cfg = Candidate(
+            spec,
+            gpu_spec,
+            backend,
+            precision,
+            layout,
+            context or r.limits.max_seq_len,
+            max_batch or r.limits.max_batch_size,
+            r.limits.tokens_per_step,
+            block,
+            draft_lengths,
+            kv_fraction,
+            r,
+        )
         notes.append(f"values from recipe {r.name}" + (" (some overridden on the command line)" if overridden else ""))
     else:
         precision = precision_for(spec, gpu_spec, quant, kv_cache.lower() if kv_cache else None)
@@ -143,9 +164,19 @@ def plan_deployment(
             backend = choose_backend(spec.name, spec.family, None, num_gpus or 1, gpu_spec is not None).backend
         batch = max_batch or DEFAULT_MAX_BATCH
         ctx = context or min(DEFAULT_CONTEXT, spec.max_position_embeddings)
-        base = Candidate(spec, gpu_spec, backend, precision, default_layout(spec, num_gpus or 1), ctx, batch,
-                       min(ctx, DEFAULT_CONTEXT), block, frozenset({block - 1}),
-                       get_backend(backend).default_kv_fraction or DEFAULT_KV_FRACTION)
+        base = Candidate(
+            spec,
+            gpu_spec,
+            backend,
+            precision,
+            default_layout(spec, num_gpus or 1),
+            ctx,
+            batch,
+            min(ctx, DEFAULT_CONTEXT),
+            block,
+            frozenset({block - 1}),
+            get_backend(backend).default_kv_fraction or DEFAULT_KV_FRACTION,
+        )
         base = with_changes(base, prefix_cache_bytes=prefix_cache_mib * MIB)
         cfg = base
         if num_gpus is None and gpu_spec is not None and not fits(base):
@@ -197,22 +228,29 @@ def plan_deployment(
     if concurrency < 1:
         need = budget.fixed + target_seq + drafter_seq
         where = f"{cfg.layout.num_gpus}x {cfg.gpu.name}" if cfg.gpu else "this machine"
-        problem = (f"{spec.name} does not fit on {where}: needs {need / GIB:.1f} GiB per device "
-                   f"(weights {budget.target_weights / GIB:.1f} GiB + drafter, activations, one sequence of "
-                   f"{cfg.context} tokens) but has {budget.capacity / GIB:.1f} GiB")
+        problem = (
+            f"{spec.name} does not fit on {where}: needs {need / GIB:.1f} GiB per device "
+            f"(weights {budget.target_weights / GIB:.1f} GiB + drafter, activations, one sequence of "
+            f"{cfg.context} tokens) but has {budget.capacity / GIB:.1f} GiB"
+        )
         nearest = nearest_that_fits(cfg)
         if nearest:
             label, candidate = nearest
             kind = "too-few-gpus" if candidate.layout.num_gpus > cfg.layout.num_gpus else "does-not-fit"
             refusals = [Refusal(kind, problem, f"nearest that works: {label} ({describe_fit(candidate)})")]
         else:
-            fix = ("no GPU count or precision on this GPU fits; use a GPU with more memory" if cfg.gpu else
-                   "use a machine with more memory, a smaller --context, or a GPU")
+            fix = (
+                "no GPU count or precision on this GPU fits; use a GPU with more memory"
+                if cfg.gpu
+                else "use a machine with more memory, a smaller --context, or a GPU"
+            )
             refusals = [Refusal("does-not-fit", problem, fix)]
         return make_plan(cfg, refusals, notes)
     if cfg.recipe is not None and concurrency < cfg.max_batch:
-        notes.append(f"KV cache holds {concurrency} sequences of {cfg.context} tokens, fewer than max_batch_size "
-                     f"{cfg.max_batch}: the scheduler will queue the rest (or shorten --context)")
+        notes.append(
+            f"KV cache holds {concurrency} sequences of {cfg.context} tokens, fewer than max_batch_size "
+            f"{cfg.max_batch}: the scheduler will queue the rest (or shorten --context)"
+        )
     return make_plan(cfg, [], notes)
 
 

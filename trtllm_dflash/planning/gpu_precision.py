@@ -46,8 +46,13 @@ def precision_refusals(cfg: Candidate) -> list[Refusal]:
         if what == "experts" and not cfg.model.is_moe:
             continue
         if precision == "mxfp4" and cfg.model.native_expert_precision != "mxfp4":
-            out.append(Refusal("precision", f"mxfp4 is the shipped format of gpt-oss experts, not a target for {cfg.model.name}",
-                               "use --quant nvfp4 (Blackwell), fp8 (SM >= 8.9) or bf16"))
+            out.append(
+                Refusal(
+                    "precision",
+                    f"mxfp4 is the shipped format of gpt-oss experts, not a target for {cfg.model.name}",
+                    "use --quant nvfp4 (Blackwell), fp8 (SM >= 8.9) or bf16",
+                )
+            )
             continue
         if precision == "mxfp4" and what != "experts":
             out.append(Refusal("precision", f"mxfp4 applies to MoE experts only, not the {what}", "use bf16, fp8 or nvfp4"))
@@ -55,9 +60,11 @@ def precision_refusals(cfg: Candidate) -> list[Refusal]:
         if not cfg.gpu.supports(precision):
             gpus = ", ".join(g.name for g in gpus_supporting(precision))
             minimum = {"fp8": "8.9", "nvfp4": "10.0", "mxfp4": "9.0"}.get(precision, "?")
-            out.append(Refusal(
-                "precision",
-                f"{precision} {what} need SM >= {minimum}, and {cfg.gpu.name} is SM {cfg.gpu.compute_capability_str}",
-                f"GPUs that run {precision}: {gpus}",
-            ))
+            out.append(
+                Refusal(
+                    "precision",
+                    f"{precision} {what} need SM >= {minimum}, and {cfg.gpu.name} is SM {cfg.gpu.compute_capability_str}",
+                    f"GPUs that run {precision}: {gpus}",
+                )
+            )
     return out

@@ -180,9 +180,14 @@ def memory_budget(cfg: Candidate) -> tuple[MemoryBudget, int, int, int, int]:
     fixed = weights + drafter + activations + graphs + reserve + prefix
     kv_budget = max(0, int((capacity - fixed) * cfg.kv_fraction))
     # Growth per token of context: the full-attention layers (sliding layers stop at their window).
-    full_per_token = model.num_layers * model.mla_kv_per_token() if model.is_mla else sum(
-        2 * kv_heads_per_gpu(model.attention(i).num_kv_heads, layout.tp) * model.attention(i).head_dim
-        for i in range(model.num_layers) if not model.attention(i).window
+    full_per_token = (
+        model.num_layers * model.mla_kv_per_token()
+        if model.is_mla
+        else sum(
+            2 * kv_heads_per_gpu(model.attention(i).num_kv_heads, layout.tp) * model.attention(i).head_dim
+            for i in range(model.num_layers)
+            if not model.attention(i).window
+        )
     )
     target_seq = kv_bytes_per_sequence(model, cfg.context, cfg.precision.kv_cache, layout.tp)
     target_seq += linear_state_bytes_per_sequence(model, layout.tp, cfg.block_size, prefix_cache=prefix > 0)

@@ -41,8 +41,7 @@ class MemoryBudget:
 
     @property
     def fixed(self) -> int:
-        return (self.target_weights + self.drafter_weights + self.activations + self.cuda_graphs + self.runtime_reserve
-                + self.prefix_cache)
+        return self.target_weights + self.drafter_weights + self.activations + self.cuda_graphs + self.runtime_reserve + self.prefix_cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,4 +93,3 @@ class Plan:
 
 # ----------------------------------------------------------------------------------------------
 # The budget
-

@@ -13,6 +13,7 @@ from trtllm_dflash.planning.records import BuildStep
 def build_steps(cfg: Candidate) -> tuple[BuildStep, ...]:
     model = cfg.model
     drafter = model.drafter.checkpoint if model.drafter else "(none)"
-    checkpoints = BuildStep("checkpoints", f"resolve the target {model.checkpoint} and the drafter {drafter}; validate the pair",
-                            ("torch", "transformers"))
+    checkpoints = BuildStep(
+        "checkpoints", f"resolve the target {model.checkpoint} and the drafter {drafter}; validate the pair", ("torch", "transformers")
+    )
     return (checkpoints, *get_backend(cfg.backend).plan_steps(cfg))

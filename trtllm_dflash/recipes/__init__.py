@@ -1,10 +1,10 @@
 """Recipes: one YAML file per model x GPU (engine_recipes/<model>/<gpu>.yaml), validated by schema.py.
 
-    from trtllm_dflash.recipes import find_recipe, load_recipe, list_recipes
+from trtllm_dflash.recipes import find_recipe, load_recipe, list_recipes
 
-    recipe = find_recipe("gpt-oss-120b", "b300")
-    recipe.backend, recipe.quantization.experts, recipe.parallelism.tp, recipe.max_draft_len
-    recipe.precision.needs_modelopt  # what is quantized and how, decided once (precision.py)
+recipe = find_recipe("gpt-oss-120b", "b300")
+recipe.backend, recipe.quantization.experts, recipe.parallelism.tp, recipe.max_draft_len
+recipe.precision.needs_modelopt  # what is quantized and how, decided once (precision.py)
 """
 
 from trtllm_dflash.recipes.loader import (

@@ -56,8 +56,9 @@ def table() -> str:
     lines = ["| recipe | GPUs | backend | precision | drafter (block) |", "|---|---|---|---|---|"]
     for recipe in list_recipes():
         drafter = "embedded demo drafter" if recipe.drafter.checkpoint == "demo" else recipe.drafter.checkpoint
-        lines.append(f"| `{recipe.name}` | {_gpus(recipe)} | {_backend(recipe)} | {_precision(recipe)} | "
-                     f"{drafter} ({recipe.drafter.block_size}) |")
+        lines.append(
+            f"| `{recipe.name}` | {_gpus(recipe)} | {_backend(recipe)} | {_precision(recipe)} | {drafter} ({recipe.drafter.block_size}) |"
+        )
     return "\n".join(lines)
 
 

@@ -49,12 +49,12 @@ def load_recipe(path: str | Path) -> Recipe:
         line = mark.line + 1 if mark else 1
         raise RecipeValidationError([f"{path}:{line}: invalid YAML: {exc.problem or exc}"], "fix the YAML syntax") from None
     if not isinstance(root, yaml.MappingNode):
-        raise RecipeValidationError([f"{path}:1: a recipe must be a YAML mapping of sections"], "start from an existing recipe (`dflash-trt recipes show NAME`)")
+        raise RecipeValidationError(
+            [f"{path}:1: a recipe must be a YAML mapping of sections"], "start from an existing recipe (`dflash-trt recipes show NAME`)"
+        )
     duplicates = _duplicate_keys(root, ())
     if duplicates:
-        raise RecipeValidationError(
-            [f"{path}:{line}: {_dotted(loc)}: key given twice" for loc, line in duplicates], "keep one of the two"
-        )
+        raise RecipeValidationError([f"{path}:{line}: {_dotted(loc)}: key given twice" for loc, line in duplicates], "keep one of the two")
     data = yaml.safe_load(text)
     try:
         recipe = Recipe.model_validate(data)
@@ -118,6 +118,7 @@ def canonical_gpu_name(gpu: str) -> str:
 
 
 # ----- mapping validation errors back to YAML lines -----
+
 
 def _duplicate_keys(node: yaml.Node, loc: tuple) -> list[tuple[tuple, int]]:
     found = []

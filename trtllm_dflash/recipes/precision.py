@@ -16,6 +16,7 @@ import dataclasses
 from typing import Any
 
 from trtllm_dflash.contracts.dtypes import FLOATS as FLOAT_DTYPES  # unquantized: cast, never calibrated
+
 PTQ_FORMATS = ("fp8", "nvfp4")  # what ModelOpt post-training quantization writes for the target's weights
 
 

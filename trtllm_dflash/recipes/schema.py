@@ -97,10 +97,7 @@ class DrafterSection(_Section):
     @model_validator(mode="after")
     def _schedule_fits_block(self) -> "DrafterSection":
         if self.draft_len_schedule and self.draft_len_schedule[1] > self.block_size - 1:
-            raise ValueError(
-                f"draft_len_schedule[1] = {self.draft_len_schedule[1]} is longer than block_size - 1 = "
-                f"{self.block_size - 1}"
-            )
+            raise ValueError(f"draft_len_schedule[1] = {self.draft_len_schedule[1]} is longer than block_size - 1 = {self.block_size - 1}")
         return self
 
 
@@ -115,14 +112,14 @@ class CalibrationSection(_Section):
 class QuantizationSection(_Section):
     """Precisions of the target, its MoE experts, the KV cache and the drafter."""
 
-    weights: WeightPrecision = Field(
-        default="bf16", description="Target's decoder linear layers (embedding and LM head stay BF16)."
-    )
+    weights: WeightPrecision = Field(default="bf16", description="Target's decoder linear layers (embedding and LM head stay BF16).")
     moe_experts: ExpertPrecision | None = Field(
         default=None, description="MoE expert weights; default: same as `weights` (gpt-oss ships MXFP4)."
     )
     kv_cache: KVCachePrecision = "bf16"
-    drafter: DrafterPrecision = Field(default="bf16", description="Drafter weights; BF16 unless a recipe says otherwise. nvfp4: ModelOpt PTQ on a CUDA GPU, fc kept BF16.")
+    drafter: DrafterPrecision = Field(
+        default="bf16", description="Drafter weights; BF16 unless a recipe says otherwise. nvfp4: ModelOpt PTQ on a CUDA GPU, fc kept BF16."
+    )
     calibration: CalibrationSection | None = Field(
         default=None, description="Calibration text for FP8/NVFP4 PTQ, and for the activation scales of MXFP4 -> NVFP4 experts."
     )
@@ -257,9 +254,7 @@ class Recipe(_Section):
     def _consistent(self) -> "Recipe":
         backend = get_backend(self.backend)
         if not backend.multi_gpu and self.parallelism.num_gpus > 1:
-            raise ValueError(
-                f"backend {self.backend} runs on one GPU; use backend: trtllm for {self.parallelism.num_gpus} GPUs"
-            )
+            raise ValueError(f"backend {self.backend} runs on one GPU; use backend: trtllm for {self.parallelism.num_gpus} GPUs")
         if self.gpu == "cpu" and not backend.runs_on_cpu:
             raise ValueError(f"gpu: cpu runs only backend: torch (this recipe says backend: {self.backend})")
         if self.trtllm is not None and self.trtllm.max_concurrency is not None and self.drafter.draft_len_schedule:
@@ -289,8 +284,7 @@ class Recipe(_Section):
                 )
         if self.triton.max_batch_size > self.limits.max_batch_size:
             raise ValueError(
-                f"triton.max_batch_size ({self.triton.max_batch_size}) exceeds limits.max_batch_size "
-                f"({self.limits.max_batch_size})"
+                f"triton.max_batch_size ({self.triton.max_batch_size}) exceeds limits.max_batch_size ({self.limits.max_batch_size})"
             )
         return self
 

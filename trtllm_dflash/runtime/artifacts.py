@@ -40,7 +40,9 @@ def export_dir_of(path: str | Path) -> Path:
     for candidate in (path, path / "export"):
         if (candidate / "graphs.json").is_file():
             return candidate
-    raise DFlashError(f"{path} holds no exported graphs (graphs.json)", "pass the --out directory of a `dflash-trt build` whose export stage finished")
+    raise DFlashError(
+        f"{path} holds no exported graphs (graphs.json)", "pass the --out directory of a `dflash-trt build` whose export stage finished"
+    )
 
 
 def read_index(folder: Path, name: str, fix: str) -> dict:

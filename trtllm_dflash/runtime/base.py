@@ -17,11 +17,11 @@ from typing import Callable, Protocol
 
 import torch
 
+from trtllm_dflash import ops
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.contracts import names
-from trtllm_dflash import ops
-from trtllm_dflash.ops import reference, rng
 from trtllm_dflash.modeling.slots import Slots
+from trtllm_dflash.ops import reference, rng
 from trtllm_dflash.runtime.prefix_cache import PrefixBlock
 
 
@@ -207,8 +207,14 @@ class Runtime(abc.ABC):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Accepted draft count and bonus token per row (on the device)."""
         return ops.verify_block(
-            target_logits, block, draft_probs, sampling.temperature, sampling.top_k, sampling.top_p,
-            sampling.seed, starts,
+            target_logits,
+            block,
+            draft_probs,
+            sampling.temperature,
+            sampling.top_k,
+            sampling.top_p,
+            sampling.seed,
+            starts,
         )
 
 
@@ -282,8 +288,10 @@ class CachedRuntime(Runtime):
 
     def prefix_cache_refusal(self) -> str | None:
         if self.drafter_config is not None and self.drafter_config.history > 0:
-            return (f"the drafter sees only its last {self.drafter_config.history} context positions and does not "
-                    "keep the others, so a prefix's drafter context cannot be reused")
+            return (
+                f"the drafter sees only its last {self.drafter_config.history} context positions and does not "
+                "keep the others, so a prefix's drafter context cannot be reused"
+            )
         if self.is_hybrid:
             return f"the {type(self).__name__} runtime does not export the recurrent states of linear-attention layers"
         return None
@@ -392,8 +400,14 @@ def verifying_graph_inputs(
     if draft_probs is None:
         draft_probs = zero_draft_probs(batch, max(index.shape[1] - 1, 1))
     return {
-        names.INPUT_IDS: tokens, names.STARTS: starts, names.LOGIT_INDEX: index, names.DRAFT_PROBS: draft_probs,
-        names.TEMPERATURE: sampling.temperature, names.TOP_K: sampling.top_k, names.TOP_P: sampling.top_p, names.SEED: sampling.seed,
+        names.INPUT_IDS: tokens,
+        names.STARTS: starts,
+        names.LOGIT_INDEX: index,
+        names.DRAFT_PROBS: draft_probs,
+        names.TEMPERATURE: sampling.temperature,
+        names.TOP_K: sampling.top_k,
+        names.TOP_P: sampling.top_p,
+        names.SEED: sampling.seed,
     }
 
 

@@ -42,8 +42,8 @@ from typing import Any, Callable
 
 import torch
 
-from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.contracts import names
+from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.base import CachedRuntime, Slots, TargetOutput
 
 MIN_SPAN = 256  # smallest span bucket of the verify pass
@@ -94,7 +94,8 @@ def check_supported(runtime: CachedRuntime) -> None:
         )
     if runtime.drafter_config is not None and runtime.drafter_config.history > 0:
         raise DFlashError(
-            "CUDA graphs do not cover drafters with a bounded draft history (sliding_window_size): their step reads row lengths on the host",
+            "CUDA graphs do not cover drafters with a bounded draft history (sliding_window_size): "
+            "their step reads row lengths on the host",
             "drop cuda_graphs, or load the drafter without sliding_window_size",
         )
 
@@ -221,7 +222,13 @@ class StepGraphs:
         return bucket_for(max(slots.ids) + 1, self.buckets) if slots.ids else None
 
     def _replay(
-        self, key: tuple, bucket: int, what: str, inputs: dict[str, torch.Tensor], slots: Slots, run: Callable[[dict], Any],
+        self,
+        key: tuple,
+        bucket: int,
+        what: str,
+        inputs: dict[str, torch.Tensor],
+        slots: Slots,
+        run: Callable[[dict], Any],
         padded: dict[str, torch.Tensor] | None = None,
     ) -> Any:
         """Load `inputs` (batch rows, into their slots' rows) and `padded` (all `bucket` rows as given)

@@ -66,8 +66,9 @@ class GrammarCompiler:
             raise
         except (ValueError, RuntimeError, TypeError, KeyError) as exc:  # xgrammar's errors for bad schemas, regexes and tags
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise GrammarError(f"the {spec.kind} grammar cannot be compiled: {first[:300]}",
-                               f"send a valid {spec.kind.replace('_', ' ')}") from None
+            raise GrammarError(
+                f"the {spec.kind} grammar cannot be compiled: {first[:300]}", f"send a valid {spec.kind.replace('_', ' ')}"
+            ) from None
 
     def state(self, spec: GrammarSpec) -> "GrammarState":
         """A new matcher for one request."""
@@ -160,8 +161,12 @@ class BlockMasks:
     def select_rows(self, rows: slice) -> "BlockMasks":
         """The masks of batch rows `rows` (a runtime that runs a batch in parts)."""
         start, stop = rows.start or 0, rows.stop
-        return BlockMasks(self.bitmask[start * self.count : stop * self.count], [r - start for r in self.rows if start <= r < stop],
-                          self.count, self.vocab_size)
+        return BlockMasks(
+            self.bitmask[start * self.count : stop * self.count],
+            [r - start for r in self.rows if start <= r < stop],
+            self.count,
+            self.vocab_size,
+        )
 
 
 @dataclasses.dataclass
@@ -229,8 +234,14 @@ def _tool_call_tag(value: str) -> Any:
     ask = json.loads(value)
     # at most one whitespace character between JSON tokens, as in json_schema (free whitespace let the
     # demo model pad a call with newlines until max_tokens)
-    return xgr.get_model_structural_tag(ask["format"], tools=ask["tools"], tool_choice=ask.get("tool_choice", "auto"), reasoning="disabled",
-                                        max_whitespace_cnt=1, parallel_tool_calls=ask.get("parallel", True))
+    return xgr.get_model_structural_tag(
+        ask["format"],
+        tools=ask["tools"],
+        tool_choice=ask.get("tool_choice", "auto"),
+        reasoning="disabled",
+        max_whitespace_cnt=1,
+        parallel_tool_calls=ask.get("parallel", True),
+    )
 
 
 def _choice_regex(value: str) -> str:

@@ -21,17 +21,22 @@ import numpy as np
 import torch
 
 from trtllm_dflash.config import DrafterConfig
-from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.extras import require
 from trtllm_dflash.contracts import names
 from trtllm_dflash.drafters.dflash2.graph import HEAD_PLUGIN
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.extras import require
 from trtllm_dflash.ops import reference
 from trtllm_dflash.runtime import selector
 from trtllm_dflash.runtime.artifacts import read_index
 from trtllm_dflash.runtime.base import (
-    CachedRuntime, CacheShape, SamplingTensors, TargetOutput, VerifyOutput, contiguous_slots, verifying_graph_inputs,
+    CachedRuntime,
+    CacheShape,
+    SamplingTensors,
+    TargetOutput,
+    VerifyOutput,
+    contiguous_slots,
+    verifying_graph_inputs,
 )
-
 
 
 def upcast_to_float32(model) -> Any:
@@ -183,7 +188,9 @@ class OnnxRuntime(selector.GraphDrafterHead, CachedRuntime):
 
     @torch.inference_mode()
     @contiguous_slots
-    def target_verify(self, rows, tokens, starts, span, draft_probs, sampling: SamplingTensors, logits_at=None, allowed=None) -> VerifyOutput:
+    def target_verify(
+        self, rows, tokens, starts, span, draft_probs, sampling: SamplingTensors, logits_at=None, allowed=None
+    ) -> VerifyOutput:
         if not self.target_verifies:
             return super().target_verify(rows, tokens, starts, span, draft_probs, sampling, logits_at, allowed)
         inputs = verifying_graph_inputs(

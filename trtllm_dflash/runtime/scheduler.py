@@ -31,7 +31,7 @@ from trtllm_dflash.contracts.request_limits import MIN_TEMPERATURE
 from trtllm_dflash.runtime.base import Runtime, SamplingTensors, Slots
 from trtllm_dflash.runtime.prefix_cache import PrefixCache
 from trtllm_dflash.runtime.requests import Request, SequenceResult, StepEvent
-from trtllm_dflash.runtime.step_schedule import Prefilling, PrefillBudget
+from trtllm_dflash.runtime.step_schedule import PrefillBudget, Prefilling
 from trtllm_dflash.sampling_params import SamplingParams
 
 
@@ -224,8 +224,9 @@ class Scheduler:
         events, finished = [], []
         for i, (pending, token) in enumerate(zip(joining, first_token.tolist())):
             request = pending.request
-            result = SequenceResult(request.request_id, list(request.prompt_ids), num_target_forwards=pending.chunks,
-                                    cached_prompt_tokens=pending.cached)
+            result = SequenceResult(
+                request.request_id, list(request.prompt_ids), num_target_forwards=pending.chunks, cached_prompt_tokens=pending.cached
+            )
             result.time_to_first_token = time.perf_counter() - request.arrival
             live = Live(request, result, pending.slot)
             self.live.append(live)
@@ -355,7 +356,9 @@ def _sampling_tensors(params: list[SamplingParams], device: torch.device) -> Sam
     return SamplingTensors(
         greedy=tuple(p.temperature < MIN_TEMPERATURE for p in params),
         # colder than MIN_TEMPERATURE is argmax (dividing float32 logits by it would overflow)
-        temperature=torch.tensor([p.temperature if p.temperature >= MIN_TEMPERATURE else 0.0 for p in params], dtype=torch.float32, device=device),
+        temperature=torch.tensor(
+            [p.temperature if p.temperature >= MIN_TEMPERATURE else 0.0 for p in params], dtype=torch.float32, device=device
+        ),
         top_k=torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
         top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
         seed=torch.tensor(seeds, dtype=torch.long, device=device),

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.contracts import names
 from trtllm_dflash.drafters import kind_of
 from trtllm_dflash.drafters.dflash2.graph import HEAD_PLUGIN, HEAD_SCORES
+from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.graphs.drafter import HEAD_LOGITS
 from trtllm_dflash.ops import reference_dflash2
 from trtllm_dflash.runtime.base import Proposal, SamplingTensors, contiguous_slots, draft_positions
@@ -36,7 +36,9 @@ def walk_scores(
     return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
 
 
-def proposal(head: str, outputs: dict[str, torch.Tensor], sampling: SamplingTensors, anchor_positions: torch.Tensor, vocab: int) -> Proposal:
+def proposal(
+    head: str, outputs: dict[str, torch.Tensor], sampling: SamplingTensors, anchor_positions: torch.Tensor, vocab: int
+) -> Proposal:
     """The drafted block from a V2 drafter graph's `outputs` (by name); the anchors sit at
     `anchor_positions [b]`. q is None when every row is greedy, as in the torch runtime."""
     cand = outputs[names.CANDIDATES].long()

@@ -36,8 +36,8 @@ from trtllm_dflash.modeling.kv_cache import RaggedHFCache, StaticKVCache
 from trtllm_dflash.modeling.taps import HiddenTaps
 from trtllm_dflash.ops import custom_ops
 from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, Proposal, SamplingTensors, Slots, TargetOutput, draft_positions
-from trtllm_dflash.runtime.prefix_cache import PrefixBlock
 from trtllm_dflash.runtime.cuda_graphs import StepGraphs
+from trtllm_dflash.runtime.prefix_cache import PrefixBlock
 
 FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"
 LAYER_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION, linear_attention.LINEAR_ATTENTION)
@@ -229,6 +229,7 @@ class TorchRuntime(CachedRuntime):
             def hook(module, args, kwargs, output):
                 hidden = args[0] if args else kwargs["hidden_states"]
                 seen[i] = (hidden, output[0] if isinstance(output, tuple) else output)
+
             return hook
 
         handles = [layer.register_forward_hook(keep(i), with_kwargs=True) for i, layer in enumerate(self.decoder.layers)]

@@ -26,13 +26,19 @@ from typing import Any
 import torch
 
 from trtllm_dflash.config import DrafterConfig
-from trtllm_dflash.errors import DFlashError, MissingDependencyError
 from trtllm_dflash.contracts import names
 from trtllm_dflash.drafters.dflash2.graph import HEAD_PLUGIN
+from trtllm_dflash.errors import DFlashError, MissingDependencyError
 from trtllm_dflash.runtime import selector
 from trtllm_dflash.runtime.artifacts import read_index
 from trtllm_dflash.runtime.base import (
-    CachedRuntime, CacheShape, SamplingTensors, TargetOutput, VerifyOutput, contiguous_slots, verifying_graph_inputs,
+    CachedRuntime,
+    CacheShape,
+    SamplingTensors,
+    TargetOutput,
+    VerifyOutput,
+    contiguous_slots,
+    verifying_graph_inputs,
 )
 from trtllm_dflash.runtime.output_buffers import OutputBuffers
 from trtllm_dflash.runtime.tensorrt_flavours import INSTALL_HINT, import_tensorrt
@@ -139,7 +145,9 @@ class TrtRuntime(selector.GraphDrafterHead, CachedRuntime):
         self.info = info
         trt = _import_flavour(info["flavour"], info["tensorrt_version"])
         if not torch.cuda.is_available():
-            raise MissingDependencyError("the TensorRT runtime needs a CUDA GPU and none is visible", "run on the GPU the engines were built for")
+            raise MissingDependencyError(
+                "the TensorRT runtime needs a CUDA GPU and none is visible", "run on the GPU the engines were built for"
+            )
         major, minor = torch.cuda.get_device_capability()
         built = tuple(int(x) for x in info["compute_capability"].split("."))
         if (major, minor) != built and not (info["aot"] and major == built[0]):
@@ -150,6 +158,7 @@ class TrtRuntime(selector.GraphDrafterHead, CachedRuntime):
         self.trt = trt
         self._runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
         engines = info["engines"][variant]
+
         def path(graph: str) -> Path:
             return engines_dir / engines[graph].get("dir", variant) / engines[graph]["file"]
 
@@ -218,7 +227,9 @@ class TrtRuntime(selector.GraphDrafterHead, CachedRuntime):
 
     @torch.inference_mode()
     @contiguous_slots
-    def target_verify(self, rows, tokens, starts, span, draft_probs, sampling: SamplingTensors, logits_at=None, allowed=None) -> VerifyOutput:
+    def target_verify(
+        self, rows, tokens, starts, span, draft_probs, sampling: SamplingTensors, logits_at=None, allowed=None
+    ) -> VerifyOutput:
         """The plugin target engine: the caches are bound in place (input and aliased output share
         memory), the engine verifies, and only `result [b, 5]` and the features come back."""
         if not self.target_verifies:
@@ -289,10 +300,13 @@ def _import_flavour(flavour: str, built_version: str):
     try:
         trt = import_tensorrt(flavour)
     except ImportError:
-        raise MissingDependencyError(f"the engines were built with {flavour} {built_version}, which is not installed", INSTALL_HINT[flavour]) from None
+        raise MissingDependencyError(
+            f"the engines were built with {flavour} {built_version}, which is not installed", INSTALL_HINT[flavour]
+        ) from None
     if trt.__version__ != built_version:
         raise MissingDependencyError(
-            f"the engines were built with {flavour} {built_version}, but {trt.__version__} is installed (engines do not load across versions)",
+            f"the engines were built with {flavour} {built_version}, but {trt.__version__} is installed "
+            "(engines do not load across versions)",
             f"install {flavour}=={built_version}, or rebuild with `dflash-trt build --force`",
         )
     return trt

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 import numpy as np
 
 from trtllm_dflash.decoding import Decoder, Request, SequenceResult, StepEvent
-from trtllm_dflash.runtime.prefix_cache import PrefixCache
 from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.runtime.prefix_cache import PrefixCache
 from trtllm_dflash.sampling_params import SamplingParams, check_prompt_text
 from trtllm_dflash.serving.detokenizer import REPLACEMENT, IncrementalDetokenizer, StopScan, stop_cut
-from trtllm_dflash.serving.model_parameters import ServingConfig
 from trtllm_dflash.serving.metrics import ServingMetrics
+from trtllm_dflash.serving.model_parameters import ServingConfig
 from trtllm_dflash.serving.protocol import GenerateInputs
 
 if TYPE_CHECKING:
@@ -72,8 +72,9 @@ class BatchingLoop:
     `pipeline` is already open (a DFlashPipeline of the backend `config` names): whoever builds the
     loop opens it (the Triton model, backends/triton_model.py), so serving never picks a backend."""
 
-    def __init__(self, config: ServingConfig, pipeline: DFlashPipeline, metrics: ServingMetrics | None = None,
-                 log: Callable[[str], None] = print) -> None:
+    def __init__(
+        self, config: ServingConfig, pipeline: DFlashPipeline, metrics: ServingMetrics | None = None, log: Callable[[str], None] = print
+    ) -> None:
         self.config = config
         self.metrics = metrics or ServingMetrics()
         self.log = log
@@ -96,10 +97,17 @@ class BatchingLoop:
 
     def _new_decoder(self) -> Decoder:
         """A decoder (with an empty prefix cache: after a failed step nothing kept is trusted)."""
-        return Decoder(self.pipeline.runtime, max_batch=self.config.max_batch, max_context=self.max_context,
-                       block_size=self.config.block_size, draft_len_schedule=self.config.draft_len_schedule,
-                       prefix_cache=self._prefix_cache(), prefill_chunk=self.config.prefill_chunk,
-                       prefill_share=self.config.prefill_share or None, adaptive_drafting=self.config.adaptive_drafting)
+        return Decoder(
+            self.pipeline.runtime,
+            max_batch=self.config.max_batch,
+            max_context=self.max_context,
+            block_size=self.config.block_size,
+            draft_len_schedule=self.config.draft_len_schedule,
+            prefix_cache=self._prefix_cache(),
+            prefill_chunk=self.config.prefill_chunk,
+            prefill_share=self.config.prefill_share or None,
+            adaptive_drafting=self.config.adaptive_drafting,
+        )
 
     def _prefix_cache(self) -> PrefixCache | None:
         if self.config.prefix_cache_mib == 0:

@@ -90,13 +90,15 @@ class Completion:
 class DFlashClient:
     """Talks to one model of a running server.
 
-        client = DFlashClient("http://localhost:8000", model="dflash")
-        print(client.generate("def fib(n):", max_new_tokens=64).text)
-        for chunk in client.stream("def fib(n):", protocol="grpc", grpc_url="localhost:8001"):
-            print(chunk.text, end="", flush=True)
+    client = DFlashClient("http://localhost:8000", model="dflash")
+    print(client.generate("def fib(n):", max_new_tokens=64).text)
+    for chunk in client.stream("def fib(n):", protocol="grpc", grpc_url="localhost:8001"):
+        print(chunk.text, end="", flush=True)
     """
 
-    def __init__(self, url: str = "http://localhost:8000", model: str = "dflash", grpc_url: str | None = None, timeout: float = 600.0) -> None:
+    def __init__(
+        self, url: str = "http://localhost:8000", model: str = "dflash", grpc_url: str | None = None, timeout: float = 600.0
+    ) -> None:
         self.url = url.rstrip("/") if "://" in url else f"http://{url.rstrip('/')}"
         self.model = model
         self.grpc_url = grpc_url
@@ -199,7 +201,9 @@ class DFlashClient:
         except urllib.error.HTTPError as exc:
             raise ServerError(f"server error (HTTP {exc.code}): {_error_message(exc.read()) or exc.reason}") from None
         except urllib.error.URLError as exc:
-            raise DFlashError(f"cannot reach {self.url} ({exc.reason})", "start the server with `dflash-trt serve REPO` or fix --url") from None
+            raise DFlashError(
+                f"cannot reach {self.url} ({exc.reason})", "start the server with `dflash-trt serve REPO` or fix --url"
+            ) from None
 
     # ------------------------------------------------------------------ gRPC streaming
 

@@ -83,7 +83,9 @@ class TritonMetrics(ServingMetrics):
                 return fam.Metric(labels={**labels, **extra})
             return fam.Metric(labels={**labels, **extra}, buckets=buckets)
 
-        self.acceptance = make("acceptance_length", family.HISTOGRAM, "Tokens committed per verify step per request (tau)", ACCEPTANCE_BUCKETS)
+        self.acceptance = make(
+            "acceptance_length", family.HISTOGRAM, "Tokens committed per verify step per request (tau)", ACCEPTANCE_BUCKETS
+        )
         self.batch = make("batch_size", family.HISTOGRAM, "Requests decoded together in one step", BATCH_BUCKETS)
         self.ttft = make("time_to_first_token_seconds", family.HISTOGRAM, "Arrival to first generated token", SECONDS_BUCKETS)
         self.rate = make("request_tokens_per_second", family.HISTOGRAM, "Generated tokens per second of each request", RATE_BUCKETS)

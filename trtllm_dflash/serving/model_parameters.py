@@ -52,28 +52,41 @@ class ServingConfig(BaseModel):
     max_batch: int = Field(SERVED_MAX_BATCH, ge=1, description="Requests decoded together in one step (in-flight batching).")
     max_context: int = Field(SERVED_MAX_CONTEXT, ge=2, description="Prompt + generated tokens per request.")
     max_tokens: int = Field(1024, ge=1, description="Largest sampling_param_max_tokens a request may ask for.")
-    default_max_tokens: Optional[int] = Field(None, ge=1, description=f"Tokens generated when a request does not say (default: min({DEFAULT_NEW_TOKENS}, max_tokens)).")
+    default_max_tokens: Optional[int] = Field(
+        None, ge=1, description=f"Tokens generated when a request does not say (default: min({DEFAULT_NEW_TOKENS}, max_tokens))."
+    )
     block_size: Optional[int] = Field(None, ge=2, description="Draft block size (default: the drafter's).")
     draft_len_schedule: Optional[dict[int, int]] = Field(
         None, description="Draft tokens by live rows, {rows from: tokens} (the recipe's; '1:7,8:3,16:0' in config.pbtxt)."
     )
-    num_threads: int = Field(0, ge=0, description="torch CPU threads per model (0 = the cores not busy when it loads: available cores less the load average, at least 1).")
+    num_threads: int = Field(
+        0,
+        ge=0,
+        description="torch CPU threads per model "
+        "(0 = the cores not busy when it loads: available cores less the load average, at least 1).",
+    )
     prefix_cache_mib: int = Field(
-        DEFAULT_PREFIX_CACHE_MIB, ge=0,
+        DEFAULT_PREFIX_CACHE_MIB,
+        ge=0,
         description="Prefix cache (MiB, on the model's device; 0 = off): prompts that start with a prefix seen before skip its prefill.",
     )
-    prefix_cache_block: int = Field(64, ge=1, description="Prefix cache granularity: prompts are matched in whole blocks of this many tokens.")
+    prefix_cache_block: int = Field(
+        64, ge=1, description="Prefix cache granularity: prompts are matched in whole blocks of this many tokens."
+    )
     prefill_chunk: int = Field(
-        DEFAULT_PREFILL_CHUNK, ge=0,
+        DEFAULT_PREFILL_CHUNK,
+        ge=0,
         description="Prompt tokens prefilled per decoding step, so long prompts join without stalling live streams (0 = whole prompts).",
     )
     prefill_share: float = Field(
-        DEFAULT_PREFILL_SHARE, ge=0,
+        DEFAULT_PREFILL_SHARE,
+        ge=0,
         description="While streams decode, prefills take about this share of the decoding time on average, in chunks of "
         "at most prefill_chunk tokens, shortest prompt first (0 = always prefill_chunk tokens, oldest first).",
     )
     adaptive_drafting: bool = Field(
-        False, description="Skip the drafter in steps where its drafts have not been paying for themselves (measured per batch "
+        False,
+        description="Skip the drafter in steps where its drafts have not been paying for themselves (measured per batch "
         "size; the skipped steps' context is read at its next pass; lossless). Off: every step drafts.",
     )
 
@@ -106,6 +119,7 @@ class ServingConfig(BaseModel):
 
     def resolved(self, model_dir: Path) -> "ServingConfig":
         """Checkpoint paths that are relative are relative to the model's directory in the repository."""
+
         def resolve(value: str | None) -> str | None:
             if value is None or value == "demo" or Path(value).is_absolute():
                 return value
@@ -132,7 +146,10 @@ class ServingConfig(BaseModel):
             return cls(**values)
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
-            raise DFlashError(f"invalid DFlash model parameters in config.pbtxt ({problems})", "fix the parameters or rewrite the repository with `dflash-trt repo`") from None
+            raise DFlashError(
+                f"invalid DFlash model parameters in config.pbtxt ({problems})",
+                "fix the parameters or rewrite the repository with `dflash-trt repo`",
+            ) from None
 
 
 # ----------------------------------------------------------------------------- what a repository serves
@@ -153,15 +170,18 @@ class RecipeLimits(BaseModel):
     @classmethod
     def of(cls, recipe: Any) -> "RecipeLimits":
         """The limits of a trtllm_dflash.recipes.Recipe (a layer above: read, never imported here)."""
-        return cls(max_batch=recipe.triton.max_batch_size, max_input_len=recipe.limits.max_input_len,
-                   max_seq_len=recipe.limits.max_seq_len, block_size=recipe.drafter.block_size,
-                   draft_len_schedule=recipe.drafter.draft_len_schedule)
+        return cls(
+            max_batch=recipe.triton.max_batch_size,
+            max_input_len=recipe.limits.max_input_len,
+            max_seq_len=recipe.limits.max_seq_len,
+            block_size=recipe.drafter.block_size,
+            draft_len_schedule=recipe.drafter.draft_len_schedule,
+        )
 
     def parameters(self) -> dict[str, Any]:
         """ServingConfig values: the sequence holds the context, and what the input may not take is
         what a request may generate (TensorRT-LLM's limits)."""
-        values: dict[str, Any] = {"max_batch": self.max_batch, "block_size": self.block_size,
-                                  "draft_len_schedule": self.draft_len_schedule}
+        values: dict[str, Any] = {"max_batch": self.max_batch, "block_size": self.block_size, "draft_len_schedule": self.draft_len_schedule}
         if self.max_seq_len:
             values["max_context"] = self.max_seq_len
             if self.max_input_len:
@@ -183,8 +203,9 @@ class ServingSource:
         return "trt" if self.engines else "torch"
 
 
-def serving_configs(source: ServingSource, name: str = "dflash", baseline: str | None = "ar",
-                    **flags: Any) -> list[tuple[str, ServingConfig]]:
+def serving_configs(
+    source: ServingSource, name: str = "dflash", baseline: str | None = "ar", **flags: Any
+) -> list[tuple[str, ServingConfig]]:
     """The models of a repository: DFlash under `name` and, with a drafter, the target alone under
     `baseline` ('' or None: none). `flags` (None: not given) override the recipe's limits; the one
     mapping of a source to ServingConfigs, for `repo` and the build alike."""

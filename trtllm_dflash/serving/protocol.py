@@ -80,7 +80,9 @@ INPUT_NAMES: dict[str, str] = {
 }
 # Our inputs that NVIDIA's LLM-API model does not declare: sent only when set, refused for that model
 # (input_ids: the OpenAI front end sends a prompt's ids only to models that declare it, text otherwise).
-OWN_ONLY_INPUTS = frozenset({"sampling_param_min_tokens", "sampling_param_ignore_eos", "input_ids", "cache_salt", "guided_decoding", HEALTH_PROBE})
+OWN_ONLY_INPUTS = frozenset(
+    {"sampling_param_min_tokens", "sampling_param_ignore_eos", "input_ids", "cache_salt", "guided_decoding", HEALTH_PROBE}
+)
 
 
 # inputs that carry several values (one per stop string, one per token id); the others carry one
@@ -118,7 +120,9 @@ def parse_inputs(raw: dict[str, np.ndarray | None], defaults: SamplingParams = S
             continue
         array = np.asarray(array)
         if array.dtype.kind not in kinds:
-            raise DFlashError(f"input {name} has type {array.dtype}, expected {INPUTS[name][0][5:].lower()}", f"send {name} with the right type")
+            raise DFlashError(
+                f"input {name} has type {array.dtype}, expected {INPUTS[name][0][5:].lower()}", f"send {name} with the right type"
+            )
         if name == "sampling_param_stop":
             values[name] = tuple(_text(v, name) for v in array.reshape(-1))
             continue
@@ -133,13 +137,17 @@ def parse_inputs(raw: dict[str, np.ndarray | None], defaults: SamplingParams = S
     if INPUT_NAMES["stop"] in values:
         given["stop"] = tuple(s for s in values[INPUT_NAMES["stop"]] if s)
     if ("text_input" in values) == ("input_ids" in values):
-        raise DFlashError("send the prompt as text_input or as input_ids" + (", not both" if "text_input" in values else ""),
-                          "send text_input (text) or input_ids (the target's token ids)")
+        raise DFlashError(
+            "send the prompt as text_input or as input_ids" + (", not both" if "text_input" in values else ""),
+            "send text_input (text) or input_ids (the target's token ids)",
+        )
     if "guided_decoding" in values:
         try:
             given["grammar"] = GrammarSpec.from_json(values["guided_decoding"])
         except ValueError as exc:
-            raise DFlashError(f"input guided_decoding {exc}", 'send {"kind": "json_schema", "value": SCHEMA} (or regex, choice, json_object)') from None
+            raise DFlashError(
+                f"input guided_decoding {exc}", 'send {"kind": "json_schema", "value": SCHEMA} (or regex, choice, json_object)'
+            ) from None
     token_ids = values.get("input_ids")
     if token_ids is not None and not token_ids:
         raise DFlashError("input input_ids is empty", "send at least one prompt token id")
@@ -158,8 +166,10 @@ def _salt(value: str | None) -> str | None:
     if value is None:
         return None
     if not value or len(value) > MAX_SALT_CHARS:
-        raise DFlashError(f"input cache_salt has {len(value)} characters, expected 1 to {MAX_SALT_CHARS}",
-                          "send a non-empty cache_salt (e.g. a tenant name or a random token), or leave it out")
+        raise DFlashError(
+            f"input cache_salt has {len(value)} characters, expected 1 to {MAX_SALT_CHARS}",
+            "send a non-empty cache_salt (e.g. a tenant name or a random token), or leave it out",
+        )
     return value
 
 
@@ -212,12 +222,23 @@ def request_body(
     return {"text_input": prompt, "streaming": streaming, **{INPUT_NAMES[field]: value for field, value in fields.items()}}
 
 
-def params_body(prompt: str, params: SamplingParams, streaming: bool, prompt_ids: Sequence[int] | None = None,
-                cache_salt: str | None = None) -> dict[str, Any]:
+def params_body(
+    prompt: str, params: SamplingParams, streaming: bool, prompt_ids: Sequence[int] | None = None, cache_salt: str | None = None
+) -> dict[str, Any]:
     """The request body of a prompt and its checked SamplingParams (the OpenAI front end's); with
     `prompt_ids` the prompt goes as those token ids instead of its text; `cache_salt` when set."""
-    body = request_body(prompt, params.max_new_tokens, params.temperature, params.top_k, params.top_p, params.seed, params.stop, streaming,
-                        min_tokens=params.min_tokens, ignore_eos=params.ignore_eos)
+    body = request_body(
+        prompt,
+        params.max_new_tokens,
+        params.temperature,
+        params.top_k,
+        params.top_p,
+        params.seed,
+        params.stop,
+        streaming,
+        min_tokens=params.min_tokens,
+        ignore_eos=params.ignore_eos,
+    )
     if params.grammar is not None:
         body["guided_decoding"] = params.grammar.to_json()
     if prompt_ids is not None:
@@ -301,7 +322,7 @@ def _number(value: Any, kind: type) -> Any:
     value = _first(value)
     if value is None:
         return None
-    for convert in ((kind, lambda v: int(float(v))) if kind is int else (kind,)):  # "12" or "12.0"
+    for convert in (kind, lambda v: int(float(v))) if kind is int else (kind,):  # "12" or "12.0"
         try:
             return convert(value)
         except (TypeError, ValueError, OverflowError):

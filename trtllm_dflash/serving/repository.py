@@ -121,7 +121,13 @@ def render_config(name: str, config: ServingConfig, inputs: dict = INPUTS, outpu
         f"  {{ name: {pbtxt_string(out)} data_type: {dtype} dims: [ {', '.join(map(str, dims))} ] }}"
         for out, (dtype, dims) in outputs.items()
     ]
-    lines += [",\n".join(entries), "]", "", "instance_group [ { count: 1 kind: KIND_CPU } ]  # one process owns the models and the loop", ""]
+    lines += [
+        ",\n".join(entries),
+        "]",
+        "",
+        "instance_group [ { count: 1 kind: KIND_CPU } ]  # one process owns the models and the loop",
+        "",
+    ]
     for key, value in config.to_parameters().items():
         lines.append(f"parameters {{ key: {pbtxt_string(key)} value: {{ string_value: {pbtxt_string(value)} }} }}")
     return "\n".join(lines) + "\n"

@@ -164,8 +164,8 @@ def stub_interpreter_env(workdir: Path, server_libs: Path | None, env: dict[str,
 class TritonServer:
     """A tritonserver process on a repository; a context manager that stops it on exit.
 
-        with TritonServer("repo/", http_port=free_port(), ...) as server:
-            DFlashClient(server.endpoints.http).generate("def f(")
+    with TritonServer("repo/", http_port=free_port(), ...) as server:
+        DFlashClient(server.endpoints.http).generate("def f(")
     """
 
     def __init__(
@@ -222,9 +222,11 @@ class TritonServer:
         # Triton's admin APIs (triton_access.py) answer only requests carrying this token in the
         # header triton_access.HEADER: random per server, never derived from an API key
         self.http_restricted = triton_access.restricted_groups(
-            triton_access.HTTP_RESTRICTED if http_restricted is None else http_restricted, "--triton-restricted-http (http_restricted=)")
+            triton_access.HTTP_RESTRICTED if http_restricted is None else http_restricted, "--triton-restricted-http (http_restricted=)"
+        )
         self.grpc_restricted = triton_access.restricted_groups(
-            triton_access.GRPC_RESTRICTED if grpc_restricted is None else grpc_restricted, "--triton-restricted-grpc (grpc_restricted=)")
+            triton_access.GRPC_RESTRICTED if grpc_restricted is None else grpc_restricted, "--triton-restricted-grpc (grpc_restricted=)"
+        )
         self.admin_token = triton_access.admin_token()
         self.admin_token_path = self._workdir / triton_access.TOKEN_FILE
 
@@ -414,8 +416,15 @@ class TritonServer:
             if probe is not None:
                 probe.stop()
 
-    def _restart_after(self, process: subprocess.Popen, dead: list[str], stalled: dict[str, str], budget: server_watch.RestartBudget,
-                       log: Callable[[str], None], stop_event: threading.Event) -> bool:
+    def _restart_after(
+        self,
+        process: subprocess.Popen,
+        dead: list[str],
+        stalled: dict[str, str],
+        budget: server_watch.RestartBudget,
+        log: Callable[[str], None],
+        stop_event: threading.Event,
+    ) -> bool:
         """One death: stop what is left, log it, restart (retried with backoff); False if stop_event ended it."""
         now = time.monotonic()
         uptime = now - self.started_at if self.started_at is not None else 0.0
@@ -427,18 +436,26 @@ class TritonServer:
         # cannot finish), and comes back on the same ports (the Python backend restarts no stub)
         self.stop(graceful=not (dead or stalled), final=False)  # its stubs, its shared memory, its backend folder
         if stalled:
-            what = f"the Python backend stub of {', '.join(stalled)} stopped answering ({'; '.join(stalled.values())}); tritonserver stopped"
+            what = (
+                f"the Python backend stub of {', '.join(stalled)} stopped answering ({'; '.join(stalled.values())}); tritonserver stopped"
+            )
         elif dead:
             what = f"the Python backend stub of {', '.join(dead)} died ({uptime:.0f} s after the server was ready); tritonserver stopped"
         else:
             what = f"tritonserver died unexpectedly ({describe_exit(process.returncode)}, {uptime:.0f} s after it was ready)"
-        what += (f"; the last request {last[0]} received: fingerprint {last[1]}, {max(0.0, time.time() - last[2]):.1f} s before"
-                 if last else "; no model noted a request since it started")
+        what += (
+            f"; the last request {last[0]} received: fingerprint {last[1]}, {max(0.0, time.time() - last[2]):.1f} s before"
+            if last
+            else "; no model noted a request since it started"
+        )
         cleaned = f"removed {len(self.removed_shm)} shared-memory file(s) it left in {SHM_DIR}"
         counted = budget.spend(now, last[1] if last else None)
         if budget.exhausted():
-            raise DFlashError(f"{what}; {cleaned}; it died {budget.used()} times within {budget.window / 60:g} min, "
-                              f"more than the {budget.limit} restarts allowed, so it is not restarted again", f"read its log, {self.log_path}")
+            raise DFlashError(
+                f"{what}; {cleaned}; it died {budget.used()} times within {budget.window / 60:g} min, "
+                f"more than the {budget.limit} restarts allowed, so it is not restarted again",
+                f"read its log, {self.log_path}",
+            )
         repeat = "" if counted else "; the same request preceded an earlier crash, so this one does not count again"
         log(f"{what}; log: {self.log_path}; {cleaned}; restarting it on the same ports ({budget.describe()}{repeat})")
         self._note_in_log(f"dflash-trt serve: {what}; restarting it")
@@ -451,9 +468,11 @@ class TritonServer:
                 budget.spend(time.monotonic())
                 reason = str(exc).splitlines()[0].rstrip(":")
                 if budget.exhausted():
-                    raise DFlashError(f"the restart failed ({reason}); {budget.used()} deaths and failed restarts within "
-                                      f"{budget.window / 60:g} min, more than the {budget.limit} allowed, so it is not tried again",
-                                      f"read its log, {self.log_path}") from None
+                    raise DFlashError(
+                        f"the restart failed ({reason}); {budget.used()} deaths and failed restarts within "
+                        f"{budget.window / 60:g} min, more than the {budget.limit} allowed, so it is not tried again",
+                        f"read its log, {self.log_path}",
+                    ) from None
                 log(f"the restart failed ({reason}); retrying in {delay:g} s ({budget.describe()})")
                 if stop_event.wait(delay):
                     return False

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import os
 import secrets
-from pathlib import Path
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from trtllm_dflash.errors import DFlashError
@@ -54,11 +54,16 @@ def restricted_groups(value: str | Sequence[str], option: str) -> tuple[str, ...
     groups: list[str] = []
     for name in names:
         if name not in API_GROUPS:
-            raise DFlashError(f"{option}: {name!r} is not a Triton API group",
-                              f"name some of {', '.join(g for g in API_GROUPS if g not in MUST_STAY_OPEN)}, or none")
+            raise DFlashError(
+                f"{option}: {name!r} is not a Triton API group",
+                f"name some of {', '.join(g for g in API_GROUPS if g not in MUST_STAY_OPEN)}, or none",
+            )
         if name in MUST_STAY_OPEN:
-            raise DFlashError(f"{option}: {name!r} cannot be restricted (the readiness check, DFlashClient and the OpenAI front end call it without a header)",
-                              f"leave {name} out")
+            raise DFlashError(
+                f"{option}: {name!r} cannot be restricted "
+                "(the readiness check, DFlashClient and the OpenAI front end call it without a header)",
+                f"leave {name} out",
+            )
         if name not in groups:
             groups.append(name)
     return tuple(groups)

@@ -15,7 +15,6 @@ from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.testing.qwen3_8b_shaped import spread_logits
 
-
 TINY_SPECIALS = ("<unk>", "<eos>", "<mask>")
 TINY_CHARS = [chr(c) for c in range(32, 127)] + ["\n", "\t"]
 
@@ -77,8 +76,12 @@ def tiny_target_config(family: str = "qwen3", vocab_size: int = 128, num_layers:
     experts = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=hidden_size // 2)
     hybrid_layers = (["linear_attention"] * 3 + ["full_attention"]) * max(1, num_layers // 4)
     linear = dict(
-        layer_types=hybrid_layers, num_hidden_layers=len(hybrid_layers), linear_num_key_heads=2,
-        linear_num_value_heads=4, linear_key_head_dim=hidden_size // 4, linear_value_head_dim=hidden_size // 4,
+        layer_types=hybrid_layers,
+        num_hidden_layers=len(hybrid_layers),
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=hidden_size // 4,
+        linear_value_head_dim=hidden_size // 4,
         linear_conv_kernel_dim=4,
         max_position_embeddings=1024,
     )
@@ -92,21 +95,40 @@ def tiny_target_config(family: str = "qwen3", vocab_size: int = 128, num_layers:
         config = AutoConfig.for_model(model_type, **common, **dense, **layers, **experts, decoder_sparse_step=1)
     elif family == "gemma3":
         config = AutoConfig.for_model(
-            model_type, **common, **dense, **layers, sliding_window=TINY_SLIDING_WINDOW,
-            layer_types=["sliding_attention", "full_attention"] * (num_layers // 2), final_logit_softcapping=30.0,
+            model_type,
+            **common,
+            **dense,
+            **layers,
+            sliding_window=TINY_SLIDING_WINDOW,
+            layer_types=["sliding_attention", "full_attention"] * (num_layers // 2),
+            final_logit_softcapping=30.0,
         )
     elif family == "gpt_oss":  # attention sinks, alternating sliding / full layers, MoE; eager attention
         config = AutoConfig.for_model(
-            model_type, **common, **layers, intermediate_size=hidden_size, num_local_experts=4, num_experts_per_tok=2,
+            model_type,
+            **common,
+            **layers,
+            intermediate_size=hidden_size,
+            num_local_experts=4,
+            num_experts_per_tok=2,
             sliding_window=TINY_SLIDING_WINDOW,
         )
     elif family == "gemma4":  # per-layer head dims, sliding + global layers, K = V globals, shared KV layers
         types = ["sliding_attention", "sliding_attention", "full_attention"] * 2
         config = AutoConfig.for_model(
-            model_type, **common, **dense, num_hidden_layers=len(types), layer_types=types,
-            sliding_window=TINY_SLIDING_WINDOW, global_head_dim=2 * hidden_size // 4, num_global_key_value_heads=1,
-            attention_k_eq_v=True, num_kv_shared_layers=2, vocab_size_per_layer_input=vocab_size,
-            hidden_size_per_layer_input=16, final_logit_softcapping=30.0,
+            model_type,
+            **common,
+            **dense,
+            num_hidden_layers=len(types),
+            layer_types=types,
+            sliding_window=TINY_SLIDING_WINDOW,
+            global_head_dim=2 * hidden_size // 4,
+            num_global_key_value_heads=1,
+            attention_k_eq_v=True,
+            num_kv_shared_layers=2,
+            vocab_size_per_layer_input=vocab_size,
+            hidden_size_per_layer_input=16,
+            final_logit_softcapping=30.0,
         )
     elif family == "qwen3_5":
         config = AutoConfig.for_model(model_type, **common, **linear, intermediate_size=2 * hidden_size)
@@ -114,16 +136,32 @@ def tiny_target_config(family: str = "qwen3", vocab_size: int = 128, num_layers:
         config = AutoConfig.for_model(model_type, **common, **linear, **experts, shared_expert_intermediate_size=hidden_size // 2)
     elif family == "qwen3_next":
         config = AutoConfig.for_model(
-            model_type, **common, **linear, **experts, intermediate_size=2 * hidden_size,
+            model_type,
+            **common,
+            **linear,
+            **experts,
+            intermediate_size=2 * hidden_size,
             shared_expert_intermediate_size=hidden_size // 2,
         )
     else:  # deepseek_v3: MLA (decompressed 24-d keys, 16-d values in the cache) + MoE
         mla = {k: v for k, v in common.items() if k != "head_dim"}
         mla["num_key_value_heads"] = mla["num_attention_heads"]
         config = AutoConfig.for_model(
-            model_type, **mla, **dense, **layers, moe_intermediate_size=hidden_size // 2, n_routed_experts=4,
-            num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32,
-            qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+            model_type,
+            **mla,
+            **dense,
+            **layers,
+            moe_intermediate_size=hidden_size // 2,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=1,
+            kv_lora_rank=16,
+            q_lora_rank=32,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
         )
     from transformers import AutoModelForCausalLM
 
@@ -131,9 +169,7 @@ def tiny_target_config(family: str = "qwen3", vocab_size: int = 128, num_layers:
     return config
 
 
-def make_tiny_target(
-    path: str | Path, family: str = "qwen3", seed: int = 0, tokenizer: bool = False, **config_kwargs
-) -> Path:
+def make_tiny_target(path: str | Path, family: str = "qwen3", seed: int = 0, tokenizer: bool = False, **config_kwargs) -> Path:
     """A random causal LM of `family` saved with `save_pretrained` (safetensors).
 
     With `tokenizer=True` a character-level tokenizer is saved next to it (its vocabulary fits
@@ -151,7 +187,6 @@ def make_tiny_target(
     if tokenizer:
         make_tiny_tokenizer(path)
     return path
-
 
 
 # config.json's quantization_config of openai/gpt-oss-20b and -120b: only the MoE experts are MXFP4
@@ -193,6 +228,7 @@ def make_tiny_mxfp4_target(path: str | Path, seed: int = 0, tokenizer: bool = Fa
     if tokenizer:
         make_tiny_tokenizer(path)
     return path
+
 
 # multimodal checkpoints whose text path is a supported family (what the real repos hold)
 MULTIMODAL_FAMILIES = {"qwen3_5": "qwen3_5", "gemma4": "gemma4", "kimi_k25": "deepseek_v3"}

@@ -20,10 +20,35 @@ import torch
 
 from trtllm_dflash.errors import DFlashError
 
-TEXT_SUFFIXES = frozenset({
-    ".py", ".txt", ".md", ".markdown", ".mdx", ".rst", ".tex", ".html", ".yaml", ".yml", ".toml",
-    ".c", ".h", ".cc", ".cpp", ".hpp", ".js", ".ts", ".go", ".rs", ".java", ".kt", ".swift", ".rb", ".sh",
-})
+TEXT_SUFFIXES = frozenset(
+    {
+        ".py",
+        ".txt",
+        ".md",
+        ".markdown",
+        ".mdx",
+        ".rst",
+        ".tex",
+        ".html",
+        ".yaml",
+        ".yml",
+        ".toml",
+        ".c",
+        ".h",
+        ".cc",
+        ".cpp",
+        ".hpp",
+        ".js",
+        ".ts",
+        ".go",
+        ".rs",
+        ".java",
+        ".kt",
+        ".swift",
+        ".rb",
+        ".sh",
+    }
+)
 JSONL = ".jsonl"
 
 

@@ -206,10 +206,17 @@ def target(
     tok.save_pretrained(out)
     elapsed = time.perf_counter() - started
     summary = {
-        "steps": steps, "batch_size": batch_size, "seq_len": seq_len, "lr": lr, "seed": SEED,
-        "tokens_seen": steps * batch_size * seq_len, "train_tokens": int(train_tokens.numel()),
-        "final_loss": history[-1]["loss"], "final_heldout_loss": history[-1]["heldout_loss"],
-        "seconds": round(elapsed, 1), "history": history,
+        "steps": steps,
+        "batch_size": batch_size,
+        "seq_len": seq_len,
+        "lr": lr,
+        "seed": SEED,
+        "tokens_seen": steps * batch_size * seq_len,
+        "train_tokens": int(train_tokens.numel()),
+        "final_loss": history[-1]["loss"],
+        "final_heldout_loss": history[-1]["heldout_loss"],
+        "seconds": round(elapsed, 1),
+        "history": history,
     }
     (work / "target_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     log(f"target: wrote {out} (held-out loss {summary['final_heldout_loss']:.3f}, {elapsed / 60:.1f} min)")
@@ -251,10 +258,24 @@ def drafter(
     if not (run_dir / "config.json").is_file():
         train_files, _ = corpus.split_files()
         options = TrainDrafterOptions(
-            target=target_dir, data=train_files, out=run_dir, layers=layers, block_size=block_size,
-            target_layer_ids=[int(i) for i in target_layer_ids.split(",")], steps=steps, lr=lr,
-            batch_size=batch_size, seq_len=seq_len, anchors=anchors, regenerate=True, prompt_tokens=prompt_tokens,
-            max_sequences=sequences, regenerate_batch=64, checkpoint_every=100, seed=SEED, threads=threads,
+            target=target_dir,
+            data=train_files,
+            out=run_dir,
+            layers=layers,
+            block_size=block_size,
+            target_layer_ids=[int(i) for i in target_layer_ids.split(",")],
+            steps=steps,
+            lr=lr,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            anchors=anchors,
+            regenerate=True,
+            prompt_tokens=prompt_tokens,
+            max_sequences=sequences,
+            regenerate_batch=64,
+            checkpoint_every=100,
+            seed=SEED,
+            threads=threads,
             cache_features=True,  # 16k x 192 x 4 x 128 bf16 features = 3 GB of RAM; the target forward costs more than the drafter step
             data_cache=_drafter_data_cache(work, target_dir, sequences, seq_len, prompt_tokens),
             resume=(run_dir / "checkpoint" / "state.json").is_file(),
@@ -320,10 +341,27 @@ def drafter_v2(
         v1 = json.loads((v1_dir / "config.json").read_text())
         train_files, _ = corpus.split_files()
         options = TrainDrafterOptions(
-            target=target_dir, data=train_files, out=run_dir, block_size=int(v1.get("block_size", 8)), steps=steps, lr=lr,
-            batch_size=batch_size, seq_len=seq_len, anchors=anchors, regenerate=True, prompt_tokens=prompt_tokens,
-            max_sequences=sequences, regenerate_batch=64, checkpoint_every=50, seed=SEED, threads=threads,
-            cache_features=True, v2=True, init_from=v1_dir, selector_rank=selector_rank, selector_top_k=16,
+            target=target_dir,
+            data=train_files,
+            out=run_dir,
+            block_size=int(v1.get("block_size", 8)),
+            steps=steps,
+            lr=lr,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            anchors=anchors,
+            regenerate=True,
+            prompt_tokens=prompt_tokens,
+            max_sequences=sequences,
+            regenerate_batch=64,
+            checkpoint_every=50,
+            seed=SEED,
+            threads=threads,
+            cache_features=True,
+            v2=True,
+            init_from=v1_dir,
+            selector_rank=selector_rank,
+            selector_top_k=16,
             selector_loss_weight=selector_loss_weight,
             data_cache=_drafter_data_cache(work, target_dir, sequences, seq_len, prompt_tokens),
             resume=(run_dir / "checkpoint" / "state.json").is_file(),
@@ -342,13 +380,24 @@ def drafter_v2(
     summary = json.loads((run_dir / "training.json").read_text())
     options = {k: v for k, v in summary["options"].items() if k not in ("data_cache", "init_from")}
     card_data["drafter_v2"] = {
-        **summary["drafter"], "init_from": "trtllm_dflash/demo/drafter", "dtype": "bfloat16", "options": options,
-        "num_sequences": summary["num_sequences"], "final": summary["final"], "history": summary["history"],
-        "data_seconds": summary["data_seconds"], "train_seconds": summary["train_seconds"],
+        **summary["drafter"],
+        "init_from": "trtllm_dflash/demo/drafter",
+        "dtype": "bfloat16",
+        "options": options,
+        "num_sequences": summary["num_sequences"],
+        "final": summary["final"],
+        "history": summary["history"],
+        "data_seconds": summary["data_seconds"],
+        "train_seconds": summary["train_seconds"],
         "bytes_on_disk": sum(f.stat().st_size for f in out.iterdir()),
-        "evaluation": {"held_out_prompts": len(prompts), "max_new_tokens": evaluation["max_new_tokens"], "temperature": 0.0,
-                       "by_block_size": by_block},
-        "command": f"python benchmarks/train_demo.py drafter-v2 --steps {steps} --sequences {sequences} --selector-rank {selector_rank} --threads {threads}",
+        "evaluation": {
+            "held_out_prompts": len(prompts),
+            "max_new_tokens": evaluation["max_new_tokens"],
+            "temperature": 0.0,
+            "by_block_size": by_block,
+        },
+        "command": f"python benchmarks/train_demo.py drafter-v2 --steps {steps} --sequences {sequences} "
+        f"--selector-rank {selector_rank} --threads {threads}",
     }
     (DEMO_DIR / "demo_card.json").write_text(json.dumps(card_data, indent=2) + "\n")
     (DEMO_DIR / "README.md").write_text(render_readme(card_data))
@@ -415,19 +464,30 @@ def card(
             "held_out_rule": f"sha1(relative path) % {corpus.HELD_OUT_EVERY} == 0",
         },
         "tokenizer": {"type": "byte-level BPE (tokenizers)", "vocab_size": VOCAB_SIZE, "eos": SPECIALS[0], "mask": SPECIALS[1]},
-        "target": {"architecture": "Qwen3ForCausalLM", **TARGET_SHAPE, "vocab_size": VOCAB_SIZE, "dtype": "bfloat16",
-                   **{k: v for k, v in target_summary.items() if k != "history"}},
-        "drafter": {**drafter_summary["drafter"], "dtype": "bfloat16", "options": drafter_summary["options"],
-                    "num_sequences": drafter_summary["num_sequences"], "final": drafter_summary["final"],
-                    "data_seconds": drafter_summary["data_seconds"], "train_seconds": drafter_summary["train_seconds"]},
+        "target": {
+            "architecture": "Qwen3ForCausalLM",
+            **TARGET_SHAPE,
+            "vocab_size": VOCAB_SIZE,
+            "dtype": "bfloat16",
+            **{k: v for k, v in target_summary.items() if k != "history"},
+        },
+        "drafter": {
+            **drafter_summary["drafter"],
+            "dtype": "bfloat16",
+            "options": drafter_summary["options"],
+            "num_sequences": drafter_summary["num_sequences"],
+            "final": drafter_summary["final"],
+            "data_seconds": drafter_summary["data_seconds"],
+            "train_seconds": drafter_summary["train_seconds"],
+        },
         "bytes_on_disk": sizes,
-        "evaluation": {"held_out_prompts": len(prompts), "max_new_tokens": max_new_tokens, "temperature": 0.0,
-                       "by_block_size": evaluation},
+        "evaluation": {"held_out_prompts": len(prompts), "max_new_tokens": max_new_tokens, "temperature": 0.0, "by_block_size": evaluation},
         **({"drafter_v2": previous["drafter_v2"]} if "drafter_v2" in previous else {}),
         "commands": [
             "python benchmarks/train_demo.py tokenizer",
             f"python benchmarks/train_demo.py target --steps {target_summary['steps']}",
-            f"python benchmarks/train_demo.py drafter --layers {drafter_summary['drafter']['layers']} --block-size {drafter_summary['drafter']['block_size']} "
+            f"python benchmarks/train_demo.py drafter --layers {drafter_summary['drafter']['layers']} "
+            f"--block-size {drafter_summary['drafter']['block_size']} "
             f"--anchors {drafter_summary['options']['anchors']} --steps {drafter_summary['options']['steps']}",
             "python benchmarks/train_demo.py card",
         ],
@@ -440,8 +500,10 @@ def card(
 
 def render_readme(card_data: dict) -> str:
     t, d, e = card_data["target"], card_data["drafter"], card_data["evaluation"]
-    taus = ", ".join(f"block {b}: tau {r['mean_tau']}, {r['identical_to_target']}/{r['prompts']} identical to the target"
-                     for b, r in e["by_block_size"].items())
+    taus = ", ".join(
+        f"block {b}: tau {r['mean_tau']}, {r['identical_to_target']}/{r['prompts']} identical to the target"
+        for b, r in e["by_block_size"].items()
+    )
     return f"""# The embedded demo pair
 
 A small target LM and its DFlash drafter, trained by `python benchmarks/train_demo.py all`
@@ -449,22 +511,24 @@ A small target LM and its DFlash drafter, trained by `python benchmarks/train_de
 machine has the data and nothing is downloaded. `demo` selects this pair wherever a model is named.
 It is a toy: it writes stdlib-flavoured Python, not answers to questions.
 
-- data: {card_data['data']['train_files']} stdlib files for training, {card_data['data']['held_out_files']} held out
-  ({card_data['data']['held_out_rule']}; Python {card_data['python']}); test suites and generated tables excluded
-- tokenizer: byte-level BPE, {card_data['tokenizer']['vocab_size']} tokens, eos `{card_data['tokenizer']['eos']}`, mask `{card_data['tokenizer']['mask']}`
-- target (`target/`): Qwen3ForCausalLM, {t['num_hidden_layers']} layers, hidden {t['hidden_size']}, bf16;
-  {t['steps']} steps x {t['batch_size']} x {t['seq_len']} tokens, final loss {t['final_loss']}, held-out loss
-  {t['final_heldout_loss']}, {t['seconds'] / 60:.0f} min
-- drafter (`drafter/`, z-lab layout): {d['layers']} layer(s), block size {d['block_size']}, taps {d['target_layer_ids']},
-  trained on {d['num_sequences']} target-regenerated sequences, {d['options']['steps']} steps, final loss
-  {d['final'].get('loss')}, accuracy {d['final'].get('accuracy')}, {d['train_seconds'] / 60:.0f} min (+{d['data_seconds'] / 60:.0f} min regeneration)
-- held-out evaluation ({e['held_out_prompts']} function openings from held-out files, {e['max_new_tokens']} new tokens,
+- data: {card_data["data"]["train_files"]} stdlib files for training, {card_data["data"]["held_out_files"]} held out
+  ({card_data["data"]["held_out_rule"]}; Python {card_data["python"]}); test suites and generated tables excluded
+- tokenizer: byte-level BPE, {card_data["tokenizer"]["vocab_size"]} tokens, eos `{card_data["tokenizer"]["eos"]}`, \
+mask `{card_data["tokenizer"]["mask"]}`
+- target (`target/`): Qwen3ForCausalLM, {t["num_hidden_layers"]} layers, hidden {t["hidden_size"]}, bf16;
+  {t["steps"]} steps x {t["batch_size"]} x {t["seq_len"]} tokens, final loss {t["final_loss"]}, held-out loss
+  {t["final_heldout_loss"]}, {t["seconds"] / 60:.0f} min
+- drafter (`drafter/`, z-lab layout): {d["layers"]} layer(s), block size {d["block_size"]}, taps {d["target_layer_ids"]},
+  trained on {d["num_sequences"]} target-regenerated sequences, {d["options"]["steps"]} steps, final loss
+  {d["final"].get("loss")}, accuracy {d["final"].get("accuracy")}, {d["train_seconds"] / 60:.0f} min \
+(+{d["data_seconds"] / 60:.0f} min regeneration)
+- held-out evaluation ({e["held_out_prompts"]} function openings from held-out files, {e["max_new_tokens"]} new tokens,
   temperature 0): {taus}
-- built {card_data['built']} on {card_data['machine']}, torch {card_data['torch']}, transformers {card_data['transformers']}
+- built {card_data["built"]} on {card_data["machine"]}, torch {card_data["torch"]}, transformers {card_data["transformers"]}
 
 Rebuild (seeded; same Python version gives the same data):
 
-    {chr(10).join('    ' + c if i else c for i, c in enumerate(card_data['commands']))}
+    {chr(10).join("    " + c if i else c for i, c in enumerate(card_data["commands"]))}
 
 {render_v2(card_data)}Details: `demo_card.json`; held-out prompts: `heldout_prompts.jsonl` (the bench's `stdlib` set).
 """
@@ -478,12 +542,12 @@ def render_v2(card_data: dict) -> str:
     evaluation = v2["evaluation"]["by_block_size"]["8"]
     final = v2["final"]
     return f"""A DFlash V2 drafter (`drafter_v2/`, DFlash2DraftModel) for the same target, started from `drafter/`
-(identity convolutions, a selector that changes nothing yet) and trained {v2['options']['steps']} steps on
-{v2['num_sequences']} target-regenerated sequences ({v2['train_seconds'] / 60:.0f} min): selector rank {v2['selector_rank']},
-top-{v2['selector_top_k']} candidates, {v2['bytes_on_disk'] / 2**20:.1f} MB. Final base loss {final.get('base_loss')}, selector loss
-{final.get('selector_loss')}, candidate recall {final.get('candidate_recall')}, selector accuracy {final.get('selector_accuracy')}.
-Held-out, block 8: tau {evaluation['mean_tau']}, {evaluation['identical_to_target']}/{evaluation['prompts']} identical to the target.
-Rebuild: `{v2['command']}`.
+(identity convolutions, a selector that changes nothing yet) and trained {v2["options"]["steps"]} steps on
+{v2["num_sequences"]} target-regenerated sequences ({v2["train_seconds"] / 60:.0f} min): selector rank {v2["selector_rank"]},
+top-{v2["selector_top_k"]} candidates, {v2["bytes_on_disk"] / 2**20:.1f} MB. Final base loss {final.get("base_loss")}, selector loss
+{final.get("selector_loss")}, candidate recall {final.get("candidate_recall")}, selector accuracy {final.get("selector_accuracy")}.
+Held-out, block 8: tau {evaluation["mean_tau"]}, {evaluation["identical_to_target"]}/{evaluation["prompts"]} identical to the target.
+Rebuild: `{v2["command"]}`.
 
 """
 

@@ -25,11 +25,11 @@ from typing import Callable, Sequence
 import torch
 
 from trtllm_dflash.checkpoints import TOKENIZER_FILES, load_drafter, load_target, new_drafter, resolve_checkpoint, save_drafter
-from trtllm_dflash.contracts.drafter_kinds import DFLASH
 from trtllm_dflash.config import MAX_BLOCK_SIZE, V2_ARCHITECTURE, V2_DEFAULTS, DrafterConfig, default_target_layer_ids
-from trtllm_dflash.errors import CheckpointError, DFlashError
+from trtllm_dflash.contracts.drafter_kinds import DFLASH
 from trtllm_dflash.drafters import kind_of
 from trtllm_dflash.drafters.dflash2.modeling import DFlash2Drafter
+from trtllm_dflash.errors import CheckpointError, DFlashError
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.training import data as datamod
 from trtllm_dflash.training.checkpoint import load_checkpoint, save_checkpoint
@@ -113,7 +113,10 @@ def check_options(options: TrainDrafterOptions) -> CheckedOptions:
         if o.block_size > MAX_BLOCK_SIZE:
             raise DFlashError(f"DFlash V2 blocks are 2..{MAX_BLOCK_SIZE}, got --block-size {o.block_size}", "use --block-size 8 or 16")
         if o.selector_rank < 1 or o.selector_top_k < 1:
-            raise DFlashError(f"--selector-rank and --selector-top-k must be >= 1, got {o.selector_rank} and {o.selector_top_k}", "the published sizes are 256 and 16")
+            raise DFlashError(
+                f"--selector-rank and --selector-top-k must be >= 1, got {o.selector_rank} and {o.selector_top_k}",
+                "the published sizes are 256 and 16",
+            )
         if not o.selector_loss_weight >= 0:
             raise DFlashError(f"--selector-loss-weight must be >= 0, got {o.selector_loss_weight}", "the default is 1.0")
     if o.save_dtype not in ("bfloat16", "float16", "float32"):
@@ -131,7 +134,9 @@ def check_options(options: TrainDrafterOptions) -> CheckedOptions:
     try:
         target_config = AutoConfig.from_pretrained(target_dir, local_files_only=True, trust_remote_code=False).get_text_config()
     except (ValueError, KeyError, OSError) as exc:
-        raise CheckpointError(f"cannot read the target config in {target_dir} ({str(exc).splitlines()[0]})", "use a Hugging Face causal LM") from None
+        raise CheckpointError(
+            f"cannot read the target config in {target_dir} ({str(exc).splitlines()[0]})", "use a Hugging Face causal LM"
+        ) from None
     num_layers = int(target_config.num_hidden_layers)
     ids = tuple(int(i) for i in o.target_layer_ids) if o.target_layer_ids else default_taps(num_layers, o.layers)
     bad = [i for i in ids if not 0 <= i < num_layers]
@@ -153,7 +158,9 @@ def check_options(options: TrainDrafterOptions) -> CheckedOptions:
                 "pass --mask-token-id ID (a special or reserved token the target never generates)",
             )
     if not 0 <= mask_id < int(target_config.vocab_size):
-        raise DFlashError(f"--mask-token-id {mask_id} is outside the vocabulary [0, {target_config.vocab_size})", "pick a token id of the target")
+        raise DFlashError(
+            f"--mask-token-id {mask_id} is outside the vocabulary [0, {target_config.vocab_size})", "pick a token id of the target"
+        )
 
     out = Path(o.out).expanduser()
     if out.exists() and not out.is_dir():
@@ -295,7 +302,9 @@ def train_drafter(options: TrainDrafterOptions, progress: Progress | None = None
                 history.append(_mean_metrics(window, step))
                 window = []
                 seconds = previous_seconds + time.perf_counter() - train_started
-                save_checkpoint(checkpoint, drafter, trainer.optimizer, step, trainer.generator, {"history": history, "train_seconds": seconds})
+                save_checkpoint(
+                    checkpoint, drafter, trainer.optimizer, step, trainer.generator, {"history": history, "train_seconds": seconds}
+                )
                 if progress:
                     progress("checkpoint", step, o.steps, history[-1])
     finally:
@@ -311,13 +320,20 @@ def train_drafter(options: TrainDrafterOptions, progress: Progress | None = None
         "num_sequences": len(sequences),
         "num_trained_tokens": int(sum(sum(s.loss_mask) for s in sequences)),
         "regenerated": o.regenerate,
-        "options": {k: (list(v) if isinstance(v, (list, tuple)) else str(v) if isinstance(v, Path) else v)
-                    for k, v in dataclasses.asdict(o).items() if k not in ("target", "data", "out")},
-        "drafter": {"layers": config.num_hidden_layers, "block_size": config.block_size,
-                    "target_layer_ids": list(config.target_layer_ids), "mask_token_id": config.mask_token_id,
-                    "gamma": o.gamma or default_gamma(o.block_size),
-                    "parameters": sum(p.numel() for p in drafter.parameters()),
-                    **_kind_summary(config, o.init_from)},
+        "options": {
+            k: (list(v) if isinstance(v, (list, tuple)) else str(v) if isinstance(v, Path) else v)
+            for k, v in dataclasses.asdict(o).items()
+            if k not in ("target", "data", "out")
+        },
+        "drafter": {
+            "layers": config.num_hidden_layers,
+            "block_size": config.block_size,
+            "target_layer_ids": list(config.target_layer_ids),
+            "mask_token_id": config.mask_token_id,
+            "gamma": o.gamma or default_gamma(o.block_size),
+            "parameters": sum(p.numel() for p in drafter.parameters()),
+            **_kind_summary(config, o.init_from),
+        },
         "final": history[-1] if history else {},
         "history": history,
         "data_seconds": round(data_seconds, 1),
@@ -364,9 +380,7 @@ def _cast(drafter: DFlashDrafter, dtype: torch.dtype) -> DFlashDrafter:
     return copy.to(dtype)
 
 
-def _features(
-    trainer: DrafterTrainer, indices: list[int], lengths: list[int], input_ids: torch.Tensor, cache: dict | None
-) -> torch.Tensor:
+def _features(trainer: DrafterTrainer, indices: list[int], lengths: list[int], input_ids: torch.Tensor, cache: dict | None) -> torch.Tensor:
     """Tapped target features of a batch; with a cache, computed once per sequence and kept in bf16.
 
     Padding rows are zeros: the drafter never sees them (context is strictly before an anchor).

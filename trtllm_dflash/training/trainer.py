@@ -93,7 +93,13 @@ class DrafterTrainer:
         eligible[:, -1] = False  # and at least one position after it
         anchors = sample_anchors(eligible.cpu(), config.anchors, self.generator).to(input_ids.device)
         batch = make_block_batch(
-            input_ids, anchors, loss_mask, self.block_size, self.drafter.config.mask_token_id, self.windows, config.gamma,
+            input_ids,
+            anchors,
+            loss_mask,
+            self.block_size,
+            self.drafter.config.mask_token_id,
+            self.windows,
+            config.gamma,
             history=self.drafter.config.history,
         )
         lr = cosine_lr(self.step_index, config.steps, config.lr, config.warmup_fraction)

@@ -39,19 +39,36 @@ class TrtllmBackend(Backend):
         p, steps = cfg.precision, []
         quantized = p.ptq_formats
         if p.converts_experts:
-            steps.append(BuildStep("quantize", "cast the MXFP4 experts to NVFP4 with ModelOpt (weights exact where the block scales "
-                                   f"fit E4M3, activation scales calibrated on {quantize_samples(cfg)}; needs a CUDA GPU)",
-                                   ("modelopt", "torch", "cuda-gpu")))
+            steps.append(
+                BuildStep(
+                    "quantize",
+                    "cast the MXFP4 experts to NVFP4 with ModelOpt (weights exact where the block scales "
+                    f"fit E4M3, activation scales calibrated on {quantize_samples(cfg)}; needs a CUDA GPU)",
+                    ("modelopt", "torch", "cuda-gpu"),
+                )
+            )
         elif quantized:
-            steps.append(BuildStep("quantize", f"ModelOpt {'/'.join(sorted(quantized))} PTQ of the target ({quantize_samples(cfg)}); "
-                                   "export a Hugging Face checkpoint TensorRT-LLM loads", quantize_needs(quantized)))
-        steps.append(BuildStep("config", f"write and validate the TensorRT-LLM LLM-API options (DFlash speculative_config, "
-                               f"tp {cfg.layout.tp} / ep {cfg.layout.ep}, KV {p.kv_cache}); model.yaml and trtllm-serve config"))
+            steps.append(
+                BuildStep(
+                    "quantize",
+                    f"ModelOpt {'/'.join(sorted(quantized))} PTQ of the target ({quantize_samples(cfg)}); "
+                    "export a Hugging Face checkpoint TensorRT-LLM loads",
+                    quantize_needs(quantized),
+                )
+            )
+        steps.append(
+            BuildStep(
+                "config",
+                f"write and validate the TensorRT-LLM LLM-API options (DFlash speculative_config, "
+                f"tp {cfg.layout.tp} / ep {cfg.layout.ep}, KV {p.kv_cache}); model.yaml and trtllm-serve config",
+            )
+        )
         steps.append(BuildStep("repository", "write the Triton repository (tensorrt_llm Python model, decoupled)"))
         return steps
 
-    def checked_options(self, recipe: Any, drafter_dir: str | Path | None = None,
-                        overlay_at: str | Path | None = None) -> tuple[dict[str, Any], list[str]]:
+    def checked_options(
+        self, recipe: Any, drafter_dir: str | Path | None = None, overlay_at: str | Path | None = None
+    ) -> tuple[dict[str, Any], list[str]]:
         """The recipe's LLM-API options, checked key by key (the build's plan and its trtllm stage both use these);
         `overlay_at`: where the drafter config overlay will be, when the drafter needs one."""
         from trtllm_dflash.backends.trtllm.options import LLMApiOptions, llm_api_options, validate_options
@@ -65,15 +82,19 @@ class TrtllmBackend(Backend):
         return None
 
     def serve_hint(self, repository: Path) -> str:
-        return f"start it on the GPU node (Triton's TensorRT-LLM container, TensorRT-LLM {_checked_release()} or later): {serve_command(repository)}"
+        return (
+            f"start it on the GPU node (Triton's TensorRT-LLM container, TensorRT-LLM {_checked_release()} or later): "
+            f"{serve_command(repository)}"
+        )
 
     def write_build_repository(self, artifact: BuildArtifact, out: Path, force: bool = False) -> Path:
         from trtllm_dflash.backends.trtllm.repository import write_build_llm_api_repository
 
         return write_build_llm_api_repository(artifact, out, force)
 
-    def write_recipe_repository(self, out: Path, recipe: Any, drafter_dir: str | None = None, force: bool = False,
-                                llmapi_model: str | Path | None = None) -> tuple[Path, list[str]]:
+    def write_recipe_repository(
+        self, out: Path, recipe: Any, drafter_dir: str | None = None, force: bool = False, llmapi_model: str | Path | None = None
+    ) -> tuple[Path, list[str]]:
         """`llmapi_model`: NVIDIA's LLM-API model folder given with --llmapi-model (else found as find_llmapi_model says)."""
         from trtllm_dflash.backends.trtllm.repository import write_trtllm_repository
 
@@ -108,8 +129,8 @@ def serve_command(repository: Path) -> str:
 
     import yaml
 
-    from trtllm_dflash.backends.trtllm.repository import LLMAPI_MODEL_ENV
     from trtllm_dflash.backends.trtllm.drafters import OVERLAY_RECORD
+    from trtllm_dflash.backends.trtllm.repository import LLMAPI_MODEL_ENV
 
     repository = Path(repository).resolve()
     mounts = [repository]
@@ -132,5 +153,7 @@ def serve_command(repository: Path) -> str:
         env = f"-e {LLMAPI_MODEL_ENV}={llmapi} "
     volumes = " ".join(f"-v {m}:{m}" for m in dict.fromkeys(mounts))
     image = os.environ.get(TRITON_IMAGE_ENV) or f'"${{TRITON_IMAGE:?set TRITON_IMAGE to {TRITON_IMAGE_HINT} ({_checked_release()})}}"'
-    return (f"docker run --rm --gpus all --ipc host --shm-size 2g -p 8000:8000 -p 8001:8001 {volumes} {env}"
-            f"{image} tritonserver --model-repository {repository}")
+    return (
+        f"docker run --rm --gpus all --ipc host --shm-size 2g -p 8000:8000 -p 8001:8001 {volumes} {env}"
+        f"{image} tritonserver --model-repository {repository}"
+    )

@@ -160,26 +160,40 @@ def drafter_support(config, attention_backend: str | None = None) -> tuple[str, 
     name = kind_of(config).label
     backend = attention_backend or "VANILLA"
     if getattr(config, "sliding_window_size", None):
-        return DrafterNote(f"the {name} bounds its context to the last {config.sliding_window_size} positions "
-                           "(z-lab sliding_window_size); TensorRT-LLM's DFlash mode lets it see the whole context",
-                           "use --backend torch or trt for the bounded history")
+        return DrafterNote(
+            f"the {name} bounds its context to the last {config.sliding_window_size} positions "
+            "(z-lab sliding_window_size); TensorRT-LLM's DFlash mode lets it see the whole context",
+            "use --backend torch or trt for the bounded history",
+        )
     runs = drafter_overlay(raw) or raw
-    differ = [f"layer {i}: (causal, window) {got} instead of {want}"
-              for i, (got, want) in enumerate(zip(_trtllm_layers(runs), _reference_layers(raw))) if got != want]
+    differ = [
+        f"layer {i}: (causal, window) {got} instead of {want}"
+        for i, (got, want) in enumerate(zip(_trtllm_layers(runs), _reference_layers(raw)))
+        if got != want
+    ]
     if differ:
-        return DrafterNote(f"TensorRT-LLM runs this {name} differently ({differ[0]}): lower acceptance, output still exact",
-                           "use --backend torch or trt to run it as published")
+        return DrafterNote(
+            f"TensorRT-LLM runs this {name} differently ({differ[0]}): lower acceptance, output still exact",
+            "use --backend torch or trt to run it as published",
+        )
     two_sided = [i for i, (causal, span) in enumerate(_trtllm_layers(runs)) if not causal and span != (-1, -1)]
     if backend not in TWO_SIDED_BACKENDS and two_sided:
-        problem = (f"the {name} attends non-causally within a sliding window in layers {two_sided}, which TensorRT-LLM's "
-                   f"{backend} drafter attention refuses (NVIDIA/TensorRT-LLM PR #19159)")
+        problem = (
+            f"the {name} attends non-causally within a sliding window in layers {two_sided}, which TensorRT-LLM's "
+            f"{backend} drafter attention refuses (NVIDIA/TensorRT-LLM PR #19159)"
+        )
         fix = "set trtllm.attention_backend to VANILLA (or FA4 on Hopper)"
-        causal_fallback = not runs_two_sided(config) and _trtllm_layers(raw) != _reference_layers(raw) and not any(
-            not c and s != (-1, -1) for c, s in _trtllm_layers(raw))
+        causal_fallback = (
+            not runs_two_sided(config)
+            and _trtllm_layers(raw) != _reference_layers(raw)
+            and not any(not c and s != (-1, -1) for c, s in _trtllm_layers(raw))
+        )
         if causal_fallback:  # its own config.json runs causally there, which the TRTLLM kernel can do
-            return DrafterNote(f"with drafter attention {backend}, TensorRT-LLM runs this drafter's sliding layers {two_sided} "
-                               "causally (no overlay: its kernel has no non-causal window): lower acceptance, output still exact",
-                               fix + " to run them as published")
+            return DrafterNote(
+                f"with drafter attention {backend}, TensorRT-LLM runs this drafter's sliding layers {two_sided} "
+                "causally (no overlay: its kernel has no non-causal window): lower acceptance, output still exact",
+                fix + " to run them as published",
+            )
         return problem, fix
     return None
 

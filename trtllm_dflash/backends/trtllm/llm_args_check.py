@@ -1,8 +1,9 @@
 """Check LLM-API options against TensorRT-LLM's own argument classes, read from its source.
 
 `llm_args.json` (beside this file) is an extract of tensorrt_llm/llmapi/llm_args.py at a
-pinned release (v1.4.0rc1; the file records its tag, commit and how it was read): class -> field -> type / allowed literal values / default / bounds, plus the
-cross-field rules this toolkit relies on. It replaces a hand-made key list, so a key, a type or
+pinned release (v1.4.0rc1; the file records its tag, commit and how it was read): class -> field ->
+type / allowed literal values / default / bounds, plus the cross-field rules this toolkit relies
+on. It replaces a hand-made key list, so a key, a type or
 a value that the pinned TensorRT-LLM would reject is refused here, at configuration time.
 `python -m trtllm_dflash.backends.trtllm.llm_args_extract CHECKOUT` regenerates it from a local checkout.
 
@@ -68,8 +69,11 @@ def installed_llm_args() -> dict[str, Any] | None:
         for line in version_file.read_text().splitlines():
             if line.startswith("__version__"):
                 version = line.split("=", 1)[1].strip().strip("\"'")
-    return {"source": {"repository": "tensorrt_llm", "commit": f"installed {version}", "release_tag": f"v{version}"},
-            "rules": llm_args_data().get("rules", {}), "classes": extract(source)}
+    return {
+        "source": {"repository": "tensorrt_llm", "commit": f"installed {version}", "release_tag": f"v{version}"},
+        "rules": llm_args_data().get("rules", {}),
+        "classes": extract(source),
+    }
 
 
 def class_fields(name: str, data: dict[str, Any] | None = None) -> tuple[dict[str, Any], bool]:
@@ -95,7 +99,7 @@ def _type_problem(value: Any, spec: dict[str, Any]) -> str | None:
     if optional:
         if value is None:
             return None
-        kind = kind[len("optional["):-1]
+        kind = kind[len("optional[") : -1]
     checks = {
         "bool": lambda v: isinstance(v, bool),
         "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
@@ -114,8 +118,7 @@ def _type_problem(value: Any, spec: dict[str, Any]) -> str | None:
         return None if isinstance(value, dict) else f"expected a mapping ({spec['cls']}), got {type(value).__name__}"
     if not checks.get(kind, lambda v: True)(value):
         return f"expected {spec['type']}, got {type(value).__name__} {value!r}"
-    for bound, test, words in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
-                               ("le", lambda v, b: v <= b, "<=")):
+    for bound, test, words in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"), ("le", lambda v, b: v <= b, "<=")):
         if bound in spec and isinstance(value, (int, float)) and not test(value, spec[bound]):
             return f"{value!r} must be {words} {spec[bound]}"
     return None
@@ -141,8 +144,10 @@ def check_class(options: dict[str, Any], name: str, where: str = "", data: dict[
         elif spec["type"] == "nested" and isinstance(value, dict):
             nested = spec["cls"]
             if spec.get("discriminator") and value.get(spec["discriminator"]) not in (None, "DFlash"):
-                problems.append(f"{path}.{spec['discriminator']}: {value.get(spec['discriminator'])!r} is not 'DFlash' "
-                                "(this toolkit writes DFlash speculative configs only)")
+                problems.append(
+                    f"{path}.{spec['discriminator']}: {value.get(spec['discriminator'])!r} is not 'DFlash' "
+                    "(this toolkit writes DFlash speculative configs only)"
+                )
                 continue
             problems += check_class(value, nested, f"{path}.", data)
     if name == "DFlashDecodingConfig":
@@ -155,8 +160,10 @@ def check_decoding_rules(spec: dict[str, Any], where: str = "speculative_config.
     problems = []
     schedule = spec.get("draft_len_schedule")
     if spec.get("max_concurrency") is not None and schedule is not None:
-        problems.append(f"{where}max_concurrency: cannot be combined with draft_len_schedule (TensorRT-LLM: mutually "
-                        "exclusive); drop trtllm.max_concurrency, the schedule's last entry already stops drafting")
+        problems.append(
+            f"{where}max_concurrency: cannot be combined with draft_len_schedule (TensorRT-LLM: mutually "
+            "exclusive); drop trtllm.max_concurrency, the schedule's last entry already stops drafting"
+        )
     if isinstance(schedule, dict) and schedule and all(isinstance(k, int) for k in schedule):
         max_len = spec.get("max_draft_len")
         first = schedule[min(schedule)]

@@ -21,24 +21,48 @@ from typing import Any
 from trtllm_dflash.errors import DFlashError
 
 CLASSES = {
-    "DecodingBaseConfig": "DecodingBaseConfig", "DFlashDecodingConfig": "DFlashDecodingConfig",
-    "KvCacheConfig": "KvCacheConfig", "CudaGraphConfig": "DecodeCudaGraphConfig", "MoeConfig": "MoeConfig",
-    "BaseLlmArgs": "BaseLlmArgs", "TorchLlmArgs": "TorchLlmArgs",
+    "DecodingBaseConfig": "DecodingBaseConfig",
+    "DFlashDecodingConfig": "DFlashDecodingConfig",
+    "KvCacheConfig": "KvCacheConfig",
+    "CudaGraphConfig": "DecodeCudaGraphConfig",
+    "MoeConfig": "MoeConfig",
+    "BaseLlmArgs": "BaseLlmArgs",
+    "TorchLlmArgs": "TorchLlmArgs",
 }
-_NESTED = {"KvCacheConfig": "KvCacheConfig", "SpeculativeConfig": "DFlashDecodingConfig",
-           "CudaGraphConfig": "CudaGraphConfig", "CudaGraphConfigType": "CudaGraphConfig", "MoeConfig": "MoeConfig"}
-_SIMPLE = {"bool": "bool", "int": "int", "float": "float", "str": "str", "NonNegativeInt": "int", "PositiveInt": "int",
-           "StrictInt": "int", "NonNegativeFloat": "float", "List[int]": "list[int]", "list[int]": "list[int]",
-           "dict[int, int]": "dict[int,int]", "Dict[int, int]": "dict[int,int]", "List[float]": "list[float]"}
+_NESTED = {
+    "KvCacheConfig": "KvCacheConfig",
+    "SpeculativeConfig": "DFlashDecodingConfig",
+    "CudaGraphConfig": "CudaGraphConfig",
+    "CudaGraphConfigType": "CudaGraphConfig",
+    "MoeConfig": "MoeConfig",
+}
+_SIMPLE = {
+    "bool": "bool",
+    "int": "int",
+    "float": "float",
+    "str": "str",
+    "NonNegativeInt": "int",
+    "PositiveInt": "int",
+    "StrictInt": "int",
+    "NonNegativeFloat": "float",
+    "List[int]": "list[int]",
+    "list[int]": "list[int]",
+    "dict[int, int]": "dict[int,int]",
+    "Dict[int, int]": "dict[int,int]",
+    "List[float]": "list[float]",
+}
 
 
 def _type(annotation: ast.expr) -> dict[str, Any]:
     text = ast.unparse(annotation)
     optional = text.startswith("Optional[") and text.endswith("]")
-    inner = text[len("Optional["):-1] if optional else text
+    inner = text[len("Optional[") : -1] if optional else text
     if inner.startswith("Literal["):
-        values = [ast.literal_eval(e) for e in ast.parse(inner, mode="eval").body.slice.elts] if "," in inner else \
-            [ast.literal_eval(ast.parse(inner, mode="eval").body.slice)]
+        values = (
+            [ast.literal_eval(e) for e in ast.parse(inner, mode="eval").body.slice.elts]
+            if "," in inner
+            else [ast.literal_eval(ast.parse(inner, mode="eval").body.slice)]
+        )
         return {"type": "optional[literal]" if optional else "literal", "values": values}
     if inner in _NESTED:
         return {"type": "nested", "cls": _NESTED[inner]}
@@ -81,9 +105,14 @@ def extract(llm_args_py: Path) -> dict[str, Any]:
         if node is None:
             raise DFlashError(f"{llm_args_py} has no class {source_name}", "use a TensorRT-LLM checkout with DFlash (1.3.0rc or later)")
         bases = [ast.unparse(b) for b in node.bases if ast.unparse(b) in CLASSES]
-        fields = {s.target.id: _field(s) for s in node.body
-                  if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and not s.target.id.startswith("_")
-                  and not ast.unparse(s.annotation).startswith("ClassVar")}
+        fields = {
+            s.target.id: _field(s)
+            for s in node.body
+            if isinstance(s, ast.AnnAssign)
+            and isinstance(s.target, ast.Name)
+            and not s.target.id.startswith("_")
+            and not ast.unparse(s.annotation).startswith("ClassVar")
+        }
         fields.pop("model_config", None)
         classes[name] = {"bases": bases, "fields_complete": True, "fields": fields}
     if "BaseCudaGraphConfig" in found:
@@ -105,14 +134,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {source} not found; pass the root of a TensorRT-LLM checkout", file=sys.stderr)
         return 2
     try:
-        commit = subprocess.run(["git", "-C", str(args.checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", str(args.checkout), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown (not a git checkout)"
     old = json.loads(args.out.read_text()) if args.out.is_file() else {}
     data = {
-        "source": {"repository": "NVIDIA/TensorRT-LLM", "path": "tensorrt_llm/llmapi/llm_args.py", "commit": commit,
-                   "release_tag": args.tag, "classes_read": "whole classes (extracted with ast)"},
+        "source": {
+            "repository": "NVIDIA/TensorRT-LLM",
+            "path": "tensorrt_llm/llmapi/llm_args.py",
+            "commit": commit,
+            "release_tag": args.tag,
+            "classes_read": "whole classes (extracted with ast)",
+        },
         "rules": old.get("rules", {}),
         "classes": extract(source),
     }

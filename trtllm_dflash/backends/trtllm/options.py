@@ -15,7 +15,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trtllm_dflash.backends.trtllm.drafters import (
-    SLIDING, TWO_SIDED_BACKENDS, DrafterNote, drafter_support, local_drafter_overlay, runs_two_sided,
+    SLIDING,
+    TWO_SIDED_BACKENDS,
+    DrafterNote,
+    drafter_support,
+    local_drafter_overlay,
+    runs_two_sided,
 )
 from trtllm_dflash.errors import DFlashError
 
@@ -109,8 +114,10 @@ def validate_options(options: dict[str, Any], schema: type[BaseModel] = TritonMo
         problems.append("triton_config: only model.yaml of the Triton model has it, not the trtllm-serve YAML")
     problems += check_class(options, ROOT)
     if problems:
-        raise DFlashError(f"{source} is not a valid LLM-API configuration for TensorRT-LLM {pinned_source()}: "
-                          f"{'; '.join(problems)}", "fix or remove those keys") from None
+        raise DFlashError(
+            f"{source} is not a valid LLM-API configuration for TensorRT-LLM {pinned_source()}: {'; '.join(problems)}",
+            "fix or remove those keys",
+        ) from None
     return options
 
 
@@ -151,7 +158,10 @@ def validate_model_yaml(path: str | Path) -> TritonModelYaml:
 
 # ---------------------------------------------------------------------- the options of a recipe
 
-def llm_api_options(recipe, drafter_dir: str | Path | None = None, overlay_at: str | Path | None = None) -> tuple[dict[str, Any], list[str]]:
+
+def llm_api_options(
+    recipe, drafter_dir: str | Path | None = None, overlay_at: str | Path | None = None
+) -> tuple[dict[str, Any], list[str]]:
     """The LLM-API options of a `trtllm` recipe, and notes for the user.
 
     With `drafter_dir` (a local copy of the drafter) the speculative model points there (or at
@@ -174,8 +184,10 @@ def llm_api_options(recipe, drafter_dir: str | Path | None = None, overlay_at: s
         if local_drafter_overlay(path, backend) is not None:
             if overlay_at is not None:
                 speculative_model = str(Path(overlay_at).resolve())
-            notes.append(f"drafter config overlay ({overlay_at or 'written with the options'}): TensorRT-LLM reads the V2 sizes, "
-                         "is_causal and sliding windows from it, so it runs the drafter as published")
+            notes.append(
+                f"drafter config overlay ({overlay_at or 'written with the options'}): TensorRT-LLM reads the V2 sizes, "
+                "is_causal and sliding windows from it, so it runs the drafter as published"
+            )
     else:
         catalog = _catalog_drafter(recipe)
         if catalog is not None and (runs_two_sided(catalog) or SLIDING in tuple(catalog.layer_types)):
@@ -212,15 +224,21 @@ def _check_catalog_drafter(catalog, backend: str | None, name: str, notes: list[
     sliding = [i for i, t in enumerate(catalog.layer_types) if t == SLIDING]
     if (backend or "VANILLA") not in TWO_SIDED_BACKENDS:
         if runs_two_sided(catalog):
-            raise DFlashError(f"{name} is a DFlash V2 drafter whose sliding layers attend non-causally, which TensorRT-LLM's "
-                              f"{backend} drafter attention refuses (NVIDIA/TensorRT-LLM PR #19159)",
-                              "set trtllm.attention_backend to VANILLA (or FA4 on Hopper)")
-        notes.append(f"{name}: with drafter attention {backend}, TensorRT-LLM runs sliding layers {sliding} causally "
-                     "(lower acceptance, output still exact); set trtllm.attention_backend to VANILLA (or FA4 on Hopper) "
-                     "to run them as published")
+            raise DFlashError(
+                f"{name} is a DFlash V2 drafter whose sliding layers attend non-causally, which TensorRT-LLM's "
+                f"{backend} drafter attention refuses (NVIDIA/TensorRT-LLM PR #19159)",
+                "set trtllm.attention_backend to VANILLA (or FA4 on Hopper)",
+            )
+        notes.append(
+            f"{name}: with drafter attention {backend}, TensorRT-LLM runs sliding layers {sliding} causally "
+            "(lower acceptance, output still exact); set trtllm.attention_backend to VANILLA (or FA4 on Hopper) "
+            "to run them as published"
+        )
     elif sliding and not runs_two_sided(catalog):
-        notes.append(f"{name}: sliding layers {sliding} run as published through a drafter config overlay written with the "
-                     "options (TensorRT-LLM alone would run them causally); pass --drafter DIR to write it")
+        notes.append(
+            f"{name}: sliding layers {sliding} run as published through a drafter config overlay written with the "
+            "options (TensorRT-LLM alone would run them causally); pass --drafter DIR to write it"
+        )
 
 
 def _catalog_drafter(recipe):
@@ -250,5 +268,3 @@ def model_yaml(model: str, options: dict[str, Any], decoupled: bool = True) -> d
     TensorRT-LLM batches in flight itself, up to the LLM-API max_batch_size of the recipe.
     """
     return {"model": model, "backend": "pytorch", **options, "triton_config": {"max_batch_size": 0, "decoupled": decoupled}}
-
-

@@ -87,8 +87,7 @@ LLMAPI_OUTPUTS: dict[str, tuple[str, str]] = {
 # Where ours differs, and why: our clients send these integers as INT64 (protocol.INPUTS) over gRPC, and
 # the LLM-API model reads every sampling input with .item() (helpers.get_input_scalar_by_name), so a
 # wider integer reaches SamplingParams unchanged.
-WIDENED_INPUTS = {"sampling_param_max_tokens": "TYPE_INT64", "sampling_param_top_k": "TYPE_INT64",
-                  "sampling_param_seed": "TYPE_INT64"}
+WIDENED_INPUTS = {"sampling_param_max_tokens": "TYPE_INT64", "sampling_param_top_k": "TYPE_INT64", "sampling_param_seed": "TYPE_INT64"}
 
 
 def find_llmapi_model(explicit: str | Path | None = None) -> Path | None:
@@ -120,12 +119,15 @@ def llmapi_model_refusal(looked: str | Path | None = None) -> tuple[str, str]:
         folder = Path(looked).expanduser()
         missing = [name for name in LLMAPI_MODEL_NEEDS if not (folder / name).is_file()]
         what = "does not exist" if not folder.is_dir() else f"lacks {' and '.join(missing)}"
-        return (f"{LLMAPI_MODEL_OPTION} {looked} is not NVIDIA's LLM-API Triton model: it {what}",
-                f"{clone} and pass {LLMAPI_MODEL_OPTION} TensorRT-LLM/{LLMAPI_MODEL_SUBDIR}")
+        return (
+            f"{LLMAPI_MODEL_OPTION} {looked} is not NVIDIA's LLM-API Triton model: it {what}",
+            f"{clone} and pass {LLMAPI_MODEL_OPTION} TensorRT-LLM/{LLMAPI_MODEL_SUBDIR}",
+        )
     where = os.environ.get(LLMAPI_MODEL_ENV) or " or ".join(LLMAPI_MODEL_PLACES)
-    return (f"NVIDIA's LLM-API Triton model (1/model.py + 1/helpers.py) is not in {where}",
-            f"{clone} and pass {LLMAPI_MODEL_OPTION} $PWD/TensorRT-LLM/{LLMAPI_MODEL_SUBDIR} "
-            f"(or set {LLMAPI_MODEL_ENV} to it)")
+    return (
+        f"NVIDIA's LLM-API Triton model (1/model.py + 1/helpers.py) is not in {where}",
+        f"{clone} and pass {LLMAPI_MODEL_OPTION} $PWD/TensorRT-LLM/{LLMAPI_MODEL_SUBDIR} (or set {LLMAPI_MODEL_ENV} to it)",
+    )
 
 
 def require_llmapi_model(explicit: str | Path | None = None) -> Path:
@@ -143,9 +145,11 @@ def render_config(name: str, decoupled: bool) -> str:
         f"  {{ name: {pbtxt_string(n)} data_type: {WIDENED_INPUTS.get(n, dtype)} dims: [ {dims} ]{' optional: true' if optional else ''} }}"
         for n, (dtype, dims, optional) in LLMAPI_INPUTS.items()
     )
-    outputs = ",\n".join(f"  {{ name: {pbtxt_string(n)} data_type: {dtype} dims: [ {dims} ] }}" for n, (dtype, dims) in LLMAPI_OUTPUTS.items())
+    outputs = ",\n".join(
+        f"  {{ name: {pbtxt_string(n)} data_type: {dtype} dims: [ {dims} ] }}" for n, (dtype, dims) in LLMAPI_OUTPUTS.items()
+    )
     return (
-        f"name: {pbtxt_string(name)}\nbackend: \"python\"\nmax_batch_size: 0\n"
+        f'name: {pbtxt_string(name)}\nbackend: "python"\nmax_batch_size: 0\n'
         f"model_transaction_policy {{ decoupled: {'true' if decoupled else 'false'} }}\n\n"
         f"input [\n{inputs}\n]\noutput [\n{outputs}\n]\n\n"
         "instance_group [ { count: 1 kind: KIND_CPU } ]  # TensorRT-LLM places the model on the GPUs itself\n"
@@ -195,7 +199,11 @@ TritonPythonModel = _module.TritonPythonModel
 
 
 def write_trtllm_repository(
-    out: str | Path, recipe, drafter_dir: str | Path | None = None, name: str = MODEL_NAME, force: bool = False,
+    out: str | Path,
+    recipe,
+    drafter_dir: str | Path | None = None,
+    name: str = MODEL_NAME,
+    force: bool = False,
     llmapi_model: str | Path | None = None,
 ) -> tuple[Path, list[str]]:
     """Write the LLM-API repository of a `trtllm` recipe; returns (repository, notes). `llmapi_model`: NVIDIA's
@@ -208,8 +216,18 @@ def write_trtllm_repository(
     options, notes = llm_api_options(recipe, drafter_dir, overlay_at)
     overlay = local_drafter_overlay(drafter_dir, recipe.trtllm.attention_backend) if drafter_dir is not None else None
     extra = (lambda staging: write_drafter_overlay(drafter_dir, staging / "drafter", overlay)) if overlay is not None else None
-    path = write_llm_api_repository(out, options, recipe.model.checkpoint, bool(recipe.triton.decoupled), recipe.name, notes, name,
-                                    force, extra=extra, llmapi_model=llmapi_model)
+    path = write_llm_api_repository(
+        out,
+        options,
+        recipe.model.checkpoint,
+        bool(recipe.triton.decoupled),
+        recipe.name,
+        notes,
+        name,
+        force,
+        extra=extra,
+        llmapi_model=llmapi_model,
+    )
     return path, notes
 
 
@@ -222,14 +240,33 @@ def write_build_llm_api_repository(artifact: BuildArtifact, out: str | Path, for
     try:
         options = yaml.safe_load(options_file.read_text())
     except (OSError, yaml.YAMLError) as exc:
-        raise DFlashError(f"the build in {artifact.build_dir} has no usable trtllm stage ({exc})", "re-run `dflash-trt build` for it") from None
-    return write_llm_api_repository(out, options, artifact.deployed_target, artifact.decoupled, artifact.build_dir, [], MODEL_NAME, force,
-                                    llmapi_model=artifact.llmapi_model)
+        raise DFlashError(
+            f"the build in {artifact.build_dir} has no usable trtllm stage ({exc})", "re-run `dflash-trt build` for it"
+        ) from None
+    return write_llm_api_repository(
+        out,
+        options,
+        artifact.deployed_target,
+        artifact.decoupled,
+        artifact.build_dir,
+        [],
+        MODEL_NAME,
+        force,
+        llmapi_model=artifact.llmapi_model,
+    )
 
 
 def write_llm_api_repository(
-    out: str | Path, options: dict, model: str, decoupled: bool, title: str, notes: list[str], name: str = MODEL_NAME, force: bool = False,
-    extra=None, llmapi_model: str | Path | None = None,
+    out: str | Path,
+    options: dict,
+    model: str,
+    decoupled: bool,
+    title: str,
+    notes: list[str],
+    name: str = MODEL_NAME,
+    force: bool = False,
+    extra=None,
+    llmapi_model: str | Path | None = None,
 ) -> Path:
     """tensorrt_llm/{config.pbtxt, 1/model.yaml, 1/model.py} and trtllm-serve.yaml, both checked; `extra(staging)`
     writes more (the drafter overlay). NVIDIA's LLM-API model folder, where find_llmapi_model finds it here, is

@@ -59,7 +59,9 @@ class DFlash2Kind(DrafterKind):
             return HEAD_SCORES
         reason = plugin_ops.missing()
         if reason is not None:
-            raise UnsupportedTargetError(f"no plugin graph of this DFlash V2 drafter: {reason}", "build the native variant (use_plugins: false)")
+            raise UnsupportedTargetError(
+                f"no plugin graph of this DFlash V2 drafter: {reason}", "build the native variant (use_plugins: false)"
+            )
         return HEAD_PLUGIN
 
     def new_graph(self, drafter: Any, embedding: Any, lm_head: Any, plugin: bool) -> Any:
@@ -80,9 +82,11 @@ class DFlash2Kind(DrafterKind):
         return [names.TEMPERATURE, names.SEED] if head == HEAD_PLUGIN else []
 
     def plan_note(self, spec: Any) -> str | None:
-        return (f"DFlash V2 drafter: its weights include {spec.conv_params() / 1e6:.1f}M convolution, "
-                f"{spec.selector_projection_params() / 1e6:.1f}M selector projection and {spec.codebook_params() / 1e6:.1f}M "
-                "codebook parameters")
+        return (
+            f"DFlash V2 drafter: its weights include {spec.conv_params() / 1e6:.1f}M convolution, "
+            f"{spec.selector_projection_params() / 1e6:.1f}M selector projection and {spec.codebook_params() / 1e6:.1f}M "
+            "codebook parameters"
+        )
 
     def training_summary(self, config: "DrafterConfig") -> dict[str, Any]:
         return {"architecture": self.architecture, "selector_rank": config.selector_rank, "selector_top_k": config.selector_top_k}

@@ -93,4 +93,3 @@ class DrafterV2Graph(DrafterGraph):
         else:
             head = (unary, *selector_scores(unary, z, anchor, *codebooks, selector.top_k))
         return (*head, tuple(new_keys), tuple(new_values))
-

@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trtllm_dflash import ops
 from trtllm_dflash.config import V2_ARCHITECTURE, V2_DEFAULTS, DrafterConfig
 from trtllm_dflash.modeling.drafter import DFlashDecoderLayer, DFlashDrafter, stacked_weights
 from trtllm_dflash.modeling.fused_ops import norm_of, rms_norm
 from trtllm_dflash.modeling.kv_cache import LayerCache
-from trtllm_dflash import ops
 from trtllm_dflash.ops.reference_dflash2 import scatter_draft_probs
 
 
@@ -63,12 +63,16 @@ class DFlash2DecoderLayer(DFlashDecoderLayer):
         self.attention_conv = GroupedDynamicConv(config)
         self.mlp_conv = GroupedDynamicConv(config)
 
-    def step(self, x, rope, ctx_hidden, new_counts, cache: LayerCache, cache_lens, slots, history: int = 0, row=None, plan=None) -> torch.Tensor:
+    def step(
+        self, x, rope, ctx_hidden, new_counts, cache: LayerCache, cache_lens, slots, history: int = 0, row=None, plan=None
+    ) -> torch.Tensor:
         """x `[b, B, H]` float32 residual -> float32 residual (one decoding step)."""
         dtype = self.input_layernorm.weight.dtype
         a = rms_norm(x, *norm_of(self.input_layernorm)).to(dtype)
         pre, post = self.attention_conv.coefficients(a)
-        attn = self.self_attn.step(self.attention_conv.pre(a, pre), rope, ctx_hidden, new_counts, cache, cache_lens, slots, history, row, plan)
+        attn = self.self_attn.step(
+            self.attention_conv.pre(a, pre), rope, ctx_hidden, new_counts, cache, cache_lens, slots, history, row, plan
+        )
         x = self.attention_conv.post(attn, post, x)
         return self._mlp_sublayer(x, self._mlp_step)
 

@@ -112,9 +112,14 @@ def grouped_conv_kernel(
     acc = tl.full([BLOCK_T, BLOCK_C], 0.0, tl.float32)
     for k in tl.static_range(KERNEL_SIZE):
         tap_ok = row_ok & (t >= k)
-        x = tl.load(x_ptr + tl.multiple_of((rows - k) * hidden, C_UNIT)[:, None] + c[None, :], mask=tap_ok[:, None] & c_ok[None, :], other=0.0)
-        d = tl.load(delta_ptr + tl.multiple_of((rows * KERNEL_SIZE + k) * groups, G_UNIT)[:, None] + g[None, :],
-                    mask=row_ok[:, None] & g_ok[None, :], other=0.0).to(tl.float32)
+        x = tl.load(
+            x_ptr + tl.multiple_of((rows - k) * hidden, C_UNIT)[:, None] + c[None, :], mask=tap_ok[:, None] & c_ok[None, :], other=0.0
+        )
+        d = tl.load(
+            delta_ptr + tl.multiple_of((rows * KERNEL_SIZE + k) * groups, G_UNIT)[:, None] + g[None, :],
+            mask=row_ok[:, None] & g_ok[None, :],
+            other=0.0,
+        ).to(tl.float32)
         d = tl.reshape(tl.broadcast_to(d[:, :, None], (BLOCK_T, BLOCK_G, GROUP)), (BLOCK_T, BLOCK_C))  # per channel
         base = tl.load(base_ptr + tl.multiple_of(k * hidden, C_UNIT) + c, mask=c_ok, other=0.0).to(tl.float32)
         acc += (base[None, :] + d) * x.to(tl.float32)

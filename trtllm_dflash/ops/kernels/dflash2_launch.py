@@ -83,8 +83,10 @@ def conv_supported(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, res
         and tuple(delta.shape[:-2]) == tuple(x.shape[:-1])
         and tuple(base.shape) == (kernel_size, hidden)
         and 1 <= kernel_size <= MAX_BLOCK
-        and group == next_power_of_2(group) and group <= CONV_BLOCK_C
-        and delta.dtype in DTYPES and base.dtype in DTYPES
+        and group == next_power_of_2(group)
+        and group <= CONV_BLOCK_C
+        and delta.dtype in DTYPES
+        and base.dtype in DTYPES
         and (residual is None or (residual.dtype == torch.float32 and residual.shape == x.shape))
     )
 
@@ -99,7 +101,8 @@ def select_supported(unary: torch.Tensor, z: torch.Tensor, predecessor: torch.Te
     return (
         rank in SELECT_RANKS
         and tuple(z.shape[:2]) == (batch, steps)
-        and tuple(successor.shape) == (vocab, rank) and predecessor.shape[1] == rank
+        and tuple(successor.shape) == (vocab, rank)
+        and predecessor.shape[1] == rank
         and 1 <= top_k <= min(MAX_TOP_K, vocab)
         and 1 <= steps <= MAX_BLOCK
         and vocab < 2**31 - 1
@@ -115,8 +118,10 @@ def grouped_dynamic_conv(inputs) -> torch.Tensor:
     """Run the conv kernel (`reference_dflash2.grouped_dynamic_conv`): float32 with a residual, else x's dtype."""
     x, delta, base, residual = inputs
     if not conv_supported(x, delta, base, residual):
-        raise DFlashError(f"the grouped conv kernel does not cover x {tuple(x.shape)} {x.dtype}, delta {tuple(delta.shape)}, "
-                          f"base {tuple(base.shape)}", "call ops.grouped_dynamic_conv, which falls back to the reference")
+        raise DFlashError(
+            f"the grouped conv kernel does not cover x {tuple(x.shape)} {x.dtype}, delta {tuple(delta.shape)}, base {tuple(base.shape)}",
+            "call ops.grouped_dynamic_conv, which falls back to the reference",
+        )
     steps, hidden = x.shape[-2:]
     kernel_size, groups = delta.shape[-2:]
     blocks = x.numel() // max(steps * hidden, 1)
@@ -125,14 +130,26 @@ def grouped_dynamic_conv(inputs) -> torch.Tensor:
         return out
     residual_arg = residual.contiguous() if residual is not None else out  # a placeholder it does not read
     kernels.for_tensor_device("dflash2", x.device).grouped_conv_kernel[conv_grid(blocks, hidden)](
-        x.contiguous(), delta.contiguous(), base.contiguous(), residual_arg, *conv_scalars(steps, hidden), out,
-        KERNEL_SIZE=kernel_size, GROUP=hidden // groups, BLOCK_T=MAX_BLOCK, BLOCK_C=CONV_BLOCK_C,
-        HAS_RESIDUAL=residual is not None, ALIGNED=conv_aligned(hidden), **_launch_options(x.device, CONV_WARPS),
+        x.contiguous(),
+        delta.contiguous(),
+        base.contiguous(),
+        residual_arg,
+        *conv_scalars(steps, hidden),
+        out,
+        KERNEL_SIZE=kernel_size,
+        GROUP=hidden // groups,
+        BLOCK_T=MAX_BLOCK,
+        BLOCK_C=CONV_BLOCK_C,
+        HAS_RESIDUAL=residual is not None,
+        ALIGNED=conv_aligned(hidden),
+        **_launch_options(x.device, CONV_WARPS),
     )
     return out
 
 
-def topk_partials(unary: torch.Tensor, top_k: int, chunk_v: int = SELECT_CHUNK_V, block_v: int = SELECT_BLOCK_V) -> tuple[torch.Tensor, torch.Tensor]:
+def topk_partials(
+    unary: torch.Tensor, top_k: int, chunk_v: int = SELECT_CHUNK_V, block_v: int = SELECT_BLOCK_V
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Stage 1 of the candidates: float32 values and int32 ids `[b, T, chunks, k]` (`reference_dflash2.topk_partials`)."""
     if chunk_v % block_v:
         raise DFlashError(f"the selection chunk ({chunk_v}) must be a multiple of the tile ({block_v})")
@@ -143,8 +160,15 @@ def topk_partials(unary: torch.Tensor, top_k: int, chunk_v: int = SELECT_CHUNK_V
     if values.numel() == 0:
         return values, ids
     kernels.for_tensor_device("dflash2", unary.device).topk_partials_kernel[topk_partials_grid(batch * steps, vocab, chunk_v)](
-        unary.contiguous(), vocab, values, ids,
-        TOP_K=top_k, BLOCK_K=block_k(top_k), BLOCK_V=block_v, CHUNK_V=chunk_v, VOCAB_DIVISIBLE=select_vocab_divisible(vocab),
+        unary.contiguous(),
+        vocab,
+        values,
+        ids,
+        TOP_K=top_k,
+        BLOCK_K=block_k(top_k),
+        BLOCK_V=block_v,
+        CHUNK_V=chunk_v,
+        VOCAB_DIVISIBLE=select_vocab_divisible(vocab),
         **_launch_options(unary.device, 4),
     )
     return values, ids
@@ -158,8 +182,15 @@ def topk_merge(values: torch.Tensor, ids: torch.Tensor, top_k: int) -> tuple[tor
     if cand.numel() == 0:
         return cand, cand_unary
     kernels.for_tensor_device("dflash2", values.device).topk_merge_kernel[topk_merge_grid(batch * steps)](
-        values.contiguous(), ids.contiguous(), chunks, cand, cand_unary,
-        TOP_K=top_k, BLOCK_K=block_k(top_k), BLOCK_M=SELECT_BLOCK_M, **_launch_options(values.device, 4),
+        values.contiguous(),
+        ids.contiguous(),
+        chunks,
+        cand,
+        cand_unary,
+        TOP_K=top_k,
+        BLOCK_K=block_k(top_k),
+        BLOCK_M=SELECT_BLOCK_M,
+        **_launch_options(values.device, 4),
     )
     return cand, cand_unary
 
@@ -174,23 +205,37 @@ def candidate_walk(inputs) -> tuple[torch.Tensor, torch.Tensor]:
     if tokens.numel() == 0:
         return tokens, probs
     kernels.for_tensor_device("dflash2", device).candidate_select_kernel[candidate_select_grid(batch)](
-        inputs.cand.to(torch.int64).contiguous(), inputs.cand_unary.to(torch.float32).contiguous(), inputs.z.contiguous(),
-        inputs.anchor.to(torch.int64).contiguous(), inputs.predecessor.contiguous(), inputs.successor.contiguous(),
-        inputs.temperature.to(torch.float32).contiguous(), inputs.seed.to(torch.int64).contiguous(),
+        inputs.cand.to(torch.int64).contiguous(),
+        inputs.cand_unary.to(torch.float32).contiguous(),
+        inputs.z.contiguous(),
+        inputs.anchor.to(torch.int64).contiguous(),
+        inputs.predecessor.contiguous(),
+        inputs.successor.contiguous(),
+        inputs.temperature.to(torch.float32).contiguous(),
+        inputs.seed.to(torch.int64).contiguous(),
         inputs.positions.to(torch.int64).contiguous(),
-        steps, tokens, probs, TOP_K=top_k, BLOCK_K=block_k(top_k), RANK=inputs.z.shape[-1],
+        steps,
+        tokens,
+        probs,
+        TOP_K=top_k,
+        BLOCK_K=block_k(top_k),
+        RANK=inputs.z.shape[-1],
         **_launch_options(device, 4, fp_fusion=False),
     )
     return tokens, probs
 
 
 @specs.CANDIDATE_SELECT.launcher(torch.Tensor)
-def candidate_select(inputs, *, chunk_v: int = SELECT_CHUNK_V, block_v: int = SELECT_BLOCK_V) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def candidate_select(
+    inputs, *, chunk_v: int = SELECT_CHUNK_V, block_v: int = SELECT_BLOCK_V
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The three selector kernels: (tokens, candidate ids, candidate probabilities), as `reference_dflash2.candidate_select`."""
     unary, z, top_k = inputs.unary, inputs.z, inputs.top_k
     if not select_supported(unary, z, inputs.predecessor, inputs.successor, top_k):
-        raise DFlashError(f"the selector kernels do not cover unary {tuple(unary.shape)}, z {tuple(z.shape)}, top_k {top_k}",
-                          "call ops.candidate_select, which falls back to the reference")
+        raise DFlashError(
+            f"the selector kernels do not cover unary {tuple(unary.shape)}, z {tuple(z.shape)}, top_k {top_k}",
+            "call ops.candidate_select, which falls back to the reference",
+        )
     cand, cand_unary = topk_merge(*topk_partials(unary, top_k, chunk_v, block_v), top_k)
     tokens, probs = candidate_walk(cand, cand_unary, *inputs[1:-1])  # the walk takes the select's inputs after unary, but top_k
     return tokens, cand, probs

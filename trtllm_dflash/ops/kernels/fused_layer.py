@@ -28,8 +28,15 @@ SUM = tl.standard._sum_combine
 
 @triton.jit
 def add_rms_norm_kernel(
-    x_ptr, delta_ptr, weight_ptr, eps, hidden, sum_ptr, norm_ptr,
-    HAS_DELTA: tl.constexpr, BLOCK_H: tl.constexpr,
+    x_ptr,
+    delta_ptr,
+    weight_ptr,
+    eps,
+    hidden,
+    sum_ptr,
+    norm_ptr,
+    HAS_DELTA: tl.constexpr,
+    BLOCK_H: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_H)
@@ -48,8 +55,18 @@ def add_rms_norm_kernel(
 
 @triton.jit
 def qk_norm_rope_kernel(
-    qkv_ptr, cos_ptr, sin_ptr, norm_weight_ptr, eps, q_heads, kv_heads, q_ptr, k_ptr, v_ptr,
-    HAS_NORM: tl.constexpr, HEAD_DIM: tl.constexpr,
+    qkv_ptr,
+    cos_ptr,
+    sin_ptr,
+    norm_weight_ptr,
+    eps,
+    q_heads,
+    kv_heads,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    HAS_NORM: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)

@@ -15,28 +15,27 @@ import torch
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.ops import kernels, specs
 from trtllm_dflash.ops.attention_options import BLOCK_ATTENTION, TARGET_ATTENTION, AttentionOptions, float_bits  # noqa: F401  (float_bits: re-exported)
-
 from trtllm_dflash.ops.kernels.tiles import (  # noqa: F401  (re-exported: the launch API)
     ATTENTION_HEAD_DIMS,
-    MAX_BLOCK,
-    VERIFY_BLOCK_V,
     COMMIT_BLOCK_S,
-    next_power_of_2,
-    cdiv,
     ENGINE_SHARED_BUDGET,
     FLOAT32_SHARED_BUDGET,
+    MAX_BLOCK,
     MAX_REGISTERS,
-    element_bytes,
-    dtype_name,
-    shared_budget_for,
-    tile_shared_bytes,
-    fit_tiles,
+    VERIFY_BLOCK_V,
     AttentionConfig,
+    TargetAttentionConfig,
     attention_config,
     attention_config_for_tile,
-    TargetAttentionConfig,
+    cdiv,
+    dtype_name,
+    element_bytes,
+    fit_tiles,
+    next_power_of_2,
+    shared_budget_for,
     target_attention_config,
     target_attention_config_for_tile,
+    tile_shared_bytes,
 )
 
 # Logits per program of the split argmax: 38 chunks of a 151,936 vocabulary, so batch 1 x block 16
@@ -174,7 +173,9 @@ def target_attention_supported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     its scales), other head dims (e.g. MLA's 192), non-contiguous caches.
     """
     return (
-        q.dim() == 4 and k_cache.dim() == 4 and v_cache.dim() == 4
+        q.dim() == 4
+        and k_cache.dim() == 4
+        and v_cache.dim() == 4
         and q.dtype in TARGET_ATTENTION_DTYPES
         and k_cache.dtype in TARGET_ATTENTION_DTYPES
         and v_cache.dtype in TARGET_ATTENTION_DTYPES
@@ -212,8 +213,10 @@ def _check_target_attention_inputs(inputs, options: dict) -> None:
     capacity, kv_heads, head_dim_v = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
     _check_heads(num_heads, kv_heads, "target")
     expected = {
-        "k_new": (batch, tokens, kv_heads, head_dim_k), "v_new": (batch, tokens, kv_heads, head_dim_v),
-        "k_cache": (batch, capacity, kv_heads, head_dim_k), "v_cache": (batch, capacity, kv_heads, head_dim_v),
+        "k_new": (batch, tokens, kv_heads, head_dim_k),
+        "v_new": (batch, tokens, kv_heads, head_dim_v),
+        "k_cache": (batch, capacity, kv_heads, head_dim_k),
+        "v_cache": (batch, capacity, kv_heads, head_dim_v),
     }
     for name, want in expected.items():
         t = getattr(inputs, name)
@@ -249,11 +252,22 @@ def target_attention(inputs, *, kv_splits: int | None = None, **options) -> torc
     module = kernels.for_tensor_device("attention", q.device)
     grid = target_attention_grid(batch, tokens, kv_heads, group, config.block_m, splits)
     kernel_args = (
-        q.contiguous(), inputs.k_new.contiguous(), inputs.v_new.contiguous(), k_cache, v_cache,
-        inputs.starts.to(torch.int64).contiguous(), *_option_tensors(TARGET_ATTENTION, options, q.device),
+        q.contiguous(),
+        inputs.k_new.contiguous(),
+        inputs.v_new.contiguous(),
+        k_cache,
+        v_cache,
+        inputs.starts.to(torch.int64).contiguous(),
+        *_option_tensors(TARGET_ATTENTION, options, q.device),
     )
-    constants = dict(HEAD_DIM_K=head_dim_k, HEAD_DIM_V=head_dim_v, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-                     **TARGET_ATTENTION.kernel_constexprs(TARGET_ATTENTION.present(options)), IEEE=q.dtype == torch.float32)
+    constants = dict(
+        HEAD_DIM_K=head_dim_k,
+        HEAD_DIM_V=head_dim_v,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        **TARGET_ATTENTION.kernel_constexprs(TARGET_ATTENTION.present(options)),
+        IEEE=q.dtype == torch.float32,
+    )
     launch_options = _launch_options(q.device, config.num_warps, config.num_stages)
     if splits == 1:
         scalars = target_attention_scalars(tokens, capacity, kv_heads, group, options)
@@ -261,11 +275,27 @@ def target_attention(inputs, *, kv_splits: int | None = None, **options) -> torc
         return out
     scalars = target_attention_split_scalars(tokens, capacity, kv_heads, group, options, splits)
     merge_m = merge_block_m(head_dim_v, tokens, group, dtype_name(q.dtype))
-    return _split_and_merge(module, module.target_attention_split_kernel, grid, (*kernel_args, *scalars), constants, launch_options,
-                            q, k_cache, v_cache, out, kv_heads, group, splits, merge_m)
+    return _split_and_merge(
+        module,
+        module.target_attention_split_kernel,
+        grid,
+        (*kernel_args, *scalars),
+        constants,
+        launch_options,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        kv_heads,
+        group,
+        splits,
+        merge_m,
+    )
 
 
-def _split_and_merge(module, split_kernel, grid, args, constants, launch_options, q, k_cache, v_cache, out, kv_heads, group, splits, merge_m):
+def _split_and_merge(
+    module, split_kernel, grid, args, constants, launch_options, q, k_cache, v_cache, out, kv_heads, group, splits, merge_m
+):
     """The split launch of an attention kernel (`args`: its inputs and scalars), then the merge into `out
     [b, T, Hq, Dv]`: one launch each, through float32 partials `[b, Hkv, splits, T*g, (Dv)]`."""
     batch, tokens, _, head_dim_v = out.shape
@@ -274,8 +304,14 @@ def _split_and_merge(module, split_kernel, grid, args, constants, launch_options
     partial_lse = torch.empty(batch, kv_heads, splits, rows, dtype=torch.float32, device=q.device)
     split_kernel[grid](*args, partial_out, partial_lse, k_cache, v_cache, **constants, **launch_options)
     module.merge_kernel[merge_grid(batch, tokens, kv_heads, group, merge_m)](
-        partial_out, partial_lse, q, *merge_scalars(tokens, kv_heads, group, splits), out,
-        HEAD_DIM=head_dim_v, BLOCK_M=merge_m, **_launch_options(q.device, 4, 1),
+        partial_out,
+        partial_lse,
+        q,
+        *merge_scalars(tokens, kv_heads, group, splits),
+        out,
+        HEAD_DIM=head_dim_v,
+        BLOCK_M=merge_m,
+        **_launch_options(q.device, 4, 1),
     )
     return out
 
@@ -283,7 +319,9 @@ def _split_and_merge(module, split_kernel, grid, args, constants, launch_options
 def _option_tensors(op_options: AttentionOptions, options: dict, device: torch.device) -> list[torch.Tensor]:
     """The kernel's option pointers: each tensor option in float32, or a placeholder it does not read."""
     return [
-        options[o.name].to(torch.float32).contiguous() if options.get(o.name) is not None else torch.zeros(1, dtype=torch.float32, device=device)
+        options[o.name].to(torch.float32).contiguous()
+        if options.get(o.name) is not None
+        else torch.zeros(1, dtype=torch.float32, device=device)
         for o in op_options.tensors
     ]
 
@@ -308,8 +346,18 @@ class TargetAttentionShape:
     window: int = 0
 
     def bytes_moved(self, kv_bytes: int = 2, act_bytes: int = 2) -> int:
-        return target_attention_bytes(self.batch, self.tokens, self.heads, self.kv_heads, self.head_dim_k, self.head_dim_v,
-                                      self.context, self.window, kv_bytes, act_bytes)
+        return target_attention_bytes(
+            self.batch,
+            self.tokens,
+            self.heads,
+            self.kv_heads,
+            self.head_dim_k,
+            self.head_dim_v,
+            self.context,
+            self.window,
+            kv_bytes,
+            act_bytes,
+        )
 
 
 TARGET_ATTENTION_BENCH_SHAPES = tuple(
@@ -319,17 +367,34 @@ TARGET_ATTENTION_BENCH_SHAPES = tuple(
 )
 
 
-def block_attention_bytes(batch: int, block: int, heads: int, kv_heads: int, head_dim: int, context: int, new_rows: int, act_bytes: int = 2) -> int:
+def block_attention_bytes(
+    batch: int, block: int, heads: int, kv_heads: int, head_dim: int, context: int, new_rows: int, act_bytes: int = 2
+) -> int:
     """Minimum HBM bytes of one drafter block-attention layer per step: the context K/V read, the
     block's K/V and queries read, the outputs and the appended context rows written."""
-    return act_bytes * batch * (
-        2 * context * kv_heads * head_dim + 2 * block * kv_heads * head_dim + 2 * block * heads * head_dim + 2 * new_rows * kv_heads * head_dim
+    return (
+        act_bytes
+        * batch
+        * (
+            2 * context * kv_heads * head_dim
+            + 2 * block * kv_heads * head_dim
+            + 2 * block * heads * head_dim
+            + 2 * new_rows * kv_heads * head_dim
+        )
     )
 
 
 def target_attention_bytes(
-    batch: int, tokens: int, heads: int, kv_heads: int, head_dim_k: int, head_dim_v: int, context: int,
-    window: int = 0, kv_bytes: int = 2, act_bytes: int = 2,
+    batch: int,
+    tokens: int,
+    heads: int,
+    kv_heads: int,
+    head_dim_k: int,
+    head_dim_v: int,
+    context: int,
+    window: int = 0,
+    kv_bytes: int = 2,
+    act_bytes: int = 2,
 ) -> int:
     """Minimum HBM bytes of one target-attention layer per step (the roofline of the kernel).
 
@@ -412,23 +477,52 @@ def block_attention(inputs, *, kv_splits: int | None = None, **options) -> torch
         k_ctx_new = k_ctx_new.new_zeros(batch, 1, kv_heads, head_dim)
         v_ctx_new = v_ctx_new.new_zeros(batch, 1, kv_heads, head_dim)
     kernel_args = (
-        q.contiguous(), inputs.k_block.contiguous(), inputs.v_block.contiguous(), k_ctx_new.contiguous(), v_ctx_new.contiguous(),
-        inputs.new_counts.to(torch.int64).contiguous(), k_cache, v_cache, inputs.cache_lens.to(torch.int64).contiguous(),
+        q.contiguous(),
+        inputs.k_block.contiguous(),
+        inputs.v_block.contiguous(),
+        k_ctx_new.contiguous(),
+        v_ctx_new.contiguous(),
+        inputs.new_counts.to(torch.int64).contiguous(),
+        k_cache,
+        v_cache,
+        inputs.cache_lens.to(torch.int64).contiguous(),
         *_option_tensors(BLOCK_ATTENTION, options, q.device),
     )
-    constants = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_T=config.block_t,
-                     **BLOCK_ATTENTION.kernel_constexprs(BLOCK_ATTENTION.present(options)), IEEE=q.dtype == torch.float32)
+    constants = dict(
+        HEAD_DIM=head_dim,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_T=config.block_t,
+        **BLOCK_ATTENTION.kernel_constexprs(BLOCK_ATTENTION.present(options)),
+        IEEE=q.dtype == torch.float32,
+    )
     launch_options = _launch_options(q.device, config.num_warps, config.num_stages)
     grid = attention_grid(batch, block, kv_heads, group, config.block_m, splits)
     scalars = attention_scalars(block, num_new, capacity, kv_heads, group, options, splits)
     if splits == 1:
         module.block_attention_kernel[grid](*kernel_args, *scalars, out, k_cache, v_cache, **constants, **launch_options)
         return out
-    return _split_and_merge(module, module.block_attention_split_kernel, grid, (*kernel_args, *scalars), constants, launch_options,
-                            q, k_cache, v_cache, out, kv_heads, group, splits, config.block_m)
+    return _split_and_merge(
+        module,
+        module.block_attention_split_kernel,
+        grid,
+        (*kernel_args, *scalars),
+        constants,
+        launch_options,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        kv_heads,
+        group,
+        splits,
+        config.block_m,
+    )
 
 
-def verify_partials(target_logits: torch.Tensor, chunk_v: int = VERIFY_CHUNK_V, block_v: int = VERIFY_BLOCK_V) -> tuple[torch.Tensor, torch.Tensor]:
+def verify_partials(
+    target_logits: torch.Tensor, chunk_v: int = VERIFY_CHUNK_V, block_v: int = VERIFY_BLOCK_V
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Stage 1 of the argmax: per chunk of `chunk_v` logits, float32 `[b, B, chunks]` maxima and
     int32 first indices of them (`reference.verify_partials`)."""
     batch, block, vocab = target_logits.shape
@@ -441,8 +535,14 @@ def verify_partials(target_logits: torch.Tensor, chunk_v: int = VERIFY_CHUNK_V, 
     if batch == 0 or chunks == 0:
         return chunk_max, chunk_index
     kernels.for_tensor_device("verify", device).verify_partials_kernel[verify_partials_grid(batch, block, vocab, chunk_v)](
-        target_logits.contiguous(), block, vocab, chunk_max, chunk_index,
-        BLOCK_V=block_v, CHUNK_V=chunk_v, VOCAB_DIVISIBLE=verify_vocab_divisible(vocab),
+        target_logits.contiguous(),
+        block,
+        vocab,
+        chunk_max,
+        chunk_index,
+        BLOCK_V=block_v,
+        CHUNK_V=chunk_v,
+        VOCAB_DIVISIBLE=verify_vocab_divisible(vocab),
         **_launch_options(device, 4, 1, fp_fusion=False),
     )
     return chunk_max, chunk_index
@@ -469,11 +569,24 @@ def verify_positions(inputs, *, block_v: int = VERIFY_BLOCK_V, chunk_v: int | No
     has_draft = draft_probs is not None and block > 1
     draft_probs = draft_probs.to(torch.float32) if has_draft else torch.zeros(1, dtype=torch.float32, device=device)
     kernels.for_tensor_device("verify", device).verify_positions_kernel[verify_positions_grid(batch, block)](
-        target_logits, block_tokens.to(torch.int64).contiguous(), draft_probs.contiguous(),
-        inputs.temperature.to(torch.float32).contiguous(), inputs.top_k.to(torch.int64).contiguous(),
-        inputs.top_p.to(torch.float32).contiguous(), inputs.seed.to(torch.int64).contiguous(), inputs.start.to(torch.int64).contiguous(),
-        chunk_max, chunk_index, block, vocab, int(has_draft), chunk_max.shape[2], decisions,
-        BLOCK_V=block_v, BLOCK_C=VERIFY_BLOCK_C, VOCAB_DIVISIBLE=verify_vocab_divisible(vocab),
+        target_logits,
+        block_tokens.to(torch.int64).contiguous(),
+        draft_probs.contiguous(),
+        inputs.temperature.to(torch.float32).contiguous(),
+        inputs.top_k.to(torch.int64).contiguous(),
+        inputs.top_p.to(torch.float32).contiguous(),
+        inputs.seed.to(torch.int64).contiguous(),
+        inputs.start.to(torch.int64).contiguous(),
+        chunk_max,
+        chunk_index,
+        block,
+        vocab,
+        int(has_draft),
+        chunk_max.shape[2],
+        decisions,
+        BLOCK_V=block_v,
+        BLOCK_C=VERIFY_BLOCK_C,
+        VOCAB_DIVISIBLE=verify_vocab_divisible(vocab),
         **_launch_options(device, 4, 1, fp_fusion=False),
     )
     return decisions
@@ -492,9 +605,16 @@ def verify_commit(inputs) -> torch.Tensor:
     if num_stop == 0:
         stop_ids = torch.full((1, 1), -1, dtype=torch.int64, device=device)
     kernels.for_tensor_device("verify", device).verify_commit_kernel[verify_commit_grid(batch)](
-        inputs.decisions.contiguous(), block_tokens.to(torch.int64).contiguous(), inputs.start.to(torch.int64).contiguous(),
-        stop_ids.to(torch.int64).contiguous(), block, num_stop, result,
-        BLOCK_T=MAX_BLOCK, BLOCK_S=COMMIT_BLOCK_S, **_launch_options(device, 1, 1),
+        inputs.decisions.contiguous(),
+        block_tokens.to(torch.int64).contiguous(),
+        inputs.start.to(torch.int64).contiguous(),
+        stop_ids.to(torch.int64).contiguous(),
+        block,
+        num_stop,
+        result,
+        BLOCK_T=MAX_BLOCK,
+        BLOCK_S=COMMIT_BLOCK_S,
+        **_launch_options(device, 1, 1),
     )
     return result
 

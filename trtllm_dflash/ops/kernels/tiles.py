@@ -61,7 +61,9 @@ def shared_budget_for(dtype: str) -> int:
     return FLOAT32_SHARED_BUDGET if element_bytes(dtype) == 4 else ENGINE_SHARED_BUDGET
 
 
-def tile_shared_bytes(block_m: int, block_n: int, head_dim_k: int, head_dim_v: int, element_bytes: int, num_stages: int, streams: int) -> int:
+def tile_shared_bytes(
+    block_m: int, block_n: int, head_dim_k: int, head_dim_v: int, element_bytes: int, num_stages: int, streams: int
+) -> int:
     """Shared memory of one flash-attention program, an upper estimate of Triton's layout (checked
     against the compiler by tests/test_kernel_audit.py): the query tile with a key and a value tile
     per streamed load (`streams`: 2 for the drafter's cache + new rows, 1 for the target), buffered
@@ -73,7 +75,9 @@ def tile_shared_bytes(block_m: int, block_n: int, head_dim_k: int, head_dim_v: i
     return max(operands, 4 * block_m * head_dim_v) + SHARED_SLACK
 
 
-def fit_tiles(head_dim_k: int, head_dim_v: int, block_m: int, dtype: str, shared_budget: int | None, streams: int) -> tuple[int, int, int, int]:
+def fit_tiles(
+    head_dim_k: int, head_dim_v: int, block_m: int, dtype: str, shared_budget: int | None, streams: int
+) -> tuple[int, int, int, int]:
     """(block_m, block_n, num_warps, num_stages) within `shared_budget` bytes (default: the dtype's).
 
     16-bit tiles start double buffered; float32 ones single, with at most 2048 query elements (fp32
@@ -128,9 +132,7 @@ def attention_config(
     return attention_config_for_tile(head_dim, min(max(16, next_power_of_2(block * group)), cap), dtype, shared_budget)
 
 
-def attention_config_for_tile(
-    head_dim: int, block_m: int, dtype: str = "bfloat16", shared_budget: int | None = None
-) -> AttentionConfig:
+def attention_config_for_tile(head_dim: int, block_m: int, dtype: str = "bfloat16", shared_budget: int | None = None) -> AttentionConfig:
     """The rest of the configuration follows from the head dimension, the query tile and the budget."""
     if head_dim not in ATTENTION_HEAD_DIMS:
         raise DFlashError(f"block attention supports head_dim {ATTENTION_HEAD_DIMS}, not {head_dim}", "use a supported drafter")
@@ -154,7 +156,11 @@ class TargetAttentionConfig:
 
 
 def target_attention_config(
-    head_dim_k: int, head_dim_v: int, tokens: int = MAX_BLOCK, group: int = 1, dtype: str = "bfloat16",
+    head_dim_k: int,
+    head_dim_v: int,
+    tokens: int = MAX_BLOCK,
+    group: int = 1,
+    dtype: str = "bfloat16",
     shared_budget: int | None = None,
 ) -> TargetAttentionConfig:
     """Tiles for a target layer: the query tile packs a KV head's block x group rows, as the drafter's.
@@ -173,6 +179,8 @@ def target_attention_config_for_tile(
     """The rest of the configuration follows from the head dims, the query tile and the budget (as for the drafter)."""
     for name, dim in (("key", head_dim_k), ("value", head_dim_v)):
         if dim not in ATTENTION_HEAD_DIMS:
-            raise DFlashError(f"target attention supports {name} head dims {ATTENTION_HEAD_DIMS}, not {dim}", "the torch reference runs other shapes")
+            raise DFlashError(
+                f"target attention supports {name} head dims {ATTENTION_HEAD_DIMS}, not {dim}", "the torch reference runs other shapes"
+            )
     block_m, block_n, num_warps, num_stages = fit_tiles(head_dim_k, head_dim_v, block_m, dtype, shared_budget, streams=1)
     return TargetAttentionConfig(head_dim_k, head_dim_v, block_m, block_n, num_warps, num_stages)

@@ -60,7 +60,9 @@ def create_app(frontend: Frontend):
     @app.exception_handler(Exception)
     async def unexpected_error(request: Request, exc: Exception):
         """A bug or an unforeseen failure: still an OpenAI body (uvicorn logs the traceback)."""
-        error = OpenAIError(500, "the server failed on this request (an internal error; its log has the details)", None, "internal_error", "server_error")
+        error = OpenAIError(
+            500, "the server failed on this request (an internal error; its log has the details)", None, "internal_error", "server_error"
+        )
         return JSONResponse(error.body(), status_code=500)
 
     @app.exception_handler(RequestValidationError)
@@ -94,14 +96,23 @@ def create_app(frontend: Frontend):
         ok, why = False, "the front end's gRPC client is not started"
         try:
             if frontend.client is not None:
-                ok, why = await asyncio.wait_for(  # the gRPC deadline, and a bound of our own
-                    frontend.client.is_server_ready(client_timeout=HEALTH_TIMEOUT), HEALTH_TIMEOUT + 0.5), "it says it is not ready"
+                ok, why = (
+                    await asyncio.wait_for(  # the gRPC deadline, and a bound of our own
+                        frontend.client.is_server_ready(client_timeout=HEALTH_TIMEOUT), HEALTH_TIMEOUT + 0.5
+                    ),
+                    "it says it is not ready",
+                )
         except Exception as exc:  # noqa: BLE001 - Triton down or restarting (serve supervises it): not ready, not a 500
             why = _triton_failure(exc)
         if ok:
             return JSONResponse({"status": "ok"})
-        error = OpenAIError(503, f"the model server (Triton at {frontend.config.triton_url}) is not ready: {why}; "
-                                 "retry once it has started", None, "model_server_not_ready", "server_error")
+        error = OpenAIError(
+            503,
+            f"the model server (Triton at {frontend.config.triton_url}) is not ready: {why}; retry once it has started",
+            None,
+            "model_server_not_ready",
+            "server_error",
+        )
         return JSONResponse({"status": "not ready", **error.body()}, status_code=503)
 
     @app.get("/v1/models")
@@ -121,7 +132,9 @@ def create_app(frontend: Frontend):
         params = frontend.sampling(body, info, "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens")
         prompt = await to_thread.run_sync(frontend.chat_prompt, body, info)
         ids = await to_thread.run_sync(frontend.check_prompt, info, prompt, "messages")
-        return await _answer(request, body, info, lambda: frontend.open(info, prompt, params, ids, _salt(frontend, body, request)), chat=True)
+        return await _answer(
+            request, body, info, lambda: frontend.open(info, prompt, params, ids, _salt(frontend, body, request)), chat=True
+        )
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -129,11 +142,17 @@ def create_app(frontend: Frontend):
         prompt = body.prompt
         if isinstance(prompt, list):
             if len(prompt) != 1 or not isinstance(prompt[0], str):
-                raise OpenAIError(400, "prompt must be one string (lists of prompts and token ids are not supported); send one request per prompt", "prompt")
+                raise OpenAIError(
+                    400,
+                    "prompt must be one string (lists of prompts and token ids are not supported); send one request per prompt",
+                    "prompt",
+                )
             prompt = prompt[0]
         params = frontend.sampling(body, info)
         ids = await to_thread.run_sync(frontend.check_prompt, info, prompt, "prompt")
-        return await _answer(request, body, info, lambda: frontend.open(info, prompt, params, ids, _salt(frontend, body, request)), chat=False)
+        return await _answer(
+            request, body, info, lambda: frontend.open(info, prompt, params, ids, _salt(frontend, body, request)), chat=False
+        )
 
     async def _answer(request: Request, body: GenerationRequest, info: ModelInfo, open_stream: Callable[[], TritonStream], chat: bool):
         """Send the request to the model (unless its client already left: no prefill for nobody) and
@@ -219,8 +238,9 @@ async def _collect(stream: TritonStream) -> tuple[str, dict, list[int]]:
     return "".join(parts), last, lengths
 
 
-async def _stream_events(iterator, first: dict, ident: str, created: int, model: str, chat: bool, usage: bool,
-                         spec: bool = False, calls: str | None = None) -> AsyncIterator[str]:
+async def _stream_events(
+    iterator, first: dict, ident: str, created: int, model: str, chat: bool, usage: bool, spec: bool = False, calls: str | None = None
+) -> AsyncIterator[str]:
     """OpenAI chunks: role first (chat), one chunk per decoding step, finish, usage, [DONE].
 
     With `calls` (a tool-call format) text is sent up to where a call starts; the calls follow as
@@ -265,7 +285,15 @@ async def _stream_events(iterator, first: dict, ident: str, created: int, model:
         return
     except Exception:  # noqa: BLE001 - headers are sent: an error event is the only way to say it
         log.exception("the stream %s failed", ident)
-        yield _sse(OpenAIError(500, "the server failed on this request (an internal error; its log has the details)", None, "internal_error", "server_error").body())
+        yield _sse(
+            OpenAIError(
+                500,
+                "the server failed on this request (an internal error; its log has the details)",
+                None,
+                "internal_error",
+                "server_error",
+            ).body()
+        )
         return
     reason = _finish_reason(last.get("finish_reason"))
     if held is not None:
@@ -313,7 +341,10 @@ def _usage(last: dict) -> dict:
     cached = last.get("num_cached_tokens")
     details = {"prompt_tokens_details": {"cached_tokens": int(cached)}} if cached is not None else {}
     return {
-        "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion, **details,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        **details,
         "dflash": {  # an extension: the acceptance of this request's speculative decoding
             "mean_acceptance_length": round(float(last.get("mean_acceptance_length") or 0.0), 4),
             "acceptance_rate": round(float(last.get("acceptance_rate") or 0.0), 4),

@@ -16,12 +16,18 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from trtllm_dflash.contracts.grammar_spec import GrammarSpec
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.sampling_params import PromptTooLongError, SamplingError, SamplingParams, check_prompt_text, check_prompt_tokens
 from trtllm_dflash.serving.model_parameters import DEFAULT_NEW_TOKENS, ServingConfig
-from trtllm_dflash.contracts.grammar_spec import GrammarSpec
 from trtllm_dflash.serving.openai.schemas import (
-    ACCEPTED_VALUES, GRAMMAR_FIELDS, IGNORED, UNSUPPORTED, ChatCompletionRequest, GenerationRequest, OpenAIError,
+    ACCEPTED_VALUES,
+    GRAMMAR_FIELDS,
+    IGNORED,
+    UNSUPPORTED,
+    ChatCompletionRequest,
+    GenerationRequest,
+    OpenAIError,
 )
 from trtllm_dflash.serving.openai.tool_calls import request_grammar, tool_format_of
 from trtllm_dflash.serving.openai.triton import TritonStream
@@ -77,7 +83,9 @@ def _tokenizer_dir(config: ServingConfig | None, name: str, override: str | None
     if override:
         return resolve_checkpoint(override, "tokenizer")
     if config is None:
-        raise DFlashError(f"model {name!r} is not a trtllm-dflash Python-backend model", "pass --tokenizer DIR (the target's tokenizer) to serve it")
+        raise DFlashError(
+            f"model {name!r} is not a trtllm-dflash Python-backend model", "pass --tokenizer DIR (the target's tokenizer) to serve it"
+        )
     if config.engines and config.target in ("", None):  # an engines-only model: no tokenizer to borrow
         raise DFlashError(f"model {name!r} names no target checkpoint", "pass --tokenizer DIR")
     target = config.target
@@ -109,12 +117,23 @@ def load_model_info(name: str, parameters: dict, tokenizer: str | None, reposito
     try:
         tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - not a tokenizer folder
-        raise DFlashError(f"cannot load a tokenizer from {folder} for model {name!r} ({type(exc).__name__})", "pass --tokenizer DIR with tokenizer.json") from None
+        raise DFlashError(
+            f"cannot load a tokenizer from {folder} for model {name!r} ({type(exc).__name__})", "pass --tokenizer DIR with tokenizer.json"
+        ) from None
     if config is None:
         return ModelInfo(name, tok, None, None, DEFAULT_NEW_TOKENS, False, int(time.time()))
     limits = config.limits()
-    return ModelInfo(name, tok, limits.max_context, limits.max_new_tokens, limits.default_new_tokens, config.speculative,
-                     int(time.time()), config.max_batch, tool_format=tool_format_of(folder))
+    return ModelInfo(
+        name,
+        tok,
+        limits.max_context,
+        limits.max_new_tokens,
+        limits.default_new_tokens,
+        config.speculative,
+        int(time.time()),
+        config.max_batch,
+        tool_format=tool_format_of(folder),
+    )
 
 
 @dataclasses.dataclass
@@ -198,13 +217,17 @@ class Frontend:
         try:
             index = client.get_model_repository_index(as_json=True)
         except InferenceServerException as exc:
-            raise DFlashError(f"cannot reach Triton's gRPC endpoint at {self.config.triton_url} ({exc.message()})",
-                              "start `dflash-trt serve REPO` first or fix --triton-url (host:8001)") from None
+            raise DFlashError(
+                f"cannot reach Triton's gRPC endpoint at {self.config.triton_url} ({exc.message()})",
+                "start `dflash-trt serve REPO` first or fix --triton-url (host:8001)",
+            ) from None
         ready = [m["name"] for m in index.get("models", []) if m.get("state") == "READY"]
         for name in list(self.config.models) or ready:
             if name not in ready:
-                raise DFlashError(f"model {name!r} is not ready on Triton at {self.config.triton_url} (ready: {', '.join(ready) or 'none'})",
-                                  "pass a served model with --model")
+                raise DFlashError(
+                    f"model {name!r} is not ready on Triton at {self.config.triton_url} (ready: {', '.join(ready) or 'none'})",
+                    "pass a served model with --model",
+                )
             config = client.get_model_config(name, as_json=True)
             parameters = config.get("config", config).get("parameters", {})
             inputs = frozenset(i["name"] for i in client.get_model_metadata(name, as_json=True).get("inputs", []))
@@ -213,18 +236,23 @@ class Frontend:
                 if LLMAPI_MARKER in inputs:  # NVIDIA's LLM-API model: asked for its finish reason and figures
                     info = dataclasses.replace(info, llmapi_inputs=inputs, speculative=True)
                 else:
-                    info = dataclasses.replace(info, takes_ids="input_ids" in inputs, takes_salt="cache_salt" in inputs,
-                                               takes_grammar="guided_decoding" in inputs)
+                    info = dataclasses.replace(
+                        info, takes_ids="input_ids" in inputs, takes_salt="cache_salt" in inputs, takes_grammar="guided_decoding" in inputs
+                    )
                 if self.config.per_key and not info.takes_salt:
-                    raise DFlashError(f"model {name!r} cannot keep API keys' prefix caches apart (its repository has no cache_salt input)",
-                                      "rewrite the repository with `dflash-trt repo`, or pass --prefix-cache-scope server to let the keys share it")
+                    raise DFlashError(
+                        f"model {name!r} cannot keep API keys' prefix caches apart (its repository has no cache_salt input)",
+                        "rewrite the repository with `dflash-trt repo`, or pass --prefix-cache-scope server to let the keys share it",
+                    )
                 self.models[name] = info
             except DFlashError:
                 if self.config.models:  # named explicitly: say why it cannot be served
                     raise
         client.close()
         if not self.models:
-            raise DFlashError(f"Triton at {self.config.triton_url} serves no DFlash model", "serve a repository written by `dflash-trt repo`")
+            raise DFlashError(
+                f"Triton at {self.config.triton_url} serves no DFlash model", "serve a repository written by `dflash-trt repo`"
+            )
 
     async def start(self) -> None:
         """The async gRPC client, created on the serving event loop."""
@@ -239,7 +267,9 @@ class Frontend:
     def model(self, name: str) -> ModelInfo:
         if name not in self.models:
             shown = name if len(name) <= 256 else name[:256] + "..."  # a client's megabyte is not echoed back
-            raise OpenAIError(404, f"The model '{shown}' does not exist; this server has {', '.join(self.models)}", "model", "model_not_found")
+            raise OpenAIError(
+                404, f"The model '{shown}' does not exist; this server has {', '.join(self.models)}", "model", "model_not_found"
+            )
         return self.models[name]
 
     # ------------------------------------------------------------------ validation
@@ -252,12 +282,23 @@ class Frontend:
         for name, allowed in UNSUPPORTED.items():
             if name in extra and not allowed(extra[name]):
                 accepted = f" or send {ACCEPTED_VALUES[name]}" if name in ACCEPTED_VALUES else ""
-                raise OpenAIError(400, f"'{name}' with this value is not supported by this server; leave it out{accepted}", name, "unsupported_parameter")
+                raise OpenAIError(
+                    400, f"'{name}' with this value is not supported by this server; leave it out{accepted}", name, "unsupported_parameter"
+                )
         for name in extra:
             if name not in UNSUPPORTED and name not in IGNORED and name not in GRAMMAR_FIELDS:
-                raise OpenAIError(400, f"'{name}' is not a parameter this server knows, so it would be ignored; leave it out", name, "unsupported_parameter")
+                raise OpenAIError(
+                    400,
+                    f"'{name}' is not a parameter this server knows, so it would be ignored; leave it out",
+                    name,
+                    "unsupported_parameter",
+                )
         if request.n not in (None, 1):
-            raise OpenAIError(400, f"n={request.n} is not supported: this server returns one choice per request; send n=1 and repeat the request for more", "n")
+            raise OpenAIError(
+                400,
+                f"n={request.n} is not supported: this server returns one choice per request; send n=1 and repeat the request for more",
+                "n",
+            )
         max_tokens = getattr(request, max_tokens_field)
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
         params = SamplingParams(
@@ -276,7 +317,11 @@ class Frontend:
             if info.max_new_tokens_limit is not None:
                 params.check_limit(info.max_new_tokens_limit)
         except SamplingError as exc:
-            raise OpenAIError(400, str(exc.renamed({"max_new_tokens": max_tokens_field})), max_tokens_field if exc.field == "max_new_tokens" else exc.field) from None
+            raise OpenAIError(
+                400,
+                str(exc.renamed({"max_new_tokens": max_tokens_field})),
+                max_tokens_field if exc.field == "max_new_tokens" else exc.field,
+            ) from None
         return params
 
     def grammar(self, request: GenerationRequest, extra: dict, info: ModelInfo) -> GrammarSpec | None:
@@ -285,10 +330,17 @@ class Frontend:
             raise OpenAIError(400, "tools are taken on /v1/chat/completions; send the request there", "tools", "unsupported_parameter")
         spec = request_grammar(extra, info.tool_format, info.name)
         if spec is not None and not info.takes_grammar:
-            asked = next((name for name in ("tools", "structured_outputs", "guided_json", "guided_regex", "guided_choice") if extra.get(name)),
-                         "response_format")
-            raise OpenAIError(400, f"model '{info.name}' cannot follow a grammar (its repository was written before grammars, or it is "
-                              f"NVIDIA's LLM-API model); rewrite its repository with `dflash-trt repo`", asked, "unsupported_parameter")
+            asked = next(
+                (name for name in ("tools", "structured_outputs", "guided_json", "guided_regex", "guided_choice") if extra.get(name)),
+                "response_format",
+            )
+            raise OpenAIError(
+                400,
+                f"model '{info.name}' cannot follow a grammar (its repository was written before grammars, or it is "
+                f"NVIDIA's LLM-API model); rewrite its repository with `dflash-trt repo`",
+                asked,
+                "unsupported_parameter",
+            )
         return spec
 
     def check_prompt(self, info: ModelInfo, text: str, param: str) -> list[int]:
@@ -305,15 +357,25 @@ class Frontend:
         except PromptTooLongError as exc:  # in OpenAI's words, which clients look for
             held = f", more than {exc.max_context} tokens of text can hold" if exc.unit == "characters" else ""
             raise OpenAIError(
-                400, f"This model's maximum context length is {exc.max_context} tokens; the prompt has {exc.length} {exc.unit}{held}. Shorten it.",
-                param, "context_length_exceeded",
+                400,
+                f"This model's maximum context length is {exc.max_context} tokens; "
+                f"the prompt has {exc.length} {exc.unit}{held}. Shorten it.",
+                param,
+                "context_length_exceeded",
             ) from None
         except SamplingError as exc:
             raise OpenAIError(400, str(exc), param) from None
         return ids
 
     def chat_prompt(self, request: ChatCompletionRequest, info: ModelInfo) -> str:
-        from trtllm_dflash.chat import RENDER_CHARS, NoChatTemplateError, RenderLimitError, TemplateKwargError, apply_chat_template, check_template_kwargs
+        from trtllm_dflash.chat import (
+            RENDER_CHARS,
+            NoChatTemplateError,
+            RenderLimitError,
+            TemplateKwargError,
+            apply_chat_template,
+            check_template_kwargs,
+        )
         from trtllm_dflash.contracts.request_limits import PROMPT_CHARS_PER_TOKEN
 
         if not request.messages:
@@ -338,24 +400,41 @@ class Frontend:
             raise OpenAIError(400, str(exc), "messages", "chat_template_limit") from None
         except NoChatTemplateError:
             raise OpenAIError(
-                400, f"model '{info.name}' has no chat template (its target tokenizer has none); use /v1/completions, "
-                "or add a chat_template to the target's tokenizer_config.json", "messages", "no_chat_template",
+                400,
+                f"model '{info.name}' has no chat template (its target tokenizer has none); use /v1/completions, "
+                "or add a chat_template to the target's tokenizer_config.json",
+                "messages",
+                "no_chat_template",
             ) from None
         except DFlashError as exc:
             raise OpenAIError(400, str(exc), "messages") from None
 
-    def open(self, info: ModelInfo, prompt: str, params: SamplingParams, prompt_ids: list[int] | None = None,
-             salt: str | None = None) -> TritonStream:
+    def open(
+        self, info: ModelInfo, prompt: str, params: SamplingParams, prompt_ids: list[int] | None = None, salt: str | None = None
+    ) -> TritonStream:
         """The request on Triton's stream: as `prompt_ids` (checked by `check_prompt`) where the model takes ids, else as text;
         `salt` from `cache_salt()`."""
         if salt is not None and not info.takes_salt:
-            raise OpenAIError(400, f"'cache_salt' is not supported by model '{info.name}' (its repository was written before it, "
-                              "or it is NVIDIA's LLM-API model); leave it out", "cache_salt", "unsupported_parameter")
+            raise OpenAIError(
+                400,
+                f"'cache_salt' is not supported by model '{info.name}' (its repository was written before it, "
+                "or it is NVIDIA's LLM-API model); leave it out",
+                "cache_salt",
+                "unsupported_parameter",
+            )
         if not info.llmapi_inputs:
-            return TritonStream(self.client, info.name, params_body(prompt, params, streaming=True, prompt_ids=prompt_ids if info.takes_ids else None,
-                                                                   cache_salt=salt))
+            return TritonStream(
+                self.client,
+                info.name,
+                params_body(prompt, params, streaming=True, prompt_ids=prompt_ids if info.takes_ids else None, cache_salt=salt),
+            )
         body = params_body(prompt, params, streaming=True)
         for field, wire in INPUT_NAMES.items():  # ours alone (min_tokens, ignore_eos): refused rather than dropped
             if wire in OWN_ONLY_INPUTS and wire in body and wire not in info.llmapi_inputs:
-                raise OpenAIError(400, f"'{field}' is not supported by model '{info.name}' (NVIDIA's LLM-API model); leave it out", field, "unsupported_parameter")
+                raise OpenAIError(
+                    400,
+                    f"'{field}' is not supported by model '{info.name}' (NVIDIA's LLM-API model); leave it out",
+                    field,
+                    "unsupported_parameter",
+                )
         return TritonStream(self.client, info.name, llmapi_body(body, info.llmapi_inputs), LLMApiStream(), info.count_tokens, prompt)

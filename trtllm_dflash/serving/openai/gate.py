@@ -49,8 +49,15 @@ class Gate:
                 return await refuse(key)
             scope[TENANT] = tenant_of(key)
         if generate and frontend.draining:
-            return await refuse(OpenAIError(503, "the server is shutting down; send the request to another replica or retry after it restarts",
-                                            None, "server_shutting_down", "server_error"))
+            return await refuse(
+                OpenAIError(
+                    503,
+                    "the server is shutting down; send the request to another replica or retry after it restarts",
+                    None,
+                    "server_shutting_down",
+                    "server_error",
+                )
+            )
         if error := _encoding_error(scope) or _content_type_error(scope):
             return await refuse(error)
         try:
@@ -60,8 +67,16 @@ class Gate:
         if body is None:
             return  # the client left mid-body: nobody to answer
         if generate and frontend.in_flight >= frontend.capacity:
-            return await refuse(OpenAIError(429, f"this server has {frontend.in_flight} requests in flight, its limit; retry shortly",
-                                            None, "rate_limit_exceeded", "rate_limit_error", {"Retry-After": "1"}))
+            return await refuse(
+                OpenAIError(
+                    429,
+                    f"this server has {frontend.in_flight} requests in flight, its limit; retry shortly",
+                    None,
+                    "rate_limit_exceeded",
+                    "rate_limit_error",
+                    {"Retry-After": "1"},
+                )
+            )
         frontend.in_flight += generate
         try:
             await self.app(scope, _replay(body, receive), send)
@@ -81,15 +96,22 @@ def _matching_key(scope: dict, keys: tuple[str, ...]) -> str | OpenAIError:
     would depend on the proxy in front)."""
     headers = [value for name, value in scope["headers"] if name == b"authorization"]
     if len(headers) > 1:
-        return OpenAIError(400, f"the request has {len(headers)} Authorization headers; send exactly one (Authorization: Bearer KEY)",
-                           None, "invalid_authorization_header")
+        return OpenAIError(
+            400,
+            f"the request has {len(headers)} Authorization headers; send exactly one (Authorization: Bearer KEY)",
+            None,
+            "invalid_authorization_header",
+        )
     header = headers[0] if headers else b""
     scheme, _, token = header.partition(b" ")
     matches = [key for key in keys if hmac.compare_digest(token.strip(), key.encode())]
     if scheme.lower() == b"bearer" and matches:
         return matches[0]
-    message = ("Incorrect API key provided." if header else
-               "You didn't provide an API key. Send it in an Authorization header using Bearer auth (Authorization: Bearer KEY).")
+    message = (
+        "Incorrect API key provided."
+        if header
+        else "You didn't provide an API key. Send it in an Authorization header using Bearer auth (Authorization: Bearer KEY)."
+    )
     return OpenAIError(401, message, None, "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
 
@@ -99,9 +121,13 @@ def _encoding_error(scope: dict) -> OpenAIError | None:
     encoding = dict(scope["headers"]).get(b"content-encoding", b"").decode("latin-1").strip()
     if encoding.lower() in ("", "identity"):
         return None
-    return OpenAIError(415, f"Content-Encoding: {encoding[:64]} is not supported; send the request body uncompressed "
-                       "(plain JSON with Content-Type: application/json) and drop the Content-Encoding header",
-                       None, "unsupported_content_encoding")
+    return OpenAIError(
+        415,
+        f"Content-Encoding: {encoding[:64]} is not supported; send the request body uncompressed "
+        "(plain JSON with Content-Type: application/json) and drop the Content-Encoding header",
+        None,
+        "unsupported_content_encoding",
+    )
 
 
 def _content_type_error(scope: dict) -> OpenAIError | None:
@@ -112,8 +138,12 @@ def _content_type_error(scope: dict) -> OpenAIError | None:
     declared = dict(scope["headers"]).get(b"content-type", b"").decode("latin-1")
     if declared.split(";")[0].strip().lower() == "application/json":
         return None
-    return OpenAIError(415, f"the request body must be JSON sent with Content-Type: application/json (got {declared[:64] or 'none'})",
-                       None, "unsupported_media_type")
+    return OpenAIError(
+        415,
+        f"the request body must be JSON sent with Content-Type: application/json (got {declared[:64] or 'none'})",
+        None,
+        "unsupported_media_type",
+    )
 
 
 def _host_error(scope: dict, allowed: tuple[str, ...]) -> OpenAIError | None:
@@ -125,8 +155,13 @@ def _host_error(scope: dict, allowed: tuple[str, ...]) -> OpenAIError | None:
     name = host[1 : host.index("]")] if host.startswith("[") and "]" in host else host.rsplit(":", 1)[0] if host.count(":") == 1 else host
     if name in allowed:
         return None
-    return OpenAIError(400, f"Host {host[:64]!r} is not a name this server answers to without an API key; "
-                       "use one of its names, or start it with --allowed-hosts NAME (or an API key)", None, "invalid_host")
+    return OpenAIError(
+        400,
+        f"Host {host[:64]!r} is not a name this server answers to without an API key; "
+        "use one of its names, or start it with --allowed-hosts NAME (or an API key)",
+        None,
+        "invalid_host",
+    )
 
 
 async def _read_body(scope: dict, receive: Callable, limit: int, timeout: float) -> bytes | None:
@@ -148,8 +183,13 @@ async def _read_body(scope: dict, receive: Callable, limit: int, timeout: float)
         try:
             message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
         except asyncio.TimeoutError:
-            raise OpenAIError(408, f"the request body did not arrive within {timeout:g} s ({size} bytes came); send it at once",
-                              None, "request_timeout", headers={"Connection": "close"}) from None
+            raise OpenAIError(
+                408,
+                f"the request body did not arrive within {timeout:g} s ({size} bytes came); send it at once",
+                None,
+                "request_timeout",
+                headers={"Connection": "close"},
+            ) from None
         if message["type"] != "http.request":
             return None  # http.disconnect: nobody to answer
         chunk = message.get("body", b"")

@@ -16,8 +16,15 @@ INT32_MAX = 2**31 - 1  # max_tokens: far above any model's context, and OpenAI's
 class OpenAIError(Exception):
     """An error answered as OpenAI's `{"error": {"message", "type", "param", "code"}}`."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
         self.headers = headers
@@ -42,8 +49,12 @@ def check_unicode(body: dict) -> None:
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError as exc:
-                raise OpenAIError(400, f"{path} is not valid Unicode text (a lone UTF-16 surrogate at character {exc.start}); send UTF-8 text",
-                                  param, "invalid_unicode") from None
+                raise OpenAIError(
+                    400,
+                    f"{path} is not valid Unicode text (a lone UTF-16 surrogate at character {exc.start}); send UTF-8 text",
+                    param,
+                    "invalid_unicode",
+                ) from None
         elif isinstance(value, dict):
             for key, item in value.items():
                 walk(key, path, param)
@@ -156,9 +167,16 @@ UNSUPPORTED = {
 # The value each UNSUPPORTED field is accepted with besides leaving it out, where there is one
 # (the 400 names it: `response_format` {"type": "text"} passes, so "leave it out" alone would mislead).
 ACCEPTED_VALUES = {
-    "logprobs": "false", "top_logprobs": "0",
-    "best_of": "1", "repetition_penalty": "1", "length_penalty": "1", "typical_p": "1", "beam_width": "1",
-    "skip_special_tokens": "true", "spaces_between_special_tokens": "true", "modalities": '["text"]',
+    "logprobs": "false",
+    "top_logprobs": "0",
+    "best_of": "1",
+    "repetition_penalty": "1",
+    "length_penalty": "1",
+    "typical_p": "1",
+    "beam_width": "1",
+    "skip_special_tokens": "true",
+    "spaces_between_special_tokens": "true",
+    "modalities": '["text"]',
 }
 
 # Fields outside the schema that change nothing of the answer, so they are accepted and ignored;
@@ -166,5 +184,6 @@ ACCEPTED_VALUES = {
 IGNORED = frozenset({"metadata", "store", "service_tier", "prediction"})
 
 # Fields that constrain the answer with a grammar (tool_calls.request_grammar reads them)
-GRAMMAR_FIELDS = frozenset({"response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "tools", "tool_choice",
-                            "parallel_tool_calls"})
+GRAMMAR_FIELDS = frozenset(
+    {"response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "tools", "tool_choice", "parallel_tool_calls"}
+)

@@ -23,9 +23,9 @@ listed in this package's __init__.py.
 """
 
 import ipaddress
-import socket
 import json
 import logging
+import socket
 import threading
 import time
 from pathlib import Path
@@ -34,8 +34,14 @@ from typing import Sequence
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.serving.openai.app import create_app, require_extra
 from trtllm_dflash.serving.openai.frontend import (
-    DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_QUEUED, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT,
-    PREFIX_CACHE_SCOPES, Frontend, FrontendConfig,
+    DEFAULT_DRAIN_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_QUEUED,
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_READ_TIMEOUT,
+    PREFIX_CACHE_SCOPES,
+    Frontend,
+    FrontendConfig,
 )
 from trtllm_dflash.serving.openai.schemas import OpenAIError
 
@@ -60,8 +66,10 @@ def exposure_warning(host: str, port: int, keyed: bool) -> str | None:
     """The one line to print when the API is reachable from the network without a key."""
     if keyed or is_loopback(host):
         return None
-    return (f"the OpenAI API listens on {host or '*'}:{port} without an API key: anyone who can reach this port can use the model; "
-            "set DFLASH_API_KEY (or pass --api-key) to require `Authorization: Bearer KEY`")
+    return (
+        f"the OpenAI API listens on {host or '*'}:{port} without an API key: anyone who can reach this port can use the model; "
+        "set DFLASH_API_KEY (or pass --api-key) to require `Authorization: Bearer KEY`"
+    )
 
 
 def host_names(host: str, extra: Sequence[str] | None = ()) -> tuple[str, ...]:
@@ -87,7 +95,9 @@ def api_keys(given: str | Sequence[str] | None, key_file: str | Path | None = No
             mode = path.stat().st_mode
             lines = path.read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as exc:
-            raise DFlashError(f"cannot read the API key file {path} ({type(exc).__name__})", "pass a UTF-8 text file with one key per line") from None
+            raise DFlashError(
+                f"cannot read the API key file {path} ({type(exc).__name__})", "pass a UTF-8 text file with one key per line"
+            ) from None
         if mode & 0o077:
             raise DFlashError(f"the API key file {path} can be read by other users (mode {mode & 0o777:o})", f"chmod 600 {path}")
         keys += [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
@@ -95,7 +105,9 @@ def api_keys(given: str | Sequence[str] | None, key_file: str | Path | None = No
             raise DFlashError(f"the API key file {path} holds no key", "write one key per line")
     bad = [key for key in keys if not key or any(c.isspace() for c in key) or not key.isprintable()]
     if bad:
-        raise DFlashError("an API key is empty or has spaces or control characters", "use printable keys without spaces (e.g. `openssl rand -hex 32`)")
+        raise DFlashError(
+            "an API key is empty or has spaces or control characters", "use printable keys without spaces (e.g. `openssl rand -hex 32`)"
+        )
     return tuple(dict.fromkeys(keys))
 
 
@@ -163,8 +175,13 @@ def guarded_protocol(read_timeout: float, max_connections: int) -> type:
         def _refuse(self) -> None:
             self._disarm()
             if not self.transport.is_closing():
-                error = OpenAIError(503, f"this server has {max_connections} connections open, its limit; retry shortly",
-                                    None, "too_many_connections", "server_error")
+                error = OpenAIError(
+                    503,
+                    f"this server has {max_connections} connections open, its limit; retry shortly",
+                    None,
+                    "too_many_connections",
+                    "server_error",
+                )
                 self.transport.write(_raw_response(503, "Service Unavailable", error))
                 self.transport.close()
 
@@ -209,8 +226,9 @@ def guarded_protocol(read_timeout: float, max_connections: int) -> type:
             if self.transport.is_closing():
                 return
             if self._bytes and self.conn.our_state is h11.IDLE:  # a request had begun: say why it is cut off
-                error = OpenAIError(408, f"the request headers did not arrive within {read_timeout:g} s; send them at once",
-                                    None, "request_timeout")
+                error = OpenAIError(
+                    408, f"the request headers did not arrive within {read_timeout:g} s; send them at once", None, "request_timeout"
+                )
                 self.transport.write(_raw_response(408, "Request Timeout", error))
             self.transport.close()
 
@@ -220,28 +238,56 @@ def guarded_protocol(read_timeout: float, max_connections: int) -> type:
 class OpenAIServer:
     """uvicorn serving the app in a background thread; a context manager (tests, `serve --openai-port`).
 
-        with OpenAIServer("127.0.0.1:8001", port=free_port()) as front:
-            openai.OpenAI(base_url=front.url, api_key="none").models.list()
+    with OpenAIServer("127.0.0.1:8001", port=free_port()) as front:
+        openai.OpenAI(base_url=front.url, api_key="none").models.list()
     """
 
-    def __init__(self, triton_url: str, host: str = "127.0.0.1", port: int = 8080, models: Sequence[str] = (),
-                 tokenizer: str | None = None, repository: str | Path | None = None, log_level: str = "warning",
-                 startup_timeout: float = 300.0, api_key: str | Sequence[str] | None = None, max_queued: int = DEFAULT_MAX_QUEUED,
-                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
-                 allow_request_chat_template: bool = False, read_timeout: float = DEFAULT_READ_TIMEOUT,
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS, api_key_file: str | Path | None = None,
-                 prefix_cache_scope: str = "auto", allowed_hosts: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        triton_url: str,
+        host: str = "127.0.0.1",
+        port: int = 8080,
+        models: Sequence[str] = (),
+        tokenizer: str | None = None,
+        repository: str | Path | None = None,
+        log_level: str = "warning",
+        startup_timeout: float = 300.0,
+        api_key: str | Sequence[str] | None = None,
+        max_queued: int = DEFAULT_MAX_QUEUED,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
+        allow_request_chat_template: bool = False,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        api_key_file: str | Path | None = None,
+        prefix_cache_scope: str = "auto",
+        allowed_hosts: Sequence[str] = (),
+    ) -> None:
         """`api_key`: one key or several (each a tenant, see FrontendConfig.prefix_cache_scope), plus
         those of `api_key_file` (one per line, readable by its owner only). `allowed_hosts`: without a
         key, Host names accepted beside this machine's own ("*": any)."""
         require_extra()
         if prefix_cache_scope not in PREFIX_CACHE_SCOPES:
-            raise DFlashError(f"prefix cache scope {prefix_cache_scope!r} is not one of {', '.join(PREFIX_CACHE_SCOPES)}",
-                              "pass --prefix-cache-scope auto, server or key")
+            raise DFlashError(
+                f"prefix cache scope {prefix_cache_scope!r} is not one of {', '.join(PREFIX_CACHE_SCOPES)}",
+                "pass --prefix-cache-scope auto, server or key",
+            )
         self.host, self.port = host, port
-        self.config = FrontendConfig(triton_url, tuple(models), tokenizer, Path(repository).resolve() if repository else None,
-                                     api_keys(api_key, api_key_file), max_queued, max_request_bytes, drain_timeout, allow_request_chat_template,
-                                     read_timeout, max_connections, prefix_cache_scope, host_names(host, allowed_hosts))
+        self.config = FrontendConfig(
+            triton_url,
+            tuple(models),
+            tokenizer,
+            Path(repository).resolve() if repository else None,
+            api_keys(api_key, api_key_file),
+            max_queued,
+            max_request_bytes,
+            drain_timeout,
+            allow_request_chat_template,
+            read_timeout,
+            max_connections,
+            prefix_cache_scope,
+            host_names(host, allowed_hosts),
+        )
         self.log_level = log_level
         self.startup_timeout = startup_timeout
         self.frontend: Frontend | None = None
@@ -265,8 +311,15 @@ class OpenAIServer:
         self.frontend = Frontend(self.config)
         self.frontend.discover()
         app = create_app(self.frontend)
-        config = uvicorn.Config(app, host=self.host, port=self.port, log_level=self.log_level, lifespan="on",
-                                timeout_graceful_shutdown=GRACE, http=guarded_protocol(self.config.read_timeout, self.config.max_connections))
+        config = uvicorn.Config(
+            app,
+            host=self.host,
+            port=self.port,
+            log_level=self.log_level,
+            lifespan="on",
+            timeout_graceful_shutdown=GRACE,
+            http=guarded_protocol(self.config.read_timeout, self.config.max_connections),
+        )
         warning = exposure_warning(self.host, self.port, bool(self.config.api_keys))
         if warning:
             log.warning(warning)  # after uvicorn.Config, which sets up uvicorn's loggers

@@ -25,8 +25,15 @@ from trtllm_dflash.serving.openai.schemas import OpenAIError
 
 # config.json model_type -> the tool-call format of that family (xgrammar's structural tag name)
 FAMILY_FORMATS = {
-    "qwen2": "qwen_3", "qwen2_moe": "qwen_3", "qwen3": "qwen_3", "qwen3_moe": "qwen_3", "qwen3_next": "qwen_3",
-    "qwen3_5": "qwen_3", "qwen3_5_moe": "qwen_3", "llama": "llama", "gpt_oss": "harmony",
+    "qwen2": "qwen_3",
+    "qwen2_moe": "qwen_3",
+    "qwen3": "qwen_3",
+    "qwen3_moe": "qwen_3",
+    "qwen3_next": "qwen_3",
+    "qwen3_5": "qwen_3",
+    "qwen3_5_moe": "qwen_3",
+    "llama": "llama",
+    "gpt_oss": "harmony",
 }
 # where a call starts in the text, per format
 TRIGGERS = {"qwen_3": "<tool_call>", "llama": '{"name": '}
@@ -108,8 +115,12 @@ def _guided(name: str, value: Any) -> GrammarSpec:
 def _tools(tools: Any, choice: Any, tool_format: str | None, model: str, parallel: bool) -> GrammarSpec:
     if tool_format not in TRIGGERS:
         family = f"the {tool_format} format" if tool_format else "no tool-call format this server knows"
-        raise OpenAIError(400, f"model '{model}' uses {family}; tool calls are served for Qwen/Hermes- and Llama-style targets",
-                          "tools", "unsupported_parameter")
+        raise OpenAIError(
+            400,
+            f"model '{model}' uses {family}; tool calls are served for Qwen/Hermes- and Llama-style targets",
+            "tools",
+            "unsupported_parameter",
+        )
     if not isinstance(tools, list) or not all(_is_function_tool(t) for t in tools):
         raise OpenAIError(400, 'tools must be a list of {"type": "function", "function": {"name": ..., "parameters": {...}}}', "tools")
     names = {t["function"]["name"] for t in tools}
@@ -118,15 +129,23 @@ def _tools(tools: Any, choice: Any, tool_format: str | None, model: str, paralle
         if wanted not in names:
             raise OpenAIError(400, f"tool_choice names {wanted!r}, which is not one of the request's tools", "tool_choice")
     elif choice not in (None, "auto", "required"):
-        raise OpenAIError(400, 'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}', "tool_choice")
+        raise OpenAIError(
+            400, 'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}', "tool_choice"
+        )
     # parallel_tool_calls false: the answer ends after its first call
-    return GrammarSpec("tool_calls", json.dumps({"format": tool_format, "tools": tools, "tool_choice": choice or "auto", "parallel": parallel}))
+    return GrammarSpec(
+        "tool_calls", json.dumps({"format": tool_format, "tools": tools, "tool_choice": choice or "auto", "parallel": parallel})
+    )
 
 
 def _is_function_tool(tool: Any) -> bool:
     function = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
-    return isinstance(function, dict) and isinstance(function.get("name"), str) and bool(function["name"]) \
+    return (
+        isinstance(function, dict)
+        and isinstance(function.get("name"), str)
+        and bool(function["name"])
         and isinstance(function.get("parameters", {}), dict)
+    )
 
 
 def parse_tool_calls(text: str, tool_format: str) -> tuple[str | None, list[dict]]:
@@ -145,8 +164,13 @@ def parse_tool_calls(text: str, tool_format: str) -> tuple[str | None, list[dict
         arguments = value.get("arguments" if tool_format == "qwen_3" else "parameters") if isinstance(value, dict) else None
         if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not isinstance(arguments, dict):
             break
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": value["name"], "arguments": json.dumps(arguments)}})
+        calls.append(
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {"name": value["name"], "arguments": json.dumps(arguments)},
+            }
+        )
         at = text.find(trigger, end)
     if not calls:  # nothing complete: the text is the answer (cut by max_tokens, finish_reason "length")
         return text, []

@@ -23,11 +23,29 @@ from trtllm_dflash.serving.protocol import LLMApiStream
 # Triton's words for a model whose Python backend process died: a 503 to retry, not a 400
 MODEL_PROCESS_DOWN = ("Stub process", "is not healthy")
 LISTS = ("output_ids", "acceptance_lengths")  # tensors read whole; the others are one value
-STATS = ("acceptance_lengths", "mean_acceptance_length", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
-         "num_input_tokens", "num_output_tokens", "num_cached_tokens", "time_to_first_token", "tokens_per_second", "finish_reason")
+STATS = (
+    "acceptance_lengths",
+    "mean_acceptance_length",
+    "acceptance_rate",
+    "total_accepted_draft_tokens",
+    "total_draft_tokens",
+    "num_input_tokens",
+    "num_output_tokens",
+    "num_cached_tokens",
+    "time_to_first_token",
+    "tokens_per_second",
+    "finish_reason",
+)
 # what NVIDIA's LLM-API model sends (protocol.py's notes), read when the request asked for it
-LLMAPI_OUTPUTS = ("text_output", "finish_reason", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
-                  "arrival_time_ns", "first_token_time_ns")
+LLMAPI_OUTPUTS = (
+    "text_output",
+    "finish_reason",
+    "acceptance_rate",
+    "total_accepted_draft_tokens",
+    "total_draft_tokens",
+    "arrival_time_ns",
+    "first_token_time_ns",
+)
 
 
 def _value(result, name: str) -> Any:
@@ -44,8 +62,15 @@ def _value(result, name: str) -> Any:
 class TritonStream:
     """One request on Triton's gRPC stream: iterate the step responses; cancel() ends it there."""
 
-    def __init__(self, client, model: str, body: dict, reader: LLMApiStream | None = None,
-                 count_tokens: Callable[[str], int] | None = None, prompt: str = "") -> None:
+    def __init__(
+        self,
+        client,
+        model: str,
+        body: dict,
+        reader: LLMApiStream | None = None,
+        count_tokens: Callable[[str], int] | None = None,
+        prompt: str = "",
+    ) -> None:
         self._done = asyncio.Event()
         self._reader, self._count, self._prompt = reader, count_tokens, prompt
         inputs = grpc_inputs(body)
@@ -67,8 +92,13 @@ class TritonStream:
                     self.finished = True
                     message = error.message() if isinstance(error, InferenceServerException) else str(error)
                     if any(mark in message for mark in MODEL_PROCESS_DOWN):  # not the request's fault
-                        raise OpenAIError(503, f"the model's process is down ({message}); `dflash-trt serve` restarts it: retry shortly",
-                                          None, "model_server_not_ready", "server_error")
+                        raise OpenAIError(
+                            503,
+                            f"the model's process is down ({message}); `dflash-trt serve` restarts it: retry shortly",
+                            None,
+                            "model_server_not_ready",
+                            "server_error",
+                        )
                     raise OpenAIError(400, message)
                 if self._reader is None:
                     response = {name: _value(result, name) for name in ("text_output", "output_ids", *STATS)}
@@ -85,8 +115,13 @@ class TritonStream:
             raise OpenAIError(502, f"Triton stream failed: {exc.message()}", kind="server_error") from None
         except grpc.RpcError as exc:  # the server went away mid-stream (killed, or restarted by `serve`)
             self.finished = True
-            raise OpenAIError(503, f"the model server's stream broke ({exc.code().name}: {exc.details()}); retry shortly",
-                              None, "model_server_not_ready", "server_error") from None
+            raise OpenAIError(
+                503,
+                f"the model server's stream broke ({exc.code().name}: {exc.details()}); retry shortly",
+                None,
+                "model_server_not_ready",
+                "server_error",
+            ) from None
         finally:
             self.close()
 
