@@ -1,7 +1,7 @@
 """Detokenization cost per serving step, before and after incremental detokenization (issue 38).
 
 Before (main at a055df4, `BatchingLoop._text_of`): every step decoded the request's whole output
-and searched all of it for the stop strings. After: `serving/detokenizer.py` decodes only the ids
+and searched all of it for the stop strings. After: `served_model/detokenizer.py` decodes only the ids
 since the last complete character and searches only where a stop could end. Both run here on the
 same ids (a real text tokenized by the shipped demo tokenizer), steps of `--step` tokens (about a
 DFlash step's tau), one stop string that never occurs, interleaved over `--repeats` rounds; the
@@ -22,8 +22,8 @@ from transformers import AutoTokenizer
 from trtllm_dflash import demo
 from trtllm_dflash.decoding import Request, SequenceResult
 from trtllm_dflash.sampling_params import SamplingParams
-from trtllm_dflash.serving.batching_loop import BatchingLoop, Job
-from trtllm_dflash.serving.detokenizer import REPLACEMENT
+from trtllm_dflash.served_model.batching_loop import BatchingLoop, Job
+from trtllm_dflash.served_model.detokenizer import REPLACEMENT
 
 
 def before(tokenizer, steps: list[list[int]], stops: list[str]) -> list[float]:

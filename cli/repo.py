@@ -77,8 +77,8 @@ def repo(
 ) -> None:
     """Write a Triton Inference Server model repository that serves DFlash (and its AR baseline)."""
     from trtllm_dflash.backends import get_backend, read_build_artifact, write_build_repository
-    from trtllm_dflash.serving import repository
-    from trtllm_dflash.serving.model_parameters import RecipeLimits, ServingSource, serving_configs
+    from trtllm_dflash.served_model import repository
+    from trtllm_dflash.served_model.model_parameters import RecipeLimits, ServingSource, serving_configs
 
     sources = [s for s in (model, build, recipe) if s is not None]
     if len(sources) != 1:

@@ -212,7 +212,7 @@ def post(server, model: str, body: dict) -> tuple[int, dict]:
 
 
 class RecordingSink:
-    """A serving loop's response sink (serving/batching_loop.py `ResponseSink`) that keeps what it is sent.
+    """A serving loop's response sink (served_model/batching_loop.py `ResponseSink`) that keeps what it is sent.
 
     `leave_after`: the client goes away once it has that many responses; `raise_errors`: an error
     fails the test at once instead of being kept in `errors`.

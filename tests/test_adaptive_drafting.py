@@ -107,8 +107,8 @@ def test_a_served_model_drafts_adaptively_when_its_repository_says_so(tmp_path):
     from support import cli
 
     from trtllm_dflash.backends import open_served_pipeline
-    from trtllm_dflash.serving.batching_loop import BatchingLoop
-    from trtllm_dflash.serving.model_parameters import ServingConfig
+    from trtllm_dflash.served_model.batching_loop import BatchingLoop
+    from trtllm_dflash.served_model.model_parameters import ServingConfig
 
     out = tmp_path / "repo"
     cli("repo", "--model", "demo", "--out", str(out), "--adaptive-drafting", "--max-context", "128")

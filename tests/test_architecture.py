@@ -85,19 +85,16 @@ LAYERS: list[tuple[str, list[str]]] = [
             "trtllm_dflash.testing.*",
         ],
     ),
-    # what each backend serves, builds and writes, and the Triton model that opens its pipeline; the
-    # serving helpers they use (repository writing, parameters, protocol, the batching loop) sit here too
+    # what each backend serves, builds and writes, and the Triton model that opens its pipeline; what
+    # one served model is and runs (served_model/: its repository files, config.pbtxt parameters, wire
+    # protocol, batching loop, metrics, detokenizer), which the backends use, sits here too
     (
         "backends",
         [
             "trtllm_dflash.backends",
             "trtllm_dflash.backends.*",
-            "trtllm_dflash.serving.repository",
-            "trtllm_dflash.serving.model_parameters",
-            "trtllm_dflash.serving.protocol",
-            "trtllm_dflash.serving.batching_loop",
-            "trtllm_dflash.serving.metrics",
-            "trtllm_dflash.serving.detokenizer",
+            "trtllm_dflash.served_model",
+            "trtllm_dflash.served_model.*",
         ],
     ),
     (
@@ -272,9 +269,9 @@ def imports_between(graph: dict[str, set[str]], room: str, other: str) -> list[s
 
 # Rooms that must not import each other both ways: the first may import the second, never the reverse.
 ONE_WAY_ROOMS = [
-    # backends write their repositories with serving's helpers and run serving's BatchingLoop with the
-    # pipeline they open (backends/triton_model.py); serving never picks or imports a backend
-    ("trtllm_dflash.backends", "trtllm_dflash.serving"),
+    # backends write their repositories with served_model's helpers and run its BatchingLoop with the
+    # pipeline they open (backends/triton_model.py); the served-model code never picks or imports a backend
+    ("trtllm_dflash.backends", "trtllm_dflash.served_model"),
 ]
 
 
@@ -338,8 +335,10 @@ def test_the_checks_catch_what_they_guard(tmp_path):
     module.write_text("def f():\n    from trtllm_dflash.testing import tiny\n")
     assert imports_of("trtllm_dflash.builder.m", module, source_files()) == {"trtllm_dflash.testing.tiny"}
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
-    loop = {"trtllm_dflash.serving.x": {"trtllm_dflash.backends"}, "trtllm_dflash.backends.y": {"trtllm_dflash.serving.z"}}
-    assert imports_between(loop, "trtllm_dflash.serving", "trtllm_dflash.backends") == ["trtllm_dflash.serving.x -> trtllm_dflash.backends"]
+    loop = {"trtllm_dflash.served_model.x": {"trtllm_dflash.backends"}, "trtllm_dflash.backends.y": {"trtllm_dflash.served_model.z"}}
+    assert imports_between(loop, "trtllm_dflash.served_model", "trtllm_dflash.backends") == [
+        "trtllm_dflash.served_model.x -> trtllm_dflash.backends"
+    ]
     # a loop through three rooms is seen, though no two files import each other
     planted = {
         "trtllm_dflash.ops.a": {"trtllm_dflash.modeling.b"},

@@ -18,7 +18,7 @@ from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
-from trtllm_dflash.serving.model_parameters import ServingConfig
+from trtllm_dflash.served_model.model_parameters import ServingConfig
 from trtllm_dflash.testing.tiny import cycle_sequences, make_tiny_drafter, make_tiny_target
 
 GREEDY = SamplingParams(max_new_tokens=24)

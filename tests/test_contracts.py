@@ -38,8 +38,8 @@ def test_the_defaults_the_served_model_decoder_and_pipeline_spell_are_the_contra
     contracts' until they read them (or the help texts, which format the contracts, would lie)."""
     from trtllm_dflash import api
     from trtllm_dflash.decoding import Decoder
-    from trtllm_dflash.serving import model_parameters
-    from trtllm_dflash.serving.model_parameters import ServingConfig
+    from trtllm_dflash.served_model import model_parameters
+    from trtllm_dflash.served_model.model_parameters import ServingConfig
 
     fields = ServingConfig.model_fields
     assert (fields["max_batch"].default, fields["max_context"].default) == (defaults.SERVED_MAX_BATCH, defaults.SERVED_MAX_CONTEXT)

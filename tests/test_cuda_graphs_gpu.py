@@ -160,7 +160,7 @@ def test_a_capture_amid_another_threads_allocations_replays_exactly_or_fails_as_
     of three; after the other tests of this file the foreign thread's call was refused ("operation
     not permitted when stream is capturing") even in thread-local mode, and the capture was
     invalidated. So the served model makes every CUDA call on its one loop thread
-    (serving/batching_loop.py: request threads only parse and queue), and this
+    (served_model/batching_loop.py: request threads only parse and queue), and this
     test runs last in the file: a refused foreign call once left the next captures failing."""
     x = torch.arange(4096, device="cuda", dtype=torch.float32)
 

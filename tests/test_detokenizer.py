@@ -1,4 +1,4 @@
-"""Incremental detokenization in the serving loop (serving/detokenizer.py, issue 38): the text of a
+"""Incremental detokenization in the serving loop (served_model/detokenizer.py, issue 38): the text of a
 whole decode however the tokens arrive (multi-byte characters split across steps), only a few
 tokens decoded per step, and stop strings split across steps cut exactly where the whole-text
 search cuts them, min_tokens included."""
@@ -11,8 +11,8 @@ from transformers import AutoTokenizer
 from trtllm_dflash import demo
 from trtllm_dflash.decoding import Request, SequenceResult
 from trtllm_dflash.sampling_params import SamplingParams
-from trtllm_dflash.serving.batching_loop import BatchingLoop, Job
-from trtllm_dflash.serving.detokenizer import REPLACEMENT, IncrementalDetokenizer
+from trtllm_dflash.served_model.batching_loop import BatchingLoop, Job
+from trtllm_dflash.served_model.detokenizer import REPLACEMENT, IncrementalDetokenizer
 
 TEXT = 'def héllo(): return "wörld ✓ 日本語 🎉"  # done\n    x = 1  # ünïcödé — 终\n'
 

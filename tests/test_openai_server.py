@@ -81,7 +81,7 @@ def chat_reference(block_size):
 
 
 def _metrics(triton, model: str = "dflash") -> dict:
-    from trtllm_dflash.serving.metrics import read_metrics
+    from trtllm_dflash.served_model.metrics import read_metrics
 
     return read_metrics(triton.endpoints.metrics, model)
 

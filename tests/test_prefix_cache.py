@@ -186,9 +186,9 @@ def test_served_model_reuses_prefixes_and_answers_as_offline(hybrid_trained_pair
     from transformers import AutoTokenizer
 
     from trtllm_dflash.backends import open_served_pipeline
-    from trtllm_dflash.serving.batching_loop import BatchingLoop
-    from trtllm_dflash.serving.model_parameters import ServingConfig
-    from trtllm_dflash.serving.protocol import GenerateInputs
+    from trtllm_dflash.served_model.batching_loop import BatchingLoop
+    from trtllm_dflash.served_model.model_parameters import ServingConfig
+    from trtllm_dflash.served_model.protocol import GenerateInputs
 
     target_dir, drafter_dir = map(str, hybrid_trained_pair)
     tokenizer = AutoTokenizer.from_pretrained(target_dir)

@@ -68,7 +68,7 @@ def test_the_decoder_module_and_the_package_export_the_same_class():
 
 
 def test_triton_inputs_map_to_and_from_sampling_params_by_one_table():
-    from trtllm_dflash.serving.protocol import INPUT_NAMES, params_body, parse_inputs, request_body
+    from trtllm_dflash.served_model.protocol import INPUT_NAMES, params_body, parse_inputs, request_body
 
     params = SamplingParams(max_new_tokens=7, temperature=0.5, top_k=3, top_p=0.9, seed=11, stop=("END",))
     body = params_body("hi", params, streaming=True)

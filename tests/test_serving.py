@@ -64,7 +64,7 @@ def reference(pair, block_size):
 
 
 def _metrics(server, model: str = "dflash") -> dict:
-    from trtllm_dflash.serving.metrics import read_metrics
+    from trtllm_dflash.served_model.metrics import read_metrics
 
     return read_metrics(server.endpoints.metrics, model)
 

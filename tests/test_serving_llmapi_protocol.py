@@ -186,8 +186,8 @@ def test_bench_url_refuses_the_llmapi_model_in_one_line(server):
 
 def test_a_rewritten_tail_is_sent_as_the_new_part_and_the_whole_text_kept():
     """TensorRT-LLM's detokenized text may rewrite its tail (a partial UTF-8 character becomes the character)."""
+    from trtllm_dflash.served_model.protocol import LLMApiStream
     from trtllm_dflash.serving.client import Completion, _chunk
-    from trtllm_dflash.serving.protocol import LLMApiStream
 
     reader = LLMApiStream()
     chunks = [

@@ -40,7 +40,7 @@ def tiny_pair(tmp_path_factory):
 
 
 def test_repo_writes_decoupled_dflash_and_baseline_models(tiny_pair, tmp_path):
-    from trtllm_dflash.serving.model_parameters import ServingConfig
+    from trtllm_dflash.served_model.model_parameters import ServingConfig
 
     target, drafter = tiny_pair
     out = tmp_path / "repo"
@@ -108,7 +108,7 @@ def test_repo_checks_the_pair_before_writing(tiny_pair, tmp_path):
 
 
 def test_serving_config_rejects_bad_parameters():
-    from trtllm_dflash.serving.model_parameters import ServingConfig
+    from trtllm_dflash.served_model.model_parameters import ServingConfig
 
     with pytest.raises(DFlashError, match="max_batch"):
         ServingConfig.from_parameters({"target": {"string_value": "demo"}, "max_batch": {"string_value": "0"}})
@@ -192,7 +192,7 @@ def test_trt_recipe_without_a_build_says_how_to_build(tmp_path):
 
 
 def test_parse_inputs_checks_types_and_shapes():
-    from trtllm_dflash.serving.protocol import parse_inputs
+    from trtllm_dflash.served_model.protocol import parse_inputs
 
     parsed = parse_inputs(
         {
@@ -256,9 +256,9 @@ def test_decoder_cancel_frees_the_row_and_leaves_the_others_unchanged(tiny_pair)
 def test_engine_streams_and_drops_a_client_that_went_away(tiny_pair):
     from trtllm_dflash.backends import open_served_pipeline
     from trtllm_dflash.sampling_params import SamplingParams
-    from trtllm_dflash.serving.batching_loop import BatchingLoop
-    from trtllm_dflash.serving.model_parameters import ServingConfig
-    from trtllm_dflash.serving.protocol import GenerateInputs
+    from trtllm_dflash.served_model.batching_loop import BatchingLoop
+    from trtllm_dflash.served_model.model_parameters import ServingConfig
+    from trtllm_dflash.served_model.protocol import GenerateInputs
 
     config = ServingConfig(target=str(tiny_pair[0]), drafter=str(tiny_pair[1]), max_context=128, max_tokens=64)
     engine = BatchingLoop(config, open_served_pipeline(config))  # the loop takes an opened pipeline
@@ -283,9 +283,9 @@ def test_the_loop_takes_a_prompt_as_token_ids_without_tokenizing_it(tiny_pair, m
     they are, the same output as the prompt's text; ids outside the vocabulary are refused."""
     from trtllm_dflash.backends import open_served_pipeline
     from trtllm_dflash.sampling_params import SamplingParams
-    from trtllm_dflash.serving.batching_loop import BatchingLoop
-    from trtllm_dflash.serving.model_parameters import ServingConfig
-    from trtllm_dflash.serving.protocol import GenerateInputs
+    from trtllm_dflash.served_model.batching_loop import BatchingLoop
+    from trtllm_dflash.served_model.model_parameters import ServingConfig
+    from trtllm_dflash.served_model.protocol import GenerateInputs
 
     config = ServingConfig(target=str(tiny_pair[0]), drafter=str(tiny_pair[1]), max_context=128, max_tokens=64)
     engine = BatchingLoop(config, open_served_pipeline(config))
@@ -305,7 +305,7 @@ def test_the_loop_takes_a_prompt_as_token_ids_without_tokenizing_it(tiny_pair, m
 
 def test_repo_from_a_build_uses_its_engines_when_built_else_its_checkpoints(tiny_pair, tmp_path):
     """What `repo --build` reads: the build's artifact in manifest.json (backends/artifact.py)."""
-    from trtllm_dflash.serving.model_parameters import ServingConfig
+    from trtllm_dflash.served_model.model_parameters import ServingConfig
 
     target, drafter = tiny_pair
     build = tmp_path / "build"
@@ -368,7 +368,7 @@ def test_repo_from_a_build_uses_its_engines_when_built_else_its_checkpoints(tiny
 def test_repo_for_the_demo_takes_its_limits_from_the_demo_recipe(tmp_path):
     from trtllm_dflash.demo import DEMO_DIR
     from trtllm_dflash.recipes import find_recipe
-    from trtllm_dflash.serving.model_parameters import ServingConfig
+    from trtllm_dflash.served_model.model_parameters import ServingConfig
 
     if not (DEMO_DIR / "target" / "config.json").is_file():
         pytest.skip("the embedded demo pair is not in this checkout")
@@ -388,7 +388,7 @@ def test_recipe_draft_length_schedule_reaches_the_served_decoder(tmp_path):
     """A recipe's draft_len_schedule is written to config.pbtxt and parsed back into the model's decoder."""
     from trtllm_dflash.demo import DEMO_DIR
     from trtllm_dflash.recipes import find_recipe
-    from trtllm_dflash.serving.model_parameters import ServingConfig
+    from trtllm_dflash.served_model.model_parameters import ServingConfig
 
     if not (DEMO_DIR / "target" / "config.json").is_file():
         pytest.skip("the embedded demo pair is not in this checkout")
@@ -412,7 +412,7 @@ def test_config_strings_round_trip_through_protobuf_text_format():
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
-    from trtllm_dflash.serving.repository import pbtxt_string
+    from trtllm_dflash.served_model.repository import pbtxt_string
 
     value = '/data/ü 日本/"quoted" back\\slash\ttab'
     text = f'name: "m"\nparameters {{ key: "target" value: {{ string_value: {pbtxt_string(value)} }} }}'
@@ -423,7 +423,7 @@ def test_config_strings_round_trip_through_protobuf_text_format():
 
 def test_serving_limits_are_worked_out_once():
     """repo, the OpenAI front end and the batching loop read a model's limits from one function."""
-    from trtllm_dflash.serving.model_parameters import RecipeLimits, ServingConfig, ServingLimits, serving_limits
+    from trtllm_dflash.served_model.model_parameters import RecipeLimits, ServingConfig, ServingLimits, serving_limits
 
     assert serving_limits(256, 1000) == ServingLimits(256, 255, 128)  # the prompt keeps at least one token
     assert serving_limits(256, 32, 64) == ServingLimits(256, 32, 32)

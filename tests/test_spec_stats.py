@@ -134,7 +134,7 @@ def test_autoregressive_model_sends_no_speculative_statistics(front):
 
 
 def test_prometheus_counters_move_by_the_requests_counts(demo_triton, front, reference):
-    from trtllm_dflash.serving.metrics import read_metrics
+    from trtllm_dflash.served_model.metrics import read_metrics
 
     draft_len = reference["draft_len"]
     before = read_metrics(demo_triton.endpoints.metrics, "dflash")
@@ -163,9 +163,9 @@ def test_served_draft_counts_follow_the_draft_len_schedule():
 
     from trtllm_dflash.backends import open_served_pipeline
     from trtllm_dflash.sampling_params import SamplingParams
-    from trtllm_dflash.serving.batching_loop import BatchingLoop
-    from trtllm_dflash.serving.model_parameters import ServingConfig
-    from trtllm_dflash.serving.protocol import GenerateInputs
+    from trtllm_dflash.served_model.batching_loop import BatchingLoop
+    from trtllm_dflash.served_model.model_parameters import ServingConfig
+    from trtllm_dflash.served_model.protocol import GenerateInputs
 
     config = ServingConfig(
         target="demo", drafter="demo", max_context=256, max_tokens=64, max_batch=2, draft_len_schedule={1: 7, 2: 0}, device="cpu"

@@ -95,7 +95,7 @@ def test_config_declares_the_llmapi_models_inputs_and_outputs():
     for name, (dtype, dims) in OFFICIAL_INPUTS.items():
         # integers our clients send as INT64 (gRPC); the model reads them with .item()
         assert inputs[name] == (trtllm.WIDENED_INPUTS.get(name, dtype), dims), name
-    from trtllm_dflash.serving.protocol import INPUTS, OWN_ONLY_INPUTS
+    from trtllm_dflash.served_model.protocol import INPUTS, OWN_ONLY_INPUTS
 
     for name, (dtype, _, _) in INPUTS.items():  # every input our client sends is declared, with the type it sends
         if name not in OWN_ONLY_INPUTS:  # min_tokens / ignore_eos: sent only when asked for, refused for this model
@@ -155,6 +155,6 @@ def test_without_the_model_the_repository_notes_say_what_to_clone(tmp_path, monk
     monkeypatch.setenv(trtllm.LLMAPI_MODEL_ENV, str(tmp_path / "missing"))
     repo, notes = trtllm.write_trtllm_repository(tmp_path / "repo", find_recipe("gpt-oss-120b", "b300"))
     assert not (repo / "tensorrt_llm" / "1" / "llmapi_model.txt").exists()
-    from trtllm_dflash.serving.repository import MANIFEST
+    from trtllm_dflash.served_model.repository import MANIFEST
 
     assert "git clone -b v1.4.0rc1" in (repo / MANIFEST).read_text()

@@ -26,7 +26,7 @@ from trtllm_dflash.errors import DFlashError, UnknownNameError
 
 if TYPE_CHECKING:
     from trtllm_dflash.api import DFlashPipeline
-    from trtllm_dflash.serving.model_parameters import ServingConfig
+    from trtllm_dflash.served_model.model_parameters import ServingConfig
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (TrtBackend(), TrtllmBackend(), TorchBackend())}
 BACKEND_NAMES = tuple(BACKENDS)

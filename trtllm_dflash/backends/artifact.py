@@ -19,7 +19,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.serving.model_parameters import RecipeLimits, ServingSource
+from trtllm_dflash.served_model.model_parameters import RecipeLimits, ServingSource
 
 MANIFEST = "manifest.json"
 ARTIFACT_KEY = "artifact"  # its key in manifest.json

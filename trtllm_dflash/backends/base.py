@@ -94,8 +94,8 @@ class Backend(abc.ABC):
         """The Triton repository of a build (`dflash-trt repo --build`, the build's repository stage):
         Python-backend models over our runtimes (the engines when built, else the checkpoints on torch),
         unless the backend serves with something else."""
-        from trtllm_dflash.serving.model_parameters import serving_configs
-        from trtllm_dflash.serving.repository import write_repository
+        from trtllm_dflash.served_model.model_parameters import serving_configs
+        from trtllm_dflash.served_model.repository import write_repository
 
         models = serving_configs(artifact.serving_source())
         return write_repository(out, models, source={"build": artifact.build_dir}, force=force)

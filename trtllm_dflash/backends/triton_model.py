@@ -21,10 +21,10 @@ import triton_python_backend_utils as pb_utils
 from trtllm_dflash.backends import open_served_pipeline
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.sampling_params import SamplingError
-from trtllm_dflash.serving.batching_loop import BatchingLoop
-from trtllm_dflash.serving.metrics import TritonMetrics
-from trtllm_dflash.serving.model_parameters import ServingConfig
-from trtllm_dflash.serving.protocol import HEALTH_PROBE, INPUT_NAMES, INPUTS, parse_inputs
+from trtllm_dflash.served_model.batching_loop import BatchingLoop
+from trtllm_dflash.served_model.metrics import TritonMetrics
+from trtllm_dflash.served_model.model_parameters import ServingConfig
+from trtllm_dflash.served_model.protocol import HEALTH_PROBE, INPUT_NAMES, INPUTS, parse_inputs
 
 
 class TritonSink:

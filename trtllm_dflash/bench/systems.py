@@ -226,7 +226,7 @@ class ServerSystem(BenchSystem):
 
         from trtllm_dflash.checkpoints import resolve_checkpoint
         from trtllm_dflash.config import DrafterConfig
-        from trtllm_dflash.serving.model_parameters import ServingConfig
+        from trtllm_dflash.served_model.model_parameters import ServingConfig
 
         host = self.clients[True].url.split("://", 1)[1]
         parameters = httpclient.InferenceServerClient(host).get_model_config(model).get("parameters", {})

@@ -8,7 +8,7 @@ from typing import Any
 
 from trtllm_dflash.backends.artifact import BuildArtifact
 from trtllm_dflash.builder.spec import BuildSpec
-from trtllm_dflash.serving.model_parameters import RecipeLimits
+from trtllm_dflash.served_model.model_parameters import RecipeLimits
 
 
 def build_artifact(

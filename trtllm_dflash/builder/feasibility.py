@@ -48,7 +48,7 @@ def validation_skip_reason(spec: BuildSpec) -> str | None:
 def repository_writer():
     """The serving part's repository module, when it is installed (the repository stage is optional)."""
     try:
-        from trtllm_dflash.serving import repository
+        from trtllm_dflash.served_model import repository
     except ImportError:
         return None
     return repository

@@ -27,7 +27,7 @@ import numpy as np
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.extras import require
-from trtllm_dflash.serving.protocol import INPUTS, LLMAPI_FLAGS, LLMAPI_MARKER, LLMApiStream, llmapi_body, request_body
+from trtllm_dflash.served_model.protocol import INPUTS, LLMAPI_FLAGS, LLMAPI_MARKER, LLMApiStream, llmapi_body, request_body
 
 
 class ServerError(DFlashError):

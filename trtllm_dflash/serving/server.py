@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Callable
 
 from trtllm_dflash.errors import DFlashError, MissingDependencyError
+from trtllm_dflash.served_model.repository import PYTHONPATH_ENV, model_names
 from trtllm_dflash.serving import DEFAULT_HOST, server_watch, triton_access
-from trtllm_dflash.serving.repository import PYTHONPATH_ENV, model_names
 from trtllm_dflash.serving.server_watch import SHM_DIR, process_group_members
 
 CONTAINER_ROOT = Path("/opt/tritonserver")

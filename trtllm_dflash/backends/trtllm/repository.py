@@ -28,7 +28,7 @@ import yaml
 from trtllm_dflash.backends.trtllm.drafters import local_drafter_overlay, write_drafter_overlay
 from trtllm_dflash.backends.trtllm.options import LLMApiOptions, TritonModelYaml, llm_api_options, model_yaml, validate_options
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.serving.repository import check_model_name, pbtxt_string, staged_directory, write_manifest
+from trtllm_dflash.served_model.repository import check_model_name, pbtxt_string, staged_directory, write_manifest
 
 if TYPE_CHECKING:
     from trtllm_dflash.backends.artifact import BuildArtifact

@@ -19,7 +19,8 @@ from typing import Any, Sequence
 from trtllm_dflash.contracts.grammar_spec import GrammarSpec
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.sampling_params import PromptTooLongError, SamplingError, SamplingParams, check_prompt_text, check_prompt_tokens
-from trtllm_dflash.serving.model_parameters import DEFAULT_NEW_TOKENS, ServingConfig
+from trtllm_dflash.served_model.model_parameters import DEFAULT_NEW_TOKENS, ServingConfig
+from trtllm_dflash.served_model.protocol import INPUT_NAMES, LLMAPI_MARKER, OWN_ONLY_INPUTS, LLMApiStream, llmapi_body, params_body
 from trtllm_dflash.serving.openai.schemas import (
     ACCEPTED_VALUES,
     GRAMMAR_FIELDS,
@@ -31,7 +32,6 @@ from trtllm_dflash.serving.openai.schemas import (
 )
 from trtllm_dflash.serving.openai.tool_calls import request_grammar, tool_format_of
 from trtllm_dflash.serving.openai.triton import TritonStream
-from trtllm_dflash.serving.protocol import INPUT_NAMES, LLMAPI_MARKER, OWN_ONLY_INPUTS, LLMApiStream, llmapi_body, params_body
 
 log = logging.getLogger("uvicorn.error")  # uvicorn's logger: its lines share uvicorn's format and level
 

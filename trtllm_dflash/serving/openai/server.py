@@ -8,7 +8,7 @@ clients, benchmarks and UIs speak OpenAI's. The front end
   same code `generate --chat` runs offline) and checks the request with SamplingParams (the
   check the served model runs too) before Triton sees it;
 - sends the prompt text to the model over Triton's async gRPC stream (`text_input`,
-  `sampling_param_*`: the protocol of serving/protocol.py) and turns the per-step responses into
+  `sampling_param_*`: the protocol of served_model/protocol.py) and turns the per-step responses into
   OpenAI chunks (server-sent events) or one response;
 - cancels the gRPC call when its HTTP client goes away: Triton marks the request cancelled and
   the model's loop drops it from the batch between decoding steps (its decoder row is freed);

@@ -1,6 +1,6 @@
 """One request on Triton's async gRPC stream, as the OpenAI front end reads it.
 
-The per-step responses of the served model (serving/protocol.py's outputs) come back as dicts;
+The per-step responses of the served model (served_model/protocol.py's outputs) come back as dicts;
 an error from Triton becomes an OpenAIError; closing the stream early cancels the request, which
 Triton passes on to the model's loop (its decoder row is freed between steps). NVIDIA's LLM-API
 model (the trtllm backend's repository) answers with its whole text so far and string figures:
@@ -16,9 +16,9 @@ from typing import Any, AsyncIterator, Callable
 
 import numpy as np
 
+from trtllm_dflash.served_model.protocol import LLMApiStream
 from trtllm_dflash.serving.client import grpc_inputs
 from trtllm_dflash.serving.openai.schemas import OpenAIError
-from trtllm_dflash.serving.protocol import LLMApiStream
 
 # Triton's words for a model whose Python backend process died: a 503 to retry, not a 400
 MODEL_PROCESS_DOWN = ("Stub process", "is not healthy")

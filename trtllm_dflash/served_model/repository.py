@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.serving.model_parameters import ServingConfig
-from trtllm_dflash.serving.protocol import INPUTS, LIST_INPUTS, OUTPUTS
+from trtllm_dflash.served_model.model_parameters import ServingConfig
+from trtllm_dflash.served_model.protocol import INPUTS, LIST_INPUTS, OUTPUTS
 
 MANIFEST = "dflash_repository.json"
 PYTHONPATH_ENV = "DFLASH_TRT_PYTHONPATH"

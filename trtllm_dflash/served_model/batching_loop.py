@@ -23,10 +23,10 @@ from trtllm_dflash.decoding import Decoder, Request, SequenceResult, StepEvent
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.prefix_cache import PrefixCache
 from trtllm_dflash.sampling_params import SamplingParams, check_prompt_text
-from trtllm_dflash.serving.detokenizer import REPLACEMENT, IncrementalDetokenizer, StopScan, stop_cut
-from trtllm_dflash.serving.metrics import ServingMetrics
-from trtllm_dflash.serving.model_parameters import ServingConfig
-from trtllm_dflash.serving.protocol import GenerateInputs
+from trtllm_dflash.served_model.detokenizer import REPLACEMENT, IncrementalDetokenizer, StopScan, stop_cut
+from trtllm_dflash.served_model.metrics import ServingMetrics
+from trtllm_dflash.served_model.model_parameters import ServingConfig
+from trtllm_dflash.served_model.protocol import GenerateInputs
 
 if TYPE_CHECKING:
     from trtllm_dflash.api import DFlashPipeline
@@ -244,7 +244,7 @@ class BatchingLoop:
         """Text to have sent so far (held back where a stop string or a multi-byte char may follow).
 
         Only this step's tokens are decoded, and stop strings are searched only where one could
-        end this step (serving/detokenizer.py). A finished request's text is one whole decode.
+        end this step (served_model/detokenizer.py). A finished request's text is one whole decode.
         Returns (None, ..) when a stop string completed: the job's final_text/final_ids are set.
         """
         ids, detokenizer, scan = result.token_ids, job.detokenizer, job.stop_scan
