@@ -14,7 +14,7 @@ and a running estimate of one prefilled token's cost, at most `cap`, and at leas
 credit is below zero nothing is prefilled, so the decoding steps after it pay it back and the
 average stays at the share. A short prompt that joins a batch is therefore prefilled at the next
 step unless the one before left a debt (waiting for the credit to buy it cost a concurrency-8
-aiperf run ~4 ms of model-side TTFT at the median, 86 ms at worst), and no pass is paid for a
+aiperf run ~4 ms of model-side TTFT at the median, ~85 ms at worst), and no pass is paid for a
 handful of tokens. A long prompt that arrives now and then is prefilled from the saved credit in
 large chunks. Prompts that keep arriving faster than the share can absorb are held to it, and
 queue. With no row decoding, or no `share`, the chunk is `cap` and costs no credit.
