@@ -43,13 +43,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from trtllm_dflash.backends.artifact import read_manifest
     from trtllm_dflash.backends.trt import load_engine_pipeline
-    from trtllm_dflash.builder.pipeline import load_manifest
     from trtllm_dflash.builder.quantize import BUILTIN_CALIBRATION
     from trtllm_dflash.checkpoints import load_drafter, load_target
     from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 
-    manifest = load_manifest(args.build)
+    manifest = read_manifest(args.build)
     pipe = load_engine_pipeline(args.build / manifest.get("engines", "engines"))
     lines = (args.prompts.read_text() if args.prompts else BUILTIN_CALIBRATION.read_text().replace("\\n", "\n")).splitlines()
     prompts = [pipe.encode(line)[:256] for line in lines if line.strip()][:8]

@@ -612,10 +612,3 @@ def run_build(
         stage.size = sizes.get(stage.name)
     with runner:
         return runner.run(stages, lambda result: write_manifest(runner.out, spec, result, command, llmapi_model))
-
-
-def load_manifest(out: Path) -> dict:
-    manifest = mf.read_json(Path(out) / "manifest.json")
-    if not isinstance(manifest, dict):
-        raise DFlashError(f"{out} has no manifest.json", "point at the --out directory of a `dflash-trt build`")
-    return manifest
