@@ -337,8 +337,11 @@ def test_streaming_clients_that_leave_before_their_first_token_cost_no_prefill(t
     time.sleep(1.0)  # a request that did reach the model would be decoding by now
     _wait_idle(triton, front)
     after = _metrics(triton)
-    assert after["time_to_first_token_seconds"].count - before["time_to_first_token_seconds"].count <= 2
-    assert after["requests_total{success}"] == before["requests_total{success}"]
+    reached = after["time_to_first_token_seconds"].count - before["time_to_first_token_seconds"].count
+    assert reached <= 2
+    # only a request that reached the model can succeed: its 64 tokens can be out before its stream's
+    # first response shows the front end that the client is gone (CI saw one, with one prefill)
+    assert after["requests_total{success}"] - before["requests_total{success}"] <= reached
 
 
 def test_a_stream_whose_client_leaves_before_its_first_response_is_closed():
