@@ -1,5 +1,6 @@
 """The fused passes of the torch runtime: the target's (used only where it is bit-identical to
-transformers' forward) and the drafter's decoding step (the same arithmetic as its unfused form)."""
+transformers' forward, or within float32 rounding on packed linears: tests/test_packed_linear.py)
+and the drafter's decoding step (the same arithmetic as its unfused form)."""
 
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ from trtllm_dflash.modeling import fused_ops
 from trtllm_dflash.modeling.draft_attention import DraftAttentionPlan
 from trtllm_dflash.modeling.fused_ops import norm_of, rms_norm, rotate
 from trtllm_dflash.modeling.kv_cache import LayerCache
+from trtllm_dflash.modeling.packed_linear import Linear
 from trtllm_dflash.modeling.slots import Slots
 
 
@@ -92,23 +93,24 @@ class DFlashAttention(nn.Module):
         self.k_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self._stacked: dict = {}  # q/k/v weights as one matrix, for decoding (stacked_weights)
 
-    def project_step(self, h: torch.Tensor, ctx_hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
+    def project_step(self, h: torch.Tensor, ctx_hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], linear: Linear = F.linear):
         """Decoding: the block's queries, keys and values in one matmul, the context rows' keys
         and values in another.
 
         The same arithmetic as `project_queries` + `project_keys_values` twice, in a few calls
         instead of dozens (a decoding step's cost at small sizes is mostly per call): the block's
         queries and keys sit side by side in the projection's output and are normed and rotated
-        as one tensor. `rope` is cos/sin `[b, n + B, D]` over the context rows then the block.
+        as one tensor. `rope` is cos/sin `[b, n + B, D]` over the context rows then the block;
+        `linear` runs the projections (F.linear, or packed linears on a CPU: modeling/packed_linear.py).
         Returns q, k, v, k_ctx, v_ctx.
         """
         n, (b, t) = ctx_hidden.shape[1], h.shape[:2]
         weight, bias = stacked_weights(self._stacked, [self.q_proj, self.k_proj, self.v_proj])
         q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        qkv = F.linear(h, weight, bias)
+        qkv = linear(h, weight, bias)
         norm_weight, eps = self._head_norm()
         if fused_ops.kernels_run(h.device) and rope[0].dtype == h.dtype:  # the GPU: norm + RoPE in one kernel each
-            kv_ctx = F.linear(ctx_hidden, weight[q_width:], None if bias is None else bias[q_width:])
+            kv_ctx = linear(ctx_hidden, weight[q_width:], None if bias is None else bias[q_width:])
             cos, sin = rope
             q, k, v = fused_ops.qk_norm_rope(
                 qkv, cos[:, n:], sin[:, n:], (norm_weight, eps), self.num_heads, self.num_kv_heads, self.head_dim
@@ -121,7 +123,7 @@ class DFlashAttention(nn.Module):
         qk = rms_norm(qkv[..., : q_width + kv_width].reshape(b, t, -1, self.head_dim), norm_weight, eps)
         q, k = rotate(qk, cos[:, n:], sin[:, n:]).to(h.dtype).split([self.num_heads, self.num_kv_heads], dim=2)
         v = qkv[..., q_width + kv_width :].reshape(b, t, -1, self.head_dim)
-        kv_ctx = F.linear(ctx_hidden, weight[q_width:], None if bias is None else bias[q_width:])
+        kv_ctx = linear(ctx_hidden, weight[q_width:], None if bias is None else bias[q_width:])
         k_ctx = rms_norm(kv_ctx[..., :kv_width].reshape(b, n, -1, self.head_dim), norm_weight[self.num_heads :], eps)
         k_ctx = rotate(k_ctx, cos[:, :n], sin[:, :n]).to(h.dtype)
         v_ctx = kv_ctx[..., kv_width:].reshape(b, n, -1, self.head_dim)
@@ -159,6 +161,7 @@ class DFlashAttention(nn.Module):
         history: int = 0,
         row: tuple[int, int] | None = None,
         plan: DraftAttentionPlan | None = None,
+        linear: Linear = F.linear,
     ):
         """One decoding step of this layer; `rope` covers the context rows then the block.
 
@@ -167,9 +170,9 @@ class DFlashAttention(nn.Module):
         count) writes the context K/V straight into the cache as a slice copy, and the attention op
         gets no new rows. `plan` (a CPU batch, modeling/draft_attention.py) attends over the cache in place.
         """
-        q, k, v, k_ctx, v_ctx = self.project_step(h, ctx_hidden, rope)
+        q, k, v, k_ctx, v_ctx = self.project_step(h, ctx_hidden, rope, linear)
         if plan is not None:
-            return F.linear(plan.attend(q, k, v, k_ctx, v_ctx, cache, self.scale).flatten(-2), self.o_proj.weight, self.o_proj.bias)
+            return linear(plan.attend(q, k, v, k_ctx, v_ctx, cache, self.scale).flatten(-2), self.o_proj.weight, self.o_proj.bias)
         if row is not None and history == 0:
             start, count = row
             slot = slots.ids[0]
@@ -197,7 +200,7 @@ class DFlashAttention(nn.Module):
                 for rows, held in slots.runs()
             ]
             out = outs[0] if len(outs) == 1 else torch.cat(outs)
-        return F.linear(out.flatten(-2), self.o_proj.weight, self.o_proj.bias)
+        return linear(out.flatten(-2), self.o_proj.weight, self.o_proj.bias)
 
     def _bounded_step(self, q, k, v, k_ctx, v_ctx, new_counts, cache: LayerCache, cache_lens, history: int, slot_of: tuple[int, ...]):
         """Block attention over only the last `history` context positions of each row.
@@ -258,7 +261,7 @@ class DFlashDecoderLayer(nn.Module):
         self._stacked: dict = {}  # gate/up weights as one matrix, for decoding (stacked_weights)
 
     def step(
-        self, x, rope, ctx_hidden, new_counts, cache: LayerCache, cache_lens, slots, history: int = 0, row=None, plan=None
+        self, x, rope, ctx_hidden, new_counts, cache: LayerCache, cache_lens, slots, history: int = 0, row=None, plan=None, linear=F.linear
     ) -> torch.Tensor:
         """One decoding step of this layer over the block `x [b, B, H]`."""
         attn = self.self_attn.step(
@@ -274,8 +277,9 @@ class DFlashDecoderLayer(nn.Module):
             history,
             row,
             plan,
+            linear,
         )
-        return self.finish_step(x, attn)
+        return self.finish_step(x, attn, linear)
 
     def forward_train(self, x, block_rope, ctx_hidden, ctx_rope, mask, block_size: int) -> torch.Tensor:
         """Uncached forward of many blocks laid end to end on the token axis (training)."""
@@ -286,17 +290,17 @@ class DFlashDecoderLayer(nn.Module):
         x = x + attn_out
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def finish_step(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+    def finish_step(self, x: torch.Tensor, attn_out: torch.Tensor, linear: Linear = F.linear) -> torch.Tensor:
         """`_finish` for decoding: gate and up projections as one matmul, the norm inlined."""
         mlp = self.mlp
         weight, bias = stacked_weights(self._stacked, [mlp.gate_proj, mlp.up_proj])
         if fused_ops.kernels_run(x.device) and type(mlp.act_fn).__name__ in ("SiLU", "SiLUActivation") and x.dtype == attn_out.dtype:
             # the GPU: residual add + norm in one kernel, silu(gate) * up in another
             x, h = fused_ops.add_rms_norm(x, attn_out, *norm_of(self.post_attention_layernorm))
-            return x + F.linear(fused_ops.silu_mul(F.linear(h, weight, bias)), mlp.down_proj.weight, mlp.down_proj.bias)
+            return x + linear(fused_ops.silu_mul(linear(h, weight, bias)), mlp.down_proj.weight, mlp.down_proj.bias)
         x = x + attn_out
-        gate, up = F.linear(rms_norm(x, *norm_of(self.post_attention_layernorm)), weight, bias).chunk(2, dim=-1)
-        return x + F.linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+        gate, up = linear(rms_norm(x, *norm_of(self.post_attention_layernorm)), weight, bias).chunk(2, dim=-1)
+        return x + linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
 
 
 class DFlashDrafter(nn.Module):
@@ -340,20 +344,22 @@ class DFlashDrafter(nn.Module):
         cache_lens: torch.Tensor,
         caches: list[LayerCache],
         slots: Slots | None = None,
+        linear: Linear = F.linear,
     ) -> torch.Tensor:
         """One drafting step for a batch; returns the final-normed block hidden states.
 
         block_embeds `[b, B, H]`: embedded `[anchor, MASK, ...]`; ctx_features `[b, n, taps*H]`:
         the new context rows (first new_counts[r] valid) at positions cache_lens[r] + i; the block
         sits at cache_lens + new_counts. `caches[i]` is layer i's cache over every slot and `slots`
-        say which slot each batch row uses (default: row r in slot r); the caller
-        advances cache_lens by new_counts afterwards.
+        say which slot each batch row uses (default: row r in slot r); `linear` runs every
+        projection (the torch runtime passes packed linears on a CPU); the caller advances
+        cache_lens by new_counts afterwards.
         """
         n, block = ctx_features.shape[1], block_embeds.shape[1]
         offsets = torch.arange(n + block, device=cache_lens.device)
         # context row i at cache_lens + i, block token t at cache_lens + new_counts + t
         positions = cache_lens.view(-1, 1) + offsets + torch.where(offsets < n, 0, new_counts.view(-1, 1) - n)
-        ctx_hidden = rms_norm(F.linear(ctx_features, self.fc.weight), *norm_of(self.hidden_norm))
+        ctx_hidden = rms_norm(linear(ctx_features, self.fc.weight), *norm_of(self.hidden_norm))
         rope = self.rope(block_embeds, positions)
         x = self.residual(block_embeds)
         history = self.config.history  # read per call: `config` may be replaced to change it
@@ -364,7 +370,7 @@ class DFlashDrafter(nn.Module):
         if row is None and history == 0 and self._plannable(cache_lens.device, caches):
             plan = DraftAttentionPlan.make(cache_lens, new_counts, n, block, slots, caches[0].keys.dtype)
         for layer, cache in zip(self.layers, caches):
-            x = layer.step(x, rope, ctx_hidden, new_counts, cache, cache_lens, slots, history, row, plan)
+            x = layer.step(x, rope, ctx_hidden, new_counts, cache, cache_lens, slots, history, row, plan, linear)
         return self.final_norm(x)
 
     def _plannable(self, device: torch.device, caches: list[LayerCache]) -> bool:
@@ -407,10 +413,12 @@ class DFlashDrafter(nn.Module):
             x = layer.forward_train(x, block_rope, ctx_hidden, ctx_rope, layer_mask, block_size or self.config.block_size)
         return self.final_norm(x)
 
-    def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, lm_head: nn.Module, linear: Linear | None = None) -> torch.Tensor:
         """Draft logits through the drafter's own LM head if it has one, else the target's
-        (`lm_head`), with the optional output scalings."""
-        logits = (self.lm_head if self.lm_head is not None else lm_head)(hidden)
+        (`lm_head`), with the optional output scalings; `linear` (decoding) runs a plain
+        nn.Linear head's matmul."""
+        head = self.lm_head if self.lm_head is not None else lm_head
+        logits = linear(hidden, head.weight, head.bias) if linear is not None and type(head) is nn.Linear else head(hidden)
         if self.config.output_multiplier is not None:
             logits = logits * self.config.output_multiplier
         if self.config.final_logit_softcapping is not None:

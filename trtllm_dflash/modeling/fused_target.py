@@ -11,7 +11,9 @@ It covers only decoder layers it knows to be plain (`SUPPORTED_LAYERS`: RMSNorm,
 gated MLP, optional q/k norms). `forward` (transformers' attention function, the CPU path) attends
 over only the live slots of each row group and masks only where one is needed
 (modeling/cache_attention.py); the torch runtime uses it only after a probe shows logits and
-tapped hidden states bit-identical to transformers' forward (see `TorchRuntime`).
+tapped hidden states bit-identical to transformers' forward, or, with its projections on packed
+oneDNN linears (modeling/packed_linear.py, the CPU default), within float32 rounding of it (see
+`TorchRuntime`).
 `forward_in_place` (the GPU path, issue 39) attends through `dflash::target_attention` and runs the
 elementwise work between GEMMs in three kernels per layer (ops/kernels/fused_layer.py), reading
 nothing back to the host, so CUDA graphs record it; its probe compares each layer within a stated
@@ -19,6 +21,8 @@ tolerance. Every other target runs transformers' code unchanged.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -128,8 +132,11 @@ class FusedLayer:
 class FusedDecoder:
     """The decoder stack of a supported target, run with fewer calls (see the module docstring)."""
 
-    def __init__(self, decoder: nn.Module) -> None:
+    def __init__(self, decoder: nn.Module, linear: Callable = F.linear) -> None:
+        """`linear`: how `forward` runs its projections (F.linear, or modeling/packed_linear.py's
+        packed oneDNN linears on a CPU); `forward_in_place` always runs F.linear."""
         self.decoder = decoder
+        self.linear = linear
         with torch.inference_mode(False):  # the stacked weights outlive any inference-mode caller
             self.layers = [FusedLayer(layer) for layer in decoder.layers]
         self.attention = hf_compat.attention_function(decoder.config)
@@ -158,9 +165,9 @@ class FusedDecoder:
         batch, count = tokens.shape
         # one row writes a contiguous run of positions: a slice copy instead of a scatter
         first = int(positions[0, 0]) if batch == 1 and positions.device.type == "cpu" else None
-        outputs = {}
+        outputs, linear = {}, self.linear
         for i, layer in enumerate(self.layers):
-            qkv = F.linear(rms_norm(x, *layer.input_norm), layer.qkv, layer.qkv_bias)
+            qkv = linear(rms_norm(x, *layer.input_norm), layer.qkv, layer.qkv_bias)
             qk = qkv[..., : layer.splits[0] + layer.splits[1]].view(batch, count, -1, layer.head_dim)
             v = qkv[..., layer.splits[0] + layer.splits[1] :].view(batch, count, -1, layer.head_dim)
             if layer.qk_norm is not None:
@@ -180,9 +187,9 @@ class FusedDecoder:
                 out = plan.attend(q.transpose(1, 2), keys, values, windows[i], layer.scaling)
             else:
                 out = self._model_attention(layer, plan, q.transpose(1, 2), keys, values, windows[i])
-            x = x + F.linear(out.reshape(batch, count, -1), layer.o_proj.weight, layer.o_proj.bias)
-            gate, up = F.linear(rms_norm(x, *layer.post_norm), layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down_proj.weight, layer.down_proj.bias)
+            x = x + linear(out.reshape(batch, count, -1), layer.o_proj.weight, layer.o_proj.bias)
+            gate, up = linear(rms_norm(x, *layer.post_norm), layer.gate_up).chunk(2, dim=-1)
+            x = x + linear(F.silu(gate) * up, layer.down_proj.weight, layer.down_proj.bias)
             if i in taps:
                 outputs[i] = x
         return rms_norm(x, *norm_of(self.decoder.norm)), outputs

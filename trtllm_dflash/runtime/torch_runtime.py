@@ -7,7 +7,10 @@ positions) and its attention masks are ours, so any causal LM whose attention go
 calls (modeling/fused_target.py). On transformers' attention (the CPU) only after a probe showed it
 bit-identical to transformers', attending over each row's live slots with a mask only where one is
 needed (modeling/cache_attention.py: one plan per pass; a prefill is SDPA's is_causal, one query
-row per sequence needs no mask). On the target-attention op (`attention="dflash"`, what "auto"
+row per sequence needs no mask). On a CPU in float32 its projections and both LM heads (and the
+drafter's step) run on oneDNN linears over weights packed once (modeling/packed_linear.py): faster
+at every batch size here, and a row's logits do not depend on the batch; transformers' forward
+is then matched within float32 rounding, not bit for bit. On the target-attention op (`attention="dflash"`, what "auto"
 picks on a GPU) in place, with the elementwise work between GEMMs in three Triton kernels and no
 host read, so CUDA graphs record it; its probe checks each layer within FUSED_TOLERANCE.
 Tapped hidden states are taken with forward hooks on the decoder layers (the fused pass returns
@@ -30,7 +33,7 @@ from transformers import PreTrainedModel
 from trtllm_dflash import hf_compat
 from trtllm_dflash.drafters import kind_of
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.modeling import cache_attention, fused_target, linear_attention, target_attention
+from trtllm_dflash.modeling import cache_attention, fused_target, linear_attention, packed_linear, target_attention
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.modeling.kv_cache import RaggedHFCache, StaticKVCache
 from trtllm_dflash.modeling.taps import HiddenTaps
@@ -77,6 +80,7 @@ class TorchRuntime(CachedRuntime):
         attention: str = "auto",
         cuda_graphs: bool = False,
         fused: bool = True,
+        packed_linears: bool = True,
     ) -> None:
         """`attention`: "hf" runs the model's own attention over our cache; "dflash" runs
         `dflash::target_attention` (the engines' op: the block written in place, each row read up
@@ -85,7 +89,11 @@ class TorchRuntime(CachedRuntime):
         `cuda_graphs`: replay the draft and verify passes from CUDA graphs per batch bucket.
         `fused`: run the target's decoder layers with fewer calls (modeling/fused_target.py) where
         they are plain dense layers and a probe at `allocate` shows bit-identical logits and taps;
-        otherwise, or with False, transformers' own forward."""
+        otherwise, or with False, transformers' own forward.
+        `packed_linears`: on a CPU (float32), run the fused pass's projections and the LM head as
+        oneDNN linears over weights packed once (modeling/packed_linear.py): faster, and a row's
+        result does not depend on the batch; the probe then checks the pass within float32
+        rounding (FUSED_TOLERANCE) instead of bit for bit."""
         self.model = target.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         self.drafter_config = drafter.config if drafter is not None else None
@@ -129,6 +137,11 @@ class TorchRuntime(CachedRuntime):
             eligible = fused and not self.is_hybrid and not cuda_graphs and fused_target.unsupported_reason(self.decoder) is None
         self._fused_candidate = eligible
         self.fused: fused_target.FusedDecoder | None = None  # set by allocate once the probe matched
+        usable = packed_linears and self.attention == "hf" and packed_linear.unavailable_reason(self.device, self.dtype) is None
+        # the target's only with the fused pass (the probe decides): transformers' own forward keeps F.linear
+        self._packed = packed_linear.PackedLinears() if usable else None
+        drafter_float32 = drafter is not None and next(drafter.parameters()).dtype == torch.float32
+        self._draft_linear = self._packed if self._packed is not None and drafter_float32 else None
 
     def _pick_attention(self, attention: str) -> str:
         reason = target_attention.unsupported_reason(self.model.config)
@@ -210,15 +223,24 @@ class TorchRuntime(CachedRuntime):
         if self.attention == "dflash":
             return fused if self._layers_within_tolerance(fused, tokens, starts, forward) else None
         reference = forward(slice(0, 1), tokens, starts, count)
-        self.fused = fused
-        try:
-            candidate = forward(slice(0, 1), tokens, starts, count)
-        finally:
-            self.fused = None
-        same = torch.equal(reference.logits, candidate.logits) and (
-            reference.features is None or torch.equal(reference.features, candidate.features)
-        )
-        return fused if same else None
+        for linear in ([self._packed] if self._packed is not None else []) + [torch.nn.functional.linear]:
+            fused.linear, self.fused = linear, fused
+            try:
+                candidate = forward(slice(0, 1), tokens, starts, count)
+            finally:
+                self.fused = None
+            if linear is self._packed:  # packed linears round differently: within float32 rounding
+                tolerance = FUSED_TOLERANCE[torch.float32]
+                matches = relative_error(candidate.logits, reference.logits) <= tolerance and (
+                    reference.features is None or relative_error(candidate.features, reference.features) <= tolerance
+                )
+            else:
+                matches = torch.equal(reference.logits, candidate.logits) and (
+                    reference.features is None or torch.equal(reference.features, candidate.features)
+                )
+            if matches:
+                return fused
+        return None
 
     @torch.inference_mode()
     def _layers_within_tolerance(self, fused: fused_target.FusedDecoder, tokens, starts, forward) -> bool:
@@ -318,12 +340,18 @@ class TorchRuntime(CachedRuntime):
             ).last_hidden_state
         if logits_at is not None:
             hidden = hidden[torch.arange(hidden.shape[0], device=self.device), logits_at].unsqueeze(1)
-        logits = self.lm_head(hidden)
+        logits = self._lm_head(hidden)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         if features is None and self.taps:
             features = self.taps.features()
         return TargetOutput(logits=logits, features=features)
+
+    def _lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's logits: through the packed linear where the fused pass runs on packed linears."""
+        if self.fused is not None and self.fused.linear is self._packed and type(self.lm_head) is torch.nn.Linear:
+            return self._packed(hidden, self.lm_head.weight, self.lm_head.bias)
+        return self.lm_head(hidden)
 
     def _plain_causal(self, tokens, starts, span, logits_at) -> bool:
         """Whether this pass is a prefill from position 0 that only needs causal attention, on a model
@@ -349,12 +377,15 @@ class TorchRuntime(CachedRuntime):
     @torch.inference_mode()
     def draft_forward(self, slots, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:
         """Draft logits (a V2 drafter's unary logits, before its selector)."""
-        return self.drafter.logits(self._draft_hidden(slots, block, ctx_features, new_counts, cache_lens), self.lm_head)
+        return self.drafter.logits(self._draft_hidden(slots, block, ctx_features, new_counts, cache_lens), self.lm_head, self._draft_linear)
 
     def _draft_hidden(self, slots, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:
         """The drafter's final hidden states at block positions 1..B-1."""
         embeds = self.drafter.embed(block, self.embedding)
-        return self.drafter.step(embeds, ctx_features, new_counts, cache_lens, self.draft_cache.layers, Slots.of(slots, self.device))[:, 1:]
+        caches, slots = self.draft_cache.layers, Slots.of(slots, self.device)
+        return self.drafter.step(
+            embeds, ctx_features, new_counts, cache_lens, caches, slots, self._draft_linear or torch.nn.functional.linear
+        )[:, 1:]
 
     @torch.inference_mode()
     def propose(self, slots, block, ctx_features, new_counts, cache_lens, sampling: SamplingTensors, constrain=None) -> Proposal:
@@ -362,5 +393,7 @@ class TorchRuntime(CachedRuntime):
             return super().propose(slots, block, ctx_features, new_counts, cache_lens, sampling, constrain)
         hidden = self._draft_hidden(slots, block, ctx_features, new_counts, cache_lens)
         positions = draft_positions(cache_lens + new_counts, hidden.shape[1])
-        tokens, probs = self.drafter.propose(hidden, self.lm_head, block[:, 0], sampling.temperature, sampling.seed, positions)
+        tokens, probs = self.drafter.propose(
+            hidden, self.lm_head, block[:, 0], sampling.temperature, sampling.seed, positions, self._draft_linear
+        )
         return Proposal(tokens, probs)

@@ -27,6 +27,7 @@ from trtllm_dflash.config import V2_ARCHITECTURE, V2_DEFAULTS, DrafterConfig
 from trtllm_dflash.modeling.drafter import DFlashDecoderLayer, DFlashDrafter, stacked_weights
 from trtllm_dflash.modeling.fused_ops import norm_of, rms_norm
 from trtllm_dflash.modeling.kv_cache import LayerCache
+from trtllm_dflash.modeling.packed_linear import Linear
 from trtllm_dflash.ops.reference_dflash2 import scatter_draft_probs
 
 
@@ -64,23 +65,23 @@ class DFlash2DecoderLayer(DFlashDecoderLayer):
         self.mlp_conv = GroupedDynamicConv(config)
 
     def step(
-        self, x, rope, ctx_hidden, new_counts, cache: LayerCache, cache_lens, slots, history: int = 0, row=None, plan=None
+        self, x, rope, ctx_hidden, new_counts, cache: LayerCache, cache_lens, slots, history: int = 0, row=None, plan=None, linear=F.linear
     ) -> torch.Tensor:
         """x `[b, B, H]` float32 residual -> float32 residual (one decoding step)."""
         dtype = self.input_layernorm.weight.dtype
         a = rms_norm(x, *norm_of(self.input_layernorm)).to(dtype)
         pre, post = self.attention_conv.coefficients(a)
         attn = self.self_attn.step(
-            self.attention_conv.pre(a, pre), rope, ctx_hidden, new_counts, cache, cache_lens, slots, history, row, plan
+            self.attention_conv.pre(a, pre), rope, ctx_hidden, new_counts, cache, cache_lens, slots, history, row, plan, linear
         )
         x = self.attention_conv.post(attn, post, x)
-        return self._mlp_sublayer(x, self._mlp_step)
+        return self._mlp_sublayer(x, lambda h: self._mlp_step(h, linear))
 
-    def _mlp_step(self, h: torch.Tensor) -> torch.Tensor:
+    def _mlp_step(self, h: torch.Tensor, linear=F.linear) -> torch.Tensor:
         mlp = self.mlp
         weight, bias = stacked_weights(self._stacked, [mlp.gate_proj, mlp.up_proj])
-        gate, up = F.linear(h, weight, bias).chunk(2, dim=-1)
-        return F.linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+        gate, up = linear(h, weight, bias).chunk(2, dim=-1)
+        return linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
 
     def _mlp_sublayer(self, x: torch.Tensor, mlp) -> torch.Tensor:
         a = rms_norm(x, *norm_of(self.post_attention_layernorm)).to(self.post_attention_layernorm.weight.dtype)
@@ -160,10 +161,11 @@ class DFlash2Drafter(DFlashDrafter):
         temperature: torch.Tensor,
         seed: torch.Tensor,
         positions: torch.Tensor,
+        linear: Linear | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft tokens `[b, B-1]` for block positions 1..B-1 from their final hidden states
         `[b, B-1, H]`, and the draft distribution q `[b, B-1, V]` (None when every row is greedy)."""
-        unary = self.logits(hidden, lm_head)
+        unary = self.logits(hidden, lm_head, linear)
         selector = self.candidate_selector
         z = F.linear(hidden, selector.hidden_projection.weight)
         tokens, cand, cand_probs = ops.candidate_select(

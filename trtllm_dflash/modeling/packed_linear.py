@@ -1,0 +1,80 @@
+"""Linear layers through oneDNN, each weight reordered once into oneDNN's blocked layout (CPU).
+
+torch's CPU `F.linear` hands the weight as stored to MKL's sgemm on every call. oneDNN's
+inner-product primitive on a weight packed once runs a decoding step's shapes (8 to 600 rows,
+hidden 128) 1.5-2.8x faster on this project's CPU machine (benchmarks/RESULTS.md, issue 38);
+vLLM's CPU backend packs its weights for oneDNN the same way.
+
+What to know about it:
+- Each call costs ~12 us more than F.linear's, so small calls (under MIN_OUTPUTS outputs: a
+  one-token step's projections) stay on F.linear.
+- A row's result does not depend on how many rows share a packed call (checked for 1 to 600
+  rows); F.linear's does (1 to 3 rows take another kernel). Across the MIN_OUTPUTS line a row's
+  bits change, as they do across F.linear's: equal up to float32 rounding.
+- It is not bit-identical to `F.linear` where the reduction is longer than one oneDNN block (the
+  MLP's down projection, say): a pass through packed linears matches transformers' forward
+  within float32 rounding, not bit for bit (the torch runtime's probe checks it per pass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+# what runs a projection: F.linear's signature (x, weight, bias)
+Linear = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+
+# the reorder takes the expected row count as a hint; the layout it picks gives the same bits at
+# any row count (see the module docstring)
+ROWS_HINT = 64
+# a oneDNN call costs ~12 us more than F.linear's on this machine whatever its size, so calls with
+# fewer outputs (rows x out_features) than this stay on F.linear: there the overhead outweighs
+# the faster kernel (measured: 1-8 rows of the demo target's projections; the 4,096-wide LM head
+# pays from 2 rows)
+MIN_OUTPUTS = 8192
+
+
+def unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why packed linears cannot run here (None: they can): CPU, float32, a torch with oneDNN."""
+    if device.type != "cpu":
+        return f"packed linears are a CPU path; the model is on {device.type}"
+    if dtype != torch.float32:
+        return f"packed linears run float32 only; the model is {dtype}"
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return "this torch build has no oneDNN (mkldnn) linear ops"
+    return None
+
+
+class PackedLinears:
+    """`F.linear` with each weight packed on its first call and the packed copy kept.
+
+    Inference only: the packed copy is of the weight as it was then, so weights must not change
+    while it is in use (the torch runtime's weights are frozen). A weight is found by the memory it
+    views (address, shape, strides), so a fresh view of the same rows each call (`weight[a:b]`)
+    finds its packed copy; the entry keeps that memory alive, so no other tensor can take it."""
+
+    def __init__(self) -> None:
+        self._packed: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if x.numel() // x.shape[-1] * weight.shape[0] < MIN_OUTPUTS:
+            return F.linear(x, weight, bias)
+        key = (weight.data_ptr(), tuple(weight.shape), weight.stride(), weight.dtype)
+        entry = self._packed.get(key)
+        if entry is None:
+            with torch.inference_mode(False):  # outlives any inference-mode caller
+                packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), ROWS_HINT)
+            entry = self._packed[key] = (weight, packed)
+        if not x.is_contiguous():
+            x = x.contiguous()
+        return torch.ops.mkldnn._linear_pointwise(x, entry[1], bias, "none", [], "")
+
+    def __len__(self) -> int:
+        return len(self._packed)
+
+
+def stock_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """torch's own linear (what runs where packed linears cannot)."""
+    return F.linear(x, weight, bias)
