@@ -98,6 +98,8 @@ def test_models_and_health(front, client):
     card = client.models.retrieve("dflash")
     assert card.model_extra["dflash"] == {"speculative": True, "max_context": MAX_CONTEXT, "max_tokens": MAX_TOKENS}
     assert httpx.get(front.url.removesuffix("/v1") + "/health").json() == {"status": "ok"}
+    # ours takes ids and sends the totals on a stream's last response only (fewer tensors per step)
+    assert front.frontend.models["dflash"].takes_ids and front.frontend.models["dflash"].takes_stream_totals
 
 
 def test_chat_greedy_equals_generate_chat_offline_streamed_or_not(client, chat_reference):

@@ -278,6 +278,34 @@ def test_engine_streams_and_drops_a_client_that_went_away(tiny_pair):
     json.dumps([r[0]["finish_reason"][0].decode() for r in stays.responses])
 
 
+def test_a_stream_without_running_totals_gets_them_on_its_last_response_only(tiny_pair):
+    """stream_totals=False (the OpenAI front end's): every response but the last carries the step's
+    text, ids and acceptance lengths alone; the last carries every output, with the same totals and
+    the same tokens as a stream that asked for totals throughout."""
+    from trtllm_dflash.backends import open_served_pipeline
+    from trtllm_dflash.sampling_params import SamplingParams
+    from trtllm_dflash.served_model.batching_loop import BatchingLoop
+    from trtllm_dflash.served_model.model_parameters import ServingConfig
+    from trtllm_dflash.served_model.protocol import OUTPUTS, STEP_OUTPUTS, GenerateInputs, parse_inputs
+
+    assert parse_inputs({"text_input": np.array([b"abc"])}).stream_totals  # the default: totals on every response
+    config = ServingConfig(target=str(tiny_pair[0]), drafter=str(tiny_pair[1]), max_context=128, max_tokens=64)
+    engine = BatchingLoop(config, open_served_pipeline(config))
+    lean, full = RecordingSink(raise_errors=True), RecordingSink(raise_errors=True)
+    params = SamplingParams(max_new_tokens=24)
+    engine.accept(GenerateInputs("abc", params, streaming=True, stream_totals=False), lean)
+    engine.accept(GenerateInputs("abc", params, streaming=True), full)
+    serve_until(engine, lambda: lean.finished and full.finished)
+    assert len(lean.responses) > 2
+    assert all(set(outputs) == set(STEP_OUTPUTS) for outputs, final in lean.responses[:-1])
+    assert all(set(outputs) == set(OUTPUTS) for outputs, final in full.responses) and set(lean.responses[-1][0]) == set(OUTPUTS)
+    reference = engine.pipeline.generate(["abc"], max_new_tokens=24)[0].token_ids
+    for sink in (lean, full):
+        assert [int(t) for outputs, _ in sink.responses for t in outputs["output_ids"]] == reference
+    for name in ("num_output_tokens", "num_input_tokens", "total_draft_tokens", "finish_reason"):
+        assert lean.responses[-1][0][name].tolist() == full.responses[-1][0][name].tolist(), name
+
+
 def test_the_loop_takes_a_prompt_as_token_ids_without_tokenizing_it(tiny_pair, monkeypatch):
     """The OpenAI front end sends the ids it tokenized (and counted) itself: the model decodes them as
     they are, the same output as the prompt's text; ids outside the vocabulary are refused."""

@@ -8,9 +8,9 @@ calls (modeling/fused_target.py). On transformers' attention (the CPU) only afte
 bit-identical to transformers', attending over each row's live slots with a mask only where one is
 needed (modeling/cache_attention.py: one plan per pass; a prefill is SDPA's is_causal, one query
 row per sequence needs no mask). On a CPU in float32 its projections and both LM heads (and the
-drafter's step) run on oneDNN linears over weights packed once (modeling/packed_linear.py): faster
-at every batch size here, and a row's logits do not depend on the batch; transformers' forward
-is then matched within float32 rounding, not bit for bit. On the target-attention op (`attention="dflash"`, what "auto"
+drafter's step) run on oneDNN linears over weights packed once where a call is big enough to pay
+(modeling/packed_linear.py: 1.2x at batch 8 here); transformers' forward is then matched within
+float32 rounding, not bit for bit. On the target-attention op (`attention="dflash"`, what "auto"
 picks on a GPU) in place, with the elementwise work between GEMMs in three Triton kernels and no
 host read, so CUDA graphs record it; its probe checks each layer within FUSED_TOLERANCE.
 Tapped hidden states are taken with forward hooks on the decoder layers (the fused pass returns
@@ -90,9 +90,9 @@ class TorchRuntime(CachedRuntime):
         `fused`: run the target's decoder layers with fewer calls (modeling/fused_target.py) where
         they are plain dense layers and a probe at `allocate` shows bit-identical logits and taps;
         otherwise, or with False, transformers' own forward.
-        `packed_linears`: on a CPU (float32), run the fused pass's projections and the LM head as
-        oneDNN linears over weights packed once (modeling/packed_linear.py): faster, and a row's
-        result does not depend on the batch; the probe then checks the pass within float32
+        `packed_linears`: on a CPU (float32), run the fused pass's projections, both LM heads and
+        the drafter's step as oneDNN linears over weights packed once, where a call is big enough
+        to pay (modeling/packed_linear.py); the probe then checks the fused pass within float32
         rounding (FUSED_TOLERANCE) instead of bit for bit."""
         self.model = target.eval()
         self.drafter = drafter.eval() if drafter is not None else None

@@ -282,6 +282,12 @@ class BatchingLoop:
         now = time.perf_counter()
         elapsed = (result.elapsed if finished else now - job.received) or 1e-9
         ttft = (job.first_token_at - job.received) if job.first_token_at else 0.0
+        if job.inputs.streaming and not finished and not job.inputs.stream_totals:
+            return {
+                "text_output": np.array([text.encode("utf-8")], dtype=np.object_),
+                "output_ids": np.array(new_ids, dtype=np.int32),
+                "acceptance_lengths": np.array(new_lengths, dtype=np.int32),
+            }
         return {
             "text_output": np.array([text.encode("utf-8")], dtype=np.object_),
             "output_ids": np.array(new_ids, dtype=np.int32),

@@ -42,12 +42,16 @@ INPUTS: dict[str, tuple[str, str, bool]] = {
     "sampling_param_return_perf_metrics": ("TYPE_BOOL", "b", True),
     "cache_salt": ("TYPE_STRING", "OSU", True),  # prefix-cache blocks are shared only between requests of the same salt
     "guided_decoding": ("TYPE_STRING", "OSU", True),  # a grammar (contracts/grammar_spec.py wire form) the answer follows
+    # false: a streamed response carries the running totals only when it is the last (see OUTPUTS)
+    "stream_totals": ("TYPE_BOOL", "b", True),
     # `serve`'s liveness probe (server_watch.ModelProbe): answered by the model process at once, never decoded or counted
     HEALTH_PROBE: ("TYPE_BOOL", "b", True),
 }
 
 # Outputs: name -> (Triton datatype, dims). Streaming responses carry the new text/ids/acceptance
-# lengths of that step and the running totals; the last response has finish_reason set.
+# lengths of that step and the running totals; the last response has finish_reason set. A request
+# whose `stream_totals` input is false (the OpenAI front end's) gets the step's STEP_OUTPUTS alone
+# on every response but the last: 3 tensors to build, send and read per step instead of 13.
 OUTPUTS: dict[str, tuple[str, list[int]]] = {
     "text_output": ("TYPE_STRING", [1]),
     "output_ids": ("TYPE_INT32", [-1]),
@@ -64,6 +68,8 @@ OUTPUTS: dict[str, tuple[str, list[int]]] = {
     "finish_reason": ("TYPE_STRING", [1]),
 }
 
+
+STEP_OUTPUTS = ("text_output", "output_ids", "acceptance_lengths")
 
 # The one mapping between the package's names for a request's values (SamplingParams' fields,
 # "prompt") and the model's inputs: request bodies, parsed inputs and error messages all use it.
@@ -101,6 +107,7 @@ class GenerateInputs:
     exclude_input: bool = True
     token_ids: tuple[int, ...] | None = None
     cache_salt: str | None = None  # see INPUTS
+    stream_totals: bool = True  # see INPUTS
 
 
 def parse_inputs(raw: dict[str, np.ndarray | None], defaults: SamplingParams = SamplingParams()) -> GenerateInputs:
@@ -158,6 +165,7 @@ def parse_inputs(raw: dict[str, np.ndarray | None], defaults: SamplingParams = S
         exclude_input=bool(values.get("sampling_param_exclude_input_from_output", True)),
         token_ids=token_ids,
         cache_salt=_salt(values.get("cache_salt")),
+        stream_totals=bool(values.get("stream_totals", True)),
     )
 
 
@@ -223,10 +231,17 @@ def request_body(
 
 
 def params_body(
-    prompt: str, params: SamplingParams, streaming: bool, prompt_ids: Sequence[int] | None = None, cache_salt: str | None = None
+    prompt: str,
+    params: SamplingParams,
+    streaming: bool,
+    prompt_ids: Sequence[int] | None = None,
+    cache_salt: str | None = None,
+    stream_totals: bool = True,
 ) -> dict[str, Any]:
     """The request body of a prompt and its checked SamplingParams (the OpenAI front end's); with
-    `prompt_ids` the prompt goes as those token ids instead of its text; `cache_salt` when set."""
+    `prompt_ids` the prompt goes as those token ids instead of its text; `cache_salt` when set;
+    `stream_totals=False` asks for the totals on the last response only (sent only then: older
+    repositories do not take the input)."""
     body = request_body(
         prompt,
         params.max_new_tokens,
@@ -246,6 +261,8 @@ def params_body(
         body["input_ids"] = list(prompt_ids)
     if cache_salt is not None:
         body["cache_salt"] = cache_salt
+    if not stream_totals:
+        body["stream_totals"] = False
     return body
 
 

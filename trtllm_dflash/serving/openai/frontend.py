@@ -62,6 +62,8 @@ class ModelInfo:
     takes_salt: bool = False
     # the model follows a grammar (`guided_decoding`), and its family's tool-call format (tool_calls.py)
     takes_grammar: bool = False
+    # the model can leave the running totals out of all but a stream's last response (`stream_totals`)
+    takes_stream_totals: bool = False
     tool_format: str | None = None
     # one prompt tokenized at a time per tokenizer: a fast tokenizer used from two threads can
     # fail ("Already borrowed") when one of them touches its padding/truncation settings
@@ -237,7 +239,11 @@ class Frontend:
                     info = dataclasses.replace(info, llmapi_inputs=inputs, speculative=True)
                 else:
                     info = dataclasses.replace(
-                        info, takes_ids="input_ids" in inputs, takes_salt="cache_salt" in inputs, takes_grammar="guided_decoding" in inputs
+                        info,
+                        takes_ids="input_ids" in inputs,
+                        takes_salt="cache_salt" in inputs,
+                        takes_grammar="guided_decoding" in inputs,
+                        takes_stream_totals="stream_totals" in inputs,
                     )
                 if self.config.per_key and not info.takes_salt:
                     raise DFlashError(
@@ -426,7 +432,14 @@ class Frontend:
             return TritonStream(
                 self.client,
                 info.name,
-                params_body(prompt, params, streaming=True, prompt_ids=prompt_ids if info.takes_ids else None, cache_salt=salt),
+                params_body(
+                    prompt,
+                    params,
+                    streaming=True,
+                    prompt_ids=prompt_ids if info.takes_ids else None,
+                    cache_salt=salt,
+                    stream_totals=not info.takes_stream_totals,  # the totals are read from the last response only
+                ),
             )
         body = params_body(prompt, params, streaming=True)
         for field, wire in INPUT_NAMES.items():  # ours alone (min_tokens, ignore_eos): refused rather than dropped
