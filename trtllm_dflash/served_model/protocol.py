@@ -85,9 +85,9 @@ INPUT_NAMES: dict[str, str] = {
     "ignore_eos": "sampling_param_ignore_eos",
 }
 # Our inputs that NVIDIA's LLM-API model does not declare: sent only when set, refused for that model
-# (input_ids: the OpenAI front end sends a prompt's ids only to models that declare it, text otherwise).
+# (input_ids, stream_totals: the OpenAI front end sends them only to models that declare them).
 OWN_ONLY_INPUTS = frozenset(
-    {"sampling_param_min_tokens", "sampling_param_ignore_eos", "input_ids", "cache_salt", "guided_decoding", HEALTH_PROBE}
+    {"sampling_param_min_tokens", "sampling_param_ignore_eos", "input_ids", "cache_salt", "guided_decoding", "stream_totals", HEALTH_PROBE}
 )
 
 
