@@ -73,8 +73,3 @@ class PackedLinears:
 
     def __len__(self) -> int:
         return len(self._packed)
-
-
-def stock_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """torch's own linear (what runs where packed linears cannot)."""
-    return F.linear(x, weight, bias)

@@ -276,22 +276,20 @@ class BatchingLoop:
             prompt = job.inputs.text if job.inputs.token_ids is None else self.tokenizer.decode(job.request.prompt_ids)
             text = prompt + text
         job.responses_sent += 1
-        steps = len(result.acceptance_lengths)
-        accepted = sum(result.acceptance_lengths) - steps
-        drafted = sum(result.draft_lengths)  # what was verified: a draft_len_schedule shortens busy steps
-        now = time.perf_counter()
-        elapsed = (result.elapsed if finished else now - job.received) or 1e-9
-        ttft = (job.first_token_at - job.received) if job.first_token_at else 0.0
-        if job.inputs.streaming and not finished and not job.inputs.stream_totals:
-            return {
-                "text_output": np.array([text.encode("utf-8")], dtype=np.object_),
-                "output_ids": np.array(new_ids, dtype=np.int32),
-                "acceptance_lengths": np.array(new_lengths, dtype=np.int32),
-            }
-        return {
+        outputs = {
             "text_output": np.array([text.encode("utf-8")], dtype=np.object_),
             "output_ids": np.array(new_ids, dtype=np.int32),
             "acceptance_lengths": np.array(new_lengths, dtype=np.int32),
+        }
+        if job.inputs.streaming and not finished and not job.inputs.stream_totals:
+            return outputs  # protocol.STEP_OUTPUTS: the totals come with the last response
+        steps = len(result.acceptance_lengths)
+        accepted = sum(result.acceptance_lengths) - steps
+        drafted = sum(result.draft_lengths)  # what was verified: a draft_len_schedule shortens busy steps
+        elapsed = (result.elapsed if finished else time.perf_counter() - job.received) or 1e-9
+        ttft = (job.first_token_at - job.received) if job.first_token_at else 0.0
+        return {
+            **outputs,
             "mean_acceptance_length": np.array([result.mean_acceptance_length], dtype=np.float32),
             "acceptance_rate": np.array([accepted / drafted if drafted else 0.0], dtype=np.float32),
             "total_accepted_draft_tokens": np.array([accepted], dtype=np.int32),
