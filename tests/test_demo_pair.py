@@ -37,6 +37,13 @@ def test_demo_pair_fits_and_names_its_tokens():
     assert target.model.config.architectures == ["Qwen3ForCausalLM"]
 
 
+def test_a_context_past_the_target_s_positions_is_capped_at_them():
+    """The demo target has 1,024 positions: asking for more gets 1,024 (the engine backends cap at
+    what their engines hold the same way); asking for less gets what was asked."""
+    assert DFlashPipeline.load("demo", max_context=5000).max_context == 1024
+    assert DFlashPipeline.load("demo", max_context=300).max_context == 300
+
+
 @pytest.fixture(scope="module")
 def held_out():
     prompts = load_prompt_set("stdlib", NUM_PROMPTS)

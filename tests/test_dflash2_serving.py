@@ -12,6 +12,7 @@ from support import cli, triton_server, write_repository
 
 PROMPTS = ["def fibonacci(n):", "import os\nfor name in"]
 MAX_TOKENS = 16
+ASKED_CONTEXT = 1500  # config.pbtxt's max_context, above the tiny target's max_position_embeddings (1,024)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +80,8 @@ def test_bench_reports_tau_and_speedup_for_a_v2_pair(v2_pair, tmp_path):
 @pytest.fixture(scope="module")
 def triton(v2_pair, tmp_path_factory):
     target, drafter = v2_pair
-    repo = write_repository(tmp_path_factory.mktemp("v2-repo") / "repository", target, drafter, max_context=128, max_tokens=32)
+    # more context than the target's 1,024 positions: the model is served with 1,024 and says so (the limits test)
+    repo = write_repository(tmp_path_factory.mktemp("v2-repo") / "repository", target, drafter, max_context=ASKED_CONTEXT, max_tokens=32)
     with triton_server(repo) as running:
         yield running, repo
 
@@ -103,6 +105,13 @@ def test_openai_front_end_serves_a_v2_pair_as_offline(triton, reference):
     server, repo = triton
     with OpenAIServer(server.endpoints.grpc, port=free_port(), repository=repo) as front:
         client = openai.OpenAI(base_url=front.url, api_key="unused", max_retries=0, timeout=300)
+        # the limits the model runs with (its context capped at the target's positions), not config.pbtxt's
+        assert f'string_value: "{ASKED_CONTEXT}"' in (repo / "dflash" / "config.pbtxt").read_text()
+        card = client.models.retrieve("dflash").model_extra["dflash"]
+        assert (card["max_context"], card["max_tokens"]) == (1024, 32)
+        with pytest.raises(openai.BadRequestError) as refused:  # refused by the front end, in OpenAI's words
+            client.completions.create(model="dflash", prompt="hello " * 1100, max_tokens=4)
+        assert refused.value.body["code"] == "context_length_exceeded" and "1024 tokens" in refused.value.body["message"]
         for prompt, expected in zip(PROMPTS, reference):
             answer = client.completions.create(model="dflash", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
             assert answer.choices[0].text == expected["text"]

@@ -30,19 +30,19 @@ def test_packed_linear_is_f_linear_within_rounding_and_a_row_does_not_depend_on_
         full = linear(x, weight, bias)
         reference = F.linear(x.double(), weight.double(), bias.double())
         assert ((full.double() - reference).norm() / reference.norm()).item() < 1e-6
-        packed_rows = [rows for rows in (1, 2, 3, 5, 8, 64, 299) if rows * out_features >= packed_linear.MIN_OUTPUTS]
+        packed_rows = [rows for rows in (1, 2, 3, 5, 8, 64, 299) if rows * in_features * out_features >= packed_linear.MIN_MACS]
         assert packed_rows and packed_rows[-1] == 299
         for rows in packed_rows:  # F.linear gives 1-3 rows other bits than 4 or more; packed calls must not
             assert torch.equal(linear(x[:rows], weight, bias), full[:rows]), rows
         assert torch.equal(linear(x.view(30, 10, in_features), weight, bias), full.view(30, 10, -1))  # [b, T, H] input
-        if out_features < packed_linear.MIN_OUTPUTS:  # a call too small to pay for oneDNN's overhead is F.linear's
+        if in_features * out_features < packed_linear.MIN_MACS:  # a call too small to pay for oneDNN's overhead is F.linear's
             assert torch.equal(linear(x[:1], weight, bias), F.linear(x[:1], weight, bias))
     assert len(linear) == 1
 
 
 def test_a_fresh_view_of_the_same_rows_is_packed_once_and_another_view_is_not_confused_with_it():
     weight = torch.randn(192, 128)
-    x = torch.randn(200, 128)  # enough rows to take the packed path (MIN_OUTPUTS)
+    x = torch.randn(200, 128)  # enough rows to take the packed path (MIN_MACS)
     linear = packed_linear.PackedLinears()
     with torch.inference_mode():
         for _ in range(3):

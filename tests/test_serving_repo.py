@@ -331,6 +331,40 @@ def test_the_loop_takes_a_prompt_as_token_ids_without_tokenizing_it(tiny_pair, m
     assert sink.responses[-1][0]["text_output"][0].decode() == "abc" + reference.text
 
 
+def test_the_model_validates_a_request_once_and_checks_its_prompt_once(tiny_pair, monkeypatch):
+    """A request through the served model runs SamplingParams.validate and the prompt's token check
+    once each, in accept(): the loop's admission does not check it again (issue 38: it ran 3 times)."""
+    from trtllm_dflash import decoding, sampling_params
+    from trtllm_dflash.backends import open_served_pipeline
+    from trtllm_dflash.served_model.batching_loop import BatchingLoop
+    from trtllm_dflash.served_model.model_parameters import ServingConfig
+    from trtllm_dflash.served_model.protocol import GenerateInputs
+
+    config = ServingConfig(target=str(tiny_pair[0]), drafter=str(tiny_pair[1]), max_context=128, max_tokens=64)
+    engine = BatchingLoop(config, open_served_pipeline(config))
+    calls = {"validate": 0, "prompt": 0}
+    validate, check_tokens = sampling_params.SamplingParams.validate, decoding.check_prompt_tokens
+
+    def counted_validate(self):
+        calls["validate"] += 1
+        return validate(self)
+
+    def counted_check(count, max_context):
+        calls["prompt"] += 1
+        return check_tokens(count, max_context)
+
+    monkeypatch.setattr(sampling_params.SamplingParams, "validate", counted_validate)
+    monkeypatch.setattr(decoding, "check_prompt_tokens", counted_check)
+    sink = RecordingSink(raise_errors=True)
+    engine.accept(GenerateInputs("abc", sampling_params.SamplingParams(max_new_tokens=8), streaming=True), sink)
+    serve_until(engine, lambda: sink.finished)
+    assert calls == {"validate": 1, "prompt": 1}
+    with pytest.raises(DFlashError, match="context"):  # and the checks still refuse what they must
+        engine.accept(GenerateInputs("", sampling_params.SamplingParams(max_new_tokens=8), token_ids=(5,) * 200), RecordingSink())
+    with pytest.raises(sampling_params.SamplingError, match="temperature"):
+        engine.accept(GenerateInputs("abc", sampling_params.SamplingParams(temperature=-1.0)), RecordingSink())
+
+
 def test_repo_from_a_build_uses_its_engines_when_built_else_its_checkpoints(tiny_pair, tmp_path):
     """What `repo --build` reads: the build's artifact in manifest.json (backends/artifact.py)."""
     from trtllm_dflash.served_model.model_parameters import ServingConfig

@@ -80,7 +80,8 @@ class DFlashPipeline:
         cuda_graphs: bool = False,
     ) -> "DFlashPipeline":
         """Load checkpoints from local directories (or `demo`) into the torch runtime
-        (`attention` and `cuda_graphs` as TorchRuntime takes them)."""
+        (`attention` and `cuda_graphs` as TorchRuntime takes them). `max_context` is capped at the
+        target's max_position_embeddings, as the engine backends cap it at what their engines hold."""
         if device == "cuda" and not torch.cuda.is_available():
             raise DFlashError("--device cuda was asked for but no CUDA GPU is visible", "use --device cpu")
         loaded: Target = load_target(target, device=device, dtype=dtype)
@@ -90,7 +91,7 @@ class DFlashPipeline:
             TorchRuntime(loaded.model, draft_model, attention=attention, cuda_graphs=cuda_graphs),
             tokenizer=loaded.tokenizer,
             stop_token_ids=loaded.stop_token_ids(),
-            max_context=max_context or min(limit, DEFAULT_MAX_CONTEXT),
+            max_context=min(max_context or DEFAULT_MAX_CONTEXT, limit),
         )
 
     @property

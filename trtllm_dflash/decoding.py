@@ -213,14 +213,22 @@ class Decoder:
 
     # ------------------------------------------------------------------ requests
 
-    def submit(self, request: Request) -> Any:
-        """Queue a request; it joins the batch at the next step. Returns its request id."""
-        self.check(request)
+    def submit(self, request: Request, checked: bool = False) -> Any:
+        """Queue a request; it joins the batch at the next step. Returns its request id.
+        `checked`: the caller has run `check` (or validated the params and run `check_prompt`)
+        on this request against a decoder of the same runtime and limits, so it is not run again."""
+        if not checked:
+            self.check(request)
         return self.scheduler.submit(request)
 
     def check(self, request: Request) -> None:
         """Raise DFlashError if the request cannot be decoded (before it is queued)."""
         request.params.validate()
+        self.check_prompt(request)
+
+    def check_prompt(self, request: Request) -> None:
+        """`check` less the params' own validation (for callers that ran it already): the prompt
+        against the context and the vocabulary, and a grammar against the runtime."""
         check_prompt_tokens(len(request.prompt_ids), self.max_context)
         vocab = self.runtime.vocab_size
         if min(request.prompt_ids) < 0 or max(request.prompt_ids) >= vocab:
@@ -249,7 +257,7 @@ class Decoder:
         requests = list(requests)
         for request in requests:
             self.check(request)
-        ids = [self.submit(r) for r in requests]
+        ids = [self.submit(r, checked=True) for r in requests]
         done: dict[Any, SequenceResult] = {}
         while self.has_work:
             for event in self.step():

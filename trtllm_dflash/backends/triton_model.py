@@ -24,7 +24,7 @@ from trtllm_dflash.sampling_params import SamplingError
 from trtllm_dflash.served_model.batching_loop import BatchingLoop
 from trtllm_dflash.served_model.metrics import TritonMetrics
 from trtllm_dflash.served_model.model_parameters import ServingConfig
-from trtllm_dflash.served_model.protocol import HEALTH_PROBE, INPUT_NAMES, INPUTS, parse_inputs
+from trtllm_dflash.served_model.protocol import HEALTH_PROBE, INPUT_NAMES, INPUTS, LIMITS_OUTPUT, parse_inputs
 
 
 class TritonSink:
@@ -60,11 +60,22 @@ class TritonPythonModel:
         except DFlashError as exc:
             raise pb_utils.TritonModelException(f"cannot load DFlash model {self.name}: {exc}") from None
         self.loop.start()
+        # the answer to a health probe: the limits this model really runs with, where the repository declares them
+        declared = {output["name"] for output in model_config.get("output", [])}
+        self.probe_answer = (
+            {LIMITS_OUTPUT: np.array([self.loop.limits.to_json().encode()], dtype=np.object_)} if LIMITS_OUTPUT in declared else {}
+        )
         mode = f"DFlash, block {self.loop.decoder.block_size}" if self.loop.decoder.speculative else "autoregressive"
         prefix = f"{config.prefix_cache_mib} MiB" if self.loop.decoder.prefix_cache is not None else "off"
         pb_utils.Logger.log_info(
             f"{self.name}: {config.target} ({mode}) on {self.loop.pipeline.runtime.device}, max batch {config.max_batch}, "
-            f"max context {self.loop.max_context}, max new tokens {self.loop.max_new_tokens_limit}, prefix cache {prefix}, "
+            f"max context {self.loop.max_context}"
+            + (
+                f" (config.pbtxt asks {config.max_context}: more than the model holds)"
+                if self.loop.max_context < config.max_context
+                else ""
+            )
+            + f", max new tokens {self.loop.max_new_tokens_limit}, prefix cache {prefix}, "
             f"prefill chunk {config.prefill_chunk or 'off (whole prompts)'}"
             + (
                 f", prefills {config.prefill_share} of the decoding time beside decoding rows"
@@ -83,7 +94,7 @@ class TritonPythonModel:
                     if tensor is not None:
                         raw[name] = tensor.as_numpy()
                 if HEALTH_PROBE in raw:  # this process answers: it is alive (nothing decoded, nothing counted)
-                    sink.send({}, final=True)
+                    sink.send(self.probe_answer, final=True)
                     continue
                 self.loop.accept(parse_inputs(raw, self.loop.defaults), sink)
             except SamplingError as exc:  # named as the request's inputs, not SamplingParams' fields

@@ -4,13 +4,16 @@ transformers' modules (RMSNorm, rotate-half RoPE) in as few calls as possible.""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' RMSNorm, op for op (float32 statistics, weight applied in the input dtype)."""
-    if x.dtype == torch.float32:  # the same ops without the casts, which would be no-op calls
-        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    if x.dtype == torch.float32:  # the same ops without the casts, in one call (F.rms_norm's are bit for bit these)
+        if weight.shape == x.shape[-1:]:
+            return F.rms_norm(x, weight.shape, weight, eps)
+        return weight * F.rms_norm(x, x.shape[-1:], None, eps)  # a weight per head: `[heads, D]`
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)

@@ -6,10 +6,10 @@ hidden 128) 1.5-2.8x faster on this project's CPU machine (benchmarks/RESULTS.md
 vLLM's CPU backend packs its weights for oneDNN the same way.
 
 What to know about it:
-- Each call costs ~12 us more than F.linear's, so small calls (under MIN_OUTPUTS outputs: a
+- Each call costs ~12 us more than F.linear's, so small calls (under MIN_MACS multiply-adds: a
   one-token step's projections) stay on F.linear.
 - A row's result does not depend on how many rows share a packed call (checked for 1 to 600
-  rows); F.linear's does (1 to 3 rows take another kernel). Across the MIN_OUTPUTS line a row's
+  rows); F.linear's does (1 to 3 rows take another kernel). Across the MIN_MACS line a row's
   bits change, as they do across F.linear's: equal up to float32 rounding.
 - It is not bit-identical to `F.linear` where the reduction is longer than one oneDNN block (the
   MLP's down projection, say): a pass through packed linears matches transformers' forward
@@ -29,11 +29,13 @@ Linear = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Ten
 # the reorder takes the expected row count as a hint; the layout it picks gives the same bits at
 # any row count (see the module docstring)
 ROWS_HINT = 64
-# a oneDNN call costs ~12 us more than F.linear's on this machine whatever its size, so calls with
-# fewer outputs (rows x out_features) than this stay on F.linear: there the overhead outweighs
-# the faster kernel (measured: 1-8 rows of the demo target's projections; the 4,096-wide LM head
-# pays from 2 rows)
-MIN_OUTPUTS = 8192
+# a oneDNN call costs ~12 us more than F.linear's on this machine whatever its size, so calls of
+# fewer multiply-adds (rows x in_features x out_features) than this stay on F.linear: there the
+# overhead outweighs the faster kernel. Measured on the demo pair's projections (128 -> 128, 256,
+# 768 and 4,096; 384 -> 128) at 1-64 rows: F.linear is faster up to ~520k, oneDNN from ~790k
+# (a 48-row down projection: 46 us against 29). Counting outputs alone (8,192, the first version)
+# kept 384-wide reductions of 16-63 rows on the slower path.
+MIN_MACS = 650_000
 
 
 def unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -59,7 +61,7 @@ class PackedLinears:
         self._packed: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if x.numel() // x.shape[-1] * weight.shape[0] < MIN_OUTPUTS:
+        if x.numel() * weight.shape[0] < MIN_MACS:
             return F.linear(x, weight, bias)
         key = (weight.data_ptr(), tuple(weight.shape), weight.stride(), weight.dtype)
         entry = self._packed.get(key)

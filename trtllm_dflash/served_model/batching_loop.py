@@ -82,7 +82,9 @@ class BatchingLoop:
         self.tokenizer = self.pipeline.tokenizer
         if self.tokenizer is None:
             raise DFlashError(f"target {config.target} has no tokenizer", "save the tokenizer next to the target; the server takes text")
-        limits = config.limits(self.pipeline.max_context)
+        # what the opened pipeline holds (a context clamped to the target's or the engines') decides;
+        # the model publishes these (protocol.LIMITS_OUTPUT), so the front end checks against the same
+        limits = self.limits = config.limits(self.pipeline.max_context)
         self.max_context, self.max_new_tokens_limit = limits.max_context, limits.max_new_tokens
         # what a request that leaves a value out gets
         self.defaults = SamplingParams(max_new_tokens=limits.default_new_tokens)
@@ -137,7 +139,7 @@ class BatchingLoop:
         # a grammar compiles here, in the request's thread, not in the decoding loop (a schema can take milliseconds)
         grammar = self.pipeline.grammar_state(params.grammar) if params.grammar is not None else None
         request = Request(prompt_ids, params, request_id=next(self._ids), cache_salt=inputs.cache_salt, grammar=grammar)
-        self.decoder.check(request)
+        self.decoder.check_prompt(request)  # the params were validated above: once per request in this process
         job = Job(request, inputs, sink, self.tokenizer)
         self.inbox.put(job)
         return job
@@ -195,7 +197,7 @@ class BatchingLoop:
             return
         for job in [job] + _drain(self.inbox):
             try:
-                self.decoder.submit(job.request)
+                self.decoder.submit(job.request, checked=True)  # checked in accept(), against the same limits
             except DFlashError as exc:
                 self._finish(job, error=str(exc))
                 continue

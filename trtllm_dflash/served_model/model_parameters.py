@@ -8,6 +8,7 @@ backend model reads them back from there. Kept apart from the code that loads an
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -31,6 +32,22 @@ class ServingLimits:
     max_context: int  # prompt + generated tokens of one request
     max_new_tokens: int  # the most a request may ask to generate (OpenAI max_tokens, sampling_param_max_tokens)
     default_new_tokens: int  # generated when a request does not say
+
+    def to_json(self) -> str:
+        """What a loaded model publishes (protocol.LIMITS_OUTPUT)."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ServingLimits":
+        """The published limits; DFlashError when they are not three positive integers."""
+        try:
+            values = json.loads(text)
+            limits = cls(**{field.name: values[field.name] for field in dataclasses.fields(cls)})
+        except (ValueError, TypeError, KeyError):
+            raise DFlashError(f"a model published limits that are not ServingLimits: {text[:200]!r}", "rewrite its repository") from None
+        if not all(isinstance(v, int) and v > 0 for v in dataclasses.astuple(limits)):
+            raise DFlashError(f"a model published limits that are not positive integers: {text[:200]!r}", "rewrite its repository")
+        return limits
 
 
 def serving_limits(max_context: int, max_tokens: int | None = None, default_max_tokens: int | None = None) -> ServingLimits:

@@ -71,6 +71,13 @@ OUTPUTS: dict[str, tuple[str, list[int]]] = {
 
 STEP_OUTPUTS = ("text_output", "output_ids", "acceptance_lengths")
 
+# The limits the model runs with once loaded (model_parameters.ServingLimits as JSON: a context
+# clamped to what the target or its engines hold can be below config.pbtxt's), sent only in the
+# answer to a `health_probe`; the OpenAI front end reads them there instead of working them out
+# from config.pbtxt. Repositories written before it do not declare it (their probes answer empty).
+LIMITS_OUTPUT = "model_limits"
+PROBE_OUTPUTS: dict[str, tuple[str, list[int]]] = {LIMITS_OUTPUT: ("TYPE_STRING", [1])}
+
 # The one mapping between the package's names for a request's values (SamplingParams' fields,
 # "prompt") and the model's inputs: request bodies, parsed inputs and error messages all use it.
 INPUT_NAMES: dict[str, str] = {

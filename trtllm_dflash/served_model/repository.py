@@ -23,7 +23,7 @@ from typing import Iterator, Sequence
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.served_model.model_parameters import ServingConfig
-from trtllm_dflash.served_model.protocol import INPUTS, LIST_INPUTS, OUTPUTS
+from trtllm_dflash.served_model.protocol import INPUTS, LIST_INPUTS, OUTPUTS, PROBE_OUTPUTS
 
 MANIFEST = "dflash_repository.json"
 PYTHONPATH_ENV = "DFLASH_TRT_PYTHONPATH"
@@ -100,7 +100,7 @@ def check_servable_paths(config: ServingConfig) -> None:
             )
 
 
-def render_config(name: str, config: ServingConfig, inputs: dict = INPUTS, outputs: dict = OUTPUTS) -> str:
+def render_config(name: str, config: ServingConfig, inputs: dict = INPUTS, outputs: dict = OUTPUTS | PROBE_OUTPUTS) -> str:
     """config.pbtxt of one decoupled Python-backend model."""
     check_servable_paths(config)
     lines = [

@@ -19,8 +19,17 @@ from typing import Any, Sequence
 from trtllm_dflash.contracts.grammar_spec import GrammarSpec
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.sampling_params import PromptTooLongError, SamplingError, SamplingParams, check_prompt_text, check_prompt_tokens
-from trtllm_dflash.served_model.model_parameters import DEFAULT_NEW_TOKENS, ServingConfig
-from trtllm_dflash.served_model.protocol import INPUT_NAMES, LLMAPI_MARKER, OWN_ONLY_INPUTS, LLMApiStream, llmapi_body, params_body
+from trtllm_dflash.served_model.model_parameters import DEFAULT_NEW_TOKENS, ServingConfig, ServingLimits
+from trtllm_dflash.served_model.protocol import (
+    HEALTH_PROBE,
+    INPUT_NAMES,
+    LIMITS_OUTPUT,
+    LLMAPI_MARKER,
+    OWN_ONLY_INPUTS,
+    LLMApiStream,
+    llmapi_body,
+    params_body,
+)
 from trtllm_dflash.serving.openai.schemas import (
     ACCEPTED_VALUES,
     GRAMMAR_FIELDS,
@@ -40,6 +49,7 @@ DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 DEFAULT_DRAIN_TIMEOUT = 30.0
 DEFAULT_READ_TIMEOUT = 10.0  # seconds for a request's headers, and again for its body (slow-loris clients)
 DEFAULT_MAX_CONNECTIONS = 1024  # open HTTP connections; above the in-flight bound (max_batch + max_queued)
+LIMITS_TIMEOUT = 60.0  # seconds a loaded model gets to answer the probe that reads its limits (its process answers at once)
 
 
 @dataclasses.dataclass
@@ -77,6 +87,33 @@ class ModelInfo:
     def count_tokens(self, text: str) -> int:
         """How many tokens `text` is as a prompt (NVIDIA's LLM-API model does not report it)."""
         return len(self.encode(text))
+
+
+def published_limits(client, name: str, timeout: float = LIMITS_TIMEOUT) -> ServingLimits:
+    """The limits model `name` runs with, as it answers a health probe (protocol.LIMITS_OUTPUT);
+    `client` is a tritonclient.grpc client with no stream open."""
+    import queue
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    answers: queue.Queue = queue.Queue()
+    probe = grpcclient.InferInput(HEALTH_PROBE, [1], "BOOL")
+    probe.set_data_from_numpy(np.array([True], dtype=np.bool_))
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        client.async_stream_infer(name, [probe], outputs=[grpcclient.InferRequestedOutput(LIMITS_OUTPUT)])
+        try:
+            result, error = answers.get(timeout=timeout)
+        except queue.Empty:
+            raise DFlashError(f"model {name!r} did not say its limits within {timeout:.0f} s", "check that its process is alive") from None
+    finally:
+        client.stop_stream(cancel_requests=True)
+    value = None if error is not None else result.as_numpy(LIMITS_OUTPUT)
+    if value is None or value.size != 1:
+        raise DFlashError(f"model {name!r} did not say its limits ({error or 'no ' + LIMITS_OUTPUT})", "rewrite its repository")
+    text = value.reshape(-1)[0]
+    return ServingLimits.from_json(text.decode() if isinstance(text, bytes) else str(text))
 
 
 def _tokenizer_dir(config: ServingConfig | None, name: str, override: str | None, repository: Path | None) -> Path:
@@ -135,6 +172,21 @@ def load_model_info(name: str, parameters: dict, tokenizer: str | None, reposito
         int(time.time()),
         config.max_batch,
         tool_format=tool_format_of(folder),
+    )
+
+
+def with_limits(info: ModelInfo, limits: ServingLimits) -> ModelInfo:
+    """`info` checking requests against `limits` (a model's published ones)."""
+    if info.max_context is not None and limits.max_context != info.max_context:
+        log.info(
+            "model %r holds %d tokens of context, not config.pbtxt's %d: it is served with %d",
+            info.name,
+            limits.max_context,
+            info.max_context,
+            limits.max_context,
+        )
+    return dataclasses.replace(
+        info, max_context=limits.max_context, max_new_tokens_limit=limits.max_new_tokens, default_max_new_tokens=limits.default_new_tokens
     )
 
 
@@ -232,9 +284,12 @@ class Frontend:
                 )
             config = client.get_model_config(name, as_json=True)
             parameters = config.get("config", config).get("parameters", {})
-            inputs = frozenset(i["name"] for i in client.get_model_metadata(name, as_json=True).get("inputs", []))
+            metadata = client.get_model_metadata(name, as_json=True)
+            inputs = frozenset(i["name"] for i in metadata.get("inputs", []))
             try:
                 info = load_model_info(name, parameters, self.config.tokenizer, self.config.repository)
+                if LIMITS_OUTPUT in {o["name"] for o in metadata.get("outputs", [])}:  # the limits it runs with, not config.pbtxt's
+                    info = with_limits(info, published_limits(client, name))
                 if LLMAPI_MARKER in inputs:  # NVIDIA's LLM-API model: asked for its finish reason and figures
                     info = dataclasses.replace(info, llmapi_inputs=inputs, speculative=True)
                 else:
