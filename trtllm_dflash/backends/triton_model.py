@@ -22,28 +22,52 @@ from trtllm_dflash.backends import open_served_pipeline
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.sampling_params import SamplingError
 from trtllm_dflash.served_model.batching_loop import BatchingLoop
+from trtllm_dflash.served_model.call_thread import CallThread
 from trtllm_dflash.served_model.metrics import TritonMetrics
 from trtllm_dflash.served_model.model_parameters import ServingConfig
 from trtllm_dflash.served_model.protocol import HEALTH_PROBE, INPUT_NAMES, INPUTS, LIMITS_OUTPUT, parse_inputs
 
 
 class TritonSink:
-    """A ResponseSink over a Triton response sender."""
+    """A ResponseSink over a Triton response sender, whose sends run on the model's CallThread.
 
-    def __init__(self, sender) -> None:
-        self.sender = sender
+    Once a response is handed over, only the call thread touches the sender: after each streamed
+    response it asks whether the client cancelled, and `cancelled()` reads that answer (or a failed
+    send) without a round trip of its own. Before that, `cancelled()` asks Triton directly, so a
+    request whose client left before its first token is dropped before its prefill."""
+
+    def __init__(self, sender, calls: CallThread) -> None:
+        self.sender, self.calls = sender, calls
+        self.handed_over = False  # a response or an error went to the call thread
+        self.gone = False  # set on the call thread: the client cancelled, or a send failed
 
     def send(self, outputs: dict[str, np.ndarray], final: bool) -> None:
-        tensors = [pb_utils.Tensor(name, value) for name, value in outputs.items()]
-        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
-        self.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=flags)
+        self.handed_over = True
+        self.calls.submit(self._send, outputs, final)
+
+    def _send(self, outputs: dict[str, np.ndarray], final: bool) -> None:
+        try:
+            tensors = [pb_utils.Tensor(name, value) for name, value in outputs.items()]
+            flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+            self.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=flags)
+            if not final:
+                self.gone = self.sender.is_cancelled()
+        except Exception:  # noqa: BLE001 - the client went away: the loop drops the request
+            self.gone = True
 
     def error(self, message: str) -> None:
-        response = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
-        self.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        self.handed_over = True
+        self.calls.submit(self._error, message)
+
+    def _error(self, message: str) -> None:
+        try:
+            response = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+            self.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception:  # noqa: BLE001 - nobody is left to tell
+            pass
 
     def cancelled(self) -> bool:
-        return self.sender.is_cancelled()
+        return self.gone if self.handed_over else self.sender.is_cancelled()
 
 
 class TritonPythonModel:
@@ -55,7 +79,9 @@ class TritonPythonModel:
         model_dir = Path(args["model_repository"])
         try:
             config = ServingConfig.from_parameters(model_config.get("parameters", {})).resolved(model_dir)
-            metrics = TritonMetrics(self.name)
+            # responses, metric updates and cancellation checks: round trips to tritonserver, made off the loop
+            self.calls = CallThread(log=pb_utils.Logger.log_error)
+            metrics = TritonMetrics(self.name, run=self.calls.submit)
             self.loop = BatchingLoop(config, open_served_pipeline(config), metrics, log=pb_utils.Logger.log_error)
         except DFlashError as exc:
             raise pb_utils.TritonModelException(f"cannot load DFlash model {self.name}: {exc}") from None
@@ -86,7 +112,7 @@ class TritonPythonModel:
 
     def execute(self, requests: list) -> None:
         for request in requests:
-            sink = TritonSink(request.get_response_sender())
+            sink = TritonSink(request.get_response_sender(), self.calls)
             try:
                 raw = {}
                 for name in INPUTS:
@@ -107,3 +133,4 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self.loop.stop()
+        self.calls.close()  # the responses the loop's stop() sent, then the thread ends

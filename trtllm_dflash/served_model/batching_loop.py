@@ -33,7 +33,11 @@ if TYPE_CHECKING:
 
 
 class ResponseSink(Protocol):
-    """Where one request's responses go (a Triton response sender, or a list in tests)."""
+    """Where one request's responses go (a Triton response sender, or a list in tests).
+
+    `send` may raise when the client is gone, or hand the response to another thread and report a
+    gone client through `cancelled()` later (the Triton model's sink does: its round trips run off
+    this loop, served_model/call_thread.py); the loop drops the request either way."""
 
     def send(self, outputs: dict[str, np.ndarray], final: bool) -> None: ...
 

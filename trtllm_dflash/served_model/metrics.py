@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import urllib.request
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from trtllm_dflash.extras import require
 
@@ -65,16 +65,18 @@ class TritonMetrics(ServingMetrics):
     busy time). So counters add up here and go out at most every FLUSH_S seconds and whenever a
     request finishes (before its final response: a client that reads /metrics after its last
     response sees everything its request did); gauges go out when they change; histogram
-    observations go out as they come (Prometheus keeps each one's bucket)."""
+    observations go out as they come (Prometheus keeps each one's bucket). Each update is made by
+    `run` (the model's CallThread.submit: off the decoding loop, in order with its responses)."""
 
     FLUSH_S = 0.25
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, run: Callable[..., None] | None = None) -> None:
         import triton_python_backend_utils as pb_utils
 
         family = pb_utils.MetricFamily
         labels = {"model": model_name}
         self._families = []  # a MetricFamily must outlive its metrics
+        self._run = run or (lambda call, *args: call(*args))  # how a pb_utils update is made
 
         def make(name: str, kind, description: str, buckets=None, **extra):
             fam = family(name=PREFIX + name, description=description, kind=kind)
@@ -111,13 +113,13 @@ class TritonMetrics(ServingMetrics):
         """Send the counters' amounts added since the last flush."""
         for counter, amount in self._pending.values():
             if amount:
-                counter.increment(amount)
+                self._run(counter.increment, amount)
         self._pending.clear()
         self._flushed = time.monotonic()
 
     def _set(self, gauge, value: float) -> None:
         if self._gauges.get(id(gauge)) != value:
-            gauge.set(value)
+            self._run(gauge.set, value)
             self._gauges[id(gauge)] = value
 
     def speculative(self, draft_len):
@@ -142,7 +144,7 @@ class TritonMetrics(ServingMetrics):
         self.per_position = [per_position.Metric(labels={**self._labels, "position": str(p)}) for p in range(draft_len)]
 
     def step(self, batch_size, draft_seconds, verify_seconds):
-        self.batch.observe(batch_size)
+        self._run(self.batch.observe, batch_size)
         self._add(self.draft_seconds, draft_seconds)
         self._add(self.verify_seconds, verify_seconds)
         if time.monotonic() - self._flushed >= self.FLUSH_S:
@@ -153,7 +155,7 @@ class TritonMetrics(ServingMetrics):
             self._add(self.generated, count)
 
     def accepted(self, length, drafted):
-        self.acceptance.observe(length)
+        self._run(self.acceptance.observe, length)
         if self.draft_len and drafted:
             accepted = length - 1
             self._add(self.drafts, 1)
@@ -164,12 +166,12 @@ class TritonMetrics(ServingMetrics):
                 self._add(counter, 1)
 
     def first_token(self, seconds):
-        self.ttft.observe(seconds)
+        self._run(self.ttft.observe, seconds)
 
     def request_done(self, outcome, result, ttft):
         self._add(self.requests[outcome], 1)
         if result is not None and result.elapsed > 0:
-            self.rate.observe(len(result.token_ids) / result.elapsed)
+            self._run(self.rate.observe, len(result.token_ids) / result.elapsed)
         self.flush()
 
     def queue(self, live, waiting):

@@ -1,0 +1,51 @@
+"""One thread that makes a served model's calls into its server, in order, off the decoding loop.
+
+Why: in the Triton Python backend every response sent, metric updated or cancellation checked is
+a round trip to tritonserver (on this project's 2-core CPU machine: a streamed response ~180 us,
+a cancellation check ~40 us, a histogram observation ~16 us; benchmarks/RESULTS.md). Made on the
+decoding loop's thread they took as long as the decoding itself at concurrency 8 (a profile of the
+served model process: 104 of 243 samples delivering, 104 in `Decoder.step`). A round trip waits
+with the GIL released, so on this thread it overlaps the loop's next step instead of lengthening it.
+
+Calls run one after another in the order they were submitted (a request's responses stay in
+order, and a metric counted before a final response is sent before it). A call that raises is
+logged and the thread goes on: the callers wrap what must not fail (a client that went away).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable
+
+_STOP = object()
+
+
+class CallThread:
+    """Runs submitted calls in order on one daemon thread (see the module docstring)."""
+
+    def __init__(self, name: str = "dflash-server-calls", log: Callable[[str], None] = print) -> None:
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._log = log
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, call: Callable[..., Any], *args: Any) -> None:
+        """Run `call(*args)` after every call submitted before it."""
+        self._calls.put((call, args))
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Run what was submitted, then end the thread (waiting at most `timeout` seconds)."""
+        self._calls.put(_STOP)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            item = self._calls.get()
+            if item is _STOP:
+                return
+            call, args = item
+            try:
+                call(*args)
+            except Exception as exc:  # noqa: BLE001 - one failed call must not stop the others
+                self._log(f"a call into the server failed: {getattr(call, '__qualname__', call)}: {exc!r}")
