@@ -20,6 +20,7 @@ import triton_python_backend_utils as pb_utils
 
 from trtllm_dflash.backends import open_served_pipeline
 from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.runtime.host_memory import keep_freed_memory
 from trtllm_dflash.sampling_params import SamplingError
 from trtllm_dflash.served_model.batching_loop import BatchingLoop
 from trtllm_dflash.served_model.call_thread import CallThread
@@ -77,6 +78,10 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException("the DFlash model must be decoupled (model_transaction_policy { decoupled: true })")
         self.name = args["model_name"]
         model_dir = Path(args["model_repository"])
+        # a step's freed buffers stay in the process for the next step, not unmapped and faulted in again
+        refusal = keep_freed_memory()
+        if refusal is not None:
+            pb_utils.Logger.log_info(f"{self.name}: allocator thresholds left as they are ({refusal})")
         try:
             config = ServingConfig.from_parameters(model_config.get("parameters", {})).resolved(model_dir)
             # responses, metric updates and cancellation checks: round trips to tritonserver, made off the loop
