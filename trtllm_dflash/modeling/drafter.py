@@ -25,7 +25,7 @@ from trtllm_dflash.modeling import fused_ops
 from trtllm_dflash.modeling.draft_attention import DraftAttentionPlan
 from trtllm_dflash.modeling.fused_ops import norm_of, rms_norm, rotate
 from trtllm_dflash.modeling.kv_cache import LayerCache
-from trtllm_dflash.modeling.packed_linear import Linear
+from trtllm_dflash.modeling.packed_linear import Linear, through
 from trtllm_dflash.modeling.slots import Slots
 
 
@@ -417,8 +417,7 @@ class DFlashDrafter(nn.Module):
         """Draft logits through the drafter's own LM head if it has one, else the target's
         (`lm_head`), with the optional output scalings; `linear` (decoding) runs a plain
         nn.Linear head's matmul."""
-        head = self.lm_head if self.lm_head is not None else lm_head
-        logits = linear(hidden, head.weight, head.bias) if linear is not None and type(head) is nn.Linear else head(hidden)
+        logits = through(self.lm_head if self.lm_head is not None else lm_head, hidden, linear)
         if self.config.output_multiplier is not None:
             logits = logits * self.config.output_multiplier
         if self.config.final_logit_softcapping is not None:

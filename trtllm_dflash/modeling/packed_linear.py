@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 # what runs a projection: F.linear's signature (x, weight, bias)
 Linear = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
@@ -36,6 +37,14 @@ ROWS_HINT = 64
 # (a 48-row down projection: 46 us against 29). Counting outputs alone (8,192, the first version)
 # kept 384-wide reductions of 16-63 rows on the slower path.
 MIN_MACS = 650_000
+
+
+def through(module: nn.Module, x: torch.Tensor, linear: Linear | None) -> torch.Tensor:
+    """`module(x)`, with a plain nn.Linear's matmul run by `linear` where one is given (an LM head
+    on packed linears); any other module, or no `linear`, runs as it is."""
+    if linear is not None and type(module) is nn.Linear:
+        return linear(x, module.weight, module.bias)
+    return module(x)
 
 
 def unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:

@@ -349,9 +349,8 @@ class TorchRuntime(CachedRuntime):
 
     def _lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """The target's logits: through the packed linear where the fused pass runs on packed linears."""
-        if self.fused is not None and self.fused.linear is self._packed and type(self.lm_head) is torch.nn.Linear:
-            return self._packed(hidden, self.lm_head.weight, self.lm_head.bias)
-        return self.lm_head(hidden)
+        packed = self.fused is not None and self.fused.linear is self._packed
+        return packed_linear.through(self.lm_head, hidden, self._packed if packed else None)
 
     def _plain_causal(self, tokens, starts, span, logits_at) -> bool:
         """Whether this pass is a prefill from position 0 that only needs causal attention, on a model

@@ -27,7 +27,7 @@ import numpy as np
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.extras import require
-from trtllm_dflash.served_model.protocol import INPUTS, LLMAPI_FLAGS, LLMAPI_MARKER, LLMApiStream, llmapi_body, request_body
+from trtllm_dflash.served_model.protocol import HEALTH_PROBE, INPUTS, LLMAPI_FLAGS, LLMAPI_MARKER, LLMApiStream, llmapi_body, request_body
 
 
 class ServerError(DFlashError):
@@ -242,6 +242,27 @@ class DFlashClient:
         finally:
             # a consumer that stops early cancels its request on the server
             client.stop_stream(cancel_requests=not finished)
+
+
+def health_probe(client: Any, model: str, timeout: float) -> tuple[Any, Any] | None:
+    """Send `model` one `health_probe` request on a gRPC stream of `client` (a tritonclient.grpc
+    client with no stream open), which the model process answers at once without decoding it:
+    its (result, error), or None when nothing came within `timeout` seconds. The answer of a
+    repository that declares protocol.LIMITS_OUTPUT carries the model's limits."""
+    grpcclient = require("tritonclient.grpc", "serve", "gRPC requests")
+    probe = grpcclient.InferInput(HEALTH_PROBE, [1], "BOOL")
+    probe.set_data_from_numpy(np.array([True], dtype=np.bool_))
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        # an empty final response still calls back (older repositories answer with no outputs)
+        client.async_stream_infer(model, [probe], enable_empty_final_response=True)
+        try:
+            return answers.get(timeout=timeout)
+        except queue.Empty:
+            return None
+    finally:
+        client.stop_stream(cancel_requests=True)
 
 
 def grpc_inputs(body: dict[str, Any]) -> list:

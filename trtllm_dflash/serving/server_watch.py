@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import queue
 import shutil
 import signal
 import subprocess
@@ -391,29 +390,19 @@ class ModelProbe:
 
     def probe(self, client: Any, model: str) -> str | None:
         """Why `model` is stalled, or None when it answered (an error counts as an answer) or is busy."""
-        import numpy as np
-        import tritonclient.grpc as grpcclient
+        from trtllm_dflash.serving.client import health_probe
 
         # the model process answers `health_probe` itself, nothing decoded or counted (a repository written
         # before it refuses the input: an error is an answer too)
-        inputs = [grpcclient.InferInput("health_probe", [1], "BOOL")]
-        inputs[0].set_data_from_numpy(np.array([True], dtype=np.bool_))
         pids = self._stubs(model)
-        answers: queue.Queue = queue.Queue()
         before, started = cpu_seconds(pids), time.monotonic()
-        client.start_stream(callback=lambda result, error: answers.put(error))
-        try:
-            client.async_stream_infer(model, inputs, enable_empty_final_response=True)
-            try:
-                error = answers.get(timeout=self.timeout)
-            except queue.Empty:
-                used, waited = cpu_seconds(pids) - before, time.monotonic() - started
-                if pids and used < BUSY_CPU_SHARE * waited:
-                    return f"no answer to a one-token probe in {waited:.0f} s while its process used {used:.2f} s of CPU"
-                return None
-        finally:
-            client.stop_stream(cancel_requests=True)
-        message = " ".join(str(error or "").split())
+        answer = health_probe(client, model, self.timeout)
+        if answer is None:
+            used, waited = cpu_seconds(pids) - before, time.monotonic() - started
+            if pids and used < BUSY_CPU_SHARE * waited:
+                return f"no answer to a one-token probe in {waited:.0f} s while its process used {used:.2f} s of CPU"
+            return None
+        message = " ".join(str(answer[1] or "").split())
         return f"Triton answered a probe: {message}" if STUB_UNHEALTHY in message else None
 
 

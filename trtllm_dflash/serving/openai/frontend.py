@@ -21,7 +21,6 @@ from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.sampling_params import PromptTooLongError, SamplingError, SamplingParams, check_prompt_text, check_prompt_tokens
 from trtllm_dflash.served_model.model_parameters import DEFAULT_NEW_TOKENS, ServingConfig, ServingLimits
 from trtllm_dflash.served_model.protocol import (
-    HEALTH_PROBE,
     INPUT_NAMES,
     LIMITS_OUTPUT,
     LLMAPI_MARKER,
@@ -92,23 +91,12 @@ class ModelInfo:
 def published_limits(client, name: str, timeout: float = LIMITS_TIMEOUT) -> ServingLimits:
     """The limits model `name` runs with, as it answers a health probe (protocol.LIMITS_OUTPUT);
     `client` is a tritonclient.grpc client with no stream open."""
-    import queue
+    from trtllm_dflash.serving.client import health_probe
 
-    import numpy as np
-    import tritonclient.grpc as grpcclient
-
-    answers: queue.Queue = queue.Queue()
-    probe = grpcclient.InferInput(HEALTH_PROBE, [1], "BOOL")
-    probe.set_data_from_numpy(np.array([True], dtype=np.bool_))
-    client.start_stream(callback=lambda result, error: answers.put((result, error)))
-    try:
-        client.async_stream_infer(name, [probe], outputs=[grpcclient.InferRequestedOutput(LIMITS_OUTPUT)])
-        try:
-            result, error = answers.get(timeout=timeout)
-        except queue.Empty:
-            raise DFlashError(f"model {name!r} did not say its limits within {timeout:.0f} s", "check that its process is alive") from None
-    finally:
-        client.stop_stream(cancel_requests=True)
+    answer = health_probe(client, name, timeout)
+    if answer is None:
+        raise DFlashError(f"model {name!r} did not say its limits within {timeout:.0f} s", "check that its process is alive")
+    result, error = answer
     value = None if error is not None else result.as_numpy(LIMITS_OUTPUT)
     if value is None or value.size != 1:
         raise DFlashError(f"model {name!r} did not say its limits ({error or 'no ' + LIMITS_OUTPUT})", "rewrite its repository")
@@ -178,13 +166,7 @@ def load_model_info(name: str, parameters: dict, tokenizer: str | None, reposito
 def with_limits(info: ModelInfo, limits: ServingLimits) -> ModelInfo:
     """`info` checking requests against `limits` (a model's published ones)."""
     if info.max_context is not None and limits.max_context != info.max_context:
-        log.info(
-            "model %r holds %d tokens of context, not config.pbtxt's %d: it is served with %d",
-            info.name,
-            limits.max_context,
-            info.max_context,
-            limits.max_context,
-        )
+        log.info("model %r runs with %d tokens of context (config.pbtxt asks %d)", info.name, limits.max_context, info.max_context)
     return dataclasses.replace(
         info, max_context=limits.max_context, max_new_tokens_limit=limits.max_new_tokens, default_max_new_tokens=limits.default_new_tokens
     )
