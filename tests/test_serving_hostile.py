@@ -359,11 +359,14 @@ def test_a_killed_model_process_is_noticed_streams_end_and_it_comes_back(supervi
             streams.append((threading.Thread(target=_openai_stream, args=(url, PROMPTS[i % len(PROMPTS)], outcome, first)), outcome, first))
         for i in range(2):
             client = DFlashClient(supervised.endpoints.http, grpc_url=supervised.endpoints.grpc, timeout=120)
+            client.speaks_llmapi("grpc")  # the metadata request, before the timed part
             outcome, first = {"kind": "triton"}, threading.Event()
             streams.append(
                 (threading.Thread(target=_stream_first_chunk_then_rest, args=(client, PROMPTS[i], outcome, first)), outcome, first)
             )
-        for thread, _, _ in streams:
+        # the Triton streams start first, their clients having read the model's metadata already: the
+        # OpenAI streams (96 tokens, a fraction of a second) must still be running when the kill comes
+        for thread, _, _ in sorted(streams, key=lambda stream: stream[1]["kind"] != "triton"):
             thread.start()
         # kill as soon as a stream of each kind is under way (waiting for all of them let short
         # streams finish first on a loaded machine)
