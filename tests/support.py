@@ -162,7 +162,7 @@ def wait_serving(server, timeout: float = 300) -> None:
 # ---------------------------------------------------------------------- the served pair (test_serving, test_serving_hostile)
 
 MAX_CONTEXT = 256
-MAX_TOKENS = 96
+MAX_TOKENS = 200  # long enough that a stream is still running when test_serving_hostile kills the model
 PROMPTS = ["def fibonacci(n):", "import os\nfor name in", "class Stack:\n    def push(self, item):", "x = [i * i for i in"]
 
 

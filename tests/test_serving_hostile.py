@@ -365,7 +365,7 @@ def test_a_killed_model_process_is_noticed_streams_end_and_it_comes_back(supervi
                 (threading.Thread(target=_stream_first_chunk_then_rest, args=(client, PROMPTS[i], outcome, first)), outcome, first)
             )
         # the Triton streams start first, their clients having read the model's metadata already: the
-        # OpenAI streams (96 tokens, a fraction of a second) must still be running when the kill comes
+        # OpenAI streams (MAX_TOKENS tokens, under a second) must still be running when the kill comes
         for thread, _, _ in sorted(streams, key=lambda stream: stream[1]["kind"] != "triton"):
             thread.start()
         # kill as soon as a stream of each kind is under way (waiting for all of them let short
