@@ -14,7 +14,7 @@ import uuid
 from typing import AsyncIterator, Callable
 
 from trtllm_dflash.extras import require_installed
-from trtllm_dflash.serving.openai.frontend import Frontend, ModelInfo, cache_salt
+from trtllm_dflash.serving.openai.frontend import INLINE_CHARS, Frontend, ModelInfo, cache_salt
 from trtllm_dflash.serving.openai.gate import TENANT, Gate
 from trtllm_dflash.serving.openai.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest, OpenAIError
 from trtllm_dflash.serving.openai.spec_stats import avg_decoded_tokens_per_iter, speculative_decoding
@@ -130,8 +130,11 @@ def create_app(frontend: Frontend):
     async def chat(body: ChatCompletionRequest, request: Request):
         info = frontend.model(body.model)
         params = frontend.sampling(body, info, "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens")
-        prompt = await to_thread.run_sync(frontend.chat_prompt, body, info)
-        ids = await to_thread.run_sync(frontend.check_prompt, info, prompt, "messages")
+        if _body_chars(request) <= INLINE_CHARS:  # a short conversation renders in well under a millisecond
+            prompt = frontend.chat_prompt(body, info)
+        else:
+            prompt = await to_thread.run_sync(frontend.chat_prompt, body, info)
+        ids = await frontend.prompt_ids(info, prompt, "messages")
         return await _answer(
             request, body, info, lambda: frontend.open(info, prompt, params, ids, _salt(frontend, body, request)), chat=True
         )
@@ -149,7 +152,7 @@ def create_app(frontend: Frontend):
                 )
             prompt = prompt[0]
         params = frontend.sampling(body, info)
-        ids = await to_thread.run_sync(frontend.check_prompt, info, prompt, "prompt")
+        ids = await frontend.prompt_ids(info, prompt, "prompt")
         return await _answer(
             request, body, info, lambda: frontend.open(info, prompt, params, ids, _salt(frontend, body, request)), chat=False
         )
@@ -221,6 +224,14 @@ async def _first_response(iterator, stream: TritonStream, request) -> dict | Non
     except OpenAIError:
         stream.close()
         raise
+
+
+def _body_chars(request) -> float:
+    """The request body's length from its Content-Length header (infinite when not sent)."""
+    try:
+        return int(request.headers.get("content-length", ""))
+    except ValueError:
+        return float("inf")
 
 
 def _salt(frontend: Frontend, body: GenerationRequest, request) -> str | None:
