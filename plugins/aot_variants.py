@@ -322,6 +322,49 @@ def commit_variant() -> KernelVariant:
     )
 
 
+def verify_spread_variants(logits_dtype: str, vocab_divisible: bool = True) -> list[KernelVariant]:
+    """The vocabulary-spread verification kernels (verify_spread.py), for one logits dtype.
+
+    Compiled and audited without a GPU (tests/test_kernel_audit.py); the torch runtime launches
+    them (`verify_spread_launch`). They are not TensorRT plugin nodes yet: the engines' verify
+    plugin is still DFlashVerifyPartials / Positions / Commit."""
+    logits = ("logits_ptr", f"*{TORCH_TO_TRITON[logits_dtype]}")
+    rows = (("temperature_ptr", "*fp32"), ("top_k_ptr", "*i64"), ("top_p_ptr", "*fp32"))
+    sampling = (("draft_probs_ptr", "*fp32"), *rows, ("seed_ptr", "*i64"), ("start_ptr", "*i64"))
+    top_k = (("topk_hist_ptr", "*i32"), ("topk_state_ptr", "*i64"))
+    kept = (*top_k, ("topp_hist_ptr", "*fp32"), ("topp_state_ptr", "*fp32"), ("topp_prefix_ptr", "*i64"), ("mass_ptr", "*fp32"))
+    sizes = (("block", "i32"), ("vocab", "i32"))
+    tiles = (("CHUNK_V", launch.VERIFY_CHUNK_V), ("BLOCK_V", launch.VERIFY_BLOCK_V))
+    with_c = (*tiles, ("BLOCK_C", launch.VERIFY_BLOCK_C), ("VOCAB_DIVISIBLE", vocab_divisible))
+    kernels = {
+        "topk_pass_kernel": (
+            (logits, *rows[:2], ("rnd", "i32"), *sizes, ("num_chunks", "i32"), ("hist_ptr", "*i32"), ("state_ptr", "*i64")),
+            (*tiles, ("VOCAB_DIVISIBLE", vocab_divisible)),
+        ),
+        "topp_pass_kernel": (
+            (logits, *rows, ("chunk_max_ptr", "*fp32"), *top_k, ("rnd", "i32"), *sizes, ("num_chunks", "i32"))
+            + (("hist_ptr", "*fp32"), ("state_ptr", "*fp32"), ("prefix_ptr", "*i64")),
+            with_c,
+        ),
+        "mass_kernel": ((logits, *rows, ("chunk_max_ptr", "*fp32"), *top_k, *sizes, ("num_chunks", "i32"), ("mass_ptr", "*fp32")), with_c),
+        "race_kernel": (
+            (logits, *sampling, ("chunk_max_ptr", "*fp32"), *kept, *sizes, ("has_draft_probs", "i32"), ("num_chunks", "i32"))
+            + (("race_ptr", "*fp32"), ("race_index_ptr", "*i32")),
+            with_c,
+        ),
+        "decide_kernel": (
+            (logits, ("tokens_ptr", "*i64"), *sampling, ("chunk_max_ptr", "*fp32"), ("chunk_index_ptr", "*i32"), *kept)
+            + (("race_ptr", "*fp32"), ("race_index_ptr", "*i32"), *sizes, ("has_draft_probs", "i32"), ("num_chunks", "i32"))
+            + (("decisions_ptr", "*i32"),),
+            (("BLOCK_C", launch.VERIFY_BLOCK_C), ("VOCAB_DIVISIBLE", vocab_divisible)),
+        ),
+    }
+    return [
+        KernelVariant(f"DFlashVerifySpread.{function}", "verify_spread", function, signature, constexprs, 4, 1, False)
+        for function, (signature, constexprs) in kernels.items()
+    ]
+
+
 # ----------------------------------------------------------------------------- DFlash V2
 # The V2 drafter's kernels (`kernels/dflash2.py`) with the published V2 configuration as defaults:
 # conv_kernel_size 2, conv_group_size 16, selector_top_k 16, selector_rank 256.

@@ -21,7 +21,7 @@ pytest.importorskip("triton")
 
 from trtllm_dflash.ops.kernels import launch  # noqa: E402
 from trtllm_dflash.plugins import aot, kernel_audit  # noqa: E402
-from trtllm_dflash.plugins.aot_variants import TORCH_TO_TRITON  # noqa: E402
+from trtllm_dflash.plugins.aot_variants import TORCH_TO_TRITON, verify_spread_variants  # noqa: E402
 
 ARCHES = ("sm_90a", "sm_100a")
 
@@ -133,3 +133,14 @@ def test_audit_command_refuses_an_unknown_path_or_arch_in_one_line(run_main):
     assert code == 2 and err.strip().splitlines() == ["error: --path 'both' is not a launch path; use aot or jit"]
     code, _, err = run_main("plugins", "audit", "--arch", "sm_75")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "unknown GPU architecture 'sm_75'" in err
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_spread_verification_kernels_compile_for_hopper_without_spills(dtype):
+    """The vocabulary-spread verification (verify_spread.py), not yet a TensorRT node, compiles for
+    sm_90a: no spills, and 16-byte loads where it streams logits (decide_kernel reads single ones)."""
+    for variant in verify_spread_variants(dtype):
+        report = kernel_audit.report(aot.compile_kernel(variant, aot.ARCHES["sm_90a"]), "aot")
+        streams = variant.function != "decide_kernel"
+        assert report.spill_stores == 0 and report.spill_loads == 0, report
+        assert report.problems() == ([] if streams else ["no 16-byte vector load or cp.async"]), report

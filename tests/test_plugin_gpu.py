@@ -14,6 +14,7 @@ pytest.importorskip("triton")
 from trtllm_dflash import ops
 from trtllm_dflash.ops import reference  # noqa: E402
 from trtllm_dflash.ops.kernels import launch  # noqa: E402
+from trtllm_dflash.ops.kernels.verify_spread_launch import verify_block_spread  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -90,3 +91,5 @@ def test_verification_on_gpu_is_identical_to_the_reference(vocab):
     args = (logits, tokens, draft, temperature, top_k, top_p, seed, start)
     got = ops.verify_block_packed(*(a.cuda() for a in args))
     assert torch.equal(got.cpu(), reference.verify_block_packed(*args))
+    spread = verify_block_spread(*(a.cuda() for a in args))  # every pass spread over the vocabulary
+    assert torch.equal(spread.cpu(), reference.verify_block_packed(*args))

@@ -19,6 +19,7 @@ from trtllm_dflash.ops import (
     rng,  # noqa: E402
 )
 from trtllm_dflash.ops.kernels import launch  # noqa: E402
+from trtllm_dflash.ops.kernels.verify_spread_launch import verify_positions_spread  # noqa: E402
 
 
 def params(temps, top_ks=None, top_ps=None):
@@ -44,23 +45,26 @@ def make_block(seed, logits, runs, draft_probs=None):
 
 
 def compare(logits, tokens, draft_probs, temperature, top_k, top_p, seed=None, start=None, stop_ids=None, block_v=256, chunk_v=None):
+    """Both kernel forms (one program per position; every pass spread over the vocabulary chunks)
+    against the reference, token for token."""
     batch = logits.shape[0]
     seed = torch.arange(batch) * 7919 - 3 if seed is None else seed
     start = torch.arange(batch) * 13 + 5 if start is None else start
     args = (logits, tokens, draft_probs, temperature, top_k, top_p, seed, start, stop_ids)
-    decisions = launch.verify_positions(*args[:-1], block_v=block_v, chunk_v=chunk_v)
-    got = launch.verify_commit(decisions, tokens, start, stop_ids)
     expected = reference.verify_block_packed(*args)
-    assert torch.equal(got, expected), f"kernel\n{got}\nreference\n{expected}"
-    # the per-position form agrees where it is used: accept flags up to the end of the accepted
-    # run, the emitted token at its end (elsewhere a residual of q == p is 0/0, decided by rounding)
-    position = torch.arange(tokens.shape[1])
     ref_decisions = reference.verify_positions(*args[:-1])
-    flags_used = position <= expected[:, :1]
-    assert torch.equal(decisions[..., 0][flags_used], ref_decisions[..., 0][flags_used])
-    emit_used = position == expected[:, :1]
-    assert torch.equal(decisions[..., 1][emit_used], ref_decisions[..., 1][emit_used])
-    assert torch.equal(reference.verify_commit(decisions, tokens, start, stop_ids), expected)
+    for spread, positions in ((False, launch.verify_positions), (True, verify_positions_spread)):
+        decisions = positions(*args[:-1], block_v=block_v, chunk_v=chunk_v)
+        got = launch.verify_commit(decisions, tokens, start, stop_ids)
+        assert torch.equal(got, expected), f"kernel (spread={spread})\n{got}\nreference\n{expected}"
+        # the per-position form agrees where it is used: accept flags up to the end of the accepted
+        # run, the emitted token at its end (elsewhere a residual of q == p is 0/0, decided by rounding)
+        position = torch.arange(tokens.shape[1])
+        flags_used = position <= expected[:, :1]
+        assert torch.equal(decisions[..., 0][flags_used], ref_decisions[..., 0][flags_used])
+        emit_used = position == expected[:, :1]
+        assert torch.equal(decisions[..., 1][emit_used], ref_decisions[..., 1][emit_used])
+        assert torch.equal(reference.verify_commit(decisions, tokens, start, stop_ids), expected)
     return got
 
 

@@ -309,6 +309,12 @@ def measure_row(runtime: TorchRuntime, floors: Floors, ceilings: Ceilings, timer
             block[:, 1:], probs = proposal.tokens, proposal.probs
         ms, how = timer(f"verify {mode}", lambda: runtime.verify(logits, block, probs, sampling, starts))
         row.parts[f"verify {mode}"] = Timed(ms, floor_ms(floors.verification(batch, mode), ceilings), how)
+        if device.type == "cuda":  # the same decisions, every pass spread over the vocabulary (issue 39 item 5)
+            from trtllm_dflash.ops.kernels.verify_spread_launch import verify_block_spread
+
+            sampled = (sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed, starts)
+            ms, how = timer(f"verify {mode} spread", lambda: verify_block_spread(logits, block, probs, *sampled))
+            row.parts[f"verify {mode} spread"] = Timed(ms, floor_ms(floors.verification(batch, mode), ceilings), how)
     return row
 
 
@@ -410,7 +416,9 @@ def summary_line(row: StepRow) -> str:
     p = row.parts
     return (
         f"AR {p['ar'].ms:.2f} ms ({p['ar'].of_floor:.0%} of floor), DFlash {row.dflash.ms:.2f} ms "
-        f"({row.dflash.of_floor:.0%}), verify top-k+top-p {p['verify top-k+top-p'].ms:.3f} ms, "
+        f"({row.dflash.of_floor:.0%}), verify top-k+top-p {p['verify top-k+top-p'].ms:.3f} ms"
+        + (f" (spread {p['verify top-k+top-p spread'].ms:.3f} ms)" if "verify top-k+top-p spread" in p else "")
+        + ", "
         f"{row.tokens_per_second(6.5):.0f} tok/s at tau 6.5"
     )
 
@@ -442,15 +450,18 @@ def markdown(result: StepBenchmark) -> str:
             + " | ".join(f"{r.tokens_per_second(t):.0f}" for t in TAUS)
             + f" | {loop(r.loop_ar_ms)} | {loop(r.loop_dflash_ms)} |"
         )
+    # "spread": every pass over the vocabulary split into chunks (verify_spread.py), timed on a GPU only
+    columns = [f"verify {m}" for m in VERIFY_MODES]
+    columns += [f"verify {m} spread" for m in VERIFY_MODES if any(f"verify {m} spread" in r.parts for r in result.rows)]
     lines += [
         "",
         "Verification of a 16-token block (ms, % of its floor: the logits read once, plus q when sampled):",
         "",
-        "| batch | context | " + " | ".join(VERIFY_MODES) + " |",
-        "|---:|---:|" + "---:|" * len(VERIFY_MODES),
+        "| batch | context | " + " | ".join(c.removeprefix("verify ") for c in columns) + " |",
+        "|---:|---:|" + "---:|" * len(columns),
     ]
     for r in result.rows:
-        lines.append(f"| {r.batch} | {r.context} | " + " | ".join(_cell(r.parts[f"verify {m}"]) for m in VERIFY_MODES) + " |")
+        lines.append(f"| {r.batch} | {r.context} | " + " | ".join(_cell(r.parts[c]) if c in r.parts else "-" for c in columns) + " |")
     lines += [
         "",
         "DFlash step = draft pass + verify pass + greedy verification, each from its own graph. The loop "

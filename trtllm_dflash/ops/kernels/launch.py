@@ -548,19 +548,25 @@ def verify_partials(
     return chunk_max, chunk_index
 
 
-@specs.VERIFY_POSITIONS.launcher(torch.Tensor)
-def verify_positions(inputs, *, block_v: int = VERIFY_BLOCK_V, chunk_v: int | None = None) -> torch.Tensor:
-    """Both stages: the split argmax, then the per-position kernel: int32 `[b, B, 2]` decisions
-    (`reference.verify_positions`). `chunk_v` (default 4 tiles) is the split's chunk size."""
-    target_logits, block_tokens, draft_probs = inputs.target_logits, inputs.block_tokens, inputs.draft_probs
+def check_verify_inputs(target_logits: torch.Tensor, block_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> None:
     batch, block, vocab = target_logits.shape
-    device = target_logits.device
     if tuple(block_tokens.shape) != (batch, block):
         raise DFlashError(f"block_tokens has shape {tuple(block_tokens.shape)}, expected {(batch, block)}")
     if draft_probs is not None and tuple(draft_probs.shape) != (batch, block - 1, vocab):
         raise DFlashError(f"draft_probs has shape {tuple(draft_probs.shape)}, expected {(batch, block - 1, vocab)}")
     if not 1 <= block <= MAX_BLOCK:
         raise DFlashError(f"verification supports blocks of 1..{MAX_BLOCK} tokens, not {block}")
+
+
+@specs.VERIFY_POSITIONS.launcher(torch.Tensor)
+def verify_positions(inputs, *, block_v: int = VERIFY_BLOCK_V, chunk_v: int | None = None) -> torch.Tensor:
+    """Both stages: the split argmax, then the per-position kernel: int32 `[b, B, 2]` decisions
+    (`reference.verify_positions`). `chunk_v` (default 4 tiles) is the split's chunk size.
+    `verify_spread_launch` splits the sampled rows' passes over the chunks too."""
+    target_logits, block_tokens, draft_probs = inputs.target_logits, inputs.block_tokens, inputs.draft_probs
+    check_verify_inputs(target_logits, block_tokens, draft_probs)
+    batch, block, vocab = target_logits.shape
+    device = target_logits.device
     decisions = torch.empty(batch, block, 2, dtype=torch.int32, device=device)
     if batch == 0:
         return decisions
