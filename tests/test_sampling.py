@@ -181,6 +181,26 @@ def test_counter_rng_is_uniform_and_stream_separated():
     assert torch.equal(u, rng.uniform(seeds, torch.full_like(seeds, 5), rng.STREAM_ACCEPT))
 
 
+def test_vocabulary_uniforms_are_the_int64_lowbias32_bit_for_bit():
+    """uniform_from_key hashes on int32 in place; the bits must be the plain 64-bit formula's
+    (what the Triton kernels compute on uint32): odd sizes, keys above 2**31, huge indexes."""
+    g = torch.Generator().manual_seed(3)
+
+    def plain(key, index):
+        bits = rng.hash32(key ^ ((torch.as_tensor(index, dtype=torch.int64) * rng.GOLDEN32 + 1) & rng.MASK32))
+        return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
+
+    for shape, index in (
+        ((3, 5, 1), torch.arange(1001)),
+        ((64, 1), torch.arange(65536)),
+        ((999,), torch.randint(0, 2**40, (999,), generator=g)),
+    ):
+        key = torch.randint(0, 2**32, shape, generator=g)
+        assert torch.equal(rng.uniform_from_key(key, index), plain(key, index))
+    key = torch.tensor([0, 2**31 - 1, 2**31, 2**32 - 1])
+    assert torch.equal(rng.uniform_from_key(key, 7), plain(key, 7))
+
+
 def test_race_sampling_follows_the_distribution():
     probs = torch.tensor([0.5, 0.25, 0.125, 0.125, 0.0])
     keys = rng.counter_key(torch.arange(20000), torch.zeros(20000, dtype=torch.long), rng.STREAM_BONUS)

@@ -77,9 +77,8 @@ def sample_from_probs(probs: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
     """Exponential-race sample per row of `probs [..., V]` with counter keys `key [...]`."""
     vocab = probs.shape[-1]
     index = torch.arange(vocab, dtype=torch.int64, device=probs.device)
-    u = rng.uniform_from_key(key.unsqueeze(-1), index)
-    race = probs / -torch.log(u)
-    return race.argmax(dim=-1)
+    exponential = rng.uniform_from_key(key.unsqueeze(-1), index).log_().neg_()  # -log(u), in place
+    return (probs / exponential).argmax(dim=-1)
 
 
 def sample_tokens(
