@@ -59,9 +59,20 @@ def process_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
         probs = torch.where(p < 1, kept / kept.sum(dim=-1, keepdim=True), probs)
 
     if bool(greedy.any()):
-        one_hot = F.one_hot(logits.argmax(dim=-1), vocab).to(probs.dtype)
+        one_hot = F.one_hot(argmax(logits), vocab).to(probs.dtype)
         probs = torch.where(greedy, one_hot, probs)
     return probs
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """`x.argmax(dim=-1)`: the first index of the maximum (a NaN counts as the maximum), int64.
+
+    On CPU float32 through numpy, whose argmax is vectorised: a batch-8 block of 8 x 4,096 logits
+    took 11 us against torch's 145 us on one thread, twice in every decoding step (drafts and the
+    target's posterior). Elsewhere torch's own."""
+    if x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() > 0 and x.shape[-1] > 0:
+        return torch.from_numpy(x.detach().numpy().argmax(axis=-1))
+    return x.argmax(dim=-1)
 
 
 def _top_k_kept(scaled: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -78,7 +89,7 @@ def sample_from_probs(probs: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
     vocab = probs.shape[-1]
     index = torch.arange(vocab, dtype=torch.int64, device=probs.device)
     exponential = rng.uniform_from_key(key.unsqueeze(-1), index).log_().neg_()  # -log(u), in place
-    return (probs / exponential).argmax(dim=-1)
+    return argmax(probs / exponential)
 
 
 def sample_tokens(
@@ -99,7 +110,7 @@ def sample_tokens(
     tokens = sample_from_probs(probs, key)
     greedy = (temperature <= 0).view(-1, 1)
     if bool(greedy.any()):
-        tokens = torch.where(greedy, logits.argmax(dim=-1), tokens)
+        tokens = torch.where(greedy, argmax(logits), tokens)
     return tokens, probs
 
 
@@ -129,7 +140,7 @@ def verify_block(
     batch, block, vocab = target_logits.shape
     drafts = block_tokens[:, 1:]
     greedy = temperature <= 0
-    posterior = target_logits.argmax(dim=-1)  # [b, B]
+    posterior = argmax(target_logits)  # [b, B]
 
     if block > 1:
         accepted = drafts == posterior[:, :-1]
@@ -230,7 +241,7 @@ def verify_positions(
     batch, block, vocab = target_logits.shape
     greedy = (temperature <= 0).view(-1, 1)
     drafts = block_tokens[:, 1:]
-    posterior = target_logits.argmax(dim=-1)
+    posterior = argmax(target_logits)
     accept = torch.zeros(batch, block, dtype=torch.bool, device=target_logits.device)
     accept[:, :-1] = drafts == posterior[:, :-1]
     emit = posterior

@@ -428,7 +428,7 @@ def draft_positions(anchor_positions: torch.Tensor, count: int) -> torch.Tensor:
 def sample_drafts(logits: torch.Tensor, sampling: "SamplingTensors", positions: torch.Tensor) -> Proposal:
     """DFlash V1's head: argmax of the draft logits `[b, B-1, V]`, or a sample from the processed q."""
     if sampling.all_greedy:
-        return Proposal(logits.argmax(dim=-1), None)
+        return Proposal(reference.argmax(logits), None)
     s = sampling
     tokens, probs = reference.sample_tokens(logits, s.temperature, s.top_k, s.top_p, s.seed, positions, rng.STREAM_DRAFT)
     return Proposal(tokens, probs)
