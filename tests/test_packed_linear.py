@@ -40,6 +40,15 @@ def test_packed_linear_is_f_linear_within_rounding_and_a_row_does_not_depend_on_
     assert len(linear) == 1
 
 
+def test_row_counts_are_padded_to_a_few_buckets_with_at_most_a_quarter_more_rows():
+    """A prefill's row count is padded so oneDNN builds few primitives; the padding is bounded and
+    changes no bits (the batch-independence test above runs 299 rows, padded to 320)."""
+    buckets = {packed_linear.bucket_rows(rows) for rows in range(1, 4097)}
+    assert all(packed_linear.bucket_rows(rows) == rows for rows in range(1, packed_linear.EXACT_ROWS + 1))
+    assert all(rows <= packed_linear.bucket_rows(rows) <= 1.25 * rows for rows in range(1, 4097))
+    assert len(buckets - set(range(1, packed_linear.EXACT_ROWS + 1))) == 24  # 4 per doubling from 64 to 4,096
+
+
 def test_a_fresh_view_of_the_same_rows_is_packed_once_and_another_view_is_not_confused_with_it():
     weight = torch.randn(192, 128)
     x = torch.randn(200, 128)  # enough rows to take the packed path (MIN_MACS)

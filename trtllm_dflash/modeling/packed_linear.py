@@ -37,6 +37,15 @@ ROWS_HINT = 64
 # (a 48-row down projection: 46 us against 29). Counting outputs alone (8,192, the first version)
 # kept 384-wide reductions of 16-63 rows on the slower path.
 MIN_MACS = 650_000
+# oneDNN builds a primitive the first time it sees a row count: ~1 ms per projection on this
+# machine, against ~0.4 ms to run it (512 rows, 128 -> 768). Decoding steps reuse a few row counts,
+# but a prefill shorter than a chunk has its prompt's length, often new. Row counts above
+# EXACT_ROWS are padded up to a bucket (`bucket_rows`: 4 per doubling, at most 25% more rows), so
+# a few dozen primitives serve every length and stay in oneDNN's cache: a layer's 4 projections at
+# 100 new lengths of 60-600 rows took 1.6 ms each, against 2.5 ms; single prompts of 20-500 tokens
+# got their first token 7% sooner in-process (median 16.7 vs 17.8 ms, 10.1 vs 10.9 ms). A row's
+# bits do not depend on the rows beside it in a packed call, so padding changes none.
+EXACT_ROWS = 64
 
 
 def through(module: nn.Module, x: torch.Tensor, linear: Linear | None) -> torch.Tensor:
@@ -78,9 +87,23 @@ class PackedLinears:
             with torch.inference_mode(False):  # outlives any inference-mode caller
                 packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), ROWS_HINT)
             entry = self._packed[key] = (weight, packed)
-        if not x.is_contiguous():
-            x = x.contiguous()
-        return torch.ops.mkldnn._linear_pointwise(x, entry[1], bias, "none", [], "")
+        rows = x.numel() // x.shape[-1]
+        padded = bucket_rows(rows)
+        if padded == rows:
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), entry[1], bias, "none", [], "")
+        x_padded = x.new_zeros(padded, x.shape[-1])
+        x_padded[:rows] = x.reshape(rows, x.shape[-1])
+        out = torch.ops.mkldnn._linear_pointwise(x_padded, entry[1], bias, "none", [], "")
+        return out[:rows].view(*x.shape[:-1], out.shape[-1])
 
     def __len__(self) -> int:
         return len(self._packed)
+
+
+def bucket_rows(rows: int) -> int:
+    """The row count a packed call runs with: `rows` up to EXACT_ROWS, else rounded up to the next
+    of 4 evenly spaced counts per doubling (65 -> 80, 513 -> 640, 1000 -> 1024)."""
+    if rows <= EXACT_ROWS:
+        return rows
+    step = 1 << (rows.bit_length() - 3)
+    return -(-rows // step) * step
