@@ -18,6 +18,10 @@ Before and after, ours against another checkout of this repository (a git worktr
 
     python benchmarks/bench_served_vs_vllm.py --systems ours,baseline --baseline /tmp/base --aiperf A/bin/aiperf
 
+Requests carry no temperature unless `--temperature` is given, so both servers sample at OpenAI's
+default 1.0, where the demo drafter rarely lands a draft; `--temperature 0` measures greedy
+decoding, where drafting pays.
+
 `--client-cpus 0` runs aiperf on CPU 0 and every server process (vLLM's API server and engine
 core; ours: tritonserver, the model process, the front end) on the other CPUs (`taskset`), so the
 load generator does not take CPU time from the server it measures, as it would not from another
@@ -205,6 +209,7 @@ def measure(args, system: str, out: Path, aiperf: str, repo: Path) -> dict[str, 
                     concurrency,
                     "--request-count",
                     str(count),
+                    *(["--extra-inputs", f"temperature:{args.temperature}"] if args.temperature is not None else []),
                 )
                 results[name] = {
                     "ttft_p50": stat(export, "time_to_first_token", "p50"),
@@ -237,6 +242,9 @@ def main() -> None:
     parser.add_argument("--startup-timeout", type=float, default=600)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--client-cpus", default=None, help="CPUs for aiperf alone (e.g. 0); the servers get the others")
+    parser.add_argument(
+        "--temperature", type=float, default=None, help="sent with every request (default: none, so OpenAI's 1.0: sampled; 0: greedy)"
+    )
     args = parser.parse_args()
     from trtllm_dflash import demo
 
@@ -263,6 +271,7 @@ def main() -> None:
         f"\n{aiperf_version(aiperf)}; {machine()}; {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
         f"{args.threads} thread(s) per server; medians of {args.rounds} round(s); artifacts in {out}"
         + (f"; aiperf on CPU {args.client_cpus}, the servers on {server_cpus(args)[2]}" if args.client_cpus else "")
+        + (f"; temperature {args.temperature}" if args.temperature is not None else "; temperature 1 (OpenAI's default)")
         + "\n"
     )
     first = "ours" if "ours" in systems else systems[0]  # ours / the other, as the goals read
