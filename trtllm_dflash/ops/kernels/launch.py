@@ -558,6 +558,16 @@ def check_verify_inputs(target_logits: torch.Tensor, block_tokens: torch.Tensor,
         raise DFlashError(f"verification supports blocks of 1..{MAX_BLOCK} tokens, not {block}")
 
 
+def verify_first_stage(target_logits: torch.Tensor, draft_probs: torch.Tensor | None, block_v: int, chunk_v: int | None) -> tuple:
+    """What both verification forms start from: (contiguous logits, the split argmax's chunk maxima
+    and indices, whether there are drafts, q as contiguous float32 or a one-element dummy)."""
+    target_logits = target_logits.contiguous()
+    chunk_max, chunk_index = verify_partials(target_logits, chunk_v or VERIFY_CHUNK_V // VERIFY_BLOCK_V * block_v, block_v)
+    has_draft = draft_probs is not None and target_logits.shape[1] > 1
+    dummy = torch.zeros(1, dtype=torch.float32, device=target_logits.device)
+    return target_logits, chunk_max, chunk_index, has_draft, draft_probs.to(torch.float32).contiguous() if has_draft else dummy
+
+
 @specs.VERIFY_POSITIONS.launcher(torch.Tensor)
 def verify_positions(inputs, *, block_v: int = VERIFY_BLOCK_V, chunk_v: int | None = None) -> torch.Tensor:
     """Both stages: the split argmax, then the per-position kernel: int32 `[b, B, 2]` decisions
@@ -570,14 +580,11 @@ def verify_positions(inputs, *, block_v: int = VERIFY_BLOCK_V, chunk_v: int | No
     decisions = torch.empty(batch, block, 2, dtype=torch.int32, device=device)
     if batch == 0:
         return decisions
-    target_logits = target_logits.contiguous()
-    chunk_max, chunk_index = verify_partials(target_logits, chunk_v or VERIFY_CHUNK_V // VERIFY_BLOCK_V * block_v, block_v)
-    has_draft = draft_probs is not None and block > 1
-    draft_probs = draft_probs.to(torch.float32) if has_draft else torch.zeros(1, dtype=torch.float32, device=device)
+    target_logits, chunk_max, chunk_index, has_draft, draft_probs = verify_first_stage(target_logits, draft_probs, block_v, chunk_v)
     kernels.for_tensor_device("verify", device).verify_positions_kernel[verify_positions_grid(batch, block)](
         target_logits,
         block_tokens.to(torch.int64).contiguous(),
-        draft_probs.contiguous(),
+        draft_probs,
         inputs.temperature.to(torch.float32).contiguous(),
         inputs.top_k.to(torch.int64).contiguous(),
         inputs.top_p.to(torch.float32).contiguous(),

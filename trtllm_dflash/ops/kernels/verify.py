@@ -80,46 +80,61 @@ def _scaled(row_ptr, offs, ok, temperature):
 
 
 @triton.jit
+def _key_counts(row_ptr, start, stop, vocab, temperature, prefix, shift, BLOCK_V: tl.constexpr, VOCAB_DIVISIBLE: tl.constexpr):
+    """256-bin counts of the 8-bit digit at `shift` of the keys in [start, stop) that match `prefix` above it."""
+    hist = tl.full([256], 0, tl.int32)
+    for v0 in range(start, stop, BLOCK_V):
+        offs = v0 + tl.arange(0, BLOCK_V)
+        ok = in_vocab(offs, vocab, VOCAB_DIVISIBLE)
+        key = order_key(_scaled(row_ptr, offs, ok, temperature))
+        match = ok & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
+        hist += tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=match)
+    return hist
+
+
+@triton.jit
+def _topk_step(counts, prefix, remaining, shift):
+    """One 8-bit digit of the k-th largest key from a pass's counts: (prefix, keys still to pass)."""
+    bins = tl.arange(0, 256)
+    at_least = tl.associative_scan(counts, 0, SUM, reverse=True)  # keys in bins >= d
+    digit = tl.reduce((at_least >= remaining).to(tl.int32), 0, SUM) - 1
+    remaining -= tl.reduce(tl.where(bins > digit, counts, 0), 0, SUM).to(tl.int64)
+    return prefix | (digit.to(tl.int64) << shift), remaining
+
+
+@triton.jit
 def _kth_largest_key(row_ptr, vocab, temperature, k, BLOCK_V: tl.constexpr, VOCAB_DIVISIBLE: tl.constexpr):
     """Key of the k-th largest scaled logit: top-k keeps exactly the keys >= it (4 passes of 8-bit digits)."""
-    bins = tl.arange(0, 256)
     prefix = tl.full((), 0, tl.int64)
     remaining = k.to(tl.int64)
     for rnd in range(4):  # not unrolled: keeps the kernel small
         shift = 24 - 8 * rnd
-        hist = tl.full([256], 0, tl.int32)
-        for v0 in range(0, vocab, BLOCK_V):
-            offs = v0 + tl.arange(0, BLOCK_V)
-            ok = in_vocab(offs, vocab, VOCAB_DIVISIBLE)
-            key = order_key(_scaled(row_ptr, offs, ok, temperature))
-            match = ok & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
-            hist += tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=match)
-        at_least = tl.associative_scan(hist, 0, SUM, reverse=True)  # keys in bins >= d
-        digit = tl.reduce((at_least >= remaining).to(tl.int32), 0, SUM) - 1
-        remaining -= tl.reduce(tl.where(bins > digit, hist, 0), 0, SUM).to(tl.int64)
-        prefix = prefix | (digit.to(tl.int64) << shift)
+        counts = _key_counts(row_ptr, 0, vocab, vocab, temperature, prefix, shift, BLOCK_V, VOCAB_DIVISIBLE)
+        prefix, remaining = _topk_step(counts, prefix, remaining, shift)
     return prefix
 
 
 @triton.jit
-def _kept_mass(row_ptr, vocab, temperature, row_max, threshold, divisor, BLOCK_V: tl.constexpr, VOCAB_DIVISIBLE: tl.constexpr):
-    """Sum over keys >= threshold of exp(s - max) / divisor (the softmax normaliser, or the top-p mass)."""
+def _kept_mass(row_ptr, start, stop, vocab, temperature, row_max, threshold, BLOCK_V: tl.constexpr, VOCAB_DIVISIBLE: tl.constexpr):
+    """Sum over the keys in [start, stop) at or above threshold of exp(s - max) (the softmax normaliser's share)."""
     total = tl.full([BLOCK_V], 0.0, tl.float32)
-    for v0 in range(0, vocab, BLOCK_V):
+    for v0 in range(start, stop, BLOCK_V):
         offs = v0 + tl.arange(0, BLOCK_V)
         ok = in_vocab(offs, vocab, VOCAB_DIVISIBLE)
         s = _scaled(row_ptr, offs, ok, temperature)
-        e = tl.div_rn(precise_exp(s - row_max), divisor)
-        total += tl.where(ok & (order_key(s) >= threshold), e, 0.0)
+        total += tl.where(ok & (order_key(s) >= threshold), precise_exp(s - row_max), 0.0)
     return tl.reduce(total, 0, SUM)
 
 
 @triton.jit
-def _mass_histogram(row_ptr, vocab, temperature, row_max, top_k_key, prefix, shift, BLOCK_V: tl.constexpr, VOCAB_DIVISIBLE: tl.constexpr):
-    """exp(s - max) summed per 4-bit digit at `shift`, over keys >= top_k_key matching `prefix` above it."""
+def _mass_histogram(
+    row_ptr, start, stop, vocab, temperature, row_max, top_k_key, prefix, shift, BLOCK_V: tl.constexpr, VOCAB_DIVISIBLE: tl.constexpr
+):
+    """exp(s - max) summed per 4-bit digit at `shift`, over the keys in [start, stop) at or above
+    top_k_key that match `prefix` above it."""
     bins = tl.arange(0, 16)
     weight = tl.full([16], 0.0, tl.float32)
-    for v0 in range(0, vocab, BLOCK_V):
+    for v0 in range(start, stop, BLOCK_V):
         offs = v0 + tl.arange(0, BLOCK_V)
         ok = in_vocab(offs, vocab, VOCAB_DIVISIBLE)
         s = _scaled(row_ptr, offs, ok, temperature)
@@ -133,6 +148,22 @@ def _mass_histogram(row_ptr, vocab, temperature, row_max, top_k_key, prefix, shi
 
 
 @triton.jit
+def _topp_step(weight, rnd, remaining, above, found, prefix):
+    """One 4-bit digit (pass `rnd` of 8) of the top-p key from a pass's masses: (remaining, above, found, prefix)."""
+    bins = tl.arange(0, 16)
+    at_least = tl.associative_scan(weight, 0, SUM, reverse=True)
+    count = tl.reduce((at_least >= remaining).to(tl.int32), 0, SUM)
+    found = found & (count > 0).to(tl.int32)
+    digit = tl.maximum(count - 1, 0)
+    greater = tl.reduce(tl.where(bins > digit, weight, 0.0), 0, SUM)
+    remaining -= greater
+    above += greater
+    if rnd == 7:
+        above += tl.reduce(tl.where(bins == digit, weight, 0.0), 0, SUM)
+    return remaining, above, found, prefix | (digit.to(tl.int64) << (28 - 4 * rnd))
+
+
+@triton.jit
 def _top_p_key(row_ptr, vocab, temperature, row_max, top_k_key, top_p, BLOCK_V: tl.constexpr, VOCAB_DIVISIBLE: tl.constexpr):
     """(smallest kept key of top-p, z_k, z_p): the key where the mass from the top first reaches
     top_p of the top-k mass z_k, and the kept mass as a fraction of z_k (the top-p normaliser).
@@ -140,27 +171,20 @@ def _top_p_key(row_ptr, vocab, temperature, row_max, top_k_key, top_p, BLOCK_V: 
     Radix selection on 4-bit digits over unnormalised masses exp(s - max): the first pass sees every
     key >= top_k_key, so its total is z_k and no separate normaliser pass is needed; the kept mass is
     what the passes found above the key plus the key's own bin."""
-    bins = tl.arange(0, 16)
-    weight = _mass_histogram(row_ptr, vocab, temperature, row_max, top_k_key, tl.full((), 0, tl.int64), 28, BLOCK_V, VOCAB_DIVISIBLE)
+    weight = _mass_histogram(
+        row_ptr, 0, vocab, vocab, temperature, row_max, top_k_key, tl.full((), 0, tl.int64), 28, BLOCK_V, VOCAB_DIVISIBLE
+    )
     z_k = tl.reduce(weight, 0, SUM)
     remaining = top_p * z_k
     above = tl.full((), 0.0, tl.float32)
     prefix = tl.full((), 0, tl.int64)
     found = tl.full((), 1, tl.int32)
     for rnd in range(8):  # not unrolled: keeps the kernel small
-        shift = 28 - 4 * rnd
         if rnd > 0:
-            weight = _mass_histogram(row_ptr, vocab, temperature, row_max, top_k_key, prefix, shift, BLOCK_V, VOCAB_DIVISIBLE)
-        at_least = tl.associative_scan(weight, 0, SUM, reverse=True)
-        count = tl.reduce((at_least >= remaining).to(tl.int32), 0, SUM)
-        found = found & (count > 0).to(tl.int32)
-        digit = tl.maximum(count - 1, 0)
-        greater = tl.reduce(tl.where(bins > digit, weight, 0.0), 0, SUM)
-        remaining -= greater
-        above += greater
-        if rnd == 7:
-            above += tl.reduce(tl.where(bins == digit, weight, 0.0), 0, SUM)
-        prefix = prefix | (digit.to(tl.int64) << shift)
+            weight = _mass_histogram(
+                row_ptr, 0, vocab, vocab, temperature, row_max, top_k_key, prefix, 28 - 4 * rnd, BLOCK_V, VOCAB_DIVISIBLE
+            )
+        remaining, above, found, prefix = _topp_step(weight, rnd, remaining, above, found, prefix)
     kept = tl.where(found != 0, above, z_k)
     return tl.where(found != 0, prefix, 0), z_k, tl.div_rn(kept, z_k)
 
@@ -171,6 +195,67 @@ def _prob(s, row_max, threshold, z_k, z_p, use_top_p):
     p = tl.div_rn(precise_exp(s - row_max), z_k)
     p = tl.where(use_top_p, tl.div_rn(p, z_p), p)
     return tl.where(order_key(s) >= threshold, p, 0.0)
+
+
+@triton.jit
+def _chunk_argmax(chunk_max_ptr, chunk_index_ptr, position, num_chunks, BLOCK_C: tl.constexpr):
+    """(maximum, first index of it) of a row, from its chunks' maxima (the first chunk wins ties)."""
+    best = tl.full((), float("-inf"), tl.float32)
+    best_index = tl.full((), 0, tl.int32)
+    for c0 in range(0, num_chunks, BLOCK_C):
+        cs = c0 + tl.arange(0, BLOCK_C)
+        ok = cs < num_chunks
+        chunk_max = tl.load(chunk_max_ptr + position * num_chunks + cs, mask=ok, other=float("-inf"))
+        chunk_index = tl.load(chunk_index_ptr + position * num_chunks + cs, mask=ok, other=0)
+        tile_max, tile_position = tl.reduce((chunk_max, tl.arange(0, BLOCK_C)), 0, ARGMAX)
+        tile_index = tl.reduce(tl.where(tl.arange(0, BLOCK_C) == tile_position, chunk_index, 0), 0, SUM)
+        better = tile_max > best
+        best_index = tl.where(better, tile_index, best_index)
+        best = tl.where(better, tile_max, best)
+    return best, best_index
+
+
+@triton.jit
+def _accepts(row_ptr, draft_q_ptr, draft, has_draft, use_q, seed, position, temperature, row_max, threshold, z_k, z_p, use_top_p):
+    """Whether draft token `draft` (at absolute `position`) is accepted: with probability
+    min(1, p/q), that is u * q < p."""
+    p_draft = _prob(tl.div_rn(tl.load(row_ptr + draft).to(tl.float32), temperature), row_max, threshold, z_k, z_p, use_top_p)
+    q_draft = tl.load(draft_q_ptr + draft, mask=use_q, other=0.0).to(tl.float32)
+    u = uniform_from_key(counter_key(seed, position, ACCEPT_MIX), tl.full((), 0, tl.int32))
+    return (has_draft & (u * q_draft < p_draft)).to(tl.int32)
+
+
+@triton.jit
+def _races(
+    row_ptr, draft_q_ptr, q_len, bonus_key, start, stop, vocab, temperature, row_max, threshold, z_k, z_p, use_top_p,
+    BLOCK_V: tl.constexpr, VOCAB_DIVISIBLE: tl.constexpr,
+):  # fmt: skip
+    """The exponential races over the tokens in [start, stop): (best race on p, its token, best race
+    on the residual max(0, p - q), its token, the residual's mass). An earlier tile keeps a tie."""
+    best_p = tl.full((), -1.0, tl.float32)
+    index_p = tl.full((), 0, tl.int32)
+    best_r = tl.full((), -1.0, tl.float32)
+    index_r = tl.full((), 0, tl.int32)
+    mass = tl.full([BLOCK_V], 0.0, tl.float32)
+    for v0 in range(start, stop, BLOCK_V):
+        offs = v0 + tl.arange(0, BLOCK_V)
+        ok = in_vocab(offs, vocab, VOCAB_DIVISIBLE)
+        prob = tl.where(ok, _prob(_scaled(row_ptr, offs, ok, temperature), row_max, threshold, z_k, z_p, use_top_p), 0.0)
+        exponential = -precise_log(uniform_from_key(bonus_key, offs))
+        race = tl.where(ok, tl.div_rn(prob, exponential), -1.0)
+        tile_best, tile_index = tl.reduce((race, tl.arange(0, BLOCK_V)), 0, ARGMAX)
+        better = tile_best > best_p
+        index_p = tl.where(better, v0 + tile_index, index_p)
+        best_p = tl.where(better, tile_best, best_p)
+        q = tl.load(draft_q_ptr + offs, mask=in_vocab(offs, q_len, VOCAB_DIVISIBLE), other=0.0).to(tl.float32)
+        residual = tl.maximum(prob - q, 0.0)
+        mass += residual
+        race = tl.where(ok, tl.div_rn(residual, exponential), -1.0)
+        tile_best, tile_index = tl.reduce((race, tl.arange(0, BLOCK_V)), 0, ARGMAX)
+        better = tile_best > best_r
+        index_r = tl.where(better, v0 + tile_index, index_r)
+        best_r = tl.where(better, tile_best, best_r)
+    return best_p, index_p, best_r, index_r, tl.reduce(mass, 0, SUM)
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -243,18 +328,7 @@ def verify_positions_kernel(
     draft = tl.load(tokens_ptr + row * block + t + 1, mask=has_draft, other=0)
 
     # Greedy: the first index of the maximum, from the chunks' maxima (the first chunk wins ties).
-    best = tl.full((), float("-inf"), tl.float32)
-    best_index = tl.full((), 0, tl.int32)
-    for c0 in range(0, num_chunks, BLOCK_C):
-        cs = c0 + tl.arange(0, BLOCK_C)
-        ok = cs < num_chunks
-        chunk_max = tl.load(chunk_max_ptr + position_index * num_chunks + cs, mask=ok, other=float("-inf"))
-        chunk_index = tl.load(chunk_index_ptr + position_index * num_chunks + cs, mask=ok, other=0)
-        tile_max, tile_position = tl.reduce((chunk_max, tl.arange(0, BLOCK_C)), 0, ARGMAX)
-        tile_index = tl.reduce(tl.where(tl.arange(0, BLOCK_C) == tile_position, chunk_index, 0), 0, SUM)
-        better = tile_max > best
-        best_index = tl.where(better, tile_index, best_index)
-        best = tl.where(better, tile_max, best)
+    best, best_index = _chunk_argmax(chunk_max_ptr, chunk_index_ptr, position_index, num_chunks, BLOCK_C)
     accept = (has_draft & (draft == best_index)).to(tl.int32)
     emit = best_index
 
@@ -271,46 +345,24 @@ def verify_positions_kernel(
             top_p_key, z_k, z_p = _top_p_key(row_ptr, vocab, temperature, row_max, threshold, top_p, BLOCK_V, VOCAB_DIVISIBLE)
             threshold = tl.maximum(threshold, top_p_key)
         else:
-            z_k = _kept_mass(row_ptr, vocab, temperature, row_max, threshold, 1.0, BLOCK_V, VOCAB_DIVISIBLE)
+            z_k = _kept_mass(row_ptr, 0, vocab, vocab, temperature, row_max, threshold, BLOCK_V, VOCAB_DIVISIBLE)
 
-        # Accept draft token t+1 with probability min(1, p/q): u * q < p.
         use_q = (has_draft.to(tl.int32) * has_draft_probs) != 0
         q_len = tl.where(use_q, vocab, 0)  # masks as `offs < q_len`: the interpreter turns bool & bool into int32
         draft_q_ptr = draft_probs_ptr + row_offset(row * (block - 1) + t, vocab, VOCAB_DIVISIBLE)
-        p_draft = _prob(tl.div_rn(tl.load(row_ptr + draft).to(tl.float32), temperature), row_max, threshold, z_k, z_p, use_top_p)
-        q_draft = tl.load(draft_q_ptr + draft, mask=use_q, other=0.0).to(tl.float32)
         seed = tl.load(seed_ptr + row)
         position = tl.load(start_ptr + row) + t + 1
-        u = uniform_from_key(counter_key(seed, position, ACCEPT_MIX), tl.full((), 0, tl.int32))
-        accept = (has_draft & (u * q_draft < p_draft)).to(tl.int32)
+        accept = _accepts(
+            row_ptr, draft_q_ptr, draft, has_draft, use_q, seed, position, temperature, row_max, threshold, z_k, z_p, use_top_p
+        )
 
         # The token emitted if the run ends here: race on max(0, p - q), or on p (last position,
         # or a residual with no mass).
-        bonus_key = counter_key(seed, position, BONUS_MIX)
-        best_p = tl.full((), -1.0, tl.float32)
-        index_p = tl.full((), 0, tl.int32)
-        best_r = tl.full((), -1.0, tl.float32)
-        index_r = tl.full((), 0, tl.int32)
-        mass = tl.full([BLOCK_V], 0.0, tl.float32)
-        for v0 in range(0, vocab, BLOCK_V):
-            offs = v0 + tl.arange(0, BLOCK_V)
-            ok = in_vocab(offs, vocab, VOCAB_DIVISIBLE)
-            prob = tl.where(ok, _prob(_scaled(row_ptr, offs, ok, temperature), row_max, threshold, z_k, z_p, use_top_p), 0.0)
-            exponential = -precise_log(uniform_from_key(bonus_key, offs))
-            race = tl.where(ok, tl.div_rn(prob, exponential), -1.0)
-            chunk_best, chunk_index = tl.reduce((race, tl.arange(0, BLOCK_V)), 0, ARGMAX)
-            better = chunk_best > best_p
-            index_p = tl.where(better, v0 + chunk_index, index_p)
-            best_p = tl.where(better, chunk_best, best_p)
-            q = tl.load(draft_q_ptr + offs, mask=in_vocab(offs, q_len, VOCAB_DIVISIBLE), other=0.0).to(tl.float32)
-            residual = tl.maximum(prob - q, 0.0)
-            mass += residual
-            race = tl.where(ok, tl.div_rn(residual, exponential), -1.0)
-            chunk_best, chunk_index = tl.reduce((race, tl.arange(0, BLOCK_V)), 0, ARGMAX)
-            better = chunk_best > best_r
-            index_r = tl.where(better, v0 + chunk_index, index_r)
-            best_r = tl.where(better, chunk_best, best_r)
-        emit = tl.where(use_q & (tl.reduce(mass, 0, SUM) > 0), index_r, index_p)
+        best_p, index_p, best_r, index_r, mass = _races(
+            row_ptr, draft_q_ptr, q_len, counter_key(seed, position, BONUS_MIX), 0, vocab, vocab, temperature, row_max, threshold,
+            z_k, z_p, use_top_p, BLOCK_V, VOCAB_DIVISIBLE,
+        )  # fmt: skip
+        emit = tl.where(use_q & (mass > 0), index_r, index_p)
 
     out = decisions_ptr + (row * block + t) * 2
     tl.store(out, accept)

@@ -35,11 +35,11 @@ import triton.language as tl
 from trtllm_dflash.ops import kernels
 
 _verify = kernels.load("verify", interpret=triton.knobs.runtime.interpret)
-row_offset, in_vocab, order_key, _scaled, _prob = _verify.row_offset, _verify.in_vocab, _verify.order_key, _verify._scaled, _verify._prob
-precise_exp, precise_log = _verify.precise_exp, _verify.precise_log
-counter_key, uniform_from_key = _verify.counter_key, _verify.uniform_from_key
-ACCEPT_MIX, BONUS_MIX = _verify.ACCEPT_MIX, _verify.BONUS_MIX
-SUM, MAX, ARGMAX = _verify.SUM, _verify.MAX, _verify.ARGMAX
+row_offset, _prob, counter_key, BONUS_MIX = _verify.row_offset, _verify._prob, _verify.counter_key, _verify.BONUS_MIX
+SUM, MAX = _verify.SUM, _verify.MAX
+# the passes over a span of the vocabulary and the selection steps, shared with the one-program kernel
+_key_counts, _kept_mass, _mass_histogram, _races = _verify._key_counts, _verify._kept_mass, _verify._mass_histogram, _verify._races
+_topk_step, _topp_step, _chunk_argmax, _accepts = _verify._topk_step, _verify._topp_step, _verify._chunk_argmax, _verify._accepts
 
 TOPK_PASSES = tl.constexpr(4)  # 8-bit digits of a 32-bit key
 TOPP_PASSES = tl.constexpr(8)  # 4-bit digits
@@ -48,6 +48,15 @@ TOPP_BINS = tl.constexpr(16)
 
 
 # ----------------------------------------------------------------------------- row-wide values
+
+
+@triton.jit
+def _chunk_program(block):
+    """(chunk, block position t, sequence, its row of logits `row * block + t`, rows in all) of a
+    program of the grid (chunks, block, batch)."""
+    t = tl.program_id(1)
+    row = tl.program_id(2).to(tl.int64)
+    return tl.program_id(0), t, row, row * block + t, tl.num_programs(2).to(tl.int64) * block
 
 
 @triton.jit
@@ -62,49 +71,13 @@ def _row_max(chunk_max_ptr, position, num_chunks, temperature, BLOCK_C: tl.const
 
 
 @triton.jit
-def _counts(hist_ptr, position, num_chunks):
-    """A top-k pass's 256-bin counts, summed over the row's chunks."""
-    bins = tl.arange(0, TOPK_BINS)
-    total = tl.full([TOPK_BINS], 0, tl.int32)
+def _summed(hist_ptr, position, num_chunks, BINS: tl.constexpr, DTYPE: tl.constexpr):
+    """A pass's per-chunk histograms of a row, summed over the chunks in chunk order."""
+    bins = tl.arange(0, BINS)
+    total = tl.full([BINS], 0, DTYPE)
     for c in range(num_chunks):
-        total += tl.load(hist_ptr + (position * num_chunks + c) * TOPK_BINS + bins)
+        total += tl.load(hist_ptr + (position * num_chunks + c) * BINS + bins)
     return total
-
-
-@triton.jit
-def _masses(hist_ptr, position, num_chunks):
-    """A top-p pass's 16-bin masses, summed over the row's chunks in chunk order."""
-    bins = tl.arange(0, TOPP_BINS)
-    total = tl.full([TOPP_BINS], 0.0, tl.float32)
-    for c in range(num_chunks):
-        total += tl.load(hist_ptr + (position * num_chunks + c) * TOPP_BINS + bins)
-    return total
-
-
-@triton.jit
-def _topk_step(counts, prefix, remaining, shift):
-    """One digit of the k-th largest key (verify._kth_largest_key's loop body)."""
-    bins = tl.arange(0, TOPK_BINS)
-    at_least = tl.associative_scan(counts, 0, SUM, reverse=True)
-    digit = tl.reduce((at_least >= remaining).to(tl.int32), 0, SUM) - 1
-    remaining -= tl.reduce(tl.where(bins > digit, counts, 0), 0, SUM).to(tl.int64)
-    return prefix | (digit.to(tl.int64) << shift), remaining
-
-
-@triton.jit
-def _topp_step(weight, rnd, remaining, above, found, prefix):
-    """One digit of the top-p key over masses (verify._top_p_key's loop body)."""
-    bins = tl.arange(0, TOPP_BINS)
-    at_least = tl.associative_scan(weight, 0, SUM, reverse=True)
-    count = tl.reduce((at_least >= remaining).to(tl.int32), 0, SUM)
-    found = found & (count > 0).to(tl.int32)
-    digit = tl.maximum(count - 1, 0)
-    greater = tl.reduce(tl.where(bins > digit, weight, 0.0), 0, SUM)
-    remaining -= greater
-    above += greater
-    if rnd == TOPP_PASSES - 1:
-        above += tl.reduce(tl.where(bins == digit, weight, 0.0), 0, SUM)
-    return remaining, above, found, prefix | (digit.to(tl.int64) << (28 - 4 * rnd))
 
 
 @triton.jit
@@ -119,7 +92,7 @@ def _top_k_key(hist_ptr, state_ptr, position, positions, num_chunks, vocab, temp
     if _uses_top_k(temperature, top_k, vocab):
         last = (TOPK_PASSES - 1) * positions + position
         prefix, remaining = tl.load(state_ptr + last * 2), tl.load(state_ptr + last * 2 + 1)
-        counts = _counts(hist_ptr + (TOPK_PASSES - 1) * positions * num_chunks * TOPK_BINS, position, num_chunks)
+        counts = _summed(hist_ptr + (TOPK_PASSES - 1) * positions * num_chunks * TOPK_BINS, position, num_chunks, TOPK_BINS, tl.int32)
         threshold, remaining = _topk_step(counts, prefix, remaining, 0)
     return threshold
 
@@ -134,7 +107,7 @@ def _topp_state(hist_ptr, state_ptr, prefix_ptr, rnd, position, positions, num_c
     z_k = tl.load(state_ptr + before * 4 + 2)
     found = tl.load(state_ptr + before * 4 + 3).to(tl.int32)
     prefix = tl.load(prefix_ptr + before * 2)
-    weight = _masses(hist_ptr + rnd * positions * num_chunks * TOPP_BINS, position, num_chunks)
+    weight = _summed(hist_ptr + rnd * positions * num_chunks * TOPP_BINS, position, num_chunks, TOPP_BINS, tl.float32)
     if rnd == 0:  # the first pass sees every key above the top-k threshold: its total is z_k
         z_k = tl.reduce(weight, 0, SUM)
         remaining = top_p * z_k
@@ -192,10 +165,7 @@ def topk_pass_kernel(
 
     hist `[4, positions, chunks, 256]` int32; state `[4, positions, 2]` int64 (prefix, remaining
     before the pass)."""
-    chunk = tl.program_id(0)
-    row = tl.program_id(2).to(tl.int64)
-    position = row * block + tl.program_id(1)
-    positions = tl.num_programs(2).to(tl.int64) * block
+    chunk, t, row, position, positions = _chunk_program(block)
     temperature = tl.load(temperature_ptr + row).to(tl.float32)
     top_k = tl.load(top_k_ptr + row).to(tl.int64)
     if _uses_top_k(temperature, top_k, vocab):
@@ -205,20 +175,14 @@ def topk_pass_kernel(
         if rnd > 0:
             last = (rnd - 1) * positions + position
             prefix, remaining = tl.load(state_ptr + last * 2), tl.load(state_ptr + last * 2 + 1)
-            counts = _counts(hist_ptr + (rnd - 1) * layer, position, num_chunks)
+            counts = _summed(hist_ptr + (rnd - 1) * layer, position, num_chunks, TOPK_BINS, tl.int32)
             prefix, remaining = _topk_step(counts, prefix, remaining, 24 - 8 * (rnd - 1))
         if chunk == 0:
             tl.store(state_ptr + (rnd * positions + position) * 2, prefix)
             tl.store(state_ptr + (rnd * positions + position) * 2 + 1, remaining)
-        shift = 24 - 8 * rnd
         row_ptr = logits_ptr + row_offset(position, vocab, VOCAB_DIVISIBLE)
-        hist = tl.full([TOPK_BINS], 0, tl.int32)
-        for v0 in range(0, CHUNK_V, BLOCK_V):
-            offs = chunk * CHUNK_V + v0 + tl.arange(0, BLOCK_V)
-            ok = in_vocab(offs, vocab, VOCAB_DIVISIBLE)
-            key = order_key(_scaled(row_ptr, offs, ok, temperature))
-            match = ok & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
-            hist += tl.histogram(((key >> shift) & 255).to(tl.int32), TOPK_BINS, mask=match)
+        start = chunk * CHUNK_V
+        hist = _key_counts(row_ptr, start, start + CHUNK_V, vocab, temperature, prefix, 24 - 8 * rnd, BLOCK_V, VOCAB_DIVISIBLE)
         tl.store(hist_ptr + rnd * layer + (position * num_chunks + chunk) * TOPK_BINS + tl.arange(0, TOPK_BINS), hist)
 
 
@@ -252,10 +216,7 @@ def topp_pass_kernel(
 
     hist `[8, positions, chunks, 16]` float32; state `[8, positions, 4]` float32 (remaining, above,
     z_k, found before the pass); prefix `[8, positions, 2]` int64 (prefix, top-k threshold)."""
-    chunk = tl.program_id(0)
-    row = tl.program_id(2).to(tl.int64)
-    position = row * block + tl.program_id(1)
-    positions = tl.num_programs(2).to(tl.int64) * block
+    chunk, t, row, position, positions = _chunk_program(block)
     temperature = tl.load(temperature_ptr + row).to(tl.float32)
     top_p = tl.load(top_p_ptr + row).to(tl.float32)
     if (temperature > 0) & (top_p < 1.0):
@@ -281,21 +242,13 @@ def topp_pass_kernel(
             tl.store(state_ptr + here * 4 + 3, found.to(tl.float32))
             tl.store(prefix_ptr + here * 2, prefix)
             tl.store(prefix_ptr + here * 2 + 1, top_k_key)
-        shift = 28 - 4 * rnd
-        bins = tl.arange(0, TOPP_BINS)
-        weight = tl.full([TOPP_BINS], 0.0, tl.float32)
         row_ptr = logits_ptr + row_offset(position, vocab, VOCAB_DIVISIBLE)
-        for v0 in range(0, CHUNK_V, BLOCK_V):
-            offs = chunk * CHUNK_V + v0 + tl.arange(0, BLOCK_V)
-            ok = in_vocab(offs, vocab, VOCAB_DIVISIBLE)
-            s = _scaled(row_ptr, offs, ok, temperature)
-            key = order_key(s)
-            match = ok & (key >= top_k_key) & ((key >> (shift + 4)) == (prefix >> (shift + 4)))
-            mass = tl.where(match, precise_exp(s - row_max), 0.0)
-            digit = ((key >> shift) & 15).to(tl.int32)
-            for b in tl.static_range(16):
-                weight += tl.where(bins == b, tl.reduce(tl.where(digit == b, mass, 0.0), 0, SUM), 0.0)
-        tl.store(hist_ptr + (rnd * positions * num_chunks + position * num_chunks + chunk) * TOPP_BINS + bins, weight)
+        start = chunk * CHUNK_V
+        weight = _mass_histogram(
+            row_ptr, start, start + CHUNK_V, vocab, temperature, row_max, top_k_key, prefix, 28 - 4 * rnd, BLOCK_V, VOCAB_DIVISIBLE
+        )
+        here = rnd * positions * num_chunks + position * num_chunks + chunk
+        tl.store(hist_ptr + here * TOPP_BINS + tl.arange(0, TOPP_BINS), weight)
 
 
 @triton.jit
@@ -322,10 +275,7 @@ def mass_kernel(
 ):
     """A sampled row without top-p: this chunk's sum of exp(s - max) over keys at or above the
     top-k threshold (`[positions, chunks]` float32; summed over chunks it is z_k)."""
-    chunk = tl.program_id(0)
-    row = tl.program_id(2).to(tl.int64)
-    position = row * block + tl.program_id(1)
-    positions = tl.num_programs(2).to(tl.int64) * block
+    chunk, t, row, position, positions = _chunk_program(block)
     temperature = tl.load(temperature_ptr + row).to(tl.float32)
     top_p = tl.load(top_p_ptr + row).to(tl.float32)
     if (temperature > 0) & (top_p >= 1.0):
@@ -333,13 +283,9 @@ def mass_kernel(
         row_max = _row_max(chunk_max_ptr, position, num_chunks, temperature, BLOCK_C)
         threshold = _top_k_key(topk_hist_ptr, topk_state_ptr, position, positions, num_chunks, vocab, temperature, top_k)
         row_ptr = logits_ptr + row_offset(position, vocab, VOCAB_DIVISIBLE)
-        total = tl.full([BLOCK_V], 0.0, tl.float32)
-        for v0 in range(0, CHUNK_V, BLOCK_V):
-            offs = chunk * CHUNK_V + v0 + tl.arange(0, BLOCK_V)
-            ok = in_vocab(offs, vocab, VOCAB_DIVISIBLE)
-            s = _scaled(row_ptr, offs, ok, temperature)
-            total += tl.where(ok & (order_key(s) >= threshold), precise_exp(s - row_max), 0.0)
-        tl.store(mass_ptr + position * num_chunks + chunk, tl.reduce(total, 0, SUM))
+        start = chunk * CHUNK_V
+        mass = _kept_mass(row_ptr, start, start + CHUNK_V, vocab, temperature, row_max, threshold, BLOCK_V, VOCAB_DIVISIBLE)
+        tl.store(mass_ptr + position * num_chunks + chunk, mass)
 
 
 @triton.jit
@@ -376,11 +322,7 @@ def race_kernel(
     """This chunk's exponential races of a sampled row: the winner on p and on max(0, p - q), and
     the residual's mass. race `[positions, chunks, 3]` float32 (best p race, best residual race,
     residual mass); race_index `[positions, chunks, 2]` int32."""
-    chunk = tl.program_id(0)
-    t = tl.program_id(1)
-    row = tl.program_id(2).to(tl.int64)
-    position = row * block + t
-    positions = tl.num_programs(2).to(tl.int64) * block
+    chunk, t, row, position, positions = _chunk_program(block)
     temperature = tl.load(temperature_ptr + row).to(tl.float32)
     if temperature > 0:
         top_k = tl.load(top_k_ptr + row).to(tl.int64)
@@ -394,34 +336,15 @@ def race_kernel(
         draft_q_ptr = draft_probs_ptr + row_offset(row * (block - 1) + t, vocab, VOCAB_DIVISIBLE)
         bonus_key = counter_key(tl.load(seed_ptr + row), tl.load(start_ptr + row) + t + 1, BONUS_MIX)
         row_ptr = logits_ptr + row_offset(position, vocab, VOCAB_DIVISIBLE)
-        best_p = tl.full((), -1.0, tl.float32)
-        index_p = tl.full((), 0, tl.int32)
-        best_r = tl.full((), -1.0, tl.float32)
-        index_r = tl.full((), 0, tl.int32)
-        mass = tl.full([BLOCK_V], 0.0, tl.float32)
-        for v0 in range(0, CHUNK_V, BLOCK_V):
-            base = chunk * CHUNK_V + v0
-            offs = base + tl.arange(0, BLOCK_V)
-            ok = in_vocab(offs, vocab, VOCAB_DIVISIBLE)
-            prob = tl.where(ok, _prob(_scaled(row_ptr, offs, ok, temperature), row_max, threshold, z_k, z_p, use_top_p), 0.0)
-            exponential = -precise_log(uniform_from_key(bonus_key, offs))
-            race = tl.where(ok, tl.div_rn(prob, exponential), -1.0)
-            tile_best, tile_index = tl.reduce((race, tl.arange(0, BLOCK_V)), 0, ARGMAX)
-            better = tile_best > best_p
-            index_p = tl.where(better, base + tile_index, index_p)
-            best_p = tl.where(better, tile_best, best_p)
-            q = tl.load(draft_q_ptr + offs, mask=in_vocab(offs, q_len, VOCAB_DIVISIBLE), other=0.0).to(tl.float32)
-            residual = tl.maximum(prob - q, 0.0)
-            mass += residual
-            race = tl.where(ok, tl.div_rn(residual, exponential), -1.0)
-            tile_best, tile_index = tl.reduce((race, tl.arange(0, BLOCK_V)), 0, ARGMAX)
-            better = tile_best > best_r
-            index_r = tl.where(better, base + tile_index, index_r)
-            best_r = tl.where(better, tile_best, best_r)
+        start = chunk * CHUNK_V
+        best_p, index_p, best_r, index_r, mass = _races(
+            row_ptr, draft_q_ptr, q_len, bonus_key, start, start + CHUNK_V, vocab, temperature, row_max, threshold, z_k, z_p,
+            use_top_p, BLOCK_V, VOCAB_DIVISIBLE,
+        )  # fmt: skip
         here = position * num_chunks + chunk
         tl.store(race_ptr + here * 3, best_p)
         tl.store(race_ptr + here * 3 + 1, best_r)
-        tl.store(race_ptr + here * 3 + 2, tl.reduce(mass, 0, SUM))
+        tl.store(race_ptr + here * 3 + 2, mass)
         tl.store(race_index_ptr + here * 2, index_p)
         tl.store(race_index_ptr + here * 2 + 1, index_r)
 
@@ -469,18 +392,7 @@ def decide_kernel(
     draft = tl.load(tokens_ptr + row * block + t + 1, mask=has_draft, other=0)
 
     # Greedy: the first index of the maximum, from the chunks' maxima (the first chunk wins ties).
-    best = tl.full((), float("-inf"), tl.float32)
-    best_index = tl.full((), 0, tl.int32)
-    for c0 in range(0, num_chunks, BLOCK_C):
-        cs = c0 + tl.arange(0, BLOCK_C)
-        ok = cs < num_chunks
-        chunk_max = tl.load(chunk_max_ptr + position * num_chunks + cs, mask=ok, other=float("-inf"))
-        chunk_index = tl.load(chunk_index_ptr + position * num_chunks + cs, mask=ok, other=0)
-        tile_max, tile_position = tl.reduce((chunk_max, tl.arange(0, BLOCK_C)), 0, ARGMAX)
-        tile_index = tl.reduce(tl.where(tl.arange(0, BLOCK_C) == tile_position, chunk_index, 0), 0, SUM)
-        better = tile_max > best
-        best_index = tl.where(better, tile_index, best_index)
-        best = tl.where(better, tile_max, best)
+    best, best_index = _chunk_argmax(chunk_max_ptr, chunk_index_ptr, position, num_chunks, BLOCK_C)
     accept = (has_draft & (draft == best_index)).to(tl.int32)
     emit = best_index
 
@@ -491,15 +403,11 @@ def decide_kernel(
             chunk_max_ptr, topk_hist_ptr, topk_state_ptr, topp_hist_ptr, topp_state_ptr, topp_prefix_ptr, mass_ptr,
             position, positions, num_chunks, vocab, temperature, top_k, top_p, BLOCK_C,
         )  # fmt: skip
-        # Accept draft token t+1 with probability min(1, p/q): u * q < p.
         use_q = (has_draft.to(tl.int32) * has_draft_probs) != 0
         row_ptr = logits_ptr + row_offset(position, vocab, VOCAB_DIVISIBLE)
         draft_q_ptr = draft_probs_ptr + row_offset(row * (block - 1) + t, vocab, VOCAB_DIVISIBLE)
-        p_draft = _prob(tl.div_rn(tl.load(row_ptr + draft).to(tl.float32), temperature), row_max, threshold, z_k, z_p, use_top_p)
-        q_draft = tl.load(draft_q_ptr + draft, mask=use_q, other=0.0).to(tl.float32)
-        seed = tl.load(seed_ptr + row)
-        u = uniform_from_key(counter_key(seed, tl.load(start_ptr + row) + t + 1, ACCEPT_MIX), tl.full((), 0, tl.int32))
-        accept = (has_draft & (u * q_draft < p_draft)).to(tl.int32)
+        seed, anchor = tl.load(seed_ptr + row), tl.load(start_ptr + row) + t + 1
+        accept = _accepts(row_ptr, draft_q_ptr, draft, has_draft, use_q, seed, anchor, temperature, row_max, threshold, z_k, z_p, use_top_p)
 
         # The chunks' race winners, in chunk order (an earlier chunk keeps a tie, as one program's tiles do).
         best_p = tl.full((), -1.0, tl.float32)

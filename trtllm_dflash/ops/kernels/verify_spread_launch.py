@@ -19,7 +19,7 @@ from trtllm_dflash.ops.kernels.launch import (
     _launch_options,
     check_verify_inputs,
     verify_commit,
-    verify_partials,
+    verify_first_stage,
     verify_vocab_divisible,
 )
 
@@ -53,11 +53,8 @@ def verify_positions_spread(
     if batch == 0:
         return decisions
     chunk_v = chunk_v or VERIFY_CHUNK_V // VERIFY_BLOCK_V * block_v
-    target_logits = target_logits.contiguous()
-    chunk_max, chunk_index = verify_partials(target_logits, chunk_v, block_v)
+    target_logits, chunk_max, chunk_index, has_draft, draft_probs = verify_first_stage(target_logits, draft_probs, block_v, chunk_v)
     chunks, positions = chunk_max.shape[2], batch * block
-    has_draft = draft_probs is not None and block > 1
-    draft_probs = draft_probs.to(torch.float32).contiguous() if has_draft else torch.zeros(1, dtype=torch.float32, device=device)
     rows = dict(
         temperature=temperature.to(torch.float32).contiguous(),
         top_k=top_k.to(torch.int64).contiguous(),
