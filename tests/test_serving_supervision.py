@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -118,6 +119,31 @@ def test_an_unanswered_probe_is_a_stall_only_while_the_model_uses_no_cpu():
 
 
 # ---------------------------------------------------------------------- against a real tritonserver
+
+
+def test_a_probe_leaves_no_thread_behind(supervised):
+    """`serve` probes every model each second for as long as it runs: a probe that left gRPC's
+    request-reading thread waiting (a cancelled stream does) leaked a thread a second."""
+    import tritonclient.grpc as grpcclient
+
+    from trtllm_dflash.serving.client import health_probe
+
+    client = grpcclient.InferenceServerClient(supervised.endpoints.grpc)
+    try:
+        assert health_probe(client, "dflash", 60.0) is not None  # the first one starts gRPC's own threads
+        before = max(_settled_thread_count() for _ in range(5))
+        for _ in range(10):
+            result, error = health_probe(client, "dflash", 60.0)
+            assert error is None
+        # serve's own probe of this server runs beside this one: a probe of its in flight is one thread more for a moment
+        assert min(_settled_thread_count() for _ in range(5)) <= before
+    finally:
+        client.close()
+
+
+def _settled_thread_count() -> int:
+    time.sleep(0.01)
+    return threading.active_count()
 
 
 def test_health_is_answered_past_the_connection_cap(supervised):

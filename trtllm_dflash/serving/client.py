@@ -253,16 +253,21 @@ def health_probe(client: Any, model: str, timeout: float) -> tuple[Any, Any] | N
     probe = grpcclient.InferInput(HEALTH_PROBE, [1], "BOOL")
     probe.set_data_from_numpy(np.array([True], dtype=np.bool_))
     answers: queue.Queue = queue.Queue()
+    answer = None
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
     try:
         # an empty final response still calls back (older repositories answer with no outputs)
         client.async_stream_infer(model, [probe], enable_empty_final_response=True)
         try:
-            return answers.get(timeout=timeout)
+            answer = answers.get(timeout=timeout)
         except queue.Empty:
-            return None
+            pass
+        return answer
     finally:
-        client.stop_stream(cancel_requests=True)
+        # answered: end the request stream, so gRPC's thread that reads it returns (cancelling leaves
+        # it waiting for a next request forever: one thread leaked per probe, every second, in `serve`);
+        # unanswered: cancel, since a graceful close would wait for the answer
+        client.stop_stream(cancel_requests=answer is None)
 
 
 def grpc_inputs(body: dict[str, Any]) -> list:
