@@ -235,7 +235,7 @@ class DFlashClient:
                 response = result.get_response()
                 final = response.parameters["triton_final_response"].bool_param
                 if response.outputs:
-                    yield _chunk({out.name: _grpc_value(result, out.name) for out in response.outputs}, final=final, reader=reader)
+                    yield _chunk(read_outputs(result), final=final, reader=reader)
                 if final:
                     finished = True
                     return
@@ -292,13 +292,41 @@ def grpc_inputs(body: dict[str, Any]) -> list:
     return inputs
 
 
-def _grpc_value(result, name: str) -> Any:
-    array = result.as_numpy(name)
+LIST_OUTPUTS = ("output_ids", "acceptance_lengths")  # read whole; every other output is one value
+
+
+def _value(name: str, array: np.ndarray) -> Any:
     if array.dtype == np.object_:
         values = [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
     else:
         values = array.reshape(-1).tolist()
-    return values if name in ("output_ids", "acceptance_lengths") else (values[0] if values else None)
+    return values if name in LIST_OUTPUTS else (values[0] if values else None)
+
+
+def read_outputs(result: Any, names: Sequence[str] | None = None) -> dict[str, Any]:
+    """`names` -> a gRPC response's value (None where it sent none; default: every output it
+    sent), each output decoded once.
+
+    One pass over the outputs the response carries: `InferResult.as_numpy` scans them all for each
+    name asked, and asking for each of 14 names cost ~60 us a response (a cProfile of the front end
+    at concurrency 8), about a fifth of its work per streamed chunk.
+    """
+    utils = require("tritonclient.utils", "serve", "gRPC requests")
+
+    response = result.get_response()
+    raw = response.raw_output_contents
+    values = dict.fromkeys(names or ())
+    for index, output in enumerate(response.outputs):
+        if names is not None and output.name not in values:
+            continue
+        if index >= len(raw):  # not sent as raw bytes: tritonclient's own reading
+            array = result.as_numpy(output.name)
+        elif output.datatype == "BYTES":
+            array = utils.deserialize_bytes_tensor(raw[index])
+        else:
+            array = np.frombuffer(raw[index], dtype=utils.triton_to_np_dtype(output.datatype))
+        values[output.name] = _value(output.name, array)
+    return values
 
 
 def _error_message(body: bytes) -> str | None:

@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any, AsyncIterator, Callable
-
-import numpy as np
+from typing import AsyncIterator, Callable
 
 from trtllm_dflash.served_model.protocol import LLMApiStream
-from trtllm_dflash.serving.client import grpc_inputs
+from trtllm_dflash.serving.client import grpc_inputs, read_outputs
 from trtllm_dflash.serving.openai.schemas import OpenAIError
 
 # Triton's words for a model whose Python backend process died: a 503 to retry, not a 400
 MODEL_PROCESS_DOWN = ("Stub process", "is not healthy")
-LISTS = ("output_ids", "acceptance_lengths")  # tensors read whole; the others are one value
 STATS = (
     "acceptance_lengths",
     "mean_acceptance_length",
@@ -36,6 +33,7 @@ STATS = (
     "tokens_per_second",
     "finish_reason",
 )
+OUTPUTS = ("text_output", "output_ids", *STATS)  # what our model's responses are read for
 # what NVIDIA's LLM-API model sends (protocol.py's notes), read when the request asked for it
 LLMAPI_OUTPUTS = (
     "text_output",
@@ -46,17 +44,6 @@ LLMAPI_OUTPUTS = (
     "arrival_time_ns",
     "first_token_time_ns",
 )
-
-
-def _value(result, name: str) -> Any:
-    array = result.as_numpy(name)
-    if array is None:
-        return None
-    if array.dtype == np.object_:
-        values = [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
-    else:
-        values = array.reshape(-1).tolist()
-    return values if name in LISTS else (values[0] if values else None)
 
 
 class TritonStream:
@@ -101,9 +88,9 @@ class TritonStream:
                         )
                     raise OpenAIError(400, message)
                 if self._reader is None:
-                    response = {name: _value(result, name) for name in ("text_output", "output_ids", *STATS)}
+                    response = read_outputs(result, OUTPUTS)
                 else:
-                    response = self._reader.step({name: _value(result, name) for name in LLMAPI_OUTPUTS})
+                    response = self._reader.step(read_outputs(result, LLMAPI_OUTPUTS))
                     if response.get("finish_reason") and self._count is not None:  # usage: ids are not sent
                         response.update(num_input_tokens=self._count(self._prompt), num_output_tokens=self._count(response["full_text"]))
                 yield response
