@@ -1,5 +1,7 @@
 """The served model's call thread (served_model/call_thread.py): calls run in the order given, a
-failing call is logged and the next ones still run, and close() runs what was submitted first."""
+failing call is logged and the next ones still run, and close() runs what was submitted first;
+a request's responses that wait on a busy call thread go out merged, with the same text, ids and
+acceptance lengths, never ahead of what was submitted before them."""
 
 from __future__ import annotations
 
@@ -39,3 +41,73 @@ def test_a_call_waiting_in_the_server_does_not_hold_up_the_submitter():
     release.set()
     calls.close()
     assert done.is_set()
+
+
+def _step(text: str, ids: list[int], **totals) -> dict:
+    import numpy as np
+
+    return {
+        "text_output": np.array([text.encode()], dtype=np.object_),
+        "output_ids": np.array(ids, dtype=np.int32),
+        "acceptance_lengths": np.array([len(ids)], dtype=np.int32),
+        **{name: np.array([value]) for name, value in totals.items()},
+    }
+
+
+def _read(outputs: dict) -> tuple:
+    return outputs["text_output"][0].decode(), outputs["output_ids"].tolist(), outputs["acceptance_lengths"].tolist()
+
+
+def test_responses_waiting_on_a_busy_call_thread_go_out_as_one_with_the_same_text_and_ids():
+    from trtllm_dflash.served_model.call_thread import ResponseQueue
+    from trtllm_dflash.served_model.protocol import merge_step_outputs
+
+    sent, release = [], threading.Event()
+    calls = CallThread()
+    responses = ResponseQueue(calls, lambda outputs, final: sent.append((outputs, final)), merge_step_outputs)
+    calls.submit(release.wait, 30)  # the call thread is behind: a round trip in flight
+    responses.put(_step(" caf", [1, 2], num_output_tokens=2), final=False)
+    responses.put(_step("é", [3], num_output_tokens=3), final=False)
+    responses.put(_step(" au lait", [4, 5, 6], num_output_tokens=6), final=False)
+    release.set()
+    calls.close()
+    assert len(sent) == 1 and sent[0][1] is False
+    assert _read(sent[0][0]) == (" café au lait", [1, 2, 3, 4, 5, 6], [2, 1, 3])
+    assert sent[0][0]["num_output_tokens"].tolist() == [6]  # running totals: the latest
+
+
+def test_a_final_response_takes_the_waiting_one_and_still_goes_out_after_what_was_submitted_before_it():
+    """The loop counts a finished request's metrics before its final response: a client that reads
+    /metrics after its last response must find them, so nothing may jump ahead of them."""
+    from trtllm_dflash.served_model.call_thread import ResponseQueue
+    from trtllm_dflash.served_model.protocol import merge_step_outputs
+
+    order, release = [], threading.Event()
+    calls = CallThread()
+    responses = ResponseQueue(calls, lambda outputs, final: order.append((_read(outputs), final)), merge_step_outputs)
+    calls.submit(release.wait, 30)
+    responses.put(_step("a", [1]), final=False)
+    calls.submit(order.append, "metrics flushed")
+    responses.put(_step("b", [2], finish_reason="length"), final=True)
+    release.set()
+    calls.close()
+    assert order == ["metrics flushed", (("ab", [1, 2], [1, 1]), True)]
+
+
+def test_a_call_thread_that_keeps_up_sends_every_response_on_its_own():
+    from trtllm_dflash.served_model.call_thread import ResponseQueue
+    from trtllm_dflash.served_model.protocol import merge_step_outputs
+
+    sent, delivered = [], threading.Semaphore(0)
+    calls = CallThread()
+
+    def deliver(outputs, final):
+        sent.append((_read(outputs), final))
+        delivered.release()
+
+    responses = ResponseQueue(calls, deliver, merge_step_outputs)
+    for i, final in enumerate((False, False, True)):
+        responses.put(_step(str(i), [i]), final)
+        assert delivered.acquire(timeout=30)
+    calls.close()
+    assert sent == [(("0", [0], [1]), False), (("1", [1], [1]), False), (("2", [2], [1]), True)]

@@ -13,6 +13,7 @@ imports backends.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +24,12 @@ from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.host_memory import keep_freed_memory
 from trtllm_dflash.sampling_params import SamplingError
 from trtllm_dflash.served_model.batching_loop import BatchingLoop
-from trtllm_dflash.served_model.call_thread import CallThread
+from trtllm_dflash.served_model.call_thread import CallThread, ResponseQueue
 from trtllm_dflash.served_model.metrics import TritonMetrics
 from trtllm_dflash.served_model.model_parameters import ServingConfig
-from trtllm_dflash.served_model.protocol import HEALTH_PROBE, INPUT_NAMES, INPUTS, LIMITS_OUTPUT, parse_inputs
+from trtllm_dflash.served_model.protocol import HEALTH_PROBE, INPUT_NAMES, INPUTS, LIMITS_OUTPUT, merge_step_outputs, parse_inputs
+
+CANCEL_POLL_S = 0.02  # a request not answered yet is asked about cancellation at most this often
 
 
 class TritonSink:
@@ -35,16 +38,19 @@ class TritonSink:
     Once a response is handed over, only the call thread touches the sender: after each streamed
     response it asks whether the client cancelled, and `cancelled()` reads that answer (or a failed
     send) without a round trip of its own. Before that, `cancelled()` asks Triton directly, so a
-    request whose client left before its first token is dropped before its prefill."""
+    request whose client left before its first token is dropped before its prefill. Responses the
+    call thread has not sent yet are merged (call_thread.ResponseQueue)."""
 
     def __init__(self, sender, calls: CallThread) -> None:
         self.sender, self.calls = sender, calls
+        self.responses = ResponseQueue(calls, self._send, merge_step_outputs)
         self.handed_over = False  # a response or an error went to the call thread
         self.gone = False  # set on the call thread: the client cancelled, or a send failed
+        self.polled = float("-inf")  # when the loop last asked Triton whether the client cancelled
 
     def send(self, outputs: dict[str, np.ndarray], final: bool) -> None:
         self.handed_over = True
-        self.calls.submit(self._send, outputs, final)
+        self.responses.put(outputs, final)
 
     def _send(self, outputs: dict[str, np.ndarray], final: bool) -> None:
         try:
@@ -68,7 +74,15 @@ class TritonSink:
             pass
 
     def cancelled(self) -> bool:
-        return self.gone if self.handed_over else self.sender.is_cancelled()
+        if self.handed_over:
+            return self.gone
+        # asked on the decoding loop, between steps: a round trip that waits for tritonserver, so
+        # at most once every CANCEL_POLL_S per request (the first time at once, before its prefill)
+        now = time.monotonic()
+        if now - self.polled < CANCEL_POLL_S:
+            return False
+        self.polled = now
+        return self.sender.is_cancelled()
 
 
 class TritonPythonModel:

@@ -71,6 +71,20 @@ OUTPUTS: dict[str, tuple[str, list[int]]] = {
 
 STEP_OUTPUTS = ("text_output", "output_ids", "acceptance_lengths")
 
+
+def merge_step_outputs(earlier: dict[str, np.ndarray], later: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Two streamed responses of one request as one: the step outputs joined in order, the rest
+    (running totals, a finish reason) the later's. A client reads the same text, ids and
+    acceptance lengths from it as from the two (served_model/call_thread.py's ResponseQueue)."""
+    merged = {**earlier, **later}
+    for name in ("output_ids", "acceptance_lengths"):
+        if name in earlier and name in later:
+            merged[name] = np.concatenate([earlier[name], later[name]])
+    if "text_output" in earlier and "text_output" in later:
+        merged["text_output"] = np.array([earlier["text_output"][0] + later["text_output"][0]], dtype=np.object_)
+    return merged
+
+
 # The limits the model runs with once loaded (model_parameters.ServingLimits as JSON: a context
 # clamped to what the target or its engines hold can be below config.pbtxt's), sent only in the
 # answer to a `health_probe`; the OpenAI front end reads them there instead of working them out
