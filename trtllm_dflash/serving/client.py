@@ -308,8 +308,8 @@ def read_outputs(result: Any, names: Sequence[str] | None = None) -> dict[str, A
     sent), each output decoded once.
 
     One pass over the outputs the response carries: `InferResult.as_numpy` scans them all for each
-    name asked, and asking for each of 14 names cost ~60 us a response (a cProfile of the front end
-    at concurrency 8), about a fifth of its work per streamed chunk.
+    name asked, and the OpenAI front end asks for 14 names on every streamed chunk (15 us a
+    response that way, 6 us in one pass).
     """
     utils = require("tritonclient.utils", "serve", "gRPC requests")
 
