@@ -50,6 +50,7 @@ from bench_aiperf import Bench, aiperf_version, find_aiperf, machine, stat  # no
 
 RUNS = {"c1": ("1", "64"), "c8": ("8", "128")}  # name -> (concurrency, output tokens)
 WARMUP = 2  # aiperf's warm-up requests
+CLIENT = "aiperf"  # the load generator's processes in CpuMeter
 
 
 def free_port() -> int:
@@ -225,18 +226,27 @@ def cpu_seconds(pids) -> dict[int, float]:
 class CpuMeter(threading.Thread):
     """CPU seconds each process of a server used while aiperf's profiling phase ran (Bench.profile's
     `during`: started and stopped on aiperf's log lines, so its start-up, warm-up and wind-down are
-    left out, and with them a server's polling while idle: vLLM's CPU worker spins between requests)."""
+    left out, and with them a server's polling while idle: vLLM's CPU worker spins between requests),
+    and aiperf's own (CLIENT: its processes are this script's other children). Unpinned, aiperf
+    shares the CPUs with the server it drives, and it works per streamed chunk: the faster a server
+    streams, the more CPU its load generator takes from it."""
 
     def __init__(self, root: int) -> None:
         super().__init__(daemon=True)
-        self.root, self.stop, self.used = root, threading.Event(), {}
+        self.root, self.stop, self.used, self.seconds = root, threading.Event(), {}, 0.0
+
+    def _processes(self) -> dict[int, str]:
+        server = process_tree(self.root)
+        here = os.getpid()
+        return {**{pid: CLIENT for pid in process_tree(here) if pid != here and pid not in server}, **server}
 
     def run(self) -> None:
-        before = cpu_seconds(process_tree(self.root))
+        before, started = cpu_seconds(self._processes()), time.monotonic()
         self.stop.wait()
-        tree = process_tree(self.root)
-        for pid, seconds in cpu_seconds(tree).items():
-            self.used[tree[pid]] = self.used.get(tree[pid], 0.0) + seconds - before.get(pid, 0.0)
+        self.seconds = time.monotonic() - started
+        processes = self._processes()
+        for pid, seconds in cpu_seconds(processes).items():
+            self.used[processes[pid]] = self.used.get(processes[pid], 0.0) + seconds - before.get(pid, 0.0)
 
 
 def measure(args, system: str, out: Path, aiperf: str, repo: Path) -> dict[str, dict]:
@@ -268,11 +278,13 @@ def measure(args, system: str, out: Path, aiperf: str, repo: Path) -> dict[str, 
                 meter.join(30)
                 # process name -> CPU seconds per 4,096 output tokens
                 cpu = {process: seconds * 4096 / (count * int(output)) for process, seconds in meter.used.items()}
+                client_cpus = meter.used.get(CLIENT, 0.0) / max(meter.seconds, 1e-9)  # CPUs aiperf kept busy
                 results[name] = {
                     "ttft_p50": stat(export, "time_to_first_token", "p50"),
                     "itl_p50": stat(export, "inter_token_latency", "p50"),
                     "tokens_per_s": stat(export, "output_token_throughput", "avg"),
                     "cpu_per_4096_tokens": cpu,
+                    "client_cpus": client_cpus,
                 }
             return results
         finally:
@@ -351,7 +363,8 @@ def main() -> None:
             rounds = ", ".join(f"{r[name]['ttft_p50']:.1f}" for r in runs[system])
             print(f"- {names.get(system, system)} {name}: TTFT p50 per round {rounds} ms")
     print(
-        "\nCPU seconds per 4,096 output tokens by server process, over aiperf's profiling phase (`server`: the process started; medians):"
+        "\nCPU seconds per 4,096 output tokens by server process, over aiperf's profiling phase (`server`: the process started; "
+        "aiperf: the load generator, and how many CPUs it kept busy; medians):"
     )
     for name in RUNS:
         for system in systems:
@@ -359,10 +372,15 @@ def main() -> None:
                 p: statistics.median(r[name]["cpu_per_4096_tokens"].get(p, 0.0) for r in runs[system])
                 for p in runs[system][0][name]["cpu_per_4096_tokens"]
             }
+            client = split.pop(CLIENT, 0.0)
             shown = ", ".join(
                 f"{process} {seconds:.2f}" for process, seconds in sorted(split.items(), key=lambda item: -item[1]) if seconds >= 0.005
             )
-            print(f"- {name} {names.get(system, system)}: {shown} (total {sum(split.values()):.2f} s)")
+            busy = statistics.median(r[name]["client_cpus"] for r in runs[system])
+            print(
+                f"- {name} {names.get(system, system)}: {shown} (total {sum(split.values()):.2f} s); "
+                f"aiperf {client:.2f} s, {busy:.2f} CPUs busy"
+            )
 
 
 if __name__ == "__main__":
