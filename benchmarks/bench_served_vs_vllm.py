@@ -227,9 +227,8 @@ class CpuMeter(threading.Thread):
     """CPU seconds each process of a server used while aiperf's profiling phase ran (Bench.profile's
     `during`: started and stopped on aiperf's log lines, so its start-up, warm-up and wind-down are
     left out, and with them a server's polling while idle: vLLM's CPU worker spins between requests),
-    and aiperf's own (CLIENT: its processes are this script's other children). Unpinned, aiperf
-    shares the CPUs with the server it drives, and it works per streamed chunk: the faster a server
-    streams, the more CPU its load generator takes from it."""
+    and aiperf's own (CLIENT: its processes are this script's other children): unpinned, aiperf
+    shares the CPUs with the server it drives, so what it takes from them is counted too."""
 
     def __init__(self, root: int) -> None:
         super().__init__(daemon=True)
