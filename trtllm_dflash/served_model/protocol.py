@@ -70,6 +70,7 @@ OUTPUTS: dict[str, tuple[str, list[int]]] = {
 
 
 STEP_OUTPUTS = ("text_output", "output_ids", "acceptance_lengths")
+LIST_OUTPUTS = tuple(name for name, (_, dims) in OUTPUTS.items() if dims == [-1])  # a value per token or step; the rest are one value
 
 
 def merge_step_outputs(earlier: dict[str, np.ndarray], later: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -77,7 +78,7 @@ def merge_step_outputs(earlier: dict[str, np.ndarray], later: dict[str, np.ndarr
     (running totals, a finish reason) the later's. A client reads the same text, ids and
     acceptance lengths from it as from the two (served_model/call_thread.py's ResponseQueue)."""
     merged = {**earlier, **later}
-    for name in ("output_ids", "acceptance_lengths"):
+    for name in LIST_OUTPUTS:
         if name in earlier and name in later:
             merged[name] = np.concatenate([earlier[name], later[name]])
     if "text_output" in earlier and "text_output" in later:

@@ -27,7 +27,16 @@ import numpy as np
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.extras import require
-from trtllm_dflash.served_model.protocol import HEALTH_PROBE, INPUTS, LLMAPI_FLAGS, LLMAPI_MARKER, LLMApiStream, llmapi_body, request_body
+from trtllm_dflash.served_model.protocol import (
+    HEALTH_PROBE,
+    INPUTS,
+    LIST_OUTPUTS,
+    LLMAPI_FLAGS,
+    LLMAPI_MARKER,
+    LLMApiStream,
+    llmapi_body,
+    request_body,
+)
 
 
 class ServerError(DFlashError):
@@ -290,9 +299,6 @@ def grpc_inputs(body: dict[str, Any]) -> list:
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     return inputs
-
-
-LIST_OUTPUTS = ("output_ids", "acceptance_lengths")  # read whole; every other output is one value
 
 
 def _value(name: str, array: np.ndarray) -> Any:
