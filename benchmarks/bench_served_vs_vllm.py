@@ -48,6 +48,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_aiperf import Bench, aiperf_version, find_aiperf, machine, stat  # noqa: E402
 
+from trtllm_dflash.serving import server_watch  # noqa: E402
+
 RUNS = {"c1": ("1", "64"), "c8": ("8", "128")}  # name -> (concurrency, output tokens)
 WARMUP = 2  # aiperf's warm-up requests
 CLIENT = "aiperf"  # the load generator's processes in CpuMeter
@@ -212,15 +214,8 @@ def process_tree(root: int) -> dict[int, str]:
 
 
 def cpu_seconds(pids) -> dict[int, float]:
-    """pid -> user + system CPU seconds so far (a process gone since is left out)."""
-    seconds = {}
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        seconds[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return seconds
+    """pid -> user + system CPU seconds so far (server_watch's /proc reading, one process at a time)."""
+    return {pid: server_watch.cpu_seconds([pid]) for pid in pids}
 
 
 class CpuMeter(threading.Thread):
