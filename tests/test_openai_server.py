@@ -363,16 +363,39 @@ def test_a_stream_whose_client_leaves_before_its_first_response_is_closed():
         def close(self):
             self.closed = True
 
-    class Leaving:  # a client that hangs up after 0.3 s
-        def __init__(self):
-            self.left_at = time.monotonic() + 0.3
-
-        async def is_disconnected(self):
-            return time.monotonic() >= self.left_at
+    class Leaving:  # a client that hangs up after 0.3 s: its connection's next ASGI message says so
+        async def receive(self):
+            await asyncio.sleep(0.3)
+            return {"type": "http.disconnect"}
 
     stream = Silent()
     assert asyncio.run(asyncio.wait_for(_first_response(stream.__aiter__(), stream, Leaving()), 10)) is None
     assert stream.closed
+
+
+def test_a_stream_whose_client_stays_gets_its_first_response_and_stays_open():
+    from trtllm_dflash.serving.openai.app import _first_response
+
+    class Answering:  # a model whose first response takes 0.2 s
+        closed = False
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            await asyncio.sleep(0.2)
+            return {"text_output": "hi"}
+
+        def close(self):
+            self.closed = True
+
+    class Staying:  # a client that never hangs up
+        async def receive(self):
+            await asyncio.sleep(3600)
+
+    stream = Answering()
+    assert asyncio.run(asyncio.wait_for(_first_response(stream.__aiter__(), stream, Staying()), 10)) == {"text_output": "hi"}
+    assert not stream.closed
 
 
 def test_openai_command_refuses_an_unreachable_triton():

@@ -180,16 +180,10 @@ def create_app(frontend: Frontend):
                 return JSONResponse({}, status_code=499)
             events = _stream_events(iterator, first, ident, created, info.name, chat, usage, spec, calls)
             return StreamingResponse(events, media_type="text/event-stream", background=BackgroundTask(stream.close))
-        task = asyncio.ensure_future(_collect(stream))
-        while True:  # a client that hangs up cancels its request
-            done, _ = await asyncio.wait({task}, timeout=0.25)
-            if done:
-                break
-            if await request.is_disconnected():
-                stream.close()
-                task.cancel()
-                return JSONResponse({}, status_code=499)
-        text, last, lengths = task.result()
+        collected = await _unless_disconnected(_collect(stream), stream, request)  # a client that hangs up cancels its request
+        if collected is None:
+            return JSONResponse({}, status_code=499)
+        text, last, lengths = collected
         choice = {"index": 0, "finish_reason": _finish_reason(last.get("finish_reason"))}
         if chat:
             choice["message"] = {"role": "assistant", "content": text}
@@ -210,20 +204,36 @@ def create_app(frontend: Frontend):
 async def _first_response(iterator, stream: TritonStream, request) -> dict | None:
     """The stream's first response, or None when the client disconnects first (the stream is then
     closed, which cancels the request in the model); a request error closes it and is raised."""
-    task = asyncio.ensure_future(iterator.__anext__())
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=0.1)
-        if done:
-            break
-        if await request.is_disconnected():
-            stream.close()
-            task.cancel()
-            return None
     try:
-        return task.result()
+        return await _unless_disconnected(iterator.__anext__(), stream, request)
     except OpenAIError:
         stream.close()
         raise
+
+
+async def _unless_disconnected(awaitable, stream: TritonStream, request):
+    """What `awaitable` gives, or None when the client disconnects first: the stream is then closed
+    at once, which cancels the request in the model before (or during) its prefill.
+
+    Waits on the connection's own disconnect message instead of polling for it (every 100 ms
+    before, long enough for a short prompt to be prefilled for a client already gone)."""
+    task = asyncio.ensure_future(awaitable)
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        left = not task.done()  # the client left, or this coroutine was cancelled
+        if left:
+            stream.close()
+            task.cancel()
+    return None if left else task.result()
+
+
+async def _disconnect(request) -> None:
+    """Returns when the client has disconnected (the body was read already: nothing else comes)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _body_chars(request) -> float:
