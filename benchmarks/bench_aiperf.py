@@ -35,6 +35,7 @@ import platform
 import random
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import sysconfig
@@ -49,6 +50,7 @@ from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.extras import install_hint
 
 EXPORT = "profile_export_aiperf.json"
+RECORDS = "profile_export.jsonl"  # one line per request
 PROFILING_STARTED, PROFILING_DONE = "Phase profiling (profiling) started", "All credits completed"  # aiperf 0.13's log
 
 
@@ -150,6 +152,25 @@ def stat(export: dict, tag: str, key: str) -> float:
     value = export.get(tag, {})
     value = value.get(key) if isinstance(value, dict) else None
     return float(value) if value is not None else float("nan")
+
+
+def ttft_by_arrival(artifacts: Path, burst: int) -> tuple[float, float]:
+    """TTFT p50 (ms) of the first `burst` requests aiperf sent in its profiling phase, and of the rest.
+
+    At concurrency N a run opens with N requests at once (one prefill of all their prompts), and
+    with equal output lengths they finish, and their successors arrive, in waves. The opening burst
+    is a quarter of a 32-request run, so its p50 alone tells whether a TTFT p50 is decided there or
+    in the steady state that follows. Read from aiperf's per-request export (NaN where absent)."""
+    export = next(artifacts.rglob(RECORDS), None)
+    records = []
+    for line in export.read_text().splitlines() if export is not None else []:
+        record = json.loads(line)
+        meta, ttft = record.get("metadata", {}), record.get("metrics", {}).get("time_to_first_token", {}).get("value")
+        if meta.get("benchmark_phase") == "profiling" and ttft is not None:
+            records.append((meta["request_start_ns"], float(ttft)))
+    ttfts = [ttft for _, ttft in sorted(records)]
+    p50 = lambda values: statistics.median(values) if values else float("nan")  # noqa: E731
+    return p50(ttfts[:burst]), p50(ttfts[burst:])
 
 
 def long_prompts(tokenizer, length: int, count: int) -> list[str]:

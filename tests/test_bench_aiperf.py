@@ -46,3 +46,21 @@ def test_reads_aiperf_export_by_tag(bench):
     export = {"time_to_first_token": {"unit": "ms", "avg": 50.0, "p50": 46.5, "p90": 60.0}, "request_count": {"avg": 16}}
     assert bench.stat(export, "time_to_first_token", "p50") == 46.5
     assert bench.stat(export, "inter_token_latency", "p90") != bench.stat(export, "inter_token_latency", "p90")  # NaN: not reported
+
+
+def test_splits_ttft_into_the_opening_burst_and_the_rest_by_send_time(bench, tmp_path):
+    """aiperf 0.13's per-request export (one JSON line per request, warm-up lines too), in an
+    order other than the send order: the first `burst` sent form the burst."""
+    import json
+
+    def line(phase, start_ns, ttft):
+        metadata = {"benchmark_phase": phase, "request_start_ns": start_ns, "credit_issued_ns": start_ns - 1}
+        return json.dumps({"metadata": metadata, "metrics": {"time_to_first_token": {"value": ttft, "unit": "ms"}}})
+
+    sent = [(10, 50.0), (11, 52.0), (12, 54.0), (20, 30.0), (21, 31.0), (22, 33.0), (23, 35.0)]  # (start, TTFT)
+    lines = [line("warmup", 1, 900.0)] + [line("profiling", start, ttft) for start, ttft in reversed(sent)]
+    (tmp_path / "run" / "x").mkdir(parents=True)
+    (tmp_path / "run" / "x" / "profile_export.jsonl").write_text("\n".join(lines) + "\n")
+    assert bench.ttft_by_arrival(tmp_path / "run", 3) == (52.0, 32.0)
+    burst, rest = bench.ttft_by_arrival(tmp_path / "absent", 3)
+    assert burst != burst and rest != rest  # NaN: no export
