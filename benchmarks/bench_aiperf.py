@@ -154,13 +154,14 @@ def stat(export: dict, tag: str, key: str) -> float:
     return float(value) if value is not None else float("nan")
 
 
-def ttft_by_arrival(artifacts: Path, burst: int) -> tuple[float, float]:
-    """TTFT p50 (ms) of the first `burst` requests aiperf sent in its profiling phase, and of the rest.
+def ttfts_in_send_order(artifacts: Path) -> list[float]:
+    """Every profiled request's TTFT (ms), in the order aiperf sent them, from its per-request
+    export (empty where absent).
 
     At concurrency N a run opens with N requests at once (one prefill of all their prompts), and
-    with equal output lengths they finish, and their successors arrive, in waves. The opening burst
-    is a quarter of a 32-request run, so its p50 alone tells whether a TTFT p50 is decided there or
-    in the steady state that follows. Read from aiperf's per-request export (NaN where absent)."""
+    with equal output lengths they finish, and their successors arrive, in waves: the first N
+    values are the opening burst, a quarter of a 32-request run. Pooled over rounds, the values
+    also give a TTFT p50 that one noisy round moves less than the median of the rounds' p50s."""
     export = next(artifacts.rglob(RECORDS), None)
     records = []
     for line in export.read_text().splitlines() if export is not None else []:
@@ -168,9 +169,12 @@ def ttft_by_arrival(artifacts: Path, burst: int) -> tuple[float, float]:
         meta, ttft = record.get("metadata", {}), record.get("metrics", {}).get("time_to_first_token", {}).get("value")
         if meta.get("benchmark_phase") == "profiling" and ttft is not None:
             records.append((meta["request_start_ns"], float(ttft)))
-    ttfts = [ttft for _, ttft in sorted(records)]
-    p50 = lambda values: statistics.median(values) if values else float("nan")  # noqa: E731
-    return p50(ttfts[:burst]), p50(ttfts[burst:])
+    return [ttft for _, ttft in sorted(records)]
+
+
+def p50(values: list[float]) -> float:
+    """The median, NaN for no values."""
+    return statistics.median(values) if values else float("nan")
 
 
 def long_prompts(tokenizer, length: int, count: int) -> list[str]:

