@@ -169,3 +169,30 @@ def test_a_stub_that_dies_while_loading_ends_the_start_at_once(odd_repo, monkeyp
         server.start()
     assert time.monotonic() - started < 60
     assert server.process is None
+
+
+def test_free_port_never_names_a_port_it_just_gave(monkeypatch):
+    """The kernel may hand the port it just released to the next bind; free_port asks again then."""
+    from trtllm_dflash.serving import server
+
+    ports = iter([41001, 41001, 41001, 41002, 41003])
+
+    class Socket:  # a bind to port 0 that gets the ports above, in turn
+        def __init__(self, *args):
+            self.port = next(ports)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def bind(self, address):
+            pass
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(server, "_RECENT_PORTS", server.collections.deque(maxlen=64))
+    monkeypatch.setattr(server.socket, "socket", Socket)
+    assert [server.free_port(), server.free_port(), server.free_port()] == [41001, 41002, 41003]

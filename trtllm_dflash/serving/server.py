@@ -21,6 +21,7 @@ leaves behind are removed exactly, never those of another server on the machine.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import importlib.util
 import os
@@ -63,11 +64,21 @@ class Endpoints:
     metrics: str  # http://host:port/metrics (Prometheus)
 
 
+_RECENT_PORTS: collections.deque[int] = collections.deque(maxlen=64)  # free_port's latest answers
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now (for tests and examples)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A TCP port nothing listens on right now, and not one of this process's last 64 answers (for
+    tests and examples). The kernel can hand a port it just released to the next bind, so two
+    calls in a row could name one port, and a server given it twice refuses to start (CI saw
+    `free_port(), free_port(), free_port()` give 36481 twice)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        if port not in _RECENT_PORTS:
+            _RECENT_PORTS.append(port)
+            return port
 
 
 def find_tritonserver() -> tuple[Path, Path | None, Path | None]:
