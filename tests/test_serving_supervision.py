@@ -252,6 +252,9 @@ def test_only_a_stopped_stub_is_stalled_at_its_first_failed_probe():
 
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
+        deadline = time.monotonic() + 5  # right after the fork it can be in D (exec loading `sleep` on a loaded machine)
+        while process_state(sleeper.pid) not in ("R", "S") and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert process_state(sleeper.pid) in ("R", "S")  # starting, then sleeping: not stopped
         sleeper.send_signal(signal.SIGSTOP)
         deadline = time.monotonic() + 5
