@@ -51,18 +51,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_aiperf import Bench, aiperf_version, find_aiperf, machine, p50, stat, ttfts_in_send_order  # noqa: E402
 
 from trtllm_dflash.serving import server_watch  # noqa: E402
+from trtllm_dflash.serving.server import free_port  # noqa: E402
 
 RUNS = {"c1": ("1", "64"), "c8": ("8", "128")}  # name -> (concurrency, output tokens)
 WARMUP = 2  # aiperf's warm-up requests
 CLIENT = "aiperf"  # the load generator's processes in CpuMeter
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(url: str, model: str, process: subprocess.Popen, timeout: float) -> None:
