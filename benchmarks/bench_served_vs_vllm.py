@@ -29,6 +29,13 @@ decoding, where drafting pays.
 core; ours: tritonserver, the model process, the front end) on the other CPUs (`taskset`), so the
 load generator does not take CPU time from the server it measures, as it would not from another
 machine.
+
+Each server starts in a session of its own, as one started from its own terminal or by a service
+manager does, not in this script's, where aiperf runs. Linux's autogroup scheduling (on by default,
+`/proc/sys/kernel/sched_autogroup_enabled`) shares the CPUs between sessions first and between a
+session's threads after: a server left in the client's session has its request path (vLLM's API
+server, ours' front end) compete with aiperf's processes for that session's share. `--server-session
+client` keeps the servers in this script's session (how this script ran before 2026-11-28).
 """
 
 from __future__ import annotations
@@ -93,6 +100,11 @@ def pinned_aiperf(args, aiperf: str, out: Path) -> str:
     return str(wrapper)
 
 
+def own_session(args) -> bool:
+    """Whether a server starts in a session (and so an autogroup) of its own, apart from aiperf's."""
+    return args.server_session == "own"
+
+
 def start_vllm(args, port: int, log) -> subprocess.Popen:
     speculative = json.dumps({"method": "dflash", "model": args.drafter, "num_speculative_tokens": args.block - 1})
     command = server_cpus(args) + [
@@ -121,7 +133,7 @@ def start_vllm(args, port: int, log) -> subprocess.Popen:
         "0",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "VLLM_CPU_KVCACHE_SPACE": "1"}
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=own_session(args))
 
 
 def checkout_env(args, system: str) -> tuple[dict, Path | None]:
@@ -148,7 +160,8 @@ def start_ours(args, port: int, repo: Path, log, system: str = "ours") -> subpro
         str(free_port()),
     ]
     env, cwd = checkout_env(args, system)
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**env, "OMP_NUM_THREADS": str(args.threads)}, cwd=cwd)
+    env = {**env, "OMP_NUM_THREADS": str(args.threads)}
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=own_session(args))
 
 
 def write_repo(args, out: Path, system: str = "ours") -> Path:
@@ -304,6 +317,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--client-cpus", default=None, help="CPUs for aiperf alone (e.g. 0); the servers get the others")
     parser.add_argument(
+        "--server-session",
+        choices=("own", "client"),
+        default="own",
+        help="own: each server in a session of its own (the default); client: in this script's, with aiperf",
+    )
+    parser.add_argument(
         "--temperature", type=float, default=None, help="sent with every request (default: none, so OpenAI's 1.0: sampled; 0: greedy)"
     )
     args = parser.parse_args()
@@ -333,6 +352,7 @@ def main() -> None:
         f"{args.threads} thread(s) per server; medians of {args.rounds} round(s); artifacts in {out}"
         + (f"; aiperf on CPU {args.client_cpus}, the servers on {server_cpus(args)[2]}" if args.client_cpus else "")
         + (f"; temperature {args.temperature}" if args.temperature is not None else "; temperature 1 (OpenAI's default)")
+        + ("; servers in aiperf's session" if not own_session(args) else "; each server in its own session")
         + "\n"
     )
     first = "ours" if "ours" in systems else systems[0]  # ours / the other, as the issue's goals read
