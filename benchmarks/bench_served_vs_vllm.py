@@ -30,12 +30,15 @@ core; ours: tritonserver, the model process, the front end) on the other CPUs (`
 load generator does not take CPU time from the server it measures, as it would not from another
 machine.
 
-Each server starts in a session of its own, as one started from its own terminal or by a service
-manager does, not in this script's, where aiperf runs. Linux's autogroup scheduling (on by default,
+`--own-session ours` starts ours in a session of its own, as one started from its own terminal or
+by a service manager is; by default every server starts in this script's session, where aiperf
+runs. It matters here: Linux's autogroup scheduling (on by default,
 `/proc/sys/kernel/sched_autogroup_enabled`) shares the CPUs between sessions first and between a
-session's threads after: a server left in the client's session has its request path (vLLM's API
-server, ours' front end) compete with aiperf's processes for that session's share. `--server-session
-client` keeps the servers in this script's session (how this script ran before 2026-11-28).
+session's threads after. `dflash-trt serve` always starts tritonserver (and the model's process)
+in a session of its own, so in this script's session only ours' front end competes with aiperf's
+processes. vLLM in a session of its own streamed badly here (2026-11-28: at concurrency 1 every
+token of a request in one chunk at its end, TTFT p50 ~320 ms; see RESULTS.md), so the comparison
+keeps it in this script's session.
 """
 
 from __future__ import annotations
@@ -100,9 +103,9 @@ def pinned_aiperf(args, aiperf: str, out: Path) -> str:
     return str(wrapper)
 
 
-def own_session(args) -> bool:
-    """Whether a server starts in a session (and so an autogroup) of its own, apart from aiperf's."""
-    return args.server_session == "own"
+def own_session(args, system: str) -> bool:
+    """Whether `system`'s server starts in a session (and so an autogroup) of its own, apart from aiperf's."""
+    return system in args.own_session.split(",")
 
 
 def start_vllm(args, port: int, log) -> subprocess.Popen:
@@ -133,7 +136,7 @@ def start_vllm(args, port: int, log) -> subprocess.Popen:
         "0",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "VLLM_CPU_KVCACHE_SPACE": "1"}
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=own_session(args))
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=own_session(args, "vllm"))
 
 
 def checkout_env(args, system: str) -> tuple[dict, Path | None]:
@@ -161,7 +164,7 @@ def start_ours(args, port: int, repo: Path, log, system: str = "ours") -> subpro
     ]
     env, cwd = checkout_env(args, system)
     env = {**env, "OMP_NUM_THREADS": str(args.threads)}
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=own_session(args))
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=own_session(args, system))
 
 
 def write_repo(args, out: Path, system: str = "ours") -> Path:
@@ -317,10 +320,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--client-cpus", default=None, help="CPUs for aiperf alone (e.g. 0); the servers get the others")
     parser.add_argument(
-        "--server-session",
-        choices=("own", "client"),
-        default="own",
-        help="own: each server in a session of its own (the default); client: in this script's, with aiperf",
+        "--own-session",
+        default="",
+        help="servers (e.g. ours, or vllm,ours) started in a session of their own; the others start in this script's, with aiperf",
     )
     parser.add_argument(
         "--temperature", type=float, default=None, help="sent with every request (default: none, so OpenAI's 1.0: sampled; 0: greedy)"
@@ -352,7 +354,8 @@ def main() -> None:
         f"{args.threads} thread(s) per server; medians of {args.rounds} round(s); artifacts in {out}"
         + (f"; aiperf on CPU {args.client_cpus}, the servers on {server_cpus(args)[2]}" if args.client_cpus else "")
         + (f"; temperature {args.temperature}" if args.temperature is not None else "; temperature 1 (OpenAI's default)")
-        + ("; servers in aiperf's session" if not own_session(args) else "; each server in its own session")
+        + "; in a session of their own: "
+        + (", ".join(s for s in systems if own_session(args, s)) or "none")
         + "\n"
     )
     first = "ours" if "ours" in systems else systems[0]  # ours / the other, as the issue's goals read
