@@ -1,7 +1,8 @@
 """The served model's call thread (served_model/call_thread.py): calls run in the order given, a
 failing call is logged and the next ones still run, and close() runs what was submitted first;
 a request's responses that wait on a busy call thread go out merged, with the same text, ids and
-acceptance lengths, never ahead of what was submitted before them."""
+acceptance lengths, never ahead of what was submitted before them; a request's first response
+goes ahead of the ordinary calls still waiting."""
 
 from __future__ import annotations
 
@@ -41,6 +42,19 @@ def test_a_call_waiting_in_the_server_does_not_hold_up_the_submitter():
     release.set()
     calls.close()
     assert done.is_set()
+
+
+def test_urgent_calls_go_ahead_of_the_ordinary_ones_still_waiting_and_each_kind_keeps_its_order():
+    order, release = [], threading.Event()
+    calls = CallThread()
+    calls.submit(release.wait, 30)  # a round trip in flight: everything below waits
+    calls.submit(order.append, "ordinary 1")
+    calls.submit(order.append, "urgent 1", urgent=True)
+    calls.submit(order.append, "ordinary 2")
+    calls.submit(order.append, "urgent 2", urgent=True)
+    release.set()
+    calls.close()  # runs everything first, urgent or not
+    assert order == ["urgent 1", "urgent 2", "ordinary 1", "ordinary 2"]
 
 
 def _step(text: str, ids: list[int], **totals) -> dict:
@@ -111,3 +125,44 @@ def test_a_call_thread_that_keeps_up_sends_every_response_on_its_own():
         assert delivered.acquire(timeout=30)
     calls.close()
     assert sent == [(("0", [0], [1]), False), (("1", [1], [1]), False), (("2", [2], [1]), True)]
+
+
+def test_a_first_response_goes_ahead_of_other_requests_waiting_calls_and_later_ones_do_not():
+    """A first token does not queue behind the other requests' streamed responses; after it, a
+    request's responses keep their place in line."""
+    from trtllm_dflash.served_model.call_thread import ResponseQueue
+    from trtllm_dflash.served_model.protocol import merge_step_outputs
+
+    order, release = [], threading.Event()
+    calls = CallThread()
+
+    def queue_of(name):
+        return ResponseQueue(calls, lambda outputs, final: order.append((name, _read(outputs)[0], final)), merge_step_outputs)
+
+    a, b = queue_of("a"), queue_of("b")
+    calls.submit(release.wait, 30)
+    calls.submit(order.append, "another request's response")
+    a.put(_step("a1", [1]), final=False)  # a's first: urgent
+    a.put(_step("a2", [2]), final=False)  # joins it
+    b.put(_step("b1", [3]), final=False)  # b's first: urgent, after a's
+    release.set()
+    calls.close()
+    assert order == [("a", "a1a2", False), ("b", "b1", False), "another request's response"]
+
+    order.clear()
+    out, release = threading.Event(), threading.Event()
+    calls = CallThread()
+
+    def deliver(outputs, final):
+        order.append((_read(outputs)[0], final))
+        out.set()
+
+    a = ResponseQueue(calls, deliver, merge_step_outputs)
+    a.put(_step("x", [1]), final=False)
+    assert out.wait(30)  # the first response is out
+    calls.submit(release.wait, 30)
+    calls.submit(order.append, "metrics")
+    a.put(_step("y", [2]), final=False)  # a later response: ordinary
+    release.set()
+    calls.close()
+    assert order == [("x", False), "metrics", ("y", False)]

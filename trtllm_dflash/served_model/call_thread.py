@@ -8,8 +8,11 @@ served model process: 104 of 243 samples delivering, 104 in `Decoder.step`). A r
 with the GIL released, so on this thread it overlaps the loop's next step instead of lengthening it.
 
 Calls run one after another in the order they were submitted (a request's responses stay in
-order, and a metric counted before a final response is sent before it). A call that raises is
-logged and the thread goes on: the callers wrap what must not fail (a client that went away).
+order, and a metric counted before a final response is sent before it), except that an urgent
+call (a request's first response, which nothing of its own precedes) runs before the ordinary
+calls still waiting: a first token does not queue behind the other requests' streamed responses.
+A call that raises is logged and the thread goes on: the callers wrap what must not fail (a
+client that went away).
 
 A request's streamed responses go through its `ResponseQueue`, which merges a response into the
 one still waiting on this thread instead of queueing a second round trip.
@@ -17,39 +20,41 @@ one still waiting on this thread instead of queueing a second round trip.
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 from typing import Any, Callable
 
 import numpy as np
 
-_STOP = object()
+URGENT, ORDINARY, LAST = 0, 1, 2  # the order in which waiting calls run; FIFO within each
 
 
 class CallThread:
     """Runs submitted calls in order on one daemon thread (see the module docstring)."""
 
     def __init__(self, name: str = "dflash-server-calls", log: Callable[[str], None] = print) -> None:
-        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._calls: queue.PriorityQueue = queue.PriorityQueue()
+        self._order = itertools.count()  # FIFO among calls of one priority
         self._log = log
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, call: Callable[..., Any], *args: Any) -> None:
-        """Run `call(*args)` after every call submitted before it."""
-        self._calls.put((call, args))
+    def submit(self, call: Callable[..., Any], *args: Any, urgent: bool = False) -> None:
+        """Run `call(*args)` after every call submitted before it; `urgent`, after the urgent ones
+        only (it goes ahead of the ordinary calls still waiting)."""
+        self._calls.put((URGENT if urgent else ORDINARY, next(self._order), call, args))
 
     def close(self, timeout: float = 10.0) -> None:
         """Run what was submitted, then end the thread (waiting at most `timeout` seconds)."""
-        self._calls.put(_STOP)
+        self._calls.put((LAST, next(self._order), None, ()))
         self._thread.join(timeout)
 
     def _run(self) -> None:
         while True:
-            item = self._calls.get()
-            if item is _STOP:
+            priority, _, call, args = self._calls.get()
+            if priority == LAST:
                 return
-            call, args = item
             try:
                 call(*args)
             except Exception as exc:  # noqa: BLE001 - one failed call must not stop the others
@@ -67,6 +72,7 @@ class ResponseQueue:
 
     A final response takes a waiting one with it. It is submitted after everything the loop
     submitted before it (the metrics of a finished request), so it never goes out before those.
+    The first response, unless it is final, is urgent (CallThread.submit).
     """
 
     def __init__(
@@ -77,6 +83,7 @@ class ResponseQueue:
     ) -> None:
         self._calls, self._deliver, self._merge = calls, deliver, merge
         self._waiting: dict[str, np.ndarray] | None = None  # submitted, not sent yet
+        self._first = True  # nothing submitted yet
         self._lock = threading.Lock()
 
     def put(self, outputs: dict[str, np.ndarray], final: bool) -> None:
@@ -89,10 +96,11 @@ class ResponseQueue:
                 self._waiting = outputs
                 if waiting is not None:
                     return  # the waiting response's call is queued: it sends the merged one
+            first, self._first = self._first, False
         if final:
             self._calls.submit(self._deliver, outputs, True)
         else:
-            self._calls.submit(self._send_waiting)
+            self._calls.submit(self._send_waiting, urgent=first)
 
     def _send_waiting(self) -> None:
         with self._lock:
