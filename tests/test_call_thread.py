@@ -11,6 +11,21 @@ import threading
 from trtllm_dflash.served_model.call_thread import CallThread
 
 
+def _busy(calls: CallThread) -> threading.Event:
+    """Hold the call thread inside a call (a round trip in flight) until the returned event is set.
+
+    Returns only once the thread is in it: an urgent call submitted earlier would run first."""
+    inside, release = threading.Event(), threading.Event()
+
+    def round_trip():
+        inside.set()
+        release.wait(30)
+
+    calls.submit(round_trip)
+    assert inside.wait(30)
+    return release
+
+
 def test_calls_run_in_order_on_one_other_thread_and_close_runs_what_was_submitted():
     seen, threads, logged = [], set(), []
     calls = CallThread(log=logged.append)
@@ -45,9 +60,9 @@ def test_a_call_waiting_in_the_server_does_not_hold_up_the_submitter():
 
 
 def test_urgent_calls_go_ahead_of_the_ordinary_ones_still_waiting_and_each_kind_keeps_its_order():
-    order, release = [], threading.Event()
+    order = []
     calls = CallThread()
-    calls.submit(release.wait, 30)  # a round trip in flight: everything below waits
+    release = _busy(calls)  # everything below waits
     calls.submit(order.append, "ordinary 1")
     calls.submit(order.append, "urgent 1", urgent=True)
     calls.submit(order.append, "ordinary 2")
@@ -76,10 +91,10 @@ def test_responses_waiting_on_a_busy_call_thread_go_out_as_one_with_the_same_tex
     from trtllm_dflash.served_model.call_thread import ResponseQueue
     from trtllm_dflash.served_model.protocol import merge_step_outputs
 
-    sent, release = [], threading.Event()
+    sent = []
     calls = CallThread()
     responses = ResponseQueue(calls, lambda outputs, final: sent.append((outputs, final)), merge_step_outputs)
-    calls.submit(release.wait, 30)  # the call thread is behind: a round trip in flight
+    release = _busy(calls)  # the call thread is behind: a round trip in flight
     responses.put(_step(" caf", [1, 2], num_output_tokens=2), final=False)
     responses.put(_step("é", [3], num_output_tokens=3), final=False)
     responses.put(_step(" au lait", [4, 5, 6], num_output_tokens=6), final=False)
@@ -96,10 +111,10 @@ def test_a_final_response_takes_the_waiting_one_and_still_goes_out_after_what_wa
     from trtllm_dflash.served_model.call_thread import ResponseQueue
     from trtllm_dflash.served_model.protocol import merge_step_outputs
 
-    order, release = [], threading.Event()
+    order = []
     calls = CallThread()
     responses = ResponseQueue(calls, lambda outputs, final: order.append((_read(outputs), final)), merge_step_outputs)
-    calls.submit(release.wait, 30)
+    release = _busy(calls)
     responses.put(_step("a", [1]), final=False)
     calls.submit(order.append, "metrics flushed")
     responses.put(_step("b", [2], finish_reason="length"), final=True)
@@ -133,14 +148,14 @@ def test_a_first_response_goes_ahead_of_other_requests_waiting_calls_and_later_o
     from trtllm_dflash.served_model.call_thread import ResponseQueue
     from trtllm_dflash.served_model.protocol import merge_step_outputs
 
-    order, release = [], threading.Event()
+    order = []
     calls = CallThread()
 
     def queue_of(name):
         return ResponseQueue(calls, lambda outputs, final: order.append((name, _read(outputs)[0], final)), merge_step_outputs)
 
     a, b = queue_of("a"), queue_of("b")
-    calls.submit(release.wait, 30)
+    release = _busy(calls)
     calls.submit(order.append, "another request's response")
     a.put(_step("a1", [1]), final=False)  # a's first: urgent
     a.put(_step("a2", [2]), final=False)  # joins it
@@ -150,7 +165,7 @@ def test_a_first_response_goes_ahead_of_other_requests_waiting_calls_and_later_o
     assert order == [("a", "a1a2", False), ("b", "b1", False), "another request's response"]
 
     order.clear()
-    out, release = threading.Event(), threading.Event()
+    out = threading.Event()
     calls = CallThread()
 
     def deliver(outputs, final):
@@ -160,7 +175,7 @@ def test_a_first_response_goes_ahead_of_other_requests_waiting_calls_and_later_o
     a = ResponseQueue(calls, deliver, merge_step_outputs)
     a.put(_step("x", [1]), final=False)
     assert out.wait(30)  # the first response is out
-    calls.submit(release.wait, 30)
+    release = _busy(calls)
     calls.submit(order.append, "metrics")
     a.put(_step("y", [2]), final=False)  # a later response: ordinary
     release.set()
