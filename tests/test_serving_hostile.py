@@ -354,25 +354,38 @@ def test_a_killed_model_process_is_noticed_streams_end_and_it_comes_back(supervi
     with OpenAIServer(supervised.endpoints.grpc, host="127.0.0.1", port=free_port(), repository=supervised.repository) as front:
         url = front.url
         streams = []
+
+        def triton_streams():
+            started = []
+            for i in range(2):
+                client = DFlashClient(supervised.endpoints.http, grpc_url=supervised.endpoints.grpc, timeout=120)
+                client.speaks_llmapi("grpc")  # the metadata request, before the timed part
+                outcome, first = {"kind": "triton"}, threading.Event()
+                thread = threading.Thread(target=_stream_first_chunk_then_rest, args=(client, PROMPTS[i], outcome, first))
+                started.append((thread, outcome, first))
+            for thread, _, _ in started:
+                thread.start()
+            streams.extend(started)
+
+        # the Triton streams start first, their clients having read the model's metadata already: the
+        # OpenAI streams (MAX_TOKENS tokens, under a second) must still be running when the kill comes
+        triton_streams()
         for i in range(4):
             outcome, first = {"kind": "openai"}, threading.Event()
             streams.append((threading.Thread(target=_openai_stream, args=(url, PROMPTS[i % len(PROMPTS)], outcome, first)), outcome, first))
-        for i in range(2):
-            client = DFlashClient(supervised.endpoints.http, grpc_url=supervised.endpoints.grpc, timeout=120)
-            client.speaks_llmapi("grpc")  # the metadata request, before the timed part
-            outcome, first = {"kind": "triton"}, threading.Event()
-            streams.append(
-                (threading.Thread(target=_stream_first_chunk_then_rest, args=(client, PROMPTS[i], outcome, first)), outcome, first)
-            )
-        # the Triton streams start first, their clients having read the model's metadata already: the
-        # OpenAI streams (MAX_TOKENS tokens, under a second) must still be running when the kill comes
-        for thread, _, _ in sorted(streams, key=lambda stream: stream[1]["kind"] != "triton"):
-            thread.start()
+            streams[-1][0].start()
+
+        def in_flight(kind: str) -> bool:
+            return any(o["kind"] == kind and f.is_set() and "end" not in o for _, o, f in streams)
+
         # kill as soon as a stream of each kind is under way (waiting for all of them let short
-        # streams finish first on a loaded machine)
+        # streams finish first on a loaded machine); Triton streams that all ended before an OpenAI
+        # stream got going (its front end slow on a loaded machine) are followed by two more
         deadline = time.monotonic() + 300  # a hang bound
-        while not all(any(o["kind"] == kind and f.is_set() for _, o, f in streams) for kind in ("openai", "triton")):
-            assert time.monotonic() < deadline, "no stream of each kind started within 300 s"
+        while not (in_flight("openai") and in_flight("triton")):
+            assert time.monotonic() < deadline, "no stream of each kind in flight at once within 300 s"
+            if all("end" in o for _, o, _ in streams if o["kind"] == "triton"):
+                triton_streams()
             time.sleep(0.005)
         (stub,) = [pid for pid, name in supervised.stubs.items() if name.startswith("dflash_")]
         os.kill(stub, signal.SIGKILL)
