@@ -67,6 +67,12 @@ def repo(
         help="Skip the drafter in steps where its drafts do not pay (prompts unlike its training data, large batches on a "
         "compute-bound device); measured per batch size, lossless (default: off, every step drafts).",
     ),
+    async_scheduling: Optional[bool] = typer.Option(
+        None,
+        "--async-scheduling/--no-async-scheduling",
+        help="Launch each decoding step before reading the one before it, so a GPU computes while the host schedules "
+        "and streams; lossless, gains nothing on a CPU (default: off).",
+    ),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out."),
     llmapi_model: Optional[Path] = typer.Option(
         None,
@@ -130,6 +136,7 @@ def repo(
         prefill_chunk=prefill_chunk,
         prefill_share=prefill_share,
         adaptive_drafting=adaptive_drafting,
+        async_scheduling=async_scheduling,
     )
     path = repository.write_repository(out, models, source=written_from, force=force)
     for model_name, config in models:

@@ -32,7 +32,7 @@ def test_the_flags_follow_the_rows_through_joins_finishes_and_reorders(tmp_path,
     runtime = TorchRuntime(target.model, load_drafter(drafter_dir, target))
     decoder = Decoder(runtime, max_batch=3, max_context=96, prefill_chunk=8, prefill_share=0.5)
     checked = []
-    step = decoding.speculative_step
+    step = decoding.launch_step
 
     def checking_step(runtime, batch, *args):
         flags = batch.sampling.greedy
@@ -40,7 +40,7 @@ def test_the_flags_follow_the_rows_through_joins_finishes_and_reorders(tmp_path,
         checked.append(flags)
         return step(runtime, batch, *args)
 
-    monkeypatch.setattr(decoding, "speculative_step", checking_step)
+    monkeypatch.setattr(decoding, "launch_step", checking_step)
     g = torch.Generator().manual_seed(4)
     requests = [
         Request(torch.randint(3, 120, (n,), generator=g).tolist(), SamplingParams(max_new_tokens=m, temperature=0.9 * (i % 2), seed=i))

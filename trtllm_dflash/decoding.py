@@ -29,12 +29,23 @@ from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.runtime.base import Runtime, Slots
 from trtllm_dflash.runtime.grammar import GrammarState, block_masks, draft_constraint
 from trtllm_dflash.runtime.prefix_cache import PrefixCache
+from trtllm_dflash.runtime.readback import DeviceClock, Readback
 from trtllm_dflash.runtime.requests import Request, SequenceResult, StepEvent
 from trtllm_dflash.runtime.scheduler import BatchState, Scheduler
 from trtllm_dflash.runtime.step_schedule import WHOLE_PROMPTS, DraftPolicy, PrefillBudget, check_draft_len_schedule, scheduled_draft_len
 from trtllm_dflash.sampling_params import SamplingParams, check_prompt_tokens
 
-__all__ = ["Decoder", "Request", "SamplingParams", "SequenceResult", "StepEvent", "StepStats", "speculative_step"]
+__all__ = [
+    "Decoder",
+    "LaunchedStep",
+    "Request",
+    "SamplingParams",
+    "SequenceResult",
+    "StepEvent",
+    "StepStats",
+    "launch_step",
+    "speculative_step",
+]
 
 
 @dataclasses.dataclass
@@ -56,6 +67,41 @@ class StepResult:
     verify_seconds: float
 
 
+@dataclasses.dataclass
+class LaunchedStep:
+    """A speculative step whose device work is queued and whose small result is on its way to the host.
+
+    `tokens()` reads it: per batch row the accepted drafts and the bonus token. `clock` has the
+    device's time of the whole step once it is read."""
+
+    readback: Readback  # [b, draft_len + 2]: the block's drafts, the accepted count and the bonus per row
+    draft_len: int
+    drafted: bool  # the drafter ran (its pass read every row's context)
+    clock: DeviceClock
+    started: float  # host clock: the launch began
+    drafted_at: float  # ... the draft pass was queued (with `profile`: had run)
+    rows: list[Any] = dataclasses.field(default_factory=list)  # the scheduler's live requests, per batch row
+
+    @property
+    def verified(self) -> int:
+        """Tokens per row the verify pass wrote (the anchor and the drafts)."""
+        return self.draft_len + 1
+
+    def tokens(self) -> list[list[int]]:
+        n = self.draft_len
+        return [row[: row[n]] + [row[n + 1]] for row in self.readback.tolist()]
+
+    def seconds(self, read_at_once: bool) -> tuple[float, float]:
+        """(draft, verify) seconds. Read at once: the host's, from the launch to the read (the read
+        waits for the device). Read a step later: the device's time of the step, split where the host
+        had queued the draft pass."""
+        if read_at_once:
+            return self.drafted_at - self.started, time.perf_counter() - self.drafted_at
+        total = self.clock.seconds()
+        draft = min(self.drafted_at - self.started, total)
+        return draft, total - draft
+
+
 def speculative_step(
     runtime: Runtime,
     batch: BatchState,
@@ -68,17 +114,37 @@ def speculative_step(
     grammars: list[GrammarState | None] | None = None,
     draft: bool = True,
 ) -> StepResult:
-    """Propose -> verify -> commit over the batch's slots, then one host read. Advances `batch`.
+    """`launch_step`, then its one host read."""
+    launched = launch_step(runtime, batch, slots, span, draft_len, block_size, mask_token_id, profile, grammars, draft)
+    tokens = launched.tokens()
+    return StepResult(tokens, *launched.seconds(read_at_once=True))
+
+
+def launch_step(
+    runtime: Runtime,
+    batch: BatchState,
+    slots: Slots,
+    span: int,
+    draft_len: int,
+    block_size: int,
+    mask_token_id: int | None,
+    profile: bool = False,
+    grammars: list[GrammarState | None] | None = None,
+    draft: bool = True,
+) -> LaunchedStep:
+    """Propose -> verify -> commit over the batch's slots; advances `batch` on the device and starts
+    the step's one host read (`LaunchedStep.tokens`) without waiting for it.
 
     `draft_len` drafts are verified (0: the anchor alone); the drafter still sees the block it was
     trained on (a shorter block of masks drafts worse), or its smallest at draft length 0, for the
     context its cache needs. `mask_token_id` None decodes autoregressively. `span` bounds the
     positions the verify pass touches (the host knows the lengths). `grammars` (per row, None for
     a row without one) mask the target at every block position (runtime/grammar.py); they cost a
-    second host read, of the drafts, before the verify pass. `draft` False skips the drafter: the
+    blocking host read, of the drafts, before the verify pass. `draft` False skips the drafter: the
     anchor alone is verified and its features are kept for the drafter's next pass (DraftPolicy).
     """
     started = time.perf_counter()
+    clock = DeviceClock(batch.anchor.device)
     draft_probs = None
     if mask_token_id is not None and draft:
         block = torch.full((len(slots), block_size if draft_len > 0 else 2), mask_token_id, dtype=torch.long, device=batch.anchor.device)
@@ -108,16 +174,15 @@ def speculative_step(
     out = runtime.target_verify(slots, block, batch.starts, span, draft_probs, batch.sampling, **masks)
     runtime.commit(slots, out.accepted + 1)  # anchor + accepted drafts (recurrent states roll back here)
     # the one host read of the step: drafts, accepted count and bonus of every row
-    packed = torch.cat([block[:, 1:], out.accepted.view(-1, 1), out.bonus.view(-1, 1)], dim=1).tolist()
-    verified = time.perf_counter()
+    readback = Readback(torch.cat([block[:, 1:], out.accepted.view(-1, 1), out.bonus.view(-1, 1)], dim=1))
 
     batch.anchor, batch.starts = out.bonus, batch.starts + out.accepted + 1
     if mask_token_id is not None and draft:
         batch.ctx_features, batch.ctx_counts = out.features, out.accepted + 1  # verify features of anchor + accepted drafts
     elif mask_token_id is not None:  # the drafter did not run: the anchor's features wait with the others it has not read
         batch.ctx_features, batch.ctx_counts = _kept(batch.ctx_features, batch.ctx_counts, out.features)
-    tokens = [row[: row[draft_len]] + [row[draft_len + 1]] for row in packed]
-    return StepResult(tokens, drafted - started, verified - drafted)
+    clock.stop()
+    return LaunchedStep(readback, draft_len, mask_token_id is not None and draft, clock, started, drafted)
 
 
 class Decoder:
@@ -139,6 +204,15 @@ class Decoder:
     chunks beside decoding rows by time instead (runtime/step_schedule.py): prefills take about
     that share of the decoding time on average, in chunks of at most `prefill_chunk` tokens,
     shortest prompt first; None keeps `prefill_chunk` tokens, oldest first.
+
+    `async_scheduling` launches each step before reading the one before it, so on a GPU the host
+    plans, launches and handles stops while the device computes (the step's result reaches pinned
+    memory on its own, runtime/readback.py). Tokens and acceptance lengths are those of reading each
+    step at once (where the draft length does not follow the row count: a schedule, adaptive
+    drafting). The cost: a request that finishes is decoded for one step more (that step's tokens
+    are dropped), and its finish is seen a step later. Steps that prefill, rows with a
+    grammar and rows near the end of their cache slot read the step before first. Off a GPU it
+    gains nothing: the device work ran when it was launched.
     """
 
     def __init__(
@@ -153,6 +227,7 @@ class Decoder:
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         prefill_share: float | None = None,
         adaptive_drafting: bool = False,
+        async_scheduling: bool = False,
     ) -> None:
         self.runtime = runtime
         self.speculative = runtime.has_drafter
@@ -183,6 +258,8 @@ class Decoder:
         self.stats: list[StepStats] = []
         # skip the drafter in steps where it does not pay (step_schedule.DraftPolicy); off: every step drafts
         self.draft_policy = DraftPolicy() if adaptive_drafting and self.speculative else None
+        self.async_scheduling = async_scheduling
+        self._pending: LaunchedStep | None = None  # with async scheduling: the step launched and not read yet
 
     # ------------------------------------------------------------------ the scheduler's state, for callers that watch it
 
@@ -209,7 +286,12 @@ class Decoder:
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or self._pending is not None
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a step has been launched and not read yet (async scheduling)."""
+        return self._pending is not None
 
     # ------------------------------------------------------------------ requests
 
@@ -283,11 +365,16 @@ class Decoder:
         `emit` (a server's delivery) gets the events of requests the chunk completed (their first
         tokens) before the speculative step runs, instead of with its events: a first token does
         not wait for a decoding step.
+
+        With async scheduling the events are those of the step before (read after this one was
+        launched), and a call may launch nothing and only read (the last step of a batch).
         """
         started = time.perf_counter()
         scheduler = self.scheduler
-        decoding = bool(scheduler.live)  # rows that decode in this step, beside the chunk
         events, prefilled_tokens = [], 0
+        if self._pending is not None and self._reads_first():
+            events += self._read(self._take_pending())
+        decoding = bool(scheduler.live)  # rows that decode in this step, beside the chunk
         chunk = scheduler.plan_prefill()
         if chunk is not None:
             slots, tokens, starts, span, sampling, last = chunk.inputs(self.device)
@@ -306,31 +393,65 @@ class Decoder:
         if emit is not None and events:
             emit(events)
             events, prefilled = [], time.perf_counter()
+        pending = self._take_pending()
         if scheduler.live:
             rows = len(scheduler.live)
             draft = self.draft_policy.drafts(rows) if self.draft_policy is not None else True
             draft_len = self.draft_len(rows) if self.speculative and draft else 0
-            started_step = time.perf_counter()
-            result = speculative_step(
+            grammars = self._grammars()
+            in_flight = pending.verified if pending is not None else 0  # tokens per row the host has not read yet
+            launched = launch_step(
                 self.runtime,
                 scheduler.batch,
                 scheduler.live_slots,
-                scheduler.span(draft_len + 1),
+                scheduler.span(draft_len + 1 + in_flight),
                 draft_len,
                 self.block_size,
                 self.mask_token_id,
                 self.profile,
-                self._grammars(),
+                grammars,
                 draft,
             )
-            if self.draft_policy is not None:  # the step ends in a host read: its time is the device's too
-                tokens = sum(len(row) for row in result.tokens) / rows
-                self.draft_policy.record(draft, rows, time.perf_counter() - started_step, tokens)
-            decoded, committed = scheduler.decoded(result.tokens, draft_len, drafter_ran=self.speculative and draft)
-            events += decoded
-            self.stats.append(StepStats(rows, result.draft_seconds, result.verify_seconds, committed))
-            self.prefill_budget.decoded(time.perf_counter() - prefilled)
+            launched.rows = list(scheduler.live)
+            if self.async_scheduling and grammars is None:
+                self._pending = launched
+            else:
+                events += self._read(launched, at_once=True, since=prefilled)
+        if pending is not None:
+            events += self._read(pending)
         return events
+
+    def _take_pending(self) -> LaunchedStep | None:
+        pending, self._pending = self._pending, None
+        return pending
+
+    def _reads_first(self) -> bool:
+        """Whether the step launched before must be read before this one is planned (async scheduling):
+        a prompt will be prefilled (its first token's read would wait for the device anyway, and the
+        slots and prefixes the read frees are then the prefill's, as without async scheduling); a row
+        has a grammar (its matcher needs every committed token); or a row may be near the end of its
+        cache slot (the unread step and this one could write past it)."""
+        scheduler = self.scheduler
+        if scheduler.prefilling or (scheduler.waiting and scheduler.free_slots):
+            return True
+        if any(live.request.grammar is not None for live in scheduler.live):
+            return True
+        return bool(scheduler.live) and scheduler.span(self._pending.verified + self.block_size) > self.runtime.capacity
+
+    def _read(self, launched: LaunchedStep, at_once: bool = False, since: float | None = None) -> list[StepEvent]:
+        """A launched step's tokens, committed to its rows' requests (rows that finished or were cancelled
+        since it was launched are skipped: what it decoded for them is dropped). `at_once`: read right
+        after its launch (`since`: when the step began, for the prefill budget's clock)."""
+        tokens = launched.tokens()
+        draft_seconds, verify_seconds = launched.seconds(read_at_once=at_once)
+        rows = len(launched.rows)
+        if self.draft_policy is not None:  # read at once: the read waited for the device; else the device's time
+            per_row = sum(len(row) for row in tokens) / rows
+            self.draft_policy.record(launched.drafted, rows, draft_seconds + verify_seconds, per_row)
+        decoded, committed = self.scheduler.decoded(tokens, launched.draft_len, launched.drafted, launched.rows)
+        self.stats.append(StepStats(rows, draft_seconds, verify_seconds, committed))
+        self.prefill_budget.decoded(time.perf_counter() - since if since is not None else draft_seconds + verify_seconds)
+        return decoded
 
 
 def _kept(features: torch.Tensor | None, counts: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -244,12 +244,20 @@ class Scheduler:
         """The positions a verify pass of `verified` tokens per row touches (from the host's lengths)."""
         return max(live.start for live in self.live) + verified
 
-    def decoded(self, tokens: list[list[int]], draft_len: int, drafter_ran: bool = True) -> tuple[list[StepEvent], int]:
+    def decoded(
+        self, tokens: list[list[int]], draft_len: int, drafter_ran: bool = True, rows: list[Live] | None = None
+    ) -> tuple[list[StepEvent], int]:
         """A speculative step committed tokens[i] (accepted drafts + bonus) to batch row i: append them
         to the requests, end those at a stop or a limit (their slots are freed). Returns the events
-        and the tokens committed. `drafter_ran`: the step's drafter pass read every row's context."""
+        and the tokens committed. `drafter_ran`: the step's drafter pass read every row's context.
+        `rows`: the step's batch when it was launched, if the batch has changed since (async
+        scheduling): rows no longer live (finished or cancelled meanwhile) are skipped."""
         events, finished, committed = [], [], 0
-        for i, (live, row) in enumerate(zip(self.live, tokens)):
+        index = {id(live): i for i, live in enumerate(self.live)}
+        for live, row in zip(self.live if rows is None else rows, tokens):
+            i = index.get(id(live))
+            if i is None:
+                continue  # it ended while the step ran: what the step decoded for it is dropped
             live.drafted = live.drafted or drafter_ran
             live.start += len(row)
             live.result.num_target_forwards += 1
@@ -260,7 +268,7 @@ class Scheduler:
             events.append(StepEvent(live.request.request_id, new, live.result.finish_reason is not None, live.result))
             if live.result.finish_reason is not None:
                 finished.append(i)
-        self._drop(finished)
+        self._drop(sorted(finished))
         self._store_prefixes(range(len(self.live)))
         return events, committed
 

@@ -113,6 +113,7 @@ class BatchingLoop:
             prefill_chunk=self.config.prefill_chunk,
             prefill_share=self.config.prefill_share or None,
             adaptive_drafting=self.config.adaptive_drafting,
+            async_scheduling=self.config.async_scheduling,
         )
 
     def _prefix_cache(self) -> PrefixCache | None:

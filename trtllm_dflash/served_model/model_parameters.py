@@ -106,6 +106,12 @@ class ServingConfig(BaseModel):
         description="Skip the drafter in steps where its drafts have not been paying for themselves (measured per batch "
         "size; the skipped steps' context is read at its next pass; lossless). Off: every step drafts.",
     )
+    async_scheduling: bool = Field(
+        False,
+        description="Launch each decoding step before reading the one before it, so a GPU computes while the host "
+        "schedules and streams (a finishing request is decoded one step more and its tokens dropped; lossless). "
+        "Gains nothing on a CPU.",
+    )
 
     @field_validator("draft_len_schedule", mode="before")
     @classmethod

@@ -1,0 +1,164 @@
+"""Async scheduling (issue 39, item 2): the host launches each step before reading the one before it.
+
+On a CPU the device work runs as it is launched, so these tests check the bookkeeping that a GPU
+relies on: every request decodes exactly what reading each step at once decodes (tokens,
+acceptance lengths, finish reasons), greedy and seeded sampling; the host really is one step
+behind; a request that ends while a step is in flight loses nothing and leaks nothing of that step;
+no step is launched whose positions could pass the end of its cache slot.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trtllm_dflash import DFlashPipeline, decoding
+from trtllm_dflash.decoding import Decoder, Request, SamplingParams
+from trtllm_dflash.runtime.prefix_cache import PrefixCache
+
+LIMITS = [12, 40, 7, 60, 25, 33]  # rows finish at different steps, one by the context (max_context 60)
+
+
+@pytest.fixture(scope="module")
+def pair(trained_pair):
+    target_dir, drafter_dir, prompts = trained_pair
+    dflash = DFlashPipeline.load(target_dir, drafter_dir, dtype=torch.float64)
+    more = [p[::-1] for p in prompts[:2]]  # six prompts for three slots: requests queue and join
+    return dflash, target_dir, prompts + more
+
+
+def _requests(prompts, temperature: float) -> list[Request]:
+    return [Request(p, SamplingParams(max_new_tokens=n, temperature=temperature, seed=i)) for i, (p, n) in enumerate(zip(prompts, LIMITS))]
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Every step the decoding loop launches: (span, the step), checked against the cache's capacity."""
+    seen = []
+    launch = decoding.launch_step
+
+    def recording(runtime, batch, slots, span, *args):
+        assert span <= runtime.capacity, (span, runtime.capacity)
+        launched = launch(runtime, batch, slots, span, *args)
+        seen.append(launched)
+        return launched
+
+    monkeypatch.setattr(decoding, "launch_step", recording)
+    return seen
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_async_scheduling_decodes_what_reading_each_step_at_once_decodes(pair, launches, temperature):
+    dflash, target_dir, prompts = pair
+    results = {}
+    for overlap in (False, True):
+        decoder = Decoder(dflash.runtime, max_batch=3, max_context=60, prefill_chunk=8, async_scheduling=overlap)
+        results[overlap] = decoder.generate(_requests(prompts, temperature))
+        assert not decoder.has_work and not decoder.in_flight
+    for at_once, overlapped in zip(results[False], results[True]):
+        assert overlapped.token_ids == at_once.token_ids
+        assert overlapped.acceptance_lengths == at_once.acceptance_lengths
+        assert overlapped.draft_lengths == at_once.draft_lengths
+        assert overlapped.finish_reason == at_once.finish_reason
+        assert len(overlapped.token_ids) == 1 + sum(overlapped.acceptance_lengths)
+    assert [r.finish_reason for r in results[True]] == ["length"] * 3 + ["context"] + ["length"] * 2
+    assert max(a for r in results[True] for a in r.acceptance_lengths) > 3  # the drafts land: blocks are really verified
+    if temperature == 0.0:  # and greedy is the target's own greedy output
+        alone = DFlashPipeline.load(target_dir, None, dtype=torch.float64, max_context=60)
+        expected = alone.generate(prompts, max_new_tokens=60, stop_token_ids=())
+        assert [r.token_ids for r in results[True]] == [e.token_ids[:n] for e, n in zip(expected, LIMITS)]
+
+
+def test_the_host_reads_each_step_one_step_later(pair, launches):
+    dflash, _, prompts = pair
+    decoder = Decoder(dflash.runtime, max_batch=2, max_context=128, async_scheduling=True)
+    first, second = Request(prompts[0], SamplingParams(max_new_tokens=9)), Request(prompts[1], SamplingParams(max_new_tokens=40))
+    for request in (first, second):
+        decoder.submit(request)
+    events = decoder.step()  # the prefill (both prompts) and the first step, launched and not read
+    assert [len(e.new_token_ids) for e in events] == [1, 1] and decoder.in_flight and len(launches) == 1
+    tokens = {event.request_id: list(event.new_token_ids) for event in events}  # the first tokens, from the prefill
+    finished_at = None
+    while decoder.has_work:
+        read = launches[-1]  # the step this call reads is the one the call before launched
+        events = decoder.step()
+        expected = read.tokens()
+        for event in events:
+            row = [live.request.request_id for live in read.rows].index(event.request_id)
+            assert expected[row][: len(event.new_token_ids)] == event.new_token_ids
+            tokens[event.request_id] += event.new_token_ids
+            if event.request_id == first.request_id and event.finished:
+                finished_at = len(launches)
+    # the first request finished in the step read by call k, after call k launched the next step with its row
+    ids_per_launch = [[live.request.request_id for live in step.rows] for step in launches]
+    assert first.request_id in ids_per_launch[finished_at - 1]
+    assert all(first.request_id not in ids for ids in ids_per_launch[finished_at:])
+    assert len(tokens[first.request_id]) == 9 and len(tokens[second.request_id]) == 40
+
+
+def test_a_request_cancelled_while_its_step_is_in_flight_leaks_nothing_of_it(pair, launches):
+    dflash, _, prompts = pair
+    params = SamplingParams(max_new_tokens=40)
+    free = Decoder(dflash.runtime, max_batch=2, max_context=128).generate([Request(p, params) for p in prompts[:2]])
+    decoder = Decoder(dflash.runtime, max_batch=2, max_context=128, async_scheduling=True)
+    ids = [decoder.submit(Request(p, params)) for p in prompts[:2]]
+    delivered = {i: [] for i in ids}
+    for _ in range(3):
+        for event in decoder.step():
+            delivered[event.request_id] += event.new_token_ids
+    assert decoder.in_flight
+    cancelled = decoder.cancel(ids[0])
+    assert cancelled.finish_reason == "cancelled" and cancelled.token_ids == delivered[ids[0]]  # not the unread step's tokens
+    assert free[0].token_ids[: len(cancelled.token_ids)] == cancelled.token_ids
+    while decoder.has_work:
+        for event in decoder.step():
+            assert event.request_id == ids[1]  # the unread step's row of the cancelled request is dropped
+            delivered[ids[1]] += event.new_token_ids
+    assert delivered[ids[1]] == free[1].token_ids
+
+
+def test_stop_tokens_and_the_prefix_cache_behave_as_reading_at_once(pair):
+    dflash, _, prompts = pair
+    free = dflash.generate(prompts[:1], max_new_tokens=48, stop_token_ids=())[0]
+    stop = free.token_ids[len(free.token_ids) // 2]  # a token the request reaches mid-way
+    params = SamplingParams(max_new_tokens=48, stop_token_ids=(stop,))
+    outputs = {}
+    for overlap in (False, True):
+        cache = PrefixCache(1 << 30, block_tokens=4)
+        decoder = Decoder(dflash.runtime, max_batch=2, max_context=128, prefix_cache=cache, async_scheduling=overlap)
+        decoder.submit(Request(prompts[0], params, request_id="first"))
+        # its prefill and first step: its prompt's blocks are stored once that step is read
+        done = {e.request_id: e.result for e in decoder.step() if e.finished}
+        # the same prompt joins: the step that prefills it reads the step in flight first, so it finds them
+        decoder.submit(Request(prompts[0], params, request_id="second"))
+        while decoder.has_work:
+            done.update({e.request_id: e.result for e in decoder.step() if e.finished})
+        outputs[overlap] = [done["first"], done["second"]]
+    for at_once, overlapped in zip(outputs[False], outputs[True]):
+        assert overlapped.token_ids == at_once.token_ids == free.token_ids[: free.token_ids.index(stop) + 1]
+        assert overlapped.finish_reason == "stop"
+        assert overlapped.cached_prompt_tokens == at_once.cached_prompt_tokens
+    assert outputs[True][1].cached_prompt_tokens > 0
+
+
+def test_grammar_rows_are_read_at_once_and_decode_as_without_async_scheduling():
+    pytest.importorskip("xgrammar")
+    from trtllm_dflash import demo
+    from trtllm_dflash.contracts.grammar_spec import GrammarSpec
+
+    dflash = DFlashPipeline.load(demo.target_dir(), demo.drafter_dir())
+    spec = GrammarSpec("regex", r"[a-z_]+\(\d+\)")
+    prompts = [dflash.encode(text) for text in ("def fib(n):", "class Stack:", "import os\n")]
+    outputs = {}
+    for overlap in (False, True):
+        decoder = Decoder(dflash.runtime, max_batch=3, max_context=128, async_scheduling=overlap)
+        free = SamplingParams(max_new_tokens=24, stop_token_ids=dflash.stop_token_ids)
+        constrained = SamplingParams(max_new_tokens=24, stop_token_ids=dflash.stop_token_ids, grammar=spec)
+        requests = [
+            Request(prompts[0], free),
+            Request(prompts[1], constrained, grammar=dflash.grammar_state(spec)),
+            Request(prompts[2], free),
+        ]
+        outputs[overlap] = decoder.generate(requests)
+    assert [r.token_ids for r in outputs[True]] == [r.token_ids for r in outputs[False]]
+    assert [r.acceptance_lengths for r in outputs[True]] == [r.acceptance_lengths for r in outputs[False]]
