@@ -162,3 +162,34 @@ def test_grammar_rows_are_read_at_once_and_decode_as_without_async_scheduling():
         outputs[overlap] = decoder.generate(requests)
     assert [r.token_ids for r in outputs[True]] == [r.token_ids for r in outputs[False]]
     assert [r.acceptance_lengths for r in outputs[True]] == [r.acceptance_lengths for r in outputs[False]]
+
+
+def test_a_repository_written_with_async_scheduling_serves_streams_that_decode_the_same(tmp_path):
+    """`dflash-trt repo --async-scheduling` reaches the served model's decoder, whose streams (one of
+    them left by its client mid-way) carry the tokens that decoding alone gives."""
+    import re
+
+    from support import RecordingSink, cli, serve_until
+
+    from trtllm_dflash.backends import open_served_pipeline
+    from trtllm_dflash.served_model.batching_loop import BatchingLoop
+    from trtllm_dflash.served_model.model_parameters import ServingConfig
+    from trtllm_dflash.served_model.protocol import GenerateInputs
+
+    out = tmp_path / "repo"
+    cli("repo", "--model", "demo", "--out", str(out), "--async-scheduling", "--max-context", "128")
+    parameters = dict(re.findall(r'key: "(\w+)"\s*value: \{\s*string_value: "([^"]*)"', (out / "dflash" / "config.pbtxt").read_text()))
+    config = ServingConfig.from_parameters(parameters)
+    assert config.async_scheduling is True and ServingConfig(target="x").async_scheduling is False
+    engine = BatchingLoop(config, open_served_pipeline(config))
+    assert engine.decoder.async_scheduling
+    stays, leaves = RecordingSink(), RecordingSink(leave_after=2)
+    params = SamplingParams(max_new_tokens=32)
+    engine.accept(GenerateInputs("def fib(n):", params, streaming=True), stays)
+    engine.accept(GenerateInputs("import os\n", params, streaming=True), leaves)
+    serve_until(engine, lambda: stays.finished and bool(leaves.errors))
+    reference = engine.pipeline.generate(["def fib(n):", "import os\n"], max_new_tokens=32)
+    assert [int(t) for r in stays.responses for t in r[0]["output_ids"]] == reference[0].token_ids
+    left = [int(t) for r in leaves.responses for t in r[0]["output_ids"]]
+    assert left == reference[1].token_ids[: len(left)] and leaves.errors == ["request cancelled"]
+    assert not engine.jobs
