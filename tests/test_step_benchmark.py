@@ -19,7 +19,7 @@ def test_the_tiny_mode_writes_every_row_and_part(tmp_path):
     out = tmp_path / "step.md"
     assert (
         script.main(
-            ["--tiny", "--device", "cpu", "--batches", "1,2", "--contexts", "24", "--repeats", "2", "--loop-steps", "4", "--out", str(out)]
+            ["--tiny", "--device", "cpu", "--batches", "1,2", "--contexts", "24", "--repeats", "2", "--loop-steps", "8", "--out", str(out)]
         )
         == 0
     )
@@ -30,7 +30,7 @@ def test_the_tiny_mode_writes_every_row_and_part(tmp_path):
     for row in result["rows"]:
         assert set(row["parts"]) == {"ar", "verify pass", "draft", "dflash step"} | {f"verify {m}" for m in gpu_step.VERIFY_MODES}
         assert all(part["ms"] > 0 and part["floor_ms"] > 0 for part in row["parts"].values())
-        assert row["loop_ar_ms"] > 0 and row["loop_dflash_ms"] > 0
+        assert row["loop_ar_ms"] > 0 and row["loop_dflash_ms"] > 0 and row["loop_async_ms"] > 0
 
 
 def test_the_floors_count_qwen3_8b_as_the_issue_does():

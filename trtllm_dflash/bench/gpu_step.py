@@ -11,8 +11,9 @@ part of a step at batch x context:
   16-token target verify pass, the draft pass, the verification kernels (greedy, temperature,
   top-k + top-p), and their sum, the DFlash step the GPU must run;
 - through the decoding loop (`Decoder` on the runtime with `cuda_graphs=True`, as users run it):
-  the wall time of an AR and a DFlash step, host syncs and eager parts included. The gap to the
-  in-graph sum is what the host adds.
+  the wall time of an AR and a DFlash step, host syncs and eager parts included, and of a DFlash
+  step with async scheduling (the host a step behind). The gap to the in-graph sum is what the
+  host adds; the async column says how much of it overlapping hides.
 
 Each GPU time sits beside its floor: max(bytes that must move / measured copy bandwidth, FLOPs /
 measured bf16 GEMM rate), both ceilings measured in the same run. Projected tokens/s =
@@ -95,6 +96,7 @@ class StepRow:
     parts: dict[str, Timed] = dataclasses.field(default_factory=dict)
     loop_ar_ms: float | None = None  # the decoding loop's wall-clock AR step
     loop_dflash_ms: float | None = None  # ... and DFlash step (random drafter: tau about 1)
+    loop_async_ms: float | None = None  # ... and DFlash step with async scheduling
 
     @property
     def dflash(self) -> Timed:
@@ -318,26 +320,42 @@ def measure_row(runtime: TorchRuntime, floors: Floors, ceilings: Ceilings, timer
     return row
 
 
-def measure_loop(runtime: TorchRuntime, shape: StepShape, batch: int, context: int, steps: int) -> tuple[float, float]:
-    """Median wall-clock AR and DFlash steps of the decoding loop (greedy, prompts of `context` tokens)."""
+def measure_loop(runtime: TorchRuntime, shape: StepShape, batch: int, context: int, steps: int) -> tuple[float, float, float]:
+    """Median wall-clock steps of the decoding loop (greedy, prompts of `context` tokens): AR, DFlash,
+    and DFlash with async scheduling (each step launched before the one before is read)."""
     g = torch.Generator().manual_seed(context + batch)
     prompts = [torch.randint(0, shape.vocab, (context,), generator=g).tolist() for _ in range(batch)]
     medians = []
-    for speculative in (False, True):
+    for speculative, overlap in ((False, False), (True, False), (True, True)):
         saved = runtime.drafter_config
         if not speculative:
             runtime.drafter_config = None  # the loop decodes autoregressively on the same runtime
         try:
-            decoder = Decoder(runtime, max_batch=batch, max_context=context + steps + 2 * shape.block, prefill_chunk=0)
+            max_context = context + steps + 2 * shape.block
+            decoder = Decoder(runtime, max_batch=batch, max_context=max_context, prefill_chunk=0, async_scheduling=overlap)
             params = SamplingParams(max_new_tokens=steps, ignore_eos=True)
-            for _ in range(2):  # the first pass captures the graphs
-                decoder.stats.clear()
-                decoder.generate([Request(p, params) for p in prompts])
-            step_times = [s.draft_seconds + s.verify_seconds for s in decoder.stats if s.batch_size == batch]
+            decoder.generate([Request(p, params) for p in prompts])  # captures the graphs
+            periods = step_periods(decoder, [Request(p, params) for p in prompts])
         finally:
             runtime.drafter_config = saved
-        medians.append(statistics.median(step_times[1:] or step_times) * 1e3)
-    return medians[0], medians[1]
+        medians.append(statistics.median(periods) * 1e3)
+    return medians[0], medians[1], medians[2]
+
+
+def step_periods(decoder: Decoder, requests: list[Request]) -> list[float]:
+    """Seconds between the ends of consecutive `step` calls while every request decodes: what a step
+    costs the loop, the host's work and waits included (the prefill's call is not counted)."""
+    for request in requests:
+        decoder.submit(request)
+    decoder.step()  # the prefill and the first step
+    periods, last = [], time.perf_counter()
+    while decoder.has_work:
+        decoder.step()
+        now = time.perf_counter()
+        if len(decoder.live) == len(requests):
+            periods.append(now - last)
+        last = now
+    return periods or [float("nan")]
 
 
 @dataclasses.dataclass
@@ -398,12 +416,12 @@ def run(
     for context in loop_contexts:
         for batch in batches:
             say(f"batch {batch}, context {context}: the decoding loop's steps")
-            ar_ms, dflash_ms = measure_loop(runtime, shape, batch, context, loop_steps)
+            ar_ms, dflash_ms, async_ms = measure_loop(runtime, shape, batch, context, loop_steps)
             row = next(r for r in result.rows if r.batch == batch and r.context == context)
-            row.loop_ar_ms, row.loop_dflash_ms = ar_ms, dflash_ms
+            row.loop_ar_ms, row.loop_dflash_ms, row.loop_async_ms = ar_ms, dflash_ms, async_ms
             if out is not None:
                 out.write_text(markdown(result))
-            say(f"  loop: AR {ar_ms:.2f} ms, DFlash {dflash_ms:.2f} ms")
+            say(f"  loop: AR {ar_ms:.2f} ms, DFlash {dflash_ms:.2f} ms, DFlash with async scheduling {async_ms:.2f} ms")
     if out is not None:
         out.with_suffix(".json").write_text(json.dumps(result_json(result), indent=1))
     return result
@@ -438,8 +456,8 @@ def markdown(result: StepBenchmark) -> str:
         "",
         "| batch | context | AR step | verify pass (16) | draft pass | DFlash step | DFlash / AR | AR tok/s | "
         + " | ".join(f"tok/s at tau {t}" for t in TAUS)
-        + " | loop AR step | loop DFlash step |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(TAUS) + "---:|---:|",
+        + " | loop AR step | loop DFlash step | loop DFlash step, async |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(TAUS) + "---:|---:|---:|",
     ]
     for r in result.rows:
         p = r.parts
@@ -448,7 +466,7 @@ def markdown(result: StepBenchmark) -> str:
             f"| {r.batch} | {r.context} | {_cell(p['ar'])} | {_cell(p['verify pass'])} | {_cell(p['draft'])} | "
             f"{_cell(r.dflash)} | {r.dflash.ms / p['ar'].ms:.2f} | {r.ar_tokens_per_second:.0f} | "
             + " | ".join(f"{r.tokens_per_second(t):.0f}" for t in TAUS)
-            + f" | {loop(r.loop_ar_ms)} | {loop(r.loop_dflash_ms)} |"
+            + f" | {loop(r.loop_ar_ms)} | {loop(r.loop_dflash_ms)} | {loop(r.loop_async_ms)} |"
         )
     # "spread": every pass over the vocabulary split into chunks (verify_spread.py), timed on a GPU only
     columns = [f"verify {m}" for m in VERIFY_MODES]
@@ -466,7 +484,8 @@ def markdown(result: StepBenchmark) -> str:
         "",
         "DFlash step = draft pass + verify pass + greedy verification, each from its own graph. The loop "
         "columns are the wall-clock steps of `Decoder` with `cuda_graphs=True` (random drafter, tau about 1), "
-        "host syncs and eager parts included.",
+        "host syncs and eager parts included; async: `async_scheduling=True`, each step launched before "
+        "the one before is read.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -483,6 +502,7 @@ def result_json(result: StepBenchmark) -> dict:
                 "context": r.context,
                 "loop_ar_ms": r.loop_ar_ms,
                 "loop_dflash_ms": r.loop_dflash_ms,
+                "loop_async_ms": r.loop_async_ms,
                 "parts": {k: dataclasses.asdict(v) for k, v in {**r.parts, "dflash step": r.dflash}.items()},
             }
             for r in result.rows
