@@ -39,14 +39,14 @@ def test_batch_and_span_buckets():
     assert cuda_graphs.span_bucket(3000, 3010) == 3010
 
 
-def _decode(runtime: TorchRuntime, max_batch: int) -> list[list[int]]:
+def _decode(runtime: TorchRuntime, max_batch: int, async_scheduling: bool = False) -> list[list[int]]:
     g = torch.Generator().manual_seed(7)
     lengths, new_tokens = (5, 11, 3, 9, 6), (20, 9, 14, 20, 5)  # rows finish at different steps
     requests = [
         Request(torch.randint(3, 100, (n,), generator=g).tolist(), SamplingParams(max_new_tokens=m)) for n, m in zip(lengths, new_tokens)
     ]
     # max_context 500: spans of ~30 slots round up to 256, so the replayed verify attends over more slots
-    decoder = Decoder(runtime, max_batch=max_batch, max_context=500)
+    decoder = Decoder(runtime, max_batch=max_batch, max_context=500, async_scheduling=async_scheduling)
     return [r.token_ids for r in decoder.generate(requests)]
 
 
@@ -65,6 +65,8 @@ def test_replayed_steps_give_the_eager_tokens(rerun_graphs, tiny_qwen3, tiny_qwe
     assert counts["gapped"] > 0  # a request finished below others: its free slot padded the graph
     assert counts["eager"] >= 2  # the prefills (and the first draft after each)
     assert runtime.cuda_graphs.buckets == (1, 2, 4)
+    # the host a step behind: a step's graph replays before the step before is read
+    assert _decode(runtime, max_batch=4, async_scheduling=True) == eager
 
 
 def test_new_caches_drop_the_graphs(rerun_graphs, tiny_qwen3):

@@ -70,6 +70,23 @@ def test_demo_pair_graphs_give_the_eager_tokens(demo_pair, speculative, batch, t
     assert counts["replayed"] > counts["captured"] > 0
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_async_scheduling_on_graphs_decodes_what_reading_at_once_decodes(demo_pair, temperature):
+    """The host a step behind (results through pinned memory, batch changes copied without blocking)
+    on replayed graphs: the tokens and acceptance lengths of reading every step at once."""
+    target, drafter = demo_pair
+    params = SamplingParams(max_new_tokens=48, temperature=temperature, seed=11)
+    requests = _requests(target.model.config.vocab_size, 4, params)  # 4 requests, 3 slots: one joins later
+    runtime = TorchRuntime(target.model, drafter, cuda_graphs=True)
+    outputs = []
+    for overlap in (False, True):
+        decoder = Decoder(runtime, max_batch=3, max_context=1024, async_scheduling=overlap)
+        outputs.append(decoder.generate([Request(list(r.prompt_ids), r.params) for r in requests]))
+    runtime.taps.remove()
+    assert [r.token_ids for r in outputs[1]] == [r.token_ids for r in outputs[0]]
+    assert [r.acceptance_lengths for r in outputs[1]] == [r.acceptance_lengths for r in outputs[0]]
+
+
 def test_padding_rows_do_not_change_the_tokens():
     """3 live rows in the graph of 4. Padding changes the GEMM shapes, hence possibly their
     rounding, so this runs in float32 where that cannot flip a trained model's argmax."""

@@ -51,7 +51,7 @@ class Slots:
         run = self.run
         if run is not None:
             return torch.arange(run.start, run.stop, dtype=torch.long, device=self.device)
-        return torch.tensor(self.ids, dtype=torch.long, device=self.device)
+        return index_tensor(self.ids, self.device)
 
     @property
     def select(self) -> "slice | torch.Tensor":
@@ -76,3 +76,12 @@ class Slots:
         """(batch rows, their Slots) of each run."""
         for rows, _ in self.runs():
             yield rows, Slots(self.ids[rows], self.device)
+
+
+def index_tensor(values: "list[int] | tuple[int, ...]", device: torch.device) -> torch.Tensor:
+    """Host ints as an int64 tensor on `device`. To a GPU through pinned memory without blocking: a
+    plain copy from the host waits for the device to finish its queued work, which would stop an
+    async-scheduled loop (decoding.py) at every batch change."""
+    if torch.device(device).type != "cuda":
+        return torch.tensor(values, dtype=torch.long, device=device)
+    return torch.tensor(values, dtype=torch.long).pin_memory().to(device, non_blocking=True)

@@ -28,6 +28,7 @@ from typing import Any, Iterable
 import torch
 
 from trtllm_dflash.contracts.request_limits import MIN_TEMPERATURE
+from trtllm_dflash.modeling.slots import index_tensor
 from trtllm_dflash.runtime.base import Runtime, SamplingTensors, Slots
 from trtllm_dflash.runtime.prefix_cache import PrefixCache
 from trtllm_dflash.runtime.requests import Request, SequenceResult, StepEvent
@@ -64,7 +65,7 @@ class BatchState:
 
     def select(self, keep: list[int]) -> None:
         """Keep batch rows `keep`, in that order."""
-        index = torch.tensor(keep, dtype=torch.long, device=self.anchor.device)
+        index = index_tensor(keep, self.anchor.device)
         self.anchor, self.starts = self.anchor.index_select(0, index), self.starts.index_select(0, index)
         self.sampling = self.sampling.select(index, keep)
         if self.ctx_features is not None:
