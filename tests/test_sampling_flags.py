@@ -4,12 +4,15 @@ The flags must follow the rows through joins, finishes and reorders exactly as t
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from trtllm_dflash import decoding
 from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
-from trtllm_dflash.runtime.base import SamplingTensors
+from trtllm_dflash.ops import reference, rng
+from trtllm_dflash.runtime.base import SamplingTensors, draft_positions, sample_drafts
+from trtllm_dflash.runtime.scheduler import _sampling_tensors
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 
@@ -49,3 +52,55 @@ def test_the_flags_follow_the_rows_through_joins_finishes_and_reorders(tmp_path,
     results = decoder.generate(requests)
     assert all(len(r.token_ids) == req.params.max_new_tokens for r, req in zip(results, requests))
     assert {True, False} <= {f for flags in checked for f in flags} and len({len(f) for f in checked}) > 1
+
+
+ROW_SETS = {
+    "mixed": [(0.0, 0, 1.0), (0.8, 0, 1.0), (1.0, 5, 1.0), (0.7, 0, 0.9)],
+    "sampled, no top-k or top-p": [(0.9, 0, 1.0), (1.3, 0, 1.0)],
+    "top-k only, no greedy row": [(0.9, 3, 1.0), (1.1, 40, 1.0)],
+    "top-p only": [(0.6, 0, 0.5), (0.0, 0, 1.0)],
+}
+
+
+@pytest.mark.parametrize("rows", ROW_SETS.values(), ids=ROW_SETS.keys())
+def test_sampling_on_the_host_s_branches_equals_sampling_on_the_tensors_branches(rows):
+    """The host's copies of the rows only decide which parts of sampling run: the samples and the
+    distributions are exactly those of deciding from the tensors."""
+    params = [SamplingParams(temperature=t, top_k=k, top_p=p, seed=i) for i, (t, k, p) in enumerate(rows)]
+    sampling = _sampling_tensors(params, torch.device("cpu"))
+    assert sampling.branches == reference.SamplingBranches(
+        any(t == 0 for t, _, _ in rows), max(k for _, k, _ in rows), any(p < 1 for _, _, p in rows)
+    )
+    logits = torch.randn(len(rows), 6, 64, generator=torch.Generator().manual_seed(3))
+    positions = torch.arange(6).expand(len(rows), -1) + 10
+    s = sampling
+    read = reference.sample_tokens(logits, s.temperature, s.top_k, s.top_p, s.seed, positions, rng.STREAM_DRAFT)
+    known = reference.sample_tokens(logits, s.temperature, s.top_k, s.top_p, s.seed, positions, rng.STREAM_DRAFT, branches=s.branches)
+    assert torch.equal(read[0], known[0]) and torch.equal(read[1], known[1])
+    # the host's copies follow the rows like the tensors
+    picked = sampling.select(torch.tensor([len(rows) - 1, 0]), [len(rows) - 1, 0])
+    assert picked.top_ks == (rows[-1][1], rows[0][1]) and picked.top_ps == (rows[-1][2], rows[0][2])
+    assert SamplingTensors.cat([picked, sampling.slice(slice(0, 1))]).top_ks == (rows[-1][1], rows[0][1], rows[0][1])
+
+
+def test_drafting_a_sampled_block_reads_nothing_back_from_the_device(monkeypatch):
+    """On a GPU every read of a tensor's value waits for the device: the V1 head's sampling decides
+    from the host's copies, so a drafted block costs no read (Python's conversions are trapped here)."""
+    params = [SamplingParams(temperature=0.8, top_k=5, top_p=0.9, seed=1), SamplingParams(temperature=0.0, seed=2)]
+    sampling = _sampling_tensors(params, torch.device("cpu"))
+    logits = torch.randn(2, 7, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    positions = draft_positions(torch.tensor([20, 31]), 7)
+    expected = sample_drafts(logits, sampling, positions)
+
+    def host_read(*args, **kwargs):
+        raise AssertionError("a tensor's value was read on the host")
+
+    for name in ("__bool__", "__int__", "__index__", "__float__", "item", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, host_read)
+    drafted = sample_drafts(logits, sampling, positions)
+    monkeypatch.undo()
+    assert torch.equal(drafted.tokens, expected.tokens) and torch.equal(drafted.probs, expected.probs)
+    blind = SamplingTensors(*sampling.tensors())  # without the host's copies the tensors are read
+    monkeypatch.setattr(torch.Tensor, "__bool__", host_read)
+    with pytest.raises(AssertionError, match="read on the host"):
+        sample_drafts(logits, blind, positions)

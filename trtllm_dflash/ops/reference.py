@@ -18,6 +18,8 @@ Sampling semantics (shared with the verification kernel):
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
@@ -27,11 +29,29 @@ from trtllm_dflash.ops import rng
 # ----------------------------------------------------------------------------- sampling
 
 
-def process_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+@dataclasses.dataclass(frozen=True)
+class SamplingBranches:
+    """Which parts of sampling some row of a batch needs, as the host knows them: given, sampling reads
+    nothing back from the device to decide (each such read waits for the device). Every part is exact
+    for the rows that do not use it, so these only skip work."""
+
+    any_greedy: bool
+    max_top_k: int  # <= 0: no row uses top-k
+    any_top_p: bool
+
+
+def process_logits(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    branches: SamplingBranches | None = None,
+) -> torch.Tensor:
     """Sampling distribution for logits `[b, ..., V]` with per-row parameters `[b]` (float32).
 
     Rows with temperature 0 get the one-hot distribution of their argmax, which makes greedy
-    decoding a special case of the rejection-sampling formulas.
+    decoding a special case of the rejection-sampling formulas. `branches`: what the host knows
+    of the rows (else read from the tensors).
     """
     batch, vocab = logits.shape[0], logits.shape[-1]
     extra = logits.dim() - 2
@@ -42,12 +62,13 @@ def process_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
     scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)
 
     k = top_k.to(torch.int64).view(shape)
-    if bool((k > 0).any()):
-        scaled = scaled.masked_fill(~_top_k_kept(scaled, k), float("-inf"))
+    widest = (int(k.max()) if k.numel() else 0) if branches is None else branches.max_top_k
+    if widest > 0:
+        scaled = scaled.masked_fill(~_top_k_kept(scaled, k, widest), float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
 
     p = top_p.float().view(shape)
-    if bool((p < 1).any()):
+    if bool((p < 1).any()) if branches is None else branches.any_top_p:
         ascending, _ = probs.sort(dim=-1)
         cumulative = ascending.cumsum(dim=-1)
         n_less_equal = torch.searchsorted(ascending.contiguous(), probs.contiguous(), right=True)
@@ -58,7 +79,7 @@ def process_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
         # does not depend on the other rows of the batch
         probs = torch.where(p < 1, kept / kept.sum(dim=-1, keepdim=True), probs)
 
-    if bool(greedy.any()):
+    if bool(greedy.any()) if branches is None else branches.any_greedy:
         one_hot = F.one_hot(argmax(logits), vocab).to(probs.dtype)
         probs = torch.where(greedy, one_hot, probs)
     return probs
@@ -75,11 +96,11 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     return x.argmax(dim=-1)
 
 
-def _top_k_kept(scaled: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+def _top_k_kept(scaled: torch.Tensor, k: torch.Tensor, largest_k: int) -> torch.Tensor:
     """Tokens with fewer than k values strictly greater than their own (k <= 0: all), ties kept:
     exactly those at or above the k-th largest value, found with topk rather than a sort of the
-    vocabulary when k is small."""
-    widest = min(int(k.max()), scaled.shape[-1])
+    vocabulary when k is small. `largest_k`: the largest k of any row."""
+    widest = min(largest_k, scaled.shape[-1])
     kth = scaled.topk(widest, dim=-1).values.gather(-1, (k.clamp(1, widest) - 1).expand(*scaled.shape[:-1], 1))
     return (k <= 0) | (scaled >= kth)
 
@@ -100,16 +121,18 @@ def sample_tokens(
     seed: torch.Tensor,
     positions: torch.Tensor,
     stream: int,
+    branches: SamplingBranches | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per position of `logits [b, T, V]`; returns (tokens [b, T], probs).
 
-    `positions [b, T]` are the absolute positions of the tokens being sampled.
+    `positions [b, T]` are the absolute positions of the tokens being sampled; `branches` as
+    `process_logits` takes them.
     """
-    probs = process_logits(logits, temperature, top_k, top_p)
+    probs = process_logits(logits, temperature, top_k, top_p, branches)
     key = rng.counter_key(seed.view(-1, 1), positions, stream)
     tokens = sample_from_probs(probs, key)
     greedy = (temperature <= 0).view(-1, 1)
-    if bool(greedy.any()):
+    if bool(greedy.any()) if branches is None else branches.any_greedy:
         tokens = torch.where(greedy, argmax(logits), tokens)
     return tokens, probs
 

@@ -430,21 +430,29 @@ def sample_drafts(logits: torch.Tensor, sampling: "SamplingTensors", positions: 
     if sampling.all_greedy:
         return Proposal(reference.argmax(logits), None)
     s = sampling
-    tokens, probs = reference.sample_tokens(logits, s.temperature, s.top_k, s.top_p, s.seed, positions, rng.STREAM_DRAFT)
+    tokens, probs = reference.sample_tokens(
+        logits, s.temperature, s.top_k, s.top_p, s.seed, positions, rng.STREAM_DRAFT, branches=s.branches
+    )
     return Proposal(tokens, probs)
 
 
 @dataclasses.dataclass
 class SamplingTensors:
-    """Per-row sampling parameters on the runtime's device."""
+    """Per-row sampling parameters on the runtime's device.
+
+    The host's copies of the rows' parameters (`greedy`, `top_ks`, `top_ps`), kept by whoever knows
+    them (the decoding loop), let sampling choose its branches (`all_greedy`, `branches`) without
+    reading the tensors back: on a GPU each such read stalls the host until the device has caught up,
+    between the draft and the verify pass, and would stop an async-scheduled loop (decoding.py).
+    """
 
     temperature: torch.Tensor  # float32 [b]; 0 = greedy
     top_k: torch.Tensor  # int64 [b]; 0 = off
     top_p: torch.Tensor  # float32 [b]; 1 = off
     seed: torch.Tensor  # int64 [b]
-    # which rows are greedy, kept on the host by whoever knows (the decoding loop): `all_greedy`
-    # then needs no device read, which on a GPU would stall the host between draft and verify
     greedy: tuple[bool, ...] | None = dataclasses.field(default=None, compare=False)
+    top_ks: tuple[int, ...] | None = dataclasses.field(default=None, compare=False)
+    top_ps: tuple[float, ...] | None = dataclasses.field(default=None, compare=False)
 
     @property
     def all_greedy(self) -> bool:
@@ -452,19 +460,31 @@ class SamplingTensors:
             return all(self.greedy)
         return bool((self.temperature <= 0).all())
 
+    @property
+    def branches(self) -> reference.SamplingBranches | None:
+        """Which parts of sampling some row needs, from the host's copies (None where one is missing)."""
+        if self.greedy is None or self.top_ks is None or self.top_ps is None:
+            return None
+        return reference.SamplingBranches(any(self.greedy), max(self.top_ks, default=0), any(p < 1 for p in self.top_ps))
+
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return (self.temperature, self.top_k, self.top_p, self.seed)
 
+    def _host(self) -> tuple[tuple | None, ...]:
+        return (self.greedy, self.top_ks, self.top_ps)
+
     def select(self, index: torch.Tensor, host_index: list[int] | None = None) -> "SamplingTensors":
-        """Rows `index`; `host_index` (the same rows as a list) keeps the host's greedy flags."""
-        greedy = tuple(self.greedy[i] for i in host_index) if self.greedy is not None and host_index is not None else None
-        return SamplingTensors(*(t.index_select(0, index) for t in self.tensors()), greedy=greedy)
+        """Rows `index`; `host_index` (the same rows as a list) keeps the host's copies."""
+        keep = lambda rows: tuple(rows[i] for i in host_index) if rows is not None and host_index is not None else None  # noqa: E731
+        return SamplingTensors(*(t.index_select(0, index) for t in self.tensors()), *(keep(rows) for rows in self._host()))
 
     def slice(self, rows: slice) -> "SamplingTensors":
-        return SamplingTensors(*(t[rows] for t in self.tensors()), greedy=self.greedy[rows] if self.greedy is not None else None)
+        return SamplingTensors(*(t[rows] for t in self.tensors()), *(h[rows] if h is not None else None for h in self._host()))
 
     @staticmethod
     def cat(parts: list["SamplingTensors"]) -> "SamplingTensors":
-        flags = [p.greedy for p in parts]
-        greedy = tuple(f for part in flags for f in part) if all(f is not None for f in flags) else None
-        return SamplingTensors(*(torch.cat(ts) for ts in zip(*(p.tensors() for p in parts))), greedy=greedy)
+        def joined(column: list) -> tuple | None:
+            return tuple(value for part in column for value in part) if all(c is not None for c in column) else None
+
+        host = [joined(list(column)) for column in zip(*(p._host() for p in parts))]
+        return SamplingTensors(*(torch.cat(ts) for ts in zip(*(p.tensors() for p in parts))), *host)

@@ -371,6 +371,8 @@ def _sampling_tensors(params: list[SamplingParams], device: torch.device) -> Sam
         top_k=torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
         top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
         seed=torch.tensor(seeds, dtype=torch.long, device=device),
+        top_ks=tuple(int(p.top_k) for p in params),
+        top_ps=tuple(float(p.top_p) for p in params),
     )
 
 

@@ -393,6 +393,6 @@ class TorchRuntime(CachedRuntime):
         hidden = self._draft_hidden(slots, block, ctx_features, new_counts, cache_lens)
         positions = draft_positions(cache_lens + new_counts, hidden.shape[1])
         tokens, probs = self.drafter.propose(
-            hidden, self.lm_head, block[:, 0], sampling.temperature, sampling.seed, positions, self._draft_linear
+            hidden, self.lm_head, block[:, 0], sampling.temperature, sampling.seed, positions, self._draft_linear, sampling.all_greedy
         )
         return Proposal(tokens, probs)

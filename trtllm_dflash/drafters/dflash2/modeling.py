@@ -162,15 +162,17 @@ class DFlash2Drafter(DFlashDrafter):
         seed: torch.Tensor,
         positions: torch.Tensor,
         linear: Linear | None = None,
+        all_greedy: bool | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft tokens `[b, B-1]` for block positions 1..B-1 from their final hidden states
-        `[b, B-1, H]`, and the draft distribution q `[b, B-1, V]` (None when every row is greedy)."""
+        `[b, B-1, H]`, and the draft distribution q `[b, B-1, V]` (None when every row is greedy;
+        `all_greedy`: the host knows whether they are, else it is read from `temperature`)."""
         unary = self.logits(hidden, lm_head, linear)
         selector = self.candidate_selector
         z = F.linear(hidden, selector.hidden_projection.weight)
         tokens, cand, cand_probs = ops.candidate_select(
             unary, z, anchor, selector.predecessor_codebook, selector.successor_codebook, temperature, seed, positions, selector.top_k
         )
-        if bool((temperature <= 0).all()):
+        if bool((temperature <= 0).all()) if all_greedy is None else all_greedy:
             return tokens, None
         return tokens, scatter_draft_probs(cand, cand_probs, unary.shape[-1])
