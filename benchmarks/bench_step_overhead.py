@@ -50,7 +50,7 @@ class TimedRuntime:
         return run
 
 
-def measure(batch: int, new_tokens: int) -> dict:
+def measure(batch: int, new_tokens: int, async_scheduling: bool = False) -> dict:
     import torch
     from transformers import AutoTokenizer
 
@@ -69,10 +69,11 @@ def measure(batch: int, new_tokens: int) -> dict:
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
 
     def run(profiler: cProfile.Profile | None = None) -> tuple[float, int, float]:
-        decoder = Decoder(runtime, max_batch=batch, max_context=max(map(len, prompts)) + new_tokens + 32)
+        extra = {"async_scheduling": True} if async_scheduling else {}  # a baseline checkout may not know it
+        decoder = Decoder(runtime, max_batch=batch, max_context=max(map(len, prompts)) + new_tokens + 32, **extra)
         for prompt in prompts:
             decoder.submit(Request(list(prompt), params))
-        runtime.inside, steps, wall = 0.0, 0, 0.0
+        runtime.inside, wall = 0.0, 0.0
         while decoder.has_work:
             started = time.perf_counter()
             if profiler is not None:
@@ -81,8 +82,8 @@ def measure(batch: int, new_tokens: int) -> dict:
             if profiler is not None:
                 profiler.disable()
             wall += time.perf_counter() - started
-            steps += 1
-        return wall, steps, runtime.inside
+        # speculative steps (with async scheduling the last call only reads the last step)
+        return wall, len(decoder.stats), runtime.inside
 
     run()  # warm-up
     wall, steps, inside = run()
@@ -109,6 +110,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--baseline", type=Path, default=None, help="another checkout of this repository, measured interleaved")
+    parser.add_argument("--async-scheduling", action="store_true", help="also this checkout with Decoder(async_scheduling=True)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tree", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -116,14 +118,16 @@ def main() -> None:
         if args.tree is not None:  # import trtllm_dflash from that checkout, not this venv's editable install
             sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__module__.startswith("__editable__")]
             sys.path.insert(0, str(args.tree.resolve()))
-        print(MARK + json.dumps(measure(args.batch, args.new_tokens)), flush=True)
+        print(MARK + json.dumps(measure(args.batch, args.new_tokens, args.async_scheduling)), flush=True)
         return
 
-    trees = {"this checkout": None} | ({f"baseline ({args.baseline})": args.baseline} if args.baseline else {})
+    trees = {"this checkout": (None, [])}
+    trees |= {"this checkout, async scheduling": (None, ["--async-scheduling"])} if args.async_scheduling else {}
+    trees |= {f"baseline ({args.baseline})": (args.baseline, [])} if args.baseline else {}
     results: dict[str, list[dict]] = {name: [] for name in trees}
     for repeat in range(args.repeats):
-        for name, tree in trees.items() if repeat % 2 == 0 else reversed(trees.items()):
-            command = [sys.executable, __file__, "--worker", "--batch", str(args.batch), "--new-tokens", str(args.new_tokens)]
+        for name, (tree, flags) in trees.items() if repeat % 2 == 0 else reversed(trees.items()):
+            command = [sys.executable, __file__, "--worker", "--batch", str(args.batch), "--new-tokens", str(args.new_tokens), *flags]
             done = subprocess.run(
                 command + (["--tree", str(tree)] if tree else []),
                 capture_output=True,
