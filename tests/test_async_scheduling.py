@@ -193,3 +193,55 @@ def test_a_repository_written_with_async_scheduling_serves_streams_that_decode_t
     left = [int(t) for r in leaves.responses for t in r[0]["output_ids"]]
     assert left == reference[1].token_ids[: len(left)] and leaves.errors == ["request cancelled"]
     assert not engine.jobs
+
+
+def test_a_launched_step_reads_nothing_back_outside_the_runtime_s_passes(pair, monkeypatch):
+    """On a GPU any read of a tensor's value waits for the device and would stop the host from running
+    ahead. The runtime's passes are graphs and kernels there (checked by their capture); everything
+    else a step launches (the block, the draft head's sampling, the commit, the read-back, the batch's
+    advance) must read nothing. Python's conversions of a tensor are trapped while a step is launched,
+    except inside the passes, for greedy and sampled rows (top-k, top-p) decoding together."""
+    dflash, _, prompts = pair
+    runtime = dflash.runtime
+    rows = [SamplingParams(max_new_tokens=40), SamplingParams(max_new_tokens=48, temperature=0.8, top_k=6, top_p=0.9, seed=3)]
+    rows.append(SamplingParams(max_new_tokens=32, temperature=1.1, seed=4))
+    expected = Decoder(runtime, max_batch=3, max_context=128).generate([Request(p, r) for p, r in zip(prompts, rows)])
+    armed = [False]
+
+    def trapped(original):
+        def read(self, *args, **kwargs):
+            if armed[0]:
+                raise AssertionError("a launched step read a tensor's value on the host")
+            return original(self, *args, **kwargs)
+
+        return read
+
+    def unarmed(method):
+        def run(*args, **kwargs):
+            was, armed[0] = armed[0], False
+            try:
+                return method(*args, **kwargs)
+            finally:
+                armed[0] = was
+
+        return run
+
+    launch = decoding.launch_step
+
+    def armed_launch(*args, **kwargs):
+        armed[0] = True
+        try:
+            return launch(*args, **kwargs)
+        finally:
+            armed[0] = False
+
+    for name in ("__bool__", "__int__", "__index__", "__float__", "item", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, trapped(getattr(torch.Tensor, name)))
+    for name in ("draft_forward", "target_forward", "verify"):
+        monkeypatch.setattr(runtime, name, unarmed(getattr(runtime, name)))
+    monkeypatch.setattr(decoding, "launch_step", armed_launch)
+    decoder = Decoder(runtime, max_batch=3, max_context=128, async_scheduling=True)
+    results = decoder.generate([Request(p, r) for p, r in zip(prompts, rows)])
+    monkeypatch.undo()
+    assert [r.token_ids for r in results] == [r.token_ids for r in expected]
+    assert len(decoder.stats) > 4  # steps launched with the trap armed
