@@ -65,7 +65,8 @@ def target_only_tables(result: bench.KernelBenchmark) -> str:
     goals = [f"- {line}" for line in bench.goal_lines(result)]
     return "\n".join(
         [
-            f"Measured copy bandwidth: {result.bandwidth / 1e9:.0f} GB/s (device-to-device, read + write).",
+            f"Measured copy bandwidth: {result.bandwidth / 1e9:.0f} GB/s (device-to-device, read + write). "
+            + bench.TIMING_NOTES[result.timing],
             "",
             bench.target_table(result.target),
             "",
@@ -90,6 +91,11 @@ def main() -> None:
     parser.add_argument("--batches", type=_ints, default=None, help="e.g. 1,8,32")
     parser.add_argument("--vocab", type=int, default=None)
     parser.add_argument("--target-only", action="store_true", help="only target attention (launch.TARGET_ATTENTION_BENCH_SHAPES)")
+    parser.add_argument(
+        "--in-graph",
+        action="store_true",
+        help="time each kernel and SDPA candidate from a captured CUDA graph (the launcher's time left out)",
+    )
     parser.add_argument("--markdown", help="also append the report to this file")
     parser.add_argument("--json", help="also write the results (every SDPA candidate's time or refusal included) to this file")
     args = parser.parse_args()
@@ -104,7 +110,9 @@ def main() -> None:
     import triton
 
     attention, verify = ([], []) if args.target_only else shapes_from_args(args)
-    result = bench.run_kernel_benchmark(attention, verify, progress=lambda text: print(f"  {text}", file=sys.stderr))
+    result = bench.run_kernel_benchmark(
+        attention, verify, progress=lambda text: print(f"  {text}", file=sys.stderr), in_graph=args.in_graph
+    )
     props = torch.cuda.get_device_properties(0)
     text = "\n".join(
         [

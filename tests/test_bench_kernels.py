@@ -5,6 +5,7 @@ selection and the table are what is tested."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import time
@@ -61,6 +62,23 @@ def test_on_cpu_only_math_runs_and_the_rest_say_why():
     assert all(refused.values())
     best = sdpa_baseline.fastest(timings)
     assert best.candidate.backend in ran and best.ms == min(t.ms for t in timings if t.ms is not None)
+
+
+def test_a_candidate_an_in_graph_timer_cannot_capture_is_not_a_baseline():
+    """kernels.graph_median_ms gives NaN where a call cannot be captured in a CUDA graph: such a
+    candidate is reported as refused, and the fastest is chosen among the others."""
+    operands, expected = _operands()
+    calls = []
+
+    def timer(fn):
+        calls.append(fn)
+        return math.nan if len(calls) == 1 else cpu_timer(fn)
+
+    math_backend = next(c for c in sdpa_baseline.CANDIDATES if c.backend == "MATH")  # the one that runs on CPU
+    timings = sdpa_baseline.time_candidates(operands, expected, timer, candidates=(math_backend, math_backend))
+    ran = [t for t in timings if t.ms is not None]
+    assert [t.refused for t in timings] == ["cannot be captured in a CUDA graph", ""] and len(ran) == 1
+    assert sdpa_baseline.fastest(timings).ms == min(t.ms for t in ran)
 
 
 def test_a_sliding_window_has_no_lower_right_candidate_and_a_wrong_result_is_not_a_baseline():

@@ -14,6 +14,7 @@ benchmarks/bench_kernels.py.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable
 
 import torch
@@ -133,6 +134,7 @@ class KernelBenchmark:
     attention: list[AttentionResult]
     verify: list[VerifyResult]
     target: list[TargetAttentionResult] = dataclasses.field(default_factory=list)
+    timing: str = "launched"  # "launched": do_bench of the Python call; "in-graph": replays of a captured graph
 
     @property
     def all_equal_to_reference(self) -> bool:
@@ -157,7 +159,26 @@ def _median_ms(fn: Callable[[], object]) -> float:
     return do_bench(fn, warmup=10, rep=50, return_mode="median")
 
 
-def bench_attention(shape: AttentionShape, bandwidth: float) -> AttentionResult:
+def graph_median_ms(fn: Callable[[], object]) -> float:
+    """Median time of `fn` replayed from a CUDA graph captured around it: the kernels as a captured
+    decoding step runs them, without the Python launcher's time (do_bench of `fn` itself includes
+    it, and at small shapes it is most of what is timed). NaN where the capture fails."""
+    from trtllm_dflash.runtime import cuda_graphs
+
+    try:
+        replay, outputs = cuda_graphs.capture(fn, torch.cuda.graph_pool_handle())
+    except Exception:  # noqa: BLE001 - a candidate that cannot be captured has no in-graph time
+        torch.cuda.synchronize()
+        return math.nan
+    ms = _median_ms(replay)
+    del replay, outputs
+    torch.cuda.synchronize()
+    return ms
+
+
+def bench_attention(
+    shape: AttentionShape, bandwidth: float, timer: Callable[[Callable[[], object]], float] = _median_ms
+) -> AttentionResult:
     """Our block attention vs SDPA on one shape (outputs checked equal first)."""
     from trtllm_dflash.ops.kernels import launch
 
@@ -189,7 +210,7 @@ def bench_attention(shape: AttentionShape, bandwidth: float) -> AttentionResult:
     torch.testing.assert_close(ours().float(), sdpa().transpose(1, 2).float(), atol=3e-2, rtol=3e-2)
     # bytes that must move: context K/V read, block K/V + queries read, outputs + appended rows written
     floor_bytes = launch.block_attention_bytes(s.batch, s.block, s.heads, s.kv_heads, s.head_dim, s.context, s.new_rows, size)
-    ms_ours, ms_sdpa = _median_ms(ours), _median_ms(sdpa)
+    ms_ours, ms_sdpa = timer(ours), timer(sdpa)
     group = s.heads // s.kv_heads
     m_tiles = launch.attention_config(s.head_dim, s.block, group).m_tiles(s.block, group)
     splits = launch.default_kv_splits(s.batch, s.kv_heads, m_tiles, capacity, q.device)
@@ -240,7 +261,7 @@ def bench_target_attention(
     )
 
 
-def bench_verify(shape: VerifyShape, bandwidth: float) -> VerifyResult:
+def bench_verify(shape: VerifyShape, bandwidth: float, timer: Callable[[Callable[[], object]], float] = _median_ms) -> VerifyResult:
     """Both verification kernels on one shape, checked equal to the torch reference."""
     from trtllm_dflash.ops import reference
     from trtllm_dflash.ops.kernels import launch
@@ -265,7 +286,7 @@ def bench_verify(shape: VerifyShape, bandwidth: float) -> VerifyResult:
     expected = reference.verify_block_packed(*(x.cpu() if torch.is_tensor(x) else x for x in args))
     agrees = bool(torch.equal(got.cpu(), expected))
     floor_bytes = logits.numel() * logits.element_size() + (draft.numel() * 4 if draft is not None else 0)
-    return VerifyResult(s, _median_ms(ours), floor_bytes / bandwidth * 1e3, agrees)
+    return VerifyResult(s, timer(ours), floor_bytes / bandwidth * 1e3, agrees)
 
 
 def run_kernel_benchmark(
@@ -273,29 +294,32 @@ def run_kernel_benchmark(
     verify_shapes: list[VerifyShape] = VERIFY_SHAPES,
     progress: Callable[[str], None] | None = None,
     target_shapes: list | None = None,
+    in_graph: bool = False,
 ) -> KernelBenchmark:
-    """Measure the copy bandwidth, then every shape (needs CUDA and triton)."""
+    """Measure the copy bandwidth, then every shape (needs CUDA and triton). `in_graph`: time each
+    kernel and SDPA candidate replayed from a CUDA graph (`graph_median_ms`), not as launched from Python."""
     from trtllm_dflash.extras import require
 
     require("triton", purpose="the DFlash plugin kernels")
     say = progress or (lambda text: None)
+    timer = graph_median_ms if in_graph else _median_ms
     say("copy bandwidth")
     bandwidth = copy_bandwidth()
     attention = []
     for shape in attention_shapes:
         say(f"attention {shape.label} context {shape.context} batch {shape.batch}")
-        attention.append(bench_attention(shape, bandwidth))
+        attention.append(bench_attention(shape, bandwidth, timer))
     verify = []
     for shape in verify_shapes:
         say(f"verify {shape.logits_dtype} {shape.mode} batch {shape.batch}")
-        verify.append(bench_verify(shape, bandwidth))
+        verify.append(bench_verify(shape, bandwidth, timer))
     from trtllm_dflash.ops.kernels import launch
 
     target = []
     for shape in launch.TARGET_ATTENTION_BENCH_SHAPES if target_shapes is None else target_shapes:
         say(f"target attention {shape.name}")
-        target.append(bench_target_attention(shape, bandwidth))
-    return KernelBenchmark(bandwidth, attention, verify, target)
+        target.append(bench_target_attention(shape, bandwidth, timer=timer))
+    return KernelBenchmark(bandwidth, attention, verify, target, "in-graph" if in_graph else "launched")
 
 
 def target_table(results: list[TargetAttentionResult]) -> str:
@@ -380,11 +404,17 @@ def summary_line(result: KernelBenchmark) -> str:
     return "; ".join(parts)
 
 
+TIMING_NOTES = {
+    "launched": "Times: triton's do_bench of each Python call (the launcher's host time included).",
+    "in-graph": "Times: replays of a CUDA graph captured around each call (the kernels alone, as a captured step runs them).",
+}
+
+
 def kernel_tables(result: KernelBenchmark) -> str:
     """Markdown: the attention and verification tables and the goal lines."""
     lines = [
         f"Measured copy bandwidth: {result.bandwidth / 1e9:.0f} GB/s (device-to-device, read + write). "
-        "Floor = bytes that must move / that bandwidth; % of floor = floor / ours.",
+        "Floor = bytes that must move / that bandwidth; % of floor = floor / ours. " + TIMING_NOTES[result.timing],
         "",
         "Block attention (bf16 unless noted; `new` = context rows appended in the step):",
         "",

@@ -196,7 +196,11 @@ def time_candidates(
         if got.shape != expected.shape or not torch.allclose(got.float(), expected.float(), atol=tolerance, rtol=tolerance):
             timings.append(SdpaTiming(candidate, None, "computes another attention than the kernel"))
             continue
-        timings.append(SdpaTiming(candidate, timer(run)))
+        ms = timer(run)
+        # an in-graph timer gives NaN for a call that cannot be captured (kernels.graph_median_ms)
+        timings.append(
+            SdpaTiming(candidate, ms) if not math.isnan(ms) else SdpaTiming(candidate, None, "cannot be captured in a CUDA graph")
+        )
     return timings
 
 
