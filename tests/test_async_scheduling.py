@@ -65,8 +65,11 @@ def test_async_scheduling_decodes_what_reading_each_step_at_once_decodes(pair, l
     assert max(a for r in results[True] for a in r.acceptance_lengths) > 3  # the drafts land: blocks are really verified
     if temperature == 0.0:  # and greedy is the target's own greedy output
         alone = DFlashPipeline.load(target_dir, None, dtype=torch.float64, max_context=60)
-        expected = alone.generate(prompts, max_new_tokens=60, stop_token_ids=())
-        assert [r.token_ids for r in results[True]] == [e.token_ids[:n] for e, n in zip(expected, LIMITS)]
+        expected = [e.token_ids[:n] for e, n in zip(alone.generate(prompts, max_new_tokens=60, stop_token_ids=()), LIMITS)]
+        assert [r.token_ids for r in results[True]] == expected
+        # and autoregressive decoding (a block of one) runs a step ahead just as well
+        ar = Decoder(alone.runtime, max_batch=3, max_context=60, prefill_chunk=8, async_scheduling=True)
+        assert [r.token_ids for r in ar.generate(_requests(prompts, 0.0))] == expected
 
 
 def test_the_host_reads_each_step_one_step_later(pair, launches):

@@ -330,7 +330,9 @@ class Decoder:
         """Drop a request between steps (its client went away); its slot is freed for others.
 
         Returns what the request had produced (finish_reason "cancelled"), or None if it was
-        still waiting or being prefilled (nothing produced yet), or is unknown.
+        still waiting or being prefilled (nothing produced yet), or is unknown. With async
+        scheduling, what a step in flight decodes for it is dropped: the result holds the tokens
+        its events delivered.
         """
         return self.scheduler.cancel(request_id)
 
