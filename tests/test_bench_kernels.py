@@ -59,6 +59,7 @@ def test_on_cpu_only_math_runs_and_the_rest_say_why():
     assert "MATH" in ran and not ran & {"FLASH_ATTENTION", "CUDNN_ATTENTION"}
     refused = {t.candidate.name: t.refused for t in timings if t.ms is None}
     assert refused["FLASH_ATTENTION (gqa, lower-right mask)"] == "flash and memory-efficient attention need CUDA"
+    assert refused["FLASH_VARLEN (cache, per-row length mask)"] == "flash attention needs CUDA"
     assert all(refused.values())
     best = sdpa_baseline.fastest(timings)
     assert best.candidate.backend in ran and best.ms == min(t.ms for t in timings if t.ms is not None)
