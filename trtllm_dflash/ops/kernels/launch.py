@@ -364,6 +364,8 @@ TARGET_ATTENTION_BENCH_SHAPES = tuple(
     TargetAttentionShape(f"qwen3-8b-verify-b{batch}-ctx{context // 1024}k", batch, 16, 32, 8, 128, 128, context)
     for batch in (1, 8, 64)
     for context in (1024, 8192)
+) + tuple(  # the 1-token autoregressive pass (issue 39 item 4 chooses attention per pass)
+    TargetAttentionShape(f"qwen3-8b-ar-b{batch}-ctx1k", batch, 1, 32, 8, 128, 128, 1024) for batch in (1, 8, 32)
 )
 
 
