@@ -33,7 +33,7 @@ def _requests(prompts, temperature: float) -> list[Request]:
 
 @pytest.fixture
 def launches(monkeypatch):
-    """Every step the decoding loop launches: (span, the step), checked against the cache's capacity."""
+    """Every step the decoding loop launches, each checked first: its span within the cache's capacity."""
     seen = []
     launch = decoding.launch_step
 
