@@ -248,3 +248,42 @@ def test_a_launched_step_reads_nothing_back_outside_the_runtime_s_passes(pair, m
     monkeypatch.undo()
     assert [r.token_ids for r in results] == [r.token_ids for r in expected]
     assert len(decoder.stats) > 4  # steps launched with the trap armed
+
+
+def test_a_real_tritonserver_serves_an_async_scheduled_repository_with_the_offline_tokens(tmp_path):
+    """As users run it: `dflash-trt repo --async-scheduling`, a real tritonserver, concurrent streams
+    over HTTP and gRPC (more than the batch holds, of different lengths), each the offline tokens."""
+    import threading
+
+    from support import cli, triton_server
+
+    from trtllm_dflash import demo
+    from trtllm_dflash.serving.client import DFlashClient
+
+    out = tmp_path / "repo"
+    repo_args = ["--out", str(out), "--async-scheduling", "--baseline", "", "--max-context", "256", "--max-batch", "4", "--threads", "1"]
+    cli("repo", "--model", "demo", *repo_args)
+    prompts = ["def fib(n):", "import os\n", "class Stack:", "for i in range(", "x = [", "while True:"]
+    lengths = [8 + 9 * i for i in range(len(prompts))]  # six requests for four slots, leaving at different steps
+    pipeline = DFlashPipeline.load(demo.target_dir(), demo.drafter_dir())
+    expected = pipeline.generate(prompts, max_new_tokens=max(lengths))
+    results, errors = {}, []
+    with triton_server(out) as server:
+        client = DFlashClient(server.endpoints.http, model="dflash", grpc_url=server.endpoints.grpc, timeout=300)
+        barrier = threading.Barrier(len(prompts))
+
+        def run(i: int) -> None:
+            try:
+                barrier.wait()
+                results[i] = client.complete(prompts[i], protocol="grpc" if i % 2 else "http", max_tokens=lengths[i])
+            except Exception as exc:  # noqa: BLE001
+                errors.append(f"request {i}: {exc}")
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(600)
+    assert not errors, errors
+    for i, reference in enumerate(expected):
+        assert results[i].token_ids == reference.token_ids[: lengths[i]], f"request {i}"
