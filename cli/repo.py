@@ -71,7 +71,7 @@ def repo(
         None,
         "--async-scheduling/--no-async-scheduling",
         help="Launch each decoding step before reading the one before it, so a GPU computes while the host schedules "
-        "and streams; lossless, gains nothing on a CPU (default: off).",
+        "and streams; lossless; on a CPU it only costs a finishing request one extra step (default: off).",
     ),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out."),
     llmapi_model: Optional[Path] = typer.Option(

@@ -212,7 +212,7 @@ class Decoder:
     drafting). The cost: a request that finishes is decoded for one step more (that step's tokens
     are dropped), and its finish is seen a step later. Steps that prefill, rows with a
     grammar and rows near the end of their cache slot read the step before first. Off a GPU it
-    gains nothing: the device work ran when it was launched.
+    gains nothing (the device work ran when it was launched) and the extra steps are pure cost.
     """
 
     def __init__(

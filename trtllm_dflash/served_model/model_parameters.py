@@ -110,7 +110,7 @@ class ServingConfig(BaseModel):
         False,
         description="Launch each decoding step before reading the one before it, so a GPU computes while the host "
         "schedules and streams (a finishing request is decoded one step more and its tokens dropped; lossless). "
-        "Gains nothing on a CPU.",
+        "On a CPU it only costs that extra step.",
     )
 
     @field_validator("draft_len_schedule", mode="before")
