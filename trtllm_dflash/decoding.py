@@ -1,11 +1,12 @@
 """The decoding loop: a scheduler plans each step, one speculative step runs it. Written once, for every runtime.
 
-`speculative_step` is DFlash for a batch of cache slots, z-lab's `dflash_generate` loop body: the
+`launch_step` is DFlash for a batch of cache slots, z-lab's `dflash_generate` loop body: the
 drafter proposes a block from `[anchor, MASK, ...]`, the target verifies it in one pass
 (verification on the device returns how many drafts each row accepts and its bonus token), the
 runtime commits the accepted prefix (recurrent states roll back there), and the host reads one
-small tensor. Rows then advance by different amounts; their caches need no rollback because
-positions past a row's length are simply overwritten next step (see runtime/base.py).
+small tensor (`LaunchedStep.tokens`: at once, or a step later with async scheduling). Rows then
+advance by different amounts; their caches need no rollback because positions past a row's length
+are simply overwritten next step (see runtime/base.py).
 
 Everything about requests is the scheduler's (runtime/scheduler.py): queues, cache slots (a
 request keeps one from admission to finish), chunked prefill under a budget, the prefix cache,
@@ -44,7 +45,6 @@ __all__ = [
     "StepEvent",
     "StepStats",
     "launch_step",
-    "speculative_step",
 ]
 
 
@@ -56,15 +56,6 @@ class StepStats:
     draft_seconds: float
     verify_seconds: float
     committed: int
-
-
-@dataclasses.dataclass
-class StepResult:
-    """What one speculative step committed: per batch row its accepted drafts and the bonus token."""
-
-    tokens: list[list[int]]
-    draft_seconds: float
-    verify_seconds: float
 
 
 @dataclasses.dataclass
@@ -100,24 +91,6 @@ class LaunchedStep:
         total = self.clock.seconds()
         draft = min(self.drafted_at - self.started, total)
         return draft, total - draft
-
-
-def speculative_step(
-    runtime: Runtime,
-    batch: BatchState,
-    slots: Slots,
-    span: int,
-    draft_len: int,
-    block_size: int,
-    mask_token_id: int | None,
-    profile: bool = False,
-    grammars: list[GrammarState | None] | None = None,
-    draft: bool = True,
-) -> StepResult:
-    """`launch_step`, then its one host read."""
-    launched = launch_step(runtime, batch, slots, span, draft_len, block_size, mask_token_id, profile, grammars, draft)
-    tokens = launched.tokens()
-    return StepResult(tokens, *launched.seconds(read_at_once=True))
 
 
 def launch_step(
