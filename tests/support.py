@@ -196,6 +196,28 @@ def repo(pair, tmp_path_factory):
     return write_repository(out, target, drafter, max_context=MAX_CONTEXT, max_tokens=MAX_TOKENS, max_batch=16)
 
 
+def concurrent_completions(client, prompts: list[str], lengths: list[int]) -> dict:
+    """Every prompt as its own stream, all released at once (odd ones over gRPC, even ones over
+    HTTP), each with its max_tokens: request index -> Completion. Fails with every request's error."""
+    results, errors = {}, []
+    barrier = threading.Barrier(len(prompts))
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait()
+            results[i] = client.complete(prompts[i], protocol="grpc" if i % 2 else "http", max_tokens=lengths[i])
+        except Exception as exc:  # noqa: BLE001
+            errors.append(f"request {i}: {exc}")
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(600)
+    assert not errors, errors
+    return results
+
+
 def post(server, model: str, body: dict) -> tuple[int, dict]:
     """Triton's HTTP generate: (status, answer), an error status answered too."""
     request = urllib.request.Request(

@@ -253,9 +253,7 @@ def test_a_launched_step_reads_nothing_back_outside_the_runtime_s_passes(pair, m
 def test_a_real_tritonserver_serves_an_async_scheduled_repository_with_the_offline_tokens(tmp_path):
     """As users run it: `dflash-trt repo --async-scheduling`, a real tritonserver, concurrent streams
     over HTTP and gRPC (more than the batch holds, of different lengths), each the offline tokens."""
-    import threading
-
-    from support import cli, triton_server
+    from support import cli, concurrent_completions, triton_server
 
     from trtllm_dflash import demo
     from trtllm_dflash.serving.client import DFlashClient
@@ -267,23 +265,8 @@ def test_a_real_tritonserver_serves_an_async_scheduled_repository_with_the_offli
     lengths = [8 + 9 * i for i in range(len(prompts))]  # six requests for four slots, leaving at different steps
     pipeline = DFlashPipeline.load(demo.target_dir(), demo.drafter_dir())
     expected = pipeline.generate(prompts, max_new_tokens=max(lengths))
-    results, errors = {}, []
     with triton_server(out) as server:
         client = DFlashClient(server.endpoints.http, model="dflash", grpc_url=server.endpoints.grpc, timeout=300)
-        barrier = threading.Barrier(len(prompts))
-
-        def run(i: int) -> None:
-            try:
-                barrier.wait()
-                results[i] = client.complete(prompts[i], protocol="grpc" if i % 2 else "http", max_tokens=lengths[i])
-            except Exception as exc:  # noqa: BLE001
-                errors.append(f"request {i}: {exc}")
-
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(600)
-    assert not errors, errors
+        results = concurrent_completions(client, prompts, lengths)
     for i, reference in enumerate(expected):
         assert results[i].token_ids == reference.token_ids[: lengths[i]], f"request {i}"

@@ -16,7 +16,7 @@ import urllib.request
 
 import numpy as np
 import pytest
-from support import MAX_CONTEXT, MAX_TOKENS, PROMPTS, cli, pair, post, repo, triton_server  # noqa: F401 (fixtures)
+from support import MAX_CONTEXT, MAX_TOKENS, PROMPTS, cli, concurrent_completions, pair, post, repo, triton_server  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="module")
@@ -147,22 +147,7 @@ def test_sixteen_concurrent_streams_complete_correctly_and_are_batched(server, c
     lengths = [8 + 5 * i for i in range(16)]  # different lengths: requests leave the batch at different steps
     expected = offline(pair, prompts, max(lengths), block_size)
     before = _metrics(server)
-    results, errors = {}, []
-    barrier = threading.Barrier(16)
-
-    def run(i: int) -> None:
-        try:
-            barrier.wait()
-            results[i] = client.complete(prompts[i], protocol="grpc" if i % 2 else "http", max_tokens=lengths[i])
-        except Exception as exc:  # noqa: BLE001
-            errors.append(f"request {i}: {exc}")
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(600)
-    assert not errors, errors
+    results = concurrent_completions(client, prompts, lengths)
     for i in range(16):
         assert results[i].token_ids == expected[i]["token_ids"][: lengths[i]], f"request {i}"
     after = _metrics(server)
