@@ -11,8 +11,8 @@ it accepts the step, and the fastest that computes the same attention is the bas
 - EFFICIENT_ATTENTION: the same mask through the memory-efficient kernel's bottom-right causal
   mode (the call torch's `CausalBias` makes), K/V expanded (it has no GQA); or a boolean mask;
 - CUDNN_ATTENTION and MATH: the boolean mask under `torch.nn.attention.sdpa_kernel`.
-- FLASH_VARLEN: `torch.nn.attention.varlen.varlen_attn` over the caches in place, each row up to
-  its own length (`seqused_k`, torch 2.12 and later): no K/V copied out, as our kernel reads them.
+- FLASH_VARLEN: torch's varlen flash attention over the caches in place, each row up to its own
+  length (`seqused_k`; `trtllm_dflash.ops.flash`): no K/V copied out, as our kernel reads them.
 
 `causal_lower_right` goes to flash whenever flash can run, whatever `sdpa_kernel` says, so the
 flash and efficient candidates check `torch.backends.cuda.can_use_*` themselves and call what they
@@ -24,7 +24,6 @@ contiguous, prepared outside the timing.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 from typing import Callable
 
@@ -187,33 +186,22 @@ def candidate_call(candidate: SdpaCandidate, operands: SdpaOperands) -> Callable
 
 
 def _varlen_call(o: SdpaOperands) -> Callable[[], torch.Tensor]:
-    """torch's `varlen_attn` (flash attention) reading the caches in place: row i's queries are the
-    last T of its `seqused_k` = L + T keys, causal (bottom-right) and windowed as the step is."""
+    """torch's flash attention (`ops.flash`, what the runtime's "flash" attention choice runs)
+    reading the caches in place: row i's queries are the last T of its L + T keys, causal
+    (bottom-right) and windowed as the step is."""
+    from trtllm_dflash.ops import flash
+
     if o.k_cache is None or o.v_cache is None:
         raise Refused("no caches given")
-    if o.q.device.type != "cuda":
-        raise Refused("flash attention needs CUDA")
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        raise Refused(f"torch {torch.__version__} has no varlen_attn") from None
-    if "seqused_k" not in inspect.signature(varlen_attn).parameters:
-        raise Refused(f"torch {torch.__version__}'s varlen_attn takes no per-row lengths (seqused_k)")
-    batch, heads, tokens, _ = o.q.shape
-    capacity, kv_heads = o.k_cache.shape[1], o.k_cache.shape[2]
-    queries = o.q.transpose(1, 2).reshape(batch * tokens, heads, -1)
-    keys = o.k_cache.reshape(batch * capacity, kv_heads, -1)  # row i's slots start at i * capacity
-    values = o.v_cache.reshape(batch * capacity, kv_heads, -1)
-    steps = torch.arange(batch + 1, dtype=torch.int32, device=o.q.device)
-    cu_q, cu_k = steps * tokens, steps * capacity
-    used = torch.full((batch,), o.k.shape[2], dtype=torch.int32, device=o.q.device)  # L + T keys per row
-    window = (o.window - 1, 0) if o.window > 0 else (-1, 0)
+    q = o.q.transpose(1, 2)  # [b, T, Hq, D]
+    reason = flash.unavailable_reason(q, o.k_cache, o.v_cache, None)
+    if reason is not None:
+        raise Refused(reason)
+    q = q.contiguous()
+    used = torch.full((q.shape[0],), o.k.shape[2], dtype=torch.int32, device=q.device)  # L + T keys per row
 
     def run() -> torch.Tensor:
-        out = varlen_attn(
-            queries, keys, values, cu_q, cu_k, tokens, capacity, scale=o.scale, window_size=window, enable_gqa=o.group > 1, seqused_k=used
-        )
-        return out.view(batch, tokens, heads, -1).transpose(1, 2)
+        return flash.attend(q, o.k_cache, o.v_cache, used, o.scale, o.window).transpose(1, 2)
 
     return run
 

@@ -196,25 +196,36 @@ class FusedDecoder:
 
     @torch.inference_mode()
     def forward_in_place(
-        self, tokens, positions, starts: torch.Tensor, caches, windows: list[int], taps: list[int], runs: list[tuple[slice, slice]]
+        self,
+        tokens,
+        positions,
+        starts: torch.Tensor,
+        caches,
+        windows: list[int],
+        taps: list[int],
+        runs: list[tuple[slice, slice]],
+        attend: Callable[..., torch.Tensor] = ops.target_attention,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """`forward`'s result, with attention by `dflash::target_attention` (the block's K/V written
         in place at each row's `starts`, each row reading its own slots) and the elementwise work
         between GEMMs in three kernels per sublayer pair (ops/kernels/fused_layer.py). It reads
         nothing back to the host, so a CUDA graph can record it: the torch runtime's GPU pass.
         `caches[i]` covers every slot; `runs` (Slots.runs) are the batch rows and the slots they
-        use, one op call per run. Needs `in_place_unsupported_reason(decoder) is None`."""
+        use, one op call per run. `attend` runs the op's call (the torch runtime passes the kernel it
+        chose for decode passes, runtime/attention_choice.py). Needs `in_place_unsupported_reason(decoder) is None`."""
         x = self.decoder.embed_tokens(tokens)
         rope = self.decoder.rotary_emb(x, positions)
         outputs, delta = {}, None  # delta: the MLP output not yet added to the residual stream x
         for i in range(len(self.layers)):
-            x, delta = self.layer_in_place(i, x, delta, rope, starts, caches[i], windows[i], runs)
+            x, delta = self.layer_in_place(i, x, delta, rope, starts, caches[i], windows[i], runs, attend)
             if i in taps:
                 x, delta = x + delta, None
                 outputs[i] = x
         return add_rms_norm(x, delta, *norm_of(self.decoder.norm))[1], outputs
 
-    def layer_in_place(self, i: int, x, delta, rope, starts, cache, window: int, runs) -> tuple[torch.Tensor, torch.Tensor]:
+    def layer_in_place(
+        self, i: int, x, delta, rope, starts, cache, window: int, runs, attend: Callable[..., torch.Tensor] = ops.target_attention
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Decoder layer i of `forward_in_place` on the residual stream `x + delta`: returns the
         stream after its attention and its MLP output (added by the next layer's norm kernel)."""
         layer = self.layers[i]
@@ -223,9 +234,7 @@ class FusedDecoder:
         qkv = F.linear(h, layer.qkv, layer.qkv_bias)
         q, k, v = qk_norm_rope(qkv, *rope, layer.qk_norm, layer.q_heads, layer.kv_heads, layer.head_dim)
         outs = [
-            ops.target_attention(
-                q[rows], k[rows], v[rows], cache.keys[held], cache.values[held], starts[rows], None, float(layer.scaling), window
-            )
+            attend(q[rows], k[rows], v[rows], cache.keys[held], cache.values[held], starts[rows], None, float(layer.scaling), window)
             for rows, held in runs
         ]
         out = outs[0] if len(outs) == 1 else torch.cat(outs)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+from typing import Callable
 
 import torch
 from torch import nn
@@ -44,6 +45,8 @@ class TargetAttentionStep:
     functional: bool = False
     # (batch rows, cache slots) per run of consecutive slots (Slots.runs); None: row r in slot r
     runs: list[tuple[slice, slice]] | None = None
+    # the kernel that runs `ops.target_attention`'s call (runtime/attention_choice.py; not exported)
+    attend: Callable[..., torch.Tensor] = ops.target_attention
     updated: dict[int, tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(default_factory=dict)
 
     @contextlib.contextmanager
@@ -83,7 +86,7 @@ def dflash_attention(
         return out, None
     runs = step.runs if step.runs is not None else [(slice(0, q.shape[0]), slice(0, q.shape[0]))]
     outs = [
-        ops.target_attention(q[rows], k[rows], v[rows], k_cache[slots], v_cache[slots], step.starts[rows], s_aux, scale, window)
+        step.attend(q[rows], k[rows], v[rows], k_cache[slots], v_cache[slots], step.starts[rows], s_aux, scale, window)
         for rows, slots in runs
     ]
     return (outs[0] if len(outs) == 1 else torch.cat(outs)), None

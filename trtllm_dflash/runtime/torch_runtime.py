@@ -30,7 +30,7 @@ import functools
 import torch
 from transformers import PreTrainedModel
 
-from trtllm_dflash import hf_compat
+from trtllm_dflash import hf_compat, ops
 from trtllm_dflash.drafters import kind_of
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.modeling import cache_attention, fused_target, linear_attention, packed_linear, target_attention
@@ -38,8 +38,10 @@ from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.modeling.kv_cache import RaggedHFCache, StaticKVCache
 from trtllm_dflash.modeling.taps import HiddenTaps
 from trtllm_dflash.ops import custom_ops
+from trtllm_dflash.runtime import attention_choice as kernel_choice
+from trtllm_dflash.runtime.attention_choice import relative_error
 from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, Proposal, SamplingTensors, Slots, TargetOutput, draft_positions
-from trtllm_dflash.runtime.cuda_graphs import StepGraphs
+from trtllm_dflash.runtime.cuda_graphs import StepGraphs, batch_buckets
 from trtllm_dflash.runtime.prefix_cache import PrefixBlock
 
 FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"
@@ -50,14 +52,6 @@ LAYER_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION, linear_attention.LINEAR_ATTENT
 # contribution): its kernels compute each elementwise op in float32 and round once, transformers
 # rounds after each op, and bf16 keeps 8 bits (a rounding step is 2^-8 = 0.4%)
 FUSED_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}
-
-
-def relative_error(candidate: torch.Tensor, reference: torch.Tensor) -> float:
-    """||candidate - reference|| / ||reference|| in float64 (inf where either is not finite)."""
-    a, b = candidate.detach().double(), reference.detach().double()
-    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
-        return float("inf")
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def causal_mask(positions: torch.Tensor, span: int, window: int = 0) -> torch.Tensor:
@@ -81,6 +75,7 @@ class TorchRuntime(CachedRuntime):
         cuda_graphs: bool = False,
         fused: bool = True,
         packed_linears: bool = True,
+        attention_choice: str = "dflash",
     ) -> None:
         """`attention`: "hf" runs the model's own attention over our cache; "dflash" runs
         `dflash::target_attention` (the engines' op: the block written in place, each row read up
@@ -93,7 +88,11 @@ class TorchRuntime(CachedRuntime):
         `packed_linears`: on a CPU (float32), run the fused pass's projections, both LM heads and
         the drafter's step as oneDNN linears over weights packed once, where a call is big enough
         to pay (modeling/packed_linear.py); the probe then checks the fused pass within float32
-        rounding (FUSED_TOLERANCE) instead of bit for bit."""
+        rounding (FUSED_TOLERANCE) instead of bit for bit.
+        `attention_choice`: which kernel runs the target's attention in decode passes on the "dflash"
+        path (runtime/attention_choice.py): "dflash" (the op), "flash" (torch's FlashAttention with
+        per-row lengths, CUDA), "sdpa", each checked against the reference at `allocate`, or
+        "measure": the fastest exact one per (tokens, batch bucket), timed at `allocate`."""
         self.model = target.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         self.drafter_config = drafter.config if drafter is not None else None
@@ -125,6 +124,18 @@ class TorchRuntime(CachedRuntime):
         self.linear_states: linear_attention.LinearStates | None = None
         self.taps = HiddenTaps(self.decoder.layers, self.drafter_config.target_layer_ids) if drafter else None
         self.attention = self._pick_attention(attention)
+        if attention_choice not in kernel_choice.CHOICES:
+            raise DFlashError(f"unknown attention_choice {attention_choice!r}", f"use one of {', '.join(kernel_choice.CHOICES)}")
+        if attention_choice != "dflash" and self.attention != "dflash":
+            raise DFlashError(
+                f"attention_choice={attention_choice!r} chooses among kernels of the dflash attention path, "
+                f"which this runtime does not run (attention={self.attention!r})",
+                "use attention='dflash', or leave attention_choice at 'dflash'",
+            )
+        self.attention_choice = attention_choice
+        # what each decode pass's target attention runs; set by allocate (measured or checked there)
+        self.attention_choices = kernel_choice.AttentionChoices()
+        self._choices_for: tuple[int, int] | None = None  # the (max_batch, capacity) they were chosen for
         self.windows = target_attention.layer_windows(config)
         # cuda_graphs: replay the draft and verify passes from CUDA graphs per batch bucket (runtime/cuda_graphs.py);
         # refused in one line off CUDA. It wraps this instance's target_forward, draft_forward and allocate.
@@ -206,6 +217,28 @@ class TorchRuntime(CachedRuntime):
         elif self._fused_candidate:
             self._fused_candidate = False  # probed once per runtime
             self.fused = self._probe_fused()
+        if self.attention == "dflash" and self._choices_for != (max_batch, capacity):
+            self.attention_choices = self._choose_attention(max_batch, capacity)
+            self._choices_for = (max_batch, capacity)
+
+    def _choose_attention(self, max_batch: int, capacity: int) -> kernel_choice.AttentionChoices:
+        """What each decode pass's target attention runs: `attention_choice` checked, or measured."""
+        if self.attention_choice == "dflash":
+            return kernel_choice.AttentionChoices()
+        heads = int(self.target_config.num_attention_heads)
+        windows = tuple(sorted(set(self.windows)))
+        sinks = any(getattr(getattr(layer, "self_attn", None), "sinks", None) is not None for layer in self.decoder.layers)
+        shapes = list(
+            dict.fromkeys(
+                kernel_choice.LayerShape(heads, s.kv_heads, s.key_dim, s.value_dim, windows, sinks)
+                for s in self._cache_shapes
+                if s is not None
+            )
+        )
+        if self.attention_choice != "measure":
+            return kernel_choice.fixed(self.attention_choice, shapes, capacity, self.dtype, self.device)
+        tokens = (1, self.drafter_config.block_size) if self.drafter_config is not None else (1,)
+        return kernel_choice.measure(shapes, tokens, batch_buckets(max_batch), capacity, self.dtype, self.device)
 
     def _probe_fused(self) -> fused_target.FusedDecoder | None:
         """The fused decoder if it reproduces the unfused forward on a probe block (written to row 0's
@@ -324,13 +357,14 @@ class TorchRuntime(CachedRuntime):
             tap_ids = self.taps.layer_ids if self.taps else []
             caches = self.target_cache.layers
             if self.attention == "dflash":  # the op writes and reads each row's slots itself: no host read
-                hidden, taps = self.fused.forward_in_place(tokens, positions, starts, caches, self.windows, tap_ids, slots.runs())
+                attend = self._attend(logits_at)
+                hidden, taps = self.fused.forward_in_place(tokens, positions, starts, caches, self.windows, tap_ids, slots.runs(), attend)
             else:  # one plan per pass: each row group reads only its live slots, masks only where needed
                 plan = self.fused.plan(starts.tolist(), tokens.shape[1], set(self.windows), self.dtype, self.device, slots.ids)
                 hidden, taps = self.fused.forward(tokens, positions, plan, caches, self.windows, tap_ids, slots)
             features = torch.cat([taps[i] for i in tap_ids], dim=-1) if tap_ids else None
         elif self.attention == "dflash":
-            hidden = self._dflash_decoder(slots, tokens, starts, positions)
+            hidden = self._dflash_decoder(slots, tokens, starts, positions, self._attend(logits_at))
         else:
             # in prefill (logits_at) the tokens after logits_at[r] are padding
             self._hf_cache.bind(slots, positions, span, valid=None if logits_at is None else logits_at + 1)
@@ -365,10 +399,16 @@ class TorchRuntime(CachedRuntime):
             return False
         return not bool(starts.any())
 
-    def _dflash_decoder(self, slots: Slots, tokens, starts, positions) -> torch.Tensor:
-        """The decoder with every attention layer on `dflash::target_attention` over our cache slots."""
+    def _attend(self, logits_at) -> kernel_choice.Attend:
+        """The target attention of this pass: the chosen kernels in decode passes; the op in prefill,
+        whose padded rows may run past the capacity (only the op's write drops those)."""
+        return self.attention_choices.attend if logits_at is None else ops.target_attention
+
+    def _dflash_decoder(self, slots: Slots, tokens, starts, positions, attend: kernel_choice.Attend) -> torch.Tensor:
+        """The decoder with every attention layer on `dflash::target_attention` (or the kernel chosen
+        for it, `attend`) over our cache slots."""
         caches = {i: (layer.keys, layer.values) for i, layer in enumerate(self.target_cache.layers) if layer.keys is not None}
-        step = target_attention.TargetAttentionStep(caches, starts, self.windows, runs=slots.runs())
+        step = target_attention.TargetAttentionStep(caches, starts, self.windows, runs=slots.runs(), attend=attend)
         masks = target_attention.placeholder_masks(self.model.config, tokens)
         with target_attention.use_dflash_attention(self.model), step.active():
             return self.decoder(input_ids=tokens, position_ids=positions, attention_mask=masks, use_cache=False).last_hidden_state

@@ -1,0 +1,151 @@
+"""The target's attention in decode passes, by choice or by measurement (runtime/attention_choice.py).
+
+Every candidate must compute `reference.target_attention` (per-row lengths, sliding windows, the
+block written exactly into the caches); a candidate that computes something else is refused by the
+check, not chosen; the runtime on any choice decodes the tokens and acceptance lengths of the op,
+DFlash and autoregressive, greedy equal to the target alone; prefill never leaves the op. The flash
+candidate needs CUDA: here it must be refused with that reason (tests/test_attention_choice_gpu.py
+runs it on a GPU).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trtllm_dflash.checkpoints import load_drafter, load_target
+from trtllm_dflash.decoding import Decoder, Request, SamplingParams
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.ops import reference
+from trtllm_dflash.runtime import attention_choice
+from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
+
+CPU = torch.device("cpu")
+SHAPE = attention_choice.LayerShape(heads=4, kv_heads=2, head_dim=16, value_dim=16, windows=(0, 5))
+
+
+@pytest.mark.parametrize("tokens", [1, 4])
+@pytest.mark.parametrize("window", [0, 3])
+def test_the_sdpa_candidate_is_the_reference_attention(tokens, window):
+    generator = torch.Generator().manual_seed(tokens + window)
+    batch, capacity = 3, 24
+    q = torch.randn(batch, tokens, 4, 16, generator=generator)
+    k, v = (torch.randn(batch, tokens, 2, 16, generator=generator) for _ in range(2))
+    k_cache, v_cache = (torch.randn(batch, capacity, 2, 16, generator=generator) for _ in range(2))
+    starts = torch.tensor([0, 7, capacity - tokens])  # an empty row, a middle one, one ending at the capacity
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want = reference.target_attention(q, k, v, want_k, want_v, starts, None, 0.25, window)
+    got = attention_choice.RUNNERS["sdpa"](q, k, v, k_cache, v_cache, starts, None, 0.25, window)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+
+
+def test_the_check_passes_the_exact_candidates_and_names_why_flash_cannot_run_here():
+    assert attention_choice.check("dflash", SHAPE, 3, 4, 40, torch.float32, CPU) is None
+    assert attention_choice.check("sdpa", SHAPE, 3, 4, 40, torch.float32, CPU) is None
+    assert attention_choice.check("flash", SHAPE, 3, 4, 40, torch.float32, CPU) == "flash attention needs CUDA"
+    with_sinks = attention_choice.LayerShape(4, 2, 16, 16, (0,), sinks=True)
+    assert attention_choice.check("sdpa", with_sinks, 2, 4, 40, torch.float32, CPU) == "SDPA has no attention sinks"
+    assert attention_choice.check("dflash", with_sinks, 2, 4, 40, torch.float32, CPU) is None
+
+
+def test_a_candidate_that_computes_other_attention_is_refused_not_chosen(monkeypatch):
+    """Mutations of the sdpa candidate: ignoring the window, and dropping the cache write."""
+    exact = attention_choice.RUNNERS["sdpa"]
+    monkeypatch.setitem(attention_choice.RUNNERS, "sdpa", lambda *args: exact(*args[:8], 0))  # no window
+    assert "differs from the reference" in attention_choice.check("sdpa", SHAPE, 3, 4, 40, torch.float32, CPU)
+    choice = attention_choice.measure_one([SHAPE], 4, 2, 64, torch.float32, CPU)
+    assert choice.chosen == "dflash"
+    assert {t.candidate: t.ms is None for t in choice.timings} == {"dflash": False, "flash": True, "sdpa": True}
+
+    def no_write(q, k, v, k_cache, v_cache, starts, sinks, scale, window=0):
+        return exact(q, k, v, k_cache.clone(), v_cache.clone(), starts, sinks, scale, window)
+
+    monkeypatch.setitem(attention_choice.RUNNERS, "sdpa", no_write)
+    assert "writes the caches differently" in attention_choice.check("sdpa", SHAPE, 3, 4, 40, torch.float32, CPU)
+
+
+def test_measure_keeps_the_fastest_exact_candidate_per_tokens_and_batch_bucket():
+    choices = attention_choice.measure([SHAPE], (1, 4), (1, 2, 4), 300, torch.float32, CPU)
+    assert [(c.tokens, c.batch) for c in choices.choices] == [(1, 1), (1, 2), (1, 4), (4, 1), (4, 2), (4, 4)]
+    for c in choices.choices:
+        timed = {t.candidate: t.ms for t in c.timings if t.ms is not None}
+        assert set(timed) == {"dflash", "sdpa"} and c.chosen == min(timed, key=timed.get)
+        assert c.contexts == (256, 300 - c.tokens)  # the measured contexts stop at the capacity
+    # a call takes the smallest bucket holding its rows; shapes not measured run the op
+    assert choices.pick(4, 3) == choices.choices[5].chosen and choices.pick(1, 1) == choices.choices[0].chosen
+    assert choices.pick(3, 1) == "dflash" and choices.pick(4, 5) == "dflash"
+    assert "T=4 b<=4" in choices.describe()
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pair")
+    target_dir = make_tiny_target(root / "target", "qwen3", seed=5)
+    drafter_dir = make_tiny_drafter(root / "drafter", target_dir, seed=2, block_size=4, target_layer_ids=(1, 2))
+    target = load_target(target_dir, dtype=torch.float32)
+    return target, load_drafter(drafter_dir, target)
+
+
+def decode(runtime, prompts, params, max_batch=4):
+    decoder = Decoder(runtime, max_batch=max_batch, max_context=64)
+    return [(r.token_ids, r.acceptance_lengths) for r in decoder.generate([Request(p, s) for p, s in zip(prompts, params)])]
+
+
+@pytest.mark.parametrize("choice", ["sdpa", "measure"])
+def test_the_runtime_on_a_chosen_kernel_decodes_like_the_op(pair, choice, monkeypatch):
+    target, drafter = pair
+    calls = []
+    for name in ("dflash", "sdpa"):
+        runner = attention_choice.RUNNERS[name]
+        monkeypatch.setitem(
+            attention_choice.RUNNERS, name, lambda *a, _name=name, _run=runner: calls.append((_name, a[0].shape[1])) or _run(*a)
+        )
+    op = TorchRuntime(target.model, drafter, attention="dflash")
+    chosen = TorchRuntime(target.model, drafter, attention="dflash", attention_choice=choice)
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, op.vocab_size, (n,), generator=generator).tolist() for n in (2, 13, 7, 19)]
+    greedy = [SamplingParams(max_new_tokens=24)] * 4
+    sampled = [SamplingParams(max_new_tokens=16, temperature=0.9, top_k=30 * (i % 2), seed=i) for i in range(4)]
+    for params in (greedy, sampled):
+        reference_run = decode(op, prompts, params)
+        calls.clear()  # from here on only the chosen runtime's calls
+        assert decode(chosen, prompts, params) == reference_run
+        decode_calls = [name for name, tokens in calls if tokens in (1, 4)]
+        wanted = {chosen.attention_choices.pick(t, b) for t in (1, 4) for b in (1, 2, 4)}
+        assert set(decode_calls) <= wanted | {"dflash"} and set(decode_calls) & wanted  # the chosen kernels ran
+    if choice == "measure":
+        assert [(c.tokens, c.batch) for c in chosen.attention_choices.choices] == [(1, 1), (1, 2), (1, 4), (4, 1), (4, 2), (4, 4)]
+    else:
+        assert "sdpa" in {name for name, _ in calls}
+    # the target alone, autoregressive through the chosen kernel and on the model's own attention: the same greedy tokens
+    alone = TorchRuntime(target.model, attention="dflash", attention_choice=choice)
+    own = TorchRuntime(target.model, attention="hf")
+    plain = [tokens for tokens, _ in decode(alone, prompts, greedy)]
+    assert plain == [tokens for tokens, _ in decode(own, prompts, greedy)] == [tokens for tokens, _ in decode(op, prompts, greedy)]
+    assert {name for name, tokens in calls if tokens == 1} & {alone.attention_choices.pick(1, b) for b in (1, 2, 4)}
+
+
+def test_prefill_runs_the_op_whatever_was_chosen(pair, monkeypatch):
+    """A prefill's padded rows may pass the capacity; only the op's write drops those slots."""
+    target, drafter = pair
+    runtime = TorchRuntime(target.model, drafter, attention="dflash", attention_choice="sdpa")
+    calls = []
+    sdpa = attention_choice.RUNNERS["sdpa"]
+    monkeypatch.setitem(attention_choice.RUNNERS, "sdpa", lambda *a: calls.append(a[0].shape[1]) or sdpa(*a))
+    decode(runtime, [[5, 6, 7, 8, 9, 10, 11]], [SamplingParams(max_new_tokens=3)], max_batch=1)
+    assert calls and 7 not in calls and set(calls) <= {1, 4}
+
+
+def test_bad_choices_are_one_line_errors(pair):
+    target, drafter = pair
+    with pytest.raises(DFlashError, match="unknown attention_choice 'fast'"):
+        TorchRuntime(target.model, drafter, attention="dflash", attention_choice="fast")
+    with pytest.raises(DFlashError, match="attention='hf'") as error:
+        TorchRuntime(target.model, drafter, attention="hf", attention_choice="measure")
+    assert "\n" not in str(error.value)
+    runtime = TorchRuntime(target.model, drafter, attention="dflash", attention_choice="flash")
+    with pytest.raises(DFlashError, match="flash attention needs CUDA") as error:
+        runtime.allocate(2, 64)
+    assert "\n" not in str(error.value) and "attention_choice='dflash'" in str(error.value)

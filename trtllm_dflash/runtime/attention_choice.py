@@ -1,0 +1,305 @@
+"""Which kernel runs the target's attention in the decode passes: chosen by measurement (issue 39 item 4).
+
+Why: the verify pass (a block of T = 16 tokens) and the AR pass (T = 1) attend once per layer, a
+few microseconds each at small batch, times 36 layers. Which kernel does that fastest depends on
+the GPU, the batch and the context, and only timing it there says. The candidates all compute
+`reference.target_attention` (the block written at each row's positions, then causal attention
+over the row's own slots) on the caches in place, with no host read:
+
+- "dflash": our `dflash::target_attention` op (Triton kernels; the torch reference off CUDA);
+- "flash": torch's built-in FlashAttention-2 with per-row lengths (`ops.flash`), after writing the
+  block; CUDA, float16/bfloat16, no attention sinks;
+- "sdpa": `F.scaled_dot_product_attention` with a per-row boolean mask, after writing the block;
+  any device (on CUDA it reads the whole capacity, so a CUDA graph can record it), no sinks.
+
+`measure` checks every candidate against the float32 reference on random inputs (per-row lengths,
+every sliding window the model has; the written caches compared exactly), refuses any that differs
+by more than `TOLERANCE`, times the rest at a few context lengths (replayed from a CUDA graph with
+the L2 cache flushed before each replay on a GPU, as a decoding step meets them; eagerly on a CPU),
+and keeps the fastest per (tokens, batch bucket). Other calls (prefill chunks, a draft-length
+schedule's shorter blocks, batches past the buckets) run "dflash". Prefill always runs "dflash":
+its padded rows may run past the capacity, which only the op's write drops.
+
+A choice changes only rounding (each candidate within TOLERANCE of the reference), as any kernel
+change does; greedy output stays the target's own up to near-ties. It is fixed once measured: a
+runtime does not change kernels between steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from trtllm_dflash import ops
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.ops import flash, reference
+
+CANDIDATES = ("dflash", "flash", "sdpa")
+CHOICES = (*CANDIDATES, "measure")
+# relative L2 error against the float32 reference that still counts as the same attention: float32
+# arithmetic, or one bf16/fp16 rounding of the output plus accumulation-order noise (METHOD: bf16
+# operands land between 1e-3 and 1e-2)
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+MEASURE_CONTEXTS = (256, 1024, 4096)  # context lengths each candidate is timed at (summed), up to the capacity
+CHECK_CONTEXT = 2048  # longest context checked against the reference (long enough for the op's KV splits)
+TIMED_RUNS = 20
+L2_FLUSH_BYTES = 256 * 1024 * 1024  # written before each timed replay: a decoding step finds K/V in HBM, not L2
+
+Attend = Callable[..., torch.Tensor]  # (q, k, v, k_cache, v_cache, starts, sinks, scale, window) -> [b, T, Hq, Dv]
+
+
+def relative_error(candidate: torch.Tensor, reference: torch.Tensor) -> float:
+    """||candidate - reference|| / ||reference|| in float64 (inf where either is not finite)."""
+    a, b = candidate.detach().double(), reference.detach().double()
+    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+        return float("inf")
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def write_block(k_cache: torch.Tensor, v_cache: torch.Tensor, starts: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Write `k/v [b, T, Hkv, D]` at slots starts[r] .. starts[r]+T-1 of each cache row, with no host
+    read (a CUDA graph records it). Decode passes only: every slot must lie inside the capacity
+    (the decoding loop's span rule; padding rows of a graph write at capacity - block)."""
+    batch, tokens = k.shape[:2]
+    slots = starts.view(-1, 1).to(torch.int64) + torch.arange(tokens, device=k.device)
+    rows = torch.arange(batch, device=k.device).view(-1, 1).expand(-1, tokens)
+    k_cache.index_put_((rows, slots), k.to(k_cache.dtype))
+    v_cache.index_put_((rows, slots), v.to(v_cache.dtype))
+
+
+def _flash(q, k, v, k_cache, v_cache, starts, sinks, scale, window=0) -> torch.Tensor:
+    write_block(k_cache, v_cache, starts, k, v)
+    return flash.attend(q, k_cache, v_cache, starts + q.shape[1], scale, window)
+
+
+def _sdpa(q, k, v, k_cache, v_cache, starts, sinks, scale, window=0) -> torch.Tensor:
+    write_block(k_cache, v_cache, starts, k, v)
+    batch, tokens, heads = q.shape[:3]
+    capacity = k_cache.shape[1]
+    # on a CPU only the live slots (a host read); on CUDA the whole capacity, masked (graph-safe)
+    span = capacity if q.device.type == "cuda" else min(int(starts.max()) + tokens, capacity)
+    positions = starts.view(-1, 1, 1).to(torch.int64) + torch.arange(tokens, device=q.device).view(1, -1, 1)
+    slots = torch.arange(span, device=q.device).view(1, 1, -1)
+    visible = slots <= positions
+    if window > 0:
+        visible = visible & (slots > positions - window)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2),
+        k_cache[:, :span].transpose(1, 2),
+        v_cache[:, :span].transpose(1, 2),
+        attn_mask=visible.unsqueeze(1),
+        scale=scale,
+        enable_gqa=heads != k_cache.shape[2],
+    )
+    return out.transpose(1, 2)
+
+
+RUNNERS: dict[str, Attend] = {"dflash": ops.target_attention, "flash": _flash, "sdpa": _sdpa}
+
+
+def unavailable_reason(name: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None) -> str | None:
+    """Why candidate `name` cannot run this call (None: it can)."""
+    if name == "flash":
+        return flash.unavailable_reason(q, k_cache, v_cache, sinks)
+    if name == "sdpa" and sinks is not None:
+        return "SDPA has no attention sinks"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerShape:
+    """What the candidates are checked and timed on: one attention layer of the target."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    value_dim: int
+    windows: tuple[int, ...] = (0,)  # every sliding window of the model's layers (0: full attention)
+    sinks: bool = False  # gpt-oss's per-head sink logits
+
+    @property
+    def scale(self) -> float:
+        return self.head_dim**-0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """A candidate at one (tokens, batch): its time summed over the contexts, or why it did not count."""
+
+    candidate: str
+    ms: float | None
+    refused: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The candidate kept for decode calls of `tokens` tokens in batches of up to `batch` rows."""
+
+    tokens: int
+    batch: int
+    chosen: str
+    timings: tuple[Timing, ...]
+    contexts: tuple[int, ...]
+
+    def line(self) -> str:
+        parts = [f"{t.candidate} {t.ms:.4f} ms" if t.ms is not None else f"{t.candidate}: {t.refused}" for t in self.timings]
+        return f"T={self.tokens} b<={self.batch}: {self.chosen} ({'; '.join(parts)})"
+
+
+@dataclasses.dataclass
+class AttentionChoices:
+    """The kernel each decode call of the target's attention runs: one for all (`fixed`), or the
+    measured `choices` by (tokens, smallest batch bucket holding the call's rows), else "dflash"."""
+
+    fixed: str | None = "dflash"
+    choices: tuple[Choice, ...] = ()
+
+    def pick(self, tokens: int, batch: int) -> str:
+        if self.fixed is not None:
+            return self.fixed
+        fits = [c for c in self.choices if c.tokens == tokens and c.batch >= batch]
+        return min(fits, key=lambda c: c.batch).chosen if fits else "dflash"
+
+    def attend(self, q, k, v, k_cache, v_cache, starts, sinks, scale, window=0) -> torch.Tensor:
+        """`ops.target_attention`'s call, run by the kernel picked for q's (batch, tokens)."""
+        return RUNNERS[self.pick(q.shape[1], q.shape[0])](q, k, v, k_cache, v_cache, starts, sinks, scale, window)
+
+    def describe(self) -> str:
+        if self.fixed is not None:
+            return f"target attention in decode passes: {self.fixed}"
+        return "target attention in decode passes, by measurement:\n" + "\n".join("  " + c.line() for c in self.choices)
+
+
+def _inputs(shape: LayerShape, batch: int, tokens: int, capacity: int, dtype: torch.dtype, generator: torch.Generator):
+    """Random q/k/v and caches (never zeros: METHOD), and the sinks when the model has them."""
+    device = generator.device
+    make = lambda *size, dtype=dtype: torch.randn(*size, dtype=dtype, device=device, generator=generator)  # noqa: E731
+    q = make(batch, tokens, shape.heads, shape.head_dim)
+    k, v = make(batch, tokens, shape.kv_heads, shape.head_dim), make(batch, tokens, shape.kv_heads, shape.value_dim)
+    k_cache, v_cache = make(batch, capacity, shape.kv_heads, shape.head_dim), make(batch, capacity, shape.kv_heads, shape.value_dim)
+    sinks = make(shape.heads, dtype=torch.float32) if shape.sinks else None
+    return q, k, v, k_cache, v_cache, sinks
+
+
+def check(name: str, shape: LayerShape, batch: int, tokens: int, capacity: int, dtype: torch.dtype, device: torch.device) -> str | None:
+    """Why candidate `name` is not the reference's attention here (None: it is, within TOLERANCE, with
+    the caches written exactly), on random inputs with random per-row lengths and each window."""
+    generator = torch.Generator(device=device).manual_seed(0)
+    q, k, v, k_cache, v_cache, sinks = _inputs(shape, batch, tokens, capacity, dtype, generator)
+    reason = unavailable_reason(name, q, k_cache, v_cache, sinks)
+    if reason is not None:
+        return reason
+    starts = torch.randint(0, capacity - tokens + 1, (batch,), device=device, generator=generator)  # a length per row
+    for window in shape.windows:
+        up = lambda t: t.to(torch.float32, copy=True)  # noqa: E731 - the reference writes its caches: copies
+        want = reference.target_attention(up(q), up(k), up(v), up(k_cache), up(v_cache), starts, sinks, shape.scale, window)
+        expected_k, expected_v = k_cache.clone(), v_cache.clone()
+        reference.write_block(expected_k, expected_v, starts, k, v)
+        got_k, got_v = k_cache.clone(), v_cache.clone()
+        try:
+            got = RUNNERS[name](q, k, v, got_k, got_v, starts, sinks, shape.scale, window)
+        except (RuntimeError, ValueError, NotImplementedError) as error:  # the library refused the inputs
+            return (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+        error = relative_error(got, want)
+        if not error <= TOLERANCE[dtype]:
+            return f"differs from the reference by {error:.1e} (window {window}; tolerance {TOLERANCE[dtype]:.0e})"
+        if not (torch.equal(got_k, expected_k) and torch.equal(got_v, expected_v)):
+            return f"writes the caches differently from the reference (window {window})"
+    return None
+
+
+def time_call(fn: Callable[[], object], device: torch.device, runs: int = TIMED_RUNS) -> float:
+    """Median ms of `fn`: replayed from a CUDA graph with L2 flushed before each replay on CUDA (NaN
+    where it cannot be captured), eagerly after two warm-up calls elsewhere."""
+    if device.type != "cuda":
+        fn(), fn()
+        times = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - started) * 1e3)
+        return statistics.median(times)
+    from trtllm_dflash.runtime import cuda_graphs
+
+    try:
+        replay, outputs = cuda_graphs.capture(fn, cuda_graphs.new_pool())
+    except Exception:  # noqa: BLE001 - a candidate that cannot be captured has no in-graph time
+        torch.cuda.synchronize()
+        return math.nan
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(runs)]
+    replay()
+    for start, end in events:
+        flush.zero_()
+        start.record()
+        replay()
+        end.record()
+    torch.cuda.synchronize()
+    del replay, outputs
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def measure_one(
+    shapes: list[LayerShape], tokens: int, batch: int, capacity: int, dtype: torch.dtype, device: torch.device, candidates=CANDIDATES
+) -> Choice:
+    """Every candidate checked on every layer shape, the exact ones timed on the first shape at
+    MEASURE_CONTEXTS (up to the capacity), the fastest kept."""
+    contexts = tuple(sorted({min(c, capacity - tokens) for c in MEASURE_CONTEXTS if capacity - tokens > 0})) or (0,)
+    check_capacity = min(max(contexts), CHECK_CONTEXT) + tokens
+    generator = torch.Generator(device=device).manual_seed(1)
+    shape = shapes[0]
+    timings = []
+    for name in candidates:
+        refused = next((r for s in shapes if (r := check(name, s, batch, tokens, check_capacity, dtype, device)) is not None), None)
+        if refused is not None:
+            timings.append(Timing(name, None, refused))
+            continue
+        total = 0.0
+        for context in contexts:
+            q, k, v, k_cache, v_cache, sinks = _inputs(shape, batch, tokens, context + tokens, dtype, generator)
+            starts = torch.full((batch,), context, dtype=torch.int64, device=device)
+            run = RUNNERS[name]
+            total += time_call(lambda: run(q, k, v, k_cache, v_cache, starts, sinks, shape.scale, 0), device)
+        timings.append(Timing(name, total) if not math.isnan(total) else Timing(name, None, "cannot be captured in a CUDA graph"))
+    timed = [t for t in timings if t.ms is not None]
+    chosen = min(timed, key=lambda t: t.ms).candidate if timed else "dflash"
+    return Choice(tokens, batch, chosen, tuple(timings), contexts)
+
+
+def measure(
+    shapes: list[LayerShape],
+    tokens: tuple[int, ...],
+    batches: tuple[int, ...],
+    capacity: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    say: Callable[[str], None] = lambda line: None,
+) -> AttentionChoices:
+    """The measured choice for every (tokens, batch bucket); `shapes`: the model's distinct layer shapes."""
+    choices = []
+    for count in tokens:
+        for batch in batches:
+            choices.append(measure_one(shapes, count, batch, capacity, dtype, device))
+            say(choices[-1].line())
+    return AttentionChoices(fixed=None, choices=tuple(choices))
+
+
+def fixed(name: str, shapes: list[LayerShape], capacity: int, dtype: torch.dtype, device: torch.device) -> AttentionChoices:
+    """`name` for every decode call, after checking it computes the reference's attention on every
+    layer shape of the model (one line naming the problem otherwise)."""
+    if name not in CANDIDATES:
+        raise DFlashError(f"unknown attention choice {name!r}", f"use one of {', '.join(CHOICES)}")
+    for shape in shapes if name != "dflash" else ():
+        for tokens in (1, 4):
+            reason = check(name, shape, 2, tokens, max(min(capacity, 64 + tokens), tokens), dtype, device)
+            if reason is not None:
+                raise DFlashError(
+                    f"attention choice {name!r} cannot run this target: {reason}", "use attention_choice='dflash' (or 'measure')"
+                )
+    return AttentionChoices(fixed=name)
