@@ -55,6 +55,17 @@ def generate(
         None, "--engines", help="Run the TensorRT engines of a build (its engines/ folder or --out directory; GPU)."
     ),
     onnx: Optional[Path] = typer.Option(None, "--onnx", help="Run a build's ONNX graphs on CPU with onnxruntime (its --out directory)."),
+    cuda_graphs: Optional[bool] = typer.Option(
+        None,
+        "--cuda-graphs/--no-cuda-graphs",
+        help="--target on a GPU: replay each step's passes from CUDA graphs (default: wherever the runtime can).",
+    ),
+    attention_choice: str = typer.Option(
+        "dflash",
+        "--attention-choice",
+        help="--target on a GPU: the target attention's kernel in decode passes: dflash, flash, sdpa, or measure "
+        "(the fastest exact one per batch bucket, timed at load).",
+    ),
 ) -> None:
     """Generate text for one or more prompts; prints tokens, acceptance lengths and speed."""
     template_kwargs = _template_kwargs(chat, chat_template_kwargs)
@@ -78,6 +89,8 @@ def generate(
         )
     if device not in ("cpu", "cuda"):
         raise DFlashError(f"unknown device {device!r}", "use --device cpu or --device cuda")
+    if (engines is not None or onnx is not None) and (cuda_graphs is not None or attention_choice != "dflash"):
+        raise DFlashError("--cuda-graphs and --attention-choice are options of --target models", "drop them with --engines or --onnx")
     if block_size is not None and block_size < 2:
         raise DFlashError(f"--block-size must be >= 2, got {block_size}", "use the drafter's block size")
     prompts = read_prompts(prompt, prompt_file)
@@ -95,7 +108,8 @@ def generate(
         pipe = get_backend("trt").open_pipeline(PipelineSource(build=onnx, onnx=True), device="cpu", max_context=max_context)
         Console(stderr=True, highlight=False).print("[dim]running the build's ONNX graphs on CPU with onnxruntime[/]")
     else:
-        pipe = get_backend("torch").open_pipeline(PipelineSource(target, drafter), device=device, max_context=max_context)
+        source = PipelineSource(target, drafter, cuda_graphs=cuda_graphs, attention_choice=attention_choice)
+        pipe = get_backend("torch").open_pipeline(source, device=device, max_context=max_context)
     outputs = pipe.generate(
         prompts,
         max_new_tokens=max_new_tokens,

@@ -73,6 +73,17 @@ def repo(
         help="Launch each decoding step before reading the one before it, so a GPU computes while the host schedules "
         "and streams; lossless; on a CPU it only costs a finishing request one extra step (default: off).",
     ),
+    cuda_graphs: Optional[bool] = typer.Option(
+        None,
+        "--cuda-graphs/--no-cuda-graphs",
+        help="Replay each decoding step's passes from CUDA graphs (default: wherever the runtime can, that is on a GPU).",
+    ),
+    attention_choice: Optional[str] = typer.Option(
+        None,
+        "--attention-choice",
+        help="On a GPU: the kernel of the target's attention in decode passes: dflash (ours), flash (torch's "
+        "FlashAttention), sdpa, or measure (the fastest exact one per batch bucket, timed when the model loads). Default: dflash.",
+    ),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out."),
     llmapi_model: Optional[Path] = typer.Option(
         None,
@@ -137,6 +148,8 @@ def repo(
         prefill_share=prefill_share,
         adaptive_drafting=adaptive_drafting,
         async_scheduling=async_scheduling,
+        cuda_graphs=cuda_graphs,
+        attention_choice=attention_choice,
     )
     path = repository.write_repository(out, models, source=written_from, force=force)
     for model_name, config in models:

@@ -149,3 +149,73 @@ def test_bad_choices_are_one_line_errors(pair):
     with pytest.raises(DFlashError, match="flash attention needs CUDA") as error:
         runtime.allocate(2, 64)
     assert "\n" not in str(error.value) and "attention_choice='dflash'" in str(error.value)
+
+
+def test_auto_takes_the_op_path_when_a_kernel_is_chosen_and_graphs_only_where_they_run(pair):
+    target, drafter = pair
+    assert TorchRuntime(target.model, drafter).attention == "hf"  # on a CPU
+    runtime = TorchRuntime(target.model, drafter, attention_choice="sdpa", cuda_graphs=None)
+    assert runtime.attention == "dflash" and runtime.cuda_graphs is None  # no CUDA here: no graphs, no error
+
+
+def test_a_repository_written_with_an_attention_choice_serves_it(tmp_path):
+    """`dflash-trt repo --attention-choice measure --no-cuda-graphs` reaches the served runtime, which
+    measures at load and streams the tokens of the default pipeline; engines refuse the options."""
+    import re
+
+    from support import RecordingSink, cli, invoke, serve_until
+
+    from trtllm_dflash.backends import open_served_pipeline
+    from trtllm_dflash.served_model.batching_loop import BatchingLoop
+    from trtllm_dflash.served_model.model_parameters import ServingConfig
+    from trtllm_dflash.served_model.protocol import GenerateInputs
+
+    out = tmp_path / "repo"
+    cli(
+        "repo",
+        "--model",
+        "demo",
+        "--out",
+        str(out),
+        "--attention-choice",
+        "measure",
+        "--no-cuda-graphs",
+        "--max-context",
+        "96",
+        "--max-batch",
+        "2",
+    )
+    parameters = dict(re.findall(r'key: "(\w+)"\s*value: \{\s*string_value: "([^"]*)"', (out / "dflash" / "config.pbtxt").read_text()))
+    config = ServingConfig.from_parameters(parameters)
+    assert (config.attention_choice, config.cuda_graphs) == ("measure", False)
+    assert ServingConfig(target="x").cuda_graphs is None and ServingConfig(target="x").attention_choice == "dflash"
+    engine = BatchingLoop(config, open_served_pipeline(config))
+    runtime = engine.pipeline.runtime
+    block = runtime.drafter_config.block_size
+    assert runtime.attention == "dflash"
+    assert [(c.tokens, c.batch) for c in runtime.attention_choices.choices] == [(1, 1), (1, 2), (block, 1), (block, 2)]
+    sink = RecordingSink()
+    engine.accept(GenerateInputs("def fib(n):", SamplingParams(max_new_tokens=24), streaming=True), sink)
+    serve_until(engine, lambda: sink.finished)
+    from trtllm_dflash import demo
+    from trtllm_dflash.api import DFlashPipeline
+
+    reference = DFlashPipeline.load(demo.target_dir(), demo.drafter_dir()).generate(["def fib(n):"], max_new_tokens=24)
+    assert [int(t) for r in sink.responses for t in r[0]["output_ids"]] == reference[0].token_ids
+    with pytest.raises(DFlashError, match="options of the torch backend"):
+        ServingConfig.from_parameters({"target": "x", "backend": "trt", "engines": "e", "attention_choice": "flash"})
+    bad = invoke("repo", "--model", "demo", "--out", str(tmp_path / "bad"), "--attention-choice", "fastest")
+    assert isinstance(bad.exception, DFlashError) and "attention_choice: Input should be 'dflash'" in str(bad.exception)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_generate_takes_the_choice_for_target_models_only(tmp_path):
+    import json
+
+    from support import cli, invoke
+
+    args = ["generate", "--target", "demo", "--drafter", "demo", "-p", "def fib(n):", "-n", "16", "--json"]
+    default, measured = (json.loads(cli(*args, *extra).strip().splitlines()[-1]) for extra in ([], ["--attention-choice", "measure"]))
+    assert measured["token_ids"] == default["token_ids"] and measured["acceptance_lengths"] == default["acceptance_lengths"]
+    refused = invoke("generate", "--onnx", str(tmp_path), "-p", "x", "--attention-choice", "flash")
+    assert isinstance(refused.exception, DFlashError) and "options of --target models" in str(refused.exception)

@@ -12,17 +12,17 @@ from trtllm_dflash.bench import gpu_step
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gpu_step.py"
 
 
-def test_the_tiny_mode_writes_every_row_and_part(tmp_path):
+def _script():
     spec = importlib.util.spec_from_file_location("bench_gpu_step", SCRIPT)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+def test_the_tiny_mode_writes_every_row_and_part(tmp_path):
     out = tmp_path / "step.md"
-    assert (
-        script.main(
-            ["--tiny", "--device", "cpu", "--batches", "1,2", "--contexts", "24", "--repeats", "2", "--loop-steps", "8", "--out", str(out)]
-        )
-        == 0
-    )
+    args = ["--tiny", "--device", "cpu", "--batches", "1,2", "--contexts", "24", "--repeats", "2", "--loop-steps", "8", "--out", str(out)]
+    assert _script().main(args) == 0
     table = out.read_text()
     assert "| 1 | 24 |" in table and "| 2 | 24 |" in table
     result = json.loads(out.with_suffix(".json").read_text())
@@ -44,3 +44,18 @@ def test_the_floors_count_qwen3_8b_as_the_issue_does():
     assert abs(2 * params / 1e9 - 15.14) < 0.02
     assert moved - 2 * params == 36 * 2 * 8 * 128 * 2 * 1024 + 151936 * 2
     assert flops > 2 * params
+
+
+def test_the_measured_attention_choice_is_reported_with_every_candidate(tmp_path):
+    """`--attention-choice measure` (the GPU run's): the runtime times the candidates per batch bucket
+    and the table lists them (here flash is refused: no CUDA)."""
+    out = tmp_path / "step.md"
+    args = ["--tiny", "--device", "cpu", "--batches", "2", "--contexts", "24", "--repeats", "2", "--loop-contexts", "", "--out", str(out)]
+    assert _script().main([*args, "--attention-choice", "measure"]) == 0
+    choices = json.loads(out.with_suffix(".json").read_text())["attention_choices"]
+    assert "by measurement" in choices
+    for tokens in (1, gpu_step.TINY.block):
+        for batch in (1, 2):
+            line = next(x for x in choices.splitlines() if f"T={tokens} b<={batch}:" in x)
+            assert "dflash " in line and "sdpa " in line and "flash: flash attention needs CUDA" in line
+    assert choices in out.read_text()

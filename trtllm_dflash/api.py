@@ -77,18 +77,20 @@ class DFlashPipeline:
         dtype: torch.dtype | None = None,
         max_context: int | None = None,
         attention: str = "auto",
-        cuda_graphs: bool = False,
+        cuda_graphs: bool | None = None,
+        attention_choice: str = "dflash",
     ) -> "DFlashPipeline":
         """Load checkpoints from local directories (or `demo`) into the torch runtime
-        (`attention` and `cuda_graphs` as TorchRuntime takes them). `max_context` is capped at the
-        target's max_position_embeddings, as the engine backends cap it at what their engines hold."""
+        (`attention`, `cuda_graphs` and `attention_choice` as TorchRuntime takes them; CUDA graphs by
+        default wherever the runtime can replay its passes, that is on a GPU). `max_context` is capped at
+        the target's max_position_embeddings, as the engine backends cap it at what their engines hold."""
         if device == "cuda" and not torch.cuda.is_available():
             raise DFlashError("--device cuda was asked for but no CUDA GPU is visible", "use --device cpu")
         loaded: Target = load_target(target, device=device, dtype=dtype)
         draft_model = load_drafter(drafter, target=loaded) if drafter is not None else None
         limit = int(getattr(loaded.config, "max_position_embeddings", DEFAULT_MAX_CONTEXT) or DEFAULT_MAX_CONTEXT)
         return cls(
-            TorchRuntime(loaded.model, draft_model, attention=attention, cuda_graphs=cuda_graphs),
+            TorchRuntime(loaded.model, draft_model, attention=attention, cuda_graphs=cuda_graphs, attention_choice=attention_choice),
             tokenizer=loaded.tokenizer,
             stop_token_ids=loaded.stop_token_ids(),
             max_context=min(max_context or DEFAULT_MAX_CONTEXT, limit),

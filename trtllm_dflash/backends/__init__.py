@@ -51,7 +51,14 @@ def open_served_pipeline(config: ServingConfig) -> DFlashPipeline:
     device = config.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    source = PipelineSource(config.target, config.drafter, build=config.engines, speculative=config.speculative)
+    source = PipelineSource(
+        config.target,
+        config.drafter,
+        build=config.engines,
+        speculative=config.speculative,
+        cuda_graphs=config.cuda_graphs,
+        attention_choice=config.attention_choice,
+    )
     return get_backend(config.backend).open_pipeline(source, device=device, max_context=config.max_context)
 
 

@@ -46,6 +46,9 @@ class PipelineSource:
     build: str | Path | None = None  # a `dflash-trt build` --out directory, or its engines/ folder
     speculative: bool = True  # False: the target alone (the autoregressive baseline)
     onnx: bool = False  # a build's ONNX graphs on CPU (onnxruntime) instead of its engines
+    # how the torch backend runs checkpoints (TorchRuntime's options; the engine backends have their own)
+    cuda_graphs: bool | None = None  # None: wherever the runtime can replay its passes (on a GPU)
+    attention_choice: str = "dflash"  # the target attention's kernel in decode passes (runtime/attention_choice.py)
 
 
 class Backend(abc.ABC):

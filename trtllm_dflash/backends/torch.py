@@ -38,4 +38,11 @@ class TorchBackend(Backend):
         if source.target is None:
             raise DFlashError("the torch backend runs checkpoints, and no target was named", "pass --target DIR (or demo)")
         drafter = source.drafter if source.speculative else None
-        return DFlashPipeline.load(source.target, drafter, device=device, max_context=max_context)
+        return DFlashPipeline.load(
+            source.target,
+            drafter,
+            device=device,
+            max_context=max_context,
+            cuda_graphs=source.cuda_graphs,
+            attention_choice=source.attention_choice,
+        )

@@ -365,6 +365,7 @@ class StepBenchmark:
     ceilings: Ceilings
     attention: str  # the target's attention and pass (fused or transformers')
     rows: list[StepRow]
+    choices: str = ""  # which kernel each decode pass's target attention runs (runtime/attention_choice.py)
 
 
 def run(
@@ -378,9 +379,12 @@ def run(
     out: Path | None = None,
     say: Say = print,
     fused: bool = True,
+    attention_choice: str = "dflash",
 ) -> StepBenchmark:
     """Build the models, then measure every batch x context; `out` (markdown) is rewritten after each
-    row. `fused=False` keeps the target on transformers' forward (the path before issue 39)."""
+    row. `fused=False` keeps the target on transformers' forward (the path before issue 39).
+    `attention_choice`: the runtime's kernel for the target's attention in decode passes ("measure":
+    timed per batch bucket when the runtime allocates; the table then lists every candidate's time)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     say(f"building {shape.name}-shaped target ({shape.layers} layers) and {shape.draft_layers}-layer drafter on {dev}")
@@ -398,13 +402,17 @@ def run(
         draft_params=_params([drafter, lm_head]),
         element=element,
     )
-    runtime = TorchRuntime(target, drafter, attention="auto", cuda_graphs=dev.type == "cuda", fused=fused)
+    choice = attention_choice if dev.type == "cuda" or attention_choice != "flash" else "dflash"
+    runtime = TorchRuntime(target, drafter, attention="dflash", cuda_graphs=dev.type == "cuda", fused=fused, attention_choice=choice)
+    if attention_choice == "measure":
+        say("measuring the target attention's candidates per batch bucket (runtime/attention_choice.py)")
     runtime.allocate(max(batches), max(contexts) + 4 * shape.block)
     passes = f"{runtime.attention}, {'fused' if runtime.fused is not None else 'transformers'} target pass"
-    say(f"target attention: {passes}")
+    choices = runtime.attention_choices.describe()
+    say(f"target attention: {passes}\n{choices}")
     _fill_caches(runtime)
     timer = PassTimer(dev, repeats, say)
-    result = StepBenchmark(shape, torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", ceilings, passes, [])
+    result = StepBenchmark(shape, torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", ceilings, passes, [], choices)
     for context in contexts:
         for batch in batches:
             say(f"batch {batch}, context {context}: in-graph passes")
@@ -487,6 +495,8 @@ def markdown(result: StepBenchmark) -> str:
         "host syncs and eager parts included; async: `async_scheduling=True`, each step launched before "
         "the one before is read.",
     ]
+    if result.choices:
+        lines += ["", "```", result.choices, "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -495,6 +505,7 @@ def result_json(result: StepBenchmark) -> dict:
         "shape": dataclasses.asdict(result.shape),
         "device": result.device,
         "attention": result.attention,
+        "attention_choices": result.choices,
         "ceilings": dataclasses.asdict(result.ceilings),
         "rows": [
             {

@@ -80,24 +80,32 @@ def span_bucket(span: int, capacity: int) -> int:
     return min(max(rounded, MIN_SPAN), capacity)
 
 
-def check_supported(runtime: CachedRuntime) -> None:
-    """Refuse the runtimes whose passes cannot be replayed from a graph, in one line."""
+def refusal(runtime: CachedRuntime) -> DFlashError | None:
+    """Why this runtime's passes cannot be replayed from graphs, as the one-line error (None: they can)."""
     if runtime.device.type != "cuda":
-        raise DFlashError(
+        return DFlashError(
             f"CUDA graphs need the model on a CUDA device; this runtime's model is on {runtime.device}",
-            "load the model with device 'cuda', or drop cuda_graphs (--cuda-graphs)",
+            "load the model with device 'cuda', or drop cuda_graphs (--no-cuda-graphs)",
         )
     if runtime.is_hybrid:
-        raise DFlashError(
+        return DFlashError(
             "CUDA graphs do not cover hybrid targets (their linear-attention states are committed per row between passes)",
-            "drop cuda_graphs for this target",
+            "drop cuda_graphs for this target (--no-cuda-graphs)",
         )
     if runtime.drafter_config is not None and runtime.drafter_config.history > 0:
-        raise DFlashError(
+        return DFlashError(
             "CUDA graphs do not cover drafters with a bounded draft history (sliding_window_size): "
             "their step reads row lengths on the host",
-            "drop cuda_graphs, or load the drafter without sliding_window_size",
+            "drop cuda_graphs (--no-cuda-graphs), or load the drafter without sliding_window_size",
         )
+    return None
+
+
+def check_supported(runtime: CachedRuntime) -> None:
+    """Refuse the runtimes whose passes cannot be replayed from a graph, in one line."""
+    error = refusal(runtime)
+    if error is not None:
+        raise error
 
 
 Replay = Callable[[], None]

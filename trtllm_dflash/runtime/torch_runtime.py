@@ -42,6 +42,7 @@ from trtllm_dflash.runtime import attention_choice as kernel_choice
 from trtllm_dflash.runtime.attention_choice import relative_error
 from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, Proposal, SamplingTensors, Slots, TargetOutput, draft_positions
 from trtllm_dflash.runtime.cuda_graphs import StepGraphs, batch_buckets
+from trtllm_dflash.runtime.cuda_graphs import refusal as cuda_graphs_refusal
 from trtllm_dflash.runtime.prefix_cache import PrefixBlock
 
 FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"
@@ -72,7 +73,7 @@ class TorchRuntime(CachedRuntime):
         target: PreTrainedModel,
         drafter: DFlashDrafter | None = None,
         attention: str = "auto",
-        cuda_graphs: bool = False,
+        cuda_graphs: bool | None = False,
         fused: bool = True,
         packed_linears: bool = True,
         attention_choice: str = "dflash",
@@ -81,7 +82,8 @@ class TorchRuntime(CachedRuntime):
         `dflash::target_attention` (the engines' op: the block written in place, each row read up
         to its own length) inside the model's code; "auto" picks dflash where the Triton kernels
         run (CUDA) and the model's attention is one the op expresses, else hf.
-        `cuda_graphs`: replay the draft and verify passes from CUDA graphs per batch bucket.
+        `cuda_graphs`: replay the draft and verify passes from CUDA graphs per batch bucket (None: where
+        this runtime can, that is on CUDA, without a hybrid target or a bounded-history drafter).
         `fused`: run the target's decoder layers with fewer calls (modeling/fused_target.py) where
         they are plain dense layers and a probe at `allocate` shows bit-identical logits and taps;
         otherwise, or with False, transformers' own forward.
@@ -90,9 +92,10 @@ class TorchRuntime(CachedRuntime):
         to pay (modeling/packed_linear.py); the probe then checks the fused pass within float32
         rounding (FUSED_TOLERANCE) instead of bit for bit.
         `attention_choice`: which kernel runs the target's attention in decode passes on the "dflash"
-        path (runtime/attention_choice.py): "dflash" (the op), "flash" (torch's FlashAttention with
-        per-row lengths, CUDA), "sdpa", each checked against the reference at `allocate`, or
-        "measure": the fastest exact one per (tokens, batch bucket), timed at `allocate`."""
+        path (runtime/attention_choice.py; "auto" then takes that path on a CPU too): "dflash" (the
+        op), "flash" (torch's FlashAttention with per-row lengths, CUDA), "sdpa", each checked against
+        the reference at `allocate`, or "measure": the fastest exact one per (tokens, batch bucket),
+        timed at `allocate`."""
         self.model = target.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         self.drafter_config = drafter.config if drafter is not None else None
@@ -123,14 +126,14 @@ class TorchRuntime(CachedRuntime):
         linear_attention.install(self.linear_modules)
         self.linear_states: linear_attention.LinearStates | None = None
         self.taps = HiddenTaps(self.decoder.layers, self.drafter_config.target_layer_ids) if drafter else None
-        self.attention = self._pick_attention(attention)
         if attention_choice not in kernel_choice.CHOICES:
             raise DFlashError(f"unknown attention_choice {attention_choice!r}", f"use one of {', '.join(kernel_choice.CHOICES)}")
+        self.attention = self._pick_attention(attention, wants_op=attention_choice != "dflash")
         if attention_choice != "dflash" and self.attention != "dflash":
             raise DFlashError(
-                f"attention_choice={attention_choice!r} chooses among kernels of the dflash attention path, "
+                f"attention_choice={attention_choice!r} chooses among kernels of the dflash attention op, "
                 f"which this runtime does not run (attention={self.attention!r})",
-                "use attention='dflash', or leave attention_choice at 'dflash'",
+                "use attention='dflash' (or 'auto') on a target the op expresses, or leave attention_choice at 'dflash'",
             )
         self.attention_choice = attention_choice
         # what each decode pass's target attention runs; set by allocate (measured or checked there)
@@ -139,6 +142,8 @@ class TorchRuntime(CachedRuntime):
         self.windows = target_attention.layer_windows(config)
         # cuda_graphs: replay the draft and verify passes from CUDA graphs per batch bucket (runtime/cuda_graphs.py);
         # refused in one line off CUDA. It wraps this instance's target_forward, draft_forward and allocate.
+        if cuda_graphs is None:
+            cuda_graphs = cuda_graphs_refusal(self) is None
         self.cuda_graphs = StepGraphs.install(self) if cuda_graphs else None
         # the fused pass: on transformers' attention (CPU) where a probe shows it bit-identical; on the
         # attention op (the GPU path, graphs or not) in place, where a probe shows it within FUSED_TOLERANCE
@@ -154,8 +159,11 @@ class TorchRuntime(CachedRuntime):
         drafter_float32 = drafter is not None and next(drafter.parameters()).dtype == torch.float32
         self._draft_linear = self._packed if self._packed is not None and drafter_float32 else None
 
-    def _pick_attention(self, attention: str) -> str:
+    def _pick_attention(self, attention: str, wants_op: bool = False) -> str:
+        """hf or dflash; "auto" takes dflash where the kernels run, or where an attention choice asks for the op."""
         reason = target_attention.unsupported_reason(self.model.config)
+        if attention == "auto" and wants_op and reason is None:
+            return "dflash"
         if attention == "auto":
             if reason is None and custom_ops.kernels_enabled(self.device):
                 reason = self._kernel_gap()

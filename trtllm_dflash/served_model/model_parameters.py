@@ -113,6 +113,18 @@ class ServingConfig(BaseModel):
         "On a CPU it only costs that extra step.",
     )
 
+    cuda_graphs: Optional[bool] = Field(
+        None,
+        description="torch backend: replay each decoding step's passes from CUDA graphs per batch bucket "
+        "(default: wherever the runtime can, that is on a GPU; off on a CPU).",
+    )
+    attention_choice: Literal["dflash", "flash", "sdpa", "measure"] = Field(
+        "dflash",
+        description="torch backend on the dflash attention path (a GPU): the kernel of the target's attention in decode "
+        "passes; each is checked against the reference when the model loads; 'measure' times the exact ones per batch "
+        "bucket there and keeps the fastest.",
+    )
+
     @field_validator("draft_len_schedule", mode="before")
     @classmethod
     def _parse_schedule(cls, value):
@@ -128,6 +140,8 @@ class ServingConfig(BaseModel):
     def _check(self) -> "ServingConfig":
         if self.backend == "trt" and not self.engines:
             raise ValueError("backend 'trt' needs 'engines' (a build directory)")
+        if self.backend != "torch" and (self.cuda_graphs is not None or self.attention_choice != "dflash"):
+            raise ValueError("cuda_graphs and attention_choice are options of the torch backend (engines carry their own)")
         if self.default_max_tokens is not None and self.default_max_tokens > self.max_tokens:
             raise ValueError(f"default_max_tokens {self.default_max_tokens} is above max_tokens {self.max_tokens}")
         return self
