@@ -4,6 +4,7 @@
     python benchmarks/bench_gpu_step.py --out $OUT/step.md      # Qwen3-8B shape, batch 1/8/32 x context 1k/4k
     python benchmarks/bench_gpu_step.py --tiny                  # a 2-layer hidden-64 model, CPU too (CI)
     python benchmarks/bench_gpu_step.py --attention-choice measure   # the target's attention kernel timed and chosen per batch
+    python benchmarks/bench_gpu_step.py --profile               # and where each pass's time goes, kernels by kind
     python benchmarks/bench_gpu_step.py --batches 1 --contexts 1024 --markdown benchmarks/RESULTS.md
 
 The table is rewritten to --out after every row, so a run stopped at its time limit keeps what it measured.
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=("dflash", "flash", "sdpa", "measure"),
         help="kernel of the target's attention in decode passes (measure: timed per batch bucket, the fastest exact one)",
     )
+    parser.add_argument("--profile", action="store_true", help="at the first context: each pass's kernels by kind (torch's profiler)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda where available)")
     parser.add_argument("--out", type=Path, default=None, help="markdown table, rewritten after every row (and a .json beside it)")
     parser.add_argument("--markdown", type=Path, default=None, help="append a dated section with the table to this file")
@@ -73,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         say=lambda text: print(text, flush=True),
         fused=not args.no_fused,
         attention_choice=args.attention_choice,
+        profile=args.profile,
     )
     table = gpu_step.markdown(result)
     print(table)

@@ -59,3 +59,40 @@ def test_the_measured_attention_choice_is_reported_with_every_candidate(tmp_path
             line = next(x for x in choices.splitlines() if f"T={tokens} b<={batch}:" in x)
             assert "dflash " in line and "sdpa " in line and "flash: flash attention needs CUDA" in line
     assert choices in out.read_text()
+
+
+def test_the_profile_splits_each_pass_into_kernel_kinds(tmp_path):
+    """`--profile`: each profiled pass's kernels add up to its kernel time, kind by kind, and the table
+    shows them beside the in-graph time (on a CPU the profiler sees aten ops)."""
+    out = tmp_path / "step.md"
+    args = ["--tiny", "--device", "cpu", "--batches", "1", "--contexts", "24", "--repeats", "2", "--loop-contexts", "", "--profile"]
+    assert _script().main([*args, "--out", str(out)]) == 0
+    row = json.loads(out.with_suffix(".json").read_text())["rows"][0]
+    assert [p["name"] for p in row["profiles"]] == ["AR pass", "verify pass", "draft pass"]
+    for profile in row["profiles"]:
+        kernels = [gpu_step.pass_profile.Kernel(**k) for k in profile["kernels"]]
+        assert kernels and all(k.ms > 0 and k.launches > 0 for k in kernels)
+        built = gpu_step.pass_profile.PassProfile(profile["name"], profile["graph_ms"], tuple(kernels), profile["weight_bytes"])
+        assert abs(sum(ms for _, ms in built.by_kind().values()) - built.kernel_ms) < 1e-9
+        assert built.by_kind()["GEMM"][1] > 0  # the projections are matmuls on any device
+    assert "| AR pass |" in out.read_text() and "Heaviest kernels of the verify pass" in out.read_text()
+
+
+def test_kernel_kinds_from_the_names_a_gpu_profile_shows():
+    from trtllm_dflash.bench.pass_profile import kind_of
+
+    names = {
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel": "GEMM",
+        "nvjet_tst_64x8_64x16_4x1_v_bz_splitK_TNT": "GEMM",
+        "void gemv2T_kernel_val<int, int, __nv_bfloat16, __nv_bfloat16, float, 128, 16, 4, 4, false, false>": "GEMM",
+        "target_attention_split_kernel": "attention",
+        "merge_partials_kernel": "attention",
+        "void pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4>>": "attention",
+        "add_rms_norm_kernel": "norm/rope/act",
+        "qk_norm_rope_kernel": "norm/rope/act",
+        "silu_mul_kernel": "norm/rope/act",
+        "Memcpy DtoD (Device -> Device)": "copy/fill",
+        "void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel>": "copy/fill",
+        "verify_commit_kernel": "other",
+    }
+    assert {name: kind_of(name) for name in names} == names

@@ -34,6 +34,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from trtllm_dflash.bench import pass_profile
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.runtime.base import SamplingTensors, draft_positions, sample_drafts
@@ -97,6 +98,7 @@ class StepRow:
     loop_ar_ms: float | None = None  # the decoding loop's wall-clock AR step
     loop_dflash_ms: float | None = None  # ... and DFlash step (random drafter: tau about 1)
     loop_async_ms: float | None = None  # ... and DFlash step with async scheduling
+    profiles: list[pass_profile.PassProfile] = dataclasses.field(default_factory=list)  # --profile: kernels by kind
 
     @property
     def dflash(self) -> Timed:
@@ -267,8 +269,11 @@ def _sampling(batch: int, mode: str, device: torch.device) -> SamplingTensors:
     )
 
 
-def measure_row(runtime: TorchRuntime, floors: Floors, ceilings: Ceilings, timer: PassTimer, batch: int, context: int) -> StepRow:
-    """The in-graph parts of a step at `batch` rows whose committed context is `context` tokens."""
+def measure_row(
+    runtime: TorchRuntime, floors: Floors, ceilings: Ceilings, timer: PassTimer, batch: int, context: int, profile: bool = False
+) -> StepRow:
+    """The in-graph parts of a step at `batch` rows whose committed context is `context` tokens;
+    `profile`: the AR, verify and draft passes' kernels by kind too (bench/pass_profile.py)."""
     s, device = floors.shape, runtime.device
     graphs = runtime.cuda_graphs
     target_forward = graphs._eager_target if graphs is not None else runtime.target_forward
@@ -299,6 +304,14 @@ def measure_row(runtime: TorchRuntime, floors: Floors, ceilings: Ceilings, timer
     cache_lens = starts - new_counts
     ms, how = timer("draft", lambda: draft_forward(rows, block, features, new_counts, cache_lens))
     row.parts["draft"] = Timed(ms, floor_ms(floors.draft_pass(batch, context), ceilings), how)
+    if profile:
+        passes = (
+            ("AR pass", ar, floors.target_weight_bytes),
+            ("verify pass", lambda: target_forward(rows, tokens, starts, span), floors.target_weight_bytes),
+            ("draft pass", lambda: draft_forward(rows, block, features, new_counts, cache_lens), floors.draft_weight_bytes),
+        )
+        for (name, fn, weights), part in zip(passes, ("ar", "verify pass", "draft")):
+            row.profiles.append(pass_profile.profile_pass(name, fn, device, row.parts[part].ms, weights))
 
     # verification on logits and drafts of the real shapes, random values (a random drafter's q)
     logits = torch.randn(batch, s.block, s.vocab, generator=g).to(device, runtime.dtype) * 4
@@ -380,11 +393,13 @@ def run(
     say: Say = print,
     fused: bool = True,
     attention_choice: str = "dflash",
+    profile: bool = False,
 ) -> StepBenchmark:
     """Build the models, then measure every batch x context; `out` (markdown) is rewritten after each
     row. `fused=False` keeps the target on transformers' forward (the path before issue 39).
     `attention_choice`: the runtime's kernel for the target's attention in decode passes ("measure":
-    timed per batch bucket when the runtime allocates; the table then lists every candidate's time)."""
+    timed per batch bucket when the runtime allocates; the table then lists every candidate's time).
+    `profile`: at the first context, each batch's passes' kernels by kind (bench/pass_profile.py)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     say(f"building {shape.name}-shaped target ({shape.layers} layers) and {shape.draft_layers}-layer drafter on {dev}")
@@ -416,7 +431,7 @@ def run(
     for context in contexts:
         for batch in batches:
             say(f"batch {batch}, context {context}: in-graph passes")
-            row = measure_row(runtime, floors, ceilings, timer, batch, context)
+            row = measure_row(runtime, floors, ceilings, timer, batch, context, profile=profile and context == contexts[0])
             result.rows.append(row)
             if out is not None:
                 out.write_text(markdown(result))
@@ -497,6 +512,9 @@ def markdown(result: StepBenchmark) -> str:
     ]
     if result.choices:
         lines += ["", "```", result.choices, "```"]
+    for r in result.rows:
+        if r.profiles:
+            lines += ["", pass_profile.markdown(r.profiles, c.bandwidth, r.batch, r.context).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
@@ -515,6 +533,7 @@ def result_json(result: StepBenchmark) -> dict:
                 "loop_dflash_ms": r.loop_dflash_ms,
                 "loop_async_ms": r.loop_async_ms,
                 "parts": {k: dataclasses.asdict(v) for k, v in {**r.parts, "dflash step": r.dflash}.items()},
+                "profiles": [dataclasses.asdict(p) for p in r.profiles],
             }
             for r in result.rows
         ],
