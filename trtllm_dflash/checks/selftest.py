@@ -400,7 +400,7 @@ def full_depth_step(budget: Budget, say: Say) -> StepOutcome:
     if total_gib < FULL_DEPTH_GIB:
         raise SkipStep(f"the Qwen3-8B-shaped step needs about {FULL_DEPTH_GIB} GiB of GPU memory; this GPU has {total_gib:.0f}")
     try:
-        result = gpu_step.run(gpu_step.QWEN3_8B, batches, contexts, contexts[:1], say=say)
+        result = gpu_step.run(gpu_step.QWEN3_8B, batches, contexts, contexts[:1], say=say, profile=True)
     finally:  # the steps after this one get the memory back, also after a failure
         gc.collect()
         torch.cuda.empty_cache()
