@@ -47,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=("dflash", "flash", "sdpa", "measure"),
         help="kernel of the target's attention in decode passes (measure: timed per batch bucket, the fastest exact one)",
     )
+    parser.add_argument(
+        "--verify-choice",
+        default="positions",
+        choices=("positions", "spread", "measure"),
+        help="kernels verifying the runtime's sampled steps (measure: timed per batch bucket; the verify columns time both forms anyway)",
+    )
     parser.add_argument("--profile", action="store_true", help="at the first context: each pass's kernels by kind (torch's profiler)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda where available)")
     parser.add_argument("--out", type=Path, default=None, help="markdown table, rewritten after every row (and a .json beside it)")
@@ -76,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         fused=not args.no_fused,
         attention_choice=args.attention_choice,
         profile=args.profile,
+        verify_choice=args.verify_choice,
     )
     table = gpu_step.markdown(result)
     print(table)

@@ -66,6 +66,11 @@ def generate(
         help="--target on a GPU: the target attention's kernel in decode passes: dflash, flash, sdpa, or measure "
         "(the fastest exact one per batch bucket, timed at load).",
     ),
+    verify_choice: str = typer.Option(
+        "positions",
+        "--verify-choice",
+        help="--target on a GPU: the kernels verifying sampled steps: positions, spread (the same decisions), or measure.",
+    ),
 ) -> None:
     """Generate text for one or more prompts; prints tokens, acceptance lengths and speed."""
     template_kwargs = _template_kwargs(chat, chat_template_kwargs)
@@ -89,8 +94,12 @@ def generate(
         )
     if device not in ("cpu", "cuda"):
         raise DFlashError(f"unknown device {device!r}", "use --device cpu or --device cuda")
-    if (engines is not None or onnx is not None) and (cuda_graphs is not None or attention_choice != "dflash"):
-        raise DFlashError("--cuda-graphs and --attention-choice are options of --target models", "drop them with --engines or --onnx")
+    if (engines is not None or onnx is not None) and (
+        cuda_graphs is not None or attention_choice != "dflash" or verify_choice != "positions"
+    ):
+        raise DFlashError(
+            "--cuda-graphs, --attention-choice and --verify-choice are options of --target models", "drop them with --engines or --onnx"
+        )
     if block_size is not None and block_size < 2:
         raise DFlashError(f"--block-size must be >= 2, got {block_size}", "use the drafter's block size")
     prompts = read_prompts(prompt, prompt_file)
@@ -108,7 +117,7 @@ def generate(
         pipe = get_backend("trt").open_pipeline(PipelineSource(build=onnx, onnx=True), device="cpu", max_context=max_context)
         Console(stderr=True, highlight=False).print("[dim]running the build's ONNX graphs on CPU with onnxruntime[/]")
     else:
-        source = PipelineSource(target, drafter, cuda_graphs=cuda_graphs, attention_choice=attention_choice)
+        source = PipelineSource(target, drafter, cuda_graphs=cuda_graphs, attention_choice=attention_choice, verify_choice=verify_choice)
         pipe = get_backend("torch").open_pipeline(source, device=device, max_context=max_context)
     outputs = pipe.generate(
         prompts,

@@ -84,6 +84,13 @@ def repo(
         help="On a GPU: the kernel of the target's attention in decode passes: dflash (ours), flash (torch's "
         "FlashAttention), sdpa, or measure (the fastest exact one per batch bucket, timed when the model loads). Default: dflash.",
     ),
+    verify_choice: Optional[str] = typer.Option(
+        None,
+        "--verify-choice",
+        help="On a GPU: the kernels verifying steps with sampled rows: positions (one program per position), spread "
+        "(every pass spread over the vocabulary; the same decisions), or measure (the faster per batch bucket, "
+        "at load). Default: positions.",
+    ),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out."),
     llmapi_model: Optional[Path] = typer.Option(
         None,
@@ -150,6 +157,7 @@ def repo(
         async_scheduling=async_scheduling,
         cuda_graphs=cuda_graphs,
         attention_choice=attention_choice,
+        verify_choice=verify_choice,
     )
     path = repository.write_repository(out, models, source=written_from, force=force)
     for model_name, config in models:

@@ -158,9 +158,11 @@ def test_auto_takes_the_op_path_when_a_kernel_is_chosen_and_graphs_only_where_th
     assert runtime.attention == "dflash" and runtime.cuda_graphs is None  # no CUDA here: no graphs, no error
 
 
-def test_a_repository_written_with_an_attention_choice_serves_it(tmp_path):
-    """`dflash-trt repo --attention-choice measure --no-cuda-graphs` reaches the served runtime, which
-    measures at load and streams the tokens of the default pipeline; engines refuse the options."""
+def test_a_repository_written_with_an_attention_choice_serves_it(tmp_path, monkeypatch):
+    """`dflash-trt repo --attention-choice measure --verify-choice measure --no-cuda-graphs` reaches the
+    served runtime, which measures at load (the spread verification refused: no kernels here) and
+    streams the tokens of the default pipeline; engines refuse the options."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     import re
 
     from support import RecordingSink, cli, invoke, serve_until
@@ -171,27 +173,16 @@ def test_a_repository_written_with_an_attention_choice_serves_it(tmp_path):
     from trtllm_dflash.served_model.protocol import GenerateInputs
 
     out = tmp_path / "repo"
-    cli(
-        "repo",
-        "--model",
-        "demo",
-        "--out",
-        str(out),
-        "--attention-choice",
-        "measure",
-        "--no-cuda-graphs",
-        "--max-context",
-        "96",
-        "--max-batch",
-        "2",
-    )
+    flags = ["--attention-choice", "measure", "--verify-choice", "measure", "--no-cuda-graphs", "--max-context", "96", "--max-batch", "2"]
+    cli("repo", "--model", "demo", "--out", str(out), *flags)
     parameters = dict(re.findall(r'key: "(\w+)"\s*value: \{\s*string_value: "([^"]*)"', (out / "dflash" / "config.pbtxt").read_text()))
     config = ServingConfig.from_parameters(parameters)
-    assert (config.attention_choice, config.cuda_graphs) == ("measure", False)
+    assert (config.attention_choice, config.verify_choice, config.cuda_graphs) == ("measure", "measure", False)
     assert ServingConfig(target="x").cuda_graphs is None and ServingConfig(target="x").attention_choice == "dflash"
     engine = BatchingLoop(config, open_served_pipeline(config))
     runtime = engine.pipeline.runtime
     block = runtime.drafter_config.block_size
+    assert [(c.block, c.batch, c.chosen) for c in runtime.verify_choices.choices] == [(block, 1, "positions"), (block, 2, "positions")]
     assert runtime.attention == "dflash"
     assert [(c.tokens, c.batch) for c in runtime.attention_choices.choices] == [(1, 1), (1, 2), (block, 1), (block, 2)]
     sink = RecordingSink()

@@ -79,9 +79,10 @@ class DFlashPipeline:
         attention: str = "auto",
         cuda_graphs: bool | None = None,
         attention_choice: str = "dflash",
+        verify_choice: str = "positions",
     ) -> "DFlashPipeline":
         """Load checkpoints from local directories (or `demo`) into the torch runtime
-        (`attention`, `cuda_graphs` and `attention_choice` as TorchRuntime takes them; CUDA graphs by
+        (`attention`, `cuda_graphs`, `attention_choice` and `verify_choice` as TorchRuntime takes them; CUDA graphs by
         default wherever the runtime can replay its passes, that is on a GPU). `max_context` is capped at
         the target's max_position_embeddings, as the engine backends cap it at what their engines hold."""
         if device == "cuda" and not torch.cuda.is_available():
@@ -90,7 +91,14 @@ class DFlashPipeline:
         draft_model = load_drafter(drafter, target=loaded) if drafter is not None else None
         limit = int(getattr(loaded.config, "max_position_embeddings", DEFAULT_MAX_CONTEXT) or DEFAULT_MAX_CONTEXT)
         return cls(
-            TorchRuntime(loaded.model, draft_model, attention=attention, cuda_graphs=cuda_graphs, attention_choice=attention_choice),
+            TorchRuntime(
+                loaded.model,
+                draft_model,
+                attention=attention,
+                cuda_graphs=cuda_graphs,
+                attention_choice=attention_choice,
+                verify_choice=verify_choice,
+            ),
             tokenizer=loaded.tokenizer,
             stop_token_ids=loaded.stop_token_ids(),
             max_context=min(max_context or DEFAULT_MAX_CONTEXT, limit),

@@ -49,6 +49,7 @@ class PipelineSource:
     # how the torch backend runs checkpoints (TorchRuntime's options; the engine backends have their own)
     cuda_graphs: bool | None = None  # None: wherever the runtime can replay its passes (on a GPU)
     attention_choice: str = "dflash"  # the target attention's kernel in decode passes (runtime/attention_choice.py)
+    verify_choice: str = "positions"  # the kernels verifying sampled steps (runtime/verify_choice.py)
 
 
 class Backend(abc.ABC):

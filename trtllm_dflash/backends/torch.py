@@ -45,4 +45,5 @@ class TorchBackend(Backend):
             max_context=max_context,
             cuda_graphs=source.cuda_graphs,
             attention_choice=source.attention_choice,
+            verify_choice=source.verify_choice,
         )

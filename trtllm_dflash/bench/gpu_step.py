@@ -394,12 +394,14 @@ def run(
     fused: bool = True,
     attention_choice: str = "dflash",
     profile: bool = False,
+    verify_choice: str = "positions",
 ) -> StepBenchmark:
     """Build the models, then measure every batch x context; `out` (markdown) is rewritten after each
     row. `fused=False` keeps the target on transformers' forward (the path before issue 39).
     `attention_choice`: the runtime's kernel for the target's attention in decode passes ("measure":
     timed per batch bucket when the runtime allocates; the table then lists every candidate's time).
-    `profile`: at the first context, each batch's passes' kernels by kind (bench/pass_profile.py)."""
+    `profile`: at the first context, each batch's passes' kernels by kind (bench/pass_profile.py).
+    `verify_choice`: the runtime's verification of sampled steps ("measure": timed per batch bucket)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     say(f"building {shape.name}-shaped target ({shape.layers} layers) and {shape.draft_layers}-layer drafter on {dev}")
@@ -418,12 +420,20 @@ def run(
         element=element,
     )
     choice = attention_choice if dev.type == "cuda" or attention_choice != "flash" else "dflash"
-    runtime = TorchRuntime(target, drafter, attention="dflash", cuda_graphs=dev.type == "cuda", fused=fused, attention_choice=choice)
+    runtime = TorchRuntime(
+        target,
+        drafter,
+        attention="dflash",
+        cuda_graphs=dev.type == "cuda",
+        fused=fused,
+        attention_choice=choice,
+        verify_choice=verify_choice,
+    )
     if attention_choice == "measure":
         say("measuring the target attention's candidates per batch bucket (runtime/attention_choice.py)")
     runtime.allocate(max(batches), max(contexts) + 4 * shape.block)
     passes = f"{runtime.attention}, {'fused' if runtime.fused is not None else 'transformers'} target pass"
-    choices = runtime.attention_choices.describe()
+    choices = runtime.attention_choices.describe() + "\n" + runtime.verify_choices.describe()
     say(f"target attention: {passes}\n{choices}")
     _fill_caches(runtime)
     timer = PassTimer(dev, repeats, say)

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
-import time
 from typing import Callable
 
 import torch
@@ -39,6 +37,7 @@ import torch.nn.functional as F
 from trtllm_dflash import ops
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.ops import flash, reference
+from trtllm_dflash.runtime.kernel_timing import time_call
 
 CANDIDATES = ("dflash", "flash", "sdpa")
 CHOICES = (*CANDIDATES, "measure")
@@ -48,8 +47,6 @@ CHOICES = (*CANDIDATES, "measure")
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 MEASURE_CONTEXTS = (256, 1024, 4096)  # context lengths each candidate is timed at (summed), up to the capacity
 CHECK_CONTEXT = 2048  # longest context checked against the reference (long enough for the op's KV splits)
-TIMED_RUNS = 20
-L2_FLUSH_BYTES = 256 * 1024 * 1024  # written before each timed replay: a decoding step finds K/V in HBM, not L2
 
 Attend = Callable[..., torch.Tensor]  # (q, k, v, k_cache, v_cache, starts, sinks, scale, window) -> [b, T, Hq, Dv]
 
@@ -212,37 +209,6 @@ def check(name: str, shape: LayerShape, batch: int, tokens: int, capacity: int, 
         if not (torch.equal(got_k, expected_k) and torch.equal(got_v, expected_v)):
             return f"writes the caches differently from the reference (window {window})"
     return None
-
-
-def time_call(fn: Callable[[], object], device: torch.device, runs: int = TIMED_RUNS) -> float:
-    """Median ms of `fn`: replayed from a CUDA graph with L2 flushed before each replay on CUDA (NaN
-    where it cannot be captured), eagerly after two warm-up calls elsewhere."""
-    if device.type != "cuda":
-        fn(), fn()
-        times = []
-        for _ in range(runs):
-            started = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - started) * 1e3)
-        return statistics.median(times)
-    from trtllm_dflash.runtime import cuda_graphs
-
-    try:
-        replay, outputs = cuda_graphs.capture(fn, cuda_graphs.new_pool())
-    except Exception:  # noqa: BLE001 - a candidate that cannot be captured has no in-graph time
-        torch.cuda.synchronize()
-        return math.nan
-    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(runs)]
-    replay()
-    for start, end in events:
-        flush.zero_()
-        start.record()
-        replay()
-        end.record()
-    torch.cuda.synchronize()
-    del replay, outputs
-    return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
 def measure_one(

@@ -39,6 +39,7 @@ from trtllm_dflash.modeling.kv_cache import RaggedHFCache, StaticKVCache
 from trtllm_dflash.modeling.taps import HiddenTaps
 from trtllm_dflash.ops import custom_ops
 from trtllm_dflash.runtime import attention_choice as kernel_choice
+from trtllm_dflash.runtime import verify_choice as verify_choice_module
 from trtllm_dflash.runtime.attention_choice import relative_error
 from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, Proposal, SamplingTensors, Slots, TargetOutput, draft_positions
 from trtllm_dflash.runtime.cuda_graphs import StepGraphs, batch_buckets
@@ -77,6 +78,7 @@ class TorchRuntime(CachedRuntime):
         fused: bool = True,
         packed_linears: bool = True,
         attention_choice: str = "dflash",
+        verify_choice: str = "positions",
     ) -> None:
         """`attention`: "hf" runs the model's own attention over our cache; "dflash" runs
         `dflash::target_attention` (the engines' op: the block written in place, each row read up
@@ -95,7 +97,10 @@ class TorchRuntime(CachedRuntime):
         path (runtime/attention_choice.py; "auto" then takes that path on a CPU too): "dflash" (the
         op), "flash" (torch's FlashAttention with per-row lengths, CUDA), "sdpa", each checked against
         the reference at `allocate`, or "measure": the fastest exact one per (tokens, batch bucket),
-        timed at `allocate`."""
+        timed at `allocate`.
+        `verify_choice`: which kernels verify a step with sampled rows (runtime/verify_choice.py):
+        "positions", "spread" (each pass spread over the vocabulary; the same decisions), or
+        "measure": the faster per batch bucket, timed at `allocate`."""
         self.model = target.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         self.drafter_config = drafter.config if drafter is not None else None
@@ -136,6 +141,10 @@ class TorchRuntime(CachedRuntime):
                 "use attention='dflash' (or 'auto') on a target the op expresses, or leave attention_choice at 'dflash'",
             )
         self.attention_choice = attention_choice
+        if verify_choice not in verify_choice_module.CHOICES:
+            raise DFlashError(f"unknown verify_choice {verify_choice!r}", f"use one of {', '.join(verify_choice_module.CHOICES)}")
+        self.verify_choice = verify_choice
+        self.verify_choices = verify_choice_module.VerifyChoices()  # set by allocate (measured or checked there)
         # what each decode pass's target attention runs; set by allocate (measured or checked there)
         self.attention_choices = kernel_choice.AttentionChoices()
         self._choices_for: tuple[int, int] | None = None  # the (max_batch, capacity) they were chosen for
@@ -225,9 +234,18 @@ class TorchRuntime(CachedRuntime):
         elif self._fused_candidate:
             self._fused_candidate = False  # probed once per runtime
             self.fused = self._probe_fused()
-        if self.attention == "dflash" and self._choices_for != (max_batch, capacity):
-            self.attention_choices = self._choose_attention(max_batch, capacity)
+        if self._choices_for != (max_batch, capacity):
+            if self.attention == "dflash":
+                self.attention_choices = self._choose_attention(max_batch, capacity)
+            self.verify_choices = self._choose_verify(max_batch)
             self._choices_for = (max_batch, capacity)
+
+    def _choose_verify(self, max_batch: int) -> verify_choice_module.VerifyChoices:
+        """How steps with sampled rows are verified: `verify_choice` checked, or measured."""
+        block = self.drafter_config.block_size if self.drafter_config is not None else 1
+        if self.verify_choice == "measure":
+            return verify_choice_module.measure((block,), batch_buckets(max_batch), self.vocab_size, self.dtype, self.device)
+        return verify_choice_module.fixed(self.verify_choice, block, self.vocab_size, self.dtype, self.device)
 
     def _choose_attention(self, max_batch: int, capacity: int) -> kernel_choice.AttentionChoices:
         """What each decode pass's target attention runs: `attention_choice` checked, or measured."""
@@ -406,6 +424,12 @@ class TorchRuntime(CachedRuntime):
         if any(cache_attention.window_bites(window, width) for window in self.windows):
             return False
         return not bool(starts.any())
+
+    def verify(self, target_logits, block, draft_probs, sampling: SamplingTensors, starts) -> tuple[torch.Tensor, torch.Tensor]:
+        """Accepted draft count and bonus token per row: by the spread kernels where chosen and some row samples."""
+        if self.verify_choices.spreads(block, sampling):
+            return verify_choice_module.verify_spread(target_logits, block, draft_probs, sampling, starts)
+        return super().verify(target_logits, block, draft_probs, sampling, starts)
 
     def _attend(self, logits_at) -> kernel_choice.Attend:
         """The target attention of this pass: the chosen kernels in decode passes; the op in prefill,

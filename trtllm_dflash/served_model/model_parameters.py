@@ -124,6 +124,11 @@ class ServingConfig(BaseModel):
         "passes; each is checked against the reference when the model loads; 'measure' times the exact ones per batch "
         "bucket there and keeps the fastest.",
     )
+    verify_choice: Literal["positions", "spread", "measure"] = Field(
+        "positions",
+        description="torch backend on a GPU: the kernels verifying steps with sampled rows: one program per position, "
+        "every pass spread over the vocabulary (the same decisions), or 'measure' (the faster per batch bucket, timed at load).",
+    )
 
     @field_validator("draft_len_schedule", mode="before")
     @classmethod
@@ -140,8 +145,10 @@ class ServingConfig(BaseModel):
     def _check(self) -> "ServingConfig":
         if self.backend == "trt" and not self.engines:
             raise ValueError("backend 'trt' needs 'engines' (a build directory)")
-        if self.backend != "torch" and (self.cuda_graphs is not None or self.attention_choice != "dflash"):
-            raise ValueError("cuda_graphs and attention_choice are options of the torch backend (engines carry their own)")
+        if self.backend != "torch" and (
+            self.cuda_graphs is not None or self.attention_choice != "dflash" or self.verify_choice != "positions"
+        ):
+            raise ValueError("cuda_graphs, attention_choice and verify_choice are options of the torch backend (engines carry their own)")
         if self.default_max_tokens is not None and self.default_max_tokens > self.max_tokens:
             raise ValueError(f"default_max_tokens {self.default_max_tokens} is above max_tokens {self.max_tokens}")
         return self

@@ -1,0 +1,162 @@
+"""Which kernels verify a step with sampled rows: one program per position, or spread over the vocabulary (issue 39 item 5).
+
+Why: at Qwen3's vocabulary (151,936) the per-position kernels took 4.6 ms for a top-k + top-p step
+and 0.67 ms for temperature alone on an H200 (benchmarks/RESULTS.md): one program per (row,
+position), 16 programs on 132 SMs at batch 1, each making ~14 serial passes over the vocabulary.
+The spread form (`ops/kernels/verify_spread.py`) cuts every pass into chunks of the vocabulary,
+many programs per position. Both decide exactly what `reference.verify_block_packed` decides (the
+same committed counts and tokens, tests/test_plugin_verify.py), so a choice changes no output
+(seeded requests reproduce either way), only time. A step whose rows are all greedy keeps the
+per-position kernels (a split argmax: 0.02 ms), and so does any step where the host does not know
+its rows' parameters.
+
+Choices: "positions" (the default until a GPU run has measured the spread kernels), "spread", or
+"measure": at `allocate`, per batch bucket, the spread form is checked against the reference on a
+step of mixed rows (greedy, temperature, top-k, top-p) and both forms are timed on a top-k + top-p
+step (runtime/kernel_timing.py), the faster kept. The kernels run on CUDA, or in Triton's
+interpreter where TRITON_INTERPRET=1 asks for it; elsewhere "spread" is refused in one line and
+"measure" keeps "positions".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from trtllm_dflash import ops
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.ops import custom_ops, reference
+from trtllm_dflash.runtime.kernel_timing import time_call
+
+FORMS = ("positions", "spread")
+CHOICES = (*FORMS, "measure")
+
+
+def unavailable_reason(device: torch.device) -> str | None:
+    """Why the spread kernels cannot run on `device` (None: they can)."""
+    if not custom_ops.kernels_enabled(device):
+        return "the verification kernels run on CUDA (or in Triton's interpreter, TRITON_INTERPRET=1)"
+    return None
+
+
+def verify_spread(target_logits, block, draft_probs, sampling, starts) -> tuple[torch.Tensor, torch.Tensor]:
+    """`CachedRuntime.verify` by the spread kernels: accepted draft count and bonus token per row."""
+    from trtllm_dflash.ops.kernels.verify_spread_launch import verify_block_spread
+
+    packed = verify_block_spread(target_logits, block, draft_probs, *sampling.tensors(), starts)
+    return packed[:, 0], packed[:, 1]
+
+
+def _step(batch: int, block: int, vocab: int, dtype: torch.dtype, device: torch.device, mixed: bool):
+    """A verification step's inputs (random, seeded): rows cycling through greedy, temperature, top-k,
+    top-p and both (`mixed`), or all top-k + top-p; drafts following the target's argmax for a few
+    positions, then not."""
+    g = torch.Generator(device="cpu").manual_seed(batch * 31 + block)
+    logits = (torch.randn(batch, block, vocab, generator=g) * 3).to(device, dtype)
+    kinds = [(0.0, 0, 1.0), (0.9, 0, 1.0), (1.0, 40, 1.0), (0.8, 0, 0.9), (1.0, 50, 0.9)] if mixed else [(1.0, 50, 0.9)]
+    rows = [kinds[r % len(kinds)] for r in range(batch)]
+    temperature = torch.tensor([t for t, _, _ in rows], dtype=torch.float32, device=device)
+    top_k = torch.tensor([k for _, k, _ in rows], dtype=torch.int64, device=device)
+    top_p = torch.tensor([p for _, _, p in rows], dtype=torch.float32, device=device)
+    seed = torch.arange(batch, dtype=torch.int64, device=device) * 7919 + 3
+    starts = torch.arange(batch, dtype=torch.int64, device=device) * 5 + 11
+    draft_logits = logits[:, 1:].float() + torch.randn(batch, block - 1, vocab, generator=g).to(device)
+    probs = reference.process_logits(draft_logits, temperature, top_k, top_p) if block > 1 else None
+    tokens = torch.randint(0, vocab, (batch, block), generator=g).to(device)
+    argmax = logits.float().argmax(-1)
+    for r in range(batch):
+        run = r % block
+        tokens[r, 1 : 1 + run] = argmax[r, :run]
+    return logits, tokens, probs, (temperature, top_k, top_p, seed), starts
+
+
+def check(batch: int, block: int, vocab: int, dtype: torch.dtype, device: torch.device) -> str | None:
+    """Why the spread form does not decide as the reference does here (None: it does, exactly)."""
+    from trtllm_dflash.ops.kernels.verify_spread_launch import verify_block_spread
+
+    reason = unavailable_reason(device)
+    if reason is not None:
+        return reason
+    logits, tokens, probs, sampling, starts = _step(batch, block, vocab, dtype, device, mixed=True)
+    want = reference.verify_block_packed(logits, tokens, probs, *sampling, starts)
+    try:
+        got = verify_block_spread(logits, tokens, probs, *sampling, starts)
+    except Exception as error:  # noqa: BLE001 - a kernel that does not compile or launch here is refused, not run
+        return f"the spread kernels failed: {(str(error).strip().splitlines() or [type(error).__name__])[0][:160]}"
+    if not torch.equal(got.cpu(), want.cpu()):
+        return "the spread kernels commit other tokens than the reference"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyChoice:
+    """The form kept for sampled steps of `block` tokens in batches of up to `batch` rows."""
+
+    block: int
+    batch: int
+    chosen: str
+    ms: dict[str, float | None]  # per form, on a top-k + top-p step (None: not timed)
+    refused: str = ""  # why the spread form was not timed
+
+    def line(self) -> str:
+        times = "; ".join(f"{form} {ms:.4f} ms" for form, ms in self.ms.items() if ms is not None)
+        return f"block {self.block} b<={self.batch}: {self.chosen} ({times}{'; spread: ' + self.refused if self.refused else ''})"
+
+
+@dataclasses.dataclass
+class VerifyChoices:
+    """The verification form of each step: `fixed` for all, or the measured `choices` by (block,
+    smallest batch bucket holding the step's rows), else "positions"."""
+
+    fixed: str | None = "positions"
+    choices: tuple[VerifyChoice, ...] = ()
+
+    def pick(self, block: int, batch: int) -> str:
+        if self.fixed is not None:
+            return self.fixed
+        fits = [c for c in self.choices if c.block == block and c.batch >= batch]
+        return min(fits, key=lambda c: c.batch).chosen if fits else "positions"
+
+    def spreads(self, block: torch.Tensor, sampling) -> bool:
+        """Whether this step runs the spread kernels: chosen for its shape, and some row samples (the
+        host's copies say so; unknown rows keep the per-position kernels)."""
+        if sampling.greedy is None or all(sampling.greedy):
+            return False
+        return self.pick(block.shape[1], block.shape[0]) == "spread"
+
+    def describe(self) -> str:
+        if self.fixed is not None:
+            return f"verification of sampled steps: {self.fixed}"
+        return "verification of sampled steps, by measurement:\n" + "\n".join("  " + c.line() for c in self.choices)
+
+
+def measure_one(block: int, batch: int, vocab: int, dtype: torch.dtype, device: torch.device) -> VerifyChoice:
+    refused = check(batch, block, vocab, dtype, device)
+    logits, tokens, probs, sampling, starts = _step(batch, block, vocab, dtype, device, mixed=False)
+    positions = time_call(lambda: ops.verify_block_packed(logits, tokens, probs, *sampling, starts), device)
+    ms: dict[str, float | None] = {"positions": None if math.isnan(positions) else positions, "spread": None}
+    if refused is None:
+        from trtllm_dflash.ops.kernels.verify_spread_launch import verify_block_spread
+
+        spread = time_call(lambda: verify_block_spread(logits, tokens, probs, *sampling, starts), device)
+        ms["spread"] = None if math.isnan(spread) else spread
+        refused = "cannot be captured in a CUDA graph" if ms["spread"] is None else ""
+    faster = ms["spread"] is not None and (ms["positions"] is None or ms["spread"] < ms["positions"])
+    return VerifyChoice(block, batch, "spread" if faster else "positions", ms, refused or "")
+
+
+def measure(blocks: tuple[int, ...], batches: tuple[int, ...], vocab: int, dtype: torch.dtype, device: torch.device) -> VerifyChoices:
+    """The measured form for every (block, batch bucket)."""
+    return VerifyChoices(None, tuple(measure_one(block, batch, vocab, dtype, device) for block in blocks for batch in batches))
+
+
+def fixed(name: str, block: int, vocab: int, dtype: torch.dtype, device: torch.device) -> VerifyChoices:
+    """`name` for every sampled step, after checking the spread form decides as the reference here."""
+    if name not in FORMS:
+        raise DFlashError(f"unknown verify choice {name!r}", f"use one of {', '.join(CHOICES)}")
+    reason = check(2, block, vocab, dtype, device) if name == "spread" else None
+    if reason is not None:
+        raise DFlashError(f"verify choice 'spread' cannot run here: {reason}", "use verify_choice='positions' (or 'measure')")
+    return VerifyChoices(fixed=name)
