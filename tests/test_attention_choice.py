@@ -4,7 +4,7 @@ Every candidate must compute `reference.target_attention` (per-row lengths, slid
 block written exactly into the caches); a candidate that computes something else is refused by the
 check, not chosen; the runtime on any choice decodes the tokens and acceptance lengths of the op,
 DFlash and autoregressive, greedy equal to the target alone; prefill never leaves the op. The flash
-candidate needs CUDA: here it must be refused with that reason (tests/test_attention_choice_gpu.py
+candidate needs CUDA: here it must be refused with that reason (tests/test_kernel_choice_gpu.py
 runs it on a GPU).
 """
 

@@ -1,8 +1,10 @@
-"""The attention choice on a GPU: torch's flash attention with per-row lengths computes the reference's
-attention at Qwen3-8B's layer shape, every candidate is timed from a CUDA graph, and the runtime on
-flash decodes like the op inside graphs.
+"""The kernel choices on a GPU (runtime/attention_choice.py, verify_choice.py): torch's flash attention
+with per-row lengths computes the reference's attention at Qwen3-8B's layer shape, every attention
+candidate is timed from a CUDA graph, the runtime on flash decodes like the op inside graphs; the
+compiled vocabulary-spread verification commits what the reference commits at Qwen3's vocabulary,
+and both verification forms are timed from graphs.
 
-Skipped where no GPU is visible (every CI machine). On a GPU machine: `pytest tests/test_attention_choice_gpu.py`.
+Skipped where no GPU is visible (every CI machine). On a GPU machine: `pytest tests/test_kernel_choice_gpu.py`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import torch
 
 from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
-from trtllm_dflash.runtime import attention_choice
+from trtllm_dflash.runtime import attention_choice, verify_choice
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 
 pytestmark = [
@@ -54,3 +56,14 @@ def test_the_demo_pair_on_flash_attention_decodes_like_the_op_in_graphs():
     # two kernels round differently in bf16: a near-tie may flip a token and the text after it, rarely
     same = sum(a == b for ours, theirs in zip(decoded["dflash"], decoded["flash"]) for a, b in zip(ours, theirs))
     assert same >= 0.9 * sum(len(t) for t in decoded["dflash"]), decoded
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_the_spread_verification_commits_what_the_reference_commits_at_qwen3_vocabulary(batch):
+    assert verify_choice.check(batch, 16, 151936, torch.bfloat16, torch.device("cuda")) is None
+
+
+def test_both_verification_forms_are_timed_from_a_cuda_graph():
+    choice = verify_choice.measure_one(16, 2, 151936, torch.bfloat16, torch.device("cuda"))
+    assert choice.ms["positions"] > 0 and choice.ms["spread"] > 0 and not choice.refused, choice.line()
+    assert choice.chosen == min(choice.ms, key=choice.ms.get)
