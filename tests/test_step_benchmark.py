@@ -52,7 +52,7 @@ def test_the_measured_attention_choice_is_reported_with_every_candidate(tmp_path
     out = tmp_path / "step.md"
     args = ["--tiny", "--device", "cpu", "--batches", "2", "--contexts", "24", "--repeats", "2", "--loop-contexts", "", "--out", str(out)]
     assert _script().main([*args, "--attention-choice", "measure"]) == 0
-    choices = json.loads(out.with_suffix(".json").read_text())["attention_choices"]
+    choices = json.loads(out.with_suffix(".json").read_text())["kernel_choices"]
     assert "by measurement" in choices
     for tokens in (1, gpu_step.TINY.block):
         for batch in (1, 2):

@@ -378,7 +378,7 @@ class StepBenchmark:
     ceilings: Ceilings
     attention: str  # the target's attention and pass (fused or transformers')
     rows: list[StepRow]
-    choices: str = ""  # which kernel each decode pass's target attention runs (runtime/attention_choice.py)
+    choices: str = ""  # the runtime's kernel choices: target attention in decode passes, verification of sampled steps
 
 
 def run(
@@ -419,18 +419,17 @@ def run(
         draft_params=_params([drafter, lm_head]),
         element=element,
     )
-    choice = attention_choice if dev.type == "cuda" or attention_choice != "flash" else "dflash"
     runtime = TorchRuntime(
         target,
         drafter,
         attention="dflash",
         cuda_graphs=dev.type == "cuda",
         fused=fused,
-        attention_choice=choice,
+        attention_choice=attention_choice,
         verify_choice=verify_choice,
     )
-    if attention_choice == "measure":
-        say("measuring the target attention's candidates per batch bucket (runtime/attention_choice.py)")
+    if "measure" in (attention_choice, verify_choice):
+        say("measuring the kernel candidates per batch bucket (runtime/attention_choice.py, verify_choice.py)")
     runtime.allocate(max(batches), max(contexts) + 4 * shape.block)
     passes = f"{runtime.attention}, {'fused' if runtime.fused is not None else 'transformers'} target pass"
     choices = runtime.attention_choices.describe() + "\n" + runtime.verify_choices.describe()
@@ -533,7 +532,7 @@ def result_json(result: StepBenchmark) -> dict:
         "shape": dataclasses.asdict(result.shape),
         "device": result.device,
         "attention": result.attention,
-        "attention_choices": result.choices,
+        "kernel_choices": result.choices,
         "ceilings": dataclasses.asdict(result.ceilings),
         "rows": [
             {

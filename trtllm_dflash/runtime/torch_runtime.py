@@ -38,8 +38,8 @@ from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.modeling.kv_cache import RaggedHFCache, StaticKVCache
 from trtllm_dflash.modeling.taps import HiddenTaps
 from trtllm_dflash.ops import custom_ops
-from trtllm_dflash.runtime import attention_choice as kernel_choice
-from trtllm_dflash.runtime import verify_choice as verify_choice_module
+from trtllm_dflash.runtime import attention_choice as attention_kernels
+from trtllm_dflash.runtime import verify_choice as verify_kernels
 from trtllm_dflash.runtime.attention_choice import relative_error
 from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, Proposal, SamplingTensors, Slots, TargetOutput, draft_positions
 from trtllm_dflash.runtime.cuda_graphs import StepGraphs, batch_buckets
@@ -131,8 +131,8 @@ class TorchRuntime(CachedRuntime):
         linear_attention.install(self.linear_modules)
         self.linear_states: linear_attention.LinearStates | None = None
         self.taps = HiddenTaps(self.decoder.layers, self.drafter_config.target_layer_ids) if drafter else None
-        if attention_choice not in kernel_choice.CHOICES:
-            raise DFlashError(f"unknown attention_choice {attention_choice!r}", f"use one of {', '.join(kernel_choice.CHOICES)}")
+        if attention_choice not in attention_kernels.CHOICES:
+            raise DFlashError(f"unknown attention_choice {attention_choice!r}", f"use one of {', '.join(attention_kernels.CHOICES)}")
         self.attention = self._pick_attention(attention, wants_op=attention_choice != "dflash")
         if attention_choice != "dflash" and self.attention != "dflash":
             raise DFlashError(
@@ -141,12 +141,12 @@ class TorchRuntime(CachedRuntime):
                 "use attention='dflash' (or 'auto') on a target the op expresses, or leave attention_choice at 'dflash'",
             )
         self.attention_choice = attention_choice
-        if verify_choice not in verify_choice_module.CHOICES:
-            raise DFlashError(f"unknown verify_choice {verify_choice!r}", f"use one of {', '.join(verify_choice_module.CHOICES)}")
+        if verify_choice not in verify_kernels.CHOICES:
+            raise DFlashError(f"unknown verify_choice {verify_choice!r}", f"use one of {', '.join(verify_kernels.CHOICES)}")
         self.verify_choice = verify_choice
-        self.verify_choices = verify_choice_module.VerifyChoices()  # set by allocate (measured or checked there)
+        self.verify_choices = verify_kernels.VerifyChoices()  # set by allocate (measured or checked there)
         # what each decode pass's target attention runs; set by allocate (measured or checked there)
-        self.attention_choices = kernel_choice.AttentionChoices()
+        self.attention_choices = attention_kernels.AttentionChoices()
         self._choices_for: tuple[int, int] | None = None  # the (max_batch, capacity) they were chosen for
         self.windows = target_attention.layer_windows(config)
         # cuda_graphs: replay the draft and verify passes from CUDA graphs per batch bucket (runtime/cuda_graphs.py);
@@ -240,31 +240,31 @@ class TorchRuntime(CachedRuntime):
             self.verify_choices = self._choose_verify(max_batch)
             self._choices_for = (max_batch, capacity)
 
-    def _choose_verify(self, max_batch: int) -> verify_choice_module.VerifyChoices:
+    def _choose_verify(self, max_batch: int) -> verify_kernels.VerifyChoices:
         """How steps with sampled rows are verified: `verify_choice` checked, or measured."""
         block = self.drafter_config.block_size if self.drafter_config is not None else 1
         if self.verify_choice == "measure":
-            return verify_choice_module.measure((block,), batch_buckets(max_batch), self.vocab_size, self.dtype, self.device)
-        return verify_choice_module.fixed(self.verify_choice, block, self.vocab_size, self.dtype, self.device)
+            return verify_kernels.measure((block,), batch_buckets(max_batch), self.vocab_size, self.dtype, self.device)
+        return verify_kernels.fixed(self.verify_choice, block, self.vocab_size, self.dtype, self.device)
 
-    def _choose_attention(self, max_batch: int, capacity: int) -> kernel_choice.AttentionChoices:
+    def _choose_attention(self, max_batch: int, capacity: int) -> attention_kernels.AttentionChoices:
         """What each decode pass's target attention runs: `attention_choice` checked, or measured."""
         if self.attention_choice == "dflash":
-            return kernel_choice.AttentionChoices()
+            return attention_kernels.AttentionChoices()
         heads = int(self.target_config.num_attention_heads)
         windows = tuple(sorted(set(self.windows)))
         sinks = any(getattr(getattr(layer, "self_attn", None), "sinks", None) is not None for layer in self.decoder.layers)
         shapes = list(
             dict.fromkeys(
-                kernel_choice.LayerShape(heads, s.kv_heads, s.key_dim, s.value_dim, windows, sinks)
+                attention_kernels.LayerShape(heads, s.kv_heads, s.key_dim, s.value_dim, windows, sinks)
                 for s in self._cache_shapes
                 if s is not None
             )
         )
         if self.attention_choice != "measure":
-            return kernel_choice.fixed(self.attention_choice, shapes, capacity, self.dtype, self.device)
+            return attention_kernels.fixed(self.attention_choice, shapes, capacity, self.dtype, self.device)
         tokens = (1, self.drafter_config.block_size) if self.drafter_config is not None else (1,)
-        return kernel_choice.measure(shapes, tokens, batch_buckets(max_batch), capacity, self.dtype, self.device)
+        return attention_kernels.measure(shapes, tokens, batch_buckets(max_batch), capacity, self.dtype, self.device)
 
     def _probe_fused(self) -> fused_target.FusedDecoder | None:
         """The fused decoder if it reproduces the unfused forward on a probe block (written to row 0's
@@ -428,15 +428,15 @@ class TorchRuntime(CachedRuntime):
     def verify(self, target_logits, block, draft_probs, sampling: SamplingTensors, starts) -> tuple[torch.Tensor, torch.Tensor]:
         """Accepted draft count and bonus token per row: by the spread kernels where chosen and some row samples."""
         if self.verify_choices.spreads(block, sampling):
-            return verify_choice_module.verify_spread(target_logits, block, draft_probs, sampling, starts)
+            return verify_kernels.verify_spread(target_logits, block, draft_probs, sampling, starts)
         return super().verify(target_logits, block, draft_probs, sampling, starts)
 
-    def _attend(self, logits_at) -> kernel_choice.Attend:
+    def _attend(self, logits_at) -> attention_kernels.Attend:
         """The target attention of this pass: the chosen kernels in decode passes; the op in prefill,
         whose padded rows may run past the capacity (only the op's write drops those)."""
         return self.attention_choices.attend if logits_at is None else ops.target_attention
 
-    def _dflash_decoder(self, slots: Slots, tokens, starts, positions, attend: kernel_choice.Attend) -> torch.Tensor:
+    def _dflash_decoder(self, slots: Slots, tokens, starts, positions, attend: attention_kernels.Attend) -> torch.Tensor:
         """The decoder with every attention layer on `dflash::target_attention` (or the kernel chosen
         for it, `attend`) over our cache slots."""
         caches = {i: (layer.keys, layer.values) for i, layer in enumerate(self.target_cache.layers) if layer.keys is not None}
