@@ -210,3 +210,16 @@ def test_generate_takes_the_choice_for_target_models_only(tmp_path):
     assert measured["token_ids"] == default["token_ids"] and measured["acceptance_lengths"] == default["acceptance_lengths"]
     refused = invoke("generate", "--onnx", str(tmp_path), "-p", "x", "--attention-choice", "flash")
     assert isinstance(refused.exception, DFlashError) and "options of --target models" in str(refused.exception)
+
+
+@pytest.mark.parametrize("window", [0, 128])
+def test_the_flash_call_fits_torchs_op_schema_and_output_shape(window):
+    """The GPU-only flash call checked against torch's own shape function (meta tensors, no kernel runs):
+    argument names and order, GQA heads, the output's layout."""
+    from trtllm_dflash.ops import flash
+
+    q = torch.empty(3, 16, 32, 128, device="meta", dtype=torch.bfloat16)
+    k_cache = torch.empty(3, 1040, 8, 128, device="meta", dtype=torch.bfloat16)
+    used = torch.empty(3, device="meta", dtype=torch.int64)
+    out = flash.attend(q, k_cache, k_cache, used, 128**-0.5, window)
+    assert out.shape == q.shape and out.dtype == q.dtype

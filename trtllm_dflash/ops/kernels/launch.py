@@ -317,11 +317,12 @@ def _split_and_merge(
 
 
 def _option_tensors(op_options: AttentionOptions, options: dict, device: torch.device) -> list[torch.Tensor]:
-    """The kernel's option pointers: each tensor option in float32, or a placeholder it does not read."""
+    """The kernel's option pointers: each tensor option in float32, or a placeholder it does not read
+    (allocated, never written: a fill would be one more kernel per layer in every captured pass)."""
     return [
         options[o.name].to(torch.float32).contiguous()
         if options.get(o.name) is not None
-        else torch.zeros(1, dtype=torch.float32, device=device)
+        else torch.empty(1, dtype=torch.float32, device=device)
         for o in op_options.tensors
     ]
 
@@ -566,7 +567,7 @@ def verify_first_stage(target_logits: torch.Tensor, draft_probs: torch.Tensor | 
     target_logits = target_logits.contiguous()
     chunk_max, chunk_index = verify_partials(target_logits, chunk_v or VERIFY_CHUNK_V // VERIFY_BLOCK_V * block_v, block_v)
     has_draft = draft_probs is not None and target_logits.shape[1] > 1
-    dummy = torch.zeros(1, dtype=torch.float32, device=target_logits.device)
+    dummy = torch.empty(1, dtype=torch.float32, device=target_logits.device)  # not read without drafts
     return target_logits, chunk_max, chunk_index, has_draft, draft_probs.to(torch.float32).contiguous() if has_draft else dummy
 
 
