@@ -182,7 +182,7 @@ def test_a_repository_written_with_an_attention_choice_serves_it(tmp_path, monke
     engine = BatchingLoop(config, open_served_pipeline(config))
     runtime = engine.pipeline.runtime
     block = runtime.drafter_config.block_size
-    assert [(c.block, c.batch, c.chosen) for c in runtime.verify_choices.choices] == [(block, 1, "positions"), (block, 2, "positions")]
+    assert [(c.tokens, c.batch, c.chosen) for c in runtime.verify_choices.choices] == [(block, 1, "positions"), (block, 2, "positions")]
     assert runtime.attention == "dflash"
     assert [(c.tokens, c.batch) for c in runtime.attention_choices.choices] == [(1, 1), (1, 2), (block, 1), (block, 2)]
     sink = RecordingSink()

@@ -31,7 +31,7 @@ def test_off_the_kernels_spread_is_refused_and_measure_keeps_positions(monkeypat
         verify_choice.fixed("spread", 4, 300, torch.float32, CPU)
     assert "\n" not in str(error.value) and "verify_choice='positions'" in str(error.value)
     choices = verify_choice.measure((4,), (1, 2), 300, torch.float32, CPU)
-    assert [(c.block, c.batch, c.chosen) for c in choices.choices] == [(4, 1, "positions"), (4, 2, "positions")]
+    assert [(c.tokens, c.batch, c.chosen) for c in choices.choices] == [(4, 1, "positions"), (4, 2, "positions")]
     assert all(c.ms["positions"] > 0 and c.ms["spread"] is None and "run on CUDA" in c.refused for c in choices.choices)
 
 

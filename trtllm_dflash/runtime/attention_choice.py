@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from trtllm_dflash import ops
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.ops import flash, reference
-from trtllm_dflash.runtime.kernel_timing import time_call
+from trtllm_dflash.runtime.kernel_choice import bucketed, time_call
 
 CANDIDATES = ("dflash", "flash", "sdpa")
 CHOICES = (*CANDIDATES, "measure")
@@ -160,8 +160,7 @@ class AttentionChoices:
     def pick(self, tokens: int, batch: int) -> str:
         if self.fixed is not None:
             return self.fixed
-        fits = [c for c in self.choices if c.tokens == tokens and c.batch >= batch]
-        return min(fits, key=lambda c: c.batch).chosen if fits else "dflash"
+        return bucketed(self.choices, tokens, batch, "dflash")
 
     def attend(self, q, k, v, k_cache, v_cache, starts, sinks, scale, window=0) -> torch.Tensor:
         """`ops.target_attention`'s call, run by the kernel picked for q's (batch, tokens)."""

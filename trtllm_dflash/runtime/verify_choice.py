@@ -13,7 +13,7 @@ its rows' parameters.
 Choices: "positions" (the default until a GPU run has measured the spread kernels), "spread", or
 "measure": at `allocate`, per batch bucket, the spread form is checked against the reference on a
 step of mixed rows (greedy, temperature, top-k, top-p) and both forms are timed on a top-k + top-p
-step (runtime/kernel_timing.py), the faster kept. The kernels run on CUDA, or in Triton's
+step (runtime/kernel_choice.py), the faster kept. The kernels run on CUDA, or in Triton's
 interpreter where TRITON_INTERPRET=1 asks for it; elsewhere "spread" is refused in one line and
 "measure" keeps "positions".
 """
@@ -28,7 +28,7 @@ import torch
 from trtllm_dflash import ops
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.ops import custom_ops, reference
-from trtllm_dflash.runtime.kernel_timing import time_call
+from trtllm_dflash.runtime.kernel_choice import bucketed, time_call
 
 FORMS = ("positions", "spread")
 CHOICES = (*FORMS, "measure")
@@ -92,9 +92,9 @@ def check(batch: int, block: int, vocab: int, dtype: torch.dtype, device: torch.
 
 @dataclasses.dataclass(frozen=True)
 class VerifyChoice:
-    """The form kept for sampled steps of `block` tokens in batches of up to `batch` rows."""
+    """The form kept for sampled steps of `tokens` block tokens in batches of up to `batch` rows."""
 
-    block: int
+    tokens: int
     batch: int
     chosen: str
     ms: dict[str, float | None]  # per form, on a top-k + top-p step (None: not timed)
@@ -102,7 +102,7 @@ class VerifyChoice:
 
     def line(self) -> str:
         times = "; ".join(f"{form} {ms:.4f} ms" for form, ms in self.ms.items() if ms is not None)
-        return f"block {self.block} b<={self.batch}: {self.chosen} ({times}{'; spread: ' + self.refused if self.refused else ''})"
+        return f"block {self.tokens} b<={self.batch}: {self.chosen} ({times}{'; spread: ' + self.refused if self.refused else ''})"
 
 
 @dataclasses.dataclass
@@ -116,8 +116,7 @@ class VerifyChoices:
     def pick(self, block: int, batch: int) -> str:
         if self.fixed is not None:
             return self.fixed
-        fits = [c for c in self.choices if c.block == block and c.batch >= batch]
-        return min(fits, key=lambda c: c.batch).chosen if fits else "positions"
+        return bucketed(self.choices, block, batch, "positions")
 
     def spreads(self, block: torch.Tensor, sampling) -> bool:
         """Whether this step runs the spread kernels: chosen for its shape, and some row samples (the

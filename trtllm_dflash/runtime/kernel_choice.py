@@ -1,6 +1,7 @@
-"""Timing a kernel choice the way a decoding step runs it (runtime/attention_choice.py, verify_choice.py).
+"""What the kernel choices share (runtime/attention_choice.py, verify_choice.py): timing a candidate
+the way a decoding step runs it, and finding the choice measured for a call's shape.
 
-On a GPU: captured into a CUDA graph and replayed, so the Python launcher is not timed (a step's
+Timing, on a GPU: captured into a CUDA graph and replayed, so the Python launcher is not timed (a step's
 passes are graphs), with the L2 cache flushed before each replay (a step finds its K/V and logits
 in HBM: the weights it read since evict them), timed with device events, median. Elsewhere the
 host clock, eagerly, after two warm-up calls.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -48,3 +49,16 @@ def time_call(fn: Callable[[], object], device: torch.device, runs: int = TIMED_
     torch.cuda.synchronize()
     del replay, outputs
     return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+class Measured(Protocol):
+    tokens: int  # the call's tokens per row (a verified block's length)
+    batch: int  # the batch bucket it was measured at
+    chosen: str
+
+
+def bucketed(choices: "tuple[Measured, ...]", tokens: int, batch: int, default: str) -> str:
+    """The choice measured for `tokens` at the smallest batch bucket holding `batch` rows (`default`
+    where none was: shapes not measured keep the default kernels)."""
+    fits = [c for c in choices if c.tokens == tokens and c.batch >= batch]
+    return min(fits, key=lambda c: c.batch).chosen if fits else default
