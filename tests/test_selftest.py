@@ -150,8 +150,22 @@ def test_step_runs_only_the_named_steps_in_order(run_main, monkeypatch, tmp_path
 def test_an_unknown_step_is_refused_before_the_gpu_is_looked_for(run_main, tmp_path):
     code, _, stderr = run_main("selftest", "--gpu", "--step", "kernel", "--out", str(tmp_path / "R.md"))
     assert code == 2 and len(stderr.strip().splitlines()) == 1
-    assert "unknown GPU check step kernel" in stderr and "tests, kernels, decode-demo" in stderr
+    assert "unknown GPU check step kernel" in stderr and "tests, kernels, choices, decode-demo" in stderr
     assert not (tmp_path / "R.md").exists()
+
+
+def test_the_kernel_choice_step_reports_every_pick_and_fails_on_a_refusal(monkeypatch):
+    """Here (no CUDA) flash attention and the spread verification are refused: the step names them
+    and fails, as it would on a GPU where a candidate computed something else."""
+    from trtllm_dflash.runtime import attention_choice
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    layer = attention_choice.LayerShape(heads=4, kv_heads=2, head_dim=16, value_dim=16)
+    outcome = selftest.kernel_choice_step(selftest.QUICK, lambda text: None, device="cpu", layer=layer, vocab=300, capacity=80)
+    assert not outcome.passed
+    assert "T=1 b1 " in outcome.summary and "T=16 b8 " in outcome.summary and "verify b1 positions" in outcome.summary
+    assert "flash: flash attention needs CUDA" in outcome.summary and "spread: the verification kernels run on CUDA" in outcome.summary
+    assert "by measurement" in outcome.markdown
 
 
 def test_every_step_has_the_key_the_command_line_accepts():

@@ -434,6 +434,33 @@ def tensorrt_step(env: GpuEnvironment, say: Say) -> StepOutcome:
     return StepOutcome(f"{line}; {tail}", line + ".\n", passed=done.returncode == 0)
 
 
+def kernel_choice_step(
+    budget: Budget, say: Say, device: str = "cuda", layer=None, vocab: int = 151936, capacity: int = 4096 + 64
+) -> StepOutcome:
+    """What `--attention-choice measure` and `--verify-choice measure` pick at Qwen3-8B's layer shape
+    and vocabulary (runtime/attention_choice.py, verify_choice.py): every candidate checked against
+    the reference and timed from a CUDA graph per batch. Fails where a candidate that should run on
+    this GPU was refused (it computed something else, or did not compile or capture)."""
+    import torch
+
+    from trtllm_dflash.runtime import attention_choice, verify_choice
+
+    batches = (1, 8) if budget.quick else (1, 8, 32)
+    where = torch.device(device)
+    layer = layer or attention_choice.LayerShape(heads=32, kv_heads=8, head_dim=128, value_dim=128)
+    dtype = torch.bfloat16 if where.type == "cuda" else torch.float32
+    attention = attention_choice.measure([layer], (1, 16), batches, capacity, dtype, where, say=say)
+    verify = verify_choice.measure((16,), batches, vocab, dtype, where)
+    for choice in verify.choices:
+        say(choice.line())
+    refused = [f"T={c.tokens} b={c.batch} {t.candidate}: {t.refused}" for c in attention.choices for t in c.timings if t.ms is None]
+    refused += [f"verify b={c.batch} spread: {c.refused}" for c in verify.choices if c.refused]
+    picks = ", ".join(f"T={c.tokens} b{c.batch} {c.chosen}" for c in attention.choices)
+    picks += "; verify " + ", ".join(f"b{c.batch} {c.chosen}" for c in verify.choices)
+    summary = f"picked {picks}" + (f"; refused: {'; '.join(refused)}" if refused else "")
+    return StepOutcome(summary, "```\n" + attention.describe() + "\n" + verify.describe() + "\n```\n", passed=not refused)
+
+
 def gpu_steps(env: GpuEnvironment, budget: Budget, say: Say) -> list[Step]:
     """The check's steps in order (the test subprocess first, before this process holds GPU memory)."""
     return [
@@ -441,13 +468,14 @@ def gpu_steps(env: GpuEnvironment, budget: Budget, say: Say) -> list[Step]:
         Step("kernel warm-up", lambda: warmup_step(say), "warmup"),
         Step("GPU tests", lambda: gpu_tests_step(say=say), "tests"),
         Step("kernel benchmark", lambda: kernel_benchmark_step(budget, say), "kernels"),
+        Step("kernel choices: Qwen3-8B shapes", lambda: kernel_choice_step(budget, say), "choices"),
         Step("decode: demo pair", lambda: demo_decode_step(budget, say), "decode-demo"),
         Step("decode: Qwen3-8B-shaped, 2 layers", lambda: qwen3_8b_shaped_decode_step(budget, say), "decode-qwen3-8b"),
         Step("TensorRT engines", lambda: tensorrt_step(env, say), "tensorrt"),
     ]
 
 
-STEP_KEYS = ("step", "warmup", "tests", "kernels", "decode-demo", "decode-qwen3-8b", "tensorrt")
+STEP_KEYS = ("step", "warmup", "tests", "kernels", "choices", "decode-demo", "decode-qwen3-8b", "tensorrt")
 
 
 def check_step_keys(keys: list[str]) -> None:
