@@ -96,3 +96,20 @@ def test_kernel_kinds_from_the_names_a_gpu_profile_shows():
         "verify_commit_kernel": "other",
     }
     assert {name: kind_of(name) for name in names} == names
+
+
+def test_the_gpu_window_script_parses_every_command_it_runs(tmp_path):
+    """benchmarks/gpu_window.sh on a CPU: each command parses its flags and stops at the missing GPU
+    (an unknown flag or step would stop at its usage line instead), and the summary names each."""
+    import os
+    import subprocess
+    import sys
+
+    script = SCRIPT.parent / "gpu_window.sh"
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    subprocess.run(["bash", str(script)], cwd=SCRIPT.parents[1], env=env, check=True, capture_output=True, timeout=300)
+    summary = (tmp_path / "summary.txt").read_text().splitlines()
+    assert summary == ["step: exit 2", "choices: exit 2", "step_measured: exit 2"]
+    for name in ("step", "choices", "step_measured"):
+        log = (tmp_path / f"{name}.log").read_text()
+        assert "no CUDA device" in log and "usage" not in log.lower(), log
