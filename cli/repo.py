@@ -108,7 +108,10 @@ def repo(
     if len(sources) != 1:
         raise DFlashError("name exactly one of --model, --recipe or --build", "for example `dflash-trt repo --model demo --out REPO`")
     console = Console(highlight=False)
+    runtime_flags = [flag for flag, value in (("--cuda-graphs", cuda_graphs), ("--attention-choice", attention_choice),
+                     ("--verify-choice", verify_choice)) if value is not None]  # fmt: skip
     if build is not None:
+        _torch_runtime_only(runtime_flags, "--build")
         artifact = read_build_artifact(build)
         if llmapi_model is not None:
             _trtllm_only(get_backend(artifact.backend), "--build")
@@ -126,6 +129,7 @@ def repo(
     if llmapi_model is not None:
         _trtllm_only(backend, "the recipe" if found is not None else "--model DIR")
     if backend is not None and backend.needs_build:  # its own repository (trtllm), or built first (trt)
+        _torch_runtime_only(runtime_flags, f"recipe {found.name} ({backend.name} backend)")
         extra = {"llmapi_model": llmapi_model} if llmapi_model is not None else {}
         path, notes = backend.write_recipe_repository(out, found, drafter_dir=drafter, force=force, **extra)
         console.print(f"wrote {backend.repository_title} for [bold]{escape(found.name)}[/] to {escape(str(path))}")
@@ -166,6 +170,15 @@ def repo(
             f"[bold]{escape(model_name)}[/]: {kind}, {escape(config.target)} on the {config.backend} backend, max batch {config.max_batch}"
         )
     console.print(f"wrote {escape(str(path))}; serve it with `dflash-trt serve {escape(shlex.quote(str(path)))}`")
+
+
+def _torch_runtime_only(flags: list[str], what: str) -> None:
+    """Refuse the torch runtime's options where the repository serves engines (they carry their own)."""
+    if flags:
+        raise DFlashError(
+            f"{', '.join(flags)} {'is an option' if len(flags) == 1 else 'are options'} of the torch runtime, which {what} does not use",
+            f"drop {'it' if len(flags) == 1 else 'them'}, or write the repository from checkpoints (--model DIR or a torch-backend recipe)",
+        )
 
 
 def _trtllm_only(backend, what: str) -> None:

@@ -223,3 +223,14 @@ def test_the_flash_call_fits_torchs_op_schema_and_output_shape(window):
     used = torch.empty(3, device="meta", dtype=torch.int64)
     out = flash.attend(q, k_cache, k_cache, used, 128**-0.5, window)
     assert out.shape == q.shape and out.dtype == q.dtype
+
+
+def test_repositories_of_engines_refuse_the_torch_runtime_options(tmp_path):
+    from support import invoke
+
+    refused = invoke(
+        "repo", "--build", str(tmp_path / "build"), "--out", str(tmp_path / "repo"), "--attention-choice", "measure", "--no-cuda-graphs"
+    )
+    assert isinstance(refused.exception, DFlashError)
+    assert "--cuda-graphs, --attention-choice are options of the torch runtime, which --build does not use" in str(refused.exception)
+    assert not (tmp_path / "repo").exists()
