@@ -14,7 +14,6 @@ benchmarks/bench_kernels.py.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable
 
 import torch
@@ -162,18 +161,11 @@ def _median_ms(fn: Callable[[], object]) -> float:
 def graph_median_ms(fn: Callable[[], object]) -> float:
     """Median time of `fn` replayed from a CUDA graph captured around it: the kernels as a captured
     decoding step runs them, without the Python launcher's time (do_bench of `fn` itself includes
-    it, and at small shapes it is most of what is timed). NaN where the capture fails."""
-    from trtllm_dflash.runtime import cuda_graphs
+    it, and at small shapes it is most of what is timed). L2 flushed before each replay, as
+    do_bench does; NaN where the capture fails. The runtime's kernel choices time the same way."""
+    from trtllm_dflash.runtime.kernel_choice import time_call
 
-    try:
-        replay, outputs = cuda_graphs.capture(fn, torch.cuda.graph_pool_handle())
-    except Exception:  # noqa: BLE001 - a candidate that cannot be captured has no in-graph time
-        torch.cuda.synchronize()
-        return math.nan
-    ms = _median_ms(replay)
-    del replay, outputs
-    torch.cuda.synchronize()
-    return ms
+    return time_call(fn, torch.device("cuda"))
 
 
 def bench_attention(
