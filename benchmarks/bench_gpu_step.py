@@ -50,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--verify-choice",
         default="positions",
-        choices=("positions", "spread", "measure"),
-        help="kernels verifying the runtime's sampled steps (measure: timed per batch bucket; the verify columns time both forms anyway)",
+        choices=("positions", "spread", "shortlist", "measure"),
+        help="kernels verifying the runtime's sampled steps (measure: timed per batch bucket; the verify columns time every form anyway)",
     )
     parser.add_argument("--profile", action="store_true", help="at the first context: each pass's kernels by kind (torch's profiler)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda where available)")

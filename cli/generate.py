@@ -69,7 +69,7 @@ def generate(
     verify_choice: str = typer.Option(
         "positions",
         "--verify-choice",
-        help="--target on a GPU: the kernels verifying sampled steps: positions, spread (the same decisions), or measure.",
+        help="--target on a GPU: the kernels verifying sampled steps: positions, spread, shortlist (the same decisions), or measure.",
     ),
 ) -> None:
     """Generate text for one or more prompts; prints tokens, acceptance lengths and speed."""

@@ -14,7 +14,7 @@ from typing import Iterable, Mapping
 
 from trtllm_dflash.contracts import dtypes
 from trtllm_dflash.ops.attention_options import BLOCK_ATTENTION, TARGET_ATTENTION
-from trtllm_dflash.ops.kernels import dflash2_launch, launch
+from trtllm_dflash.ops.kernels import dflash2_launch, launch, tiles
 
 # Every pointer a kernel receives is 16-byte aligned: TensorRT requires 256-byte aligned engine I/O
 # addresses (`IExecutionContext::setTensorAddress`) and allocates activations itself, and the torch
@@ -362,6 +362,47 @@ def verify_spread_variants(logits_dtype: str, vocab_divisible: bool = True) -> l
     return [
         KernelVariant(f"DFlashVerifySpread.{function}", "verify_spread", function, signature, constexprs, 4, 1, False)
         for function, (signature, constexprs) in kernels.items()
+    ]
+
+
+def verify_shortlist_variants(logits_dtype: str, vocab_divisible: bool = True) -> list[KernelVariant]:
+    """The shortlist verification kernels (verify_shortlist.py), for one logits dtype, with the
+    warps `verify_shortlist_launch` launches them with. Compiled and audited without a GPU
+    (tests/test_kernel_audit.py); like the spread kernels, not TensorRT plugin nodes yet."""
+    logits = ("logits_ptr", f"*{TORCH_TO_TRITON[logits_dtype]}")
+    rows = (("temperature_ptr", "*fp32"), ("top_k_ptr", "*i64"))
+    shortlist = (("shortlist_logit_ptr", "*fp32"), ("shortlist_index_ptr", "*i32"))
+    chunks = (("chunk_max_ptr", "*fp32"), ("chunk_index_ptr", "*i32"))
+    kept = (("kept_logit_ptr", "*fp32"), ("kept_index_ptr", "*i32"), ("threshold_ptr", "*i64"), ("flag_ptr", "*i32"))
+    sampling = (("draft_probs_ptr", "*fp32"), *rows, ("top_p_ptr", "*fp32"), ("seed_ptr", "*i64"), ("start_ptr", "*i64"))
+    candidates = tiles.next_power_of_2(tiles.cdiv(151936, tiles.SHORTLIST_CHUNK_V) * tiles.SHORTLIST)  # Qwen3's vocabulary
+    kernels = {
+        "shortlist_select_kernel": (
+            (logits, *rows, ("block", "i32"), ("vocab", "i32"), *chunks, *shortlist, ("cut_ptr", "*i64")),
+            (("CHUNK_V", tiles.SHORTLIST_CHUNK_V), ("SHORTLIST", tiles.SHORTLIST), ("VOCAB_DIVISIBLE", vocab_divisible)),
+            8,
+        ),
+        "shortlist_threshold_kernel": (
+            (*rows, *shortlist, ("cut_ptr", "*i64"), ("block", "i32"), ("num_chunks", "i32"), *kept),
+            (
+                ("CANDIDATES", candidates),
+                ("SHORTLIST", tiles.SHORTLIST),
+                ("KEPT", tiles.SHORTLIST_KEPT),
+                ("BLOCK_C", launch.VERIFY_BLOCK_C),
+            ),
+            8,
+        ),
+        "shortlist_decide_kernel": (
+            (logits, ("tokens_ptr", "*i64"), *sampling, *chunks, *kept, ("block", "i32"), ("vocab", "i32"))
+            + (("has_draft_probs", "i32"), ("num_chunks", "i32"), ("decisions_ptr", "*i32")),
+            (("BLOCK_V", launch.VERIFY_BLOCK_V), ("BLOCK_C", launch.VERIFY_BLOCK_C), ("KEPT", tiles.SHORTLIST_KEPT))
+            + (("VOCAB_DIVISIBLE", vocab_divisible),),
+            4,
+        ),
+    }
+    return [
+        KernelVariant(f"DFlashVerifyShortlist.{function}", "verify_shortlist", function, signature, constexprs, warps, 1, False)
+        for function, (signature, constexprs, warps) in kernels.items()
     ]
 
 

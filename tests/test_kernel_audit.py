@@ -21,7 +21,7 @@ pytest.importorskip("triton")
 
 from trtllm_dflash.ops.kernels import launch  # noqa: E402
 from trtllm_dflash.plugins import aot, kernel_audit  # noqa: E402
-from trtllm_dflash.plugins.aot_variants import TORCH_TO_TRITON, verify_spread_variants  # noqa: E402
+from trtllm_dflash.plugins.aot_variants import TORCH_TO_TRITON, verify_shortlist_variants, verify_spread_variants  # noqa: E402
 
 ARCHES = ("sm_90a", "sm_100a")
 
@@ -144,3 +144,14 @@ def test_the_spread_verification_kernels_compile_for_hopper_without_spills(dtype
         streams = variant.function != "decide_kernel"
         assert report.spill_stores == 0 and report.spill_loads == 0, report
         assert report.problems() == ([] if streams else ["no 16-byte vector load or cp.async"]), report
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_shortlist_verification_kernels_compile_for_hopper_without_spills(dtype):
+    """The shortlist verification (verify_shortlist.py) compiles for sm_90a with the warps it is
+    launched with: no spills (its select and threshold tiles hold 4,096 values in registers), and
+    16-byte loads in every kernel."""
+    for variant in verify_shortlist_variants(dtype):
+        report = kernel_audit.report(aot.compile_kernel(variant, aot.ARCHES["sm_90a"]), "aot")
+        assert report.spill_stores == 0 and report.spill_loads == 0, report
+        assert report.problems() == [], report

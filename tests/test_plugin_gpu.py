@@ -14,6 +14,7 @@ pytest.importorskip("triton")
 from trtllm_dflash import ops
 from trtllm_dflash.ops import reference  # noqa: E402
 from trtllm_dflash.ops.kernels import launch  # noqa: E402
+from trtllm_dflash.ops.kernels.verify_shortlist_launch import verify_block_shortlist, verify_positions_shortlist  # noqa: E402
 from trtllm_dflash.ops.kernels.verify_spread_launch import verify_block_spread  # noqa: E402
 
 pytestmark = [
@@ -93,3 +94,7 @@ def test_verification_on_gpu_is_identical_to_the_reference(vocab):
     assert torch.equal(got.cpu(), reference.verify_block_packed(*args))
     spread = verify_block_spread(*(a.cuda() for a in args))  # every pass spread over the vocabulary
     assert torch.equal(spread.cpu(), reference.verify_block_packed(*args))
+    shortlist = verify_block_shortlist(*(a.cuda() for a in args))  # one read of the logits for the top-k rows
+    assert torch.equal(shortlist.cpu(), reference.verify_block_packed(*args))
+    _, walked = verify_positions_shortlist(*(a.cuda() for a in args), with_walked=True)
+    assert walked.cpu().tolist() == [[r in (1, 3, 6, 7)] * block for r in range(batch)]  # top-k 0 or above 64 walk

@@ -19,6 +19,7 @@ from trtllm_dflash.ops import (
     rng,  # noqa: E402
 )
 from trtllm_dflash.ops.kernels import launch  # noqa: E402
+from trtllm_dflash.ops.kernels.verify_shortlist_launch import verify_positions_shortlist  # noqa: E402
 from trtllm_dflash.ops.kernels.verify_spread_launch import verify_positions_spread  # noqa: E402
 
 
@@ -45,18 +46,24 @@ def make_block(seed, logits, runs, draft_probs=None):
 
 
 def compare(logits, tokens, draft_probs, temperature, top_k, top_p, seed=None, start=None, stop_ids=None, block_v=256, chunk_v=None):
-    """Both kernel forms (one program per position; every pass spread over the vocabulary chunks)
-    against the reference, token for token."""
+    """The three kernel forms (one program per position; every pass spread over the vocabulary
+    chunks; the shortlist of the largest logits) against the reference, token for token."""
     batch = logits.shape[0]
     seed = torch.arange(batch) * 7919 - 3 if seed is None else seed
     start = torch.arange(batch) * 13 + 5 if start is None else start
     args = (logits, tokens, draft_probs, temperature, top_k, top_p, seed, start, stop_ids)
     expected = reference.verify_block_packed(*args)
     ref_decisions = reference.verify_positions(*args[:-1])
-    for spread, positions in ((False, launch.verify_positions), (True, verify_positions_spread)):
-        decisions = positions(*args[:-1], block_v=block_v, chunk_v=chunk_v)
+    forms = {
+        "positions": lambda: launch.verify_positions(*args[:-1], block_v=block_v, chunk_v=chunk_v),
+        "spread": lambda: verify_positions_spread(*args[:-1], block_v=block_v, chunk_v=chunk_v),
+        # chunks of 256 unless given: several per row at the tests' vocabularies (the default 4,096 above them)
+        "shortlist": lambda: verify_positions_shortlist(*args[:-1], chunk_v=chunk_v or (256 if logits.shape[-1] <= 4096 else 4096)),
+    }
+    for form, positions in forms.items():
+        decisions = positions()
         got = launch.verify_commit(decisions, tokens, start, stop_ids)
-        assert torch.equal(got, expected), f"kernel (spread={spread})\n{got}\nreference\n{expected}"
+        assert torch.equal(got, expected), f"kernel ({form})\n{got}\nreference\n{expected}"
         # the per-position form agrees where it is used: accept flags up to the end of the accepted
         # run, the emitted token at its end (elsewhere a residual of q == p is 0/0, decided by rounding)
         position = torch.arange(tokens.shape[1])
@@ -230,6 +237,81 @@ def test_split_vocabulary_half_precision(dtype):
     temperature, top_k, top_p = params([0.0, 0.8, 1.0], [0, 10, 30], [1.0, 1.0, 0.9])
     q = reference.process_logits(logits[:, 1:].float() + torch.randn(3, 3, vocab, generator=g), temperature, top_k, top_p)
     compare(logits, make_block(10, logits, [1, 2, 0]), q, temperature, top_k, top_p, block_v=64, chunk_v=128)
+
+
+# ----------------------------------------------------------------------------- the shortlist
+
+
+def shortlist_walks(logits, tokens, q, temperature, top_k, top_p, chunk_v):
+    """The shortlist form against the reference (through `compare`, with the other forms), and which
+    positions it sent on the full walk."""
+    compare(logits, tokens, q, temperature, top_k, top_p, chunk_v=chunk_v)
+    batch = logits.shape[0]
+    sampling = (temperature, top_k, top_p, torch.arange(batch) * 7919 - 3, torch.arange(batch) * 13 + 5)
+    return verify_positions_shortlist(logits, tokens, q, *sampling, chunk_v=chunk_v, with_walked=True)[1]
+
+
+def test_shortlist_serves_top_k_rows_and_walks_the_others():
+    """Rows with top-k 1..64 (with and without top-p, drafts following the target for a while) come
+    from the shortlist; temperature-only, top-p-only and top-k above 64 rows walk the row; greedy
+    rows need neither. Chunks of 256 logits, the last one partial."""
+    g = torch.Generator().manual_seed(11)
+    batch, block, vocab = 8, 5, 1000
+    logits = (torch.randn(batch, block, vocab, generator=g) * 3).to(torch.bfloat16)  # bf16: ties are common
+    temperature, top_k, top_p = params(
+        [1.0, 0.6, 0.8, 1.0, 0.9, 0.7, 0.0, 1.1], [1, 20, 50, 64, 0, 0, 0, 65], [1.0, 0.95, 0.9, 1.0, 1.0, 0.8, 1.0, 1.0]
+    )
+    q = reference.process_logits(logits[:, 1:].float() + torch.randn(batch, block - 1, vocab, generator=g), temperature, top_k, top_p)
+    walked = shortlist_walks(logits, make_block(11, logits, [1, 3, 2, 4, 0, 1, 2, 1]), q, temperature, top_k, top_p, 256)
+    assert walked.tolist() == [[r in (4, 5, 7)] * block for r in range(batch)]
+
+
+def test_shortlist_walks_where_ties_at_the_threshold_were_left_out():
+    """100 tokens tied at the top-k threshold in one chunk of 256: the chunk's shortlist holds 64 of
+    them, so the position walks its row; 40 ties in each of three chunks (each shortlist holds all
+    of them): 120 kept tokens fit the 128 slots; 50 in each: 150 do not, and those walk."""
+    batch, block, vocab = 3, 2, 1024
+    logits = torch.randn(batch, block, vocab, generator=torch.Generator().manual_seed(12))
+    logits[0, :, 0:100] = 4.0
+    for row, ties in ((1, 40), (2, 50)):
+        for chunk in range(3):
+            logits[row, :, chunk * 256 : chunk * 256 + ties] = 4.0
+    logits[:, :, 900] = 6.0  # one token above the ties
+    temperature, top_k, top_p = params([1.0, 1.0, 0.9], [10, 10, 10], [1.0, 0.5, 1.0])
+    q = reference.process_logits(logits[:, 1:] + 0.3 * torch.randn(batch, block - 1, vocab), temperature, top_k, top_p)
+    tokens = torch.tensor([[0, 99], [0, 700], [0, 5]])  # drafts among the ties; token 99 is one the shortlist left out
+    walked = shortlist_walks(logits, tokens, q, temperature, top_k, top_p, 256)
+    assert walked.tolist() == [[True, True], [False, False], [True, True]]
+
+
+def test_shortlist_of_a_masked_row_keeps_only_the_allowed_tokens():
+    """A grammar leaves 5 tokens (the rest -inf) under a top-k of 20: the kept tokens are those 5,
+    served from the shortlist (the tokens at -inf that no chunk shortlisted have probability 0)."""
+    g = torch.Generator().manual_seed(13)
+    batch, block, vocab = 2, 4, 800
+    logits = torch.full((batch, block, vocab), float("-inf"))
+    allowed = torch.tensor([3, 250, 251, 600, 799])
+    logits[..., allowed] = torch.randn(batch, block, 5, generator=g) * 2
+    temperature, top_k, top_p = params([1.0, 0.8], [20, 20], [1.0, 0.9])
+    q = torch.zeros(batch, block - 1, vocab)
+    q[..., allowed] = torch.softmax(torch.randn(batch, block - 1, 5, generator=g), -1)
+    tokens = allowed[torch.randint(0, 5, (batch, block), generator=g)]
+    assert not shortlist_walks(logits, tokens, q, temperature, top_k, top_p, 256).any()
+
+
+def test_shortlist_at_qwen3_vocabulary_in_default_chunks():
+    """Qwen3's vocabulary (151,936: 37 chunks of 4,096 and a partial one) in bf16, top-k 50 and top-p
+    0.9 as the GPU benchmark samples, drafts from a noisy copy of the target."""
+    g = torch.Generator().manual_seed(14)
+    batch, block, vocab = 2, 3, 151936
+    logits = (torch.randn(batch, block, vocab, generator=g) * 4).to(torch.bfloat16)
+    temperature, top_k, top_p = params([0.8, 0.6], [50, 20], [0.9, 0.95])
+    q = reference.process_logits(logits[:, 1:].float() + 0.5 * torch.randn(batch, block - 1, vocab, generator=g), temperature, top_k, top_p)
+    tokens = make_block(14, logits, [2, 1])
+    args = (logits, tokens, q, temperature, top_k, top_p, torch.tensor([5, 9]), torch.tensor([100, 7]))
+    decisions, walked = verify_positions_shortlist(*args, with_walked=True)
+    assert not walked.any()
+    assert torch.equal(launch.verify_commit(decisions, tokens, args[-1], None), reference.verify_block_packed(*args))
 
 
 # ----------------------------------------------------------------------------- losslessness

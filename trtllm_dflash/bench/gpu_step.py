@@ -37,6 +37,7 @@ import torch
 from trtllm_dflash.bench import pass_profile
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.modeling.drafter import DFlashDrafter
+from trtllm_dflash.runtime import verify_choice
 from trtllm_dflash.runtime.base import SamplingTensors, draft_positions, sample_drafts
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 from trtllm_dflash.testing.qwen3_8b_shaped import make_qwen3_8b_shaped_drafter, make_qwen3_8b_shaped_target
@@ -324,12 +325,12 @@ def measure_row(
             block[:, 1:], probs = proposal.tokens, proposal.probs
         ms, how = timer(f"verify {mode}", lambda: runtime.verify(logits, block, probs, sampling, starts))
         row.parts[f"verify {mode}"] = Timed(ms, floor_ms(floors.verification(batch, mode), ceilings), how)
-        if device.type == "cuda":  # the same decisions, every pass spread over the vocabulary (issue 39 item 5)
-            from trtllm_dflash.ops.kernels.verify_spread_launch import verify_block_spread
-
+        if device.type == "cuda":  # the same decisions by the other kernel forms (issue 39 item 5, runtime/verify_choice.py)
             sampled = (sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed, starts)
-            ms, how = timer(f"verify {mode} spread", lambda: verify_block_spread(logits, block, probs, *sampled))
-            row.parts[f"verify {mode} spread"] = Timed(ms, floor_ms(floors.verification(batch, mode), ceilings), how)
+            for form in verify_choice.KERNEL_FORMS:
+                verification = verify_choice.packed_verification(form)
+                ms, how = timer(f"verify {mode} {form}", lambda: verification(logits, block, probs, *sampled))
+                row.parts[f"verify {mode} {form}"] = Timed(ms, floor_ms(floors.verification(batch, mode), ceilings), how)
     return row
 
 
@@ -467,7 +468,11 @@ def summary_line(row: StepRow) -> str:
     return (
         f"AR {p['ar'].ms:.2f} ms ({p['ar'].of_floor:.0%} of floor), DFlash {row.dflash.ms:.2f} ms "
         f"({row.dflash.of_floor:.0%}), verify top-k+top-p {p['verify top-k+top-p'].ms:.3f} ms"
-        + (f" (spread {p['verify top-k+top-p spread'].ms:.3f} ms)" if "verify top-k+top-p spread" in p else "")
+        + "".join(
+            f" ({form} {p[f'verify top-k+top-p {form}'].ms:.3f} ms)"
+            for form in verify_choice.KERNEL_FORMS
+            if f"verify top-k+top-p {form}" in p
+        )
         + ", "
         f"{row.tokens_per_second(6.5):.0f} tok/s at tau 6.5"
     )
@@ -500,9 +505,11 @@ def markdown(result: StepBenchmark) -> str:
             + " | ".join(f"{r.tokens_per_second(t):.0f}" for t in TAUS)
             + f" | {loop(r.loop_ar_ms)} | {loop(r.loop_dflash_ms)} | {loop(r.loop_async_ms)} |"
         )
-    # "spread": every pass over the vocabulary split into chunks (verify_spread.py), timed on a GPU only
+    # "spread": every pass over the vocabulary split into chunks (verify_spread.py); "shortlist": one read of
+    # the logits for top-k rows (verify_shortlist.py); timed on a GPU only
     columns = [f"verify {m}" for m in VERIFY_MODES]
-    columns += [f"verify {m} spread" for m in VERIFY_MODES if any(f"verify {m} spread" in r.parts for r in result.rows)]
+    for form in verify_choice.KERNEL_FORMS:
+        columns += [f"verify {m} {form}" for m in VERIFY_MODES if any(f"verify {m} {form}" in r.parts for r in result.rows)]
     lines += [
         "",
         "Verification of a 16-token block (ms, % of its floor: the logits read once, plus q when sampled):",

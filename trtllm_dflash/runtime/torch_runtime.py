@@ -99,8 +99,9 @@ class TorchRuntime(CachedRuntime):
         the reference at `allocate`, or "measure": the fastest exact one per (tokens, batch bucket),
         timed at `allocate`.
         `verify_choice`: which kernels verify a step with sampled rows (runtime/verify_choice.py):
-        "positions", "spread" (each pass spread over the vocabulary; the same decisions), or
-        "measure": the faster per batch bucket, timed at `allocate`."""
+        "positions", "spread" (each pass spread over the vocabulary), "shortlist" (one read of the
+        logits for rows with top-k <= 64; the same decisions either way), or "measure": the fastest
+        per batch bucket, timed at `allocate`."""
         self.model = target.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         self.drafter_config = drafter.config if drafter is not None else None
@@ -426,9 +427,10 @@ class TorchRuntime(CachedRuntime):
         return not bool(starts.any())
 
     def verify(self, target_logits, block, draft_probs, sampling: SamplingTensors, starts) -> tuple[torch.Tensor, torch.Tensor]:
-        """Accepted draft count and bonus token per row: by the spread kernels where chosen and some row samples."""
-        if self.verify_choices.spreads(block, sampling):
-            return verify_kernels.verify_spread(target_logits, block, draft_probs, sampling, starts)
+        """Accepted draft count and bonus token per row: by the spread or shortlist kernels where chosen and some row samples."""
+        form = self.verify_choices.kernel_form(block, sampling)
+        if form is not None:
+            return verify_kernels.verify_by(form, target_logits, block, draft_probs, sampling, starts)
         return super().verify(target_logits, block, draft_probs, sampling, starts)
 
     def _attend(self, logits_at) -> attention_kernels.Attend:

@@ -1,21 +1,24 @@
-"""Which kernels verify a step with sampled rows: one program per position, or spread over the vocabulary (issue 39 item 5).
+"""Which kernels verify a step with sampled rows: one program per position, spread over the
+vocabulary, or from a shortlist of the largest logits (issue 39 item 5).
 
 Why: at Qwen3's vocabulary (151,936) the per-position kernels took 4.6 ms for a top-k + top-p step
 and 0.67 ms for temperature alone on an H200 (benchmarks/RESULTS.md): one program per (row,
 position), 16 programs on 132 SMs at batch 1, each making ~14 serial passes over the vocabulary.
 The spread form (`ops/kernels/verify_spread.py`) cuts every pass into chunks of the vocabulary,
-many programs per position. Both decide exactly what `reference.verify_block_packed` decides (the
-same committed counts and tokens, tests/test_plugin_verify.py), so a choice changes no output
-(seeded requests reproduce either way), only time. A step whose rows are all greedy keeps the
-per-position kernels (a split argmax: 0.02 ms), and so does any step where the host does not know
-its rows' parameters.
+many programs per position. The shortlist form (`ops/kernels/verify_shortlist.py`) reads the
+logits once for rows with a top-k of at most 64 and works on their kept tokens; its other sampled
+rows walk the vocabulary as the per-position kernels do. All decide exactly what
+`reference.verify_block_packed` decides (the same committed counts and tokens,
+tests/test_plugin_verify.py), so a choice changes no output (seeded requests reproduce either way),
+only time. A step whose rows are all greedy keeps the per-position kernels (a split argmax: 0.02
+ms), and so does any step where the host does not know its rows' parameters.
 
-Choices: "positions" (the default until a GPU run has measured the spread kernels), "spread", or
-"measure": at `allocate`, per batch bucket, the spread form is checked against the reference on a
-step of mixed rows (greedy, temperature, top-k, top-p) and both forms are timed on a top-k + top-p
-step (runtime/kernel_choice.py), the faster kept. The kernels run on CUDA, or in Triton's
-interpreter where TRITON_INTERPRET=1 asks for it; elsewhere "spread" is refused in one line and
-"measure" keeps "positions".
+Choices: "positions" (the default until a GPU run has measured the others), "spread", "shortlist",
+or "measure": at `allocate`, per batch bucket, each other form is checked against the reference on
+a step of mixed rows (greedy, temperature, top-k, top-p) and every form is timed on a top-k +
+top-p step (runtime/kernel_choice.py), the fastest kept. The kernels run on CUDA, or in Triton's
+interpreter where TRITON_INTERPRET=1 asks for it; elsewhere "spread" and "shortlist" are refused
+in one line and "measure" keeps "positions".
 """
 
 from __future__ import annotations
@@ -30,22 +33,32 @@ from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.ops import custom_ops, reference
 from trtllm_dflash.runtime.kernel_choice import bucketed, time_call
 
-FORMS = ("positions", "spread")
+KERNEL_FORMS = ("spread", "shortlist")  # the forms that need the kernels and a check before they run
+FORMS = ("positions", *KERNEL_FORMS)
 CHOICES = (*FORMS, "measure")
 
 
 def unavailable_reason(device: torch.device) -> str | None:
-    """Why the spread kernels cannot run on `device` (None: they can)."""
+    """Why the spread and shortlist kernels cannot run on `device` (None: they can)."""
     if not custom_ops.kernels_enabled(device):
         return "the verification kernels run on CUDA (or in Triton's interpreter, TRITON_INTERPRET=1)"
     return None
 
 
-def verify_spread(target_logits, block, draft_probs, sampling, starts) -> tuple[torch.Tensor, torch.Tensor]:
-    """`CachedRuntime.verify` by the spread kernels: accepted draft count and bonus token per row."""
-    from trtllm_dflash.ops.kernels.verify_spread_launch import verify_block_spread
+def packed_verification(form: str):
+    """The packed `[b, 5]` verification (`launch.verify_block`'s arguments) of a kernel form."""
+    if form == "spread":
+        from trtllm_dflash.ops.kernels import verify_spread_launch
 
-    packed = verify_block_spread(target_logits, block, draft_probs, *sampling.tensors(), starts)
+        return verify_spread_launch.verify_block_spread
+    from trtllm_dflash.ops.kernels import verify_shortlist_launch
+
+    return verify_shortlist_launch.verify_block_shortlist
+
+
+def verify_by(form: str, target_logits, block, draft_probs, sampling, starts) -> tuple[torch.Tensor, torch.Tensor]:
+    """`CachedRuntime.verify` by a kernel form: accepted draft count and bonus token per row."""
+    packed = packed_verification(form)(target_logits, block, draft_probs, *sampling.tensors(), starts)
     return packed[:, 0], packed[:, 1]
 
 
@@ -72,21 +85,19 @@ def _step(batch: int, block: int, vocab: int, dtype: torch.dtype, device: torch.
     return logits, tokens, probs, (temperature, top_k, top_p, seed), starts
 
 
-def check(batch: int, block: int, vocab: int, dtype: torch.dtype, device: torch.device) -> str | None:
-    """Why the spread form does not decide as the reference does here (None: it does, exactly)."""
-    from trtllm_dflash.ops.kernels.verify_spread_launch import verify_block_spread
-
+def check(form: str, batch: int, block: int, vocab: int, dtype: torch.dtype, device: torch.device) -> str | None:
+    """Why a kernel form does not decide as the reference does here (None: it does, exactly)."""
     reason = unavailable_reason(device)
     if reason is not None:
         return reason
     logits, tokens, probs, sampling, starts = _step(batch, block, vocab, dtype, device, mixed=True)
     want = reference.verify_block_packed(logits, tokens, probs, *sampling, starts)
     try:
-        got = verify_block_spread(logits, tokens, probs, *sampling, starts)
+        got = packed_verification(form)(logits, tokens, probs, *sampling, starts)
     except Exception as error:  # noqa: BLE001 - a kernel that does not compile or launch here is refused, not run
-        return f"the spread kernels failed: {(str(error).strip().splitlines() or [type(error).__name__])[0][:160]}"
+        return f"the {form} kernels failed: {(str(error).strip().splitlines() or [type(error).__name__])[0][:160]}"
     if not torch.equal(got.cpu(), want.cpu()):
-        return "the spread kernels commit other tokens than the reference"
+        return f"the {form} kernels commit other tokens than the reference"
     return None
 
 
@@ -98,11 +109,12 @@ class VerifyChoice:
     batch: int
     chosen: str
     ms: dict[str, float | None]  # per form, on a top-k + top-p step (None: not timed)
-    refused: str = ""  # why the spread form was not timed
+    refused: dict[str, str] = dataclasses.field(default_factory=dict)  # per kernel form not timed: why
 
     def line(self) -> str:
         times = "; ".join(f"{form} {ms:.4f} ms" for form, ms in self.ms.items() if ms is not None)
-        return f"block {self.tokens} b<={self.batch}: {self.chosen} ({times}{'; spread: ' + self.refused if self.refused else ''})"
+        refusals = "".join(f"; {form}: {why}" for form, why in self.refused.items())
+        return f"block {self.tokens} b<={self.batch}: {self.chosen} ({times}{refusals})"
 
 
 @dataclasses.dataclass
@@ -118,12 +130,13 @@ class VerifyChoices:
             return self.fixed
         return bucketed(self.choices, block, batch, "positions")
 
-    def spreads(self, block: torch.Tensor, sampling) -> bool:
-        """Whether this step runs the spread kernels: chosen for its shape, and some row samples (the
-        host's copies say so; unknown rows keep the per-position kernels)."""
+    def kernel_form(self, block: torch.Tensor, sampling) -> str | None:
+        """The kernel form that verifies this step (None: the per-position kernels): chosen for its
+        shape, and some row samples (the host's copies say so; unknown rows keep the per-position kernels)."""
         if sampling.greedy is None or all(sampling.greedy):
-            return False
-        return self.pick(block.shape[1], block.shape[0]) == "spread"
+            return None
+        form = self.pick(block.shape[1], block.shape[0])
+        return form if form in KERNEL_FORMS else None
 
     def describe(self) -> str:
         if self.fixed is not None:
@@ -132,18 +145,23 @@ class VerifyChoices:
 
 
 def measure_one(block: int, batch: int, vocab: int, dtype: torch.dtype, device: torch.device) -> VerifyChoice:
-    refused = check(batch, block, vocab, dtype, device)
     logits, tokens, probs, sampling, starts = _step(batch, block, vocab, dtype, device, mixed=False)
     positions = time_call(lambda: ops.verify_block_packed(logits, tokens, probs, *sampling, starts), device)
-    ms: dict[str, float | None] = {"positions": None if math.isnan(positions) else positions, "spread": None}
-    if refused is None:
-        from trtllm_dflash.ops.kernels.verify_spread_launch import verify_block_spread
-
-        spread = time_call(lambda: verify_block_spread(logits, tokens, probs, *sampling, starts), device)
-        ms["spread"] = None if math.isnan(spread) else spread
-        refused = "cannot be captured in a CUDA graph" if ms["spread"] is None else ""
-    faster = ms["spread"] is not None and (ms["positions"] is None or ms["spread"] < ms["positions"])
-    return VerifyChoice(block, batch, "spread" if faster else "positions", ms, refused or "")
+    ms: dict[str, float | None] = {"positions": None if math.isnan(positions) else positions}
+    refused: dict[str, str] = {}
+    for form in KERNEL_FORMS:
+        ms[form] = None
+        reason = check(form, batch, block, vocab, dtype, device)
+        if reason is None:
+            verification = packed_verification(form)
+            took = time_call(lambda: verification(logits, tokens, probs, *sampling, starts), device)
+            ms[form] = None if math.isnan(took) else took
+            reason = "cannot be captured in a CUDA graph" if ms[form] is None else None
+        if reason is not None:
+            refused[form] = reason
+    timed = {form: took for form, took in ms.items() if took is not None}
+    chosen = min(timed, key=timed.get) if timed else "positions"  # dicts keep FORMS' order: a tie keeps the earlier form
+    return VerifyChoice(block, batch, chosen, ms, refused)
 
 
 def measure(blocks: tuple[int, ...], batches: tuple[int, ...], vocab: int, dtype: torch.dtype, device: torch.device) -> VerifyChoices:
@@ -152,10 +170,10 @@ def measure(blocks: tuple[int, ...], batches: tuple[int, ...], vocab: int, dtype
 
 
 def fixed(name: str, block: int, vocab: int, dtype: torch.dtype, device: torch.device) -> VerifyChoices:
-    """`name` for every sampled step, after checking the spread form decides as the reference here."""
+    """`name` for every sampled step, after checking a kernel form decides as the reference here."""
     if name not in FORMS:
         raise DFlashError(f"unknown verify choice {name!r}", f"use one of {', '.join(CHOICES)}")
-    reason = check(2, block, vocab, dtype, device) if name == "spread" else None
+    reason = check(name, 2, block, vocab, dtype, device) if name in KERNEL_FORMS else None
     if reason is not None:
-        raise DFlashError(f"verify choice 'spread' cannot run here: {reason}", "use verify_choice='positions' (or 'measure')")
+        raise DFlashError(f"verify choice {name!r} cannot run here: {reason}", "use verify_choice='positions' (or 'measure')")
     return VerifyChoices(fixed=name)

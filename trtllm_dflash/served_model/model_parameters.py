@@ -124,10 +124,11 @@ class ServingConfig(BaseModel):
         "passes; each is checked against the reference when the model loads; 'measure' times the exact ones per batch "
         "bucket there and keeps the fastest.",
     )
-    verify_choice: Literal["positions", "spread", "measure"] = Field(
+    verify_choice: Literal["positions", "spread", "shortlist", "measure"] = Field(
         "positions",
         description="torch backend on a GPU: the kernels verifying steps with sampled rows: one program per position, "
-        "every pass spread over the vocabulary (the same decisions), or 'measure' (the faster per batch bucket, timed at load).",
+        "every pass spread over the vocabulary, one read of the logits for rows with top-k <= 64 (the same decisions "
+        "either way), or 'measure' (the fastest per batch bucket, timed at load).",
     )
 
     @field_validator("draft_len_schedule", mode="before")

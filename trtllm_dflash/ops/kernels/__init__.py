@@ -18,7 +18,15 @@ from types import ModuleType
 
 from trtllm_dflash.extras import require
 
-KERNEL_SOURCES = ("attention", "verify", "verify_spread", "dflash2", "fused_layer", "counter_rng")  # counter_rng: helpers, no kernel
+KERNEL_SOURCES = (
+    "attention",
+    "verify",
+    "verify_spread",
+    "verify_shortlist",
+    "dflash2",
+    "fused_layer",
+    "counter_rng",
+)  # counter_rng: helpers, no kernel
 _HERE = Path(__file__).parent
 
 

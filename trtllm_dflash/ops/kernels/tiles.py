@@ -17,6 +17,11 @@ ATTENTION_HEAD_DIMS = (16, 32, 64, 128, 256)  # powers of two: tl.dot tiles
 MAX_BLOCK = 16
 VERIFY_BLOCK_V = 1024
 COMMIT_BLOCK_S = 16
+# shortlist verification (verify_shortlist.py): the largest top-k it serves, the logits one select
+# program reads, and the kept tokens (top-k with its ties) a position may have before the full walk
+SHORTLIST = 64
+SHORTLIST_CHUNK_V = 4096
+SHORTLIST_KEPT = 128
 
 
 def next_power_of_2(n: int) -> int:

@@ -258,6 +258,44 @@ def _races(
     return best_p, index_p, best_r, index_r, tl.reduce(mass, 0, SUM)
 
 
+@triton.jit
+def _sampled_decision(
+    row_ptr, draft_probs_ptr, top_k_ptr, top_p_ptr, seed_ptr, start_ptr, row, t, block, vocab, has_draft_probs,
+    draft, has_draft, temperature, best, BLOCK_V: tl.constexpr, VOCAB_DIVISIBLE: tl.constexpr,
+):  # fmt: skip
+    """(accept, emit) of a sampled row at block position t, each pass walking the whole vocabulary row
+    (`best`: the row's maximum logit). The per-position kernel's sampled branch, and the fallback of
+    the shortlist kernels (verify_shortlist.py) for a position outside what they serve."""
+    row_max = tl.div_rn(best, temperature)
+    top_k = tl.load(top_k_ptr + row).to(tl.int64)
+    top_p = tl.load(top_p_ptr + row).to(tl.float32)
+    threshold = tl.full((), 0, tl.int64)
+    if (top_k > 0) & (top_k < vocab):
+        threshold = _kth_largest_key(row_ptr, vocab, temperature, top_k, BLOCK_V, VOCAB_DIVISIBLE)
+    use_top_p = top_p < 1.0
+    z_p = tl.full((), 1.0, tl.float32)
+    if use_top_p:
+        top_p_key, z_k, z_p = _top_p_key(row_ptr, vocab, temperature, row_max, threshold, top_p, BLOCK_V, VOCAB_DIVISIBLE)
+        threshold = tl.maximum(threshold, top_p_key)
+    else:
+        z_k = _kept_mass(row_ptr, 0, vocab, vocab, temperature, row_max, threshold, BLOCK_V, VOCAB_DIVISIBLE)
+
+    use_q = (has_draft.to(tl.int32) * has_draft_probs) != 0
+    q_len = tl.where(use_q, vocab, 0)  # masks as `offs < q_len`: the interpreter turns bool & bool into int32
+    draft_q_ptr = draft_probs_ptr + row_offset(row * (block - 1) + t, vocab, VOCAB_DIVISIBLE)
+    seed = tl.load(seed_ptr + row)
+    position = tl.load(start_ptr + row) + t + 1
+    accept = _accepts(row_ptr, draft_q_ptr, draft, has_draft, use_q, seed, position, temperature, row_max, threshold, z_k, z_p, use_top_p)
+
+    # The token emitted if the run ends here: race on max(0, p - q), or on p (last position,
+    # or a residual with no mass).
+    best_p, index_p, best_r, index_r, mass = _races(
+        row_ptr, draft_q_ptr, q_len, counter_key(seed, position, BONUS_MIX), 0, vocab, vocab, temperature, row_max, threshold,
+        z_k, z_p, use_top_p, BLOCK_V, VOCAB_DIVISIBLE,
+    )  # fmt: skip
+    return accept, tl.where(use_q & (mass > 0), index_r, index_p)
+
+
 # ----------------------------------------------------------------------------- kernels
 
 
@@ -333,36 +371,10 @@ def verify_positions_kernel(
     emit = best_index
 
     if temperature > 0:
-        row_max = tl.div_rn(best, temperature)
-        top_k = tl.load(top_k_ptr + row).to(tl.int64)
-        top_p = tl.load(top_p_ptr + row).to(tl.float32)
-        threshold = tl.full((), 0, tl.int64)
-        if (top_k > 0) & (top_k < vocab):
-            threshold = _kth_largest_key(row_ptr, vocab, temperature, top_k, BLOCK_V, VOCAB_DIVISIBLE)
-        use_top_p = top_p < 1.0
-        z_p = tl.full((), 1.0, tl.float32)
-        if use_top_p:
-            top_p_key, z_k, z_p = _top_p_key(row_ptr, vocab, temperature, row_max, threshold, top_p, BLOCK_V, VOCAB_DIVISIBLE)
-            threshold = tl.maximum(threshold, top_p_key)
-        else:
-            z_k = _kept_mass(row_ptr, 0, vocab, vocab, temperature, row_max, threshold, BLOCK_V, VOCAB_DIVISIBLE)
-
-        use_q = (has_draft.to(tl.int32) * has_draft_probs) != 0
-        q_len = tl.where(use_q, vocab, 0)  # masks as `offs < q_len`: the interpreter turns bool & bool into int32
-        draft_q_ptr = draft_probs_ptr + row_offset(row * (block - 1) + t, vocab, VOCAB_DIVISIBLE)
-        seed = tl.load(seed_ptr + row)
-        position = tl.load(start_ptr + row) + t + 1
-        accept = _accepts(
-            row_ptr, draft_q_ptr, draft, has_draft, use_q, seed, position, temperature, row_max, threshold, z_k, z_p, use_top_p
-        )
-
-        # The token emitted if the run ends here: race on max(0, p - q), or on p (last position,
-        # or a residual with no mass).
-        best_p, index_p, best_r, index_r, mass = _races(
-            row_ptr, draft_q_ptr, q_len, counter_key(seed, position, BONUS_MIX), 0, vocab, vocab, temperature, row_max, threshold,
-            z_k, z_p, use_top_p, BLOCK_V, VOCAB_DIVISIBLE,
+        accept, emit = _sampled_decision(
+            row_ptr, draft_probs_ptr, top_k_ptr, top_p_ptr, seed_ptr, start_ptr, row, t, block, vocab, has_draft_probs,
+            draft, has_draft, temperature, best, BLOCK_V, VOCAB_DIVISIBLE,
         )  # fmt: skip
-        emit = tl.where(use_q & (mass > 0), index_r, index_p)
 
     out = decisions_ptr + (row * block + t) * 2
     tl.store(out, accept)

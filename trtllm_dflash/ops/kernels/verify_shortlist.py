@@ -1,0 +1,311 @@
+"""Sampled block verification from a shortlist of each position's largest logits (issue 39, item 5).
+
+The same decisions as `verify_positions_kernel` (verify.py; semantics
+`trtllm_dflash.ops.reference.verify_positions`) for rows with top-k of at most SHORTLIST tokens, the
+setting chat models ship with (Qwen3: top-k 20, top-p 0.95). Such a row's distribution lives on
+its top-k tokens (ties kept), so after one read of the logits everything else works on a few
+dozen values: no program walks a vocabulary row. The per-position kernel makes ~14 serial passes
+over the row (4.6 ms a step at vocabulary 151,936 on an H200); the spread form (verify_spread.py)
+makes ~15 passes, each one launch over the whole batch's logits.
+
+Three launches (`verify_shortlist_launch.py`):
+- `shortlist_select_kernel`, grid (chunks of CHUNK_V logits, block position, sequence): the chunk's
+  maximum and first index of it (the argmax, as `verify_partials_kernel` stores them) and, for a
+  shortlisted row, the chunk's SHORTLIST largest scaled logits by key (radix selection on the
+  tile in registers, 8 bits a step), written in vocabulary order with their token indices. Ties at
+  the chunk's cut are kept in index order up to SHORTLIST; the cut's key is stored when some were
+  left out.
+- `shortlist_threshold_kernel`, grid (block position, sequence): the k-th largest key over the
+  chunks' shortlists, which is the row's, since a chunk holds at most k of the row's k largest; the
+  kept tokens (key at or above it, finite) gathered into KEPT slots in vocabulary order. A position
+  is flagged for the full walk when the shortlist cannot be trusted: a chunk left out ties at the
+  threshold, or more than KEPT tokens are kept (ties again), or its row samples without a top-k the
+  shortlist serves (top-k 0 or above SHORTLIST).
+- `shortlist_decide_kernel`, grid (block position, sequence): greedy rows from the chunk maxima;
+  shortlisted positions from the KEPT slots: the top-k mass z_k, top-p by each kept token's mass of
+  strictly larger keys (a KEPT x 32 comparison per step), the accept test and the two exponential
+  races over the kept tokens only (every other token has probability 0, so its race is 0 and
+  cannot win: the reference's argmax over the vocabulary picks the same token, the first index on
+  a tie since the slots are in vocabulary order); flagged positions walk the row as the
+  per-position kernel does (`verify._sampled_decision`).
+Then `verify_commit_kernel` (verify.py) as in the other forms. Every launch covers every row, so
+the launches do not depend on the requests (a CUDA graph can hold them).
+
+The arithmetic is verify.py's (`_prob`, `_accepts`, the precise exp/log, the counter RNG); the sums
+run over the kept tokens in another order than the full walk's, so they round differently, as the
+two other forms do from each other and from torch: the tests check all three against the
+reference token for token.
+"""
+
+import triton
+import triton.language as tl
+
+from trtllm_dflash.ops import kernels
+
+_verify = kernels.load("verify", interpret=triton.knobs.runtime.interpret)
+row_offset, in_vocab, order_key, _prob = _verify.row_offset, _verify.in_vocab, _verify.order_key, _verify._prob
+counter_key, uniform_from_key, precise_exp, precise_log = (
+    _verify.counter_key,
+    _verify.uniform_from_key,
+    _verify.precise_exp,
+    _verify.precise_log,
+)
+_topk_step, _chunk_argmax, _accepts, _sampled_decision = (
+    _verify._topk_step,
+    _verify._chunk_argmax,
+    _verify._accepts,
+    _verify._sampled_decision,
+)
+SUM, MAX, MIN, ARGMAX, BONUS_MIX = _verify.SUM, _verify.MAX, _verify.MIN, _verify.ARGMAX, _verify.BONUS_MIX
+
+NO_KEY = tl.constexpr(-1)  # below every order key: an empty slot, or a chunk that left nothing out
+NEG_INF_KEY = tl.constexpr(0x7FFFFF)  # order_key(-inf)
+TOP_KEY = tl.constexpr(1 << 32)  # above every order key
+PAIRS = tl.constexpr(32)  # kept tokens compared at a time for top-p
+
+
+@triton.jit
+def _shortlisted(temperature, top_k, SHORTLIST: tl.constexpr):
+    """Whether a row is served from the shortlist: it samples, with a top-k of 1..SHORTLIST."""
+    return (temperature > 0) & (top_k >= 1) & (top_k <= SHORTLIST)
+
+
+@triton.jit
+def _kth_key(key, count, want):
+    """The `want`-th largest of the int64 keys in registers (`count` of them are not NO_KEY; `want`
+    is clamped to 1..count): four 8-bit steps of radix selection, as `_kth_largest_key` takes them
+    over a vocabulary row."""
+    prefix = tl.full((), 0, tl.int64)
+    remaining = tl.maximum(tl.minimum(want, count), 1).to(tl.int64)
+    present = key >= 0
+    for rnd in tl.static_range(4):
+        shift = 24 - 8 * rnd
+        match = present & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
+        counts = tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=match)
+        prefix, remaining = _topk_step(counts, prefix, remaining, shift)
+    return prefix
+
+
+@triton.jit
+def _scaled_keys(x, valid, temperature):
+    """(scaled logits, their order keys, NO_KEY where not `valid`) of raw logits `x`."""
+    s = tl.div_rn(x, temperature)
+    return s, tl.where(valid, order_key(s), NO_KEY)
+
+
+# ----------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def shortlist_select_kernel(
+    # inputs
+    logits_ptr,
+    temperature_ptr,
+    top_k_ptr,
+    # scalars
+    block,
+    vocab,
+    # outputs
+    chunk_max_ptr,
+    chunk_index_ptr,
+    shortlist_logit_ptr,
+    shortlist_index_ptr,
+    cut_ptr,
+    # compile-time configuration
+    CHUNK_V: tl.constexpr,
+    SHORTLIST: tl.constexpr,
+    VOCAB_DIVISIBLE: tl.constexpr,
+):
+    """One chunk's maximum and, for a shortlisted row, its SHORTLIST largest scaled logits."""
+    chunk = tl.program_id(0)
+    row = tl.program_id(2).to(tl.int64)
+    position = row * block + tl.program_id(1)
+    num_chunks = (vocab + CHUNK_V - 1) // CHUNK_V
+    offs = chunk * CHUNK_V + tl.arange(0, CHUNK_V)
+    ok = in_vocab(offs, vocab, VOCAB_DIVISIBLE)
+    x = tl.load(logits_ptr + row_offset(position, vocab, VOCAB_DIVISIBLE) + offs, mask=ok, other=float("-inf")).to(tl.float32)
+    best, best_at = tl.reduce((x, tl.arange(0, CHUNK_V)), 0, ARGMAX)
+    tl.store(chunk_max_ptr + position * num_chunks + chunk, best)
+    tl.store(chunk_index_ptr + position * num_chunks + chunk, chunk * CHUNK_V + best_at)
+
+    temperature = tl.load(temperature_ptr + row).to(tl.float32)
+    if _shortlisted(temperature, tl.load(top_k_ptr + row).to(tl.int64), SHORTLIST):
+        _, key = _scaled_keys(x, ok, temperature)
+        count = tl.reduce(ok.to(tl.int32), 0, SUM)
+        want = tl.minimum(count, SHORTLIST)
+        cut = _kth_key(key, count, want)
+        above, at_cut = key > cut, key == cut
+        room = want - tl.reduce(above.to(tl.int32), 0, SUM)  # ties at the cut that fit, in index order
+        chosen = above | (at_cut & (tl.associative_scan(at_cut.to(tl.int32), 0, SUM) <= room))
+        slot = tl.associative_scan(chosen.to(tl.int32), 0, SUM) - 1
+        out = (position * num_chunks + chunk) * SHORTLIST
+        tl.store(shortlist_logit_ptr + out + slot, x, mask=chosen)
+        tl.store(shortlist_index_ptr + out + slot, offs, mask=chosen)
+        empty = tl.arange(0, SHORTLIST)
+        tl.store(shortlist_index_ptr + out + empty, tl.full([SHORTLIST], -1, tl.int32), mask=empty >= want)
+        left_out = tl.reduce(at_cut.to(tl.int32), 0, SUM) > room
+        tl.store(cut_ptr + position * num_chunks + chunk, tl.where(left_out, cut, NO_KEY))
+
+
+@triton.jit
+def shortlist_threshold_kernel(
+    # inputs
+    temperature_ptr,
+    top_k_ptr,
+    shortlist_logit_ptr,
+    shortlist_index_ptr,
+    cut_ptr,
+    # scalars
+    block,
+    num_chunks,
+    # outputs
+    kept_logit_ptr,
+    kept_index_ptr,
+    threshold_ptr,
+    flag_ptr,
+    # compile-time configuration
+    CANDIDATES: tl.constexpr,
+    SHORTLIST: tl.constexpr,
+    KEPT: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """A position's top-k threshold and kept tokens from the chunks' shortlists, or its flag for the full walk."""
+    row = tl.program_id(1).to(tl.int64)
+    position = row * block + tl.program_id(0)
+    temperature = tl.load(temperature_ptr + row).to(tl.float32)
+    top_k = tl.load(top_k_ptr + row).to(tl.int64)
+    shortlisted = _shortlisted(temperature, top_k, SHORTLIST)
+    flag = tl.where(shortlisted, 0, (temperature > 0).to(tl.int32))
+    if shortlisted:
+        n = num_chunks * SHORTLIST
+        offs = tl.arange(0, CANDIDATES)
+        index = tl.load(shortlist_index_ptr + position * n + offs, mask=offs < n, other=-1)
+        valid = index >= 0
+        x = tl.load(shortlist_logit_ptr + position * n + offs, mask=valid, other=float("-inf"))
+        s, key = _scaled_keys(x, valid, temperature)
+        threshold = _kth_key(key, tl.reduce(valid.to(tl.int32), 0, SUM), top_k)
+        # a chunk that left out ties at the threshold may hold kept tokens the shortlist lacks; at
+        # the key of -inf they have probability 0 and do not matter
+        missing = tl.full((), 0, tl.int32)
+        for c0 in range(0, num_chunks, BLOCK_C):
+            cs = c0 + tl.arange(0, BLOCK_C)
+            cuts = tl.load(cut_ptr + position * num_chunks + cs, mask=cs < num_chunks, other=NO_KEY)
+            missing = tl.maximum(missing, tl.reduce((cuts >= threshold).to(tl.int32), 0, MAX))
+        kept = valid & (key >= threshold) & (s > float("-inf"))
+        count = tl.reduce(kept.to(tl.int32), 0, SUM)
+        flag = ((count > KEPT) | ((missing > 0) & (threshold > NEG_INF_KEY))).to(tl.int32)
+        slot = tl.associative_scan(kept.to(tl.int32), 0, SUM) - 1
+        fits = kept & (slot < KEPT)
+        tl.store(kept_logit_ptr + position * KEPT + slot, x, mask=fits)
+        tl.store(kept_index_ptr + position * KEPT + slot, index, mask=fits)
+        empty = tl.arange(0, KEPT)
+        tl.store(kept_index_ptr + position * KEPT + empty, tl.full([KEPT], -1, tl.int32), mask=empty >= count)
+        tl.store(threshold_ptr + position, threshold)
+    tl.store(flag_ptr + position, flag)
+
+
+@triton.jit
+def _kept_decision(
+    row_ptr, kept_logit_ptr, kept_index_ptr, threshold_ptr, draft_q_ptr, position_index, draft, has_draft, use_q, seed,
+    position, temperature, row_max, top_p, KEPT: tl.constexpr,
+):  # fmt: skip
+    """(accept, emit) of a shortlisted position from its kept tokens."""
+    slots = tl.arange(0, KEPT)
+    index = tl.load(kept_index_ptr + position_index * KEPT + slots)
+    valid = index >= 0
+    s, key = _scaled_keys(tl.load(kept_logit_ptr + position_index * KEPT + slots, mask=valid, other=float("-inf")), valid, temperature)
+    weight = tl.where(valid, precise_exp(s - row_max), 0.0)
+    z_k = tl.reduce(weight, 0, SUM)
+    threshold = tl.load(threshold_ptr + position_index)
+    use_top_p = top_p < 1.0
+    z_p = tl.full((), 1.0, tl.float32)
+    if use_top_p:
+        # keep a token while the mass of strictly larger keys is below top_p of z_k (ties together)
+        larger = tl.full([KEPT], 0.0, tl.float32)
+        for j0 in tl.static_range(0, KEPT, PAIRS):
+            others = j0 + tl.arange(0, PAIRS)
+            other_index = tl.load(kept_index_ptr + position_index * KEPT + others)
+            other_valid = other_index >= 0
+            x_other = tl.load(kept_logit_ptr + position_index * KEPT + others, mask=other_valid, other=float("-inf"))
+            s_other, key_other = _scaled_keys(x_other, other_valid, temperature)
+            w_other = tl.where(other_valid, precise_exp(s_other - row_max), 0.0)
+            larger += tl.reduce(tl.where(key_other[None, :] > key[:, None], w_other[None, :], 0.0), 1, SUM)
+        keep = valid & (larger < top_p * z_k)
+        threshold = tl.maximum(threshold, tl.reduce(tl.where(keep, key, TOP_KEY), 0, MIN))
+        z_p = tl.div_rn(tl.reduce(tl.where(keep, weight, 0.0), 0, SUM), z_k)
+    accept = _accepts(row_ptr, draft_q_ptr, draft, has_draft, use_q, seed, position, temperature, row_max, threshold, z_k, z_p, use_top_p)
+
+    # the two exponential races (p; the residual max(0, p - q)) over the kept tokens, in vocabulary order
+    prob = tl.where(valid, _prob(s, row_max, threshold, z_k, z_p, use_top_p), 0.0)
+    exponential = -precise_log(uniform_from_key(counter_key(seed, position, BONUS_MIX), tl.where(valid, index, 0)))
+    race = tl.where(valid, tl.div_rn(prob, exponential), -1.0)
+    _, at = tl.reduce((race, slots), 0, ARGMAX)
+    index_p = tl.reduce(tl.where(slots == at, index, 0), 0, SUM)
+    q_index = tl.where(use_q, index, -1)  # one comparison as the mask: the interpreter turns bool & bool into int32
+    q = tl.load(draft_q_ptr + q_index, mask=q_index >= 0, other=0.0).to(tl.float32)
+    residual = tl.maximum(prob - q, 0.0)
+    race = tl.where(valid, tl.div_rn(residual, exponential), -1.0)
+    _, at = tl.reduce((race, slots), 0, ARGMAX)
+    index_r = tl.reduce(tl.where(slots == at, index, 0), 0, SUM)
+    mass = tl.reduce(residual, 0, SUM)
+    return accept, tl.where(use_q & (mass > 0), index_r, index_p)
+
+
+@triton.jit
+def shortlist_decide_kernel(
+    # inputs
+    logits_ptr,
+    tokens_ptr,
+    draft_probs_ptr,
+    temperature_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    seed_ptr,
+    start_ptr,
+    chunk_max_ptr,
+    chunk_index_ptr,
+    kept_logit_ptr,
+    kept_index_ptr,
+    threshold_ptr,
+    flag_ptr,
+    # scalars
+    block,
+    vocab,
+    has_draft_probs,
+    num_chunks,
+    # outputs
+    decisions_ptr,
+    # compile-time configuration
+    BLOCK_V: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    KEPT: tl.constexpr,
+    VOCAB_DIVISIBLE: tl.constexpr,
+):
+    """The decisions at one block position, `[b, B, 2]` int32 as verify_positions_kernel writes them."""
+    t = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    position_index = row * block + t
+    row_ptr = logits_ptr + row_offset(position_index, vocab, VOCAB_DIVISIBLE)
+    temperature = tl.load(temperature_ptr + row).to(tl.float32)
+    has_draft = t < block - 1
+    draft = tl.load(tokens_ptr + row * block + t + 1, mask=has_draft, other=0)
+    best, best_index = _chunk_argmax(chunk_max_ptr, chunk_index_ptr, position_index, num_chunks, BLOCK_C)
+    accept = (has_draft & (draft == best_index)).to(tl.int32)
+    emit = best_index
+    if temperature > 0:
+        if tl.load(flag_ptr + position_index) != 0:
+            accept, emit = _sampled_decision(
+                row_ptr, draft_probs_ptr, top_k_ptr, top_p_ptr, seed_ptr, start_ptr, row, t, block, vocab, has_draft_probs,
+                draft, has_draft, temperature, best, BLOCK_V, VOCAB_DIVISIBLE,
+            )  # fmt: skip
+        else:
+            use_q = (has_draft.to(tl.int32) * has_draft_probs) != 0
+            accept, emit = _kept_decision(
+                row_ptr, kept_logit_ptr, kept_index_ptr, threshold_ptr,
+                draft_probs_ptr + row_offset(row * (block - 1) + t, vocab, VOCAB_DIVISIBLE), position_index, draft, has_draft,
+                use_q, tl.load(seed_ptr + row), tl.load(start_ptr + row) + t + 1, temperature, tl.div_rn(best, temperature),
+                tl.load(top_p_ptr + row).to(tl.float32), KEPT,
+            )  # fmt: skip
+    out = decisions_ptr + position_index * 2
+    tl.store(out, accept)
+    tl.store(out + 1, emit)
