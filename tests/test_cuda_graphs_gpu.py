@@ -7,10 +7,12 @@ Skipped where no GPU is visible (every CI machine). On a GPU machine: `pytest te
 from __future__ import annotations
 
 import threading
+import warnings
 
 import pytest
 import torch
 
+from trtllm_dflash import decoding
 from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.errors import DFlashError
@@ -85,6 +87,42 @@ def test_async_scheduling_on_graphs_decodes_what_reading_at_once_decodes(demo_pa
     runtime.taps.remove()
     assert [r.token_ids for r in outputs[1]] == [r.token_ids for r in outputs[0]]
     assert [r.acceptance_lengths for r in outputs[1]] == [r.acceptance_lengths for r in outputs[0]]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_step_launches_without_waiting_for_the_device(demo_pair, monkeypatch, temperature):
+    """Issue 39 item 2: once its graphs exist, a step's launch (draft pass and sampling, verify pass,
+    verification, commit, the result's copy to pinned memory) makes no synchronizing CUDA call, so
+    with async scheduling the host runs ahead of the device: torch's sync debug mode sees none in
+    any launch that captured nothing (a capture synchronizes by design, once per shape)."""
+    target, drafter = demo_pair
+    runtime = TorchRuntime(target.model, drafter, cuda_graphs=True)
+    decoder = Decoder(runtime, max_batch=2, max_context=1024, async_scheduling=True)
+    params = SamplingParams(max_new_tokens=64, temperature=temperature, top_k=20 if temperature else 0, seed=3)
+    for request in _requests(target.model.config.vocab_size, 2, params):
+        decoder.submit(request)
+    launch, watched = decoding.launch_step, []
+
+    def launch_watched(*args, **kwargs):
+        captured = runtime.cuda_graphs.counts["captured"]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                launched = launch(*args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        if runtime.cuda_graphs.counts["captured"] == captured:
+            syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()]
+            assert not syncs, f"a step's launch waited for the device: {syncs[0]}"
+            watched.append(args[4])  # its draft length
+        return launched
+
+    monkeypatch.setattr(decoding, "launch_step", launch_watched)
+    while decoder.has_work:
+        decoder.step()
+    runtime.taps.remove()
+    assert len(watched) >= 5 and max(watched) > 0  # speculative steps were watched, not only captures
 
 
 def test_padding_rows_do_not_change_the_tokens():
