@@ -17,7 +17,7 @@ from support import SMALL_VOCAB, chi2_pvalue, exact_distribution, sample_specula
 
 from trtllm_dflash import DFlashPipeline, ops
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
-from trtllm_dflash.ops import reference, rng
+from trtllm_dflash.ops import reference, rng, sampling_support
 from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
 
 
@@ -137,6 +137,90 @@ def test_process_logits_matches_sort_based_top_k_top_p():
         keep[order[:cut]] = True
         expected = torch.where(keep, p, torch.zeros_like(p))
         torch.testing.assert_close(probs[row], expected / expected.sum())
+
+
+def spy_on_shortlists(monkeypatch, calls: list) -> None:
+    """Record, per top-p call of process_logits, whether it sorted the top-k shortlist only."""
+    real = reference._top_p_kept
+    monkeypatch.setattr(
+        reference, "_top_p_kept", lambda probs, p, shortlist: calls.append(shortlist is not None) or real(probs, p, shortlist)
+    )
+
+
+def _top_p_by_sorting_the_vocabulary(logits, temperature, top_k, top_p):
+    """process_logits with top-p over the whole vocabulary's sort (what it did before the top-k shortlist)."""
+    shortlists = []
+    real = reference._top_p_kept
+
+    def full_sort(probs, p, shortlist):
+        shortlists.append(shortlist is not None)
+        return real(probs, p, None)
+
+    reference._top_p_kept = full_sort
+    try:
+        return reference.process_logits(logits, temperature, top_k, top_p), shortlists
+    finally:
+        reference._top_p_kept = real
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_top_p_over_the_support_is_bit_for_bit_the_full_sort(dtype, monkeypatch):
+    """On a CPU, where top-k leaves each sampled top-p row at most 4,096 tokens of nonzero
+    probability, top-p sorts only those (`sampling_support.support`): the same probabilities to the bit as
+    sorting the vocabulary, with rows mixed (greedy, temperature, top-k, top-p, both), bf16 logits
+    (ties), masked tokens, ties at the k-th value past k, and a top-k wider than the row's finite
+    tokens. A sampled top-p row without top-k, or ties past 4,096 tokens, sort the vocabulary."""
+    g = torch.Generator().manual_seed(21)
+    logits = (torch.randn(8, 3, 5000, generator=g) * 4).to(dtype).float()
+    logits[2, :, 100:140] = 30.0  # 40 tokens tied above the rest: top-k 20 keeps all 40
+    logits[3, :, :4990] = float("-inf")  # 10 tokens left (a grammar's mask) under top-k 20
+    temperature = torch.tensor([0.0, 0.7, 1.0, 0.9, 0.6, 1.3, 0.8, 0.0])
+    top_k = torch.tensor([0, 50, 20, 20, 20, 64, 1, 20])
+    top_p = torch.tensor([0.9, 0.9, 0.95, 0.8, 0.95, 1.0, 0.5, 0.9])
+
+    def run(logits, top_k):
+        calls = []
+        spy_on_shortlists(monkeypatch, calls)
+        got = reference.process_logits(logits, temperature, top_k, top_p)
+        monkeypatch.undo()
+        return got, calls
+
+    got, calls = run(logits, top_k)
+    assert calls == [True] and torch.equal(got, _top_p_by_sorting_the_vocabulary(logits, temperature, top_k, top_p)[0])
+    assert int((got[2, 0] > 0).sum()) == 40 and int((got[3, 0] > 0).sum()) <= 10
+
+    tied = logits.clone()
+    tied[1, :, 200:300] = 40.0  # 100 tokens tied at the top under top-k 50: all kept, all in the support
+    got, calls = run(tied, top_k)
+    assert calls == [True] and torch.equal(got, _top_p_by_sorting_the_vocabulary(tied, temperature, top_k, top_p)[0])
+    assert int((got[1, 0] > 0).sum()) == 100
+
+    tied[1, :, :4500] = 40.0  # 4,500 tied: past the support's limit
+    got, calls = run(tied, top_k)
+    assert calls == [False] and torch.equal(got, _top_p_by_sorting_the_vocabulary(tied, temperature, top_k, top_p)[0])
+
+    top_k_off = top_k.clone()
+    top_k_off[4] = 0  # a sampled top-p row without top-k (row 0 is greedy: its top-p result is replaced and does not count)
+    assert run(logits, top_k_off)[1] == [False]
+
+
+def test_sampling_over_the_support_draws_the_full_races_tokens():
+    """The race over the support (`sample_from_probs(..., sparse=True)`) draws the tokens of the race
+    over the vocabulary; a dense row (no top-k) races the vocabulary."""
+    g = torch.Generator().manual_seed(22)
+    logits = (torch.randn(6, 4, 6000, generator=g) * 3).to(torch.bfloat16).float()
+    logits[0, :, [7, 4000]] = 50.0  # two tokens of equal probability far above the rest
+    temperature, top_k, top_p = torch.tensor([1.0, 0.7, 0.6, 1.0, 0.9, 1.2]), torch.tensor([5, 50, 20, 1, 64, 30]), torch.full((6,), 0.95)
+    probs = reference.process_logits(logits, temperature, top_k, top_p)
+    draws = probs[:, :1].expand(-1, 400, -1)  # 400 draws of each row's first position: the less likely tokens win some
+    keys = rng.counter_key(torch.arange(6).view(-1, 1) * 7, torch.arange(400) + 100, rng.STREAM_BONUS)
+    within = sampling_support.support(draws)
+    assert within is not None and within.shape[-1] <= 64
+    sparse = reference.sample_from_probs(draws, keys, sparse=True)
+    assert torch.equal(sparse, reference.sample_from_probs(draws, keys))
+    assert len(set(sparse[4].tolist())) > 10  # top-k 64, top-p 0.95: many tokens drawn
+    dense = reference.process_logits(logits, temperature, torch.zeros(6, dtype=torch.long), torch.ones(6))
+    assert sampling_support.support(dense) is None  # every token has probability > 0: the vocabulary races
 
 
 def test_ties_are_kept_together_and_greedy_is_one_hot():

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from trtllm_dflash.contracts.draft_window import draft_visible
-from trtllm_dflash.ops import rng
+from trtllm_dflash.ops import rng, sampling_support
 
 # ----------------------------------------------------------------------------- sampling
 
@@ -69,12 +69,8 @@ def process_logits(
 
     p = top_p.float().view(shape)
     if bool((p < 1).any()) if branches is None else branches.any_top_p:
-        ascending, _ = probs.sort(dim=-1)
-        cumulative = ascending.cumsum(dim=-1)
-        n_less_equal = torch.searchsorted(ascending.contiguous(), probs.contiguous(), right=True)
-        mass_greater = cumulative[..., -1:] - cumulative.gather(-1, (n_less_equal - 1).clamp_min(0))
-        keep_p = (p >= 1) | (mass_greater < p)
-        kept = probs * keep_p
+        # a greedy row's result is replaced by its argmax, a row without top-p's is its softmax
+        kept = _top_p_kept(probs, p, sampling_support.support(probs, rows=(p < 1) & ~greedy) if widest > 0 else None)
         # renormalise only the rows that use top-p, so a row's distribution (and its samples)
         # does not depend on the other rows of the batch
         probs = torch.where(p < 1, kept / kept.sum(dim=-1, keepdim=True), probs)
@@ -105,12 +101,35 @@ def _top_k_kept(scaled: torch.Tensor, k: torch.Tensor, largest_k: int) -> torch.
     return (k <= 0) | (scaled >= kth)
 
 
-def sample_from_probs(probs: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-    """Exponential-race sample per row of `probs [..., V]` with counter keys `key [...]`."""
-    vocab = probs.shape[-1]
-    index = torch.arange(vocab, dtype=torch.int64, device=probs.device)
-    exponential = rng.uniform_from_key(key.unsqueeze(-1), index).log_().neg_()  # -log(u), in place
-    return argmax(probs / exponential)
+def _top_p_kept(probs: torch.Tensor, p: torch.Tensor, within: torch.Tensor | None) -> torch.Tensor:
+    """`probs` with 0 for the tokens top-p drops: those whose strictly-more-probable mass is not
+    below p (p >= 1: none).
+
+    The masses come from the cumulative sum of the probabilities in ascending order. Over a row's
+    support (`within`, from `sampling_support.support`) the zeros left out add nothing to the ascending sums, so
+    every sum is the same float, bit for bit, and so is the decision on the tokens that can be kept."""
+    values = probs if within is None else probs.gather(-1, within)
+    ascending, _ = values.sort(dim=-1)
+    cumulative = ascending.cumsum(dim=-1)
+    n_less_equal = torch.searchsorted(ascending.contiguous(), values.contiguous(), right=True)
+    mass_greater = cumulative[..., -1:] - cumulative.gather(-1, (n_less_equal - 1).clamp_min(0))
+    kept = values.masked_fill(~((p >= 1) | (mass_greater < p)), 0.0)
+    return kept if within is None else probs.scatter(-1, within, kept)  # outside the support: 0 already
+
+
+def sample_from_probs(probs: torch.Tensor, key: torch.Tensor, sparse: bool = False) -> torch.Tensor:
+    """Exponential-race sample per row of `probs [..., V]` with counter keys `key [...]`.
+
+    `sparse` (some row used top-k): race over the rows' support (`sampling_support.support`) where it applies: a token of
+    probability 0 races 0 and never wins, and the support's ascending order keeps the first index
+    on a tie, so the winner is the same."""
+    within = sampling_support.support(probs) if sparse else None
+    if within is None:
+        index = torch.arange(probs.shape[-1], dtype=torch.int64, device=probs.device)
+        exponential = rng.uniform_from_key(key.unsqueeze(-1), index).log_().neg_()  # -log(u), in place
+        return argmax(probs / exponential)
+    exponential = rng.uniform_from_key(key.unsqueeze(-1), within).log_().neg_()
+    return within.gather(-1, argmax(probs.gather(-1, within) / exponential).unsqueeze(-1)).squeeze(-1)
 
 
 def sample_tokens(
@@ -130,7 +149,7 @@ def sample_tokens(
     """
     probs = process_logits(logits, temperature, top_k, top_p, branches)
     key = rng.counter_key(seed.view(-1, 1), positions, stream)
-    tokens = sample_from_probs(probs, key)
+    tokens = sample_from_probs(probs, key, sampling_support.uses_top_k(top_k, branches.max_top_k if branches is not None else None))
     greedy = (temperature <= 0).view(-1, 1)
     if bool(greedy.any()) if branches is None else branches.any_greedy:
         tokens = torch.where(greedy, argmax(logits), tokens)
@@ -190,7 +209,7 @@ def verify_block(
             q = draft_probs[rows, num_accepted.clamp_max(block - 2)]
             p = torch.where(rejected.view(-1, 1), _residual(p, q), p)
         key = rng.counter_key(seed, start + num_accepted + 1, rng.STREAM_BONUS)
-        sampled_bonus = sample_from_probs(p, key)
+        sampled_bonus = sample_from_probs(p, key, sampling_support.uses_top_k(top_k))
         bonus = torch.where(greedy, bonus, sampled_bonus)
     return num_accepted, bonus
 
@@ -280,7 +299,9 @@ def verify_positions(
             accept[:, :-1] = torch.where(greedy, accept[:, :-1], u * q_draft < p_draft)
             if draft_probs is not None:
                 dist = torch.cat([_residual(p[:, :-1], q), p[:, -1:]], dim=1)
-        sampled = sample_from_probs(dist, rng.counter_key(seed.view(-1, 1), positions, rng.STREAM_BONUS))
+        sampled = sample_from_probs(
+            dist, rng.counter_key(seed.view(-1, 1), positions, rng.STREAM_BONUS), sampling_support.uses_top_k(top_k)
+        )
         emit = torch.where(greedy, posterior, sampled)
     return torch.stack([accept.to(torch.int32), emit.to(torch.int32)], dim=-1)
 
