@@ -178,6 +178,10 @@ class Floors:
             moved += batch * (s.block - 1) * s.vocab * 4  # the drafter's float32 q
         return moved, 0.0
 
+    def draft_sampling(self, batch: int) -> tuple[float, float]:
+        s = self.shape
+        return batch * (s.block - 1) * s.vocab * (self.element + 4), 0.0  # the draft logits read, q written in float32
+
 
 def floor_ms(moved_and_flops: tuple[float, float], ceilings: Ceilings) -> float:
     moved, flops = moved_and_flops
@@ -267,6 +271,11 @@ def _sampling(batch: int, mode: str, device: torch.device) -> SamplingTensors:
         full(top_k, torch.long),
         full(top_p, torch.float32),
         torch.arange(batch, dtype=torch.long, device=device) + 17,
+        # the host's copies, as the decoding loop keeps them: sampling branches (and the runtime's
+        # verify choice) without reading the device
+        greedy=(temperature <= 0,) * batch,
+        top_ks=(top_k,) * batch,
+        top_ps=(top_p,) * batch,
     )
 
 
@@ -321,8 +330,12 @@ def measure_row(
         sampling = _sampling(batch, mode, device)
         probs = None
         if mode != "greedy":
-            proposal = sample_drafts(draft_logits, sampling, draft_positions(starts, s.block - 1))
+            positions = draft_positions(starts, s.block - 1)
+            proposal = sample_drafts(draft_logits, sampling, positions)
             block[:, 1:], probs = proposal.tokens, proposal.probs
+            # the drafter's own sampling of its 15 positions (the torch ops of reference.sample_tokens)
+            ms, how = timer(f"draft sampling {mode}", lambda: sample_drafts(draft_logits, sampling, positions))
+            row.parts[f"draft sampling {mode}"] = Timed(ms, floor_ms(floors.draft_sampling(batch), ceilings), how)
         ms, how = timer(f"verify {mode}", lambda: runtime.verify(logits, block, probs, sampling, starts))
         row.parts[f"verify {mode}"] = Timed(ms, floor_ms(floors.verification(batch, mode), ceilings), how)
         if device.type == "cuda":  # the same decisions by the other kernel forms (issue 39 item 5, runtime/verify_choice.py)
@@ -510,9 +523,11 @@ def markdown(result: StepBenchmark) -> str:
     columns = [f"verify {m}" for m in VERIFY_MODES]
     for form in verify_choice.KERNEL_FORMS:
         columns += [f"verify {m} {form}" for m in VERIFY_MODES if any(f"verify {m} {form}" in r.parts for r in result.rows)]
+    columns += [f"draft sampling {m}" for m in VERIFY_MODES if any(f"draft sampling {m}" in r.parts for r in result.rows)]
     lines += [
         "",
-        "Verification of a 16-token block (ms, % of its floor: the logits read once, plus q when sampled):",
+        "Verification of a 16-token block (ms, % of its floor: the logits read once, plus q when sampled), and the "
+        "drafter's sampling of its 15 positions (the draft logits read, q written):",
         "",
         "| batch | context | " + " | ".join(c.removeprefix("verify ") for c in columns) + " |",
         "|---:|---:|" + "---:|" * len(columns),
