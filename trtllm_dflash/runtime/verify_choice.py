@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Callable
 
 import torch
 
@@ -45,15 +46,11 @@ def unavailable_reason(device: torch.device) -> str | None:
     return None
 
 
-def packed_verification(form: str):
+def packed_verification(form: str) -> Callable[..., torch.Tensor]:
     """The packed `[b, 5]` verification (`launch.verify_block`'s arguments) of a kernel form."""
-    if form == "spread":
-        from trtllm_dflash.ops.kernels import verify_spread_launch
+    from trtllm_dflash.ops.kernels import verify_shortlist_launch, verify_spread_launch  # imports triton: only when used
 
-        return verify_spread_launch.verify_block_spread
-    from trtllm_dflash.ops.kernels import verify_shortlist_launch
-
-    return verify_shortlist_launch.verify_block_shortlist
+    return {"spread": verify_spread_launch.verify_block_spread, "shortlist": verify_shortlist_launch.verify_block_shortlist}[form]
 
 
 def verify_by(form: str, target_logits, block, draft_probs, sampling, starts) -> tuple[torch.Tensor, torch.Tensor]:
