@@ -392,6 +392,13 @@ def verify_shortlist_variants(logits_dtype: str, vocab_divisible: bool = True) -
             ),
             8,
         ),
+        "shortlist_sample_kernel": (
+            (logits, *rows, ("top_p_ptr", "*fp32"), ("seed_ptr", "*i64"), ("positions_ptr", "*i64"), *chunks, *kept)
+            + (("block", "i32"), ("vocab", "i32"), ("num_chunks", "i32"), ("tokens_ptr", "*i64"), ("probs_ptr", "*fp32")),
+            (("BLOCK_V", launch.VERIFY_BLOCK_V), ("BLOCK_C", launch.VERIFY_BLOCK_C), ("KEPT", tiles.SHORTLIST_KEPT))
+            + (("VOCAB_DIVISIBLE", vocab_divisible),),
+            4,
+        ),
         "shortlist_decide_kernel": (
             (logits, ("tokens_ptr", "*i64"), *sampling, *chunks, *kept, ("block", "i32"), ("vocab", "i32"))
             + (("has_draft_probs", "i32"), ("num_chunks", "i32"), ("decisions_ptr", "*i32")),

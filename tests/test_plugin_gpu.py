@@ -12,9 +12,13 @@ from support import GPU_TOLERANCE, target_case_past_capacity
 pytest.importorskip("triton")
 
 from trtllm_dflash import ops
-from trtllm_dflash.ops import reference  # noqa: E402
+from trtllm_dflash.ops import reference, rng  # noqa: E402
 from trtllm_dflash.ops.kernels import launch  # noqa: E402
-from trtllm_dflash.ops.kernels.verify_shortlist_launch import verify_block_shortlist, verify_positions_shortlist  # noqa: E402
+from trtllm_dflash.ops.kernels.verify_shortlist_launch import (  # noqa: E402
+    sample_drafts_shortlist,
+    verify_block_shortlist,
+    verify_positions_shortlist,
+)
 from trtllm_dflash.ops.kernels.verify_spread_launch import verify_block_spread  # noqa: E402
 
 pytestmark = [
@@ -98,3 +102,10 @@ def test_verification_on_gpu_is_identical_to_the_reference(vocab):
     assert torch.equal(shortlist.cpu(), reference.verify_block_packed(*args))
     _, walked = verify_positions_shortlist(*(a.cuda() for a in args), with_walked=True)
     assert walked.cpu().tolist() == [[r in (1, 3, 6, 7)] * block for r in range(batch)]  # top-k 0 or above 64 walk
+    # the drafter's samples by the same kernels: the reference's tokens, its q to float rounding
+    positions = start.view(-1, 1) + torch.arange(1, block)
+    sampling = (logits[:, :-1], temperature, top_k, top_p, seed, positions)
+    want_tokens, want_q = reference.sample_tokens(*sampling, rng.STREAM_DRAFT)
+    tokens, q = sample_drafts_shortlist(*(a.cuda() for a in sampling))
+    assert torch.equal(tokens.cpu(), want_tokens)
+    torch.testing.assert_close(q.cpu(), want_q, rtol=1e-5, atol=1e-7)

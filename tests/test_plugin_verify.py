@@ -19,7 +19,7 @@ from trtllm_dflash.ops import (
     rng,  # noqa: E402
 )
 from trtllm_dflash.ops.kernels import launch  # noqa: E402
-from trtllm_dflash.ops.kernels.verify_shortlist_launch import verify_positions_shortlist  # noqa: E402
+from trtllm_dflash.ops.kernels.verify_shortlist_launch import sample_drafts_shortlist, verify_positions_shortlist  # noqa: E402
 from trtllm_dflash.ops.kernels.verify_spread_launch import verify_positions_spread  # noqa: E402
 
 
@@ -312,6 +312,28 @@ def test_shortlist_at_qwen3_vocabulary_in_default_chunks():
     decisions, walked = verify_positions_shortlist(*args, with_walked=True)
     assert not walked.any()
     assert torch.equal(launch.verify_commit(decisions, tokens, args[-1], None), reference.verify_block_packed(*args))
+
+
+def test_shortlist_draft_samples_are_the_references():
+    """The drafter's samples by the shortlist kernels: the tokens `reference.sample_tokens` draws
+    (stream STREAM_DRAFT) and its q to float rounding, with the same support; greedy rows (argmax,
+    one-hot q), top-k rows with and without top-p and with ties past k, a masked row, and rows the
+    shortlist does not serve (no top-k; top-k 65), which walk their row."""
+    g = torch.Generator().manual_seed(15)
+    batch, block, vocab = 8, 3, 1000
+    logits = (torch.randn(batch, block, vocab, generator=g) * 3).to(torch.bfloat16).float()
+    logits[3, :, 400:430] = 20.0  # 30 tied tokens on top under top-k 5: all kept
+    logits[4, :, :990] = float("-inf")  # 10 tokens left under top-k 20
+    temperature = torch.tensor([0.0, 0.7, 1.0, 0.8, 0.6, 1.2, 0.9, 1.1])
+    top_k = torch.tensor([0, 20, 50, 5, 20, 64, 0, 65])
+    top_p = torch.tensor([1.0, 0.95, 0.9, 1.0, 0.8, 1.0, 0.9, 1.0])
+    seed, positions = torch.arange(batch) * 13 + 1, torch.arange(batch).view(-1, 1) * 10 + torch.arange(1, block + 1)
+    want_tokens, want_q = reference.sample_tokens(logits, temperature, top_k, top_p, seed, positions, rng.STREAM_DRAFT)
+    tokens, q = sample_drafts_shortlist(logits, temperature, top_k, top_p, seed, positions, chunk_v=256)
+    assert torch.equal(tokens, want_tokens)
+    assert torch.equal(q > 0, want_q > 0)
+    torch.testing.assert_close(q, want_q, rtol=1e-5, atol=1e-7)
+    assert int((q[3, 0] > 0).sum()) == 30
 
 
 # ----------------------------------------------------------------------------- losslessness

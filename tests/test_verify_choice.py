@@ -97,9 +97,11 @@ def test_the_runtime_on_the_kernel_forms_decodes_like_the_per_position_ones(tmp_
     drafter_dir = make_tiny_drafter(tmp_path / "drafter", target_dir, seed=2, block_size=4, target_layer_ids=(1, 2))
     target = load_target(target_dir, dtype=torch.float32)
     drafter = load_drafter(drafter_dir, target)
-    kernel_steps = []
+    kernel_steps, shortlist_drafts = [], []
     real = verify_choice.verify_by
     monkeypatch.setattr(verify_choice, "verify_by", lambda form, *a: kernel_steps.append((form, a[1].shape)) or real(form, *a))
+    real_drafts = verify_choice.sample_drafts_by_shortlist
+    monkeypatch.setattr(verify_choice, "sample_drafts_by_shortlist", lambda *a: shortlist_drafts.append(a[0].shape) or real_drafts(*a))
     prompts = [[5, 6, 7, 8, 9], [11, 12, 13]]
     params = [SamplingParams(max_new_tokens=10, temperature=0.9, top_k=20, top_p=0.9, seed=1), SamplingParams(max_new_tokens=8)]
     runs = {}
@@ -112,6 +114,7 @@ def test_the_runtime_on_the_kernel_forms_decodes_like_the_per_position_ones(tmp_
     for form in ("spread", "shortlist"):  # each kernel form verified the sampled steps
         shapes = [shape for used, shape in kernel_steps if used == form]
         assert shapes and all(shape[1] in (1, 4) for shape in shapes)
+    assert shortlist_drafts  # and the shortlist form drew the drafts of the top-k rows (the other row is greedy)
     kernel_steps.clear()
     greedy = TorchRuntime(target.model, drafter, verify_choice="shortlist")
     Decoder(greedy, max_batch=1, max_context=48).generate([Request([5, 6, 7], SamplingParams(max_new_tokens=6))])

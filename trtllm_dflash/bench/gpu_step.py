@@ -333,9 +333,15 @@ def measure_row(
             positions = draft_positions(starts, s.block - 1)
             proposal = sample_drafts(draft_logits, sampling, positions)
             block[:, 1:], probs = proposal.tokens, proposal.probs
-            # the drafter's own sampling of its 15 positions (the torch ops of reference.sample_tokens)
+            # the drafter's own sampling of its 15 positions: the torch ops of reference.sample_tokens, and
+            # (on a GPU) the shortlist kernels, which --verify-choice shortlist also draws drafts with
             ms, how = timer(f"draft sampling {mode}", lambda: sample_drafts(draft_logits, sampling, positions))
             row.parts[f"draft sampling {mode}"] = Timed(ms, floor_ms(floors.draft_sampling(batch), ceilings), how)
+            if device.type == "cuda":
+                ms, how = timer(
+                    f"draft sampling {mode} shortlist", lambda: verify_choice.sample_drafts_by_shortlist(draft_logits, sampling, positions)
+                )
+                row.parts[f"draft sampling {mode} shortlist"] = Timed(ms, floor_ms(floors.draft_sampling(batch), ceilings), how)
         ms, how = timer(f"verify {mode}", lambda: runtime.verify(logits, block, probs, sampling, starts))
         row.parts[f"verify {mode}"] = Timed(ms, floor_ms(floors.verification(batch, mode), ceilings), how)
         if device.type == "cuda":  # the same decisions by the other kernel forms (issue 39 item 5, runtime/verify_choice.py)
@@ -523,7 +529,10 @@ def markdown(result: StepBenchmark) -> str:
     columns = [f"verify {m}" for m in VERIFY_MODES]
     for form in verify_choice.KERNEL_FORMS:
         columns += [f"verify {m} {form}" for m in VERIFY_MODES if any(f"verify {m} {form}" in r.parts for r in result.rows)]
-    columns += [f"draft sampling {m}" for m in VERIFY_MODES if any(f"draft sampling {m}" in r.parts for r in result.rows)]
+    for suffix in ("", " shortlist"):
+        columns += [
+            f"draft sampling {m}{suffix}" for m in VERIFY_MODES if any(f"draft sampling {m}{suffix}" in r.parts for r in result.rows)
+        ]
     lines += [
         "",
         "Verification of a 16-token block (ms, % of its floor: the logits read once, plus q when sampled), and the "

@@ -463,6 +463,10 @@ class TorchRuntime(CachedRuntime):
     @torch.inference_mode()
     def propose(self, slots, block, ctx_features, new_counts, cache_lens, sampling: SamplingTensors, constrain=None) -> Proposal:
         if not kind_of(self.drafter_config).candidate_selector:
+            if constrain is None and self.verify_choices.samples_drafts(block, sampling):  # V1's head by the shortlist kernels
+                logits = self.draft_forward(slots, block, ctx_features, new_counts, cache_lens)
+                positions = draft_positions(cache_lens + new_counts, logits.shape[1])
+                return Proposal(*verify_kernels.sample_drafts_by_shortlist(logits, sampling, positions))
             return super().propose(slots, block, ctx_features, new_counts, cache_lens, sampling, constrain)
         hidden = self._draft_hidden(slots, block, ctx_features, new_counts, cache_lens)
         positions = draft_positions(cache_lens + new_counts, hidden.shape[1])

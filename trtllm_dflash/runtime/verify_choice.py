@@ -7,7 +7,9 @@ position), 16 programs on 132 SMs at batch 1, each making ~14 serial passes over
 The spread form (`ops/kernels/verify_spread.py`) cuts every pass into chunks of the vocabulary,
 many programs per position. The shortlist form (`ops/kernels/verify_shortlist.py`) reads the
 logits once for rows with a top-k of at most 64 and works on their kept tokens; its other sampled
-rows walk the vocabulary as the per-position kernels do. All decide exactly what
+rows walk the vocabulary as the per-position kernels do. Where it verifies a step whose sampled
+rows all have such a top-k, it draws the drafter's samples too (`samples_drafts`): the tokens and,
+to float rounding, the q of `reference.sample_tokens`, which sorts the vocabulary for top-p. All decide exactly what
 `reference.verify_block_packed` decides (the same committed counts and tokens,
 tests/test_plugin_verify.py), so a choice changes no output (seeded requests reproduce either way),
 only time. A step whose rows are all greedy keeps the per-position kernels (a split argmax: 0.02
@@ -32,6 +34,7 @@ import torch
 from trtllm_dflash import ops
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.ops import custom_ops, reference
+from trtllm_dflash.ops.kernels.tiles import SHORTLIST
 from trtllm_dflash.runtime.kernel_choice import bucketed, time_call
 
 KERNEL_FORMS = ("spread", "shortlist")  # the forms that need the kernels and a check before they run
@@ -80,6 +83,13 @@ def _step(batch: int, block: int, vocab: int, dtype: torch.dtype, device: torch.
         run = r % block
         tokens[r, 1 : 1 + run] = argmax[r, :run]
     return logits, tokens, probs, (temperature, top_k, top_p, seed), starts
+
+
+def sample_drafts_by_shortlist(logits: torch.Tensor, sampling, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The drafter's samples and q (`base.sample_drafts`'s) by the shortlist kernels."""
+    from trtllm_dflash.ops.kernels.verify_shortlist_launch import sample_drafts_shortlist
+
+    return sample_drafts_shortlist(logits, *sampling.tensors(), positions)
 
 
 def check(form: str, batch: int, block: int, vocab: int, dtype: torch.dtype, device: torch.device) -> str | None:
@@ -134,6 +144,14 @@ class VerifyChoices:
             return None
         form = self.pick(block.shape[1], block.shape[0])
         return form if form in KERNEL_FORMS else None
+
+    def samples_drafts(self, block: torch.Tensor, sampling) -> bool:
+        """Whether the drafter's samples of this step come from the shortlist kernels too: the
+        shortlist form verifies the step, and every sampled row has a top-k it serves (the host's
+        copies say so; rows without one sample faster through torch's ops)."""
+        if self.kernel_form(block, sampling) != "shortlist" or sampling.top_ks is None:
+            return False
+        return all(greedy or 1 <= k <= SHORTLIST for greedy, k in zip(sampling.greedy, sampling.top_ks))
 
     def describe(self) -> str:
         if self.fixed is not None:

@@ -259,16 +259,9 @@ def _races(
 
 
 @triton.jit
-def _sampled_decision(
-    row_ptr, draft_probs_ptr, top_k_ptr, top_p_ptr, seed_ptr, start_ptr, row, t, block, vocab, has_draft_probs,
-    draft, has_draft, temperature, best, BLOCK_V: tl.constexpr, VOCAB_DIVISIBLE: tl.constexpr,
-):  # fmt: skip
-    """(accept, emit) of a sampled row at block position t, each pass walking the whole vocabulary row
-    (`best`: the row's maximum logit). The per-position kernel's sampled branch, and the fallback of
-    the shortlist kernels (verify_shortlist.py) for a position outside what they serve."""
-    row_max = tl.div_rn(best, temperature)
-    top_k = tl.load(top_k_ptr + row).to(tl.int64)
-    top_p = tl.load(top_p_ptr + row).to(tl.float32)
+def _walked_distribution(row_ptr, vocab, temperature, row_max, top_k, top_p, BLOCK_V: tl.constexpr, VOCAB_DIVISIBLE: tl.constexpr):
+    """(threshold key, z_k, z_p, use_top_p) of a sampled row's distribution (`_prob`'s arguments),
+    each selection walking the whole vocabulary row (`row_max`: its largest scaled logit)."""
     threshold = tl.full((), 0, tl.int64)
     if (top_k > 0) & (top_k < vocab):
         threshold = _kth_largest_key(row_ptr, vocab, temperature, top_k, BLOCK_V, VOCAB_DIVISIBLE)
@@ -279,6 +272,21 @@ def _sampled_decision(
         threshold = tl.maximum(threshold, top_p_key)
     else:
         z_k = _kept_mass(row_ptr, 0, vocab, vocab, temperature, row_max, threshold, BLOCK_V, VOCAB_DIVISIBLE)
+    return threshold, z_k, z_p, use_top_p
+
+
+@triton.jit
+def _sampled_decision(
+    row_ptr, draft_probs_ptr, top_k_ptr, top_p_ptr, seed_ptr, start_ptr, row, t, block, vocab, has_draft_probs,
+    draft, has_draft, temperature, best, BLOCK_V: tl.constexpr, VOCAB_DIVISIBLE: tl.constexpr,
+):  # fmt: skip
+    """(accept, emit) of a sampled row at block position t, each pass walking the whole vocabulary row
+    (`best`: the row's maximum logit). The per-position kernel's sampled branch, and the fallback of
+    the shortlist kernels (verify_shortlist.py) for a position outside what they serve."""
+    row_max = tl.div_rn(best, temperature)
+    top_k = tl.load(top_k_ptr + row).to(tl.int64)
+    top_p = tl.load(top_p_ptr + row).to(tl.float32)
+    threshold, z_k, z_p, use_top_p = _walked_distribution(row_ptr, vocab, temperature, row_max, top_k, top_p, BLOCK_V, VOCAB_DIVISIBLE)
 
     use_q = (has_draft.to(tl.int32) * has_draft_probs) != 0
     q_len = tl.where(use_q, vocab, 0)  # masks as `offs < q_len`: the interpreter turns bool & bool into int32

@@ -40,7 +40,7 @@ reference token for token.
 import triton
 import triton.language as tl
 
-from trtllm_dflash.ops import kernels
+from trtllm_dflash.ops import kernels, rng
 
 _verify = kernels.load("verify", interpret=triton.knobs.runtime.interpret)
 row_offset, in_vocab, order_key, _prob = _verify.row_offset, _verify.in_vocab, _verify.order_key, _verify._prob
@@ -56,8 +56,10 @@ _topk_step, _chunk_argmax, _accepts, _sampled_decision = (
     _verify._accepts,
     _verify._sampled_decision,
 )
+_walked_distribution, _races, _scaled = _verify._walked_distribution, _verify._races, _verify._scaled
 SUM, MAX, MIN, ARGMAX, BONUS_MIX = _verify.SUM, _verify.MAX, _verify.MIN, _verify.ARGMAX, _verify.BONUS_MIX
 
+DRAFT_MIX = tl.constexpr((rng.STREAM_DRAFT * rng.GOLDEN32) & rng.MASK32)
 NO_KEY = tl.constexpr(-1)  # below every order key: an empty slot, or a chunk that left nothing out
 NEG_INF_KEY = tl.constexpr(0x7FFFFF)  # order_key(-inf)
 TOP_KEY = tl.constexpr(1 << 32)  # above every order key
@@ -205,11 +207,9 @@ def shortlist_threshold_kernel(
 
 
 @triton.jit
-def _kept_decision(
-    row_ptr, kept_logit_ptr, kept_index_ptr, threshold_ptr, draft_q_ptr, position_index, draft, has_draft, use_q, seed,
-    position, temperature, row_max, top_p, KEPT: tl.constexpr,
-):  # fmt: skip
-    """(accept, emit) of a shortlisted position from its kept tokens."""
+def _kept_distribution(kept_logit_ptr, kept_index_ptr, threshold_ptr, position_index, temperature, row_max, top_p, KEPT: tl.constexpr):
+    """A shortlisted position's distribution over its kept tokens: (their token indices, -1 in empty
+    slots; their probabilities, 0 there; the threshold key, z_k, z_p and use_top_p, as `_prob` takes them)."""
     slots = tl.arange(0, KEPT)
     index = tl.load(kept_index_ptr + position_index * KEPT + slots)
     valid = index >= 0
@@ -233,22 +233,37 @@ def _kept_decision(
         keep = valid & (larger < top_p * z_k)
         threshold = tl.maximum(threshold, tl.reduce(tl.where(keep, key, TOP_KEY), 0, MIN))
         z_p = tl.div_rn(tl.reduce(tl.where(keep, weight, 0.0), 0, SUM), z_k)
-    accept = _accepts(row_ptr, draft_q_ptr, draft, has_draft, use_q, seed, position, temperature, row_max, threshold, z_k, z_p, use_top_p)
-
-    # the two exponential races (p; the residual max(0, p - q)) over the kept tokens, in vocabulary order
     prob = tl.where(valid, _prob(s, row_max, threshold, z_k, z_p, use_top_p), 0.0)
-    exponential = -precise_log(uniform_from_key(counter_key(seed, position, BONUS_MIX), tl.where(valid, index, 0)))
-    race = tl.where(valid, tl.div_rn(prob, exponential), -1.0)
+    return index, prob, threshold, z_k, z_p, use_top_p
+
+
+@triton.jit
+def _race_winner(index, weight, key):
+    """The token of `index` (-1: an empty slot) whose exponential race weight / -log(u) is largest,
+    the first slot on a tie (the slots are in vocabulary order: the first index)."""
+    slots = tl.arange(0, index.shape[0])
+    exponential = -precise_log(uniform_from_key(key, tl.where(index >= 0, index, 0)))
+    race = tl.where(index >= 0, tl.div_rn(weight, exponential), -1.0)
     _, at = tl.reduce((race, slots), 0, ARGMAX)
-    index_p = tl.reduce(tl.where(slots == at, index, 0), 0, SUM)
+    return tl.reduce(tl.where(slots == at, index, 0), 0, SUM)
+
+
+@triton.jit
+def _kept_decision(
+    row_ptr, kept_logit_ptr, kept_index_ptr, threshold_ptr, draft_q_ptr, position_index, draft, has_draft, use_q, seed,
+    position, temperature, row_max, top_p, KEPT: tl.constexpr,
+):  # fmt: skip
+    """(accept, emit) of a shortlisted position from its kept tokens."""
+    index, prob, threshold, z_k, z_p, use_top_p = _kept_distribution(
+        kept_logit_ptr, kept_index_ptr, threshold_ptr, position_index, temperature, row_max, top_p, KEPT
+    )
+    accept = _accepts(row_ptr, draft_q_ptr, draft, has_draft, use_q, seed, position, temperature, row_max, threshold, z_k, z_p, use_top_p)
+    # the two exponential races (p; the residual max(0, p - q)) over the kept tokens
+    key = counter_key(seed, position, BONUS_MIX)
     q_index = tl.where(use_q, index, -1)  # one comparison as the mask: the interpreter turns bool & bool into int32
-    q = tl.load(draft_q_ptr + q_index, mask=q_index >= 0, other=0.0).to(tl.float32)
-    residual = tl.maximum(prob - q, 0.0)
-    race = tl.where(valid, tl.div_rn(residual, exponential), -1.0)
-    _, at = tl.reduce((race, slots), 0, ARGMAX)
-    index_r = tl.reduce(tl.where(slots == at, index, 0), 0, SUM)
-    mass = tl.reduce(residual, 0, SUM)
-    return accept, tl.where(use_q & (mass > 0), index_r, index_p)
+    residual = tl.maximum(prob - tl.load(draft_q_ptr + q_index, mask=q_index >= 0, other=0.0).to(tl.float32), 0.0)
+    emit = tl.where(use_q & (tl.reduce(residual, 0, SUM) > 0), _race_winner(index, residual, key), _race_winner(index, prob, key))
+    return accept, emit
 
 
 @triton.jit
@@ -309,3 +324,69 @@ def shortlist_decide_kernel(
     out = decisions_ptr + position_index * 2
     tl.store(out, accept)
     tl.store(out + 1, emit)
+
+
+@triton.jit
+def shortlist_sample_kernel(
+    # inputs
+    logits_ptr,
+    temperature_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    seed_ptr,
+    positions_ptr,
+    chunk_max_ptr,
+    chunk_index_ptr,
+    kept_logit_ptr,
+    kept_index_ptr,
+    threshold_ptr,
+    flag_ptr,
+    # scalars
+    block,
+    vocab,
+    num_chunks,
+    # outputs
+    tokens_ptr,
+    probs_ptr,
+    # compile-time configuration
+    BLOCK_V: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    KEPT: tl.constexpr,
+    VOCAB_DIVISIBLE: tl.constexpr,
+):
+    """The drafter's sample at one of its `block` positions (`reference.sample_tokens`, stream
+    STREAM_DRAFT): the argmax for a greedy row (its distribution one-hot), else the exponential race
+    over the kept tokens of a shortlisted position or over the row for a flagged one. Writes the
+    token and the position's distribution q into `probs_ptr`, zero where it is not written."""
+    t = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    position_index = row * block + t
+    row_ptr = logits_ptr + row_offset(position_index, vocab, VOCAB_DIVISIBLE)
+    q_ptr = probs_ptr + row_offset(position_index, vocab, VOCAB_DIVISIBLE)
+    temperature = tl.load(temperature_ptr + row).to(tl.float32)
+    best, token = _chunk_argmax(chunk_max_ptr, chunk_index_ptr, position_index, num_chunks, BLOCK_C)
+    if temperature > 0:
+        row_max = tl.div_rn(best, temperature)
+        top_p = tl.load(top_p_ptr + row).to(tl.float32)
+        key = counter_key(tl.load(seed_ptr + row), tl.load(positions_ptr + position_index), DRAFT_MIX)
+        if tl.load(flag_ptr + position_index) != 0:
+            top_k = tl.load(top_k_ptr + row).to(tl.int64)
+            threshold, z_k, z_p, use_top_p = _walked_distribution(
+                row_ptr, vocab, temperature, row_max, top_k, top_p, BLOCK_V, VOCAB_DIVISIBLE
+            )
+            race_best, token, residual_best, residual_token, residual_mass = _races(  # only the race on p is used here
+                row_ptr, q_ptr, 0, key, 0, vocab, vocab, temperature, row_max, threshold, z_k, z_p, use_top_p, BLOCK_V, VOCAB_DIVISIBLE
+            )
+            for v0 in range(0, vocab, BLOCK_V):
+                offs = v0 + tl.arange(0, BLOCK_V)
+                ok = in_vocab(offs, vocab, VOCAB_DIVISIBLE)
+                tl.store(q_ptr + offs, _prob(_scaled(row_ptr, offs, ok, temperature), row_max, threshold, z_k, z_p, use_top_p), mask=ok)
+        else:
+            index, prob, threshold, z_k, z_p, use_top_p = _kept_distribution(
+                kept_logit_ptr, kept_index_ptr, threshold_ptr, position_index, temperature, row_max, top_p, KEPT
+            )
+            token = _race_winner(index, prob, key)
+            tl.store(q_ptr + index, prob, mask=index >= 0)
+    else:
+        tl.store(q_ptr + token, 1.0)
+    tl.store(tokens_ptr + position_index, token.to(tl.int64))
