@@ -1,5 +1,5 @@
 """Sampled verification and draft sampling on a CPU: this checkout's `ops/reference.py` against a
-git revision's, side by side in one process, timed alternately, outputs compared.
+git revision's, side by side in one process, timed alternately, outputs compared (drafts, q bit for bit, verification).
 
 The torch runtime samples through the reference on a CPU: the drafter's proposals
 (`reference.sample_tokens`, every draft position) and the target's verification
@@ -51,14 +51,16 @@ def step_inputs(batch: int, block: int, vocab: int, setting: tuple[float, int, f
     return logits, draft_logits, temperature, top_k.long(), top_p, torch.arange(batch) * 7 + seed, torch.arange(batch) * 11
 
 
-def one_step(module, inputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """The drafter's samples at every draft position, then the target's verification of them."""
+def one_step(module, inputs) -> tuple[torch.Tensor, ...]:
+    """The drafter's samples at every draft position, their q, then the target's verification of them."""
     logits, draft_logits, temperature, top_k, top_p, seed, start = inputs
     positions = start.view(-1, 1) + torch.arange(1, logits.shape[1])
     drafts, q = module.sample_tokens(draft_logits, temperature, top_k, top_p, seed, positions, rng.STREAM_DRAFT)
     tokens = torch.cat([logits[:, :1, 0].long() * 0, drafts], dim=1)
-    q = q if bool((temperature > 0).any()) else None
-    return drafts, module.verify_block_packed(logits, tokens, q, temperature, top_k, top_p, seed, start)
+    verified = module.verify_block_packed(
+        logits, tokens, q if bool((temperature > 0).any()) else None, temperature, top_k, top_p, seed, start
+    )
+    return drafts, q, verified
 
 
 def main(argv: list[str] | None = None) -> int:

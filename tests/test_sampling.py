@@ -141,26 +141,26 @@ def test_process_logits_matches_sort_based_top_k_top_p():
 
 def spy_on_shortlists(monkeypatch, calls: list) -> None:
     """Record, per top-p call of process_logits, whether it sorted the top-k shortlist only."""
-    real = reference._top_p_kept
+    real = reference._drop_top_p_
     monkeypatch.setattr(
-        reference, "_top_p_kept", lambda probs, p, shortlist: calls.append(shortlist is not None) or real(probs, p, shortlist)
+        reference, "_drop_top_p_", lambda probs, p, shortlist: calls.append(shortlist is not None) or real(probs, p, shortlist)
     )
 
 
 def _top_p_by_sorting_the_vocabulary(logits, temperature, top_k, top_p):
     """process_logits with top-p over the whole vocabulary's sort (what it did before the top-k shortlist)."""
     shortlists = []
-    real = reference._top_p_kept
+    real = reference._drop_top_p_
 
     def full_sort(probs, p, shortlist):
         shortlists.append(shortlist is not None)
         return real(probs, p, None)
 
-    reference._top_p_kept = full_sort
+    reference._drop_top_p_ = full_sort
     try:
         return reference.process_logits(logits, temperature, top_k, top_p), shortlists
     finally:
-        reference._top_p_kept = real
+        reference._drop_top_p_ = real
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -53,7 +53,7 @@ def process_logits(
     decoding a special case of the rejection-sampling formulas. `branches`: what the host knows
     of the rows (else read from the tensors).
     """
-    batch, vocab = logits.shape[0], logits.shape[-1]
+    batch = logits.shape[0]
     extra = logits.dim() - 2
     shape = (batch,) + (1,) * (extra + 1)
     logits = logits.float()
@@ -63,21 +63,24 @@ def process_logits(
 
     k = top_k.to(torch.int64).view(shape)
     widest = (int(k.max()) if k.numel() else 0) if branches is None else branches.max_top_k
+    # `scaled` and `probs` are this call's own tensors: the steps below work on them in place (a
+    # full-vocabulary copy each saved; on a CPU such copies were a third of a sampled step)
     if widest > 0:
-        scaled = scaled.masked_fill(~_top_k_kept(scaled, k, widest), float("-inf"))
+        scaled.masked_fill_(_top_k_dropped(scaled, k, widest), float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
 
     p = top_p.float().view(shape)
     if bool((p < 1).any()) if branches is None else branches.any_top_p:
         # a greedy row's result is replaced by its argmax, a row without top-p's is its softmax
-        kept = _top_p_kept(probs, p, sampling_support.support(probs, rows=(p < 1) & ~greedy) if widest > 0 else None)
-        # renormalise only the rows that use top-p, so a row's distribution (and its samples)
-        # does not depend on the other rows of the batch
-        probs = torch.where(p < 1, kept / kept.sum(dim=-1, keepdim=True), probs)
+        _drop_top_p_(probs, p, sampling_support.support(probs, rows=(p < 1) & ~greedy) if widest > 0 else None)
+        # renormalise only the rows that use top-p (the others divide by 1, exactly), so a row's
+        # distribution (and its samples) does not depend on the other rows of the batch
+        probs.div_(torch.where(p < 1, probs.sum(dim=-1, keepdim=True), 1.0))
 
-    if bool(greedy.any()) if branches is None else branches.any_greedy:
-        one_hot = F.one_hot(argmax(logits), vocab).to(probs.dtype)
-        probs = torch.where(greedy, one_hot, probs)
+    if bool(greedy.any()) if branches is None else branches.any_greedy:  # one-hot at the argmax
+        top = argmax(logits).unsqueeze(-1)
+        probs.masked_fill_(greedy, 0.0)
+        probs.scatter_(-1, top, torch.where(greedy, 1.0, probs.gather(-1, top)))
     return probs
 
 
@@ -92,29 +95,33 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     return x.argmax(dim=-1)
 
 
-def _top_k_kept(scaled: torch.Tensor, k: torch.Tensor, largest_k: int) -> torch.Tensor:
-    """Tokens with fewer than k values strictly greater than their own (k <= 0: all), ties kept:
-    exactly those at or above the k-th largest value, found with topk rather than a sort of the
-    vocabulary when k is small. `largest_k`: the largest k of any row."""
+def _top_k_dropped(scaled: torch.Tensor, k: torch.Tensor, largest_k: int) -> torch.Tensor:
+    """The tokens top-k drops: all but those with fewer than k values strictly greater than their
+    own (k <= 0: none), ties kept: exactly those not at or above the k-th largest value, found with
+    topk rather than a sort of the vocabulary when k is small. `largest_k`: the largest k of any row."""
     widest = min(largest_k, scaled.shape[-1])
     kth = scaled.topk(widest, dim=-1).values.gather(-1, (k.clamp(1, widest) - 1).expand(*scaled.shape[:-1], 1))
-    return (k <= 0) | (scaled >= kth)
+    return torch.ge(scaled, kth).logical_not_().logical_and_(k > 0)
 
 
-def _top_p_kept(probs: torch.Tensor, p: torch.Tensor, within: torch.Tensor | None) -> torch.Tensor:
-    """`probs` with 0 for the tokens top-p drops: those whose strictly-more-probable mass is not
+def _drop_top_p_(probs: torch.Tensor, p: torch.Tensor, within: torch.Tensor | None) -> None:
+    """Set to 0, in place, the tokens top-p drops: those whose strictly-more-probable mass is not
     below p (p >= 1: none).
 
     The masses come from the cumulative sum of the probabilities in ascending order. Over a row's
-    support (`within`, from `sampling_support.support`) the zeros left out add nothing to the ascending sums, so
-    every sum is the same float, bit for bit, and so is the decision on the tokens that can be kept."""
+    support (`within`, from `sampling_support.support`) the zeros left out add nothing to the
+    ascending sums, so every sum is the same float, bit for bit, and so is the decision on the
+    tokens that can be kept."""
     values = probs if within is None else probs.gather(-1, within)
     ascending, _ = values.sort(dim=-1)
     cumulative = ascending.cumsum(dim=-1)
     n_less_equal = torch.searchsorted(ascending.contiguous(), values.contiguous(), right=True)
     mass_greater = cumulative[..., -1:] - cumulative.gather(-1, (n_less_equal - 1).clamp_min(0))
-    kept = values.masked_fill(~((p >= 1) | (mass_greater < p)), 0.0)
-    return kept if within is None else probs.scatter(-1, within, kept)  # outside the support: 0 already
+    dropped = ~((p >= 1) | (mass_greater < p))
+    if within is None:
+        probs.masked_fill_(dropped, 0.0)
+    else:
+        probs.scatter_(-1, within, values.masked_fill_(dropped, 0.0))  # outside the support: 0 already
 
 
 def sample_from_probs(probs: torch.Tensor, key: torch.Tensor, sparse: bool = False) -> torch.Tensor:
