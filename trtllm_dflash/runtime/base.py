@@ -164,7 +164,12 @@ class Runtime(abc.ABC):
         logits = self.draft_forward(slots, block, ctx_features, new_counts, cache_lens)
         if constrain is not None:
             logits = constrain(logits)
-        return sample_drafts(logits, sampling, draft_positions(cache_lens + new_counts, logits.shape[1]))
+        return self.draft_head(logits, sampling, draft_positions(cache_lens + new_counts, logits.shape[1]))
+
+    def draft_head(self, logits: torch.Tensor, sampling: "SamplingTensors", positions: torch.Tensor) -> "Proposal":
+        """DFlash V1's head on draft logits `[b, B-1, V]` at absolute `positions`: `sample_drafts`.
+        Runtimes with their own sampling kernels override it (the torch runtime's shortlist)."""
+        return sample_drafts(logits, sampling, positions)
 
     def target_verify(
         self,

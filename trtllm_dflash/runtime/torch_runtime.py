@@ -460,13 +460,15 @@ class TorchRuntime(CachedRuntime):
             embeds, ctx_features, new_counts, cache_lens, caches, slots, self._draft_linear or torch.nn.functional.linear
         )[:, 1:]
 
+    def draft_head(self, logits: torch.Tensor, sampling: SamplingTensors, positions: torch.Tensor) -> Proposal:
+        """V1's head: by the shortlist kernels where they verify the step and serve its sampled rows."""
+        if self.verify_choices.samples_drafts(logits.shape[0], logits.shape[1] + 1, sampling):
+            return Proposal(*verify_kernels.sample_drafts_by_shortlist(logits, sampling, positions))
+        return super().draft_head(logits, sampling, positions)
+
     @torch.inference_mode()
     def propose(self, slots, block, ctx_features, new_counts, cache_lens, sampling: SamplingTensors, constrain=None) -> Proposal:
         if not kind_of(self.drafter_config).candidate_selector:
-            if constrain is None and self.verify_choices.samples_drafts(block, sampling):  # V1's head by the shortlist kernels
-                logits = self.draft_forward(slots, block, ctx_features, new_counts, cache_lens)
-                positions = draft_positions(cache_lens + new_counts, logits.shape[1])
-                return Proposal(*verify_kernels.sample_drafts_by_shortlist(logits, sampling, positions))
             return super().propose(slots, block, ctx_features, new_counts, cache_lens, sampling, constrain)
         hidden = self._draft_hidden(slots, block, ctx_features, new_counts, cache_lens)
         positions = draft_positions(cache_lens + new_counts, hidden.shape[1])

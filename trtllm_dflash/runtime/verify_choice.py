@@ -138,18 +138,22 @@ class VerifyChoices:
         return bucketed(self.choices, block, batch, "positions")
 
     def kernel_form(self, block: torch.Tensor, sampling) -> str | None:
-        """The kernel form that verifies this step (None: the per-position kernels): chosen for its
-        shape, and some row samples (the host's copies say so; unknown rows keep the per-position kernels)."""
+        """The kernel form that verifies this step of `block [b, B]` (None: the per-position kernels)."""
+        return self._form(block.shape[0], block.shape[1], sampling)
+
+    def _form(self, batch: int, tokens: int, sampling) -> str | None:
+        """The kernel form chosen for steps of `batch` rows and `tokens` block tokens, where some row
+        samples (the host's copies say so; unknown rows keep the per-position kernels)."""
         if sampling.greedy is None or all(sampling.greedy):
             return None
-        form = self.pick(block.shape[1], block.shape[0])
+        form = self.pick(tokens, batch)
         return form if form in KERNEL_FORMS else None
 
-    def samples_drafts(self, block: torch.Tensor, sampling) -> bool:
-        """Whether the drafter's samples of this step come from the shortlist kernels too: the
-        shortlist form verifies the step, and every sampled row has a top-k it serves (the host's
-        copies say so; rows without one sample faster through torch's ops)."""
-        if self.kernel_form(block, sampling) != "shortlist" or sampling.top_ks is None:
+    def samples_drafts(self, batch: int, tokens: int, sampling) -> bool:
+        """Whether the drafter's samples of a step (`batch` rows, blocks of `tokens`) come from the
+        shortlist kernels too: the shortlist form verifies such steps, and every sampled row has a
+        top-k it serves (the host's copies say so; rows without one sample faster through torch's ops)."""
+        if self._form(batch, tokens, sampling) != "shortlist" or sampling.top_ks is None:
             return False
         return all(greedy or 1 <= k <= SHORTLIST for greedy, k in zip(sampling.greedy, sampling.top_ks))
 
