@@ -94,18 +94,28 @@ def sample_drafts_by_shortlist(logits: torch.Tensor, sampling, positions: torch.
 
 def check(form: str, batch: int, block: int, vocab: int, dtype: torch.dtype, device: torch.device) -> str | None:
     """Why a kernel form does not decide as the reference does here (None: it does, exactly)."""
+    return check_forms((form,), batch, block, vocab, dtype, device)[form]
+
+
+def check_forms(
+    forms: tuple[str, ...], batch: int, block: int, vocab: int, dtype: torch.dtype, device: torch.device
+) -> dict[str, str | None]:
+    """`check` for several kernel forms on one mixed step, whose inputs and reference decisions
+    are made once (at Qwen3's vocabulary and batch 32 the random logits alone take a second on the host)."""
     reason = unavailable_reason(device)
     if reason is not None:
-        return reason
+        return dict.fromkeys(forms, reason)
     logits, tokens, probs, sampling, starts = _step(batch, block, vocab, dtype, device, mixed=True)
-    want = reference.verify_block_packed(logits, tokens, probs, *sampling, starts)
-    try:
-        got = packed_verification(form)(logits, tokens, probs, *sampling, starts)
-    except Exception as error:  # noqa: BLE001 - a kernel that does not compile or launch here is refused, not run
-        return f"the {form} kernels failed: {(str(error).strip().splitlines() or [type(error).__name__])[0][:160]}"
-    if not torch.equal(got.cpu(), want.cpu()):
-        return f"the {form} kernels commit other tokens than the reference"
-    return None
+    want = reference.verify_block_packed(logits, tokens, probs, *sampling, starts).cpu()
+    reasons: dict[str, str | None] = {}
+    for form in forms:
+        try:
+            got = packed_verification(form)(logits, tokens, probs, *sampling, starts)
+        except Exception as error:  # noqa: BLE001 - a kernel that does not compile or launch here is refused, not run
+            reasons[form] = f"the {form} kernels failed: {(str(error).strip().splitlines() or [type(error).__name__])[0][:160]}"
+            continue
+        reasons[form] = None if torch.equal(got.cpu(), want) else f"the {form} kernels commit other tokens than the reference"
+    return reasons
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,9 +178,8 @@ def measure_one(block: int, batch: int, vocab: int, dtype: torch.dtype, device: 
     positions = time_call(lambda: ops.verify_block_packed(logits, tokens, probs, *sampling, starts), device)
     ms: dict[str, float | None] = {"positions": None if math.isnan(positions) else positions}
     refused: dict[str, str] = {}
-    for form in KERNEL_FORMS:
+    for form, reason in check_forms(KERNEL_FORMS, batch, block, vocab, dtype, device).items():
         ms[form] = None
-        reason = check(form, batch, block, vocab, dtype, device)
         if reason is None:
             verification = packed_verification(form)
             took = time_call(lambda: verification(logits, tokens, probs, *sampling, starts), device)
