@@ -56,7 +56,7 @@ def one_step(module, inputs) -> tuple[torch.Tensor, ...]:
     logits, draft_logits, temperature, top_k, top_p, seed, start = inputs
     positions = start.view(-1, 1) + torch.arange(1, logits.shape[1])
     drafts, q = module.sample_tokens(draft_logits, temperature, top_k, top_p, seed, positions, rng.STREAM_DRAFT)
-    tokens = torch.cat([logits[:, :1, 0].long() * 0, drafts], dim=1)
+    tokens = torch.cat([torch.zeros(logits.shape[0], 1, dtype=torch.long), drafts], dim=1)  # anchor 0, then the drafts
     verified = module.verify_block_packed(
         logits, tokens, q if bool((temperature > 0).any()) else None, temperature, top_k, top_p, seed, start
     )

@@ -148,17 +148,11 @@ def spy_on_shortlists(monkeypatch, calls: list) -> None:
 
 
 def _top_p_by_sorting_the_vocabulary(logits, temperature, top_k, top_p):
-    """process_logits with top-p over the whole vocabulary's sort (what it did before the top-k shortlist)."""
-    shortlists = []
+    """process_logits with top-p over the whole vocabulary's sort (what it did before the support)."""
     real = reference._drop_top_p_
-
-    def full_sort(probs, p, shortlist):
-        shortlists.append(shortlist is not None)
-        return real(probs, p, None)
-
-    reference._drop_top_p_ = full_sort
+    reference._drop_top_p_ = lambda probs, p, within: real(probs, p, None)
     try:
-        return reference.process_logits(logits, temperature, top_k, top_p), shortlists
+        return reference.process_logits(logits, temperature, top_k, top_p)
     finally:
         reference._drop_top_p_ = real
 
@@ -186,18 +180,18 @@ def test_top_p_over_the_support_is_bit_for_bit_the_full_sort(dtype, monkeypatch)
         return got, calls
 
     got, calls = run(logits, top_k)
-    assert calls == [True] and torch.equal(got, _top_p_by_sorting_the_vocabulary(logits, temperature, top_k, top_p)[0])
+    assert calls == [True] and torch.equal(got, _top_p_by_sorting_the_vocabulary(logits, temperature, top_k, top_p))
     assert int((got[2, 0] > 0).sum()) == 40 and int((got[3, 0] > 0).sum()) <= 10
 
     tied = logits.clone()
     tied[1, :, 200:300] = 40.0  # 100 tokens tied at the top under top-k 50: all kept, all in the support
     got, calls = run(tied, top_k)
-    assert calls == [True] and torch.equal(got, _top_p_by_sorting_the_vocabulary(tied, temperature, top_k, top_p)[0])
+    assert calls == [True] and torch.equal(got, _top_p_by_sorting_the_vocabulary(tied, temperature, top_k, top_p))
     assert int((got[1, 0] > 0).sum()) == 100
 
     tied[1, :, :4500] = 40.0  # 4,500 tied: past the support's limit
     got, calls = run(tied, top_k)
-    assert calls == [False] and torch.equal(got, _top_p_by_sorting_the_vocabulary(tied, temperature, top_k, top_p)[0])
+    assert calls == [False] and torch.equal(got, _top_p_by_sorting_the_vocabulary(tied, temperature, top_k, top_p))
 
     top_k_off = top_k.clone()
     top_k_off[4] = 0  # a sampled top-p row without top-k (row 0 is greedy: its top-p result is replaced and does not count)
