@@ -369,23 +369,33 @@ def test_a_killed_model_process_is_noticed_streams_end_and_it_comes_back(supervi
 
         # the Triton streams start first, their clients having read the model's metadata already: the
         # OpenAI streams (MAX_TOKENS tokens, under a second) must still be running when the kill comes
+        def openai_streams():
+            for i in range(4):
+                outcome, first = {"kind": "openai"}, threading.Event()
+                streams.append(
+                    (threading.Thread(target=_openai_stream, args=(url, PROMPTS[i % len(PROMPTS)], outcome, first)), outcome, first)
+                )
+                streams[-1][0].start()
+
         triton_streams()
-        for i in range(4):
-            outcome, first = {"kind": "openai"}, threading.Event()
-            streams.append((threading.Thread(target=_openai_stream, args=(url, PROMPTS[i % len(PROMPTS)], outcome, first)), outcome, first))
-            streams[-1][0].start()
+        openai_streams()
 
         def in_flight(kind: str) -> bool:
             return any(o["kind"] == kind and f.is_set() and "end" not in o for _, o, f in streams)
 
+        def all_ended(kind: str) -> bool:
+            return all("end" in o for _, o, _ in streams if o["kind"] == kind)
+
         # kill as soon as a stream of each kind is under way (waiting for all of them let short
-        # streams finish first on a loaded machine); Triton streams that all ended before an OpenAI
-        # stream got going (its front end slow on a loaded machine) are followed by two more
+        # streams finish first on a loaded machine); a kind whose streams all ended before the other
+        # kind got going (either front end slow on a loaded machine) is followed by more of its own
         deadline = time.monotonic() + 300  # a hang bound
         while not (in_flight("openai") and in_flight("triton")):
             assert time.monotonic() < deadline, "no stream of each kind in flight at once within 300 s"
-            if all("end" in o for _, o, _ in streams if o["kind"] == "triton"):
+            if all_ended("triton"):
                 triton_streams()
+            if all_ended("openai"):
+                openai_streams()
             time.sleep(0.005)
         (stub,) = [pid for pid, name in supervised.stubs.items() if name.startswith("dflash_")]
         os.kill(stub, signal.SIGKILL)
