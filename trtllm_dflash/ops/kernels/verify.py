@@ -216,6 +216,18 @@ def _chunk_argmax(chunk_max_ptr, chunk_index_ptr, position, num_chunks, BLOCK_C:
 
 
 @triton.jit
+def _greedy_decision(tokens_ptr, chunk_max_ptr, chunk_index_ptr, row, t, block, num_chunks, BLOCK_C: tl.constexpr):
+    """Block position t of `row` decided greedily, the start of every decide kernel: (draft token t+1,
+    whether t has one, the row's maximum logit, accept as int32, the token to emit: the first index
+    of the maximum, from the chunks' maxima)."""
+    has_draft = t < block - 1
+    draft = tl.load(tokens_ptr + row * block + t + 1, mask=has_draft, other=0)
+    best, best_index = _chunk_argmax(chunk_max_ptr, chunk_index_ptr, row * block + t, num_chunks, BLOCK_C)
+    accept = (has_draft & (draft == best_index)).to(tl.int32)
+    return draft, has_draft, best, accept, best_index
+
+
+@triton.jit
 def _accepts(row_ptr, draft_q_ptr, draft, has_draft, use_q, seed, position, temperature, row_max, threshold, z_k, z_p, use_top_p):
     """Whether draft token `draft` (at absolute `position`) is accepted: with probability
     min(1, p/q), that is u * q < p."""
@@ -370,13 +382,7 @@ def verify_positions_kernel(
     position_index = row * block + t
     row_ptr = logits_ptr + row_offset(position_index, vocab, VOCAB_DIVISIBLE)
     temperature = tl.load(temperature_ptr + row).to(tl.float32)
-    has_draft = t < block - 1
-    draft = tl.load(tokens_ptr + row * block + t + 1, mask=has_draft, other=0)
-
-    # Greedy: the first index of the maximum, from the chunks' maxima (the first chunk wins ties).
-    best, best_index = _chunk_argmax(chunk_max_ptr, chunk_index_ptr, position_index, num_chunks, BLOCK_C)
-    accept = (has_draft & (draft == best_index)).to(tl.int32)
-    emit = best_index
+    draft, has_draft, best, accept, emit = _greedy_decision(tokens_ptr, chunk_max_ptr, chunk_index_ptr, row, t, block, num_chunks, BLOCK_C)
 
     if temperature > 0:
         accept, emit = _sampled_decision(

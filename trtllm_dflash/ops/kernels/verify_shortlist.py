@@ -50,9 +50,10 @@ counter_key, uniform_from_key, precise_exp, precise_log = (
     _verify.precise_exp,
     _verify.precise_log,
 )
-_topk_step, _chunk_argmax, _accepts, _sampled_decision = (
+_topk_step, _chunk_argmax, _greedy_decision, _accepts, _sampled_decision = (
     _verify._topk_step,
     _verify._chunk_argmax,
+    _verify._greedy_decision,
     _verify._accepts,
     _verify._sampled_decision,
 )
@@ -302,11 +303,7 @@ def shortlist_decide_kernel(
     position_index = row * block + t
     row_ptr = logits_ptr + row_offset(position_index, vocab, VOCAB_DIVISIBLE)
     temperature = tl.load(temperature_ptr + row).to(tl.float32)
-    has_draft = t < block - 1
-    draft = tl.load(tokens_ptr + row * block + t + 1, mask=has_draft, other=0)
-    best, best_index = _chunk_argmax(chunk_max_ptr, chunk_index_ptr, position_index, num_chunks, BLOCK_C)
-    accept = (has_draft & (draft == best_index)).to(tl.int32)
-    emit = best_index
+    draft, has_draft, best, accept, emit = _greedy_decision(tokens_ptr, chunk_max_ptr, chunk_index_ptr, row, t, block, num_chunks, BLOCK_C)
     if temperature > 0:
         if tl.load(flag_ptr + position_index) != 0:
             accept, emit = _sampled_decision(

@@ -39,7 +39,7 @@ row_offset, _prob, counter_key, BONUS_MIX = _verify.row_offset, _verify._prob, _
 SUM, MAX = _verify.SUM, _verify.MAX
 # the passes over a span of the vocabulary and the selection steps, shared with the one-program kernel
 _key_counts, _kept_mass, _mass_histogram, _races = _verify._key_counts, _verify._kept_mass, _verify._mass_histogram, _verify._races
-_topk_step, _topp_step, _chunk_argmax, _accepts = _verify._topk_step, _verify._topp_step, _verify._chunk_argmax, _verify._accepts
+_topk_step, _topp_step, _greedy_decision, _accepts = _verify._topk_step, _verify._topp_step, _verify._greedy_decision, _verify._accepts
 
 TOPK_PASSES = tl.constexpr(4)  # 8-bit digits of a 32-bit key
 TOPP_PASSES = tl.constexpr(8)  # 4-bit digits
@@ -388,13 +388,7 @@ def decide_kernel(
     position = row * block + t
     positions = tl.num_programs(1).to(tl.int64) * block
     temperature = tl.load(temperature_ptr + row).to(tl.float32)
-    has_draft = t < block - 1
-    draft = tl.load(tokens_ptr + row * block + t + 1, mask=has_draft, other=0)
-
-    # Greedy: the first index of the maximum, from the chunks' maxima (the first chunk wins ties).
-    best, best_index = _chunk_argmax(chunk_max_ptr, chunk_index_ptr, position, num_chunks, BLOCK_C)
-    accept = (has_draft & (draft == best_index)).to(tl.int32)
-    emit = best_index
+    draft, has_draft, best, accept, emit = _greedy_decision(tokens_ptr, chunk_max_ptr, chunk_index_ptr, row, t, block, num_chunks, BLOCK_C)
 
     if temperature > 0:
         top_k = tl.load(top_k_ptr + row).to(tl.int64)
