@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from trtllm_dflash import ops
 from trtllm_dflash.ops import reference, rng
 
 SETTINGS = {  # name: (temperature, top_k, top_p)
@@ -31,15 +32,32 @@ SETTINGS = {  # name: (temperature, top_k, top_p)
 }
 
 
-def reference_at(revision: str):
-    """`trtllm_dflash/ops/reference.py` as it was at `revision`, imported as its own module."""
-    source = subprocess.run(["git", "show", f"{revision}:trtllm_dflash/ops/reference.py"], check=True, capture_output=True, text=True)
-    path = Path(tempfile.mkdtemp()) / "reference_before.py"
-    path.write_text(source.stdout)
-    spec = importlib.util.spec_from_file_location("reference_before", path)
+def _module_at(revision: str, path: str, name: str):
+    """The file `path` as it was at `revision`, imported as module `name` (None where it did not exist)."""
+    shown = subprocess.run(["git", "show", f"{revision}:{path}"], capture_output=True, text=True)
+    if shown.returncode != 0:
+        return None
+    file = Path(tempfile.mkdtemp()) / f"{name}.py"
+    file.write_text(shown.stdout)
+    spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
+    return module
+
+
+def reference_at(revision: str):
+    """`trtllm_dflash/ops/reference.py` as it was at `revision`, importing that revision's
+    `sampling_support.py` (where it had one) rather than this checkout's."""
+    support = _module_at(revision, "trtllm_dflash/ops/sampling_support.py", "sampling_support_before")
+    current = ops.sampling_support
+    ops.sampling_support = support or current  # what `from trtllm_dflash.ops import sampling_support` finds
+    try:
+        module = _module_at(revision, "trtllm_dflash/ops/reference.py", "reference_before")
+    finally:
+        ops.sampling_support = current
+    if module is None:
+        raise SystemExit(f"{revision} has no trtllm_dflash/ops/reference.py")
     return module
 
 

@@ -199,7 +199,7 @@ def test_top_p_over_the_support_is_bit_for_bit_the_full_sort(dtype, monkeypatch)
 
 
 def test_sampling_over_the_support_draws_the_full_races_tokens():
-    """The race over the support (`sample_from_probs(..., sparse=True)`) draws the tokens of the race
+    """The race over the support (`sample_from_probs(..., largest_top_k=64)`) draws the tokens of the race
     over the vocabulary; a dense row (no top-k) races the vocabulary."""
     g = torch.Generator().manual_seed(22)
     logits = (torch.randn(6, 4, 6000, generator=g) * 3).to(torch.bfloat16).float()
@@ -210,11 +210,35 @@ def test_sampling_over_the_support_draws_the_full_races_tokens():
     keys = rng.counter_key(torch.arange(6).view(-1, 1) * 7, torch.arange(400) + 100, rng.STREAM_BONUS)
     within = sampling_support.support(draws)
     assert within is not None and within.shape[-1] <= 64
-    sparse = reference.sample_from_probs(draws, keys, sparse=True)
+    sparse = reference.sample_from_probs(draws, keys, largest_top_k=64)
     assert torch.equal(sparse, reference.sample_from_probs(draws, keys))
     assert len(set(sparse[4].tolist())) > 10  # top-k 64, top-p 0.95: many tokens drawn
     dense = reference.process_logits(logits, temperature, torch.zeros(6, dtype=torch.long), torch.ones(6))
     assert sampling_support.support(dense) is None  # every token has probability > 0: the vocabulary races
+
+
+def test_the_support_from_the_largest_top_k_holds_every_nonzero_token():
+    """`support(..., largest_top_k=k)` takes the 2k + TIES_MARGIN largest where each needed row's
+    smallest of them is 0, and counts over the vocabulary otherwise: every nonzero token is in it
+    either way, ascending."""
+    g = torch.Generator().manual_seed(23)
+    logits = (torch.randn(4, 2, 6000, generator=g) * 3).float()
+    probs = reference.process_logits(logits, torch.ones(4), torch.tensor([20, 5, 20, 1]), torch.ones(4))
+    taken = 2 * 20 + sampling_support.TIES_MARGIN
+
+    def holds_every_nonzero(probs, within):
+        inside = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, within, True)
+        return bool(((probs > 0) & ~inside).sum() == 0) and bool((within.diff(dim=-1) > 0).all())
+
+    bounded = sampling_support.support(probs, largest_top_k=20)
+    assert bounded.shape[-1] == taken and holds_every_nonzero(probs, bounded)
+    assert sampling_support.support(probs).shape[-1] == 20  # counted: the most any row has
+    wide = probs.clone()
+    wide[1, 0, 100 : 100 + taken] = 1e-3  # more nonzero tokens in one row than taken: counted instead
+    counted = sampling_support.support(wide, largest_top_k=20)
+    assert counted.shape[-1] == int((wide > 0).sum(-1).max()) > taken and holds_every_nonzero(wide, counted)
+    rows = torch.tensor([True, False, True, True]).view(4, 1, 1)  # that row not needed: the largest again
+    assert sampling_support.support(wide, rows, largest_top_k=20).shape[-1] == taken
 
 
 def test_ties_are_kept_together_and_greedy_is_one_hot():

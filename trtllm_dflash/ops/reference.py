@@ -72,7 +72,7 @@ def process_logits(
     p = top_p.float().view(shape)
     if bool((p < 1).any()) if branches is None else branches.any_top_p:
         # a greedy row's result is replaced by its argmax, a row without top-p's is its softmax
-        _drop_top_p_(probs, p, sampling_support.support(probs, rows=(p < 1) & ~greedy) if widest > 0 else None)
+        _drop_top_p_(probs, p, sampling_support.support(probs, (p < 1) & ~greedy, widest) if widest > 0 else None)
         # renormalise only the rows that use top-p (the others divide by 1, exactly), so a row's
         # distribution (and its samples) does not depend on the other rows of the batch
         probs.div_(torch.where(p < 1, probs.sum(dim=-1, keepdim=True), 1.0))
@@ -124,13 +124,13 @@ def _drop_top_p_(probs: torch.Tensor, p: torch.Tensor, within: torch.Tensor | No
         probs.scatter_(-1, within, values.masked_fill_(dropped, 0.0))  # outside the support: 0 already
 
 
-def sample_from_probs(probs: torch.Tensor, key: torch.Tensor, sparse: bool = False) -> torch.Tensor:
+def sample_from_probs(probs: torch.Tensor, key: torch.Tensor, largest_top_k: int = 0) -> torch.Tensor:
     """Exponential-race sample per row of `probs [..., V]` with counter keys `key [...]`.
 
-    `sparse` (some row used top-k): race over the rows' support (`sampling_support.support`) where it applies: a token of
-    probability 0 races 0 and never wins, and the support's ascending order keeps the first index
-    on a tie, so the winner is the same."""
-    within = sampling_support.support(probs) if sparse else None
+    `largest_top_k` (> 0: some row used top-k, this the largest k): race over the rows' support
+    (`sampling_support.support`) where it applies: a token of probability 0 races 0 and never wins,
+    and the support's ascending order keeps the first index on a tie, so the winner is the same."""
+    within = sampling_support.support(probs, largest_top_k=largest_top_k) if largest_top_k > 0 else None
     if within is None:
         index = torch.arange(probs.shape[-1], dtype=torch.int64, device=probs.device)
         exponential = rng.uniform_from_key(key.unsqueeze(-1), index).log_().neg_()  # -log(u), in place
@@ -156,7 +156,7 @@ def sample_tokens(
     """
     probs = process_logits(logits, temperature, top_k, top_p, branches)
     key = rng.counter_key(seed.view(-1, 1), positions, stream)
-    tokens = sample_from_probs(probs, key, sampling_support.uses_top_k(top_k, branches.max_top_k if branches is not None else None))
+    tokens = sample_from_probs(probs, key, sampling_support.largest_top_k(top_k, branches.max_top_k if branches is not None else None))
     greedy = (temperature <= 0).view(-1, 1)
     if bool(greedy.any()) if branches is None else branches.any_greedy:
         tokens = torch.where(greedy, argmax(logits), tokens)
@@ -216,7 +216,7 @@ def verify_block(
             q = draft_probs[rows, num_accepted.clamp_max(block - 2)]
             p = torch.where(rejected.view(-1, 1), _residual(p, q), p)
         key = rng.counter_key(seed, start + num_accepted + 1, rng.STREAM_BONUS)
-        sampled_bonus = sample_from_probs(p, key, sampling_support.uses_top_k(top_k))
+        sampled_bonus = sample_from_probs(p, key, sampling_support.largest_top_k(top_k))
         bonus = torch.where(greedy, bonus, sampled_bonus)
     return num_accepted, bonus
 
@@ -307,7 +307,7 @@ def verify_positions(
             if draft_probs is not None:
                 dist = torch.cat([_residual(p[:, :-1], q), p[:, -1:]], dim=1)
         sampled = sample_from_probs(
-            dist, rng.counter_key(seed.view(-1, 1), positions, rng.STREAM_BONUS), sampling_support.uses_top_k(top_k)
+            dist, rng.counter_key(seed.view(-1, 1), positions, rng.STREAM_BONUS), sampling_support.largest_top_k(top_k)
         )
         emit = torch.where(greedy, posterior, sampled)
     return torch.stack([accept.to(torch.int32), emit.to(torch.int32)], dim=-1)
