@@ -58,12 +58,16 @@ def test_the_demo_pair_on_flash_attention_decodes_like_the_op_in_graphs():
     assert same >= 0.9 * sum(len(t) for t in decoded["dflash"]), decoded
 
 
+@pytest.mark.parametrize("form", verify_choice.KERNEL_FORMS)
 @pytest.mark.parametrize("batch", [1, 5])
-def test_the_spread_verification_commits_what_the_reference_commits_at_qwen3_vocabulary(batch):
-    assert verify_choice.check(batch, 16, 151936, torch.bfloat16, torch.device("cuda")) is None
+def test_the_kernel_verification_forms_commit_what_the_reference_commits_at_qwen3_vocabulary(batch, form):
+    assert verify_choice.check(form, batch, 16, 151936, torch.bfloat16, torch.device("cuda")) is None
 
 
-def test_both_verification_forms_are_timed_from_a_cuda_graph():
-    choice = verify_choice.measure_one(16, 2, 151936, torch.bfloat16, torch.device("cuda"))
-    assert choice.ms["positions"] > 0 and choice.ms["spread"] > 0 and not choice.refused, choice.line()
-    assert choice.chosen == min(choice.ms, key=choice.ms.get)
+def test_every_verification_form_is_timed_from_a_cuda_graph_on_each_kind_of_step():
+    choices = verify_choice.measure_one(16, 2, 151936, torch.bfloat16, torch.device("cuda"))
+    assert [c.kind for c in choices] == list(verify_choice.STEP_KINDS)
+    for choice in choices:
+        forms = verify_choice.STEP_KINDS[choice.kind][0]
+        assert set(choice.ms) == set(forms) and all(choice.ms[f] > 0 for f in forms) and not choice.refused, choice.line()
+        assert choice.chosen == min(choice.ms, key=choice.ms.get)

@@ -163,7 +163,12 @@ def test_the_kernel_choice_step_reports_every_pick_and_fails_on_a_refusal(monkey
     layer = attention_choice.LayerShape(heads=4, kv_heads=2, head_dim=16, value_dim=16)
     outcome = selftest.kernel_choice_step(selftest.QUICK, lambda text: None, device="cpu", layer=layer, vocab=300, capacity=80)
     assert not outcome.passed
-    assert "T=1 b1 " in outcome.summary and "T=16 b8 " in outcome.summary and "verify b1 positions" in outcome.summary
+    assert (
+        "T=1 b1 " in outcome.summary
+        and "T=16 b8 " in outcome.summary
+        and "verify b1 top-k positions" in outcome.summary
+        and ", b1 other positions" in outcome.summary
+    )
     assert "flash: flash attention needs CUDA" in outcome.summary and "spread: the verification kernels run on CUDA" in outcome.summary
     assert "by measurement" in outcome.markdown
 

@@ -33,10 +33,13 @@ def test_off_the_kernels_a_kernel_form_is_refused_and_measure_keeps_positions(mo
     assert "\n" not in str(error.value) and f"verify choice '{form}'" in str(error.value)
     assert "verify_choice='positions'" in str(error.value)
     choices = verify_choice.measure((4,), (1, 2), 300, torch.float32, CPU)
-    assert [(c.tokens, c.batch, c.chosen) for c in choices.choices] == [(4, 1, "positions"), (4, 2, "positions")]
+    assert [(c.tokens, c.batch, c.kind, c.chosen) for c in choices.choices] == [
+        (4, batch, kind, "positions") for batch in (1, 2) for kind in ("top-k", "other")
+    ]
     for c in choices.choices:
-        assert c.ms["positions"] > 0 and c.ms["spread"] is None and c.ms["shortlist"] is None
-        assert set(c.refused) == {"spread", "shortlist"} and all("run on CUDA" in why for why in c.refused.values())
+        kernel_forms = {"spread", "shortlist"} if c.kind == "top-k" else {"spread"}  # the shortlist is not timed on other steps
+        assert c.ms["positions"] > 0 and all(c.ms[form] is None for form in kernel_forms)
+        assert set(c.refused) == kernel_forms and all("run on CUDA" in why for why in c.refused.values())
 
 
 KERNEL_FORMS = [("spread", verify_spread_launch, "verify_block_spread"), ("shortlist", verify_shortlist_launch, "verify_block_shortlist")]
@@ -63,9 +66,11 @@ def test_measure_times_every_form_in_the_interpreter_and_keeps_the_fastest(monke
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     timed = verify_choice.time_call
     monkeypatch.setattr(verify_choice, "time_call", lambda fn, device: timed(fn, device, runs=2))  # the interpreter is slow
-    choice = verify_choice.measure_one(3, 2, 120, torch.float32, CPU)
-    assert set(choice.ms) == {"positions", "spread", "shortlist"} and all(ms > 0 for ms in choice.ms.values())
-    assert not choice.refused and choice.chosen == min(choice.ms, key=choice.ms.get)
+    top_k, other = verify_choice.measure_one(3, 2, 120, torch.float32, CPU)
+    assert (top_k.kind, other.kind) == ("top-k", "other")
+    assert set(top_k.ms) == {"positions", "spread", "shortlist"} and set(other.ms) == {"positions", "spread"}
+    for choice in (top_k, other):
+        assert all(ms > 0 for ms in choice.ms.values()) and not choice.refused and choice.chosen == min(choice.ms, key=choice.ms.get)
 
 
 def test_choices_pick_by_block_and_batch_bucket_and_only_for_sampled_steps():
@@ -82,12 +87,32 @@ def test_choices_pick_by_block_and_batch_bucket_and_only_for_sampled_steps():
     assert choices.kernel_form(block, verify_choice_sampling(greedy=None)) is None  # the host does not know: no choice made
 
 
-def verify_choice_sampling(greedy):
+def test_steps_whose_sampled_rows_all_have_a_served_top_k_get_their_own_choice():
+    VerifyChoice = verify_choice.VerifyChoice
+    choices = verify_choice.VerifyChoices(
+        None, (VerifyChoice(4, 2, "shortlist", {}, kind="top-k"), VerifyChoice(4, 2, "spread", {}, kind="other"))
+    )
+    block = torch.zeros(2, 4, dtype=torch.long)
+    chat = verify_choice_sampling(greedy=(False, True), top_ks=(20, 0))  # the greedy row's top-k does not count
+    assert choices.kernel_form(block, chat) == "shortlist" and choices.samples_drafts(2, 4, chat)
+    for top_ks in [(20, 0), (20, verify_choice.SHORTLIST + 1)]:  # a sampled row without top-k, or above SHORTLIST
+        sampling = verify_choice_sampling(greedy=(False, False), top_ks=top_ks)
+        assert choices.kernel_form(block, sampling) == "spread" and not choices.samples_drafts(2, 4, sampling)
+    unknown = verify_choice_sampling(greedy=(False, False), top_ks=None)  # top-k values the host does not know: "other"
+    assert choices.kernel_form(block, unknown) == "spread"
+
+
+def verify_choice_sampling(greedy, top_ks=(20, 20)):
     from trtllm_dflash.runtime.base import SamplingTensors
 
     rows = 2
     return SamplingTensors(
-        torch.ones(rows), torch.zeros(rows, dtype=torch.long), torch.ones(rows), torch.zeros(rows, dtype=torch.long), greedy=greedy
+        torch.ones(rows),
+        torch.zeros(rows, dtype=torch.long),
+        torch.ones(rows),
+        torch.zeros(rows, dtype=torch.long),
+        greedy=greedy,
+        top_ks=top_ks,
     )
 
 

@@ -454,9 +454,9 @@ def kernel_choice_step(
     for choice in verify.choices:
         say(choice.line())
     refused = [f"T={c.tokens} b={c.batch} {t.candidate}: {t.refused}" for c in attention.choices for t in c.timings if t.ms is None]
-    refused += [f"verify b={c.batch} {form}: {why}" for c in verify.choices for form, why in c.refused.items()]
+    refused += [f"verify b={c.batch} {c.kind} {form}: {why}" for c in verify.choices for form, why in c.refused.items()]
     picks = ", ".join(f"T={c.tokens} b{c.batch} {c.chosen}" for c in attention.choices)
-    picks += "; verify " + ", ".join(f"b{c.batch} {c.chosen}" for c in verify.choices)
+    picks += "; verify " + ", ".join(f"b{c.batch} {c.kind} {c.chosen}" for c in verify.choices)
     summary = f"picked {picks}" + (f"; refused: {'; '.join(refused)}" if refused else "")
     return StepOutcome(summary, "```\n" + attention.describe() + "\n" + verify.describe() + "\n```\n", passed=not refused)
 

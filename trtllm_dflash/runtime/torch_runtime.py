@@ -101,7 +101,7 @@ class TorchRuntime(CachedRuntime):
         `verify_choice`: which kernels verify a step with sampled rows (runtime/verify_choice.py):
         "positions", "spread" (each pass spread over the vocabulary), "shortlist" (one read of the
         logits for rows with top-k <= 64; the same decisions either way), or "measure": the fastest
-        per batch bucket, timed at `allocate`."""
+        per batch bucket and kind of sampled step (all rows top-k <= 64, or not), timed at `allocate`."""
         self.model = target.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         self.drafter_config = drafter.config if drafter is not None else None
