@@ -50,8 +50,8 @@ MIXED_ROWS = ((0.0, 0, 1.0), (0.9, 0, 1.0), (1.0, 40, 1.0), (0.8, 0, 0.9), (1.0,
 
 
 def step_kind(sampling) -> str:
-    """ "top-k" where every sampled row has a top-k the shortlist serves (the host's copies say so),
-    else "other"."""
+    """A sampled step's kind: "top-k" where every sampled row has a top-k the shortlist serves (the
+    host's copies say so), else "other"."""
     if sampling.top_ks is None or sampling.greedy is None:
         return "other"
     return "top-k" if all(greedy or 1 <= k <= SHORTLIST for greedy, k in zip(sampling.greedy, sampling.top_ks)) else "other"
