@@ -182,7 +182,9 @@ def test_a_repository_written_with_an_attention_choice_serves_it(tmp_path, monke
     engine = BatchingLoop(config, open_served_pipeline(config))
     runtime = engine.pipeline.runtime
     block = runtime.drafter_config.block_size
-    assert [(c.tokens, c.batch, c.chosen) for c in runtime.verify_choices.choices] == [(block, 1, "positions"), (block, 2, "positions")]
+    assert [(c.tokens, c.batch, c.kind, c.chosen) for c in runtime.verify_choices.choices] == [
+        (block, batch, kind, "positions") for batch in (1, 2) for kind in ("top-k", "other")
+    ]
     assert runtime.attention == "dflash"
     assert [(c.tokens, c.batch) for c in runtime.attention_choices.choices] == [(1, 1), (1, 2), (block, 1), (block, 2)]
     sink = RecordingSink()
