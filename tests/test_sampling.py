@@ -241,6 +241,36 @@ def test_the_support_from_the_largest_top_k_holds_every_nonzero_token():
     assert sampling_support.support(wide, rows, largest_top_k=20).shape[-1] == taken
 
 
+def _drop_top_p_by_binary_search(probs, p):
+    """Top-p's mask as `_drop_top_p_` first computed it: each token's count of values at or below it
+    by torch.searchsorted over the ascending values, the mass above it from the ascending sums."""
+    ascending, _ = probs.sort(dim=-1)
+    cumulative = ascending.cumsum(dim=-1)
+    n_less_equal = torch.searchsorted(ascending.contiguous(), probs.contiguous(), right=True)
+    mass_greater = cumulative[..., -1:] - cumulative.gather(-1, (n_less_equal - 1).clamp_min(0))
+    return probs.masked_fill(~((p >= 1) | (mass_greater < p)), 0.0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_top_p_finds_the_mass_above_each_token_as_a_binary_search_does(seed):
+    """`_drop_top_p_` finds where each run of tied values ends by a running minimum instead of a
+    binary search per token: the same indices, so the same probabilities to the bit, with ties
+    (bf16 logits, a tied plateau), zeros (masked tokens, a three-token row), p of 1 and near 0."""
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(6, 5, 3000, generator=g) * 3).to(torch.bfloat16).float()
+    logits[0, :, :100] = 20.0
+    logits[1, :, 50:] = float("-inf")
+    probs = torch.softmax(logits / 0.8, dim=-1)
+    probs[2] = 0.0
+    probs[2, :, :3] = 1 / 3
+    p = torch.rand(6, 1, 1, generator=g)
+    p[3], p[4] = 1.0, 1e-9
+    got = probs.clone()
+    reference._drop_top_p_(got, p, None)
+    assert torch.equal(got, _drop_top_p_by_binary_search(probs, p))
+    assert bool((got[0, :, :100] > 0).all()) and bool(((got[4] > 0).sum(-1) >= 1).all())  # a tied top kept whole; p ~ 0 keeps the top
+
+
 def test_ties_are_kept_together_and_greedy_is_one_hot():
     logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 5.0, 1.0, 5.0]])
     probs = reference.process_logits(logits, torch.tensor([1.0, 0.0]), torch.tensor([1, 0]), torch.tensor([1.0, 1.0]))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -108,16 +109,26 @@ def _drop_top_p_(probs: torch.Tensor, p: torch.Tensor, within: torch.Tensor | No
     """Set to 0, in place, the tokens top-p drops: those whose strictly-more-probable mass is not
     below p (p >= 1: none).
 
-    The masses come from the cumulative sum of the probabilities in ascending order. Over a row's
-    support (`within`, from `sampling_support.support`) the zeros left out add nothing to the
+    The masses come from the cumulative sum of the probabilities in ascending order: a value's is
+    the total less the ascending sum up to the last value equal to it. Those masses fall as the
+    values rise, so the kept tokens are those at or above one value per row: the first ascending
+    value whose mass above, total less the ascending sum up to itself, is below p (inside a run of
+    ties that sum is at least the run's own, so the first such index lies in the first kept run).
+    No token's own mass is looked up (a binary search per token cost most of a CPU's top-p) and no
+    sort order is kept: numpy sorts the values alone, a third of torch's time on a CPU. Over a
+    row's support (`within`, from `sampling_support.support`) the zeros left out add nothing to the
     ascending sums, so every sum is the same float, bit for bit, and so is the decision on the
     tokens that can be kept."""
     values = probs if within is None else probs.gather(-1, within)
-    ascending, _ = values.sort(dim=-1)
+    if values.device.type == "cpu" and values.dtype == torch.float32:
+        ascending = torch.from_numpy(np.sort(values.detach().numpy(), axis=-1))
+    else:
+        ascending = values.sort(dim=-1).values
     cumulative = ascending.cumsum(dim=-1)
-    n_less_equal = torch.searchsorted(ascending.contiguous(), values.contiguous(), right=True)
-    mass_greater = cumulative[..., -1:] - cumulative.gather(-1, (n_less_equal - 1).clamp_min(0))
-    dropped = ~((p >= 1) | (mass_greater < p))
+    kept_count = ((cumulative[..., -1:] - cumulative) < p).sum(dim=-1, keepdim=True)  # a suffix of the ascending values
+    first_kept = ascending.gather(-1, (ascending.shape[-1] - kept_count).clamp_max(ascending.shape[-1] - 1))
+    threshold = torch.where(p >= 1, float("-inf"), torch.where(kept_count > 0, first_kept, float("inf")))
+    dropped = values < threshold
     if within is None:
         probs.masked_fill_(dropped, 0.0)
     else:
