@@ -72,6 +72,40 @@ def test_speculative_sampling_matches_target_distribution(family_pair, setting):
         assert chi2_pvalue(samples, exact, positions) > 1e-3, positions
 
 
+def _kept_by_top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Top-p written plainly (continuous random logits: no ties): a token is kept while the mass of
+    the tokens more probable than it is below top_p; renormalised."""
+    mass_above = torch.stack([probs[probs > x].sum() for x in probs])
+    kept = torch.where(mass_above < top_p, probs, 0.0)
+    return kept / kept.sum()
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_a_sampled_draft_is_accepted_as_often_as_the_overlap_of_p_and_q(top_p):
+    """Equal output distributions prove the residual right, not the acceptance: a verifier that
+    rejects too often stays lossless and only slows decoding. A draft drawn from q is accepted with
+    probability min(1, p/q), so over many seeds the acceptance rate must be sum_x min(p(x), q(x)),
+    here computed without the project's code (softmax, then top-p written plainly)."""
+    g = torch.Generator().manual_seed(5)
+    vocab, trials, temperature = 40, 6000, 0.8
+    target_logits = torch.randn(1, 2, vocab, generator=g) * 2
+    draft_logits = target_logits[:, :1] + torch.randn(1, 1, vocab, generator=g) * 0.7
+    p = _kept_by_top_p(torch.softmax(target_logits[0, 0] / temperature, dim=-1), top_p)
+    q = _kept_by_top_p(torch.softmax(draft_logits[0, 0] / temperature, dim=-1), top_p)
+    overlap = float(torch.minimum(p, q).sum())
+    rows = torch.ones(trials)
+    settings = (rows * temperature, torch.zeros(trials, dtype=torch.long), rows * top_p)
+    seeds, starts = torch.arange(trials) * 7 + 1, torch.full((trials,), 30)
+    drafts, draft_probs = reference.sample_tokens(
+        draft_logits.expand(trials, -1, -1), *settings, seeds, starts.view(-1, 1) + 1, rng.STREAM_DRAFT
+    )
+    torch.testing.assert_close(draft_probs[0, 0], q, rtol=1e-5, atol=1e-7)
+    block = torch.cat([torch.zeros(trials, 1, dtype=torch.long), drafts], dim=1)
+    accepted, _ = reference.verify_block(target_logits.expand(trials, -1, -1), block, draft_probs, *settings, seeds, starts)
+    rate, sigma = float(accepted.float().mean()), (overlap * (1 - overlap) / trials) ** 0.5
+    assert 0.3 < overlap < 0.95 and abs(rate - overlap) < 4.5 * sigma, (rate, overlap)
+
+
 def _verify_with_wrong_residual(target_logits, block, draft_probs, temperature, top_k, top_p, seed, start):
     """The classic bug: after a rejection, resample from p instead of normalize(max(0, p - q))."""
     accepted, bonus = reference.verify_block(target_logits, block, draft_probs, temperature, top_k, top_p, seed, start)
