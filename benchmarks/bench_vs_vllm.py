@@ -17,6 +17,14 @@ other system's (token for token), and the acceptance lengths (tokens per verify 
 are printed side by side: equal tokens alone prove little, since speculative decoding stays
 lossless with a bad drafter.
 
+`--temperature/--top-k/--top-p` sample instead (each request seeded by its index in both systems).
+The tokens are then not compared, since each system draws with its own random numbers; the
+acceptance lengths are the check instead. vLLM runs with `draft_sample_method="probabilistic"`
+(`--vllm-draft-sampling`), the method ours uses (DFLASH.md): drafts sampled from the drafter's
+distribution q, each accepted with probability min(1, p/q), so the two means agree within their
+noise unless one is wrong. vLLM's default, "greedy", proposes the drafter's argmax and accepts it
+with probability p.
+
 `--baseline DIR` adds a third system, ours from another checkout of this repository (a git
 worktree of an earlier commit, say), run by this same script: before and after in one run.
 
@@ -53,8 +61,11 @@ def prompt_ids(target: str, count: int) -> list[list[int]]:
     return [tokenizer(p, add_special_tokens=False)["input_ids"] for p in load_prompt_set("stdlib", count)]
 
 
-def batches_of(items: list, size: int) -> list[list]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
+def sampling_params(sampling: dict | None, index: int) -> dict:
+    """Request `index`'s sampling settings, the same keywords in both systems (greedy: none)."""
+    if not sampling or sampling["temperature"] <= 0:
+        return {}
+    return {**sampling, "seed": index}
 
 
 # ------------------------------------------------------------------------------ workers (one process each)
@@ -68,6 +79,7 @@ def run_ours(
     new_tokens: int,
     prefix_cache: bool,
     adaptive: bool = False,
+    sampling: dict | None = None,
 ) -> dict:
     import torch
 
@@ -78,7 +90,7 @@ def run_ours(
 
     loaded = load_target(target, dtype=torch.float32)
     runtime = TorchRuntime(loaded.model, load_drafter(drafter, target=loaded) if drafter else None)
-    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    params = [SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, **sampling_params(sampling, i)) for i in range(len(prompts))]
     out = {}
     for batch in batches:
         decoder = Decoder(
@@ -88,7 +100,7 @@ def run_ours(
             prefix_cache=PrefixCache(1 << 30) if prefix_cache else None,
             **({"adaptive_drafting": True} if adaptive else {}),
         )  # the warm-up pass trains its policy
-        run = lambda: decoder.generate([Request(list(p), params) for p in prompts])  # noqa: E731
+        run = lambda: decoder.generate([Request(list(p), q) for p, q in zip(prompts, params)])  # noqa: E731
         run()  # warm-up
         started = time.perf_counter()
         results = run()
@@ -99,7 +111,15 @@ def run_ours(
 
 
 def run_vllm(
-    target: str, drafter: str | None, prompts: list[list[int]], batches: list[int], new_tokens: int, block: int, prefix_cache: bool
+    target: str,
+    drafter: str | None,
+    prompts: list[list[int]],
+    batches: list[int],
+    new_tokens: int,
+    block: int,
+    prefix_cache: bool,
+    sampling: dict | None = None,
+    draft_sampling: str = "probabilistic",
 ) -> dict:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -107,6 +127,8 @@ def run_vllm(
     from vllm.inputs import TokensPrompt
 
     speculative = {"method": "dflash", "model": drafter, "num_speculative_tokens": block - 1} if drafter else None
+    if speculative and sampling and sampling["temperature"] > 0:
+        speculative["draft_sample_method"] = draft_sampling
     llm = LLM(
         model=target,
         dtype="float32",
@@ -118,7 +140,10 @@ def run_vllm(
         disable_log_stats=False,
         enable_prefix_caching=prefix_cache,
     )
-    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    params = [
+        SamplingParams(max_tokens=new_tokens, ignore_eos=True, **{"temperature": 0.0, **sampling_params(sampling, i)})
+        for i in range(len(prompts))
+    ]
 
     def counters() -> tuple[float, float]:
         values = {m.name: getattr(m, "value", 0) for m in llm.get_metrics()}
@@ -129,8 +154,9 @@ def run_vllm(
 
         def run() -> list[list[int]]:
             tokens = []
-            for group in batches_of(prompts, batch):  # `batch` requests in flight at a time
-                outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in group], params, use_tqdm=False)
+            for first in range(0, len(prompts), batch):  # `batch` requests in flight at a time
+                group = [TokensPrompt(prompt_token_ids=p) for p in prompts[first : first + batch]]
+                outputs = llm.generate(group, params[first : first + batch], use_tqdm=False)
                 tokens += [list(o.outputs[0].token_ids) for o in outputs]
             return tokens
 
@@ -177,6 +203,14 @@ def worker_command(python: str, system: str, mode: str, args, prompt_file: Path)
             str(prompt_file),
             "--threads",
             str(args.threads),
+            "--temperature",
+            str(args.temperature),
+            "--top-k",
+            str(args.top_k),
+            "--top-p",
+            str(args.top_p),
+            "--vllm-draft-sampling",
+            args.vllm_draft_sampling,
         ]
         + (["--prefix-cache"] if args.prefix_cache else [])
         + adaptive
@@ -199,10 +233,23 @@ def block_size_of(drafter: str) -> int:
     return int(config.get("block_size") or config.get("dflash_config", {}).get("block_size") or 16)
 
 
+def sampled(args) -> bool:
+    return args.temperature > 0
+
+
+def describe_sampling(args) -> str:
+    if not sampled(args):
+        return "greedy"
+    return (
+        f"sampled (temperature {args.temperature}, top-k {args.top_k}, top-p {args.top_p}, seeded per request; tokens not "
+        f"compared; vLLM's draft_sample_method {args.vllm_draft_sampling})"
+    )
+
+
 def report(runs: dict, args, prompts: list[list[int]]) -> str:
     generated = len(prompts) * args.new_tokens
     lines = [
-        f"{len(prompts)} prompts x {args.new_tokens} new tokens, greedy, {args.threads} thread(s) each, "
+        f"{len(prompts)} prompts x {args.new_tokens} new tokens, {describe_sampling(args)}, {args.threads} thread(s) each, "
         f"prefix caching {'on' if args.prefix_cache else 'off'} in both, "
         f"{args.rounds} interleaved rounds per system and mode, medians of tokens/s",
         "",
@@ -246,6 +293,8 @@ def report(runs: dict, args, prompts: list[list[int]]) -> str:
                     f"  - ours / baseline ({args.baseline}), {mode}: {rate[('ours', mode)] / rate[('baseline', mode)]:.2f}x; "
                     f"baseline / vLLM {rate[('baseline', mode)] / rate[('vllm', mode)]:.2f}x"
                 )
+        if sampled(args):
+            continue  # each system's own random numbers: no token comparison
         if ("ours", "dflash") in runs and ("vllm", "dflash") in runs:
             same = all(a[str(b)]["tokens"] == c[str(b)]["tokens"] for a in runs[("ours", "dflash")] for c in runs[("vllm", "dflash")])
             lines.append(f"  - ours dflash and vLLM dflash: the same tokens in every round: {same}")
@@ -267,6 +316,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch / OpenMP threads for each system")
     parser.add_argument("--no-ar", action="store_true", help="skip the autoregressive runs")
+    parser.add_argument("--temperature", type=float, default=0.0, help="> 0: sample (with --top-k, --top-p) instead of greedy")
+    parser.add_argument("--top-k", type=int, default=0, help="0: off")
+    parser.add_argument("--top-p", type=float, default=1.0, help="1: off")
+    parser.add_argument(
+        "--vllm-draft-sampling",
+        choices=("probabilistic", "greedy"),
+        default="probabilistic",
+        help="vLLM's draft_sample_method when sampling (probabilistic: ours' method, the acceptance lengths comparable)",
+    )
     parser.add_argument(
         "--prefix-cache",
         action="store_true",
@@ -303,10 +361,16 @@ def main() -> None:
         torch.set_num_threads(args.threads)
         prompts = json.loads(args.prompt_file.read_text())
         drafter = args.drafter if args.mode == "dflash" else None
+        sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
         if args.worker == "ours":
-            result = run_ours(args.target, drafter, prompts, args.batches, args.new_tokens, args.prefix_cache, args.adaptive_drafting)
+            result = run_ours(
+                args.target, drafter, prompts, args.batches, args.new_tokens, args.prefix_cache, args.adaptive_drafting, sampling
+            )
         else:
-            result = run_vllm(args.target, drafter, prompts, args.batches, args.new_tokens, block_size_of(args.drafter), args.prefix_cache)
+            block = block_size_of(args.drafter)
+            result = run_vllm(
+                args.target, drafter, prompts, args.batches, args.new_tokens, block, args.prefix_cache, sampling, args.vllm_draft_sampling
+            )
         print(RESULT_MARK + json.dumps(result), flush=True)
         return
 
