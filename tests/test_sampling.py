@@ -289,7 +289,8 @@ def _drop_top_p_by_binary_search(probs, p):
 def test_top_p_finds_the_mass_above_each_token_as_a_binary_search_does(seed):
     """`_drop_top_p_` finds where each run of tied values ends by a running minimum instead of a
     binary search per token: the same indices, so the same probabilities to the bit, with ties
-    (bf16 logits, a tied plateau), zeros (masked tokens, a three-token row), p of 1 and near 0."""
+    (bf16 logits, a tied plateau), zeros (masked tokens, a three-token row), p of 1 and near 0,
+    and a NaN position (dropped whole)."""
     g = torch.Generator().manual_seed(seed)
     logits = (torch.randn(6, 5, 3000, generator=g) * 3).to(torch.bfloat16).float()
     logits[0, :, :100] = 20.0
@@ -297,11 +298,12 @@ def test_top_p_finds_the_mass_above_each_token_as_a_binary_search_does(seed):
     probs = torch.softmax(logits / 0.8, dim=-1)
     probs[2] = 0.0
     probs[2, :, :3] = 1 / 3
+    probs[5, 0] = float("nan")  # softmax of a row without a finite logit
     p = torch.rand(6, 1, 1, generator=g)
     p[3], p[4] = 1.0, 1e-9
     got = probs.clone()
     reference._drop_top_p_(got, p, None)
-    assert torch.equal(got, _drop_top_p_by_binary_search(probs, p))
+    assert torch.equal(got, _drop_top_p_by_binary_search(probs, p)) and bool((got[5, 0] == 0).all())
     assert bool((got[0, :, :100] > 0).all()) and bool(((got[4] > 0).sum(-1) >= 1).all())  # a tied top kept whole; p ~ 0 keeps the top
 
 

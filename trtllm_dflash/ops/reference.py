@@ -127,8 +127,8 @@ def _drop_top_p_(probs: torch.Tensor, p: torch.Tensor, within: torch.Tensor | No
     cumulative = ascending.cumsum(dim=-1)
     kept_count = ((cumulative[..., -1:] - cumulative) < p).sum(dim=-1, keepdim=True)  # a suffix of the ascending values
     first_kept = ascending.gather(-1, (ascending.shape[-1] - kept_count).clamp_max(ascending.shape[-1] - 1))
-    threshold = torch.where(p >= 1, float("-inf"), torch.where(kept_count > 0, first_kept, float("inf")))
-    dropped = values < threshold
+    threshold = torch.where(kept_count > 0, first_kept, float("inf"))
+    dropped = torch.where(p >= 1, False, ~(values >= threshold))  # a NaN row (no finite logit) is dropped, as the sums said
     if within is None:
         probs.masked_fill_(dropped, 0.0)
     else:
