@@ -113,7 +113,7 @@ def _drop_top_p_(probs: torch.Tensor, p: torch.Tensor, within: torch.Tensor | No
     the total less the ascending sum up to the last value equal to it. Those masses fall as the
     values rise, so the kept tokens are those at or above one value per row: the first ascending
     value whose mass above, total less the ascending sum up to itself, is below p (inside a run of
-    ties that sum is at least the run's own, so the first such index lies in the first kept run).
+    ties that mass is at least the run's own, so the first such index lies in the first kept run).
     No token's own mass is looked up (a binary search per token cost most of a CPU's top-p) and no
     sort order is kept: numpy sorts the values alone, a third of torch's time on a CPU. Over a
     row's support (`within`, from `sampling_support.support`) the zeros left out add nothing to the
