@@ -375,10 +375,21 @@ def verify_shortlist_variants(logits_dtype: str, vocab_divisible: bool = True) -
     chunks = (("chunk_max_ptr", "*fp32"), ("chunk_index_ptr", "*i32"))
     kept = (("kept_logit_ptr", "*fp32"), ("kept_index_ptr", "*i32"), ("threshold_ptr", "*i64"), ("flag_ptr", "*i32"))
     sampling = (("draft_probs_ptr", "*fp32"), *rows, ("top_p_ptr", "*fp32"), ("seed_ptr", "*i64"), ("start_ptr", "*i64"))
-    candidates = tiles.next_power_of_2(tiles.cdiv(151936, tiles.SHORTLIST_CHUNK_V) * tiles.SHORTLIST)  # Qwen3's vocabulary
+    num_chunks = tiles.cdiv(151936, tiles.SHORTLIST_CHUNK_V)  # Qwen3's vocabulary
+    candidates = tiles.next_power_of_2(num_chunks * tiles.SHORTLIST)
     kernels = {
+        "shortlist_maxima_kernel": (
+            (logits, *rows, ("block", "i32"), ("vocab", "i32"), *chunks, ("top_keys_ptr", "*i64")),
+            (("CHUNK_V", tiles.SHORTLIST_CHUNK_V), ("SHORTLIST", tiles.SHORTLIST), ("VOCAB_DIVISIBLE", vocab_divisible)),
+            8,
+        ),
+        "shortlist_bound_kernel": (
+            (*rows, ("top_keys_ptr", "*i64"), ("block", "i32"), ("num_chunks", "i32"), ("bound_ptr", "*i64")),
+            (("TOP_KEYS", tiles.next_power_of_2(num_chunks * 2)), ("SHORTLIST", tiles.SHORTLIST)),
+            1,
+        ),
         "shortlist_select_kernel": (
-            (logits, *rows, ("block", "i32"), ("vocab", "i32"), *chunks, *shortlist, ("cut_ptr", "*i64")),
+            (logits, *rows, ("bound_ptr", "*i64"), ("block", "i32"), ("vocab", "i32"), *shortlist, ("cut_ptr", "*i64")),
             (("CHUNK_V", tiles.SHORTLIST_CHUNK_V), ("SHORTLIST", tiles.SHORTLIST), ("VOCAB_DIVISIBLE", vocab_divisible)),
             8,
         ),

@@ -266,10 +266,13 @@ def test_shortlist_serves_top_k_rows_and_walks_the_others():
     assert walked.tolist() == [[r in (4, 5, 7)] * block for r in range(batch)]
 
 
-def test_shortlist_walks_where_ties_at_the_threshold_were_left_out():
+@pytest.mark.parametrize("k", [10, 3])
+def test_shortlist_walks_where_ties_at_the_threshold_were_left_out(k):
     """100 tokens tied at the top-k threshold in one chunk of 256: the chunk's shortlist holds 64 of
     them, so the position walks its row; 40 ties in each of three chunks (each shortlist holds all
-    of them): 120 kept tokens fit the 128 slots; 50 in each: 150 do not, and those walk."""
+    of them): 120 kept tokens fit the 128 slots; 50 in each: 150 do not, and those walk. Top-k 10
+    is above the 8 keys the 4 chunks' maxima give (no bound: every chunk radix-selects); under
+    top-k 3 the bound is the ties' key, so the chunk of 100 radix-selects and the others do not."""
     batch, block, vocab = 3, 2, 1024
     logits = torch.randn(batch, block, vocab, generator=torch.Generator().manual_seed(12))
     logits[0, :, 0:100] = 4.0
@@ -277,7 +280,7 @@ def test_shortlist_walks_where_ties_at_the_threshold_were_left_out():
         for chunk in range(3):
             logits[row, :, chunk * 256 : chunk * 256 + ties] = 4.0
     logits[:, :, 900] = 6.0  # one token above the ties
-    temperature, top_k, top_p = params([1.0, 1.0, 0.9], [10, 10, 10], [1.0, 0.5, 1.0])
+    temperature, top_k, top_p = params([1.0, 1.0, 0.9], [k, k, k], [1.0, 0.5, 1.0])
     q = reference.process_logits(logits[:, 1:] + 0.3 * torch.randn(batch, block - 1, vocab), temperature, top_k, top_p)
     tokens = torch.tensor([[0, 99], [0, 700], [0, 5]])  # drafts among the ties; token 99 is one the shortlist left out
     walked = shortlist_walks(logits, tokens, q, temperature, top_k, top_p, 256)
@@ -318,15 +321,18 @@ def test_shortlist_draft_samples_are_the_references():
     """The drafter's samples by the shortlist kernels: the tokens `reference.sample_tokens` draws
     (stream STREAM_DRAFT) and its q to float rounding, with the same support; greedy rows (argmax,
     one-hot q), top-k rows with and without top-p and with ties past k, a masked row, and rows the
-    shortlist does not serve (no top-k; top-k 65), which walk their row."""
+    shortlist does not serve (no top-k; top-k 65), which walk their row. The last row's top-8 are
+    its 4 chunks' two largest each: the bound from those 8 keys is its 8th largest exactly."""
     g = torch.Generator().manual_seed(15)
-    batch, block, vocab = 8, 3, 1000
+    batch, block, vocab = 9, 3, 1000
     logits = (torch.randn(batch, block, vocab, generator=g) * 3).to(torch.bfloat16).float()
     logits[3, :, 400:430] = 20.0  # 30 tied tokens on top under top-k 5: all kept
     logits[4, :, :990] = float("-inf")  # 10 tokens left under top-k 20
-    temperature = torch.tensor([0.0, 0.7, 1.0, 0.8, 0.6, 1.2, 0.9, 1.1])
-    top_k = torch.tensor([0, 20, 50, 5, 20, 64, 0, 65])
-    top_p = torch.tensor([1.0, 0.95, 0.9, 1.0, 0.8, 1.0, 0.9, 1.0])
+    for chunk in range(4):
+        logits[8, :, chunk * 256 + 10], logits[8, :, chunk * 256 + 20] = 12.0 + chunk, 14.0 + chunk
+    temperature = torch.tensor([0.0, 0.7, 1.0, 0.8, 0.6, 1.2, 0.9, 1.1, 3.0])
+    top_k = torch.tensor([0, 20, 50, 5, 20, 64, 0, 65, 8])
+    top_p = torch.tensor([1.0, 0.95, 0.9, 1.0, 0.8, 1.0, 0.9, 1.0, 1.0])
     seed, positions = torch.arange(batch) * 13 + 1, torch.arange(batch).view(-1, 1) * 10 + torch.arange(1, block + 1)
     want_tokens, want_q = reference.sample_tokens(logits, temperature, top_k, top_p, seed, positions, rng.STREAM_DRAFT)
     tokens, q = sample_drafts_shortlist(logits, temperature, top_k, top_p, seed, positions, chunk_v=256)
@@ -334,6 +340,7 @@ def test_shortlist_draft_samples_are_the_references():
     assert torch.equal(q > 0, want_q > 0)
     torch.testing.assert_close(q, want_q, rtol=1e-5, atol=1e-7)
     assert int((q[3, 0] > 0).sum()) == 30
+    assert int((q[8, 0] > 0).sum()) == 8
 
 
 # ----------------------------------------------------------------------------- losslessness

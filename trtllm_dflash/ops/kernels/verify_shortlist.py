@@ -3,24 +3,32 @@
 The same decisions as `verify_positions_kernel` (verify.py; semantics
 `trtllm_dflash.ops.reference.verify_positions`) for rows with top-k of at most SHORTLIST tokens, the
 setting chat models ship with (Qwen3: top-k 20, top-p 0.95). Such a row's distribution lives on
-its top-k tokens (ties kept), so after one read of the logits everything else works on a few
-dozen values: no program walks a vocabulary row. The per-position kernel makes ~14 serial passes
-over the row (4.6 ms a step at vocabulary 151,936 on an H200); the spread form (verify_spread.py)
-makes ~15 passes, each one launch over the whole batch's logits.
+its top-k tokens (ties kept), so after two reads of the logits (the chunks' maxima, then the
+candidates) everything else works on a few dozen values: no program walks a vocabulary row. The
+per-position kernel makes ~14 serial passes over the row (4.6 ms a step at vocabulary 151,936 on an
+H200); the spread form (verify_spread.py) makes ~15 passes, each one launch over the whole batch's
+logits.
 
-Three launches (`verify_shortlist_launch.py`):
-- `shortlist_select_kernel`, grid (chunks of CHUNK_V logits, block position, sequence): the chunk's
+Five launches (`verify_shortlist_launch.py`):
+- `shortlist_maxima_kernel`, grid (chunks of CHUNK_V logits, block position, sequence): the chunk's
   maximum and first index of it (the argmax, as `verify_partials_kernel` stores them) and, for a
-  shortlisted row, the chunk's SHORTLIST largest scaled logits by key (radix selection on the
-  tile in registers, 8 bits a step), written in vocabulary order with their token indices. Ties at
-  the chunk's cut are kept in index order up to SHORTLIST; the cut's key is stored when some were
-  left out.
+  shortlisted row, the chunk's two largest order keys of the scaled logits.
+- `shortlist_bound_kernel`, grid (block position, sequence): a lower bound on the row's k-th largest
+  key, the k-th largest of those 2 x chunks keys (76 at Qwen3's vocabulary, so any k <= 64).
+- `shortlist_select_kernel`, grid as the maxima's, shortlisted rows only: the chunk's candidates
+  for the row's top-k, written in vocabulary order with their token indices. Those at or above the
+  bound are usually a handful per chunk, found with one count and one scan; where more than
+  SHORTLIST pass (ties), the chunk's SHORTLIST largest by radix selection on the tile in registers
+  (8 bits a step), ties at the chunk's cut kept in index order and the cut's key stored when some
+  were left out.
 - `shortlist_threshold_kernel`, grid (block position, sequence): the k-th largest key over the
-  chunks' shortlists, which is the row's, since a chunk holds at most k of the row's k largest; the
-  kept tokens (key at or above it, finite) gathered into KEPT slots in vocabulary order. A position
-  is flagged for the full walk when the shortlist cannot be trusted: a chunk left out ties at the
-  threshold, or more than KEPT tokens are kept (ties again), or its row samples without a top-k the
-  shortlist serves (top-k 0 or above SHORTLIST).
+  chunks' shortlists, which is the row's: each of the row's k largest keys is in its chunk's
+  shortlist (a bound keeps every key at or above it, a radix cut the chunk's SHORTLIST >= k largest)
+  unless it ties at a cut that left some out, which the cut records; the kept tokens (key at or
+  above it, finite) gathered into KEPT slots in vocabulary order. A position is flagged for the
+  full walk when the shortlist cannot be trusted: a chunk left out ties at the threshold, or more
+  than KEPT tokens are kept (ties again), or its row samples without a top-k the shortlist serves
+  (top-k 0 or above SHORTLIST).
 - `shortlist_decide_kernel`, grid (block position, sequence): greedy rows from the chunk maxima;
   shortlisted positions from the KEPT slots: the top-k mass z_k, top-p by each kept token's mass of
   strictly larger keys (a KEPT x 32 comparison per step), the accept test and the two exponential
@@ -100,7 +108,7 @@ def _scaled_keys(x, valid, temperature):
 
 
 @triton.jit
-def shortlist_select_kernel(
+def shortlist_maxima_kernel(
     # inputs
     logits_ptr,
     temperature_ptr,
@@ -111,15 +119,15 @@ def shortlist_select_kernel(
     # outputs
     chunk_max_ptr,
     chunk_index_ptr,
-    shortlist_logit_ptr,
-    shortlist_index_ptr,
-    cut_ptr,
+    top_keys_ptr,
     # compile-time configuration
     CHUNK_V: tl.constexpr,
     SHORTLIST: tl.constexpr,
     VOCAB_DIVISIBLE: tl.constexpr,
 ):
-    """One chunk's maximum and, for a shortlisted row, its SHORTLIST largest scaled logits."""
+    """One chunk's maximum logit and first index of it (the argmax, as `verify_partials_kernel`
+    stores them) and, for a shortlisted row, its two largest order keys of the scaled logits (of
+    two different tokens; NO_KEY for a chunk of one token)."""
     chunk = tl.program_id(0)
     row = tl.program_id(2).to(tl.int64)
     position = row * block + tl.program_id(1)
@@ -130,24 +138,98 @@ def shortlist_select_kernel(
     best, best_at = tl.reduce((x, tl.arange(0, CHUNK_V)), 0, ARGMAX)
     tl.store(chunk_max_ptr + position * num_chunks + chunk, best)
     tl.store(chunk_index_ptr + position * num_chunks + chunk, chunk * CHUNK_V + best_at)
-
     temperature = tl.load(temperature_ptr + row).to(tl.float32)
     if _shortlisted(temperature, tl.load(top_k_ptr + row).to(tl.int64), SHORTLIST):
         _, key = _scaled_keys(x, ok, temperature)
-        count = tl.reduce(ok.to(tl.int32), 0, SUM)
-        want = tl.minimum(count, SHORTLIST)
-        cut = _kth_key(key, count, want)
-        above, at_cut = key > cut, key == cut
-        room = want - tl.reduce(above.to(tl.int32), 0, SUM)  # ties at the cut that fit, in index order
-        chosen = above | (at_cut & (tl.associative_scan(at_cut.to(tl.int32), 0, SUM) <= room))
+        first, first_at = tl.reduce((key, tl.arange(0, CHUNK_V)), 0, ARGMAX)
+        second = tl.reduce(tl.where(tl.arange(0, CHUNK_V) == first_at, NO_KEY, key), 0, MAX)
+        out = top_keys_ptr + (position * num_chunks + chunk) * 2
+        tl.store(out, first)
+        tl.store(out + 1, second)
+
+
+@triton.jit
+def shortlist_bound_kernel(
+    # inputs
+    temperature_ptr,
+    top_k_ptr,
+    top_keys_ptr,
+    # scalars
+    block,
+    num_chunks,
+    # outputs
+    bound_ptr,
+    # compile-time configuration
+    TOP_KEYS: tl.constexpr,
+    SHORTLIST: tl.constexpr,
+):
+    """For a shortlisted row, a key at or below its top-k-th largest: the k-th largest of its
+    chunks' two largest keys (those are keys of 2 x chunks different tokens of the row, so at least
+    k of the row's keys are at or above it), or NO_KEY (no bound) where the chunks hold fewer than k."""
+    row = tl.program_id(1).to(tl.int64)
+    position = row * block + tl.program_id(0)
+    top_k = tl.load(top_k_ptr + row).to(tl.int64)
+    if _shortlisted(tl.load(temperature_ptr + row).to(tl.float32), top_k, SHORTLIST):
+        offs = tl.arange(0, TOP_KEYS)
+        in_row = (offs // 2) < num_chunks  # whole pairs of int64: 16-byte loads
+        key = tl.load(top_keys_ptr + position * num_chunks * 2 + offs, mask=in_row, other=NO_KEY)
+        count = tl.reduce((key >= 0).to(tl.int32), 0, SUM)
+        tl.store(bound_ptr + position, tl.where(count >= top_k, _kth_key(key, count, top_k), NO_KEY))
+
+
+@triton.jit
+def shortlist_select_kernel(
+    # inputs
+    logits_ptr,
+    temperature_ptr,
+    top_k_ptr,
+    bound_ptr,
+    # scalars
+    block,
+    vocab,
+    # outputs
+    shortlist_logit_ptr,
+    shortlist_index_ptr,
+    cut_ptr,
+    # compile-time configuration
+    CHUNK_V: tl.constexpr,
+    SHORTLIST: tl.constexpr,
+    VOCAB_DIVISIBLE: tl.constexpr,
+):
+    """For a shortlisted row, the chunk's logits that may be among the row's top-k, at most SHORTLIST.
+
+    Usually those at or above the row's bound (`shortlist_bound_kernel`): one count and one scan.
+    Where more than SHORTLIST pass it (ties, or no bound), the chunk's SHORTLIST largest by radix
+    selection. Either way, every logit left out is below the row's top-k threshold or ties at the
+    key stored as the chunk's cut."""
+    chunk = tl.program_id(0)
+    row = tl.program_id(2).to(tl.int64)
+    position = row * block + tl.program_id(1)
+    temperature = tl.load(temperature_ptr + row).to(tl.float32)
+    if _shortlisted(temperature, tl.load(top_k_ptr + row).to(tl.int64), SHORTLIST):
+        num_chunks = (vocab + CHUNK_V - 1) // CHUNK_V
+        offs = chunk * CHUNK_V + tl.arange(0, CHUNK_V)
+        ok = in_vocab(offs, vocab, VOCAB_DIVISIBLE)
+        x = tl.load(logits_ptr + row_offset(position, vocab, VOCAB_DIVISIBLE) + offs, mask=ok, other=float("-inf")).to(tl.float32)
+        _, key = _scaled_keys(x, ok, temperature)
+        chosen = ok & (key >= tl.load(bound_ptr + position))
+        want = tl.reduce(chosen.to(tl.int32), 0, SUM)
+        cut = tl.full((), NO_KEY, tl.int64)  # what the bound leaves out is below the threshold
+        if want > SHORTLIST:
+            count = tl.reduce(ok.to(tl.int32), 0, SUM)
+            want = tl.minimum(count, SHORTLIST)
+            at = _kth_key(key, count, want)
+            above, at_cut = key > at, key == at
+            room = want - tl.reduce(above.to(tl.int32), 0, SUM)  # ties at the cut that fit, in index order
+            chosen = above | (at_cut & (tl.associative_scan(at_cut.to(tl.int32), 0, SUM) <= room))
+            cut = tl.where(tl.reduce(at_cut.to(tl.int32), 0, SUM) > room, at, NO_KEY)
         slot = tl.associative_scan(chosen.to(tl.int32), 0, SUM) - 1
         out = (position * num_chunks + chunk) * SHORTLIST
         tl.store(shortlist_logit_ptr + out + slot, x, mask=chosen)
         tl.store(shortlist_index_ptr + out + slot, offs, mask=chosen)
         empty = tl.arange(0, SHORTLIST)
         tl.store(shortlist_index_ptr + out + empty, tl.full([SHORTLIST], -1, tl.int32), mask=empty >= want)
-        left_out = tl.reduce(at_cut.to(tl.int32), 0, SUM) > room
-        tl.store(cut_ptr + position * num_chunks + chunk, tl.where(left_out, cut, NO_KEY))
+        tl.store(cut_ptr + position * num_chunks + chunk, cut)
 
 
 @triton.jit

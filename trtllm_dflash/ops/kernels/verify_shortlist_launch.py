@@ -1,9 +1,10 @@
 """Host side of the shortlist verification kernels (`verify_shortlist.py`): buffers and launches.
 
 `verify_positions_shortlist` takes what `launch.verify_positions` takes and returns the same
-`[b, B, 2]` decisions in three launches: select (one read of the logits), threshold, decide. The
-buffers between them are small: at batch 1 and Qwen3's vocabulary, 16 positions x 38 chunks x 64
-shortlisted logits and indices (0.3 MB), and 128 kept slots per position.
+`[b, B, 2]` decisions in five launches: maxima (one read of the logits), bound, select (one more
+read of the shortlisted rows'), threshold, decide. The buffers between them are small: at batch 1
+and Qwen3's vocabulary, 16 positions x 38 chunks x 64 shortlisted logits and indices (0.3 MB), and
+128 kept slots per position.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class _Shortlisted:
 
 
 def _shortlist(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, chunk_v: int) -> _Shortlisted:
-    """The select and threshold launches over contiguous `logits [b, T, V]` (float32 temperature, int64 top_k)."""
+    """The maxima, bound, select and threshold launches over contiguous `logits [b, T, V]` (float32
+    temperature, int64 top_k)."""
     batch, block, vocab = logits.shape
     device = logits.device
     positions, chunks = batch * block, cdiv(vocab, chunk_v)
@@ -44,16 +46,26 @@ def _shortlist(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Ten
     chunk_index = torch.empty(positions, chunks, dtype=torch.int32, device=device)
     shortlist_logit = torch.empty(positions, chunks * SHORTLIST, dtype=torch.float32, device=device)
     shortlist_index = torch.empty(positions, chunks * SHORTLIST, dtype=torch.int32, device=device)
+    top_keys = torch.empty(positions, chunks * 2, dtype=torch.int64, device=device)
+    bound = torch.empty(positions, dtype=torch.int64, device=device)
     cut = torch.empty(positions, chunks, dtype=torch.int64, device=device)
     kept_logit = torch.empty(positions, SHORTLIST_KEPT, dtype=torch.float32, device=device)
     kept_index = torch.empty(positions, SHORTLIST_KEPT, dtype=torch.int32, device=device)
     threshold = torch.empty(positions, dtype=torch.int64, device=device)
     flag = torch.empty(positions, dtype=torch.int32, device=device)
     module = kernels.for_tensor_device("verify_shortlist", device)
+    divisible = verify_vocab_divisible(vocab)
+    module.shortlist_maxima_kernel[(chunks, block, batch)](
+        logits, temperature, top_k, block, vocab, chunk_max, chunk_index, top_keys,
+        CHUNK_V=chunk_v, SHORTLIST=SHORTLIST, VOCAB_DIVISIBLE=divisible, **_launch_options(device, 8, 1, fp_fusion=False),
+    )  # fmt: skip
+    module.shortlist_bound_kernel[(block, batch, 1)](
+        temperature, top_k, top_keys, block, chunks, bound,
+        TOP_KEYS=next_power_of_2(chunks * 2), SHORTLIST=SHORTLIST, **_launch_options(device, 1, 1, fp_fusion=False),
+    )  # fmt: skip
     module.shortlist_select_kernel[(chunks, block, batch)](
-        logits, temperature, top_k, block, vocab, chunk_max, chunk_index, shortlist_logit, shortlist_index, cut,
-        CHUNK_V=chunk_v, SHORTLIST=SHORTLIST, VOCAB_DIVISIBLE=verify_vocab_divisible(vocab),
-        **_launch_options(device, 8, 1, fp_fusion=False),
+        logits, temperature, top_k, bound, block, vocab, shortlist_logit, shortlist_index, cut,
+        CHUNK_V=chunk_v, SHORTLIST=SHORTLIST, VOCAB_DIVISIBLE=divisible, **_launch_options(device, 8, 1, fp_fusion=False),
     )  # fmt: skip
     module.shortlist_threshold_kernel[(block, batch, 1)](
         temperature, top_k, shortlist_logit, shortlist_index, cut, block, chunks, kept_logit, kept_index, threshold, flag,
