@@ -524,8 +524,8 @@ def markdown(result: StepBenchmark) -> str:
             + " | ".join(f"{r.tokens_per_second(t):.0f}" for t in TAUS)
             + f" | {loop(r.loop_ar_ms)} | {loop(r.loop_dflash_ms)} | {loop(r.loop_async_ms)} |"
         )
-    # "spread": every pass over the vocabulary split into chunks (verify_spread.py); "shortlist": one read of
-    # the logits for top-k rows (verify_shortlist.py); timed on a GPU only
+    # "spread": every pass over the vocabulary split into chunks (verify_spread.py); "shortlist": two reads
+    # of the logits for top-k rows (verify_shortlist.py); timed on a GPU only
     columns = [f"verify {m}" for m in VERIFY_MODES]
     for form in verify_choice.KERNEL_FORMS:
         columns += [f"verify {m} {form}" for m in VERIFY_MODES if any(f"verify {m} {form}" in r.parts for r in result.rows)]
