@@ -88,7 +88,7 @@ def repo(
         None,
         "--verify-choice",
         help="On a GPU: the kernels verifying steps with sampled rows: positions (one program per position), spread "
-        "(every pass spread over the vocabulary), shortlist (one read of the logits for rows with top-k <= 64; the "
+        "(every pass spread over the vocabulary), shortlist (two reads of the logits for rows with top-k <= 64; the "
         "same decisions either way), or measure (the fastest per batch bucket, at load). Default: positions.",
     ),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out."),

@@ -98,7 +98,7 @@ def test_verification_on_gpu_is_identical_to_the_reference(vocab):
     assert torch.equal(got.cpu(), reference.verify_block_packed(*args))
     spread = verify_block_spread(*(a.cuda() for a in args))  # every pass spread over the vocabulary
     assert torch.equal(spread.cpu(), reference.verify_block_packed(*args))
-    shortlist = verify_block_shortlist(*(a.cuda() for a in args))  # one read of the logits for the top-k rows
+    shortlist = verify_block_shortlist(*(a.cuda() for a in args))  # two reads of the logits for the top-k rows
     assert torch.equal(shortlist.cpu(), reference.verify_block_packed(*args))
     _, walked = verify_positions_shortlist(*(a.cuda() for a in args), with_walked=True)
     assert walked.cpu().tolist() == [[r in (1, 3, 6, 7)] * block for r in range(batch)]  # top-k 0 or above 64 walk

@@ -130,8 +130,8 @@ def test_the_runtime_on_the_kernel_forms_decodes_like_the_per_position_ones(tmp_
     prompts = [[5, 6, 7, 8, 9], [11, 12, 13]]
     params = [SamplingParams(max_new_tokens=10, temperature=0.9, top_k=20, top_p=0.9, seed=1), SamplingParams(max_new_tokens=8)]
     runs = {}
-    for choice in ("positions", "spread", "shortlist"):
-        runtime = TorchRuntime(target.model, drafter, verify_choice=choice)
+    for choice in ("positions", "spread", "shortlist"):  # the target's own attention, unfused: its kernels are tested
+        runtime = TorchRuntime(target.model, drafter, attention="hf", fused=False, verify_choice=choice)
         decoder = Decoder(runtime, max_batch=2, max_context=48)
         runs[choice] = [(r.token_ids, r.acceptance_lengths) for r in decoder.generate([Request(p, s) for p, s in zip(prompts, params)])]
         runtime.taps.remove()
@@ -141,6 +141,6 @@ def test_the_runtime_on_the_kernel_forms_decodes_like_the_per_position_ones(tmp_
         assert shapes and all(shape[1] in (1, 4) for shape in shapes)
     assert shortlist_drafts  # and the shortlist form drew the drafts of the top-k rows (the other row is greedy)
     kernel_steps.clear()
-    greedy = TorchRuntime(target.model, drafter, verify_choice="shortlist")
+    greedy = TorchRuntime(target.model, drafter, attention="hf", fused=False, verify_choice="shortlist")
     Decoder(greedy, max_batch=1, max_context=48).generate([Request([5, 6, 7], SamplingParams(max_new_tokens=6))])
     assert kernel_steps == []  # an all-greedy step keeps the split argmax

@@ -99,7 +99,7 @@ class TorchRuntime(CachedRuntime):
         the reference at `allocate`, or "measure": the fastest exact one per (tokens, batch bucket),
         timed at `allocate`.
         `verify_choice`: which kernels verify a step with sampled rows (runtime/verify_choice.py):
-        "positions", "spread" (each pass spread over the vocabulary), "shortlist" (one read of the
+        "positions", "spread" (each pass spread over the vocabulary), "shortlist" (two reads of the
         logits for rows with top-k <= 64; the same decisions either way), or "measure": the fastest
         per batch bucket and kind of sampled step (all rows top-k <= 64, or not), timed at `allocate`."""
         self.model = target.eval()

@@ -127,7 +127,7 @@ class ServingConfig(BaseModel):
     verify_choice: Literal["positions", "spread", "shortlist", "measure"] = Field(
         "positions",
         description="torch backend on a GPU: the kernels verifying steps with sampled rows: one program per position, "
-        "every pass spread over the vocabulary, one read of the logits for rows with top-k <= 64 (the same decisions "
+        "every pass spread over the vocabulary, two reads of the logits for rows with top-k <= 64 (the same decisions "
         "either way), or 'measure' (the fastest per batch bucket, timed at load).",
     )
 
