@@ -251,6 +251,25 @@ def test_sampling_over_the_support_draws_the_full_races_tokens():
     assert sampling_support.support(dense) is None  # every token has probability > 0: the vocabulary races
 
 
+@pytest.mark.parametrize("dense_row", [False, True])
+def test_sample_tokens_draws_the_full_races_tokens_when_top_p_found_the_support(dense_row):
+    """`sample_tokens` races over the support top-p found where every sampled row used top-p, and
+    finds it again otherwise: its tokens are those of the race over the vocabulary either way, with a
+    greedy row and, in one case, a sampled row without top-k or top-p (a dense distribution)."""
+    g = torch.Generator().manual_seed(24)
+    batch, positions = 4, 6
+    logits = (torch.randn(batch, positions, 6000, generator=g) * 3).to(torch.bfloat16).float()
+    temperature = torch.tensor([0.0, 0.7, 1.0, 0.9])
+    top_k, top_p = torch.tensor([0, 20, 50, 5]), torch.tensor([1.0, 0.95, 0.9, 0.8])
+    if dense_row:  # nearly uniform: its race's winners lie outside the other rows' few hundred tokens
+        top_k[3], top_p[3], logits[3] = 0, 1.0, logits[3] * 0.01
+    seed, at = torch.arange(batch) * 5 + 1, torch.arange(positions).expand(batch, -1) + 30
+    tokens, probs = reference.sample_tokens(logits, temperature, top_k, top_p, seed, at, rng.STREAM_DRAFT)
+    full_race = reference.sample_from_probs(probs, rng.counter_key(seed.view(-1, 1), at, rng.STREAM_DRAFT))
+    assert torch.equal(tokens[1:], full_race[1:])
+    assert torch.equal(tokens[0], logits[0].argmax(-1))
+
+
 def test_the_support_from_the_largest_top_k_holds_every_nonzero_token():
     """`support(..., largest_top_k=k)` takes the 2k + TIES_MARGIN largest where each needed row's
     smallest of them is 0, and counts over the vocabulary otherwise: every nonzero token is in it

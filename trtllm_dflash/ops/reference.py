@@ -54,6 +54,19 @@ def process_logits(
     decoding a special case of the rejection-sampling formulas. `branches`: what the host knows
     of the rows (else read from the tensors).
     """
+    return _processed(logits, temperature, top_k, top_p, branches)[0]
+
+
+def _processed(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    branches: SamplingBranches | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`process_logits`, and the support its top-p found (`sampling_support.support`) where that
+    holds every sampled row's distribution (every such row used top-p), else None: a race over
+    the result can run on it (top-p only zeroes tokens) without finding it again."""
     batch = logits.shape[0]
     extra = logits.dim() - 2
     shape = (batch,) + (1,) * (extra + 1)
@@ -71,9 +84,11 @@ def process_logits(
     probs = torch.softmax(scaled, dim=-1)
 
     p = top_p.float().view(shape)
+    within = None
     if bool((p < 1).any()) if branches is None else branches.any_top_p:
         # a greedy row's result is replaced by its argmax, a row without top-p's is its softmax
-        _drop_top_p_(probs, p, sampling_support.support(probs, (p < 1) & ~greedy, widest) if widest > 0 else None)
+        within = sampling_support.support(probs, (p < 1) & ~greedy, widest) if widest > 0 else None
+        _drop_top_p_(probs, p, within)
         # renormalise only the rows that use top-p (the others divide by 1, exactly), so a row's
         # distribution (and its samples) does not depend on the other rows of the batch
         probs.div_(torch.where(p < 1, probs.sum(dim=-1, keepdim=True), 1.0))
@@ -82,7 +97,7 @@ def process_logits(
         top = argmax(logits).unsqueeze(-1)
         probs.masked_fill_(greedy, 0.0)
         probs.scatter_(-1, top, torch.where(greedy, 1.0, probs.gather(-1, top)))
-    return probs
+    return probs, within if within is not None and bool(((p < 1) | greedy).all()) else None
 
 
 def argmax(x: torch.Tensor) -> torch.Tensor:
@@ -135,13 +150,15 @@ def _drop_top_p_(probs: torch.Tensor, p: torch.Tensor, within: torch.Tensor | No
         probs.scatter_(-1, within, values.masked_fill_(dropped, 0.0))  # outside the support: 0 already
 
 
-def sample_from_probs(probs: torch.Tensor, key: torch.Tensor, largest_top_k: int = 0) -> torch.Tensor:
+def sample_from_probs(probs: torch.Tensor, key: torch.Tensor, largest_top_k: int = 0, within: torch.Tensor | None = None) -> torch.Tensor:
     """Exponential-race sample per row of `probs [..., V]` with counter keys `key [...]`.
 
     `largest_top_k` (> 0: some row used top-k, this the largest k): race over the rows' support
     (`sampling_support.support`) where it applies: a token of probability 0 races 0 and never wins,
-    and the support's ascending order keeps the first index on a tie, so the winner is the same."""
-    within = sampling_support.support(probs, largest_top_k=largest_top_k) if largest_top_k > 0 else None
+    and the support's ascending order keeps the first index on a tie, so the winner is the same.
+    `within`: such a support, already found (rows whose sample is not used may lack theirs)."""
+    if within is None and largest_top_k > 0:
+        within = sampling_support.support(probs, largest_top_k=largest_top_k)
     if within is None:
         index = torch.arange(probs.shape[-1], dtype=torch.int64, device=probs.device)
         exponential = rng.uniform_from_key(key.unsqueeze(-1), index).log_().neg_()  # -log(u), in place
@@ -165,9 +182,10 @@ def sample_tokens(
     `positions [b, T]` are the absolute positions of the tokens being sampled; `branches` as
     `process_logits` takes them.
     """
-    probs = process_logits(logits, temperature, top_k, top_p, branches)
+    probs, within = _processed(logits, temperature, top_k, top_p, branches)
     key = rng.counter_key(seed.view(-1, 1), positions, stream)
-    tokens = sample_from_probs(probs, key, sampling_support.largest_top_k(top_k, branches.max_top_k if branches is not None else None))
+    largest_top_k = sampling_support.largest_top_k(top_k, branches.max_top_k if branches is not None else None)
+    tokens = sample_from_probs(probs, key, largest_top_k, within)  # a greedy row's token is replaced below
     greedy = (temperature <= 0).view(-1, 1)
     if bool(greedy.any()) if branches is None else branches.any_greedy:
         tokens = torch.where(greedy, argmax(logits), tokens)
