@@ -57,13 +57,7 @@ def process_logits(
     return _processed(logits, temperature, top_k, top_p, branches)[0]
 
 
-def _processed(
-    logits: torch.Tensor,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    branches: SamplingBranches | None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _processed(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, branches) -> tuple:
     """`process_logits`, and the support its top-p found (`sampling_support.support`) where that
     holds every sampled row's distribution (every such row used top-p), else None: a race over
     the result can run on it (top-p only zeroes tokens) without finding it again."""
@@ -184,8 +178,7 @@ def sample_tokens(
     """
     probs, within = _processed(logits, temperature, top_k, top_p, branches)
     key = rng.counter_key(seed.view(-1, 1), positions, stream)
-    largest_top_k = sampling_support.largest_top_k(top_k, branches.max_top_k if branches is not None else None)
-    tokens = sample_from_probs(probs, key, largest_top_k, within)  # a greedy row's token is replaced below
+    tokens = sample_from_probs(probs, key, sampling_support.largest_top_k(top_k, getattr(branches, "max_top_k", None)), within)
     greedy = (temperature <= 0).view(-1, 1)
     if bool(greedy.any()) if branches is None else branches.any_greedy:
         tokens = torch.where(greedy, argmax(logits), tokens)
