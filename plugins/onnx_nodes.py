@@ -39,7 +39,7 @@ from onnx import helper
 from onnx.defs import OpSchema
 from onnx.reference.op_run import OpRun
 
-from trtllm_dflash.ops import attention_options, custom_ops, reference, specs  # noqa: F401  (custom_ops registers torch.ops.dflash.*)
+from trtllm_dflash.ops import attention_options, custom_ops, reference, reference_attention, specs  # noqa: F401  (custom_ops registers torch.ops.dflash.*)
 from trtllm_dflash.ops.attention_options import AttentionOptions
 from trtllm_dflash.ops.kernels import launch
 from trtllm_dflash.plugins import dflash2_nodes  # noqa: F401
@@ -75,10 +75,13 @@ def attention_node(op_type: str, spec: specs.OpSpec, split: bool, doc: str) -> N
 
 
 BLOCK_ATTENTION = attention_node(
-    "DFlashBlockAttention", BLOCK_SPEC, False, "KV-injected block attention (reference.block_attention); caches updated in place."
+    "DFlashBlockAttention", BLOCK_SPEC, False, "KV-injected block attention (reference_attention.block_attention); caches updated in place."
 )
 BLOCK_ATTENTION_SPLIT = attention_node(
-    "DFlashBlockAttentionSplit", BLOCK_SPEC, True, "Per-split attention outputs and log-sum-exps (reference.block_attention_partials)."
+    "DFlashBlockAttentionSplit",
+    BLOCK_SPEC,
+    True,
+    "Per-split attention outputs and log-sum-exps (reference_attention.block_attention_partials).",
 )
 ATTENTION_MERGE = NodeSpec(
     "DFlashAttentionMerge",
@@ -86,21 +89,21 @@ ATTENTION_MERGE = NodeSpec(
     ("out",),
     {},
     ("like",),
-    "Merge of split attention (reference.merge_partials); `like` (the queries) gives batch, tokens, heads "
+    "Merge of split attention (reference_attention.merge_partials); `like` (the queries) gives batch, tokens, heads "
     "and dtype, partial_out the head dim (a target's value head dim).",
 )
 TARGET_ATTENTION = attention_node(
     "DFlashTargetAttention",
     TARGET_SPEC,
     False,
-    "Causal target attention over an in-place cache (reference.target_attention); with has_sinks=0 "
+    "Causal target attention over an in-place cache (reference_attention.target_attention); with has_sinks=0 "
     "the sinks input is a placeholder and is not read.",
 )
 TARGET_ATTENTION_SPLIT = attention_node(
     "DFlashTargetAttentionSplit",
     TARGET_SPEC,
     True,
-    "Per-split target attention outputs and log-sum-exps (reference.target_attention_partials), merged by "
+    "Per-split target attention outputs and log-sum-exps (reference_attention.target_attention_partials), merged by "
     "DFlashAttentionMerge; caches updated in place.",
 )
 VERIFY_PARTIALS = NodeSpec(
@@ -206,15 +209,19 @@ def _attention_evaluator(node: NodeSpec, spec: specs.OpSpec, reference_fn, split
     return type(node.op_type, (_DFlashOp,), {"_run": _run})
 
 
-DFlashBlockAttention = _attention_evaluator(BLOCK_ATTENTION, BLOCK_SPEC, reference.block_attention)
-DFlashBlockAttentionSplit = _attention_evaluator(BLOCK_ATTENTION_SPLIT, BLOCK_SPEC, reference.block_attention_partials, splits=True)
-DFlashTargetAttention = _attention_evaluator(TARGET_ATTENTION, TARGET_SPEC, reference.target_attention)
-DFlashTargetAttentionSplit = _attention_evaluator(TARGET_ATTENTION_SPLIT, TARGET_SPEC, reference.target_attention_partials, splits=True)
+DFlashBlockAttention = _attention_evaluator(BLOCK_ATTENTION, BLOCK_SPEC, reference_attention.block_attention)
+DFlashBlockAttentionSplit = _attention_evaluator(
+    BLOCK_ATTENTION_SPLIT, BLOCK_SPEC, reference_attention.block_attention_partials, splits=True
+)
+DFlashTargetAttention = _attention_evaluator(TARGET_ATTENTION, TARGET_SPEC, reference_attention.target_attention)
+DFlashTargetAttentionSplit = _attention_evaluator(
+    TARGET_ATTENTION_SPLIT, TARGET_SPEC, reference_attention.target_attention_partials, splits=True
+)
 
 
 class DFlashAttentionMerge(_DFlashOp):
     def _run(self, partial_out, partial_lse, like, **_):
-        return (reference.merge_partials(_torch(partial_out), _torch(partial_lse), _torch(like)).numpy(),)
+        return (reference_attention.merge_partials(_torch(partial_out), _torch(partial_lse), _torch(like)).numpy(),)
 
 
 class DFlashVerifyPartials(_DFlashOp):

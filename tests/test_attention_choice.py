@@ -1,6 +1,6 @@
 """The target's attention in decode passes, by choice or by measurement (runtime/attention_choice.py).
 
-Every candidate must compute `reference.target_attention` (per-row lengths, sliding windows, the
+Every candidate must compute `reference_attention.target_attention` (per-row lengths, sliding windows, the
 block written exactly into the caches); a candidate that computes something else is refused by the
 check, not chosen; the runtime on any choice decodes the tokens and acceptance lengths of the op,
 DFlash and autoregressive, greedy equal to the target alone; prefill never leaves the op. The flash
@@ -16,7 +16,7 @@ import torch
 from trtllm_dflash.checkpoints import load_drafter, load_target
 from trtllm_dflash.decoding import Decoder, Request, SamplingParams
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.ops import reference
+from trtllm_dflash.ops import reference_attention
 from trtllm_dflash.runtime import attention_choice
 from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 from trtllm_dflash.testing.tiny import make_tiny_drafter, make_tiny_target
@@ -35,7 +35,7 @@ def test_the_sdpa_candidate_is_the_reference_attention(tokens, window):
     k_cache, v_cache = (torch.randn(batch, capacity, 2, 16, generator=generator) for _ in range(2))
     starts = torch.tensor([0, 7, capacity - tokens])  # an empty row, a middle one, one ending at the capacity
     want_k, want_v = k_cache.clone(), v_cache.clone()
-    want = reference.target_attention(q, k, v, want_k, want_v, starts, None, 0.25, window)
+    want = reference_attention.target_attention(q, k, v, want_k, want_v, starts, None, 0.25, window)
     got = attention_choice.RUNNERS["sdpa"](q, k, v, k_cache, v_cache, starts, None, 0.25, window)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)

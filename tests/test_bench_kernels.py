@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from trtllm_dflash.bench import kernels, sdpa_baseline
-from trtllm_dflash.ops import reference
+from trtllm_dflash.ops import reference_attention
 from trtllm_dflash.ops.kernels import launch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ def cpu_timer(fn, repeats=2):
 
 def _operands(window=0, dtype=torch.float32):
     inputs = launch.target_attention_bench_inputs(TINY, torch.device("cpu"), dtype=dtype)
-    expected = reference.target_attention(**inputs, sinks=None, scale=0.25, window=window)  # writes the block
+    expected = reference_attention.target_attention(**inputs, sinks=None, scale=0.25, window=window)  # writes the block
     return sdpa_baseline.verify_operands(inputs["q"], inputs["k_cache"], inputs["v_cache"], TINY.context, 0.25, window), expected
 
 

@@ -400,7 +400,7 @@ def test_tensorrt_runtime_matches_torch_on_a_gpu(build, reference):
 
 def test_append_rows_matches_the_reference_append():
     """The TensorRT runtime writes draft-cache rows without a host sync; same result as the reference."""
-    from trtllm_dflash.ops.reference import append_context
+    from trtllm_dflash.ops.reference_attention import append_context
     from trtllm_dflash.runtime.trt_runtime import append_rows
 
     generator = torch.Generator().manual_seed(0)

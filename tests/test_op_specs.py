@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from trtllm_dflash import ops
-from trtllm_dflash.ops import reference, reference_dflash2, specs
+from trtllm_dflash.ops import reference, reference_attention, reference_dflash2, specs
 from trtllm_dflash.ops.kernels import dflash2_launch, launch
 from trtllm_dflash.plugins import dflash2_nodes, onnx_nodes
 
 # per spec: the reference function that writes its signature out, and the launcher derived from the spec
 REFERENCE = {
-    specs.BLOCK_ATTENTION: reference.block_attention,
-    specs.TARGET_ATTENTION: reference.target_attention,
+    specs.BLOCK_ATTENTION: reference_attention.block_attention,
+    specs.TARGET_ATTENTION: reference_attention.target_attention,
     specs.VERIFY_BLOCK: reference.verify_block,
     specs.VERIFY_BLOCK_PACKED: reference.verify_block_packed,
     specs.VERIFY_POSITIONS: reference.verify_positions,

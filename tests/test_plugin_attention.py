@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("triton")
 
 from trtllm_dflash.errors import DFlashError  # noqa: E402
-from trtllm_dflash.ops import reference  # noqa: E402
+from trtllm_dflash.ops import reference_attention  # noqa: E402
 from trtllm_dflash.ops.kernels import launch  # noqa: E402
 
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
@@ -49,7 +49,7 @@ def run_both(case, window=0, kv_splits=1, causal=0):
     mine = {k: v.clone() if torch.is_tensor(v) else v for k, v in case.items()}
     theirs = {k: v.clone() if torch.is_tensor(v) else v for k, v in case.items()}
     out = launch.block_attention(**mine, window=window, causal=causal, kv_splits=kv_splits)
-    ref = reference.block_attention(**theirs, window=window, causal=causal)
+    ref = reference_attention.block_attention(**theirs, window=window, causal=causal)
     return out, ref, mine, theirs
 
 
@@ -78,7 +78,9 @@ def written_out(case, window=0, causal=0):
 @pytest.mark.parametrize("window,causal", [(0, 0), (1, 0), (3, 0), (9, 0), (0, 1), (3, 1)])
 def test_reference_is_the_published_rule(window, causal):
     case = make_case(11, 3, 6, 4, 2, 16, torch.float32)
-    ref = reference.block_attention(**{k: v.clone() if torch.is_tensor(v) else v for k, v in case.items()}, window=window, causal=causal)
+    ref = reference_attention.block_attention(
+        **{k: v.clone() if torch.is_tensor(v) else v for k, v in case.items()}, window=window, causal=causal
+    )
     torch.testing.assert_close(ref.double(), written_out(case, window, causal), atol=1e-5, rtol=1e-5)
 
 
@@ -155,13 +157,13 @@ def test_reference_split_form_merges_to_the_reference():
     """The split semantics the partial ONNX node exposes, checked within the reference."""
     case = make_case(8, 3, 5, 4, 2, 64, torch.float32)
     for window, causal in ((0, 0), (4, 0), (2, 0), (3, 1)):
-        full = reference.block_attention(
+        full = reference_attention.block_attention(
             **{k: v.clone() if torch.is_tensor(v) else v for k, v in case.items()}, window=window, causal=causal
         )
-        parts = reference.block_attention_partials(
+        parts = reference_attention.block_attention_partials(
             **{k: v.clone() if torch.is_tensor(v) else v for k, v in case.items()}, window=window, splits=4, causal=causal
         )
-        torch.testing.assert_close(reference.merge_partials(*parts, case["q"]), full, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(reference_attention.merge_partials(*parts, case["q"]), full, atol=1e-5, rtol=1e-5)
 
 
 def test_unsupported_shapes_are_clear_errors():

@@ -12,7 +12,7 @@ from support import GPU_TOLERANCE, target_case_past_capacity
 pytest.importorskip("triton")
 
 from trtllm_dflash import ops
-from trtllm_dflash.ops import reference, rng  # noqa: E402
+from trtllm_dflash.ops import reference, reference_attention, rng  # noqa: E402
 from trtllm_dflash.ops.kernels import launch  # noqa: E402
 from trtllm_dflash.ops.kernels.verify_shortlist_launch import (  # noqa: E402
     sample_drafts_shortlist,
@@ -51,7 +51,7 @@ def test_block_attention_on_gpu(dtype, heads, kv_heads, head_dim, kv_splits, win
     case = attention_case(3, 16, heads, kv_heads, head_dim, 3000, dtype)
     gpu = {k: v.cuda() if torch.is_tensor(v) else v for k, v in case.items()}
     out = launch.block_attention(**gpu, window=window, kv_splits=kv_splits)
-    expected = reference.block_attention(**case, window=window)
+    expected = reference_attention.block_attention(**case, window=window)
     torch.testing.assert_close(out.cpu().float(), expected.float(), atol=GPU_TOLERANCE[dtype], rtol=GPU_TOLERANCE[dtype])
     assert torch.equal(gpu["k_cache"].cpu(), case["k_cache"]) and torch.equal(gpu["v_cache"].cpu(), case["v_cache"])
 
@@ -67,7 +67,7 @@ def test_target_attention_on_gpu(dtype, heads, kv_heads, key_dim, value_dim, tok
     sinks = torch.randn(heads, generator=torch.Generator().manual_seed(1)) if with_sinks else None
     gpu = {k: v.cuda() for k, v in case.items()}
     out = launch.target_attention(**gpu, sinks=None if sinks is None else sinks.cuda(), scale=key_dim**-0.5, window=window)
-    expected = reference.target_attention(**case, sinks=sinks, scale=key_dim**-0.5, window=window)
+    expected = reference_attention.target_attention(**case, sinks=sinks, scale=key_dim**-0.5, window=window)
     torch.testing.assert_close(out.cpu().float(), expected.float(), atol=GPU_TOLERANCE[dtype], rtol=GPU_TOLERANCE[dtype])
     assert torch.equal(gpu["k_cache"].cpu(), case["k_cache"]) and torch.equal(gpu["v_cache"].cpu(), case["v_cache"])
 

@@ -14,6 +14,7 @@ from trtllm_dflash.api import DFlashPipeline  # noqa: E402
 from trtllm_dflash.ops import (
     custom_ops,
     reference,  # noqa: E402
+    reference_attention,  # noqa: E402
 )
 from trtllm_dflash.ops.kernels import launch  # noqa: E402
 
@@ -37,7 +38,7 @@ def attention_args(seed=0):
 
 def test_ops_use_the_reference_on_cpu_and_the_kernels_when_asked(monkeypatch):
     calls = []
-    monkeypatch.setattr(launch, "block_attention", lambda *a, **k: calls.append("kernel") or reference.block_attention(*a, **k))
+    monkeypatch.setattr(launch, "block_attention", lambda *a, **k: calls.append("kernel") or reference_attention.block_attention(*a, **k))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert not custom_ops.kernels_enabled(torch.device("cpu"))
     ops.block_attention(*attention_args())
@@ -52,7 +53,7 @@ def test_custom_ops_match_the_reference_and_append_in_place(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     args, ref_args = attention_args(1), attention_args(1)
     out = ops.block_attention(*args)
-    expected = reference.block_attention(*ref_args)
+    expected = reference_attention.block_attention(*ref_args)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     assert torch.equal(args[6], ref_args[6]) and args[6].abs().sum() > 0  # the caches were written
 

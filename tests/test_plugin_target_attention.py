@@ -17,7 +17,7 @@ from trtllm_dflash import ops
 from trtllm_dflash.errors import DFlashError  # noqa: E402
 from trtllm_dflash.ops import (
     custom_ops,
-    reference,  # noqa: E402
+    reference_attention,  # noqa: E402
 )
 from trtllm_dflash.ops.kernels import launch  # noqa: E402
 
@@ -26,7 +26,7 @@ def run_both(case, sinks=None, window=0, scale=None):
     scale = scale if scale is not None else case["q"].shape[-1] ** -0.5
     mine, theirs = clone(case), clone(case)
     out = launch.target_attention(**mine, sinks=sinks, scale=scale, window=window)
-    ref = reference.target_attention(**theirs, sinks=sinks, scale=scale, window=window)
+    ref = reference_attention.target_attention(**theirs, sinks=sinks, scale=scale, window=window)
     return out, ref, mine, theirs
 
 
@@ -157,7 +157,7 @@ def test_ops_run_the_kernel_when_asked_and_the_reference_otherwise(monkeypatch):
     monkeypatch.setattr(launch, "target_attention", lambda *a, **k: calls.append("kernel") or kernel(*a, **k))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     expected_caches = clone(case)
-    expected = reference.target_attention(**expected_caches, sinks=None, scale=0.3, window=2)
+    expected = reference_attention.target_attention(**expected_caches, sinks=None, scale=0.3, window=2)
     ops.target_attention(**clone(case), sinks=None, scale=0.3, window=2)
     assert calls == []
     monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -16,7 +16,7 @@ pytest.importorskip("triton")
 
 from trtllm_dflash.ops import (
     kernels,
-    reference,  # noqa: E402
+    reference_attention,  # noqa: E402
 )
 from trtllm_dflash.ops.kernels import launch  # noqa: E402
 
@@ -26,7 +26,7 @@ def assert_split_matches(case, splits, sinks=None, window=0, scale=0.2):
     split, unsplit, ref = clone(case), clone(case), clone(case)
     out = launch.target_attention(**split, sinks=sinks, scale=scale, window=window, kv_splits=splits)
     one = launch.target_attention(**unsplit, sinks=sinks, scale=scale, window=window, kv_splits=1)
-    expected = reference.target_attention(**ref, sinks=sinks, scale=scale, window=window)
+    expected = reference_attention.target_attention(**ref, sinks=sinks, scale=scale, window=window)
     tol = INTERPRETER_TOLERANCE[case["q"].dtype]
     assert out.dtype == case["q"].dtype and out.shape == expected.shape
     torch.testing.assert_close(out.float(), expected.float(), atol=tol, rtol=tol)
@@ -112,7 +112,7 @@ def test_split_kernel_partials_equal_the_reference_partials():
         HAS_SINKS=True,
         IEEE=True,
     )
-    expected_out, expected_lse = reference.target_attention_partials(**ref, **options, splits=splits)
+    expected_out, expected_lse = reference_attention.target_attention_partials(**ref, **options, splits=splits)
     assert torch.equal(torch.isinf(partial_lse), torch.isinf(expected_lse))  # the same splits see nothing
     torch.testing.assert_close(partial_lse, expected_lse, atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(partial_out, expected_out, atol=2e-5, rtol=2e-5)
@@ -125,9 +125,9 @@ def test_reference_partials_merge_to_the_reference():
     for splits in (1, 2, 4, 40):
         for window in (0, 4):
             a, b = clone(case), clone(case)
-            po, pl = reference.target_attention_partials(**a, sinks=sinks, scale=0.25, window=window, splits=splits)
-            expected = reference.target_attention(**b, sinks=sinks, scale=0.25, window=window)
-            torch.testing.assert_close(reference.merge_partials(po, pl, case["q"]), expected, atol=2e-6, rtol=2e-6)
+            po, pl = reference_attention.target_attention_partials(**a, sinks=sinks, scale=0.25, window=window, splits=splits)
+            expected = reference_attention.target_attention(**b, sinks=sinks, scale=0.25, window=window)
+            torch.testing.assert_close(reference_attention.merge_partials(po, pl, case["q"]), expected, atol=2e-6, rtol=2e-6)
             assert torch.equal(a["k_cache"], b["k_cache"])
 
 

@@ -10,7 +10,7 @@ from support import GPU_TOLERANCE, target_case_past_capacity
 pytest.importorskip("triton")
 
 
-from trtllm_dflash.ops import reference  # noqa: E402
+from trtllm_dflash.ops import reference_attention  # noqa: E402
 from trtllm_dflash.ops.kernels import launch  # noqa: E402
 
 pytestmark = [
@@ -30,7 +30,7 @@ def test_target_attention_kv_split_on_gpu(dtype, kv_splits, window, with_sinks):
     split, unsplit = {k: v.cuda() for k, v in case.items()}, {k: v.cuda() for k, v in case.items()}
     out = launch.target_attention(**split, **options, kv_splits=kv_splits)
     one = launch.target_attention(**unsplit, **options, kv_splits=1)
-    expected = reference.target_attention(**case, sinks=sinks, scale=128**-0.5, window=window)
+    expected = reference_attention.target_attention(**case, sinks=sinks, scale=128**-0.5, window=window)
     tol = GPU_TOLERANCE[dtype]
     torch.testing.assert_close(out.cpu().float(), expected.float(), atol=tol, rtol=tol)
     torch.testing.assert_close(out.float(), one.float(), atol=tol, rtol=tol)

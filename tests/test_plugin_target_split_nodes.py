@@ -16,7 +16,7 @@ from onnx.reference import ReferenceEvaluator
 from support import TensorDesc, fake_tensorrt, target_attention_case
 
 from trtllm_dflash.builder.kernel_space import recipe_kernel_space
-from trtllm_dflash.ops import reference
+from trtllm_dflash.ops import reference_attention
 from trtllm_dflash.ops.kernels import launch
 from trtllm_dflash.plugins import aot, onnx_nodes, tensorrt_plugins
 
@@ -54,7 +54,7 @@ def test_split_and_merge_nodes_evaluate_like_the_reference(has_sinks, window, kv
     feeds = {name: value.numpy() for name, value in {**x, "sinks": sinks}.items()}
     out, k_out, v_out = ReferenceEvaluator(model, new_ops=onnx_nodes.evaluators()).run(None, feeds)
     caches = {k: v.clone() for k, v in x.items()}
-    expected = reference.target_attention(**caches, sinks=sinks if has_sinks else None, scale=0.2, window=window)
+    expected = reference_attention.target_attention(**caches, sinks=sinks if has_sinks else None, scale=0.2, window=window)
     assert out.shape == tuple(expected.shape)
     np.testing.assert_allclose(out, expected.numpy(), atol=1e-5)
     np.testing.assert_array_equal(k_out, caches["k_cache"].numpy())

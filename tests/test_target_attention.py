@@ -18,7 +18,7 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from trtllm_dflash import ops
-from trtllm_dflash.ops import reference
+from trtllm_dflash.ops import reference_attention
 from trtllm_dflash.plugins import onnx_nodes
 
 
@@ -62,14 +62,14 @@ def test_reference_is_causal_attention_over_prefix_and_block(window, with_sinks,
     x = inputs(heads=heads, kv_heads=kv_heads)
     sinks = torch.randn(heads) if with_sinks else None
     expected = naive(**x, sinks=sinks, scale=0.25, window=window)
-    got = reference.target_attention(**x, sinks=sinks, scale=0.25, window=window)
+    got = reference_attention.target_attention(**x, sinks=sinks, scale=0.25, window=window)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_block_is_written_in_place_and_nothing_else_changes():
     x = inputs()
     before_k, before_v = x["k_cache"].clone(), x["v_cache"].clone()
-    reference.target_attention(**x, sinks=None, scale=0.25, window=0)
+    reference_attention.target_attention(**x, sinks=None, scale=0.25, window=0)
     for r, start in enumerate(x["starts"].tolist()):
         slots = slice(start, start + 4)
         torch.testing.assert_close(x["k_cache"][r, slots], x["k_new"][r])
@@ -83,18 +83,18 @@ def test_block_is_written_in_place_and_nothing_else_changes():
 def test_slots_past_a_rows_positions_are_never_read():
     """What a rejected draft (or another row's longer block) left behind must not leak in."""
     x = inputs()
-    clean = reference.target_attention(**{k: v.clone() for k, v in x.items()}, sinks=None, scale=0.25, window=0)
+    clean = reference_attention.target_attention(**{k: v.clone() for k, v in x.items()}, sinks=None, scale=0.25, window=0)
     for r, start in enumerate(x["starts"].tolist()):
         x["k_cache"][r, start + 4 :] = float("nan")
         x["v_cache"][r, start + 4 :] = 1e6
-    dirty = reference.target_attention(**x, sinks=None, scale=0.25, window=0)
+    dirty = reference_attention.target_attention(**x, sinks=None, scale=0.25, window=0)
     torch.testing.assert_close(dirty, clean)
 
 
 def test_value_dim_may_differ_and_bf16_stays_bf16():
     x = inputs(value_dim=8)
     x = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in x.items()}
-    out = reference.target_attention(**x, sinks=None, scale=0.25, window=0)
+    out = reference_attention.target_attention(**x, sinks=None, scale=0.25, window=0)
     assert out.shape == (3, 4, 4, 8) and out.dtype == torch.bfloat16
 
 
@@ -102,7 +102,7 @@ def test_custom_ops_match_the_reference_in_place_and_functional():
     x = inputs(seed=3)
     sinks = torch.randn(4)
     expected_caches = {k: v.clone() for k, v in x.items()}
-    expected = reference.target_attention(**expected_caches, sinks=sinks, scale=0.3, window=6)
+    expected = reference_attention.target_attention(**expected_caches, sinks=sinks, scale=0.3, window=6)
 
     in_place = {k: v.clone() for k, v in x.items()}
     got = ops.target_attention(**in_place, sinks=sinks, scale=0.3, window=6)
@@ -146,7 +146,7 @@ def test_onnx_node_evaluates_like_the_reference(has_sinks):
     feeds = {name: value.numpy() for name, value in {**x, "sinks": sinks}.items()}
     out, k_out, v_out = ReferenceEvaluator(model, new_ops=onnx_nodes.evaluators()).run(None, feeds)
     caches = {k: v.clone() for k, v in x.items()}
-    expected = reference.target_attention(**caches, sinks=sinks if has_sinks else None, scale=0.2, window=4)
+    expected = reference_attention.target_attention(**caches, sinks=sinks if has_sinks else None, scale=0.2, window=4)
     np.testing.assert_allclose(out, expected.numpy(), atol=1e-5)
     np.testing.assert_array_equal(k_out, caches["k_cache"].numpy())
     np.testing.assert_array_equal(v_out, caches["v_cache"].numpy())

@@ -13,7 +13,7 @@ layers). `causal` is ModelOpt's `causal: true` export option (causal inside the 
 published drafter sets it together with a window, and Laguna's causal sliding layers are refused
 at load time.
 
-Users: `reference.block_attention` and its split form (the CPU evaluators of the plugin nodes),
+Users: `reference_attention.block_attention` and its split form (the CPU evaluators of the plugin nodes),
 the drafter graphs' masks (`graphs/drafter.py`), the training masks (`training/objective.py`);
 the Triton kernel (`kernels/attention.py`) implements the same rule and is tested against the
 reference.

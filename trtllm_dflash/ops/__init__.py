@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from trtllm_dflash.ops import custom_ops, reference, reference_dflash2, specs
+from trtllm_dflash.ops import custom_ops, reference, reference_attention, reference_dflash2, specs
 
 
 def entry_point(spec: specs.OpSpec, reference_fn: Callable, kernel_fn: Callable, doc: str) -> Callable:
@@ -39,18 +39,18 @@ def _unpack(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 block_attention = entry_point(
     specs.BLOCK_ATTENTION,
-    reference.block_attention,
+    reference_attention.block_attention,
     torch.ops.dflash.block_attention,
-    """KV-injected block attention; see `reference.block_attention` for the semantics.
+    """KV-injected block attention; see `reference_attention.block_attention` for the semantics.
 
     Options (scale, window, causal): `attention_options.BLOCK_ATTENTION`.
     """,
 )
 target_attention = entry_point(
     specs.TARGET_ATTENTION,
-    reference.target_attention,
+    reference_attention.target_attention,
     torch.ops.dflash.target_attention,
-    """Causal target attention over an in-place cache; see `reference.target_attention`.
+    """Causal target attention over an in-place cache; see `reference_attention.target_attention`.
 
     Options (sinks, scale, window): `attention_options.TARGET_ATTENTION`.
     """,

@@ -10,7 +10,7 @@ every layer between a model and the kernel derives its handling of the option fr
 - `kernels.launch`: the kernel's pointers, int32 scalars and constexprs;
 - `aot_variants`: the kernel signature and the constexprs that key a compiled variant.
 
-So adding an option is a row here, its semantics in `reference.py` and its use in the kernel
+So adding an option is a row here, its semantics in `reference_attention.py` and its use in the kernel
 (`kernels/attention.py`). Two kinds:
 
 - `ScalarOption`: a number per layer. ONNX attribute and TensorRT plugin field of the same name,

@@ -8,7 +8,7 @@ each op has a fake implementation for shape propagation. At run time an op runs:
 - the same kernels through Triton's CPU interpreter when `TRITON_INTERPRET=1`;
 - otherwise, or for inputs the kernels do not cover (float64 models, head dims that are not a
   power of two in 16..256, blocks over 16), the torch reference (`reference.py`,
-  `reference_dflash2.py`), which defines the semantics.
+  `reference_attention.py`, `reference_dflash2.py`), which defines the semantics.
 
 `dflash::block_attention` appends the new context rows to the caches in place (what a runtime
 wants). Mutating ops cannot be exported, so `dflash::block_attention_functional` returns the
@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from trtllm_dflash.ops import kernels, reference, reference_dflash2, specs
+from trtllm_dflash.ops import kernels, reference, reference_attention, reference_dflash2, specs
 from trtllm_dflash.ops.kernels import dflash2_launch, launch
 
 
@@ -85,14 +85,14 @@ def register(spec: specs.OpSpec, run: Callable, fake: Callable, doc: str):
 
 block_attention, block_attention_functional = register(
     specs.BLOCK_ATTENTION,
-    _kernel_or_reference(specs.BLOCK_ATTENTION, launch, launch.attention_supported, ("q", "k_cache"), reference.block_attention),
+    _kernel_or_reference(specs.BLOCK_ATTENTION, launch, launch.attention_supported, ("q", "k_cache"), reference_attention.block_attention),
     lambda q, *args: torch.empty_like(q),
     "KV-injected block attention; appends the new context to `k_cache`/`v_cache` in place.",
 )
 target_attention, target_attention_functional = register(
     specs.TARGET_ATTENTION,
     _kernel_or_reference(
-        specs.TARGET_ATTENTION, launch, launch.target_attention_supported, ("q", "k_cache", "v_cache"), reference.target_attention
+        specs.TARGET_ATTENTION, launch, launch.target_attention_supported, ("q", "k_cache", "v_cache"), reference_attention.target_attention
     ),
     lambda q, k_new, v_new, k_cache, v_cache, *args: q.new_empty((*q.shape[:-1], v_cache.shape[-1])),
     "Causal block attention of a target layer; writes the block's K/V into the caches in place.",

@@ -47,7 +47,7 @@ def attend(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, used: torch.Tensor, scale: float, window: int = 0
 ) -> torch.Tensor:
     """q `[b, T, Hq, D]` over the first `used[r]` slots of each cache row (the block written there
-    already, at the last T of them): `[b, T, Hq, D]`, as `reference.target_attention` computes.
+    already, at the last T of them): `[b, T, Hq, D]`, as `reference_attention.target_attention` computes.
     `window` > 0: a query at position p sees slots in (p - window, p]. Check `unavailable_reason` first."""
     batch, tokens, heads, head_dim = q.shape
     capacity, kv_heads = k_cache.shape[1], k_cache.shape[2]

@@ -3,7 +3,7 @@
 Why: the verify pass (a block of T = 16 tokens) and the AR pass (T = 1) attend once per layer, a
 few microseconds each at small batch, times 36 layers. Which kernel does that fastest depends on
 the GPU, the batch and the context, and only timing it there says. The candidates all compute
-`reference.target_attention` (the block written at each row's positions, then causal attention
+`reference_attention.target_attention` (the block written at each row's positions, then causal attention
 over the row's own slots) on the caches in place, with no host read:
 
 - "dflash": our `dflash::target_attention` op (Triton kernels; the torch reference off CUDA);
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from trtllm_dflash import ops
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.ops import flash, reference
+from trtllm_dflash.ops import flash, reference_attention
 from trtllm_dflash.runtime.kernel_choice import bucketed, time_call
 
 CANDIDATES = ("dflash", "flash", "sdpa")
@@ -194,9 +194,9 @@ def check(name: str, shape: LayerShape, batch: int, tokens: int, capacity: int, 
     starts = torch.randint(0, capacity - tokens + 1, (batch,), device=device, generator=generator)  # a length per row
     for window in shape.windows:
         up = lambda t: t.to(torch.float32, copy=True)  # noqa: E731 - the reference writes its caches: copies
-        want = reference.target_attention(up(q), up(k), up(v), up(k_cache), up(v_cache), starts, sinks, shape.scale, window)
+        want = reference_attention.target_attention(up(q), up(k), up(v), up(k_cache), up(v_cache), starts, sinks, shape.scale, window)
         expected_k, expected_v = k_cache.clone(), v_cache.clone()
-        reference.write_block(expected_k, expected_v, starts, k, v)
+        reference_attention.write_block(expected_k, expected_v, starts, k, v)
         got_k, got_v = k_cache.clone(), v_cache.clone()
         try:
             got = RUNNERS[name](q, k, v, got_k, got_v, starts, sinks, shape.scale, window)

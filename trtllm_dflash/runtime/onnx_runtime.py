@@ -25,7 +25,7 @@ from trtllm_dflash.contracts import names
 from trtllm_dflash.drafters.dflash2.graph import HEAD_PLUGIN
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.extras import require
-from trtllm_dflash.ops import reference
+from trtllm_dflash.ops import reference_attention
 from trtllm_dflash.runtime import selector
 from trtllm_dflash.runtime.artifacts import read_index
 from trtllm_dflash.runtime.base import (
@@ -261,7 +261,7 @@ class OnnxRuntime(selector.GraphDrafterHead, CachedRuntime):
             feed.update(sampling_feed or {})
         out = {name: torch.from_numpy(array) for name, array in self.drafter_session.run(feed).items()}
         for i, layer in enumerate(layers):
-            reference.append_context(
+            reference_attention.append_context(
                 layer.keys, layer.values, cache_lens, out[names.key_name(names.NEW, i)], out[names.value_name(names.NEW, i)], new_counts
             )
         return out

@@ -1,7 +1,7 @@
 """Triton kernels of the attention plugins: the drafter's KV-injected block attention and the
 target's causal attention over an in-place cache (one kernel family, one flash step).
 
-Semantics: `trtllm_dflash.ops.reference.block_attention` (and `block_attention_partials` /
+Semantics: `trtllm_dflash.ops.reference_attention.block_attention` (and `block_attention_partials` /
 `merge_partials` for the split form). Layouts are token-major and contiguous: q/out
 `[b, B, Hq, D]`, block and new-context keys/values `[b, T, Hkv, D]`, caches `[b, capacity, Hkv, D]`
 with slot == absolute position.
@@ -12,11 +12,11 @@ read once per KV head. Long contexts are split over `num_splits` programs (flash
 writes a normalised partial output and its log-sum-exp, and `merge_kernel` combines them. With
 one split the program writes the final output directly.
 
-`target_attention_kernel` (semantics `reference.target_attention`) is the target's layer: q/out
+`target_attention_kernel` (semantics `reference_attention.target_attention`) is the target's layer: q/out
 `[b, T, Hq, Dk|Dv]`, the block's keys/values `[b, T, Hkv, Dk|Dv]`, caches `[b, capacity, Hkv, Dk|Dv]`
 (slot == position); it writes the block at each row's positions and attends causally over the
 row's own slots, with the same GQA packing and flash step. Its split form
-(`target_attention_split_kernel`, semantics `reference.target_attention_partials`) cuts each row's
+(`target_attention_split_kernel`, semantics `reference_attention.target_attention_partials`) cuts each row's
 committed prefix over `num_splits` programs and writes partials in the drafter's layout, so
 `merge_kernel` combines them too.
 
@@ -392,7 +392,7 @@ def target_attention_kernel(
 ):
     """Node DFlashTargetAttention: causal attention of a target layer over its in-place cache.
 
-    One program per (packed query tile, KV head, row); semantics `reference.target_attention`.
+    One program per (packed query tile, KV head, row); semantics `reference_attention.target_attention`.
     Caches hold slot == position per row. The block's keys/values are written at slots
     starts[r] + t, but no program reads them back from the cache: the prefix comes from cache slots
     below starts[r] and the block's own keys straight from k_new/v_new (cast to the cache dtype, as
@@ -463,7 +463,7 @@ def target_attention_split_kernel(
 ):
     """Node DFlashTargetAttentionSplit: one program per (query tile x KV split, KV head, row).
 
-    Semantics `reference.target_attention_partials`; `merge_kernel` combines the partials. Each
+    Semantics `reference_attention.target_attention_partials`; `merge_kernel` combines the partials. Each
     row's committed prefix is cut into `num_splits` chunks of slots; the last split also attends
     the block's own keys and adds the sinks, so both count once. The block is written by split 0
     of the tile that owns each token, and, as in the unsplit kernel, no program reads a slot the

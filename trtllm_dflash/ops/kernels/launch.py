@@ -234,7 +234,7 @@ def target_attention(inputs, *, kv_splits: int | None = None, **options) -> torc
     """Run the target-attention kernel(s): writes the block into the caches in place, returns `[b,T,Hq,Dv]`.
 
     One launch with one split (what DFlashTargetAttention does), else the split kernel and the
-    merge (DFlashTargetAttentionSplit + DFlashAttentionMerge); see `reference.target_attention`.
+    merge (DFlashTargetAttentionSplit + DFlashAttentionMerge); see `reference_attention.target_attention`.
     `kv_splits` overrides the split count `default_target_kv_splits` picks from the shape. Options
     (sinks, scale, window): `attention_options.TARGET_ATTENTION`.
     """
