@@ -54,7 +54,13 @@ def process_logits(
     return _processed(logits, temperature, top_k, top_p, branches)[0]
 
 
-def _processed(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, branches) -> tuple:
+def _processed(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    branches: SamplingBranches | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`process_logits`, and the support its top-p found (`sampling_support.support`) where that
     holds every sampled row's distribution (every such row used top-p), else None: a race over
     the result can run on it (top-p only zeroes tokens) without finding it again."""
