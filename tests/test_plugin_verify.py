@@ -271,8 +271,8 @@ def test_shortlist_walks_where_ties_at_the_threshold_were_left_out(k):
     """100 tokens tied at the top-k threshold in one chunk of 256: the chunk's shortlist holds 64 of
     them, so the position walks its row; 40 ties in each of three chunks (each shortlist holds all
     of them): 120 kept tokens fit the 128 slots; 50 in each: 150 do not, and those walk. Top-k 10
-    is above the 8 keys the 4 chunks' maxima give (no bound: every chunk radix-selects); under
-    top-k 3 the bound is the ties' key, so the chunk of 100 radix-selects and the others do not."""
+    is above the 8 keys of the 4 chunks' two largest each (no bound: every chunk radix-selects);
+    under top-k 3 the bound is the ties' key, so the chunk of 100 radix-selects and the others do not."""
     batch, block, vocab = 3, 2, 1024
     logits = torch.randn(batch, block, vocab, generator=torch.Generator().manual_seed(12))
     logits[0, :, 0:100] = 4.0
