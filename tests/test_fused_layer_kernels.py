@@ -43,12 +43,18 @@ def test_add_rms_norm_matches_the_torch_ops(monkeypatch, dtype, with_delta):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_norm", [False, True])
-def test_qk_norm_rope_matches_the_torch_ops(monkeypatch, dtype, with_norm):
+@pytest.mark.parametrize("rope_part", [False, True])
+def test_qk_norm_rope_matches_the_torch_ops(monkeypatch, dtype, with_norm, rope_part):
+    """`rope_part`: cos/sin are the last 3 tokens of a 5-token pass's (the drafter's block after its
+    context rows), which the kernel reads in place, batch rows 5 tokens apart."""
     q_heads, kv_heads, head_dim = 4, 2, 16
     g = torch.Generator().manual_seed(5 + with_norm)
     qkv = torch.randn(2, 3, (q_heads + 2 * kv_heads) * head_dim, generator=g).to(dtype)
-    angles = torch.rand(2, 3, head_dim // 2, generator=g) * 6
+    angles = torch.rand(2, 5 if rope_part else 3, head_dim // 2, generator=g) * 6
     cos, sin = torch.cat([angles.cos()] * 2, -1).to(dtype), torch.cat([angles.sin()] * 2, -1).to(dtype)
+    if rope_part:
+        cos, sin = cos[:, 2:], sin[:, 2:]
+        assert not cos.is_contiguous() and fused_ops._rope_rows(cos) is cos
     norm = ((1 + 0.1 * torch.randn(q_heads + kv_heads, head_dim, generator=g)).to(dtype), 1e-6) if with_norm else None
     reference, kernel = both(monkeypatch, lambda: fused_ops.qk_norm_rope(qkv, cos, sin, norm, q_heads, kv_heads, head_dim))
     for ours, expected, heads in zip(kernel, reference, (q_heads, kv_heads, kv_heads)):
@@ -99,13 +105,17 @@ def test_the_in_place_fused_pass_decodes_like_the_unfused_one(monkeypatch):
 
 
 def test_the_drafter_step_with_the_kernels_matches_its_torch_arithmetic(monkeypatch):
-    """The drafter's decoding step takes the same kernels on a GPU (norms, q/k norm + RoPE of the
-    block and of the injected context rows, SiLU * up): float32 logits within 1e-5 of its torch code."""
+    """The drafter's decoding step takes the same kernels on a GPU (norms, each with the residual add
+    of the layer before, q/k norm + RoPE of the block and of the injected context rows read in place,
+    SiLU * up): float32 logits within 1e-5 of its torch code, over two layers and two rows."""
+    import dataclasses
+
     from trtllm_dflash.bench import gpu_step
     from trtllm_dflash.modeling.kv_cache import StaticKVCache
 
-    target, drafter = gpu_step.make_models(gpu_step.TINY, torch.device("cpu"), torch.float32)
-    config, shape = drafter.config, gpu_step.TINY
+    shape = dataclasses.replace(gpu_step.TINY, draft_layers=2)
+    target, drafter = gpu_step.make_models(shape, torch.device("cpu"), torch.float32)
+    config = drafter.config
     g = torch.Generator().manual_seed(13)
     block = torch.randint(0, 500, (2, shape.block), generator=g)
     features = torch.randn(2, 3, len(shape.target_layer_ids) * shape.hidden, generator=g)

@@ -252,34 +252,51 @@ class DFlashAttention(nn.Module):
 
 
 class DFlashDecoderLayer(nn.Module):
+    # its fused step can leave the residual add to the next layer's norm kernel (DFlash2's layer cannot)
+    carries_residual = True
+
     def __init__(self, config: DrafterConfig, layer: int, shared: Qwen3Config) -> None:
         super().__init__()
         self.self_attn = DFlashAttention(config, layer)
         self.mlp = Qwen3MLP(shared)
         self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self._stacked: dict = {}  # gate/up weights as one matrix, for decoding (stacked_weights)
+        self._stacked: dict = {}  # gate/up weights as one matmul, for decoding (stacked_weights)
+
+    def fuses(self, x: torch.Tensor) -> bool:
+        """Whether a step on `x` runs the fused-layer kernels (the GPU): norms with the residual add,
+        q/k norm + RoPE, SiLU * up."""
+        mlp = self.mlp
+        return (
+            fused_ops.kernels_run(x.device)
+            and type(mlp.act_fn).__name__ in ("SiLU", "SiLUActivation")
+            and x.dtype == mlp.down_proj.weight.dtype
+        )
 
     def step(
         self, x, rope, ctx_hidden, new_counts, cache: LayerCache, cache_lens, slots, history: int = 0, row=None, plan=None, linear=F.linear
     ) -> torch.Tensor:
         """One decoding step of this layer over the block `x [b, B, H]`."""
+        if self.fuses(x):
+            x, mlp_out = self.fused_step(x, None, rope, ctx_hidden, new_counts, cache, cache_lens, slots, history, row, plan, linear)
+            return x + mlp_out
         attn = self.self_attn.step(
-            fused_ops.add_rms_norm(x, None, *norm_of(self.input_layernorm))[1]
-            if fused_ops.kernels_run(x.device)
-            else rms_norm(x, *norm_of(self.input_layernorm)),
-            rope,
-            ctx_hidden,
-            new_counts,
-            cache,
-            cache_lens,
-            slots,
-            history,
-            row,
-            plan,
-            linear,
+            rms_norm(x, *norm_of(self.input_layernorm)), rope, ctx_hidden, new_counts, cache, cache_lens, slots, history, row, plan, linear
         )
         return self.finish_step(x, attn, linear)
+
+    def fused_step(
+        self, x, delta, rope, ctx_hidden, new_counts, cache: LayerCache, cache_lens, slots, history=0, row=None, plan=None, linear=F.linear
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`step` on the kernels (`fuses`) over the residual stream `x + delta` (delta None: `x`):
+        returns the stream after the attention and the MLP's output, which the next layer's norm
+        kernel (or the final norm's) adds, as the fused target pass does (modeling/fused_target.py)."""
+        x, h = fused_ops.add_rms_norm(x, delta, *norm_of(self.input_layernorm))
+        attn = self.self_attn.step(h, rope, ctx_hidden, new_counts, cache, cache_lens, slots, history, row, plan, linear)
+        x, h = fused_ops.add_rms_norm(x, attn, *norm_of(self.post_attention_layernorm))
+        mlp = self.mlp
+        weight, bias = stacked_weights(self._stacked, [mlp.gate_proj, mlp.up_proj])
+        return x, linear(fused_ops.silu_mul(linear(h, weight, bias)), mlp.down_proj.weight, mlp.down_proj.bias)
 
     def forward_train(self, x, block_rope, ctx_hidden, ctx_rope, mask, block_size: int) -> torch.Tensor:
         """Uncached forward of many blocks laid end to end on the token axis (training)."""
@@ -294,10 +311,6 @@ class DFlashDecoderLayer(nn.Module):
         """`_finish` for decoding: gate and up projections as one matmul, the norm inlined."""
         mlp = self.mlp
         weight, bias = stacked_weights(self._stacked, [mlp.gate_proj, mlp.up_proj])
-        if fused_ops.kernels_run(x.device) and type(mlp.act_fn).__name__ in ("SiLU", "SiLUActivation") and x.dtype == attn_out.dtype:
-            # the GPU: residual add + norm in one kernel, silu(gate) * up in another
-            x, h = fused_ops.add_rms_norm(x, attn_out, *norm_of(self.post_attention_layernorm))
-            return x + linear(fused_ops.silu_mul(linear(h, weight, bias)), mlp.down_proj.weight, mlp.down_proj.bias)
         x = x + attn_out
         gate, up = linear(rms_norm(x, *norm_of(self.post_attention_layernorm)), weight, bias).chunk(2, dim=-1)
         return x + linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
@@ -359,9 +372,14 @@ class DFlashDrafter(nn.Module):
         offsets = torch.arange(n + block, device=cache_lens.device)
         # context row i at cache_lens + i, block token t at cache_lens + new_counts + t
         positions = cache_lens.view(-1, 1) + offsets + torch.where(offsets < n, 0, new_counts.view(-1, 1) - n)
-        ctx_hidden = rms_norm(linear(ctx_features, self.fc.weight), *norm_of(self.hidden_norm))
-        rope = self.rope(block_embeds, positions)
         x = self.residual(block_embeds)
+        fused = self.decoder_layer.carries_residual and all(layer.fuses(x) for layer in self.layers)
+        ctx_hidden = linear(ctx_features, self.fc.weight)
+        if fused:  # the norm in one kernel
+            ctx_hidden = fused_ops.add_rms_norm(ctx_hidden, None, *norm_of(self.hidden_norm))[1]
+        else:
+            ctx_hidden = rms_norm(ctx_hidden, *norm_of(self.hidden_norm))
+        rope = self.rope(block_embeds, positions)
         history = self.config.history  # read per call: `config` may be replaced to change it
         # one row on the CPU: its context rows are written into the cache by slice (host lengths are free there)
         row = (int(cache_lens[0]), int(new_counts[0])) if block_embeds.shape[0] == 1 and cache_lens.device.type == "cpu" else None
@@ -369,6 +387,11 @@ class DFlashDrafter(nn.Module):
         plan = None
         if row is None and history == 0 and self._plannable(cache_lens.device, caches):
             plan = DraftAttentionPlan.make(cache_lens, new_counts, n, block, slots, caches[0].keys.dtype)
+        if fused:  # the GPU: each layer's residual add inside the next norm kernel
+            delta = None
+            for layer, cache in zip(self.layers, caches):
+                x, delta = layer.fused_step(x, delta, rope, ctx_hidden, new_counts, cache, cache_lens, slots, history, row, plan, linear)
+            return fused_ops.add_rms_norm(x, delta, *norm_of(self.norm))[1]
         for layer, cache in zip(self.layers, caches):
             x = layer.step(x, rope, ctx_hidden, new_counts, cache, cache_lens, slots, history, row, plan, linear)
         return self.final_norm(x)

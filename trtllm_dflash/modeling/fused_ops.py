@@ -103,14 +103,19 @@ def qk_norm_rope(
     if batch * count == 0:
         return q, k, v
     weight, eps = norm if norm is not None else (qkv, 0.0)  # any pointer where there is no norm
+    cos, sin = _rope_rows(cos), _rope_rows(sin)
+    if cos.stride(0) != sin.stride(0):  # the kernel takes one batch stride for both
+        cos, sin = cos.contiguous(), sin.contiguous()
     module.qk_norm_rope_kernel[(batch * count, q_heads + 2 * kv_heads)](
         qkv.contiguous(),
-        cos.contiguous(),
-        sin.contiguous(),
+        cos,
+        sin,
         weight,
         float(eps),
         q_heads,
         kv_heads,
+        count,
+        cos.stride(0),
         q,
         k,
         v,
@@ -119,6 +124,15 @@ def qk_norm_rope(
         num_warps=1,
     )
     return q, k, v
+
+
+def _rope_rows(table: torch.Tensor) -> torch.Tensor:
+    """cos or sin `[b, T, D]` as the kernel reads it: each token's D values contiguous and a batch
+    row's tokens one after the other, batch rows any stride apart. A slice over the tokens of a
+    contiguous `[b, n + B, D]` (the drafter's context and block parts) already is: no copy."""
+    if table.stride(-1) == 1 and (table.shape[1] <= 1 or table.stride(1) == table.shape[-1]):
+        return table
+    return table.contiguous()
 
 
 SILU_BLOCK_F = 1024  # FFN columns per program

@@ -217,20 +217,24 @@ class FusedDecoder:
         rope = self.decoder.rotary_emb(x, positions)
         outputs, delta = {}, None  # delta: the MLP output not yet added to the residual stream x
         for i in range(len(self.layers)):
-            x, delta = self.layer_in_place(i, x, delta, rope, starts, caches[i], windows[i], runs, attend)
-            if i in taps:
-                x, delta = x + delta, None
-                outputs[i] = x
-        return add_rms_norm(x, delta, *norm_of(self.decoder.norm))[1], outputs
+            layer_input, x, delta = self.layer_in_place(i, x, delta, rope, starts, caches[i], windows[i], runs, attend)
+            if i - 1 in taps:  # layer i - 1's output: the sum this layer's norm kernel formed
+                outputs[i - 1] = layer_input
+        x, normed = add_rms_norm(x, delta, *norm_of(self.decoder.norm))
+        if len(self.layers) - 1 in taps:
+            outputs[len(self.layers) - 1] = x
+        return normed, outputs
 
     def layer_in_place(
         self, i: int, x, delta, rope, starts, cache, window: int, runs, attend: Callable[..., torch.Tensor] = ops.target_attention
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Decoder layer i of `forward_in_place` on the residual stream `x + delta`: returns the
-        stream after its attention and its MLP output (added by the next layer's norm kernel)."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Decoder layer i of `forward_in_place` on the residual stream `x + delta`: returns that
+        stream (the layer's input, summed by its norm kernel), the stream after its attention and its
+        MLP output (added by the next layer's norm kernel)."""
         layer = self.layers[i]
         batch, count = x.shape[:2]
         x, h = add_rms_norm(x, delta, *layer.input_norm)
+        layer_input = x
         qkv = F.linear(h, layer.qkv, layer.qkv_bias)
         q, k, v = qk_norm_rope(qkv, *rope, layer.qk_norm, layer.q_heads, layer.kv_heads, layer.head_dim)
         outs = [
@@ -239,7 +243,7 @@ class FusedDecoder:
         ]
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
         x, h = add_rms_norm(x, F.linear(out.reshape(batch, count, -1), layer.o_proj.weight, layer.o_proj.bias), *layer.post_norm)
-        return x, F.linear(silu_mul(F.linear(h, layer.gate_up)), layer.down_proj.weight, layer.down_proj.bias)
+        return layer_input, x, F.linear(silu_mul(F.linear(h, layer.gate_up)), layer.down_proj.weight, layer.down_proj.bias)
 
     def plan(
         self, starts: list[int], count: int, windows: set[int], dtype: torch.dtype, device: torch.device, slots: tuple[int, ...]

@@ -326,7 +326,7 @@ class TorchRuntime(CachedRuntime):
         tolerance = FUSED_TOLERANCE.get(self.dtype, FUSED_TOLERANCE[torch.float16])
         for i in range(len(fused.layers)):
             before, after = seen[i]
-            x, delta = fused.layer_in_place(i, before, None, rope, starts, caches[i], self.windows[i], runs)
+            _, x, delta = fused.layer_in_place(i, before, None, rope, starts, caches[i], self.windows[i], runs)
             if relative_error(x + delta - before, after - before) > tolerance:
                 return False
         return True

@@ -59,6 +59,8 @@ class GroupedDynamicConv(nn.Module):
 class DFlash2DecoderLayer(DFlashDecoderLayer):
     """A V1 decoder layer whose attention and MLP are each wrapped in a grouped dynamic conv."""
 
+    carries_residual = False  # its residual adds are the convs' (float32), not a norm kernel's
+
     def __init__(self, config: DrafterConfig, layer: int, shared) -> None:
         super().__init__(config, layer, shared)
         self.attention_conv = GroupedDynamicConv(config)

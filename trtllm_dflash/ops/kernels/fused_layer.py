@@ -8,7 +8,9 @@ only three of these, each one pass over its tensor:
   before the weight is applied, as transformers' RMSNorm does);
 - `qk_norm_rope_kernel`, one program per (token, head) of the fused q/k/v projection: the
   per-head q/k RMSNorm (Qwen3; off for Llama-like layers), rotate-half RoPE with the pass's
-  cos/sin, and q, k and v written as three contiguous tensors for the attention op;
+  cos/sin (rows of D contiguous values, batch rows `rope_batch_stride` apart: the drafter passes
+  the context's and the block's parts of one cos/sin without copying them), and q, k and v
+  written as three contiguous tensors for the attention op;
 - `silu_mul_kernel`, one program per (token, chunk of the FFN width): silu(gate) * up from the
   fused gate/up projection.
 
@@ -62,6 +64,8 @@ def qk_norm_rope_kernel(
     eps,
     q_heads,
     kv_heads,
+    count,
+    rope_batch_stride,
     q_ptr,
     k_ptr,
     v_ptr,
@@ -88,8 +92,9 @@ def qk_norm_rope_kernel(
             x_partner = tl.load(weight_ptr + partner).to(tl.float32) * (x_partner * rstd).to(qkv_ptr.dtype.element_ty).to(tl.float32)
             x = x.to(qkv_ptr.dtype.element_ty).to(tl.float32)
             x_partner = x_partner.to(qkv_ptr.dtype.element_ty).to(tl.float32)
-        cos = tl.load(cos_ptr + token * HEAD_DIM + offs).to(tl.float32)
-        sin = tl.load(sin_ptr + token * HEAD_DIM + offs).to(tl.float32)
+        rope_row = (token // count) * rope_batch_stride + (token % count) * HEAD_DIM  # cos/sin may be a slice of a longer pass's
+        cos = tl.load(cos_ptr + rope_row + offs).to(tl.float32)
+        sin = tl.load(sin_ptr + rope_row + offs).to(tl.float32)
         rotated = tl.where(offs < half, -x_partner, x_partner)
         out = x * cos + rotated * sin
         if head < q_heads:
