@@ -39,11 +39,17 @@ class KernelVariant:
     num_warps: int
     num_stages: int
     enable_fp_fusion: bool
+    # integer parameters the launch always passes as multiples of 16, which Triton's JIT specializes
+    # on (a torch launch only; an engine's AOT launch makes no such promise)
+    divisible_ints: tuple[str, ...] = ()
 
     def compile_attrs(self) -> dict:
-        """Triton's per-parameter attributes: every pointer parameter divisible by POINTER_ALIGNMENT bytes."""
+        """Triton's per-parameter attributes: every pointer parameter divisible by POINTER_ALIGNMENT
+        bytes, and the `divisible_ints` by 16."""
         return {
-            (index,): [["tt.divisibility", POINTER_ALIGNMENT]] for index, (_, kind) in enumerate(self.signature) if kind.startswith("*")
+            (index,): [["tt.divisibility", POINTER_ALIGNMENT]]
+            for index, (name, kind) in enumerate(self.signature)
+            if kind.startswith("*") or name in self.divisible_ints
         }
 
     @property
@@ -320,6 +326,34 @@ def commit_variant() -> KernelVariant:
         1,
         False,
     )
+
+
+def fused_layer_variants(dtype: str, hidden: int = 4096, head_dim: int = 128, ffn: int = 12288) -> list[KernelVariant]:
+    """The fused decoding passes' kernels (kernels/fused_layer.py) at a Qwen3-8B layer's sizes, with
+    the warps and tiles `modeling/fused_ops.py` launches them with. Only torch launches them (Triton's
+    JIT, on a GPU), so the sizes that are multiples of 16 are marked as the JIT specializes them.
+    Compiled and audited without a GPU (tests/test_kernel_audit.py)."""
+    t = f"*{TORCH_TO_TRITON[dtype]}"
+    block_h, block_f = tiles.next_power_of_2(hidden), min(1024, tiles.next_power_of_2(ffn))
+    kernels = {
+        "add_rms_norm_kernel": (
+            (("x_ptr", t), ("delta_ptr", t), ("weight_ptr", t), ("eps", "fp32"), ("hidden", "i32"), ("sum_ptr", t), ("norm_ptr", t)),
+            (("HAS_DELTA", True), ("BLOCK_H", block_h)),
+            max(1, min(8, block_h // 256)),
+        ),
+        "qk_norm_rope_kernel": (
+            (("qkv_ptr", t), ("cos_ptr", t), ("sin_ptr", t), ("norm_weight_ptr", t), ("eps", "fp32"), ("q_heads", "i32"))
+            + (("kv_heads", "i32"), ("count", "i32"), ("rope_batch_stride", "i32"), ("q_ptr", t), ("k_ptr", t), ("v_ptr", t)),
+            (("HAS_NORM", True), ("HEAD_DIM", head_dim)),
+            1,
+        ),
+        "silu_mul_kernel": ((("gate_up_ptr", t), ("width", "i32"), ("out_ptr", t)), (("BLOCK_F", block_f),), 4),
+    }
+    multiples = tuple(name for name, size in (("hidden", hidden), ("width", ffn), ("rope_batch_stride", head_dim)) if size % 16 == 0)
+    return [
+        KernelVariant(f"FusedLayer.{function}", "fused_layer", function, signature, constexprs, warps, 1, True, multiples)
+        for function, (signature, constexprs, warps) in kernels.items()
+    ]
 
 
 def verify_spread_variants(logits_dtype: str, vocab_divisible: bool = True) -> list[KernelVariant]:

@@ -21,7 +21,12 @@ pytest.importorskip("triton")
 
 from trtllm_dflash.ops.kernels import launch  # noqa: E402
 from trtllm_dflash.plugins import aot, kernel_audit  # noqa: E402
-from trtllm_dflash.plugins.aot_variants import TORCH_TO_TRITON, verify_shortlist_variants, verify_spread_variants  # noqa: E402
+from trtllm_dflash.plugins.aot_variants import (  # noqa: E402
+    TORCH_TO_TRITON,
+    fused_layer_variants,
+    verify_shortlist_variants,
+    verify_spread_variants,
+)
 
 ARCHES = ("sm_90a", "sm_100a")
 
@@ -155,3 +160,24 @@ def test_the_shortlist_verification_kernels_compile_for_hopper_without_spills(dt
         report = kernel_audit.report(aot.compile_kernel(variant, aot.ARCHES["sm_90a"]), "aot")
         assert report.spill_stores == 0 and report.spill_loads == 0, report
         assert report.problems() == [], report
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_fused_layer_kernels_compile_for_hopper_and_read_whole_rows(dtype):
+    """The fused decoding passes' kernels (fused_layer.py), which only a GPU's torch launch compiles,
+    compile for sm_90a at Qwen3-8B's sizes: no spills, no load narrower than 4 bytes, and 16-byte
+    loads where a program streams a row (the norm over 4,096 values, SiLU * up over 1,024 columns).
+    q/k norm + RoPE reads one head of 128 values per program with one warp: 8 bytes a thread in
+    16-bit, one coalesced 256-byte read."""
+    arch = aot.ARCHES["sm_90a"]
+    for variant in fused_layer_variants(dtype):
+        report = kernel_audit.report(aot.compile_kernel(variant, arch), "jit")
+        assert report.spill_stores == 0 and report.spill_loads == 0 and report.narrow_loads == 0, report
+        assert report.shared <= report.shared_limit, report
+        if variant.function != "qk_norm_rope_kernel" or dtype == "float32":
+            assert report.vector_loads_16b > 0, report
+    # without the JIT's knowledge that the sizes are multiples of 16 the rows would be read 2 bytes
+    # at a time in 16-bit: what the marks are for
+    if dtype == "bfloat16":
+        norm = dataclasses.replace(fused_layer_variants(dtype)[0], divisible_ints=())
+        assert kernel_audit.report(aot.compile_kernel(norm, arch), "jit").narrow_loads > 0
