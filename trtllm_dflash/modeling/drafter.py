@@ -261,7 +261,7 @@ class DFlashDecoderLayer(nn.Module):
         self.mlp = Qwen3MLP(shared)
         self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self._stacked: dict = {}  # gate/up weights as one matmul, for decoding (stacked_weights)
+        self._stacked: dict = {}  # gate/up weights as one matrix, for decoding (stacked_weights)
 
     def fuses(self, x: torch.Tensor) -> bool:
         """Whether a step on `x` runs the fused-layer kernels (the GPU): norms with the residual add,
