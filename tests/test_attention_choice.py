@@ -79,6 +79,21 @@ def test_measure_keeps_the_fastest_exact_candidate_per_tokens_and_batch_bucket()
     assert "T=4 b<=4" in choices.describe()
 
 
+def test_candidates_are_timed_on_caches_of_the_runtimes_capacity(monkeypatch):
+    """The op sizes its KV splits for the cache's capacity and SDPA on CUDA reads all of it, so each
+    context is timed in a cache of the runtime's capacity, as the decode passes meet it, not in one
+    the context's size."""
+    seen = []
+    for name in ("dflash", "sdpa"):
+        run = attention_choice.RUNNERS[name]
+        record = lambda *a, _name=name, _run=run: seen.append((_name, a[3].shape[1], int(a[5][0]))) or _run(*a)  # noqa: E731
+        monkeypatch.setitem(attention_choice.RUNNERS, name, record)
+    choice = attention_choice.measure_one([SHAPE], 1, 1, 5000, torch.float32, CPU)
+    assert choice.contexts == (256, 1024, 4096)
+    timed = {(name, start) for name, capacity, start in seen if capacity == 5000}
+    assert timed == {(name, context) for name in ("dflash", "sdpa") for context in choice.contexts}
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("pair")

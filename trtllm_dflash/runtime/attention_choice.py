@@ -14,9 +14,9 @@ over the row's own slots) on the caches in place, with no host read:
 
 `measure` checks every candidate against the float32 reference on random inputs (per-row lengths,
 every sliding window the model has; the written caches compared exactly), refuses any that differs
-by more than `TOLERANCE`, times the rest at a few context lengths (replayed from a CUDA graph with
-the L2 cache flushed before each replay on a GPU, as a decoding step meets them; eagerly on a CPU),
-and keeps the fastest per (tokens, batch bucket). Other decode calls (a draft-length schedule's
+by more than `TOLERANCE`, times the rest at a few context lengths in caches of the runtime's
+capacity (replayed from a CUDA graph with the L2 cache flushed before each replay on a GPU, as a
+decoding step meets them; eagerly on a CPU), and keeps the fastest per (tokens, batch bucket). Other decode calls (a draft-length schedule's
 shorter blocks, batches past the buckets) run "dflash", and so does every prefill, whatever the
 choice: a prefill's padded rows may run past the capacity, which only the op's write drops.
 
@@ -215,20 +215,26 @@ def measure_one(
     shapes: list[LayerShape], tokens: int, batch: int, capacity: int, dtype: torch.dtype, device: torch.device, candidates=CANDIDATES
 ) -> Choice:
     """Every candidate checked on every layer shape, the exact ones timed on the first shape at
-    MEASURE_CONTEXTS (up to the capacity), the fastest kept."""
+    MEASURE_CONTEXTS (up to the capacity), the fastest kept.
+
+    Timed on caches of the runtime's `capacity`, as the decode passes meet them: the op sizes its KV
+    splits for the capacity (`launch.default_target_kv_splits`), and SDPA on CUDA reads all of it,
+    so at a short context in a long cache both cost more than in a cache the context's size."""
     contexts = tuple(sorted({min(c, capacity - tokens) for c in MEASURE_CONTEXTS if capacity - tokens > 0})) or (0,)
     check_capacity = min(max(contexts), CHECK_CONTEXT) + tokens
     generator = torch.Generator(device=device).manual_seed(1)
     shape = shapes[0]
     timings = []
+    inputs = None  # one layer's caches at the capacity, shared by the candidates
     for name in candidates:
         refused = next((r for s in shapes if (r := check(name, s, batch, tokens, check_capacity, dtype, device)) is not None), None)
         if refused is not None:
             timings.append(Timing(name, None, refused))
             continue
+        inputs = inputs or _inputs(shape, batch, tokens, max(capacity, tokens), dtype, generator)
+        q, k, v, k_cache, v_cache, sinks = inputs
         total = 0.0
         for context in contexts:
-            q, k, v, k_cache, v_cache, sinks = _inputs(shape, batch, tokens, context + tokens, dtype, generator)
             starts = torch.full((batch,), context, dtype=torch.int64, device=device)
             run = RUNNERS[name]
             total += time_call(lambda: run(q, k, v, k_cache, v_cache, starts, sinks, shape.scale, 0), device)
