@@ -16,9 +16,10 @@ over the row's own slots) on the caches in place, with no host read:
 every sliding window the model has; the written caches compared exactly), refuses any that differs
 by more than `TOLERANCE`, times the rest at a few context lengths in caches of the runtime's
 capacity (replayed from a CUDA graph with the L2 cache flushed before each replay on a GPU, as a
-decoding step meets them; eagerly on a CPU), and keeps the fastest per (tokens, batch bucket). Other decode calls (a draft-length schedule's
-shorter blocks, batches past the buckets) run "dflash", and so does every prefill, whatever the
-choice: a prefill's padded rows may run past the capacity, which only the op's write drops.
+decoding step meets them; eagerly on a CPU), and keeps the fastest per (tokens, batch bucket).
+Other decode calls (a draft-length schedule's shorter blocks, batches past the buckets) run
+"dflash", and so does every prefill, whatever the choice: a prefill's padded rows may run past the
+capacity, which only the op's write drops.
 
 A choice changes only rounding (each candidate within TOLERANCE of the reference), as any kernel
 change does; greedy output stays the target's own up to near-ties. It is fixed once measured: a
