@@ -330,24 +330,28 @@ def commit_variant() -> KernelVariant:
 
 def fused_layer_variants(dtype: str, hidden: int = 4096, head_dim: int = 128, ffn: int = 12288) -> list[KernelVariant]:
     """The fused decoding passes' kernels (kernels/fused_layer.py) at a Qwen3-8B layer's sizes, with
-    the warps and tiles `modeling/fused_ops.py` launches them with. Only torch launches them (Triton's
-    JIT, on a GPU), so the sizes that are multiples of 16 are marked as the JIT specializes them.
-    Compiled and audited without a GPU (tests/test_kernel_audit.py)."""
+    the tiles and warps `modeling/fused_ops.py` launches them with (tiles.py). Only torch launches
+    them (Triton's JIT, on a GPU), so the sizes that are multiples of 16 are marked as the JIT
+    specializes them. Compiled and audited without a GPU (tests/test_kernel_audit.py)."""
     t = f"*{TORCH_TO_TRITON[dtype]}"
-    block_h, block_f = tiles.next_power_of_2(hidden), min(1024, tiles.next_power_of_2(ffn))
+    block_h, norm_warps = tiles.norm_tile(hidden)
     kernels = {
         "add_rms_norm_kernel": (
             (("x_ptr", t), ("delta_ptr", t), ("weight_ptr", t), ("eps", "fp32"), ("hidden", "i32"), ("sum_ptr", t), ("norm_ptr", t)),
             (("HAS_DELTA", True), ("BLOCK_H", block_h)),
-            max(1, min(8, block_h // 256)),
+            norm_warps,
         ),
         "qk_norm_rope_kernel": (
             (("qkv_ptr", t), ("cos_ptr", t), ("sin_ptr", t), ("norm_weight_ptr", t), ("eps", "fp32"), ("q_heads", "i32"))
             + (("kv_heads", "i32"), ("count", "i32"), ("rope_batch_stride", "i32"), ("q_ptr", t), ("k_ptr", t), ("v_ptr", t)),
             (("HAS_NORM", True), ("HEAD_DIM", head_dim)),
-            1,
+            tiles.QK_NORM_ROPE_WARPS,
         ),
-        "silu_mul_kernel": ((("gate_up_ptr", t), ("width", "i32"), ("out_ptr", t)), (("BLOCK_F", block_f),), 4),
+        "silu_mul_kernel": (
+            (("gate_up_ptr", t), ("width", "i32"), ("out_ptr", t)),
+            (("BLOCK_F", tiles.silu_block(ffn)),),
+            tiles.SILU_WARPS,
+        ),
     }
     multiples = tuple(name for name, size in (("hidden", hidden), ("width", ffn), ("rope_batch_stride", head_dim)) if size % 16 == 0)
     return [

@@ -276,10 +276,8 @@ class DFlashDecoderLayer(nn.Module):
     def step(
         self, x, rope, ctx_hidden, new_counts, cache: LayerCache, cache_lens, slots, history: int = 0, row=None, plan=None, linear=F.linear
     ) -> torch.Tensor:
-        """One decoding step of this layer over the block `x [b, B, H]`."""
-        if self.fuses(x):
-            x, mlp_out = self.fused_step(x, None, rope, ctx_hidden, new_counts, cache, cache_lens, slots, history, row, plan, linear)
-            return x + mlp_out
+        """One decoding step of this layer over the block `x [b, B, H]`, op by op (on the kernels the
+        drafter runs `fused_step` instead)."""
         attn = self.self_attn.step(
             rms_norm(x, *norm_of(self.input_layernorm)), rope, ctx_hidden, new_counts, cache, cache_lens, slots, history, row, plan, linear
         )

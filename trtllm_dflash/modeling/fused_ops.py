@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trtllm_dflash.ops.kernels import tiles
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' RMSNorm, op for op (float32 statistics, weight applied in the input dtype)."""
@@ -60,7 +62,7 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
     total = torch.empty_like(x) if delta is not None else x
     normed = torch.empty_like(x)
     rows = x.numel() // hidden
-    block = 1 << max(hidden - 1, 0).bit_length()
+    block, warps = tiles.norm_tile(hidden)
     module.add_rms_norm_kernel[(rows,)](
         x,
         delta.contiguous() if delta is not None else x,
@@ -71,7 +73,7 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
         normed,
         HAS_DELTA=delta is not None,
         BLOCK_H=block,
-        num_warps=max(1, min(8, block // 256)),
+        num_warps=warps,
     )
     return total, normed
 
@@ -121,7 +123,7 @@ def qk_norm_rope(
         v,
         HAS_NORM=norm is not None,
         HEAD_DIM=head_dim,
-        num_warps=1,
+        num_warps=tiles.QK_NORM_ROPE_WARPS,
     )
     return q, k, v
 
@@ -135,9 +137,6 @@ def _rope_rows(table: torch.Tensor) -> torch.Tensor:
     return table.contiguous()
 
 
-SILU_BLOCK_F = 1024  # FFN columns per program
-
-
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up from the fused gate/up projection `[..., 2F]` (gate first)."""
     module = _kernels(gate_up.device)
@@ -147,6 +146,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     width = gate.shape[-1]
     out = gate_up.new_empty(*gate_up.shape[:-1], width)
     tokens = out.numel() // width
-    block = min(SILU_BLOCK_F, 1 << max(width - 1, 0).bit_length())
-    module.silu_mul_kernel[(tokens, -(-width // block))](gate_up.contiguous(), width, out, BLOCK_F=block, num_warps=4)
+    block = tiles.silu_block(width)
+    module.silu_mul_kernel[(tokens, -(-width // block))](gate_up.contiguous(), width, out, BLOCK_F=block, num_warps=tiles.SILU_WARPS)
     return out

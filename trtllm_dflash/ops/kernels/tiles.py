@@ -28,6 +28,24 @@ def next_power_of_2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
+# the fused decoding passes' kernels (fused_layer.py), launched by modeling/fused_ops.py and audited
+# at Qwen3-8B's sizes by aot_variants.fused_layer_variants
+QK_NORM_ROPE_WARPS = 1  # one head of D values per program
+SILU_BLOCK_F = 1024  # FFN columns per program
+SILU_WARPS = 4
+
+
+def norm_tile(hidden: int) -> tuple[int, int]:
+    """(BLOCK_H, num_warps) of the add + RMSNorm kernel: the whole row in one program."""
+    block = next_power_of_2(hidden)
+    return block, max(1, min(8, block // 256))
+
+
+def silu_block(width: int) -> int:
+    """BLOCK_F of the SiLU * up kernel: SILU_BLOCK_F columns, fewer for a narrower FFN."""
+    return min(SILU_BLOCK_F, next_power_of_2(width))
+
+
 def cdiv(a, b):
     """Ceiling division with `//` only (works on TensorRT shape expressions too)."""
     return (a + b - 1) // b
