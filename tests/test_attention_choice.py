@@ -29,16 +29,19 @@ SHAPE = attention_choice.LayerShape(heads=4, kv_heads=2, head_dim=16, value_dim=
 @pytest.mark.parametrize("window", [0, 3])
 def test_the_sdpa_candidate_is_the_reference_attention(tokens, window):
     generator = torch.Generator().manual_seed(tokens + window)
-    batch, capacity = 3, 24
+    batch, capacity = 4, 24
     q = torch.randn(batch, tokens, 4, 16, generator=generator)
     k, v = (torch.randn(batch, tokens, 2, 16, generator=generator) for _ in range(2))
     k_cache, v_cache = (torch.randn(batch, capacity, 2, 16, generator=generator) for _ in range(2))
-    starts = torch.tensor([0, 7, capacity - tokens])  # an empty row, a middle one, one ending at the capacity
+    # an empty row, a middle one, one ending at the capacity, a graph's padding row (at the capacity)
+    starts = torch.tensor([0, 7, capacity - tokens, capacity])
     want_k, want_v = k_cache.clone(), v_cache.clone()
     want = reference_attention.target_attention(q, k, v, want_k, want_v, starts, None, 0.25, window)
-    got = attention_choice.RUNNERS["sdpa"](q, k, v, k_cache, v_cache, starts, None, 0.25, window)
+    before = k_cache[3].clone()
+    got = attention_choice.RUNNERS["sdpa"](q, k, v, k_cache, v_cache, starts, None, 0.25, window, span=capacity)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+    assert torch.equal(got[3], torch.zeros_like(got[3])) and torch.equal(k_cache[3], before)
 
 
 def test_the_check_passes_the_exact_candidates_and_names_why_flash_cannot_run_here():
@@ -53,17 +56,32 @@ def test_the_check_passes_the_exact_candidates_and_names_why_flash_cannot_run_he
 def test_a_candidate_that_computes_other_attention_is_refused_not_chosen(monkeypatch):
     """Mutations of the sdpa candidate: ignoring the window, and dropping the cache write."""
     exact = attention_choice.RUNNERS["sdpa"]
-    monkeypatch.setitem(attention_choice.RUNNERS, "sdpa", lambda *args: exact(*args[:8], 0))  # no window
+    monkeypatch.setitem(attention_choice.RUNNERS, "sdpa", lambda *args, **k: exact(*args[:8], 0, **k))  # no window
     assert "differs from the reference" in attention_choice.check("sdpa", SHAPE, 3, 4, 40, torch.float32, CPU)
     choice = attention_choice.measure_one([SHAPE], 4, 2, 64, torch.float32, CPU)
     assert choice.chosen == "dflash"
     assert {t.candidate: t.ms is None for t in choice.timings} == {"dflash": False, "flash": True, "sdpa": True}
 
-    def no_write(q, k, v, k_cache, v_cache, starts, sinks, scale, window=0):
-        return exact(q, k, v, k_cache.clone(), v_cache.clone(), starts, sinks, scale, window)
+    def no_write(q, k, v, k_cache, v_cache, starts, sinks, scale, window=0, span=None):
+        return exact(q, k, v, k_cache.clone(), v_cache.clone(), starts, sinks, scale, window, span=span)
 
     monkeypatch.setitem(attention_choice.RUNNERS, "sdpa", no_write)
     assert "writes the caches differently" in attention_choice.check("sdpa", SHAPE, 3, 4, 40, torch.float32, CPU)
+
+    def padding_row_attends(q, k, v, k_cache, v_cache, starts, sinks, scale, window=0, span=None):
+        """A graph's padding row (at the capacity) attending over its whole row, as before 2026-11-29."""
+        out = exact(q, k, v, k_cache, v_cache, starts, sinks, scale, window, span=span)
+        capacity, tokens = k_cache.shape[1], q.shape[1]
+        pad = starts >= capacity
+        if pad.any():
+            out[pad] = exact(
+                q[pad], k[pad], v[pad], k_cache[pad].clone(), v_cache[pad].clone(), starts[pad] * 0 + capacity - tokens, None, scale
+            )
+        return out
+
+    monkeypatch.setitem(attention_choice.RUNNERS, "sdpa", padding_row_attends)
+    assert "differs from the reference" in attention_choice.check("sdpa", SHAPE, 3, 4, 40, torch.float32, CPU)
+    assert attention_choice.check("sdpa", SHAPE, 1, 4, 40, torch.float32, CPU) is None  # one row: no padding row
 
 
 def test_measure_keeps_the_fastest_exact_candidate_per_tokens_and_batch_bucket():
@@ -79,19 +97,19 @@ def test_measure_keeps_the_fastest_exact_candidate_per_tokens_and_batch_bucket()
     assert "T=4 b<=4" in choices.describe()
 
 
-def test_candidates_are_timed_on_caches_of_the_runtimes_capacity(monkeypatch):
-    """The op sizes its KV splits for the cache's capacity and SDPA on CUDA reads all of it, so each
-    context is timed in a cache of the runtime's capacity, as the decode passes meet it, not in one
-    the context's size."""
+def test_candidates_are_timed_on_caches_of_the_runtimes_capacity_at_each_contexts_span(monkeypatch):
+    """Each context is timed in a cache of the runtime's capacity (the op sizes its KV splits for
+    it) with the span a decode pass gives it (SDPA on CUDA reads the span's bucket), as the decode
+    passes meet it, not in a cache the context's size."""
     seen = []
     for name in ("dflash", "sdpa"):
         run = attention_choice.RUNNERS[name]
-        record = lambda *a, _name=name, _run=run: seen.append((_name, a[3].shape[1], int(a[5][0]))) or _run(*a)  # noqa: E731
+        record = lambda *a, _name=name, _run=run, **k: seen.append((_name, a[3].shape[1], int(a[5][0]), k.get("span"))) or _run(*a, **k)  # noqa: E731
         monkeypatch.setitem(attention_choice.RUNNERS, name, record)
     choice = attention_choice.measure_one([SHAPE], 1, 1, 5000, torch.float32, CPU)
     assert choice.contexts == (256, 1024, 4096)
-    timed = {(name, start) for name, capacity, start in seen if capacity == 5000}
-    assert timed == {(name, context) for name in ("dflash", "sdpa") for context in choice.contexts}
+    timed = {(name, start, span) for name, capacity, start, span in seen if capacity == 5000}
+    assert timed == {(name, context, context + 1) for name in ("dflash", "sdpa") for context in choice.contexts}
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +133,7 @@ def test_the_runtime_on_a_chosen_kernel_decodes_like_the_op(pair, choice, monkey
     for name in ("dflash", "sdpa"):
         runner = attention_choice.RUNNERS[name]
         monkeypatch.setitem(
-            attention_choice.RUNNERS, name, lambda *a, _name=name, _run=runner: calls.append((_name, a[0].shape[1])) or _run(*a)
+            attention_choice.RUNNERS, name, lambda *a, _name=name, _run=runner, **k: calls.append((_name, a[0].shape[1])) or _run(*a, **k)
         )
     op = TorchRuntime(target.model, drafter, attention="dflash")
     chosen = TorchRuntime(target.model, drafter, attention="dflash", attention_choice=choice)
@@ -148,7 +166,7 @@ def test_prefill_runs_the_op_whatever_was_chosen(pair, monkeypatch):
     runtime = TorchRuntime(target.model, drafter, attention="dflash", attention_choice="sdpa")
     calls = []
     sdpa = attention_choice.RUNNERS["sdpa"]
-    monkeypatch.setitem(attention_choice.RUNNERS, "sdpa", lambda *a: calls.append(a[0].shape[1]) or sdpa(*a))
+    monkeypatch.setitem(attention_choice.RUNNERS, "sdpa", lambda *a, **k: calls.append(a[0].shape[1]) or sdpa(*a, **k))
     decode(runtime, [[5, 6, 7, 8, 9, 10, 11]], [SamplingParams(max_new_tokens=3)], max_batch=1)
     assert calls and 7 not in calls and set(calls) <= {1, 4}
 

@@ -143,6 +143,30 @@ def test_slots_below_a_sliding_window_are_never_read():
     torch.testing.assert_close(dirty, clean, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_a_row_starting_at_the_capacity_reads_and_writes_nothing(splits, with_sinks):
+    """A CUDA graph's padding rows start at the capacity (runtime/cuda_graphs.py): NaN in their whole
+    cache row is never read (zeros out, not NaN), their rows stay as they were, and the live rows
+    are unchanged by them."""
+    case = target_attention_case(15, batch=4, tokens=4, heads=4, kv_heads=2, key_dim=16, value_dim=16, capacity=40, starts=[3, 40, 30, 47])
+    sinks = torch.randn(4, generator=torch.Generator().manual_seed(4)) if with_sinks else None
+    for r in (1, 3):
+        case["k_cache"][r] = float("nan")
+        case["v_cache"][r] = float("nan")
+    mine, theirs = clone(case), clone(case)
+    out = launch.target_attention(**mine, sinks=sinks, scale=0.25, window=0, kv_splits=splits)
+    ref = reference_attention.target_attention(**theirs, sinks=sinks, scale=0.25, window=0)
+    assert torch.equal(out[[1, 3]], torch.zeros_like(out[[1, 3]])) and torch.equal(ref[[1, 3]], out[[1, 3]])
+    live = {k: v[[0, 2]] for k, v in case.items()}
+    alone = launch.target_attention(**clone(live), sinks=sinks, scale=0.25, window=0, kv_splits=splits)
+    torch.testing.assert_close(out[[0, 2]], alone, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(out[[0, 2]], ref[[0, 2]], atol=1e-5, rtol=1e-5)
+    for name in ("k_cache", "v_cache"):
+        assert torch.equal(mine[name][[1, 3]].isnan(), case[name][[1, 3]].isnan())  # nothing written
+        assert torch.equal(mine[name].nan_to_num(7.0), theirs[name].nan_to_num(7.0))  # NaN where NaN, else equal
+
+
 def test_kernel_result_does_not_depend_on_the_batch():
     case = target_attention_case(10, tokens=4)
     out_all, _, _, _ = run_both(case)

@@ -79,8 +79,9 @@ def test_split_prefill_tiles_and_ragged_starts():
 
 
 def test_split_kernel_partials_equal_the_reference_partials():
-    """The kernel's own partials, not just their merge: the chunking is the reference's."""
-    case = target_attention_case(26, tokens=3, heads=8, kv_heads=2, key_dim=32, value_dim=16, capacity=40, starts=[0, 17, 36])
+    """The kernel's own partials, not just their merge: the chunking is the reference's (row 3, a
+    CUDA graph's padding row at the capacity, sees nothing: its lse is the sinks' alone)."""
+    case = target_attention_case(26, batch=4, tokens=3, heads=8, kv_heads=2, key_dim=32, value_dim=16, capacity=40, starts=[0, 17, 36, 40])
     sinks, splits, window = torch.randn(8, generator=torch.Generator().manual_seed(2)), 3, 6
     mine, ref = clone(case), clone(case)
     batch, tokens, heads, _ = case["q"].shape

@@ -27,10 +27,12 @@ def test_the_tiny_mode_writes_every_row_and_part(tmp_path):
     assert "| 1 | 24 |" in table and "| 2 | 24 |" in table
     result = json.loads(out.with_suffix(".json").read_text())
     assert [(r["batch"], r["context"]) for r in result["rows"]] == [(1, 24), (2, 24)]
+    assert "| 2 | 24 |" in table.split("half its rows a CUDA graph's padding rows")[1]
     for row in result["rows"]:
         sampled = [m for m in gpu_step.VERIFY_MODES if m != "greedy"]
         expected = {"ar", "verify pass", "draft", "dflash step"} | {f"verify {m}" for m in gpu_step.VERIFY_MODES}
-        assert set(row["parts"]) == expected | {f"draft sampling {m}" for m in sampled}
+        padding = set(gpu_step.PADDING_STARTS) if row["batch"] > 1 else set()  # half the rows padding: batch 2 only
+        assert set(row["parts"]) == expected | {f"draft sampling {m}" for m in sampled} | padding
         assert all(part["ms"] > 0 and part["floor_ms"] > 0 for part in row["parts"].values())
         assert row["loop_ar_ms"] > 0 and row["loop_dflash_ms"] > 0 and row["loop_async_ms"] > 0
 

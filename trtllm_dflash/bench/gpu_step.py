@@ -279,6 +279,11 @@ def _sampling(batch: int, mode: str, device: torch.device) -> SamplingTensors:
     )
 
 
+# the verify pass with half its rows a CUDA graph's padding rows, starting at the last slots of their
+# cache rows (before 2026-11-29: the op read the whole row for them) or at the capacity (since: nothing)
+PADDING_STARTS = {"verify pass, half padding at the last slots": "last slots", "verify pass, half padding at the capacity": "capacity"}
+
+
 def measure_row(
     runtime: TorchRuntime, floors: Floors, ceilings: Ceilings, timer: PassTimer, batch: int, context: int, profile: bool = False
 ) -> StepRow:
@@ -305,6 +310,12 @@ def measure_row(
     span = context + s.block
     ms, how = timer("verify pass", lambda: target_forward(rows, tokens, starts, span))
     row.parts["verify pass"] = Timed(ms, floor_ms(floors.target_pass(batch, context, s.block), ceilings), how)
+    if batch > 1:  # half the rows a graph's padding rows (a bucket holding fewer live requests), where they start
+        for part, start in PADDING_STARTS.items():
+            padded = starts.clone()
+            padded[batch // 2 :] = runtime.capacity - (s.block if start == "last slots" else 0)
+            ms, how = timer(part, lambda: target_forward(rows, tokens, padded, span))
+            row.parts[part] = Timed(ms, floor_ms(floors.target_pass(batch, context, s.block), ceilings), how)
 
     features = torch.randn(batch, s.block, len(s.target_layer_ids) * s.hidden, generator=g).to(device, runtime.dtype)
     block = torch.full((batch, s.block), runtime.drafter_config.mask_token_id, dtype=torch.long, device=device)
@@ -543,6 +554,21 @@ def markdown(result: StepBenchmark) -> str:
     ]
     for r in result.rows:
         lines.append(f"| {r.batch} | {r.context} | " + " | ".join(_cell(r.parts[c]) if c in r.parts else "-" for c in columns) + " |")
+    padded = [r for r in result.rows if all(part in r.parts for part in PADDING_STARTS)]
+    if padded:
+        lines += [
+            "",
+            "The verify pass with half its rows a CUDA graph's padding rows (ms, % of the full batch's floor): "
+            "starting at the last slots of their cache rows, the op reads each whole row; at the capacity, nothing:",
+            "",
+            "| batch | context | verify pass, all rows live | "
+            + " | ".join(p.removeprefix("verify pass, ") for p in PADDING_STARTS)
+            + " |",
+            "|---:|---:|---:|" + "---:|" * len(PADDING_STARTS),
+        ]
+        for r in padded:
+            cells = " | ".join(_cell(r.parts[p]) for p in PADDING_STARTS)
+            lines.append(f"| {r.batch} | {r.context} | {_cell(r.parts['verify pass'])} | {cells} |")
     lines += [
         "",
         "DFlash step = draft pass + verify pass + greedy verification, each from its own graph. The loop "

@@ -217,12 +217,16 @@ def target_attention(
     The block is written at its positions, then query t of row r sees the slots j with
     j <= starts[r] + t (and j > starts[r] + t - window when window > 0): the committed prefix and
     the block causally. Only slots below starts[r] + T are ever read, so what a rejected draft left
-    behind past a row's length is never seen. `sinks [Hq]` (gpt-oss) are one extra logit per head
-    in the softmax denominator, with no value. Returns `[b, T, Hq, Dv]` in q's dtype.
+    behind past a row's length is never seen. A row whose block starts at or past the capacity (a
+    CUDA graph's padding row, runtime/cuda_graphs.py) writes nothing and reads nothing: its output
+    is zeros. `sinks [Hq]` (gpt-oss) are one extra logit per head in the softmax denominator, with
+    no value. Returns `[b, T, Hq, Dv]` in q's dtype.
     """
     write_block(k_cache, v_cache, starts, k_new, v_new)
     batch, tokens, num_heads, _ = q.shape
-    span = min(int((starts.max() + tokens)) if batch else 0, k_cache.shape[1])
+    capacity = k_cache.shape[1]
+    live = starts < capacity
+    span = min(int(starts[live].max()) + tokens if bool(live.any()) else 0, capacity)
     compute = torch.promote_types(q.dtype, torch.float32)
     keys = k_cache[:, :span].to(compute).transpose(1, 2)  # [b, Hkv, span, Dk]
     values = v_cache[:, :span].to(compute).transpose(1, 2)
@@ -230,6 +234,7 @@ def target_attention(
     if group > 1:
         keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
     visible = _causal_visible(starts.view(-1, 1).to(torch.int64) + torch.arange(tokens, device=q.device), span, window)
+    visible = visible & live.view(-1, 1, 1)
     scores = torch.matmul(q.to(compute).transpose(1, 2), keys.transpose(-1, -2)) * scale  # [b, Hq, T, span]
     scores = scores.masked_fill(~visible.unsqueeze(1), float("-inf"))
     if sinks is not None:
@@ -237,7 +242,9 @@ def target_attention(
         weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
     else:
         weights = torch.softmax(scores, dim=-1)
-    return torch.matmul(weights, values).transpose(1, 2).to(q.dtype)
+    out = torch.matmul(weights, values)
+    out = torch.where(live.view(-1, 1, 1, 1), out, 0.0)  # a padding row: a softmax over nothing
+    return out.transpose(1, 2).to(q.dtype)
 
 
 def target_attention_partials(
@@ -262,7 +269,8 @@ def target_attention_partials(
     [b, Hkv, splits, T*g, Dv]` (float32, normalised within the split, 0 where it sees nothing) and
     `partial_lse [b, Hkv, splits, T*g]` (natural log, -inf where it sees nothing), in
     `block_attention_partials`' layout: `merge_partials` turns them into `target_attention`'s
-    output. Writes the block like `target_attention`.
+    output. Writes the block like `target_attention`; a row starting at or past the capacity sees
+    nothing in any split (its lse is the sinks' alone, or -inf).
     """
     write_block(k_cache, v_cache, starts, k_new, v_new)
     batch, tokens, num_heads, head_dim_k = q.shape
@@ -271,8 +279,9 @@ def target_attention_partials(
     device = q.device
     out = torch.zeros(batch, kv_heads, splits, tokens * group, head_dim_v, dtype=torch.float32, device=device)
     lse = torch.full((batch, kv_heads, splits, tokens * group), float("-inf"), dtype=torch.float32, device=device)
-    span = min(int(starts.max()) + tokens if batch else 0, capacity)
-    if span == 0:
+    live = starts < capacity
+    span = min(int(starts[live].max()) + tokens if bool(live.any()) else 0, capacity)
+    if batch == 0 or span == 0 and sinks is None:
         return out, lse
     # packed query rows [b, Hkv, T*g, Dk]: row m is token m // g, query head h*g + m % g
     queries = (
@@ -288,6 +297,7 @@ def target_attention_partials(
     starts = starts.view(-1, 1).to(torch.int64)
     key_pos = torch.arange(span, device=device).view(1, -1)  # [1, span]
     visible = _causal_visible(starts + torch.arange(tokens, device=device).repeat_interleave(group), span, window)  # [b, T*g, span]
+    visible = visible & live.view(-1, 1, 1)
     lo = (starts - window + 1).clamp_min(0) if window > 0 else torch.zeros_like(starts)
     chunk = ((starts.clamp_max(capacity) - lo).clamp_min(0) + splits - 1) // splits
     split_of_key = torch.where(key_pos < starts, (key_pos - lo) // chunk.clamp_min(1), splits - 1)  # [b, span]

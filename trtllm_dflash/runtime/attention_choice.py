@@ -10,13 +10,20 @@ over the row's own slots) on the caches in place, with no host read:
 - "flash": torch's built-in FlashAttention-2 with per-row lengths (`ops.flash`), after writing the
   block; CUDA, float16/bfloat16, no attention sinks;
 - "sdpa": `F.scaled_dot_product_attention` with a per-row boolean mask, after writing the block;
-  any device (on CUDA it reads the whole capacity, so a CUDA graph can record it), no sinks.
+  any device (on CUDA it reads the pass's span bucket, so a CUDA graph can record it), no sinks.
+
+Each is told the pass's `span` (the most slots a row reads, runtime/cuda_graphs.py): SDPA on CUDA
+reads that many slots, rounded up to the span bucket so an eager pass computes what its graph
+does (the capacity without a span); the op and flash read each row's own length. A row whose
+block starts at or past the capacity (a graph's padding row) writes nothing and reads nothing,
+its output zeros, in every candidate, as in the reference.
 
 `measure` checks every candidate against the float32 reference on random inputs (per-row lengths,
-every sliding window the model has; the written caches compared exactly), refuses any that differs
-by more than `TOLERANCE`, times the rest at a few context lengths in caches of the runtime's
-capacity (replayed from a CUDA graph with the L2 cache flushed before each replay on a GPU, as a
-decoding step meets them; eagerly on a CPU), and keeps the fastest per (tokens, batch bucket).
+every sliding window the model has, a padding row; the written caches compared exactly), refuses
+any that differs by more than `TOLERANCE`, times the rest at a few context lengths in caches of the
+runtime's capacity at those contexts' span buckets (replayed from a CUDA graph with the L2 cache
+flushed before each replay on a GPU, as a decoding step meets them; eagerly on a CPU), and keeps
+the fastest per (tokens, batch bucket).
 Other decode calls (a draft-length schedule's shorter blocks, batches past the buckets) run
 "dflash", and so does every prefill, whatever the choice: a prefill's padded rows may run past the
 capacity, which only the op's write drops.
@@ -38,6 +45,7 @@ import torch.nn.functional as F
 from trtllm_dflash import ops
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.ops import flash, reference_attention
+from trtllm_dflash.runtime.cuda_graphs import span_bucket
 from trtllm_dflash.runtime.kernel_choice import bucketed, time_call
 
 CANDIDATES = ("dflash", "flash", "sdpa")
@@ -49,7 +57,7 @@ TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 MEASURE_CONTEXTS = (256, 1024, 4096)  # context lengths each candidate is timed at (summed), up to the capacity
 CHECK_CONTEXT = 2048  # longest context checked against the reference (long enough for the op's KV splits)
 
-Attend = Callable[..., torch.Tensor]  # (q, k, v, k_cache, v_cache, starts, sinks, scale, window) -> [b, T, Hq, Dv]
+Attend = Callable[..., torch.Tensor]  # (q, k, v, k_cache, v_cache, starts, sinks, scale, window, span=None) -> [b, T, Hq, Dv]
 
 
 def relative_error(candidate: torch.Tensor, reference: torch.Tensor) -> float:
@@ -62,29 +70,48 @@ def relative_error(candidate: torch.Tensor, reference: torch.Tensor) -> float:
 
 def write_block(k_cache: torch.Tensor, v_cache: torch.Tensor, starts: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Write `k/v [b, T, Hkv, D]` at slots starts[r] .. starts[r]+T-1 of each cache row, with no host
-    read (a CUDA graph records it). Decode passes only: every slot must lie inside the capacity
-    (the decoding loop's span rule; padding rows of a graph write at capacity - block)."""
+    read (a CUDA graph records it). Decode passes only: each row's block lies inside the capacity
+    (the decoding loop's span rule) or, a graph's padding row, starts at or past it and is dropped
+    (its tokens rewrite the row's last slot with what it holds)."""
     batch, tokens = k.shape[:2]
+    capacity = k_cache.shape[1]
     slots = starts.view(-1, 1).to(torch.int64) + torch.arange(tokens, device=k.device)
+    inside = (slots < capacity).view(batch, tokens, 1, 1)
+    slots = slots.clamp_max(capacity - 1)
     rows = torch.arange(batch, device=k.device).view(-1, 1).expand(-1, tokens)
-    k_cache.index_put_((rows, slots), k.to(k_cache.dtype))
-    v_cache.index_put_((rows, slots), v.to(v_cache.dtype))
+    for cache, new in ((k_cache, k), (v_cache, v)):
+        cache.index_put_((rows, slots), torch.where(inside, new.to(cache.dtype), cache[rows, slots]))
 
 
-def _flash(q, k, v, k_cache, v_cache, starts, sinks, scale, window=0) -> torch.Tensor:
+def _live(starts: torch.Tensor, capacity: int) -> torch.Tensor:
+    """`[b, 1, 1, 1]`: which rows are not a graph's padding rows (those start at or past the capacity)."""
+    return (starts < capacity).view(-1, 1, 1, 1)
+
+
+def _dflash(q, k, v, k_cache, v_cache, starts, sinks, scale, window=0, span=None) -> torch.Tensor:
+    return ops.target_attention(q, k, v, k_cache, v_cache, starts, sinks, scale, window)
+
+
+def _flash(q, k, v, k_cache, v_cache, starts, sinks, scale, window=0, span=None) -> torch.Tensor:
     write_block(k_cache, v_cache, starts, k, v)
-    return flash.attend(q, k_cache, v_cache, starts + q.shape[1], scale, window)
+    tokens, live = q.shape[1], _live(starts, k_cache.shape[1])
+    used = torch.where(live.view(-1), starts + tokens, tokens)  # a padding row reads its first slots, then is zeroed
+    return torch.where(live, flash.attend(q, k_cache, v_cache, used, scale, window), 0.0)
 
 
-def _sdpa(q, k, v, k_cache, v_cache, starts, sinks, scale, window=0) -> torch.Tensor:
+def _sdpa(q, k, v, k_cache, v_cache, starts, sinks, scale, window=0, span=None) -> torch.Tensor:
     write_block(k_cache, v_cache, starts, k, v)
     batch, tokens, heads = q.shape[:3]
     capacity = k_cache.shape[1]
-    # on a CPU only the live slots (a host read); on CUDA the whole capacity, masked (graph-safe)
-    span = capacity if q.device.type == "cuda" else min(int(starts.max()) + tokens, capacity)
+    live = _live(starts, capacity)
+    # on a CPU only the live slots (a host read); on CUDA the span bucket, masked (graph-safe)
+    if q.device.type != "cuda":
+        span = min(int(torch.where(live.view(-1), starts, 0).max()) + tokens, capacity)
+    else:
+        span = span_bucket(span, capacity) if span is not None else capacity
     positions = starts.view(-1, 1, 1).to(torch.int64) + torch.arange(tokens, device=q.device).view(1, -1, 1)
     slots = torch.arange(span, device=q.device).view(1, 1, -1)
-    visible = slots <= positions
+    visible = (slots <= positions) & live.view(-1, 1, 1)
     if window > 0:
         visible = visible & (slots > positions - window)
     out = F.scaled_dot_product_attention(
@@ -95,10 +122,10 @@ def _sdpa(q, k, v, k_cache, v_cache, starts, sinks, scale, window=0) -> torch.Te
         scale=scale,
         enable_gqa=heads != k_cache.shape[2],
     )
-    return out.transpose(1, 2)
+    return torch.where(live, out.transpose(1, 2), 0.0)  # a padding row's softmax over nothing
 
 
-RUNNERS: dict[str, Attend] = {"dflash": ops.target_attention, "flash": _flash, "sdpa": _sdpa}
+RUNNERS: dict[str, Attend] = {"dflash": _dflash, "flash": _flash, "sdpa": _sdpa}
 
 
 def unavailable_reason(name: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None) -> str | None:
@@ -163,9 +190,10 @@ class AttentionChoices:
             return self.fixed
         return bucketed(self.choices, tokens, batch, "dflash")
 
-    def attend(self, q, k, v, k_cache, v_cache, starts, sinks, scale, window=0) -> torch.Tensor:
-        """`ops.target_attention`'s call, run by the kernel picked for q's (batch, tokens)."""
-        return RUNNERS[self.pick(q.shape[1], q.shape[0])](q, k, v, k_cache, v_cache, starts, sinks, scale, window)
+    def attend(self, q, k, v, k_cache, v_cache, starts, sinks, scale, window=0, span=None) -> torch.Tensor:
+        """`ops.target_attention`'s call, run by the kernel picked for q's (batch, tokens); `span`: the
+        pass's (see the module docstring)."""
+        return RUNNERS[self.pick(q.shape[1], q.shape[0])](q, k, v, k_cache, v_cache, starts, sinks, scale, window, span=span)
 
     def describe(self) -> str:
         if self.fixed is not None:
@@ -186,13 +214,17 @@ def _inputs(shape: LayerShape, batch: int, tokens: int, capacity: int, dtype: to
 
 def check(name: str, shape: LayerShape, batch: int, tokens: int, capacity: int, dtype: torch.dtype, device: torch.device) -> str | None:
     """Why candidate `name` is not the reference's attention here (None: it is, within TOLERANCE, with
-    the caches written exactly), on random inputs with random per-row lengths and each window."""
+    the caches written exactly), on random inputs with random per-row lengths and each window, the
+    last of several rows a graph's padding row (at the capacity), called as a decode pass calls it."""
     generator = torch.Generator(device=device).manual_seed(0)
     q, k, v, k_cache, v_cache, sinks = _inputs(shape, batch, tokens, capacity, dtype, generator)
     reason = unavailable_reason(name, q, k_cache, v_cache, sinks)
     if reason is not None:
         return reason
     starts = torch.randint(0, capacity - tokens + 1, (batch,), device=device, generator=generator)  # a length per row
+    if batch > 1:
+        starts[-1] = capacity
+    span = int(starts[starts < capacity].max()) + tokens
     for window in shape.windows:
         up = lambda t: t.to(torch.float32, copy=True)  # noqa: E731 - the reference writes its caches: copies
         want = reference_attention.target_attention(up(q), up(k), up(v), up(k_cache), up(v_cache), starts, sinks, shape.scale, window)
@@ -200,7 +232,7 @@ def check(name: str, shape: LayerShape, batch: int, tokens: int, capacity: int, 
         reference_attention.write_block(expected_k, expected_v, starts, k, v)
         got_k, got_v = k_cache.clone(), v_cache.clone()
         try:
-            got = RUNNERS[name](q, k, v, got_k, got_v, starts, sinks, shape.scale, window)
+            got = RUNNERS[name](q, k, v, got_k, got_v, starts, sinks, shape.scale, window, span=span)
         except (RuntimeError, ValueError, NotImplementedError) as error:  # the library refused the inputs
             return (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
         error = relative_error(got, want)
@@ -218,9 +250,9 @@ def measure_one(
     """Every candidate checked on every layer shape, the exact ones timed on the first shape at
     MEASURE_CONTEXTS (up to the capacity), the fastest kept.
 
-    Timed on caches of the runtime's `capacity`, as the decode passes meet them: the op sizes its KV
-    splits for the capacity (`launch.default_target_kv_splits`), and SDPA on CUDA reads all of it,
-    so at a short context in a long cache both cost more than in a cache the context's size."""
+    Timed on caches of the runtime's `capacity`, each context with the span a decode pass gives it
+    (the context and the block), as the decode passes meet them: the op sizes its KV splits for the
+    capacity (`launch.default_target_kv_splits`), and SDPA on CUDA reads the span's bucket."""
     contexts = tuple(sorted({min(c, capacity - tokens) for c in MEASURE_CONTEXTS if capacity - tokens > 0})) or (0,)
     check_capacity = min(max(contexts), CHECK_CONTEXT) + tokens
     generator = torch.Generator(device=device).manual_seed(1)
@@ -238,7 +270,7 @@ def measure_one(
         for context in contexts:
             starts = torch.full((batch,), context, dtype=torch.int64, device=device)
             run = RUNNERS[name]
-            total += time_call(lambda: run(q, k, v, k_cache, v_cache, starts, sinks, shape.scale, 0), device)
+            total += time_call(lambda: run(q, k, v, k_cache, v_cache, starts, sinks, shape.scale, 0, span=context + tokens), device)
         timings.append(Timing(name, total) if not math.isnan(total) else Timing(name, None, "cannot be captured in a CUDA graph"))
     timed = [t for t in timings if t.ms is not None]
     chosen = min(timed, key=lambda t: t.ms).candidate if timed else "dflash"

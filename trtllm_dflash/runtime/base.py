@@ -291,6 +291,11 @@ class CachedRuntime(Runtime):
         self.draft_cache = cache(drafter) if drafter is not None else None
         self.max_batch, self.capacity = max_batch, capacity
 
+    def padding_start(self, length: int) -> int:
+        """Where a CUDA graph's padding row starts its block of `length` (runtime/cuda_graphs.py): the
+        row's last slots, which no prompt reaches."""
+        return self.capacity - length
+
     def prefix_cache_refusal(self) -> str | None:
         if self.drafter_config is not None and self.drafter_config.history > 0:
             return (

@@ -16,10 +16,13 @@ How (`TorchRuntime(..., cuda_graphs=True)` installs this on the runtime instance
   slots are all below B (a request keeps its slot, runtime/base.py `Slots`, and the loop hands out
   the lowest free slot), each batch row loaded into its slot's row, the other rows padding. Every
   live request is in the batch, so padding rows are free slots or slots whose prompt is being
-  prefilled in chunks (decoding.py). A padding row of the verify pass writes its keys/values at the last slots of
-  its row (capacity - block length on), which no prompt reaches (prompts are shorter than the
-  context, the capacity holds a block more), so a half-prefilled prompt is never overwritten and
-  a free row's slots are written again before they are read (slot == position);
+  prefilled in chunks (decoding.py). A padding row of the verify pass starts its block at the
+  capacity where the target attends through the op or a kernel chosen for it: such a row writes
+  nothing and reads nothing (`reference_attention.target_attention`), so it costs no attention
+  however long the cache. On the model's own attention it writes its keys/values at the last
+  slots of its row (capacity - block length on), which no prompt reaches (prompts are shorter
+  than the context, the capacity holds a block more). Either way a half-prefilled prompt is never
+  overwritten and a free row's slots are written again before they are read (slot == position);
 - the verify pass attends over `span` slots, rounded up to a power of two (at least
   MIN_SPAN, at most the cache capacity), so one graph serves many context lengths. The mask
   hides the extra slots; the caches start zeroed, so hidden slots are finite.
@@ -292,8 +295,9 @@ class StepGraphs:
         def run(static: dict[str, torch.Tensor]) -> TargetOutput:
             return self._eager_target(slice(0, bucket), static[names.INPUT_IDS], static[names.STARTS], padded_span)
 
-        # padding rows write at the last positions of their slots, past any prompt a prefilling slot holds
-        padded_starts = starts.new_full((bucket,), self.runtime.capacity - length)
+        # padding rows start at the capacity (nothing written, nothing read) or write at the last
+        # positions of their slots, past any prompt a prefilling slot holds (runtime.padding_start)
+        padded_starts = starts.new_full((bucket,), self.runtime.padding_start(length))
         padded_starts[slots.select] = starts
         with torch.inference_mode():
             inputs, padded = {names.INPUT_IDS: tokens}, {names.STARTS: padded_starts}

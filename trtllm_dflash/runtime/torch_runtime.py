@@ -384,14 +384,14 @@ class TorchRuntime(CachedRuntime):
             tap_ids = self.taps.layer_ids if self.taps else []
             caches = self.target_cache.layers
             if self.attention == "dflash":  # the op writes and reads each row's slots itself: no host read
-                attend = self._attend(logits_at)
+                attend = self._attend(logits_at, span)
                 hidden, taps = self.fused.forward_in_place(tokens, positions, starts, caches, self.windows, tap_ids, slots.runs(), attend)
             else:  # one plan per pass: each row group reads only its live slots, masks only where needed
                 plan = self.fused.plan(starts.tolist(), tokens.shape[1], set(self.windows), self.dtype, self.device, slots.ids)
                 hidden, taps = self.fused.forward(tokens, positions, plan, caches, self.windows, tap_ids, slots)
             features = torch.cat([taps[i] for i in tap_ids], dim=-1) if tap_ids else None
         elif self.attention == "dflash":
-            hidden = self._dflash_decoder(slots, tokens, starts, positions, self._attend(logits_at))
+            hidden = self._dflash_decoder(slots, tokens, starts, positions, self._attend(logits_at, span))
         else:
             # in prefill (logits_at) the tokens after logits_at[r] are padding
             self._hf_cache.bind(slots, positions, span, valid=None if logits_at is None else logits_at + 1)
@@ -433,10 +433,18 @@ class TorchRuntime(CachedRuntime):
             return verify_kernels.verify_by(form, target_logits, block, draft_probs, sampling, starts)
         return super().verify(target_logits, block, draft_probs, sampling, starts)
 
-    def _attend(self, logits_at) -> attention_kernels.Attend:
-        """The target attention of this pass: the chosen kernels in decode passes; the op in prefill,
-        whose padded rows may run past the capacity (only the op's write drops those)."""
-        return self.attention_choices.attend if logits_at is None else ops.target_attention
+    def _attend(self, logits_at, span: int) -> attention_kernels.Attend:
+        """The target attention of this pass: the chosen kernels in decode passes, told the pass's
+        span; the op in prefill, whose padded rows may run past the capacity (only the op's write
+        drops those)."""
+        return functools.partial(self.attention_choices.attend, span=span) if logits_at is None else ops.target_attention
+
+    def padding_start(self, length: int) -> int:
+        """Where a CUDA graph's padding row starts its block of `length` (runtime/cuda_graphs.py): at
+        the capacity where the decode passes attend through the op or a kernel chosen for it, whose
+        rows starting there write nothing and read nothing; else at the row's last slots, which no
+        prompt reaches, and the model's attention reads the pass's span there."""
+        return self.capacity if self.attention == "dflash" else self.capacity - length
 
     def _dflash_decoder(self, slots: Slots, tokens, starts, positions, attend: attention_kernels.Attend) -> torch.Tensor:
         """The decoder with every attention layer on `dflash::target_attention` (or the kernel chosen

@@ -584,9 +584,10 @@ def _target_attention(
 
     # The committed prefix: cache slots [row_lo, hi) (row_lo: the window of the row's first token),
     # this split's chunk of it, from the window of the tile's first query on, so a step costs
-    # O(length) (O(window) on sliding layers), never O(capacity).
+    # O(length) (O(window) on sliding layers), never O(capacity). A row whose block starts at or
+    # past the capacity (a CUDA graph's padding row) reads nothing: its output is zeros.
     row_lo = tl.where(sliding, tl.maximum(start - window + 1, 0), 0)
-    hi = tl.minimum(start, capacity)
+    hi = tl.where(start < capacity, start, 0)
     chunk = (tl.maximum(hi - row_lo, 0) + num_splits - 1) // num_splits
     c_start = row_lo + split * chunk
     c_end = tl.minimum(c_start + chunk, hi)
