@@ -14,12 +14,14 @@ over the row's own slots) on the caches in place, with no host read:
 
 Each is told the pass's `span` (the most slots a row reads, runtime/cuda_graphs.py): SDPA on CUDA
 reads that many slots, rounded up to the span bucket so an eager pass computes what its graph
-does (the capacity without a span); the op and flash read each row's own length. A row whose
-block starts at or past the capacity (a graph's padding row) writes nothing and reads nothing,
-its output zeros, in every candidate, as in the reference.
+does (the capacity without a span); the op and flash read each row's own length. Flash and SDPA
+take where each row writes from a `BlockPlace` the pass makes once for all its layers. A row
+whose block starts at or past the capacity (a graph's padding row) reads nothing (flash: its
+first T slots) and writes nothing (flash and SDPA: only its row's last slot, which nothing reads
+before a request writes it); its output is discarded.
 
 `measure` checks every candidate against the float32 reference on random inputs (per-row lengths,
-every sliding window the model has, a padding row; the written caches compared exactly), refuses
+every sliding window the model has, a padding row; the written caches compared), refuses
 any that differs by more than `TOLERANCE`, times the rest at a few context lengths in caches of the
 runtime's capacity at those contexts' span buckets (replayed from a CUDA graph with the L2 cache
 flushed before each replay on a GPU, as a decoding step meets them; eagerly on a CPU), and keeps
@@ -57,7 +59,8 @@ TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 MEASURE_CONTEXTS = (256, 1024, 4096)  # context lengths each candidate is timed at (summed), up to the capacity
 CHECK_CONTEXT = 2048  # longest context checked against the reference (long enough for the op's KV splits)
 
-Attend = Callable[..., torch.Tensor]  # (q, k, v, k_cache, v_cache, starts, sinks, scale, window, span=None) -> [b, T, Hq, Dv]
+# (q, k, v, k_cache, v_cache, starts, sinks, scale, window, span=None, memo=None) -> [b, T, Hq, Dv]
+Attend = Callable[..., torch.Tensor]
 
 
 def relative_error(candidate: torch.Tensor, reference: torch.Tensor) -> float:
@@ -68,61 +71,86 @@ def relative_error(candidate: torch.Tensor, reference: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def write_block(k_cache: torch.Tensor, v_cache: torch.Tensor, starts: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Write `k/v [b, T, Hkv, D]` at slots starts[r] .. starts[r]+T-1 of each cache row, with no host
-    read (a CUDA graph records it). Decode passes only: each row's block lies inside the capacity
-    (the decoding loop's span rule) or, a graph's padding row, starts at or past it and is dropped
-    (its tokens rewrite the row's last slot with what it holds)."""
-    batch, tokens = k.shape[:2]
-    capacity = k_cache.shape[1]
-    slots = starts.view(-1, 1).to(torch.int64) + torch.arange(tokens, device=k.device)
-    inside = (slots < capacity).view(batch, tokens, 1, 1)
-    slots = slots.clamp_max(capacity - 1)
-    rows = torch.arange(batch, device=k.device).view(-1, 1).expand(-1, tokens)
-    for cache, new in ((k_cache, k), (v_cache, v)):
-        cache.index_put_((rows, slots), torch.where(inside, new.to(cache.dtype), cache[rows, slots]))
+@dataclasses.dataclass
+class BlockPlace:
+    """Where the rows of one decode pass write their blocks and how far they read: the same in every
+    layer, so a pass computes it once (`memo`) and each layer's attention is its own kernels only.
+
+    A graph's padding row (its block starting at or past the capacity) writes all its tokens into
+    its row's last slot, which nothing reads before a request writes it (the padding rule of
+    runtime/cuda_graphs.py), reads its first T slots only (flash) and gets zeros from SDPA."""
+
+    rows: torch.Tensor  # [b, T]
+    slots: torch.Tensor  # [b, T]
+    live: torch.Tensor  # [b, 1, 1, 1]: not a padding row
+    used: torch.Tensor  # [b] int32: the slots flash reads per row (the block's end; T for a padding row)
+    masks: dict = dataclasses.field(default_factory=dict)  # SDPA's, by (span, window)
+
+    @classmethod
+    def of(cls, starts: torch.Tensor, tokens: int, capacity: int, memo: dict | None = None) -> "BlockPlace":
+        key = (starts.data_ptr(), starts.shape[0], tokens, capacity)
+        if memo is not None and key in memo:
+            return memo[key]
+        starts = starts.to(torch.int64)
+        live = starts < capacity
+        slots = (starts.view(-1, 1) + torch.arange(tokens, device=starts.device)).clamp_max(capacity - 1)
+        rows = torch.arange(starts.shape[0], device=starts.device).view(-1, 1).expand(-1, tokens)
+        used = torch.where(live, starts + tokens, tokens).to(torch.int32)
+        place = cls(rows, slots, live.view(-1, 1, 1, 1), used)
+        if memo is not None:
+            memo[key] = place
+        return place
+
+    def visible(self, starts: torch.Tensor, span: int, window: int) -> torch.Tensor:
+        """`[b, 1, T, span]`: SDPA's mask (causal, windowed, nothing for a padding row)."""
+        if (span, window) not in self.masks:
+            tokens = self.slots.shape[1]
+            positions = starts.view(-1, 1, 1).to(torch.int64) + torch.arange(tokens, device=starts.device).view(1, -1, 1)
+            slots = torch.arange(span, device=starts.device).view(1, 1, -1)
+            visible = (slots <= positions) & self.live.view(-1, 1, 1)
+            if window > 0:
+                visible = visible & (slots > positions - window)
+            self.masks[(span, window)] = visible.unsqueeze(1)
+        return self.masks[(span, window)]
 
 
-def _live(starts: torch.Tensor, capacity: int) -> torch.Tensor:
-    """`[b, 1, 1, 1]`: which rows are not a graph's padding rows (those start at or past the capacity)."""
-    return (starts < capacity).view(-1, 1, 1, 1)
+def write_block(k_cache: torch.Tensor, v_cache: torch.Tensor, place: BlockPlace, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Write `k/v [b, T, Hkv, D]` where `place` says, with no host read (a CUDA graph records it).
+    Decode passes only: each row's block lies inside the capacity (the decoding loop's span rule),
+    or is a graph's padding row's."""
+    k_cache.index_put_((place.rows, place.slots), k.to(k_cache.dtype))
+    v_cache.index_put_((place.rows, place.slots), v.to(v_cache.dtype))
 
 
-def _dflash(q, k, v, k_cache, v_cache, starts, sinks, scale, window=0, span=None) -> torch.Tensor:
+def _dflash(q, k, v, k_cache, v_cache, starts, sinks, scale, window=0, span=None, memo=None) -> torch.Tensor:
     return ops.target_attention(q, k, v, k_cache, v_cache, starts, sinks, scale, window)
 
 
-def _flash(q, k, v, k_cache, v_cache, starts, sinks, scale, window=0, span=None) -> torch.Tensor:
-    write_block(k_cache, v_cache, starts, k, v)
-    tokens, live = q.shape[1], _live(starts, k_cache.shape[1])
-    used = torch.where(live.view(-1), starts + tokens, tokens)  # a padding row reads its first slots, then is zeroed
-    return torch.where(live, flash.attend(q, k_cache, v_cache, used, scale, window), 0.0)
+def _flash(q, k, v, k_cache, v_cache, starts, sinks, scale, window=0, span=None, memo=None) -> torch.Tensor:
+    place = BlockPlace.of(starts, q.shape[1], k_cache.shape[1], memo)
+    write_block(k_cache, v_cache, place, k, v)
+    return flash.attend(q, k_cache, v_cache, place.used, scale, window)  # a padding row's output: any finite values
 
 
-def _sdpa(q, k, v, k_cache, v_cache, starts, sinks, scale, window=0, span=None) -> torch.Tensor:
-    write_block(k_cache, v_cache, starts, k, v)
+def _sdpa(q, k, v, k_cache, v_cache, starts, sinks, scale, window=0, span=None, memo=None) -> torch.Tensor:
     batch, tokens, heads = q.shape[:3]
     capacity = k_cache.shape[1]
-    live = _live(starts, capacity)
+    place = BlockPlace.of(starts, tokens, capacity, memo)
+    write_block(k_cache, v_cache, place, k, v)
     # on a CPU only the live slots (a host read); on CUDA the span bucket, masked (graph-safe)
     if q.device.type != "cuda":
-        span = min(int(torch.where(live.view(-1), starts, 0).max()) + tokens, capacity)
+        span = min(int(torch.where(place.live.view(-1), starts, 0).max()) + tokens, capacity)
     else:
         span = span_bucket(span, capacity) if span is not None else capacity
-    positions = starts.view(-1, 1, 1).to(torch.int64) + torch.arange(tokens, device=q.device).view(1, -1, 1)
-    slots = torch.arange(span, device=q.device).view(1, 1, -1)
-    visible = (slots <= positions) & live.view(-1, 1, 1)
-    if window > 0:
-        visible = visible & (slots > positions - window)
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2),
         k_cache[:, :span].transpose(1, 2),
         v_cache[:, :span].transpose(1, 2),
-        attn_mask=visible.unsqueeze(1),
+        attn_mask=place.visible(starts, span, window),
         scale=scale,
         enable_gqa=heads != k_cache.shape[2],
     )
-    return torch.where(live, out.transpose(1, 2), 0.0)  # a padding row's softmax over nothing
+    return out.transpose(1, 2)  # a padding row's: NaN or zeros, a softmax over nothing
 
 
 RUNNERS: dict[str, Attend] = {"dflash": _dflash, "flash": _flash, "sdpa": _sdpa}
@@ -190,10 +218,11 @@ class AttentionChoices:
             return self.fixed
         return bucketed(self.choices, tokens, batch, "dflash")
 
-    def attend(self, q, k, v, k_cache, v_cache, starts, sinks, scale, window=0, span=None) -> torch.Tensor:
-        """`ops.target_attention`'s call, run by the kernel picked for q's (batch, tokens); `span`: the
-        pass's (see the module docstring)."""
-        return RUNNERS[self.pick(q.shape[1], q.shape[0])](q, k, v, k_cache, v_cache, starts, sinks, scale, window, span=span)
+    def attend(self, q, k, v, k_cache, v_cache, starts, sinks, scale, window=0, span=None, memo=None) -> torch.Tensor:
+        """`ops.target_attention`'s call, run by the kernel picked for q's (batch, tokens); `span` and
+        `memo` (a dict per pass, for its BlockPlace): the pass's (see the module docstring)."""
+        run = RUNNERS[self.pick(q.shape[1], q.shape[0])]
+        return run(q, k, v, k_cache, v_cache, starts, sinks, scale, window, span=span, memo=memo)
 
     def describe(self) -> str:
         if self.fixed is not None:
@@ -214,8 +243,10 @@ def _inputs(shape: LayerShape, batch: int, tokens: int, capacity: int, dtype: to
 
 def check(name: str, shape: LayerShape, batch: int, tokens: int, capacity: int, dtype: torch.dtype, device: torch.device) -> str | None:
     """Why candidate `name` is not the reference's attention here (None: it is, within TOLERANCE, with
-    the caches written exactly), on random inputs with random per-row lengths and each window, the
-    last of several rows a graph's padding row (at the capacity), called as a decode pass calls it."""
+    the caches written exactly), on random inputs with random per-row lengths and each window,
+    called as a decode pass calls it. The last of several rows is a graph's padding row (at the
+    capacity): its output is not compared (a pass discards it), and its row's last slot may change
+    (BlockPlace); nothing else of its row may."""
     generator = torch.Generator(device=device).manual_seed(0)
     q, k, v, k_cache, v_cache, sinks = _inputs(shape, batch, tokens, capacity, dtype, generator)
     reason = unavailable_reason(name, q, k_cache, v_cache, sinks)
@@ -224,7 +255,8 @@ def check(name: str, shape: LayerShape, batch: int, tokens: int, capacity: int, 
     starts = torch.randint(0, capacity - tokens + 1, (batch,), device=device, generator=generator)  # a length per row
     if batch > 1:
         starts[-1] = capacity
-    span = int(starts[starts < capacity].max()) + tokens
+    live = starts < capacity
+    span, memo = int(starts[live].max()) + tokens, {}
     for window in shape.windows:
         up = lambda t: t.to(torch.float32, copy=True)  # noqa: E731 - the reference writes its caches: copies
         want = reference_attention.target_attention(up(q), up(k), up(v), up(k_cache), up(v_cache), starts, sinks, shape.scale, window)
@@ -232,10 +264,12 @@ def check(name: str, shape: LayerShape, batch: int, tokens: int, capacity: int, 
         reference_attention.write_block(expected_k, expected_v, starts, k, v)
         got_k, got_v = k_cache.clone(), v_cache.clone()
         try:
-            got = RUNNERS[name](q, k, v, got_k, got_v, starts, sinks, shape.scale, window, span=span)
+            got = RUNNERS[name](q, k, v, got_k, got_v, starts, sinks, shape.scale, window, span=span, memo=memo)
         except (RuntimeError, ValueError, NotImplementedError) as error:  # the library refused the inputs
             return (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
-        error = relative_error(got, want)
+        for cache, expected in ((got_k, expected_k), (got_v, expected_v)):
+            expected[~live, -1] = cache[~live, -1]
+        error = relative_error(got[live], want[live])
         tolerance = TOLERANCE.get(dtype, TOLERANCE[torch.float32])  # float64 models: float32's bound
         if not error <= tolerance:
             return f"differs from the reference by {error:.1e} (window {window}; tolerance {tolerance:.0e})"
@@ -269,8 +303,10 @@ def measure_one(
         total = 0.0
         for context in contexts:
             starts = torch.full((batch,), context, dtype=torch.int64, device=device)
-            run = RUNNERS[name]
-            total += time_call(lambda: run(q, k, v, k_cache, v_cache, starts, sinks, shape.scale, 0, span=context + tokens), device)
+            run, memo = RUNNERS[name], {}  # the pass's BlockPlace, made once as a pass makes it for all its layers
+            total += time_call(
+                lambda: run(q, k, v, k_cache, v_cache, starts, sinks, shape.scale, 0, span=context + tokens, memo=memo), device
+            )
         timings.append(Timing(name, total) if not math.isnan(total) else Timing(name, None, "cannot be captured in a CUDA graph"))
     timed = [t for t in timings if t.ms is not None]
     chosen = min(timed, key=lambda t: t.ms).candidate if timed else "dflash"

@@ -17,9 +17,10 @@ How (`TorchRuntime(..., cuda_graphs=True)` installs this on the runtime instance
   the lowest free slot), each batch row loaded into its slot's row, the other rows padding. Every
   live request is in the batch, so padding rows are free slots or slots whose prompt is being
   prefilled in chunks (decoding.py). A padding row of the verify pass starts its block at the
-  capacity where the target attends through the op or a kernel chosen for it: such a row writes
-  nothing and reads nothing (`reference_attention.target_attention`), so it costs no attention
-  however long the cache. On the model's own attention it writes its keys/values at the last
+  capacity where the target attends through the op or a kernel chosen for it: such a row reads
+  nothing and writes nothing (`reference_attention.target_attention`; flash and SDPA write its
+  row's last slot, runtime/attention_choice.py), so it costs no attention however long the
+  cache. On the model's own attention it writes its keys/values at the last
   slots of its row (capacity - block length on), which no prompt reaches (prompts are shorter
   than the context, the capacity holds a block more). Either way a half-prefilled prompt is never
   overwritten and a free row's slots are written again before they are read (slot == position);

@@ -435,15 +435,15 @@ class TorchRuntime(CachedRuntime):
 
     def _attend(self, logits_at, span: int) -> attention_kernels.Attend:
         """The target attention of this pass: the chosen kernels in decode passes, told the pass's
-        span; the op in prefill, whose padded rows may run past the capacity (only the op's write
+        span and given a memo for what its layers share; the op in prefill, whose padded rows may run past the capacity (only the op's write
         drops those)."""
-        return functools.partial(self.attention_choices.attend, span=span) if logits_at is None else ops.target_attention
+        return functools.partial(self.attention_choices.attend, span=span, memo={}) if logits_at is None else ops.target_attention
 
     def padding_start(self, length: int) -> int:
         """Where a CUDA graph's padding row starts its block of `length` (runtime/cuda_graphs.py): at
-        the capacity where the decode passes attend through the op or a kernel chosen for it, whose
-        rows starting there write nothing and read nothing; else at the row's last slots, which no
-        prompt reaches, and the model's attention reads the pass's span there."""
+        the capacity where the decode passes attend through the op or a kernel chosen for it, which
+        read nothing for rows starting there (and write at most the row's last slot); else at the
+        row's last slots, which no prompt reaches, and the model's attention reads the pass's span."""
         return self.capacity if self.attention == "dflash" else self.capacity - length
 
     def _dflash_decoder(self, slots: Slots, tokens, starts, positions, attend: attention_kernels.Attend) -> torch.Tensor:
