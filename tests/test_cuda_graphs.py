@@ -69,31 +69,35 @@ def test_replayed_steps_give_the_eager_tokens(rerun_graphs, tiny_qwen3, tiny_qwe
     assert _decode(runtime, max_batch=4, async_scheduling=True) == eager
 
 
+@pytest.mark.parametrize("choice", ["dflash", "sdpa"])
 @pytest.mark.parametrize("speculative", [False, True], ids=["autoregressive", "dflash"])
-def test_padding_rows_on_the_attention_op_write_and_read_nothing(rerun_graphs, tiny_qwen3, tiny_qwen3_drafter, speculative, monkeypatch):
-    """On the op (the GPU's default attention) a graph's padding rows start at the capacity: no slot
-    of theirs is written (the last slots of every row stay as allocated: zeros), no key is read
-    for them, and the tokens are the eager ones. (On the model's own attention they write at the
-    row's last slots instead: the test above.)"""
+def test_padding_rows_on_the_attention_op_read_nothing(rerun_graphs, tiny_qwen3, tiny_qwen3_drafter, speculative, choice, monkeypatch):
+    """On the op (the GPU's default attention) or a kernel chosen for it, a graph's padding rows
+    start at the capacity and the tokens are the eager ones. The op writes none of their slots
+    (the last slots of every row stay as allocated: zeros); SDPA writes only a padding row's last
+    slot. (On the model's own attention they write at the row's last slots: the test above.)"""
     from trtllm_dflash.runtime import attention_choice
 
     target = load_target(tiny_qwen3, dtype=torch.float32)
     drafter = load_drafter(tiny_qwen3_drafter, target=target) if speculative else None
     eager = _decode(TorchRuntime(target.model, drafter, attention="dflash"), max_batch=4)
-    runtime = TorchRuntime(target.model, drafter, attention="dflash", cuda_graphs=True)
-    op = attention_choice.RUNNERS["dflash"]
+    runtime = TorchRuntime(target.model, drafter, attention="dflash", cuda_graphs=True, attention_choice=choice)
+    chosen = attention_choice.RUNNERS[choice]
     padding_rows = []
 
     def count(q, k, v, k_cache, v_cache, starts, *args, **kwargs):
-        padding_rows.append(int((starts >= k_cache.shape[1]).sum()))
-        return op(q, k, v, k_cache, v_cache, starts, *args, **kwargs)
+        if k_cache.shape[1] == getattr(runtime, "capacity", None):  # a decode pass's call, not the choice's check
+            padding_rows.append(int((starts >= k_cache.shape[1]).sum()))
+        return chosen(q, k, v, k_cache, v_cache, starts, *args, **kwargs)
 
-    monkeypatch.setitem(attention_choice.RUNNERS, "dflash", count)
+    monkeypatch.setitem(attention_choice.RUNNERS, choice, count)
     assert _decode(runtime, max_batch=4) == eager
     assert runtime.cuda_graphs.counts["padded"] > 0 and runtime.cuda_graphs.counts["gapped"] > 0
-    assert sum(padding_rows) > 0  # the padded replays' rows reached the op at the capacity
-    for layer in runtime.target_cache.layers:  # requests of ~30 tokens in rows of 500+: only padding reached the last slot
-        assert not layer.keys[:, -1].any() and not layer.values[:, -1].any()
+    assert sum(padding_rows) > 0  # the padded replays' rows reached the attention at the capacity
+    half = runtime.capacity // 2
+    for layer in runtime.target_cache.layers:  # requests of ~30 tokens in rows of 500+: only padding reaches there
+        assert not layer.keys[:, half:-1].any() and not layer.values[:, half:-1].any()
+        assert (choice == "sdpa") or not (layer.keys[:, -1].any() or layer.values[:, -1].any())
 
 
 def test_new_caches_drop_the_graphs(rerun_graphs, tiny_qwen3):
