@@ -100,6 +100,26 @@ def test_padding_rows_on_the_attention_op_read_nothing(rerun_graphs, tiny_qwen3,
         assert (choice == "sdpa") or not (layer.keys[:, -1].any() or layer.values[:, -1].any())
 
 
+@pytest.mark.parametrize("choice", ["dflash", "sdpa"])
+def test_one_verify_graph_serves_every_span_where_rows_read_their_own_length(rerun_graphs, tiny_qwen3, tiny_qwen3_drafter, choice):
+    """A context growing past 256 slots: on the op (each row reads its own length) the verify pass
+    keeps its one graph, keyed by the capacity; SDPA reads the span, so it gets a graph per span
+    bucket. The tokens are the eager ones either way."""
+    target = load_target(tiny_qwen3, dtype=torch.float32)
+    drafter = load_drafter(tiny_qwen3_drafter, target=target)
+    prompt = torch.randint(3, 100, (245,), generator=torch.Generator().manual_seed(9)).tolist()
+
+    def decode(runtime):
+        decoder = Decoder(runtime, max_batch=1, max_context=1000)
+        return [r.token_ids for r in decoder.generate([Request(prompt, SamplingParams(max_new_tokens=30))])]
+
+    eager = decode(TorchRuntime(target.model, drafter, attention="dflash"))
+    runtime = TorchRuntime(target.model, drafter, attention="dflash", cuda_graphs=True, attention_choice=choice)
+    assert decode(runtime) == eager
+    spans = {key[3] for key in runtime.cuda_graphs._graphs if key[0] == "target"}
+    assert spans == ({256, 512} if choice == "sdpa" else {runtime.capacity})
+
+
 def test_new_caches_drop_the_graphs(rerun_graphs, tiny_qwen3):
     target = load_target(tiny_qwen3, dtype=torch.float32)
     runtime = TorchRuntime(target.model, cuda_graphs=True)

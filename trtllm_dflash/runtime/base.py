@@ -291,6 +291,11 @@ class CachedRuntime(Runtime):
         self.draft_cache = cache(drafter) if drafter is not None else None
         self.max_batch, self.capacity = max_batch, capacity
 
+    def attention_reads_span(self, length: int, batch: int) -> bool:
+        """Whether a decode pass of `length` tokens over `batch` rows reads its `span` (else each row
+        reads its own length, and a CUDA graph of the pass serves every span: runtime/cuda_graphs.py)."""
+        return True
+
     def padding_start(self, length: int) -> int:
         """Where a CUDA graph's padding row starts its block of `length` (runtime/cuda_graphs.py): the
         row's last slots, which no prompt reaches."""

@@ -7,7 +7,7 @@ the host. Replaying a captured graph issues them all in one call.
 How (`TorchRuntime(..., cuda_graphs=True)` installs this on the runtime instance):
 - one graph per pass and shape, captured at the first step that needs it. Keys are the batch
   bucket (1, 2, 4, 8, ... up to max_batch), the block length, the drafter's context width and,
-  for the verify pass, a span bucket;
+  for the verify pass, a span bucket (the capacity where its attention reads each row's length);
 - inputs are copied into static buffers (keyed by the graph tensor names, trtllm_dflash/contracts/names.py),
   the graph is replayed, and views of its static outputs are returned. Logits are valid until
   the same graph replays again, which the decoding loop never needs: it consumes them within the
@@ -26,7 +26,9 @@ How (`TorchRuntime(..., cuda_graphs=True)` installs this on the runtime instance
   overwritten and a free row's slots are written again before they are read (slot == position);
 - the verify pass attends over `span` slots, rounded up to a power of two (at least
   MIN_SPAN, at most the cache capacity), so one graph serves many context lengths. The mask
-  hides the extra slots; the caches start zeroed, so hidden slots are finite.
+  hides the extra slots; the caches start zeroed, so hidden slots are finite. Where the pass's
+  attention reads each row's own length instead (the op, flash: `runtime.attention_reads_span`),
+  one graph serves every span: a context growing past a power of two captures nothing new;
 - the first capture runs the pass with the step's real inputs: the warm-up runs write the same
   keys/values to the same slots as the real pass, so capturing does not change what is decoded.
 
@@ -291,7 +293,9 @@ class StepGraphs:
         if logits_at is not None or bucket is None:
             self.counts["eager"] += 1
             return self._eager_target(slots, tokens, starts, span, logits_at)
-        padded_span = span_bucket(span, self.runtime.capacity)
+        # one graph for every span where the pass's attention reads each row's own length
+        capacity = self.runtime.capacity
+        padded_span = span_bucket(span, capacity) if self.runtime.attention_reads_span(length, bucket) else capacity
 
         def run(static: dict[str, torch.Tensor]) -> TargetOutput:
             return self._eager_target(slice(0, bucket), static[names.INPUT_IDS], static[names.STARTS], padded_span)

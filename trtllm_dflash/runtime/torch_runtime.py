@@ -439,6 +439,10 @@ class TorchRuntime(CachedRuntime):
         drops those)."""
         return functools.partial(self.attention_choices.attend, span=span, memo={}) if logits_at is None else ops.target_attention
 
+    def attention_reads_span(self, length: int, batch: int) -> bool:
+        """The model's attention and SDPA read the span; the op and flash each row's own length."""
+        return self.attention != "dflash" or self.attention_choices.pick(length, batch) == "sdpa"
+
     def padding_start(self, length: int) -> int:
         """Where a CUDA graph's padding row starts its block of `length` (runtime/cuda_graphs.py): at
         the capacity where the decode passes attend through the op or a kernel chosen for it, which
