@@ -53,6 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=("positions", "spread", "shortlist", "measure"),
         help="kernels verifying the runtime's sampled steps (measure: timed per batch bucket; the verify columns time every form anyway)",
     )
+    parser.add_argument(
+        "--linear-choice",
+        default="torch",
+        choices=("torch", "skinny", "measure"),
+        help="kernels of the decode passes' projections (measure: cuBLAS and the skinny kernels timed per rows and weight shape)",
+    )
     parser.add_argument("--profile", action="store_true", help="at the first context: each pass's kernels by kind (torch's profiler)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda where available)")
     parser.add_argument("--out", type=Path, default=None, help="markdown table, rewritten after every row (and a .json beside it)")
@@ -83,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         attention_choice=args.attention_choice,
         profile=args.profile,
         verify_choice=args.verify_choice,
+        linear_choice=args.linear_choice,
     )
     table = gpu_step.markdown(result)
     print(table)

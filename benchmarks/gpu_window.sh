@@ -31,5 +31,5 @@ if [ "${1:-}" = "tests" ]; then
 fi
 run 300 step "$python" benchmarks/bench_gpu_step.py --repeats 10 --profile --out "$out/step.md"
 run 80 choices "$python" -m trtllm_dflash.cli.app selftest --gpu --step choices --out "$out/choices.md"
-run 150 step_measured "$python" benchmarks/bench_gpu_step.py --repeats 10 --contexts 1024 --loop-contexts 1024 \
-  --attention-choice measure --verify-choice measure --out "$out/step_measured.md"
+run 180 step_measured "$python" benchmarks/bench_gpu_step.py --repeats 10 --contexts 1024 --loop-contexts 1024 \
+  --attention-choice measure --verify-choice measure --linear-choice measure --out "$out/step_measured.md"

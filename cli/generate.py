@@ -71,6 +71,11 @@ def generate(
         "--verify-choice",
         help="--target on a GPU: the kernels verifying sampled steps: positions, spread, shortlist (the same decisions), or measure.",
     ),
+    linear_choice: str = typer.Option(
+        "torch",
+        "--linear-choice",
+        help="--target on a GPU: the kernels of the decode passes' projections: torch (cuBLAS), skinny, or measure.",
+    ),
 ) -> None:
     """Generate text for one or more prompts; prints tokens, acceptance lengths and speed."""
     template_kwargs = _template_kwargs(chat, chat_template_kwargs)
@@ -95,10 +100,11 @@ def generate(
     if device not in ("cpu", "cuda"):
         raise DFlashError(f"unknown device {device!r}", "use --device cpu or --device cuda")
     if (engines is not None or onnx is not None) and (
-        cuda_graphs is not None or attention_choice != "dflash" or verify_choice != "positions"
+        cuda_graphs is not None or attention_choice != "dflash" or verify_choice != "positions" or linear_choice != "torch"
     ):
         raise DFlashError(
-            "--cuda-graphs, --attention-choice and --verify-choice are options of --target models", "drop them with --engines or --onnx"
+            "--cuda-graphs, --attention-choice, --verify-choice and --linear-choice are options of --target models",
+            "drop them with --engines or --onnx",
         )
     if block_size is not None and block_size < 2:
         raise DFlashError(f"--block-size must be >= 2, got {block_size}", "use the drafter's block size")
@@ -117,7 +123,14 @@ def generate(
         pipe = get_backend("trt").open_pipeline(PipelineSource(build=onnx, onnx=True), device="cpu", max_context=max_context)
         Console(stderr=True, highlight=False).print("[dim]running the build's ONNX graphs on CPU with onnxruntime[/]")
     else:
-        source = PipelineSource(target, drafter, cuda_graphs=cuda_graphs, attention_choice=attention_choice, verify_choice=verify_choice)
+        source = PipelineSource(
+            target,
+            drafter,
+            cuda_graphs=cuda_graphs,
+            attention_choice=attention_choice,
+            verify_choice=verify_choice,
+            linear_choice=linear_choice,
+        )
         pipe = get_backend("torch").open_pipeline(source, device=device, max_context=max_context)
     outputs = pipe.generate(
         prompts,

@@ -91,6 +91,12 @@ def repo(
         "(every pass spread over the vocabulary), shortlist (two reads of the logits for rows with top-k <= 64; the "
         "same decisions either way), or measure (the fastest per batch bucket, at load). Default: positions.",
     ),
+    linear_choice: Optional[str] = typer.Option(
+        None,
+        "--linear-choice",
+        help="On a GPU: the kernels of the decode passes' projections: torch (cuBLAS), skinny (few rows, the weight "
+        "streamed once, where they cover a call), or measure (the faster per row count and weight shape, at load). Default: torch.",
+    ),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out."),
     llmapi_model: Optional[Path] = typer.Option(
         None,
@@ -109,7 +115,7 @@ def repo(
         raise DFlashError("name exactly one of --model, --recipe or --build", "for example `dflash-trt repo --model demo --out REPO`")
     console = Console(highlight=False)
     runtime_flags = [flag for flag, value in (("--cuda-graphs", cuda_graphs), ("--attention-choice", attention_choice),
-                     ("--verify-choice", verify_choice)) if value is not None]  # fmt: skip
+                     ("--verify-choice", verify_choice), ("--linear-choice", linear_choice)) if value is not None]  # fmt: skip
     if build is not None:
         _torch_runtime_only(runtime_flags, "--build")
         artifact = read_build_artifact(build)
@@ -162,6 +168,7 @@ def repo(
         cuda_graphs=cuda_graphs,
         attention_choice=attention_choice,
         verify_choice=verify_choice,
+        linear_choice=linear_choice,
     )
     path = repository.write_repository(out, models, source=written_from, force=force)
     for model_name, config in models:

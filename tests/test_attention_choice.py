@@ -201,11 +201,12 @@ def test_a_repository_written_with_an_attention_choice_serves_it(tmp_path, monke
     from trtllm_dflash.served_model.protocol import GenerateInputs
 
     out = tmp_path / "repo"
-    flags = ["--attention-choice", "measure", "--verify-choice", "measure", "--no-cuda-graphs", "--max-context", "96", "--max-batch", "2"]
+    flags = ["--attention-choice", "measure", "--verify-choice", "measure", "--linear-choice", "measure", "--no-cuda-graphs"]
+    flags += ["--max-context", "96", "--max-batch", "2"]
     cli("repo", "--model", "demo", "--out", str(out), *flags)
     parameters = dict(re.findall(r'key: "(\w+)"\s*value: \{\s*string_value: "([^"]*)"', (out / "dflash" / "config.pbtxt").read_text()))
     config = ServingConfig.from_parameters(parameters)
-    assert (config.attention_choice, config.verify_choice, config.cuda_graphs) == ("measure", "measure", False)
+    assert (config.attention_choice, config.verify_choice, config.linear_choice, config.cuda_graphs) == ("measure",) * 3 + (False,)
     assert ServingConfig(target="x").cuda_graphs is None and ServingConfig(target="x").attention_choice == "dflash"
     engine = BatchingLoop(config, open_served_pipeline(config))
     runtime = engine.pipeline.runtime
@@ -215,6 +216,9 @@ def test_a_repository_written_with_an_attention_choice_serves_it(tmp_path, monke
     ]
     assert runtime.attention == "dflash"
     assert [(c.tokens, c.batch) for c in runtime.attention_choices.choices] == [(1, 1), (1, 2), (block, 1), (block, 2)]
+    # the projections measured at each bucket's AR and verify rows; off CUDA cuBLAS's stand-in keeps them
+    assert {c.rows for c in runtime.linear_choices.choices} == {1, 2, block, 2 * block}
+    assert all(c.chosen == "torch" and "needs CUDA" in c.refused for c in runtime.linear_choices.choices)
     sink = RecordingSink()
     engine.accept(GenerateInputs("def fib(n):", SamplingParams(max_new_tokens=24), streaming=True), sink)
     serve_until(engine, lambda: sink.finished)

@@ -181,3 +181,50 @@ def test_the_fused_layer_kernels_compile_for_hopper_and_read_whole_rows(dtype):
     if dtype == "bfloat16":
         norm = dataclasses.replace(fused_layer_variants(dtype)[0], divisible_ints=())
         assert kernel_audit.report(aot.compile_kernel(norm, arch), "jit").narrow_loads > 0
+
+
+@pytest.mark.parametrize("rows", [1, 16, 64])
+def test_the_skinny_projection_kernels_compile_for_hopper_and_stream_the_weight(rows):
+    """The skinny projection kernels (ops/kernels/skinny_linear.py), which only a GPU's torch launch
+    compiles, at the tiles `skinny_launch` launches them with, in bf16 on sm_90a: no spills, no load
+    narrower than 4 bytes, 16-byte loads of the weight (K a multiple of 16, as the JIT specializes;
+    pipelined as cp.async with NUM_STAGES)."""
+    from trtllm_dflash.ops.kernels import skinny_launch as s
+    from trtllm_dflash.plugins.aot_variants import KernelVariant
+
+    sizes = (("M", "i32"), ("N", "i32"), ("K", "i32"), ("k_per_split", "i32"))
+    linear = KernelVariant(
+        "SkinnyLinear",
+        "skinny_linear",
+        "skinny_linear_kernel",
+        (("x_ptr", "*bf16"), ("w_ptr", "*bf16"), ("bias_ptr", "*bf16"), ("out_ptr", "*fp32"), *sizes),
+        (
+            ("HAS_BIAS", False),
+            ("SPLIT", True),
+            ("BLOCK_M", s.block_m(rows)),
+            ("BLOCK_N", s.BLOCK_N),
+            ("BLOCK_K", s.BLOCK_K),
+            ("IEEE", False),
+        ),
+        s.NUM_WARPS,
+        s.NUM_STAGES,
+        True,
+        ("N", "K", "k_per_split"),
+    )
+    reduce = KernelVariant(
+        "SkinnyLinear",
+        "skinny_linear",
+        "skinny_reduce_kernel",
+        (("partial_ptr", "*fp32"), ("bias_ptr", "*bf16"), ("out_ptr", "*bf16"), ("M", "i32"), ("N", "i32"), ("splits", "i32")),
+        (("HAS_BIAS", True), ("BLOCK", s.REDUCE_BLOCK)),
+        4,
+        1,
+        True,
+        ("N",),
+    )
+    arch = aot.ARCHES["sm_90a"]
+    for variant in (linear, reduce):
+        report = kernel_audit.report(aot.compile_kernel(variant, arch), "jit")
+        assert report.spill_stores == 0 and report.spill_loads == 0 and report.narrow_loads == 0, report
+        assert report.shared <= report.shared_limit, report
+        assert report.vector_loads_16b + report.cp_async_16b > 0, report  # the weight tiles: pipelined cp.async

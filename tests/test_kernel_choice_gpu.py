@@ -71,3 +71,17 @@ def test_every_verification_form_is_timed_from_a_cuda_graph_on_each_kind_of_step
         forms = verify_choice.STEP_KINDS[choice.kind][0]
         assert set(choice.ms) == set(forms) and all(choice.ms[f] > 0 for f in forms) and not choice.refused, choice.line()
         assert choice.chosen == min(choice.ms, key=choice.ms.get)
+
+
+@pytest.mark.parametrize("rows", [1, 16, 64])
+def test_the_skinny_projection_kernels_compute_f_linear_and_are_timed_from_graphs(rows):
+    """Compiled, at Qwen3-8B's o_proj and gate/up shapes in bf16 (o_proj with K splits): within one
+    output rounding of F.linear, and both timed from a CUDA graph (runtime/linear_choice.py)."""
+    from trtllm_dflash.runtime import linear_choice
+
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    for n, k in ((4096, 4096), (24576, 4096)):
+        weight = torch.randn(n, k, device="cuda", generator=g, dtype=torch.bfloat16) * 0.02
+        choice = linear_choice.measure_one(rows, weight)
+        assert choice.refused == "" and choice.skinny_ms > 0 and choice.torch_ms > 0, choice.line()
+        print(choice.line())

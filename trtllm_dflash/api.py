@@ -80,9 +80,10 @@ class DFlashPipeline:
         cuda_graphs: bool | None = None,
         attention_choice: str = "dflash",
         verify_choice: str = "positions",
+        linear_choice: str = "torch",
     ) -> "DFlashPipeline":
         """Load checkpoints from local directories (or `demo`) into the torch runtime
-        (`attention`, `cuda_graphs`, `attention_choice` and `verify_choice` as TorchRuntime takes them; CUDA graphs by
+        (`attention`, `cuda_graphs`, `attention_choice`, `verify_choice` and `linear_choice` as TorchRuntime takes them; CUDA graphs by
         default wherever the runtime can replay its passes, that is on a GPU). `max_context` is capped at
         the target's max_position_embeddings, as the engine backends cap it at what their engines hold."""
         if device == "cuda" and not torch.cuda.is_available():
@@ -98,6 +99,7 @@ class DFlashPipeline:
                 cuda_graphs=cuda_graphs,
                 attention_choice=attention_choice,
                 verify_choice=verify_choice,
+                linear_choice=linear_choice,
             ),
             tokenizer=loaded.tokenizer,
             stop_token_ids=loaded.stop_token_ids(),

@@ -59,6 +59,7 @@ def open_served_pipeline(config: ServingConfig) -> DFlashPipeline:
         cuda_graphs=config.cuda_graphs,
         attention_choice=config.attention_choice,
         verify_choice=config.verify_choice,
+        linear_choice=config.linear_choice,
     )
     return get_backend(config.backend).open_pipeline(source, device=device, max_context=config.max_context)
 

@@ -50,6 +50,7 @@ class PipelineSource:
     cuda_graphs: bool | None = None  # None: wherever the runtime can replay its passes (on a GPU)
     attention_choice: str = "dflash"  # the target attention's kernel in decode passes (runtime/attention_choice.py)
     verify_choice: str = "positions"  # the kernels verifying sampled steps (runtime/verify_choice.py)
+    linear_choice: str = "torch"  # the kernels of the decode passes' projections (runtime/linear_choice.py)
 
 
 class Backend(abc.ABC):

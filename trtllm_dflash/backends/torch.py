@@ -46,4 +46,5 @@ class TorchBackend(Backend):
             cuda_graphs=source.cuda_graphs,
             attention_choice=source.attention_choice,
             verify_choice=source.verify_choice,
+            linear_choice=source.linear_choice,
         )

@@ -426,13 +426,15 @@ def run(
     attention_choice: str = "dflash",
     profile: bool = False,
     verify_choice: str = "positions",
+    linear_choice: str = "torch",
 ) -> StepBenchmark:
     """Build the models, then measure every batch x context; `out` (markdown) is rewritten after each
     row. `fused=False` keeps the target on transformers' forward (the path before issue 39).
     `attention_choice`: the runtime's kernel for the target's attention in decode passes ("measure":
     timed per batch bucket when the runtime allocates; the table then lists every candidate's time).
     `profile`: at the first context, each batch's passes' kernels by kind (bench/pass_profile.py).
-    `verify_choice`: the runtime's verification of sampled steps ("measure": timed per batch bucket)."""
+    `verify_choice`: the runtime's verification of sampled steps ("measure": timed per batch bucket).
+    `linear_choice`: the runtime's kernels for the decode passes' projections (runtime/linear_choice.py)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     say(f"building {shape.name}-shaped target ({shape.layers} layers) and {shape.draft_layers}-layer drafter on {dev}")
@@ -458,12 +460,13 @@ def run(
         fused=fused,
         attention_choice=attention_choice,
         verify_choice=verify_choice,
+        linear_choice=linear_choice,
     )
-    if "measure" in (attention_choice, verify_choice):
-        say("measuring the kernel candidates per batch bucket (runtime/attention_choice.py, verify_choice.py)")
+    if "measure" in (attention_choice, verify_choice, linear_choice):
+        say("measuring the kernel candidates (runtime/attention_choice.py, verify_choice.py, linear_choice.py)")
     runtime.allocate(max(batches), max(contexts) + 4 * shape.block)
     passes = f"{runtime.attention}, {'fused' if runtime.fused is not None else 'transformers'} target pass"
-    choices = runtime.attention_choices.describe() + "\n" + runtime.verify_choices.describe()
+    choices = "\n".join(c.describe() for c in (runtime.attention_choices, runtime.verify_choices, runtime.linear_choices))
     say(f"target attention: {passes}\n{choices}")
     _fill_caches(runtime)
     timer = PassTimer(dev, repeats, say)

@@ -134,7 +134,7 @@ class FusedDecoder:
 
     def __init__(self, decoder: nn.Module, linear: Callable = F.linear) -> None:
         """`linear`: how `forward` runs its projections (F.linear, or modeling/packed_linear.py's
-        packed oneDNN linears on a CPU); `forward_in_place` always runs F.linear."""
+        packed oneDNN linears on a CPU); `forward_in_place` takes its own."""
         self.decoder = decoder
         self.linear = linear
         with torch.inference_mode(False):  # the stacked weights outlive any inference-mode caller
@@ -205,6 +205,7 @@ class FusedDecoder:
         taps: list[int],
         runs: list[tuple[slice, slice]],
         attend: Callable[..., torch.Tensor] = ops.target_attention,
+        linear: Callable[..., torch.Tensor] = F.linear,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """`forward`'s result, with attention by `dflash::target_attention` (the block's K/V written
         in place at each row's `starts`, each row reading its own slots) and the elementwise work
@@ -212,12 +213,13 @@ class FusedDecoder:
         nothing back to the host, so a CUDA graph can record it: the torch runtime's GPU pass.
         `caches[i]` covers every slot; `runs` (Slots.runs) are the batch rows and the slots they
         use, one op call per run. `attend` runs the op's call (the torch runtime passes the kernel it
-        chose for decode passes, runtime/attention_choice.py). Needs `in_place_unsupported_reason(decoder) is None`."""
+        chose for decode passes, runtime/attention_choice.py), `linear` the projections (the kernels
+        it chose, runtime/linear_choice.py). Needs `in_place_unsupported_reason(decoder) is None`."""
         x = self.decoder.embed_tokens(tokens)
         rope = self.decoder.rotary_emb(x, positions)
         outputs, delta = {}, None  # delta: the MLP output not yet added to the residual stream x
         for i in range(len(self.layers)):
-            layer_input, x, delta = self.layer_in_place(i, x, delta, rope, starts, caches[i], windows[i], runs, attend)
+            layer_input, x, delta = self.layer_in_place(i, x, delta, rope, starts, caches[i], windows[i], runs, attend, linear)
             if i - 1 in taps:  # layer i - 1's output: the sum this layer's norm kernel formed
                 outputs[i - 1] = layer_input
         x, normed = add_rms_norm(x, delta, *norm_of(self.decoder.norm))
@@ -226,7 +228,17 @@ class FusedDecoder:
         return normed, outputs
 
     def layer_in_place(
-        self, i: int, x, delta, rope, starts, cache, window: int, runs, attend: Callable[..., torch.Tensor] = ops.target_attention
+        self,
+        i: int,
+        x,
+        delta,
+        rope,
+        starts,
+        cache,
+        window: int,
+        runs,
+        attend: Callable[..., torch.Tensor] = ops.target_attention,
+        linear=F.linear,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Decoder layer i of `forward_in_place` on the residual stream `x + delta`: returns that
         stream (the layer's input, summed by its norm kernel), the stream after its attention and its
@@ -235,15 +247,15 @@ class FusedDecoder:
         batch, count = x.shape[:2]
         x, h = add_rms_norm(x, delta, *layer.input_norm)
         layer_input = x
-        qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+        qkv = linear(h, layer.qkv, layer.qkv_bias)
         q, k, v = qk_norm_rope(qkv, *rope, layer.qk_norm, layer.q_heads, layer.kv_heads, layer.head_dim)
         outs = [
             attend(q[rows], k[rows], v[rows], cache.keys[held], cache.values[held], starts[rows], None, float(layer.scaling), window)
             for rows, held in runs
         ]
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
-        x, h = add_rms_norm(x, F.linear(out.reshape(batch, count, -1), layer.o_proj.weight, layer.o_proj.bias), *layer.post_norm)
-        return layer_input, x, F.linear(silu_mul(F.linear(h, layer.gate_up)), layer.down_proj.weight, layer.down_proj.bias)
+        x, h = add_rms_norm(x, linear(out.reshape(batch, count, -1), layer.o_proj.weight, layer.o_proj.bias), *layer.post_norm)
+        return layer_input, x, linear(silu_mul(linear(h, layer.gate_up)), layer.down_proj.weight, layer.down_proj.bias)
 
     def plan(
         self, starts: list[int], count: int, windows: set[int], dtype: torch.dtype, device: torch.device, slots: tuple[int, ...]

@@ -39,6 +39,7 @@ from trtllm_dflash.modeling.kv_cache import RaggedHFCache, StaticKVCache
 from trtllm_dflash.modeling.taps import HiddenTaps
 from trtllm_dflash.ops import custom_ops
 from trtllm_dflash.runtime import attention_choice as attention_kernels
+from trtllm_dflash.runtime import linear_choice as linear_kernels
 from trtllm_dflash.runtime import verify_choice as verify_kernels
 from trtllm_dflash.runtime.attention_choice import relative_error
 from trtllm_dflash.runtime.base import CachedRuntime, CacheShape, Proposal, SamplingTensors, Slots, TargetOutput, draft_positions
@@ -79,6 +80,7 @@ class TorchRuntime(CachedRuntime):
         packed_linears: bool = True,
         attention_choice: str = "dflash",
         verify_choice: str = "positions",
+        linear_choice: str = "torch",
     ) -> None:
         """`attention`: "hf" runs the model's own attention over our cache; "dflash" runs
         `dflash::target_attention` (the engines' op: the block written in place, each row read up
@@ -101,7 +103,10 @@ class TorchRuntime(CachedRuntime):
         `verify_choice`: which kernels verify a step with sampled rows (runtime/verify_choice.py):
         "positions", "spread" (each pass spread over the vocabulary), "shortlist" (two reads of the
         logits for rows with top-k <= 64; the same decisions either way), or "measure": the fastest
-        per batch bucket and kind of sampled step (all rows top-k <= 64, or not), timed at `allocate`."""
+        per batch bucket and kind of sampled step (all rows top-k <= 64, or not), timed at `allocate`.
+        `linear_choice`: which kernels run the decode passes' projections on a GPU's kernel path
+        (runtime/linear_choice.py): "torch" (F.linear), "skinny" (ops/kernels/skinny_linear.py
+        where they cover the call) or "measure": the faster per (rows, weight shape), timed at `allocate`."""
         self.model = target.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         self.drafter_config = drafter.config if drafter is not None else None
@@ -145,6 +150,10 @@ class TorchRuntime(CachedRuntime):
         if verify_choice not in verify_kernels.CHOICES:
             raise DFlashError(f"unknown verify_choice {verify_choice!r}", f"use one of {', '.join(verify_kernels.CHOICES)}")
         self.verify_choice = verify_choice
+        if linear_choice not in linear_kernels.CHOICES:
+            raise DFlashError(f"unknown linear_choice {linear_choice!r}", f"use one of {', '.join(linear_kernels.CHOICES)}")
+        self.linear_choice = linear_choice
+        self.linear_choices = linear_kernels.LinearChoices()  # set by allocate (measured there)
         self.verify_choices = verify_kernels.VerifyChoices()  # set by allocate (measured or checked there)
         # what each decode pass's target attention runs; set by allocate (measured or checked there)
         self.attention_choices = attention_kernels.AttentionChoices()
@@ -239,6 +248,7 @@ class TorchRuntime(CachedRuntime):
             if self.attention == "dflash":
                 self.attention_choices = self._choose_attention(max_batch, capacity)
             self.verify_choices = self._choose_verify(max_batch)
+            self.linear_choices = self._choose_linear(max_batch)
             self._choices_for = (max_batch, capacity)
 
     def _choose_verify(self, max_batch: int) -> verify_kernels.VerifyChoices:
@@ -247,6 +257,25 @@ class TorchRuntime(CachedRuntime):
         if self.verify_choice == "measure":
             return verify_kernels.measure((block,), batch_buckets(max_batch), self.vocab_size, self.dtype, self.device)
         return verify_kernels.fixed(self.verify_choice, block, self.vocab_size, self.dtype, self.device)
+
+    def _choose_linear(self, max_batch: int) -> linear_kernels.LinearChoices:
+        """What runs the decode passes' projections: `linear_choice`, or measured on the fused target
+        pass's and the drafter's projection weights at each batch bucket's AR and verify rows."""
+        if self.linear_choice != "measure":
+            return linear_kernels.fixed(self.linear_choice)
+        block = self.drafter_config.block_size if self.drafter_config is not None else 1
+        rows = [bucket * tokens for bucket in batch_buckets(max_batch) for tokens in {1, block}]
+        return linear_kernels.measure(self._projections(), rows)
+
+    def _projections(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """(weight, bias) of every projection a decode pass runs through `linear_choices`."""
+        weights = [(self.lm_head.weight, self.lm_head.bias)] if type(self.lm_head) is torch.nn.Linear else []
+        for layer in self.fused.layers if self.fused is not None else []:
+            weights += [(layer.qkv, layer.qkv_bias), (layer.o_proj.weight, layer.o_proj.bias), (layer.gate_up, None)]
+            weights.append((layer.down_proj.weight, layer.down_proj.bias))
+        if self.drafter is not None:
+            weights += self.drafter.decode_projections()
+        return weights
 
     def _choose_attention(self, max_batch: int, capacity: int) -> attention_kernels.AttentionChoices:
         """What each decode pass's target attention runs: `attention_choice` checked, or measured."""
@@ -385,7 +414,9 @@ class TorchRuntime(CachedRuntime):
             caches = self.target_cache.layers
             if self.attention == "dflash":  # the op writes and reads each row's slots itself: no host read
                 attend = self._attend(logits_at, span)
-                hidden, taps = self.fused.forward_in_place(tokens, positions, starts, caches, self.windows, tap_ids, slots.runs(), attend)
+                hidden, taps = self.fused.forward_in_place(
+                    tokens, positions, starts, caches, self.windows, tap_ids, slots.runs(), attend, self.linear_choices
+                )
             else:  # one plan per pass: each row group reads only its live slots, masks only where needed
                 plan = self.fused.plan(starts.tolist(), tokens.shape[1], set(self.windows), self.dtype, self.device, slots.ids)
                 hidden, taps = self.fused.forward(tokens, positions, plan, caches, self.windows, tap_ids, slots)
@@ -411,7 +442,17 @@ class TorchRuntime(CachedRuntime):
     def _lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """The target's logits: through the packed linear where the fused pass runs on packed linears."""
         packed = self.fused is not None and self.fused.linear is self._packed
-        return packed_linear.through(self.lm_head, hidden, self._packed if packed else None)
+        return packed_linear.through(self.lm_head, hidden, self._packed if packed else self._chosen_linear)
+
+    @property
+    def _chosen_linear(self) -> linear_kernels.LinearChoices | None:
+        """The chosen projection kernels, where they are not plain F.linear."""
+        return self.linear_choices if self.linear_choices.fixed != "torch" else None
+
+    @property
+    def _draft_projection(self):
+        """What runs the drafter's projections: packed linears on a CPU, else the chosen kernels."""
+        return self._draft_linear or self._chosen_linear
 
     def _plain_causal(self, tokens, starts, span, logits_at) -> bool:
         """Whether this pass is a prefill from position 0 that only needs causal attention, on a model
@@ -462,14 +503,16 @@ class TorchRuntime(CachedRuntime):
     @torch.inference_mode()
     def draft_forward(self, slots, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:
         """Draft logits (a V2 drafter's unary logits, before its selector)."""
-        return self.drafter.logits(self._draft_hidden(slots, block, ctx_features, new_counts, cache_lens), self.lm_head, self._draft_linear)
+        return self.drafter.logits(
+            self._draft_hidden(slots, block, ctx_features, new_counts, cache_lens), self.lm_head, self._draft_projection
+        )
 
     def _draft_hidden(self, slots, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:
         """The drafter's final hidden states at block positions 1..B-1."""
         embeds = self.drafter.embed(block, self.embedding)
         caches, slots = self.draft_cache.layers, Slots.of(slots, self.device)
         return self.drafter.step(
-            embeds, ctx_features, new_counts, cache_lens, caches, slots, self._draft_linear or torch.nn.functional.linear
+            embeds, ctx_features, new_counts, cache_lens, caches, slots, self._draft_projection or torch.nn.functional.linear
         )[:, 1:]
 
     def draft_head(self, logits: torch.Tensor, sampling: SamplingTensors, positions: torch.Tensor) -> Proposal:
@@ -485,6 +528,6 @@ class TorchRuntime(CachedRuntime):
         hidden = self._draft_hidden(slots, block, ctx_features, new_counts, cache_lens)
         positions = draft_positions(cache_lens + new_counts, hidden.shape[1])
         tokens, probs = self.drafter.propose(
-            hidden, self.lm_head, block[:, 0], sampling.temperature, sampling.seed, positions, self._draft_linear, sampling.all_greedy
+            hidden, self.lm_head, block[:, 0], sampling.temperature, sampling.seed, positions, self._draft_projection, sampling.all_greedy
         )
         return Proposal(tokens, probs)

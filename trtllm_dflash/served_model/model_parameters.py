@@ -130,6 +130,12 @@ class ServingConfig(BaseModel):
         "every pass spread over the vocabulary, two reads of the logits for rows with top-k <= 64 (the same decisions "
         "either way), or 'measure' (the fastest per batch bucket, timed at load).",
     )
+    linear_choice: Literal["torch", "skinny", "measure"] = Field(
+        "torch",
+        description="torch backend on a GPU: the kernels of the decode passes' projections: cuBLAS, the skinny kernels "
+        "(few rows, the weight streamed once) where they cover a call, or 'measure' (the faster per row count and "
+        "weight shape, timed at load).",
+    )
 
     @field_validator("draft_len_schedule", mode="before")
     @classmethod
@@ -147,9 +153,14 @@ class ServingConfig(BaseModel):
         if self.backend == "trt" and not self.engines:
             raise ValueError("backend 'trt' needs 'engines' (a build directory)")
         if self.backend != "torch" and (
-            self.cuda_graphs is not None or self.attention_choice != "dflash" or self.verify_choice != "positions"
+            self.cuda_graphs is not None
+            or self.attention_choice != "dflash"
+            or self.verify_choice != "positions"
+            or self.linear_choice != "torch"
         ):
-            raise ValueError("cuda_graphs, attention_choice and verify_choice are options of the torch backend (engines carry their own)")
+            raise ValueError(
+                "cuda_graphs, attention_choice, verify_choice and linear_choice are options of the torch backend (engines carry their own)"
+            )
         if self.default_max_tokens is not None and self.default_max_tokens > self.max_tokens:
             raise ValueError(f"default_max_tokens {self.default_max_tokens} is above max_tokens {self.max_tokens}")
         return self

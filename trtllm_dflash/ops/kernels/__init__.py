@@ -25,6 +25,7 @@ KERNEL_SOURCES = (
     "verify_shortlist",
     "dflash2",
     "fused_layer",
+    "skinny_linear",
     "counter_rng",
 )  # counter_rng: helpers, no kernel
 _HERE = Path(__file__).parent

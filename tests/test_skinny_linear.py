@@ -1,0 +1,120 @@
+"""The skinny projection kernels (ops/kernels/skinny_linear.py, in Triton's interpreter) against
+F.linear, and the runtime's choice between them and cuBLAS (runtime/linear_choice.py): the fixed
+choice decodes the tokens and acceptance lengths of F.linear through the fused GPU pass (its
+kernels interpreted), the measured one keeps F.linear off CUDA and says why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from trtllm_dflash.errors import DFlashError  # noqa: E402
+from trtllm_dflash.ops.kernels import skinny_launch  # noqa: E402
+from trtllm_dflash.runtime import linear_choice  # noqa: E402
+from trtllm_dflash.runtime.torch_runtime import relative_error  # noqa: E402
+
+# float32: accumulation order; bf16: one rounding of the output
+TOLERANCE = {torch.float32: 1e-6, torch.bfloat16: 8e-3}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "rows,n,k,splits,bias",
+    [
+        (1, 96, 200, 1, False),  # an AR row; N and K not multiples of the tiles (masked)
+        (16, 130, 512, 3, True),  # a verify block; three K splits summed by the reduce kernel
+        (20, 64, 1024, 4, True),  # rows past one 16-row tile
+        (40, 70, 256, 2, False),  # 64-row tiles
+    ],
+)
+def test_the_kernels_compute_f_linear(dtype, rows, n, k, splits, bias):
+    g = torch.Generator().manual_seed(rows + n)
+    x = torch.randn(2, rows // 2, k, generator=g).to(dtype) if rows % 2 == 0 else torch.randn(rows, k, generator=g).to(dtype)
+    weight = torch.randn(n, k, generator=g).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype) if bias else None
+    assert skinny_launch.unsupported_reason(x, weight, b) is None
+    got = skinny_launch.skinny_linear(x, weight, b, splits=splits)
+    want = F.linear(x.float(), weight.float(), None if b is None else b.float())
+    assert got.shape == want.shape and got.dtype == dtype
+    assert relative_error(got, want) < TOLERANCE[dtype]
+
+
+def test_k_splits_fill_the_sms_and_keep_each_split_long():
+    # Qwen3-8B's o_proj at batch 1 on 132 SMs: 64 column tiles, so 5 splits of 4096 / 5 -> 7 tiles of 128
+    assert skinny_launch.k_splits(16, 4096, 4096, 132) == 5
+    assert skinny_launch.k_splits(16, 24576, 4096, 132) == 1  # gate/up: 384 column tiles fill the GPU
+    assert skinny_launch.k_splits(1, 4096, 512, 132) == 1  # K too short to split into 4-tile chunks
+    assert skinny_launch.block_m(1) == 16 and skinny_launch.block_m(17) == 32 and skinny_launch.block_m(64) == 64
+
+
+def test_what_the_kernels_do_not_cover_is_named():
+    weight = torch.randn(8, 32)
+    assert "rows" in skinny_launch.unsupported_reason(torch.randn(65, 32), weight)
+    assert "dtype" in skinny_launch.unsupported_reason(torch.randn(2, 32, dtype=torch.float64), weight)
+    assert "weight" in skinny_launch.unsupported_reason(torch.randn(2, 32), weight.t())
+
+
+def test_the_fixed_choice_runs_the_kernels_only_where_they_cover_the_call(monkeypatch):
+    calls = []
+    real = skinny_launch.skinny_linear
+    monkeypatch.setattr(skinny_launch, "skinny_linear", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    choices = linear_choice.fixed("skinny")
+    weight = torch.randn(24, 64)
+    small, big = torch.randn(3, 64), torch.randn(100, 64)
+    torch.testing.assert_close(choices(small, weight), F.linear(small, weight), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(choices(big, weight), F.linear(big, weight))
+    assert calls == [small.shape]  # 100 rows: F.linear
+    assert linear_choice.fixed("torch")(small, weight) is not None and len(calls) == 1
+    with pytest.raises(DFlashError, match="unknown linear choice 'fast'"):
+        linear_choice.fixed("fast")
+
+
+def test_measured_choices_pick_per_rows_and_shape():
+    choices = linear_choice.LinearChoices(
+        fixed=None,
+        choices=(
+            linear_choice.Choice(1, (8, 4), "skinny", 0.2, 0.1),
+            linear_choice.Choice(16, (8, 4), "torch", 0.2, 0.3),
+            linear_choice.Choice(1, (6, 4), "torch", 0.1, 0.2),
+        ),
+    )
+    assert choices.pick(1, (8, 4)) == "skinny" and choices.pick(9, (8, 4)) == "torch" and choices.pick(1, (6, 4)) == "torch"
+    assert choices.pick(17, (8, 4)) == "torch" and choices.pick(1, (5, 4)) == "torch"  # not measured: F.linear
+    assert "rows 1 x 8x4: skinny" in choices.describe()
+
+
+def test_measuring_off_cuda_keeps_f_linear_and_says_why():
+    weight, bias = torch.randn(24, 64), torch.randn(24)
+    choices = linear_choice.measure([(weight, bias), (weight, None), (torch.randn(8, 64), None)], rows=[1, 16, 128])
+    assert [(c.rows, c.shape) for c in choices.choices] == [(1, (24, 64)), (1, (8, 64)), (16, (24, 64)), (16, (8, 64))]
+    assert all(c.chosen == "torch" and c.torch_ms > 0 and "needs CUDA" in c.refused for c in choices.choices)
+
+
+def test_the_runtime_on_the_skinny_kernels_decodes_like_f_linear(monkeypatch):
+    """The fused GPU pass (its kernels interpreted) with every decode projection, both LM heads and
+    the drafter's step on the skinny kernels: the tokens and acceptance lengths of F.linear."""
+    from trtllm_dflash.bench import gpu_step
+    from trtllm_dflash.decoding import Decoder, Request, SamplingParams
+    from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    target, drafter = gpu_step.make_models(gpu_step.TINY, torch.device("cpu"), torch.float32)
+    calls = []
+    real = skinny_launch.skinny_linear
+    monkeypatch.setattr(skinny_launch, "skinny_linear", lambda *a, **k: calls.append(tuple(a[1].shape)) or real(*a, **k))
+    g = torch.Generator().manual_seed(12)
+    prompts = [torch.randint(0, 500, (n,), generator=g).tolist() for n in (5, 8)]
+    params = [SamplingParams(max_new_tokens=4), SamplingParams(max_new_tokens=4, temperature=0.8, top_k=20, seed=3)]
+    runs = {}
+    for choice in ("torch", "skinny"):
+        runtime = TorchRuntime(target, drafter, attention="dflash", linear_choice=choice)
+        decoder = Decoder(runtime, max_batch=2, max_context=48)
+        runs[choice] = [(r.token_ids, r.acceptance_lengths) for r in decoder.generate([Request(p, s) for p, s in zip(prompts, params)])]
+        runtime.taps.remove()
+    assert runs["skinny"] == runs["torch"]
+    lm_head = tuple(target.get_output_embeddings().weight.shape)
+    layer = runtime.fused.layers[0]
+    assert {lm_head, tuple(layer.qkv.shape), tuple(layer.gate_up.shape), tuple(drafter.fc.weight.shape)} <= set(calls)

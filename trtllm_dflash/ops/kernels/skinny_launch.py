@@ -1,0 +1,100 @@
+"""Host side of the skinny projection kernels (`skinny_linear.py`): tiles, K splits, launches.
+
+`skinny_linear(x, weight, bias)` computes `F.linear` for an x of at most MAX_ROWS rows (a decode
+pass's tokens) by streaming the weight once: enough programs to cover the SMs twice (output
+column tiles x K splits), each K split at least MIN_K_STEPS tiles long so a program keeps loads in
+flight, the splits summed in order by a second launch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trtllm_dflash.ops import kernels
+from trtllm_dflash.ops.kernels.launch import _launch_options
+
+SKINNY_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_ROWS = 64  # past this a projection is a GEMM with reuse, cuBLAS's ground
+BLOCK_N, BLOCK_K = 64, 128
+MIN_K_STEPS = 4  # BLOCK_K tiles per K split at least
+REDUCE_BLOCK = 1024
+NUM_WARPS, NUM_STAGES = 4, 4
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def unsupported_reason(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> str | None:
+    """Why the skinny kernels do not cover `F.linear(x, weight, bias)` (None: they do)."""
+    rows = x.numel() // max(x.shape[-1], 1)
+    if x.dtype not in SKINNY_DTYPES or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+        return f"runs float16/bfloat16/float32 with one dtype, not {x.dtype} x {weight.dtype}"
+    if weight.dim() != 2 or x.shape[-1] != weight.shape[1] or not weight.is_contiguous():
+        return "needs a contiguous [N, K] weight whose K is x's last dim"
+    if not 1 <= rows <= MAX_ROWS:
+        return f"covers 1 to {MAX_ROWS} rows, not {rows}"
+    return None
+
+
+def block_m(rows: int) -> int:
+    """Rows per program: one tile of 16 (tl.dot's least) up to 64."""
+    return 16 if rows <= 16 else 32 if rows <= 32 else 64
+
+
+def k_splits(rows: int, n: int, k: int, sms: int) -> int:
+    """K splits so that column tiles x splits fill `sms` SMs twice over, each split at least
+    MIN_K_STEPS tiles of BLOCK_K."""
+    programs = cdiv(n, BLOCK_N) * cdiv(rows, block_m(rows))
+    wanted = cdiv(2 * sms, programs)
+    return max(1, min(wanted, k // (MIN_K_STEPS * BLOCK_K)))
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, splits: int | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` by the skinny kernels (check `unsupported_reason` first); `splits`
+    overrides the K split count (default: `k_splits` for this device, 1 off CUDA)."""
+    n, k = weight.shape
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k).contiguous()
+    rows = x2.shape[0]
+    out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    if splits is None:
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.device.type == "cuda" else 0
+        splits = k_splits(rows, n, k, sms) if sms else 1
+    per_split = cdiv(cdiv(k, splits), BLOCK_K) * BLOCK_K
+    splits = cdiv(k, per_split)
+    module = kernels.for_tensor_device("skinny_linear", x.device)
+    tile_m = block_m(rows)
+    grid = (cdiv(n, BLOCK_N), splits, cdiv(rows, tile_m))
+    has_bias = bias is not None
+    target = out if splits == 1 else torch.empty(splits, rows, n, dtype=torch.float32, device=x.device)
+    module.skinny_linear_kernel[grid](
+        x2,
+        weight,
+        bias if has_bias else out,
+        target,
+        rows,
+        n,
+        k,
+        per_split,
+        HAS_BIAS=has_bias,
+        SPLIT=splits > 1,
+        BLOCK_M=tile_m,
+        BLOCK_N=BLOCK_N,
+        BLOCK_K=BLOCK_K,
+        IEEE=x.dtype == torch.float32,
+        **_launch_options(x.device, NUM_WARPS, NUM_STAGES),
+    )
+    if splits > 1:
+        module.skinny_reduce_kernel[(cdiv(rows * n, REDUCE_BLOCK),)](
+            target,
+            bias if has_bias else out,
+            out,
+            rows,
+            n,
+            splits,
+            HAS_BIAS=has_bias,
+            BLOCK=REDUCE_BLOCK,
+            **_launch_options(x.device, 4, 1),
+        )
+    return out.view(*lead, n)

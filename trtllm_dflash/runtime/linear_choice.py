@@ -1,0 +1,135 @@
+"""Which kernel runs the decode passes' projections: cuBLAS or the skinny kernels, by measurement.
+
+Why: at batch 1 a decode pass is its weights streamed once through the GPU (15 GB for Qwen3-8B's
+target), so the projections' share of the bandwidth is most of the step's speed. Whether cuBLAS
+streams a 1- or 16-row product at that bandwidth, or the skinny kernels (ops/kernels/
+skinny_linear.py) do better, depends on the GPU and the shape, and only timing it there says.
+
+- "torch": `F.linear` (cuBLAS on a GPU) everywhere: the default;
+- "skinny": the skinny kernels wherever they cover the call (at most MAX_ROWS rows), else F.linear;
+- "measure": per (rows, weight shape) of the model's projections, the skinny kernels checked
+  against F.linear on the model's own weight (refused past TOLERANCE), both timed from a CUDA graph
+  with L2 flushed (runtime/kernel_choice.py), the faster kept. Calls of rows or shapes not
+  measured run F.linear. Off CUDA the skinny kernels are not a contender (Triton's interpreter).
+
+A choice changes only accumulation order (float32 either way), as any kernel change does; the
+runtime's fused pass is already held to a tolerance on a GPU (modeling/fused_target.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.runtime.attention_choice import relative_error
+from trtllm_dflash.runtime.kernel_choice import time_call
+
+CHOICES = ("torch", "skinny", "measure")
+# relative L2 error against F.linear in float32 that still counts as the same projection
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+
+
+def _skinny():
+    from trtllm_dflash.ops.kernels import skinny_launch
+
+    return skinny_launch
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """What runs `rows` rows through a weight of `shape` ([N, K]), and the times that said so."""
+
+    rows: int
+    shape: tuple[int, int]
+    chosen: str
+    torch_ms: float
+    skinny_ms: float | None
+    refused: str = ""
+
+    def line(self) -> str:
+        skinny = f"skinny {self.skinny_ms:.4f} ms" if self.skinny_ms is not None else f"skinny: {self.refused}"
+        return f"rows {self.rows} x {self.shape[0]}x{self.shape[1]}: {self.chosen} (torch {self.torch_ms:.4f} ms; {skinny})"
+
+
+@dataclasses.dataclass
+class LinearChoices:
+    """The kernel of each projection call: one for all (`fixed`), or the measured `choices` by
+    (the smallest measured row count holding the call's rows, weight shape), else F.linear."""
+
+    fixed: str | None = "torch"
+    choices: tuple[Choice, ...] = ()
+
+    def __post_init__(self) -> None:
+        self._by_key = {(c.rows, c.shape): c.chosen for c in self.choices}
+        self._rows = sorted({c.rows for c in self.choices})
+
+    def pick(self, rows: int, shape: tuple[int, int]) -> str:
+        if self.fixed is not None:
+            return self.fixed
+        bucket = next((r for r in self._rows if r >= rows), None)
+        return self._by_key.get((bucket, tuple(shape)), "torch")
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """`F.linear(x, weight, bias)` by the kernel picked for its rows and weight shape."""
+        if self.fixed == "torch":
+            return F.linear(x, weight, bias)
+        rows = x.numel() // max(x.shape[-1], 1)
+        skinny = _skinny()
+        if self.pick(rows, tuple(weight.shape)) == "skinny" and skinny.unsupported_reason(x, weight, bias) is None:
+            return skinny.skinny_linear(x, weight, bias)
+        return F.linear(x, weight, bias)
+
+    def describe(self) -> str:
+        if self.fixed is not None:
+            return f"decode-pass projections: {self.fixed}"
+        return "decode-pass projections, by measurement:\n" + "\n".join("  " + c.line() for c in self.choices)
+
+
+def measure_one(rows: int, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Choice:
+    """The skinny kernels checked against F.linear on `weight` (float32 reference), then both timed."""
+    shape = tuple(weight.shape)
+    x = torch.randn(rows, shape[1], dtype=weight.dtype, device=weight.device, generator=torch.Generator(weight.device).manual_seed(rows))
+    torch_ms = time_call(lambda: F.linear(x, weight, bias), weight.device)
+    skinny = _skinny()
+    refused = skinny.unsupported_reason(x, weight, bias)
+    if refused is None and weight.device.type != "cuda":
+        refused = "needs CUDA (off it the kernels run in Triton's interpreter)"
+    if refused is None:
+        want = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+        error = relative_error(skinny.skinny_linear(x, weight, bias), want)
+        tolerance = TOLERANCE.get(weight.dtype, TOLERANCE[torch.float32])
+        if not error <= tolerance:
+            refused = f"differs from F.linear by {error:.1e} (tolerance {tolerance:.0e})"
+    if refused is not None:
+        return Choice(rows, shape, "torch", torch_ms, None, refused)
+    skinny_ms = time_call(lambda: skinny.skinny_linear(x, weight, bias), weight.device)
+    if math.isnan(skinny_ms):
+        return Choice(rows, shape, "torch", torch_ms, None, "cannot be captured in a CUDA graph")
+    return Choice(rows, shape, "skinny" if skinny_ms < torch_ms else "torch", torch_ms, skinny_ms)
+
+
+def measure(
+    weights: Iterable[tuple[torch.Tensor, torch.Tensor | None]], rows: Iterable[int], say: Callable[[str], None] = lambda line: None
+) -> LinearChoices:
+    """The measured choice for every row count up to the skinny kernels' MAX_ROWS and every distinct
+    weight shape in `weights` ((weight, bias) of the model's projections)."""
+    distinct: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]] = {}
+    for weight, bias in weights:
+        distinct.setdefault(tuple(weight.shape), (weight.detach(), None if bias is None else bias.detach()))
+    choices = []
+    for count in sorted({r for r in rows if 1 <= r <= _skinny().MAX_ROWS}):
+        for weight, bias in distinct.values():
+            choices.append(measure_one(count, weight.contiguous(), bias))
+            say(choices[-1].line())
+    return LinearChoices(fixed=None, choices=tuple(choices))
+
+
+def fixed(name: str) -> LinearChoices:
+    if name not in CHOICES or name == "measure":
+        raise DFlashError(f"unknown linear choice {name!r}", f"use one of {', '.join(CHOICES)}")
+    return LinearChoices(fixed=name)
