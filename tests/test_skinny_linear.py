@@ -48,6 +48,9 @@ def test_k_splits_fill_the_sms_and_keep_each_split_long():
     assert skinny_launch.k_splits(16, 24576, 4096, 132) == 1  # gate/up: 384 column tiles fill the GPU
     assert skinny_launch.k_splits(1, 4096, 512, 132) == 1  # K too short to split into 4-tile chunks
     assert skinny_launch.block_m(1) == 16 and skinny_launch.block_m(17) == 32 and skinny_launch.block_m(64) == 64
+    # what the measured choice times: none, half, the natural count, double (each split one 128-wide tile at least)
+    assert skinny_launch.split_candidates(16, 4096, 4096, 132) == [1, 2, 5, 10]
+    assert skinny_launch.split_candidates(1, 4096, 256, 132) == [1, 2]
 
 
 def test_what_the_kernels_do_not_cover_is_named():
@@ -72,18 +75,24 @@ def test_the_fixed_choice_runs_the_kernels_only_where_they_cover_the_call(monkey
         linear_choice.fixed("fast")
 
 
-def test_measured_choices_pick_per_rows_and_shape():
+def test_measured_choices_pick_per_rows_and_shape(monkeypatch):
     choices = linear_choice.LinearChoices(
         fixed=None,
         choices=(
-            linear_choice.Choice(1, (8, 4), "skinny", 0.2, 0.1),
-            linear_choice.Choice(16, (8, 4), "torch", 0.2, 0.3),
-            linear_choice.Choice(1, (6, 4), "torch", 0.1, 0.2),
+            linear_choice.Choice(1, (8, 32), "skinny", 0.2, 0.1, splits=2),
+            linear_choice.Choice(16, (8, 32), "torch", 0.2, 0.3, splits=1),
+            linear_choice.Choice(1, (6, 32), "torch", 0.1, 0.2, splits=1),
         ),
     )
-    assert choices.pick(1, (8, 4)) == "skinny" and choices.pick(9, (8, 4)) == "torch" and choices.pick(1, (6, 4)) == "torch"
-    assert choices.pick(17, (8, 4)) == "torch" and choices.pick(1, (5, 4)) == "torch"  # not measured: F.linear
-    assert "rows 1 x 8x4: skinny" in choices.describe()
+    assert choices.pick(1, (8, 32)) == "skinny" and choices.pick(9, (8, 32)) == "torch" and choices.pick(1, (6, 32)) == "torch"
+    assert choices.pick(17, (8, 32)) == "torch" and choices.pick(1, (5, 32)) == "torch"  # not measured: F.linear
+    assert "rows 1 x 8x32: skinny (torch 0.2000 ms; skinny 0.1000 ms (2 K splits))" in choices.describe()
+    launched = []
+    real = skinny_launch.skinny_linear
+    monkeypatch.setattr(skinny_launch, "skinny_linear", lambda *a, **k: launched.append(k["splits"]) or real(*a, **k))
+    x, weight = torch.randn(1, 32), torch.randn(8, 32)
+    torch.testing.assert_close(choices(x, weight), F.linear(x, weight), atol=1e-5, rtol=1e-5)
+    assert launched == [2]  # at the measured K split count
 
 
 def test_measuring_off_cuda_keeps_f_linear_and_says_why():

@@ -341,19 +341,18 @@ class DFlashDrafter(nn.Module):
             self.embed_tokens = nn.Embedding(embed_tokens.shape[0], embed_tokens.shape[1])
 
     def decode_projections(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        """(weight, bias) of every projection a decoding step may run: each nn.Linear, and q/k/v,
-        the context rows' k/v and gate/up stacked as the step stacks them (runtime/linear_choice.py
-        times the step's projections by these shapes)."""
-        out = [(m.weight, m.bias) for m in self.modules() if type(m) is nn.Linear]
+        """(weight, bias) of every projection a decoding step runs: q/k/v, the context rows' k/v and
+        gate/up stacked as the step stacks them, and every other nn.Linear as it is
+        (runtime/linear_choice.py times the step's projections by these shapes)."""
+        out, stacked = [], set()
         for layer in self.layers:
-            attn, mlp = layer.self_attn, getattr(layer, "mlp", None)
-            if isinstance(attn, DFlashAttention):
-                weight, bias = stacked_weights(attn._stacked, [attn.q_proj, attn.k_proj, attn.v_proj])
-                q_width = attn.num_heads * attn.head_dim
-                out += [(weight, bias), (weight[q_width:], None if bias is None else bias[q_width:])]
-            if hasattr(layer, "_stacked") and hasattr(mlp, "gate_proj"):
-                out.append(stacked_weights(layer._stacked, [mlp.gate_proj, mlp.up_proj]))
-        return out
+            attn, mlp = layer.self_attn, layer.mlp
+            weight, bias = stacked_weights(attn._stacked, [attn.q_proj, attn.k_proj, attn.v_proj])
+            q_width = attn.num_heads * attn.head_dim
+            out += [(weight, bias), (weight[q_width:], None if bias is None else bias[q_width:])]
+            out.append(stacked_weights(layer._stacked, [mlp.gate_proj, mlp.up_proj]))
+            stacked |= {id(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)}
+        return out + [(m.weight, m.bias) for m in self.modules() if type(m) is nn.Linear and id(m) not in stacked]
 
     def context_hidden(self, target_features: torch.Tensor) -> torch.Tensor:
         """`hidden_norm(fc(concat of tapped target hidden states))`."""

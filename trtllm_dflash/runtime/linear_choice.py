@@ -8,9 +8,11 @@ skinny_linear.py) do better, depends on the GPU and the shape, and only timing i
 - "torch": `F.linear` (cuBLAS on a GPU) everywhere: the default;
 - "skinny": the skinny kernels wherever they cover the call (at most MAX_ROWS rows), else F.linear;
 - "measure": per (rows, weight shape) of the model's projections, the skinny kernels checked
-  against F.linear on the model's own weight (refused past TOLERANCE), both timed from a CUDA graph
-  with L2 flushed (runtime/kernel_choice.py), the faster kept. Calls of rows or shapes not
-  measured run F.linear. Off CUDA the skinny kernels are not a contender (Triton's interpreter).
+  against F.linear on the model's own weight (refused past TOLERANCE), F.linear and the skinny
+  kernels at a few K split counts (`skinny_launch.split_candidates`: how many programs share a
+  weight's columns is what a GPU's wave count decides) timed from a CUDA graph with L2 flushed
+  (runtime/kernel_choice.py), the fastest kept. Calls of rows or shapes not measured run
+  F.linear. Off CUDA the skinny kernels are not a contender (Triton's interpreter).
 
 A choice changes only accumulation order (float32 either way), as any kernel change does; the
 runtime's fused pass is already held to a tolerance on a GPU (modeling/fused_target.py).
@@ -48,11 +50,12 @@ class Choice:
     shape: tuple[int, int]
     chosen: str
     torch_ms: float
-    skinny_ms: float | None
+    skinny_ms: float | None  # at its fastest K split count, `splits`
     refused: str = ""
+    splits: int = 0
 
     def line(self) -> str:
-        skinny = f"skinny {self.skinny_ms:.4f} ms" if self.skinny_ms is not None else f"skinny: {self.refused}"
+        skinny = f"skinny {self.skinny_ms:.4f} ms ({self.splits} K splits)" if self.skinny_ms is not None else f"skinny: {self.refused}"
         return f"rows {self.rows} x {self.shape[0]}x{self.shape[1]}: {self.chosen} (torch {self.torch_ms:.4f} ms; {skinny})"
 
 
@@ -65,23 +68,29 @@ class LinearChoices:
     choices: tuple[Choice, ...] = ()
 
     def __post_init__(self) -> None:
-        self._by_key = {(c.rows, c.shape): c.chosen for c in self.choices}
+        self._by_key = {(c.rows, c.shape): c for c in self.choices}
         self._rows = sorted({c.rows for c in self.choices})
+
+    def _measured(self, rows: int, shape: tuple[int, int]) -> Choice | None:
+        bucket = next((r for r in self._rows if r >= rows), None)
+        return self._by_key.get((bucket, tuple(shape)))
 
     def pick(self, rows: int, shape: tuple[int, int]) -> str:
         if self.fixed is not None:
             return self.fixed
-        bucket = next((r for r in self._rows if r >= rows), None)
-        return self._by_key.get((bucket, tuple(shape)), "torch")
+        measured = self._measured(rows, shape)
+        return measured.chosen if measured is not None else "torch"
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """`F.linear(x, weight, bias)` by the kernel picked for its rows and weight shape."""
+        """`F.linear(x, weight, bias)` by the kernel picked for its rows and weight shape (the skinny
+        kernels at the measured K split count, or the launch's default)."""
         if self.fixed == "torch":
             return F.linear(x, weight, bias)
-        rows = x.numel() // max(x.shape[-1], 1)
+        rows, shape = x.numel() // max(x.shape[-1], 1), tuple(weight.shape)
         skinny = _skinny()
-        if self.pick(rows, tuple(weight.shape)) == "skinny" and skinny.unsupported_reason(x, weight, bias) is None:
-            return skinny.skinny_linear(x, weight, bias)
+        if self.pick(rows, shape) == "skinny" and skinny.unsupported_reason(x, weight, bias) is None:
+            measured = self._measured(rows, shape)
+            return skinny.skinny_linear(x, weight, bias, splits=measured.splits if measured is not None else None)
         return F.linear(x, weight, bias)
 
     def describe(self) -> str:
@@ -91,7 +100,8 @@ class LinearChoices:
 
 
 def measure_one(rows: int, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Choice:
-    """The skinny kernels checked against F.linear on `weight` (float32 reference), then both timed."""
+    """The skinny kernels checked against F.linear on `weight` (float32 reference), then F.linear and
+    the skinny kernels at each of their K split candidates timed."""
     shape = tuple(weight.shape)
     x = torch.randn(rows, shape[1], dtype=weight.dtype, device=weight.device, generator=torch.Generator(weight.device).manual_seed(rows))
     torch_ms = time_call(lambda: F.linear(x, weight, bias), weight.device)
@@ -107,10 +117,16 @@ def measure_one(rows: int, weight: torch.Tensor, bias: torch.Tensor | None = Non
             refused = f"differs from F.linear by {error:.1e} (tolerance {tolerance:.0e})"
     if refused is not None:
         return Choice(rows, shape, "torch", torch_ms, None, refused)
-    skinny_ms = time_call(lambda: skinny.skinny_linear(x, weight, bias), weight.device)
-    if math.isnan(skinny_ms):
+    sms = torch.cuda.get_device_properties(weight.device).multi_processor_count
+    timed = {}
+    for splits in skinny.split_candidates(rows, shape[0], shape[1], sms):
+        ms = time_call(lambda: skinny.skinny_linear(x, weight, bias, splits=splits), weight.device)
+        if not math.isnan(ms):
+            timed[splits] = ms
+    if not timed:
         return Choice(rows, shape, "torch", torch_ms, None, "cannot be captured in a CUDA graph")
-    return Choice(rows, shape, "skinny" if skinny_ms < torch_ms else "torch", torch_ms, skinny_ms)
+    splits = min(timed, key=timed.get)
+    return Choice(rows, shape, "skinny" if timed[splits] < torch_ms else "torch", torch_ms, timed[splits], splits=splits)
 
 
 def measure(

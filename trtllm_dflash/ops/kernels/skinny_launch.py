@@ -50,6 +50,13 @@ def k_splits(rows: int, n: int, k: int, sms: int) -> int:
     return max(1, min(wanted, k // (MIN_K_STEPS * BLOCK_K)))
 
 
+def split_candidates(rows: int, n: int, k: int, sms: int) -> list[int]:
+    """K split counts worth timing: `k_splits`' and its halves and doubles, and none (1), within
+    one BLOCK_K tile per split at least."""
+    natural = k_splits(rows, n, k, sms)
+    return sorted({s for s in (1, max(1, natural // 2), natural, 2 * natural) if s <= max(1, k // BLOCK_K)})
+
+
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, splits: int | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` by the skinny kernels (check `unsupported_reason` first); `splits`
     overrides the K split count (default: `k_splits` for this device, 1 off CUDA)."""
