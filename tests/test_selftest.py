@@ -161,7 +161,9 @@ def test_the_kernel_choice_step_reports_every_pick_and_fails_on_a_refusal(monkey
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     layer = attention_choice.LayerShape(heads=4, kv_heads=2, head_dim=16, value_dim=16)
-    outcome = selftest.kernel_choice_step(selftest.QUICK, lambda text: None, device="cpu", layer=layer, vocab=300, capacity=80)
+    outcome = selftest.kernel_choice_step(
+        selftest.QUICK, lambda text: None, device="cpu", layer=layer, vocab=300, capacity=80, projections=((48, 32),)
+    )
     assert not outcome.passed
     assert (
         "T=1 b1 " in outcome.summary
@@ -170,7 +172,8 @@ def test_the_kernel_choice_step_reports_every_pick_and_fails_on_a_refusal(monkey
         and ", b1 other positions" in outcome.summary
     )
     assert "flash: flash attention needs CUDA" in outcome.summary and "spread: the verification kernels run on CUDA" in outcome.summary
-    assert "by measurement" in outcome.markdown
+    assert "rows 16 48x32 skinny: needs CUDA" in outcome.summary and "projections rows 1 48x32 torch" in outcome.summary
+    assert "by measurement" in outcome.markdown and "decode-pass projections, by measurement" in outcome.markdown
 
 
 def test_every_step_has_the_key_the_command_line_accepts():

@@ -434,16 +434,27 @@ def tensorrt_step(env: GpuEnvironment, say: Say) -> StepOutcome:
     return StepOutcome(f"{line}; {tail}", line + ".\n", passed=done.returncode == 0)
 
 
+# Qwen3-8B's projections ([N, K]: q/k/v, o, gate/up, down, the LM head) for the kernel-choice step
+QWEN3_8B_PROJECTIONS = ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096))
+
+
 def kernel_choice_step(
-    budget: Budget, say: Say, device: str = "cuda", layer=None, vocab: int = 151936, capacity: int = 4096 + 64
+    budget: Budget,
+    say: Say,
+    device: str = "cuda",
+    layer=None,
+    vocab: int = 151936,
+    capacity: int = 4096 + 64,
+    projections: tuple[tuple[int, int], ...] = QWEN3_8B_PROJECTIONS,
 ) -> StepOutcome:
-    """What `--attention-choice measure` and `--verify-choice measure` pick at Qwen3-8B's layer shape
-    and vocabulary (runtime/attention_choice.py, verify_choice.py): every candidate checked against
-    the reference and timed from a CUDA graph per batch. Fails where a candidate that should run on
-    this GPU was refused (it computed something else, or did not compile or capture)."""
+    """What `--attention-choice`, `--verify-choice` and `--linear-choice measure` pick at Qwen3-8B's
+    layer shape, vocabulary and projections (runtime/attention_choice.py, verify_choice.py,
+    linear_choice.py): every candidate checked against the reference and timed from a CUDA graph
+    per batch (projections: at 1 and 16 rows). Fails where a candidate that should run on this GPU
+    was refused (it computed something else, or did not compile or capture)."""
     import torch
 
-    from trtllm_dflash.runtime import attention_choice, verify_choice
+    from trtllm_dflash.runtime import attention_choice, linear_choice, verify_choice
 
     batches = (1, 8) if budget.quick else (1, 8, 32)
     where = torch.device(device)
@@ -453,12 +464,19 @@ def kernel_choice_step(
     verify = verify_choice.measure((16,), batches, vocab, dtype, where)
     for choice in verify.choices:
         say(choice.line())
+    generator = torch.Generator(where).manual_seed(0)
+    weights = [(torch.randn(n, k, generator=generator, device=where).to(dtype) * 0.02, None) for n, k in projections]
+    linear = linear_choice.measure(weights, (1, 16), say=say)
+    del weights
     refused = [f"T={c.tokens} b={c.batch} {t.candidate}: {t.refused}" for c in attention.choices for t in c.timings if t.ms is None]
     refused += [f"verify b={c.batch} {c.kind} {form}: {why}" for c in verify.choices for form, why in c.refused.items()]
+    refused += [f"rows {c.rows} {c.shape[0]}x{c.shape[1]} skinny: {c.refused}" for c in linear.choices if c.refused]
     picks = ", ".join(f"T={c.tokens} b{c.batch} {c.chosen}" for c in attention.choices)
     picks += "; verify " + ", ".join(f"b{c.batch} {c.kind} {c.chosen}" for c in verify.choices)
+    picks += "; projections " + ", ".join(f"rows {c.rows} {c.shape[0]}x{c.shape[1]} {c.chosen}" for c in linear.choices)
     summary = f"picked {picks}" + (f"; refused: {'; '.join(refused)}" if refused else "")
-    return StepOutcome(summary, "```\n" + attention.describe() + "\n" + verify.describe() + "\n```\n", passed=not refused)
+    described = "\n".join(c.describe() for c in (attention, verify, linear))
+    return StepOutcome(summary, "```\n" + described + "\n```\n", passed=not refused)
 
 
 def gpu_steps(env: GpuEnvironment, budget: Budget, say: Say) -> list[Step]:
