@@ -90,7 +90,7 @@ class LinearChoices:
         skinny = _skinny()
         if self.pick(rows, shape) == "skinny" and skinny.unsupported_reason(x, weight, bias) is None:
             measured = self._measured(rows, shape)
-            return skinny.skinny_linear(x, weight, bias, splits=measured.splits if measured is not None else None)
+            return skinny.skinny_linear(x, weight, bias, splits=measured.splits or None if measured is not None else None)
         return F.linear(x, weight, bias)
 
     def describe(self) -> str:
@@ -100,8 +100,8 @@ class LinearChoices:
 
 
 def measure_one(rows: int, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Choice:
-    """The skinny kernels checked against F.linear on `weight` (float32 reference), then F.linear and
-    the skinny kernels at each of their K split candidates timed."""
+    """F.linear and the skinny kernels at each of their K split candidates, each split count checked
+    against F.linear on `weight` (float32 reference) before it is timed."""
     shape = tuple(weight.shape)
     x = torch.randn(rows, shape[1], dtype=weight.dtype, device=weight.device, generator=torch.Generator(weight.device).manual_seed(rows))
     torch_ms = time_call(lambda: F.linear(x, weight, bias), weight.device)
@@ -109,22 +109,24 @@ def measure_one(rows: int, weight: torch.Tensor, bias: torch.Tensor | None = Non
     refused = skinny.unsupported_reason(x, weight, bias)
     if refused is None and weight.device.type != "cuda":
         refused = "needs CUDA (off it the kernels run in Triton's interpreter)"
-    if refused is None:
-        want = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
-        error = relative_error(skinny.skinny_linear(x, weight, bias), want)
-        tolerance = TOLERANCE.get(weight.dtype, TOLERANCE[torch.float32])
-        if not error <= tolerance:
-            refused = f"differs from F.linear by {error:.1e} (tolerance {tolerance:.0e})"
     if refused is not None:
         return Choice(rows, shape, "torch", torch_ms, None, refused)
+    want = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+    tolerance = TOLERANCE.get(weight.dtype, TOLERANCE[torch.float32])
     sms = torch.cuda.get_device_properties(weight.device).multi_processor_count
-    timed = {}
+    timed, problems = {}, []
     for splits in skinny.split_candidates(rows, shape[0], shape[1], sms):
+        error = relative_error(skinny.skinny_linear(x, weight, bias, splits=splits), want)
+        if not error <= tolerance:
+            problems.append(f"{splits} K splits differ from F.linear by {error:.1e} (tolerance {tolerance:.0e})")
+            continue
         ms = time_call(lambda: skinny.skinny_linear(x, weight, bias, splits=splits), weight.device)
-        if not math.isnan(ms):
+        if math.isnan(ms):
+            problems.append(f"{splits} K splits cannot be captured in a CUDA graph")
+        else:
             timed[splits] = ms
-    if not timed:
-        return Choice(rows, shape, "torch", torch_ms, None, "cannot be captured in a CUDA graph")
+    if problems:  # any refused split count is a kernel fault to report, not a slower option
+        return Choice(rows, shape, "torch", torch_ms, None, "; ".join(problems))
     splits = min(timed, key=timed.get)
     return Choice(rows, shape, "skinny" if timed[splits] < torch_ms else "torch", torch_ms, timed[splits], splits=splits)
 
