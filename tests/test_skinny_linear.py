@@ -61,6 +61,9 @@ def test_what_the_kernels_do_not_cover_is_named():
 
 
 def test_the_fixed_choice_runs_the_kernels_only_where_they_cover_the_call(monkeypatch):
+    """Where the kernels run (here: Triton's interpreter, asked for) and cover the call; a CPU
+    without the interpreter asked for keeps F.linear (the interpreter would crawl)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     calls = []
     real = skinny_launch.skinny_linear
     monkeypatch.setattr(skinny_launch, "skinny_linear", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
@@ -71,6 +74,9 @@ def test_the_fixed_choice_runs_the_kernels_only_where_they_cover_the_call(monkey
     torch.testing.assert_close(choices(big, weight), F.linear(big, weight))
     assert calls == [small.shape]  # 100 rows: F.linear
     assert linear_choice.fixed("torch")(small, weight) is not None and len(calls) == 1
+    monkeypatch.delenv("TRITON_INTERPRET")
+    torch.testing.assert_close(linear_choice.fixed("skinny")(small, weight), F.linear(small, weight))
+    assert len(calls) == 1
     with pytest.raises(DFlashError, match="unknown linear choice 'fast'"):
         linear_choice.fixed("fast")
 
@@ -87,6 +93,7 @@ def test_measured_choices_pick_per_rows_and_shape(monkeypatch):
     assert choices.pick(1, (8, 32)) == "skinny" and choices.pick(9, (8, 32)) == "torch" and choices.pick(1, (6, 32)) == "torch"
     assert choices.pick(17, (8, 32)) == "torch" and choices.pick(1, (5, 32)) == "torch"  # not measured: F.linear
     assert "rows 1 x 8x32: skinny (torch 0.2000 ms; skinny 0.1000 ms (2 K splits))" in choices.describe()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     launched = []
     real = skinny_launch.skinny_linear
     monkeypatch.setattr(skinny_launch, "skinny_linear", lambda *a, **k: launched.append(k["splits"]) or real(*a, **k))

@@ -6,7 +6,8 @@ streams a 1- or 16-row product at that bandwidth, or the skinny kernels (ops/ker
 skinny_linear.py) do better, depends on the GPU and the shape, and only timing it there says.
 
 - "torch": `F.linear` (cuBLAS on a GPU) everywhere: the default;
-- "skinny": the skinny kernels wherever they cover the call (at most MAX_ROWS rows), else F.linear;
+- "skinny": the skinny kernels wherever they cover the call (at most MAX_ROWS rows) and the
+  kernels run (CUDA, or Triton's interpreter when TRITON_INTERPRET=1 asks), else F.linear;
 - "measure": per (rows, weight shape) of the model's projections, the skinny kernels checked
   against F.linear on the model's own weight (refused past TOLERANCE), F.linear and the skinny
   kernels at a few K split counts (`skinny_launch.split_candidates`: how many programs share a
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.ops import custom_ops
 from trtllm_dflash.runtime.attention_choice import relative_error
 from trtllm_dflash.runtime.kernel_choice import time_call
 
@@ -88,7 +90,8 @@ class LinearChoices:
             return F.linear(x, weight, bias)
         rows, shape = x.numel() // max(x.shape[-1], 1), tuple(weight.shape)
         skinny = _skinny()
-        if self.pick(rows, shape) == "skinny" and skinny.unsupported_reason(x, weight, bias) is None:
+        runs = custom_ops.kernels_enabled(x.device) and skinny.unsupported_reason(x, weight, bias) is None
+        if runs and self.pick(rows, shape) == "skinny":
             measured = self._measured(rows, shape)
             return skinny.skinny_linear(x, weight, bias, splits=measured.splits or None if measured is not None else None)
         return F.linear(x, weight, bias)

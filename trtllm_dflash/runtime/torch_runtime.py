@@ -476,8 +476,8 @@ class TorchRuntime(CachedRuntime):
 
     def _attend(self, logits_at, span: int) -> attention_kernels.Attend:
         """The target attention of this pass: the chosen kernels in decode passes, told the pass's
-        span and given a memo for what its layers share; the op in prefill, whose padded rows may run past the capacity (only the op's write
-        drops those)."""
+        span and given a memo for what its layers share; the op in prefill, whose padded rows may
+        run past the capacity (only the op's write drops those)."""
         return functools.partial(self.attention_choices.attend, span=span, memo={}) if logits_at is None else ops.target_attention
 
     def attention_reads_span(self, length: int, batch: int) -> bool:
