@@ -279,9 +279,10 @@ def _sampling(batch: int, mode: str, device: torch.device) -> SamplingTensors:
     )
 
 
-# the verify pass with half its rows a CUDA graph's padding rows, starting at the last slots of their
-# cache rows (before 2026-11-29: the op read the whole row for them) or at the capacity (since: nothing)
-PADDING_STARTS = {"verify pass, half padding at the last slots": "last slots", "verify pass, half padding at the capacity": "capacity"}
+# the verify pass with half its rows a CUDA graph's padding rows (part name -> whether they start at the
+# capacity): at the last slots of their cache rows (before 2026-11-29: the op read the whole row for
+# them) or at the capacity (since: nothing)
+PADDING_STARTS = {"verify pass, half padding at the last slots": False, "verify pass, half padding at the capacity": True}
 
 
 def measure_row(
@@ -311,9 +312,9 @@ def measure_row(
     ms, how = timer("verify pass", lambda: target_forward(rows, tokens, starts, span))
     row.parts["verify pass"] = Timed(ms, floor_ms(floors.target_pass(batch, context, s.block), ceilings), how)
     if batch > 1:  # half the rows a graph's padding rows (a bucket holding fewer live requests), where they start
-        for part, start in PADDING_STARTS.items():
+        for part, at_capacity in PADDING_STARTS.items():
             padded = starts.clone()
-            padded[batch // 2 :] = runtime.capacity - (s.block if start == "last slots" else 0)
+            padded[batch // 2 :] = runtime.capacity - (0 if at_capacity else s.block)
             ms, how = timer(part, lambda: target_forward(rows, tokens, padded, span))
             row.parts[part] = Timed(ms, floor_ms(floors.target_pass(batch, context, s.block), ceilings), how)
 

@@ -188,6 +188,13 @@ def write_block(k_cache: torch.Tensor, v_cache: torch.Tensor, starts: torch.Tens
     v_cache[rows, slots[valid]] = v_new[valid].to(v_cache.dtype)
 
 
+def _live_span(starts: torch.Tensor, tokens: int, capacity: int) -> tuple[torch.Tensor, int]:
+    """Which rows start inside the capacity (the others are a CUDA graph's padding rows, which see
+    nothing), and the slots the live rows read: up to the furthest block's end (a host read)."""
+    live = starts < capacity
+    return live, min(int(starts[live].max()) + tokens if bool(live.any()) else 0, capacity)
+
+
 def _causal_visible(query_pos: torch.Tensor, span: int, window: int) -> torch.Tensor:
     """`[b, M, span]`: which of the slots 0..span-1 the queries at positions `query_pos [b, M]` see:
     j <= position, and j > position - window on sliding layers (window > 0)."""
@@ -224,9 +231,7 @@ def target_attention(
     """
     write_block(k_cache, v_cache, starts, k_new, v_new)
     batch, tokens, num_heads, _ = q.shape
-    capacity = k_cache.shape[1]
-    live = starts < capacity
-    span = min(int(starts[live].max()) + tokens if bool(live.any()) else 0, capacity)
+    live, span = _live_span(starts, tokens, k_cache.shape[1])
     compute = torch.promote_types(q.dtype, torch.float32)
     keys = k_cache[:, :span].to(compute).transpose(1, 2)  # [b, Hkv, span, Dk]
     values = v_cache[:, :span].to(compute).transpose(1, 2)
@@ -279,8 +284,7 @@ def target_attention_partials(
     device = q.device
     out = torch.zeros(batch, kv_heads, splits, tokens * group, head_dim_v, dtype=torch.float32, device=device)
     lse = torch.full((batch, kv_heads, splits, tokens * group), float("-inf"), dtype=torch.float32, device=device)
-    live = starts < capacity
-    span = min(int(starts[live].max()) + tokens if bool(live.any()) else 0, capacity)
+    live, span = _live_span(starts, tokens, capacity)
     if batch == 0 or span == 0 and sinks is None:
         return out, lse
     # packed query rows [b, Hkv, T*g, Dk]: row m is token m // g, query head h*g + m % g

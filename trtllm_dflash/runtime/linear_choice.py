@@ -30,18 +30,13 @@ import torch.nn.functional as F
 
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.ops import custom_ops
+from trtllm_dflash.ops.kernels import skinny_launch
 from trtllm_dflash.runtime.attention_choice import relative_error
 from trtllm_dflash.runtime.kernel_choice import time_call
 
 CHOICES = ("torch", "skinny", "measure")
 # relative L2 error against F.linear in float32 that still counts as the same projection
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
-
-
-def _skinny():
-    from trtllm_dflash.ops.kernels import skinny_launch
-
-    return skinny_launch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,11 +84,13 @@ class LinearChoices:
         if self.fixed == "torch":
             return F.linear(x, weight, bias)
         rows, shape = x.numel() // max(x.shape[-1], 1), tuple(weight.shape)
-        skinny = _skinny()
-        runs = custom_ops.kernels_enabled(x.device) and skinny.unsupported_reason(x, weight, bias) is None
-        if runs and self.pick(rows, shape) == "skinny":
+        if (
+            self.pick(rows, shape) == "skinny"  # the dictionary lookup first: most calls of a measured choice stay on F.linear
+            and custom_ops.kernels_enabled(x.device)
+            and skinny_launch.unsupported_reason(x, weight, bias) is None
+        ):
             measured = self._measured(rows, shape)
-            return skinny.skinny_linear(x, weight, bias, splits=measured.splits or None if measured is not None else None)
+            return skinny_launch.skinny_linear(x, weight, bias, splits=measured.splits or None if measured is not None else None)
         return F.linear(x, weight, bias)
 
     def describe(self) -> str:
@@ -108,8 +105,7 @@ def measure_one(rows: int, weight: torch.Tensor, bias: torch.Tensor | None = Non
     shape = tuple(weight.shape)
     x = torch.randn(rows, shape[1], dtype=weight.dtype, device=weight.device, generator=torch.Generator(weight.device).manual_seed(rows))
     torch_ms = time_call(lambda: F.linear(x, weight, bias), weight.device)
-    skinny = _skinny()
-    refused = skinny.unsupported_reason(x, weight, bias)
+    refused = skinny_launch.unsupported_reason(x, weight, bias)
     if refused is None and weight.device.type != "cuda":
         refused = "needs CUDA (off it the kernels run in Triton's interpreter)"
     if refused is not None:
@@ -118,12 +114,12 @@ def measure_one(rows: int, weight: torch.Tensor, bias: torch.Tensor | None = Non
     tolerance = TOLERANCE.get(weight.dtype, TOLERANCE[torch.float32])
     sms = torch.cuda.get_device_properties(weight.device).multi_processor_count
     timed, problems = {}, []
-    for splits in skinny.split_candidates(rows, shape[0], shape[1], sms):
-        error = relative_error(skinny.skinny_linear(x, weight, bias, splits=splits), want)
+    for splits in skinny_launch.split_candidates(rows, shape[0], shape[1], sms):
+        error = relative_error(skinny_launch.skinny_linear(x, weight, bias, splits=splits), want)
         if not error <= tolerance:
             problems.append(f"{splits} K splits differ from F.linear by {error:.1e} (tolerance {tolerance:.0e})")
             continue
-        ms = time_call(lambda: skinny.skinny_linear(x, weight, bias, splits=splits), weight.device)
+        ms = time_call(lambda: skinny_launch.skinny_linear(x, weight, bias, splits=splits), weight.device)
         if math.isnan(ms):
             problems.append(f"{splits} K splits cannot be captured in a CUDA graph")
         else:
@@ -143,7 +139,7 @@ def measure(
     for weight, bias in weights:
         distinct.setdefault(tuple(weight.shape), (weight.detach(), None if bias is None else bias.detach()))
     choices = []
-    for count in sorted({r for r in rows if 1 <= r <= _skinny().MAX_ROWS}):
+    for count in sorted({r for r in rows if 1 <= r <= skinny_launch.MAX_ROWS}):
         for weight, bias in distinct.values():
             choices.append(measure_one(count, weight.contiguous(), bias))
             say(choices[-1].line())
