@@ -184,47 +184,45 @@ def test_the_fused_layer_kernels_compile_for_hopper_and_read_whole_rows(dtype):
 
 
 @pytest.mark.parametrize("rows", [1, 16, 64])
-def test_the_skinny_projection_kernels_compile_for_hopper_and_stream_the_weight(rows):
-    """The skinny projection kernels (ops/kernels/skinny_linear.py), which only a GPU's torch launch
-    compiles, at the tiles `skinny_launch` launches them with, in bf16 on sm_90a: no spills, no load
+def test_the_skinny_projection_kernel_compiles_for_hopper_streams_the_weight_and_orders_its_splits(rows):
+    """The skinny projection kernel (ops/kernels/skinny_linear.py), which only a GPU's torch launch
+    compiles, at the tiles `skinny_launch` launches it with, in bf16 on sm_90a: no spills, no load
     narrower than 4 bytes, 16-byte loads of the weight (K a multiple of 16, as the JIT specializes;
-    pipelined as cp.async with NUM_STAGES)."""
+    pipelined as cp.async with NUM_STAGES). With K splits, the memory order the last split relies on
+    is in the PTX: a block barrier after the partials' stores, the tile count as an acquire-release
+    atomic at GPU scope, the partials read back through L2."""
     from trtllm_dflash.ops.kernels import skinny_launch as s
     from trtllm_dflash.plugins.aot_variants import KernelVariant
 
-    sizes = (("M", "i32"), ("N", "i32"), ("K", "i32"), ("k_per_split", "i32"))
-    linear = KernelVariant(
-        "SkinnyLinear",
-        "skinny_linear",
-        "skinny_linear_kernel",
-        (("x_ptr", "*bf16"), ("w_ptr", "*bf16"), ("bias_ptr", "*bf16"), ("out_ptr", "*fp32"), *sizes),
-        (
-            ("HAS_BIAS", False),
-            ("SPLIT", True),
-            ("BLOCK_M", s.block_m(rows)),
-            ("BLOCK_N", s.BLOCK_N),
-            ("BLOCK_K", s.BLOCK_K),
-            ("IEEE", False),
-        ),
-        s.NUM_WARPS,
-        s.NUM_STAGES,
-        True,
-        ("N", "K", "k_per_split"),
-    )
-    reduce = KernelVariant(
-        "SkinnyLinear",
-        "skinny_linear",
-        "skinny_reduce_kernel",
-        (("partial_ptr", "*fp32"), ("bias_ptr", "*bf16"), ("out_ptr", "*bf16"), ("M", "i32"), ("N", "i32"), ("splits", "i32")),
-        (("HAS_BIAS", True), ("BLOCK", s.REDUCE_BLOCK)),
-        4,
-        1,
-        True,
-        ("N",),
-    )
-    arch = aot.ARCHES["sm_90a"]
-    for variant in (linear, reduce):
-        report = kernel_audit.report(aot.compile_kernel(variant, arch), "jit")
+    sizes = (("M", "i32"), ("N", "i32"), ("K", "i32"), ("k_per_split", "i32"), ("splits", "i32"))
+    pointers = (("x_ptr", "*bf16"), ("w_ptr", "*bf16"), ("bias_ptr", "*bf16"), ("partial_ptr", "*fp32"), ("counter_ptr", "*i32"))
+    for split in (True, False):
+        variant = KernelVariant(
+            "SkinnyLinear",
+            "skinny_linear",
+            "skinny_linear_kernel",
+            (*pointers, ("out_ptr", "*bf16"), *sizes),
+            (
+                ("HAS_BIAS", True),
+                ("SPLIT", split),
+                ("BLOCK_M", s.block_m(rows)),
+                ("BLOCK_N", s.BLOCK_N),
+                ("BLOCK_K", s.BLOCK_K),
+                ("IEEE", False),
+            ),
+            s.NUM_WARPS,
+            s.NUM_STAGES,
+            True,
+            ("N", "K", "k_per_split"),
+        )
+        kernel = aot.compile_kernel(variant, aot.ARCHES["sm_90a"])
+        report = kernel_audit.report(kernel, "jit")
         assert report.spill_stores == 0 and report.spill_loads == 0 and report.narrow_loads == 0, report
         assert report.shared <= report.shared_limit, report
         assert report.vector_loads_16b + report.cp_async_16b > 0, report  # the weight tiles: pipelined cp.async
+        atomic, read_back = kernel.ptx.find("atom.global.gpu.acq_rel.add"), kernel.ptx.find("ld.global.cg")
+        if not split:
+            assert atomic == read_back == -1
+            continue
+        stored = kernel.ptx.rfind("st.global", 0, atomic)  # the partial's last store before the count
+        assert 0 < stored < kernel.ptx.find("bar.sync", stored) < atomic < read_back, "the last split could read partials not yet stored"

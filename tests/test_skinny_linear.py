@@ -25,7 +25,7 @@ TOLERANCE = {torch.float32: 1e-6, torch.bfloat16: 8e-3}
     "rows,n,k,splits,bias",
     [
         (1, 96, 200, 1, False),  # an AR row; N and K not multiples of the tiles (masked)
-        (16, 130, 512, 3, True),  # a verify block; three K splits summed by the reduce kernel
+        (16, 130, 512, 3, True),  # a verify block; three K splits summed by each tile's last
         (20, 64, 1024, 4, True),  # rows past one 16-row tile
         (40, 70, 256, 2, False),  # 64-row tiles
     ],
@@ -40,6 +40,29 @@ def test_the_kernels_compute_f_linear(dtype, rows, n, k, splits, bias):
     want = F.linear(x.float(), weight.float(), None if b is None else b.float())
     assert got.shape == want.shape and got.dtype == dtype
     assert relative_error(got, want) < TOLERANCE[dtype]
+
+
+def test_the_last_split_sums_the_partials_in_split_order_and_leaves_the_counters_zero(monkeypatch):
+    """One launch: each tile's last K split sums every split's float32 partial in split order, then
+    the bias, bit for bit what summing the splits' own products in that order gives; its tile
+    counters are zero again after the launch, so the next launch (other tiles, other splits) is
+    exact too. Past MAX_TILES tiles the launch runs unsplit."""
+    g = torch.Generator().manual_seed(5)
+    x, weight, bias = torch.randn(16, 640, generator=g), torch.randn(200, 640, generator=g), torch.randn(200, generator=g)
+    chunks = [(0, 256), (256, 512), (512, 640)]  # 3 splits of 2 BLOCK_K tiles (the last one short)
+    want = torch.zeros(16, 200)
+    for lo, hi in chunks:
+        want += skinny_launch.skinny_linear(x[:, lo:hi].contiguous(), weight[:, lo:hi].contiguous(), splits=1)
+    want += bias
+    got = skinny_launch.skinny_linear(x, weight, bias, splits=3)
+    assert torch.equal(got, want)
+    counters = skinny_launch._COUNTERS[torch.device("cpu")]
+    assert not counters.any()
+    assert torch.equal(skinny_launch.skinny_linear(x, weight, bias, splits=3), got)
+    assert relative_error(skinny_launch.skinny_linear(x[:3], weight[:70], None, splits=5), F.linear(x[:3], weight[:70])) < 1e-6
+    assert not counters.any()
+    monkeypatch.setattr(skinny_launch, "MAX_TILES", 3)  # 200 columns are 4 tiles of 64
+    assert torch.equal(skinny_launch.skinny_linear(x, weight, bias, splits=3), skinny_launch.skinny_linear(x, weight, bias, splits=1))
 
 
 def test_k_splits_fill_the_sms_and_keep_each_split_long():

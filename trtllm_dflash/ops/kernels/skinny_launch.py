@@ -3,7 +3,13 @@
 `skinny_linear(x, weight, bias)` computes `F.linear` for an x of at most MAX_ROWS rows (a decode
 pass's tokens) by streaming the weight once: enough programs to cover the SMs twice (output
 column tiles x K splits), each K split at least MIN_K_STEPS tiles long so a program keeps loads in
-flight, the splits summed in order by a second launch.
+flight, the splits summed in order by each tile's last split, in the same launch.
+
+The tiles' counters are one int32 buffer per device (`_counters`), zero between launches (each
+launch leaves it so). Launches that use it must not overlap: they run on one stream, as a
+runtime's passes do (a CUDA graph's replay included). It is allocated at the first launch with
+K splits, which must not be inside a CUDA graph capture (the capture would record its zero-fill,
+not run it): the runtime's warm-up runs before every capture see to that.
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ SKINNY_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_ROWS = 64  # past this a projection is a GEMM with reuse, cuBLAS's ground
 BLOCK_N, BLOCK_K = 64, 128
 MIN_K_STEPS = 4  # BLOCK_K tiles per K split at least
-REDUCE_BLOCK = 1024
 NUM_WARPS, NUM_STAGES = 4, 4
+MAX_TILES = 4096  # counters per device: column tiles of 64 up to N = 262,144 (vocabularies included)
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
 def cdiv(a: int, b: int) -> int:
@@ -57,6 +65,16 @@ def split_candidates(rows: int, n: int, k: int, sms: int) -> list[int]:
     return sorted({s for s in (1, max(1, natural // 2), natural, 2 * natural) if s <= max(1, k // BLOCK_K)})
 
 
+def _counters(device: torch.device) -> torch.Tensor:
+    """The device's tile counters (see the module docstring)."""
+    counters = _COUNTERS.get(device)
+    if counters is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("the skinny kernels' first split launch on a device was captured; run it once eagerly first")
+        counters = _COUNTERS[device] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
+    return counters
+
+
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, splits: int | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` by the skinny kernels (check `unsupported_reason` first); `splits`
     overrides the K split count (default: `k_splits` for this device, 1 off CUDA)."""
@@ -70,38 +88,32 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         splits = k_splits(rows, n, k, sms) if sms else 1
     per_split = cdiv(cdiv(k, splits), BLOCK_K) * BLOCK_K
     splits = cdiv(k, per_split)
-    module = kernels.for_tensor_device("skinny_linear", x.device)
     tile_m = block_m(rows)
     grid = (cdiv(n, BLOCK_N), splits, cdiv(rows, tile_m))
+    if grid[0] * grid[2] > MAX_TILES:
+        splits, per_split, grid = 1, k, (grid[0], 1, grid[2])
+    split = splits > 1
+    partials = torch.empty(splits, rows, n, dtype=torch.float32, device=x.device) if split else out
+    counters = _counters(x.device) if split else out
     has_bias = bias is not None
-    target = out if splits == 1 else torch.empty(splits, rows, n, dtype=torch.float32, device=x.device)
-    module.skinny_linear_kernel[grid](
+    kernels.for_tensor_device("skinny_linear", x.device).skinny_linear_kernel[grid](
         x2,
         weight,
         bias if has_bias else out,
-        target,
+        partials,
+        counters,
+        out,
         rows,
         n,
         k,
         per_split,
+        splits,
         HAS_BIAS=has_bias,
-        SPLIT=splits > 1,
+        SPLIT=split,
         BLOCK_M=tile_m,
         BLOCK_N=BLOCK_N,
         BLOCK_K=BLOCK_K,
         IEEE=x.dtype == torch.float32,
         **_launch_options(x.device, NUM_WARPS, NUM_STAGES),
     )
-    if splits > 1:
-        module.skinny_reduce_kernel[(cdiv(rows * n, REDUCE_BLOCK),)](
-            target,
-            bias if has_bias else out,
-            out,
-            rows,
-            n,
-            splits,
-            HAS_BIAS=has_bias,
-            BLOCK=REDUCE_BLOCK,
-            **_launch_options(x.device, 4, 1),
-        )
     return out.view(*lead, n)

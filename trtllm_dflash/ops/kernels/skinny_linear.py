@@ -10,9 +10,16 @@ and keeps only where it wins.
 - `skinny_linear_kernel`: one program per (BLOCK_N output columns, K split, BLOCK_M rows). Each
   streams its columns' weight rows along K in BLOCK_K steps (contiguous, 16-byte loads) and
   accumulates `x @ w.T` in float32 with `tl.dot`; rows past M are masked. With one K split it adds
-  the bias and stores in the output's dtype; with several it stores float32 partials.
-- `skinny_reduce_kernel`: sums the splits' partials in split order (the same bits on every run,
-  unlike atomics) and adds the bias.
+  the bias and stores in the output's dtype. With several it stores a float32 partial, then
+  counts itself in on its tile's counter; the tile's last split to arrive sums the partials in
+  split order (the same bits on every run, unlike atomics on the output), adds the bias, stores
+  the output and sets the counter back to zero. One launch per projection: a second launch to sum
+  the splits cost a kernel of a few microseconds per projection, three per layer of a decode pass.
+
+  Memory order: every thread's partial is stored before the block's barrier, the count is an
+  acquire-release atomic at GPU scope (one per program), and the last split reads the partials
+  through L2 (`.cg`), where the other SMs' stores are; the same pattern as CUDA's
+  threadFenceReduction sample and Triton's stream-K matmuls.
 
 Semantics: `torch.nn.functional.linear` up to float32 accumulation order (the tests' tolerance).
 """
@@ -26,11 +33,14 @@ def skinny_linear_kernel(
     x_ptr,
     w_ptr,
     bias_ptr,
+    partial_ptr,
+    counter_ptr,
     out_ptr,
     M,
     N,
     K,
     k_per_split,
+    splits,
     HAS_BIAS: tl.constexpr,
     SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -38,8 +48,9 @@ def skinny_linear_kernel(
     BLOCK_K: tl.constexpr,
     IEEE: tl.constexpr,
 ):
-    """x `[M, K]`, w `[N, K]` (row-major, as nn.Linear keeps it); out `[M, N]`, or float32 partials
-    `[splits, M, N]` when SPLIT."""
+    """x `[M, K]`, w `[N, K]` (row-major, as nn.Linear keeps it); out `[M, N]`. When SPLIT: float32
+    partials `[splits, M, N]` and one int32 counter per (column tile, row tile), zero on entry and
+    left zero."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -60,34 +71,20 @@ def skinny_linear_kernel(
         else:
             acc = tl.dot(x, tl.trans(w), acc)
     mask = row_ok[:, None] & col_ok[None, :]
+    finish = True
     if SPLIT:
-        offsets = (split * M + rows.to(tl.int64))[:, None] * N + cols[None, :]
-        tl.store(out_ptr + offsets, acc, mask=mask)
-    else:
+        tl.store(partial_ptr + (split * M + rows.to(tl.int64))[:, None] * N + cols[None, :], acc, mask=mask)
+        tl.debug_barrier()  # every thread's partial is stored before the count says so
+        tile = pid_m * tl.num_programs(0) + pid_n
+        finish = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu") == splits - 1
+        if finish:  # the tile's last split: every partial is in, sum them in split order
+            acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+            for s in range(0, splits):
+                offsets = (s * M + rows.to(tl.int64))[:, None] * N + cols[None, :]
+                acc += tl.load(partial_ptr + offsets, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(counter_ptr + tile, 0)  # zero again for the next launch
+    if finish:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         offsets = rows.to(tl.int64)[:, None] * N + cols[None, :]
         tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def skinny_reduce_kernel(
-    partial_ptr,
-    bias_ptr,
-    out_ptr,
-    M,
-    N,
-    splits,
-    HAS_BIAS: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """out `[M, N]` = the sum over `splits` of partials `[splits, M, N]` (+ bias), in split order."""
-    pid = tl.program_id(0)
-    offsets = pid * BLOCK + tl.arange(0, BLOCK)
-    ok = offsets < M * N
-    total = tl.full([BLOCK], 0.0, tl.float32)
-    for s in range(0, splits):
-        total += tl.load(partial_ptr + s * M * N + offsets, mask=ok, other=0.0)
-    if HAS_BIAS:
-        total += tl.load(bias_ptr + offsets % N, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offsets, total.to(out_ptr.dtype.element_ty), mask=ok)
