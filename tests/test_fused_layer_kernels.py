@@ -97,7 +97,7 @@ def test_the_in_place_fused_pass_decodes_like_the_unfused_one(monkeypatch):
     assert runs[True] == runs[False] and all(len(tokens) == 4 for tokens, _ in runs[True])
 
     monkeypatch.setattr(fused_ops, "_kernels", lambda device: None)  # the torch arithmetic ...
-    monkeypatch.setattr("trtllm_dflash.modeling.fused_target.silu_mul", lambda gate_up: fused_ops.silu_mul(gate_up) * 1.1)
+    monkeypatch.setattr("trtllm_dflash.modeling.fused_target.silu_mul_linear", lambda *a: fused_ops.silu_mul_linear(*a) * 1.1)
     wrong = TorchRuntime(target, drafter, attention="dflash")  # ... with a wrong MLP: the probe refuses it
     wrong.allocate(2, 48)
     assert wrong.fused is None

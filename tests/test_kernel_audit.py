@@ -190,13 +190,14 @@ def test_the_skinny_projection_kernel_compiles_for_hopper_streams_the_weight_and
     narrower than 4 bytes, 16-byte loads of the weight (K a multiple of 16, as the JIT specializes;
     pipelined as cp.async with NUM_STAGES). With K splits, the memory order the last split relies on
     is in the PTX: a block barrier after the partials' stores, the tile count as an acquire-release
-    atomic at GPU scope, the partials read back through L2."""
+    atomic at GPU scope, the partials read back through L2. The gated form (the down projection
+    forming silu(gate) * up as it loads x) holds to the same."""
     from trtllm_dflash.ops.kernels import skinny_launch as s
     from trtllm_dflash.plugins.aot_variants import KernelVariant
 
     sizes = (("M", "i32"), ("N", "i32"), ("K", "i32"), ("k_per_split", "i32"), ("splits", "i32"))
     pointers = (("x_ptr", "*bf16"), ("w_ptr", "*bf16"), ("bias_ptr", "*bf16"), ("partial_ptr", "*fp32"), ("counter_ptr", "*i32"))
-    for split in (True, False):
+    for split, gated in ((True, False), (False, False), (True, True)):
         variant = KernelVariant(
             "SkinnyLinear",
             "skinny_linear",
@@ -207,8 +208,9 @@ def test_the_skinny_projection_kernel_compiles_for_hopper_streams_the_weight_and
                 ("SPLIT", split),
                 ("BLOCK_M", s.block_m(rows)),
                 ("BLOCK_N", s.BLOCK_N),
-                ("BLOCK_K", s.BLOCK_K),
+                ("BLOCK_K", s.GATED_BLOCK_K if gated else s.BLOCK_K),
                 ("IEEE", False),
+                ("GATED", gated),
             ),
             s.NUM_WARPS,
             s.NUM_STAGES,

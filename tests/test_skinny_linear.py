@@ -65,6 +65,43 @@ def test_the_last_split_sums_the_partials_in_split_order_and_leaves_the_counters
     assert torch.equal(skinny_launch.skinny_linear(x, weight, bias, splits=3), skinny_launch.skinny_linear(x, weight, bias, splits=1))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,splits", [(1, 1), (16, 3)])
+def test_the_gated_kernel_is_the_activation_kernel_then_the_projection_bit_for_bit(monkeypatch, dtype, rows, splits):
+    """`gated`: the down projection of a fused gate/up projection, silu(gate) * up formed as the
+    kernel loads it: the bits of fused_ops.silu_mul's kernel followed by the plain skinny kernel
+    over the same K tiles (the gated form's are narrower, GATED_BLOCK_K).
+    LinearChoices.gated takes the call where the pick is skinny, and hands it back (None) where not."""
+    from trtllm_dflash.modeling import fused_ops
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    g = torch.Generator().manual_seed(rows)
+    gate_up = (torch.randn(rows, 2 * 300, generator=g) * 3).to(dtype)  # K = 300: masked tiles
+    weight, bias = torch.randn(70, 300, generator=g).to(dtype), torch.randn(70, generator=g).to(dtype)
+    with monkeypatch.context() as patch:  # the plain kernel over the gated form's K tiles: the same accumulation order
+        patch.setattr(skinny_launch, "BLOCK_K", skinny_launch.GATED_BLOCK_K)
+        want = skinny_launch.skinny_linear(fused_ops.silu_mul(gate_up), weight, bias, splits=splits)
+    assert skinny_launch.unsupported_reason(gate_up, weight, bias, gated=True) is None
+    assert torch.equal(skinny_launch.skinny_linear(gate_up, weight, bias, splits=splits, gated=True), want)
+    assert "half of x's last dim" in skinny_launch.unsupported_reason(gate_up[:, :300], weight, bias, gated=True)
+    assert (
+        relative_error(want, F.linear(F.silu(gate_up[:, :300].float()) * gate_up[:, 300:].float(), weight.float(), bias.float()))
+        < linear_choice.TOLERANCE[dtype]  # the activation rounded to the dtype too
+    )
+
+    assert torch.equal(
+        linear_choice.fixed("skinny").gated(gate_up, weight, bias), skinny_launch.skinny_linear(gate_up, weight, bias, gated=True)
+    )
+    assert linear_choice.fixed("torch").gated(gate_up, weight, bias) is None
+    assert linear_choice.fixed("skinny").gated(gate_up[:1].expand(65, -1), weight, bias) is None  # past MAX_ROWS: F.linear's
+    # fused_ops.silu_mul_linear: one launch with a gated choice, the activation then the projection without
+    assert torch.equal(
+        fused_ops.silu_mul_linear(gate_up, weight, bias, linear_choice.fixed("skinny")),
+        linear_choice.fixed("skinny").gated(gate_up, weight, bias),
+    )
+    torch.testing.assert_close(fused_ops.silu_mul_linear(gate_up, weight, bias), F.linear(fused_ops.silu_mul(gate_up), weight, bias))
+
+
 def test_k_splits_fill_the_sms_and_keep_each_split_long():
     # Qwen3-8B's o_proj at batch 1 on 132 SMs: 64 column tiles, so 5 splits of 4096 / 5 -> 7 tiles of 128
     assert skinny_launch.k_splits(16, 4096, 4096, 132) == 5
@@ -115,6 +152,7 @@ def test_measured_choices_pick_per_rows_and_shape(monkeypatch):
     )
     assert choices.pick(1, (8, 32)) == "skinny" and choices.pick(9, (8, 32)) == "torch" and choices.pick(1, (6, 32)) == "torch"
     assert choices.pick(17, (8, 32)) == "torch" and choices.pick(1, (5, 32)) == "torch"  # not measured: F.linear
+    assert choices.pick(1, (8, 32), gated=True) == "torch"  # the gated form is measured on its own
     assert "rows 1 x 8x32: skinny (torch 0.2000 ms; skinny 0.1000 ms (2 K splits))" in choices.describe()
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     launched = []
@@ -123,18 +161,29 @@ def test_measured_choices_pick_per_rows_and_shape(monkeypatch):
     x, weight = torch.randn(1, 32), torch.randn(8, 32)
     torch.testing.assert_close(choices(x, weight), F.linear(x, weight), atol=1e-5, rtol=1e-5)
     assert launched == [2]  # at the measured K split count
+    gated = linear_choice.LinearChoices(fixed=None, choices=(linear_choice.Choice(1, (8, 32), "skinny", 0.2, 0.1, splits=3, gated=True),))
+    gate_up = torch.randn(1, 64)
+    assert gated(x, weight) is not None and launched == [2]  # the plain call: not measured, F.linear
+    got = gated.gated(gate_up, weight)
+    assert launched == [2, 3]  # the gated form at its own measured split count
+    torch.testing.assert_close(got, F.linear(F.silu(gate_up[:, :32]) * gate_up[:, 32:], weight), atol=1e-5, rtol=1e-5)
+    assert choices.gated(gate_up, weight) is None  # measured plain only: the caller runs the activation, then F.linear
 
 
 def test_measuring_off_cuda_keeps_f_linear_and_says_why():
     weight, bias = torch.randn(24, 64), torch.randn(24)
-    choices = linear_choice.measure([(weight, bias), (weight, None), (torch.randn(8, 64), None)], rows=[1, 16, 128])
-    assert [(c.rows, c.shape) for c in choices.choices] == [(1, (24, 64)), (1, (8, 64)), (16, (24, 64)), (16, (8, 64))]
+    down = (torch.randn(8, 32), None)  # a down projection: measured on silu(gate) * up too
+    choices = linear_choice.measure([(weight, bias), (weight, None), (torch.randn(8, 64), None)], rows=[1, 16, 128], gated=[down])
+    keys = [(c.rows, c.shape, c.gated) for c in choices.choices]
+    assert keys == [(r, shape, gated) for r in (1, 16) for shape, gated in (((24, 64), False), ((8, 64), False), ((8, 32), True))]
     assert all(c.chosen == "torch" and c.torch_ms > 0 and "needs CUDA" in c.refused for c in choices.choices)
+    assert "rows 1 x 8x32, gated: torch" in choices.describe()
 
 
 def test_the_runtime_on_the_skinny_kernels_decodes_like_f_linear(monkeypatch):
     """The fused GPU pass (its kernels interpreted) with every decode projection, both LM heads and
-    the drafter's step on the skinny kernels: the tokens and acceptance lengths of F.linear."""
+    the drafter's step on the skinny kernels (the down projections gated): the tokens and
+    acceptance lengths of F.linear."""
     from trtllm_dflash.bench import gpu_step
     from trtllm_dflash.decoding import Decoder, Request, SamplingParams
     from trtllm_dflash.runtime.torch_runtime import TorchRuntime
@@ -143,7 +192,9 @@ def test_the_runtime_on_the_skinny_kernels_decodes_like_f_linear(monkeypatch):
     target, drafter = gpu_step.make_models(gpu_step.TINY, torch.device("cpu"), torch.float32)
     calls = []
     real = skinny_launch.skinny_linear
-    monkeypatch.setattr(skinny_launch, "skinny_linear", lambda *a, **k: calls.append(tuple(a[1].shape)) or real(*a, **k))
+    monkeypatch.setattr(
+        skinny_launch, "skinny_linear", lambda *a, **k: calls.append((tuple(a[1].shape), k.get("gated", False))) or real(*a, **k)
+    )
     g = torch.Generator().manual_seed(12)
     prompts = [torch.randint(0, 500, (n,), generator=g).tolist() for n in (5, 8)]
     params = [SamplingParams(max_new_tokens=4), SamplingParams(max_new_tokens=4, temperature=0.8, top_k=20, seed=3)]
@@ -156,4 +207,6 @@ def test_the_runtime_on_the_skinny_kernels_decodes_like_f_linear(monkeypatch):
     assert runs["skinny"] == runs["torch"]
     lm_head = tuple(target.get_output_embeddings().weight.shape)
     layer = runtime.fused.layers[0]
-    assert {lm_head, tuple(layer.qkv.shape), tuple(layer.gate_up.shape), tuple(drafter.fc.weight.shape)} <= set(calls)
+    down = tuple(runtime.fused.decoder.layers[0].mlp.down_proj.weight.shape)
+    plain = {lm_head, tuple(layer.qkv.shape), tuple(layer.gate_up.shape), tuple(drafter.fc.weight.shape)}
+    assert {(shape, False) for shape in plain} | {(down, True)} <= set(calls)  # the down projections gated: no activation kernel

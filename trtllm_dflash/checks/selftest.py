@@ -435,7 +435,8 @@ def tensorrt_step(env: GpuEnvironment, say: Say) -> StepOutcome:
 
 
 # Qwen3-8B's projections ([N, K]: q/k/v, o, gate/up, down, the LM head) for the kernel-choice step
-QWEN3_8B_PROJECTIONS = ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096))
+QWEN3_8B_DOWN = (4096, 12288)
+QWEN3_8B_PROJECTIONS = ((6144, 4096), (4096, 4096), (24576, 4096), QWEN3_8B_DOWN, (151936, 4096))
 
 
 def kernel_choice_step(
@@ -466,14 +467,15 @@ def kernel_choice_step(
         say(choice.line())
     generator = torch.Generator(where).manual_seed(0)
     weights = [(torch.randn(n, k, generator=generator, device=where).to(dtype) * 0.02, None) for n, k in projections]
-    linear = linear_choice.measure(weights, (1, 16), say=say)
-    del weights
+    down = [(w, b) for w, b in weights if tuple(w.shape) == QWEN3_8B_DOWN]  # also on silu(gate) * up, as the fused passes run it
+    linear = linear_choice.measure(weights, (1, 16), say=say, gated=down)
+    del weights, down
     refused = [f"T={c.tokens} b={c.batch} {t.candidate}: {t.refused}" for c in attention.choices for t in c.timings if t.ms is None]
     refused += [f"verify b={c.batch} {c.kind} {form}: {why}" for c in verify.choices for form, why in c.refused.items()]
-    refused += [f"rows {c.rows} {c.shape[0]}x{c.shape[1]} skinny: {c.refused}" for c in linear.choices if c.refused]
+    refused += [f"rows {c.rows} {c.shape[0]}x{c.shape[1]}{' gated' * c.gated} skinny: {c.refused}" for c in linear.choices if c.refused]
     picks = ", ".join(f"T={c.tokens} b{c.batch} {c.chosen}" for c in attention.choices)
     picks += "; verify " + ", ".join(f"b{c.batch} {c.kind} {c.chosen}" for c in verify.choices)
-    picks += "; projections " + ", ".join(f"rows {c.rows} {c.shape[0]}x{c.shape[1]} {c.chosen}" for c in linear.choices)
+    picks += "; projections " + ", ".join(f"rows {c.rows} {c.shape[0]}x{c.shape[1]}{' gated' * c.gated} {c.chosen}" for c in linear.choices)
     summary = f"picked {picks}" + (f"; refused: {'; '.join(refused)}" if refused else "")
     described = "\n".join(c.describe() for c in (attention, verify, linear))
     return StepOutcome(summary, "```\n" + described + "\n```\n", passed=not refused)

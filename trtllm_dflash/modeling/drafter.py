@@ -294,7 +294,7 @@ class DFlashDecoderLayer(nn.Module):
         x, h = fused_ops.add_rms_norm(x, attn, *norm_of(self.post_attention_layernorm))
         mlp = self.mlp
         weight, bias = stacked_weights(self._stacked, [mlp.gate_proj, mlp.up_proj])
-        return x, linear(fused_ops.silu_mul(linear(h, weight, bias)), mlp.down_proj.weight, mlp.down_proj.bias)
+        return x, fused_ops.silu_mul_linear(linear(h, weight, bias), mlp.down_proj.weight, mlp.down_proj.bias, linear)
 
     def forward_train(self, x, block_rope, ctx_hidden, ctx_rope, mask, block_size: int) -> torch.Tensor:
         """Uncached forward of many blocks laid end to end on the token axis (training)."""

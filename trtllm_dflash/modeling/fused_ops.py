@@ -149,3 +149,12 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     block = tiles.silu_block(width)
     module.silu_mul_kernel[(tokens, -(-width // block))](gate_up.contiguous(), width, out, BLOCK_F=block, num_warps=tiles.SILU_WARPS)
     return out
+
+
+def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, linear=F.linear) -> torch.Tensor:
+    """`linear(silu_mul(gate_up), weight, bias)`: the MLP's down projection. Where `linear` has a
+    `gated` form (runtime/linear_choice.py's LinearChoices) that takes this call, the activation is
+    formed inside the projection's kernel (its bits are `silu_mul`'s) and not launched on its own."""
+    gated = getattr(linear, "gated", None)
+    out = gated(gate_up, weight, bias) if gated is not None else None
+    return out if out is not None else linear(silu_mul(gate_up), weight, bias)

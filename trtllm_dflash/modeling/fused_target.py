@@ -30,7 +30,7 @@ from torch import nn
 
 from trtllm_dflash import hf_compat, ops
 from trtllm_dflash.modeling.cache_attention import AttentionPlan
-from trtllm_dflash.modeling.fused_ops import add_rms_norm, norm_of, qk_norm_rope, rms_norm, rotate, silu_mul
+from trtllm_dflash.modeling.fused_ops import add_rms_norm, norm_of, qk_norm_rope, rms_norm, rotate, silu_mul_linear
 from trtllm_dflash.modeling.slots import Slots
 
 # decoder layers whose forward is exactly: x + attn(rmsnorm(x)), then x + mlp(rmsnorm(x)),
@@ -255,7 +255,7 @@ class FusedDecoder:
         ]
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
         x, h = add_rms_norm(x, linear(out.reshape(batch, count, -1), layer.o_proj.weight, layer.o_proj.bias), *layer.post_norm)
-        return layer_input, x, linear(silu_mul(linear(h, layer.gate_up)), layer.down_proj.weight, layer.down_proj.bias)
+        return layer_input, x, silu_mul_linear(linear(h, layer.gate_up), layer.down_proj.weight, layer.down_proj.bias, linear)
 
     def plan(
         self, starts: list[int], count: int, windows: set[int], dtype: torch.dtype, device: torch.device, slots: tuple[int, ...]

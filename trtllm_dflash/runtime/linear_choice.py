@@ -15,6 +15,12 @@ skinny_linear.py) do better, depends on the GPU and the shape, and only timing i
   (runtime/kernel_choice.py), the fastest kept. Calls of rows or shapes not measured run
   F.linear. Off CUDA the skinny kernels are not a contender (Triton's interpreter).
 
+The MLP's down projection runs through `LinearChoices.gated` (modeling/fused_ops.py
+`silu_mul_linear`): where its pick is the skinny kernels, they take the fused gate/up projection
+and form silu(gate) * up as they load it, so the activation's kernel is not launched. "measure"
+times that form against the activation kernel followed by F.linear (a `gated` Choice); where
+the pick is F.linear the activation runs first, then the plain call.
+
 A choice changes only accumulation order (float32 either way), as any kernel change does; the
 runtime's fused pass is already held to a tolerance on a GPU (modeling/fused_target.py).
 """
@@ -29,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.modeling import fused_ops
 from trtllm_dflash.ops import custom_ops
 from trtllm_dflash.ops.kernels import skinny_launch
 from trtllm_dflash.runtime.attention_choice import relative_error
@@ -50,10 +57,12 @@ class Choice:
     skinny_ms: float | None  # at its fastest K split count, `splits`
     refused: str = ""
     splits: int = 0
+    gated: bool = False  # of silu(gate) * up: torch_ms is the activation kernel's and F.linear's
 
     def line(self) -> str:
         skinny = f"skinny {self.skinny_ms:.4f} ms ({self.splits} K splits)" if self.skinny_ms is not None else f"skinny: {self.refused}"
-        return f"rows {self.rows} x {self.shape[0]}x{self.shape[1]}: {self.chosen} (torch {self.torch_ms:.4f} ms; {skinny})"
+        gated = ", gated" if self.gated else ""
+        return f"rows {self.rows} x {self.shape[0]}x{self.shape[1]}{gated}: {self.chosen} (torch {self.torch_ms:.4f} ms; {skinny})"
 
 
 @dataclasses.dataclass
@@ -65,17 +74,17 @@ class LinearChoices:
     choices: tuple[Choice, ...] = ()
 
     def __post_init__(self) -> None:
-        self._by_key = {(c.rows, c.shape): c for c in self.choices}
+        self._by_key = {(c.rows, c.shape, c.gated): c for c in self.choices}
         self._rows = sorted({c.rows for c in self.choices})
 
-    def _measured(self, rows: int, shape: tuple[int, int]) -> Choice | None:
+    def _measured(self, rows: int, shape: tuple[int, int], gated: bool = False) -> Choice | None:
         bucket = next((r for r in self._rows if r >= rows), None)
-        return self._by_key.get((bucket, tuple(shape)))
+        return self._by_key.get((bucket, tuple(shape), gated))
 
-    def pick(self, rows: int, shape: tuple[int, int]) -> str:
+    def pick(self, rows: int, shape: tuple[int, int], gated: bool = False) -> str:
         if self.fixed is not None:
             return self.fixed
-        measured = self._measured(rows, shape)
+        measured = self._measured(rows, shape, gated)
         return measured.chosen if measured is not None else "torch"
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -93,55 +102,79 @@ class LinearChoices:
             return skinny_launch.skinny_linear(x, weight, bias, splits=measured.splits or None if measured is not None else None)
         return F.linear(x, weight, bias)
 
+    def gated(self, gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
+        """`F.linear(silu(gate) * up, weight, bias)` of a fused gate/up projection `[..., 2K]` in one
+        skinny launch where this projection's pick is the skinny kernels (the activation formed as
+        the kernel loads it); None where it is not: the caller runs the activation and `self`."""
+        if self.fixed == "torch":
+            return None
+        rows, shape = gate_up.numel() // max(gate_up.shape[-1], 1), tuple(weight.shape)
+        if (
+            self.pick(rows, shape, gated=True) == "skinny"
+            and custom_ops.kernels_enabled(gate_up.device)
+            and skinny_launch.unsupported_reason(gate_up, weight, bias, gated=True) is None
+        ):
+            measured = self._measured(rows, shape, gated=True)
+            return skinny_launch.skinny_linear(gate_up, weight, bias, splits=measured.splits if measured is not None else None, gated=True)
+        return None
+
     def describe(self) -> str:
         if self.fixed is not None:
             return f"decode-pass projections: {self.fixed}"
         return "decode-pass projections, by measurement:\n" + "\n".join("  " + c.line() for c in self.choices)
 
 
-def measure_one(rows: int, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Choice:
+def measure_one(rows: int, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False) -> Choice:
     """F.linear and the skinny kernels at each of their K split candidates, each split count checked
-    against F.linear on `weight` (float32 reference) before it is timed."""
+    against F.linear on `weight` (float32 reference) before it is timed. `gated`: of silu(gate) *
+    up from a fused gate/up projection, the activation kernel then F.linear against the skinny
+    kernels' gated form."""
     shape = tuple(weight.shape)
-    x = torch.randn(rows, shape[1], dtype=weight.dtype, device=weight.device, generator=torch.Generator(weight.device).manual_seed(rows))
-    torch_ms = time_call(lambda: F.linear(x, weight, bias), weight.device)
-    refused = skinny_launch.unsupported_reason(x, weight, bias)
+    generator = torch.Generator(weight.device).manual_seed(rows)
+    x = torch.randn(rows, shape[1] * (2 if gated else 1), dtype=weight.dtype, device=weight.device, generator=generator)
+    torch_ms = time_call(lambda: F.linear(fused_ops.silu_mul(x) if gated else x, weight, bias), weight.device)
+    refused = skinny_launch.unsupported_reason(x, weight, bias, gated=gated)
     if refused is None and weight.device.type != "cuda":
         refused = "needs CUDA (off it the kernels run in Triton's interpreter)"
     if refused is not None:
-        return Choice(rows, shape, "torch", torch_ms, None, refused)
-    want = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+        return Choice(rows, shape, "torch", torch_ms, None, refused, gated=gated)
+    want = F.linear((fused_ops.silu_mul(x) if gated else x).float(), weight.float(), None if bias is None else bias.float())
     tolerance = TOLERANCE.get(weight.dtype, TOLERANCE[torch.float32])
     sms = torch.cuda.get_device_properties(weight.device).multi_processor_count
     timed, problems = {}, []
     for splits in skinny_launch.split_candidates(rows, shape[0], shape[1], sms):
-        error = relative_error(skinny_launch.skinny_linear(x, weight, bias, splits=splits), want)
+        error = relative_error(skinny_launch.skinny_linear(x, weight, bias, splits=splits, gated=gated), want)
         if not error <= tolerance:
             problems.append(f"{splits} K splits differ from F.linear by {error:.1e} (tolerance {tolerance:.0e})")
             continue
-        ms = time_call(lambda: skinny_launch.skinny_linear(x, weight, bias, splits=splits), weight.device)
+        ms = time_call(lambda: skinny_launch.skinny_linear(x, weight, bias, splits=splits, gated=gated), weight.device)
         if math.isnan(ms):
             problems.append(f"{splits} K splits cannot be captured in a CUDA graph")
         else:
             timed[splits] = ms
     if problems:  # any refused split count is a kernel fault to report, not a slower option
-        return Choice(rows, shape, "torch", torch_ms, None, "; ".join(problems))
+        return Choice(rows, shape, "torch", torch_ms, None, "; ".join(problems), gated=gated)
     splits = min(timed, key=timed.get)
-    return Choice(rows, shape, "skinny" if timed[splits] < torch_ms else "torch", torch_ms, timed[splits], splits=splits)
+    return Choice(rows, shape, "skinny" if timed[splits] < torch_ms else "torch", torch_ms, timed[splits], splits=splits, gated=gated)
 
 
 def measure(
-    weights: Iterable[tuple[torch.Tensor, torch.Tensor | None]], rows: Iterable[int], say: Callable[[str], None] = lambda line: None
+    weights: Iterable[tuple[torch.Tensor, torch.Tensor | None]],
+    rows: Iterable[int],
+    say: Callable[[str], None] = lambda line: None,
+    gated: Iterable[tuple[torch.Tensor, torch.Tensor | None]] = (),
 ) -> LinearChoices:
     """The measured choice for every row count up to the skinny kernels' MAX_ROWS and every distinct
-    weight shape in `weights` ((weight, bias) of the model's projections)."""
-    distinct: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]] = {}
-    for weight, bias in weights:
-        distinct.setdefault(tuple(weight.shape), (weight.detach(), None if bias is None else bias.detach()))
+    weight shape in `weights` ((weight, bias) of the model's projections), and in `gated` (the MLP
+    down projections, run on silu(gate) * up: `LinearChoices.gated`)."""
+    distinct: dict[tuple[tuple[int, int], bool], tuple[torch.Tensor, torch.Tensor | None]] = {}
+    for is_gated, pairs in ((False, weights), (True, gated)):
+        for weight, bias in pairs:
+            distinct.setdefault((tuple(weight.shape), is_gated), (weight.detach(), None if bias is None else bias.detach()))
     choices = []
     for count in sorted({r for r in rows if 1 <= r <= skinny_launch.MAX_ROWS}):
-        for weight, bias in distinct.values():
-            choices.append(measure_one(count, weight.contiguous(), bias))
+        for (_, is_gated), (weight, bias) in distinct.items():
+            choices.append(measure_one(count, weight.contiguous(), bias, gated=is_gated))
             say(choices[-1].line())
     return LinearChoices(fixed=None, choices=tuple(choices))
 

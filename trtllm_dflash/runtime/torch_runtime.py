@@ -265,7 +265,7 @@ class TorchRuntime(CachedRuntime):
             return linear_kernels.fixed(self.linear_choice)
         block = self.drafter_config.block_size if self.drafter_config is not None else 1
         rows = [bucket * tokens for bucket in batch_buckets(max_batch) for tokens in {1, block}]
-        return linear_kernels.measure(self._projections(), rows)
+        return linear_kernels.measure(self._projections(), rows, gated=self._down_projections())
 
     def _projections(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """(weight, bias) of every projection a decode pass runs through `linear_choices`."""
@@ -276,6 +276,14 @@ class TorchRuntime(CachedRuntime):
         if self.drafter is not None:
             weights += self.drafter.decode_projections()
         return weights
+
+    def _down_projections(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """(weight, bias) of the MLP down projections that a decode pass may run on silu(gate) * up in
+        one launch (`LinearChoices.gated`: the fused target pass, the drafter's step on the kernels);
+        measured in that form too, besides the plain call the other paths make."""
+        layers = [layer.down_proj for layer in self.fused.layers] if self.fused is not None else []
+        layers += [layer.mlp.down_proj for layer in self.drafter.layers] if self.drafter is not None else []
+        return [(down.weight, down.bias) for down in layers]
 
     def _choose_attention(self, max_batch: int, capacity: int) -> attention_kernels.AttentionChoices:
         """What each decode pass's target attention runs: `attention_choice` checked, or measured."""

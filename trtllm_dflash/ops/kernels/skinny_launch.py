@@ -22,6 +22,9 @@ from trtllm_dflash.ops.kernels.launch import _launch_options
 SKINNY_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_ROWS = 64  # past this a projection is a GEMM with reuse, cuBLAS's ground
 BLOCK_N, BLOCK_K = 64, 128
+# the gated form holds gate, up and their product per x tile: at BLOCK_K 128 it spills on sm_90a
+# (255 registers at every row tile, tests/test_kernel_audit.py), at 64 it does not
+GATED_BLOCK_K = 64
 MIN_K_STEPS = 4  # BLOCK_K tiles per K split at least
 NUM_WARPS, NUM_STAGES = 4, 4
 MAX_TILES = 4096  # counters per device: column tiles of 64 up to N = 262,144 (vocabularies included)
@@ -33,13 +36,14 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def unsupported_reason(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> str | None:
-    """Why the skinny kernels do not cover `F.linear(x, weight, bias)` (None: they do)."""
+def unsupported_reason(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False) -> str | None:
+    """Why the skinny kernels do not cover `F.linear(x, weight, bias)` (with `gated`: of
+    `silu(gate) * up` from x = `[..., 2K]` gate then up) (None: they do)."""
     rows = x.numel() // max(x.shape[-1], 1)
     if x.dtype not in SKINNY_DTYPES or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
         return f"runs float16/bfloat16/float32 with one dtype, not {x.dtype} x {weight.dtype}"
-    if weight.dim() != 2 or x.shape[-1] != weight.shape[1] or not weight.is_contiguous():
-        return "needs a contiguous [N, K] weight whose K is x's last dim"
+    if weight.dim() != 2 or x.shape[-1] != weight.shape[1] * (2 if gated else 1) or not weight.is_contiguous():
+        return f"needs a contiguous [N, K] weight whose K is {'half of ' if gated else ''}x's last dim"
     if not 1 <= rows <= MAX_ROWS:
         return f"covers 1 to {MAX_ROWS} rows, not {rows}"
     return None
@@ -75,18 +79,23 @@ def _counters(device: torch.device) -> torch.Tensor:
     return counters
 
 
-def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, splits: int | None = None) -> torch.Tensor:
+def skinny_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, splits: int | None = None, gated: bool = False
+) -> torch.Tensor:
     """`F.linear(x, weight, bias)` by the skinny kernels (check `unsupported_reason` first); `splits`
-    overrides the K split count (default: `k_splits` for this device, 1 off CUDA)."""
+    overrides the K split count (default: `k_splits` for this device, 1 off CUDA). `gated`: x is a
+    fused gate/up projection `[..., 2K]` and the product is that of `silu(gate) * up`, formed in
+    the kernel (`fused_ops.silu_mul`'s bits)."""
     n, k = weight.shape
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, k).contiguous()
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
     rows = x2.shape[0]
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if splits is None:
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.device.type == "cuda" else 0
         splits = k_splits(rows, n, k, sms) if sms else 1
-    per_split = cdiv(cdiv(k, splits), BLOCK_K) * BLOCK_K
+    block_k = GATED_BLOCK_K if gated else BLOCK_K
+    per_split = cdiv(cdiv(k, splits), block_k) * block_k
     splits = cdiv(k, per_split)
     tile_m = block_m(rows)
     grid = (cdiv(n, BLOCK_N), splits, cdiv(rows, tile_m))
@@ -112,8 +121,9 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         SPLIT=split,
         BLOCK_M=tile_m,
         BLOCK_N=BLOCK_N,
-        BLOCK_K=BLOCK_K,
+        BLOCK_K=block_k,
         IEEE=x.dtype == torch.float32,
+        GATED=gated,
         **_launch_options(x.device, NUM_WARPS, NUM_STAGES),
     )
     return out.view(*lead, n)

@@ -21,6 +21,12 @@ and keeps only where it wins.
   through L2 (`.cg`), where the other SMs' stores are; the same pattern as CUDA's
   threadFenceReduction sample and Triton's stream-K matmuls.
 
+  GATED: x is the fused gate/up projection `[M, 2K]` and the product is `silu(gate) * up` times
+  w.T, the activation formed as each x tile is loaded, rounded as `fused_layer.silu_mul_kernel`
+  rounds it (the same bits): the MLP's down projection without the activation's own launch. Its
+  K tiles are narrower (skinny_launch.GATED_BLOCK_K), so its sums differ from the plain launch's
+  in float32 accumulation order only.
+
 Semantics: `torch.nn.functional.linear` up to float32 accumulation order (the tests' tolerance).
 """
 
@@ -47,10 +53,11 @@ def skinny_linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     IEEE: tl.constexpr,
+    GATED: tl.constexpr,
 ):
-    """x `[M, K]`, w `[N, K]` (row-major, as nn.Linear keeps it); out `[M, N]`. When SPLIT: float32
-    partials `[splits, M, N]` and one int32 counter per (column tile, row tile), zero on entry and
-    left zero."""
+    """x `[M, K]` (`[M, 2K]` when GATED), w `[N, K]` (row-major, as nn.Linear keeps it); out `[M, N]`.
+    When SPLIT: float32 partials `[splits, M, N]` and one int32 counter per (column tile, row tile),
+    zero on entry and left zero."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -64,7 +71,15 @@ def skinny_linear_kernel(
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < k_hi
-        x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        x_mask = row_ok[:, None] & k_ok[None, :]
+        if GATED:  # silu(gate) * up, rounded as silu_mul_kernel rounds it
+            x_row = x_ptr + rows.to(tl.int64)[:, None] * (2 * K) + ks[None, :]
+            gate = tl.load(x_row, mask=x_mask, other=0.0).to(tl.float32)
+            up = tl.load(x_row + K, mask=x_mask, other=0.0).to(tl.float32)
+            activated = (gate / (1.0 + tl.exp(-gate))).to(w_ptr.dtype.element_ty).to(tl.float32)
+            x = (activated * up).to(w_ptr.dtype.element_ty)
+        else:
+            x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :], mask=x_mask, other=0.0)
         w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * K + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         if IEEE:
             acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
