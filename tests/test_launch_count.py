@@ -1,0 +1,129 @@
+"""How many device launches a decoding pass's layer costs on the GPU path (issue 39 item 3).
+
+Under a CUDA graph every kernel of a batch-1 pass costs a few microseconds beyond its own work, so
+a layer's launches are part of its speed. This runs the GPU path with its kernels in Triton's
+interpreter and counts, per decoder layer, what would launch on a GPU: every Triton kernel, and
+every aten op other than views and allocations (the `dflash::` custom ops are counted by the
+kernels they run). The per-layer count is the difference between a 3-layer and a 2-layer model,
+so the pass's fixed work (embedding, RoPE, the LM head) cancels.
+
+Off CUDA the attention op runs one KV split (no merge launch) and the skinny kernels one K split;
+on a GPU each adds at most one launch per attention (the merge) and none per projection (the
+last K split sums the splits in the same launch).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+# aten ops that launch nothing on a GPU: views, allocations, metadata
+NO_LAUNCH = {
+    "view", "_unsafe_view", "reshape", "expand", "slice", "select", "t", "transpose", "unsqueeze", "squeeze", "as_strided",
+    "permute", "split", "split_with_sizes", "chunk", "unbind", "alias", "detach", "empty", "empty_like", "empty_strided",
+    "new_empty", "lift_fresh", "narrow", "unflatten", "flatten", "contiguous", "size", "stride", "dim", "is_contiguous",
+}  # fmt: skip
+
+
+class LaunchCounter(TorchDispatchMode):
+    """Counts, while entered, aten ops that launch device work and Triton kernel launches (the
+    interpreter's grid calls), by name; aten ops inside a Triton launch (the interpreter's own
+    copies) are not counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: collections.Counter = collections.Counter()
+        self.inside = 0
+
+    def __enter__(self):
+        from triton.runtime import interpreter
+
+        self.real = real = interpreter.GridExecutor.__call__
+
+        def launch(executor, *args, **kwargs):
+            self.counts[f"triton {executor.fn.__name__}"] += 1
+            self.inside += 1
+            try:
+                return real(executor, *args, **kwargs)
+            finally:
+                self.inside -= 1
+
+        interpreter.GridExecutor.__call__ = launch
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        from triton.runtime import interpreter
+
+        interpreter.GridExecutor.__call__ = self.real
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if not self.inside and name not in NO_LAUNCH and func.namespace != "dflash":
+            self.counts[f"aten {name}"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _launches(layers: int, draft_layers: int) -> dict[str, collections.Counter]:
+    """Launches of the verify, AR and draft passes of a tiny model on the GPU path, skinny projections."""
+    from trtllm_dflash.bench import gpu_step
+    from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+
+    shape = dataclasses.replace(gpu_step.TINY, layers=layers, draft_layers=draft_layers, target_layer_ids=(0, 1))
+    target, drafter = gpu_step.make_models(shape, torch.device("cpu"), torch.float32)
+    runtime = TorchRuntime(target, drafter, attention="dflash", linear_choice="skinny")
+    batch = 2  # (one row on a CPU writes its context K/V by slice copies, a shortcut the GPU path does not take)
+    runtime.allocate(batch, 64)
+    assert runtime.fused is not None
+    rows, context = slice(0, batch), 20
+    tokens = torch.randint(0, shape.vocab, (batch, shape.block), generator=torch.Generator().manual_seed(0))
+    starts = torch.full((batch,), context, dtype=torch.long)
+    features = torch.randn(batch, shape.block, len(shape.target_layer_ids) * shape.hidden)
+    block = torch.full((batch, shape.block), runtime.drafter_config.mask_token_id, dtype=torch.long)
+    new_counts = torch.full((batch,), 3, dtype=torch.long)
+    passes = {
+        "verify": lambda: runtime.target_forward(rows, tokens, starts, context + shape.block),
+        "AR": lambda: runtime.target_forward(rows, tokens[:, :1], starts, context + 1),
+        "draft": lambda: runtime.draft_forward(rows, block, features, new_counts, starts - new_counts),
+    }
+    counted = {}
+    for name, run in passes.items():
+        run()
+        counter = LaunchCounter()
+        with torch.inference_mode(), counter:
+            run()
+        counted[name] = counter.counts
+    runtime.taps.remove()
+    return counted
+
+
+def test_a_decoder_layer_launches_eight_kernels_on_the_gpu_path(monkeypatch):
+    """Per target layer, verify and AR passes alike: the input norm with the residual add, the qkv
+    projection, q/k norm + RoPE, the attention op, o_proj, the post-attention norm with its residual
+    add, gate/up, and the down projection forming silu(gate) * up itself. Per drafter layer the
+    same, plus the context rows' K/V projection and their norm + RoPE. Nothing else: no torch op."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    small, large = _launches(2, 1), _launches(3, 2)
+    layer = {
+        "triton add_rms_norm_kernel": 2,
+        "triton skinny_linear_kernel": 4,
+        "triton qk_norm_rope_kernel": 1,
+        "triton target_attention_kernel": 1,
+    }
+    for name in ("verify", "AR"):
+        per_layer = large[name] - small[name]
+        assert dict(per_layer) == layer, f"{name} pass, per layer: {dict(per_layer)}"
+    per_draft_layer = dict(large["draft"] - small["draft"])
+    assert per_draft_layer == {
+        "triton add_rms_norm_kernel": 2,
+        "triton skinny_linear_kernel": 5,
+        "triton qk_norm_rope_kernel": 2,
+        "triton block_attention_kernel": 1,
+    }, f"draft pass, per layer: {per_draft_layer}"
