@@ -77,6 +77,27 @@ def _decode(runtime, prompts, params):
     return [(r.token_ids, r.acceptance_lengths) for r in decoder.generate([Request(p, s) for p, s in zip(prompts, params)])]
 
 
+def test_the_rope_table_holds_the_rotary_embeddings_values_for_every_position():
+    """RopeTable: the rows of a pass's positions are what the model's rotary embedding computes for
+    them, bit for bit, far positions included; one past the table reads its last row (never out of
+    bounds); an embedding whose values depend on more than the position gets no table."""
+    import types
+
+    from trtllm_dflash.bench import gpu_step
+
+    target, _ = gpu_step.make_models(gpu_step.TINY, torch.device("cpu"), torch.float32)
+    rotary = target.model.rotary_emb  # Qwen3's, default type
+    positions = torch.tensor([[4000, 4001, 4002, 17], [0, 1, 2, 4999]])
+    for dtype in (torch.float32, torch.bfloat16):
+        table = fused_ops.RopeTable.of(rotary, 5000, dtype, torch.device("cpu"))
+        cos, sin = table.rows(positions)
+        want_cos, want_sin = rotary(torch.empty(0, dtype=dtype), positions)
+        assert cos.dtype == dtype and torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+        past = table.rows(torch.tensor([[5000, 7000]]))
+        assert torch.equal(past[0], want_cos[1, 3].expand(1, 2, -1)) and torch.equal(past[1], want_sin[1, 3].expand(1, 2, -1))
+    assert fused_ops.RopeTable.of(types.SimpleNamespace(rope_type="dynamic"), 10, torch.float32, torch.device("cpu")) is None
+
+
 def test_the_in_place_fused_pass_decodes_like_the_unfused_one(monkeypatch):
     """Kernels interpreted on both sides (the attention op too): only the fused pass differs. The
     probe must accept it (it is the path a GPU takes), and a pass that computes something else
@@ -93,6 +114,8 @@ def test_the_in_place_fused_pass_decodes_like_the_unfused_one(monkeypatch):
         runtime = TorchRuntime(target, drafter, attention="dflash", fused=fused)
         runs[fused] = _decode(runtime, prompts, params)
         assert (runtime.fused is not None) == fused
+        if fused:  # its cos/sin, and the drafter's, gathered from tables of every position a pass reaches
+            assert runtime.fused.rope_table.length == drafter.rope_table.length == runtime.capacity + drafter.config.block_size
         runtime.taps.remove()
     assert runs[True] == runs[False] and all(len(tokens) == 4 for tokens, _ in runs[True])
 

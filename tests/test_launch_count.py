@@ -108,7 +108,8 @@ def test_a_decoder_layer_launches_eight_kernels_on_the_gpu_path(monkeypatch):
     """Per target layer, verify and AR passes alike: the input norm with the residual add, the qkv
     projection, q/k norm + RoPE, the attention op, o_proj, the post-attention norm with its residual
     add, gate/up, and the down projection forming silu(gate) * up itself. Per drafter layer the
-    same, plus the context rows' K/V projection and their norm + RoPE. Nothing else: no torch op."""
+    same, plus the context rows' K/V projection and their norm + RoPE. Nothing else: no torch op.
+    Around the layers, a target pass launches 9 more."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     small, large = _launches(2, 1), _launches(3, 2)
     layer = {
@@ -120,6 +121,18 @@ def test_a_decoder_layer_launches_eight_kernels_on_the_gpu_path(monkeypatch):
     for name in ("verify", "AR"):
         per_layer = large[name] - small[name]
         assert dict(per_layer) == layer, f"{name} pass, per layer: {dict(per_layer)}"
+        # and once per pass: the token embedding, the positions, cos/sin gathered from the rope table
+        # (fused_ops.RopeTable: a clamp and two gathers), the final norm, the LM head, the taps' concat
+        fixed = small[name] - collections.Counter({kernel: 2 * count for kernel, count in layer.items()})
+        assert dict(fixed) == {
+            "aten embedding": 3,
+            "aten arange": 1,
+            "aten add": 1,
+            "aten clamp": 1,
+            "aten cat": 1,
+            "triton add_rms_norm_kernel": 1,
+            "triton skinny_linear_kernel": 1,
+        }, f"{name} pass, once per pass: {dict(fixed)}"
     per_draft_layer = dict(large["draft"] - small["draft"])
     assert per_draft_layer == {
         "triton add_rms_norm_kernel": 2,

@@ -328,6 +328,8 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config=shared)
+        # cos/sin of every position, set by the runtime where the kernels run (a step on them gathers its rows)
+        self.rope_table: fused_ops.RopeTable | None = None
         # a checkpoint's own LM head / embedding (most drafters use the target's): see attach_own_weights
         self.lm_head: nn.Linear | None = None
         self.embed_tokens: nn.Embedding | None = None
@@ -391,7 +393,7 @@ class DFlashDrafter(nn.Module):
             ctx_hidden = fused_ops.add_rms_norm(ctx_hidden, None, *norm_of(self.hidden_norm))[1]
         else:
             ctx_hidden = rms_norm(ctx_hidden, *norm_of(self.hidden_norm))
-        rope = self.rope(block_embeds, positions)
+        rope = self.rope_table.rows(positions) if fused and self.rope_table is not None else self.rope(block_embeds, positions)
         history = self.config.history  # read per call: `config` may be replaced to change it
         # one row on the CPU: its context rows are written into the cache by slice (host lengths are free there)
         row = (int(cache_lens[0]), int(new_counts[0])) if block_embeds.shape[0] == 1 and cache_lens.device.type == "cpu" else None

@@ -26,6 +26,39 @@ def norm_of(module: nn.Module) -> tuple[torch.Tensor, float]:
     return module.weight, module.variance_epsilon
 
 
+# rotary embeddings whose cos/sin depend on the position alone (not on the sequence length seen)
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+class RopeTable:
+    """cos/sin `[length, D]` of positions 0 .. length-1, computed once by a model's rotary embedding.
+
+    Why: a pass computing its cos/sin launches about nine small kernels (the position cast, the
+    frequencies, cat, cos, sin, the scaling, the casts); gathering its rows from this table takes
+    three (a clamp and two gathers). The values are the rotary embedding's own, element for element:
+    its arithmetic is per position (on a CPU torch's vectorised cos may differ from its scalar
+    tail by a rounding step, so the CPU's op-by-op path keeps computing them)."""
+
+    def __init__(self, rotary_emb: nn.Module, length: int, dtype: torch.dtype, device: torch.device) -> None:
+        like = torch.empty(0, dtype=dtype, device=device)  # the embedding reads only its dtype and device
+        cos, sin = rotary_emb(like, torch.arange(length, device=device).view(1, -1))
+        self.cos, self.sin, self.length = cos[0].contiguous(), sin[0].contiguous(), length
+
+    @classmethod
+    def of(cls, rotary_emb: nn.Module, length: int, dtype: torch.dtype, device: torch.device) -> "RopeTable | None":
+        """The table, or None where the embedding's values depend on more than the position (dynamic
+        NTK, LongRoPE) or per layer type."""
+        if getattr(rotary_emb, "rope_type", None) not in STATIC_ROPE_TYPES:
+            return None
+        return cls(rotary_emb, length, dtype, device)
+
+    def rows(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin `[*positions.shape, D]`. Positions past the table (none a pass reads: a padding
+        row's, at most) take its last row instead of reading out of bounds."""
+        index = positions.clamp(0, self.length - 1)
+        return F.embedding(index, self.cos), F.embedding(index, self.sin)
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """RoPE on `[b, T, heads, D]` with cos/sin `[b, T, 1, D]` (transformers' rotate_half form)."""
     half = x.shape[-1] // 2

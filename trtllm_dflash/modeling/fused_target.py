@@ -30,7 +30,7 @@ from torch import nn
 
 from trtllm_dflash import hf_compat, ops
 from trtllm_dflash.modeling.cache_attention import AttentionPlan
-from trtllm_dflash.modeling.fused_ops import add_rms_norm, norm_of, qk_norm_rope, rms_norm, rotate, silu_mul_linear
+from trtllm_dflash.modeling.fused_ops import RopeTable, add_rms_norm, norm_of, qk_norm_rope, rms_norm, rotate, silu_mul_linear
 from trtllm_dflash.modeling.slots import Slots
 
 # decoder layers whose forward is exactly: x + attn(rmsnorm(x)), then x + mlp(rmsnorm(x)),
@@ -139,6 +139,7 @@ class FusedDecoder:
         self.linear = linear
         with torch.inference_mode(False):  # the stacked weights outlive any inference-mode caller
             self.layers = [FusedLayer(layer) for layer in decoder.layers]
+        self.rope_table: RopeTable | None = None  # set by the runtime where the kernels run (forward_in_place reads it)
         self.attention = hf_compat.attention_function(decoder.config)
         # transformers' SDPA path repeats the key/value heads for GQA when a mask is given; SDPA's
         # own GQA gives the same bits without the copies
@@ -214,9 +215,11 @@ class FusedDecoder:
         `caches[i]` covers every slot; `runs` (Slots.runs) are the batch rows and the slots they
         use, one op call per run. `attend` runs the op's call (the torch runtime passes the kernel it
         chose for decode passes, runtime/attention_choice.py), `linear` the projections (the kernels
-        it chose, runtime/linear_choice.py). Needs `in_place_unsupported_reason(decoder) is None`."""
+        it chose, runtime/linear_choice.py). cos/sin come from `rope_table` where the runtime set one
+        (fused_ops.RopeTable), else from the model's rotary embedding. Needs
+        `in_place_unsupported_reason(decoder) is None`."""
         x = self.decoder.embed_tokens(tokens)
-        rope = self.decoder.rotary_emb(x, positions)
+        rope = self.rope_table.rows(positions) if self.rope_table is not None else self.decoder.rotary_emb(x, positions)
         outputs, delta = {}, None  # delta: the MLP output not yet added to the residual stream x
         for i in range(len(self.layers)):
             layer_input, x, delta = self.layer_in_place(i, x, delta, rope, starts, caches[i], windows[i], runs, attend, linear)

@@ -33,7 +33,7 @@ from transformers import PreTrainedModel
 from trtllm_dflash import hf_compat, ops
 from trtllm_dflash.drafters import kind_of
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.modeling import cache_attention, fused_target, linear_attention, packed_linear, target_attention
+from trtllm_dflash.modeling import cache_attention, fused_ops, fused_target, linear_attention, packed_linear, target_attention
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.modeling.kv_cache import RaggedHFCache, StaticKVCache
 from trtllm_dflash.modeling.taps import HiddenTaps
@@ -244,6 +244,7 @@ class TorchRuntime(CachedRuntime):
         elif self._fused_candidate:
             self._fused_candidate = False  # probed once per runtime
             self.fused = self._probe_fused()
+        self._set_rope_tables(capacity)
         if self._choices_for != (max_batch, capacity):
             if self.attention == "dflash":
                 self.attention_choices = self._choose_attention(max_batch, capacity)
@@ -257,6 +258,18 @@ class TorchRuntime(CachedRuntime):
         if self.verify_choice == "measure":
             return verify_kernels.measure((block,), batch_buckets(max_batch), self.vocab_size, self.dtype, self.device)
         return verify_kernels.fixed(self.verify_choice, block, self.vocab_size, self.dtype, self.device)
+
+    def _set_rope_tables(self, capacity: int) -> None:
+        """Where the kernels run, the fused target pass and the drafter's step gather cos/sin from a
+        table of every position a pass can reach (a padding row's block starts at the capacity)
+        instead of computing them per pass (modeling/fused_ops.py RopeTable)."""
+        if not fused_ops.kernels_run(self.device):
+            return
+        length = capacity + (self.drafter_config.block_size if self.drafter_config is not None else 1)
+        if self.fused is not None:
+            self.fused.rope_table = fused_ops.RopeTable.of(self.decoder.rotary_emb, length, self.dtype, self.device)
+        if self.drafter is not None:
+            self.drafter.rope_table = fused_ops.RopeTable.of(self.drafter.rotary_emb, length, self.dtype, self.device)
 
     def _choose_linear(self, max_batch: int) -> linear_kernels.LinearChoices:
         """What runs the decode passes' projections: `linear_choice`, or measured on the fused target
