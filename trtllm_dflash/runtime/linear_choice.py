@@ -90,32 +90,30 @@ class LinearChoices:
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """`F.linear(x, weight, bias)` by the kernel picked for its rows and weight shape (the skinny
         kernels at the measured K split count, or the launch's default)."""
-        if self.fixed == "torch":
-            return F.linear(x, weight, bias)
-        rows, shape = x.numel() // max(x.shape[-1], 1), tuple(weight.shape)
-        if (
-            self.pick(rows, shape) == "skinny"  # the dictionary lookup first: most calls of a measured choice stay on F.linear
-            and custom_ops.kernels_enabled(x.device)
-            and skinny_launch.unsupported_reason(x, weight, bias) is None
-        ):
-            measured = self._measured(rows, shape)
-            return skinny_launch.skinny_linear(x, weight, bias, splits=measured.splits or None if measured is not None else None)
-        return F.linear(x, weight, bias)
+        out = self._skinny(x, weight, bias, gated=False)
+        return out if out is not None else F.linear(x, weight, bias)
 
     def gated(self, gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
         """`F.linear(silu(gate) * up, weight, bias)` of a fused gate/up projection `[..., 2K]` in one
         skinny launch where this projection's pick is the skinny kernels (the activation formed as
         the kernel loads it); None where it is not: the caller runs the activation and `self`."""
+        return self._skinny(gate_up, weight, bias, gated=True)
+
+    def _skinny(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated: bool) -> torch.Tensor | None:
+        """The skinny kernels' result where the pick for x's rows and the weight's shape is theirs,
+        the kernels run on x's device and cover the call; None otherwise."""
         if self.fixed == "torch":
             return None
-        rows, shape = gate_up.numel() // max(gate_up.shape[-1], 1), tuple(weight.shape)
+        rows, shape = x.numel() // max(x.shape[-1], 1), tuple(weight.shape)
         if (
-            self.pick(rows, shape, gated=True) == "skinny"
-            and custom_ops.kernels_enabled(gate_up.device)
-            and skinny_launch.unsupported_reason(gate_up, weight, bias, gated=True) is None
+            self.pick(rows, shape, gated) == "skinny"  # the dictionary lookup first: most calls of a measured choice stay on F.linear
+            and custom_ops.kernels_enabled(x.device)
+            and skinny_launch.unsupported_reason(x, weight, bias, gated=gated) is None
         ):
-            measured = self._measured(rows, shape, gated=True)
-            return skinny_launch.skinny_linear(gate_up, weight, bias, splits=measured.splits if measured is not None else None, gated=True)
+            measured = self._measured(rows, shape, gated)
+            return skinny_launch.skinny_linear(
+                x, weight, bias, splits=measured.splits or None if measured is not None else None, gated=gated
+            )
         return None
 
     def describe(self) -> str:

@@ -18,6 +18,7 @@ import torch
 
 from trtllm_dflash.ops import kernels
 from trtllm_dflash.ops.kernels.launch import _launch_options
+from trtllm_dflash.ops.kernels.tiles import cdiv
 
 SKINNY_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_ROWS = 64  # past this a projection is a GEMM with reuse, cuBLAS's ground
@@ -30,10 +31,6 @@ NUM_WARPS, NUM_STAGES = 4, 4
 MAX_TILES = 4096  # counters per device: column tiles of 64 up to N = 262,144 (vocabularies included)
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def unsupported_reason(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False) -> str | None:
