@@ -130,7 +130,8 @@ def test_the_in_place_fused_pass_decodes_like_the_unfused_one(monkeypatch):
 def test_the_drafter_step_with_the_kernels_matches_its_torch_arithmetic(monkeypatch):
     """The drafter's decoding step takes the same kernels on a GPU (norms, each with the residual add
     of the layer before, q/k norm + RoPE of the block and of the injected context rows read in place,
-    SiLU * up): float32 logits within 1e-5 of its torch code, over two layers and two rows."""
+    SiLU * up), with cos/sin computed or gathered from a RopeTable: float32 logits within 1e-5 of
+    its torch code, over two layers and two rows."""
     import dataclasses
 
     from trtllm_dflash.bench import gpu_step
@@ -161,3 +162,8 @@ def test_the_drafter_step_with_the_kernels_matches_its_torch_arithmetic(monkeypa
     (ref_logits, ref_keys), (logits, keys) = both(monkeypatch, draft)
     assert relative_error(logits, ref_logits) < 1e-5
     assert relative_error(keys, ref_keys) < 1e-5  # the context rows' keys were written through the kernel
+    # with cos/sin gathered from a table, as the runtime sets one where the kernels run (the torch
+    # arithmetic's step ignores it and computes them)
+    drafter.rope_table = fused_ops.RopeTable.of(drafter.rotary_emb, 40 + shape.block, torch.float32, torch.device("cpu"))
+    (ref_logits, ref_keys), (logits, keys) = both(monkeypatch, draft)
+    assert relative_error(logits, ref_logits) < 1e-5 and relative_error(keys, ref_keys) < 1e-5
