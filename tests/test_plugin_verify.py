@@ -203,8 +203,8 @@ def test_chunk_maxima_are_the_reference_partials(vocab, dtype):
 
 @pytest.mark.parametrize("vocab", [1000, 1024])  # not a multiple of 16 / a multiple of 16 (aligned rows)
 def test_split_vocabulary_greedy_and_sampled_rows(vocab):
-    """Chunks of 128 logits (7 of them and a partial one): greedy ties across chunks, top-k, top-p
-    and both, rows mixed, against the reference."""
+    """Chunks of 256 logits (3 of them and a partial one at vocabulary 1000): greedy ties across
+    chunks, top-k, top-p and both, rows mixed, against the reference."""
     g = torch.Generator().manual_seed(9)
     batch, block = 6, 4
     logits = torch.randn(batch, block, vocab, generator=g) * 3
@@ -212,9 +212,9 @@ def test_split_vocabulary_greedy_and_sampled_rows(vocab):
     temperature, top_k, top_p = params([0.0, 1.0, 0.8, 1.2, 0.7, 1.0], [0, 40, 0, 25, 0, 1], [1.0, 1.0, 0.85, 0.9, 1.0, 0.5])
     q = reference.process_logits(logits[:, 1:] + torch.randn(batch, block - 1, vocab, generator=g), temperature, top_k, top_p)
     tokens = make_block(9, logits, [2, 1, 0, 3, 1, 2])
-    got = compare(logits, tokens, q, temperature, top_k, top_p, block_v=128, chunk_v=128)
+    got = compare(logits, tokens, q, temperature, top_k, top_p, block_v=256, chunk_v=256)
     assert got[0, 0] == 2 and tokens[0, 2] == 100
-    compare(logits[:3], tokens[:3], None, temperature[:3], top_k[:3], top_p[:3], block_v=128, chunk_v=128)  # no draft distributions
+    compare(logits[:3], tokens[:3], None, temperature[:3], top_k[:3], top_p[:3], block_v=256, chunk_v=256)  # no draft distributions
 
 
 def test_split_vocabulary_keeps_ties_together_at_the_thresholds():
@@ -236,7 +236,7 @@ def test_split_vocabulary_half_precision(dtype):
     logits = (torch.randn(3, 4, vocab, generator=g) * 3).to(dtype)
     temperature, top_k, top_p = params([0.0, 0.8, 1.0], [0, 10, 30], [1.0, 1.0, 0.9])
     q = reference.process_logits(logits[:, 1:].float() + torch.randn(3, 3, vocab, generator=g), temperature, top_k, top_p)
-    compare(logits, make_block(10, logits, [1, 2, 0]), q, temperature, top_k, top_p, block_v=64, chunk_v=128)
+    compare(logits, make_block(10, logits, [1, 2, 0]), q, temperature, top_k, top_p, block_v=128, chunk_v=256)
 
 
 # ----------------------------------------------------------------------------- the shortlist

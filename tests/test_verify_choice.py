@@ -128,7 +128,7 @@ def test_the_runtime_on_the_kernel_forms_decodes_like_the_per_position_ones(tmp_
     real_drafts = verify_choice.sample_drafts_by_shortlist
     monkeypatch.setattr(verify_choice, "sample_drafts_by_shortlist", lambda *a: shortlist_drafts.append(a[0].shape) or real_drafts(*a))
     prompts = [[5, 6, 7, 8, 9], [11, 12, 13]]
-    params = [SamplingParams(max_new_tokens=10, temperature=0.9, top_k=20, top_p=0.9, seed=1), SamplingParams(max_new_tokens=8)]
+    params = [SamplingParams(max_new_tokens=6, temperature=0.9, top_k=20, top_p=0.9, seed=1), SamplingParams(max_new_tokens=5)]
     runs = {}
     for choice in ("positions", "spread", "shortlist"):  # the target's own attention, unfused: its kernels are tested
         runtime = TorchRuntime(target.model, drafter, attention="hf", fused=False, verify_choice=choice)
