@@ -90,7 +90,9 @@ def main() -> None:
     parser.add_argument("--contexts", type=_ints, default=None, help="e.g. 1024,8192,32768")
     parser.add_argument("--batches", type=_ints, default=None, help="e.g. 1,8,32")
     parser.add_argument("--vocab", type=int, default=None)
-    parser.add_argument("--target-only", action="store_true", help="only target attention (launch.TARGET_ATTENTION_BENCH_SHAPES)")
+    parser.add_argument(
+        "--target-only", action="store_true", help="only target attention (attention_traffic.TARGET_ATTENTION_BENCH_SHAPES)"
+    )
     parser.add_argument(
         "--in-graph",
         action="store_true",

@@ -16,10 +16,12 @@ import torch
 
 from trtllm_dflash.bench import kernels, sdpa_baseline
 from trtllm_dflash.ops import reference_attention
-from trtllm_dflash.ops.kernels import launch
+from trtllm_dflash.ops.kernels import attention_traffic
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = launch.TargetAttentionShape("tiny-verify", batch=2, tokens=4, heads=4, kv_heads=2, head_dim_k=16, head_dim_v=16, context=40)
+TINY = attention_traffic.TargetAttentionShape(
+    "tiny-verify", batch=2, tokens=4, heads=4, kv_heads=2, head_dim_k=16, head_dim_v=16, context=40
+)
 
 
 def cpu_timer(fn, repeats=2):
@@ -33,7 +35,7 @@ def cpu_timer(fn, repeats=2):
 
 
 def _operands(window=0, dtype=torch.float32):
-    inputs = launch.target_attention_bench_inputs(TINY, torch.device("cpu"), dtype=dtype)
+    inputs = attention_traffic.target_attention_bench_inputs(TINY, torch.device("cpu"), dtype=dtype)
     expected = reference_attention.target_attention(**inputs, sinks=None, scale=0.25, window=window)  # writes the block
     return sdpa_baseline.verify_operands(inputs["q"], inputs["k_cache"], inputs["v_cache"], TINY.context, 0.25, window), expected
 

@@ -19,7 +19,7 @@ from trtllm_dflash.ops import (
     custom_ops,
     reference_attention,  # noqa: E402
 )
-from trtllm_dflash.ops.kernels import launch  # noqa: E402
+from trtllm_dflash.ops.kernels import attention_traffic, launch  # noqa: E402
 
 
 def run_both(case, sinks=None, window=0, scale=None):
@@ -232,14 +232,14 @@ def test_launch_plan_of_a_qwen3_8b_verify_step():
 
 
 def test_benchmark_shapes_and_bytes_moved():
-    shapes = launch.TARGET_ATTENTION_BENCH_SHAPES
+    shapes = attention_traffic.TARGET_ATTENTION_BENCH_SHAPES
     assert {(s.batch, s.context) for s in shapes if s.tokens == 16} == {(b, c) for b in (1, 8, 64) for c in (1024, 8192)}
     assert {(s.batch, s.context) for s in shapes if s.tokens == 1} == {(b, 1024) for b in (1, 8, 32)}
     s = next(s for s in shapes if (s.batch, s.context) == (1, 1024))
     assert (s.tokens, s.heads, s.kv_heads, s.head_dim_k, s.head_dim_v) == (16, 32, 8, 128, 128)
     # one layer, one row, bf16: read (1024 + 16) x 8 x 256 x 2, write 16 x 8 x 256 x 2, q and out 2 x 16 x 32 x 128 x 2
     assert s.bytes_moved() == (1024 + 16) * 8 * 256 * 2 + 16 * 8 * 256 * 2 + 2 * 16 * 32 * 128 * 2
-    windowed = launch.target_attention_bytes(1, 16, 32, 8, 128, 128, context=8192, window=128)
+    windowed = attention_traffic.target_attention_bytes(1, 16, 32, 8, 128, 128, context=8192, window=128)
     assert windowed == (127 + 16) * 8 * 256 * 2 + 16 * 8 * 256 * 2 + 2 * 16 * 32 * 128 * 2
-    inputs = launch.target_attention_bench_inputs(s, torch.device("cpu"))
+    inputs = attention_traffic.target_attention_bench_inputs(s, torch.device("cpu"))
     assert inputs["k_cache"].shape == (1, 1024 + 16, 8, 128) and inputs["starts"].tolist() == [1024]

@@ -223,9 +223,9 @@ def test_kernel_tables_and_goals():
 
 
 def test_target_attention_rows_and_goals():
-    from trtllm_dflash.ops.kernels import launch
+    from trtllm_dflash.ops.kernels import attention_traffic
 
-    shape = launch.TARGET_ATTENTION_BENCH_SHAPES[0]
+    shape = attention_traffic.TARGET_ATTENTION_BENCH_SHAPES[0]
     result = kernels.KernelBenchmark(3.0e12, [], [], [kernels.TargetAttentionResult(shape, 0.010, 0.008, 0.009)])
     text = kernels.kernel_tables(result)
     assert (

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from trtllm_dflash.ops.kernels import launch
+from trtllm_dflash.ops.kernels import attention_traffic, launch
 
 H100_SMS = 132
 # About 90% of the H100 SXM's 3.35 TB/s HBM3 peak: what device-to-device copies typically reach.
@@ -49,7 +49,7 @@ def qwen3_8b_rows(batch: int, sms: int = H100_SMS) -> list[KernelRow]:
     partial_bytes = 4 * (HEAD_DIM + 1)  # one fp32 partial output row and its log-sum-exp
     target = launch.target_attention_config(HEAD_DIM, HEAD_DIM, BLOCK, GROUP)
     target_tiles = target.m_tiles(BLOCK, GROUP)
-    target_bytes = launch.target_attention_bytes(batch, BLOCK, HEADS, KV_HEADS, HEAD_DIM, HEAD_DIM, CONTEXT)
+    target_bytes = attention_traffic.target_attention_bytes(batch, BLOCK, HEADS, KV_HEADS, HEAD_DIM, HEAD_DIM, CONTEXT)
     splits = launch.target_kv_splits(batch, KV_HEADS, target_tiles, CONTEXT, sms)
     partials = batch * KV_HEADS * splits * rows_per_head * partial_bytes if splits > 1 else 0
     merge_m = launch.merge_block_m(HEAD_DIM, BLOCK, GROUP)
@@ -57,7 +57,7 @@ def qwen3_8b_rows(batch: int, sms: int = H100_SMS) -> list[KernelRow]:
     drafter = launch.attention_config(HEAD_DIM, BLOCK, GROUP)
     drafter_tiles = drafter.m_tiles(BLOCK, GROUP)
     drafter_splits = launch.drafter_kv_splits(batch, KV_HEADS, drafter_tiles, CONTEXT + BLOCK, sms)
-    drafter_bytes = launch.block_attention_bytes(batch, BLOCK, HEADS, KV_HEADS, HEAD_DIM, CONTEXT, ACCEPTED)
+    drafter_bytes = attention_traffic.block_attention_bytes(batch, BLOCK, HEADS, KV_HEADS, HEAD_DIM, CONTEXT, ACCEPTED)
     drafter_partials = batch * KV_HEADS * drafter_splits * rows_per_head * partial_bytes if drafter_splits > 1 else 0
     chunks = launch.verify_num_chunks(VOCAB)
     logits = 2 * batch * BLOCK * VOCAB

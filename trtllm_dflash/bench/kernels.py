@@ -113,10 +113,10 @@ class VerifyResult(_VersusFloor):
 
 @dataclasses.dataclass
 class TargetAttentionResult(_VersusFloorAndSdpa):
-    """The target's causal attention over its in-place cache (`launch.TARGET_ATTENTION_BENCH_SHAPES`)
+    """The target's causal attention over its in-place cache (`attention_traffic.TARGET_ATTENTION_BENCH_SHAPES`)
     against the fastest SDPA backend that computes the same step (`sdpa_baseline`)."""
 
-    shape: object  # launch.TargetAttentionShape
+    shape: object  # attention_traffic.TargetAttentionShape
     ours_ms: float  # the launch as shipped: KV splits picked from the shape
     floor_ms: float
     sdpa_ms: float  # the fastest SDPA candidate
@@ -172,7 +172,7 @@ def bench_attention(
     shape: AttentionShape, bandwidth: float, timer: Callable[[Callable[[], object]], float] = _median_ms
 ) -> AttentionResult:
     """Our block attention vs SDPA on one shape (outputs checked equal first)."""
-    from trtllm_dflash.ops.kernels import launch
+    from trtllm_dflash.ops.kernels import attention_traffic, launch
 
     s = shape
     dtype = getattr(torch, s.dtype)
@@ -201,7 +201,7 @@ def bench_attention(
 
     torch.testing.assert_close(ours().float(), sdpa().transpose(1, 2).float(), atol=3e-2, rtol=3e-2)
     # bytes that must move: context K/V read, block K/V + queries read, outputs + appended rows written
-    floor_bytes = launch.block_attention_bytes(s.batch, s.block, s.heads, s.kv_heads, s.head_dim, s.context, s.new_rows, size)
+    floor_bytes = attention_traffic.block_attention_bytes(s.batch, s.block, s.heads, s.kv_heads, s.head_dim, s.context, s.new_rows, size)
     ms_ours, ms_sdpa = timer(ours), timer(sdpa)
     group = s.heads // s.kv_heads
     m_tiles = launch.attention_config(s.head_dim, s.block, group).m_tiles(s.block, group)
@@ -222,12 +222,12 @@ def bench_target_attention(
     with one split, vs the fastest SDPA backend on the same step. `timer` and `device` default to
     do_bench on CUDA; the tests pass a CPU timer (the kernel then runs in Triton's interpreter)."""
     from trtllm_dflash.bench import sdpa_baseline
-    from trtllm_dflash.ops.kernels import launch
+    from trtllm_dflash.ops.kernels import attention_traffic, launch
 
     s = shape
     device = device or torch.device("cuda")
     timer = timer or _median_ms
-    inputs = launch.target_attention_bench_inputs(s, device)
+    inputs = attention_traffic.target_attention_bench_inputs(s, device)
     scale = s.head_dim_k**-0.5
     group = s.heads // s.kv_heads
     m_tiles = launch.target_attention_config(s.head_dim_k, s.head_dim_v, s.tokens, group).m_tiles(s.tokens, group)
@@ -305,10 +305,10 @@ def run_kernel_benchmark(
     for shape in verify_shapes:
         say(f"verify {shape.logits_dtype} {shape.mode} batch {shape.batch}")
         verify.append(bench_verify(shape, bandwidth, timer))
-    from trtllm_dflash.ops.kernels import launch
+    from trtllm_dflash.ops.kernels import attention_traffic
 
     target = []
-    for shape in launch.TARGET_ATTENTION_BENCH_SHAPES if target_shapes is None else target_shapes:
+    for shape in attention_traffic.TARGET_ATTENTION_BENCH_SHAPES if target_shapes is None else target_shapes:
         say(f"target attention {shape.name}")
         target.append(bench_target_attention(shape, bandwidth, timer=timer))
     return KernelBenchmark(bandwidth, attention, verify, target, "in-graph" if in_graph else "launched")
