@@ -26,7 +26,7 @@ run() {  # run LIMIT_S NAME COMMAND...: its output in $OUT/NAME.log, its exit st
 
 if [ "${1:-}" = "tests" ]; then
   run 560 tests "$python" -m pytest -q tests/test_kernel_choice_gpu.py tests/test_cuda_graphs_gpu.py tests/test_fused_layer_gpu.py \
-    tests/test_plugin_gpu.py
+    tests/test_plugin_gpu.py tests/test_plugin_target_split_gpu.py::test_the_merge_in_the_split_launch_gives_the_two_launch_bits_on_gpu
   exit 0
 fi
 run 300 step "$python" benchmarks/bench_gpu_step.py --repeats 10 --profile --out "$out/step.md"

@@ -137,7 +137,14 @@ def attention_variants(
     )
     variants.append(
         KernelVariant(
-            "DFlashAttentionMerge", "attention", "merge_kernel", merge_signature, (("HEAD_DIM", head_dim), ("BLOCK_M", block_m)), 4, 1, True
+            "DFlashAttentionMerge",
+            "attention_merge",
+            "merge_kernel",
+            merge_signature,
+            (("HEAD_DIM", head_dim), ("BLOCK_M", block_m)),
+            4,
+            1,
+            True,
         )
     )
     return variants

@@ -16,6 +16,7 @@ import contextlib
 import inspect
 import json
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -381,6 +382,31 @@ INTERPRETER_TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat1
 GPU_TOLERANCE = {torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
 
+def block_attention_case(seed, batch, block, heads, kv_heads, head_dim, dtype, capacity=48, max_new=6, cache_dtype=None):
+    """Random ragged inputs: per-row cache lengths (some empty) and new-row counts (some zero)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, dt=dtype):
+        return torch.randn(*shape, generator=g).to(dt)
+
+    cache_dtype = cache_dtype or dtype
+    new_counts = torch.randint(0, max_new + 1, (batch,), generator=g)
+    cache_lens = torch.randint(0, capacity - max_new - 1, (batch,), generator=g)
+    cache_lens[0], new_counts[-1] = 0, 0  # an empty cache and a step without new context
+    return dict(
+        q=rand(batch, block, heads, head_dim),
+        k_block=rand(batch, block, kv_heads, head_dim),
+        v_block=rand(batch, block, kv_heads, head_dim),
+        k_ctx_new=rand(batch, max_new, kv_heads, head_dim),
+        v_ctx_new=rand(batch, max_new, kv_heads, head_dim),
+        new_counts=new_counts,
+        k_cache=rand(batch, capacity, kv_heads, head_dim, dt=cache_dtype),
+        v_cache=rand(batch, capacity, kv_heads, head_dim, dt=cache_dtype),
+        cache_lens=cache_lens,
+        scale=head_dim**-0.5,
+    )
+
+
 def target_attention_case(
     seed, batch=3, tokens=4, heads=4, kv_heads=2, key_dim=64, value_dim=64, capacity=48, dtype=torch.float32, cache_dtype=None, starts=None
 ):
@@ -491,3 +517,30 @@ def fake_tensorrt():
     trtp.from_shape_expr = lambda shape, dtype: TensorDesc(shape, dtype)
     trt.plugin = trtp
     return trt, trtp
+
+
+@contextlib.contextmanager
+def shuffled_programs(seed: int):
+    """Triton's interpreter runs each launch's programs in a random order (seeded), as a GPU may: the
+    k-th program it runs gets the k-th grid index of a shuffled list (it runs them in grid order
+    otherwise). For kernels whose last program of a tile finishes it. Reaches into the
+    interpreter's builder (pinned in requirements.lock, as tests/test_launch_count.py does)."""
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    set_dim, set_idx = builder.set_grid_dim, builder.set_grid_idx
+    order, rng = [], random.Random(seed)
+
+    def grid_dim(x, y, z):
+        order[:] = [(i, j, k) for i in range(x) for j in range(y) for k in range(z)]
+        rng.shuffle(order)
+        set_dim(x, y, z)
+
+    def grid_idx(x, y, z):
+        set_idx(*order.pop())
+
+    builder.set_grid_dim, builder.set_grid_idx = grid_dim, grid_idx
+    try:
+        yield
+    finally:
+        del builder.set_grid_dim, builder.set_grid_idx

@@ -228,3 +228,40 @@ def test_the_skinny_projection_kernel_compiles_for_hopper_streams_the_weight_and
             continue
         stored = kernel.ptx.rfind("st.global", 0, atomic)  # the partial's last store before the count
         assert 0 < stored < kernel.ptx.find("bar.sync", stored) < atomic < read_back, "the last split could read partials not yet stored"
+
+
+def merged_variant(split):
+    """A split attention kernel's variant as the torch path launches it: with the merge in the
+    launch (attention_merge.py), the tile counters and the output after its partials."""
+    out = next(kind for name, kind in split.signature if name == "q_ptr")
+    signature = []
+    for name, kind in split.signature:
+        signature.append((name, kind))
+        if name == "partial_lse_ptr":
+            signature += [("counter_ptr", "*i32"), ("out_ptr", out)]
+    function = split.function.replace("_split_kernel", "_merged_kernel")
+    return dataclasses.replace(split, source="attention_merge", function=function, signature=tuple(signature))
+
+
+@pytest.mark.parametrize("tokens", [1, 16])
+def test_split_attention_merged_in_the_launch_compiles_for_hopper_and_orders_its_merge(tokens):
+    """The one-launch split attention at Qwen3-8B's heads (32 / 8, head dim 128, bf16) on sm_90a,
+    for the target's AR and 16-token verify passes and the drafter's 16-token block: no spills,
+    and the memory order the last split's merge relies on, as in the skinny projections: the
+    partials stored, a block barrier, the count as an acquire-release atomic at GPU scope, the
+    partials read back through L2."""
+    from trtllm_dflash.plugins.aot_variants import attention_variants, target_attention_split_variant
+
+    config = launch.target_attention_config(128, 128, tokens, 4)
+    target = target_attention_split_variant(128, 128, "bfloat16", "bfloat16", config.block_m, {"sinks": False})
+    variants = [merged_variant(target)]
+    if tokens > 1:
+        drafter = launch.attention_config(128, tokens, 4)
+        variants.append(merged_variant(attention_variants(128, "bfloat16", "bfloat16", drafter.block_m)[1]))
+    for variant in variants:
+        kernel = aot.compile_kernel(variant, aot.ARCHES["sm_90a"])
+        report = kernel_audit.report(kernel, "jit")
+        assert report.spill_stores == 0 and report.spill_loads == 0, (variant.function, report)
+        atomic, read_back = kernel.ptx.find("atom.global.gpu.acq_rel.add"), kernel.ptx.find("ld.global.cg")
+        stored = kernel.ptx.rfind("st.global", 0, atomic)  # the partials' last store before the count
+        assert 0 < stored < kernel.ptx.find("bar.sync", stored) < atomic < read_back, variant.function

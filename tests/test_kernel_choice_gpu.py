@@ -79,7 +79,7 @@ def test_the_skinny_projection_kernels_compute_f_linear_and_are_timed_from_graph
     last split summing them) and its down projection on silu(gate) * up (gated): within one output
     rounding of F.linear at every K split count, and timed from a CUDA graph (runtime/linear_choice.py).
     The same launch twice gives the same bits (the splits are summed in order, the counters left zero)."""
-    from trtllm_dflash.ops.kernels import skinny_launch
+    from trtllm_dflash.ops.kernels import skinny_launch, tile_counters
     from trtllm_dflash.runtime import linear_choice
 
     g = torch.Generator(device="cuda").manual_seed(rows)
@@ -91,4 +91,4 @@ def test_the_skinny_projection_kernels_compute_f_linear_and_are_timed_from_graph
         x = torch.randn(rows, k * (2 if gated else 1), device="cuda", generator=g, dtype=torch.bfloat16)
         first = skinny_launch.skinny_linear(x, weight, splits=5, gated=gated)
         assert torch.equal(skinny_launch.skinny_linear(x, weight, splits=5, gated=gated), first)
-    assert not skinny_launch._COUNTERS[torch.device("cuda", torch.cuda.current_device())].any()
+    assert not tile_counters._COUNTERS[torch.device("cuda", torch.cuda.current_device())].any()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import block_attention_case
 
 pytest.importorskip("triton")
 
@@ -17,31 +18,6 @@ from trtllm_dflash.ops import reference_attention  # noqa: E402
 from trtllm_dflash.ops.kernels import launch  # noqa: E402
 
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
-
-
-def make_case(seed, batch, block, heads, kv_heads, head_dim, dtype, capacity=48, max_new=6, cache_dtype=None):
-    """Random ragged inputs: per-row cache lengths (some empty) and new-row counts (some zero)."""
-    g = torch.Generator().manual_seed(seed)
-
-    def rand(*shape, dt=dtype):
-        return torch.randn(*shape, generator=g).to(dt)
-
-    cache_dtype = cache_dtype or dtype
-    new_counts = torch.randint(0, max_new + 1, (batch,), generator=g)
-    cache_lens = torch.randint(0, capacity - max_new - 1, (batch,), generator=g)
-    cache_lens[0], new_counts[-1] = 0, 0  # an empty cache and a step without new context
-    return dict(
-        q=rand(batch, block, heads, head_dim),
-        k_block=rand(batch, block, kv_heads, head_dim),
-        v_block=rand(batch, block, kv_heads, head_dim),
-        k_ctx_new=rand(batch, max_new, kv_heads, head_dim),
-        v_ctx_new=rand(batch, max_new, kv_heads, head_dim),
-        new_counts=new_counts,
-        k_cache=rand(batch, capacity, kv_heads, head_dim, dt=cache_dtype),
-        v_cache=rand(batch, capacity, kv_heads, head_dim, dt=cache_dtype),
-        cache_lens=cache_lens,
-        scale=head_dim**-0.5,
-    )
 
 
 def run_both(case, window=0, kv_splits=1, causal=0):
@@ -77,7 +53,7 @@ def written_out(case, window=0, causal=0):
 
 @pytest.mark.parametrize("window,causal", [(0, 0), (1, 0), (3, 0), (9, 0), (0, 1), (3, 1)])
 def test_reference_is_the_published_rule(window, causal):
-    case = make_case(11, 3, 6, 4, 2, 16, torch.float32)
+    case = block_attention_case(11, 3, 6, 4, 2, 16, torch.float32)
     ref = reference_attention.block_attention(
         **{k: v.clone() if torch.is_tensor(v) else v for k, v in case.items()}, window=window, causal=causal
     )
@@ -105,48 +81,48 @@ def assert_matches(case, window=0, kv_splits=1, causal=0):
     ],
 )
 def test_gqa_ratios_head_dims_and_block_sizes(heads, kv_heads, head_dim, block):
-    assert_matches(make_case(1, 3, block, heads, kv_heads, head_dim, torch.float32))
+    assert_matches(block_attention_case(1, 3, block, heads, kv_heads, head_dim, torch.float32))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_inputs_accumulate_in_float32(dtype):
-    assert_matches(make_case(2, 3, 6, 4, 2, 64, dtype))
+    assert_matches(block_attention_case(2, 3, 6, 4, 2, 64, dtype))
 
 
 @pytest.mark.parametrize("window", [1, 3, 9, 100])
 def test_sliding_window_layers_are_symmetric_inside_the_block(window):
     # window 1: each query sees only itself; 3 < block: the window cuts inside the block, on both
     # sides; 9: reaches back into the context; 100: longer than every sequence
-    assert_matches(make_case(3, 3, 6, 4, 2, 64, torch.float32), window=window)
+    assert_matches(block_attention_case(3, 3, 6, 4, 2, 64, torch.float32), window=window)
 
 
 @pytest.mark.parametrize("window", [0, 3])
 def test_causal_drafters(window):
     # ModelOpt `causal: true`: causal inside the block, alone and with a window
-    assert_matches(make_case(3, 3, 6, 4, 2, 64, torch.float32), window=window, causal=1)
+    assert_matches(block_attention_case(3, 3, 6, 4, 2, 64, torch.float32), window=window, causal=1)
 
 
 @pytest.mark.parametrize("kv_splits,window,causal", [(3, 0, 0), (5, 0, 0), (4, 5, 0), (4, 2, 0), (3, 3, 1)])
 def test_split_context_is_merged_exactly(kv_splits, window, causal):
     # more splits than some rows have context: empty splits must not disturb the merge
-    assert_matches(make_case(4, 3, 4, 8, 2, 64, torch.float32), window=window, kv_splits=kv_splits, causal=causal)
+    assert_matches(block_attention_case(4, 3, 4, 8, 2, 64, torch.float32), window=window, kv_splits=kv_splits, causal=causal)
 
 
 def test_split_kernel_half_precision():
-    assert_matches(make_case(5, 2, 16, 8, 2, 128, torch.bfloat16, capacity=96), kv_splits=3)
+    assert_matches(block_attention_case(5, 2, 16, 8, 2, 128, torch.bfloat16, capacity=96), kv_splits=3)
 
 
 def test_fp8_kv_cache():
     # New rows are drawn on the float8 grid: Triton 3.9's interpreter rounds float->float8 wrongly
     # (1.945 -> 1.0), while GPUs round to nearest like torch. The data path is what is tested here.
-    case = make_case(6, 2, 4, 4, 2, 64, torch.bfloat16, cache_dtype=torch.float8_e4m3fn)
+    case = block_attention_case(6, 2, 4, 4, 2, 64, torch.bfloat16, cache_dtype=torch.float8_e4m3fn)
     for name in ("k_ctx_new", "v_ctx_new"):
         case[name] = case[name].to(torch.float8_e4m3fn).to(torch.bfloat16)
     assert_matches(case, kv_splits=2)
 
 
 def test_kernel_result_does_not_depend_on_the_batch():
-    case = make_case(7, 3, 4, 4, 2, 64, torch.float32)
+    case = block_attention_case(7, 3, 4, 4, 2, 64, torch.float32)
     out_all, _, _, _ = run_both(case)
     row = {k: v[1:2] if torch.is_tensor(v) else v for k, v in case.items()}
     out_one, _, _, _ = run_both(row)
@@ -155,7 +131,7 @@ def test_kernel_result_does_not_depend_on_the_batch():
 
 def test_reference_split_form_merges_to_the_reference():
     """The split semantics the partial ONNX node exposes, checked within the reference."""
-    case = make_case(8, 3, 5, 4, 2, 64, torch.float32)
+    case = block_attention_case(8, 3, 5, 4, 2, 64, torch.float32)
     for window, causal in ((0, 0), (4, 0), (2, 0), (3, 1)):
         full = reference_attention.block_attention(
             **{k: v.clone() if torch.is_tensor(v) else v for k, v in case.items()}, window=window, causal=causal
@@ -167,11 +143,11 @@ def test_reference_split_form_merges_to_the_reference():
 
 
 def test_unsupported_shapes_are_clear_errors():
-    case = make_case(9, 1, 4, 2, 2, 64, torch.float32)
+    case = block_attention_case(9, 1, 4, 2, 2, 64, torch.float32)
     case["q"] = case["q"][..., :48].contiguous()
     with pytest.raises(DFlashError, match="q has|k_block has|head_dim"):
         launch.block_attention(**case)
-    case = make_case(9, 1, 4, 2, 2, 64, torch.float32)
+    case = block_attention_case(9, 1, 4, 2, 2, 64, torch.float32)
     case["k_cache"] = case["k_cache"].transpose(1, 2).contiguous().transpose(1, 2)
     with pytest.raises(DFlashError, match="not contiguous"):
         launch.block_attention(**case)

@@ -41,3 +41,19 @@ def test_the_shape_picks_splits_on_this_gpu():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert launch.default_target_kv_splits(1, 8, 1, 16, 8208, torch.device("cuda")) == launch.target_kv_splits(1, 8, 1, 8192, sms) > 1
     assert launch.default_target_kv_splits(64, 8, 1, 16, 8208, torch.device("cuda")) == 1
+
+
+@pytest.mark.parametrize("tokens", [1, 16])
+def test_the_merge_in_the_split_launch_gives_the_two_launch_bits_on_gpu(tokens):
+    """On a GPU any split of a tile can be its last: the one-launch form (attention_merge.py) gives
+    the bits of the split and merge launches on every one of 20 launches (a merge that read a
+    partial not yet stored would differ), and leaves the tile counters zero."""
+    from trtllm_dflash.ops.kernels import tile_counters
+
+    case = {k: v.cuda() for k, v in target_case_past_capacity(2, tokens, 32, 8, 128, 128, 8208, torch.bfloat16).items()}
+    options = dict(sinks=None, scale=128**-0.5, window=0, kv_splits=16)
+    separate = launch.target_attention(**{k: v.clone() for k, v in case.items()}, **options, merge_in_launch=False)
+    for _ in range(20):
+        merged = launch.target_attention(**{k: v.clone() for k, v in case.items()}, **options)
+        assert torch.equal(merged, separate)
+    assert not tile_counters._COUNTERS[torch.device("cuda", torch.cuda.current_device())].any()

@@ -20,6 +20,7 @@ from trtllm_dflash.extras import require
 
 KERNEL_SOURCES = (
     "attention",
+    "attention_merge",
     "verify",
     "verify_spread",
     "verify_shortlist",

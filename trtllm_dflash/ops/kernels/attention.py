@@ -9,8 +9,9 @@ with slot == absolute position.
 One program handles one (query tile, KV split) of one KV head of one sequence. Its query tile
 holds all `B * group` query rows that share the KV head (GQA packing), so every key and value is
 read once per KV head. Long contexts are split over `num_splits` programs (flash-decoding): each
-writes a normalised partial output and its log-sum-exp, and `merge_kernel` combines them. With
-one split the program writes the final output directly.
+writes a normalised partial output and its log-sum-exp, and `merge_kernel` combines them (in a
+launch of its own, or in the split launch's last program: attention_merge.py). With one split the
+program writes the final output directly.
 
 `target_attention_kernel` (semantics `reference_attention.target_attention`) is the target's layer: q/out
 `[b, T, Hq, Dk|Dv]`, the block's keys/values `[b, T, Hkv, Dk|Dv]`, caches `[b, capacity, Hkv, Dk|Dv]`
@@ -312,53 +313,6 @@ def _block_attention(
         tl.store(lse_ptr + part, lse, mask=row_ok)
     else:
         tl.store(out_ptr + q_offs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
-
-
-@triton.jit
-def merge_kernel(
-    # inputs
-    partial_out_ptr,
-    partial_lse_ptr,
-    like_ptr,  # the queries: only their shape and dtype matter (TensorRT derives the output from them)
-    # scalars
-    block,
-    num_kv_heads,
-    group,
-    num_splits,
-    # outputs
-    out_ptr,
-    # compile-time configuration
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-):
-    """Combine the per-split outputs of one KV head's query rows by their log-sum-exp."""
-    m_tile = tl.program_id(0)
-    head = tl.program_id(1)
-    row = tl.program_id(2).to(tl.int64)
-    rows = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < block * group
-    dims = tl.arange(0, HEAD_DIM)
-    base = (row * num_kv_heads + head) * num_splits * (block * group)
-
-    lse_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for s in range(0, num_splits):
-        lse = tl.load(partial_lse_ptr + base + s * (block * group) + rows, mask=row_ok, other=float("-inf"))
-        lse_max = tl.maximum(lse_max, lse)
-    lse_use = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    acc = tl.full([BLOCK_M, HEAD_DIM], 0.0, tl.float32)
-    total = tl.full([BLOCK_M], 0.0, tl.float32)
-    for s in range(0, num_splits):
-        part = base + s * (block * group) + rows
-        lse = tl.load(partial_lse_ptr + part, mask=row_ok, other=float("-inf"))
-        weight = tl.exp(lse - lse_use)
-        o = tl.load(partial_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], mask=row_ok[:, None], other=0.0)
-        acc += weight[:, None] * o
-        total += weight
-    out = acc / tl.where(total > 0, total, 1.0)[:, None]
-    t = rows // group
-    q_head = head * group + rows % group
-    offs = ((row * block + t) * (num_kv_heads * group) + q_head).to(tl.int64)[:, None] * HEAD_DIM + dims[None, :]
-    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit

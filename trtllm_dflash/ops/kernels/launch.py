@@ -13,6 +13,7 @@ import torch
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.ops import kernels, specs
 from trtllm_dflash.ops.attention_options import BLOCK_ATTENTION, TARGET_ATTENTION, AttentionOptions, float_bits  # noqa: F401  (float_bits: re-exported)
+from trtllm_dflash.ops.kernels import tile_counters
 from trtllm_dflash.ops.kernels.tiles import (  # noqa: F401  (re-exported: the launch API)
     ATTENTION_HEAD_DIMS,
     COMMIT_BLOCK_S,
@@ -228,11 +229,12 @@ def _check_target_attention_inputs(inputs, options: dict) -> None:
 
 
 @specs.TARGET_ATTENTION.launcher(torch.Tensor)
-def target_attention(inputs, *, kv_splits: int | None = None, **options) -> torch.Tensor:
+def target_attention(inputs, *, kv_splits: int | None = None, merge_in_launch: bool = True, **options) -> torch.Tensor:
     """Run the target-attention kernel(s): writes the block into the caches in place, returns `[b,T,Hq,Dv]`.
 
-    One launch with one split (what DFlashTargetAttention does), else the split kernel and the
-    merge (DFlashTargetAttentionSplit + DFlashAttentionMerge); see `reference_attention.target_attention`.
+    One launch with one split (what DFlashTargetAttention does), else the split kernel with the
+    merge in the same launch, or with `merge_in_launch` False the two launches of the plugins
+    (DFlashTargetAttentionSplit + DFlashAttentionMerge); see `reference_attention.target_attention`.
     `kv_splits` overrides the split count `default_target_kv_splits` picks from the shape. Options
     (sinks, scale, window): `attention_options.TARGET_ATTENTION`.
     """
@@ -274,8 +276,8 @@ def target_attention(inputs, *, kv_splits: int | None = None, **options) -> torc
     scalars = target_attention_split_scalars(tokens, capacity, kv_heads, group, options, splits)
     merge_m = merge_block_m(head_dim_v, tokens, group, dtype_name(q.dtype))
     return _split_and_merge(
-        module,
-        module.target_attention_split_kernel,
+        "target_attention",
+        merge_in_launch,
         grid,
         (*kernel_args, *scalars),
         constants,
@@ -292,16 +294,25 @@ def target_attention(inputs, *, kv_splits: int | None = None, **options) -> torc
 
 
 def _split_and_merge(
-    module, split_kernel, grid, args, constants, launch_options, q, k_cache, v_cache, out, kv_heads, group, splits, merge_m
+    kernel, merge_in_launch, grid, args, constants, launch_options, q, k_cache, v_cache, out, kv_heads, group, splits, merge_m
 ):
-    """The split launch of an attention kernel (`args`: its inputs and scalars), then the merge into `out
-    [b, T, Hq, Dv]`: one launch each, through float32 partials `[b, Hkv, splits, T*g, (Dv)]`."""
+    """The split form of attention kernel `kernel` (`args`: its inputs and scalars) into `out
+    [b, T, Hq, Dv]`, through float32 partials `[b, Hkv, splits, T*g, (Dv)]`: one launch whose last
+    split per query tile merges (attention_merge.py; while the tiles fit the device's counters), or
+    the split launch then the merge launch."""
     batch, tokens, _, head_dim_v = out.shape
     rows = tokens * group
     partial_out = torch.empty(batch, kv_heads, splits, rows, head_dim_v, dtype=torch.float32, device=q.device)
     partial_lse = torch.empty(batch, kv_heads, splits, rows, dtype=torch.float32, device=q.device)
+    merge = kernels.for_tensor_device("attention_merge", q.device)
+    if merge_in_launch and batch * kv_heads * (grid[0] // splits) <= tile_counters.MAX_TILES:
+        counters = tile_counters.tile_counters(q.device)
+        merged_kernel = getattr(merge, f"{kernel}_merged_kernel")
+        merged_kernel[grid](*args, partial_out, partial_lse, counters, out, k_cache, v_cache, **constants, **launch_options)
+        return out
+    split_kernel = getattr(kernels.for_tensor_device("attention", q.device), f"{kernel}_split_kernel")
     split_kernel[grid](*args, partial_out, partial_lse, k_cache, v_cache, **constants, **launch_options)
-    module.merge_kernel[merge_grid(batch, tokens, kv_heads, group, merge_m)](
+    merge.merge_kernel[merge_grid(batch, tokens, kv_heads, group, merge_m)](
         partial_out,
         partial_lse,
         q,
@@ -349,10 +360,11 @@ def _check_attention_inputs(inputs) -> None:
 
 
 @specs.BLOCK_ATTENTION.launcher(torch.Tensor)
-def block_attention(inputs, *, kv_splits: int | None = None, **options) -> torch.Tensor:
+def block_attention(inputs, *, kv_splits: int | None = None, merge_in_launch: bool = True, **options) -> torch.Tensor:
     """Run the block-attention kernel(s); appends the new context to the caches in place.
 
-    Options (scale, window): `attention_options.BLOCK_ATTENTION`; `kv_splits` overrides the split count.
+    Options (scale, window): `attention_options.BLOCK_ATTENTION`; `kv_splits` overrides the split
+    count; `merge_in_launch` as in `target_attention`.
     """
     _check_attention_inputs(inputs)
     q, k_cache, v_cache, k_ctx_new, v_ctx_new = inputs.q, inputs.k_cache, inputs.v_cache, inputs.k_ctx_new, inputs.v_ctx_new
@@ -398,8 +410,8 @@ def block_attention(inputs, *, kv_splits: int | None = None, **options) -> torch
         module.block_attention_kernel[grid](*kernel_args, *scalars, out, k_cache, v_cache, **constants, **launch_options)
         return out
     return _split_and_merge(
-        module,
-        module.block_attention_split_kernel,
+        "block_attention",
+        merge_in_launch,
         grid,
         (*kernel_args, *scalars),
         constants,

@@ -5,11 +5,8 @@ pass's tokens) by streaming the weight once: enough programs to cover the SMs tw
 column tiles x K splits), each K split at least MIN_K_STEPS tiles long so a program keeps loads in
 flight, the splits summed in order by each tile's last split, in the same launch.
 
-The tiles' counters are one int32 buffer per device (`_counters`), zero between launches (each
-launch leaves it so). Launches that use it must not overlap: they run on one stream, as a
-runtime's passes do (a CUDA graph's replay included). It is allocated at the first launch with
-K splits, which must not be inside a CUDA graph capture (the capture would record its zero-fill,
-not run it): the runtime's warm-up runs before every capture see to that.
+The tiles' counters are the device's `tile_counters` (zero between launches; launches that use
+them run on one stream, and the first is not captured: see tile_counters.py).
 """
 
 from __future__ import annotations
@@ -17,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from trtllm_dflash.ops import kernels
+from trtllm_dflash.ops.kernels import tile_counters
 from trtllm_dflash.ops.kernels.launch import _launch_options
 from trtllm_dflash.ops.kernels.tiles import cdiv
 
@@ -28,9 +26,6 @@ BLOCK_N, BLOCK_K = 64, 128
 GATED_BLOCK_K = 64
 MIN_K_STEPS = 4  # BLOCK_K tiles per K split at least
 NUM_WARPS, NUM_STAGES = 4, 4
-MAX_TILES = 4096  # counters per device: column tiles of 64 up to N = 262,144 (vocabularies included)
-
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
 def unsupported_reason(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False) -> str | None:
@@ -66,16 +61,6 @@ def split_candidates(rows: int, n: int, k: int, sms: int) -> list[int]:
     return sorted({s for s in (1, max(1, natural // 2), natural, 2 * natural) if s <= max(1, k // BLOCK_K)})
 
 
-def _counters(device: torch.device) -> torch.Tensor:
-    """The device's tile counters (see the module docstring)."""
-    counters = _COUNTERS.get(device)
-    if counters is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("the skinny kernels' first split launch on a device was captured; run it once eagerly first")
-        counters = _COUNTERS[device] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
-    return counters
-
-
 def skinny_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, splits: int | None = None, gated: bool = False
 ) -> torch.Tensor:
@@ -96,11 +81,11 @@ def skinny_linear(
     splits = cdiv(k, per_split)
     tile_m = block_m(rows)
     grid = (cdiv(n, BLOCK_N), splits, cdiv(rows, tile_m))
-    if grid[0] * grid[2] > MAX_TILES:
+    if grid[0] * grid[2] > tile_counters.MAX_TILES:
         splits, per_split, grid = 1, k, (grid[0], 1, grid[2])
     split = splits > 1
     partials = torch.empty(splits, rows, n, dtype=torch.float32, device=x.device) if split else out
-    counters = _counters(x.device) if split else out
+    counters = tile_counters.tile_counters(x.device) if split else out
     has_bias = bias is not None
     kernels.for_tensor_device("skinny_linear", x.device).skinny_linear_kernel[grid](
         x2,
