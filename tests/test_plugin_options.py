@@ -24,7 +24,7 @@ def test_existing_options_keep_their_signatures_schemas_and_attributes():
         "cache_lens: torch.Tensor, scale: float, window: int = 0, causal: int = 0) -> torch.Tensor"
     )
     assert str(inspect.signature(launch.block_attention)).endswith(
-        "scale: float, window: int = 0, causal: int = 0, *, kv_splits: int | None = None) -> torch.Tensor"
+        "scale: float, window: int = 0, causal: int = 0, *, kv_splits: int | None = None, merge_in_launch: bool = True) -> torch.Tensor"
     )
     schema = str(torch.ops.dflash.target_attention.default._schema)
     assert schema.endswith(
