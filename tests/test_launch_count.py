@@ -7,9 +7,10 @@ every aten op other than views and allocations (the `dflash::` custom ops are co
 kernels they run). The per-layer count is the difference between a 3-layer and a 2-layer model,
 so the pass's fixed work (embedding, RoPE, the LM head) cancels.
 
-Off CUDA the attention op runs one KV split (no merge launch) and the skinny kernels one K split;
-on a GPU each adds at most one launch per attention (the merge) and none per projection (the
-last K split sums the splits in the same launch).
+Off CUDA the attention op runs one KV split and the skinny kernels one K split. On a GPU at
+batch 1 both split, and neither adds a launch: a projection's last K split sums the splits and an
+attention's last KV split merges them, each in the same launch; the forced-split test below counts
+the attention op that way.
 """
 
 from __future__ import annotations
@@ -71,8 +72,9 @@ class LaunchCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _launches(layers: int, draft_layers: int) -> dict[str, collections.Counter]:
-    """Launches of the verify, AR and draft passes of a tiny model on the GPU path, skinny projections."""
+def _launches(layers: int, draft_layers: int, outputs: dict | None = None) -> dict[str, collections.Counter]:
+    """Launches of the verify, AR and draft passes of a tiny model on the GPU path, skinny projections
+    (each pass's output kept in `outputs` when given)."""
     from trtllm_dflash.bench import gpu_step
     from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 
@@ -98,8 +100,10 @@ def _launches(layers: int, draft_layers: int) -> dict[str, collections.Counter]:
         run()
         counter = LaunchCounter()
         with torch.inference_mode(), counter:
-            run()
+            out = run()
         counted[name] = counter.counts
+        if outputs is not None:
+            outputs[name] = out.logits if hasattr(out, "logits") else out
     runtime.taps.remove()
     return counted
 
@@ -140,3 +144,26 @@ def test_a_decoder_layer_launches_eight_kernels_on_the_gpu_path(monkeypatch):
         "triton qk_norm_rope_kernel": 2,
         "triton block_attention_kernel": 1,
     }, f"draft pass, per layer: {per_draft_layer}"
+
+
+def test_a_split_attention_launches_once_per_layer_and_computes_what_one_split_does(monkeypatch):
+    """With the KV range split in two (what a GPU picks at batch 1, forced here), each layer's
+    attention is still one launch, the split kernel merging its own splits, and every pass gives
+    what the unsplit kernels give (float32, to the interpreter's accumulation order)."""
+    from trtllm_dflash.ops.kernels import launch
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    unsplit = {}
+    _launches(2, 1, unsplit)
+    monkeypatch.setattr(launch, "default_target_kv_splits", lambda *shape: 2)
+    monkeypatch.setattr(launch, "default_kv_splits", lambda *shape: 2)
+    split = {}
+    small, large = _launches(2, 1, split), _launches(3, 2)
+    for name in ("verify", "AR"):
+        per_layer = dict(large[name] - small[name])
+        assert per_layer["triton target_attention_merged_kernel"] == 1 and "triton target_attention_kernel" not in per_layer
+        assert sum(per_layer.values()) == 8, f"{name} pass, per layer: {per_layer}"
+    per_draft_layer = dict(large["draft"] - small["draft"])
+    assert per_draft_layer["triton block_attention_merged_kernel"] == 1 and sum(per_draft_layer.values()) == 10, per_draft_layer
+    for name, out in split.items():
+        torch.testing.assert_close(out, unsplit[name], atol=1e-5, rtol=1e-5, msg=name)
