@@ -28,7 +28,8 @@ KERNEL_SOURCES = (
     "fused_layer",
     "skinny_linear",
     "counter_rng",
-)  # counter_rng: helpers, no kernel
+    "last_split",
+)  # counter_rng, last_split: helpers, no kernel
 _HERE = Path(__file__).parent
 
 

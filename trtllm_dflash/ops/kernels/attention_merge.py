@@ -9,9 +9,7 @@ query rows combined by their log-sum-exp (semantics `reference_attention.merge_p
   (`tile_counters.py`); the split that counts last merges the tile's rows, with the arithmetic of
   `merge_kernel` in the same split order (the same bits), and sets the counter back to zero.
 
-The memory order is that of the skinny projections' K splits (skinny_linear.py): a block barrier
-after the partials' stores, the count as an acquire-release atomic at GPU scope (one per
-program), and the partials read back through L2 (`.cg`).
+The count and its memory order are last_split.py's, shared with the skinny projections' K splits.
 
 The split kernels' work is attention.py's own `_block_attention` and `_target_attention`, loaded
 in this module's mode (see `trtllm_dflash/ops/kernels/__init__.py`).
@@ -24,6 +22,7 @@ from trtllm_dflash.ops import kernels
 
 _attention = kernels.load("attention", interpret=triton.knobs.runtime.interpret)
 _block_attention, _target_attention = _attention._block_attention, _attention._target_attention
+is_last_split = kernels.load("last_split", interpret=triton.knobs.runtime.interpret).is_last_split
 
 
 @triton.jit
@@ -109,13 +108,12 @@ def _merge_when_last(
     BLOCK_M: tl.constexpr,
 ):
     """After this split's partials are stored: count it in on its tile; the tile's last split merges."""
-    tl.debug_barrier()  # every thread's partials are stored before the count says so
     m_tiles = tl.num_programs(0) // num_splits
     m_tile = tl.program_id(0) // num_splits
     head = tl.program_id(1)
     row = tl.program_id(2).to(tl.int64)
     tile = (row * num_kv_heads + head) * m_tiles + m_tile
-    if tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+    if is_last_split(counter_ptr, tile, num_splits):
         _merge_tile(
             partial_out_ptr, partial_lse_ptr, out_ptr, row, head, m_tile, block, num_kv_heads, group, num_splits, HEAD_DIM, BLOCK_M, ".cg"
         )

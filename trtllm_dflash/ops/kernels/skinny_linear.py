@@ -16,10 +16,7 @@ and keeps only where it wins.
   the output and sets the counter back to zero. One launch per projection: a second launch to sum
   the splits cost a kernel of a few microseconds per projection, three per layer of a decode pass.
 
-  Memory order: every thread's partial is stored before the block's barrier, the count is an
-  acquire-release atomic at GPU scope (one per program), and the last split reads the partials
-  through L2 (`.cg`), where the other SMs' stores are; the same pattern as CUDA's
-  threadFenceReduction sample and Triton's stream-K matmuls.
+  Memory order: last_split.py's (the count after a block barrier, the partials read through L2).
 
   GATED: x is the fused gate/up projection `[M, 2K]` and the product is `silu(gate) * up` times
   w.T, the activation formed as each x tile is loaded, rounded as `fused_layer.silu_mul_kernel`
@@ -32,6 +29,10 @@ Semantics: `torch.nn.functional.linear` up to float32 accumulation order (the te
 
 import triton
 import triton.language as tl
+
+from trtllm_dflash.ops import kernels
+
+is_last_split = kernels.load("last_split", interpret=triton.knobs.runtime.interpret).is_last_split
 
 
 @triton.jit
@@ -89,9 +90,8 @@ def skinny_linear_kernel(
     finish = True
     if SPLIT:
         tl.store(partial_ptr + (split * M + rows.to(tl.int64))[:, None] * N + cols[None, :], acc, mask=mask)
-        tl.debug_barrier()  # every thread's partial is stored before the count says so
         tile = pid_m * tl.num_programs(0) + pid_n
-        finish = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu") == splits - 1
+        finish = is_last_split(counter_ptr, tile, splits)
         if finish:  # the tile's last split: every partial is in, sum them in split order
             acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
             for s in range(0, splits):
