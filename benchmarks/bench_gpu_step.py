@@ -59,6 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=("torch", "skinny", "measure"),
         help="kernels of the decode passes' projections (measure: cuBLAS and the skinny kernels timed per rows and weight shape)",
     )
+    parser.add_argument(
+        "--dependent-launch",
+        default="off",
+        choices=("off", "on", "both"),
+        help="the decode passes' Triton kernels as programmatic dependent launches (Hopper on; both: each pass timed either way)",
+    )
     parser.add_argument("--profile", action="store_true", help="at the first context: each pass's kernels by kind (torch's profiler)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda where available)")
     parser.add_argument("--out", type=Path, default=None, help="markdown table, rewritten after every row (and a .json beside it)")
@@ -90,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         profile=args.profile,
         verify_choice=args.verify_choice,
         linear_choice=args.linear_choice,
+        dependent_launch=args.dependent_launch,
     )
     table = gpu_step.markdown(result)
     print(table)

@@ -127,7 +127,10 @@ def compile_kernel(variant: KernelVariant, arch: Arch) -> CompiledKernel:
     from triton.compiler import ASTSource
 
     fn = getattr(kernels.load(variant.source, interpret=False), variant.function)
-    source = ASTSource(fn, signature=dict(variant.signature), constexprs=dict(variant.constexprs), attrs=variant.compile_attrs())
+    # constexprs the variant leaves out take the kernel's defaults (PDL: an engine's launch is ordinary)
+    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
+    constexprs = defaults | dict(variant.constexprs)
+    source = ASTSource(fn, signature=dict(variant.signature), constexprs=constexprs, attrs=variant.compile_attrs())
     options = dict(
         ptx_version=arch.ptx_isa,
         num_warps=variant.num_warps,

@@ -14,6 +14,7 @@ runs, so its tests come last.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -183,6 +184,36 @@ def test_the_fused_layer_kernels_compile_for_hopper_and_read_whole_rows(dtype):
         assert kernel_audit.report(aot.compile_kernel(norm, arch), "jit").narrow_loads > 0
 
 
+def skinny_variant(rows, split, gated):
+    """The skinny projection kernel's variant as `skinny_launch` launches it, in bf16."""
+    from trtllm_dflash.ops.kernels import skinny_launch as s
+    from trtllm_dflash.plugins.aot_variants import KernelVariant
+
+    sizes = (("M", "i32"), ("N", "i32"), ("K", "i32"), ("k_per_split", "i32"), ("splits", "i32"))
+    pointers = (("x_ptr", "*bf16"), ("w_ptr", "*bf16"), ("bias_ptr", "*bf16"), ("partial_ptr", "*fp32"), ("counter_ptr", "*i32"))
+    constexprs = (
+        ("HAS_BIAS", True),
+        ("SPLIT", split),
+        ("BLOCK_M", s.block_m(rows)),
+        ("BLOCK_N", s.BLOCK_N),
+        ("BLOCK_K", s.GATED_BLOCK_K if gated else s.BLOCK_K),
+        ("IEEE", False),
+        ("GATED", gated),
+    )
+    signature = (*pointers, ("out_ptr", "*bf16"), *sizes)
+    return KernelVariant(
+        "SkinnyLinear",
+        "skinny_linear",
+        "skinny_linear_kernel",
+        signature,
+        constexprs,
+        s.NUM_WARPS,
+        s.NUM_STAGES,
+        True,
+        ("N", "K", "k_per_split"),
+    )
+
+
 @pytest.mark.parametrize("rows", [1, 16, 64])
 def test_the_skinny_projection_kernel_compiles_for_hopper_streams_the_weight_and_orders_its_splits(rows):
     """The skinny projection kernel (ops/kernels/skinny_linear.py), which only a GPU's torch launch
@@ -192,32 +223,8 @@ def test_the_skinny_projection_kernel_compiles_for_hopper_streams_the_weight_and
     is in the PTX: a block barrier after the partials' stores, the tile count as an acquire-release
     atomic at GPU scope, the partials read back through L2. The gated form (the down projection
     forming silu(gate) * up as it loads x) holds to the same."""
-    from trtllm_dflash.ops.kernels import skinny_launch as s
-    from trtllm_dflash.plugins.aot_variants import KernelVariant
-
-    sizes = (("M", "i32"), ("N", "i32"), ("K", "i32"), ("k_per_split", "i32"), ("splits", "i32"))
-    pointers = (("x_ptr", "*bf16"), ("w_ptr", "*bf16"), ("bias_ptr", "*bf16"), ("partial_ptr", "*fp32"), ("counter_ptr", "*i32"))
     for split, gated in ((True, False), (False, False), (True, True)):
-        variant = KernelVariant(
-            "SkinnyLinear",
-            "skinny_linear",
-            "skinny_linear_kernel",
-            (*pointers, ("out_ptr", "*bf16"), *sizes),
-            (
-                ("HAS_BIAS", True),
-                ("SPLIT", split),
-                ("BLOCK_M", s.block_m(rows)),
-                ("BLOCK_N", s.BLOCK_N),
-                ("BLOCK_K", s.GATED_BLOCK_K if gated else s.BLOCK_K),
-                ("IEEE", False),
-                ("GATED", gated),
-            ),
-            s.NUM_WARPS,
-            s.NUM_STAGES,
-            True,
-            ("N", "K", "k_per_split"),
-        )
-        kernel = aot.compile_kernel(variant, aot.ARCHES["sm_90a"])
+        kernel = aot.compile_kernel(skinny_variant(rows, split, gated), aot.ARCHES["sm_90a"])
         report = kernel_audit.report(kernel, "jit")
         assert report.spill_stores == 0 and report.spill_loads == 0 and report.narrow_loads == 0, report
         assert report.shared <= report.shared_limit, report
@@ -265,3 +272,41 @@ def test_split_attention_merged_in_the_launch_compiles_for_hopper_and_orders_its
         atomic, read_back = kernel.ptx.find("atom.global.gpu.acq_rel.add"), kernel.ptx.find("ld.global.cg")
         stored = kernel.ptx.rfind("st.global", 0, atomic)  # the partials' last store before the count
         assert 0 < stored < kernel.ptx.find("bar.sync", stored) < atomic < read_back, variant.function
+
+
+# a global memory access in PTX: a load, store, atomic or reduction, or an async copy from global memory
+GLOBAL_ACCESS = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:ld|st|atom|red|cp\.async)\.[\w.]*global", re.MULTILINE)
+
+
+def test_dependent_launches_wait_for_the_kernel_ahead_before_touching_memory():
+    """Every kernel a decode pass launches as a programmatic dependent launch (the fused-layer kernels,
+    the skinny projections, the attention kernels in their single, split, merged and merge forms at
+    Qwen3-8B's shapes), compiled for sm_90a with PDL: the PTX waits for the kernel ahead
+    (`griddepcontrol.wait`) before its first global load, store, atomic or async copy, and then lets
+    the next kernel launch. Compiled without PDL (an engine's launch, and every launch by default)
+    it has neither: the kernels of before."""
+    from trtllm_dflash.plugins.aot_variants import attention_variants, target_attention_split_variant, target_attention_variant
+
+    tokens = 16
+    target = launch.target_attention_config(128, 128, tokens, 4)
+    drafter = launch.attention_config(128, tokens, 4)
+    split = target_attention_split_variant(128, 128, "bfloat16", "bfloat16", target.block_m, {"sinks": False})
+    block_attention = attention_variants(128, "bfloat16", "bfloat16", drafter.block_m)  # single, split, merge
+    variants = [
+        *fused_layer_variants("bfloat16"),
+        skinny_variant(tokens, True, False),
+        skinny_variant(1, True, True),
+        *block_attention,
+        merged_variant(block_attention[1]),
+        target_attention_variant(128, 128, "bfloat16", "bfloat16", target.block_m, {"sinks": False}),
+        split,
+        merged_variant(split),
+    ]
+    arch = aot.ARCHES["sm_90a"]
+    for variant in variants:
+        assert "griddepcontrol" not in aot.compile_kernel(variant, arch).ptx, variant.function
+        ptx = aot.compile_kernel(dataclasses.replace(variant, constexprs=(*variant.constexprs, ("PDL", True))), arch).ptx
+        body = ptx[ptx.index(".entry") :]
+        wait, release = body.find("griddepcontrol.wait"), body.find("griddepcontrol.launch_dependents")
+        first_access = GLOBAL_ACCESS.search(body)
+        assert first_access is not None and 0 < wait < first_access.start() and wait < release, variant.function

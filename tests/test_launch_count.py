@@ -49,7 +49,10 @@ class LaunchCounter(TorchDispatchMode):
         self.real = real = interpreter.GridExecutor.__call__
 
         def launch(executor, *args, **kwargs):
-            self.counts[f"triton {executor.fn.__name__}"] += 1
+            # a dependent launch (ops/kernels/dependent_launch.py) is counted as one, and only with both its
+            # halves: the kernel's wait (PDL) and the launch attribute
+            kind = {(True, True): " (dependent)", (False, False): ""}.get((kwargs.get("PDL", False), kwargs.get("launch_pdl", False)))
+            self.counts[f"triton {executor.fn.__name__}{' (half dependent)' if kind is None else kind}"] += 1
             self.inside += 1
             try:
                 return real(executor, *args, **kwargs)
@@ -72,15 +75,15 @@ class LaunchCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _launches(layers: int, draft_layers: int, outputs: dict | None = None) -> dict[str, collections.Counter]:
+def _launches(layers: int, draft_layers: int, outputs: dict | None = None, dependent: bool = False) -> dict[str, collections.Counter]:
     """Launches of the verify, AR and draft passes of a tiny model on the GPU path, skinny projections
-    (each pass's output kept in `outputs` when given)."""
+    (each pass's output kept in `outputs` when given; `dependent`: the runtime's dependent_launch)."""
     from trtllm_dflash.bench import gpu_step
     from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 
     shape = dataclasses.replace(gpu_step.TINY, layers=layers, draft_layers=draft_layers, target_layer_ids=(0, 1))
     target, drafter = gpu_step.make_models(shape, torch.device("cpu"), torch.float32)
-    runtime = TorchRuntime(target, drafter, attention="dflash", linear_choice="skinny")
+    runtime = TorchRuntime(target, drafter, attention="dflash", linear_choice="skinny", dependent_launch=dependent)
     batch = 2  # (one row on a CPU writes its context K/V by slice copies, a shortcut the GPU path does not take)
     runtime.allocate(batch, 64)
     assert runtime.fused is not None
@@ -167,3 +170,26 @@ def test_a_split_attention_launches_once_per_layer_and_computes_what_one_split_d
     assert per_draft_layer["triton block_attention_merged_kernel"] == 1 and sum(per_draft_layer.values()) == 10, per_draft_layer
     for name, out in split.items():
         torch.testing.assert_close(out, unsplit[name], atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_with_dependent_launches_every_kernel_of_a_layer_waits_for_the_kernel_ahead(monkeypatch):
+    """With the runtime's `dependent_launch` (a Hopper GPU's choice, allowed here), every Triton kernel
+    of a layer, verify, AR and draft passes alike and with the attention's KV range split, is
+    launched as a dependent launch with its wait compiled in (never one half without the other);
+    no launch is added or dropped; and the passes compute the ordinary launches' outputs bit for
+    bit (the same arithmetic). Without `dependent_launch`, nothing is (the tests above)."""
+    from trtllm_dflash.ops.kernels import dependent_launch, launch
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(dependent_launch, "supported", lambda device: True)
+    monkeypatch.setattr(launch, "default_target_kv_splits", lambda *shape: 2)
+    monkeypatch.setattr(launch, "default_kv_splits", lambda *shape: 2)
+    ordinary, dependent = {}, {}
+    _launches(2, 1, ordinary)
+    small, large = _launches(2, 1, dependent, dependent=True), _launches(3, 2, dependent=True)
+    for name, per_layer_count in (("verify", 8), ("AR", 8), ("draft", 10)):
+        per_layer = dict(large[name] - small[name])
+        assert all(kernel.endswith(" (dependent)") for kernel in per_layer), f"{name} pass, per layer: {per_layer}"
+        assert sum(per_layer.values()) == per_layer_count, f"{name} pass, per layer: {per_layer}"
+        assert not any("half dependent" in kernel for kernel in small[name]), dict(small[name])
+        assert torch.equal(dependent[name], ordinary[name]), name

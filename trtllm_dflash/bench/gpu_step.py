@@ -286,10 +286,18 @@ PADDING_STARTS = {"verify pass, half padding at the last slots": False, "verify 
 
 
 def measure_row(
-    runtime: TorchRuntime, floors: Floors, ceilings: Ceilings, timer: PassTimer, batch: int, context: int, profile: bool = False
+    runtime: TorchRuntime,
+    floors: Floors,
+    ceilings: Ceilings,
+    timer: PassTimer,
+    batch: int,
+    context: int,
+    profile: bool = False,
+    compare_dependent: bool = False,
 ) -> StepRow:
     """The in-graph parts of a step at `batch` rows whose committed context is `context` tokens;
-    `profile`: the AR, verify and draft passes' kernels by kind too (bench/pass_profile.py)."""
+    `profile`: the AR, verify and draft passes' kernels by kind too (bench/pass_profile.py);
+    `compare_dependent`: the three passes again with the runtime's other `dependent_launch`."""
     s, device = floors.shape, runtime.device
     graphs = runtime.cuda_graphs
     target_forward = graphs._eager_target if graphs is not None else runtime.target_forward
@@ -326,6 +334,16 @@ def measure_row(
     cache_lens = starts - new_counts
     ms, how = timer("draft", lambda: draft_forward(rows, block, features, new_counts, cache_lens))
     row.parts["draft"] = Timed(ms, floor_ms(floors.draft_pass(batch, context), ceilings), how)
+    if compare_dependent:  # the same passes, each graph captured with the other launch kind
+        runtime.dependent_launch = not runtime.dependent_launch
+        try:
+            again = {"ar": ar, "verify pass": lambda: target_forward(rows, tokens, starts, span)}
+            again["draft"] = lambda: draft_forward(rows, block, features, new_counts, cache_lens)
+            for part, fn in again.items():
+                ms, how = timer(f"{part}, other launches", fn)
+                row.parts[f"{part}, other launches"] = Timed(ms, row.parts[part].floor_ms, how)
+        finally:
+            runtime.dependent_launch = not runtime.dependent_launch
     if profile:
         passes = (
             ("AR pass", ar, floors.target_weight_bytes),
@@ -428,6 +446,7 @@ def run(
     profile: bool = False,
     verify_choice: str = "positions",
     linear_choice: str = "torch",
+    dependent_launch: str = "off",
 ) -> StepBenchmark:
     """Build the models, then measure every batch x context; `out` (markdown) is rewritten after each
     row. `fused=False` keeps the target on transformers' forward (the path before issue 39).
@@ -435,7 +454,9 @@ def run(
     timed per batch bucket when the runtime allocates; the table then lists every candidate's time).
     `profile`: at the first context, each batch's passes' kernels by kind (bench/pass_profile.py).
     `verify_choice`: the runtime's verification of sampled steps ("measure": timed per batch bucket).
-    `linear_choice`: the runtime's kernels for the decode passes' projections (runtime/linear_choice.py)."""
+    `linear_choice`: the runtime's kernels for the decode passes' projections (runtime/linear_choice.py).
+    `dependent_launch`: "off", "on" (the runtime's `dependent_launch`), or "both": off, and each row's
+    AR, verify and draft passes timed again with their kernels as dependent launches."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     say(f"building {shape.name}-shaped target ({shape.layers} layers) and {shape.draft_layers}-layer drafter on {dev}")
@@ -462,6 +483,7 @@ def run(
         attention_choice=attention_choice,
         verify_choice=verify_choice,
         linear_choice=linear_choice,
+        dependent_launch=dependent_launch == "on",
     )
     if "measure" in (attention_choice, verify_choice, linear_choice):
         say("measuring the kernel candidates (runtime/attention_choice.py, verify_choice.py, linear_choice.py)")
@@ -475,7 +497,8 @@ def run(
     for context in contexts:
         for batch in batches:
             say(f"batch {batch}, context {context}: in-graph passes")
-            row = measure_row(runtime, floors, ceilings, timer, batch, context, profile=profile and context == contexts[0])
+            first = context == contexts[0]
+            row = measure_row(runtime, floors, ceilings, timer, batch, context, profile and first, dependent_launch == "both")
             result.rows.append(row)
             if out is not None:
                 out.write_text(markdown(result))
@@ -580,12 +603,28 @@ def markdown(result: StepBenchmark) -> str:
         "host syncs and eager parts included; async: `async_scheduling=True`, each step launched before "
         "the one before is read.",
     ]
+    lines += _other_launches(result.rows)
     if result.choices:
         lines += ["", "```", result.choices, "```"]
     for r in result.rows:
         if r.profiles:
             lines += ["", pass_profile.markdown(r.profiles, c.bandwidth, r.batch, r.context).rstrip("\n")]
     return "\n".join(lines) + "\n"
+
+
+def _other_launches(rows: list[StepRow]) -> list[str]:
+    """The table of `dependent_launch="both"`: each pass with ordinary and dependent launches."""
+    rows = [r for r in rows if "ar, other launches" in r.parts]
+    if not rows:
+        return []
+    lines = ["", "Ordinary launches -> programmatic dependent launches (ms, each pass from its own graph):", ""]
+    lines += ["| batch | context | AR step | verify pass (16) | draft pass | DFlash step |", "|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        p, other = r.parts, lambda part: r.parts[f"{part}, other launches"]  # noqa: E731
+        step = p["verify greedy"].ms + other("verify pass").ms + other("draft").ms
+        cells = [f"{_cell(p[part])} -> {_cell(other(part))}" for part in ("ar", "verify pass", "draft")]
+        lines.append(f"| {r.batch} | {r.context} | " + " | ".join(cells) + f" | {r.dflash.ms:.3f} -> {step:.3f} |")
+    return lines
 
 
 def result_json(result: StepBenchmark) -> dict:

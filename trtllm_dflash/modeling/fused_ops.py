@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trtllm_dflash.ops.kernels import tiles
+from trtllm_dflash.ops.kernels import dependent_launch, tiles
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -107,6 +107,7 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
         HAS_DELTA=delta is not None,
         BLOCK_H=block,
         num_warps=warps,
+        **dependent_launch.launch_args(x.device),
     )
     return total, normed
 
@@ -157,6 +158,7 @@ def qk_norm_rope(
         HAS_NORM=norm is not None,
         HEAD_DIM=head_dim,
         num_warps=tiles.QK_NORM_ROPE_WARPS,
+        **dependent_launch.launch_args(qkv.device),
     )
     return q, k, v
 
@@ -180,7 +182,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = gate_up.new_empty(*gate_up.shape[:-1], width)
     tokens = out.numel() // width
     block = tiles.silu_block(width)
-    module.silu_mul_kernel[(tokens, -(-width // block))](gate_up.contiguous(), width, out, BLOCK_F=block, num_warps=tiles.SILU_WARPS)
+    module.silu_mul_kernel[(tokens, -(-width // block))](
+        gate_up.contiguous(), width, out, BLOCK_F=block, num_warps=tiles.SILU_WARPS, **dependent_launch.launch_args(gate_up.device)
+    )
     return out
 
 

@@ -38,6 +38,7 @@ from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.modeling.kv_cache import RaggedHFCache, StaticKVCache
 from trtllm_dflash.modeling.taps import HiddenTaps
 from trtllm_dflash.ops import custom_ops
+from trtllm_dflash.ops.kernels.dependent_launch import dependent_launches
 from trtllm_dflash.runtime import attention_choice as attention_kernels
 from trtllm_dflash.runtime import linear_choice as linear_kernels
 from trtllm_dflash.runtime import verify_choice as verify_kernels
@@ -67,6 +68,17 @@ def causal_mask(positions: torch.Tensor, span: int, window: int = 0) -> torch.Te
     return visible
 
 
+def _launched_dependent(method):
+    """Run a pass's launches as dependent launches where the runtime asks for them (`dependent_launch`)."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with dependent_launches(self.dependent_launch):
+            return method(self, *args, **kwargs)
+
+    return run
+
+
 class TorchRuntime(CachedRuntime):
     """Runs a transformers causal LM and a DFlashDrafter with PyTorch."""
 
@@ -81,6 +93,7 @@ class TorchRuntime(CachedRuntime):
         attention_choice: str = "dflash",
         verify_choice: str = "positions",
         linear_choice: str = "torch",
+        dependent_launch: bool = False,
     ) -> None:
         """`attention`: "hf" runs the model's own attention over our cache; "dflash" runs
         `dflash::target_attention` (the engines' op: the block written in place, each row read up
@@ -106,7 +119,10 @@ class TorchRuntime(CachedRuntime):
         per batch bucket and kind of sampled step (all rows top-k <= 64, or not), timed at `allocate`.
         `linear_choice`: which kernels run the decode passes' projections on a GPU's kernel path
         (runtime/linear_choice.py): "torch" (F.linear), "skinny" (ops/kernels/skinny_linear.py
-        where they cover the call) or "measure": the faster per (rows, weight shape), timed at `allocate`."""
+        where they cover the call) or "measure": the faster per (rows, weight shape), timed at `allocate`.
+        `dependent_launch`: launch the decode passes' Triton kernels as programmatic dependent launches
+        (ops/kernels/dependent_launch.py; Hopper on, else nothing changes): each kernel's programs
+        wait on the GPU for the kernel ahead instead of being launched after it. The same arithmetic."""
         self.model = target.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         self.drafter_config = drafter.config if drafter is not None else None
@@ -153,6 +169,7 @@ class TorchRuntime(CachedRuntime):
         if linear_choice not in linear_kernels.CHOICES:
             raise DFlashError(f"unknown linear_choice {linear_choice!r}", f"use one of {', '.join(linear_kernels.CHOICES)}")
         self.linear_choice = linear_choice
+        self.dependent_launch = bool(dependent_launch)
         self.linear_choices = linear_kernels.LinearChoices()  # set by allocate (measured there)
         self.verify_choices = verify_kernels.VerifyChoices()  # set by allocate (measured or checked there)
         # what each decode pass's target attention runs; set by allocate (measured or checked there)
@@ -426,6 +443,7 @@ class TorchRuntime(CachedRuntime):
     # ------------------------------------------------------------------ forward passes
 
     @torch.inference_mode()
+    @_launched_dependent
     def target_forward(self, slots, tokens, starts, span, logits_at=None) -> TargetOutput:
         slots = Slots.of(slots, self.device)
         positions = starts.view(-1, 1) + torch.arange(tokens.shape[1], device=self.device)
@@ -522,6 +540,7 @@ class TorchRuntime(CachedRuntime):
             return self.decoder(input_ids=tokens, position_ids=positions, attention_mask=masks, use_cache=False).last_hidden_state
 
     @torch.inference_mode()
+    @_launched_dependent
     def draft_forward(self, slots, block, ctx_features, new_counts, cache_lens) -> torch.Tensor:
         """Draft logits (a V2 drafter's unary logits, before its selector)."""
         return self.drafter.logits(
@@ -543,6 +562,7 @@ class TorchRuntime(CachedRuntime):
         return super().draft_head(logits, sampling, positions)
 
     @torch.inference_mode()
+    @_launched_dependent
     def propose(self, slots, block, ctx_features, new_counts, cache_lens, sampling: SamplingTensors, constrain=None) -> Proposal:
         if not kind_of(self.drafter_config).candidate_selector:
             return super().propose(slots, block, ctx_features, new_counts, cache_lens, sampling, constrain)

@@ -29,7 +29,8 @@ KERNEL_SOURCES = (
     "skinny_linear",
     "counter_rng",
     "last_split",
-)  # counter_rng, last_split: helpers, no kernel
+    "grid_dependency",
+)  # counter_rng, last_split, grid_dependency: helpers, no kernel
 _HERE = Path(__file__).parent
 
 

@@ -33,6 +33,10 @@ mode once, when triton is imported, which would tie this file to one mode
 import triton
 import triton.language as tl
 
+from trtllm_dflash.ops import kernels
+
+wait_for_inputs = kernels.load("grid_dependency", interpret=triton.knobs.runtime.interpret).wait_for_inputs
+
 SUM = tl.standard._sum_combine
 MAX = tl.standard._elementwise_max
 
@@ -90,8 +94,10 @@ def block_attention_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_T: tl.constexpr,
     IEEE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Node DFlashBlockAttention: the whole context in one program per (query tile, KV head, row)."""
+    wait_for_inputs(PDL)
     _block_attention(
         q_ptr,
         k_block_ptr,
@@ -157,8 +163,10 @@ def block_attention_split_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_T: tl.constexpr,
     IEEE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Node DFlashBlockAttentionSplit: one program per (query tile x split, KV head, row)."""
+    wait_for_inputs(PDL)
     _block_attention(
         q_ptr,
         k_block_ptr,
@@ -343,6 +351,7 @@ def target_attention_kernel(
     BLOCK_N: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     IEEE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Node DFlashTargetAttention: causal attention of a target layer over its in-place cache.
 
@@ -355,6 +364,7 @@ def target_attention_kernel(
     Token t is written by the program whose tile holds its first packed query row (for a verify
     block that is the single tile), so a long prefill writes in parallel.
     """
+    wait_for_inputs(PDL)
     _target_attention(
         q_ptr,
         k_new_ptr,
@@ -414,6 +424,7 @@ def target_attention_split_kernel(
     BLOCK_N: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     IEEE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Node DFlashTargetAttentionSplit: one program per (query tile x KV split, KV head, row).
 
@@ -423,6 +434,7 @@ def target_attention_split_kernel(
     of the tile that owns each token, and, as in the unsplit kernel, no program reads a slot the
     launch writes: the splits need no ordering between them.
     """
+    wait_for_inputs(PDL)
     _target_attention(
         q_ptr,
         k_new_ptr,

@@ -23,6 +23,7 @@ from trtllm_dflash.ops import kernels
 _attention = kernels.load("attention", interpret=triton.knobs.runtime.interpret)
 _block_attention, _target_attention = _attention._block_attention, _attention._target_attention
 is_last_split = kernels.load("last_split", interpret=triton.knobs.runtime.interpret).is_last_split
+wait_for_inputs = kernels.load("grid_dependency", interpret=triton.knobs.runtime.interpret).wait_for_inputs
 
 
 @triton.jit
@@ -85,8 +86,10 @@ def merge_kernel(
     # compile-time configuration
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Node DFlashAttentionMerge: combine the per-split outputs of one KV head's query rows."""
+    wait_for_inputs(PDL)
     row = tl.program_id(2).to(tl.int64)
     _merge_tile(
         partial_out_ptr, partial_lse_ptr, out_ptr, row, tl.program_id(1), tl.program_id(0), block, num_kv_heads, group, num_splits,
@@ -155,8 +158,10 @@ def block_attention_merged_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_T: tl.constexpr,
     IEEE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """`block_attention_split_kernel` then, by each tile's last split, `merge_kernel`'s merge."""
+    wait_for_inputs(PDL)
     _block_attention(
         q_ptr, k_block_ptr, v_block_ptr, k_ctx_ptr, v_ctx_ptr, new_counts_ptr, k_cache_ptr, v_cache_ptr, cache_lens_ptr,
         block, num_new, capacity, num_kv_heads, group, window, causal, scale_bits, num_splits,
@@ -197,8 +202,10 @@ def target_attention_merged_kernel(
     BLOCK_N: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     IEEE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """`target_attention_split_kernel` then, by each tile's last split, `merge_kernel`'s merge."""
+    wait_for_inputs(PDL)
     _target_attention(
         q_ptr, k_new_ptr, v_new_ptr, k_cache_ptr, v_cache_ptr, starts_ptr, sinks_ptr,
         tokens, capacity, num_kv_heads, group, window, scale_bits, num_splits,

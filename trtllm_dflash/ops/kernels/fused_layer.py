@@ -23,6 +23,10 @@ and the tests state).
 import triton
 import triton.language as tl
 
+from trtllm_dflash.ops import kernels
+
+wait_for_inputs = kernels.load("grid_dependency", interpret=triton.knobs.runtime.interpret).wait_for_inputs
+
 # the builtin reduction with Triton's combine function (tl.sum is a jitted helper, which the
 # interpreted form of this file cannot call; see attention.py)
 SUM = tl.standard._sum_combine
@@ -39,7 +43,9 @@ def add_rms_norm_kernel(
     norm_ptr,
     HAS_DELTA: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_H)
     mask = offs < hidden
@@ -71,7 +77,9 @@ def qk_norm_rope_kernel(
     v_ptr,
     HAS_NORM: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    wait_for_inputs(PDL)
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     heads = q_heads + 2 * kv_heads
@@ -104,7 +112,8 @@ def qk_norm_rope_kernel(
 
 
 @triton.jit
-def silu_mul_kernel(gate_up_ptr, width, out_ptr, BLOCK_F: tl.constexpr):
+def silu_mul_kernel(gate_up_ptr, width, out_ptr, BLOCK_F: tl.constexpr, PDL: tl.constexpr = False):
+    wait_for_inputs(PDL)
     token = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     mask = offs < width

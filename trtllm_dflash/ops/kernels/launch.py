@@ -13,7 +13,7 @@ import torch
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.ops import kernels, specs
 from trtllm_dflash.ops.attention_options import BLOCK_ATTENTION, TARGET_ATTENTION, AttentionOptions, float_bits  # noqa: F401  (float_bits: re-exported)
-from trtllm_dflash.ops.kernels import tile_counters
+from trtllm_dflash.ops.kernels import dependent_launch, tile_counters
 from trtllm_dflash.ops.kernels.tiles import (  # noqa: F401  (re-exported: the launch API)
     ATTENTION_HEAD_DIMS,
     COMMIT_BLOCK_S,
@@ -268,7 +268,7 @@ def target_attention(inputs, *, kv_splits: int | None = None, merge_in_launch: b
         **TARGET_ATTENTION.kernel_constexprs(TARGET_ATTENTION.present(options)),
         IEEE=q.dtype == torch.float32,
     )
-    launch_options = _launch_options(q.device, config.num_warps, config.num_stages)
+    launch_options = _launch_options(q.device, config.num_warps, config.num_stages) | dependent_launch.launch_args(q.device)
     if splits == 1:
         scalars = target_attention_scalars(tokens, capacity, kv_heads, group, options)
         module.target_attention_kernel[grid](*kernel_args, *scalars, out, k_cache, v_cache, **constants, **launch_options)
@@ -321,6 +321,7 @@ def _split_and_merge(
         HEAD_DIM=head_dim_v,
         BLOCK_M=merge_m,
         **_launch_options(q.device, 4, 1),
+        **dependent_launch.launch_args(q.device),
     )
     return out
 
@@ -403,7 +404,7 @@ def block_attention(inputs, *, kv_splits: int | None = None, merge_in_launch: bo
         **BLOCK_ATTENTION.kernel_constexprs(BLOCK_ATTENTION.present(options)),
         IEEE=q.dtype == torch.float32,
     )
-    launch_options = _launch_options(q.device, config.num_warps, config.num_stages)
+    launch_options = _launch_options(q.device, config.num_warps, config.num_stages) | dependent_launch.launch_args(q.device)
     grid = attention_grid(batch, block, kv_heads, group, config.block_m, splits)
     scalars = attention_scalars(block, num_new, capacity, kv_heads, group, options, splits)
     if splits == 1:

@@ -33,6 +33,7 @@ import triton.language as tl
 from trtllm_dflash.ops import kernels
 
 is_last_split = kernels.load("last_split", interpret=triton.knobs.runtime.interpret).is_last_split
+wait_for_inputs = kernels.load("grid_dependency", interpret=triton.knobs.runtime.interpret).wait_for_inputs
 
 
 @triton.jit
@@ -55,10 +56,12 @@ def skinny_linear_kernel(
     BLOCK_K: tl.constexpr,
     IEEE: tl.constexpr,
     GATED: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """x `[M, K]` (`[M, 2K]` when GATED), w `[N, K]` (row-major, as nn.Linear keeps it); out `[M, N]`.
     When SPLIT: float32 partials `[splits, M, N]` and one int32 counter per (column tile, row tile),
-    zero on entry and left zero."""
+    zero on entry and left zero. PDL: launched as a dependent launch (grid_dependency.py)."""
+    wait_for_inputs(PDL)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     pid_m = tl.program_id(2)
