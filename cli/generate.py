@@ -76,6 +76,11 @@ def generate(
         "--linear-choice",
         help="--target on a GPU: the kernels of the decode passes' projections: torch (cuBLAS), skinny, or measure.",
     ),
+    dependent_launch: bool = typer.Option(
+        False,
+        "--dependent-launch",
+        help="--target on a Hopper or later GPU: the decode passes' Triton kernels as programmatic dependent launches.",
+    ),
 ) -> None:
     """Generate text for one or more prompts; prints tokens, acceptance lengths and speed."""
     template_kwargs = _template_kwargs(chat, chat_template_kwargs)
@@ -100,10 +105,14 @@ def generate(
     if device not in ("cpu", "cuda"):
         raise DFlashError(f"unknown device {device!r}", "use --device cpu or --device cuda")
     if (engines is not None or onnx is not None) and (
-        cuda_graphs is not None or attention_choice != "dflash" or verify_choice != "positions" or linear_choice != "torch"
+        cuda_graphs is not None
+        or attention_choice != "dflash"
+        or verify_choice != "positions"
+        or linear_choice != "torch"
+        or dependent_launch
     ):
         raise DFlashError(
-            "--cuda-graphs, --attention-choice, --verify-choice and --linear-choice are options of --target models",
+            "--cuda-graphs, --attention-choice, --verify-choice, --linear-choice and --dependent-launch are options of --target models",
             "drop them with --engines or --onnx",
         )
     if block_size is not None and block_size < 2:
@@ -130,6 +139,7 @@ def generate(
             attention_choice=attention_choice,
             verify_choice=verify_choice,
             linear_choice=linear_choice,
+            dependent_launch=dependent_launch,
         )
         pipe = get_backend("torch").open_pipeline(source, device=device, max_context=max_context)
     outputs = pipe.generate(

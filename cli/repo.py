@@ -97,6 +97,12 @@ def repo(
         help="On a GPU: the kernels of the decode passes' projections: torch (cuBLAS), skinny (few rows, the weight "
         "streamed once, where they cover a call), or measure (the faster per row count and weight shape, at load). Default: torch.",
     ),
+    dependent_launch: Optional[bool] = typer.Option(
+        None,
+        "--dependent-launch/--no-dependent-launch",
+        help="On a Hopper or later GPU: launch the decode passes' Triton kernels as programmatic dependent launches "
+        "(each waits on the GPU for the kernel ahead; the same arithmetic). Default: off.",
+    ),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out."),
     llmapi_model: Optional[Path] = typer.Option(
         None,
@@ -115,7 +121,8 @@ def repo(
         raise DFlashError("name exactly one of --model, --recipe or --build", "for example `dflash-trt repo --model demo --out REPO`")
     console = Console(highlight=False)
     runtime_flags = [flag for flag, value in (("--cuda-graphs", cuda_graphs), ("--attention-choice", attention_choice),
-                     ("--verify-choice", verify_choice), ("--linear-choice", linear_choice)) if value is not None]  # fmt: skip
+                     ("--verify-choice", verify_choice), ("--linear-choice", linear_choice),
+                     ("--dependent-launch", dependent_launch)) if value is not None]  # fmt: skip
     if build is not None:
         _torch_runtime_only(runtime_flags, "--build")
         artifact = read_build_artifact(build)
@@ -169,6 +176,7 @@ def repo(
         attention_choice=attention_choice,
         verify_choice=verify_choice,
         linear_choice=linear_choice,
+        dependent_launch=dependent_launch,
     )
     path = repository.write_repository(out, models, source=written_from, force=force)
     for model_name, config in models:

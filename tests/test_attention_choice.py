@@ -202,14 +202,16 @@ def test_a_repository_written_with_an_attention_choice_serves_it(tmp_path, monke
 
     out = tmp_path / "repo"
     flags = ["--attention-choice", "measure", "--verify-choice", "measure", "--linear-choice", "measure", "--no-cuda-graphs"]
-    flags += ["--max-context", "96", "--max-batch", "2"]
+    flags += ["--dependent-launch", "--max-context", "96", "--max-batch", "2"]
     cli("repo", "--model", "demo", "--out", str(out), *flags)
     parameters = dict(re.findall(r'key: "(\w+)"\s*value: \{\s*string_value: "([^"]*)"', (out / "dflash" / "config.pbtxt").read_text()))
     config = ServingConfig.from_parameters(parameters)
     assert (config.attention_choice, config.verify_choice, config.linear_choice, config.cuda_graphs) == ("measure",) * 3 + (False,)
     assert ServingConfig(target="x").cuda_graphs is None and ServingConfig(target="x").attention_choice == "dflash"
+    assert config.dependent_launch and not ServingConfig(target="x").dependent_launch
     engine = BatchingLoop(config, open_served_pipeline(config))
     runtime = engine.pipeline.runtime
+    assert runtime.dependent_launch  # asked for; off a Hopper GPU no launch changes (ops/kernels/dependent_launch.py)
     block = runtime.drafter_config.block_size
     assert [(c.tokens, c.batch, c.kind, c.chosen) for c in runtime.verify_choices.choices] == [
         (block, batch, kind, "positions") for batch in (1, 2) for kind in ("top-k", "other")
@@ -229,6 +231,8 @@ def test_a_repository_written_with_an_attention_choice_serves_it(tmp_path, monke
     assert [int(t) for r in sink.responses for t in r[0]["output_ids"]] == reference[0].token_ids
     with pytest.raises(DFlashError, match="options of the torch backend"):
         ServingConfig.from_parameters({"target": "x", "backend": "trt", "engines": "e", "attention_choice": "flash"})
+    with pytest.raises(DFlashError, match="options of the torch backend"):
+        ServingConfig.from_parameters({"target": "x", "backend": "trt", "engines": "e", "dependent_launch": "true"})
     bad = invoke("repo", "--model", "demo", "--out", str(tmp_path / "bad"), "--attention-choice", "fastest")
     assert isinstance(bad.exception, DFlashError) and "attention_choice: Input should be 'dflash'" in str(bad.exception)
     assert not (tmp_path / "bad").exists()
@@ -242,8 +246,9 @@ def test_generate_takes_the_choice_for_target_models_only(tmp_path):
     args = ["generate", "--target", "demo", "--drafter", "demo", "-p", "def fib(n):", "-n", "16", "--json"]
     default, measured = (json.loads(cli(*args, *extra).strip().splitlines()[-1]) for extra in ([], ["--attention-choice", "measure"]))
     assert measured["token_ids"] == default["token_ids"] and measured["acceptance_lengths"] == default["acceptance_lengths"]
-    refused = invoke("generate", "--onnx", str(tmp_path), "-p", "x", "--attention-choice", "flash")
-    assert isinstance(refused.exception, DFlashError) and "options of --target models" in str(refused.exception)
+    for flag in (["--attention-choice", "flash"], ["--dependent-launch"]):
+        refused = invoke("generate", "--onnx", str(tmp_path), "-p", "x", *flag)
+        assert isinstance(refused.exception, DFlashError) and "options of --target models" in str(refused.exception), flag
 
 
 @pytest.mark.parametrize("window", [0, 128])

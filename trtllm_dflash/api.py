@@ -81,11 +81,13 @@ class DFlashPipeline:
         attention_choice: str = "dflash",
         verify_choice: str = "positions",
         linear_choice: str = "torch",
+        dependent_launch: bool = False,
     ) -> "DFlashPipeline":
         """Load checkpoints from local directories (or `demo`) into the torch runtime
-        (`attention`, `cuda_graphs`, `attention_choice`, `verify_choice` and `linear_choice` as TorchRuntime takes them; CUDA graphs by
-        default wherever the runtime can replay its passes, that is on a GPU). `max_context` is capped at
-        the target's max_position_embeddings, as the engine backends cap it at what their engines hold."""
+        (`attention`, `cuda_graphs`, `attention_choice`, `verify_choice`, `linear_choice` and
+        `dependent_launch` as TorchRuntime takes them; CUDA graphs by default wherever the runtime can
+        replay its passes, that is on a GPU). `max_context` is capped at the target's
+        max_position_embeddings, as the engine backends cap it at what their engines hold."""
         if device == "cuda" and not torch.cuda.is_available():
             raise DFlashError("--device cuda was asked for but no CUDA GPU is visible", "use --device cpu")
         loaded: Target = load_target(target, device=device, dtype=dtype)
@@ -100,6 +102,7 @@ class DFlashPipeline:
                 attention_choice=attention_choice,
                 verify_choice=verify_choice,
                 linear_choice=linear_choice,
+                dependent_launch=dependent_launch,
             ),
             tokenizer=loaded.tokenizer,
             stop_token_ids=loaded.stop_token_ids(),

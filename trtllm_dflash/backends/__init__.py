@@ -60,6 +60,7 @@ def open_served_pipeline(config: ServingConfig) -> DFlashPipeline:
         attention_choice=config.attention_choice,
         verify_choice=config.verify_choice,
         linear_choice=config.linear_choice,
+        dependent_launch=config.dependent_launch,
     )
     return get_backend(config.backend).open_pipeline(source, device=device, max_context=config.max_context)
 

@@ -47,4 +47,5 @@ class TorchBackend(Backend):
             attention_choice=source.attention_choice,
             verify_choice=source.verify_choice,
             linear_choice=source.linear_choice,
+            dependent_launch=source.dependent_launch,
         )

@@ -136,6 +136,11 @@ class ServingConfig(BaseModel):
         "(few rows, the weight streamed once) where they cover a call, or 'measure' (the faster per row count and "
         "weight shape, timed at load).",
     )
+    dependent_launch: bool = Field(
+        False,
+        description="torch backend on a Hopper or later GPU: launch the decode passes' Triton kernels as programmatic "
+        "dependent launches (each waits on the GPU for the kernel ahead; the same arithmetic).",
+    )
 
     @field_validator("draft_len_schedule", mode="before")
     @classmethod
@@ -157,9 +162,11 @@ class ServingConfig(BaseModel):
             or self.attention_choice != "dflash"
             or self.verify_choice != "positions"
             or self.linear_choice != "torch"
+            or self.dependent_launch
         ):
             raise ValueError(
-                "cuda_graphs, attention_choice, verify_choice and linear_choice are options of the torch backend (engines carry their own)"
+                "cuda_graphs, attention_choice, verify_choice, linear_choice and dependent_launch are options of the torch backend "
+                "(engines carry their own)"
             )
         if self.default_max_tokens is not None and self.default_max_tokens > self.max_tokens:
             raise ValueError(f"default_max_tokens {self.default_max_tokens} is above max_tokens {self.max_tokens}")
