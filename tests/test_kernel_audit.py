@@ -283,8 +283,9 @@ def test_dependent_launches_wait_for_the_kernel_ahead_before_touching_memory():
     the skinny projections, the attention kernels in their single, split, merged and merge forms at
     Qwen3-8B's shapes), compiled for sm_90a with PDL: the PTX waits for the kernel ahead
     (`griddepcontrol.wait`) before its first global load, store, atomic or async copy, and then lets
-    the next kernel launch. Compiled without PDL (an engine's launch, and every launch by default)
-    it has neither: the kernels of before."""
+    the next kernel launch; the skinny projections ask L2 for their weight's first tiles before it
+    (a prefetch, which reads nothing into registers). Compiled without PDL (an engine's launch, and
+    every launch by default) they have none of these: the kernels of before."""
     from trtllm_dflash.plugins.aot_variants import attention_variants, target_attention_split_variant, target_attention_variant
 
     tokens = 16
@@ -304,9 +305,12 @@ def test_dependent_launches_wait_for_the_kernel_ahead_before_touching_memory():
     ]
     arch = aot.ARCHES["sm_90a"]
     for variant in variants:
-        assert "griddepcontrol" not in aot.compile_kernel(variant, arch).ptx, variant.function
+        plain = aot.compile_kernel(variant, arch).ptx
+        assert "griddepcontrol" not in plain and "prefetch" not in plain, variant.function
         ptx = aot.compile_kernel(dataclasses.replace(variant, constexprs=(*variant.constexprs, ("PDL", True))), arch).ptx
         body = ptx[ptx.index(".entry") :]
         wait, release = body.find("griddepcontrol.wait"), body.find("griddepcontrol.launch_dependents")
         first_access = GLOBAL_ACCESS.search(body)
         assert first_access is not None and 0 < wait < first_access.start() and wait < release, variant.function
+        if variant.function == "skinny_linear_kernel":  # the weight's first tiles asked into L2 before the wait
+            assert 0 < body.find("prefetch.global.L2") < wait, variant.function

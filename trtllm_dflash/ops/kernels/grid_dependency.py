@@ -15,9 +15,16 @@ writes nothing an earlier kernel still reads, and cannot complete before the ker
 passed that point, so they never take an SM from one of its programs still waiting to start.
 `tests/test_kernel_audit.py` checks the order in each kernel's PTX.
 
-With PDL False (the default everywhere) the helper compiles to nothing: the kernels are those
+The one thing a kernel may do before its wait is `prefetch_to_l2` of data that no kernel writes
+(the skinny projections' weights): a prefetch reads nothing into registers and writes nothing,
+and the weight's first tiles then stream into L2 while the kernel ahead is still running, when
+the weights would otherwise not stream at all (a norm, RoPE or attention kernel of a batch-1
+pass leaves most of the bandwidth idle).
+
+With PDL False (the default everywhere) the helpers compile to nothing: the kernels are those
 of before. Triton's interpreter has no grid dependency control, and needs none: it runs a
-launch's programs after the previous launch has finished. Its form of the helper is empty.
+launch's programs after the previous launch has finished, and it has no L2 (nor inline
+assembly). Its forms of the helpers are empty.
 
 A kernel's jitted helpers must be of its own kind (compiled or interpreted), so a kernel file loads
 this one through `kernels.load` in its own form; no kernel lives here.
@@ -34,6 +41,11 @@ if triton.knobs.runtime.interpret:
         """Nothing to wait for: the interpreter runs launches one after another."""
         pass
 
+    @triton.jit
+    def prefetch_to_l2(pointers, PDL: tl.constexpr):
+        """No L2 to fill."""
+        pass
+
 else:
 
     @triton.jit
@@ -43,3 +55,13 @@ else:
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
+
+    @triton.jit
+    def prefetch_to_l2(pointers, PDL: tl.constexpr):
+        """With PDL: ask L2 for the lines at `pointers` (valid addresses of data no kernel writes, a
+        weight), without waiting for them. Before the wait, so the lines stream in while the kernel
+        ahead finishes."""
+        if PDL:
+            tl.inline_asm_elementwise(
+                "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [pointers], dtype=tl.int32, is_pure=False, pack=1
+            )

@@ -33,7 +33,8 @@ import triton.language as tl
 from trtllm_dflash.ops import kernels
 
 is_last_split = kernels.load("last_split", interpret=triton.knobs.runtime.interpret).is_last_split
-wait_for_inputs = kernels.load("grid_dependency", interpret=triton.knobs.runtime.interpret).wait_for_inputs
+_grid_dependency = kernels.load("grid_dependency", interpret=triton.knobs.runtime.interpret)
+wait_for_inputs, prefetch_to_l2 = _grid_dependency.wait_for_inputs, _grid_dependency.prefetch_to_l2
 
 
 @triton.jit
@@ -57,11 +58,12 @@ def skinny_linear_kernel(
     IEEE: tl.constexpr,
     GATED: tl.constexpr,
     PDL: tl.constexpr = False,
+    PREFETCH_STEPS: tl.constexpr = 4,
 ):
     """x `[M, K]` (`[M, 2K]` when GATED), w `[N, K]` (row-major, as nn.Linear keeps it); out `[M, N]`.
     When SPLIT: float32 partials `[splits, M, N]` and one int32 counter per (column tile, row tile),
-    zero on entry and left zero. PDL: launched as a dependent launch (grid_dependency.py)."""
-    wait_for_inputs(PDL)
+    zero on entry and left zero. PDL: launched as a dependent launch (grid_dependency.py), the
+    first PREFETCH_STEPS tiles of the program's weight slice asked into L2 before the wait."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -71,6 +73,12 @@ def skinny_linear_kernel(
     col_ok = cols < N
     k_lo = split * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
+    if PDL:  # one address per 128-byte line of each weight row's first tiles, kept inside the weight
+        weight_rows = w_ptr + tl.minimum(cols, N - 1).to(tl.int64)[:, None] * K
+        for k0 in range(k_lo, tl.minimum(k_lo + PREFETCH_STEPS * BLOCK_K, k_hi), BLOCK_K):
+            lines = tl.minimum(k0 + tl.arange(0, BLOCK_K // 64) * 64, K - 1)
+            prefetch_to_l2(weight_rows + lines[None, :], PDL)
+    wait_for_inputs(PDL)
     acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)  # (tl.zeros is a jitted helper the interpreted form cannot call)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
