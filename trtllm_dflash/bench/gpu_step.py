@@ -34,8 +34,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from trtllm_dflash.bench import pass_profile
-from trtllm_dflash.decoding import Decoder, Request, SamplingParams
+from trtllm_dflash.bench import loop_timing, pass_profile
 from trtllm_dflash.modeling.drafter import DFlashDrafter
 from trtllm_dflash.runtime import verify_choice
 from trtllm_dflash.runtime.base import SamplingTensors, draft_positions, sample_drafts
@@ -383,44 +382,6 @@ def measure_row(
     return row
 
 
-def measure_loop(runtime: TorchRuntime, shape: StepShape, batch: int, context: int, steps: int) -> tuple[float, float, float]:
-    """Median wall-clock steps of the decoding loop (greedy, prompts of `context` tokens): AR, DFlash,
-    and DFlash with async scheduling (each step launched before the one before is read)."""
-    g = torch.Generator().manual_seed(context + batch)
-    prompts = [torch.randint(0, shape.vocab, (context,), generator=g).tolist() for _ in range(batch)]
-    medians = []
-    for speculative, overlap in ((False, False), (True, False), (True, True)):
-        saved = runtime.drafter_config
-        if not speculative:
-            runtime.drafter_config = None  # the loop decodes autoregressively on the same runtime
-        try:
-            max_context = context + steps + 2 * shape.block
-            decoder = Decoder(runtime, max_batch=batch, max_context=max_context, prefill_chunk=0, async_scheduling=overlap)
-            params = SamplingParams(max_new_tokens=steps, ignore_eos=True)
-            decoder.generate([Request(p, params) for p in prompts])  # captures the graphs
-            periods = step_periods(decoder, [Request(p, params) for p in prompts])
-        finally:
-            runtime.drafter_config = saved
-        medians.append(statistics.median(periods) * 1e3)
-    return medians[0], medians[1], medians[2]
-
-
-def step_periods(decoder: Decoder, requests: list[Request]) -> list[float]:
-    """Seconds between the ends of consecutive `step` calls while every request decodes: what a step
-    costs the loop, the host's work and waits included (the prefill's call is not counted)."""
-    for request in requests:
-        decoder.submit(request)
-    decoder.step()  # the prefill and the first step
-    periods, last = [], time.perf_counter()
-    while decoder.has_work:
-        decoder.step()
-        now = time.perf_counter()
-        if len(decoder.live) == len(requests):
-            periods.append(now - last)
-        last = now
-    return periods or [float("nan")]
-
-
 @dataclasses.dataclass
 class StepBenchmark:
     shape: StepShape
@@ -506,7 +467,7 @@ def run(
     for context in loop_contexts:
         for batch in batches:
             say(f"batch {batch}, context {context}: the decoding loop's steps")
-            ar_ms, dflash_ms, async_ms = measure_loop(runtime, shape, batch, context, loop_steps)
+            ar_ms, dflash_ms, async_ms = loop_timing.measure_loop(runtime, shape.vocab, shape.block, batch, context, loop_steps)
             row = next(r for r in result.rows if r.batch == batch and r.context == context)
             row.loop_ar_ms, row.loop_dflash_ms, row.loop_async_ms = ar_ms, dflash_ms, async_ms
             if out is not None:
