@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -111,14 +112,32 @@ def _launches(layers: int, draft_layers: int, outputs: dict | None = None, depen
     return counted
 
 
-def test_a_decoder_layer_launches_eight_kernels_on_the_gpu_path(monkeypatch):
+@functools.cache
+def _counted(layers: int, draft_layers: int, kv_splits: int | None = None, dependent: bool = False) -> tuple[dict, dict]:
+    """`_launches` in Triton's interpreter (counts and each pass's output), with the attention's KV
+    range forced into `kv_splits` (None: one, as off CUDA) and, with `dependent`, dependent launches
+    allowed off a Hopper GPU. Cached: the tests below read the same passes in different ways, and
+    each costs several seconds interpreted (nothing here mutates what it returns)."""
+    from trtllm_dflash.ops.kernels import dependent_launch, launch
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITON_INTERPRET", "1")
+        if kv_splits is not None:
+            patch.setattr(launch, "default_target_kv_splits", lambda *shape: kv_splits)
+            patch.setattr(launch, "default_kv_splits", lambda *shape: kv_splits)
+        if dependent:
+            patch.setattr(dependent_launch, "supported", lambda device: True)
+        outputs: dict = {}
+        return _launches(layers, draft_layers, outputs, dependent), outputs
+
+
+def test_a_decoder_layer_launches_eight_kernels_on_the_gpu_path():
     """Per target layer, verify and AR passes alike: the input norm with the residual add, the qkv
     projection, q/k norm + RoPE, the attention op, o_proj, the post-attention norm with its residual
     add, gate/up, and the down projection forming silu(gate) * up itself. Per drafter layer the
     same, plus the context rows' K/V projection and their norm + RoPE. Nothing else: no torch op.
     Around the layers, a target pass launches 9 more."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    small, large = _launches(2, 1), _launches(3, 2)
+    (small, _), (large, _) = _counted(2, 1), _counted(3, 2)
     layer = {
         "triton add_rms_norm_kernel": 2,
         "triton skinny_linear_kernel": 4,
@@ -149,19 +168,12 @@ def test_a_decoder_layer_launches_eight_kernels_on_the_gpu_path(monkeypatch):
     }, f"draft pass, per layer: {per_draft_layer}"
 
 
-def test_a_split_attention_launches_once_per_layer_and_computes_what_one_split_does(monkeypatch):
+def test_a_split_attention_launches_once_per_layer_and_computes_what_one_split_does():
     """With the KV range split in two (what a GPU picks at batch 1, forced here), each layer's
     attention is still one launch, the split kernel merging its own splits, and every pass gives
     what the unsplit kernels give (float32, to the interpreter's accumulation order)."""
-    from trtllm_dflash.ops.kernels import launch
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    unsplit = {}
-    _launches(2, 1, unsplit)
-    monkeypatch.setattr(launch, "default_target_kv_splits", lambda *shape: 2)
-    monkeypatch.setattr(launch, "default_kv_splits", lambda *shape: 2)
-    split = {}
-    small, large = _launches(2, 1, split), _launches(3, 2)
+    _, unsplit = _counted(2, 1)
+    (small, split), (large, _) = _counted(2, 1, kv_splits=2), _counted(3, 2, kv_splits=2)
     for name in ("verify", "AR"):
         per_layer = dict(large[name] - small[name])
         assert per_layer["triton target_attention_merged_kernel"] == 1 and "triton target_attention_kernel" not in per_layer
@@ -172,20 +184,13 @@ def test_a_split_attention_launches_once_per_layer_and_computes_what_one_split_d
         torch.testing.assert_close(out, unsplit[name], atol=1e-5, rtol=1e-5, msg=name)
 
 
-def test_with_dependent_launches_every_kernel_waits_for_the_kernel_ahead(monkeypatch):
+def test_with_dependent_launches_every_kernel_waits_for_the_kernel_ahead():
     """With the runtime's `dependent_launch` (a Hopper GPU's choice, allowed here), every Triton kernel
     of the verify, AR and draft passes, with the attention's KV range split, is launched as a
     dependent launch with its wait compiled in (never one half without the other); the passes
     launch the same kernels and torch ops as with ordinary launches, and compute their outputs bit
     for bit (the same arithmetic). Without `dependent_launch`, nothing is (the tests above)."""
-    from trtllm_dflash.ops.kernels import dependent_launch, launch
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(dependent_launch, "supported", lambda device: True)
-    monkeypatch.setattr(launch, "default_target_kv_splits", lambda *shape: 2)
-    monkeypatch.setattr(launch, "default_kv_splits", lambda *shape: 2)
-    ordinary, dependent = {}, {}
-    plain, with_dependent = _launches(2, 1, ordinary), _launches(2, 1, dependent, dependent=True)
+    (plain, ordinary), (with_dependent, dependent) = _counted(2, 1, kv_splits=2), _counted(2, 1, kv_splits=2, dependent=True)
     for name, layer_kernels in (("verify", 2 * 8), ("AR", 2 * 8), ("draft", 10)):  # at least the layers' kernels
         want = {f"{op} (dependent)" if op.startswith("triton ") else op: count for op, count in plain[name].items()}
         assert dict(with_dependent[name]) == want, f"{name} pass: {dict(with_dependent[name])}"
