@@ -76,9 +76,9 @@ class LaunchCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _launches(layers: int, draft_layers: int, outputs: dict | None = None, dependent: bool = False) -> dict[str, collections.Counter]:
-    """Launches of the verify, AR and draft passes of a tiny model on the GPU path, skinny projections
-    (each pass's output kept in `outputs` when given; `dependent`: the runtime's dependent_launch)."""
+def _launches(layers: int, draft_layers: int, dependent: bool = False) -> tuple[dict[str, collections.Counter], dict[str, torch.Tensor]]:
+    """Launches of the verify, AR and draft passes of a tiny model on the GPU path, skinny projections,
+    and each pass's output (`dependent`: the runtime's dependent_launch)."""
     from trtllm_dflash.bench import gpu_step
     from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 
@@ -99,17 +99,16 @@ def _launches(layers: int, draft_layers: int, outputs: dict | None = None, depen
         "AR": lambda: runtime.target_forward(rows, tokens[:, :1], starts, context + 1),
         "draft": lambda: runtime.draft_forward(rows, block, features, new_counts, starts - new_counts),
     }
-    counted = {}
+    counted, outputs = {}, {}
     for name, run in passes.items():
         run()
         counter = LaunchCounter()
         with torch.inference_mode(), counter:
             out = run()
         counted[name] = counter.counts
-        if outputs is not None:
-            outputs[name] = out.logits if hasattr(out, "logits") else out
+        outputs[name] = out.logits if hasattr(out, "logits") else out
     runtime.taps.remove()
-    return counted
+    return counted, outputs
 
 
 @functools.cache
@@ -127,8 +126,7 @@ def _counted(layers: int, draft_layers: int, kv_splits: int | None = None, depen
             patch.setattr(launch, "default_kv_splits", lambda *shape: kv_splits)
         if dependent:
             patch.setattr(dependent_launch, "supported", lambda device: True)
-        outputs: dict = {}
-        return _launches(layers, draft_layers, outputs, dependent), outputs
+        return _launches(layers, draft_layers, dependent)
 
 
 def test_a_decoder_layer_launches_eight_kernels_on_the_gpu_path():

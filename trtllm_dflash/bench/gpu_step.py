@@ -103,7 +103,12 @@ class StepRow:
     @property
     def dflash(self) -> Timed:
         """The DFlash step the GPU runs: draft pass + 16-token verify pass + greedy verification."""
-        parts = [self.parts[k] for k in ("draft", "verify pass", "verify greedy")]
+        return self.dflash_of("")
+
+    def dflash_of(self, passes: str) -> Timed:
+        """The DFlash step with the draft and verify passes of the parts named with suffix `passes`
+        ("": the runtime's launches; ", other launches": `dependent_launch="both"`'s others)."""
+        parts = [self.parts[k] for k in (f"draft{passes}", f"verify pass{passes}", "verify greedy")]
         return Timed(sum(p.ms for p in parts), sum(p.floor_ms for p in parts), "sum")
 
     def tokens_per_second(self, tau: float) -> float:
@@ -316,7 +321,11 @@ def measure_row(
     row.parts["ar"] = Timed(ms, floor_ms(floors.target_pass(batch, context, 1), ceilings), how)
 
     span = context + s.block
-    ms, how = timer("verify pass", lambda: target_forward(rows, tokens, starts, span))
+
+    def verify_pass() -> object:
+        return target_forward(rows, tokens, starts, span)
+
+    ms, how = timer("verify pass", verify_pass)
     row.parts["verify pass"] = Timed(ms, floor_ms(floors.target_pass(batch, context, s.block), ceilings), how)
     if batch > 1:  # half the rows a graph's padding rows (a bucket holding fewer live requests), where they start
         for part, at_capacity in PADDING_STARTS.items():
@@ -331,14 +340,16 @@ def measure_row(
     # a full block of new context rows: the most a step injects (a step after tau accepted tokens injects tau)
     new_counts = torch.full((batch,), s.block, dtype=torch.long, device=device)
     cache_lens = starts - new_counts
-    ms, how = timer("draft", lambda: draft_forward(rows, block, features, new_counts, cache_lens))
+
+    def draft_pass() -> object:
+        return draft_forward(rows, block, features, new_counts, cache_lens)
+
+    ms, how = timer("draft", draft_pass)
     row.parts["draft"] = Timed(ms, floor_ms(floors.draft_pass(batch, context), ceilings), how)
     if compare_dependent:  # the same passes, each graph captured with the other launch kind
         runtime.dependent_launch = not runtime.dependent_launch
         try:
-            again = {"ar": ar, "verify pass": lambda: target_forward(rows, tokens, starts, span)}
-            again["draft"] = lambda: draft_forward(rows, block, features, new_counts, cache_lens)
-            for part, fn in again.items():
+            for part, fn in (("ar", ar), ("verify pass", verify_pass), ("draft", draft_pass)):
                 ms, how = timer(f"{part}, other launches", fn)
                 row.parts[f"{part}, other launches"] = Timed(ms, row.parts[part].floor_ms, how)
         finally:
@@ -346,8 +357,8 @@ def measure_row(
     if profile:
         passes = (
             ("AR pass", ar, floors.target_weight_bytes),
-            ("verify pass", lambda: target_forward(rows, tokens, starts, span), floors.target_weight_bytes),
-            ("draft pass", lambda: draft_forward(rows, block, features, new_counts, cache_lens), floors.draft_weight_bytes),
+            ("verify pass", verify_pass, floors.target_weight_bytes),
+            ("draft pass", draft_pass, floors.draft_weight_bytes),
         )
         for (name, fn, weights), part in zip(passes, ("ar", "verify pass", "draft")):
             row.profiles.append(pass_profile.profile_pass(name, fn, device, row.parts[part].ms, weights))
@@ -581,10 +592,9 @@ def _other_launches(rows: list[StepRow]) -> list[str]:
     lines = ["", "Ordinary launches -> programmatic dependent launches (ms, each pass from its own graph):", ""]
     lines += ["| batch | context | AR step | verify pass (16) | draft pass | DFlash step |", "|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        p, other = r.parts, lambda part: r.parts[f"{part}, other launches"]  # noqa: E731
-        step = p["verify greedy"].ms + other("verify pass").ms + other("draft").ms
-        cells = [f"{_cell(p[part])} -> {_cell(other(part))}" for part in ("ar", "verify pass", "draft")]
-        lines.append(f"| {r.batch} | {r.context} | " + " | ".join(cells) + f" | {r.dflash.ms:.3f} -> {step:.3f} |")
+        cells = [f"{_cell(r.parts[part])} -> {_cell(r.parts[f'{part}, other launches'])}" for part in ("ar", "verify pass", "draft")]
+        step = f"{r.dflash.ms:.3f} -> {r.dflash_of(', other launches').ms:.3f}"
+        lines.append(f"| {r.batch} | {r.context} | " + " | ".join(cells) + f" | {step} |")
     return lines
 
 
