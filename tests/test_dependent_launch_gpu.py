@@ -102,3 +102,46 @@ def test_the_demo_pair_decodes_the_same_tokens_with_dependent_launches(temperatu
         decoded[dependent] = [(r.token_ids, r.acceptance_lengths) for r in results]
         runtime.taps.remove()
     assert decoded[True] == decoded[False]
+
+
+@pytest.mark.parametrize("form", ["positions", "spread", "shortlist"])
+def test_replayed_verification_gives_the_ordinary_launches_decisions(form):
+    """A step's verification by each kernel form, after the drafter's samples (by the shortlist
+    kernels where that form verifies), at Qwen3's vocabulary: replayed 20 times from graphs captured
+    with dependent launches, every replay gives the ordinary graphs' drafts, q and decisions."""
+    from trtllm_dflash.bench import gpu_step
+    from trtllm_dflash.runtime import cuda_graphs, verify_choice
+    from trtllm_dflash.runtime.base import SamplingTensors, draft_positions
+    from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+
+    device, vocab, block = torch.device("cuda"), gpu_step.QWEN3_8B.vocab, gpu_step.QWEN3_8B.block
+    target, drafter = gpu_step.make_models(dataclasses.replace(gpu_step.TINY, vocab=vocab), device, torch.bfloat16)
+    runtime = TorchRuntime(target, drafter)
+    runtime.verify_choices = verify_choice.VerifyChoices(form)
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(2, block, vocab, generator=g) * 3).to(device, torch.bfloat16)
+    draft_logits = (torch.randn(2, block - 1, vocab, generator=g) * 3).to(device, torch.bfloat16)
+    anchors, starts = torch.randint(0, vocab, (2, 1), generator=g).to(device), torch.tensor([700, 400], device=device)
+    sampling = SamplingTensors(
+        torch.tensor([0.0, 0.8], device=device), torch.tensor([0, 50], device=device), torch.tensor([1.0, 0.9], device=device),
+        torch.tensor([3, 4], device=device), (True, False), (0, 50), (1.0, 0.9),
+    )  # fmt: skip
+
+    def step() -> tuple[torch.Tensor, ...]:
+        proposal = runtime.draft_head(draft_logits, sampling, draft_positions(starts, block - 1))
+        accepted, bonus = runtime.verify(logits, torch.cat([anchors, proposal.tokens], dim=1), proposal.probs, sampling, starts)
+        return proposal.tokens, proposal.probs, accepted, bonus
+
+    outputs = {}
+    for dependent in (False, True):
+        runtime.dependent_launch = dependent
+        replay, out = cuda_graphs.capture(step, torch.cuda.graph_pool_handle())
+        replays = []
+        for _ in range(20):
+            replay()
+            replays.append([o.clone() for o in out])
+        outputs[dependent] = replays
+    want = outputs[False][0]
+    for dependent, replays in outputs.items():
+        for replay in replays:
+            assert all(torch.equal(got, expected) for got, expected in zip(replay, want)), f"{form}, dependent={dependent}"

@@ -24,9 +24,12 @@ from trtllm_dflash.ops.kernels import launch  # noqa: E402
 from trtllm_dflash.plugins import aot, kernel_audit  # noqa: E402
 from trtllm_dflash.plugins.aot_variants import (  # noqa: E402
     TORCH_TO_TRITON,
+    commit_variant,
     fused_layer_variants,
+    verify_partials_variant,
     verify_shortlist_variants,
     verify_spread_variants,
+    verify_variants,
 )
 
 ARCHES = ("sm_90a", "sm_100a")
@@ -278,10 +281,19 @@ def test_split_attention_merged_in_the_launch_compiles_for_hopper_and_orders_its
 GLOBAL_ACCESS = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:ld|st|atom|red|cp\.async)\.[\w.]*global", re.MULTILINE)
 
 
+def _kernels_taking_pdl() -> set[str]:
+    """The kernel functions in the kernel sources that take the dependent launch's `PDL` constexpr."""
+    from trtllm_dflash.ops import kernels
+
+    modules = [kernels.load(name) for name in kernels.KERNEL_SOURCES]
+    return {name for m in modules for name, fn in vars(m).items() if name.endswith("_kernel") and "PDL" in getattr(fn, "arg_names", ())}
+
+
 def test_dependent_launches_wait_for_the_kernel_ahead_before_touching_memory():
     """Every kernel a decode pass launches as a programmatic dependent launch (the fused-layer kernels,
     the skinny projections, the attention kernels in their single, split, merged and merge forms at
-    Qwen3-8B's shapes), compiled for sm_90a with PDL: the PTX waits for the kernel ahead
+    Qwen3-8B's shapes, the verification kernels in every form and the shortlist's sampling),
+    compiled for sm_90a with PDL: the PTX waits for the kernel ahead
     (`griddepcontrol.wait`) before its first global load, store, atomic or async copy, and then lets
     the next kernel launch; the skinny projections ask L2 for their weight's first tiles before it
     (a prefetch, which reads nothing into registers). Compiled without PDL (an engine's launch, and
@@ -302,7 +314,13 @@ def test_dependent_launches_wait_for_the_kernel_ahead_before_touching_memory():
         target_attention_variant(128, 128, "bfloat16", "bfloat16", target.block_m, {"sinks": False}),
         split,
         merged_variant(split),
+        verify_partials_variant("bfloat16"),
+        *verify_variants("bfloat16"),
+        commit_variant(),
+        *verify_spread_variants("bfloat16"),
+        *verify_shortlist_variants("bfloat16"),
     ]
+    assert {v.function for v in variants} == _kernels_taking_pdl()  # none left out
     arch = aot.ARCHES["sm_90a"]
     for variant in variants:
         plain = aot.compile_kernel(variant, arch).ptx

@@ -194,3 +194,52 @@ def test_with_dependent_launches_every_kernel_waits_for_the_kernel_ahead():
         assert dict(with_dependent[name]) == want, f"{name} pass: {dict(with_dependent[name])}"
         assert sum(count for op, count in want.items() if op.endswith(" (dependent)")) > layer_kernels, name
         assert torch.equal(dependent[name], ordinary[name]), name
+
+
+def _verifications(dependent: bool) -> tuple[collections.Counter, list[torch.Tensor]]:
+    """The launches and results of a tiny model's verification and draft sampling, with its kernels
+    in Triton's interpreter (`dependent`: the runtime's dependent_launch, allowed off a Hopper GPU):
+    a greedy step (split argmax, per-position decisions, commit), and a step of a greedy and a
+    top-k + top-p row with the drafts sampled and verified by the shortlist kernels."""
+    from trtllm_dflash.bench import gpu_step
+    from trtllm_dflash.ops.kernels import dependent_launch
+    from trtllm_dflash.runtime import verify_choice
+    from trtllm_dflash.runtime.base import SamplingTensors, draft_positions
+    from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+
+    target, drafter = gpu_step.make_models(gpu_step.TINY, torch.device("cpu"), torch.float32)
+    runtime = TorchRuntime(target, drafter, dependent_launch=dependent)
+    runtime.verify_choices = verify_choice.VerifyChoices("shortlist")
+    block, vocab = gpu_step.TINY.block, gpu_step.TINY.vocab
+    g = torch.Generator().manual_seed(0)
+    logits, draft_logits = torch.randn(2, block, vocab, generator=g) * 3, torch.randn(2, block - 1, vocab, generator=g) * 3
+    block_tokens, starts = torch.randint(0, vocab, (2, block), generator=g), torch.tensor([20, 7])
+    greedy = SamplingTensors(
+        torch.zeros(2), torch.zeros(2, dtype=torch.long), torch.ones(2), torch.tensor([3, 4]), (True, True), (0, 0), (1.0, 1.0)
+    )
+    mixed = SamplingTensors(
+        torch.tensor([0.0, 0.8]), torch.tensor([0, 50]), torch.tensor([1.0, 0.9]), torch.tensor([3, 4]), (True, False), (0, 50), (1.0, 0.9)
+    )
+    counter, results = LaunchCounter(), []
+    with pytest.MonkeyPatch.context() as patch, torch.inference_mode(), counter:
+        patch.setenv("TRITON_INTERPRET", "1")
+        patch.setattr(dependent_launch, "supported", lambda device: True)
+        results += runtime.verify(logits, block_tokens, None, greedy, starts)
+        proposal = runtime.draft_head(draft_logits, mixed, draft_positions(starts, block - 1))
+        block_tokens = torch.cat([block_tokens[:, :1], proposal.tokens], dim=1)
+        results += [proposal.tokens, proposal.probs, *runtime.verify(logits, block_tokens, proposal.probs, mixed, starts)]
+    return counter.counts, results
+
+
+def test_verification_and_draft_sampling_wait_for_the_kernel_ahead_too():
+    """After a pass, its verification and the drafter's sampling are chains of short kernels too (3
+    for a greedy step; 6 for the shortlist's verification, 5 for its sampling). With the runtime's
+    `dependent_launch`, each is launched as a dependent launch with its wait compiled in; the same
+    kernels and torch ops run, and the tokens, q and decisions are bit for bit the ordinary ones."""
+    (plain, ordinary), (with_dependent, dependent) = _verifications(False), _verifications(True)
+    kernels = {op for op in plain if op.startswith("triton ")}
+    assert {"triton verify_positions_kernel", "triton shortlist_sample_kernel", "triton shortlist_decide_kernel"} <= kernels, plain
+    assert not any(op.endswith("dependent)") for op in plain), plain
+    assert dict(with_dependent) == {f"{op} (dependent)" if op in kernels else op: count for op, count in plain.items()}
+    for got, want in zip(dependent, ordinary, strict=True):
+        assert torch.equal(got, want)

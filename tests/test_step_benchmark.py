@@ -67,15 +67,15 @@ def test_the_measured_attention_choice_is_reported_with_every_candidate(tmp_path
 
 def test_dependent_launches_both_times_each_pass_twice_and_tabulates_them(tmp_path):
     """`--dependent-launch both` (the GPU window's measured step): each row's AR, verify and draft
-    passes are timed again with the other launch kind, and the table sets the two side by side,
-    with the DFlash step each way; without the flag, no such table."""
+    passes and its verifications are timed again with the other launch kind, and the table sets the
+    two side by side, with the DFlash step each way; without the flag, no such table."""
     out = tmp_path / "step.md"
     args = ["--tiny", "--device", "cpu", "--batches", "1,2", "--contexts", "24", "--repeats", "2", "--loop-contexts", "", "--out", str(out)]
     assert _script().main([*args, "--dependent-launch", "both"]) == 0
     text = out.read_text()
     table = text[text.index("Ordinary launches -> programmatic dependent launches") :].split("\n\n")[1].splitlines()
     assert [line.split(" | ")[:2] for line in table[2:]] == [["| 1", "24"], ["| 2", "24"]]
-    assert all(line.count(" -> ") == 4 for line in table[2:])
+    assert all(line.count(" -> ") == 6 for line in table[2:])
     without = tmp_path / "plain.md"
     assert _script().main([*args[:-1], str(without)]) == 0
     assert "programmatic dependent launches" not in without.read_text()

@@ -25,12 +25,13 @@ no graphs): it keeps the code path from rotting in CI, its numbers mean nothing.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import statistics
 import time
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -108,7 +109,7 @@ class StepRow:
     def dflash_of(self, passes: str) -> Timed:
         """The DFlash step with the draft and verify passes of the parts named with suffix `passes`
         ("": the runtime's launches; ", other launches": `dependent_launch="both"`'s others)."""
-        parts = [self.parts[k] for k in (f"draft{passes}", f"verify pass{passes}", "verify greedy")]
+        parts = [self.parts[k] for k in (f"draft{passes}", f"verify pass{passes}", f"verify greedy{passes}")]
         return Timed(sum(p.ms for p in parts), sum(p.floor_ms for p in parts), "sum")
 
     def tokens_per_second(self, tau: float) -> float:
@@ -347,13 +348,10 @@ def measure_row(
     ms, how = timer("draft", draft_pass)
     row.parts["draft"] = Timed(ms, floor_ms(floors.draft_pass(batch, context), ceilings), how)
     if compare_dependent:  # the same passes, each graph captured with the other launch kind
-        runtime.dependent_launch = not runtime.dependent_launch
-        try:
+        with _other_launches(runtime):
             for part, fn in (("ar", ar), ("verify pass", verify_pass), ("draft", draft_pass)):
                 ms, how = timer(f"{part}, other launches", fn)
                 row.parts[f"{part}, other launches"] = Timed(ms, row.parts[part].floor_ms, how)
-        finally:
-            runtime.dependent_launch = not runtime.dependent_launch
     if profile:
         passes = (
             ("AR pass", ar, floors.target_weight_bytes),
@@ -384,6 +382,10 @@ def measure_row(
                 row.parts[f"draft sampling {mode} shortlist"] = Timed(ms, floor_ms(floors.draft_sampling(batch), ceilings), how)
         ms, how = timer(f"verify {mode}", lambda: runtime.verify(logits, block, probs, sampling, starts))
         row.parts[f"verify {mode}"] = Timed(ms, floor_ms(floors.verification(batch, mode), ceilings), how)
+        if compare_dependent:  # its kernels as the other launch kind too (a chain of 3 to 16 short kernels)
+            with _other_launches(runtime):
+                ms, how = timer(f"verify {mode}, other launches", lambda: runtime.verify(logits, block, probs, sampling, starts))
+            row.parts[f"verify {mode}, other launches"] = Timed(ms, row.parts[f"verify {mode}"].floor_ms, how)
         if device.type == "cuda":  # the same decisions by the other kernel forms (issue 39 item 5, runtime/verify_choice.py)
             sampled = (sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed, starts)
             for form in verify_choice.KERNEL_FORMS:
@@ -391,6 +393,16 @@ def measure_row(
                 ms, how = timer(f"verify {mode} {form}", lambda: verification(logits, block, probs, *sampled))
                 row.parts[f"verify {mode} {form}"] = Timed(ms, floor_ms(floors.verification(batch, mode), ceilings), how)
     return row
+
+
+@contextlib.contextmanager
+def _other_launches(runtime: TorchRuntime) -> Iterator[None]:
+    """The runtime's passes with the other launch kind (ordinary or dependent) while inside."""
+    runtime.dependent_launch = not runtime.dependent_launch
+    try:
+        yield
+    finally:
+        runtime.dependent_launch = not runtime.dependent_launch
 
 
 @dataclasses.dataclass
@@ -575,7 +587,7 @@ def markdown(result: StepBenchmark) -> str:
         "host syncs and eager parts included; async: `async_scheduling=True`, each step launched before "
         "the one before is read.",
     ]
-    lines += _other_launches(result.rows)
+    lines += _dependent_table(result.rows)
     if result.choices:
         lines += ["", "```", result.choices, "```"]
     for r in result.rows:
@@ -584,15 +596,19 @@ def markdown(result: StepBenchmark) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _other_launches(rows: list[StepRow]) -> list[str]:
+def _dependent_table(rows: list[StepRow]) -> list[str]:
     """The table of `dependent_launch="both"`: each pass with ordinary and dependent launches."""
     rows = [r for r in rows if "ar, other launches" in r.parts]
     if not rows:
         return []
+    parts = ("ar", "verify pass", "draft", "verify greedy", "verify top-k+top-p")
     lines = ["", "Ordinary launches -> programmatic dependent launches (ms, each pass from its own graph):", ""]
-    lines += ["| batch | context | AR step | verify pass (16) | draft pass | DFlash step |", "|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "| batch | context | AR step | verify pass (16) | draft pass | greedy verification | top-k+top-p verification | DFlash step |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        cells = [f"{_cell(r.parts[part])} -> {_cell(r.parts[f'{part}, other launches'])}" for part in ("ar", "verify pass", "draft")]
+        cells = [f"{_cell(r.parts[part])} -> {_cell(r.parts[f'{part}, other launches'])}" for part in parts]
         step = f"{r.dflash.ms:.3f} -> {r.dflash_of(', other launches').ms:.3f}"
         lines.append(f"| {r.batch} | {r.context} | " + " | ".join(cells) + f" | {step} |")
     return lines

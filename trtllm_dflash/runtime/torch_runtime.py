@@ -120,7 +120,8 @@ class TorchRuntime(CachedRuntime):
         `linear_choice`: which kernels run the decode passes' projections on a GPU's kernel path
         (runtime/linear_choice.py): "torch" (F.linear), "skinny" (ops/kernels/skinny_linear.py
         where they cover the call) or "measure": the faster per (rows, weight shape), timed at `allocate`.
-        `dependent_launch`: launch the decode passes' Triton kernels as programmatic dependent launches
+        `dependent_launch`: launch the Triton kernels of the decode passes, the verification and the
+        drafter's sampling as programmatic dependent launches
         (ops/kernels/dependent_launch.py; Hopper on, else nothing changes): each kernel's programs
         wait on the GPU for the kernel ahead instead of being launched after it. The same arithmetic."""
         self.model = target.eval()
@@ -506,6 +507,7 @@ class TorchRuntime(CachedRuntime):
             return False
         return not bool(starts.any())
 
+    @_launched_dependent
     def verify(self, target_logits, block, draft_probs, sampling: SamplingTensors, starts) -> tuple[torch.Tensor, torch.Tensor]:
         """Accepted draft count and bonus token per row: by the spread or shortlist kernels where chosen and some row samples."""
         form = self.verify_choices.kernel_form(block, sampling)
@@ -555,6 +557,7 @@ class TorchRuntime(CachedRuntime):
             embeds, ctx_features, new_counts, cache_lens, caches, slots, self._draft_projection or torch.nn.functional.linear
         )[:, 1:]
 
+    @_launched_dependent
     def draft_head(self, logits: torch.Tensor, sampling: SamplingTensors, positions: torch.Tensor) -> Proposal:
         """V1's head: by the shortlist kernels where they verify the step and serve its sampled rows."""
         if self.verify_choices.samples_drafts(logits.shape[0], logits.shape[1] + 1, sampling):

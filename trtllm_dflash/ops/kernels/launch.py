@@ -268,7 +268,7 @@ def target_attention(inputs, *, kv_splits: int | None = None, merge_in_launch: b
         **TARGET_ATTENTION.kernel_constexprs(TARGET_ATTENTION.present(options)),
         IEEE=q.dtype == torch.float32,
     )
-    launch_options = _launch_options(q.device, config.num_warps, config.num_stages) | dependent_launch.launch_args(q.device)
+    launch_options = _launch_options(q.device, config.num_warps, config.num_stages)
     if splits == 1:
         scalars = target_attention_scalars(tokens, capacity, kv_heads, group, options)
         module.target_attention_kernel[grid](*kernel_args, *scalars, out, k_cache, v_cache, **constants, **launch_options)
@@ -321,7 +321,6 @@ def _split_and_merge(
         HEAD_DIM=head_dim_v,
         BLOCK_M=merge_m,
         **_launch_options(q.device, 4, 1),
-        **dependent_launch.launch_args(q.device),
     )
     return out
 
@@ -404,7 +403,7 @@ def block_attention(inputs, *, kv_splits: int | None = None, merge_in_launch: bo
         **BLOCK_ATTENTION.kernel_constexprs(BLOCK_ATTENTION.present(options)),
         IEEE=q.dtype == torch.float32,
     )
-    launch_options = _launch_options(q.device, config.num_warps, config.num_stages) | dependent_launch.launch_args(q.device)
+    launch_options = _launch_options(q.device, config.num_warps, config.num_stages)
     grid = attention_grid(batch, block, kv_heads, group, config.block_m, splits)
     scalars = attention_scalars(block, num_new, capacity, kv_heads, group, options, splits)
     if splits == 1:
@@ -548,7 +547,10 @@ def verify_block(inputs, *, block_v: int = VERIFY_BLOCK_V, chunk_v: int | None =
 
 
 def _launch_options(device: torch.device, num_warps: int, num_stages: int, fp_fusion: bool = True) -> dict:
-    """Compile options for GPU launches (the interpreter takes none)."""
+    """Compile options for GPU launches (the interpreter takes none), and the dependent launch's
+    arguments where the context asks for them (dependent_launch.py; every kernel launched with
+    these options waits for the kernel ahead first)."""
+    dependent = dependent_launch.launch_args(device)
     if device.type != "cuda":
-        return {}
-    return dict(num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=fp_fusion, maxnreg=MAX_REGISTERS)
+        return dependent
+    return dict(num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=fp_fusion, maxnreg=MAX_REGISTERS) | dependent

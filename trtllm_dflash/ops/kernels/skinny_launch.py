@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from trtllm_dflash.ops import kernels
-from trtllm_dflash.ops.kernels import dependent_launch, tile_counters
+from trtllm_dflash.ops.kernels import tile_counters
 from trtllm_dflash.ops.kernels.launch import _launch_options
 from trtllm_dflash.ops.kernels.tiles import cdiv
 
@@ -107,6 +107,5 @@ def skinny_linear(
         IEEE=x.dtype == torch.float32,
         GATED=gated,
         **_launch_options(x.device, NUM_WARPS, NUM_STAGES),
-        **dependent_launch.launch_args(x.device),
     )
     return out.view(*lead, n)

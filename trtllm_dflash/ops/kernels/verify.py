@@ -36,6 +36,8 @@ from trtllm_dflash.ops import kernels, rng
 _counter_rng = kernels.load("counter_rng", interpret=triton.knobs.runtime.interpret)
 precise_exp, precise_log = _counter_rng.precise_exp, _counter_rng.precise_log
 counter_key, uniform_from_key = _counter_rng.counter_key, _counter_rng.uniform_from_key
+# every kernel here may run as a programmatic dependent launch (grid_dependency.py): it waits first
+wait_for_inputs = kernels.load("grid_dependency", interpret=triton.knobs.runtime.interpret).wait_for_inputs
 
 ACCEPT_MIX = tl.constexpr((rng.STREAM_ACCEPT * rng.GOLDEN32) & rng.MASK32)
 BONUS_MIX = tl.constexpr((rng.STREAM_BONUS * rng.GOLDEN32) & rng.MASK32)
@@ -333,8 +335,10 @@ def verify_partials_kernel(
     BLOCK_V: tl.constexpr,
     CHUNK_V: tl.constexpr,
     VOCAB_DIVISIBLE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """The maximum logit of one chunk of CHUNK_V logits and the first index of it (stage 1 of the argmax)."""
+    wait_for_inputs(PDL)
     chunk = tl.program_id(0)
     position = tl.program_id(2).to(tl.int64) * block + tl.program_id(1)
     row_ptr = logits_ptr + row_offset(position, vocab, VOCAB_DIVISIBLE)
@@ -376,7 +380,9 @@ def verify_positions_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_C: tl.constexpr,
     VOCAB_DIVISIBLE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    wait_for_inputs(PDL)
     t = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     position_index = row * block + t
@@ -410,7 +416,9 @@ def verify_commit_kernel(
     # compile-time configuration
     BLOCK_T: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     pos = tl.arange(0, BLOCK_T)
     is_draft = pos < block - 1

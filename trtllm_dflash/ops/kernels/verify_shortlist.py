@@ -51,6 +51,7 @@ import triton.language as tl
 from trtllm_dflash.ops import kernels, rng
 
 _verify = kernels.load("verify", interpret=triton.knobs.runtime.interpret)
+wait_for_inputs = _verify.wait_for_inputs  # each kernel waits first under dependent launches
 row_offset, in_vocab, order_key, _prob = _verify.row_offset, _verify.in_vocab, _verify.order_key, _verify._prob
 counter_key, uniform_from_key, precise_exp, precise_log = (
     _verify.counter_key,
@@ -124,10 +125,12 @@ def shortlist_maxima_kernel(
     CHUNK_V: tl.constexpr,
     SHORTLIST: tl.constexpr,
     VOCAB_DIVISIBLE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One chunk's maximum logit and first index of it (the argmax, as `verify_partials_kernel`
     stores them) and, for a shortlisted row, its two largest order keys of the scaled logits (of
     two different tokens; NO_KEY for a chunk of one token)."""
+    wait_for_inputs(PDL)
     chunk = tl.program_id(0)
     row = tl.program_id(2).to(tl.int64)
     position = row * block + tl.program_id(1)
@@ -162,10 +165,12 @@ def shortlist_bound_kernel(
     # compile-time configuration
     TOP_KEYS: tl.constexpr,
     SHORTLIST: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """For a shortlisted row, a key at or below its top-k-th largest: the k-th largest of its
     chunks' two largest keys (those are keys of 2 x chunks different tokens of the row, so at least
     k of the row's keys are at or above it), or NO_KEY (no bound) where the chunks hold fewer than k."""
+    wait_for_inputs(PDL)
     row = tl.program_id(1).to(tl.int64)
     position = row * block + tl.program_id(0)
     top_k = tl.load(top_k_ptr + row).to(tl.int64)
@@ -195,6 +200,7 @@ def shortlist_select_kernel(
     CHUNK_V: tl.constexpr,
     SHORTLIST: tl.constexpr,
     VOCAB_DIVISIBLE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """For a shortlisted row, the chunk's logits that may be among the row's top-k, at most SHORTLIST.
 
@@ -202,6 +208,7 @@ def shortlist_select_kernel(
     Where more than SHORTLIST pass it (ties, or no bound), the chunk's SHORTLIST largest by radix
     selection. Either way, every logit left out is below the row's top-k threshold or ties at the
     key stored as the chunk's cut."""
+    wait_for_inputs(PDL)
     chunk = tl.program_id(0)
     row = tl.program_id(2).to(tl.int64)
     position = row * block + tl.program_id(1)
@@ -253,8 +260,10 @@ def shortlist_threshold_kernel(
     SHORTLIST: tl.constexpr,
     KEPT: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """A position's top-k threshold and kept tokens from the chunks' shortlists, or its flag for the full walk."""
+    wait_for_inputs(PDL)
     row = tl.program_id(1).to(tl.int64)
     position = row * block + tl.program_id(0)
     temperature = tl.load(temperature_ptr + row).to(tl.float32)
@@ -378,8 +387,10 @@ def shortlist_decide_kernel(
     BLOCK_C: tl.constexpr,
     KEPT: tl.constexpr,
     VOCAB_DIVISIBLE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """The decisions at one block position, `[b, B, 2]` int32 as verify_positions_kernel writes them."""
+    wait_for_inputs(PDL)
     t = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     position_index = row * block + t
@@ -432,11 +443,13 @@ def shortlist_sample_kernel(
     BLOCK_C: tl.constexpr,
     KEPT: tl.constexpr,
     VOCAB_DIVISIBLE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """The drafter's sample at one of its `block` positions (`reference.sample_tokens`, stream
     STREAM_DRAFT): the argmax for a greedy row (its distribution one-hot), else the exponential race
     over the kept tokens of a shortlisted position or over the row for a flagged one. Writes the
     token and the position's distribution q into `probs_ptr`, zero where it is not written."""
+    wait_for_inputs(PDL)
     t = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     position_index = row * block + t

@@ -35,6 +35,7 @@ import triton.language as tl
 from trtllm_dflash.ops import kernels
 
 _verify = kernels.load("verify", interpret=triton.knobs.runtime.interpret)
+wait_for_inputs = _verify.wait_for_inputs  # each kernel waits first under dependent launches
 row_offset, _prob, counter_key, BONUS_MIX = _verify.row_offset, _verify._prob, _verify.counter_key, _verify.BONUS_MIX
 SUM, MAX = _verify.SUM, _verify.MAX
 # the passes over a span of the vocabulary and the selection steps, shared with the one-program kernel
@@ -160,11 +161,13 @@ def topk_pass_kernel(
     CHUNK_V: tl.constexpr,
     BLOCK_V: tl.constexpr,
     VOCAB_DIVISIBLE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Top-k pass `rnd`: the state after the passes before it, then this chunk's 256-bin counts.
 
     hist `[4, positions, chunks, 256]` int32; state `[4, positions, 2]` int64 (prefix, remaining
     before the pass)."""
+    wait_for_inputs(PDL)
     chunk, t, row, position, positions = _chunk_program(block)
     temperature = tl.load(temperature_ptr + row).to(tl.float32)
     top_k = tl.load(top_k_ptr + row).to(tl.int64)
@@ -210,12 +213,14 @@ def topp_pass_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_C: tl.constexpr,
     VOCAB_DIVISIBLE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Top-p pass `rnd`: the state after the passes before it, then this chunk's masses exp(s - max)
     per 4-bit digit, over keys at or above the top-k threshold that match the digits so far.
 
     hist `[8, positions, chunks, 16]` float32; state `[8, positions, 4]` float32 (remaining, above,
     z_k, found before the pass); prefix `[8, positions, 2]` int64 (prefix, top-k threshold)."""
+    wait_for_inputs(PDL)
     chunk, t, row, position, positions = _chunk_program(block)
     temperature = tl.load(temperature_ptr + row).to(tl.float32)
     top_p = tl.load(top_p_ptr + row).to(tl.float32)
@@ -272,9 +277,11 @@ def mass_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_C: tl.constexpr,
     VOCAB_DIVISIBLE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """A sampled row without top-p: this chunk's sum of exp(s - max) over keys at or above the
     top-k threshold (`[positions, chunks]` float32; summed over chunks it is z_k)."""
+    wait_for_inputs(PDL)
     chunk, t, row, position, positions = _chunk_program(block)
     temperature = tl.load(temperature_ptr + row).to(tl.float32)
     top_p = tl.load(top_p_ptr + row).to(tl.float32)
@@ -318,10 +325,12 @@ def race_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_C: tl.constexpr,
     VOCAB_DIVISIBLE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """This chunk's exponential races of a sampled row: the winner on p and on max(0, p - q), and
     the residual's mass. race `[positions, chunks, 3]` float32 (best p race, best residual race,
     residual mass); race_index `[positions, chunks, 2]` int32."""
+    wait_for_inputs(PDL)
     chunk, t, row, position, positions = _chunk_program(block)
     temperature = tl.load(temperature_ptr + row).to(tl.float32)
     if temperature > 0:
@@ -380,9 +389,11 @@ def decide_kernel(
     # compile-time configuration
     BLOCK_C: tl.constexpr,
     VOCAB_DIVISIBLE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One program per (block position, sequence): accept draft t+1 or not, and the token to emit
     if the run ends at t (verify_positions_kernel's output), from the chunks' results."""
+    wait_for_inputs(PDL)
     t = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     position = row * block + t
