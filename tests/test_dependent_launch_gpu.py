@@ -37,7 +37,6 @@ def test_replayed_passes_give_the_ordinary_launches_bits_at_qwen3_8b_width(monke
     launches: every replay gives the ordinary graphs' logits bit for bit."""
     from trtllm_dflash.bench import gpu_step
     from trtllm_dflash.ops.kernels import launch
-    from trtllm_dflash.runtime import cuda_graphs
     from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 
     if kv_splits is not None:
@@ -69,18 +68,7 @@ def test_replayed_passes_give_the_ordinary_launches_bits_at_qwen3_8b_width(monke
         "draft": lambda: runtime.draft_forward(rows, block, features, new_counts, starts - new_counts),
     }
     for name, run in passes.items():
-        outputs = {}
-        for dependent in (False, True):
-            runtime.dependent_launch = dependent
-            replay, out = cuda_graphs.capture(run, torch.cuda.graph_pool_handle())
-            replays = []
-            for _ in range(20):
-                replay()
-                replays.append(out.clone())
-            outputs[dependent] = replays
-        want = outputs[False][0]
-        assert all(torch.equal(o, want) for o in outputs[False]), f"{name}: the ordinary replays differ among themselves"
-        assert all(torch.equal(o, want) for o in outputs[True]), f"{name}: a dependent replay differs from the ordinary launches"
+        _assert_replays_agree(runtime, lambda run=run: (run(),), name)
     runtime.taps.remove()
 
 
@@ -110,7 +98,7 @@ def test_replayed_verification_gives_the_ordinary_launches_decisions(form):
     kernels where that form verifies), at Qwen3's vocabulary: replayed 20 times from graphs captured
     with dependent launches, every replay gives the ordinary graphs' drafts, q and decisions."""
     from trtllm_dflash.bench import gpu_step
-    from trtllm_dflash.runtime import cuda_graphs, verify_choice
+    from trtllm_dflash.runtime import verify_choice
     from trtllm_dflash.runtime.base import SamplingTensors, draft_positions
     from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 
@@ -132,10 +120,18 @@ def test_replayed_verification_gives_the_ordinary_launches_decisions(form):
         accepted, bonus = runtime.verify(logits, torch.cat([anchors, proposal.tokens], dim=1), proposal.probs, sampling, starts)
         return proposal.tokens, proposal.probs, accepted, bonus
 
+    _assert_replays_agree(runtime, step, form)
+
+
+def _assert_replays_agree(runtime, run, name: str) -> None:
+    """`run` (returning a tuple of tensors) captured in a CUDA graph with ordinary launches and with
+    dependent ones, each replayed 20 times: every replay gives the first ordinary replay's bits."""
+    from trtllm_dflash.runtime import cuda_graphs
+
     outputs = {}
     for dependent in (False, True):
         runtime.dependent_launch = dependent
-        replay, out = cuda_graphs.capture(step, torch.cuda.graph_pool_handle())
+        replay, out = cuda_graphs.capture(run, torch.cuda.graph_pool_handle())
         replays = []
         for _ in range(20):
             replay()
@@ -144,4 +140,7 @@ def test_replayed_verification_gives_the_ordinary_launches_decisions(form):
     want = outputs[False][0]
     for dependent, replays in outputs.items():
         for replay in replays:
-            assert all(torch.equal(got, expected) for got, expected in zip(replay, want)), f"{form}, dependent={dependent}"
+            same = all(torch.equal(got, expected) for got, expected in zip(replay, want, strict=True))
+            assert same, (
+                f"{name}: {'a dependent replay differs from the ordinary launches' if dependent else 'the ordinary replays differ'}"
+            )
