@@ -37,6 +37,7 @@ import torch
 
 from trtllm_dflash.bench import loop_timing, pass_profile
 from trtllm_dflash.bench.step_results import (
+    DEPENDENT_VERIFY_MODES,
     PADDING_STARTS,
     VERIFY_MODES,
     Ceilings,
@@ -236,7 +237,7 @@ def measure_row(
 ) -> StepRow:
     """The in-graph parts of a step at `batch` rows whose committed context is `context` tokens;
     `profile`: the AR, verify and draft passes' kernels by kind too (bench/pass_profile.py);
-    `compare_dependent`: the three passes again with the runtime's other `dependent_launch`."""
+    `compare_dependent`: the three passes and two verifications again with the runtime's other `dependent_launch`."""
     s, device = floors.shape, runtime.device
     graphs = runtime.cuda_graphs
     target_forward = graphs._eager_target if graphs is not None else runtime.target_forward
@@ -316,7 +317,7 @@ def measure_row(
                 row.parts[f"draft sampling {mode} shortlist"] = Timed(ms, floor_ms(floors.draft_sampling(batch), ceilings), how)
         ms, how = timer(f"verify {mode}", lambda: runtime.verify(logits, block, probs, sampling, starts))
         row.parts[f"verify {mode}"] = Timed(ms, floor_ms(floors.verification(batch, mode), ceilings), how)
-        if compare_dependent:  # its kernels as the other launch kind too (a chain of 3 to 16 short kernels)
+        if compare_dependent and mode in DEPENDENT_VERIFY_MODES:  # its kernels as the other launch kind (3 to 16 short ones)
             with _other_launches(runtime):
                 ms, how = timer(f"verify {mode}, other launches", lambda: runtime.verify(logits, block, probs, sampling, starts))
             row.parts[f"verify {mode}, other launches"] = Timed(ms, row.parts[f"verify {mode}"].floor_ms, how)
