@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         "--dependent-launch",
         default="off",
         choices=("off", "on", "both"),
-        help="the decode passes' Triton kernels as programmatic dependent launches (Hopper on; both: each pass timed either way)",
+        help="a decoding step's Triton kernels as programmatic dependent launches (Hopper on; both: each pass and the "
+        "greedy and top-k+top-p verification timed either way)",
     )
     parser.add_argument("--profile", action="store_true", help="at the first context: each pass's kernels by kind (torch's profiler)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda where available)")

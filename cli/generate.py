@@ -79,7 +79,8 @@ def generate(
     dependent_launch: bool = typer.Option(
         False,
         "--dependent-launch",
-        help="--target on a Hopper or later GPU: the decode passes' Triton kernels as programmatic dependent launches.",
+        help="--target on a Hopper or later GPU: a decoding step's Triton kernels (passes, verification, sampling) as "
+        "programmatic dependent launches.",
     ),
 ) -> None:
     """Generate text for one or more prompts; prints tokens, acceptance lengths and speed."""

@@ -100,7 +100,8 @@ def repo(
     dependent_launch: Optional[bool] = typer.Option(
         None,
         "--dependent-launch/--no-dependent-launch",
-        help="On a Hopper or later GPU: launch the decode passes' Triton kernels as programmatic dependent launches "
+        help="On a Hopper or later GPU: launch a decoding step's Triton kernels (its passes, verification and sampling) as "
+        "programmatic dependent launches "
         "(each waits on the GPU for the kernel ahead; the same arithmetic). Default: off.",
     ),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out."),
