@@ -95,8 +95,9 @@ def test_the_demo_pair_decodes_the_same_tokens_with_dependent_launches(temperatu
 @pytest.mark.parametrize("form", ["positions", "spread", "shortlist"])
 def test_replayed_verification_gives_the_ordinary_launches_decisions(form):
     """A step's verification by each kernel form, after the drafter's samples (by the shortlist
-    kernels where that form verifies), at Qwen3's vocabulary: replayed 20 times from graphs captured
-    with dependent launches, every replay gives the ordinary graphs' drafts, q and decisions."""
+    kernels, in the graph, where that form verifies), at Qwen3's vocabulary: replayed 20 times from
+    graphs captured with dependent launches, every replay gives the ordinary graphs' drafts, q and
+    decisions."""
     from trtllm_dflash.bench import gpu_step
     from trtllm_dflash.runtime import verify_choice
     from trtllm_dflash.runtime.base import SamplingTensors, draft_positions
@@ -115,8 +116,12 @@ def test_replayed_verification_gives_the_ordinary_launches_decisions(form):
         torch.tensor([3, 4], device=device), (True, False), (0, 50), (1.0, 0.9),
     )  # fmt: skip
 
+    positions = draft_positions(starts, block - 1)
+    # the other forms' drafts come from torch's ops, which launch no kernel of ours: drawn once, outside the graphs
+    drafted = runtime.draft_head(draft_logits, sampling, positions)
+
     def step() -> tuple[torch.Tensor, ...]:
-        proposal = runtime.draft_head(draft_logits, sampling, draft_positions(starts, block - 1))
+        proposal = runtime.draft_head(draft_logits, sampling, positions) if form == "shortlist" else drafted
         accepted, bonus = runtime.verify(logits, torch.cat([anchors, proposal.tokens], dim=1), proposal.probs, sampling, starts)
         return proposal.tokens, proposal.probs, accepted, bonus
 
