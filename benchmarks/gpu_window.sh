@@ -9,7 +9,8 @@
 # 2. choices:       what --attention-choice / --verify-choice measure pick at Qwen3-8B's shapes, every candidate timed
 # 3. step_measured: the full-depth step at 1k context on the measured choices, each pass also timed with
 #                   its kernels as programmatic dependent launches (--dependent-launch both)
-# `tests`: the GPU tests of the kernel choices, CUDA graphs and the compiled kernels.
+# `tests`: the GPU tests of dependent launches, the kernel choices, CUDA graphs and the compiled kernels,
+# one pytest each in priority order (COLLECT_ONLY=1: only check that they exist, on any machine).
 set -u
 out=${OUT:?set OUT to the folder that comes back}
 python=${PYTHON:-python3}
@@ -26,9 +27,26 @@ run() {  # run LIMIT_S NAME COMMAND...: its output in $OUT/NAME.log, its exit st
 }
 
 if [ "${1:-}" = "tests" ]; then
-  run 560 tests "$python" -m pytest -q tests/test_kernel_choice_gpu.py tests/test_cuda_graphs_gpu.py tests/test_fused_layer_gpu.py \
-    tests/test_plugin_gpu.py tests/test_plugin_target_split_gpu.py::test_the_merge_in_the_split_launch_gives_the_two_launch_bits_on_gpu \
-    tests/test_dependent_launch_gpu.py
+  # newest and never yet run on a GPU first: what a window cut short must not lose. One pytest per
+  # entry, each under its own limit, verbose, so a run stopped by the call's limit keeps each result.
+  gpu_tests=(
+    "150 dependent_launch tests/test_dependent_launch_gpu.py"
+    "60 split_merge tests/test_plugin_target_split_gpu.py::test_the_merge_in_the_split_launch_gives_the_two_launch_bits_on_gpu"
+    "150 kernel_choice tests/test_kernel_choice_gpu.py"
+    "120 fused_layer tests/test_fused_layer_gpu.py"
+    "120 cuda_graphs tests/test_cuda_graphs_gpu.py"
+    "200 plugin tests/test_plugin_gpu.py"
+  )
+  if [ -n "${COLLECT_ONLY:-}" ]; then  # on any machine: every entry names tests that exist
+    targets=()
+    for entry in "${gpu_tests[@]}"; do read -r _ _ target <<<"$entry" && targets+=("$target"); done
+    run 120 collect "$python" -m pytest -q --collect-only "${targets[@]}"
+    exit 0
+  fi
+  for entry in "${gpu_tests[@]}"; do
+    read -r limit name target <<<"$entry"
+    run "$limit" "tests_$name" "$python" -m pytest -v -rfE "$target"
+  done
   exit 0
 fi
 run 300 step "$python" benchmarks/bench_gpu_step.py --repeats 10 --profile --out "$out/step.md"

@@ -133,3 +133,16 @@ def test_the_gpu_window_script_parses_every_command_it_runs(tmp_path):
     for name in ("step", "choices", "step_measured"):
         log = (tmp_path / f"{name}.log").read_text()
         assert "no CUDA device" in log and "usage" not in log.lower(), log
+
+
+def test_the_gpu_window_tests_exist(tmp_path):
+    """`gpu_window.sh tests` names test files and node ids; a renamed test would cost a GPU window
+    its run (pytest stops at a missing one). COLLECT_ONLY=1 collects them all, on any machine."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "COLLECT_ONLY": "1"}
+    subprocess.run(["bash", str(SCRIPT.parent / "gpu_window.sh"), "tests"], cwd=SCRIPT.parents[1], env=env, check=True, timeout=300)
+    assert (tmp_path / "summary.txt").read_text().splitlines() == ["collect: exit 0"]
+    assert "test_dependent_launch_gpu.py::" in (tmp_path / "collect.log").read_text()
