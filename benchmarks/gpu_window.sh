@@ -20,7 +20,7 @@ run() {  # run LIMIT_S NAME COMMAND...: its output in $OUT/NAME.log, its exit st
   local limit=$1 name=$2
   shift 2
   echo "== $name (at most ${limit} s): $*"
-  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  PYTHONUNBUFFERED=1 timeout "$limit" "$@" >"$out/$name.log" 2>&1  # unbuffered: a run stopped at its limit keeps its log
   local status=$?
   echo "$name: exit $status$([ $status -eq 124 ] && echo ' (time limit)')" | tee -a "$summary"
   tail -n 3 "$out/$name.log"
