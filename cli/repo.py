@@ -101,8 +101,7 @@ def repo(
         None,
         "--dependent-launch/--no-dependent-launch",
         help="On a Hopper or later GPU: launch a decoding step's Triton kernels (its passes, verification and sampling) as "
-        "programmatic dependent launches "
-        "(each waits on the GPU for the kernel ahead; the same arithmetic). Default: off.",
+        "programmatic dependent launches (each waits on the GPU for the kernel ahead; the same arithmetic). Default: off.",
     ),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out."),
     llmapi_model: Optional[Path] = typer.Option(

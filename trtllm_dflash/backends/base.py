@@ -51,7 +51,7 @@ class PipelineSource:
     attention_choice: str = "dflash"  # the target attention's kernel in decode passes (runtime/attention_choice.py)
     verify_choice: str = "positions"  # the kernels verifying sampled steps (runtime/verify_choice.py)
     linear_choice: str = "torch"  # the kernels of the decode passes' projections (runtime/linear_choice.py)
-    dependent_launch: bool = False  # the decode passes' kernels as programmatic dependent launches (ops/kernels/dependent_launch.py)
+    dependent_launch: bool = False  # a decoding step's Triton kernels as programmatic dependent launches (ops/kernels/dependent_launch.py)
 
 
 class Backend(abc.ABC):

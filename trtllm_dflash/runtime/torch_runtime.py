@@ -121,9 +121,9 @@ class TorchRuntime(CachedRuntime):
         (runtime/linear_choice.py): "torch" (F.linear), "skinny" (ops/kernels/skinny_linear.py
         where they cover the call) or "measure": the faster per (rows, weight shape), timed at `allocate`.
         `dependent_launch`: launch the Triton kernels of the decode passes, the verification and the
-        drafter's sampling as programmatic dependent launches
-        (ops/kernels/dependent_launch.py; Hopper on, else nothing changes): each kernel's programs
-        wait on the GPU for the kernel ahead instead of being launched after it. The same arithmetic."""
+        drafter's sampling as programmatic dependent launches (ops/kernels/dependent_launch.py;
+        Hopper on, else nothing changes): each kernel's programs wait on the GPU for the kernel ahead
+        instead of being launched after it. The same arithmetic."""
         self.model = target.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         self.drafter_config = drafter.config if drafter is not None else None

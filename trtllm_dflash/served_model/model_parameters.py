@@ -139,8 +139,7 @@ class ServingConfig(BaseModel):
     dependent_launch: bool = Field(
         False,
         description="torch backend on a Hopper or later GPU: launch a decoding step's Triton kernels (passes, verification, "
-        "sampling) as programmatic "
-        "dependent launches (each waits on the GPU for the kernel ahead; the same arithmetic).",
+        "sampling) as programmatic dependent launches (each waits on the GPU for the kernel ahead; the same arithmetic).",
     )
 
     @field_validator("draft_len_schedule", mode="before")
