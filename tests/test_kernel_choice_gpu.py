@@ -77,7 +77,8 @@ def test_every_verification_form_is_timed_from_a_cuda_graph_on_each_kind_of_step
 def test_the_skinny_projection_kernels_compute_f_linear_and_are_timed_from_graphs(rows):
     """Compiled, at Qwen3-8B's o_proj and gate/up shapes in bf16 (o_proj with K splits, each tile's
     last split summing them) and its down projection on silu(gate) * up (gated): within one output
-    rounding of F.linear at every K split count, and timed from a CUDA graph (runtime/linear_choice.py).
+    rounding of F.linear at every K split count, and timed from a CUDA graph (runtime/linear_choice.py),
+    with each launch kind the GPU has.
     The same launch twice gives the same bits (the splits are summed in order, the counters left zero)."""
     from trtllm_dflash.ops.kernels import skinny_launch, tile_counters
     from trtllm_dflash.runtime import linear_choice
@@ -85,9 +86,10 @@ def test_the_skinny_projection_kernels_compute_f_linear_and_are_timed_from_graph
     g = torch.Generator(device="cuda").manual_seed(rows)
     for n, k, gated in ((4096, 4096, False), (24576, 4096, False), (4096, 12288, True)):
         weight = torch.randn(n, k, device="cuda", generator=g, dtype=torch.bfloat16) * 0.02
-        choice = linear_choice.measure_one(rows, weight, gated=gated)
-        assert choice.refused == "" and choice.skinny_ms > 0 and choice.torch_ms > 0, choice.line()
-        print(choice.line())
+        for dependent in linear_choice.launch_kinds(weight.device):  # as dependent launches too, on Hopper on
+            choice = linear_choice.measure_one(rows, weight, gated=gated, dependent=dependent)
+            assert choice.refused == "" and choice.skinny_ms > 0 and choice.torch_ms > 0, choice.line()
+            print(choice.line())
         x = torch.randn(rows, k * (2 if gated else 1), device="cuda", generator=g, dtype=torch.bfloat16)
         first = skinny_launch.skinny_linear(x, weight, splits=5, gated=gated)
         assert torch.equal(skinny_launch.skinny_linear(x, weight, splits=5, gated=gated), first)

@@ -182,6 +182,41 @@ def test_measuring_off_cuda_keeps_f_linear_and_says_why():
     assert "rows 1 x 8x32, gated: torch" in choices.describe()
 
 
+def test_each_candidate_is_timed_as_a_chain_of_calls_on_copies_of_the_weight_in_its_launch_kind():
+    """As a pass runs a projection: after another kernel (where a dependent launch can overlap the
+    one ahead), each call streaming its own weight, launched as the choice's kind asks."""
+    from trtllm_dflash.ops.kernels import dependent_launch
+
+    weight = torch.randn(8, 32)
+    for dependent in (False, True):
+        seen = []
+        ms = linear_choice.timed_in_chain(lambda w: seen.append((w, dependent_launch.requested())), weight, dependent)
+        assert ms > 0
+        chain = seen[-linear_choice.CHAIN :]  # time_call warms up, then times whole chains
+        assert len(seen) % linear_choice.CHAIN == 0 and [requested for _, requested in seen] == [dependent] * len(seen)
+        assert len({w.data_ptr() for w, _ in chain}) == linear_choice.CHAIN and all(torch.equal(w, weight) for w, _ in chain)
+
+
+def test_a_call_takes_the_choice_measured_for_its_launch_kind():
+    """Where both launch kinds were measured, a call inside `dependent_launches` takes the dependent
+    one; a kind not measured falls back to the ordinary launches' choice. Off Hopper only ordinary
+    launches exist, and only they are measured."""
+    from trtllm_dflash.ops.kernels.dependent_launch import dependent_launches
+
+    ordinary = linear_choice.Choice(1, (8, 32), "torch", 0.2, 0.3, splits=2)
+    dependent = linear_choice.Choice(1, (8, 32), "skinny", 0.2, 0.1, splits=3, dependent=True)
+    other_shape = linear_choice.Choice(1, (6, 32), "skinny", 0.2, 0.1, splits=1)
+    choices = linear_choice.LinearChoices(fixed=None, choices=(ordinary, dependent, other_shape))
+    assert choices.pick(1, (8, 32)) == "torch" and choices.pick(1, (6, 32)) == "skinny"
+    with dependent_launches(True):
+        assert choices.pick(1, (8, 32)) == "skinny" and choices._measured(1, (8, 32)).splits == 3
+        assert choices.pick(1, (6, 32)) == "skinny"  # measured with ordinary launches only
+    assert "rows 1 x 8x32, dependent launches: skinny" in choices.describe()
+    assert linear_choice.launch_kinds(torch.device("cpu")) == (False,)
+    measured = linear_choice.measure([(torch.randn(8, 32), None)], rows=[1], launch_kinds=(False, True))
+    assert [(c.rows, c.dependent) for c in measured.choices] == [(1, False), (1, True)]
+
+
 def test_the_runtime_on_the_skinny_kernels_decodes_like_f_linear(monkeypatch):
     """The fused GPU pass (its kernels interpreted) with every decode projection, both LM heads and
     the drafter's step on the skinny kernels (the down projections gated): the tokens and

@@ -37,6 +37,28 @@ def test_the_tiny_mode_writes_every_row_and_part(tmp_path):
         assert row["loop_ar_ms"] > 0 and row["loop_dflash_ms"] > 0 and row["loop_async_ms"] > 0
 
 
+def test_a_part_that_fails_is_said_and_marked_and_the_run_goes_on(tmp_path, monkeypatch):
+    """A kernel that does not compile or launch on a GPU window's machine costs its own cells, not
+    the window: the draft pass failing leaves the other parts measured, the draft and DFlash step
+    cells "failed", and the reason in the log."""
+    from trtllm_dflash.runtime.torch_runtime import TorchRuntime
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("no kernel image is available for execution on the device\nmore")
+
+    monkeypatch.setattr(TorchRuntime, "draft_forward", fails)
+    out, said = tmp_path / "step.md", []
+    args = ["--tiny", "--device", "cpu", "--batches", "1", "--contexts", "24", "--repeats", "2", "--loop-contexts", ""]
+    result = gpu_step.run(gpu_step.TINY, batches=(1,), contexts=(24,), loop_contexts=(), repeats=2, device="cpu", out=out, say=said.append)
+    assert _script().main([*args, "--out", str(tmp_path / "script.md")]) == 0
+    parts = result.rows[0].parts
+    assert parts["draft"].how == "failed" and result.rows[0].dflash.how == "failed"
+    assert all(t.ms > 0 for name, t in parts.items() if name != "draft")
+    assert "  draft: failed (RuntimeError: no kernel image is available for execution on the device)" in said
+    row = next(line for line in out.read_text().splitlines() if line.startswith("| 1 | 24 |"))
+    assert row.split(" | ")[4:6] == ["failed", "failed"]  # the draft pass and the DFlash step
+
+
 def test_the_floors_count_qwen3_8b_as_the_issue_does():
     """15.14 GB of target weights per step (36 layers + LM head, bf16) and the K/V a 1k context reads."""
     from trtllm_dflash.bench.gpu_step import QWEN3_8B, Floors

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -170,12 +171,21 @@ class PassTimer:
     """Times a pass from a CUDA graph captured around it (its eager form where capture fails, said
     so in the table); on CPU, from the host clock. Each graph gets its own memory pool, freed with
     the graph once it is timed (a pool shared by graphs that are freed while another's outputs
-    live trips torch's allocator)."""
+    live trips torch's allocator). A pass that fails outright (a kernel that does not compile or
+    launch on this GPU) is said, marked "failed" in the table, and the rest of the run goes on: a
+    GPU window keeps every other measurement."""
 
     def __init__(self, device: torch.device, repeats: int, say: Say) -> None:
         self.device, self.repeats, self.say = device, repeats, say
 
     def __call__(self, name: str, fn: Callable[[], object]) -> tuple[float, str]:
+        try:
+            return self._time(name, fn)
+        except Exception as exc:  # noqa: BLE001 - said and marked; the row's other parts are still measured
+            self.say(f"  {name}: failed ({_first_line(exc)})")
+            return math.nan, "failed"
+
+    def _time(self, name: str, fn: Callable[[], object]) -> tuple[float, str]:
         if self.device.type != "cuda":
             fn()
             started = time.perf_counter()
@@ -187,13 +197,17 @@ class PassTimer:
         try:
             replay, outputs = cuda_graphs.capture(fn, torch.cuda.graph_pool_handle())
         except Exception as exc:  # noqa: BLE001 - an uncapturable pass is timed eagerly and said so
-            self.say(f"  {name}: capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); timed eagerly")
+            self.say(f"  {name}: capture failed ({_first_line(exc)}); timed eagerly")
             torch.cuda.synchronize()
             return _event_ms(fn, self.repeats), "eager"
         ms = _event_ms(replay, self.repeats)
         del replay, outputs
         torch.cuda.synchronize()
         return ms, "graph"
+
+
+def _first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:120]}"
 
 
 # ------------------------------------------------------------------------------ the measurement
@@ -415,7 +429,11 @@ def run(
     for context in loop_contexts:
         for batch in batches:
             say(f"batch {batch}, context {context}: the decoding loop's steps")
-            ar_ms, dflash_ms, async_ms = loop_timing.measure_loop(runtime, shape.vocab, shape.block, batch, context, loop_steps)
+            try:
+                ar_ms, dflash_ms, async_ms = loop_timing.measure_loop(runtime, shape.vocab, shape.block, batch, context, loop_steps)
+            except Exception as exc:  # noqa: BLE001 - as PassTimer: said, its columns left empty, the run goes on
+                say(f"  loop: failed ({_first_line(exc)})")
+                continue
             row = next(r for r in result.rows if r.batch == batch and r.context == context)
             row.loop_ar_ms, row.loop_dflash_ms, row.loop_async_ms = ar_ms, dflash_ms, async_ms
             if out is not None:

@@ -47,7 +47,8 @@ class Ceilings:
 
 @dataclasses.dataclass
 class Timed:
-    """One part of a step: its time, its floor, and how it was timed ("graph", "eager" or "host")."""
+    """One part of a step: its time, its floor, and how it was timed ("graph", "eager" or "host"; "failed":
+    NaN, the part did not run)."""
 
     ms: float
     floor_ms: float
@@ -79,7 +80,8 @@ class StepRow:
         """The DFlash step with the draft and verify passes of the parts named with suffix `passes`
         ("": the runtime's launches; ", other launches": `dependent_launch="both"`'s others)."""
         parts = [self.parts[k] for k in (f"draft{passes}", f"verify pass{passes}", f"verify greedy{passes}")]
-        return Timed(sum(p.ms for p in parts), sum(p.floor_ms for p in parts), "sum")
+        how = "failed" if any(p.how == "failed" for p in parts) else "sum"
+        return Timed(sum(p.ms for p in parts), sum(p.floor_ms for p in parts), how)
 
     def tokens_per_second(self, tau: float) -> float:
         return self.batch * tau / (self.dflash.ms / 1e3)
@@ -126,6 +128,8 @@ def summary_line(row: StepRow) -> str:
 
 
 def _cell(t: Timed) -> str:
+    if t.how == "failed":  # PassTimer said why in the run's log
+        return "failed"
     mark = "" if t.how in ("graph", "sum") else f" ({t.how})"
     return f"{t.ms:.3f} ({t.of_floor:.0%}){mark}"
 

@@ -265,7 +265,7 @@ def check(name: str, shape: LayerShape, batch: int, tokens: int, capacity: int, 
         got_k, got_v = k_cache.clone(), v_cache.clone()
         try:
             got = RUNNERS[name](q, k, v, got_k, got_v, starts, sinks, shape.scale, window, span=span, memo=memo)
-        except (RuntimeError, ValueError, NotImplementedError) as error:  # the library refused the inputs
+        except Exception as error:  # noqa: BLE001 - the library refused the inputs, or a kernel did not compile or launch here
             return (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
         for cache, expected in ((got_k, expected_k), (got_v, expected_v)):
             expected[~live, -1] = cache[~live, -1]

@@ -291,12 +291,14 @@ class TorchRuntime(CachedRuntime):
 
     def _choose_linear(self, max_batch: int) -> linear_kernels.LinearChoices:
         """What runs the decode passes' projections: `linear_choice`, or measured on the fused target
-        pass's and the drafter's projection weights at each batch bucket's AR and verify rows."""
+        pass's and the drafter's projection weights at each batch bucket's AR and verify rows, for
+        each launch kind the device has (`dependent_launch` may change between captures)."""
         if self.linear_choice != "measure":
             return linear_kernels.fixed(self.linear_choice)
         block = self.drafter_config.block_size if self.drafter_config is not None else 1
         rows = [bucket * tokens for bucket in batch_buckets(max_batch) for tokens in {1, block}]
-        return linear_kernels.measure(self._projections(), rows, gated=self._down_projections())
+        kinds = linear_kernels.launch_kinds(self.device)
+        return linear_kernels.measure(self._projections(), rows, gated=self._down_projections(), launch_kinds=kinds)
 
     def _projections(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """(weight, bias) of every projection a decode pass runs through `linear_choices`."""
