@@ -40,7 +40,7 @@ def test_the_tiny_mode_writes_every_row_and_part(tmp_path):
 def test_a_part_that_fails_is_said_and_marked_and_the_run_goes_on(tmp_path, monkeypatch):
     """A kernel that does not compile or launch on a GPU window's machine costs its own cells, not
     the window: the draft pass failing leaves the other parts measured, the draft and DFlash step
-    cells "failed", and the reason in the log."""
+    cells "failed", and the reason in the log (and no profile of it)."""
     from trtllm_dflash.runtime.torch_runtime import TorchRuntime
 
     def fails(*args, **kwargs):
@@ -49,12 +49,15 @@ def test_a_part_that_fails_is_said_and_marked_and_the_run_goes_on(tmp_path, monk
     monkeypatch.setattr(TorchRuntime, "draft_forward", fails)
     out, said = tmp_path / "step.md", []
     args = ["--tiny", "--device", "cpu", "--batches", "1", "--contexts", "24", "--repeats", "2", "--loop-contexts", ""]
-    result = gpu_step.run(gpu_step.TINY, batches=(1,), contexts=(24,), loop_contexts=(), repeats=2, device="cpu", out=out, say=said.append)
+    result = gpu_step.run(
+        gpu_step.TINY, batches=(1,), contexts=(24,), loop_contexts=(), repeats=2, device="cpu", out=out, say=said.append, profile=True
+    )
     assert _script().main([*args, "--out", str(tmp_path / "script.md")]) == 0
     parts = result.rows[0].parts
     assert parts["draft"].how == "failed" and result.rows[0].dflash.how == "failed"
     assert all(t.ms > 0 for name, t in parts.items() if name != "draft")
     assert "  draft: failed (RuntimeError: no kernel image is available for execution on the device)" in said
+    assert [p.name for p in result.rows[0].profiles] == ["AR pass", "verify pass"]  # nothing of the draft pass to profile
     row = next(line for line in out.read_text().splitlines() if line.startswith("| 1 | 24 |"))
     assert row.split(" | ")[4:6] == ["failed", "failed"]  # the draft pass and the DFlash step
 

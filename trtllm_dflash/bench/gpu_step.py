@@ -308,7 +308,8 @@ def measure_row(
             ("draft pass", draft_pass, floors.draft_weight_bytes),
         )
         for (name, fn, weights), part in zip(passes, ("ar", "verify pass", "draft")):
-            row.profiles.append(pass_profile.profile_pass(name, fn, device, row.parts[part].ms, weights))
+            if row.parts[part].how != "failed":  # a failed pass has nothing to profile
+                row.profiles.append(pass_profile.profile_pass(name, fn, device, row.parts[part].ms, weights))
 
     # verification on logits and drafts of the real shapes, random values (a random drafter's q)
     logits = torch.randn(batch, s.block, s.vocab, generator=g).to(device, runtime.dtype) * 4
