@@ -7,6 +7,9 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+import torch
+
 from trtllm_dflash.bench import gpu_step
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gpu_step.py"
@@ -143,21 +146,41 @@ def test_kernel_kinds_from_the_names_a_gpu_profile_shows():
     assert {name: kind_of(name) for name in names} == names
 
 
-def test_the_gpu_window_script_parses_every_command_it_runs(tmp_path):
-    """benchmarks/gpu_window.sh on a CPU: each command parses its flags and stops at the missing GPU
-    (an unknown flag or step would stop at its usage line instead), and the summary names each."""
+def test_the_gpu_window_runs_each_of_its_commands_through_in_tiny_mode(tmp_path):
+    """benchmarks/gpu_window.sh on a CPU, each command with its own flags as the window gives them
+    and the tiny model's sizes added last (argparse keeps the last), through an interpreter that
+    appends them: every run exits 0 with every part measured, so a flag combination the window
+    uses cannot first break on the GPU."""
     import os
     import subprocess
     import sys
 
     script = SCRIPT.parent / "gpu_window.sh"
-    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
-    subprocess.run(["bash", str(script)], cwd=SCRIPT.parents[1], env=env, check=True, capture_output=True, timeout=300)
-    summary = (tmp_path / "summary.txt").read_text().splitlines()
-    assert summary == ["step_measured: exit 2", "step: exit 2"]
-    for name in ("step_measured", "step"):
-        log = (tmp_path / f"{name}.log").read_text()
-        assert "no CUDA device" in log and "usage" not in log.lower(), log
+    tiny = "--tiny --device cpu --batches 2 --contexts 24 --loop-contexts 24 --repeats 2 --loop-steps 8"
+    shim = tmp_path / "python"
+    shim.write_text(f'#!/usr/bin/env bash\nexec "{sys.executable}" "$@" {tiny}\n')
+    shim.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "OUT": str(out), "PYTHON": str(shim)}
+    subprocess.run(["bash", str(script)], cwd=SCRIPT.parents[1], env=env, check=True, capture_output=True, timeout=600)
+    runs = ("step_measured", "step")
+    assert (out / "summary.txt").read_text().splitlines() == [f"{name}: exit 0" for name in runs]
+    for name in runs:
+        result = json.loads((out / f"{name}.json").read_text())
+        assert [(r["batch"], r["context"]) for r in result["rows"]] == [(2, 24)]
+        parts = result["rows"][0]["parts"]
+        assert all(part["how"] != "failed" and part["ms"] > 0 for part in parts.values()), (out / f"{name}.log").read_text()
+    measured = (out / "step_measured.md").read_text()
+    assert "by measurement" in measured and "programmatic dependent launches" in measured and "Heaviest kernels" in measured
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the stop where no GPU is; this machine has one")
+def test_without_a_gpu_the_full_depth_run_stops_in_one_line(capsys):
+    assert _script().main(["--repeats", "10"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "bench_gpu_step: no CUDA device here; the full-depth benchmark needs one (use --tiny to run the code path on CPU)"
+    )
 
 
 def test_the_gpu_window_tests_exist(tmp_path):
