@@ -51,7 +51,7 @@ if [ "${1:-}" = "tests" ]; then
   done
   exit 0
 fi
-run 300 step_measured "$python" benchmarks/bench_gpu_step.py --repeats 10 --contexts 1024 --loop-contexts 1024 \
+run 330 step_measured "$python" benchmarks/bench_gpu_step.py --repeats 10 --contexts 1024 --loop-contexts 1024 \
   --attention-choice measure --verify-choice measure --linear-choice measure --dependent-launch both --profile \
   --out "$out/step_measured.md"
-run 240 step "$python" benchmarks/bench_gpu_step.py --repeats 10 --out "$out/step.md"
+run 210 step "$python" benchmarks/bench_gpu_step.py --repeats 10 --out "$out/step.md"
