@@ -3,8 +3,10 @@ cannot rot between GPU windows (its numbers mean nothing here)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -63,6 +65,49 @@ def test_a_part_that_fails_is_said_and_marked_and_the_run_goes_on(tmp_path, monk
     assert [p.name for p in result.rows[0].profiles] == ["AR pass", "verify pass"]  # nothing of the draft pass to profile
     row = next(line for line in out.read_text().splitlines() if line.startswith("| 1 | 24 |"))
     assert row.split(" | ")[4:6] == ["failed", "failed"]  # the draft pass and the DFlash step
+
+
+def _bounds_row(batch: int, ar: float, step_parts: tuple[float, float, float], top_k: float, other: float | None = None):
+    """A row at 1k context with the parts issue 39 bounds (floors: AR 3.6 ms, DFlash step 4.35 ms)."""
+    from trtllm_dflash.bench.step_results import StepRow, Timed
+
+    row = StepRow(batch, 1024)
+    for suffix, scale in (("", 1.0), *(((", other launches", other),) if other is not None else ())):
+        draft, verify, greedy = (ms * scale for ms in step_parts)
+        row.parts |= {
+            f"ar{suffix}": Timed(ar * scale, 3.6, "graph"),
+            f"draft{suffix}": Timed(draft, 0.79, "graph"),
+            f"verify pass{suffix}": Timed(verify, 3.557, "graph"),
+            f"verify greedy{suffix}": Timed(greedy, 0.003, "graph"),
+            f"verify top-k+top-p{suffix}": Timed(top_k * scale, 0.003, "graph"),
+        }
+    return row
+
+
+def test_issue_39s_bounds_are_judged_on_the_rows_at_1k_for_each_launch_kind():
+    """The GPU bounds of "What must be shown", from the batch-1 and batch-32 rows at 1k context: the
+    tokens/s bound by the GPU's name (H200: 1,300), each kind of launch apart, a failed part failed."""
+    from trtllm_dflash.bench.step_results import Ceilings, StepBenchmark, issue_bounds, markdown
+
+    one = _bounds_row(1, 5.0, (1.0, 3.96, 0.04), 0.08, other=0.9)  # DFlash step 5.0 ms: 1,300 tok/s at tau 6.5
+    many = _bounds_row(32, 6.6, (3.3, 15.0, 0.08), 0.6, other=0.8)
+    result = StepBenchmark(gpu_step.QWEN3_8B, "NVIDIA H200", Ceilings(4.2e12, 7.6e14), "dflash", [one, many])
+    ran = {b.name: b for b in issue_bounds(result)}
+    assert abs(ran["tok/s at tau 6.5, batch 1 (H200)"].value - 1300) < 1e-6 and ran["tok/s at tau 6.5, batch 1 (H200)"].met
+    assert ran["DFlash step / AR step, batch 1"].value == 1.0 and ran["DFlash step / AR step, batch 1"].met
+    assert abs(ran["AR step, % of its floor, batch 1"].value - 72) < 1e-9 and not ran["AR step, % of its floor, batch 1"].met
+    assert ran["top-k+top-p verification, ms, batch 1"].met and not ran["top-k+top-p verification, ms, batch 32"].met
+    other = {b.name: b for b in issue_bounds(result, ", other launches")}
+    assert other["AR step, % of its floor, batch 1"].met and other["top-k+top-p verification, ms, batch 32"].met  # 0.48 ms
+    table = markdown(result).split("Issue 39's bounds")[1]
+    assert "| bound | limit | ordinary launches | dependent launches |" in table
+    assert "| AR step, % of its floor, batch 1 | >= 75 | 72 (not met) | 80 (met) |" in table
+    h100 = StepBenchmark(gpu_step.QWEN3_8B, "NVIDIA H100 80GB HBM3", result.ceilings, "dflash", [one])
+    assert issue_bounds(h100)[0].limit == 900 and len(issue_bounds(h100)) == 4  # no batch-32 row: its bounds left out
+    one.parts["draft"] = dataclasses.replace(one.parts["draft"], ms=math.nan, how="failed")
+    assert "| DFlash step / AR step, batch 1 | <= 1.35 | failed | 1 (met) |" in markdown(result)
+    elsewhere = StepBenchmark(gpu_step.TINY, "cpu", result.ceilings, "dflash", [_bounds_row(1, 5.0, (1, 1, 1), 1, other=None)])
+    assert "tok/s" not in "".join(b.name for b in issue_bounds(elsewhere)) and "| as run |" in markdown(elsewhere)
 
 
 def test_the_floors_count_qwen3_8b_as_the_issue_does():

@@ -9,6 +9,7 @@ other: the tables change with every new column a GPU window asks for.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from trtllm_dflash.bench import pass_profile
 from trtllm_dflash.runtime import verify_choice
@@ -109,6 +110,49 @@ class StepBenchmark:
     choices: str = ""  # the runtime's kernel choices: target attention in decode passes, verification of sampled steps
 
 
+# issue 39's bound on the projected tokens/s at tau 6.5 (batch 1, 1k context), by the GPU's name
+TOKENS_PER_SECOND_BOUNDS = {"H100": 900.0, "H200": 1300.0}
+BOUNDS_CONTEXT = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    """One of issue 39's GPU bounds ("What must be shown") against what a run measured."""
+
+    name: str
+    value: float  # NaN where a part it needs failed
+    limit: float
+    at_most: bool  # met when value <= limit (else when value >= limit)
+
+    @property
+    def met(self) -> bool:
+        return self.value <= self.limit if self.at_most else self.value >= self.limit
+
+
+def issue_bounds(result: StepBenchmark, launches: str = "") -> list[Bound]:
+    """Issue 39's bounds at 1k context, from the rows at batch 1 and 32 that the run has, with the
+    parts named with suffix `launches` ("": the runtime's; ", other launches": `dependent_launch="both"`'s)."""
+    rows = {r.batch: r for r in result.rows if r.context == BOUNDS_CONTEXT}
+    bounds = []
+    if 1 in rows:
+        parts, step = rows[1].parts, rows[1].dflash_of(launches)
+        gpu = next((name for name in TOKENS_PER_SECOND_BOUNDS if name in result.device), None)
+        if gpu is not None:
+            bounds.append(Bound(f"tok/s at tau 6.5, batch 1 ({gpu})", 6.5e3 / step.ms, TOKENS_PER_SECOND_BOUNDS[gpu], False))
+        bounds += [
+            Bound("DFlash step / AR step, batch 1", step.ms / parts[f"ar{launches}"].ms, 1.35, True),
+            Bound("AR step, % of its floor, batch 1", 100 * parts[f"ar{launches}"].of_floor, 75.0, False),
+            Bound("top-k+top-p verification, ms, batch 1", parts[f"verify top-k+top-p{launches}"].ms, 0.1, True),
+        ]
+    if 32 in rows:
+        parts, step = rows[32].parts, rows[32].dflash_of(launches)
+        bounds += [
+            Bound("top-k+top-p verification, ms, batch 32", parts[f"verify top-k+top-p{launches}"].ms, 0.5, True),
+            Bound("DFlash step, % of its floor, batch 32", 100 * step.of_floor, 60.0, False),
+        ]
+    return bounds
+
+
 # ------------------------------------------------------------------------------ report
 
 
@@ -198,6 +242,7 @@ def markdown(result: StepBenchmark) -> str:
         "the one before is read.",
     ]
     lines += _dependent_table(result.rows)
+    lines += _bounds_table(result)
     if result.choices:
         lines += ["", "```", result.choices, "```"]
     for r in result.rows:
@@ -219,6 +264,23 @@ def _dependent_table(rows: list[StepRow]) -> list[str]:
         cells = [f"{_cell(r.parts[part])} -> {_cell(r.parts[f'{part}, other launches'])}" for part in parts]
         step = f"{r.dflash.ms:.3f} -> {r.dflash_of(', other launches').ms:.3f}"
         lines.append(f"| {r.batch} | {r.context} | " + " | ".join(cells) + f" | {step} |")
+    return lines
+
+
+def _bounds_table(result: StepBenchmark) -> list[str]:
+    """Issue 39's bounds, met or not, as run and (`dependent_launch="both"`) with dependent launches."""
+    ran = issue_bounds(result)
+    if not ran:
+        return []
+    both = all("ar, other launches" in r.parts for r in result.rows)
+    kinds = [("ordinary launches", ran), ("dependent launches", issue_bounds(result, ", other launches"))] if both else [("as run", ran)]
+    number = lambda v: f"{v:.0f}" if v >= 100 else f"{v:.3g}"  # noqa: E731
+    value = lambda b: "failed" if math.isnan(b.value) else f"{number(b.value)} ({'met' if b.met else 'not met'})"  # noqa: E731
+    lines = ["", f'Issue 39\'s bounds at {BOUNDS_CONTEXT} context ("What must be shown"):', ""]
+    lines += ["| bound | limit | " + " | ".join(name for name, _ in kinds) + " |", "|---|---:|" + "---:|" * len(kinds)]
+    for i, bound in enumerate(ran):
+        limit = f"{'<=' if bound.at_most else '>='} {bound.limit:g}"
+        lines.append(f"| {bound.name} | {limit} | " + " | ".join(value(bounds[i]) for _, bounds in kinds) + " |")
     return lines
 
 
