@@ -106,6 +106,8 @@ def test_issue_39s_bounds_are_judged_on_the_rows_at_1k_for_each_launch_kind():
     assert issue_bounds(h100)[0].limit == 900 and len(issue_bounds(h100)) == 4  # no batch-32 row: its bounds left out
     one.parts["draft"] = dataclasses.replace(one.parts["draft"], ms=math.nan, how="failed")
     assert "| DFlash step / AR step, batch 1 | <= 1.35 | failed | 1 (met) |" in markdown(result)
+    one.parts["ar"] = dataclasses.replace(one.parts["ar"], ms=math.nan, how="failed")
+    assert "| AR step, % of its floor, batch 1 | >= 75 | failed | 80 (met) |" in markdown(result)
     elsewhere = StepBenchmark(gpu_step.TINY, "cpu", result.ceilings, "dflash", [_bounds_row(1, 5.0, (1, 1, 1), 1, other=None)])
     assert "tok/s" not in "".join(b.name for b in issue_bounds(elsewhere)) and "| as run |" in markdown(elsewhere)
 

@@ -57,7 +57,7 @@ class Timed:
 
     @property
     def of_floor(self) -> float:
-        return self.floor_ms / self.ms if self.ms > 0 else 0.0
+        return self.floor_ms / self.ms if not self.ms <= 0 else 0.0  # NaN (a failed part) stays NaN
 
 
 @dataclasses.dataclass
