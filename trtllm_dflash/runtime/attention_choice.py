@@ -48,7 +48,7 @@ from trtllm_dflash import ops
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.ops import flash, reference_attention
 from trtllm_dflash.runtime.cuda_graphs import span_bucket
-from trtllm_dflash.runtime.kernel_choice import bucketed, time_call
+from trtllm_dflash.runtime.kernel_choice import bucketed, refusal, time_call
 
 CANDIDATES = ("dflash", "flash", "sdpa")
 CHOICES = (*CANDIDATES, "measure")
@@ -266,7 +266,7 @@ def check(name: str, shape: LayerShape, batch: int, tokens: int, capacity: int, 
         try:
             got = RUNNERS[name](q, k, v, got_k, got_v, starts, sinks, shape.scale, window, span=span, memo=memo)
         except Exception as error:  # noqa: BLE001 - the library refused the inputs, or a kernel did not compile or launch here
-            return (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+            return refusal(error)
         for cache, expected in ((got_k, expected_k), (got_v, expected_v)):
             expected[~live, -1] = cache[~live, -1]
         error = relative_error(got[live], want[live])

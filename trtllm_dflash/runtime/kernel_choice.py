@@ -1,5 +1,6 @@
-"""What the kernel choices share (runtime/attention_choice.py, verify_choice.py): timing a candidate
-the way a decoding step runs it, and finding the choice measured for a call's shape.
+"""What the kernel choices share (runtime/attention_choice.py, verify_choice.py, linear_choice.py):
+timing a candidate the way a decoding step runs it, finding the choice measured for a call's shape,
+and saying in one line why a candidate that raised was refused.
 
 Timing, on a GPU: captured into a CUDA graph and replayed, so the Python launcher is not timed (a step's
 passes are graphs), with the L2 cache flushed before each replay (a step finds its K/V and logits
@@ -49,6 +50,12 @@ def time_call(fn: Callable[[], object], device: torch.device, runs: int = TIMED_
     torch.cuda.synchronize()
     del replay, outputs
     return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def refusal(error: BaseException) -> str:
+    """Why a candidate that raised (a kernel that does not compile or launch here, a library refusing
+    the inputs) is refused, in one line of a choice's table: the error's first line, else its type."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
 
 
 class Measured(Protocol):

@@ -48,7 +48,7 @@ from trtllm_dflash.modeling import fused_ops
 from trtllm_dflash.ops import custom_ops
 from trtllm_dflash.ops.kernels import dependent_launch, skinny_launch
 from trtllm_dflash.runtime.attention_choice import relative_error
-from trtllm_dflash.runtime.kernel_choice import time_call
+from trtllm_dflash.runtime.kernel_choice import refusal, time_call
 
 CHOICES = ("torch", "skinny", "measure")
 # relative L2 error against F.linear in float32 that still counts as the same projection
@@ -164,7 +164,7 @@ def measure_one(rows: int, weight: torch.Tensor, bias: torch.Tensor | None = Non
             with dependent_launch.dependent_launches(dependent):
                 error = relative_error(skinny(weight), want)
         except Exception as exc:  # noqa: BLE001 - a kernel that does not compile or launch here is refused, not run
-            problems.append(f"{splits} K splits failed: {(str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]}")
+            problems.append(f"{splits} K splits failed: {refusal(exc)}")
             continue
         if not error <= tolerance:
             problems.append(f"{splits} K splits differ from F.linear by {error:.1e} (tolerance {tolerance:.0e})")

@@ -39,7 +39,7 @@ from trtllm_dflash import ops
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.ops import custom_ops, reference
 from trtllm_dflash.ops.kernels.tiles import SHORTLIST
-from trtllm_dflash.runtime.kernel_choice import bucketed, time_call
+from trtllm_dflash.runtime.kernel_choice import bucketed, refusal, time_call
 
 KERNEL_FORMS = ("spread", "shortlist")  # the forms that need the kernels and a check before they run
 FORMS = ("positions", *KERNEL_FORMS)
@@ -134,7 +134,7 @@ def check_forms(
         try:
             got = packed_verification(form)(logits, tokens, probs, *sampling, starts)
         except Exception as error:  # noqa: BLE001 - a kernel that does not compile or launch here is refused, not run
-            reasons[form] = f"the {form} kernels failed: {(str(error).strip().splitlines() or [type(error).__name__])[0][:160]}"
+            reasons[form] = f"the {form} kernels failed: {refusal(error)}"
             continue
         reasons[form] = None if torch.equal(got.cpu(), want) else f"the {form} kernels commit other tokens than the reference"
     return reasons
