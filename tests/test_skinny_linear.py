@@ -190,7 +190,8 @@ def test_each_candidate_is_timed_as_a_chain_of_calls_on_copies_of_the_weight_in_
     weight = torch.randn(8, 32)
     for dependent in (False, True):
         seen = []
-        ms = linear_choice.timed_in_chain(lambda w: seen.append((w, dependent_launch.requested())), weight, dependent)
+        copies = linear_choice.chain_copies(weight)
+        ms = linear_choice.timed_in_chain(lambda w: seen.append((w, dependent_launch.requested())), copies, dependent)
         assert ms > 0
         chain = seen[-linear_choice.CHAIN :]  # time_call warms up, then times whole chains
         assert len(seen) % linear_choice.CHAIN == 0 and [requested for _, requested in seen] == [dependent] * len(seen)

@@ -148,7 +148,8 @@ def measure_one(rows: int, weight: torch.Tensor, bias: torch.Tensor | None = Non
     shape = tuple(weight.shape)
     generator = torch.Generator(weight.device).manual_seed(rows)
     x = torch.randn(rows, shape[1] * (2 if gated else 1), dtype=weight.dtype, device=weight.device, generator=generator)
-    torch_ms = timed_in_chain(lambda w: F.linear(fused_ops.silu_mul(x) if gated else x, w, bias), weight, dependent)
+    copies = chain_copies(weight)  # made once: every candidate is timed on the same copies
+    torch_ms = timed_in_chain(lambda w: F.linear(fused_ops.silu_mul(x) if gated else x, w, bias), copies, dependent)
     refused = skinny_launch.unsupported_reason(x, weight, bias, gated=gated)
     if refused is None and weight.device.type != "cuda":
         refused = "needs CUDA (off it the kernels run in Triton's interpreter)"
@@ -169,7 +170,7 @@ def measure_one(rows: int, weight: torch.Tensor, bias: torch.Tensor | None = Non
         if not error <= tolerance:
             problems.append(f"{splits} K splits differ from F.linear by {error:.1e} (tolerance {tolerance:.0e})")
             continue
-        ms = timed_in_chain(skinny, weight, dependent)
+        ms = timed_in_chain(skinny, copies, dependent)
         if math.isnan(ms):
             problems.append(f"{splits} K splits cannot be captured in a CUDA graph")
         else:
@@ -181,17 +182,21 @@ def measure_one(rows: int, weight: torch.Tensor, bias: torch.Tensor | None = Non
     return Choice(rows, shape, chosen, torch_ms, timed[splits], splits=splits, gated=gated, dependent=dependent)
 
 
-def timed_in_chain(call: Callable[[torch.Tensor], object], weight: torch.Tensor, dependent: bool = False) -> float:
-    """Milliseconds per call of `call(w)` in a chain of CHAIN calls, each on its own copy of
-    `weight` (runtime/kernel_choice.py's `time_call`), launched inside `dependent_launches(dependent)`:
-    each call after another kernel, as in a pass."""
-    copies = [weight] + [weight.clone() for _ in range(CHAIN - 1)]
+def chain_copies(weight: torch.Tensor) -> list[torch.Tensor]:
+    """`weight` and CHAIN - 1 copies of it: a timed chain's calls each stream their own."""
+    return [weight] + [weight.clone() for _ in range(CHAIN - 1)]
+
+
+def timed_in_chain(call: Callable[[torch.Tensor], object], copies: list[torch.Tensor], dependent: bool = False) -> float:
+    """Milliseconds per call of `call(w)` in a chain of one call per weight in `copies`
+    (`chain_copies`; runtime/kernel_choice.py's `time_call`), launched inside
+    `dependent_launches(dependent)`: each call after another kernel, as in a pass."""
 
     def chain() -> list:
         with dependent_launch.dependent_launches(dependent):
             return [call(w) for w in copies]
 
-    return time_call(chain, weight.device) / CHAIN
+    return time_call(chain, copies[0].device) / len(copies)
 
 
 def measure(
